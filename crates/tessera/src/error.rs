@@ -1,0 +1,229 @@
+//! One error type for every store, with classifiers so callers never match on strings.
+//!
+//! "No permit free" and "limited" are *answers* (`Ok(None)`, `Ok(Outcome::Limited)`), not
+//! errors. Errors are for impossible requests (caught before the store is touched) and faults.
+//! No variant ever carries a password: store URLs are redacted before they are stored here.
+
+use std::fmt;
+
+/// Result alias used across tessera.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a request was refused before anything was sent to the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The semaphore or limiter name is empty, too long or uses a character outside the
+    /// allowed set (`A-Z a-z 0-9 . _ - : / @`, first character alphanumeric).
+    #[error("invalid name {name:?}: {reason}")]
+    Name { name: String, reason: &'static str },
+    /// Capacity must be between 1 and [`crate::MAX_CAPACITY`].
+    #[error("invalid capacity {0}: must be between 1 and {max}", max = crate::MAX_CAPACITY)]
+    Capacity(u64),
+    /// Weight must be between 1 and the semaphore's capacity.
+    #[error("invalid weight {weight}: must be between 1 and the capacity {capacity}")]
+    Weight { weight: u64, capacity: u32 },
+    /// A lease TTL outside the supported range.
+    #[error("invalid lease TTL {ttl:?}: must be between {min:?} and {max:?}")]
+    Ttl {
+        ttl: std::time::Duration,
+        min: std::time::Duration,
+        max: std::time::Duration,
+    },
+    /// The keep-alive interval must be shorter than half the TTL.
+    #[error("invalid keep-alive interval {interval:?}: must be between 1ms and half the TTL ({ttl:?})")]
+    KeepAlive {
+        interval: std::time::Duration,
+        ttl: std::time::Duration,
+    },
+    /// Queue cap must be between 1 and [`crate::MAX_QUEUE_CAP`].
+    #[error("invalid queue cap {0}: must be between 1 and {max}", max = crate::MAX_QUEUE_CAP)]
+    QueueCap(u64),
+    /// The holder label is too long or contains control characters.
+    #[error("invalid holder label: {0}")]
+    Holder(&'static str),
+    /// The store URL could not be understood. The URL itself is shown with any password
+    /// replaced by `***`.
+    #[error("invalid store URL {url}: {reason}")]
+    StoreUrl { url: String, reason: String },
+    /// A lease id that is not 32 hexadecimal digits.
+    #[error("invalid lease id {0:?}: expected 32 hexadecimal digits")]
+    LeaseId(String),
+    /// Any other malformed argument.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Everything that can go wrong in tessera.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request can never succeed; nothing was sent to the store.
+    #[error(transparent)]
+    InvalidInput(#[from] InvalidInput),
+    /// The semaphore exists in the store with another capacity. Changing capacity is an
+    /// explicit [`crate::Semaphore::resize`].
+    #[error("semaphore {name:?} has capacity {stored} in the store, but this client declared {declared}; use resize to change it")]
+    CapacityMismatch {
+        name: String,
+        stored: u32,
+        declared: u32,
+    },
+    /// The wait queue of the semaphore is full (see [`crate::SemaphoreOptions::queue_cap`]).
+    #[error("the wait queue of {name:?} is full ({cap} waiters)")]
+    QueueFull { name: String, cap: u32 },
+    /// No semaphore or lease by that name or id.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The store could not be reached or answered with an error.
+    #[error("store error ({kind}): {message}")]
+    Store { kind: StoreErrorKind, message: String },
+    /// Data in the store that tessera did not write (or a newer, incompatible version wrote).
+    #[error("unexpected data in the store: {0}")]
+    Corrupt(String),
+    /// The lease was lost (expired, revoked or the store forgot it).
+    #[error("lease lost: {0}")]
+    Lost(LossReason),
+}
+
+/// Rough classes of store faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// Could not connect, or the connection dropped.
+    Connection,
+    /// The store did not answer in time.
+    Timeout,
+    /// The store is busy (e.g. SQLite's write lock held past the busy timeout).
+    Busy,
+    /// Anything else the store reported.
+    Other,
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreErrorKind::Connection => "connection",
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Busy => "busy",
+            StoreErrorKind::Other => "other",
+        })
+    }
+}
+
+/// Why a permit was lost; see [`crate::Permit::lost`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The store says the lease no longer exists: it expired, was revoked by an admin, or the
+    /// store lost its state.
+    Gone,
+    /// Renewals kept failing and the lease could expire soon; the holder must stop now.
+    RenewalsFailing(String),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Gone => f.write_str("the store no longer holds the lease (expired, revoked or store state lost)"),
+            LossReason::RenewalsFailing(e) => write!(f, "renewals kept failing ({e}); the lease may expire"),
+        }
+    }
+}
+
+impl Error {
+    pub(crate) fn store(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Error::Store {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The request was refused before reaching the store.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::InvalidInput(_))
+    }
+    /// The stored capacity differs from the declared one.
+    pub fn is_capacity_mismatch(&self) -> bool {
+        matches!(self, Error::CapacityMismatch { .. })
+    }
+    /// The wait queue is full.
+    pub fn is_queue_full(&self) -> bool {
+        matches!(self, Error::QueueFull { .. })
+    }
+    /// The store did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            Error::Store {
+                kind: StoreErrorKind::Timeout,
+                ..
+            }
+        )
+    }
+    /// The connection to the store failed or dropped.
+    pub fn is_connection(&self) -> bool {
+        matches!(
+            self,
+            Error::Store {
+                kind: StoreErrorKind::Connection,
+                ..
+            }
+        )
+    }
+    /// A transient fault worth retrying (connection, timeout, busy).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Store {
+                kind: StoreErrorKind::Connection | StoreErrorKind::Timeout | StoreErrorKind::Busy,
+                ..
+            }
+        )
+    }
+    /// The store held data tessera cannot read.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt(_))
+    }
+    /// The lease was lost.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost(_))
+    }
+    /// No such semaphore or lease.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound(_))
+    }
+}
+
+/// Replaces the password of a URL-like string with `***`, for messages and logs.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => {
+            // Not parseable: hide everything between "://" and the last '@', if any.
+            if let (Some(s), Some(at)) = (raw.find("://"), raw.rfind('@')) {
+                if at > s + 3 {
+                    return format!("{}://***@{}", &raw[..s], &raw[at + 1..]);
+                }
+            }
+            raw.to_string()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(redact_url("redis://u:hunter2@h:1/0"), "redis://u:***@h:1/0");
+        assert!(!redact_url("bad://x:hunter2@@h").contains("hunter2"));
+        assert_eq!(redact_url("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+    }
+}

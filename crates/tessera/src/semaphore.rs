@@ -1,0 +1,404 @@
+//! The public semaphore: `tokio::sync::Semaphore` carried over the network.
+//!
+//! # Implementation details
+//!
+//! An acquire picks a random lease id, registers for wake-ups on it ([`crate::wake`]), then
+//! sends one acquire-or-enqueue to the store. If queued, it sleeps until a wake-up (the store
+//! pushed a grant), its heartbeat interval (the safety net for a lost wake-up, and what keeps
+//! its queue entry alive), or its deadline. Each wake-up or heartbeat asks the store whether
+//! the hand-off granted it. Grants happen only inside the store's atomic steps, so the client
+//! never decides anything by itself.
+//!
+//! Until an acquire returns a [`Permit`], a guard owns the lease id: if the future is dropped
+//! or times out, the guard sends a cancel that removes the waiter or, if the grant raced with
+//! the cancellation, releases the lease. Retries of a request reuse the lease id, so the
+//! store answers them idempotently.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, InvalidInput, Result};
+use crate::model::*;
+use crate::permit::Permit;
+use crate::store::{Backend, Store, Waking};
+use crate::wake;
+
+/// Options of a [`Semaphore`] or [`crate::Lock`].
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = tessera::SemaphoreOptions::default()
+///     .ttl(Duration::from_secs(10))
+///     .holder("worker-7")
+///     .queue_cap(500);
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone)]
+pub struct SemaphoreOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) keep_alive: Option<Duration>,
+    pub(crate) holder: Option<String>,
+    pub(crate) queue_cap: u32,
+    pub(crate) waiter_ttl: Duration,
+}
+
+impl Default for SemaphoreOptions {
+    fn default() -> Self {
+        SemaphoreOptions {
+            ttl: Duration::from_secs(30),
+            keep_alive: None,
+            holder: None,
+            queue_cap: 10_000,
+            waiter_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+impl SemaphoreOptions {
+    /// Lease TTL (default 30 s, between 100 ms and 24 h): how long a permit outlives a
+    /// holder that crashed or froze.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    /// Keep-alive interval (default TTL/3; must be below TTL/2).
+    pub fn keep_alive(mut self, interval: Duration) -> Self {
+        self.keep_alive = Some(interval);
+        self
+    }
+    /// Holder label shown by `status` (default `hostname/pid`).
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+    /// Longest queue this client will join (default 10,000); beyond it acquire fails with
+    /// [`Error::QueueFull`].
+    pub fn queue_cap(mut self, cap: u32) -> Self {
+        self.queue_cap = cap;
+        self
+    }
+    /// How long a queued waiter stays in the queue without a heartbeat (default 5 s): a
+    /// waiter that died leaves the queue within this time.
+    pub fn waiter_ttl(mut self, ttl: Duration) -> Self {
+        self.waiter_ttl = ttl;
+        self
+    }
+
+    pub(crate) fn keep_alive_interval(&self) -> Duration {
+        self.keep_alive.unwrap_or(self.ttl / 3)
+    }
+}
+
+/// A validated configuration shared by a semaphore and its permits.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) name: Name,
+    pub(crate) ttl: Duration,
+    pub(crate) keep_alive: Duration,
+    pub(crate) holder: String,
+    pub(crate) queue_cap: u32,
+    pub(crate) waiter_ttl: Duration,
+}
+
+/// A semaphore of `capacity` permits shared by every process that opens the same name on the
+/// same store.
+///
+/// **Fairness.** Waiters are served in the order the store received their acquires, weighted
+/// head-of-line: a request for many permits at the head is not overtaken by smaller ones
+/// behind it. `try_acquire` never jumps the queue.
+///
+/// **Cancel safety.** Every acquire may be dropped or timed out at any point: no permit is
+/// leaked (a grant that raced with the cancellation is given back), but the waiter loses its
+/// place in the queue.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // At most 4 heavy reports at once across every process sharing the store.
+/// let store = tessera::Store::connect("memory://").await?;
+/// let reports = store.semaphore("heavy-reports", 4)?;
+/// let permit = reports.acquire().await?;
+/// println!("seat {} fence {}", permit.seats()[0], permit.fence());
+/// permit.release().await?;
+/// # Ok::<(), tessera::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    backend: Arc<dyn Backend>,
+    capacity: u32,
+    config: Arc<Config>,
+}
+
+impl Semaphore {
+    /// Opens a semaphore. Nothing is written to the store until the first acquire.
+    ///
+    /// Errors (typed, nothing changed): an invalid name, a capacity of 0 or above
+    /// [`MAX_CAPACITY`], a TTL, keep-alive interval, waiter TTL, queue cap or holder label out
+    /// of range.
+    pub fn new(store: &Store, name: &str, capacity: u64, opts: SemaphoreOptions) -> Result<Self> {
+        let name = Name::new(name)?;
+        let capacity = validate_capacity(capacity)?;
+        validate_ttl(opts.ttl)?;
+        validate_ttl(opts.waiter_ttl)?;
+        let keep_alive = opts.keep_alive_interval();
+        if keep_alive < Duration::from_millis(1) || keep_alive >= opts.ttl / 2 {
+            return Err(InvalidInput::KeepAlive {
+                interval: keep_alive,
+                ttl: opts.ttl,
+            }
+            .into());
+        }
+        if opts.queue_cap == 0 || opts.queue_cap > MAX_QUEUE_CAP {
+            return Err(InvalidInput::QueueCap(opts.queue_cap as u64).into());
+        }
+        let holder = opts.holder.clone().unwrap_or_else(default_holder);
+        validate_holder(&holder)?;
+        Ok(Semaphore {
+            backend: Arc::clone(store.backend()),
+            capacity,
+            config: Arc::new(Config {
+                name,
+                ttl: opts.ttl,
+                keep_alive,
+                holder,
+                queue_cap: opts.queue_cap,
+                waiter_ttl: opts.waiter_ttl,
+            }),
+        })
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        self.config.name.as_str()
+    }
+
+    /// The capacity this client declared.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Waits for one permit. See [`Semaphore::acquire_many`].
+    pub async fn acquire(&self) -> Result<Permit> {
+        self.acquire_many(1).await
+    }
+
+    /// Waits for `weight` permits, as one lease.
+    ///
+    /// On success the permit is held and kept alive until the [`Permit`] is dropped or
+    /// released. On error no permit is held (a grant that raced with the error is given back
+    /// in the background). Fails at once with a typed error if `weight` is 0 or above the
+    /// capacity, if the store holds another capacity for this name, or if the queue is full.
+    pub async fn acquire_many(&self, weight: u32) -> Result<Permit> {
+        match self.acquire_inner(weight, None).await? {
+            Some(p) => Ok(p),
+            None => unreachable!("an acquire without a deadline returns a permit or an error"),
+        }
+    }
+
+    /// Waits for `weight` permits for at most `timeout`; `Ok(None)` if none came in time (the
+    /// place in the queue is then given up and nothing is held).
+    pub async fn acquire_many_timeout(&self, weight: u32, timeout: Duration) -> Result<Option<Permit>> {
+        self.acquire_inner(weight, Some(Instant::now() + timeout)).await
+    }
+
+    /// Waits for `weight` permits until `deadline`; `Ok(None)` if none came in time.
+    pub async fn acquire_many_until(&self, weight: u32, deadline: Instant) -> Result<Option<Permit>> {
+        self.acquire_inner(weight, Some(deadline)).await
+    }
+
+    /// Takes one permit if one is free and nobody is queued; `Ok(None)` otherwise. Never
+    /// waits and never jumps the queue.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        self.try_acquire_many(1).await
+    }
+
+    /// Takes `weight` permits if they are free and nobody is queued; `Ok(None)` otherwise
+    /// (nothing changed in the store).
+    pub async fn try_acquire_many(&self, weight: u32) -> Result<Option<Permit>> {
+        let weight = self.check_weight(weight)?;
+        let mut pending = Pending::new(self, LeaseId::random());
+        let sent = Instant::now();
+        let reply = self
+            .backend
+            .acquire(&self.config.name, self.capacity, &self.request(pending.lease, weight, false))
+            .await?;
+        match reply {
+            AcquireReply::Granted(grant) => {
+                pending.disarm();
+                Ok(Some(self.permit(grant, sent)))
+            }
+            AcquireReply::NoPermit { .. } => {
+                pending.disarm();
+                Ok(None)
+            }
+            AcquireReply::Queued { .. } => Err(Error::Corrupt(
+                "the store queued a try-acquire".to_string(),
+            )),
+        }
+    }
+
+    /// A snapshot of this semaphore (an empty one if the store holds nothing for it).
+    pub async fn status(&self) -> Result<SemaphoreStatus> {
+        Ok(self
+            .backend
+            .status(&self.config.name)
+            .await?
+            .unwrap_or_else(|| SemaphoreStatus {
+                name: self.config.name.to_string(),
+                capacity: self.capacity,
+                used: 0,
+                available: self.capacity,
+                now: StoreTime(0),
+                holders: vec![],
+                queue: vec![],
+            }))
+    }
+
+    /// Changes the capacity in the store and the capacity this handle declares; returns the
+    /// old stored capacity. See [`Store::resize`].
+    pub async fn resize(&mut self, capacity: u64) -> Result<u32> {
+        let capacity = validate_capacity(capacity)?;
+        let old = self.backend.resize(&self.config.name, capacity).await?;
+        self.capacity = capacity;
+        Ok(old)
+    }
+
+    fn check_weight(&self, weight: u32) -> Result<u32> {
+        if weight == 0 || weight > self.capacity {
+            return Err(InvalidInput::Weight {
+                weight: weight as u64,
+                capacity: self.capacity,
+            }
+            .into());
+        }
+        Ok(weight)
+    }
+
+    fn request(&self, lease_id: LeaseId, weight: u32, wait: bool) -> AcquireRequest {
+        AcquireRequest {
+            lease_id,
+            weight,
+            ttl: self.config.ttl,
+            holder: self.config.holder.clone(),
+            wait: wait.then_some(WaitSpec {
+                waiter_ttl: self.config.waiter_ttl,
+                queue_cap: self.config.queue_cap,
+            }),
+        }
+    }
+
+    fn permit(&self, grant: Grant, sent: Instant) -> Permit {
+        Permit::start(
+            Arc::clone(&self.backend),
+            Arc::clone(&self.config),
+            grant,
+            sent,
+        )
+    }
+
+    async fn acquire_inner(&self, weight: u32, deadline: Option<Instant>) -> Result<Option<Permit>> {
+        let weight = self.check_weight(weight)?;
+        let lease = LeaseId::random();
+        // Register before sending, so a wake-up that overtakes the reply is kept.
+        let registration = wake::Registration::new(lease);
+        let mut pending = Pending::new(self, lease);
+        let request = self.request(lease, weight, true);
+        let name = &self.config.name;
+
+        let mut sent = Instant::now();
+        let mut reply = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, self.backend.acquire(name, self.capacity, &request)).await {
+                Ok(r) => r?,
+                Err(_) => return Ok(None),
+            },
+            None => self.backend.acquire(name, self.capacity, &request).await?,
+        };
+
+        // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
+        // out well before its lease (which runs from the grant) could expire.
+        let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
+        let (mut poll, poll_max) = match self.backend.waking() {
+            Waking::Push => (heartbeat, heartbeat),
+            Waking::Poll { min, max } => (min, max.min(heartbeat)),
+        };
+        loop {
+            match reply {
+                AcquireReply::Granted(grant) => {
+                    pending.disarm();
+                    return Ok(Some(self.permit(grant, sent)));
+                }
+                AcquireReply::Queued { .. } => {}
+                AcquireReply::NoPermit { .. } => {
+                    return Err(Error::Corrupt("the store refused a queued acquire".to_string()))
+                }
+            }
+            let wake_at = Instant::now() + poll;
+            let timed_out = tokio::select! {
+                _ = registration.notified() => false,
+                _ = tokio::time::sleep_until(wake_at) => false,
+                _ = sleep_until_opt(deadline) => true,
+            };
+            if timed_out {
+                // The pending guard cancels in the background: the waiter leaves the queue, or
+                // a grant that raced with the deadline is released.
+                return Ok(None);
+            }
+            poll = (poll * 2).min(poll_max);
+            sent = Instant::now();
+            reply = match self.backend.heartbeat(name, lease, self.config.waiter_ttl).await? {
+                WaitReply::Granted(grant) => AcquireReply::Granted(grant),
+                WaitReply::Waiting => AcquireReply::Queued { position: 0 },
+                // The queue entry expired (this process stalled past the waiter TTL) or an
+                // admin deleted the semaphore: join again, at the tail.
+                WaitReply::Gone => self.backend.acquire(name, self.capacity, &request).await?,
+            };
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Owns a lease id from the first request until a permit (or a definite "no") is returned;
+/// if dropped before, cancels the wait or releases a grant that raced with the drop.
+struct Pending {
+    backend: Arc<dyn Backend>,
+    name: Name,
+    lease: LeaseId,
+    armed: bool,
+}
+
+impl Pending {
+    fn new(sem: &Semaphore, lease: LeaseId) -> Self {
+        Pending {
+            backend: Arc::clone(&sem.backend),
+            name: sem.config.name.clone(),
+            lease,
+            armed: true,
+        }
+    }
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (backend, name, lease) = (Arc::clone(&self.backend), self.name.clone(), self.lease);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = backend.cancel(&name, lease).await {
+                    tracing::warn!(%name, %lease, error = %e, "could not cancel an abandoned acquire; it expires by its TTL");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The in-memory store (`memory://`): the reference model, and a real store for tasks of one
+//! process. Its clock is the host's wall clock, or an injected [`crate::clock::Clock`].
+//!
+//! `memory://` is one process-wide instance; `memory://NAME` is a separate named instance,
+//! shared by every handle that connects with the same name.
+
+mod ops;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{redact_url, InvalidInput, Result};
+use crate::model::*;
+use crate::store::{Backend, Waking};
+use crate::wake;
+
+pub(crate) use ops::Model;
+
+static INSTANCES: LazyLock<Mutex<HashMap<String, Arc<Mutex<Model>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The in-memory backend.
+#[derive(Debug, Clone)]
+pub struct MemoryBackend {
+    model: Arc<Mutex<Model>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryBackend {
+    /// Connects to the instance named by a `memory://[NAME]` URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        let rest = url.strip_prefix("memory://").ok_or_else(|| InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason: "expected memory://[NAME]".into(),
+        })?;
+        if !rest.is_empty() {
+            Name::new(rest).map_err(|_| InvalidInput::StoreUrl {
+                url: redact_url(url),
+                reason: "the instance name after memory:// must be a valid name".into(),
+            })?;
+        }
+        let model = Arc::clone(
+            INSTANCES
+                .lock()
+                .unwrap()
+                .entry(rest.to_string())
+                .or_default(),
+        );
+        Ok(MemoryBackend {
+            model,
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    /// A fresh private instance driven by `clock` (for logic tests).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryBackend {
+            model: Arc::default(),
+            clock,
+        }
+    }
+
+    /// Runs one atomic step and delivers its wake-ups after the lock is released.
+    fn run<R>(&self, f: impl FnOnce(&mut Model, StoreTime, &mut ops::Wakes) -> R) -> R {
+        let mut wakes = Vec::new();
+        let r = {
+            let mut model = self.model.lock().unwrap();
+            f(&mut model, self.clock.now(), &mut wakes)
+        };
+        for id in wakes {
+            wake::notify(id);
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn acquire(&self, name: &Name, capacity: u32, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.run(|m, now, w| m.acquire(name, capacity, req, now, w))
+    }
+    async fn heartbeat(&self, name: &Name, lease: LeaseId, waiter_ttl: Duration) -> Result<WaitReply> {
+        Ok(self.run(|m, now, w| m.heartbeat(name, lease, waiter_ttl, now, w)))
+    }
+    async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
+        Ok(self.run(|m, now, w| m.cancel(name, lease, now, w)))
+    }
+    async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        Ok(self.run(|m, now, w| m.release(name, lease, now, w)))
+    }
+    async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
+        Ok(self.run(|m, now, w| m.renew(name, lease, ttl, now, w)))
+    }
+    async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
+        Ok(self.run(|m, now, w| m.status(name, now, w)))
+    }
+    async fn list(&self) -> Result<Vec<String>> {
+        Ok(self.model.lock().unwrap().list())
+    }
+    async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
+        self.run(|m, now, w| m.resize(name, capacity, now, w))
+    }
+    async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        Ok(self.run(|m, now, w| m.revoke(name, lease, now, w)))
+    }
+    async fn delete(&self, name: &Name) -> Result<bool> {
+        Ok(self.run(|m, _, w| m.delete(name, w)))
+    }
+    fn waking(&self) -> Waking {
+        Waking::Push
+    }
+}

@@ -1,0 +1,473 @@
+//! The reference model: every store operation of [`crate::store::Backend`] as a plain
+//! function of the state and the store's time. The other stores are checked against it.
+//!
+//! One atomic step is purge → hand off → decide → hand off → collect wake-ups (see
+//! [`crate::store`]). Every structure is indexed so each step costs O(log n) in holders and
+//! waiters plus the work it does (expired entries purged, grants made):
+//!
+//! - holders by lease id, and a set ordered by expiry for the purge;
+//! - the queue in a map ordered by arrival sequence, with indexes by lease id and by
+//!   heartbeat expiry;
+//! - a running count `used` instead of summing holder weights;
+//! - free seats as "every seat at or above `seat_high`" plus a set of returned seats below
+//!   it, so the lowest free seats are found without scanning all `C`.
+//!
+//! A semaphore's state exists only while it has holders or waiters; the store-wide fence
+//! high-water mark outlives it, so fences never repeat after a deletion.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::model::*;
+
+/// All semaphores of one memory store.
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    sems: HashMap<Name, SemState>,
+    /// Highest fence ever issued by this store, for any semaphore.
+    fence_hwm: u64,
+}
+
+#[derive(Debug)]
+struct QueuedWaiter {
+    waiter: Waiter,
+    /// The TTL of the lease this waiter will be granted.
+    ttl: Duration,
+}
+
+#[derive(Debug)]
+struct SemState {
+    capacity: u32,
+    used: u32,
+    last_fence: u64,
+    holders: HashMap<LeaseId, Lease>,
+    holder_expiry: BTreeSet<(StoreTime, LeaseId)>,
+    queue: BTreeMap<u64, QueuedWaiter>,
+    queue_index: HashMap<LeaseId, u64>,
+    waiter_expiry: BTreeSet<(StoreTime, LeaseId)>,
+    next_seq: u64,
+    /// Every seat `>= seat_high` is free.
+    seat_high: u32,
+    /// Free seats below `seat_high`.
+    free_low: BTreeSet<u32>,
+}
+
+/// Lease ids to wake after a step (granted waiters, revoked or deleted holders).
+pub(crate) type Wakes = Vec<LeaseId>;
+
+impl SemState {
+    fn new(capacity: u32, last_fence: u64) -> Self {
+        SemState {
+            capacity,
+            used: 0,
+            last_fence,
+            holders: HashMap::new(),
+            holder_expiry: BTreeSet::new(),
+            queue: BTreeMap::new(),
+            queue_index: HashMap::new(),
+            waiter_expiry: BTreeSet::new(),
+            next_seq: 0,
+            seat_high: 0,
+            free_low: BTreeSet::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+
+    fn available(&self) -> u32 {
+        self.capacity.saturating_sub(self.used)
+    }
+
+    /// Drops expired holders and waiters, then hands freed permits to the queue.
+    fn purge_and_hand_off(&mut self, now: StoreTime, hwm: &mut u64, wakes: &mut Wakes) {
+        while let Some(&(t, id)) = self.holder_expiry.first() {
+            if t > now {
+                break;
+            }
+            self.remove_holder(id);
+        }
+        while let Some(&(t, id)) = self.waiter_expiry.first() {
+            if t > now {
+                break;
+            }
+            self.remove_waiter(id);
+        }
+        self.hand_off(now, hwm, wakes);
+    }
+
+    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+    fn hand_off(&mut self, now: StoreTime, hwm: &mut u64, wakes: &mut Wakes) {
+        while let Some((_, head)) = self.queue.first_key_value() {
+            if self.used + head.waiter.weight > self.capacity {
+                break;
+            }
+            let (_, qw) = self.queue.pop_first().expect("head exists");
+            self.queue_index.remove(&qw.waiter.lease_id);
+            self.waiter_expiry
+                .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
+            let w = qw.waiter;
+            self.grant(w.lease_id, w.weight, qw.ttl, w.holder, now, hwm);
+            wakes.push(w.lease_id);
+        }
+    }
+
+    fn grant(
+        &mut self,
+        lease_id: LeaseId,
+        weight: u32,
+        ttl: Duration,
+        holder: String,
+        now: StoreTime,
+        hwm: &mut u64,
+    ) -> Lease {
+        debug_assert!(self.used + weight <= self.capacity);
+        let seats = self.take_seats(weight);
+        let fence = (self.last_fence + 1).max(now.0).max(*hwm + 1);
+        self.last_fence = fence;
+        *hwm = fence;
+        let lease = Lease {
+            lease_id,
+            weight,
+            seats,
+            fence,
+            holder,
+            acquired_at: now,
+            expires_at: now.plus(ttl),
+        };
+        self.used += weight;
+        self.holder_expiry.insert((lease.expires_at, lease_id));
+        self.holders.insert(lease_id, lease.clone());
+        lease
+    }
+
+    /// The `n` lowest free seats below the capacity. There are always enough: free seats
+    /// below `C` number at least `C - used`.
+    fn take_seats(&mut self, n: u32) -> Vec<u32> {
+        let mut seats: Vec<u32> = self
+            .free_low
+            .range(..self.capacity)
+            .take(n as usize)
+            .copied()
+            .collect();
+        for s in &seats {
+            self.free_low.remove(s);
+        }
+        while seats.len() < n as usize {
+            debug_assert!(self.seat_high < self.capacity);
+            seats.push(self.seat_high);
+            self.seat_high += 1;
+        }
+        seats
+    }
+
+    fn return_seats(&mut self, seats: &[u32]) {
+        for &s in seats {
+            self.free_low.insert(s);
+        }
+        // Shrink the high-water mark over returned seats at its top, keeping the set small.
+        while self.seat_high > 0 && self.free_low.remove(&(self.seat_high - 1)) {
+            self.seat_high -= 1;
+        }
+    }
+
+    fn remove_holder(&mut self, id: LeaseId) -> Option<Lease> {
+        let lease = self.holders.remove(&id)?;
+        self.holder_expiry.remove(&(lease.expires_at, id));
+        self.used -= lease.weight;
+        self.return_seats(&lease.seats);
+        Some(lease)
+    }
+
+    fn remove_waiter(&mut self, id: LeaseId) -> Option<Waiter> {
+        let seq = self.queue_index.remove(&id)?;
+        let qw = self.queue.remove(&seq).expect("indexed waiter exists");
+        self.waiter_expiry.remove(&(qw.waiter.expires_at, id));
+        Some(qw.waiter)
+    }
+
+    fn refresh_waiter(&mut self, id: LeaseId, expires_at: StoreTime) -> bool {
+        let Some(&seq) = self.queue_index.get(&id) else {
+            return false;
+        };
+        let qw = self.queue.get_mut(&seq).expect("indexed waiter exists");
+        self.waiter_expiry.remove(&(qw.waiter.expires_at, id));
+        qw.waiter.expires_at = qw.waiter.expires_at.max(expires_at);
+        self.waiter_expiry.insert((qw.waiter.expires_at, id));
+        true
+    }
+
+    fn position(&self, id: LeaseId) -> Option<u64> {
+        let seq = *self.queue_index.get(&id)?;
+        Some(self.queue.range(..seq).count() as u64)
+    }
+
+    fn status(&self, name: &Name, now: StoreTime) -> SemaphoreStatus {
+        let mut holders: Vec<Lease> = self.holders.values().cloned().collect();
+        holders.sort_by_key(|l| (l.acquired_at, l.fence));
+        SemaphoreStatus {
+            name: name.to_string(),
+            capacity: self.capacity,
+            used: self.used,
+            available: self.available(),
+            now,
+            holders,
+            queue: self.queue.values().map(|q| q.waiter.clone()).collect(),
+        }
+    }
+}
+
+impl Model {
+    /// Runs one step on an existing semaphore: purge and hand off, then `f`, then drop the
+    /// state if nothing is left in it. `None` if the semaphore does not exist.
+    fn step<R>(
+        &mut self,
+        name: &Name,
+        now: StoreTime,
+        wakes: &mut Wakes,
+        f: impl FnOnce(&mut SemState, &mut u64, &mut Wakes) -> R,
+    ) -> Option<R> {
+        let st = self.sems.get_mut(name)?;
+        st.purge_and_hand_off(now, &mut self.fence_hwm, wakes);
+        let r = f(st, &mut self.fence_hwm, wakes);
+        if st.is_empty() {
+            self.sems.remove(name);
+        }
+        Some(r)
+    }
+
+    pub(crate) fn acquire(
+        &mut self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> Result<AcquireReply> {
+        if !self.sems.contains_key(name) {
+            self.sems
+                .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
+        }
+        self.step(name, now, wakes, |st, hwm, _| {
+            if st.capacity != capacity {
+                return Err(Error::CapacityMismatch {
+                    name: name.to_string(),
+                    stored: st.capacity,
+                    declared: capacity,
+                });
+            }
+            // A retry of an acquire whose reply was lost: report what it already has.
+            if let Some(lease) = st.holders.get(&req.lease_id) {
+                return Ok(AcquireReply::Granted(Grant {
+                    lease: lease.clone(),
+                    now,
+                }));
+            }
+            if let Some(wait) = req.wait {
+                if st.refresh_waiter(req.lease_id, now.plus(wait.waiter_ttl)) {
+                    let position = st.position(req.lease_id).unwrap_or(0);
+                    return Ok(AcquireReply::Queued { position });
+                }
+            }
+            // Only a request that finds nobody waiting may take free permits: neither a try
+            // nor a newcomer jumps the queue.
+            if st.queue.is_empty() && st.used + req.weight <= st.capacity {
+                let lease = st.grant(
+                    req.lease_id,
+                    req.weight,
+                    req.ttl,
+                    req.holder.clone(),
+                    now,
+                    hwm,
+                );
+                return Ok(AcquireReply::Granted(Grant { lease, now }));
+            }
+            let Some(wait) = req.wait else {
+                return Ok(AcquireReply::NoPermit {
+                    available: st.available(),
+                    queued: st.queue.len() as u64,
+                });
+            };
+            if st.queue.len() as u64 >= wait.queue_cap as u64 {
+                return Err(Error::QueueFull {
+                    name: name.to_string(),
+                    cap: wait.queue_cap,
+                });
+            }
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let waiter = Waiter {
+                lease_id: req.lease_id,
+                weight: req.weight,
+                holder: req.holder.clone(),
+                enqueued_at: now,
+                expires_at: now.plus(wait.waiter_ttl),
+            };
+            st.waiter_expiry.insert((waiter.expires_at, req.lease_id));
+            st.queue_index.insert(req.lease_id, seq);
+            st.queue.insert(
+                seq,
+                QueuedWaiter {
+                    waiter,
+                    ttl: req.ttl,
+                },
+            );
+            Ok(AcquireReply::Queued {
+                position: st.queue.len() as u64 - 1,
+            })
+        })
+        .expect("state inserted above")
+    }
+
+    pub(crate) fn heartbeat(
+        &mut self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> WaitReply {
+        self.step(name, now, wakes, |st, _, _| {
+            if let Some(l) = st.holders.get(&lease) {
+                WaitReply::Granted(Grant {
+                    lease: l.clone(),
+                    now,
+                })
+            } else if st.refresh_waiter(lease, now.plus(waiter_ttl)) {
+                WaitReply::Waiting
+            } else {
+                WaitReply::Gone
+            }
+        })
+        .unwrap_or(WaitReply::Gone)
+    }
+
+    pub(crate) fn cancel(
+        &mut self,
+        name: &Name,
+        lease: LeaseId,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> CancelReply {
+        self.step(name, now, wakes, |st, hwm, wakes| {
+            let reply = if st.remove_waiter(lease).is_some() {
+                CancelReply::Dequeued
+            } else if st.remove_holder(lease).is_some() {
+                CancelReply::Released
+            } else {
+                return CancelReply::NotFound;
+            };
+            // Removing the head of the queue, or freeing permits, may let the next in.
+            st.hand_off(now, hwm, wakes);
+            reply
+        })
+        .unwrap_or(CancelReply::NotFound)
+    }
+
+    pub(crate) fn release(
+        &mut self,
+        name: &Name,
+        lease: LeaseId,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> bool {
+        self.step(name, now, wakes, |st, hwm, wakes| {
+            let held = st.remove_holder(lease).is_some();
+            st.hand_off(now, hwm, wakes);
+            held
+        })
+        .unwrap_or(false)
+    }
+
+    pub(crate) fn renew(
+        &mut self,
+        name: &Name,
+        lease: LeaseId,
+        ttl: Duration,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> RenewReply {
+        self.step(name, now, wakes, |st, _, _| {
+            let Some(l) = st.holders.get_mut(&lease) else {
+                return RenewReply::Gone;
+            };
+            let old = l.expires_at;
+            l.expires_at = old.max(now.plus(ttl));
+            let expires_at = l.expires_at;
+            st.holder_expiry.remove(&(old, lease));
+            st.holder_expiry.insert((expires_at, lease));
+            RenewReply::Renewed { expires_at, now }
+        })
+        .unwrap_or(RenewReply::Gone)
+    }
+
+    pub(crate) fn status(
+        &mut self,
+        name: &Name,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> Option<SemaphoreStatus> {
+        self.step(name, now, wakes, |st, _, _| st.status(name, now))
+            .filter(|s| !(s.holders.is_empty() && s.queue.is_empty()))
+    }
+
+    pub(crate) fn list(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.sems.keys().map(|n| n.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    pub(crate) fn resize(
+        &mut self,
+        name: &Name,
+        capacity: u32,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> Result<u32> {
+        self.step(name, now, wakes, |st, hwm, wakes| {
+            if st.is_empty() {
+                return None;
+            }
+            let old = std::mem::replace(&mut st.capacity, capacity);
+            st.hand_off(now, hwm, wakes);
+            Some(old)
+        })
+        .flatten()
+        .ok_or_else(|| not_found(name))
+    }
+
+    pub(crate) fn revoke(
+        &mut self,
+        name: &Name,
+        lease: LeaseId,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> bool {
+        self.step(name, now, wakes, |st, hwm, wakes| {
+            let held = st.remove_holder(lease).is_some();
+            if held {
+                wakes.push(lease);
+                st.hand_off(now, hwm, wakes);
+            }
+            held
+        })
+        .unwrap_or(false)
+    }
+
+    pub(crate) fn delete(&mut self, name: &Name, wakes: &mut Wakes) -> bool {
+        let Some(st) = self.sems.remove(name) else {
+            return false;
+        };
+        wakes.extend(st.holders.keys().copied());
+        wakes.extend(st.queue_index.keys().copied());
+        true
+    }
+}
+
+pub(crate) fn not_found(name: &Name) -> Error {
+    Error::NotFound(format!(
+        "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+    ))
+}
