@@ -1,0 +1,124 @@
+//! The conformance suite: the contract of PRODUCT.md as tests, written once and run against
+//! every store through a [`Harness`]. A store plugs in with
+//!
+//! ```ignore
+//! tessera_testkit::conformance_tests!(tessera_testkit::harness::Harness::sqlite());
+//! ```
+//!
+//! Each test gets its own isolated store from the harness, so tests run in parallel. Tests
+//! assert properties (never over-grant, FIFO, no leak), not timings; where the contract
+//! names a bound ("within the TTL") the test waits for the bound plus a generous slack.
+
+mod lock;
+mod semaphore;
+
+pub use lock::*;
+pub use semaphore::*;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tessera::{SemaphoreOptions, SemaphoreStatus, Store};
+
+/// A name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// Options with a TTL short enough for tests and long enough for a loaded 2-core machine.
+pub fn opts(ttl_ms: u64) -> SemaphoreOptions {
+    SemaphoreOptions::default()
+        .ttl(Duration::from_millis(ttl_ms))
+        .waiter_ttl(Duration::from_secs(2))
+}
+
+/// Polls `f` every 10 ms until it is true or `limit` passes; panics with `what` then.
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if f().await {
+            return;
+        }
+        if tokio::time::Instant::now() > end {
+            panic!("not within {limit:?}: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The status of `name`, or an empty one.
+pub async fn status(store: &Store, name: &str) -> Option<SemaphoreStatus> {
+    store.status(name).await.expect("status")
+}
+
+/// Waits until the store holds nothing for `name` (every lease ended, every waiter gone).
+pub async fn assert_drained(store: &Store, name: &str) {
+    let n = name.to_string();
+    eventually(&format!("{name} holds nothing"), Duration::from_secs(5), || {
+        let n = n.clone();
+        async move { status(store, &n).await.is_none() }
+    })
+    .await;
+    assert!(!store.list().await.unwrap().contains(&name.to_string()));
+}
+
+/// Waits until `name` has `n` waiters queued.
+pub async fn wait_queued(store: &Store, name: &str, n: usize) {
+    let nm = name.to_string();
+    eventually(&format!("{n} waiters queued on {name}"), Duration::from_secs(5), || {
+        let nm = nm.clone();
+        async move { status(store, &nm).await.is_some_and(|s| s.queue.len() == n) }
+    })
+    .await;
+}
+
+/// Expands to one `#[tokio::test]` per conformance test, each with a fresh harness from
+/// `$harness` (an expression evaluated per test).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@each $harness;
+            never_over_grants_under_concurrency_and_cancellation,
+            waiters_are_served_in_arrival_order,
+            large_acquire_is_not_starved_by_smaller_ones,
+            try_acquire_does_not_jump_the_queue,
+            abandoned_lease_comes_back_within_its_ttl,
+            killed_holder_process_gives_its_permit_back_within_ttl,
+            keep_alive_holds_a_lease_across_many_ttls,
+            lost_fires_on_revoke,
+            lost_fires_before_expiry_when_renewals_fail,
+            lost_fires_before_expiry_when_renewals_hang,
+            lost_fires_when_the_semaphore_is_deleted,
+            lost_lease_is_not_renewed_again,
+            release_renew_and_acquire_retries_are_idempotent,
+            dropped_and_timed_out_acquires_leak_nothing,
+            grant_racing_with_cancellation_is_given_back,
+            capacity_mismatch_is_refused_and_changes_nothing,
+            resize_grows_to_the_queue_and_shrinks_without_revoking,
+            bad_inputs_get_typed_errors_and_change_nothing,
+            fences_increase_and_seats_are_distinct,
+            fences_never_repeat_after_delete,
+            queue_cap_is_enforced,
+            dead_waiter_leaves_the_queue_within_its_ttl,
+            waiter_is_woken_without_waiting_for_its_heartbeat,
+            nothing_is_left_after_all_leases_end,
+            lock_is_mutually_exclusive,
+            semaphore_of_one_is_mutually_exclusive,
+            lock_try_and_timeout_answer_without_holding,
+            lock_waiters_are_served_in_order
+        );
+    };
+    (@each $harness:expr; $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let harness = $harness;
+                $crate::conformance::$test(&harness).await;
+            }
+        )*
+    };
+}

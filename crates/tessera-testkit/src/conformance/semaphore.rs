@@ -1,0 +1,681 @@
+//! Semaphore conformance tests.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tessera::*;
+use tokio::time::{timeout, Instant};
+
+use super::*;
+use crate::faults::Mode;
+use crate::harness::Harness;
+
+/// Never over-grant: 12 clients with random weights hammer a semaphore of 5, mixing waits,
+/// tries, timeouts and dropped futures; every holder checks on entry that the permits held
+/// (counted in-process, incremented after the grant and decremented before the release)
+/// never exceed the capacity and that no seat is held twice.
+pub async fn never_over_grants_under_concurrency_and_cancellation(h: &Harness) {
+    const CAP: u32 = 5;
+    let name = unique("overgrant");
+    let held = Arc::new(AtomicI64::new(0));
+    let seats = Arc::new(Mutex::new(HashSet::new()));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for worker in 0..12u64 {
+        let client = h.client().await;
+        let (name, held, seats, fences) = (name.clone(), held.clone(), seats.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &name, CAP as u64, opts(2_000)).unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(worker);
+            let mut grants = 0;
+            for _ in 0..20 {
+                let w = rng.random_range(1..=3);
+                let permit = match rng.random_range(0..10) {
+                    0..=5 => Some(sem.acquire_many(w).await.unwrap()),
+                    6 | 7 => sem.try_acquire_many(w).await.unwrap(),
+                    8 => {
+                        let t = Duration::from_millis(rng.random_range(1..20));
+                        sem.acquire_many_timeout(w, t).await.unwrap()
+                    }
+                    _ => {
+                        // Drop the future at a random point.
+                        let t = Duration::from_millis(rng.random_range(0..10));
+                        timeout(t, sem.acquire_many(w)).await.ok().map(Result::unwrap)
+                    }
+                };
+                let Some(permit) = permit else { continue };
+                grants += 1;
+                let now_held = held.fetch_add(w as i64, Ordering::SeqCst) + w as i64;
+                assert!(now_held <= CAP as i64, "over-grant: {now_held} permits held of {CAP}");
+                {
+                    let mut s = seats.lock().unwrap();
+                    for &seat in permit.seats() {
+                        assert!(seat < CAP, "seat {seat} out of range");
+                        assert!(s.insert(seat), "seat {seat} held twice");
+                    }
+                }
+                assert_eq!(permit.seats().len(), w as usize);
+                fences.lock().unwrap().push(permit.fence());
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..3))).await;
+                {
+                    let mut s = seats.lock().unwrap();
+                    for seat in permit.seats() {
+                        s.remove(seat);
+                    }
+                }
+                held.fetch_sub(w as i64, Ordering::SeqCst);
+                if rng.random_bool(0.5) {
+                    permit.release().await.unwrap();
+                } else {
+                    drop(permit);
+                }
+            }
+            grants
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert!(total > 12, "only {total} grants: the test exercised too little");
+    let f = fences.lock().unwrap().clone();
+    let unique_fences: HashSet<_> = f.iter().collect();
+    assert_eq!(unique_fences.len(), f.len(), "a fence was reused");
+    assert_drained(&h.client().await.store, &name).await;
+}
+
+/// FIFO: waiters that reached the store in order 0..5 are granted in that order.
+pub async fn waiters_are_served_in_arrival_order(h: &Harness) {
+    let name = unique("fifo");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 1, opts(5_000)).unwrap();
+    let first = sem.acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let client = h.client().await;
+        let (n, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &n, 1, opts(5_000)).unwrap();
+            let p = sem.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            p.release().await.unwrap();
+        }));
+        wait_queued(&admin.store, &name, i + 1).await;
+    }
+    first.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    assert_drained(&admin.store, &name).await;
+}
+
+/// Weighted head-of-line: a request for all 4 permits at the head is not overtaken by
+/// requests for 1 behind it, even while single permits are free.
+pub async fn large_acquire_is_not_starved_by_smaller_ones(h: &Harness) {
+    let name = unique("hol");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 4, opts(5_000)).unwrap();
+    let small: Vec<Permit> = vec![
+        sem.acquire().await.unwrap(),
+        sem.acquire().await.unwrap(),
+        sem.acquire().await.unwrap(),
+    ];
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |label: &'static str, w: u32, client: crate::harness::Client| {
+        let (name, order) = (name.clone(), order.clone());
+        tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &name, 4, opts(5_000)).unwrap();
+            let p = sem.acquire_many(w).await.unwrap();
+            order.lock().unwrap().push(label);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            p.release().await.unwrap();
+        })
+    };
+    let big = spawn("big", 4, h.client().await);
+    wait_queued(&admin.store, &name, 1).await;
+    let mut smalls = Vec::new();
+    for i in 0..3 {
+        smalls.push(spawn("small", 1, h.client().await));
+        wait_queued(&admin.store, &name, i + 2).await;
+    }
+    // One permit is free, yet nobody behind the big head may take it.
+    let s = status(&admin.store, &name).await.unwrap();
+    assert_eq!((s.used, s.available, s.queue.len()), (3, 1, 4));
+    let mut small = small.into_iter();
+    small.next().unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let s = status(&admin.store, &name).await.unwrap();
+    assert_eq!((s.used, s.queue.len()), (2, 4), "a small request overtook the big head");
+    for p in small {
+        p.release().await.unwrap();
+    }
+    big.await.unwrap();
+    for t in smalls {
+        t.await.unwrap();
+    }
+    assert_eq!(order.lock().unwrap()[0], "big");
+    assert_eq!(order.lock().unwrap().len(), 4);
+    assert_drained(&admin.store, &name).await;
+}
+
+/// `try_acquire` answers "no" while anyone waits, even if enough permits are free.
+pub async fn try_acquire_does_not_jump_the_queue(h: &Harness) {
+    let name = unique("try");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 2, opts(5_000)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let client = h.client().await;
+    let n = name.clone();
+    let waiter = tokio::spawn(async move {
+        let sem = Semaphore::new(&client.store, &n, 2, opts(5_000)).unwrap();
+        sem.acquire_many(2).await.unwrap()
+    });
+    wait_queued(&admin.store, &name, 1).await;
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    let s = status(&admin.store, &name).await.unwrap();
+    assert_eq!((s.used, s.available, s.queue.len()), (1, 1, 1), "the try changed the store");
+    held.release().await.unwrap();
+    let p = waiter.await.unwrap();
+    assert_eq!(p.seats(), &[0, 1]);
+    p.release().await.unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_some());
+    assert_drained(&admin.store, &name).await;
+}
+
+/// A lease nobody renews or releases (its holder froze or crashed) comes back by its TTL.
+pub async fn abandoned_lease_comes_back_within_its_ttl(h: &Harness) {
+    let name = unique("abandoned");
+    let client = h.client().await;
+    let backend = client.store.backend();
+    let ttl = Duration::from_millis(400);
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 2,
+        ttl,
+        holder: "frozen".into(),
+        wait: None,
+    };
+    let nm = Name::new(&name).unwrap();
+    let AcquireReply::Granted(g) = backend.acquire(&nm, 2, &req).await.unwrap() else {
+        panic!("not granted")
+    };
+    let sem = Semaphore::new(&client.store, &name, 2, opts(5_000)).unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    let p = sem
+        .acquire_many_timeout(2, ttl + Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the abandoned permit did not come back");
+    assert!(p.lease().acquired_at >= g.lease.expires_at, "granted before the old lease expired");
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// A holder process killed with SIGKILL gives its permit back within its TTL (stores shared
+/// across processes only).
+pub async fn killed_holder_process_gives_its_permit_back_within_ttl(h: &Harness) {
+    if !h.multi_process() {
+        return; // An in-process store dies with its process; nothing to test.
+    }
+    let name = unique("sigkill");
+    let ttl = Duration::from_secs(1);
+    let mut child = crate::hold::spawn_holder(h.url(), &name, 1, ttl).await;
+    let client = h.client().await;
+    let s = status(&client.store, &name).await.expect("the child holds");
+    assert_eq!(s.holders.len(), 1);
+    child.kill().await.unwrap();
+    let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
+    let p = sem
+        .acquire_many_timeout(1, ttl + Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the killed holder's permit did not come back");
+    assert!(p.lease().acquired_at >= s.holders[0].expires_at);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// Keep-alive renews a lease across many TTLs; the holder keeps it and `lost()` stays quiet.
+pub async fn keep_alive_holds_a_lease_across_many_ttls(h: &Harness) {
+    let name = unique("keepalive");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(300)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    let first_expiry = p.expires_at();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!p.is_lost());
+    assert!(p.expires_at() > first_expiry.plus(Duration::from_millis(900)));
+    assert!(p.valid_until() > Instant::now());
+    let other = h.client().await;
+    let sem2 = Semaphore::new(&other.store, &name, 1, opts(300)).unwrap();
+    assert!(sem2.try_acquire().await.unwrap().is_none());
+    assert!(p.release().await.unwrap(), "the lease was not held any more");
+    assert_drained(&client.store, &name).await;
+}
+
+/// An admin revoke makes the holder's `lost()` fire; the revoked lease is then free.
+pub async fn lost_fires_on_revoke(h: &Harness) {
+    let name = unique("revoke");
+    let holder = h.client().await;
+    let sem = Semaphore::new(&holder.store, &name, 1, opts(3_000)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    let admin = h.client().await;
+    assert!(admin.store.revoke(&name, &p.lease_id().to_string()).await.unwrap());
+    assert!(!admin.store.revoke(&name, &p.lease_id().to_string()).await.unwrap());
+    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    assert_eq!(reason, LossReason::Gone);
+    assert!(p.is_lost());
+    assert!(!p.release().await.unwrap());
+    assert!(sem.try_acquire().await.unwrap().is_some());
+}
+
+async fn renewals_break(h: &Harness, mode: Mode) {
+    let name = unique("renewfail");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(900)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    client.faults.renew(mode);
+    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    let fired = Instant::now();
+    assert!(matches!(reason, LossReason::RenewalsFailing(_)), "{reason:?}");
+    assert!(fired < p.valid_until(), "lost() fired after the lease could have expired");
+    // The store still had the lease when lost() fired: nobody else could be in yet.
+    let other = h.client().await;
+    let s = status(&other.store, &name).await.unwrap();
+    assert!(s.holders.iter().any(|l| l.lease_id == p.lease_id()));
+    drop(p);
+}
+
+/// When renewals fail, `lost()` fires before the lease could expire.
+pub async fn lost_fires_before_expiry_when_renewals_fail(h: &Harness) {
+    renewals_break(h, Mode::Fail).await
+}
+
+/// When renewals never answer (a black-holed connection), `lost()` fires before the lease
+/// could expire.
+pub async fn lost_fires_before_expiry_when_renewals_hang(h: &Harness) {
+    renewals_break(h, Mode::Hang).await
+}
+
+/// Deleting the semaphore makes its holders' `lost()` fire.
+pub async fn lost_fires_when_the_semaphore_is_deleted(h: &Harness) {
+    let name = unique("deleted");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 2, opts(3_000)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    assert!(h.client().await.store.delete(&name).await.unwrap());
+    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    assert_eq!(reason, LossReason::Gone);
+    assert!(!h.client().await.store.delete(&name).await.unwrap());
+}
+
+/// After `lost()`, the keep-alive stops for good: when the store comes back it does not
+/// renew the lease, which then expires.
+pub async fn lost_lease_is_not_renewed_again(h: &Harness) {
+    let name = unique("norevive");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(600)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    client.faults.renew(Mode::Fail);
+    timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    client.faults.renew(Mode::Normal);
+    let other = h.client().await;
+    let sem2 = Semaphore::new(&other.store, &name, 1, opts(600)).unwrap();
+    let q = sem2
+        .acquire_many_timeout(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the lost lease was renewed after its loss");
+    drop(p);
+    q.release().await.unwrap();
+}
+
+/// Release and renew name the lease; retrying them is harmless; an acquire retried with the
+/// same lease id returns the same grant.
+pub async fn release_renew_and_acquire_retries_are_idempotent(h: &Harness) {
+    let name = Name::new(unique("idem")).unwrap();
+    let client = h.client().await;
+    let b = client.store.backend();
+    let ttl = Duration::from_secs(5);
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl,
+        holder: "t".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: Duration::from_secs(2),
+            queue_cap: 10,
+        }),
+    };
+    let AcquireReply::Granted(g1) = b.acquire(&name, 3, &req).await.unwrap() else { panic!() };
+    let AcquireReply::Granted(g2) = b.acquire(&name, 3, &req).await.unwrap() else { panic!() };
+    assert_eq!(g1.lease.fence, g2.lease.fence);
+    assert_eq!(g1.lease.seats, g2.lease.seats);
+    assert_eq!(status(&client.store, name.as_str()).await.unwrap().used, 1);
+    assert!(matches!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Renewed { .. }));
+    assert!(matches!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Renewed { .. }));
+    assert!(b.release(&name, req.lease_id).await.unwrap());
+    assert!(!b.release(&name, req.lease_id).await.unwrap());
+    assert_eq!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Gone);
+    assert_eq!(b.cancel(&name, req.lease_id).await.unwrap(), CancelReply::NotFound);
+    assert!(!b.release(&name, LeaseId::random()).await.unwrap());
+    assert_drained(&client.store, name.as_str()).await;
+}
+
+/// Dropped and timed-out acquires leave no holder and no waiter behind.
+pub async fn dropped_and_timed_out_acquires_leak_nothing(h: &Harness) {
+    let name = unique("cancel");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 2, opts(5_000)).unwrap();
+    let held = sem.acquire_many(2).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let client = h.client().await;
+        let n = name.clone();
+        tasks.push(tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &n, 2, opts(5_000)).unwrap();
+            let t = Duration::from_millis(5 + (i * 7) % 40);
+            if i % 2 == 0 {
+                sem.acquire_many_timeout(1 + (i % 2) as u32, t).await.unwrap().is_some()
+            } else {
+                timeout(t, sem.acquire()).await.is_ok()
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    held.release().await.unwrap();
+    for t in tasks {
+        let _granted = t.await.unwrap();
+    }
+    assert_drained(&admin.store, &name).await;
+}
+
+/// A grant that lands while the acquire is being cancelled is given back, not leaked.
+pub async fn grant_racing_with_cancellation_is_given_back(h: &Harness) {
+    let name = unique("race");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 1, opts(5_000)).unwrap();
+    for round in 0..15u64 {
+        let held = sem.acquire().await.unwrap();
+        let client = h.client().await;
+        let n = name.clone();
+        let waiter = tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &n, 1, opts(5_000)).unwrap();
+            let p = sem.acquire().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(p);
+        });
+        wait_queued(&admin.store, &name, 1).await;
+        // Release and abort at nearly the same time, in varying order.
+        if round % 2 == 0 {
+            held.release().await.unwrap();
+            tokio::time::sleep(Duration::from_micros(round * 150)).await;
+            waiter.abort();
+        } else {
+            waiter.abort();
+            held.release().await.unwrap();
+        }
+        assert_drained(&admin.store, &name).await;
+    }
+}
+
+/// A client that declares another capacity than the stored one gets a clear error; nothing
+/// changes.
+pub async fn capacity_mismatch_is_refused_and_changes_nothing(h: &Harness) {
+    let name = unique("mismatch");
+    let client = h.client().await;
+    let two = Semaphore::new(&client.store, &name, 2, opts(5_000)).unwrap();
+    let p = two.acquire().await.unwrap();
+    let three = Semaphore::new(&client.store, &name, 3, opts(5_000)).unwrap();
+    let before = status(&client.store, &name).await.unwrap();
+    for r in [three.try_acquire().await.map(|_| ()), three.acquire().await.map(|_| ())] {
+        let e = r.unwrap_err();
+        assert!(e.is_capacity_mismatch(), "{e}");
+        assert!(e.to_string().contains("resize"), "{e}");
+    }
+    let after = status(&client.store, &name).await.unwrap();
+    assert_eq!((before.capacity, before.used, before.holders), (after.capacity, after.used, after.holders));
+    assert!(after.queue.is_empty());
+    p.release().await.unwrap();
+}
+
+/// Growing hands the new permits to the queue at once; shrinking never revokes and holds
+/// grants back until the holders fit.
+pub async fn resize_grows_to_the_queue_and_shrinks_without_revoking(h: &Harness) {
+    let name = unique("resize");
+    let admin = h.client().await;
+    let mut sem = Semaphore::new(&admin.store, &name, 2, opts(5_000)).unwrap();
+    let a = sem.acquire_many(2).await.unwrap();
+    let client = h.client().await;
+    let n = name.clone();
+    let waiter = tokio::spawn(async move {
+        let sem = Semaphore::new(&client.store, &n, 2, opts(5_000)).unwrap();
+        sem.acquire().await.unwrap()
+    });
+    wait_queued(&admin.store, &name, 1).await;
+    assert_eq!(admin.store.resize(&name, 3).await.unwrap(), 2);
+    let b = timeout(Duration::from_secs(5), waiter).await.expect("growing did not serve the queue").unwrap();
+    assert_eq!(b.seats(), &[2]);
+    // Shrink to 1 while 3 are held: nobody is revoked.
+    assert_eq!(sem.resize(1).await.unwrap(), 3);
+    assert_eq!(sem.capacity(), 1);
+    let s = status(&admin.store, &name).await.unwrap();
+    assert_eq!((s.capacity, s.used, s.available, s.holders.len()), (1, 3, 0, 2));
+    assert!(!a.is_lost() && !b.is_lost());
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    let e = admin.store.resize(&name, 0).await.unwrap_err();
+    assert!(e.is_invalid_input());
+    assert!(admin.store.resize(&unique("nosuch"), 2).await.unwrap_err().is_not_found());
+    drop(b);
+    a.release().await.unwrap();
+    let p = sem.acquire_many_timeout(1, Duration::from_secs(5)).await.unwrap().expect("after shrink");
+    assert_eq!(p.seats(), &[0]);
+    p.release().await.unwrap();
+    assert_drained(&admin.store, &name).await;
+}
+
+/// Every impossible request gets a typed error at once and the store stays untouched.
+pub async fn bad_inputs_get_typed_errors_and_change_nothing(h: &Harness) {
+    let client = h.client().await;
+    let store = &client.store;
+    let before = store.list().await.unwrap();
+    let invalid = |r: Result<()>| {
+        let e = r.expect_err("accepted a bad input");
+        assert!(e.is_invalid_input(), "not typed as invalid input: {e:?}");
+    };
+    let sem = |name: &str, cap: u64, o: SemaphoreOptions| Semaphore::new(store, name, cap, o).map(|_| ());
+    invalid(sem("ok", 0, opts(1000)));
+    invalid(sem("ok", MAX_CAPACITY as u64 + 1, opts(1000)));
+    invalid(sem("", 1, opts(1000)));
+    invalid(sem(&"n".repeat(129), 1, opts(1000)));
+    for bad in ["a b", "-a", "a{b}", "a\nb", "ä", "a*b", "../x"] {
+        invalid(sem(bad, 1, opts(1000)));
+    }
+    invalid(sem("ok", 1, opts(10)));
+    invalid(sem("ok", 1, SemaphoreOptions::default().ttl(Duration::from_secs(48 * 3600))));
+    invalid(sem("ok", 1, opts(1000).keep_alive(Duration::from_millis(600))));
+    invalid(sem("ok", 1, opts(1000).queue_cap(0)));
+    invalid(sem("ok", 1, opts(1000).holder("a\nb")));
+    invalid(sem("ok", 1, opts(1000).holder("x".repeat(300))));
+    invalid(sem("ok", 1, opts(1000).waiter_ttl(Duration::ZERO)));
+    let name = unique("bad");
+    let s = Semaphore::new(store, &name, 2, opts(1000)).unwrap();
+    invalid(s.acquire_many(0).await.map(|_| ()));
+    invalid(s.acquire_many(3).await.map(|_| ()));
+    invalid(s.try_acquire_many(0).await.map(|_| ()));
+    invalid(s.try_acquire_many(3).await.map(|_| ()));
+    invalid(s.acquire_many_timeout(3, Duration::from_millis(1)).await.map(|_| ()));
+    invalid(store.revoke(&name, "not-a-lease").await.map(|_| ()));
+    invalid(store.revoke("a b", &LeaseId::random().to_string()).await.map(|_| ()));
+    invalid(store.resize(&name, 0).await.map(|_| ()));
+    invalid(store.status("").await.map(|_| ()));
+    invalid(store.delete("a{b}").await.map(|_| ()));
+    for url in ["", "nonsense", "sqlite:", "memory://bad name", "ftp://x", "redis+unknown://h"] {
+        let e = Store::connect(url).await.expect_err(url);
+        assert!(e.is_invalid_input(), "{url}: {e:?}");
+    }
+    let e = Store::connect("nosuch://user:hunter2@host").await.unwrap_err();
+    assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
+    assert_eq!(store.list().await.unwrap(), before, "a refused request changed the store");
+    assert!(status(store, &name).await.is_none());
+}
+
+/// Fences strictly increase in grant order; seats are distinct, in `0..C`, `weight` of them.
+pub async fn fences_increase_and_seats_are_distinct(h: &Harness) {
+    let name = unique("fence");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 5, opts(5_000)).unwrap();
+    let mut last = 0;
+    for _ in 0..20 {
+        let p = sem.acquire_many(2).await.unwrap();
+        assert!(p.fence() > last, "fence {} after {last}", p.fence());
+        last = p.fence();
+        p.release().await.unwrap();
+    }
+    let a = sem.acquire_many(3).await.unwrap();
+    let b = sem.acquire_many(2).await.unwrap();
+    assert_eq!(a.seats(), &[0, 1, 2]);
+    assert_eq!(b.seats(), &[3, 4]);
+    assert!(b.fence() > a.fence());
+    drop(a);
+    let b_fence = b.fence();
+    let c = sem.acquire_many(3).await.unwrap();
+    assert_eq!(c.seats(), &[0, 1, 2], "the lowest free seats are reused");
+    assert!(c.fence() > b_fence);
+    drop((b, c));
+    assert_drained(&client.store, &name).await;
+}
+
+/// Fences keep increasing after the semaphore is deleted and created again.
+pub async fn fences_never_repeat_after_delete(h: &Harness) {
+    let name = unique("fencedel");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    let old = p.fence();
+    assert!(client.store.delete(&name).await.unwrap());
+    let q = sem.acquire().await.unwrap();
+    assert!(q.fence() > old);
+    let newer = q.fence();
+    q.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+    let r = sem.acquire().await.unwrap();
+    assert!(r.fence() > newer);
+    drop(p);
+}
+
+/// A full queue refuses newcomers with a typed error and changes nothing.
+pub async fn queue_cap_is_enforced(h: &Harness) {
+    let name = unique("qcap");
+    let admin = h.client().await;
+    let o = || opts(5_000).queue_cap(2);
+    let sem = Semaphore::new(&admin.store, &name, 1, o()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let client = h.client().await;
+        let n = name.clone();
+        waiters.push(tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &n, 1, o()).unwrap();
+            sem.acquire().await.unwrap().release().await.unwrap();
+        }));
+        wait_queued(&admin.store, &name, i + 1).await;
+    }
+    let e = sem.acquire().await.unwrap_err();
+    assert!(e.is_queue_full(), "{e}");
+    assert_eq!(status(&admin.store, &name).await.unwrap().queue.len(), 2);
+    held.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_drained(&admin.store, &name).await;
+}
+
+/// A waiter that stops heartbeating (it died) leaves the queue within its waiter TTL, and
+/// the permit goes to the next live waiter.
+pub async fn dead_waiter_leaves_the_queue_within_its_ttl(h: &Harness) {
+    let name = unique("deadwaiter");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let dead = LeaseId::random();
+    let nm = Name::new(&name).unwrap();
+    let req = AcquireRequest {
+        lease_id: dead,
+        weight: 1,
+        ttl: Duration::from_secs(5),
+        holder: "dead".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: Duration::from_millis(300),
+            queue_cap: 10,
+        }),
+    };
+    let r = client.store.backend().acquire(&nm, 1, &req).await.unwrap();
+    assert_eq!(r, AcquireReply::Queued { position: 0 });
+    let other = h.client().await;
+    let n = name.clone();
+    let live = tokio::spawn(async move {
+        let sem = Semaphore::new(&other.store, &n, 1, opts(5_000)).unwrap();
+        sem.acquire().await.unwrap()
+    });
+    wait_queued(&client.store, &name, 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.release().await.unwrap();
+    let p = timeout(Duration::from_secs(5), live).await.expect("the live waiter was not served").unwrap();
+    let b = client.store.backend();
+    assert_eq!(b.heartbeat(&nm, dead, Duration::from_secs(1)).await.unwrap(), WaitReply::Gone);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// A release wakes the waiter at once; it does not sit until its next heartbeat (7.5 s with
+/// these options).
+pub async fn waiter_is_woken_without_waiting_for_its_heartbeat(h: &Harness) {
+    let name = unique("push");
+    let admin = h.client().await;
+    let o = || {
+        SemaphoreOptions::default()
+            .ttl(Duration::from_secs(30))
+            .waiter_ttl(Duration::from_secs(30))
+    };
+    let sem = Semaphore::new(&admin.store, &name, 1, o()).unwrap();
+    for _ in 0..3 {
+        let held = sem.acquire().await.unwrap();
+        let client = h.client().await;
+        let n = name.clone();
+        let waiter = tokio::spawn(async move {
+            let sem = Semaphore::new(&client.store, &n, 1, o()).unwrap();
+            sem.acquire().await.unwrap()
+        });
+        wait_queued(&admin.store, &name, 1).await;
+        // Give the waiter time to settle into its (long) heartbeat sleep.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held.release().await.unwrap();
+        let p = timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the waiter was not woken by the release")
+            .unwrap();
+        p.release().await.unwrap();
+    }
+    assert_drained(&admin.store, &name).await;
+}
+
+/// After every lease has ended and every waiter left, the store holds nothing for the name.
+pub async fn nothing_is_left_after_all_leases_end(h: &Harness) {
+    let name = unique("empty");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 3, opts(5_000)).unwrap();
+    let a = sem.acquire_many(3).await.unwrap();
+    let timed_out = sem.acquire_many_timeout(1, Duration::from_millis(50)).await.unwrap();
+    assert!(timed_out.is_none());
+    let b = sem.try_acquire().await.unwrap();
+    assert!(b.is_none());
+    assert!(client.store.list().await.unwrap().contains(&name));
+    a.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
