@@ -1,0 +1,2 @@
+pub mod grantlog;
+pub mod worker;
