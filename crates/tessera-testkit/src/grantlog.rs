@@ -26,7 +26,14 @@
 //! - **C2, fences increase per seat**: if lease B's interval starts after lease A's ended and
 //!   they share a seat, `fence(B) > fence(A)`; and no fence is granted twice;
 //! - **seats**: two leases whose intervals overlap never share a seat; every seat is in
-//!   `0..capacity`; a lease holds exactly `weight` distinct seats.
+//!   `0..capacity`; a lease holds exactly `weight` distinct seats;
+//! - **C3, every "no permit" is explained**: while a try-acquire of weight `w` was in flight,
+//!   either the leases *possibly* held left fewer than `w` permits free at some instant, or
+//!   some other acquire was possibly waiting (a try-acquire never jumps the queue). A lease is
+//!   possibly held from its acquire's invocation to its release's return (forever if it never
+//!   returned); a timed-out or failed acquire possibly waits, and possibly holds a grant that
+//!   raced with its cancellation, until [`CANCEL_GRACE_NS`] after it returned (the
+//!   cancellation runs in the background).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
@@ -367,6 +374,26 @@ pub enum Violation {
         /// The lease.
         lease: LeaseInfo,
     },
+    /// C3: a try-acquire found no permit although, as far as the log shows, enough were free
+    /// and nobody waited.
+    NoPermitUnexplained {
+        /// Semaphore.
+        sem: String,
+        /// The worker.
+        worker: String,
+        /// Its operation number.
+        op: u64,
+        /// Permits asked for.
+        weight: u32,
+        /// Capacity.
+        capacity: u32,
+        /// The most permits possibly held at one instant while the try-acquire was in flight.
+        possibly_held: u32,
+        /// When it was invoked.
+        invoked_ns: u64,
+        /// When it returned.
+        returned_ns: u64,
+    },
     /// No capacity known for a semaphore with grants.
     UnknownCapacity {
         /// Semaphore.
@@ -436,6 +463,23 @@ impl fmt::Display for Violation {
             Violation::BadSeatsOrWeight { problem, lease } => {
                 write!(f, "bad lease on {:?}: {problem}:\n    {lease}", lease.sem)
             }
+            Violation::NoPermitUnexplained {
+                sem,
+                worker,
+                op,
+                weight,
+                capacity,
+                possibly_held,
+                invoked_ns,
+                returned_ns,
+            } => write!(
+                f,
+                "C3 unexplained \"no permit\" on {sem:?}: worker {worker} op {op} asked for {weight} \
+                 during [{} .. {}], but at most {possibly_held} of {capacity} permits were possibly \
+                 held and nobody possibly waited",
+                ns(*invoked_ns),
+                ns(*returned_ns)
+            ),
             Violation::UnknownCapacity { sem } => {
                 write!(f, "no capacity known for {sem:?}: log a Capacity event or pass it")
             }
@@ -552,7 +596,7 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
     let stats = &mut report.stats;
     let violations = &mut report.violations;
 
-    for e in events {
+    for e in &events {
         match &e.kind {
             EventKind::Capacity { sem, capacity } => {
                 caps.insert(sem.clone(), *capacity);
@@ -689,6 +733,7 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
         by_sem.entry(info.sem.clone()).or_default().push(info);
     }
 
+    check_no_permits(&events, &caps, violations);
     for (sem, leases) in &by_sem {
         check_fences_unique(sem, leases, violations);
         let Some(&capacity) = caps.get(sem) else {
@@ -701,6 +746,154 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
         check_seats(sem, capacity, &held, violations);
     }
     report
+}
+
+/// How long after a timed-out or failed acquire returned the checker still counts it as
+/// possibly waiting or holding: its cancellation runs in the background.
+pub const CANCEL_GRACE_NS: u64 = 1_000_000_000;
+
+/// One acquire, from the log, for C3.
+struct Op<'a> {
+    sem: &'a str,
+    worker: &'a str,
+    op: u64,
+    weight: u32,
+    mode: AcquireMode,
+    invoked_ns: u64,
+    returned: Option<(u64, &'a Outcome)>,
+}
+
+/// C3: every "no permit" answer is explained by possible holders or waiters.
+fn check_no_permits(
+    events: &[&Event],
+    caps: &HashMap<String, u32>,
+    violations: &mut Vec<Violation>,
+) {
+    let mut ops: Vec<Op> = Vec::new();
+    let mut index: HashMap<(&str, u64), usize> = HashMap::new();
+    // Possible end of each lease: its release's return.
+    let mut released: HashMap<LeaseId, u64> = HashMap::new();
+    for e in events {
+        match &e.kind {
+            EventKind::AcquireInvoked {
+                worker,
+                op,
+                sem,
+                weight,
+                mode,
+            } => {
+                index.insert((worker, *op), ops.len());
+                ops.push(Op {
+                    sem,
+                    worker,
+                    op: *op,
+                    weight: *weight,
+                    mode: *mode,
+                    invoked_ns: e.t_ns,
+                    returned: None,
+                });
+            }
+            EventKind::AcquireReturned {
+                worker,
+                op,
+                outcome,
+            } => {
+                if let Some(&i) = index.get(&(worker.as_str(), *op)) {
+                    ops[i].returned = Some((e.t_ns, outcome));
+                }
+            }
+            EventKind::ReleaseReturned {
+                lease_id,
+                error: None,
+                ..
+            } => {
+                released.entry(*lease_id).or_insert(e.t_ns);
+            }
+            _ => {}
+        }
+    }
+    // Per semaphore: intervals of possible waiting, and of possible holding with a weight.
+    let mut waiting: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+    let mut holding: HashMap<&str, Vec<(u64, u64, u32)>> = HashMap::new();
+    for o in &ops {
+        let try_mode = o.mode == AcquireMode::TryAcquire;
+        match o.returned {
+            None if !try_mode => {
+                waiting.entry(o.sem).or_default().push((o.invoked_ns, u64::MAX));
+                holding
+                    .entry(o.sem)
+                    .or_default()
+                    .push((o.invoked_ns, u64::MAX, o.weight));
+            }
+            None => {}
+            Some((t, Outcome::Granted { lease_id, weight, .. })) => {
+                if !try_mode {
+                    waiting.entry(o.sem).or_default().push((o.invoked_ns, t));
+                }
+                let end = released.get(lease_id).copied().unwrap_or(u64::MAX);
+                holding
+                    .entry(o.sem)
+                    .or_default()
+                    .push((o.invoked_ns, end, *weight));
+            }
+            Some((t, Outcome::TimedOut | Outcome::Error { .. })) if !try_mode => {
+                let end = t.saturating_add(CANCEL_GRACE_NS);
+                waiting.entry(o.sem).or_default().push((o.invoked_ns, end));
+                holding
+                    .entry(o.sem)
+                    .or_default()
+                    .push((o.invoked_ns, end, o.weight));
+            }
+            Some(_) => {}
+        }
+    }
+    for o in &ops {
+        let Some((returned_ns, Outcome::NoPermit)) = o.returned else {
+            continue;
+        };
+        let Some(&capacity) = caps.get(o.sem) else {
+            continue; // reported as UnknownCapacity if the semaphore had grants
+        };
+        let (from, to) = (o.invoked_ns, returned_ns);
+        let overlaps = |a: u64, b: u64| a <= to && b >= from;
+        if waiting
+            .get(o.sem)
+            .is_some_and(|w| w.iter().any(|&(a, b)| overlaps(a, b)))
+        {
+            continue;
+        }
+        // The most weight possibly held at one instant of [from, to].
+        let mut points: Vec<(u64, bool, u32)> = Vec::new();
+        for &(a, b, w) in holding.get(o.sem).map(Vec::as_slice).unwrap_or(&[]) {
+            if overlaps(a, b) {
+                points.push((a.max(from), false, w));
+                points.push((b.min(to), true, w));
+            }
+        }
+        // Closed intervals: at equal times, starts (false) before ends (true).
+        points.sort_unstable();
+        let (mut sum, mut max) = (0u64, 0u64);
+        for (_, is_end, w) in points {
+            if is_end {
+                sum -= w as u64;
+            } else {
+                sum += w as u64;
+                max = max.max(sum);
+            }
+        }
+        if max + o.weight as u64 <= capacity as u64 {
+            violations.push(Violation::NoPermitUnexplained {
+                sem: o.sem.to_string(),
+                worker: o.worker.to_string(),
+                op: o.op,
+                weight: o.weight,
+                capacity,
+                possibly_held: max.min(u32::MAX as u64) as u32,
+                invoked_ns: from,
+                returned_ns: to,
+            });
+        }
+    }
 }
 
 fn check_fences_unique(sem: &str, leases: &[LeaseInfo], violations: &mut Vec<Violation>) {
@@ -927,6 +1120,7 @@ mod tests {
                 Violation::SeatCollision { .. } => "seat_collision",
                 Violation::SeatOutOfRange { .. } => "seat_out_of_range",
                 Violation::BadSeatsOrWeight { .. } => "bad_seats_or_weight",
+                Violation::NoPermitUnexplained { .. } => "no_permit_unexplained",
                 Violation::UnknownCapacity { .. } => "unknown_capacity",
                 Violation::Log { .. } => "log",
             })
@@ -1103,14 +1297,17 @@ mod tests {
     #[test]
     fn outcomes_are_counted() {
         let mut log = correct_log();
-        for (op, outcome) in [
-            (90, Outcome::NoPermit),
-            (91, Outcome::TimedOut),
+        let timeout = AcquireMode::Timeout { timeout_ms: 1 };
+        for (op, outcome, mode) in [
+            // Explained by the timed-out waiter next to it.
+            (90, Outcome::NoPermit, AcquireMode::TryAcquire),
+            (91, Outcome::TimedOut, timeout),
             (
                 92,
                 Outcome::Error {
                     message: "boom".into(),
                 },
+                AcquireMode::Acquire,
             ),
         ] {
             log.push(
@@ -1120,7 +1317,7 @@ mod tests {
                     op,
                     sem: "s".into(),
                     weight: 1,
-                    mode: AcquireMode::TryAcquire,
+                    mode,
                 },
             );
             log.push(
@@ -1136,6 +1333,74 @@ mod tests {
         report.assert_ok();
         let s = &report.stats;
         assert_eq!((s.acquires, s.grants, s.no_permit, s.timed_out, s.errors), (8, 5, 1, 1, 1));
+    }
+
+    /// A try-acquire of `weight` in flight over `[from, to]` that found no permit.
+    fn no_permit(log: &mut Log, from: u64, to: u64, weight: u32) {
+        log.next += 1;
+        let op = log.next;
+        log.push(
+            from,
+            EventKind::AcquireInvoked {
+                worker: "t".into(),
+                op,
+                sem: "s".into(),
+                weight,
+                mode: AcquireMode::TryAcquire,
+            },
+        );
+        log.push(
+            to,
+            EventKind::AcquireReturned {
+                worker: "t".into(),
+                op,
+                outcome: Outcome::NoPermit,
+            },
+        );
+    }
+
+    #[test]
+    fn no_permit_while_permits_are_held_is_explained() {
+        let mut log = Log::new("s", 3);
+        log.lease(10, 50, 1, &[0, 1]);
+        no_permit(&mut log, 20, 21, 2);
+        // The release was invoked at 50 but returns at 51: until then it is possibly held.
+        no_permit(&mut log, 49, 50, 2);
+        log.check().assert_ok();
+    }
+
+    #[test]
+    fn no_permit_while_someone_waits_is_explained() {
+        // Free permits, but an acquire is in flight: it may be queued, and a try-acquire
+        // never jumps the queue.
+        let mut log = Log::new("s", 3);
+        log.push(
+            10,
+            EventKind::AcquireInvoked {
+                worker: "waiter".into(),
+                op: 0,
+                sem: "s".into(),
+                weight: 3,
+                mode: AcquireMode::Acquire,
+            },
+        );
+        no_permit(&mut log, 20, 21, 1);
+        log.check().assert_ok();
+    }
+
+    #[test]
+    fn no_permit_with_free_permits_and_no_waiter_is_caught() {
+        let mut log = Log::new("s", 3);
+        log.lease(10, 50, 1, &[0, 1]);
+        no_permit(&mut log, 20, 21, 1);
+        no_permit(&mut log, 60, 61, 3);
+        let report = log.check();
+        assert_eq!(
+            kinds(&report),
+            ["no_permit_unexplained", "no_permit_unexplained"],
+            "{report}"
+        );
+        assert!(report.violations[0].to_string().contains("at most 2 of 3"), "{report}");
     }
 
     #[test]
