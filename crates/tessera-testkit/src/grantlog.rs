@@ -246,8 +246,8 @@ pub fn read_logs(dir: &Path) -> anyhow::Result<Vec<Event>> {
     paths.sort();
     let mut events = Vec::new();
     for path in paths {
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         let lines: Vec<&str> = text.split('\n').collect();
         for (i, line) in lines.iter().enumerate() {
             if line.trim().is_empty() {
@@ -633,7 +633,9 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                         stats.grants += 1;
                         if leases.contains_key(lease_id) {
                             violations.push(Violation::Log {
-                                problem: format!("lease {lease_id} granted twice (worker {worker} op {op})"),
+                                problem: format!(
+                                    "lease {lease_id} granted twice (worker {worker} op {op})"
+                                ),
                             });
                             continue;
                         }
@@ -819,14 +821,22 @@ fn check_no_permits(
         let try_mode = o.mode == AcquireMode::TryAcquire;
         match o.returned {
             None if !try_mode => {
-                waiting.entry(o.sem).or_default().push((o.invoked_ns, u64::MAX));
+                waiting
+                    .entry(o.sem)
+                    .or_default()
+                    .push((o.invoked_ns, u64::MAX));
                 holding
                     .entry(o.sem)
                     .or_default()
                     .push((o.invoked_ns, u64::MAX, o.weight));
             }
             None => {}
-            Some((t, Outcome::Granted { lease_id, weight, .. })) => {
+            Some((
+                t,
+                Outcome::Granted {
+                    lease_id, weight, ..
+                },
+            )) => {
                 if !try_mode {
                     waiting.entry(o.sem).or_default().push((o.invoked_ns, t));
                 }
@@ -1177,7 +1187,10 @@ mod tests {
         log.lease(10, 50, 1, &[0, 1]);
         log.lease(20, 60, 2, &[2, 3]); // seat 3 is also out of range
         let k = kinds(&log.check());
-        assert!(k.contains(&"over_capacity") && k.contains(&"seat_out_of_range"), "{k:?}");
+        assert!(
+            k.contains(&"over_capacity") && k.contains(&"seat_out_of_range"),
+            "{k:?}"
+        );
     }
 
     #[test]
@@ -1201,7 +1214,10 @@ mod tests {
         );
         log.lease(35, 50, 2, &[0]);
         let k = kinds(&log.check());
-        assert!(k.contains(&"over_capacity") && k.contains(&"seat_collision"), "{k:?}");
+        assert!(
+            k.contains(&"over_capacity") && k.contains(&"seat_collision"),
+            "{k:?}"
+        );
     }
 
     #[test]
@@ -1228,7 +1244,9 @@ mod tests {
         log.lease(30, 40, 7, &[1]);
         let report = log.check();
         assert_eq!(kinds(&report), ["fence_reused"], "{report}");
-        assert!(report.violations[0].to_string().contains("fence 7 granted twice"));
+        assert!(report.violations[0]
+            .to_string()
+            .contains("fence 7 granted twice"));
     }
 
     #[test]
@@ -1274,7 +1292,9 @@ mod tests {
         log.lease(10, 20, 1, &[2]);
         let report = log.check();
         assert_eq!(kinds(&report), ["seat_out_of_range"], "{report}");
-        assert!(report.violations[0].to_string().contains("seat 2 not in 0..2"));
+        assert!(report.violations[0]
+            .to_string()
+            .contains("seat 2 not in 0..2"));
     }
 
     #[test]
@@ -1332,7 +1352,10 @@ mod tests {
         let report = log.check();
         report.assert_ok();
         let s = &report.stats;
-        assert_eq!((s.acquires, s.grants, s.no_permit, s.timed_out, s.errors), (8, 5, 1, 1, 1));
+        assert_eq!(
+            (s.acquires, s.grants, s.no_permit, s.timed_out, s.errors),
+            (8, 5, 1, 1, 1)
+        );
     }
 
     /// A try-acquire of `weight` in flight over `[from, to]` that found no permit.
@@ -1400,7 +1423,10 @@ mod tests {
             ["no_permit_unexplained", "no_permit_unexplained"],
             "{report}"
         );
-        assert!(report.violations[0].to_string().contains("at most 2 of 3"), "{report}");
+        assert!(
+            report.violations[0].to_string().contains("at most 2 of 3"),
+            "{report}"
+        );
     }
 
     #[test]
@@ -1438,7 +1464,8 @@ mod tests {
             .unwrap();
         rt.block_on(async {
             let now = monotonic_ns();
-            let later = instant_to_ns(tokio::time::Instant::now() + std::time::Duration::from_secs(1));
+            let later =
+                instant_to_ns(tokio::time::Instant::now() + std::time::Duration::from_secs(1));
             let d = later as i64 - now as i64 - 1_000_000_000;
             assert!(d.abs() < 50 * MS as i64, "off by {d} ns");
         });

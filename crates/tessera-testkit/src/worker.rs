@@ -91,9 +91,11 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
     );
     let log = EventLog::create(&args.log)?;
     let ttl = Duration::from_millis(args.ttl_ms);
-    let opts = SemaphoreOptions::default()
-        .ttl(ttl)
-        .holder(format!("{}/{}", args.worker, std::process::id()));
+    let opts = SemaphoreOptions::default().ttl(ttl).holder(format!(
+        "{}/{}",
+        args.worker,
+        std::process::id()
+    ));
     let sem = Semaphore::new(store, &args.name, args.permits as u64, opts)?;
     let mut rng = match args.seed {
         Some(s) => StdRng::seed_from_u64(s),

@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tessera::stores::memory::MemoryBackend;
 use tessera::{
-    AcquireReply, AcquireRequest, Backend, CancelReply, LeaseId, Name, RenewReply,
-    SemaphoreStatus, Store, WaitReply, Waking,
+    AcquireReply, AcquireRequest, Backend, CancelReply, LeaseId, Name, RenewReply, SemaphoreStatus,
+    Store, WaitReply, Waking,
 };
 use tessera_testkit::grantlog::{check, read_logs, Report, Violation};
 use tessera_testkit::worker::{run_worker_on, WorkerArgs};
@@ -122,7 +122,11 @@ fn one_worker_process_on_memory_writes_a_log_that_passes() {
     let s = &report.stats;
     assert_eq!(s.acquires, 30, "{report}");
     // Alone on the semaphore, every acquire is granted.
-    assert_eq!((s.grants, s.releases, s.errors, s.losses), (30, 30, 0, 0), "{report}");
+    assert_eq!(
+        (s.grants, s.releases, s.errors, s.losses),
+        (30, 30, 0, 0),
+        "{report}"
+    );
     assert_eq!(s.max_concurrent_weight["solo"], 1);
 }
 
@@ -142,7 +146,10 @@ fn processes_that_do_not_share_a_store_are_caught_over_granting() {
         .collect();
     let report = run_processes(&workers, dir.path());
     assert!(over_capacity(&report) > 0, "{report}");
-    assert!(report.violations.iter().any(|v| v.to_string().contains("C1 over-grant")));
+    assert!(report
+        .violations
+        .iter()
+        .any(|v| v.to_string().contains("C1 over-grant")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
