@@ -1,7 +1,10 @@
 //! The tessera test kit: the conformance suite every store runs, per-store harnesses, fault
-//! injection at the store seam, and helpers that hold permits from other processes.
+//! injection at the store seam, holders in other processes, and the grant-log checker with
+//! the worker process that writes grant logs.
 
 pub mod conformance;
 pub mod faults;
+pub mod grantlog;
 pub mod harness;
 pub mod hold;
+pub mod worker;

@@ -306,14 +306,14 @@ impl Semaphore {
         let request = self.request(lease, weight, true);
         let name = &self.config.name;
 
+        // Every store call is bounded by the deadline: a hung store cannot hold the caller past
+        // it. On expiry the pending guard cancels in the background (the waiter leaves the
+        // queue, or a grant that raced with the deadline is released).
         let mut sent = Instant::now();
-        let mut reply = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, self.backend.acquire(name, self.capacity, &request)).await {
-                Ok(r) => r?,
-                Err(_) => return Ok(None),
-            },
-            None => self.backend.acquire(name, self.capacity, &request).await?,
+        let Some(first) = bounded(deadline, self.backend.acquire(name, self.capacity, &request)).await else {
+            return Ok(None);
         };
+        let mut reply = first?;
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
@@ -340,20 +340,34 @@ impl Semaphore {
                 _ = sleep_until_opt(deadline) => true,
             };
             if timed_out {
-                // The pending guard cancels in the background: the waiter leaves the queue, or
-                // a grant that raced with the deadline is released.
                 return Ok(None);
             }
             poll = (poll * 2).min(poll_max);
             sent = Instant::now();
-            reply = match self.backend.heartbeat(name, lease, self.config.waiter_ttl).await? {
+            let Some(beat) = bounded(deadline, self.backend.heartbeat(name, lease, self.config.waiter_ttl)).await else {
+                return Ok(None);
+            };
+            reply = match beat? {
                 WaitReply::Granted(grant) => AcquireReply::Granted(grant),
                 WaitReply::Waiting => AcquireReply::Queued { position: 0 },
                 // The queue entry expired (this process stalled past the waiter TTL) or an
                 // admin deleted the semaphore: join again, at the tail.
-                WaitReply::Gone => self.backend.acquire(name, self.capacity, &request).await?,
+                WaitReply::Gone => {
+                    let Some(again) = bounded(deadline, self.backend.acquire(name, self.capacity, &request)).await else {
+                        return Ok(None);
+                    };
+                    again?
+                }
             };
         }
+    }
+}
+
+/// `f`'s output, or `None` if `deadline` passes first.
+async fn bounded<T>(deadline: Option<Instant>, f: impl std::future::Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+        None => Some(f.await),
     }
 }
 
