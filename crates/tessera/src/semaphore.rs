@@ -196,8 +196,12 @@ impl Semaphore {
         }
     }
 
-    /// Waits for `weight` permits for at most `timeout`; `Ok(None)` if none came in time (the
-    /// place in the queue is then given up and nothing is held).
+    /// Waits for `weight` permits for at most `timeout`; `Ok(None)` if none came in time.
+    ///
+    /// On `Ok(None)` nothing is held and the place in the queue is given up: the cancel is sent
+    /// at the deadline and awaited for up to 250 ms (one round trip on a healthy store); a store
+    /// that has not answered by then is cancelled in the background, and until that lands the
+    /// stale queue entry can delay others by at most its waiter TTL.
     pub async fn acquire_many_timeout(&self, weight: u32, timeout: Duration) -> Result<Option<Permit>> {
         self.acquire_inner(weight, Some(Instant::now() + timeout)).await
     }
@@ -340,6 +344,10 @@ impl Semaphore {
                 _ = sleep_until_opt(deadline) => true,
             };
             if timed_out {
+                // Leave the queue before answering, so that on return nothing is held and
+                // nobody waits in our name. A store too slow to answer within the grace
+                // leaves it to the pending guard, in the background.
+                pending.cancel_within(CANCEL_GRACE).await;
                 return Ok(None);
             }
             poll = (poll * 2).min(poll_max);
@@ -362,6 +370,9 @@ impl Semaphore {
         }
     }
 }
+
+/// How long a timed-out acquire waits for its cancel before leaving it to the background.
+const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
 /// `f`'s output, or `None` if `deadline` passes first.
 async fn bounded<T>(deadline: Option<Instant>, f: impl std::future::Future<Output = T>) -> Option<T> {
@@ -398,6 +409,15 @@ impl Pending {
     }
     fn disarm(&mut self) {
         self.armed = false;
+    }
+
+    /// Cancels now if the store answers within `grace`; otherwise stays armed so the drop
+    /// cancels in the background.
+    async fn cancel_within(&mut self, grace: Duration) {
+        let cancel = self.backend.cancel(&self.name, self.lease);
+        if let Ok(Ok(_)) = tokio::time::timeout(grace, cancel).await {
+            self.disarm();
+        }
     }
 }
 
