@@ -79,7 +79,12 @@ impl FaultyBackend {
 
 #[async_trait]
 impl Backend for FaultyBackend {
-    async fn acquire(&self, name: &Name, capacity: u32, req: &AcquireRequest) -> Result<AcquireReply> {
+    async fn acquire(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
         self.gate(false).await?;
         self.inner.acquire(name, capacity, req).await
     }

@@ -28,7 +28,12 @@ pub struct Harness {
 
 impl Harness {
     /// A harness over any store URL; `guard` keeps servers or temp dirs alive.
-    pub fn new(kind: &'static str, url: String, multi_process: bool, guard: Box<dyn Any + Send + Sync>) -> Self {
+    pub fn new(
+        kind: &'static str,
+        url: String,
+        multi_process: bool,
+        guard: Box<dyn Any + Send + Sync>,
+    ) -> Self {
         Harness {
             kind,
             url,

@@ -18,7 +18,10 @@ pub fn holder_binary() -> std::path::PathBuf {
             return p;
         }
     }
-    panic!("tessera-hold not built next to {}; run the tests through cargo", exe.display());
+    panic!(
+        "tessera-hold not built next to {}; run the tests through cargo",
+        exe.display()
+    );
 }
 
 /// Starts `tessera-hold` and waits until it holds `weight` permits of `name`.

@@ -28,7 +28,9 @@ fn uncontended(c: &mut Criterion) {
         })
     });
     let sem = rt.block_on(async {
-        let store = tessera::Store::connect("memory://bench-uncontended").await.unwrap();
+        let store = tessera::Store::connect("memory://bench-uncontended")
+            .await
+            .unwrap();
         store.semaphore("bench", 10).unwrap()
     });
     g.bench_function("tessera memory://", |b| {
@@ -73,7 +75,9 @@ fn contended(c: &mut Criterion) {
     });
     g.bench_function("tessera memory://", |b| {
         b.to_async(&rt).iter_custom(|iters| async move {
-            let store = tessera::Store::connect("memory://bench-contended").await.unwrap();
+            let store = tessera::Store::connect("memory://bench-contended")
+                .await
+                .unwrap();
             let start = Instant::now();
             for _ in 0..iters {
                 let sem = store.semaphore("bench", 4).unwrap();

@@ -202,12 +202,21 @@ impl Semaphore {
     /// at the deadline and awaited for up to 250 ms (one round trip on a healthy store); a store
     /// that has not answered by then is cancelled in the background, and until that lands the
     /// stale queue entry can delay others by at most its waiter TTL.
-    pub async fn acquire_many_timeout(&self, weight: u32, timeout: Duration) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(Instant::now() + timeout)).await
+    pub async fn acquire_many_timeout(
+        &self,
+        weight: u32,
+        timeout: Duration,
+    ) -> Result<Option<Permit>> {
+        self.acquire_inner(weight, Some(Instant::now() + timeout))
+            .await
     }
 
     /// Waits for `weight` permits until `deadline`; `Ok(None)` if none came in time.
-    pub async fn acquire_many_until(&self, weight: u32, deadline: Instant) -> Result<Option<Permit>> {
+    pub async fn acquire_many_until(
+        &self,
+        weight: u32,
+        deadline: Instant,
+    ) -> Result<Option<Permit>> {
         self.acquire_inner(weight, Some(deadline)).await
     }
 
@@ -225,7 +234,11 @@ impl Semaphore {
         let sent = Instant::now();
         let reply = self
             .backend
-            .acquire(&self.config.name, self.capacity, &self.request(pending.lease, weight, false))
+            .acquire(
+                &self.config.name,
+                self.capacity,
+                &self.request(pending.lease, weight, false),
+            )
             .await?;
         match reply {
             AcquireReply::Granted(grant) => {
@@ -236,9 +249,9 @@ impl Semaphore {
                 pending.disarm();
                 Ok(None)
             }
-            AcquireReply::Queued { .. } => Err(Error::Corrupt(
-                "the store queued a try-acquire".to_string(),
-            )),
+            AcquireReply::Queued { .. } => {
+                Err(Error::Corrupt("the store queued a try-acquire".to_string()))
+            }
         }
     }
 
@@ -301,7 +314,11 @@ impl Semaphore {
         )
     }
 
-    async fn acquire_inner(&self, weight: u32, deadline: Option<Instant>) -> Result<Option<Permit>> {
+    async fn acquire_inner(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
         let lease = LeaseId::random();
         // Register before sending, so a wake-up that overtakes the reply is kept.
@@ -314,7 +331,12 @@ impl Semaphore {
         // it. On expiry the pending guard cancels in the background (the waiter leaves the
         // queue, or a grant that raced with the deadline is released).
         let mut sent = Instant::now();
-        let Some(first) = bounded(deadline, self.backend.acquire(name, self.capacity, &request)).await else {
+        let Some(first) = bounded(
+            deadline,
+            self.backend.acquire(name, self.capacity, &request),
+        )
+        .await
+        else {
             return Ok(None);
         };
         let mut reply = first?;
@@ -334,7 +356,9 @@ impl Semaphore {
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
-                    return Err(Error::Corrupt("the store refused a queued acquire".to_string()))
+                    return Err(Error::Corrupt(
+                        "the store refused a queued acquire".to_string(),
+                    ))
                 }
             }
             let wake_at = Instant::now() + poll;
@@ -352,7 +376,12 @@ impl Semaphore {
             }
             poll = (poll * 2).min(poll_max);
             sent = Instant::now();
-            let Some(beat) = bounded(deadline, self.backend.heartbeat(name, lease, self.config.waiter_ttl)).await else {
+            let Some(beat) = bounded(
+                deadline,
+                self.backend.heartbeat(name, lease, self.config.waiter_ttl),
+            )
+            .await
+            else {
                 return Ok(None);
             };
             reply = match beat? {
@@ -361,7 +390,12 @@ impl Semaphore {
                 // The queue entry expired (this process stalled past the waiter TTL) or an
                 // admin deleted the semaphore: join again, at the tail.
                 WaitReply::Gone => {
-                    let Some(again) = bounded(deadline, self.backend.acquire(name, self.capacity, &request)).await else {
+                    let Some(again) = bounded(
+                        deadline,
+                        self.backend.acquire(name, self.capacity, &request),
+                    )
+                    .await
+                    else {
                         return Ok(None);
                     };
                     again?
@@ -375,7 +409,10 @@ impl Semaphore {
 const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
 /// `f`'s output, or `None` if `deadline` passes first.
-async fn bounded<T>(deadline: Option<Instant>, f: impl std::future::Future<Output = T>) -> Option<T> {
+async fn bounded<T>(
+    deadline: Option<Instant>,
+    f: impl std::future::Future<Output = T>,
+) -> Option<T> {
     match deadline {
         Some(d) => tokio::time::timeout_at(d, f).await.ok(),
         None => Some(f.await),

@@ -13,12 +13,21 @@ async fn main() {
             .unwrap_or_else(|| panic!("missing {flag}"))
             .clone()
     };
-    let store = tessera::Store::connect(&arg("--store")).await.expect("connect");
+    let store = tessera::Store::connect(&arg("--store"))
+        .await
+        .expect("connect");
     let opts = tessera::SemaphoreOptions::default()
-        .ttl(Duration::from_millis(arg("--ttl-ms").parse().expect("--ttl-ms")))
+        .ttl(Duration::from_millis(
+            arg("--ttl-ms").parse().expect("--ttl-ms"),
+        ))
         .holder("tessera-hold");
-    let sem = tessera::Semaphore::new(&store, &arg("--name"), arg("--permits").parse().expect("--permits"), opts)
-        .expect("semaphore");
+    let sem = tessera::Semaphore::new(
+        &store,
+        &arg("--name"),
+        arg("--permits").parse().expect("--permits"),
+        opts,
+    )
+    .expect("semaphore");
     let p = sem.acquire().await.expect("acquire");
     println!("HELD {} {}", p.lease_id(), p.fence());
     let reason = p.lost().await;

@@ -23,8 +23,16 @@ async fn exclusion(h: &Harness, as_lock: bool) {
             let sem = Semaphore::new(&client.store, &name, 1, opts(3_000)).unwrap();
             let mut last_fence = 0;
             for _ in 0..8 {
-                let g = if as_lock { lock.lock().await } else { sem.acquire().await }.unwrap();
-                assert!(!inside.swap(true, Ordering::SeqCst), "two holders inside the lock");
+                let g = if as_lock {
+                    lock.lock().await
+                } else {
+                    sem.acquire().await
+                }
+                .unwrap();
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "two holders inside the lock"
+                );
                 assert_eq!(g.seats(), &[0]);
                 assert!(g.fence() > last_fence);
                 last_fence = g.fence();
@@ -61,7 +69,11 @@ pub async fn lock_try_and_timeout_answer_without_holding(h: &Harness) {
     let lb = Lock::new(&b.store, &name, opts(3_000)).unwrap();
     let g = la.lock().await.unwrap();
     assert!(lb.try_lock().await.unwrap().is_none());
-    assert!(lb.lock_timeout(Duration::from_millis(100)).await.unwrap().is_none());
+    assert!(lb
+        .lock_timeout(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_none());
     let s = lb.status().await.unwrap();
     assert_eq!(s.holders.len(), 1);
     assert_eq!(s.holders[0].lease_id, g.lease_id());

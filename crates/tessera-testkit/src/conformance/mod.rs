@@ -58,10 +58,14 @@ pub async fn status(store: &Store, name: &str) -> Option<SemaphoreStatus> {
 /// Waits until the store holds nothing for `name` (every lease ended, every waiter gone).
 pub async fn assert_drained(store: &Store, name: &str) {
     let n = name.to_string();
-    eventually(&format!("{name} holds nothing"), Duration::from_secs(5), || {
-        let n = n.clone();
-        async move { status(store, &n).await.is_none() }
-    })
+    eventually(
+        &format!("{name} holds nothing"),
+        Duration::from_secs(5),
+        || {
+            let n = n.clone();
+            async move { status(store, &n).await.is_none() }
+        },
+    )
     .await;
     assert!(!store.list().await.unwrap().contains(&name.to_string()));
 }
@@ -69,10 +73,14 @@ pub async fn assert_drained(store: &Store, name: &str) {
 /// Waits until `name` has `n` waiters queued.
 pub async fn wait_queued(store: &Store, name: &str, n: usize) {
     let nm = name.to_string();
-    eventually(&format!("{n} waiters queued on {name}"), Duration::from_secs(5), || {
-        let nm = nm.clone();
-        async move { status(store, &nm).await.is_some_and(|s| s.queue.len() == n) }
-    })
+    eventually(
+        &format!("{n} waiters queued on {name}"),
+        Duration::from_secs(5),
+        || {
+            let nm = nm.clone();
+            async move { status(store, &nm).await.is_some_and(|s| s.queue.len() == n) }
+        },
+    )
     .await;
 }
 

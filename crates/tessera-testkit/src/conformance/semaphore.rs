@@ -26,7 +26,8 @@ pub async fn never_over_grants_under_concurrency_and_cancellation(h: &Harness) {
     let mut tasks = Vec::new();
     for worker in 0..12u64 {
         let client = h.client().await;
-        let (name, held, seats, fences) = (name.clone(), held.clone(), seats.clone(), fences.clone());
+        let (name, held, seats, fences) =
+            (name.clone(), held.clone(), seats.clone(), fences.clone());
         tasks.push(tokio::spawn(async move {
             let sem = Semaphore::new(&client.store, &name, CAP as u64, opts(2_000)).unwrap();
             let mut rng = rand::rngs::StdRng::seed_from_u64(worker);
@@ -43,13 +44,19 @@ pub async fn never_over_grants_under_concurrency_and_cancellation(h: &Harness) {
                     _ => {
                         // Drop the future at a random point.
                         let t = Duration::from_millis(rng.random_range(0..10));
-                        timeout(t, sem.acquire_many(w)).await.ok().map(Result::unwrap)
+                        timeout(t, sem.acquire_many(w))
+                            .await
+                            .ok()
+                            .map(Result::unwrap)
                     }
                 };
                 let Some(permit) = permit else { continue };
                 grants += 1;
                 let now_held = held.fetch_add(w as i64, Ordering::SeqCst) + w as i64;
-                assert!(now_held <= CAP as i64, "over-grant: {now_held} permits held of {CAP}");
+                assert!(
+                    now_held <= CAP as i64,
+                    "over-grant: {now_held} permits held of {CAP}"
+                );
                 {
                     let mut s = seats.lock().unwrap();
                     for &seat in permit.seats() {
@@ -80,7 +87,10 @@ pub async fn never_over_grants_under_concurrency_and_cancellation(h: &Harness) {
     for t in tasks {
         total += t.await.unwrap();
     }
-    assert!(total > 12, "only {total} grants: the test exercised too little");
+    assert!(
+        total > 12,
+        "only {total} grants: the test exercised too little"
+    );
     let f = fences.lock().unwrap().clone();
     let unique_fences: HashSet<_> = f.iter().collect();
     assert_eq!(unique_fences.len(), f.len(), "a fence was reused");
@@ -150,7 +160,11 @@ pub async fn large_acquire_is_not_starved_by_smaller_ones(h: &Harness) {
     small.next().unwrap().release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let s = status(&admin.store, &name).await.unwrap();
-    assert_eq!((s.used, s.queue.len()), (2, 4), "a small request overtook the big head");
+    assert_eq!(
+        (s.used, s.queue.len()),
+        (2, 4),
+        "a small request overtook the big head"
+    );
     for p in small {
         p.release().await.unwrap();
     }
@@ -178,7 +192,11 @@ pub async fn try_acquire_does_not_jump_the_queue(h: &Harness) {
     wait_queued(&admin.store, &name, 1).await;
     assert!(sem.try_acquire().await.unwrap().is_none());
     let s = status(&admin.store, &name).await.unwrap();
-    assert_eq!((s.used, s.available, s.queue.len()), (1, 1, 1), "the try changed the store");
+    assert_eq!(
+        (s.used, s.available, s.queue.len()),
+        (1, 1, 1),
+        "the try changed the store"
+    );
     held.release().await.unwrap();
     let p = waiter.await.unwrap();
     assert_eq!(p.seats(), &[0, 1]);
@@ -211,7 +229,10 @@ pub async fn abandoned_lease_comes_back_within_its_ttl(h: &Harness) {
         .await
         .unwrap()
         .expect("the abandoned permit did not come back");
-    assert!(p.lease().acquired_at >= g.lease.expires_at, "granted before the old lease expired");
+    assert!(
+        p.lease().acquired_at >= g.lease.expires_at,
+        "granted before the old lease expired"
+    );
     p.release().await.unwrap();
     assert_drained(&client.store, &name).await;
 }
@@ -254,7 +275,10 @@ pub async fn keep_alive_holds_a_lease_across_many_ttls(h: &Harness) {
     let other = h.client().await;
     let sem2 = Semaphore::new(&other.store, &name, 1, opts(300)).unwrap();
     assert!(sem2.try_acquire().await.unwrap().is_none());
-    assert!(p.release().await.unwrap(), "the lease was not held any more");
+    assert!(
+        p.release().await.unwrap(),
+        "the lease was not held any more"
+    );
     assert_drained(&client.store, &name).await;
 }
 
@@ -265,9 +289,19 @@ pub async fn lost_fires_on_revoke(h: &Harness) {
     let sem = Semaphore::new(&holder.store, &name, 1, opts(3_000)).unwrap();
     let p = sem.acquire().await.unwrap();
     let admin = h.client().await;
-    assert!(admin.store.revoke(&name, &p.lease_id().to_string()).await.unwrap());
-    assert!(!admin.store.revoke(&name, &p.lease_id().to_string()).await.unwrap());
-    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    assert!(admin
+        .store
+        .revoke(&name, &p.lease_id().to_string())
+        .await
+        .unwrap());
+    assert!(!admin
+        .store
+        .revoke(&name, &p.lease_id().to_string())
+        .await
+        .unwrap());
+    let reason = timeout(Duration::from_secs(5), p.lost())
+        .await
+        .expect("lost() did not fire");
     assert_eq!(reason, LossReason::Gone);
     assert!(p.is_lost());
     assert!(!p.release().await.unwrap());
@@ -280,10 +314,18 @@ async fn renewals_break(h: &Harness, mode: Mode) {
     let sem = Semaphore::new(&client.store, &name, 1, opts(900)).unwrap();
     let p = sem.acquire().await.unwrap();
     client.faults.renew(mode);
-    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    let reason = timeout(Duration::from_secs(5), p.lost())
+        .await
+        .expect("lost() did not fire");
     let fired = Instant::now();
-    assert!(matches!(reason, LossReason::RenewalsFailing(_)), "{reason:?}");
-    assert!(fired < p.valid_until(), "lost() fired after the lease could have expired");
+    assert!(
+        matches!(reason, LossReason::RenewalsFailing(_)),
+        "{reason:?}"
+    );
+    assert!(
+        fired < p.valid_until(),
+        "lost() fired after the lease could have expired"
+    );
     // The store still had the lease when lost() fired: nobody else could be in yet.
     let other = h.client().await;
     let s = status(&other.store, &name).await.unwrap();
@@ -309,7 +351,9 @@ pub async fn lost_fires_when_the_semaphore_is_deleted(h: &Harness) {
     let sem = Semaphore::new(&client.store, &name, 2, opts(3_000)).unwrap();
     let p = sem.acquire().await.unwrap();
     assert!(h.client().await.store.delete(&name).await.unwrap());
-    let reason = timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    let reason = timeout(Duration::from_secs(5), p.lost())
+        .await
+        .expect("lost() did not fire");
     assert_eq!(reason, LossReason::Gone);
     assert!(!h.client().await.store.delete(&name).await.unwrap());
 }
@@ -322,7 +366,9 @@ pub async fn lost_lease_is_not_renewed_again(h: &Harness) {
     let sem = Semaphore::new(&client.store, &name, 1, opts(600)).unwrap();
     let p = sem.acquire().await.unwrap();
     client.faults.renew(Mode::Fail);
-    timeout(Duration::from_secs(5), p.lost()).await.expect("lost() did not fire");
+    timeout(Duration::from_secs(5), p.lost())
+        .await
+        .expect("lost() did not fire");
     client.faults.renew(Mode::Normal);
     let other = h.client().await;
     let sem2 = Semaphore::new(&other.store, &name, 1, opts(600)).unwrap();
@@ -352,17 +398,33 @@ pub async fn release_renew_and_acquire_retries_are_idempotent(h: &Harness) {
             queue_cap: 10,
         }),
     };
-    let AcquireReply::Granted(g1) = b.acquire(&name, 3, &req).await.unwrap() else { panic!() };
-    let AcquireReply::Granted(g2) = b.acquire(&name, 3, &req).await.unwrap() else { panic!() };
+    let AcquireReply::Granted(g1) = b.acquire(&name, 3, &req).await.unwrap() else {
+        panic!()
+    };
+    let AcquireReply::Granted(g2) = b.acquire(&name, 3, &req).await.unwrap() else {
+        panic!()
+    };
     assert_eq!(g1.lease.fence, g2.lease.fence);
     assert_eq!(g1.lease.seats, g2.lease.seats);
     assert_eq!(status(&client.store, name.as_str()).await.unwrap().used, 1);
-    assert!(matches!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Renewed { .. }));
-    assert!(matches!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Renewed { .. }));
+    assert!(matches!(
+        b.renew(&name, req.lease_id, ttl).await.unwrap(),
+        RenewReply::Renewed { .. }
+    ));
+    assert!(matches!(
+        b.renew(&name, req.lease_id, ttl).await.unwrap(),
+        RenewReply::Renewed { .. }
+    ));
     assert!(b.release(&name, req.lease_id).await.unwrap());
     assert!(!b.release(&name, req.lease_id).await.unwrap());
-    assert_eq!(b.renew(&name, req.lease_id, ttl).await.unwrap(), RenewReply::Gone);
-    assert_eq!(b.cancel(&name, req.lease_id).await.unwrap(), CancelReply::NotFound);
+    assert_eq!(
+        b.renew(&name, req.lease_id, ttl).await.unwrap(),
+        RenewReply::Gone
+    );
+    assert_eq!(
+        b.cancel(&name, req.lease_id).await.unwrap(),
+        CancelReply::NotFound
+    );
     assert!(!b.release(&name, LeaseId::random()).await.unwrap());
     assert_drained(&client.store, name.as_str()).await;
 }
@@ -381,7 +443,10 @@ pub async fn dropped_and_timed_out_acquires_leak_nothing(h: &Harness) {
             let sem = Semaphore::new(&client.store, &n, 2, opts(5_000)).unwrap();
             let t = Duration::from_millis(5 + (i * 7) % 40);
             if i % 2 == 0 {
-                sem.acquire_many_timeout(1 + (i % 2) as u32, t).await.unwrap().is_some()
+                sem.acquire_many_timeout(1 + (i % 2) as u32, t)
+                    .await
+                    .unwrap()
+                    .is_some()
             } else {
                 timeout(t, sem.acquire()).await.is_ok()
             }
@@ -433,13 +498,19 @@ pub async fn capacity_mismatch_is_refused_and_changes_nothing(h: &Harness) {
     let p = two.acquire().await.unwrap();
     let three = Semaphore::new(&client.store, &name, 3, opts(5_000)).unwrap();
     let before = status(&client.store, &name).await.unwrap();
-    for r in [three.try_acquire().await.map(|_| ()), three.acquire().await.map(|_| ())] {
+    for r in [
+        three.try_acquire().await.map(|_| ()),
+        three.acquire().await.map(|_| ()),
+    ] {
         let e = r.unwrap_err();
         assert!(e.is_capacity_mismatch(), "{e}");
         assert!(e.to_string().contains("resize"), "{e}");
     }
     let after = status(&client.store, &name).await.unwrap();
-    assert_eq!((before.capacity, before.used, before.holders), (after.capacity, after.used, after.holders));
+    assert_eq!(
+        (before.capacity, before.used, before.holders),
+        (after.capacity, after.used, after.holders)
+    );
     assert!(after.queue.is_empty());
     p.release().await.unwrap();
 }
@@ -459,21 +530,36 @@ pub async fn resize_grows_to_the_queue_and_shrinks_without_revoking(h: &Harness)
     });
     wait_queued(&admin.store, &name, 1).await;
     assert_eq!(admin.store.resize(&name, 3).await.unwrap(), 2);
-    let b = timeout(Duration::from_secs(5), waiter).await.expect("growing did not serve the queue").unwrap();
+    let b = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("growing did not serve the queue")
+        .unwrap();
     assert_eq!(b.seats(), &[2]);
     // Shrink to 1 while 3 are held: nobody is revoked.
     assert_eq!(sem.resize(1).await.unwrap(), 3);
     assert_eq!(sem.capacity(), 1);
     let s = status(&admin.store, &name).await.unwrap();
-    assert_eq!((s.capacity, s.used, s.available, s.holders.len()), (1, 3, 0, 2));
+    assert_eq!(
+        (s.capacity, s.used, s.available, s.holders.len()),
+        (1, 3, 0, 2)
+    );
     assert!(!a.is_lost() && !b.is_lost());
     assert!(sem.try_acquire().await.unwrap().is_none());
     let e = admin.store.resize(&name, 0).await.unwrap_err();
     assert!(e.is_invalid_input());
-    assert!(admin.store.resize(&unique("nosuch"), 2).await.unwrap_err().is_not_found());
+    assert!(admin
+        .store
+        .resize(&unique("nosuch"), 2)
+        .await
+        .unwrap_err()
+        .is_not_found());
     drop(b);
     a.release().await.unwrap();
-    let p = sem.acquire_many_timeout(1, Duration::from_secs(5)).await.unwrap().expect("after shrink");
+    let p = sem
+        .acquire_many_timeout(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("after shrink");
     assert_eq!(p.seats(), &[0]);
     p.release().await.unwrap();
     assert_drained(&admin.store, &name).await;
@@ -488,7 +574,8 @@ pub async fn bad_inputs_get_typed_errors_and_change_nothing(h: &Harness) {
         let e = r.expect_err("accepted a bad input");
         assert!(e.is_invalid_input(), "not typed as invalid input: {e:?}");
     };
-    let sem = |name: &str, cap: u64, o: SemaphoreOptions| Semaphore::new(store, name, cap, o).map(|_| ());
+    let sem =
+        |name: &str, cap: u64, o: SemaphoreOptions| Semaphore::new(store, name, cap, o).map(|_| ());
     invalid(sem("ok", 0, opts(1000)));
     invalid(sem("ok", MAX_CAPACITY as u64 + 1, opts(1000)));
     invalid(sem("", 1, opts(1000)));
@@ -497,8 +584,16 @@ pub async fn bad_inputs_get_typed_errors_and_change_nothing(h: &Harness) {
         invalid(sem(bad, 1, opts(1000)));
     }
     invalid(sem("ok", 1, opts(10)));
-    invalid(sem("ok", 1, SemaphoreOptions::default().ttl(Duration::from_secs(48 * 3600))));
-    invalid(sem("ok", 1, opts(1000).keep_alive(Duration::from_millis(600))));
+    invalid(sem(
+        "ok",
+        1,
+        SemaphoreOptions::default().ttl(Duration::from_secs(48 * 3600)),
+    ));
+    invalid(sem(
+        "ok",
+        1,
+        opts(1000).keep_alive(Duration::from_millis(600)),
+    ));
     invalid(sem("ok", 1, opts(1000).queue_cap(0)));
     invalid(sem("ok", 1, opts(1000).holder("a\nb")));
     invalid(sem("ok", 1, opts(1000).holder("x".repeat(300))));
@@ -509,19 +604,41 @@ pub async fn bad_inputs_get_typed_errors_and_change_nothing(h: &Harness) {
     invalid(s.acquire_many(3).await.map(|_| ()));
     invalid(s.try_acquire_many(0).await.map(|_| ()));
     invalid(s.try_acquire_many(3).await.map(|_| ()));
-    invalid(s.acquire_many_timeout(3, Duration::from_millis(1)).await.map(|_| ()));
+    invalid(
+        s.acquire_many_timeout(3, Duration::from_millis(1))
+            .await
+            .map(|_| ()),
+    );
     invalid(store.revoke(&name, "not-a-lease").await.map(|_| ()));
-    invalid(store.revoke("a b", &LeaseId::random().to_string()).await.map(|_| ()));
+    invalid(
+        store
+            .revoke("a b", &LeaseId::random().to_string())
+            .await
+            .map(|_| ()),
+    );
     invalid(store.resize(&name, 0).await.map(|_| ()));
     invalid(store.status("").await.map(|_| ()));
     invalid(store.delete("a{b}").await.map(|_| ()));
-    for url in ["", "nonsense", "sqlite:", "memory://bad name", "ftp://x", "redis+unknown://h"] {
+    for url in [
+        "",
+        "nonsense",
+        "sqlite:",
+        "memory://bad name",
+        "ftp://x",
+        "redis+unknown://h",
+    ] {
         let e = Store::connect(url).await.expect_err(url);
         assert!(e.is_invalid_input(), "{url}: {e:?}");
     }
-    let e = Store::connect("nosuch://user:hunter2@host").await.unwrap_err();
+    let e = Store::connect("nosuch://user:hunter2@host")
+        .await
+        .unwrap_err();
     assert!(!e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"));
-    assert_eq!(store.list().await.unwrap(), before, "a refused request changed the store");
+    assert_eq!(
+        store.list().await.unwrap(),
+        before,
+        "a refused request changed the store"
+    );
     assert!(status(store, &name).await.is_none());
 }
 
@@ -626,9 +743,17 @@ pub async fn dead_waiter_leaves_the_queue_within_its_ttl(h: &Harness) {
     wait_queued(&client.store, &name, 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     held.release().await.unwrap();
-    let p = timeout(Duration::from_secs(5), live).await.expect("the live waiter was not served").unwrap();
+    let p = timeout(Duration::from_secs(5), live)
+        .await
+        .expect("the live waiter was not served")
+        .unwrap();
     let b = client.store.backend();
-    assert_eq!(b.heartbeat(&nm, dead, Duration::from_secs(1)).await.unwrap(), WaitReply::Gone);
+    assert_eq!(
+        b.heartbeat(&nm, dead, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        WaitReply::Gone
+    );
     p.release().await.unwrap();
     assert_drained(&client.store, &name).await;
 }
@@ -671,7 +796,10 @@ pub async fn nothing_is_left_after_all_leases_end(h: &Harness) {
     let client = h.client().await;
     let sem = Semaphore::new(&client.store, &name, 3, opts(5_000)).unwrap();
     let a = sem.acquire_many(3).await.unwrap();
-    let timed_out = sem.acquire_many_timeout(1, Duration::from_millis(50)).await.unwrap();
+    let timed_out = sem
+        .acquire_many_timeout(1, Duration::from_millis(50))
+        .await
+        .unwrap();
     assert!(timed_out.is_none());
     let b = sem.try_acquire().await.unwrap();
     assert!(b.is_none());

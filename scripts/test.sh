@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, then every test of the workspace
+# (unit, conformance suite per store, multi-process and CLI tests, doc tests).
+#
+# Servers the tests need are started by the tests themselves on free loopback ports; this
+# script only makes sure their programs are installed. As root it installs missing Debian
+# packages with apt-get; otherwise it prints the exact install line and fails. Nothing is
+# ever skipped for a missing server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# program → Debian package, for every server or tool a test starts.
+declare -A NEED=(
+  [redis-server]=redis-server
+)
+
+missing=()
+for prog in "${!NEED[@]}"; do
+  command -v "$prog" >/dev/null 2>&1 || missing+=("${NEED[$prog]}")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "test.sh: installing ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "test.sh: missing programs; install them with:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust from rustup" >&2; exit 1; }
+
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+if cargo nextest --version >/dev/null 2>&1; then
+  echo "== cargo nextest run"
+  cargo nextest run --workspace --all-features --locked --no-fail-fast
+  echo "== doc tests"
+  cargo test --workspace --all-features --locked --doc
+else
+  echo "== cargo test"
+  cargo test --workspace --all-features --locked --no-fail-fast
+fi
