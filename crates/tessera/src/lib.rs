@@ -28,8 +28,6 @@
 //!
 //! See `docs/contract.md` in the repository for the guarantees every store keeps.
 
-
-
 pub mod clock;
 pub mod error;
 mod lock;
