@@ -31,9 +31,7 @@ pub enum InvalidInput {
         max: std::time::Duration,
     },
     /// The keep-alive interval must be shorter than half the TTL.
-    #[error(
-        "invalid keep-alive interval {interval:?}: must be between 1ms and half the TTL ({ttl:?})"
-    )]
+    #[error("invalid keep-alive interval {interval:?}: must be between 1ms and half the TTL ({ttl:?})")]
     KeepAlive {
         interval: std::time::Duration,
         ttl: std::time::Duration,
@@ -79,10 +77,7 @@ pub enum Error {
     NotFound(String),
     /// The store could not be reached or answered with an error.
     #[error("store error ({kind}): {message}")]
-    Store {
-        kind: StoreErrorKind,
-        message: String,
-    },
+    Store { kind: StoreErrorKind, message: String },
     /// Data in the store that tessera did not write (or a newer, incompatible version wrote).
     #[error("unexpected data in the store: {0}")]
     Corrupt(String),
@@ -130,12 +125,8 @@ pub enum LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LossReason::Gone => f.write_str(
-                "the store no longer holds the lease (expired, revoked or store state lost)",
-            ),
-            LossReason::RenewalsFailing(e) => {
-                write!(f, "renewals kept failing ({e}); the lease may expire")
-            }
+            LossReason::Gone => f.write_str("the store no longer holds the lease (expired, revoked or store state lost)"),
+            LossReason::RenewalsFailing(e) => write!(f, "renewals kept failing ({e}); the lease may expire"),
         }
     }
 }

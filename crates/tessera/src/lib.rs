@@ -28,6 +28,8 @@
 //!
 //! See `docs/contract.md` in the repository for the guarantees every store keeps.
 
+
+
 pub mod clock;
 pub mod error;
 mod lock;

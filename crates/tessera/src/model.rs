@@ -142,10 +142,7 @@ impl StoreTime {
     }
     /// This time plus a duration (saturating).
     pub fn plus(self, d: Duration) -> StoreTime {
-        StoreTime(
-            self.0
-                .saturating_add(d.as_micros().min(u64::MAX as u128) as u64),
-        )
+        StoreTime(self.0.saturating_add(d.as_micros().min(u64::MAX as u128) as u64))
     }
     /// The time from `earlier` to `self`, zero if `earlier` is later.
     pub fn since(self, earlier: StoreTime) -> Duration {
@@ -319,10 +316,7 @@ pub enum CancelReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewReply {
     /// Renewed until `expires_at`; `now` is the store's time when it renewed.
-    Renewed {
-        expires_at: StoreTime,
-        now: StoreTime,
-    },
+    Renewed { expires_at: StoreTime, now: StoreTime },
     /// The lease is gone.
     Gone,
 }
@@ -382,27 +376,10 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        for ok in [
-            "a",
-            "demo",
-            "api:send",
-            "jobs/record-42",
-            "x.y_z@1",
-            &"n".repeat(128),
-        ] {
+        for ok in ["a", "demo", "api:send", "jobs/record-42", "x.y_z@1", &"n".repeat(128)] {
             assert!(Name::new(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "",
-            " a",
-            "-a",
-            "a b",
-            "a{b}",
-            "a\n",
-            "ä",
-            &"n".repeat(129),
-            "a*",
-        ] {
+        for bad in ["", " a", "-a", "a b", "a{b}", "a\n", "ä", &"n".repeat(129), "a*"] {
             assert!(Name::new(bad).is_err(), "{bad:?}");
         }
     }
@@ -412,9 +389,7 @@ mod tests {
         let id = LeaseId::random();
         assert_eq!(id.to_string().parse::<LeaseId>().unwrap(), id);
         assert!("xyz".parse::<LeaseId>().is_err());
-        assert!("0123456789abcdef0123456789abcdeg"
-            .parse::<LeaseId>()
-            .is_err());
+        assert!("0123456789abcdef0123456789abcdeg".parse::<LeaseId>().is_err());
     }
 
     #[test]

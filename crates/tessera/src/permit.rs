@@ -63,12 +63,7 @@ fn margin(ttl: Duration) -> Duration {
 }
 
 impl Permit {
-    pub(crate) fn start(
-        backend: Arc<dyn Backend>,
-        config: Arc<Config>,
-        grant: Grant,
-        sent: Instant,
-    ) -> Permit {
+    pub(crate) fn start(backend: Arc<dyn Backend>, config: Arc<Config>, grant: Grant, sent: Instant) -> Permit {
         let remaining = grant.lease.expires_at.since(grant.now);
         let clock = LeaseClock {
             expires_at: grant.lease.expires_at,
@@ -206,9 +201,7 @@ async fn keep_alive(shared: Arc<Shared>) {
         let due = match failing {
             Some(_) => Instant::now() + retry,
             // Renew early if the lease came with less than half its TTL left.
-            None => {
-                (last_ok + interval).min(valid_until.checked_sub(ttl / 2).unwrap_or(valid_until))
-            }
+            None => (last_ok + interval).min(valid_until.checked_sub(ttl / 2).unwrap_or(valid_until)),
         };
         tokio::select! {
             biased;
@@ -221,11 +214,7 @@ async fn keep_alive(shared: Arc<Shared>) {
             _ = registration.notified() => {}
             _ = tokio::time::sleep_until(due) => {}
         }
-        let deadline = if Instant::now() < lost_at {
-            lost_at
-        } else {
-            valid_until
-        };
+        let deadline = if Instant::now() < lost_at { lost_at } else { valid_until };
         let sent = Instant::now();
         let reply = tokio::select! {
             biased;

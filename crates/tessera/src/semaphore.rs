@@ -198,21 +198,12 @@ impl Semaphore {
 
     /// Waits for `weight` permits for at most `timeout`; `Ok(None)` if none came in time (the
     /// place in the queue is then given up and nothing is held).
-    pub async fn acquire_many_timeout(
-        &self,
-        weight: u32,
-        timeout: Duration,
-    ) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(Instant::now() + timeout))
-            .await
+    pub async fn acquire_many_timeout(&self, weight: u32, timeout: Duration) -> Result<Option<Permit>> {
+        self.acquire_inner(weight, Some(Instant::now() + timeout)).await
     }
 
     /// Waits for `weight` permits until `deadline`; `Ok(None)` if none came in time.
-    pub async fn acquire_many_until(
-        &self,
-        weight: u32,
-        deadline: Instant,
-    ) -> Result<Option<Permit>> {
+    pub async fn acquire_many_until(&self, weight: u32, deadline: Instant) -> Result<Option<Permit>> {
         self.acquire_inner(weight, Some(deadline)).await
     }
 
@@ -230,11 +221,7 @@ impl Semaphore {
         let sent = Instant::now();
         let reply = self
             .backend
-            .acquire(
-                &self.config.name,
-                self.capacity,
-                &self.request(pending.lease, weight, false),
-            )
+            .acquire(&self.config.name, self.capacity, &self.request(pending.lease, weight, false))
             .await?;
         match reply {
             AcquireReply::Granted(grant) => {
@@ -245,9 +232,9 @@ impl Semaphore {
                 pending.disarm();
                 Ok(None)
             }
-            AcquireReply::Queued { .. } => {
-                Err(Error::Corrupt("the store queued a try-acquire".to_string()))
-            }
+            AcquireReply::Queued { .. } => Err(Error::Corrupt(
+                "the store queued a try-acquire".to_string(),
+            )),
         }
     }
 
@@ -310,11 +297,7 @@ impl Semaphore {
         )
     }
 
-    async fn acquire_inner(
-        &self,
-        weight: u32,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Permit>> {
+    async fn acquire_inner(&self, weight: u32, deadline: Option<Instant>) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
         let lease = LeaseId::random();
         // Register before sending, so a wake-up that overtakes the reply is kept.
@@ -325,12 +308,7 @@ impl Semaphore {
 
         let mut sent = Instant::now();
         let mut reply = match deadline {
-            Some(d) => match tokio::time::timeout_at(
-                d,
-                self.backend.acquire(name, self.capacity, &request),
-            )
-            .await
-            {
+            Some(d) => match tokio::time::timeout_at(d, self.backend.acquire(name, self.capacity, &request)).await {
                 Ok(r) => r?,
                 Err(_) => return Ok(None),
             },
@@ -352,9 +330,7 @@ impl Semaphore {
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
-                    return Err(Error::Corrupt(
-                        "the store refused a queued acquire".to_string(),
-                    ))
+                    return Err(Error::Corrupt("the store refused a queued acquire".to_string()))
                 }
             }
             let wake_at = Instant::now() + poll;
@@ -370,11 +346,7 @@ impl Semaphore {
             }
             poll = (poll * 2).min(poll_max);
             sent = Instant::now();
-            reply = match self
-                .backend
-                .heartbeat(name, lease, self.config.waiter_ttl)
-                .await?
-            {
+            reply = match self.backend.heartbeat(name, lease, self.config.waiter_ttl).await? {
                 WaitReply::Granted(grant) => AcquireReply::Granted(grant),
                 WaitReply::Waiting => AcquireReply::Queued { position: 0 },
                 // The queue entry expired (this process stalled past the waiter TTL) or an

@@ -60,21 +60,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::CapacityMismatch`] if the stored capacity differs from `capacity`, and with
     /// [`Error::QueueFull`] if the queue is at its cap. `try` (no `wait`) never jumps the
     /// queue: it is refused while anyone waits.
-    async fn acquire(
-        &self,
-        name: &Name,
-        capacity: u32,
-        req: &AcquireRequest,
-    ) -> Result<AcquireReply>;
+    async fn acquire(&self, name: &Name, capacity: u32, req: &AcquireRequest)
+        -> Result<AcquireReply>;
 
     /// A waiter's heartbeat: renews its queue entry for `waiter_ttl`, or returns the grant the
     /// hand-off gave it, or `Gone`.
-    async fn heartbeat(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        waiter_ttl: Duration,
-    ) -> Result<WaitReply>;
+    async fn heartbeat(&self, name: &Name, lease: LeaseId, waiter_ttl: Duration)
+        -> Result<WaitReply>;
 
     /// Gives up a wait: removes the waiter, or releases the lease if it was already granted.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply>;
@@ -159,9 +151,7 @@ impl Store {
             #[cfg(not(feature = "redis"))]
             "redis" | "rediss" => return Err(bad("this build of tessera lacks the redis feature")),
             "redis+sentinel" | "redis+cluster" | "postgres" | "postgresql" | "mysql" | "etcd" => {
-                return Err(bad(
-                    "this store is not available in this build of tessera yet",
-                ))
+                return Err(bad("this store is not available in this build of tessera yet"))
             }
             _ => return Err(bad("unknown scheme; expected memory:// or sqlite://")),
         };

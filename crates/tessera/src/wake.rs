@@ -37,7 +37,10 @@ pub(crate) struct Registration {
 impl Registration {
     pub(crate) fn new(lease: LeaseId) -> Self {
         let notify = Arc::new(Notify::new());
-        REGISTRY.lock().unwrap().insert(lease, Arc::clone(&notify));
+        REGISTRY
+            .lock()
+            .unwrap()
+            .insert(lease, Arc::clone(&notify));
         Registration { lease, notify }
     }
 

@@ -33,12 +33,10 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     /// Connects to the instance named by a `memory://[NAME]` URL.
     pub fn connect(url: &str) -> Result<Self> {
-        let rest = url
-            .strip_prefix("memory://")
-            .ok_or_else(|| InvalidInput::StoreUrl {
-                url: redact_url(url),
-                reason: "expected memory://[NAME]".into(),
-            })?;
+        let rest = url.strip_prefix("memory://").ok_or_else(|| InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason: "expected memory://[NAME]".into(),
+        })?;
         if !rest.is_empty() {
             Name::new(rest).map_err(|_| InvalidInput::StoreUrl {
                 url: redact_url(url),
@@ -82,20 +80,10 @@ impl MemoryBackend {
 
 #[async_trait]
 impl Backend for MemoryBackend {
-    async fn acquire(
-        &self,
-        name: &Name,
-        capacity: u32,
-        req: &AcquireRequest,
-    ) -> Result<AcquireReply> {
+    async fn acquire(&self, name: &Name, capacity: u32, req: &AcquireRequest) -> Result<AcquireReply> {
         self.run(|m, now, w| m.acquire(name, capacity, req, now, w))
     }
-    async fn heartbeat(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        waiter_ttl: Duration,
-    ) -> Result<WaitReply> {
+    async fn heartbeat(&self, name: &Name, lease: LeaseId, waiter_ttl: Duration) -> Result<WaitReply> {
         Ok(self.run(|m, now, w| m.heartbeat(name, lease, waiter_ttl, now, w)))
     }
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
