@@ -32,8 +32,8 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`], with extra command-line options (e.g. `--maxmemory 1mb`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let dir = tempfile::tempdir().expect("temp dir for redis-server");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut dir = tempfile::tempdir().expect("temp dir for redis-server");
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_error = String::new();
         for _ in 0..10 {
             let port = free_port();
