@@ -83,6 +83,21 @@ async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = RedisServer::start();
     let redis = redis_backend(&server, "diff").await;
+    let mut seen: Vec<(&str, u32)> = [
+        "Granted",
+        "Queued",
+        "NoPermit",
+        "full",
+        "capacity",
+        "Dequeued",
+        "Released",
+        "Waiting",
+        "Gone",
+        "holders: [Lease",
+    ]
+    .iter()
+    .map(|s| (*s, 0))
+    .collect();
     for seed in 0..6u64 {
         let memory = MemoryBackend::connect(&format!("memory://diff-{seed}")).unwrap();
         let mut rng = StdRng::seed_from_u64(seed);
@@ -194,12 +209,19 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
                     ("status", norm(&a), norm(&b))
                 }
             };
+            for (needle, count) in seen.iter_mut() {
+                if a.contains(*needle) {
+                    *count += 1;
+                }
+            }
             assert_eq!(
                 a, b,
                 "seed {seed} step {step}: {what} differs\nredis:  {a}\nmemory: {b}"
             );
         }
     }
+    // The random runs reached every kind of answer.
+    assert!(seen.iter().all(|(_, c)| *c > 0), "{seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,9 +328,31 @@ async fn scripts_are_reloaded_after_script_flush() {
     let n = name("flushed");
     let id = LeaseId::random();
     redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    assert_eq!(redis.list().await.unwrap(), vec!["flushed".to_string()]);
     assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
     assert!(redis.release(&n, id).await.unwrap());
     assert!(redis.status(&n).await.unwrap().is_none());
+    assert!(redis.list().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_under_a_tessera_key_is_corrupt_not_a_panic() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "foreign").await;
+    let n = name("odd");
+    server.command(&["HSET", "{foreign:odd}:meta", "cap", "2", "used", "x"]);
+    let e = redis
+        .acquire(&n, 2, &req(LeaseId::random(), 1, LONG, None))
+        .await
+        .unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
+    server.command(&["DEL", "{foreign:odd}:meta"]);
+    server.command(&["SET", "{foreign:odd}:holders", "not a zset"]);
+    let id = LeaseId::random();
+    redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    server.command(&["HSET", "{foreign:odd}:leases", &id.to_string(), "garbage"]);
+    let e = redis.status(&n).await.unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
 }
 
 fn patient() -> SemaphoreOptions {

@@ -101,6 +101,8 @@ fn parse_url(raw: &str) -> Result<Config> {
     }
     let mut prefix = DEFAULT_PREFIX.to_string();
     let mut eviction = EvictionPolicy::Warn;
+    // Options redis-rs itself reads from the URL, handed through.
+    let mut passed: Vec<(String, String)> = Vec::new();
     for (k, v) in url.query_pairs() {
         match &*k {
             "prefix" => {
@@ -123,14 +125,18 @@ fn parse_url(raw: &str) -> Result<Config> {
                     _ => return Err(bad(format!("eviction={v} must be warn or refuse"))),
                 }
             }
+            "protocol" => passed.push((k.into_owned(), v.into_owned())),
             _ => {
                 return Err(bad(format!(
-                    "unknown option {k:?}; known: prefix, eviction"
+                    "unknown option {k:?}; known: prefix, eviction, protocol"
                 )))
             }
         }
     }
     url.set_query(None);
+    if !passed.is_empty() {
+        url.query_pairs_mut().extend_pairs(passed);
+    }
     Ok(Config {
         server_url: url.to_string(),
         redacted,
@@ -144,6 +150,10 @@ fn parse_url(raw: &str) -> Result<Config> {
 fn store_error(e: RedisError, secret: Option<&str>) -> Error {
     if e.code() == Some("TESSERA_CORRUPT") {
         return Error::Corrupt(e.detail().unwrap_or("corrupt semaphore state").to_string());
+    }
+    if e.code() == Some("WRONGTYPE") {
+        // A key of tessera's layout holds something else: written by someone else.
+        return Error::Corrupt(format!("a tessera key holds another type: {e}"));
     }
     let kind = if e.is_timeout() {
         StoreErrorKind::Timeout
@@ -574,6 +584,11 @@ mod tests {
         assert_eq!(c.server_url, "redis://u:hunter2@127.0.0.1:6380/2");
         assert!(!c.redacted.contains("hunter2"));
         assert!(parse_url("rediss://h").unwrap().tls);
+        let c = parse_url("redis://h:1?protocol=resp3&prefix=p").unwrap();
+        assert_eq!(
+            (c.server_url.as_str(), c.prefix.as_str()),
+            ("redis://h:1?protocol=resp3", "p")
+        );
         for bad in [
             "redis://",
             "redis://h/x",
