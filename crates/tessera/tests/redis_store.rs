@@ -470,14 +470,18 @@ async fn ten_thousand_holders_and_ten_thousand_waiters_on_one_semaphore() {
             .iter()
             .all(|r| matches!(r, Ok(AcquireReply::Queued { .. }))));
     }
-    // With both sets full, single steps still work and hand off in FIFO order.
-    assert!(redis.release(&n, holders[17]).await.unwrap());
-    match redis.heartbeat(&n, waiters[0], LONG).await.unwrap() {
-        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![17]),
+    // With both sets full, single steps still work and hand off in FIFO order. (Requests
+    // were sent concurrently, so the store's arrival order is read back from the status.)
+    let before = redis.status(&n).await.unwrap().unwrap();
+    let victim = &before.holders[17];
+    let (head, second) = (before.queue[0].lease_id, before.queue[1].lease_id);
+    assert!(redis.release(&n, victim.lease_id).await.unwrap());
+    match redis.heartbeat(&n, head, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, victim.seats),
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        redis.heartbeat(&n, waiters[1], LONG).await.unwrap(),
+        redis.heartbeat(&n, second, LONG).await.unwrap(),
         WaitReply::Waiting
     );
     let s = redis.status(&n).await.unwrap().unwrap();
@@ -485,7 +489,7 @@ async fn ten_thousand_holders_and_ten_thousand_waiters_on_one_semaphore() {
         (s.holders.len(), s.queue.len(), s.used),
         (N, N - 1, N as u32)
     );
-    assert_eq!(s.queue[0].lease_id, waiters[1]);
+    assert_eq!(s.queue[0].lease_id, second);
     assert!(redis.delete(&n).await.unwrap());
 }
 
