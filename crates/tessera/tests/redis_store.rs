@@ -504,6 +504,19 @@ async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("maxmemory-policy"), "{e}");
+    // A user whose ACL refuses CONFIG: the check is skipped, the store works.
+    let acl = server.command(&[
+        "ACL", "SETUSER", "app", "on", ">s3cret", "~*", "&*", "+@all", "-config",
+    ]);
+    assert!(acl.starts_with("+OK"), "{acl}");
+    let url = format!(
+        "redis://app:s3cret@127.0.0.1:{}?eviction=refuse",
+        server.port()
+    );
+    let store = Store::connect(&url).await.unwrap();
+    assert!(!format!("{store:?}").contains("s3cret"));
+    let sem = store.semaphore("acl", 1).unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
     // A wrong password: an error that never shows it.
     let url = format!("redis://user:hunter2@127.0.0.1:{}", server.port());
     let e = Store::connect(&url).await.unwrap_err();

@@ -21,6 +21,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// The TLS port and the directory holding the test CA and certificate.
+    tls: Option<(u16, tempfile::TempDir)>,
 }
 
 impl RedisServer {
@@ -44,6 +46,7 @@ impl RedisServer {
                         dir,
                         child: Some(child),
                         extra,
+                        tls: None,
                     };
                     match server.wait_ready() {
                         Ok(()) => return server,
@@ -59,6 +62,118 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start: {last_error}");
+    }
+
+    /// Starts a server that also serves TLS on a second free port, with a fresh test CA
+    /// ([`RedisServer::ca_file`]) and a server certificate for `127.0.0.1`. Plain TCP stays on
+    /// [`RedisServer::port`] for setup and `PING`. Panics if `openssl` is missing
+    /// (`apt-get install -y openssl`).
+    pub fn start_tls() -> RedisServer {
+        let certs = tempfile::tempdir().expect("temp dir for certificates");
+        let d = certs.path();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("openssl ({e}): install it with `apt-get install -y openssl`")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        std::fs::write(
+            d.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .expect("write leaf.ext");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=tessera test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
+        ]);
+        let tls_port = free_port();
+        let path = |f: &str| d.join(f).to_string_lossy().into_owned();
+        let mut server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("server.pem"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+        ]);
+        server.tls = Some((tls_port, certs));
+        server
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` for a server from [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        let (port, _) = self.tls.as_ref().expect("started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
+    /// The PEM file of the test CA that signed the TLS certificate (e.g. for `SSL_CERT_FILE`).
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        let (_, certs) = self.tls.as_ref().expect("started with start_tls");
+        certs.path().join("ca.pem")
     }
 
     /// The port.

@@ -222,14 +222,24 @@ impl RedisBackend {
                 reason: store_error(e, secret.as_deref()).to_string(),
             })
         })?;
+        // One plain connection first: a wrong password or an unreachable server fails here at
+        // once, where the connection manager would retry with backoff for seconds.
+        let probe_config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT));
+        let mut probe = client
+            .get_multiplexed_async_connection_with_config(&probe_config)
+            .await
+            .map_err(err)?;
+        check_eviction(&mut probe, &config, secret.as_deref()).await?;
+        drop(probe);
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECT_TIMEOUT));
-        let mut conn = client
+        let conn = client
             .get_connection_manager_with_config(manager_config)
             .await
             .map_err(err)?;
-        check_eviction(&mut conn, &config, secret.as_deref()).await?;
 
         let client_id = format!("{:032x}", rand::random::<u128>());
         let wake_base = format!("{}:wake:", config.prefix);
@@ -312,11 +322,14 @@ impl RedisBackend {
 /// Reads the memory limit and eviction policy; warns or refuses if tessera's keys may be
 /// evicted. A refused `CONFIG` (ACL, managed services) is logged and tolerated.
 async fn check_eviction(
-    conn: &mut ConnectionManager,
+    conn: &mut redis::aio::MultiplexedConnection,
     config: &Config,
     secret: Option<&str>,
 ) -> Result<()> {
-    async fn get(conn: &mut ConnectionManager, param: &str) -> redis::RedisResult<Option<String>> {
+    async fn get(
+        conn: &mut redis::aio::MultiplexedConnection,
+        param: &str,
+    ) -> redis::RedisResult<Option<String>> {
         let v: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
             .arg(param)
