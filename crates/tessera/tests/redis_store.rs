@@ -517,6 +517,34 @@ async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
     assert!(!format!("{store:?}").contains("s3cret"));
     let sem = store.semaphore("acl", 1).unwrap();
     sem.acquire().await.unwrap().release().await.unwrap();
+    // The least-privilege user documented in the module docs runs every operation.
+    let words = "ACL SETUSER least on >pw resetkeys ~{tessera:* resetchannels &tessera:wake:* \
+        -@all +evalsha +script|load +subscribe +ping +scan +config|get +time +hmget +hget +hset \
+        +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard +del +get +set \
+        +pexpire +publish";
+    let words: Vec<&str> = words.split_whitespace().collect();
+    assert!(server.command(&words).starts_with("+OK"));
+    let url = format!("redis://least:pw@127.0.0.1:{}", server.port());
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(60));
+    let sem = Semaphore::new(&store, "least", 1, opts).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let sem2 = sem.clone();
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    wait_until_queued(&store, "least", 1).await;
+    assert_eq!(store.list().await.unwrap(), vec!["least".to_string()]);
+    held.release().await.unwrap();
+    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.resize("least", 2).await.unwrap(), 1);
+    assert!(store
+        .revoke("least", &p.lease_id().to_string())
+        .await
+        .unwrap());
+    assert!(!store.delete("least").await.unwrap());
     // A wrong password: an error that never shows it.
     let url = format!("redis://user:hunter2@127.0.0.1:{}", server.port());
     let e = Store::connect(&url).await.unwrap_err();

@@ -13,6 +13,19 @@
 //!   warning; `eviction=refuse` makes connect fail instead. A server that refuses `CONFIG`
 //!   (ACL) is not checked.
 //!
+//! # Least-privilege ACL
+//!
+//! ```text
+//! ACL SETUSER app on >PASSWORD resetkeys ~{tessera:* resetchannels &tessera:wake:*
+//!     -@all +evalsha +script|load +subscribe +ping +scan +config|get
+//! ```
+//!
+//! (`config|get` is optional: without it the eviction check is skipped.) The scripts call
+//! `TIME HMGET HGET HSET HDEL HGETALL ZADD ZREM ZRANGE ZRANGEBYSCORE ZRANK ZCARD DEL GET SET
+//! PEXPIRE PUBLISH`, which ACLs check inside scripts too; grant them with
+//! `+time +hmget +hget +hset +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard
+//! +del +get +set +pexpire +publish`.
+//!
 //! # Implementation details
 //!
 //! Each operation is one `EVALSHA` of a Lua script ([`ops`]) that runs the reference model's
