@@ -55,6 +55,14 @@ impl Harness {
         Harness::new("sqlite", url, true, Box::new(dir))
     }
 
+    /// A throwaway `redis-server` of its own (stopped when the harness drops), under a
+    /// random key prefix.
+    pub fn redis() -> Self {
+        let server = crate::servers::redis::RedisServer::start();
+        let url = format!("{}?prefix=t{:08x}", server.url(), rand::random::<u32>());
+        Harness::new("redis", url, true, Box::new(server))
+    }
+
     /// Which store this is.
     pub fn kind(&self) -> &'static str {
         self.kind

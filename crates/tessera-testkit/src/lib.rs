@@ -1,10 +1,11 @@
 //! The tessera test kit: the conformance suite every store runs, per-store harnesses, fault
-//! injection at the store seam, holders in other processes, and the grant-log checker with
-//! the worker process that writes grant logs.
+//! injection at the store seam, holders in other processes, the grant-log checker with the
+//! worker process that writes grant logs, and throwaway servers on free loopback ports.
 
 pub mod conformance;
 pub mod faults;
 pub mod grantlog;
 pub mod harness;
 pub mod hold;
+pub mod servers;
 pub mod worker;

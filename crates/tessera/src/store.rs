@@ -154,13 +154,14 @@ impl Store {
             "memory" => Arc::new(crate::stores::memory::MemoryBackend::connect(url)?),
             #[cfg(feature = "sqlite")]
             "sqlite" => Arc::new(crate::stores::sqlite::SqliteBackend::connect(url).await?),
-            "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "postgres" | "postgresql"
-            | "mysql" | "etcd" => {
-                return Err(bad(
-                    "this store is not available in this build of tessera yet",
-                ))
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" => Arc::new(crate::stores::redis::RedisBackend::connect(url).await?),
+            #[cfg(not(feature = "redis"))]
+            "redis" | "rediss" => return Err(bad("this build of tessera lacks the redis feature")),
+            "redis+sentinel" | "redis+cluster" | "postgres" | "postgresql" | "mysql" | "etcd" => {
+                return Err(bad("this store is not available in this build of tessera yet"))
             }
-            _ => return Err(bad("unknown scheme; expected memory:// or sqlite://")),
+            _ => return Err(bad("unknown scheme; expected memory://, sqlite:// or redis://")),
         };
         Ok(Store::from_backend(backend, url))
     }

@@ -3,5 +3,7 @@
 
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

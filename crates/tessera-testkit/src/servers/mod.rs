@@ -1,0 +1,5 @@
+//! Throwaway servers for integration tests: each starts on a free loopback port in its own
+//! temporary directory and stops when dropped. A missing server binary is a test failure
+//! with the install line, never a skip.
+
+pub mod redis;

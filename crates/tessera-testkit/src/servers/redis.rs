@@ -1,0 +1,320 @@
+//! A throwaway `redis-server` without persistence.
+//!
+//! ```no_run
+//! let server = tessera_testkit::servers::redis::RedisServer::start();
+//! let url = server.url(); // redis://127.0.0.1:PORT
+//! # drop(url);
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str = "redis-server is not installed (or not on PATH): install it with `apt-get install -y redis-server`";
+
+/// A `redis-server --save '' --appendonly no` on `127.0.0.1:<free port>`, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+    /// The TLS port and the directory holding the test CA and certificate.
+    tls: Option<(u16, tempfile::TempDir)>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`. Panics (failing the
+    /// test) with the install line if `redis-server` is missing.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra command-line options (e.g. `--maxmemory 1mb`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut dir = tempfile::tempdir().expect("temp dir for redis-server");
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut last_error = String::new();
+        for _ in 0..10 {
+            let port = free_port();
+            match spawn(port, dir.path(), &extra) {
+                Ok(child) => {
+                    let mut server = RedisServer {
+                        port,
+                        dir,
+                        child: Some(child),
+                        extra,
+                        tls: None,
+                    };
+                    match server.wait_ready() {
+                        Ok(()) => return server,
+                        Err(e) => {
+                            last_error = e;
+                            server.kill();
+                            dir = server.take_dir();
+                            extra = std::mem::take(&mut server.extra);
+                        }
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    /// Starts a server that also serves TLS on a second free port, with a fresh test CA
+    /// ([`RedisServer::ca_file`]) and a server certificate for `127.0.0.1`. Plain TCP stays on
+    /// [`RedisServer::port`] for setup and `PING`. Panics if `openssl` is missing
+    /// (`apt-get install -y openssl`).
+    pub fn start_tls() -> RedisServer {
+        let certs = tempfile::tempdir().expect("temp dir for certificates");
+        let d = certs.path();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("openssl ({e}): install it with `apt-get install -y openssl`")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        std::fs::write(
+            d.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .expect("write leaf.ext");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=tessera test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
+        ]);
+        let tls_port = free_port();
+        let path = |f: &str| d.join(f).to_string_lossy().into_owned();
+        let mut server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("server.pem"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+        ]);
+        server.tls = Some((tls_port, certs));
+        server
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` for a server from [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        let (port, _) = self.tls.as_ref().expect("started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
+    /// The PEM file of the test CA that signed the TLS certificate (e.g. for `SSL_CERT_FILE`).
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        let (_, certs) = self.tls.as_ref().expect("started with start_tls");
+        certs.path().join("ca.pem")
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no shutdown save) and starts a fresh one on the same port,
+    /// without persistence, so it comes back empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let child =
+                spawn(self.port, self.dir.path(), &self.extra).unwrap_or_else(|e| panic!("{e}"));
+            self.child = Some(child);
+            match self.wait_ready() {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("redis-server did not restart: {e}"),
+                Err(_) => {
+                    // The port may still be in TIME_WAIT or taken: try again shortly.
+                    self.kill();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Kills the server now.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends one command (as its words) and returns the raw RESP reply, e.g.
+    /// `server.command(&["SCRIPT", "FLUSH"])`.
+    pub fn command(&self, words: &[&str]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to redis-server");
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        let mut req = format!("*{}\r\n", words.len());
+        for w in words {
+            req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+        }
+        s.write_all(req.as_bytes()).expect("write to redis-server");
+        read_reply(&mut s)
+    }
+
+    fn take_dir(&mut self) -> tempfile::TempDir {
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("redis-server exited with {status}"));
+                }
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("no PONG within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+    Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => INSTALL.to_string(),
+            _ => format!("could not start redis-server: {e}"),
+        })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok();
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    read_reply(&mut s).starts_with("+PONG")
+}
+
+/// Reads whatever arrives within the read timeout after the first bytes (enough for the
+/// short replies the tests look at).
+fn read_reply(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    match s.read(&mut buf) {
+        Ok(n) => out.extend_from_slice(&buf[..n]),
+        Err(_) => return String::new(),
+    }
+    s.set_read_timeout(Some(Duration::from_millis(20))).ok();
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,2 @@
+//! The conformance suite against the embedded SQLite store.
+tessera_testkit::conformance_tests!(tessera_testkit::harness::Harness::sqlite());

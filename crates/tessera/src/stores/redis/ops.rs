@@ -1,0 +1,394 @@
+//! The atomic operations of the Redis store: one Lua script per operation (`scripts/*.lua`,
+//! each behind the shared `prelude.lua`), their keys and arguments, and the parsing of their
+//! replies into the model types.
+//!
+//! Every script follows the reference model ([`crate::stores::memory`]) step for step:
+//! purge → hand off → decide → hand off → store/expire or delete the state → publish the
+//! wake-ups, all inside one `EVALSHA`, on the clock of `TIME`. Unexpected replies are
+//! [`Error::Corrupt`], never a panic.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::error::{Error, Result};
+use crate::model::*;
+
+macro_rules! script {
+    ($file:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!(concat!("scripts/", $file))
+        )
+    };
+}
+
+/// The compiled scripts (their SHA-1 is computed once; `invoke_async` loads a script again
+/// after a `NOSCRIPT`, e.g. after `SCRIPT FLUSH` or a restart).
+pub(crate) struct Scripts {
+    pub(crate) acquire: redis::Script,
+    pub(crate) heartbeat: redis::Script,
+    pub(crate) cancel: redis::Script,
+    pub(crate) release: redis::Script,
+    pub(crate) renew: redis::Script,
+    pub(crate) status: redis::Script,
+    pub(crate) resize: redis::Script,
+    pub(crate) revoke: redis::Script,
+    pub(crate) delete: redis::Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            acquire: redis::Script::new(script!("acquire.lua")),
+            heartbeat: redis::Script::new(script!("heartbeat.lua")),
+            cancel: redis::Script::new(script!("cancel.lua")),
+            release: redis::Script::new(script!("release.lua")),
+            renew: redis::Script::new(script!("renew.lua")),
+            status: redis::Script::new(script!("status.lua")),
+            resize: redis::Script::new(script!("resize.lua")),
+            revoke: redis::Script::new(script!("revoke.lua")),
+            delete: redis::Script::new(script!("delete.lua")),
+        }
+    }
+}
+
+/// The key suffixes, in the one order every script receives them (see `prelude.lua`).
+const KEY_SUFFIXES: [&str; 8] = [
+    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+];
+
+/// The keys of one semaphore, all under the hash tag `{<prefix>:<name>}`.
+pub(crate) fn keys(prefix: &str, name: &Name) -> [String; 8] {
+    KEY_SUFFIXES.map(|s| format!("{{{prefix}:{name}}}:{s}"))
+}
+
+/// The `SCAN` pattern matching the meta key of every semaphore under `prefix`, and the name
+/// inside such a key. Prefixes and names never contain glob characters or braces.
+pub(crate) fn meta_pattern(prefix: &str) -> String {
+    format!("{{{prefix}:*}}:meta")
+}
+
+pub(crate) fn name_of_meta_key(prefix: &str, key: &str) -> Option<Name> {
+    let inner = key
+        .strip_prefix(&format!("{{{prefix}:"))?
+        .strip_suffix("}:meta")?;
+    Name::new(inner).ok()
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
+}
+
+// ---- reply parsing -------------------------------------------------------------------------
+
+fn corrupt(what: &str, v: &Value) -> Error {
+    let mut shown = format!("{v:?}");
+    if shown.len() > 200 {
+        let mut end = 200;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        shown.truncate(end);
+        shown.push('…');
+    }
+    Error::Corrupt(format!(
+        "unexpected reply from a tessera script ({what}): {shown}"
+    ))
+}
+
+fn items(v: Value, what: &str) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        other => Err(corrupt(what, &other)),
+    }
+}
+
+fn text(v: &Value, what: &str) -> Result<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| corrupt(what, v)),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::VerbatimString { text, .. } => Ok(text.clone()),
+        other => Err(corrupt(what, other)),
+    }
+}
+
+fn int(v: &Value, what: &str) -> Result<u64> {
+    match v {
+        Value::Int(i) if *i >= 0 => Ok(*i as u64),
+        Value::BulkString(_) | Value::SimpleString(_) => {
+            text(v, what)?.parse().map_err(|_| corrupt(what, v))
+        }
+        other => Err(corrupt(what, other)),
+    }
+}
+
+fn int_u32(v: &Value, what: &str) -> Result<u32> {
+    u32::try_from(int(v, what)?).map_err(|_| corrupt(what, v))
+}
+
+/// A reply `{tag, fields…}`: the tag and the fields.
+fn tagged(v: Value, what: &str) -> Result<(String, Vec<Value>)> {
+    let shown = v.clone();
+    let mut it = items(v, what)?.into_iter();
+    let tag = match it.next() {
+        Some(t) => text(&t, what)?,
+        None => return Err(corrupt(what, &shown)),
+    };
+    Ok((tag, it.collect()))
+}
+
+fn field<'a>(fields: &'a [Value], i: usize, what: &str) -> Result<&'a Value> {
+    fields
+        .get(i)
+        .ok_or_else(|| Error::Corrupt(format!("reply of {what} is missing field {i}")))
+}
+
+fn bad_record(what: &str, record: &str) -> Error {
+    let shown: String = record.chars().take(200).collect();
+    Error::Corrupt(format!("unreadable {what} record in the store: {shown:?}"))
+}
+
+fn parse_num<T: std::str::FromStr>(s: &str, what: &str, record: &str) -> Result<T> {
+    s.parse().map_err(|_| bad_record(what, record))
+}
+
+/// A lease record: weight, seats, fence, acquired_at, expires_at, client, holder (tabs).
+pub(crate) fn decode_lease(id: LeaseId, record: &str) -> Result<Lease> {
+    let f: Vec<&str> = record.splitn(7, '\t').collect();
+    if f.len() != 7 {
+        return Err(bad_record("lease", record));
+    }
+    let seats = if f[1].is_empty() {
+        Vec::new()
+    } else {
+        f[1].split(',')
+            .map(|s| parse_num(s, "lease", record))
+            .collect::<Result<Vec<u32>>>()?
+    };
+    Ok(Lease {
+        lease_id: id,
+        weight: parse_num(f[0], "lease", record)?,
+        seats,
+        fence: parse_num(f[2], "lease", record)?,
+        holder: f[6].to_string(),
+        acquired_at: StoreTime(parse_num(f[3], "lease", record)?),
+        expires_at: StoreTime(parse_num(f[4], "lease", record)?),
+    })
+}
+
+/// A waiter record: weight, lease ttl, enqueued_at, expires_at, client, holder (tabs).
+pub(crate) fn decode_waiter(id: LeaseId, record: &str) -> Result<Waiter> {
+    let f: Vec<&str> = record.splitn(6, '\t').collect();
+    if f.len() != 6 {
+        return Err(bad_record("waiter", record));
+    }
+    Ok(Waiter {
+        lease_id: id,
+        weight: parse_num(f[0], "waiter", record)?,
+        holder: f[5].to_string(),
+        enqueued_at: StoreTime(parse_num(f[2], "waiter", record)?),
+        expires_at: StoreTime(parse_num(f[3], "waiter", record)?),
+    })
+}
+
+fn lease_id(v: &Value, what: &str) -> Result<LeaseId> {
+    let s = text(v, what)?;
+    s.parse().map_err(|_| corrupt(what, v))
+}
+
+/// `now, lease record` after a `granted` tag.
+fn grant(id: LeaseId, fields: &[Value], what: &str) -> Result<Grant> {
+    let now = StoreTime(int(field(fields, 0, what)?, what)?);
+    let lease = decode_lease(id, &text(field(fields, 1, what)?, what)?)?;
+    Ok(Grant { lease, now })
+}
+
+pub(crate) fn parse_acquire(
+    v: Value,
+    name: &Name,
+    capacity: u32,
+    req: &AcquireRequest,
+) -> Result<AcquireReply> {
+    const W: &str = "acquire";
+    let shown = v.clone();
+    let (tag, f) = tagged(v, W)?;
+    match tag.as_str() {
+        "granted" => Ok(AcquireReply::Granted(grant(req.lease_id, &f, W)?)),
+        "queued" => Ok(AcquireReply::Queued {
+            position: int(field(&f, 0, W)?, W)?,
+        }),
+        "nopermit" => Ok(AcquireReply::NoPermit {
+            available: int_u32(field(&f, 0, W)?, W)?,
+            queued: int(field(&f, 1, W)?, W)?,
+        }),
+        "mismatch" => Err(Error::CapacityMismatch {
+            name: name.to_string(),
+            stored: int_u32(field(&f, 0, W)?, W)?,
+            declared: capacity,
+        }),
+        "queuefull" => Err(Error::QueueFull {
+            name: name.to_string(),
+            cap: req.wait.map(|w| w.queue_cap).unwrap_or(0),
+        }),
+        _ => Err(corrupt(W, &shown)),
+    }
+}
+
+pub(crate) fn parse_heartbeat(v: Value, lease: LeaseId) -> Result<WaitReply> {
+    const W: &str = "heartbeat";
+    let shown = v.clone();
+    let (tag, f) = tagged(v, W)?;
+    match tag.as_str() {
+        "granted" => Ok(WaitReply::Granted(grant(lease, &f, W)?)),
+        "waiting" => Ok(WaitReply::Waiting),
+        "gone" => Ok(WaitReply::Gone),
+        _ => Err(corrupt(W, &shown)),
+    }
+}
+
+pub(crate) fn parse_cancel(v: Value) -> Result<CancelReply> {
+    const W: &str = "cancel";
+    let shown = v.clone();
+    let (tag, _) = tagged(v, W)?;
+    match tag.as_str() {
+        "dequeued" => Ok(CancelReply::Dequeued),
+        "released" => Ok(CancelReply::Released),
+        "notfound" => Ok(CancelReply::NotFound),
+        _ => Err(corrupt(W, &shown)),
+    }
+}
+
+/// `1` or `0` (release, revoke, delete).
+pub(crate) fn parse_bool(v: Value, what: &str) -> Result<bool> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(corrupt(what, &other)),
+    }
+}
+
+pub(crate) fn parse_renew(v: Value) -> Result<RenewReply> {
+    const W: &str = "renew";
+    let shown = v.clone();
+    let (tag, f) = tagged(v, W)?;
+    match tag.as_str() {
+        "renewed" => Ok(RenewReply::Renewed {
+            expires_at: StoreTime(int(field(&f, 0, W)?, W)?),
+            now: StoreTime(int(field(&f, 1, W)?, W)?),
+        }),
+        "gone" => Ok(RenewReply::Gone),
+        _ => Err(corrupt(W, &shown)),
+    }
+}
+
+pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<SemaphoreStatus>> {
+    const W: &str = "status";
+    let shown = v.clone();
+    let (tag, mut f) = tagged(v, W)?;
+    match tag.as_str() {
+        "none" => return Ok(None),
+        "status" if f.len() == 5 => {}
+        _ => return Err(corrupt(W, &shown)),
+    }
+    let capacity = int_u32(&f[0], W)?;
+    let used = int_u32(&f[1], W)?;
+    let now = StoreTime(int(&f[2], W)?);
+    let waiters = items(f.pop().unwrap_or_default(), W)?;
+    let leases = items(f.pop().unwrap_or_default(), W)?;
+    if leases.len() % 2 != 0 || waiters.len() % 2 != 0 {
+        return Err(corrupt(W, &shown));
+    }
+    let mut holders = leases
+        .chunks(2)
+        .map(|p| decode_lease(lease_id(&p[0], W)?, &text(&p[1], W)?))
+        .collect::<Result<Vec<Lease>>>()?;
+    holders.sort_by_key(|l| (l.acquired_at, l.fence));
+    let queue = waiters
+        .chunks(2)
+        .map(|p| decode_waiter(lease_id(&p[0], W)?, &text(&p[1], W)?))
+        .collect::<Result<Vec<Waiter>>>()?;
+    Ok(Some(SemaphoreStatus {
+        name: name.to_string(),
+        capacity,
+        used,
+        available: capacity.saturating_sub(used),
+        now,
+        holders,
+        queue,
+    }))
+}
+
+/// `Ok(old capacity)`, or [`Error::NotFound`].
+pub(crate) fn parse_resize(v: Value, name: &Name) -> Result<u32> {
+    const W: &str = "resize";
+    let shown = v.clone();
+    let (tag, f) = tagged(v, W)?;
+    match tag.as_str() {
+        "resized" => int_u32(field(&f, 0, W)?, W),
+        "notfound" => Err(Error::NotFound(format!(
+            "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+        ))),
+        _ => Err(corrupt(W, &shown)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let id = LeaseId::from_u128(7);
+        let l = decode_lease(id, "2\t0,3\t99\t10\t20\tc1\thost/1\twith tab").unwrap();
+        assert_eq!(l.seats, vec![0, 3]);
+        assert_eq!(l.holder, "host/1\twith tab");
+        assert_eq!(
+            (l.fence, l.acquired_at, l.expires_at),
+            (99, StoreTime(10), StoreTime(20))
+        );
+        assert!(decode_lease(id, "x\t0\t1\t2\t3\tc\th")
+            .unwrap_err()
+            .is_corrupt());
+        assert!(decode_lease(id, "1\t0").unwrap_err().is_corrupt());
+        let w = decode_waiter(id, "1\t5000\t10\t20\tc\th").unwrap();
+        assert_eq!((w.weight, w.expires_at), (1, StoreTime(20)));
+        assert!(decode_waiter(id, "").unwrap_err().is_corrupt());
+    }
+
+    #[test]
+    fn unexpected_replies_are_corrupt_not_panics() {
+        let name = Name::new("n").unwrap();
+        for v in [
+            Value::Nil,
+            Value::Int(3),
+            Value::Array(vec![]),
+            Value::Array(vec![bulk("granted")]),
+            Value::Array(vec![bulk("granted"), Value::Int(1), bulk("junk")]),
+            Value::Array(vec![bulk("status"), Value::Int(1)]),
+            Value::Array(vec![bulk("weird")]),
+        ] {
+            assert!(parse_heartbeat(v.clone(), LeaseId::from_u128(1))
+                .unwrap_err()
+                .is_corrupt());
+            assert!(parse_status(v.clone(), &name).unwrap_err().is_corrupt());
+            assert!(parse_renew(v.clone()).unwrap_err().is_corrupt());
+            assert!(parse_bool(v, "release").unwrap_err().is_corrupt());
+        }
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = keys("tessera", &Name::new("jobs/a:b").unwrap());
+        assert!(k.iter().all(|k| k.starts_with("{tessera:jobs/a:b}:")));
+        assert_eq!(
+            name_of_meta_key("tessera", &k[0]).unwrap().as_str(),
+            "jobs/a:b"
+        );
+        assert!(name_of_meta_key("other", &k[0]).is_none());
+    }
+}

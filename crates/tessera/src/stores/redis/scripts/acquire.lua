@@ -1,0 +1,62 @@
+-- acquire: grant at once, join the queue (when ARGV[8] > 0), or refuse.
+-- KEYS: see prelude.lua.
+-- ARGV[2] capacity declared by the client    ARGV[3] lease id
+-- ARGV[4] weight                             ARGV[5] lease ttl (µs)
+-- ARGV[6] holder label                       ARGV[7] client id (wake channel suffix)
+-- ARGV[8] waiter ttl (µs), 0 for a try       ARGV[9] queue cap the client accepts
+-- Reply: {'granted', now, lease record} | {'queued', position} | {'nopermit', available, queued}
+--      | {'mismatch', stored capacity} | {'queuefull'}
+
+local capacity = num(ARGV[2], 'capacity argument')
+local lease_id = ARGV[3]
+local weight = num(ARGV[4], 'weight argument')
+local ttl = num(ARGV[5], 'ttl argument')
+local holder = ARGV[6]
+local client = ARGV[7]
+local waiter_ttl = num(ARGV[8], 'waiter ttl argument')
+local queue_cap = num(ARGV[9], 'queue cap argument')
+local wait = waiter_ttl > 0
+
+if load() == nil then
+  create(capacity)
+end
+purge_and_hand_off()
+
+local function decide()
+  if S.cap ~= capacity then
+    return {'mismatch', S.cap}
+  end
+  -- A retry of an acquire whose reply was lost: report what it already has.
+  local held = redis.call('HGET', K_LEASES, lease_id)
+  if held then
+    return {'granted', now, held}
+  end
+  if wait and refresh_waiter(lease_id, now + waiter_ttl) then
+    return {'queued', redis.call('ZRANK', K_QUEUE, lease_id)}
+  end
+  -- Only a request that finds nobody waiting may take free permits: neither a try nor a
+  -- newcomer jumps the queue.
+  local queued = redis.call('ZCARD', K_QUEUE)
+  if queued == 0 and S.used + weight <= S.cap then
+    local encoded = grant(lease_id, weight, ttl, holder, client)
+    return {'granted', now, encoded}
+  end
+  if not wait then
+    return {'nopermit', math.max(S.cap - S.used, 0), queued}
+  end
+  if queued >= queue_cap then
+    return {'queuefull'}
+  end
+  local seq = S.seq
+  S.seq = seq + 1
+  local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
+    client = client, holder = holder}
+  redis.call('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
+  redis.call('ZADD', K_QUEUE, int(seq), lease_id)
+  redis.call('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
+  return {'queued', queued}
+end
+
+local reply = decide()
+finish()
+return reply

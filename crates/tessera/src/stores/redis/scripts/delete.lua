@@ -1,0 +1,24 @@
+-- delete: removes the semaphore with its holders and waiters (admin), waking all of them.
+-- Nothing is purged first: every lease and waiter still recorded is woken. The fence key
+-- stays, so fences never repeat.
+-- KEYS: see prelude.lua.
+-- ARGV: none of its own
+-- Reply: 1 if the semaphore existed, 0 otherwise
+
+if load() == nil then
+  return 0
+end
+
+local leases = redis.call('HGETALL', K_LEASES)
+for i = 1, #leases, 2 do
+  wakes[#wakes + 1] = {decode_lease(leases[i + 1]).client, leases[i]}
+end
+local waiters = redis.call('HGETALL', K_WAITERS)
+for i = 1, #waiters, 2 do
+  wakes[#wakes + 1] = {decode_waiter(waiters[i + 1]).client, waiters[i]}
+end
+redis.call('DEL', unpack(STATE_KEYS))
+redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+S = nil
+finish()
+return 1

@@ -1,0 +1,256 @@
+-- tessera prelude: shared by every script (concatenated in front of each one at build time).
+--
+-- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
+--   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high
+--   KEYS[2] holders  zset:  lease id, scored by lease expiry (µs)
+--   KEYS[3] leases   hash:  lease id -> encoded lease (see encode_lease)
+--   KEYS[4] queue    zset:  lease id, scored by arrival seq
+--   KEYS[5] waiters  hash:  lease id -> encoded waiter (see encode_waiter)
+--   KEYS[6] wexp     zset:  lease id, scored by waiter heartbeat expiry (µs)
+--   KEYS[7] seats    zset:  free seats below seat_high, scored by seat number
+--   KEYS[8] fence    string: last fence issued, kept for a while after the state is deleted
+-- ARGV (shared):
+--   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
+-- Every script's own ARGV start at ARGV[2].
+--
+-- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store, expire or
+-- delete the state; publish wake-ups). Time comes only from TIME. Numbers stay below 2^53
+-- (µs since the epoch), so Lua doubles hold them exactly; they are formatted with %d, never
+-- with tostring (which would print 1.7e+15).
+
+local K_META, K_HOLDERS, K_LEASES, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_WAITERS, K_WEXP, K_SEATS, K_FENCE = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local STATE_KEYS = {K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS}
+local WAKE_BASE = ARGV[1]
+
+-- How long the fence key outlives the state, and how long the state outlives its last expiry.
+local FENCE_KEEP_MS = 600000
+local STATE_GRACE_MS = 10000
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function corrupt(what)
+  return error({err = 'TESSERA_CORRUPT ' .. what})
+end
+
+local function num(s, what)
+  local n = tonumber(s)
+  if n == nil then corrupt(what) end
+  return n
+end
+
+-- Splits s on tabs into exactly n fields; the last field takes the rest (holder labels never
+-- contain control characters, so a tab never appears inside a field).
+local function split(s, n, what)
+  local out, pos = {}, 1
+  for i = 1, n - 1 do
+    local tab = string.find(s, '\t', pos, true)
+    if tab == nil then corrupt(what) end
+    out[i] = string.sub(s, pos, tab - 1)
+    pos = tab + 1
+  end
+  out[n] = string.sub(s, pos)
+  return out
+end
+
+-- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder.
+local function encode_lease(l)
+  return int(l.weight) .. '\t' .. table.concat(l.seats, ',') .. '\t' .. int(l.fence) .. '\t'
+    .. int(l.acquired_at) .. '\t' .. int(l.expires_at) .. '\t' .. l.client .. '\t' .. l.holder
+end
+
+local function decode_lease(s)
+  local f = split(s, 7, 'lease record')
+  local seats = {}
+  for seat in string.gmatch(f[2], '%d+') do
+    seats[#seats + 1] = num(seat, 'lease seat')
+  end
+  return {weight = num(f[1], 'lease weight'), seats = seats, fence = num(f[3], 'lease fence'),
+    acquired_at = num(f[4], 'lease time'), expires_at = num(f[5], 'lease expiry'),
+    client = f[6], holder = f[7]}
+end
+
+-- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder.
+local function encode_waiter(w)
+  return int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t'
+    .. int(w.expires_at) .. '\t' .. w.client .. '\t' .. w.holder
+end
+
+local function decode_waiter(s)
+  local f = split(s, 6, 'waiter record')
+  return {weight = num(f[1], 'waiter weight'), ttl = num(f[2], 'waiter ttl'),
+    enqueued_at = num(f[3], 'waiter time'), expires_at = num(f[4], 'waiter expiry'),
+    client = f[5], holder = f[6]}
+end
+
+-- The semaphore's counters, or nil if it does not exist.
+local S = nil
+-- Wake-ups to publish at the end: {client, lease id} pairs.
+local wakes = {}
+
+local function load()
+  local m = redis.call('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high')
+  if not m[1] then
+    return nil
+  end
+  S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), fence = num(m[3], 'fence'),
+    seq = num(m[4], 'seq'), seat_high = num(m[5], 'seat_high')}
+  return S
+end
+
+-- A new, empty semaphore. Leftovers of a partly evicted state are dropped first so the
+-- counters match the sets; the fence continues from the fence key (or the time floor).
+local function create(cap)
+  redis.call('DEL', unpack(STATE_KEYS))
+  local fence = tonumber(redis.call('GET', K_FENCE)) or 0
+  S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0}
+  return S
+end
+
+local function return_seats(seats)
+  for _, seat in ipairs(seats) do
+    redis.call('ZADD', K_SEATS, seat, seat)
+  end
+  -- Shrink the high-water mark over returned seats at its top, keeping the set small.
+  while S.seat_high > 0 and redis.call('ZREM', K_SEATS, S.seat_high - 1) == 1 do
+    S.seat_high = S.seat_high - 1
+  end
+end
+
+-- The n lowest free seats below the capacity; there are always enough when used + n <= cap.
+local function take_seats(n)
+  local seats = {}
+  local low = redis.call('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
+  for i, seat in ipairs(low) do
+    seats[i] = num(seat, 'free seat')
+  end
+  for i = 1, #low, 1000 do
+    redis.call('ZREM', K_SEATS, unpack(low, i, math.min(i + 999, #low)))
+  end
+  while #seats < n do
+    seats[#seats + 1] = S.seat_high
+    S.seat_high = S.seat_high + 1
+  end
+  return seats
+end
+
+local function grant(id, weight, ttl, holder, client)
+  local lease = {weight = weight, seats = take_seats(weight), acquired_at = now,
+    expires_at = now + ttl, client = client, holder = holder}
+  lease.fence = math.max(S.fence + 1, now)
+  S.fence = lease.fence
+  S.used = S.used + weight
+  local encoded = encode_lease(lease)
+  redis.call('HSET', K_LEASES, id, encoded)
+  redis.call('ZADD', K_HOLDERS, int(lease.expires_at), id)
+  return encoded, lease
+end
+
+local function remove_holder(id)
+  local encoded = redis.call('HGET', K_LEASES, id)
+  if not encoded then
+    return nil
+  end
+  local lease = decode_lease(encoded)
+  redis.call('HDEL', K_LEASES, id)
+  redis.call('ZREM', K_HOLDERS, id)
+  S.used = S.used - lease.weight
+  return_seats(lease.seats)
+  return lease
+end
+
+local function remove_waiter(id)
+  local encoded = redis.call('HGET', K_WAITERS, id)
+  if not encoded then
+    return nil
+  end
+  redis.call('HDEL', K_WAITERS, id)
+  redis.call('ZREM', K_QUEUE, id)
+  redis.call('ZREM', K_WEXP, id)
+  return decode_waiter(encoded)
+end
+
+-- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+local function hand_off()
+  while true do
+    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    if not head then
+      return
+    end
+    local encoded = redis.call('HGET', K_WAITERS, head)
+    if not encoded then
+      corrupt('queued lease without a waiter record')
+    end
+    local w = decode_waiter(encoded)
+    if S.used + w.weight > S.cap then
+      return
+    end
+    remove_waiter(head)
+    grant(head, w.weight, w.ttl, w.holder, w.client)
+    wakes[#wakes + 1] = {w.client, head}
+  end
+end
+
+local function purge_and_hand_off()
+  local expired = redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now))
+  for _, id in ipairs(expired) do
+    remove_holder(id)
+  end
+  expired = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', int(now))
+  for _, id in ipairs(expired) do
+    remove_waiter(id)
+  end
+  hand_off()
+end
+
+-- Renews a waiter's heartbeat expiry to max(current, until); false if not queued.
+local function refresh_waiter(id, until_us)
+  local encoded = redis.call('HGET', K_WAITERS, id)
+  if not encoded then
+    return false
+  end
+  local w = decode_waiter(encoded)
+  if until_us > w.expires_at then
+    w.expires_at = until_us
+    redis.call('HSET', K_WAITERS, id, encode_waiter(w))
+    redis.call('ZADD', K_WEXP, int(until_us), id)
+  end
+  return true
+end
+
+local function is_empty()
+  return redis.call('ZCARD', K_HOLDERS) == 0 and redis.call('ZCARD', K_QUEUE) == 0
+end
+
+-- Stores the counters and refreshes every key's expiry (the latest lease or waiter expiry plus
+-- a grace period), or deletes the state if nobody holds or waits; then publishes wake-ups.
+local function finish()
+  if S ~= nil then
+    if is_empty() then
+      redis.call('DEL', unpack(STATE_KEYS))
+      redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+    else
+      redis.call('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(S.fence),
+        'seq', int(S.seq), 'seat_high', int(S.seat_high))
+      local last = now
+      local h = redis.call('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
+      if h[2] then last = math.max(last, num(h[2], 'holder expiry')) end
+      local w = redis.call('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
+      if w[2] then last = math.max(last, num(w[2], 'waiter expiry')) end
+      local ttl_ms = math.floor((last - now) / 1000) + STATE_GRACE_MS
+      for _, key in ipairs(STATE_KEYS) do
+        redis.call('PEXPIRE', key, ttl_ms)
+      end
+    end
+  end
+  for _, wake in ipairs(wakes) do
+    redis.call('PUBLISH', WAKE_BASE .. wake[1], wake[2])
+  end
+end
+
+-- Replies carry numbers as integers; a lease travels as its id plus its encoded record.

@@ -1,0 +1,555 @@
+//! The Redis store against a throwaway `redis-server` per test (a missing `redis-server` fails
+//! the test with the install line). The store must behave like the reference model
+//! (`memory://`) operation by operation; Redis keeps its own clock, so the differential part
+//! uses long TTLs and compares only what does not depend on the clock, and expiry is tested
+//! separately with short real TTLs.
+#![cfg(feature = "redis")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::stores::memory::MemoryBackend;
+use tessera::stores::redis::RedisBackend;
+use tessera::*;
+use tessera_testkit::servers::redis::RedisServer;
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: id,
+        weight,
+        ttl,
+        holder: format!("test/{weight}"),
+        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
+            waiter_ttl,
+            queue_cap,
+        }),
+    }
+}
+
+/// The clock-independent part of a reply.
+fn norm<T: std::fmt::Debug>(r: &Result<T>) -> String {
+    let s = match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("error: {e}"),
+    };
+    // Drop times and fences: "StoreTime(…)" and "fence: …".
+    let mut out = String::new();
+    let mut rest = s.as_str();
+    while let Some(i) = rest.find("StoreTime(") {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        let end = rest.find(')').map(|e| e + 1).unwrap_or(rest.len());
+        out.push('T');
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    let mut cleaned = String::new();
+    let mut rest = out.as_str();
+    while let Some(i) = rest.find("fence: ") {
+        cleaned.push_str(&rest[..i]);
+        rest = &rest[i + 7..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        cleaned.push('F');
+        rest = &rest[end..];
+    }
+    cleaned.push_str(rest);
+    cleaned
+}
+
+/// A fence belongs to one lease: never issued to two lease ids.
+fn record_fence(fences: &mut HashMap<u64, LeaseId>, lease: &Lease) {
+    let owner = *fences.entry(lease.fence).or_insert(lease.lease_id);
+    assert_eq!(owner, lease.lease_id, "fence {} issued twice", lease.fence);
+}
+
+async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
+    RedisBackend::connect(&format!("{}?prefix={prefix}", server.url()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaves_like_the_memory_model_operation_by_operation() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "diff").await;
+    let mut seen: Vec<(&str, u32)> = [
+        "Granted",
+        "Queued",
+        "NoPermit",
+        "full",
+        "capacity",
+        "Dequeued",
+        "Released",
+        "Waiting",
+        "Gone",
+        "holders: [Lease",
+    ]
+    .iter()
+    .map(|s| (*s, 0))
+    .collect();
+    for seed in 0..6u64 {
+        let memory = MemoryBackend::connect(&format!("memory://diff-{seed}")).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let n = name(&format!("sem-{seed}"));
+        let mut capacity: u32 = rng.random_range(1..=5);
+        let mut ids: Vec<LeaseId> = Vec::new();
+        let mut fences: HashMap<u64, LeaseId> = HashMap::new();
+        for step in 0..400 {
+            let pick = |rng: &mut StdRng, ids: &Vec<LeaseId>| {
+                if ids.is_empty() || rng.random_bool(0.1) {
+                    LeaseId::random()
+                } else {
+                    ids[rng.random_range(0..ids.len())]
+                }
+            };
+            let op = rng.random_range(0..100);
+            let (what, a, b) = match op {
+                0..=34 => {
+                    let id = if rng.random_bool(0.9) {
+                        let id = LeaseId::random();
+                        ids.push(id);
+                        id
+                    } else {
+                        pick(&mut rng, &ids)
+                    };
+                    let weight = rng.random_range(1..=capacity);
+                    let wait = rng
+                        .random_bool(0.7)
+                        .then(|| (LONG, rng.random_range(1..=6)));
+                    let declared = if rng.random_bool(0.05) {
+                        capacity + 1
+                    } else {
+                        capacity
+                    };
+                    let r = req(id, weight, LONG, wait);
+                    let a = redis.acquire(&n, declared, &r).await;
+                    let b = memory.acquire(&n, declared, &r).await;
+                    if let Ok(AcquireReply::Granted(g)) = &a {
+                        record_fence(&mut fences, &g.lease);
+                    }
+                    ("acquire", norm(&a), norm(&b))
+                }
+                35..=49 => {
+                    let id = pick(&mut rng, &ids);
+                    let a = redis.release(&n, id).await;
+                    ("release", norm(&a), norm(&memory.release(&n, id).await))
+                }
+                50..=59 => {
+                    let id = pick(&mut rng, &ids);
+                    let a = redis.heartbeat(&n, id, LONG).await;
+                    if let Ok(WaitReply::Granted(g)) = &a {
+                        record_fence(&mut fences, &g.lease);
+                    }
+                    (
+                        "heartbeat",
+                        norm(&a),
+                        norm(&memory.heartbeat(&n, id, LONG).await),
+                    )
+                }
+                60..=69 => {
+                    let id = pick(&mut rng, &ids);
+                    let a = redis.cancel(&n, id).await;
+                    ("cancel", norm(&a), norm(&memory.cancel(&n, id).await))
+                }
+                70..=74 => {
+                    let id = pick(&mut rng, &ids);
+                    let a = redis
+                        .renew(&n, id, LONG)
+                        .await
+                        .map(|r| matches!(r, RenewReply::Renewed { .. }));
+                    let b = memory
+                        .renew(&n, id, LONG)
+                        .await
+                        .map(|r| matches!(r, RenewReply::Renewed { .. }));
+                    ("renew", norm(&a), norm(&b))
+                }
+                75..=79 => {
+                    let id = pick(&mut rng, &ids);
+                    let a = redis.revoke(&n, id).await;
+                    ("revoke", norm(&a), norm(&memory.revoke(&n, id).await))
+                }
+                80..=84 => {
+                    let c = rng.random_range(1..=6);
+                    let a = redis.resize(&n, c).await;
+                    let b = memory.resize(&n, c).await;
+                    if a.is_ok() {
+                        capacity = c;
+                    }
+                    ("resize", norm(&a), norm(&b))
+                }
+                85..=86 => {
+                    let a = redis.delete(&n).await;
+                    ("delete", norm(&a), norm(&memory.delete(&n).await))
+                }
+                _ => {
+                    let a = redis.status(&n).await;
+                    let b = memory.status(&n).await;
+                    if let Ok(Some(s)) = &a {
+                        // Fences ascend in grant order, seats are distinct, `used` is the sum.
+                        let f: Vec<u64> = s.holders.iter().map(|l| l.fence).collect();
+                        assert!(f.windows(2).all(|w| w[0] < w[1]), "{f:?}");
+                        let mut seats: Vec<u32> =
+                            s.holders.iter().flat_map(|l| l.seats.clone()).collect();
+                        assert_eq!(seats.len() as u32, s.used);
+                        seats.sort();
+                        seats.dedup();
+                        assert_eq!(seats.len() as u32, s.used);
+                    }
+                    ("status", norm(&a), norm(&b))
+                }
+            };
+            for (needle, count) in seen.iter_mut() {
+                if a.contains(*needle) {
+                    *count += 1;
+                }
+            }
+            assert_eq!(
+                a, b,
+                "seed {seed} step {step}: {what} differs\nredis:  {a}\nmemory: {b}"
+            );
+        }
+    }
+    // The random runs reached every kind of answer.
+    assert!(seen.iter().all(|(_, c)| *c > 0), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "expiry").await;
+    let n = name("expiry");
+    let (a, b, c) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    let short = Duration::from_millis(300);
+    // A holds the only permit briefly; B waits with a long heartbeat TTL; C waits briefly.
+    assert!(matches!(
+        redis.acquire(&n, 1, &req(a, 1, short, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        redis
+            .acquire(&n, 1, &req(c, 1, LONG, Some((short, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert_eq!(
+        redis
+            .acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 1 }
+    );
+    // Every key carries an expiry (bounded state).
+    for suffix in ["meta", "holders", "leases", "queue", "waiters", "wexp"] {
+        let ttl = server.command(&["PTTL", &format!("{{expiry:expiry}}:{suffix}")]);
+        let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+        assert!(ms > 0, "{suffix} has no expiry: {ttl}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The next step purges A (expired) and C (heartbeat expired) and hands the permit to B.
+    match redis.heartbeat(&n, b, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![0]),
+        other => panic!("B not granted: {other:?}"),
+    }
+    assert_eq!(redis.heartbeat(&n, c, LONG).await.unwrap(), WaitReply::Gone);
+    assert_eq!(redis.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
+    assert!(redis.release(&n, b).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
+    // Only the fence key remains, and it expires too.
+    let keys = server.command(&["KEYS", "{expiry:*"]);
+    assert!(keys.contains("fence") && !keys.contains("meta"), "{keys}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_never_regress_after_a_restart_without_persistence() {
+    let mut server = RedisServer::start();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let redis = store.backend().clone();
+    let n = name("fenced");
+    // Fifty waiters granted in one step (by a resize) push the fence ahead of the clock.
+    let holder = LeaseId::random();
+    redis
+        .acquire(&n, 1, &req(holder, 1, LONG, None))
+        .await
+        .unwrap();
+    let ids: Vec<LeaseId> = (0..50).map(|_| LeaseId::random()).collect();
+    for id in &ids {
+        redis
+            .acquire(&n, 1, &req(*id, 1, LONG, Some((LONG, 100))))
+            .await
+            .unwrap();
+    }
+    redis.resize(&n, 51).await.unwrap();
+    let status = redis.status(&n).await.unwrap().unwrap();
+    let max = status.holders.iter().map(|l| l.fence).max().unwrap();
+    assert_eq!(status.holders.len(), 51);
+
+    server.restart();
+    // The connection manager reconnects by itself; the first call may see the dropped link.
+    let mut fence = None;
+    for _ in 0..50 {
+        match redis
+            .acquire(&n, 51, &req(LeaseId::random(), 1, LONG, None))
+            .await
+        {
+            Ok(AcquireReply::Granted(g)) => {
+                fence = Some(g.lease.fence);
+                break;
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => {
+                assert!(e.is_transient(), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let fence = fence.expect("store back after restart");
+    assert!(
+        fence > max,
+        "fence {fence} after restart is not above {max}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "flush").await;
+    let n = name("flushed");
+    let id = LeaseId::random();
+    redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    assert_eq!(redis.list().await.unwrap(), vec!["flushed".to_string()]);
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(redis.release(&n, id).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
+    assert!(redis.list().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_under_a_tessera_key_is_corrupt_not_a_panic() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "foreign").await;
+    let n = name("odd");
+    server.command(&["HSET", "{foreign:odd}:meta", "cap", "2", "used", "x"]);
+    let e = redis
+        .acquire(&n, 2, &req(LeaseId::random(), 1, LONG, None))
+        .await
+        .unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
+    server.command(&["DEL", "{foreign:odd}:meta"]);
+    server.command(&["SET", "{foreign:odd}:holders", "not a zset"]);
+    let id = LeaseId::random();
+    redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    server.command(&["HSET", "{foreign:odd}:leases", &id.to_string(), "garbage"]);
+    let e = redis.status(&n).await.unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
+}
+
+fn patient() -> SemaphoreOptions {
+    // Heartbeats every min(60 s / 3, 60 s / 4) = 15 s: a grant seen within 5 s came by push.
+    SemaphoreOptions::default()
+        .ttl(Duration::from_secs(60))
+        .waiter_ttl(Duration::from_secs(60))
+}
+
+async fn wait_until_queued(store: &Store, name: &str, n: usize) {
+    for _ in 0..500 {
+        if store
+            .status(name)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.queue.len() >= n)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("waiter never queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_push_before_its_first_heartbeat() {
+    let server = RedisServer::start();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let other = Store::connect(&server.url()).await.unwrap();
+    let sem = Semaphore::new(&store, "pushed", 1, patient()).unwrap();
+    let sem2 = Semaphore::new(&other, "pushed", 1, patient()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    wait_until_queued(&store, "pushed", 1).await;
+    held.release().await.unwrap();
+    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the grant must arrive by push, before the first heartbeat (15 s)")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.seats(), &[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscriber_connection_still_ends_in_a_grant() {
+    let server = RedisServer::start();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let sem = Semaphore::new(&store, "killed", 1, patient()).unwrap();
+    let sem2 = sem.clone();
+    let held = sem.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    wait_until_queued(&store, "killed", 1).await;
+    let killed = server.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert!(killed.starts_with(":1"), "{killed}");
+    held.release().await.unwrap();
+    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("granted before the first heartbeat despite the lost subscription")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.seats(), &[0]);
+    // The subscriber is back: the next hand-off arrives by push again.
+    let sem3 = sem.clone();
+    let waiter = tokio::spawn(async move { sem3.acquire().await });
+    wait_until_queued(&store, "killed", 1).await;
+    drop(permit);
+    let _permit = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("pushed after resubscription")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_holder_is_told_through_lost() {
+    let server = RedisServer::start();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let sem = Semaphore::new(&store, "revoked", 2, patient()).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    assert!(store
+        .revoke("revoked", &permit.lease_id().to_string())
+        .await
+        .unwrap());
+    tokio::time::timeout(Duration::from_secs(5), permit.lost())
+        .await
+        .expect("lost() fires on the pushed revocation, long before a renewal (20 s)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_holders_and_ten_thousand_waiters_on_one_semaphore() {
+    let server = RedisServer::start();
+    let redis = Arc::new(redis_backend(&server, "big").await);
+    let n = name("big");
+    const N: usize = 10_000;
+    let holders: Vec<LeaseId> = (0..N).map(|_| LeaseId::random()).collect();
+    let waiters: Vec<LeaseId> = (0..N).map(|_| LeaseId::random()).collect();
+    for chunk in holders.chunks(200) {
+        let replies = futures::future::join_all(chunk.iter().map(|id| {
+            let (redis, n, r) = (&redis, &n, req(*id, 1, LONG, None));
+            async move { redis.acquire(n, N as u32, &r).await }
+        }))
+        .await;
+        assert!(replies
+            .iter()
+            .all(|r| matches!(r, Ok(AcquireReply::Granted(_)))));
+    }
+    for chunk in waiters.chunks(200) {
+        let replies = futures::future::join_all(chunk.iter().map(|id| {
+            let (redis, n) = (&redis, &n);
+            let r = req(*id, 1, LONG, Some((LONG, 2 * N as u32)));
+            async move { redis.acquire(n, N as u32, &r).await }
+        }))
+        .await;
+        assert!(replies
+            .iter()
+            .all(|r| matches!(r, Ok(AcquireReply::Queued { .. }))));
+    }
+    // With both sets full, single steps still work and hand off in FIFO order. (Requests
+    // were sent concurrently, so the store's arrival order is read back from the status.)
+    let before = redis.status(&n).await.unwrap().unwrap();
+    let victim = &before.holders[17];
+    let (head, second) = (before.queue[0].lease_id, before.queue[1].lease_id);
+    assert!(redis.release(&n, victim.lease_id).await.unwrap());
+    match redis.heartbeat(&n, head, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, victim.seats),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        redis.heartbeat(&n, second, LONG).await.unwrap(),
+        WaitReply::Waiting
+    );
+    let s = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!(
+        (s.holders.len(), s.queue.len(), s.used),
+        (N, N - 1, N as u32)
+    );
+    assert_eq!(s.queue[0].lease_id, second);
+    assert!(redis.delete(&n).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru"]);
+    // Default: a warning, the store works.
+    let store = Store::connect(&server.url()).await.unwrap();
+    assert!(store.status("x").await.unwrap().is_none());
+    let e = Store::connect(&format!("{}?eviction=refuse", server.url()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("maxmemory-policy"), "{e}");
+    // A user whose ACL refuses CONFIG: the check is skipped, the store works.
+    let acl = server.command(&[
+        "ACL", "SETUSER", "app", "on", ">s3cret", "~*", "&*", "+@all", "-config",
+    ]);
+    assert!(acl.starts_with("+OK"), "{acl}");
+    let url = format!(
+        "redis://app:s3cret@127.0.0.1:{}?eviction=refuse",
+        server.port()
+    );
+    let store = Store::connect(&url).await.unwrap();
+    assert!(!format!("{store:?}").contains("s3cret"));
+    let sem = store.semaphore("acl", 1).unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+    // The least-privilege user documented in the module docs runs every operation.
+    let words = "ACL SETUSER least on >pw resetkeys ~{tessera:* resetchannels &tessera:wake:* \
+        -@all +evalsha +script|load +subscribe +ping +scan +config|get +time +hmget +hget +hset \
+        +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard +del +get +set \
+        +pexpire +publish";
+    let words: Vec<&str> = words.split_whitespace().collect();
+    assert!(server.command(&words).starts_with("+OK"));
+    let url = format!("redis://least:pw@127.0.0.1:{}", server.port());
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(60));
+    let sem = Semaphore::new(&store, "least", 1, opts).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let sem2 = sem.clone();
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    wait_until_queued(&store, "least", 1).await;
+    assert_eq!(store.list().await.unwrap(), vec!["least".to_string()]);
+    held.release().await.unwrap();
+    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.resize("least", 2).await.unwrap(), 1);
+    assert!(store
+        .revoke("least", &p.lease_id().to_string())
+        .await
+        .unwrap());
+    assert!(!store.delete("least").await.unwrap());
+    // A wrong password: an error that never shows it.
+    let url = format!("redis://user:hunter2@127.0.0.1:{}", server.port());
+    let e = Store::connect(&url).await.unwrap_err();
+    assert!(
+        !e.to_string().contains("hunter2") && !format!("{e:?}").contains("hunter2"),
+        "{e}"
+    );
+}
