@@ -272,7 +272,7 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
         ("UPDATE tessera_holders SET weight = -3", true),
         ("UPDATE tessera_semaphores SET used = -1", true),
         ("UPDATE tessera_semaphores SET capacity = 0", false),
-        ("UPDATE tessera_holders SET expires_at = -5", true),
+        ("UPDATE tessera_holders SET acquired_at = -5", true),
         ("UPDATE tessera_meta SET value = -1 WHERE key = 'fence_hwm'", false),
     ] {
         let (_dir, url) = temp_db();
@@ -334,7 +334,7 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
     let s = name("p");
     let holder = LeaseId::random();
     let waiter = LeaseId::random();
-    let ttl = Duration::from_secs(6);
+    let ttl = Duration::from_secs(8);
     assert!(matches!(b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(), AcquireReply::Granted(_)));
     assert_eq!(b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(), AcquireReply::Queued { position: 0 });
     let expiry = |st: SemaphoreStatus| st.queue[0].expires_at;
