@@ -50,12 +50,24 @@ async fn sqlite_at(url: &str, clock: &Arc<ManualClock>) -> SqliteBackend {
 /// equal replies and equal snapshots after every step.
 #[tokio::test]
 async fn random_operations_match_the_reference_model() {
+    let mut seen = std::collections::BTreeMap::new();
     for seed in [1u64, 2, 3, 4, 5] {
-        differential(seed, 300).await;
+        differential(seed, 300, &mut seen).await;
+    }
+    // The random walk must reach every kind of answer, or it proves little.
+    for kind in [
+        "Granted", "Queued", "NoPermit", "Waiting", "Gone", "Dequeued", "Released", "NotFound",
+        "Renewed", "QueueFull", "CapacityMismatch", "handed off",
+    ] {
+        assert!(seen.get(kind).copied().unwrap_or(0) > 0, "never saw {kind}: {seen:?}");
     }
 }
 
-async fn differential(seed: u64, steps: usize) {
+async fn differential(
+    seed: u64,
+    steps: usize,
+    seen: &mut std::collections::BTreeMap<&'static str, usize>,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clock = Arc::new(ManualClock::new(T0));
     let model = MemoryBackend::with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
@@ -64,6 +76,7 @@ async fn differential(seed: u64, steps: usize) {
     let names = [name("a"), name("b")];
     let mut declared = [3u32, 5u32];
     let leases: Vec<LeaseId> = (0..10).map(|_| LeaseId::random()).collect();
+    let mut was_queued: Vec<LeaseId> = Vec::new();
 
     for i in 0..steps {
         let n = rng.random_range(0..names.len());
@@ -87,32 +100,40 @@ async fn differential(seed: u64, steps: usize) {
                     format!("{:?}", $call.await)
                 };
                 assert_eq!(m, s, "{what}");
+                for kind in [
+                    "Granted", "Queued", "NoPermit", "Waiting", "Gone", "Dequeued", "Released",
+                    "NotFound", "Renewed", "QueueFull", "CapacityMismatch",
+                ] {
+                    if m.contains(kind) {
+                        *seen.entry(kind).or_default() += 1;
+                    }
+                }
             }};
         }
         match op {
             0..=29 => {
                 let weight = rng.random_range(1..=cap);
                 let wait = rng.random_bool(0.6).then(|| WaitSpec {
-                    waiter_ttl: Duration::from_millis(rng.random_range(500..4000)),
+                    waiter_ttl: Duration::from_millis(100 * rng.random_range(5..40)),
                     queue_cap: rng.random_range(1..6),
                 });
                 let r = AcquireRequest {
                     lease_id: lease,
                     weight,
-                    ttl: Duration::from_millis(rng.random_range(200..6000)),
+                    ttl: Duration::from_millis(100 * rng.random_range(2..60)),
                     holder: format!("host/{}", rng.random_range(1..5)),
                     wait,
                 };
                 both!(b => b.acquire(nm, cap, &r));
             }
             30..=41 => {
-                let ttl = Duration::from_millis(rng.random_range(500..4000));
+                let ttl = Duration::from_millis(100 * rng.random_range(5..40));
                 both!(b => b.heartbeat(nm, lease, ttl));
             }
             42..=49 => both!(b => b.cancel(nm, lease)),
             50..=61 => both!(b => b.release(nm, lease)),
             62..=69 => {
-                let ttl = Duration::from_millis(rng.random_range(200..6000));
+                let ttl = Duration::from_millis(100 * rng.random_range(2..60));
                 both!(b => b.renew(nm, lease, ttl));
             }
             70..=73 => both!(b => b.revoke(nm, lease)),
@@ -123,12 +144,20 @@ async fn differential(seed: u64, steps: usize) {
             }
             79..=80 => both!(b => b.delete(nm)),
             81..=83 => both!(b => b.list()),
-            _ => clock.advance(Duration::from_millis(rng.random_range(0..1500))),
+            // Whole tenths of a second, so expiries often fall exactly on `now`.
+            _ => clock.advance(Duration::from_millis(100 * rng.random_range(0..15))),
         }
         for nm in &names {
             let what = format!("{what}: status of {nm}");
             let m = model.status(nm).await.unwrap();
             let s = sql.status(nm).await.unwrap();
+            if let Some(m) = &m {
+                if m.holders.iter().any(|l| was_queued.contains(&l.lease_id)) {
+                    *seen.entry("handed off").or_default() += 1;
+                }
+                was_queued.retain(|id| m.queue.iter().any(|w| w.lease_id == *id));
+                was_queued.extend(m.queue.iter().map(|w| w.lease_id));
+            }
             assert_eq!(m, s, "{what}");
             if let Some(s) = s {
                 // Seats are distinct across holders.
