@@ -172,8 +172,7 @@ impl SqliteBackend {
             return Ok(None);
         };
         let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
-        let (Some(expires_at), Some(0), Some(0), Some(1)) = (int(0), int(1), int(2), int(3))
-        else {
+        let (Some(expires_at), Some(0), Some(0), Some(1)) = (int(0), int(1), int(2), int(3)) else {
             return Ok(None);
         };
         let fresh_until = now.plus(waiter_ttl / 2).0;
@@ -212,7 +211,9 @@ impl Backend for SqliteBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        step!(self, |conn, now| ops::acquire(conn, name, capacity, req, now))
+        step!(self, |conn, now| ops::acquire(
+            conn, name, capacity, req, now
+        ))
     }
 
     /// Answered by a read-only probe when nothing but the waiter's own expiry would change
@@ -241,11 +242,15 @@ impl Backend for SqliteBackend {
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| ops::release(conn, name, lease, now)))
+        Ok(step!(self, |conn, now| ops::release(
+            conn, name, lease, now
+        )))
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        Ok(step!(self, |conn, now| ops::renew(conn, name, lease, ttl, now)))
+        Ok(step!(self, |conn, now| ops::renew(
+            conn, name, lease, ttl, now
+        )))
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
@@ -307,7 +312,7 @@ fn parse_url(url: &str) -> Result<PathBuf> {
     }
     if rest.is_empty() || rest == "/" {
         return Err(bad(
-            "no file path; expected sqlite:///absolute/path.db".into(),
+            "no file path; expected sqlite:///absolute/path.db".into()
         ));
     }
     if rest.starts_with(':') {
@@ -387,7 +392,7 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
             // sqlx reports SQLite's extended result code; the primary code is its low byte.
             let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(-1);
             match code & 0xff {
-                5 | 6 => StoreErrorKind::Busy,        // SQLITE_BUSY, SQLITE_LOCKED
+                5 | 6 => StoreErrorKind::Busy,         // SQLITE_BUSY, SQLITE_LOCKED
                 10 | 14 => StoreErrorKind::Connection, // SQLITE_IOERR, SQLITE_CANTOPEN
                 11 | 26 => return Error::Corrupt(format!("SQLite: {}", db.message())), // CORRUPT, NOTADB
                 _ => StoreErrorKind::Other,

@@ -370,20 +370,20 @@ impl Step<'_> {
     }
 
     fn take_used(&mut self, weight: u32) -> Result<()> {
-        self.sem.used = self
-            .sem
-            .used
-            .checked_sub(weight)
-            .ok_or_else(|| corrupt(format!("used {} < a holder's weight {weight}", self.sem.used)))?;
+        self.sem.used = self.sem.used.checked_sub(weight).ok_or_else(|| {
+            corrupt(format!(
+                "used {} < a holder's weight {weight}",
+                self.sem.used
+            ))
+        })?;
         Ok(())
     }
 
     fn take_queued(&mut self, n: u64) -> Result<()> {
-        self.sem.queued = self
-            .sem
-            .queued
-            .checked_sub(n)
-            .ok_or_else(|| corrupt(format!("queued {} < {n} waiters removed", self.sem.queued)))?;
+        self.sem.queued =
+            self.sem.queued.checked_sub(n).ok_or_else(|| {
+                corrupt(format!("queued {} < {n} waiters removed", self.sem.queued))
+            })?;
         Ok(())
     }
 
@@ -496,7 +496,10 @@ impl Step<'_> {
     async fn return_seats(&mut self, mut seats: Vec<u32>) -> Result<()> {
         let old_high = self.sem.seat_high;
         if seats.last().is_some_and(|&s| s >= old_high) {
-            return Err(corrupt(format!("seat {:?} >= seat_high {old_high}", seats.last())));
+            return Err(corrupt(format!(
+                "seat {:?} >= seat_high {old_high}",
+                seats.last()
+            )));
         }
         // Seats right below `seat_high` need no row: they just lower it.
         let mut high = old_high;
@@ -712,7 +715,10 @@ async fn decide_acquire(
         return Ok(Ok(AcquireReply::Granted(Grant { lease, now })));
     }
     if let Some(wait) = req.wait {
-        if st.refresh_waiter(req.lease_id, now.plus(wait.waiter_ttl)).await? {
+        if st
+            .refresh_waiter(req.lease_id, now.plus(wait.waiter_ttl))
+            .await?
+        {
             let position = st.position(req.lease_id).await?;
             return Ok(Ok(AcquireReply::Queued { position }));
         }
@@ -821,7 +827,7 @@ pub(crate) async fn renew(
     ttl: Duration,
     now: StoreTime,
 ) -> Result<Done<RenewReply>> {
-    let Some(mut st) = Step::load(conn, name, now, None).await? else {
+    let Some(st) = Step::load(conn, name, now, None).await? else {
         return Ok((RenewReply::Gone, Vec::new()));
     };
     let row = sqlx::query(RENEW_HOLDER)

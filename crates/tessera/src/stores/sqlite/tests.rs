@@ -56,10 +56,23 @@ async fn random_operations_match_the_reference_model() {
     }
     // The random walk must reach every kind of answer, or it proves little.
     for kind in [
-        "Granted", "Queued", "NoPermit", "Waiting", "Gone", "Dequeued", "Released", "NotFound",
-        "Renewed", "QueueFull", "CapacityMismatch", "handed off",
+        "Granted",
+        "Queued",
+        "NoPermit",
+        "Waiting",
+        "Gone",
+        "Dequeued",
+        "Released",
+        "NotFound",
+        "Renewed",
+        "QueueFull",
+        "CapacityMismatch",
+        "handed off",
     ] {
-        assert!(seen.get(kind).copied().unwrap_or(0) > 0, "never saw {kind}: {seen:?}");
+        assert!(
+            seen.get(kind).copied().unwrap_or(0) > 0,
+            "never saw {kind}: {seen:?}"
+        );
     }
 }
 
@@ -101,8 +114,17 @@ async fn differential(
                 };
                 assert_eq!(m, s, "{what}");
                 for kind in [
-                    "Granted", "Queued", "NoPermit", "Waiting", "Gone", "Dequeued", "Released",
-                    "NotFound", "Renewed", "QueueFull", "CapacityMismatch",
+                    "Granted",
+                    "Queued",
+                    "NoPermit",
+                    "Waiting",
+                    "Gone",
+                    "Dequeued",
+                    "Released",
+                    "NotFound",
+                    "Renewed",
+                    "QueueFull",
+                    "CapacityMismatch",
                 ] {
                     if m.contains(kind) {
                         *seen.entry(kind).or_default() += 1;
@@ -179,7 +201,10 @@ async fn large_head_is_not_overtaken_and_seats_stay_below_capacity_after_shrink(
     let s = name("shrink");
     let ids: Vec<LeaseId> = (0..4).map(|_| LeaseId::random()).collect();
     for id in &ids {
-        assert!(matches!(b.acquire(&s, 4, &req(*id, 1, None)).await.unwrap(), AcquireReply::Granted(_)));
+        assert!(matches!(
+            b.acquire(&s, 4, &req(*id, 1, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
     }
     assert_eq!(b.resize(&s, 2).await.unwrap(), 4);
     // Seats 0 and 1 go; 2 and 3 stay held above the new capacity.
@@ -187,11 +212,22 @@ async fn large_head_is_not_overtaken_and_seats_stay_below_capacity_after_shrink(
     assert!(b.release(&s, ids[1]).await.unwrap());
     let big = LeaseId::random();
     let small = LeaseId::random();
-    assert_eq!(b.acquire(&s, 2, &req(big, 2, waiting())).await.unwrap(), AcquireReply::Queued { position: 0 });
-    assert_eq!(b.acquire(&s, 2, &req(small, 1, waiting())).await.unwrap(), AcquireReply::Queued { position: 1 });
+    assert_eq!(
+        b.acquire(&s, 2, &req(big, 2, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert_eq!(
+        b.acquire(&s, 2, &req(small, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 1 }
+    );
     assert!(b.release(&s, ids[2]).await.unwrap());
     // used 1 of 2: the head (2) does not fit and the small one behind it must not pass.
-    assert_eq!(b.heartbeat(&s, small, Duration::from_secs(6)).await.unwrap(), WaitReply::Waiting);
+    assert_eq!(
+        b.heartbeat(&s, small, Duration::from_secs(6))
+            .await
+            .unwrap(),
+        WaitReply::Waiting
+    );
     assert!(b.release(&s, ids[3]).await.unwrap());
     let WaitReply::Granted(g) = b.heartbeat(&s, big, Duration::from_secs(6)).await.unwrap() else {
         panic!("head not granted")
@@ -210,9 +246,17 @@ fn processes_contending_on_one_file_never_over_grant() {
     let children: Vec<_> = (0..CHILDREN)
         .map(|i| {
             std::process::Command::new(&exe)
-                .args(["--exact", "stores::sqlite::tests::child_process_worker", "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    "stores::sqlite::tests::child_process_worker",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("TESSERA_SQLITE_CHILD_DB", &db)
-                .env("TESSERA_SQLITE_CHILD_LOG", dir.path().join(format!("log{i}")))
+                .env(
+                    "TESSERA_SQLITE_CHILD_LOG",
+                    dir.path().join(format!("log{i}")),
+                )
                 .env("TESSERA_SQLITE_CHILD_CAPACITY", CAPACITY.to_string())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -222,7 +266,12 @@ fn processes_contending_on_one_file_never_over_grant() {
         .collect();
     for c in children {
         let out = c.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // Each line: enter_us exit_us seat fence. Entry is stamped after the grant committed and
     // exit before the release started, so overlapping intervals were held at the same time.
@@ -251,7 +300,10 @@ fn processes_contending_on_one_file_never_over_grant() {
         }
         max = max.max(held);
     }
-    assert!(max <= CAPACITY as i64, "{max} holders at once on capacity {CAPACITY}");
+    assert!(
+        max <= CAPACITY as i64,
+        "{max} holders at once on capacity {CAPACITY}"
+    );
 }
 
 const CHILD_ROUNDS: usize = 40;
@@ -263,10 +315,15 @@ fn child_process_worker() {
         return;
     };
     let log = std::env::var("TESSERA_SQLITE_CHILD_LOG").unwrap();
-    let capacity: u64 = std::env::var("TESSERA_SQLITE_CHILD_CAPACITY").unwrap().parse().unwrap();
+    let capacity: u64 = std::env::var("TESSERA_SQLITE_CHILD_CAPACITY")
+        .unwrap()
+        .parse()
+        .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
-        let store = crate::Store::connect(&format!("sqlite://{db}")).await.unwrap();
+        let store = crate::Store::connect(&format!("sqlite://{db}"))
+            .await
+            .unwrap();
         let sem = store.semaphore("procs", capacity).unwrap();
         let mut lines = String::new();
         let mut last_fence = 0;
@@ -279,7 +336,11 @@ fn child_process_worker() {
             assert!(st.used as u64 <= capacity && st.holders.len() as u64 <= capacity);
             std::thread::sleep(Duration::from_micros(500));
             let exit = StoreTime::host_now().0;
-            lines.push_str(&format!("{enter} {exit} {} {}\n", permit.seats()[0], permit.fence()));
+            lines.push_str(&format!(
+                "{enter} {exit} {} {}\n",
+                permit.seats()[0],
+                permit.fence()
+            ));
             assert!(permit.release().await.unwrap());
         }
         std::fs::write(log, lines).unwrap();
@@ -302,17 +363,25 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
         ("UPDATE tessera_semaphores SET used = -1", true),
         ("UPDATE tessera_semaphores SET capacity = 0", false),
         ("UPDATE tessera_holders SET acquired_at = -5", true),
-        ("UPDATE tessera_meta SET value = -1 WHERE key = 'fence_hwm'", false),
+        (
+            "UPDATE tessera_meta SET value = -1 WHERE key = 'fence_hwm'",
+            false,
+        ),
     ] {
         let (_dir, url) = temp_db();
         let b = sqlite_at(&url, &clock).await;
         let id = LeaseId::random();
-        assert!(matches!(b.acquire(&s, 3, &req(id, 1, None)).await.unwrap(), AcquireReply::Granted(_)));
+        assert!(matches!(
+            b.acquire(&s, 3, &req(id, 1, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
         raw(&url, sql).await;
         let err = if op_is_status {
             b.status(&s).await.unwrap_err()
         } else {
-            b.acquire(&s, 3, &req(LeaseId::random(), 1, None)).await.unwrap_err()
+            b.acquire(&s, 3, &req(LeaseId::random(), 1, None))
+                .await
+                .unwrap_err()
         };
         assert!(err.is_corrupt(), "{sql}: {err:?}");
         // An admin can still clear it.
@@ -320,16 +389,22 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
     }
     // A newer schema version is refused at connect.
     let (_dir, url) = temp_db();
-    raw(&url, "UPDATE tessera_meta SET value = 99 WHERE key = 'schema_version'").await;
+    raw(
+        &url,
+        "UPDATE tessera_meta SET value = 99 WHERE key = 'schema_version'",
+    )
+    .await;
     let err = SqliteBackend::connect(&url).await.unwrap_err();
     assert!(err.is_corrupt(), "{err:?}");
     // STRICT tables refuse a value of the wrong type outright.
     let (_dir, url) = temp_db();
     let b = SqliteBackend::connect(&url).await.unwrap();
-    assert!(sqlx::query("INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0)")
-        .execute(&b.pool)
-        .await
-        .is_err());
+    assert!(
+        sqlx::query("INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0)")
+            .execute(&b.pool)
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -341,7 +416,11 @@ async fn fences_stay_monotonic_across_delete_reconnect_and_clock_jumps() {
     for round in 0..3 {
         let b = sqlite_at(&url, &clock).await;
         for _ in 0..3 {
-            let AcquireReply::Granted(g) = b.acquire(&s, 5, &req(LeaseId::random(), 1, None)).await.unwrap() else {
+            let AcquireReply::Granted(g) = b
+                .acquire(&s, 5, &req(LeaseId::random(), 1, None))
+                .await
+                .unwrap()
+            else {
                 panic!()
             };
             assert!(g.lease.fence > last, "round {round}");
@@ -364,27 +443,54 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
     let holder = LeaseId::random();
     let waiter = LeaseId::random();
     let ttl = Duration::from_secs(8);
-    assert!(matches!(b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(), AcquireReply::Granted(_)));
-    assert_eq!(b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(), AcquireReply::Queued { position: 0 });
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
     let expiry = |st: SemaphoreStatus| st.queue[0].expires_at;
     let first = expiry(b.status(&s).await.unwrap().unwrap());
     // Fresh: the probe answers and leaves the expiry alone.
     clock.advance(Duration::from_secs(1));
-    assert_eq!(b.probe_heartbeat(&s, waiter, ttl).await.unwrap(), Some(WaitReply::Waiting));
-    assert_eq!(b.heartbeat(&s, waiter, ttl).await.unwrap(), WaitReply::Waiting);
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    assert_eq!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
     assert_eq!(expiry(b.status(&s).await.unwrap().unwrap()), first);
     // Past half its TTL: the full step refreshes it.
     clock.advance(Duration::from_secs(3));
     assert_eq!(b.probe_heartbeat(&s, waiter, ttl).await.unwrap(), None);
-    assert_eq!(b.heartbeat(&s, waiter, ttl).await.unwrap(), WaitReply::Waiting);
-    assert_eq!(expiry(b.status(&s).await.unwrap().unwrap()), clock.now().plus(ttl));
+    assert_eq!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(
+        expiry(b.status(&s).await.unwrap().unwrap()),
+        clock.now().plus(ttl)
+    );
     // The holder expires: the probe sees it and the full step grants the waiter.
     clock.advance(Duration::from_secs(7));
     assert_eq!(b.probe_heartbeat(&s, waiter, ttl).await.unwrap(), None);
-    assert!(matches!(b.heartbeat(&s, waiter, ttl).await.unwrap(), WaitReply::Granted(_)));
+    assert!(matches!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
     // An unknown lease is not answered by the probe.
-    assert_eq!(b.probe_heartbeat(&s, LeaseId::random(), ttl).await.unwrap(), None);
-    assert_eq!(b.heartbeat(&s, LeaseId::random(), ttl).await.unwrap(), WaitReply::Gone);
+    assert_eq!(
+        b.probe_heartbeat(&s, LeaseId::random(), ttl).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.heartbeat(&s, LeaseId::random(), ttl).await.unwrap(),
+        WaitReply::Gone
+    );
 }
 
 #[tokio::test]
@@ -408,7 +514,9 @@ async fn urls_are_checked_and_files_created() {
     }
     assert!(!dir.path().join("a.db").exists());
     let nested = dir.path().join("x/y/t.db");
-    let store = crate::Store::connect(&format!("sqlite://{}", nested.display())).await.unwrap();
+    let store = crate::Store::connect(&format!("sqlite://{}", nested.display()))
+        .await
+        .unwrap();
     assert!(nested.exists());
     let sem = store.semaphore("u", 1).unwrap();
     let p = sem.try_acquire().await.unwrap().unwrap();
@@ -416,8 +524,13 @@ async fn urls_are_checked_and_files_created() {
     assert_eq!(store.list().await.unwrap(), vec!["u".to_string()]);
     drop(p);
     // WAL was set when the file was created.
-    let b = SqliteBackend::connect(&format!("sqlite://{}", nested.display())).await.unwrap();
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&b.pool).await.unwrap();
+    let b = SqliteBackend::connect(&format!("sqlite://{}", nested.display()))
+        .await
+        .unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
     assert_eq!(mode, "wal");
 }
 
