@@ -211,6 +211,14 @@ impl Backend for SqliteBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
+        if req.weight == 0 {
+            // The client checks 1 <= weight <= capacity; the schema relies on weight >= 1.
+            return Err(InvalidInput::Weight {
+                weight: 0,
+                capacity,
+            }
+            .into());
+        }
         step!(self, |conn, now| ops::acquire(
             conn, name, capacity, req, now
         ))

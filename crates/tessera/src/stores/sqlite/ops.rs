@@ -30,8 +30,10 @@ use crate::model::*;
 /// Lease ids to wake after the commit (granted waiters, revoked or deleted holders).
 pub(crate) type Wakes = Vec<LeaseId>;
 
-const LOAD_SEM: &str = "SELECT capacity, used, queued, last_fence, next_seq, seat_high \
-     FROM tessera_semaphores WHERE name = ?1";
+/// The fence high-water mark, and the semaphore's row if it has one (NULLs if not).
+const LOAD_SEM: &str = "SELECT m.value, s.capacity, s.used, s.queued, s.last_fence, \
+     s.next_seq, s.seat_high FROM tessera_meta m \
+     LEFT JOIN tessera_semaphores s ON s.name = ?1 WHERE m.key = 'fence_hwm'";
 const SAVE_SEM: &str = "INSERT INTO tessera_semaphores \
      (name, capacity, used, queued, last_fence, next_seq, seat_high) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
@@ -39,13 +41,11 @@ const SAVE_SEM: &str = "INSERT INTO tessera_semaphores \
      last_fence = ?5, next_seq = ?6, seat_high = ?7";
 const DROP_SEM: &str = "DELETE FROM tessera_semaphores WHERE name = ?1";
 const DROP_FREE_SEATS: &str = "DELETE FROM tessera_free_seats WHERE name = ?1";
-const LOAD_HWM: &str = "SELECT value FROM tessera_meta WHERE key = 'fence_hwm'";
 const SAVE_HWM: &str = "UPDATE tessera_meta SET value = ?1 WHERE key = 'fence_hwm'";
 
 const PURGE_HOLDERS: &str = "DELETE FROM tessera_holders WHERE name = ?1 AND expires_at <= ?2 \
      RETURNING weight, seats";
 const PURGE_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND expires_at <= ?2";
-const ANY_HOLDER: &str = "SELECT EXISTS (SELECT 1 FROM tessera_holders WHERE name = ?1)";
 
 const GET_HOLDER: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at \
      FROM tessera_holders WHERE name = ?1 AND lease_id = ?2";
@@ -105,8 +105,8 @@ pub(crate) struct Step<'c> {
     sem: Sem,
     /// The row as loaded (`None`: not in the file yet), to skip writing an unchanged row.
     loaded: Option<Sem>,
-    /// The store-wide fence high-water mark, read at the first grant.
-    hwm: Option<u64>,
+    /// The store-wide fence high-water mark.
+    hwm: u64,
     hwm_dirty: bool,
     wakes: Wakes,
 }
@@ -124,17 +124,23 @@ impl<'c> Step<'c> {
             .bind(name.as_str())
             .fetch_optional(&mut *conn)
             .await
-            .map_err(map_err)?;
-        let loaded = match &row {
-            Some(row) => Some(Sem {
-                capacity: capacity_at(row, 0)?,
-                used: u32_at(row, 1, "used")?,
-                queued: u64_at(row, 2, "queued")?,
-                last_fence: u64_at(row, 3, "last_fence")?,
-                next_seq: u64_at(row, 4, "next_seq")?,
-                seat_high: u32_at(row, 5, "seat_high")?,
+            .map_err(map_err)?
+            .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
+        let hwm = u64_at(&row, 0, "fence_hwm")?;
+        let exists = row
+            .try_get::<Option<i64>, _>(1)
+            .map_err(|e| corrupt(format!("capacity: {e}")))?
+            .is_some();
+        let loaded = match exists {
+            true => Some(Sem {
+                capacity: capacity_at(&row, 1)?,
+                used: u32_at(&row, 2, "used")?,
+                queued: u64_at(&row, 3, "queued")?,
+                last_fence: u64_at(&row, 4, "last_fence")?,
+                next_seq: u64_at(&row, 5, "next_seq")?,
+                seat_high: u32_at(&row, 6, "seat_high")?,
             }),
-            None => None,
+            false => None,
         };
         let mut step = Step {
             conn,
@@ -149,7 +155,7 @@ impl<'c> Step<'c> {
                 seat_high: 0,
             },
             loaded: loaded.clone(),
-            hwm: None,
+            hwm,
             hwm_dirty: false,
             wakes: Vec::new(),
         };
@@ -158,7 +164,7 @@ impl<'c> Step<'c> {
             (None, Some(capacity)) => {
                 // A new semaphore starts at the store-wide high-water mark.
                 step.sem.capacity = capacity;
-                step.sem.last_fence = step.hwm().await?;
+                step.sem.last_fence = hwm;
                 return Ok(Some(step));
             }
             (None, None) => return Ok(None),
@@ -169,9 +175,16 @@ impl<'c> Step<'c> {
 
     /// Writes the semaphore row back, or deletes it if nothing is left in it, and the fence
     /// high-water mark; returns the lease ids to wake after the commit.
-    async fn finish(mut self) -> Result<Wakes> {
-        if self.is_empty().await? {
-            for q in [DROP_SEM, DROP_FREE_SEATS] {
+    async fn finish(self) -> Result<Wakes> {
+        if self.is_empty() {
+            // With every seat returned, `seat_high` fell to 0 over the free seats, so there
+            // are none left to drop unless it did not.
+            let drops: &[&'static str] = if self.sem.seat_high == 0 {
+                &[DROP_SEM]
+            } else {
+                &[DROP_SEM, DROP_FREE_SEATS]
+            };
+            for &q in drops {
                 sqlx::query(q)
                     .bind(self.name)
                     .execute(&mut *self.conn)
@@ -194,7 +207,7 @@ impl<'c> Step<'c> {
         }
         if self.hwm_dirty {
             sqlx::query(SAVE_HWM)
-                .bind(db_int(self.hwm.unwrap_or(0))?)
+                .bind(db_int(self.hwm)?)
                 .execute(&mut *self.conn)
                 .await
                 .map_err(map_err)?;
@@ -202,26 +215,14 @@ impl<'c> Step<'c> {
         Ok(self.wakes)
     }
 
-    async fn is_empty(&mut self) -> Result<bool> {
-        Ok(self.sem.used == 0 && self.sem.queued == 0 && !self.any_holder().await?)
+    /// No holders and no waiters. Every holder has a weight of at least 1 (the schema
+    /// checks it), so `used == 0` means no holders.
+    fn is_empty(&self) -> bool {
+        self.sem.used == 0 && self.sem.queued == 0
     }
 
     fn available(&self) -> u32 {
         self.sem.capacity.saturating_sub(self.sem.used)
-    }
-
-    async fn hwm(&mut self) -> Result<u64> {
-        if let Some(h) = self.hwm {
-            return Ok(h);
-        }
-        let row = sqlx::query(LOAD_HWM)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
-        let h = u64_at(&row, 0, "fence_hwm")?;
-        self.hwm = Some(h);
-        Ok(h)
     }
 }
 
@@ -299,6 +300,9 @@ pub(crate) fn encode_seats(seats: &[u32]) -> String {
 /// Decodes [`encode_seats`]; the seats must be strictly ascending and number `weight`.
 pub(crate) fn decode_seats(text: &str, weight: u32) -> Result<Vec<u32>> {
     let bad = || corrupt(format!("seats {:?} for weight {weight}", truncate(text)));
+    if weight > MAX_CAPACITY {
+        return Err(bad());
+    }
     let mut seats: Vec<u32> = Vec::new();
     if !text.is_empty() {
         for part in text.split(',') {
@@ -342,6 +346,23 @@ impl Step<'_> {
 
     /// Drops expired holders and waiters, then hands freed permits to the queue.
     async fn purge_and_hand_off(&mut self) -> Result<()> {
+        if self.sem.used > 0 {
+            self.purge_holders().await?;
+        }
+        if self.sem.queued > 0 {
+            let gone = sqlx::query(PURGE_WAITERS)
+                .bind(self.name)
+                .bind(self.now_db()?)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+            self.take_queued(gone)?;
+        }
+        self.hand_off().await
+    }
+
+    async fn purge_holders(&mut self) -> Result<()> {
         let rows = sqlx::query(PURGE_HOLDERS)
             .bind(self.name)
             .bind(self.now_db()?)
@@ -355,18 +376,7 @@ impl Step<'_> {
             self.take_used(weight)?;
         }
         freed.sort_unstable();
-        self.return_seats(freed).await?;
-        if self.sem.queued > 0 {
-            let gone = sqlx::query(PURGE_WAITERS)
-                .bind(self.name)
-                .bind(self.now_db()?)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_err)?
-                .rows_affected();
-            self.take_queued(gone)?;
-        }
-        self.hand_off().await
+        self.return_seats(freed).await
     }
 
     fn take_used(&mut self, weight: u32) -> Result<()> {
@@ -418,7 +428,7 @@ impl Step<'_> {
         holder: String,
     ) -> Result<Lease> {
         let seats = self.take_seats(weight).await?;
-        let hwm = self.hwm().await?;
+        let hwm = self.hwm;
         let fence = self
             .sem
             .last_fence
@@ -426,7 +436,7 @@ impl Step<'_> {
             .max(self.now.0)
             .max(hwm.saturating_add(1));
         self.sem.last_fence = fence;
-        self.hwm = Some(fence);
+        self.hwm = fence;
         self.hwm_dirty = true;
         self.sem.used += weight;
         let lease = Lease {
@@ -609,6 +619,9 @@ impl Step<'_> {
     }
 
     async fn holder(&mut self, lease: LeaseId) -> Result<Option<Lease>> {
+        if self.sem.used == 0 {
+            return Ok(None);
+        }
         let row = sqlx::query(GET_HOLDER)
             .bind(self.name)
             .bind(lease.to_string())
@@ -616,15 +629,6 @@ impl Step<'_> {
             .await
             .map_err(map_err)?;
         row.as_ref().map(lease_from_row).transpose()
-    }
-
-    async fn any_holder(&mut self) -> Result<bool> {
-        let row = sqlx::query(ANY_HOLDER)
-            .bind(self.name)
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        Ok(int_at(&row, 0)? != 0)
     }
 
     async fn snapshot(&mut self) -> Result<SemaphoreStatus> {
@@ -880,7 +884,7 @@ pub(crate) async fn resize(
     let Some(mut st) = Step::load(conn, name, now, None).await? else {
         return Ok((Err(not_found(name)), Vec::new()));
     };
-    if st.is_empty().await? {
+    if st.is_empty() {
         // Everything in it had expired: the purge is committed and the row deleted.
         return Ok((Err(not_found(name)), st.finish().await?));
     }

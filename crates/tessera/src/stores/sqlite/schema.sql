@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
 CREATE TABLE IF NOT EXISTS tessera_holders (
     name        TEXT    NOT NULL,
     lease_id    TEXT    NOT NULL,
-    weight      INTEGER NOT NULL,
+    weight      INTEGER NOT NULL CHECK (weight >= 1),
     seats       TEXT    NOT NULL,
     fence       INTEGER NOT NULL,
     holder      TEXT    NOT NULL,
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        TEXT    NOT NULL,
     seq         INTEGER NOT NULL,
     lease_id    TEXT    NOT NULL,
-    weight      INTEGER NOT NULL,
+    weight      INTEGER NOT NULL CHECK (weight >= 1),
     holder      TEXT    NOT NULL,
     ttl         INTEGER NOT NULL,
     enqueued_at INTEGER NOT NULL,

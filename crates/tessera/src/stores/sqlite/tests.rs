@@ -359,7 +359,7 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
     for (sql, op_is_status) in [
         ("UPDATE tessera_holders SET seats = 'garbage'", true),
         ("UPDATE tessera_holders SET lease_id = 'not-hex'", true),
-        ("UPDATE tessera_holders SET weight = -3", true),
+        ("UPDATE tessera_holders SET weight = 2", true),
         ("UPDATE tessera_semaphores SET used = -1", true),
         ("UPDATE tessera_semaphores SET capacity = 0", false),
         ("UPDATE tessera_holders SET acquired_at = -5", true),
@@ -558,4 +558,41 @@ async fn in_process_waiters_are_pushed_and_handed_off_in_order() {
     }
     // Served in arrival order: fences increase with the arrival index.
     assert!(fences.windows(2).all(|w| w[0].1 < w[1].1), "{fences:?}");
+}
+
+#[test]
+fn seats_encode_compactly_and_garbage_is_refused() {
+    use super::ops::{decode_seats, encode_seats};
+    for seats in [
+        vec![],
+        vec![0],
+        vec![0, 1, 2, 3, 7],
+        vec![2, 4, 5, 9, 10, 11],
+    ] {
+        let text = encode_seats(&seats);
+        assert_eq!(
+            decode_seats(&text, seats.len() as u32).unwrap(),
+            seats,
+            "{text}"
+        );
+    }
+    assert_eq!(encode_seats(&[0, 1, 2, 3, 7]), "0-3,7");
+    for (text, weight) in [
+        ("x", 1),
+        ("1-0", 2),
+        ("3,1", 2),
+        ("1,1", 2),
+        ("0-3", 3),
+        ("0-1", 3),
+        ("-1", 1),
+        ("0-4294967295", 4_000_000),
+        ("0-4294967295", u32::MAX),
+        ("0,", 1),
+        ("", 1),
+    ] {
+        assert!(
+            decode_seats(text, weight).unwrap_err().is_corrupt(),
+            "{text}"
+        );
+    }
 }
