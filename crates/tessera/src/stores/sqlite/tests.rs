@@ -596,3 +596,17 @@ fn seats_encode_compactly_and_garbage_is_refused() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_zero_weight_is_refused_and_changes_nothing() {
+    let (_dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("z");
+    let err = b
+        .acquire(&s, 2, &req(LeaseId::random(), 0, None))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert_eq!(b.status(&s).await.unwrap(), None);
+    assert!(b.list().await.unwrap().is_empty());
+}
