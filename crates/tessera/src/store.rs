@@ -159,9 +159,15 @@ impl Store {
             #[cfg(not(feature = "redis"))]
             "redis" | "rediss" => return Err(bad("this build of tessera lacks the redis feature")),
             "redis+sentinel" | "redis+cluster" | "postgres" | "postgresql" | "mysql" | "etcd" => {
-                return Err(bad("this store is not available in this build of tessera yet"))
+                return Err(bad(
+                    "this store is not available in this build of tessera yet",
+                ))
             }
-            _ => return Err(bad("unknown scheme; expected memory://, sqlite:// or redis://")),
+            _ => {
+                return Err(bad(
+                    "unknown scheme; expected memory://, sqlite:// or redis://",
+                ))
+            }
         };
         Ok(Store::from_backend(backend, url))
     }
