@@ -98,17 +98,27 @@ fn over_capacity(report: &Report) -> usize {
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn sqlite_workers_in_six_processes_never_over_grant() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}/t.db", dir.path().display());
+    six_processes_never_over_grant(&store, dir.path());
+}
+
+#[test]
+fn redis_workers_in_six_processes_never_over_grant() {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    six_processes_never_over_grant(&server.url(), dir.path());
+}
+
+fn six_processes_never_over_grant(store: &str, dir: &std::path::Path) {
     let workers: Vec<WorkerArgs> = (0..6)
         .map(|i| WorkerArgs {
             max_weight: 2,
-            ..args(&store, "grantlog", 3, dir.path(), i)
+            ..args(store, "grantlog", 3, dir, i)
         })
         .collect();
-    let report = run_processes(&workers, dir.path());
+    let report = run_processes(&workers, dir);
     report.assert_ok();
     assert!(report.stats.grants >= 60, "{report}");
     assert_eq!(report.stats.errors, 0, "{report}");
