@@ -320,6 +320,22 @@ impl Semaphore {
         deadline: Option<Instant>,
     ) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
+        loop {
+            // A fresh lease id per attempt, so a lease id is never granted twice.
+            if let Some(outcome) = self.wait_in_queue(weight, deadline).await? {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// One attempt: join the queue under a new lease id and wait. `Ok(None)` if the queue
+    /// entry vanished (this process stalled past the waiter TTL, or an admin deleted the
+    /// semaphore) and the caller should join again, at the tail.
+    async fn wait_in_queue(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Option<Permit>>> {
         let lease = LeaseId::random();
         // Register before sending, so a wake-up that overtakes the reply is kept.
         let registration = wake::Registration::new(lease);
@@ -337,7 +353,7 @@ impl Semaphore {
         )
         .await
         else {
-            return Ok(None);
+            return Ok(Some(None));
         };
         let mut reply = first?;
 
@@ -352,7 +368,7 @@ impl Semaphore {
             match reply {
                 AcquireReply::Granted(grant) => {
                     pending.disarm();
-                    return Ok(Some(self.permit(grant, sent)));
+                    return Ok(Some(Some(self.permit(grant, sent))));
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
@@ -372,7 +388,7 @@ impl Semaphore {
                 // nobody waits in our name. A store too slow to answer within the grace
                 // leaves it to the pending guard, in the background.
                 pending.cancel_within(CANCEL_GRACE).await;
-                return Ok(None);
+                return Ok(Some(None));
             }
             poll = (poll * 2).min(poll_max);
             sent = Instant::now();
@@ -382,23 +398,14 @@ impl Semaphore {
             )
             .await
             else {
-                return Ok(None);
+                return Ok(Some(None));
             };
             reply = match beat? {
                 WaitReply::Granted(grant) => AcquireReply::Granted(grant),
                 WaitReply::Waiting => AcquireReply::Queued { position: 0 },
-                // The queue entry expired (this process stalled past the waiter TTL) or an
-                // admin deleted the semaphore: join again, at the tail.
                 WaitReply::Gone => {
-                    let Some(again) = bounded(
-                        deadline,
-                        self.backend.acquire(name, self.capacity, &request),
-                    )
-                    .await
-                    else {
-                        return Ok(None);
-                    };
-                    again?
+                    pending.disarm();
+                    return Ok(None);
                 }
             };
         }

@@ -20,10 +20,12 @@
 //!
 //! Invariants kept by every step: `used` equals the sum of holder weights and never exceeds
 //! `C` (except transiently after a shrinking resize, when no grant happens until it does);
-//! the seats of all holders are distinct; a fence is `max(last_fence + 1, now in µs)` and
-//! `last_fence` never decreases, even across deletion of the semaphore (stores keep a
-//! store-wide high-water mark) and state loss (the time floor); a lease id is granted at most
-//! once, and a retried acquire with a granted or queued lease id returns that state.
+//! the seats of all holders are distinct; a fence is `max(last_fence + 1, now in µs, hwm + 1)`
+//! where `hwm` is a store-wide high-water mark of issued fences, so `last_fence` never
+//! decreases, even across deletion of the semaphore (the high-water mark) and loss of the
+//! store's state (the time floor); a retried acquire with a granted or queued lease id returns
+//! that state. The client never reuses a lease id for a new acquire, so a lease id is granted
+//! at most once.
 //!
 //! Policy — waiting, heartbeats, keep-alive, cancellation, loss detection — lives once, above
 //! this seam, in [`crate::Semaphore`] and [`crate::Permit`].
