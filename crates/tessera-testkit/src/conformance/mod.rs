@@ -1,7 +1,7 @@
 //! The conformance suite: the contract of PRODUCT.md as tests, written once and run against
 //! every store through a [`Harness`]. A store plugs in with
 //!
-//! ```ignore
+//! ```text
 //! tessera_testkit::conformance_tests!(tessera_testkit::harness::Harness::sqlite());
 //! ```
 //!
