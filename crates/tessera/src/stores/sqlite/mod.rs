@@ -28,10 +28,12 @@
 //! - **Clock**: the host's clock ([`SystemClock`]), or an injected [`Clock`] for tests. All
 //!   processes on the host share it, so it is the store's clock.
 //! - **Waking**: a grant made in this process wakes the waiting task at once through
-//!   [`crate::wake::notify`]; waiters in other processes poll (see [`SqliteBackend::waking`]).
-//!   A waiter's poll is a [`Backend::heartbeat`], which first tries a read-only probe that
-//!   takes no write lock (see [`SqliteBackend::heartbeat`]).
+//!   [`crate::wake::notify`]; waiters in other processes get a datagram on their Unix socket
+//!   in `<file>.wake/` (see `notify.rs`). Their poll stays as the safety net (see
+//!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
+//!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
+mod notify;
 mod ops;
 
 use std::fmt;
@@ -72,6 +74,8 @@ pub struct SqliteBackend {
     /// Serializes this process's write transactions (FIFO), so they never meet each other
     /// in SQLite's sleeping busy handler; other processes are kept out by SQLite's lock.
     write: tokio::sync::Mutex<()>,
+    /// Wake-ups to waiters in other processes (`None`: they poll only).
+    notifier: Option<notify::Notifier>,
     /// Disables the read-only heartbeat probe, so every heartbeat refreshes the waiter
     /// exactly as the reference model does (for the differential test).
     exact_heartbeats: bool,
@@ -127,6 +131,7 @@ impl SqliteBackend {
         Ok(SqliteBackend {
             pool,
             clock,
+            notifier: notify::Notifier::start(&path),
             path,
             write: tokio::sync::Mutex::new(()),
             exact_heartbeats: false,
@@ -196,8 +201,11 @@ macro_rules! step {
         let (reply, wakes) = $op.await?;
         tx.commit().await.map_err(map_err)?;
         drop(serial);
-        for id in wakes {
+        for &id in &wakes {
             wake::notify(id);
+        }
+        if let Some(n) = &$self.notifier {
+            n.broadcast(&wakes);
         }
         reply
     }};
@@ -282,17 +290,14 @@ impl Backend for SqliteBackend {
         Ok(step!(self, |conn, _now| ops::delete(conn, name)))
     }
 
-    /// Waiters in other processes are not pushed to, so they poll. 2 ms first: an
-    /// uncontended step takes well under a millisecond, so a waiter that was just granted
-    /// learns it within a few ms, and the poll is a read that takes no write lock. Backing
-    /// off to 50 ms bounds the cost of many idle waiters (each poll a few tens of µs of
-    /// reading: 100 waiters cost well under 10% of one core) while keeping the extra
-    /// hand-off latency across processes below what a human or a batch job notices.
-    /// Waiters in this process are woken at once by [`crate::wake::notify`].
+    /// Grants reach waiters in other processes as a datagram (`notify.rs`); polling is the
+    /// safety net for a datagram that was dropped or a process that joined a moment ago. It
+    /// starts at 5 ms and backs off to 250 ms: a lost wake-up then costs at most a quarter
+    /// of a second, and an idle waiter costs four read-only probes a second.
     fn waking(&self) -> Waking {
         Waking::Poll {
-            min: Duration::from_millis(2),
-            max: Duration::from_millis(50),
+            min: Duration::from_millis(5),
+            max: Duration::from_millis(250),
         }
     }
 }
