@@ -48,7 +48,11 @@ impl Notifier {
         let mut dir = db.as_os_str().to_owned();
         dir.push(".wake");
         let dir = PathBuf::from(dir);
-        let me = dir.join(format!("{}-{:08x}", std::process::id(), rand::random::<u32>()));
+        let me = dir.join(format!(
+            "{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         if me.as_os_str().len() > MAX_SOCKET_PATH {
             tracing::warn!(path = %me.display(), "the wake-up socket path is too long; waiters in other processes will poll");
             return None;
@@ -102,7 +106,9 @@ impl Notifier {
                         let _ = std::fs::remove_file(peer);
                         self.peers.lock().unwrap().0 = None;
                     }
-                    Err(e) => tracing::trace!(peer = %peer.display(), error = %e, "wake-up not sent"),
+                    Err(e) => {
+                        tracing::trace!(peer = %peer.display(), error = %e, "wake-up not sent")
+                    }
                 }
             }
         }
@@ -128,5 +134,38 @@ impl Drop for Notifier {
     fn drop(&mut self) {
         self.receiver.abort();
         let _ = std::fs::remove_file(&self.me);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_broadcast_wakes_the_task_waiting_on_that_lease_in_another_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let sender = Notifier::start(&db).expect("sender socket");
+        let receiver = Notifier::start(&db).expect("receiver socket");
+        let (mine, other) = (LeaseId::random(), LeaseId::random());
+        let registration = wake::Registration::new(mine);
+        sender.broadcast(&[other, mine]);
+        tokio::time::timeout(Duration::from_secs(5), registration.notified())
+            .await
+            .expect("the datagram did not wake the waiter");
+        drop(receiver);
+    }
+
+    #[tokio::test]
+    async fn a_dead_peer_socket_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let sender = Notifier::start(&db).expect("sender socket");
+        // A socket file nobody listens on any more, as left by a killed process.
+        let stale = db.with_extension("db.wake").join("1-deadbeef");
+        drop(std::os::unix::net::UnixDatagram::bind(&stale).unwrap());
+        assert!(stale.exists());
+        sender.broadcast(&[LeaseId::random()]);
+        assert!(!stale.exists(), "the stale socket was kept");
     }
 }
