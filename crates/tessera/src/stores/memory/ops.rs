@@ -251,6 +251,11 @@ impl Model {
                 .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
         }
         self.step(name, now, wakes, |st, hwm, _| {
+            // Every lease and waiter expired: the semaphore is idle, as if it did not exist,
+            // and takes the capacity this client declares.
+            if st.is_empty() {
+                st.capacity = capacity;
+            }
             if st.capacity != capacity {
                 return Err(Error::CapacityMismatch {
                     name: name.to_string(),

@@ -712,6 +712,11 @@ async fn decide_acquire(
     req: &AcquireRequest,
 ) -> Result<Result<AcquireReply>> {
     let now = st.now;
+    // Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
+    // takes the capacity this client declares (as in the reference model).
+    if st.is_empty() {
+        st.sem.capacity = capacity;
+    }
     if st.sem.capacity != capacity {
         return Ok(Err(Error::CapacityMismatch {
             name: name.to_string(),
