@@ -35,7 +35,10 @@ pub async fn resize(store_url: Option<&str>, name: &str, capacity: u64) -> Outco
         }
         Err(e) if e.is_not_found() => Err(Failure::new(
             exit::NOT_FOUND,
-            format!("no semaphore named {name} in {}; nothing resized", store.url()),
+            format!(
+                "no semaphore named {name} in {}; nothing resized",
+                store.url()
+            ),
         )),
         Err(e) => Err(e.into()),
     }
@@ -46,12 +49,17 @@ pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
     Name::new(name)?;
     let store = crate::store_url::connect(store_url).await?;
     if store.delete(name).await? {
-        println!("deleted {name} with its holders and waiters; holders are told they lost their permits");
+        println!(
+            "deleted {name} with its holders and waiters; holders are told they lost their permits"
+        );
         Ok(exit::OK)
     } else {
         Err(Failure::new(
             exit::NOT_FOUND,
-            format!("no semaphore named {name} in {}; nothing deleted", store.url()),
+            format!(
+                "no semaphore named {name} in {}; nothing deleted",
+                store.url()
+            ),
         ))
     }
 }

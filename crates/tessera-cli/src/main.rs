@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-const ROOT_HELP: &str = concat!(
-    "\
+const ROOT_HELP: &str = "\
 Examples:
   # at most 2 nightly exports at once, across every process using the store
   tessera run --name exports --permits 2 --ttl 30s -- ./export.sh --full
@@ -29,8 +28,7 @@ Store: --store URL, else TESSERA_STORE, else the embedded SQLite store at
 $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 
-"
-);
+";
 
 /// Distributed semaphores and locks: run commands while holding permits shared by every
 /// process on the same store, and inspect or administer those semaphores.
@@ -39,7 +37,13 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 struct Cli {
     /// Store URL, e.g. sqlite:///var/lib/app/tessera.db or memory:// (passwords are never
     /// printed)
-    #[arg(long, global = true, env = "TESSERA_STORE", hide_env_values = true, value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     store: Option<String>,
 
     #[command(subcommand)]

@@ -101,8 +101,12 @@ impl RunArgs {
 /// Runs `tessera run`.
 pub async fn run(store_url: Option<&str>, args: RunArgs) -> Outcome {
     let weight = args.validate().await?;
-    let mut caught = signals::install()
-        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot install signal handlers: {e}")))?;
+    let mut caught = signals::install().map_err(|e| {
+        Failure::new(
+            exit::OS_ERROR,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })?;
     let store = crate::store_url::connect(store_url).await?;
     let baseline = alive_tasks();
     let outcome = hold_and_run(&store, &args, weight, &mut caught).await;
@@ -321,11 +325,11 @@ pub(crate) async fn supervise(
 
 /// Whether a signal tessera caught should go on to the command.
 fn should_forward(signal: &Caught, own_group: bool, child: libc::pid_t) -> bool {
-    if signal.from_process() && signal.pid == child {
+    if signal.sent_by_process() && signal.pid == child {
         return false; // the command signalled tessera: do not bounce it back
     }
     // In tessera's own process group, the kernel (a terminal) already sent it to the command.
-    own_group || signal.from_process()
+    own_group || signal.sent_by_process()
 }
 
 /// Stdin is a terminal and tessera is in its foreground process group.
@@ -357,7 +361,9 @@ async fn release(permit: Permit) {
 }
 
 fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
 }
 
 /// Gives the library's background clean-up (an abandoned wait is cancelled by a spawned task)
@@ -382,9 +388,17 @@ mod tests {
     fn terminal_signals_are_not_delivered_twice() {
         const SI_KERNEL: libc::c_int = 0x80;
         // Same process group: the terminal already signalled the command.
-        assert!(!should_forward(&caught(libc::SIGINT, SI_KERNEL, 0), false, 42));
+        assert!(!should_forward(
+            &caught(libc::SIGINT, SI_KERNEL, 0),
+            false,
+            42
+        ));
         // Own group: the terminal's signal reached only tessera.
-        assert!(should_forward(&caught(libc::SIGINT, SI_KERNEL, 0), true, 42));
+        assert!(should_forward(
+            &caught(libc::SIGINT, SI_KERNEL, 0),
+            true,
+            42
+        ));
         // `kill` from another process: always forwarded.
         assert!(should_forward(&caught(libc::SIGTERM, 0, 7), false, 42));
         // The command signalling tessera: never bounced back.

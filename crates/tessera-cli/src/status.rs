@@ -23,7 +23,10 @@ pub async fn status(store_url: Option<&str>, args: StatusArgs) -> Outcome {
     }
     if let Some(every) = args.watch {
         if every.is_zero() {
-            return Err(Failure::new(exit::USAGE, "--watch interval must be above zero"));
+            return Err(Failure::new(
+                exit::USAGE,
+                "--watch interval must be above zero",
+            ));
         }
     }
     let store = crate::store_url::connect(store_url).await?;
@@ -54,8 +57,7 @@ pub async fn status(store_url: Option<&str>, args: StatusArgs) -> Outcome {
         } else {
             let _ = write!(
                 out,
-                "\x1b[H\x1b[2J{} every {} on {} (Ctrl-C to stop)\n\n{frame}",
-                "tessera status",
+                "\x1b[H\x1b[2Jtessera status every {} on {} (Ctrl-C to stop)\n\n{frame}",
                 humantime::format_duration(every),
                 store.url()
             );
@@ -69,7 +71,11 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
     match &args.name {
         Some(name) => {
             let status = store.status(name).await?;
-            let code = if status.is_some() { exit::OK } else { exit::NOT_FOUND };
+            let code = if status.is_some() {
+                exit::OK
+            } else {
+                exit::NOT_FOUND
+            };
             let text = match (&status, args.json) {
                 (_, true) => format!("{}\n", to_json(&status)?),
                 (Some(s), false) => detail(s),
@@ -96,8 +102,12 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
-    serde_json::to_string(value)
-        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot encode the status as JSON: {e}")))
+    serde_json::to_string(value).map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("cannot encode the status as JSON: {e}"),
+        )
+    })
 }
 
 fn summary(all: &[SemaphoreStatus], url: &str) -> String {
@@ -147,7 +157,15 @@ fn detail(s: &SemaphoreStatus) -> String {
             })
             .collect();
         out += &table(
-            ["LEASE", "WEIGHT", "SEATS", "FENCE", "HOLDER", "ACQUIRED AT", "EXPIRES IN"],
+            [
+                "LEASE",
+                "WEIGHT",
+                "SEATS",
+                "FENCE",
+                "HOLDER",
+                "ACQUIRED AT",
+                "EXPIRES IN",
+            ],
             &rows,
         );
     }
@@ -196,7 +214,11 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
 }
 
 fn seats(seats: &[u32]) -> String {
-    seats.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    seats
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn expires_in(now: tessera::StoreTime, expires_at: tessera::StoreTime) -> String {
