@@ -200,9 +200,9 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
         }
     }
     let line = |cells: Vec<&str>| {
-        let mut l = String::from(" ");
+        let mut l = String::new();
         for (cell, w) in cells.iter().zip(widths) {
-            l += &format!(" {cell:<w$}");
+            l += &format!("  {cell:<w$}");
         }
         l.trim_end().to_string() + "\n"
     };
@@ -243,6 +243,72 @@ fn short(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The human view and the JSON of a semaphore with holders and a waiter (one process, so
+    /// the memory store can be shared).
+    #[tokio::test]
+    async fn status_shows_holders_and_queue_in_order() {
+        let store = Store::connect("memory://cli-status").await.unwrap();
+        let opts = |h: &str| tessera::SemaphoreOptions::default().holder(h);
+        let a = tessera::Semaphore::new(&store, "demo", 3, opts("alpha")).unwrap();
+        let b = tessera::Semaphore::new(&store, "demo", 3, opts("beta")).unwrap();
+        let c = tessera::Semaphore::new(&store, "demo", 3, opts("gamma")).unwrap();
+        let pa = a.acquire_many(2).await.unwrap();
+        let pb = b.acquire().await.unwrap();
+        let waiter = tokio::spawn(async move { c.acquire_many(2).await.map(|p| p.fence()) });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while store
+            .status("demo")
+            .await
+            .unwrap()
+            .unwrap()
+            .queue
+            .is_empty()
+        {
+            assert!(tokio::time::Instant::now() < deadline, "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let args = |json| StatusArgs {
+            name: Some("demo".into()),
+            json,
+            watch: None,
+        };
+        let (text, code) = render(&store, &args(false)).await.unwrap();
+        assert_eq!(code, exit::OK);
+        assert!(
+            text.starts_with("demo: capacity 3, used 3, available 0"),
+            "{text}"
+        );
+        let alpha = text.find("alpha").unwrap();
+        let beta = text.find("beta").unwrap();
+        let gamma = text.find("gamma").unwrap();
+        assert!(alpha < beta && beta < gamma, "{text}");
+        assert!(text.contains(&pa.lease_id().to_string()), "{text}");
+        assert!(text.contains("  0,1  "), "{text}");
+        let (json, _) = render(&store, &args(true)).await.unwrap();
+        let parsed: SemaphoreStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed.holders.len(), 2);
+        assert_eq!(parsed.queue[0].holder, "gamma");
+        let (summary, _) = render(
+            &store,
+            &StatusArgs {
+                name: None,
+                json: false,
+                watch: None,
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            summary
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["demo", "3", "0", "2", "1"]),
+            "{summary}"
+        );
+        pa.release().await.unwrap();
+        pb.release().await.unwrap();
+        waiter.await.unwrap().unwrap();
+    }
 
     #[test]
     fn durations_are_short() {
