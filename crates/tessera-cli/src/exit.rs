@@ -29,6 +29,8 @@ use std::fmt;
 pub const OK: u8 = 0;
 /// No such semaphore or lease (admin commands, `status NAME`).
 pub const NOT_FOUND: u8 = 1;
+/// The command line could not be parsed (clap's usage errors).
+pub const PARSE_ERROR: u8 = 2;
 /// Invalid input; nothing was touched (`EX_USAGE`).
 pub const USAGE: u8 = 64;
 /// The store failed or could not be reached (`EX_UNAVAILABLE`).

@@ -33,7 +33,7 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 /// Distributed semaphores and locks: run commands while holding permits shared by every
 /// process on the same store, and inspect or administer those semaphores.
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
+#[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
     /// Store URL, e.g. sqlite:///var/lib/app/tessera.db or memory:// (passwords are never
     /// printed)
@@ -148,8 +148,8 @@ struct RunCmd {
     /// Holder label shown by `tessera status` (default: hostname/pid)
     #[arg(long, value_name = "LABEL")]
     holder: Option<String>,
-    /// The command and its arguments, after --
-    #[arg(required = true, last = true, value_name = "CMD")]
+    /// The command and its arguments; put them after -- if the command starts with -
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
 }
 
@@ -212,8 +212,39 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
     }
 }
 
+/// Parses the command line. Help and version go to stdout (exit 0); a usage error is one line
+/// on stderr, exit 2, like every other failure.
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            // The first paragraph is the error itself; usage and tips follow.
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            let first = first.strip_prefix("error: ").unwrap_or(&first);
+            eprintln!("tessera: {first} (see --help)");
+            Err(ExitCode::from(exit::PARSE_ERROR))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     init_logging();
     // Current-thread: `run` spawns its command from the main thread, which PR_SET_PDEATHSIG
     // relies on (see run.rs).

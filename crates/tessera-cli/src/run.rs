@@ -55,8 +55,8 @@ pub const KILL_LEAD: Duration = Duration::from_millis(100);
 /// How long releasing the permit may take before tessera gives up (the lease then expires by
 /// its TTL).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long tessera waits on exit for the library's background clean-up (cancelling an
-/// abandoned wait) to reach the store.
+/// How long tessera waits, after giving up a wait, for the library's background clean-up
+/// (cancelling the queue place) to reach the store.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The arguments of `tessera run`, parsed but not yet validated.
@@ -108,10 +108,7 @@ pub async fn run(store_url: Option<&str>, args: RunArgs) -> Outcome {
         )
     })?;
     let store = crate::store_url::connect(store_url).await?;
-    let baseline = alive_tasks();
-    let outcome = hold_and_run(&store, &args, weight, &mut caught).await;
-    drain_background(baseline).await;
-    outcome
+    hold_and_run(&store, &args, weight, &mut caught).await
 }
 
 enum Acquired {
@@ -127,7 +124,13 @@ async fn hold_and_run(
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Outcome {
     let sem = Semaphore::new(store, &args.name, args.permits, args.options())?;
-    let permit = match acquire(&sem, weight, args.wait, caught).await? {
+    let baseline = alive_tasks();
+    let acquired = acquire(&sem, weight, args.wait, caught).await?;
+    if !matches!(acquired, Acquired::Permit(_)) {
+        // The wait was abandoned: let its cancellation reach the store before exiting.
+        drain_background(baseline).await;
+    }
+    let permit = match acquired {
         Acquired::Permit(p) => p,
         Acquired::TimedOut => {
             let waited = args.wait.map(humantime::format_duration);

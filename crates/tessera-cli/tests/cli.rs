@@ -863,3 +863,48 @@ fn resize_and_delete_report_one_line() {
     let out = holder.wait_with_output().unwrap();
     assert_fails_with_one_line(&out, 74);
 }
+
+#[test]
+fn usage_errors_exit_2_with_one_line() {
+    let home = tmp();
+    for args in [
+        &["run", "--name", "demo", "--permits", "abc", "--", "true"][..],
+        &["run", "--name", "demo", "--", "true"],
+        &["run", "--name", "demo", "--permits", "1"],
+        &[
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+            "--ttl",
+            "soon",
+            "--",
+            "true",
+        ],
+        &["bogus"],
+    ] {
+        let out = tessera(home.path()).args(args).output().unwrap();
+        assert_fails_with_one_line(&out, 2);
+    }
+}
+
+#[test]
+fn the_command_may_follow_the_options_without_a_double_dash() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+        ])
+        .args(["echo", "--name", "-x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--name -x\n");
+}
