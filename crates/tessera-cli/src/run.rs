@@ -156,6 +156,17 @@ async fn hold_and_run(
     };
     tracing::info!(name = %args.name, lease = %permit.lease_id(), fence = permit.fence(), "permit acquired");
 
+    if permit.is_lost() {
+        // Lost between the grant and now (e.g. revoked at once): do not start the command.
+        release(permit).await;
+        return Err(Failure::new(
+            exit::LOST,
+            format!(
+                "lost the permit on {} before the command started; nothing was run",
+                args.name
+            ),
+        ));
+    }
     let group = !is_interactive();
     let mut child = match spawn(&args.command, &permit, group) {
         Ok(child) => child,

@@ -526,6 +526,30 @@ fn status_json(home: &Path, store: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
 }
 
+/// Spawns a `run` with `--holder label` and returns once the store has it as a holder or a
+/// waiter (or it already ran), so runs arrive at the store in a known order.
+fn spawn_arrived(home: &Path, store: &str, label: &str, extra: &[&str], script: &str) -> Child {
+    let mut args = vec!["--holder", label];
+    args.extend_from_slice(extra);
+    let mut run = spawn_run(home, store, &args, script);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status_json(home, store);
+        let present = ["holders", "queue"].iter().any(|k| {
+            s[k].as_array()
+                .is_some_and(|v| v.iter().any(|e| e["holder"] == label))
+        });
+        if present || run.try_wait().unwrap().is_some() {
+            return run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label} never reached the store: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A monotonic clock shared by every process of the test: seconds since boot.
 const NOW: &str = "cut -d' ' -f1 /proc/uptime";
 
@@ -538,17 +562,16 @@ fn five_runs_on_two_permits_never_overlap_more_than_two_and_serve_in_arrival_ord
     let mut runs = Vec::new();
     for i in 0..5 {
         let script = format!(
-            "echo \"start {i} $({NOW})\" >> {log}; sleep 0.6; echo \"end {i} $({NOW})\" >> {log}",
+            "echo \"start {i} $({NOW})\" >> {log}; sleep 1; echo \"end {i} $({NOW})\" >> {log}",
             log = log.display()
         );
-        runs.push(spawn_run(
+        runs.push(spawn_arrived(
             home.path(),
             &store,
+            &format!("run-{i}"),
             &["--permits", "2", "--ttl", "2s"],
             &script,
         ));
-        // Arrive in a known order.
-        std::thread::sleep(Duration::from_millis(150));
     }
     for run in runs {
         let out = run.wait_with_output().unwrap();
@@ -595,13 +618,13 @@ fn status_json_shows_holders_and_the_queue() {
     let store = sqlite(home.path());
     let mut runs = Vec::new();
     for holder in ["first", "second", "third"] {
-        runs.push(spawn_run(
+        runs.push(spawn_arrived(
             home.path(),
             &store,
-            &["--permits", "2", "--holder", holder],
+            holder,
+            &["--permits", "2"],
             "sleep 30",
         ));
-        std::thread::sleep(Duration::from_millis(200));
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
