@@ -862,7 +862,7 @@ fn resize_and_delete_report_one_line() {
     let holder = spawn_run(
         home.path(),
         &store,
-        &["--permits", "1"],
+        &["--permits", "1", "--ttl", "3s"],
         &format!("echo ready > {}; sleep 30", ready.display()),
     );
     wait_for_file(&ready, Duration::from_secs(10));
