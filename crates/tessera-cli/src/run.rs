@@ -125,12 +125,12 @@ async fn hold_and_run(
 ) -> Outcome {
     let sem = Semaphore::new(store, &args.name, args.permits, args.options())?;
     let baseline = alive_tasks();
-    let acquired = acquire(&sem, weight, args.wait, caught).await?;
-    if !matches!(acquired, Acquired::Permit(_)) {
+    let acquired = acquire(&sem, weight, args.wait, caught).await;
+    if !matches!(acquired, Ok(Acquired::Permit(_))) {
         // The wait was abandoned: let its cancellation reach the store before exiting.
         drain_background(baseline).await;
     }
-    let permit = match acquired {
+    let permit = match acquired? {
         Acquired::Permit(p) => p,
         Acquired::TimedOut => {
             let waited = args.wait.map(humantime::format_duration);
@@ -176,6 +176,10 @@ async fn hold_and_run(
         }
     };
     let supervised = supervise(&mut child, group, &permit, caught).await;
+    if supervised.is_err() {
+        // Never release while the command may still run.
+        let _ = child.kill().await;
+    }
     release(permit).await;
     let supervised = supervised
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot wait for the command: {e}")))?;
