@@ -1,0 +1,67 @@
+-- tessera SQLite schema, version 1. Run once per connect inside one BEGIN IMMEDIATE
+-- transaction; every statement is idempotent. Times are microseconds since the Unix epoch on
+-- the host's clock; lease ids are 32 lowercase hex digits. STRICT tables refuse values of the
+-- wrong type, so a stray write by another program fails instead of planting garbage.
+
+-- Store-wide values: 'schema_version' and 'fence_hwm' (the highest fence ever issued, for
+-- any semaphore; it outlives deleted semaphores so fences never repeat).
+CREATE TABLE IF NOT EXISTS tessera_meta (
+    key   TEXT    NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 1), ('fence_hwm', 0);
+
+-- One row per semaphore that has holders or waiters; deleted when it has neither.
+--   used       running sum of the holders' weights (never summed per operation)
+--   queued     running count of waiters
+--   next_seq   next queue sequence number (FIFO order)
+--   seat_high  every seat >= seat_high is free; free seats below it are in tessera_free_seats
+CREATE TABLE IF NOT EXISTS tessera_semaphores (
+    name       TEXT    NOT NULL PRIMARY KEY,
+    capacity   INTEGER NOT NULL,
+    used       INTEGER NOT NULL,
+    queued     INTEGER NOT NULL,
+    last_fence INTEGER NOT NULL,
+    next_seq   INTEGER NOT NULL,
+    seat_high  INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'.
+CREATE TABLE IF NOT EXISTS tessera_holders (
+    name        TEXT    NOT NULL,
+    lease_id    TEXT    NOT NULL,
+    weight      INTEGER NOT NULL CHECK (weight >= 1),
+    seats       TEXT    NOT NULL,
+    fence       INTEGER NOT NULL,
+    holder      TEXT    NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (name, lease_id)
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS tessera_holders_by_expiry ON tessera_holders (name, expires_at);
+
+-- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
+-- expires_at is the waiter's heartbeat expiry.
+CREATE TABLE IF NOT EXISTS tessera_waiters (
+    name        TEXT    NOT NULL,
+    seq         INTEGER NOT NULL,
+    lease_id    TEXT    NOT NULL,
+    weight      INTEGER NOT NULL CHECK (weight >= 1),
+    holder      TEXT    NOT NULL,
+    ttl         INTEGER NOT NULL,
+    enqueued_at INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (name, seq)
+) STRICT, WITHOUT ROWID;
+
+CREATE UNIQUE INDEX IF NOT EXISTS tessera_waiters_by_lease ON tessera_waiters (name, lease_id);
+CREATE INDEX IF NOT EXISTS tessera_waiters_by_expiry ON tessera_waiters (name, expires_at);
+
+-- Seats returned below a semaphore's seat_high, free to hand out again (lowest first).
+CREATE TABLE IF NOT EXISTS tessera_free_seats (
+    name TEXT    NOT NULL,
+    seat INTEGER NOT NULL,
+    PRIMARY KEY (name, seat)
+) STRICT, WITHOUT ROWID;

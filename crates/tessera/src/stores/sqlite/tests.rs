@@ -1,0 +1,643 @@
+//! Tests of the SQLite store: a differential test against the reference model, real
+//! processes contending on one file, damaged rows, URLs and the fence high-water mark.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::stores::memory::MemoryBackend;
+
+const T0: StoreTime = StoreTime(1_800_000_000_000_000);
+
+fn temp_db() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/t.db", dir.path().display());
+    (dir, url)
+}
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn req(lease: LeaseId, weight: u32, wait: Option<WaitSpec>) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: lease,
+        weight,
+        ttl: Duration::from_secs(10),
+        holder: "h/1".into(),
+        wait,
+    }
+}
+
+fn waiting() -> Option<WaitSpec> {
+    Some(WaitSpec {
+        waiter_ttl: Duration::from_secs(6),
+        queue_cap: 100,
+    })
+}
+
+async fn sqlite_at(url: &str, clock: &Arc<ManualClock>) -> SqliteBackend {
+    SqliteBackend::connect_with_clock(url, Arc::clone(clock) as Arc<dyn Clock>)
+        .await
+        .unwrap()
+}
+
+/// The main proof: random operations applied to the model and to SQLite on one clock give
+/// equal replies and equal snapshots after every step.
+#[tokio::test]
+async fn random_operations_match_the_reference_model() {
+    let mut seen = std::collections::BTreeMap::new();
+    for seed in 1u64..=6 {
+        differential(seed, 500, &mut seen).await;
+    }
+    // The random walk must reach every kind of answer, or it proves little.
+    for kind in [
+        "Granted",
+        "Queued",
+        "NoPermit",
+        "Waiting",
+        "Gone",
+        "Dequeued",
+        "Released",
+        "NotFound",
+        "Renewed",
+        "QueueFull",
+        "CapacityMismatch",
+        "handed off",
+    ] {
+        assert!(
+            seen.get(kind).copied().unwrap_or(0) > 0,
+            "never saw {kind}: {seen:?}"
+        );
+    }
+}
+
+async fn differential(
+    seed: u64,
+    steps: usize,
+    seen: &mut std::collections::BTreeMap<&'static str, usize>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let clock = Arc::new(ManualClock::new(T0));
+    let model = MemoryBackend::with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
+    let (_dir, url) = temp_db();
+    let sql = sqlite_at(&url, &clock).await.with_exact_heartbeats();
+    let names = [name("a"), name("b")];
+    let mut declared = [3u32, 5u32];
+    let leases: Vec<LeaseId> = (0..10).map(|_| LeaseId::random()).collect();
+    let mut was_queued: Vec<LeaseId> = Vec::new();
+
+    for i in 0..steps {
+        let n = rng.random_range(0..names.len());
+        let nm = &names[n];
+        let lease = leases[rng.random_range(0..leases.len())];
+        let op = rng.random_range(0..100);
+        let cap = if rng.random_ratio(1, 20) {
+            declared[n] % 6 + 1
+        } else {
+            declared[n]
+        };
+        let what = format!("seed {seed} step {i} op {op} on {nm} lease {lease}");
+        macro_rules! both {
+            ($b:ident => $call:expr) => {{
+                let m = {
+                    let $b = &model;
+                    format!("{:?}", $call.await)
+                };
+                let s = {
+                    let $b = &sql;
+                    format!("{:?}", $call.await)
+                };
+                assert_eq!(m, s, "{what}");
+                for kind in [
+                    "Granted",
+                    "Queued",
+                    "NoPermit",
+                    "Waiting",
+                    "Gone",
+                    "Dequeued",
+                    "Released",
+                    "NotFound",
+                    "Renewed",
+                    "QueueFull",
+                    "CapacityMismatch",
+                ] {
+                    if m.contains(kind) {
+                        *seen.entry(kind).or_default() += 1;
+                    }
+                }
+            }};
+        }
+        match op {
+            0..=29 => {
+                let weight = rng.random_range(1..=cap);
+                let wait = rng.random_bool(0.6).then(|| WaitSpec {
+                    waiter_ttl: Duration::from_millis(100 * rng.random_range(5..40)),
+                    queue_cap: rng.random_range(1..6),
+                });
+                let r = AcquireRequest {
+                    lease_id: lease,
+                    weight,
+                    ttl: Duration::from_millis(100 * rng.random_range(2..60)),
+                    holder: format!("host/{}", rng.random_range(1..5)),
+                    wait,
+                };
+                both!(b => b.acquire(nm, cap, &r));
+            }
+            30..=41 => {
+                let ttl = Duration::from_millis(100 * rng.random_range(5..40));
+                both!(b => b.heartbeat(nm, lease, ttl));
+            }
+            42..=49 => both!(b => b.cancel(nm, lease)),
+            50..=61 => both!(b => b.release(nm, lease)),
+            62..=69 => {
+                let ttl = Duration::from_millis(100 * rng.random_range(2..60));
+                both!(b => b.renew(nm, lease, ttl));
+            }
+            70..=73 => both!(b => b.revoke(nm, lease)),
+            74..=78 => {
+                let c = rng.random_range(1..=6);
+                both!(b => b.resize(nm, c));
+                declared[n] = c;
+            }
+            79..=80 => both!(b => b.delete(nm)),
+            81..=83 => both!(b => b.list()),
+            // Whole tenths of a second, so expiries often fall exactly on `now`.
+            _ => clock.advance(Duration::from_millis(100 * rng.random_range(0..15))),
+        }
+        for nm in &names {
+            let what = format!("{what}: status of {nm}");
+            let m = model.status(nm).await.unwrap();
+            let s = sql
+                .status(nm)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            if let Some(m) = &m {
+                if m.holders.iter().any(|l| was_queued.contains(&l.lease_id)) {
+                    *seen.entry("handed off").or_default() += 1;
+                }
+                was_queued.retain(|id| m.queue.iter().any(|w| w.lease_id == *id));
+                was_queued.extend(m.queue.iter().map(|w| w.lease_id));
+            }
+            assert_eq!(m, s, "{what}");
+            if let Some(s) = s {
+                // Seats are distinct across holders.
+                let mut seats: Vec<u32> = s.holders.iter().flat_map(|l| l.seats.clone()).collect();
+                let len = seats.len();
+                seats.sort_unstable();
+                seats.dedup();
+                assert_eq!(seats.len(), len, "{what}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn large_head_is_not_overtaken_and_seats_stay_below_capacity_after_shrink() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let s = name("shrink");
+    let ids: Vec<LeaseId> = (0..4).map(|_| LeaseId::random()).collect();
+    for id in &ids {
+        assert!(matches!(
+            b.acquire(&s, 4, &req(*id, 1, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+    assert_eq!(b.resize(&s, 2).await.unwrap(), 4);
+    // Seats 0 and 1 go; 2 and 3 stay held above the new capacity.
+    assert!(b.release(&s, ids[0]).await.unwrap());
+    assert!(b.release(&s, ids[1]).await.unwrap());
+    let big = LeaseId::random();
+    let small = LeaseId::random();
+    assert_eq!(
+        b.acquire(&s, 2, &req(big, 2, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert_eq!(
+        b.acquire(&s, 2, &req(small, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 1 }
+    );
+    assert!(b.release(&s, ids[2]).await.unwrap());
+    // used 1 of 2: the head (2) does not fit and the small one behind it must not pass.
+    assert_eq!(
+        b.heartbeat(&s, small, Duration::from_secs(6))
+            .await
+            .unwrap(),
+        WaitReply::Waiting
+    );
+    assert!(b.release(&s, ids[3]).await.unwrap());
+    let WaitReply::Granted(g) = b.heartbeat(&s, big, Duration::from_secs(6)).await.unwrap() else {
+        panic!("head not granted")
+    };
+    assert_eq!(g.lease.seats, vec![0, 1]);
+}
+
+/// Real processes on one file: no "database is locked", never more than C holders at once.
+#[test]
+fn processes_contending_on_one_file_never_over_grant() {
+    const CHILDREN: usize = 4;
+    const CAPACITY: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("procs.db");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|i| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "stores::sqlite::tests::child_process_worker",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("TESSERA_SQLITE_CHILD_DB", &db)
+                .env(
+                    "TESSERA_SQLITE_CHILD_LOG",
+                    dir.path().join(format!("log{i}")),
+                )
+                .env("TESSERA_SQLITE_CHILD_CAPACITY", CAPACITY.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Each line: enter_us exit_us seat fence. Entry is stamped after the grant committed and
+    // exit before the release started, so overlapping intervals were held at the same time.
+    let mut events = Vec::new();
+    let mut intervals = 0;
+    for i in 0..CHILDREN {
+        let log = std::fs::read_to_string(dir.path().join(format!("log{i}"))).unwrap();
+        for line in log.lines() {
+            let v: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+            events.push((v[0], 1i64, v[2]));
+            events.push((v[1], -1i64, v[2]));
+            intervals += 1;
+        }
+    }
+    assert_eq!(intervals, CHILDREN * CHILD_ROUNDS);
+    // At equal stamps, exits first: touching intervals do not overlap.
+    events.sort_by_key(|&(t, d, _)| (t, d));
+    let (mut held, mut max) = (0i64, 0i64);
+    let mut seats = std::collections::HashSet::new();
+    for (_, d, seat) in events {
+        held += d;
+        if d > 0 {
+            assert!(seats.insert(seat), "seat {seat} granted twice at once");
+        } else {
+            seats.remove(&seat);
+        }
+        max = max.max(held);
+    }
+    assert!(
+        max <= CAPACITY as i64,
+        "{max} holders at once on capacity {CAPACITY}"
+    );
+}
+
+const CHILD_ROUNDS: usize = 40;
+
+/// The body of one child process of the test above; does nothing in a normal test run.
+#[test]
+fn child_process_worker() {
+    let Ok(db) = std::env::var("TESSERA_SQLITE_CHILD_DB") else {
+        return;
+    };
+    let log = std::env::var("TESSERA_SQLITE_CHILD_LOG").unwrap();
+    let capacity: u64 = std::env::var("TESSERA_SQLITE_CHILD_CAPACITY")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let store = crate::Store::connect(&format!("sqlite://{db}"))
+            .await
+            .unwrap();
+        let sem = store.semaphore("procs", capacity).unwrap();
+        let mut lines = String::new();
+        let mut last_fence = 0;
+        for _ in 0..CHILD_ROUNDS {
+            let permit = sem.acquire().await.unwrap();
+            let enter = StoreTime::host_now().0;
+            assert!(permit.fence() > last_fence);
+            last_fence = permit.fence();
+            let st = sem.status().await.unwrap();
+            assert!(st.used as u64 <= capacity && st.holders.len() as u64 <= capacity);
+            std::thread::sleep(Duration::from_micros(500));
+            let exit = StoreTime::host_now().0;
+            lines.push_str(&format!(
+                "{enter} {exit} {} {}\n",
+                permit.seats()[0],
+                permit.fence()
+            ));
+            assert!(permit.release().await.unwrap());
+        }
+        std::fs::write(log, lines).unwrap();
+    });
+}
+
+async fn raw(url: &str, sql: &'static str) {
+    let b = SqliteBackend::connect(url).await.unwrap();
+    sqlx::query(sql).execute(&b.pool).await.unwrap();
+}
+
+#[tokio::test]
+async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = name("c");
+    for (sql, op_is_status) in [
+        ("UPDATE tessera_holders SET seats = 'garbage'", true),
+        ("UPDATE tessera_holders SET lease_id = 'not-hex'", true),
+        ("UPDATE tessera_holders SET weight = 2", true),
+        ("UPDATE tessera_semaphores SET used = -1", true),
+        ("UPDATE tessera_semaphores SET capacity = 0", false),
+        ("UPDATE tessera_holders SET acquired_at = -5", true),
+        (
+            "UPDATE tessera_meta SET value = -1 WHERE key = 'fence_hwm'",
+            false,
+        ),
+    ] {
+        let (_dir, url) = temp_db();
+        let b = sqlite_at(&url, &clock).await;
+        let id = LeaseId::random();
+        assert!(matches!(
+            b.acquire(&s, 3, &req(id, 1, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        raw(&url, sql).await;
+        let err = if op_is_status {
+            b.status(&s).await.unwrap_err()
+        } else {
+            b.acquire(&s, 3, &req(LeaseId::random(), 1, None))
+                .await
+                .unwrap_err()
+        };
+        assert!(err.is_corrupt(), "{sql}: {err:?}");
+        // An admin can still clear it.
+        assert!(b.delete(&s).await.unwrap(), "{sql}");
+    }
+    // A newer schema version is refused at connect.
+    let (_dir, url) = temp_db();
+    raw(
+        &url,
+        "UPDATE tessera_meta SET value = 99 WHERE key = 'schema_version'",
+    )
+    .await;
+    let err = SqliteBackend::connect(&url).await.unwrap_err();
+    assert!(err.is_corrupt(), "{err:?}");
+    // STRICT tables refuse a value of the wrong type outright.
+    let (_dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    assert!(
+        sqlx::query("INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0)")
+            .execute(&b.pool)
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn fences_stay_monotonic_across_delete_reconnect_and_clock_jumps() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let s = name("f");
+    let mut last = 0;
+    for round in 0..3 {
+        let b = sqlite_at(&url, &clock).await;
+        for _ in 0..3 {
+            let AcquireReply::Granted(g) = b
+                .acquire(&s, 5, &req(LeaseId::random(), 1, None))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert!(g.lease.fence > last, "round {round}");
+            last = g.lease.fence;
+        }
+        assert!(b.delete(&s).await.unwrap());
+        assert!(!b.delete(&s).await.unwrap());
+        assert_eq!(b.status(&s).await.unwrap(), None);
+        // The clock jumps back an hour: the high-water mark still wins.
+        clock.set(StoreTime(T0.0 - 3_600_000_000));
+    }
+}
+
+#[tokio::test]
+async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let s = name("p");
+    let holder = LeaseId::random();
+    let waiter = LeaseId::random();
+    let ttl = Duration::from_secs(8);
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let expiry = |st: SemaphoreStatus| st.queue[0].expires_at;
+    let first = expiry(b.status(&s).await.unwrap().unwrap());
+    // Fresh: the probe answers and leaves the expiry alone.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    assert_eq!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(expiry(b.status(&s).await.unwrap().unwrap()), first);
+    // Past half its TTL: the full step refreshes it.
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(b.probe_heartbeat(&s, waiter, ttl).await.unwrap(), None);
+    assert_eq!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(
+        expiry(b.status(&s).await.unwrap().unwrap()),
+        clock.now().plus(ttl)
+    );
+    // The holder expires: the probe sees it and the full step grants the waiter.
+    clock.advance(Duration::from_secs(7));
+    assert_eq!(b.probe_heartbeat(&s, waiter, ttl).await.unwrap(), None);
+    assert!(matches!(
+        b.heartbeat(&s, waiter, ttl).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+    // An unknown lease is not answered by the probe.
+    assert_eq!(
+        b.probe_heartbeat(&s, LeaseId::random(), ttl).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.heartbeat(&s, LeaseId::random(), ttl).await.unwrap(),
+        WaitReply::Gone
+    );
+}
+
+#[tokio::test]
+async fn urls_are_checked_and_files_created() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [
+        "sqlite://".to_string(),
+        "sqlite:///".to_string(),
+        format!("sqlite://{}", dir.path().display()),
+        format!("sqlite://{}/", dir.path().display()),
+        format!("sqlite://{}/a.db?mode=rwc", dir.path().display()),
+        format!("sqlite://{}/a.db#x", dir.path().display()),
+        "sqlite://:memory:".to_string(),
+        "sqlite:/a.db".to_string(),
+    ] {
+        let err = SqliteBackend::connect(&bad).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput(InvalidInput::StoreUrl { url, .. }) if *url == redact_url(&bad)),
+            "{bad}: {err:?}"
+        );
+    }
+    assert!(!dir.path().join("a.db").exists());
+    let nested = dir.path().join("x/y/t.db");
+    let store = crate::Store::connect(&format!("sqlite://{}", nested.display()))
+        .await
+        .unwrap();
+    assert!(nested.exists());
+    let sem = store.semaphore("u", 1).unwrap();
+    let p = sem.try_acquire().await.unwrap().unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    assert_eq!(store.list().await.unwrap(), vec!["u".to_string()]);
+    drop(p);
+    // WAL was set when the file was created.
+    let b = SqliteBackend::connect(&format!("sqlite://{}", nested.display()))
+        .await
+        .unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn in_process_waiters_are_pushed_and_handed_off_in_order() {
+    let (_dir, url) = temp_db();
+    let store = crate::Store::connect(&url).await.unwrap();
+    let sem = store.semaphore("push", 1).unwrap();
+    let first = sem.acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let sem = sem.clone();
+        tasks.push(tokio::spawn(async move {
+            let p = sem.acquire().await.unwrap();
+            let f = p.fence();
+            p.release().await.unwrap();
+            (i, f)
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.release().await.unwrap();
+    let mut fences = Vec::new();
+    for t in tasks {
+        fences.push(t.await.unwrap());
+    }
+    // Served in arrival order: fences increase with the arrival index.
+    assert!(fences.windows(2).all(|w| w[0].1 < w[1].1), "{fences:?}");
+}
+
+#[test]
+fn seats_encode_compactly_and_garbage_is_refused() {
+    use super::ops::{decode_seats, encode_seats};
+    for seats in [
+        vec![],
+        vec![0],
+        vec![0, 1, 2, 3, 7],
+        vec![2, 4, 5, 9, 10, 11],
+    ] {
+        let text = encode_seats(&seats);
+        assert_eq!(
+            decode_seats(&text, seats.len() as u32).unwrap(),
+            seats,
+            "{text}"
+        );
+    }
+    assert_eq!(encode_seats(&[0, 1, 2, 3, 7]), "0-3,7");
+    for (text, weight) in [
+        ("x", 1),
+        ("1-0", 2),
+        ("3,1", 2),
+        ("1,1", 2),
+        ("0-3", 3),
+        ("0-1", 3),
+        ("-1", 1),
+        ("0-4294967295", 4_000_000),
+        ("0-4294967295", u32::MAX),
+        ("0,", 1),
+        ("", 1),
+    ] {
+        assert!(
+            decode_seats(text, weight).unwrap_err().is_corrupt(),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_zero_weight_is_refused_and_changes_nothing() {
+    let (_dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("z");
+    let err = b
+        .acquire(&s, 2, &req(LeaseId::random(), 0, None))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert_eq!(b.status(&s).await.unwrap(), None);
+    assert!(b.list().await.unwrap().is_empty());
+}
+
+/// Regression (found by the differential test, seed 4): after a shrinking resize
+/// `seat_high` stays above the capacity while a holder sits there; a grant served entirely
+/// from returned seats below the capacity must not be refused.
+#[tokio::test]
+async fn a_grant_from_returned_seats_works_while_seats_above_capacity_are_held() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let s = name("high");
+    let ids: Vec<LeaseId> = (0..4).map(|_| LeaseId::random()).collect();
+    for id in &ids {
+        b.acquire(&s, 4, &req(*id, 1, None)).await.unwrap();
+    }
+    assert_eq!(b.resize(&s, 2).await.unwrap(), 4);
+    for i in [0, 1, 3] {
+        assert!(b.release(&s, ids[i]).await.unwrap());
+    }
+    // Seat 2 is held above the new capacity 2; seats 0 and 1 are free.
+    let AcquireReply::Granted(g) = b
+        .acquire(&s, 2, &req(LeaseId::random(), 1, None))
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    assert_eq!(g.lease.seats, vec![0]);
+}
