@@ -554,7 +554,6 @@ fn spawn_arrived(home: &Path, store: &str, label: &str, extra: &[&str], script: 
 const NOW: &str = "cut -d' ' -f1 /proc/uptime";
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn five_runs_on_two_permits_never_overlap_more_than_two_and_serve_in_arrival_order() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -612,7 +611,6 @@ fn five_runs_on_two_permits_never_overlap_more_than_two_and_serve_in_arrival_ord
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn status_json_shows_holders_and_the_queue() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -683,7 +681,6 @@ fn status_json_shows_holders_and_the_queue() {
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_with_it() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -735,7 +732,6 @@ fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_wit
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn wait_gives_up_with_75_while_another_holds() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -779,7 +775,6 @@ fn wait_gives_up_with_75_while_another_holds() {
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn ctrl_c_while_waiting_leaves_the_queue_and_exits_130() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -820,7 +815,6 @@ fn ctrl_c_while_waiting_leaves_the_queue_and_exits_130() {
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn a_revoked_permit_stops_the_command_and_exits_74() {
     let home = tmp();
     let store = sqlite(home.path());
@@ -854,7 +848,6 @@ fn a_revoked_permit_stops_the_command_and_exits_74() {
 }
 
 #[test]
-#[ignore = "needs the SQLite store"]
 fn resize_and_delete_report_one_line() {
     let home = tmp();
     let store = sqlite(home.path());
