@@ -924,3 +924,31 @@ fn the_command_may_follow_the_options_without_a_double_dash() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "--name -x\n");
 }
+
+#[test]
+fn status_watch_refreshes_until_ctrl_c() {
+    let home = tmp();
+    let watch = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "status",
+            "--json",
+            "--watch",
+            "100ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    signal(&watch, libc::SIGINT);
+    let out = watch.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let frames: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(frames.len() >= 2, "{frames:?}");
+    assert!(frames.iter().all(|f| f == "[]"), "{frames:?}");
+}
