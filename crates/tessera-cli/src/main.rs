@@ -1,1 +1,270 @@
-fn main() {}
+//! `tessera`: run commands under distributed semaphores, and inspect or administer them.
+//!
+//! One file per concern: `run.rs` (hold permits while a command runs), `status.rs`,
+//! `admin.rs` (revoke, resize, delete), `store_url.rs` (which store), `signals.rs` (catching
+//! signals with their sender), `exit.rs` (the documented exit codes).
+
+mod admin;
+mod exit;
+mod run;
+mod signals;
+mod status;
+mod store_url;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const ROOT_HELP: &str = "\
+Examples:
+  # at most 2 nightly exports at once, across every process using the store
+  tessera run --name exports --permits 2 --ttl 30s -- ./export.sh --full
+  tessera status exports
+  tessera --store sqlite:///var/lib/app/tessera.db status --json
+
+Store: --store URL, else TESSERA_STORE, else the embedded SQLite store at
+$XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
+Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
+
+";
+
+/// Distributed semaphores and locks: run commands while holding permits shared by every
+/// process on the same store, and inspect or administer those semaphores.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
+struct Cli {
+    /// Store URL, e.g. sqlite:///var/lib/app/tessera.db or memory:// (passwords are never
+    /// printed)
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    store: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command while holding permits of a semaphore
+    #[command(after_help = format!("{RUN_HELP}{}", exit::HELP_TABLE))]
+    Run(RunCmd),
+    /// Show capacity, holders and queue of a semaphore, or a line per semaphore
+    #[command(after_help = STATUS_HELP)]
+    Status(StatusCmd),
+    /// Revoke a holder's lease (admin); the holder is told it lost its permit
+    #[command(after_help = REVOKE_HELP)]
+    Revoke {
+        /// Semaphore name
+        name: String,
+        /// Lease id, as shown by `tessera status NAME`
+        lease_id: String,
+    },
+    /// Change a semaphore's capacity (admin); shrinking never revokes
+    #[command(after_help = RESIZE_HELP)]
+    Resize {
+        /// Semaphore name
+        name: String,
+        /// New capacity
+        capacity: u64,
+    },
+    /// Delete a semaphore with its holders and waiters (admin)
+    #[command(after_help = DELETE_HELP)]
+    Delete {
+        /// Semaphore name
+        name: String,
+    },
+}
+
+const RUN_HELP: &str = "\
+Examples:
+  # at most 2 exports at once; give up after 10 s of waiting (exit 75)
+  tessera run --name exports --permits 2 --wait 10s -- ./export.sh --full
+  # a GPU pool of 8 seats; this job takes 2 and learns which ones
+  tessera run --name gpus --permits 8 --weight 2 -- sh -c 'echo \"GPUs $TESSERA_SEATS\"; ./train'
+
+The command gets TESSERA_LEASE_ID, TESSERA_FENCE (pass it to the protected resource),
+TESSERA_SEATS (comma-separated seat numbers) and TESSERA_NAME. SIGINT, SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 sent to tessera are forwarded to the command (a terminal's
+Ctrl-C already reaches it and is not sent twice). If the permit is lost, the command gets
+SIGTERM at once and SIGKILL just before the lease could expire, and tessera exits 74.
+The permit is released when the command exits.
+
+";
+
+const STATUS_HELP: &str = "\
+Examples:
+  tessera status                 # one line per semaphore
+  tessera status exports         # capacity, holders (lease, seats, fence, ...) and queue
+  tessera status exports --json  # the same as JSON
+  tessera status exports --watch 500ms
+
+Exit codes: 0 shown; 1 the store holds nothing for NAME (--json prints null);
+64 invalid name or store URL; 69 store fault.";
+
+const REVOKE_HELP: &str = "\
+Example:
+  tessera revoke exports 5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7
+
+Exit codes: 0 revoked; 1 that lease does not hold NAME; 64 invalid input; 69 store fault.";
+
+const RESIZE_HELP: &str = "\
+Example:
+  tessera resize exports 4
+
+Clients that declared the old capacity get a capacity-mismatch error (exit 64) from then on.
+Exit codes: 0 resized; 1 no such semaphore; 64 invalid input; 69 store fault.";
+
+const DELETE_HELP: &str = "\
+Example:
+  tessera delete exports
+
+Exit codes: 0 deleted; 1 no such semaphore; 64 invalid input; 69 store fault.";
+
+#[derive(Debug, Args)]
+struct RunCmd {
+    /// Semaphore name (A-Z a-z 0-9 . _ - : / @, starting with a letter or digit)
+    #[arg(long)]
+    name: String,
+    /// Capacity of the semaphore: how many permits exist in all
+    #[arg(long, value_name = "C")]
+    permits: u64,
+    /// Permits this command takes, as one lease (1..=C)
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    weight: u64,
+    /// Lease TTL: how long the permit outlives tessera if it is killed (100ms..24h)
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Give up (exit 75) if no permit comes within this time; default: wait as long as it
+    /// takes. 0s: only if free now
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    /// Holder label shown by `tessera status` (default: hostname/pid)
+    #[arg(long, value_name = "LABEL")]
+    holder: Option<String>,
+    /// The command and its arguments; put them after -- if the command starts with -
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct StatusCmd {
+    /// Semaphore name; without it, one line per semaphore in the store
+    name: Option<String>,
+    /// Print JSON: one object for NAME, an array otherwise (one document per refresh with
+    /// --watch)
+    #[arg(long)]
+    json: bool,
+    /// Refresh every INTERVAL (default 1s) until Ctrl-C
+    #[arg(
+        long,
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        default_missing_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    watch: Option<Duration>,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    // The library logs a lost lease at `warn`; `run` reports it itself in one line.
+    let filter = EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("warn,tessera::permit=error"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
+async fn dispatch(cli: Cli) -> exit::Outcome {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Run(r) => {
+            let args = run::RunArgs {
+                name: r.name,
+                permits: r.permits,
+                weight: r.weight,
+                ttl: r.ttl,
+                wait: r.wait,
+                holder: r.holder,
+                command: r.command,
+            };
+            run::run(store, args).await
+        }
+        Command::Status(s) => {
+            let args = status::StatusArgs {
+                name: s.name,
+                json: s.json,
+                watch: s.watch,
+            };
+            status::status(store, args).await
+        }
+        Command::Revoke { name, lease_id } => admin::revoke(store, &name, &lease_id).await,
+        Command::Resize { name, capacity } => admin::resize(store, &name, capacity).await,
+        Command::Delete { name } => admin::delete(store, &name).await,
+    }
+}
+
+/// Parses the command line. Help and version go to stdout (exit 0); a usage error is one line
+/// on stderr, exit 2, like every other failure.
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            // The first paragraph is the error itself; usage and tips follow.
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            let first = first.strip_prefix("error: ").unwrap_or(&first);
+            eprintln!("tessera: {first} (see --help)");
+            Err(ExitCode::from(exit::PARSE_ERROR))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    init_logging();
+    // Current-thread: `run` spawns its command from the main thread, which PR_SET_PDEATHSIG
+    // relies on (see run.rs).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tessera: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::OS_ERROR);
+        }
+    };
+    let outcome = runtime.block_on(dispatch(cli));
+    runtime.shutdown_background();
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("tessera: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}

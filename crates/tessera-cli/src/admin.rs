@@ -1,0 +1,65 @@
+//! Admin commands: `revoke`, `resize`, `delete`. Each validates its arguments before it
+//! connects, prints one line, and exits [`exit::NOT_FOUND`] when there was nothing to change.
+
+use tessera::{LeaseId, Name};
+
+use crate::exit::{self, Failure, Outcome};
+
+/// `tessera revoke NAME LEASE_ID`.
+pub async fn revoke(store_url: Option<&str>, name: &str, lease: &str) -> Outcome {
+    Name::new(name)?;
+    lease.parse::<LeaseId>()?;
+    let store = crate::store_url::connect(store_url).await?;
+    if store.revoke(name, lease).await? {
+        println!("revoked lease {lease} on {name}; its holder is told it lost the permit");
+        Ok(exit::OK)
+    } else {
+        Err(Failure::new(
+            exit::NOT_FOUND,
+            format!("lease {lease} does not hold {name}; nothing revoked"),
+        ))
+    }
+}
+
+/// `tessera resize NAME CAPACITY`.
+pub async fn resize(store_url: Option<&str>, name: &str, capacity: u64) -> Outcome {
+    Name::new(name)?;
+    if capacity == 0 || capacity > u64::from(tessera::MAX_CAPACITY) {
+        return Err(tessera::InvalidInput::Capacity(capacity).into());
+    }
+    let store = crate::store_url::connect(store_url).await?;
+    match store.resize(name, capacity).await {
+        Ok(old) => {
+            println!("resized {name}: capacity {old} -> {capacity}");
+            Ok(exit::OK)
+        }
+        Err(e) if e.is_not_found() => Err(Failure::new(
+            exit::NOT_FOUND,
+            format!(
+                "no semaphore named {name} in {}; nothing resized",
+                store.url()
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `tessera delete NAME`.
+pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
+    Name::new(name)?;
+    let store = crate::store_url::connect(store_url).await?;
+    if store.delete(name).await? {
+        println!(
+            "deleted {name} with its holders and waiters; holders are told they lost their permits"
+        );
+        Ok(exit::OK)
+    } else {
+        Err(Failure::new(
+            exit::NOT_FOUND,
+            format!(
+                "no semaphore named {name} in {}; nothing deleted",
+                store.url()
+            ),
+        ))
+    }
+}

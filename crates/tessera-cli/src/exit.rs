@@ -1,0 +1,127 @@
+//! The exit codes of `tessera`, and the failure type every command returns.
+//!
+//! Codes follow `sysexits.h` where one fits, and the shell's conventions for running a
+//! command (`126`, `127`, `128 + N`), so scripts can tell "the command failed" from "tessera
+//! could not run it":
+//!
+//! | code | meaning |
+//! |---|---|
+//! | `0` | success (for `run`: the command exited 0) |
+//! | `1` | admin and `status NAME`: no such semaphore or lease (nothing changed) |
+//! | `2` | the command line could not be parsed (clap's usage errors) |
+//! | `64` | invalid input (`EX_USAGE`): a capacity of 0, a weight above the capacity, a TTL out of range, an invalid name, lease id or store URL, or a capacity that differs from the stored one; nothing was touched |
+//! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`) |
+//! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers |
+//! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
+//! | `75` | `run`: no permit within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
+//! | `126` | `run`: the command was found but could not be executed |
+//! | `127` | `run`: the command was not found |
+//! | `128+N` | `run`: the command was killed by signal N, or tessera itself was stopped by signal N while waiting for a permit (130 for Ctrl-C) |
+//! | other | `run`: the command's own exit code, passed through |
+//!
+//! `run` passes the command's exit code through, so a command that itself exits with 74 or 75
+//! is indistinguishable from tessera's own codes by the code alone; tessera's own failures are
+//! always announced by one line on stderr starting with `tessera:`.
+
+use std::fmt;
+
+/// Success.
+pub const OK: u8 = 0;
+/// No such semaphore or lease (admin commands, `status NAME`).
+pub const NOT_FOUND: u8 = 1;
+/// The command line could not be parsed (clap's usage errors).
+pub const PARSE_ERROR: u8 = 2;
+/// Invalid input; nothing was touched (`EX_USAGE`).
+pub const USAGE: u8 = 64;
+/// The store failed or could not be reached (`EX_UNAVAILABLE`).
+pub const UNAVAILABLE: u8 = 69;
+/// An operating-system call failed (`EX_OSERR`).
+pub const OS_ERROR: u8 = 71;
+/// The permit was lost while the command ran (`EX_IOERR`).
+pub const LOST: u8 = 74;
+/// No permit within `--wait`, or the queue is full (`EX_TEMPFAIL`).
+pub const TEMPFAIL: u8 = 75;
+/// The command could not be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found.
+pub const COMMAND_NOT_FOUND: u8 = 127;
+
+/// Base of "killed by signal N" codes.
+pub const SIGNAL_BASE: u8 = 128;
+
+/// The exit-code table shown at the end of `tessera --help` and `tessera run --help`.
+pub const HELP_TABLE: &str = "\
+Exit codes:
+  0        success (run: the command exited 0)
+  1        no such semaphore or lease (status NAME, revoke, resize, delete)
+  2        the command line could not be parsed
+  64       invalid input (capacity, weight, TTL, name, lease id, store URL, capacity
+           differing from the stored one); nothing was touched
+  69       the store failed or could not be reached
+  71       an operating-system call failed
+  74       run: the permit was lost while the command ran; the command was stopped
+  75       run: no permit within --wait, or the wait queue is full; try again later
+  126/127  run: the command could not be executed / was not found
+  128+N    run: the command was killed by signal N (or tessera by N while waiting)
+  other    run: the command's own exit code";
+
+/// Why a command failed: an exit code and the one line printed on stderr.
+#[derive(Debug)]
+pub struct Failure {
+    /// The process exit code.
+    pub code: u8,
+    /// One line, without the `tessera:` prefix.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and a one-line `message`.
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The exit code for a library error, through its classifiers.
+pub fn code_for(error: &tessera::Error) -> u8 {
+    if error.is_invalid_input() || error.is_capacity_mismatch() {
+        USAGE
+    } else if error.is_queue_full() {
+        TEMPFAIL
+    } else if error.is_not_found() {
+        NOT_FOUND
+    } else if error.is_lost() {
+        LOST
+    } else {
+        UNAVAILABLE
+    }
+}
+
+impl From<tessera::Error> for Failure {
+    fn from(error: tessera::Error) -> Self {
+        // Library messages carry no password (store URLs are redacted inside the library).
+        Failure::new(code_for(&error), one_line(&error.to_string()))
+    }
+}
+
+impl From<tessera::InvalidInput> for Failure {
+    fn from(error: tessera::InvalidInput) -> Self {
+        Failure::from(tessera::Error::from(error))
+    }
+}
+
+/// Collapses a message to one line, so every failure prints exactly one line.
+pub fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The result every command returns: its exit code on success.
+pub type Outcome = Result<u8, Failure>;

@@ -1,0 +1,477 @@
+//! `tessera run`: hold permits while a command runs.
+//!
+//! # The order of things
+//!
+//! 1. Validate every argument with the library's own rules (against a throw-away in-process
+//!    store), so invalid input fails before the real store is touched.
+//! 2. Install the signal handlers, then connect and acquire. A signal that stops tessera while
+//!    it waits (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) cancels the wait: the library gives the
+//!    queue place (or a grant that raced with the cancel) back, and tessera exits `128 + N`.
+//! 3. Spawn the command with `TESSERA_LEASE_ID`, `TESSERA_FENCE`, `TESSERA_SEATS` and
+//!    `TESSERA_NAME` exported, then supervise it (below).
+//! 4. When it exits, release the permit, then exit with the command's code.
+//!
+//! # Process groups and signals
+//!
+//! What a user expects is that `tessera run -- CMD` behaves like `CMD` alone, and that the
+//! command never outlives the permit. Two cases:
+//!
+//! - **Interactive** (stdin is a terminal and tessera is in its foreground process group):
+//!   the command stays in tessera's process group, so it can read the terminal and Ctrl-C,
+//!   Ctrl-\ and Ctrl-Z reach it straight from the terminal, exactly as without tessera.
+//!   Signals the kernel generated (a terminal's keys or hang-up, `si_code > 0`) already
+//!   reached the command, so tessera does not forward them again; signals another process
+//!   sent to tessera (`kill`, `si_code <= 0`) are forwarded. This is what `sudo` does. (A
+//!   `kill` aimed at the whole process group reaches the command twice; aim it at tessera.)
+//! - **Otherwise** (scripts, services, CI): the command leads its own process group and
+//!   every forwarded signal goes to that group, so a shell script's children get it too.
+//!
+//! Signals the command itself sends to tessera are never bounced back to it. On Linux the
+//! command also gets `PR_SET_PDEATHSIG = SIGKILL`: if tessera is killed (`kill -9`), nobody
+//! renews the lease, and the command must not run on past it.
+//!
+//! # Losing the permit
+//!
+//! When [`Permit::lost`] fires, the command (its process group, when it has its own) gets
+//! SIGTERM at once, and SIGKILL [`KILL_LEAD`] before [`Permit::valid_until`] if it still
+//! runs, so it never outlives the lease. tessera then exits [`exit::LOST`] with one line.
+
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tessera::{LossReason, Permit, Semaphore, SemaphoreOptions, Store};
+use tokio::process::Child;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+
+use crate::exit::{self, Failure, Outcome};
+use crate::signals::{self, Caught};
+
+/// SIGKILL goes out this long before the lease could expire, so it lands while the lease is
+/// still certainly held.
+pub const KILL_LEAD: Duration = Duration::from_millis(100);
+/// How long releasing the permit may take before tessera gives up (the lease then expires by
+/// its TTL).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long tessera waits, after giving up a wait, for the library's background clean-up
+/// (cancelling the queue place) to reach the store.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The arguments of `tessera run`, parsed but not yet validated.
+#[derive(Debug, Clone)]
+pub struct RunArgs {
+    pub name: String,
+    pub permits: u64,
+    pub weight: u64,
+    pub ttl: Duration,
+    /// `None`: wait as long as it takes.
+    pub wait: Option<Duration>,
+    pub holder: Option<String>,
+    pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    fn options(&self) -> SemaphoreOptions {
+        let mut opts = SemaphoreOptions::default().ttl(self.ttl);
+        if let Some(h) = &self.holder {
+            opts = opts.holder(h.clone());
+        }
+        opts
+    }
+
+    /// Checks every argument with the library's rules; returns the weight. Uses a private
+    /// in-process store: [`Semaphore::new`] writes nothing, and the real store (which may
+    /// create a file on connect) is not touched.
+    async fn validate(&self) -> Result<u32, Failure> {
+        let scratch = Store::connect("memory://tessera-cli-validation").await?;
+        let sem = Semaphore::new(&scratch, &self.name, self.permits, self.options())?;
+        if self.weight == 0 || self.weight > u64::from(sem.capacity()) {
+            return Err(tessera::InvalidInput::Weight {
+                weight: self.weight,
+                capacity: sem.capacity(),
+            }
+            .into());
+        }
+        Ok(self.weight as u32)
+    }
+}
+
+/// Runs `tessera run`.
+pub async fn run(store_url: Option<&str>, args: RunArgs) -> Outcome {
+    let weight = args.validate().await?;
+    let mut caught = signals::install().map_err(|e| {
+        Failure::new(
+            exit::OS_ERROR,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })?;
+    let store = crate::store_url::connect(store_url).await?;
+    hold_and_run(&store, &args, weight, &mut caught).await
+}
+
+enum Acquired {
+    Permit(Permit),
+    TimedOut,
+    Interrupted(libc::c_int),
+}
+
+async fn hold_and_run(
+    store: &Store,
+    args: &RunArgs,
+    weight: u32,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Outcome {
+    let sem = Semaphore::new(store, &args.name, args.permits, args.options())?;
+    let baseline = alive_tasks();
+    let acquired = acquire(&sem, weight, args.wait, caught).await;
+    if !matches!(acquired, Ok(Acquired::Permit(_))) {
+        // The wait was abandoned: let its cancellation reach the store before exiting.
+        drain_background(baseline).await;
+    }
+    let permit = match acquired? {
+        Acquired::Permit(p) => p,
+        Acquired::TimedOut => {
+            let waited = args.wait.map(humantime::format_duration);
+            return Err(Failure::new(
+                exit::TEMPFAIL,
+                format!(
+                    "no permit on {} within --wait {}; nothing was run",
+                    args.name,
+                    waited.map(|w| w.to_string()).unwrap_or_default()
+                ),
+            ));
+        }
+        Acquired::Interrupted(signal) => {
+            return Err(Failure::new(
+                exit::SIGNAL_BASE + signal as u8,
+                format!(
+                    "interrupted by {} while waiting for a permit on {}; nothing was run",
+                    signals::name(signal),
+                    args.name
+                ),
+            ));
+        }
+    };
+    tracing::info!(name = %args.name, lease = %permit.lease_id(), fence = permit.fence(), "permit acquired");
+
+    if permit.is_lost() {
+        // Lost between the grant and now (e.g. revoked at once): do not start the command.
+        release(permit).await;
+        return Err(Failure::new(
+            exit::LOST,
+            format!(
+                "lost the permit on {} before the command started; nothing was run",
+                args.name
+            ),
+        ));
+    }
+    let group = !is_interactive();
+    let mut child = match spawn(&args.command, &permit, group) {
+        Ok(child) => child,
+        Err(failure) => {
+            release(permit).await;
+            return Err(failure);
+        }
+    };
+    let supervised = supervise(&mut child, group, &permit, caught).await;
+    if supervised.is_err() {
+        // Never release while the command may still run.
+        let _ = child.kill().await;
+    }
+    release(permit).await;
+    let supervised = supervised
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot wait for the command: {e}")))?;
+    if let Some(reason) = supervised.loss {
+        return Err(Failure::new(
+            exit::LOST,
+            format!(
+                "lost the permit on {} while the command ran ({reason}); stopped the command with SIGTERM{}",
+                args.name,
+                if supervised.killed { ", then SIGKILL" } else { "" }
+            ),
+        ));
+    }
+    Ok(exit_code(supervised.status))
+}
+
+/// Acquires, giving up on a stopping signal. `--wait 0s` is a try-acquire (it never queues,
+/// and never jumps the queue either).
+async fn acquire(
+    sem: &Semaphore,
+    weight: u32,
+    wait: Option<Duration>,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<Acquired, Failure> {
+    let attempt = async {
+        match wait {
+            None => sem.acquire_many(weight).await.map(Some),
+            Some(d) if d.is_zero() => sem.try_acquire_many(weight).await,
+            Some(d) => sem.acquire_many_until(weight, Instant::now() + d).await,
+        }
+    };
+    tokio::pin!(attempt);
+    loop {
+        tokio::select! {
+            reply = &mut attempt => {
+                return Ok(match reply? {
+                    Some(p) => Acquired::Permit(p),
+                    None => Acquired::TimedOut,
+                });
+            }
+            Some(signal) = caught.recv() => {
+                if matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
+                    tracing::debug!(signal = %signals::name(signal.signal), "no command to forward to yet; ignored");
+                    continue;
+                }
+                // Dropping `attempt` cancels the wait in the background (see `drain_background`).
+                return Ok(Acquired::Interrupted(signal.signal));
+            }
+        }
+    }
+}
+
+fn spawn(command: &[OsString], permit: &Permit, own_group: bool) -> Result<Child, Failure> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
+    let seats = permit
+        .seats()
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
+        .env("TESSERA_LEASE_ID", permit.lease_id().to_string())
+        .env("TESSERA_FENCE", permit.fence().to_string())
+        .env("TESSERA_SEATS", seats)
+        .env("TESSERA_NAME", permit.name());
+    if own_group {
+        cmd.process_group(0);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure calls only async-signal-safe functions (prctl, getppid).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // tessera died between fork and prctl: do not run without a permit.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    // Spawned from the main thread (the runtime is current-thread): PDEATHSIG follows the
+    // thread that forked, and the main thread lives as long as tessera.
+    tokio::process::Command::from(cmd).spawn().map_err(|e| {
+        let shown = program.to_string_lossy();
+        match e.kind() {
+            std::io::ErrorKind::NotFound => Failure::new(
+                exit::COMMAND_NOT_FOUND,
+                format!("command not found: {shown}"),
+            ),
+            _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {shown}: {e}")),
+        }
+    })
+}
+
+/// How a supervised command ended.
+#[derive(Debug)]
+pub(crate) struct Supervised {
+    pub status: ExitStatus,
+    /// Set if the permit was lost while the command ran.
+    pub loss: Option<LossReason>,
+    /// SIGKILL was sent after the loss.
+    pub killed: bool,
+}
+
+/// Waits for the command, forwarding signals (see the module docs) and stopping it if the
+/// permit is lost. `own_group`: the command leads its own process group.
+pub(crate) async fn supervise(
+    child: &mut Child,
+    own_group: bool,
+    permit: &Permit,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> std::io::Result<Supervised> {
+    let pid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
+    let target = if own_group { -pid } else { pid };
+    let send = |signal: libc::c_int| {
+        if pid > 0 {
+            // SAFETY: kill(2) with a pid/pgid we spawned; an ESRCH (already gone) is harmless.
+            unsafe { libc::kill(target, signal) };
+        }
+    };
+    let lost = permit.lost();
+    tokio::pin!(lost);
+    let mut loss: Option<LossReason> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        tokio::select! {
+            biased;
+            status = child.wait() => {
+                return Ok(Supervised { status: status?, loss, killed });
+            }
+            reason = &mut lost, if loss.is_none() => {
+                tracing::info!(%reason, "permit lost; sending SIGTERM to the command");
+                send(libc::SIGTERM);
+                let deadline = permit.valid_until().checked_sub(KILL_LEAD).unwrap_or_else(Instant::now);
+                kill_at = Some(deadline);
+                loss = Some(reason);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !killed => {
+                tracing::info!("the command still runs as the lease could expire; sending SIGKILL");
+                send(libc::SIGKILL);
+                killed = true;
+            }
+            Some(signal) = caught.recv() => {
+                if should_forward(&signal, own_group, pid) {
+                    tracing::debug!(signal = %signals::name(signal.signal), "forwarding to the command");
+                    send(signal.signal);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a signal tessera caught should go on to the command.
+fn should_forward(signal: &Caught, own_group: bool, child: libc::pid_t) -> bool {
+    if signal.sent_by_process() && signal.pid == child {
+        return false; // the command signalled tessera: do not bounce it back
+    }
+    // In tessera's own process group, the kernel (a terminal) already sent it to the command.
+    own_group || signal.sent_by_process()
+}
+
+/// Stdin is a terminal and tessera is in its foreground process group.
+fn is_interactive() -> bool {
+    // SAFETY: plain queries on fd 0 and on this process.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => exit::SIGNAL_BASE.saturating_add(signal as u8),
+        (None, None) => exit::OS_ERROR,
+    }
+}
+
+async fn release(permit: Permit) {
+    let name = permit.name().to_string();
+    match tokio::time::timeout(RELEASE_TIMEOUT, permit.release()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => eprintln!(
+            "tessera: could not release the permit on {name} ({}); it expires by its TTL",
+            exit::one_line(&e.to_string())
+        ),
+        Err(_) => eprintln!(
+            "tessera: the store did not answer the release of the permit on {name}; it expires by its TTL"
+        ),
+    }
+}
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Gives the library's background clean-up (an abandoned wait is cancelled by a spawned task)
+/// up to [`DRAIN_TIMEOUT`] to finish before the runtime is dropped. Otherwise a timed-out or
+/// interrupted waiter would stay queued until its heartbeat TTL, blocking the queue behind it.
+async fn drain_background(baseline: usize) {
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    while alive_tasks() > baseline && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caught(signal: libc::c_int, code: libc::c_int, pid: libc::pid_t) -> Caught {
+        Caught { signal, code, pid }
+    }
+
+    #[test]
+    fn terminal_signals_are_not_delivered_twice() {
+        const SI_KERNEL: libc::c_int = 0x80;
+        // Same process group: the terminal already signalled the command.
+        assert!(!should_forward(
+            &caught(libc::SIGINT, SI_KERNEL, 0),
+            false,
+            42
+        ));
+        // Own group: the terminal's signal reached only tessera.
+        assert!(should_forward(
+            &caught(libc::SIGINT, SI_KERNEL, 0),
+            true,
+            42
+        ));
+        // `kill` from another process: always forwarded.
+        assert!(should_forward(&caught(libc::SIGTERM, 0, 7), false, 42));
+        // The command signalling tessera: never bounced back.
+        assert!(!should_forward(&caught(libc::SIGUSR1, 0, 42), true, 42));
+    }
+
+    /// The loss path, in one process (the memory store is per process): an admin revoke must
+    /// stop the command with SIGTERM and report the loss.
+    #[tokio::test]
+    async fn a_revoked_permit_stops_the_command() {
+        let store = Store::connect("memory://cli-run-lost").await.unwrap();
+        let sem = Semaphore::new(
+            &store,
+            "lost",
+            1,
+            SemaphoreOptions::default().ttl(Duration::from_secs(3)),
+        )
+        .unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let command = ["sleep", "30"].map(OsString::from);
+        let mut child = spawn(&command, &permit, true).unwrap();
+        let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let lease = permit.lease_id().to_string();
+        let started = Instant::now();
+        let admin = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(admin.revoke("lost", &lease).await.unwrap());
+        });
+        let done = supervise(&mut child, true, &permit, &mut rx).await.unwrap();
+        assert!(done.loss.is_some());
+        assert_eq!(done.status.signal(), Some(libc::SIGTERM));
+        assert!(!done.killed);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A command that ignores SIGTERM is killed before the lease could expire.
+    #[tokio::test]
+    async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
+        let store = Store::connect("memory://cli-run-kill").await.unwrap();
+        let ttl = Duration::from_secs(1);
+        let sem = Semaphore::new(&store, "kill", 1, SemaphoreOptions::default().ttl(ttl)).unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let command = ["sh", "-c", "trap '' TERM; sleep 30"].map(OsString::from);
+        let mut child = spawn(&command, &permit, true).unwrap();
+        let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let lease = permit.lease_id().to_string();
+        let admin = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            admin.revoke("kill", &lease).await.unwrap();
+        });
+        let done = supervise(&mut child, true, &permit, &mut rx).await.unwrap();
+        assert!(done.killed);
+        assert_eq!(done.status.signal(), Some(libc::SIGKILL));
+        assert!(Instant::now() < permit.valid_until());
+    }
+}

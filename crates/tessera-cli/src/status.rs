@@ -1,0 +1,318 @@
+//! `tessera status`: capacity, holders and queue of one semaphore, or a line per semaphore.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use tessera::{Name, SemaphoreStatus, Store};
+
+use crate::exit::{self, Failure, Outcome};
+
+/// The arguments of `tessera status`.
+#[derive(Debug, Clone)]
+pub struct StatusArgs {
+    pub name: Option<String>,
+    pub json: bool,
+    /// Refresh every interval until Ctrl-C.
+    pub watch: Option<Duration>,
+}
+
+/// Runs `tessera status`.
+pub async fn status(store_url: Option<&str>, args: StatusArgs) -> Outcome {
+    if let Some(name) = &args.name {
+        Name::new(name.as_str())?;
+    }
+    if let Some(every) = args.watch {
+        if every.is_zero() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--watch interval must be above zero",
+            ));
+        }
+    }
+    let store = crate::store_url::connect(store_url).await?;
+    let Some(every) = args.watch else {
+        let (text, code) = render(&store, &args).await?;
+        print!("{text}");
+        return Ok(code);
+    };
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => return Ok(exit::OK),
+            _ = ticks.tick() => {}
+        }
+        let frame = match render(&store, &args).await {
+            Ok((text, _)) => text,
+            // A store fault while watching is shown and retried at the next tick.
+            Err(e) if !args.json => format!("tessera: {e}\n"),
+            Err(e) => return Err(e),
+        };
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            // One JSON document per line per refresh (JSON Lines), for piping.
+            let _ = write!(out, "{frame}");
+        } else {
+            let _ = write!(
+                out,
+                "\x1b[H\x1b[2Jtessera status every {} on {} (Ctrl-C to stop)\n\n{frame}",
+                humantime::format_duration(every),
+                store.url()
+            );
+        }
+        let _ = out.flush();
+    }
+}
+
+/// One frame of output, and the exit code it stands for.
+async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failure> {
+    match &args.name {
+        Some(name) => {
+            let status = store.status(name).await?;
+            let code = if status.is_some() {
+                exit::OK
+            } else {
+                exit::NOT_FOUND
+            };
+            let text = match (&status, args.json) {
+                (_, true) => format!("{}\n", to_json(&status)?),
+                (Some(s), false) => detail(s),
+                (None, false) => format!("{name}: no holders and no waiters in {}\n", store.url()),
+            };
+            Ok((text, code))
+        }
+        None => {
+            let mut all = Vec::new();
+            for name in store.list().await? {
+                // A semaphore can disappear between list and status (expired, deleted).
+                if let Some(s) = store.status(&name).await? {
+                    all.push(s);
+                }
+            }
+            let text = if args.json {
+                format!("{}\n", to_json(&all)?)
+            } else {
+                summary(&all, store.url())
+            };
+            Ok((text, exit::OK))
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
+    serde_json::to_string(value).map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("cannot encode the status as JSON: {e}"),
+        )
+    })
+}
+
+fn summary(all: &[SemaphoreStatus], url: &str) -> String {
+    if all.is_empty() {
+        return format!("no semaphores in {url}\n");
+    }
+    let width = all.iter().map(|s| s.name.len()).max().unwrap_or(4).max(4);
+    let mut out = format!(
+        "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}\n",
+        "NAME", "CAPACITY", "AVAILABLE", "HOLDERS", "QUEUED"
+    );
+    for s in all {
+        out += &format!(
+            "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}\n",
+            s.name,
+            s.capacity,
+            s.available,
+            s.holders.len(),
+            s.queue.len()
+        );
+    }
+    out
+}
+
+fn detail(s: &SemaphoreStatus) -> String {
+    let mut out = format!(
+        "{}: capacity {}, used {}, available {} (store time {})\n",
+        s.name, s.capacity, s.used, s.available, s.now
+    );
+    if s.holders.is_empty() {
+        out += "holders: none\n";
+    } else {
+        out += &format!("holders ({}, oldest first):\n", s.holders.len());
+        let rows: Vec<[String; 7]> = s
+            .holders
+            .iter()
+            .map(|h| {
+                [
+                    h.lease_id.to_string(),
+                    h.weight.to_string(),
+                    seats(&h.seats),
+                    h.fence.to_string(),
+                    h.holder.clone(),
+                    h.acquired_at.to_string(),
+                    expires_in(s.now, h.expires_at),
+                ]
+            })
+            .collect();
+        out += &table(
+            [
+                "LEASE",
+                "WEIGHT",
+                "SEATS",
+                "FENCE",
+                "HOLDER",
+                "ACQUIRED AT",
+                "EXPIRES IN",
+            ],
+            &rows,
+        );
+    }
+    if s.queue.is_empty() {
+        out += "queue: empty\n";
+    } else {
+        out += &format!("queue ({}, served first at the top):\n", s.queue.len());
+        let rows: Vec<[String; 5]> = s
+            .queue
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                [
+                    (i + 1).to_string(),
+                    w.lease_id.to_string(),
+                    w.weight.to_string(),
+                    w.holder.clone(),
+                    short(s.now.since(w.enqueued_at)),
+                ]
+            })
+            .collect();
+        out += &table(["#", "LEASE", "WEIGHT", "HOLDER", "WAITING FOR"], &rows);
+    }
+    out
+}
+
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (cell, w) in cells.iter().zip(widths) {
+            l += &format!("  {cell:<w$}");
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out += &line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn seats(seats: &[u32]) -> String {
+    seats
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn expires_in(now: tessera::StoreTime, expires_at: tessera::StoreTime) -> String {
+    if expires_at <= now {
+        "expired".to_string()
+    } else {
+        short(expires_at.since(now))
+    }
+}
+
+/// A duration to the tenth of a second: `1.8s`, `2m 5.0s`.
+fn short(d: Duration) -> String {
+    let tenths = d.as_millis() / 100;
+    let (mins, tenths) = (tenths / 600, tenths % 600);
+    if mins > 0 {
+        format!("{mins}m {}.{}s", tenths / 10, tenths % 10)
+    } else {
+        format!("{}.{}s", tenths / 10, tenths % 10)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The human view and the JSON of a semaphore with holders and a waiter (one process, so
+    /// the memory store can be shared).
+    #[tokio::test]
+    async fn status_shows_holders_and_queue_in_order() {
+        let store = Store::connect("memory://cli-status").await.unwrap();
+        let opts = |h: &str| tessera::SemaphoreOptions::default().holder(h);
+        let a = tessera::Semaphore::new(&store, "demo", 3, opts("alpha")).unwrap();
+        let b = tessera::Semaphore::new(&store, "demo", 3, opts("beta")).unwrap();
+        let c = tessera::Semaphore::new(&store, "demo", 3, opts("gamma")).unwrap();
+        let pa = a.acquire_many(2).await.unwrap();
+        let pb = b.acquire().await.unwrap();
+        let waiter = tokio::spawn(async move { c.acquire_many(2).await.map(|p| p.fence()) });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while store
+            .status("demo")
+            .await
+            .unwrap()
+            .unwrap()
+            .queue
+            .is_empty()
+        {
+            assert!(tokio::time::Instant::now() < deadline, "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let args = |json| StatusArgs {
+            name: Some("demo".into()),
+            json,
+            watch: None,
+        };
+        let (text, code) = render(&store, &args(false)).await.unwrap();
+        assert_eq!(code, exit::OK);
+        assert!(
+            text.starts_with("demo: capacity 3, used 3, available 0"),
+            "{text}"
+        );
+        let alpha = text.find("alpha").unwrap();
+        let beta = text.find("beta").unwrap();
+        let gamma = text.find("gamma").unwrap();
+        assert!(alpha < beta && beta < gamma, "{text}");
+        assert!(text.contains(&pa.lease_id().to_string()), "{text}");
+        assert!(text.contains("  0,1  "), "{text}");
+        let (json, _) = render(&store, &args(true)).await.unwrap();
+        let parsed: SemaphoreStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed.holders.len(), 2);
+        assert_eq!(parsed.queue[0].holder, "gamma");
+        let (summary, _) = render(
+            &store,
+            &StatusArgs {
+                name: None,
+                json: false,
+                watch: None,
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            summary
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["demo", "3", "0", "2", "1"]),
+            "{summary}"
+        );
+        pa.release().await.unwrap();
+        pb.release().await.unwrap();
+        waiter.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn durations_are_short() {
+        assert_eq!(short(Duration::from_millis(1830)), "1.8s");
+        assert_eq!(short(Duration::from_secs(125)), "2m 5.0s");
+    }
+}

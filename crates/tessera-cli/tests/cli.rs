@@ -1,0 +1,954 @@
+//! End-to-end tests of the `tessera` binary.
+//!
+//! Tests of one process use `--store memory://`. Tests across processes need a store shared
+//! between processes: they use SQLite in a temporary directory, one database per test.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary, isolated from the caller's environment: no inherited store or log filter, and
+/// a state directory inside `home` so the default store never touches the real one.
+fn tessera(home: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.env_remove("TESSERA_STORE")
+        .env_remove("TESSERA_LOG")
+        .env("XDG_STATE_HOME", home.join("state"))
+        .env("HOME", home)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("t.db").display())
+}
+
+fn stderr_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Asserts that tessera failed with `code` and said why in exactly one line.
+#[track_caller]
+fn assert_fails_with_one_line(out: &Output, code: i32) -> String {
+    let lines = stderr_lines(out);
+    assert_eq!(out.status.code(), Some(code), "stderr: {lines:?}");
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got {lines:?}");
+    assert!(lines[0].starts_with("tessera: "), "{lines:?}");
+    lines[0].clone()
+}
+
+fn wait_for_file(path: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process this test spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+}
+
+fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One process (memory://)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn every_command_has_help_with_an_example() {
+    let home = tmp();
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["status", "--help"],
+        &["revoke", "--help"],
+        &["resize", "--help"],
+        &["delete", "--help"],
+    ] {
+        let out = tessera(home.path()).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        assert!(help.contains("Example"), "{args:?}: {help}");
+        assert!(help.contains("tessera "), "{args:?}: {help}");
+    }
+    for args in [&["--help"][..], &["run", "--help"]] {
+        let out = tessera(home.path()).args(args).output().unwrap();
+        let help = String::from_utf8(out.stdout).unwrap();
+        for code in ["64", "69", "74", "75", "127", "128+N"] {
+            assert!(
+                help.contains(code),
+                "{args:?} does not document exit code {code}"
+            );
+        }
+    }
+}
+
+#[test]
+fn run_passes_the_exit_code_through() {
+    let home = tmp();
+    for (script, code) in [("exit 0", 0), ("exit 7", 7), ("exit 255", 255)] {
+        let out = tessera(home.path())
+            .args([
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "1",
+                "--",
+            ])
+            .args(["sh", "-c", script])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{script}");
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+            "--",
+        ])
+        .args(["sh", "-c", "kill -KILL $$"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL));
+}
+
+#[test]
+fn run_exports_the_lease_to_the_command() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "gpus",
+            "--permits",
+            "3",
+            "--weight",
+            "2",
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            "echo \"$TESSERA_LEASE_ID|$TESSERA_FENCE|$TESSERA_SEATS|$TESSERA_NAME\"",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let fields: Vec<&str> = stdout.trim().split('|').collect();
+    assert_eq!(fields.len(), 4, "{stdout}");
+    assert_eq!(fields[0].len(), 32);
+    assert!(fields[0].bytes().all(|b| b.is_ascii_hexdigit()), "{stdout}");
+    assert!(fields[1].parse::<u64>().unwrap() > 0);
+    assert_eq!(fields[2], "0,1");
+    assert_eq!(fields[3], "gpus");
+}
+
+#[test]
+fn a_missing_command_exits_127_and_an_unrunnable_one_126() {
+    let home = tmp();
+    let base = [
+        "--store",
+        "memory://",
+        "run",
+        "--name",
+        "demo",
+        "--permits",
+        "1",
+        "--",
+    ];
+    let out = tessera(home.path())
+        .args(base)
+        .arg(home.path().join("nope"))
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 127);
+    let out = tessera(home.path())
+        .args(base)
+        .arg(home.path())
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 126);
+}
+
+#[test]
+fn bad_input_exits_64_with_one_line_and_runs_nothing() {
+    let home = tmp();
+    let marker = home.path().join("ran");
+    let touch = ["--", "touch", marker.to_str().unwrap()];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "0",
+            ],
+            "capacity",
+        ),
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+                "--weight",
+                "3",
+            ],
+            "weight",
+        ),
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+                "--weight",
+                "0",
+            ],
+            "weight",
+        ),
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "a b",
+                "--permits",
+                "2",
+            ],
+            "name",
+        ),
+        (
+            vec!["--store", "memory://", "run", "--name=-x", "--permits", "2"],
+            "name",
+        ),
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+                "--ttl",
+                "10ms",
+            ],
+            "TTL",
+        ),
+        (
+            vec![
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+                "--ttl",
+                "30d",
+            ],
+            "TTL",
+        ),
+        (
+            vec![
+                "--store",
+                "nonsense",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+            ],
+            "store URL",
+        ),
+        (
+            vec![
+                "--store",
+                "ftp://x",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+            ],
+            "store URL",
+        ),
+        (
+            vec![
+                "--store",
+                "redis://user:hunter2@db:6379",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "2",
+            ],
+            "store URL",
+        ),
+    ];
+    for (args, what) in cases {
+        let out = tessera(home.path())
+            .args(&args)
+            .args(touch)
+            .output()
+            .unwrap();
+        let line = assert_fails_with_one_line(&out, 64);
+        assert!(line.contains(what), "{args:?}: {line}");
+        assert!(!line.contains("hunter2"), "password printed: {line}");
+        assert!(!marker.exists(), "{args:?} ran the command");
+    }
+    // Invalid input touches nothing, not even the default store's directory.
+    let out = tessera(home.path())
+        .args(["run", "--name", "demo", "--permits", "0"])
+        .args(touch)
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 64);
+    assert!(!home.path().join("state").exists());
+}
+
+#[test]
+fn admin_commands_validate_before_touching_the_store() {
+    let home = tmp();
+    let cases: [&[&str]; 5] = [
+        &["revoke", "demo", "not-a-lease"],
+        &["revoke", "bad name", "0123456789abcdef0123456789abcdef"],
+        &["resize", "demo", "0"],
+        &["delete", "{demo}"],
+        &["status", "bad name"],
+    ];
+    for args in cases {
+        let out = tessera(home.path()).args(args).output().unwrap();
+        assert_fails_with_one_line(&out, 64);
+        assert!(
+            !home.path().join("state").exists(),
+            "{args:?} touched the default store"
+        );
+    }
+}
+
+#[test]
+fn admin_commands_exit_1_when_there_is_nothing_to_change() {
+    let home = tmp();
+    let lease = "0123456789abcdef0123456789abcdef";
+    for args in [
+        &["revoke", "demo", lease][..],
+        &["resize", "demo", "3"],
+        &["delete", "demo"],
+    ] {
+        let out = tessera(home.path())
+            .args(["--store", "memory://"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_fails_with_one_line(&out, 1);
+    }
+}
+
+#[test]
+fn status_of_an_empty_store() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args(["--store", "memory://", "status", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all, serde_json::json!([]));
+    let out = tessera(home.path())
+        .args(["--store", "memory://", "status", "demo", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "null");
+}
+
+#[test]
+fn the_store_comes_from_tessera_store_and_passwords_are_never_printed() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .env("TESSERA_STORE", "redis://user:hunter2@db:6379")
+        .args(["status"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(line.contains("redis://user:***@db:6379"), "{line}");
+    let help = tessera(home.path())
+        .env("TESSERA_STORE", "redis://user:hunter2@db:6379")
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("hunter2"));
+}
+
+#[test]
+fn the_default_store_lives_in_the_state_directory() {
+    let home = tmp();
+    let out = tessera(home.path()).arg("status").output().unwrap();
+    let expected = home.path().join("state").join("tessera").join("tessera.db");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains(expected.to_str().unwrap()), "{all}");
+    assert!(
+        expected.parent().unwrap().is_dir(),
+        "the state directory was not created"
+    );
+}
+
+/// Each forwarded signal reaches the command, which decides the exit code.
+#[test]
+fn signals_sent_to_tessera_are_forwarded_to_the_command() {
+    let home = tmp();
+    for sig in ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2"] {
+        let ready = home.path().join(format!("ready-{sig}"));
+        let got = home.path().join(format!("got-{sig}"));
+        let script = format!(
+            "trap 'echo {sig} > {got}; kill $! 2>/dev/null; exit 3' {sig}; sleep 30 & echo ready > {ready}; wait",
+            got = got.display(),
+            ready = ready.display()
+        );
+        let child = tessera(home.path())
+            .args([
+                "--store",
+                "memory://",
+                "run",
+                "--name",
+                "demo",
+                "--permits",
+                "1",
+                "--",
+            ])
+            .args(["sh", "-c", &script])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_file(&ready, Duration::from_secs(10));
+        let number = match sig {
+            "TERM" => libc::SIGTERM,
+            "INT" => libc::SIGINT,
+            "HUP" => libc::SIGHUP,
+            "QUIT" => libc::SIGQUIT,
+            "USR1" => libc::SIGUSR1,
+            _ => libc::SIGUSR2,
+        };
+        signal(&child, number);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{sig}: {:?}",
+            stderr_lines(&out)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&got).unwrap().trim(),
+            sig,
+            "delivered once, by name"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across processes (SQLite)
+// ---------------------------------------------------------------------------------------------
+
+fn spawn_run(home: &Path, store: &str, extra: &[&str], script: &str) -> Child {
+    tessera(home)
+        .args(["--store", store, "run", "--name", "demo"])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn status_json(home: &Path, store: &str) -> serde_json::Value {
+    let out = tessera(home)
+        .args(["--store", store, "status", "demo", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// Spawns a `run` with `--holder label` and returns once the store has it as a holder or a
+/// waiter (or it already ran), so runs arrive at the store in a known order.
+fn spawn_arrived(home: &Path, store: &str, label: &str, extra: &[&str], script: &str) -> Child {
+    let mut args = vec!["--holder", label];
+    args.extend_from_slice(extra);
+    let mut run = spawn_run(home, store, &args, script);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status_json(home, store);
+        let present = ["holders", "queue"].iter().any(|k| {
+            s[k].as_array()
+                .is_some_and(|v| v.iter().any(|e| e["holder"] == label))
+        });
+        if present || run.try_wait().unwrap().is_some() {
+            return run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label} never reached the store: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A monotonic clock shared by every process of the test: seconds since boot.
+const NOW: &str = "cut -d' ' -f1 /proc/uptime";
+
+#[test]
+fn five_runs_on_two_permits_never_overlap_more_than_two_and_serve_in_arrival_order() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let log = home.path().join("log");
+    let mut runs = Vec::new();
+    for i in 0..5 {
+        let script = format!(
+            "echo \"start {i} $({NOW})\" >> {log}; sleep 1; echo \"end {i} $({NOW})\" >> {log}",
+            log = log.display()
+        );
+        runs.push(spawn_arrived(
+            home.path(),
+            &store,
+            &format!("run-{i}"),
+            &["--permits", "2", "--ttl", "2s"],
+            &script,
+        ));
+    }
+    for run in runs {
+        let out = run.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(String, usize, f64)> = log
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].to_string(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(events.len(), 10, "all five ran:\n{log}");
+    // Appends are ordered: replaying the file is replaying time.
+    let mut running = 0;
+    let mut last = 0.0;
+    for (what, _, at) in &events {
+        assert!(*at >= last, "timestamps go back:\n{log}");
+        last = *at;
+        running += if what == "start" { 1 } else { -1 };
+        assert!(running <= 2, "more than two at once:\n{log}");
+    }
+    let starts: Vec<usize> = events
+        .iter()
+        .filter(|e| e.0 == "start")
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(
+        &starts[2..],
+        &[2, 3, 4],
+        "waiters served out of arrival order:\n{log}"
+    );
+}
+
+#[test]
+fn status_json_shows_holders_and_the_queue() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let mut runs = Vec::new();
+    for holder in ["first", "second", "third"] {
+        runs.push(spawn_arrived(
+            home.path(),
+            &store,
+            holder,
+            &["--permits", "2"],
+            "sleep 30",
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let s = status_json(home.path(), &store);
+        if s["holders"].as_array().map(Vec::len) == Some(2)
+            && s["queue"].as_array().map(Vec::len) == Some(1)
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never saw 2 holders and 1 waiter: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status["name"], "demo");
+    assert_eq!(status["capacity"], 2);
+    assert_eq!(status["used"], 2);
+    assert_eq!(status["available"], 0);
+    let holders = status["holders"].as_array().unwrap();
+    assert_eq!(holders[0]["holder"], "first");
+    assert_eq!(holders[1]["holder"], "second");
+    assert_ne!(holders[0]["seats"], holders[1]["seats"]);
+    assert!(holders[0]["fence"].as_u64() < holders[1]["fence"].as_u64());
+    assert_eq!(status["queue"][0]["holder"], "third");
+    assert_eq!(status["queue"][0]["weight"], 1);
+    // The human view shows the same.
+    let out = tessera(home.path())
+        .args(["--store", &store, "status", "demo"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "capacity 2",
+        "first",
+        "second",
+        "third",
+        "EXPIRES IN",
+        "WAITING FOR",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    for run in &runs {
+        signal(run, libc::SIGTERM);
+    }
+    for run in runs {
+        let out = run.wait_with_output().unwrap();
+        // Holders' commands die of the forwarded SIGTERM; the waiter stops waiting.
+        assert_eq!(
+            out.status.code(),
+            Some(128 + libc::SIGTERM),
+            "{:?}",
+            stderr_lines(&out)
+        );
+    }
+}
+
+#[test]
+fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_with_it() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let pid_file = home.path().join("pid");
+    let mut holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1", "--ttl", "2s"],
+        &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
+    );
+    let command_pid: libc::pid_t = wait_for_file(&pid_file, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    signal(&holder, libc::SIGKILL);
+    holder.wait().unwrap();
+    let killed_at = Instant::now();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            &store,
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+            "--wait",
+            "10s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    assert!(
+        killed_at.elapsed() < Duration::from_millis(3000),
+        "took {:?}",
+        killed_at.elapsed()
+    );
+    // PR_SET_PDEATHSIG: the command did not outlive tessera (and so the permit).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive(command_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(command_pid),
+        "the command outlived its killed tessera"
+    );
+}
+
+#[test]
+fn wait_gives_up_with_75_while_another_holds() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let ready = home.path().join("ready");
+    let holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1"],
+        &format!("echo ready > {}; sleep 30", ready.display()),
+    );
+    wait_for_file(&ready, Duration::from_secs(10));
+    let marker = home.path().join("ran");
+    let started = Instant::now();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            &store,
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+            "--wait",
+            "200ms",
+            "--",
+        ])
+        .args(["touch", marker.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 75);
+    assert!(line.contains("--wait"), "{line}");
+    assert!(!marker.exists());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The abandoned wait left the queue.
+    assert_eq!(
+        status_json(home.path(), &store)["queue"],
+        serde_json::json!([])
+    );
+    signal(&holder, libc::SIGTERM);
+    holder.wait_with_output().unwrap();
+}
+
+#[test]
+fn ctrl_c_while_waiting_leaves_the_queue_and_exits_130() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let ready = home.path().join("ready");
+    let holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1"],
+        &format!("echo ready > {}; sleep 30", ready.display()),
+    );
+    wait_for_file(&ready, Duration::from_secs(10));
+    let marker = home.path().join("ran");
+    let waiter = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1"],
+        &format!("touch {}", marker.display()),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_json(home.path(), &store)["queue"]
+        .as_array()
+        .map(Vec::len)
+        != Some(1)
+    {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&waiter, libc::SIGINT);
+    let out = waiter.wait_with_output().unwrap();
+    assert_fails_with_one_line(&out, 130);
+    assert!(!marker.exists());
+    assert_eq!(
+        status_json(home.path(), &store)["queue"],
+        serde_json::json!([])
+    );
+    signal(&holder, libc::SIGTERM);
+    holder.wait_with_output().unwrap();
+}
+
+#[test]
+fn a_revoked_permit_stops_the_command_and_exits_74() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let lease_file = home.path().join("lease");
+    let got = home.path().join("got");
+    let script = format!(
+        "trap 'echo TERM > {got}; kill $! 2>/dev/null; exit 0' TERM; sleep 30 & echo $TESSERA_LEASE_ID > {lease}; wait",
+        got = got.display(),
+        lease = lease_file.display()
+    );
+    let holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1", "--ttl", "3s"],
+        &script,
+    );
+    let lease = wait_for_file(&lease_file, Duration::from_secs(10))
+        .trim()
+        .to_string();
+    let out = tessera(home.path())
+        .args(["--store", &store, "revoke", "demo", &lease])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let revoked_at = Instant::now();
+    let out = holder.wait_with_output().unwrap();
+    let line = assert_fails_with_one_line(&out, 74);
+    assert!(line.contains("lost the permit"), "{line}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "TERM");
+    assert!(revoked_at.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn resize_and_delete_report_one_line() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let ready = home.path().join("ready");
+    let holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1", "--ttl", "3s"],
+        &format!("echo ready > {}; sleep 30", ready.display()),
+    );
+    wait_for_file(&ready, Duration::from_secs(10));
+    let out = tessera(home.path())
+        .args(["--store", &store, "resize", "demo", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "resized demo: capacity 1 -> 3"
+    );
+    assert_eq!(status_json(home.path(), &store)["capacity"], 3);
+    let out = tessera(home.path())
+        .args(["--store", &store, "delete", "demo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    // The holder learns it lost its permit.
+    let out = holder.wait_with_output().unwrap();
+    assert_fails_with_one_line(&out, 74);
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line() {
+    let home = tmp();
+    for args in [
+        &["run", "--name", "demo", "--permits", "abc", "--", "true"][..],
+        &["run", "--name", "demo", "--", "true"],
+        &["run", "--name", "demo", "--permits", "1"],
+        &[
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+            "--ttl",
+            "soon",
+            "--",
+            "true",
+        ],
+        &["bogus"],
+    ] {
+        let out = tessera(home.path()).args(args).output().unwrap();
+        assert_fails_with_one_line(&out, 2);
+    }
+}
+
+#[test]
+fn the_command_may_follow_the_options_without_a_double_dash() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+        ])
+        .args(["echo", "--name", "-x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--name -x\n");
+}
+
+#[test]
+fn status_watch_refreshes_until_ctrl_c() {
+    let home = tmp();
+    let watch = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "status",
+            "--json",
+            "--watch",
+            "100ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    signal(&watch, libc::SIGINT);
+    let out = watch.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let frames: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(frames.len() >= 2, "{frames:?}");
+    assert!(frames.iter().all(|f| f == "[]"), "{frames:?}");
+}
