@@ -329,7 +329,7 @@ fn bad_input_exits_64_with_one_line_and_runs_nothing() {
         (
             vec![
                 "--store",
-                "redis://user:hunter2@db:6379",
+                "nosuch://user:hunter2@127.0.0.1:6379",
                 "run",
                 "--name",
                 "demo",
@@ -420,14 +420,23 @@ fn status_of_an_empty_store() {
 fn the_store_comes_from_tessera_store_and_passwords_are_never_printed() {
     let home = tmp();
     let out = tessera(home.path())
-        .env("TESSERA_STORE", "redis://user:hunter2@db:6379")
+        .env("TESSERA_STORE", "nosuch://user:hunter2@127.0.0.1:6379")
         .args(["status"])
         .output()
         .unwrap();
     let line = assert_fails_with_one_line(&out, 64);
-    assert!(line.contains("redis://user:***@db:6379"), "{line}");
+    assert!(line.contains("nosuch://user:***@127.0.0.1:6379"), "{line}");
+    // A store that refuses the connection (nothing listens on loopback port 1): a store
+    // fault, and still no password.
+    let out = tessera(home.path())
+        .env("TESSERA_STORE", "redis://user:hunter2@127.0.0.1:1")
+        .args(["status"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 69);
+    assert!(!line.contains("hunter2"), "password printed: {line}");
     let help = tessera(home.path())
-        .env("TESSERA_STORE", "redis://user:hunter2@db:6379")
+        .env("TESSERA_STORE", "redis://user:hunter2@127.0.0.1:1")
         .arg("--help")
         .output()
         .unwrap();
