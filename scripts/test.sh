@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 # program → Debian package, for every server or tool a test starts.
 declare -A NEED=(
   [redis-server]=redis-server
+  [openssl]=openssl
 )
 
 missing=()
