@@ -364,11 +364,12 @@ impl Semaphore {
             Waking::Push => (heartbeat, heartbeat),
             Waking::Poll { min, max } => (min, max.min(heartbeat)),
         };
+        let mut failing_since: Option<Instant> = None;
         loop {
-            match reply {
+            match &reply {
                 AcquireReply::Granted(grant) => {
                     pending.disarm();
-                    return Ok(Some(Some(self.permit(grant, sent))));
+                    return Ok(Some(Some(self.permit(grant.clone(), sent))));
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
@@ -400,7 +401,24 @@ impl Semaphore {
             else {
                 return Ok(Some(None));
             };
-            reply = match beat? {
+            let beat = match beat {
+                // A blip (a dropped connection, a busy store) does not end the wait: the queue
+                // entry lives for the waiter TTL, so keep trying for that long. If the entry
+                // expired meanwhile, the next heartbeat says `Gone` and the caller rejoins.
+                Err(e) if e.is_transient() => {
+                    let since = *failing_since.get_or_insert(sent);
+                    if since.elapsed() < self.config.waiter_ttl {
+                        tracing::debug!(%name, error = %e, "waiter heartbeat failed; retrying");
+                        continue;
+                    }
+                    return Err(e);
+                }
+                other => {
+                    failing_since = None;
+                    other?
+                }
+            };
+            reply = match beat {
                 WaitReply::Granted(grant) => AcquireReply::Granted(grant),
                 WaitReply::Waiting => AcquireReply::Queued { position: 0 },
                 WaitReply::Gone => {

@@ -112,6 +112,7 @@ macro_rules! conformance_tests {
             fences_never_repeat_after_delete,
             queue_cap_is_enforced,
             dead_waiter_leaves_the_queue_within_its_ttl,
+            waiter_rides_out_a_store_blip_shorter_than_its_ttl,
             waiter_is_woken_without_waiting_for_its_heartbeat,
             nothing_is_left_after_all_leases_end,
             lock_is_mutually_exclusive,

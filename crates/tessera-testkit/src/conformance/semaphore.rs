@@ -807,3 +807,51 @@ pub async fn nothing_is_left_after_all_leases_end(h: &Harness) {
     a.release().await.unwrap();
     assert_drained(&client.store, &name).await;
 }
+
+/// A waiter whose store calls fail for less than its waiter TTL keeps its place and is
+/// served; one whose calls keep failing past it gets the error (and holds nothing).
+pub async fn waiter_rides_out_a_store_blip_shorter_than_its_ttl(h: &Harness) {
+    let name = unique("blip");
+    let admin = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 1, opts(5_000)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let client = h.client().await;
+    let faults = Arc::clone(&client.faults);
+    let n = name.clone();
+    let waiter = tokio::spawn(async move {
+        let sem = Semaphore::new(&client.store, &n, 1, opts(5_000)).unwrap();
+        sem.acquire().await
+    });
+    wait_queued(&admin.store, &name, 1).await;
+    faults.all(Mode::Fail);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    faults.all(Mode::Normal);
+    let p = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not served after the blip")
+        .unwrap()
+        .expect("the blip ended the wait");
+    p.release().await.unwrap();
+
+    // A fault longer than the waiter TTL (2 s in these options) ends the wait with the error.
+    let held = sem.acquire().await.unwrap();
+    let client = h.client().await;
+    let faults = Arc::clone(&client.faults);
+    let n = name.clone();
+    let waiter = tokio::spawn(async move {
+        let sem = Semaphore::new(&client.store, &n, 1, opts(5_000)).unwrap();
+        sem.acquire().await.map(|p| p.fence())
+    });
+    wait_queued(&admin.store, &name, 1).await;
+    faults.all(Mode::Fail);
+    let e = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("a lasting fault did not end the wait")
+        .unwrap()
+        .unwrap_err();
+    assert!(e.is_connection(), "{e}");
+    held.release().await.unwrap();
+    assert_drained(&admin.store, &name).await;
+}
