@@ -33,6 +33,7 @@ pub mod error;
 mod lock;
 mod model;
 mod permit;
+pub mod rate;
 mod semaphore;
 pub mod store;
 pub mod stores;
@@ -42,5 +43,9 @@ pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lock::Lock;
 pub use model::*;
 pub use permit::Permit;
+pub use rate::{
+    LimitUsage, RateBackend, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions,
+    RateReply, RateRequest, RateSpec, RateStatus,
+};
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::{Backend, Store, Waking};
