@@ -731,3 +731,74 @@ impl Drop for Reserved {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_specs_parse_and_print_canonically() {
+        for (text, count, us, shown) in [
+            ("50/s", 50, 1_000_000, "50/s"),
+            ("1000/min", 1000, 60_000_000, "1000/min"),
+            ("20000/h", 20000, 3_600_000_000, "20000/h"),
+            ("10/500ms", 10, 500_000, "10/500ms"),
+            ("60/3s", 60, 3_000_000, "60/3s"),
+            ("5/60s", 5, 60_000_000, "5/min"),
+            (" 7 / 2d ", 7, 172_800_000_000, "7/2d"),
+            ("3/second", 3, 1_000_000, "3/s"),
+            ("1/1000ms", 1, 1_000_000, "1/s"),
+        ] {
+            let s: RateSpec = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((s.count(), s.period_us()), (count, us), "{text}");
+            assert_eq!(s.to_string(), shown);
+            assert_eq!(shown.parse::<RateSpec>().unwrap(), s);
+        }
+        for bad in [
+            "",
+            "50",
+            "/s",
+            "50/",
+            "0/s",
+            "50/0s",
+            "50/m",
+            "50/x",
+            "-5/s",
+            "5.5/s",
+            "50/1.5s",
+            "50/8d",
+            "2000000/s",
+            "50/99999999999999999999s",
+        ] {
+            let e = bad.parse::<RateSpec>().unwrap_err();
+            assert!(matches!(e, InvalidInput::Rate { .. }), "{bad}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn configs_are_canonical_and_round_trip() {
+        let a = RateConfig::new(
+            &["1000/min".parse().unwrap(), "50/s".parse().unwrap()],
+            RateMode::Exact,
+        )
+        .unwrap();
+        let b = RateConfig::new(
+            &[
+                "50/s".parse().unwrap(),
+                "1000/min".parse().unwrap(),
+                "50/s".parse().unwrap(),
+            ],
+            RateMode::Exact,
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.encode(), "exact|50/s,1000/min");
+        assert_eq!(RateConfig::decode(&a.encode()), Some(a.clone()));
+        assert_eq!(a.max_cost(), 50);
+        let s = RateConfig::new(a.limits(), RateMode::Smooth { burst: 5 }).unwrap();
+        assert_eq!(s.encode(), "smooth:5|50/s,1000/min");
+        assert_eq!(RateConfig::decode(&s.encode()), Some(s));
+        assert!(RateConfig::decode("smooth:x|50/s").is_none());
+        assert!(RateConfig::new(a.limits(), RateMode::Smooth { burst: 51 }).is_err());
+    }
+}
