@@ -26,7 +26,7 @@ elseif S.cfg ~= cfg then
   for i = 1, #lim do S.tat[i] = start; S.prev_tat[i] = start end
 end
 S.lim, S.lim_text, S.burst = lim, lim_arg, burst
-prune(S)
+local pruned = prune(S)
 
 local t = math.max(now, S.last)
 if burst == 0 then
@@ -51,8 +51,9 @@ local wait = t - now
 local admit
 if max_wait < 0 then admit = wait == 0 else admit = wait <= max_wait end
 if not admit then
-  -- Nothing charged; only entries that no longer change any answer were pruned.
-  if redis.call('EXISTS', K_STATE) == 1 then save(S) end
+  -- Nothing charged. Entries that no longer change any answer may have been pruned: then
+  -- base must follow them (the state exists, or nothing could have been pruned).
+  if pruned then save(S) end
   return {'limited', t, now}
 end
 

@@ -91,11 +91,14 @@ local function load()
 end
 
 -- Drops log entries at or before now - (longest period); base follows the last dropped.
+-- Looks at the head alone first (most steps drop nothing), then in batches. Returns whether
+-- anything was dropped.
 local function prune(S)
-  if S.burst ~= 0 then return end
+  if S.burst ~= 0 then return false end
   local cutoff = now - horizon(S.lim)
+  local pruned, batch = false, 1
   while true do
-    local head = redis.call('ZRANGE', K_LOG, 0, 63)
+    local head = redis.call('ZRANGE', K_LOG, 0, batch - 1)
     local removed = 0
     for _, e in ipairs(head) do
       local t, p = entry(e)
@@ -105,8 +108,10 @@ local function prune(S)
     end
     if removed > 0 then
       redis.call('ZREMRANGEBYRANK', K_LOG, 0, removed - 1)
+      pruned = true
     end
-    if removed < 64 then return end
+    if removed < batch then return pruned end
+    batch = 64
   end
 end
 
