@@ -410,9 +410,10 @@ pub trait RateBackend: Send + Sync + fmt::Debug {
         req: &RateRequest,
     ) -> Result<RateReply>;
 
-    /// Returns a reservation not yet due: only the latest admission of the limiter, and only
-    /// before its time; `true` if it was returned. Otherwise nothing changes.
-    async fn rate_cancel(&self, name: &Name, reservation: u64) -> Result<bool>;
+    /// Returns a reservation not yet due (`reservation` and `at` as admitted): only the latest
+    /// admission of the limiter, only once, and only before its time; `true` if it was
+    /// returned. Otherwise nothing changes.
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool>;
 
     /// A snapshot, or `None` if the store holds no state for this limiter.
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>>;
@@ -647,6 +648,7 @@ impl RateLimiter {
                         backend: Arc::clone(&self.backend),
                         name: self.name.clone(),
                         reservation,
+                        at,
                         armed: true,
                     };
                     // The store read `now` before its reply left, so sleeping `at - now` from
@@ -707,6 +709,7 @@ struct Reserved {
     backend: Arc<dyn crate::store::Backend>,
     name: Name,
     reservation: u64,
+    at: StoreTime,
     armed: bool,
 }
 
@@ -715,15 +718,16 @@ impl Drop for Reserved {
         if !self.armed {
             return;
         }
-        let (backend, name, id) = (
+        let (backend, name, id, at) = (
             Arc::clone(&self.backend),
             self.name.clone(),
             self.reservation,
+            self.at,
         );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Some(rate) = backend.rate() {
-                    if let Err(e) = rate.rate_cancel(&name, id).await {
+                    if let Err(e) = rate.rate_cancel(&name, id, at).await {
                         tracing::warn!(%name, error = %e, "could not return a cancelled rate reservation; it stays charged");
                     }
                 }

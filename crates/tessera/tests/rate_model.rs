@@ -86,6 +86,8 @@ proptest! {
         let max_cost = rig.config.max_cost();
         // (at, cost, reservation) of every admission still charged, in issue order.
         let mut admitted: Vec<(u64, u32, u64)> = Vec::new();
+        // Whether the latest admission was returned (nothing older can be returned then).
+        let mut undone = false;
         for (advance, cost, kind, wait_ms) in ops {
             rig.clock.advance(Duration::from_micros(advance));
             let cost = 1 + (cost - 1) % max_cost;
@@ -96,6 +98,7 @@ proptest! {
                     RateReply::Admitted { at, now: n, reservation } => {
                         prop_assert_eq!((at.0, n.0), (now, now));
                         admitted.push((at.0, cost, reservation));
+                        undone = false;
                     }
                     RateReply::Limited { retry_at, .. } => {
                         prop_assert!(retry_at.0 > now);
@@ -111,6 +114,7 @@ proptest! {
                                 RateReply::Admitted { at, reservation, .. } => {
                                     prop_assert_eq!(at, retry_at);
                                     admitted.push((at.0, cost, reservation));
+                                    undone = false;
                                 }
                                 other => prop_assert!(false, "not admitted at retry_at: {other:?}"),
                             }
@@ -128,6 +132,7 @@ proptest! {
                                 prop_assert!(at.0 >= prev);
                             }
                             admitted.push((at.0, cost, reservation));
+                            undone = false;
                         }
                         RateReply::Limited { retry_at, .. } => {
                             prop_assert!(retry_at.0 - now > max_wait.as_micros() as u64);
@@ -137,12 +142,16 @@ proptest! {
                 // cancel the latest reservation.
                 _ => {
                     if let Some(&(at, _, id)) = admitted.last() {
-                        let returned = block_on(rig.rate().rate_cancel(&rig.name, id)).unwrap();
-                        prop_assert_eq!(returned, at > now);
+                        let returned =
+                            block_on(rig.rate().rate_cancel(&rig.name, id, StoreTime(at))).unwrap();
+                        // Only the latest admission, not yet due, and not after an undo (the
+                        // one before it can no longer be restored).
+                        prop_assert_eq!(returned, !undone && at > now);
                         if returned {
+                            undone = true;
                             admitted.pop();
                             // A second cancel of the same reservation does nothing.
-                            prop_assert!(!block_on(rig.rate().rate_cancel(&rig.name, id)).unwrap());
+                            prop_assert!(!block_on(rig.rate().rate_cancel(&rig.name, id, StoreTime(at))).unwrap());
                         }
                     }
                 }

@@ -234,16 +234,19 @@ pub(crate) fn decide(
     ))
 }
 
-/// Whether `reservation` can be returned: it is the latest admission, not undone, and not
-/// yet due. If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
+/// Whether `reservation` (admitted at `at`) can be returned: it is the latest admission, not
+/// undone, and not yet due. The admit time is checked too: ids restart when an expired state
+/// is created afresh, but a stale id's time has passed by then (the state expires only after
+/// its latest admission), so it can never match a new reservation that is not yet due. If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
 /// removes the log's last entry (exact mode) and sets `p` to the running total before it.
 pub(crate) fn cancel(
     state: &mut RateState,
     config: &RateConfig,
     reservation: u64,
+    at: StoreTime,
     now: StoreTime,
 ) -> bool {
-    if reservation == 0 || state.tail != reservation || state.last <= now.0 {
+    if reservation == 0 || state.tail != reservation || state.last != at.0 || at.0 <= now.0 {
         return false;
     }
     state.last = state.prev_last;

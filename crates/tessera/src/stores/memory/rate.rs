@@ -95,13 +95,19 @@ impl RateModel {
         Ok(reply)
     }
 
-    pub(crate) fn cancel(&mut self, name: &Name, reservation: u64, now: StoreTime) -> Result<bool> {
+    pub(crate) fn cancel(
+        &mut self,
+        name: &Name,
+        reservation: u64,
+        at: StoreTime,
+        now: StoreTime,
+    ) -> Result<bool> {
         self.expire(name, now);
         let Some(l) = self.limiters.get_mut(name) else {
             return Ok(false);
         };
         let config = stored_config(name, &l.state)?;
-        if !engine::cancel(&mut l.state, &config, reservation, now) {
+        if !engine::cancel(&mut l.state, &config, reservation, at, now) {
             return Ok(false);
         }
         if let crate::RateMode::Exact = config.mode() {
@@ -149,9 +155,9 @@ impl RateBackend for MemoryBackend {
         let now = self.clock.now();
         self.rate.lock().unwrap().acquire(name, config, req, now)
     }
-    async fn rate_cancel(&self, name: &Name, reservation: u64) -> Result<bool> {
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         let now = self.clock.now();
-        self.rate.lock().unwrap().cancel(name, reservation, now)
+        self.rate.lock().unwrap().cancel(name, reservation, at, now)
     }
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         let now = self.clock.now();

@@ -190,9 +190,13 @@ impl RateBackend for RedisBackend {
         }
     }
 
-    async fn rate_cancel(&self, name: &Name, reservation: u64) -> Result<bool> {
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         let v = self
-            .run_rate(&SCRIPTS.cancel, name, &[reservation.to_string()])
+            .run_rate(
+                &SCRIPTS.cancel,
+                name,
+                &[reservation.to_string(), at.0.to_string()],
+            )
             .await?;
         Ok(int(&v, "rate cancel")? == 1)
     }

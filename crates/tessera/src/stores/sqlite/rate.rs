@@ -228,6 +228,7 @@ async fn cancel(
     conn: &mut SqliteConnection,
     name: &Name,
     reservation: u64,
+    at: StoreTime,
     now: StoreTime,
 ) -> Result<bool> {
     let Some(mut state) = load(conn, name, now).await? else {
@@ -235,7 +236,7 @@ async fn cancel(
     };
     let config = stored_config(name, &state)?;
     let old_p = state.p;
-    if !engine::cancel(&mut state, &config, reservation, now) {
+    if !engine::cancel(&mut state, &config, reservation, at, now) {
         return Ok(false);
     }
     if let RateMode::Exact = config.mode() {
@@ -311,8 +312,8 @@ impl RateBackend for SqliteBackend {
     ) -> Result<RateReply> {
         rate_step!(self, |conn, now| acquire(conn, name, config, req, now))
     }
-    async fn rate_cancel(&self, name: &Name, reservation: u64) -> Result<bool> {
-        rate_step!(self, |conn, now| cancel(conn, name, reservation, now))
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        rate_step!(self, |conn, now| cancel(conn, name, reservation, at, now))
     }
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         rate_step!(self, |conn, now| status(conn, name, now))

@@ -1,11 +1,12 @@
 -- rate_cancel: returns the latest admission if it is the one named and not yet due.
 -- KEYS: see rate_prelude.lua.
--- ARGV: [1] reservation id
+-- ARGV: [1] reservation id, [2] its admit time (µs): ids restart with a fresh state, but a
+--       stale id's time has passed by then, so the pair never names a new reservation
 -- Reply: 1 if returned, 0 if not (nothing changed)
 
-local id = num(ARGV[1], 'reservation')
+local id, at = num(ARGV[1], 'reservation'), num(ARGV[2], 'reservation time')
 local S = load()
-if S == nil or id == 0 or S.tail ~= id or S.last <= now then
+if S == nil or id == 0 or S.tail ~= id or S.last ~= at or at <= now then
   return 0
 end
 S.lim_text = lim_text(S.lim)
