@@ -42,7 +42,10 @@ fn spawn(store: &str, p: &Profile, dir: &Path, i: usize) -> Child {
     cmd.args(["--store", store, "--name", "shared-rate"])
         .args(["--run-ms", &p.run_ms.to_string()])
         .args(["--max-cost", &(1 + i % 3).to_string()])
-        .args(["--try-ratio", if i % 2 == 0 { "0.8" } else { "0.2" }])
+        .args([
+            "--try-ratio",
+            if i.is_multiple_of(2) { "0.8" } else { "0.2" },
+        ])
         .args(["--seed", &i.to_string()])
         .arg("--log")
         .arg(dir.join(format!("w{i}.jsonl")));

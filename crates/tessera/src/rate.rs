@@ -114,7 +114,7 @@ impl RateSpec {
         }
         if period < MIN_RATE_PERIOD
             || period > MAX_RATE_PERIOD
-            || period.subsec_nanos() % 1_000 != 0
+            || !period.subsec_nanos().is_multiple_of(1_000)
         {
             return Err(InvalidInput::Rate {
                 spec,
@@ -205,7 +205,7 @@ impl fmt::Display for RateSpec {
             (1, "us"),
         ]
         .into_iter()
-        .find(|(u, _)| us % u == 0)
+        .find(|(u, _)| us.is_multiple_of(*u))
         .map(|(u, name)| (us / u, name))
         .unwrap_or((us, "us"));
         match n {

@@ -332,7 +332,7 @@ pub async fn rate_window_holds_under_concurrency(h: &Harness) {
             while tokio::time::Instant::now() < end {
                 n += 1;
                 let cost = 1 + (n + i) % 3;
-                let wait = (n % 2 == 0).then_some(Duration::from_millis(300));
+                let wait = n.is_multiple_of(2).then_some(Duration::from_millis(300));
                 match step(&c.store, &name, &config, cost, wait).await {
                     RateReply::Admitted { at, now, .. } => {
                         admitted.push((at.0, cost));
