@@ -328,3 +328,120 @@ impl RateBackend for SqliteBackend {
             .map_err(map_err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use sqlx::{ConnectOptions, Connection};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::rate::RateSpec;
+    use crate::stores::memory::MemoryBackend;
+
+    const T0: StoreTime = StoreTime(1_800_000_000_000_000);
+
+    #[tokio::test]
+    async fn files_written_before_rate_limiters_still_open_and_gain_the_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        // A file as the build before rate limiters left it: schema.sql only.
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::raw_sql(super::super::SCHEMA)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        let url = format!("sqlite://{}", path.display());
+        let backend = SqliteBackend::connect(&url).await.unwrap();
+        let config = RateConfig::new(&["2/s".parse().unwrap()], RateMode::Exact).unwrap();
+        let req = RateRequest {
+            cost: 2,
+            max_wait: None,
+            update: false,
+        };
+        let name = Name::new("old-file").unwrap();
+        assert!(matches!(
+            backend.rate_acquire(&name, &config, &req).await.unwrap(),
+            RateReply::Admitted { .. }
+        ));
+        // And a second connect (tables present) opens it as well.
+        drop(backend);
+        let again = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            again.rate_acquire(&name, &config, &req).await.unwrap(),
+            RateReply::Limited { .. }
+        ));
+    }
+
+    /// The SQLite store answers every random rate step exactly as the memory model does.
+    #[tokio::test]
+    async fn random_rate_steps_match_the_reference_model() {
+        for seed in 0..6u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let clock = Arc::new(ManualClock::new(T0));
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}/t.db", dir.path().display());
+            let sqlite = SqliteBackend::connect_with_clock(&url, clock.clone())
+                .await
+                .unwrap();
+            let memory = MemoryBackend::with_clock(clock.clone());
+            let mode = match seed % 3 {
+                2 => RateMode::Smooth { burst: 2 },
+                _ => RateMode::Exact,
+            };
+            let limits: Vec<RateSpec> = (0..1 + seed % 3)
+                .map(|i| RateSpec::new(3 + i as u32 * 2, Duration::from_millis(20 + 30 * i)))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let config = RateConfig::new(&limits, mode).unwrap();
+            let name = Name::new("diff").unwrap();
+            let mut last_admit: Option<(u64, StoreTime)> = None;
+            for step in 0..400 {
+                clock.advance(Duration::from_micros(rng.random_range(0..8_000)));
+                let kind = rng.random_range(0..10);
+                if kind == 0 {
+                    let (a, b) = (
+                        sqlite.rate_status(&name).await.unwrap(),
+                        memory.rate_status(&name).await.unwrap(),
+                    );
+                    assert_eq!(a, b, "seed {seed} step {step}: status");
+                    continue;
+                }
+                if kind == 1 {
+                    if let Some((id, at)) = last_admit {
+                        let (a, b) = (
+                            sqlite.rate_cancel(&name, id, at).await.unwrap(),
+                            memory.rate_cancel(&name, id, at).await.unwrap(),
+                        );
+                        assert_eq!(a, b, "seed {seed} step {step}: cancel");
+                    }
+                    continue;
+                }
+                let req = RateRequest {
+                    cost: rng.random_range(1..=config.max_cost()),
+                    max_wait: (kind >= 6).then(|| Duration::from_millis(rng.random_range(0..60))),
+                    update: false,
+                };
+                let a = sqlite.rate_acquire(&name, &config, &req).await.unwrap();
+                let b = memory.rate_acquire(&name, &config, &req).await.unwrap();
+                assert_eq!(a, b, "seed {seed} step {step}: {req:?}");
+                if let RateReply::Admitted {
+                    at, reservation, ..
+                } = a
+                {
+                    last_admit = Some((reservation, at));
+                }
+            }
+        }
+    }
+}
