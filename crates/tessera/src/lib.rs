@@ -26,6 +26,10 @@
 //! # Ok::<(), tessera::Error>(()) }).unwrap();
 //! ```
 //!
+//! A [`RateLimiter`] enforces several limits at once ("50 per second AND 1,000 per minute",
+//! never more than N in any window of length L), charged atomically on the store's clock;
+//! being limited is an answer with a retry time, and waiting is a reservation, not polling.
+//!
 //! See `docs/contract.md` in the repository for the guarantees every store keeps.
 
 pub mod clock;

@@ -10,6 +10,10 @@
 //! The acquire script decides exactly as `rate/engine.rs` does (one `ZRANGEBYSCORE … LIMIT
 //! 0 1` per limit); the status script returns the state and the log, and the snapshot is
 //! computed here with the shared engine.
+//!
+//! A least-privilege ACL user (see the module docs of the store) additionally needs, for the
+//! commands these scripts call: `+hmget +hset +del +exists +pexpire +time +zadd +zrange
+//! +zrangebyscore +zremrangebyrank +zremrangebyscore`, and `+scan` for listing limiters.
 
 use std::sync::LazyLock;
 
