@@ -62,13 +62,29 @@ impl RateModel {
         now: StoreTime,
     ) -> Result<RateReply> {
         self.expire(name, now);
-        let existing = self.limiters.get(name).map(|l| l.state.clone());
-        let mut state = engine::check_config(name, existing, config, req.update, now)?;
-        let mut log = self
-            .limiters
-            .get(name)
-            .map(|l| l.log.clone())
-            .unwrap_or_default();
+        // Work on the limiter out of the map (no copy of its log), and put it back.
+        let (stored, mut log, old_expiry) = match self.limiters.remove(name) {
+            Some(l) => (Some(l.state), l.log, l.expires_at),
+            None => (None, VecLog::default(), 0),
+        };
+        let existed = stored.is_some();
+        let kept = stored.clone();
+        let mut state = match engine::check_config(name, stored, config, req.update, now) {
+            Ok(state) => state,
+            Err(e) => {
+                if let Some(state) = kept {
+                    self.limiters.insert(
+                        name.clone(),
+                        Limiter {
+                            state,
+                            log,
+                            expires_at: old_expiry,
+                        },
+                    );
+                }
+                return Err(e);
+            }
+        };
         if let Some(p) = log.prune(engine::prune_cutoff(config, now)) {
             state.base = p;
         }
@@ -76,11 +92,14 @@ impl RateModel {
             .into_iter()
             .map(|x| x.and_then(|x| log.first_at_least(x)))
             .collect();
-        let (reply, entry) = engine::decide(&mut state, config, req, now, &found)?;
-        if let RateReply::Admitted { .. } = reply {
-            if let Some(e) = entry {
-                log.0.push_back(e);
-            }
+        let decided = engine::decide(&mut state, config, req, now, &found);
+        let admitted = matches!(decided, Ok((RateReply::Admitted { .. }, _)));
+        if let Ok((_, Some(entry))) = decided {
+            log.0.push_back(entry);
+        }
+        // A limited request changes no answer: only entries that no longer matter were
+        // pruned (and `base` followed them).
+        if admitted || existed {
             let expires_at = state.expires_at(config);
             self.limiters.insert(
                 name.clone(),
@@ -91,8 +110,7 @@ impl RateModel {
                 },
             );
         }
-        // A limited request leaves everything as it was (pruning changes no answer).
-        Ok(reply)
+        decided.map(|(reply, _)| reply)
     }
 
     pub(crate) fn cancel(
