@@ -130,7 +130,8 @@ local function save(S)
     'tat', join(S.tat), 'prev_tat', join(S.prev_tat), 'exp', int(exp))
   local ttl_ms = math.floor(math.max(exp - now, 0) / 1000) + GRACE_MS
   redis.call('PEXPIRE', K_STATE, ttl_ms)
-  if redis.call('EXISTS', K_LOG) == 1 then
+  -- The log holds entries exactly when the running total is above base.
+  if S.burst == 0 and S.p > S.base then
     redis.call('PEXPIRE', K_LOG, ttl_ms)
   end
 end
