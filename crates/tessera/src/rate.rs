@@ -82,8 +82,10 @@ pub const MAX_RATE_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// One limit: at most `count` per `period`. Parsed from `"50/s"`, `"1000/min"`, `"20000/h"`,
 /// or with a multiple of a unit, `"10/500ms"`, `"60/3s"`, `"100/5min"`, `"7/2d"`.
 ///
-/// Units: `ms`, `s`, `min`, `h`, `d` (also `sec`, `second`, `minute`, `hour`, `day`). The
-/// count is 1 to [`MAX_RATE_COUNT`]; the period 1 ms to 7 days. `m` is refused as ambiguous
+/// Units: `ms`, `s`, `min`, `h`, `d` (also `sec`, `second`, `minute`, `hour`, `day`, and `us`
+/// for periods that are not whole milliseconds, e.g. `3/1500us`). The count is 1 to
+/// [`MAX_RATE_COUNT`]; the period 1 ms to 7 days. The text form ([`fmt::Display`]) uses the
+/// largest unit that divides the period and parses back to the same limit. `m` is refused as ambiguous
 /// (minute or millisecond?).
 ///
 /// ```
@@ -175,6 +177,7 @@ impl FromStr for RateSpec {
             return Err(bad("the period must not be zero"));
         }
         let unit_us: u64 = match &per[digits..] {
+            "us" => 1,
             "ms" => 1_000,
             "s" | "sec" | "second" => 1_000_000,
             "min" | "minute" => 60_000_000,
@@ -752,6 +755,7 @@ mod tests {
             (" 7 / 2d ", 7, 172_800_000_000, "7/2d"),
             ("3/second", 3, 1_000_000, "3/s"),
             ("1/1000ms", 1, 1_000_000, "1/s"),
+            ("3/1500us", 3, 1_500, "3/1500us"),
         ] {
             let s: RateSpec = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!((s.count(), s.period_us()), (count, us), "{text}");
