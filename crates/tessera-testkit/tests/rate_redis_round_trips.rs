@@ -58,3 +58,49 @@ async fn every_rate_decision_is_one_evalsha() {
         assert_eq!(delta(c), 0, "{c}: {before:?} -> {after:?}");
     }
 }
+
+fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &server.port().to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (apt-get install -y redis-tools)");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_stays_bounded_and_the_keys_expire() {
+    let server = RedisServer::start();
+    let store = Store::connect(&format!("{}?prefix=b", server.url()))
+        .await
+        .unwrap();
+    let limits: Vec<RateSpec> = ["10/200ms", "15/400ms"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let rl = store.rate_limiter("bounded", &limits).unwrap();
+    let end = std::time::Instant::now() + Duration::from_millis(1000);
+    let mut admitted = 0;
+    while std::time::Instant::now() < end {
+        if rl.try_acquire(1).await.unwrap().is_admitted() {
+            admitted += 1;
+        }
+        let n: u64 = redis_cli(&server, &["ZCARD", "{b:bounded}:rate:log"])
+            .parse()
+            .unwrap();
+        assert!(n <= 15, "{n} log entries");
+    }
+    assert!(admitted >= 30, "{admitted}");
+    let ttl: i64 = redis_cli(&server, &["PTTL", "{b:bounded}:rate"])
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 1400, "{ttl} ms");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        redis_cli(
+            &server,
+            &["EXISTS", "{b:bounded}:rate", "{b:bounded}:rate:log"]
+        ),
+        "0"
+    );
+}

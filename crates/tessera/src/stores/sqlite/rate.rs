@@ -444,4 +444,50 @@ mod tests {
             }
         }
     }
+
+    #[tokio::test]
+    async fn the_log_holds_at_most_n_entries_of_the_longest_limit() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db", dir.path().display());
+        let backend = SqliteBackend::connect_with_clock(&url, clock.clone())
+            .await
+            .unwrap();
+        let limits = ["5/20ms".parse().unwrap(), "8/50ms".parse().unwrap()];
+        let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+        let name = Name::new("bounded").unwrap();
+        let req = RateRequest {
+            cost: 1,
+            max_wait: None,
+            update: false,
+        };
+        let mut admitted = 0;
+        for _ in 0..2000 {
+            clock.advance(Duration::from_micros(700));
+            if let RateReply::Admitted { .. } =
+                backend.rate_acquire(&name, &config, &req).await.unwrap()
+            {
+                admitted += 1;
+            }
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tessera_rate_log")
+                .fetch_one(&backend.pool)
+                .await
+                .unwrap();
+            assert!(rows <= 8, "{rows} log rows");
+        }
+        // 1.4 s of demand above the limit: 8 per 50 ms.
+        assert_eq!(admitted, 8 * 1400 / 50);
+        // Unused past the longest period, the state leaves the file at the next step.
+        clock.advance(Duration::from_millis(60));
+        let other = Name::new("other").unwrap();
+        backend.rate_acquire(&other, &config, &req).await.unwrap();
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM tessera_rate_log WHERE name = 'bounded') + \
+             (SELECT count(*) FROM tessera_rate_limiters WHERE name = 'bounded')",
+        )
+        .fetch_one(&backend.pool)
+        .await
+        .unwrap();
+        assert_eq!(rows, 0);
+    }
 }
