@@ -127,4 +127,8 @@ impl Backend for FaultyBackend {
     fn waking(&self) -> Waking {
         self.inner.waking()
     }
+    /// Rate steps pass through without faults.
+    fn rate(&self) -> Option<&dyn RateBackend> {
+        self.inner.rate()
+    }
 }

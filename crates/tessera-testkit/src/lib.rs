@@ -7,5 +7,6 @@ pub mod faults;
 pub mod grantlog;
 pub mod harness;
 pub mod hold;
+pub mod ratelog;
 pub mod servers;
 pub mod worker;

@@ -51,6 +51,13 @@ pub enum InvalidInput {
     /// A lease id that is not 32 hexadecimal digits.
     #[error("invalid lease id {0:?}: expected 32 hexadecimal digits")]
     LeaseId(String),
+    /// A rate limit that could not be parsed or is out of range (see [`crate::RateSpec`]).
+    #[error("invalid rate limit {spec:?}: {reason}")]
+    Rate { spec: String, reason: String },
+    /// A rate request's cost must be between 1 and the limiter's largest cost (the smallest
+    /// limit's count; in smooth mode, the burst).
+    #[error("invalid cost {cost}: must be between 1 and {max}")]
+    Cost { cost: u32, max: u32 },
     /// Any other malformed argument.
     #[error("{0}")]
     Other(String),
@@ -89,6 +96,17 @@ pub enum Error {
     /// The lease was lost (expired, revoked or the store forgot it).
     #[error("lease lost: {0}")]
     Lost(LossReason),
+    /// The rate limiter exists in the store with other limits or another mode. Changing them
+    /// is explicit: [`crate::RateOptions::update`].
+    #[error("rate limiter {name:?} has limits {stored} in the store, but this client declared {declared}; use update to change them")]
+    RateMismatch {
+        name: String,
+        stored: String,
+        declared: String,
+    },
+    /// The store does not offer this operation (e.g. rate limiting on a store without it).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 /// Rough classes of store faults.
@@ -198,6 +216,10 @@ impl Error {
     /// The lease was lost.
     pub fn is_lost(&self) -> bool {
         matches!(self, Error::Lost(_))
+    }
+    /// The stored rate limits differ from the declared ones.
+    pub fn is_rate_mismatch(&self) -> bool {
+        matches!(self, Error::RateMismatch { .. })
     }
     /// No such semaphore or lease.
     pub fn is_not_found(&self) -> bool {

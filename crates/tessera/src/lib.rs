@@ -26,6 +26,10 @@
 //! # Ok::<(), tessera::Error>(()) }).unwrap();
 //! ```
 //!
+//! A [`RateLimiter`] enforces several limits at once ("50 per second AND 1,000 per minute",
+//! never more than N in any window of length L), charged atomically on the store's clock;
+//! being limited is an answer with a retry time, and waiting is a reservation, not polling.
+//!
 //! See `docs/contract.md` in the repository for the guarantees every store keeps.
 
 pub mod clock;
@@ -33,6 +37,7 @@ pub mod error;
 mod lock;
 mod model;
 mod permit;
+pub mod rate;
 mod semaphore;
 pub mod store;
 pub mod stores;
@@ -42,5 +47,9 @@ pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lock::Lock;
 pub use model::*;
 pub use permit::Permit;
+pub use rate::{
+    LimitUsage, RateBackend, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions,
+    RateReply, RateRequest, RateSpec, RateStatus,
+};
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::{Backend, Store, Waking};

@@ -107,6 +107,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// How waiters learn about grants.
     fn waking(&self) -> Waking;
+
+    /// The rate-limit operations of this store, if it has them (see [`crate::RateBackend`]).
+    /// Wrappers (fault injection) forward this.
+    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+        None
+    }
 }
 
 /// A connection to one store, chosen by URL. Cheap to clone; clones share the connection.
@@ -210,6 +216,34 @@ impl Store {
     /// Names of the semaphores that currently have holders or waiters.
     pub async fn list(&self) -> Result<Vec<String>> {
         self.backend.list().await
+    }
+
+    /// A rate limiter with `limits` in exact mode (at most N in any window of L) and default
+    /// options; see [`crate::RateLimiter`].
+    pub fn rate_limiter(
+        &self,
+        name: &str,
+        limits: &[crate::RateSpec],
+    ) -> Result<crate::RateLimiter> {
+        crate::RateLimiter::new(self, name, limits, crate::RateOptions::default())
+    }
+
+    /// A snapshot of a rate limiter (usage per limit, next free time), or `None` if the store
+    /// holds no state for it. [`Error::Unsupported`] on a store without rate limiting.
+    pub async fn rate_status(&self, name: &str) -> Result<Option<crate::RateStatus>> {
+        let name = Name::new(name)?;
+        self.rate_backend()?.rate_status(&name).await
+    }
+
+    /// Names of the rate limiters the store holds state for.
+    pub async fn rate_list(&self) -> Result<Vec<String>> {
+        self.rate_backend()?.rate_list().await
+    }
+
+    fn rate_backend(&self) -> Result<&dyn crate::rate::RateBackend> {
+        self.backend.rate().ok_or_else(|| {
+            Error::Unsupported(format!("rate limiting is not available on {}", self.url))
+        })
     }
 
     /// Changes a semaphore's capacity (admin); returns the old capacity. Growing hands the

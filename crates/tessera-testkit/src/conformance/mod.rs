@@ -10,9 +10,11 @@
 //! names a bound ("within the TTL") the test waits for the bound plus a generous slack.
 
 mod lock;
+mod rate;
 mod semaphore;
 
 pub use lock::*;
+pub use rate::*;
 pub use semaphore::*;
 
 use std::future::Future;

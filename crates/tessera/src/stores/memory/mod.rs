@@ -5,6 +5,7 @@
 //! shared by every handle that connects with the same name.
 
 mod ops;
+mod rate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -22,11 +23,15 @@ pub(crate) use ops::Model;
 
 static INSTANCES: LazyLock<Mutex<HashMap<String, Arc<Mutex<Model>>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+static RATE_INSTANCES: LazyLock<Mutex<HashMap<String, Arc<Mutex<rate::RateModel>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The in-memory backend.
 #[derive(Debug, Clone)]
 pub struct MemoryBackend {
     model: Arc<Mutex<Model>>,
+    /// Rate limiters (`rate.rs`), separate from the semaphores: no step touches both.
+    rate: Arc<Mutex<rate::RateModel>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -52,8 +57,16 @@ impl MemoryBackend {
                 .entry(rest.to_string())
                 .or_default(),
         );
+        let rate = Arc::clone(
+            RATE_INSTANCES
+                .lock()
+                .unwrap()
+                .entry(rest.to_string())
+                .or_default(),
+        );
         Ok(MemoryBackend {
             model,
+            rate,
             clock: Arc::new(SystemClock),
         })
     }
@@ -62,6 +75,7 @@ impl MemoryBackend {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         MemoryBackend {
             model: Arc::default(),
+            rate: Arc::default(),
             clock,
         }
     }
@@ -124,5 +138,8 @@ impl Backend for MemoryBackend {
     }
     fn waking(&self) -> Waking {
         Waking::Push
+    }
+    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+        Some(self)
     }
 }

@@ -41,6 +41,7 @@
 //! next periodic one). Commands go through a `ConnectionManager`, which reconnects by itself.
 
 mod ops;
+mod rate;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -594,6 +595,10 @@ impl Backend for RedisBackend {
 
     fn waking(&self) -> Waking {
         Waking::Push
+    }
+
+    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+        Some(self)
     }
 }
 

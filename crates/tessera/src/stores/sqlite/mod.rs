@@ -35,6 +35,7 @@
 
 mod notify;
 mod ops;
+mod rate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,10 @@ use crate::wake;
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
+/// The rate-limiter tables, additive to [`SCHEMA`] (see `rate_schema.sql`).
+const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
+/// The rate tables' version this code reads and writes.
+const RATE_SCHEMA_VERSION: i64 = 1;
 /// The schema version this code reads and writes.
 const SCHEMA_VERSION: i64 = 1;
 /// How long a transaction waits for another connection's write lock.
@@ -307,6 +312,10 @@ impl Backend for SqliteBackend {
             max: Duration::from_millis(250),
         }
     }
+
+    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+        Some(self)
+    }
 }
 
 /// Replaces SQLite's default busy handler, whose sleeps grow to 100 ms, with short ones.
@@ -423,6 +432,20 @@ async fn ensure_schema(conn: &mut SqliteConnection) -> Result<()> {
     if version != Some(SCHEMA_VERSION) {
         return Err(Error::Corrupt(format!(
             "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
+        )));
+    }
+    sqlx::raw_sql(RATE_SCHEMA)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let rate_version: Option<i64> =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'rate_schema_version'")
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    if rate_version != Some(RATE_SCHEMA_VERSION) {
+        return Err(Error::Corrupt(format!(
+            "tessera rate schema version {rate_version:?} in the file; this build reads version {RATE_SCHEMA_VERSION}"
         )));
     }
     tx.commit().await.map_err(map_err)

@@ -1,0 +1,407 @@
+//! The rate limiter's contract as tests, run against every store: the window guarantee under
+//! concurrency (checked on the store's own admit times), exact retry times, FIFO
+//! reservations, waiting by reservation, cancellation, all-or-nothing charging of several
+//! limits, "limited changes nothing", typed errors, configuration mismatch, and expiry.
+
+use std::time::Duration;
+
+use tessera::{
+    Name, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions, RateReply, RateRequest,
+    RateSpec, Store,
+};
+
+use super::{eventually, unique};
+use crate::harness::Harness;
+
+fn spec(s: &str) -> RateSpec {
+    s.parse().unwrap()
+}
+
+fn limiter(store: &Store, name: &str, limits: &[&str]) -> RateLimiter {
+    let specs: Vec<RateSpec> = limits.iter().map(|s| spec(s)).collect();
+    store.rate_limiter(name, &specs).unwrap()
+}
+
+/// One raw rate step through the seam (no sleeping), for tests that look at store times.
+async fn step(
+    store: &Store,
+    name: &str,
+    config: &RateConfig,
+    cost: u32,
+    wait: Option<Duration>,
+) -> RateReply {
+    let req = RateRequest {
+        cost,
+        max_wait: wait,
+        update: false,
+    };
+    store
+        .backend()
+        .rate()
+        .expect("rate support")
+        .rate_acquire(&Name::new(name).unwrap(), config, &req)
+        .await
+        .expect("rate step")
+}
+
+/// The largest cost admitted in any window `(s - L, s]` of the given admit times.
+pub fn max_in_window(admitted: &[(u64, u32)], period_us: u64) -> u64 {
+    let mut v = admitted.to_vec();
+    v.sort();
+    let (mut worst, mut lo, mut sum) = (0, 0, 0u64);
+    for hi in 0..v.len() {
+        sum += v[hi].1 as u64;
+        while v[lo].0 + period_us <= v[hi].0 {
+            sum -= v[lo].1 as u64;
+            lo += 1;
+        }
+        worst = worst.max(sum);
+    }
+    worst
+}
+
+/// N admitted at once, then limited with the exact retry time: the first admission + L.
+pub async fn rate_limits_after_n_with_exact_retry_time(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-n");
+    let config = RateConfig::new(&[spec("5/2s")], RateMode::Exact).unwrap();
+    let mut first = None;
+    for _ in 0..5 {
+        match step(&c.store, &name, &config, 1, None).await {
+            RateReply::Admitted { at, now, .. } => {
+                assert_eq!(at, now);
+                first.get_or_insert(at);
+            }
+            other => panic!("limited too early: {other:?}"),
+        }
+    }
+    match step(&c.store, &name, &config, 1, None).await {
+        RateReply::Limited { retry_at, now } => {
+            assert_eq!(retry_at, first.unwrap().plus(Duration::from_secs(2)));
+            assert!(retry_at > now);
+        }
+        other => panic!("the 6th in 2 s was admitted: {other:?}"),
+    }
+    let rl = limiter(&c.store, &name, &["5/2s"]);
+    let d = rl.try_acquire(1).await.unwrap();
+    let after = d.retry_after().expect("limited");
+    assert!(
+        after > Duration::from_millis(1000) && after <= Duration::from_secs(2),
+        "{after:?}"
+    );
+}
+
+/// A limited request (try, or acquire whose wait is too long) changes no state.
+pub async fn rate_limited_requests_change_nothing(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-nochange");
+    let rl = limiter(&c.store, &name, &["3/5s", "4/10s"]);
+    for _ in 0..3 {
+        assert!(rl.try_acquire(1).await.unwrap().is_admitted());
+    }
+    let before = c.store.rate_status(&name).await.unwrap().unwrap();
+    for _ in 0..5 {
+        assert!(!rl.try_acquire(1).await.unwrap().is_admitted());
+        let d = rl
+            .acquire_within(2, Duration::from_millis(50))
+            .await
+            .unwrap();
+        assert!(!d.is_admitted(), "{d:?}");
+    }
+    let after = c.store.rate_status(&name).await.unwrap().unwrap();
+    // Usage is unchanged (a limit's next free time is "now" while it is free, so only the
+    // binding one is compared).
+    let usage = |s: &tessera::RateStatus| {
+        s.limits
+            .iter()
+            .map(|l| (l.used, l.reserved, l.next_free.max(s.now) > s.now))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(usage(&before), usage(&after));
+    assert_eq!(before.limits[0].next_free, after.limits[0].next_free);
+    assert_eq!(
+        (before.last_admit, before.next_free),
+        (after.last_admit, after.next_free)
+    );
+    assert_eq!(after.limits[0].used, 3);
+    assert_eq!(after.limits[1].used, 3);
+}
+
+/// Several limits are charged together or not at all; a cost counts fully on each.
+pub async fn rate_limits_are_charged_all_or_nothing(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-multi");
+    let rl = limiter(&c.store, &name, &["4/5s", "6/10s"]);
+    assert!(rl.try_acquire(3).await.unwrap().is_admitted());
+    // 3 + 2 > 4 on the first limit: refused, and the second limit is not charged either.
+    assert!(!rl.try_acquire(2).await.unwrap().is_admitted());
+    assert!(rl.try_acquire(1).await.unwrap().is_admitted());
+    let s = rl.status().await.unwrap();
+    assert_eq!(
+        s.limits.iter().map(|l| l.used).collect::<Vec<_>>(),
+        vec![4, 4]
+    );
+    assert!(s.next_free > s.now);
+}
+
+/// Reservations are served in the order the store received them, each window full.
+pub async fn rate_reservations_are_served_in_order(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-fifo");
+    let config = RateConfig::new(&[spec("2/300ms")], RateMode::Exact).unwrap();
+    let mut ats = Vec::new();
+    for _ in 0..8 {
+        match step(&c.store, &name, &config, 1, Some(Duration::from_secs(5))).await {
+            RateReply::Admitted { at, .. } => ats.push(at.0),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(ats.windows(2).all(|w| w[0] <= w[1]), "{ats:?}");
+    for pair in ats.chunks(2).collect::<Vec<_>>().windows(2) {
+        // Each pair starts exactly when the pair before it leaves the window.
+        assert_eq!(pair[1][0], pair[0][0] + 300_000, "{ats:?}");
+    }
+    let admitted: Vec<(u64, u32)> = ats.iter().map(|&t| (t, 1)).collect();
+    assert_eq!(max_in_window(&admitted, 300_000), 2);
+    // A try after them does not jump the queue.
+    match step(&c.store, &name, &config, 1, None).await {
+        RateReply::Limited { retry_at, .. } => assert!(retry_at.0 >= *ats.last().unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `acquire` sleeps until its reservation, and a wait beyond the maximum reserves nothing.
+pub async fn rate_acquire_waits_for_its_reservation(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-wait");
+    let rl = limiter(&c.store, &name, &["1/400ms"]);
+    assert!(rl.acquire(1).await.unwrap().is_admitted());
+    let start = std::time::Instant::now();
+    let d = rl.acquire(1).await.unwrap();
+    let waited = start.elapsed();
+    assert!(d.is_admitted());
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    let d = rl
+        .acquire_within(1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(
+        matches!(d, RateDecision::Limited { retry_after, .. } if retry_after > Duration::from_millis(100)),
+        "{d:?}"
+    );
+}
+
+/// Dropping an acquire while it sleeps returns its reservation (it was the latest).
+pub async fn rate_cancelled_reservation_is_returned(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-cancel");
+    let rl = limiter(&c.store, &name, &["1/2s"]);
+    assert!(rl.try_acquire(1).await.unwrap().is_admitted());
+    let before = rl.status().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(200), rl.acquire(1)).await;
+    assert!(r.is_err(), "the acquire should still be sleeping");
+    let want = before.next_free;
+    eventually(
+        "the cancelled reservation is returned",
+        Duration::from_secs(3),
+        || {
+            let rl = rl.clone();
+            async move {
+                let s = rl.status().await.unwrap();
+                s.limits[0].reserved == 0 && s.next_free == want
+            }
+        },
+    )
+    .await;
+}
+
+/// Costs, limits and modes out of range are typed errors, nothing sent.
+pub async fn rate_bad_inputs_get_typed_errors(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-bad");
+    let rl = limiter(&c.store, &name, &["5/s", "100/min"]);
+    for cost in [0, 6, 1000] {
+        let e = rl.try_acquire(cost).await.unwrap_err();
+        assert!(e.is_invalid_input(), "{e}");
+        let e = rl.acquire(cost).await.unwrap_err();
+        assert!(e.is_invalid_input(), "{e}");
+    }
+    assert!(c.store.rate_status(&name).await.unwrap().is_none());
+    for bad in [
+        "",
+        "5",
+        "0/s",
+        "5/0s",
+        "5/m",
+        "5/fortnight",
+        "-1/s",
+        "5/8d",
+        "x/s",
+    ] {
+        assert!(bad.parse::<RateSpec>().is_err(), "{bad:?}");
+    }
+    assert!(c
+        .store
+        .rate_limiter(&name, &[])
+        .unwrap_err()
+        .is_invalid_input());
+    assert!(c
+        .store
+        .rate_limiter("bad name", &[spec("1/s")])
+        .unwrap_err()
+        .is_invalid_input());
+    let smooth = RateOptions::default().mode(RateMode::Smooth { burst: 6 });
+    assert!(RateLimiter::new(&c.store, &name, &[spec("5/s")], smooth)
+        .unwrap_err()
+        .is_invalid_input());
+    let smooth = RateOptions::default().mode(RateMode::Smooth { burst: 2 });
+    let rl =
+        RateLimiter::new(&c.store, &unique("rate-smooth-bad"), &[spec("5/s")], smooth).unwrap();
+    assert!(rl.try_acquire(3).await.unwrap_err().is_invalid_input());
+}
+
+/// A name reopened with other limits is refused unless the caller asks to update.
+pub async fn rate_mismatched_limits_are_refused_unless_updated(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-mismatch");
+    let a = limiter(&c.store, &name, &["5/s", "100/min"]);
+    assert!(a.try_acquire(2).await.unwrap().is_admitted());
+    // The same limits in another order are the same limiter.
+    let same = limiter(&c.store, &name, &["100/min", "5/s"]);
+    assert!(same.try_acquire(1).await.unwrap().is_admitted());
+    let b = limiter(&c.store, &name, &["10/s"]);
+    let e = b.try_acquire(1).await.unwrap_err();
+    assert!(e.is_rate_mismatch(), "{e}");
+    assert!(e.to_string().contains("5/s"), "{e}");
+    let updated = RateLimiter::new(
+        &c.store,
+        &name,
+        &[spec("4/s")],
+        RateOptions::default().update(true),
+    )
+    .unwrap();
+    // History is kept: 3 already admitted within the second, so 1 more fits, not 2.
+    assert!(updated.try_acquire(1).await.unwrap().is_admitted());
+    assert!(!updated.try_acquire(1).await.unwrap().is_admitted());
+    assert!(a.try_acquire(1).await.unwrap_err().is_rate_mismatch());
+}
+
+/// Smooth mode paces: one unit every L/N after the burst, with an exact retry time.
+pub async fn rate_smooth_mode_paces_evenly(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-smooth");
+    let opts = RateOptions::default().mode(RateMode::Smooth { burst: 1 });
+    let rl = RateLimiter::new(&c.store, &name, &[spec("10/s")], opts).unwrap();
+    let first = match rl.try_acquire(1).await.unwrap() {
+        RateDecision::Admitted { at } => at,
+        other => panic!("{other:?}"),
+    };
+    match rl.try_acquire(1).await.unwrap() {
+        RateDecision::Limited { retry_at, .. } => {
+            assert_eq!(retry_at, first.plus(Duration::from_millis(100)))
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut ats = vec![first];
+    for _ in 0..3 {
+        match rl.acquire(1).await.unwrap() {
+            RateDecision::Admitted { at } => ats.push(at),
+            other => panic!("{other:?}"),
+        }
+    }
+    for w in ats.windows(2) {
+        assert!(w[1].0 - w[0].0 >= 100_000, "{ats:?}");
+    }
+    let s = rl.status().await.unwrap();
+    assert_eq!(s.mode, RateMode::Smooth { burst: 1 });
+}
+
+/// Many clients hammering one limiter never exceed any limit in any window, on the store's
+/// own admit times; with demand above the limit the windows fill up.
+pub async fn rate_window_holds_under_concurrency(h: &Harness) {
+    let name = unique("rate-conc");
+    let config = RateConfig::new(&[spec("20/s"), spec("30/2s")], RateMode::Exact).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let c = h.client().await;
+        let (name, config) = (name.clone(), config.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = Vec::new();
+            let end = tokio::time::Instant::now() + Duration::from_millis(2500);
+            let mut n = 0u32;
+            while tokio::time::Instant::now() < end {
+                n += 1;
+                let cost = 1 + (n + i) % 3;
+                let wait = n.is_multiple_of(2).then_some(Duration::from_millis(300));
+                match step(&c.store, &name, &config, cost, wait).await {
+                    RateReply::Admitted { at, now, .. } => {
+                        admitted.push((at.0, cost));
+                        tokio::time::sleep(at.since(now)).await;
+                    }
+                    RateReply::Limited { .. } => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+            admitted
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    assert!(max_in_window(&all, 1_000_000) <= 20);
+    assert!(max_in_window(&all, 2_000_000) <= 30);
+    let total: u64 = all.iter().map(|&(_, c)| c as u64).sum();
+    assert!(total >= 30, "demand above the limit admitted only {total}");
+}
+
+/// A limiter's state goes away once its longest period has passed without admissions.
+pub async fn rate_state_expires_when_unused(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-expire");
+    let rl = limiter(&c.store, &name, &["2/300ms"]);
+    assert!(rl.try_acquire(2).await.unwrap().is_admitted());
+    assert!(c.store.rate_list().await.unwrap().contains(&name));
+    let s = c.store.rate_status(&name).await.unwrap().unwrap();
+    assert_eq!(s.limits[0].used, 2);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(c.store.rate_status(&name).await.unwrap().is_none());
+    let n = name.clone();
+    let store = c.store.clone();
+    eventually(
+        "the limiter leaves the list",
+        Duration::from_secs(4),
+        || {
+            let (n, store) = (n.clone(), store.clone());
+            async move { !store.rate_list().await.unwrap().contains(&n) }
+        },
+    )
+    .await;
+    // Unused long enough, other limits may be declared without update.
+    assert!(limiter(&c.store, &name, &["1/s"])
+        .try_acquire(1)
+        .await
+        .unwrap()
+        .is_admitted());
+}
+
+/// Expands to one test per rate conformance test, each with a fresh harness.
+#[macro_export]
+macro_rules! rate_conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@each $harness;
+            rate_limits_after_n_with_exact_retry_time,
+            rate_limited_requests_change_nothing,
+            rate_limits_are_charged_all_or_nothing,
+            rate_reservations_are_served_in_order,
+            rate_acquire_waits_for_its_reservation,
+            rate_cancelled_reservation_is_returned,
+            rate_bad_inputs_get_typed_errors,
+            rate_mismatched_limits_are_refused_unless_updated,
+            rate_smooth_mode_paces_evenly,
+            rate_window_holds_under_concurrency,
+            rate_state_expires_when_unused
+        );
+    };
+}

@@ -1,0 +1,356 @@
+//! The rate decision as pure functions of the state, the request and the store's time. The
+//! memory and SQLite stores call these; the Redis script (`rate_acquire.lua`) follows them
+//! line by line.
+//!
+//! # State
+//!
+//! - `config`: the canonical limits ([`RateConfig::encode`]);
+//! - `last`: the latest admit time (reserved times included); every admission is placed at
+//!   or after it, so admit times never decrease (FIFO reservations, and a sorted log);
+//! - `p`: running total of admitted cost; `base`: the running total just before the oldest
+//!   log entry still kept (entries older than the longest period are pruned);
+//! - the log (exact mode): entries `(t, P)`, `P` the running total including the entry; `P`
+//!   is strictly increasing (costs are `>= 1`) and so unique, and `t` is non-decreasing;
+//! - `tat` (smooth mode): one theoretical arrival time per limit (GCRA);
+//! - `seq`, `tail`, `prev_last`, `prev_tat`: enough to undo the latest admission (`tail` is
+//!   its id, 0 once undone or when nothing can be undone).
+//!
+//! # Exact mode
+//!
+//! A request of cost `k` placed at `t >= max(now, last)` lies after every entry, so the
+//! windows containing it hold at most what `(t - L, t]` holds, plus `k`. That cost is `p`
+//! minus the running total before the first entry later than `t - L`, and it is at most
+//! `N - k` exactly when every entry whose `P >= p - N + k` (the threshold) is at or before
+//! `t - L`. The first such entry binds: `t >= t_entry + L`. The earliest admissible time is
+//! the largest of these bounds over the limits and `max(now, last)`.
+//!
+//! # Smooth mode
+//!
+//! Limit `N/L` has emission interval `T = ceil(L / N)` µs and tolerance `(B - 1) T`. `k` units
+//! at `t` pass when the last of them would: `t >= max(tat, t) + (k - 1) T - (B - 1) T`, i.e.
+//! `t >= tat - (B - k) T` (with `k <= B`). Admitting sets `tat = max(tat, t) + k T`.
+
+use std::collections::VecDeque;
+
+use crate::error::{Error, Result};
+use crate::model::{Name, StoreTime};
+use crate::rate::{LimitUsage, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
+
+/// One limiter's state (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RateState {
+    pub config: String,
+    pub seq: u64,
+    pub tail: u64,
+    pub last: u64,
+    pub prev_last: u64,
+    pub p: u64,
+    pub base: u64,
+    pub tat: Vec<u64>,
+    pub prev_tat: Vec<u64>,
+}
+
+impl RateState {
+    pub fn new(config: &RateConfig) -> Self {
+        let n = config.limits().len();
+        RateState {
+            config: config.encode(),
+            seq: 0,
+            tail: 0,
+            last: 0,
+            prev_last: 0,
+            p: 0,
+            base: 0,
+            tat: vec![0; n],
+            prev_tat: vec![0; n],
+        }
+    }
+
+    /// When the state stops mattering: no entry within the longest period, no pacing
+    /// debt. Past this time a fresh state answers the same.
+    pub fn expires_at(&self, config: &RateConfig) -> u64 {
+        match config.mode() {
+            RateMode::Exact => self.last.saturating_add(config.horizon_us()),
+            RateMode::Smooth { .. } => self.tat.iter().copied().fold(self.last, u64::max),
+        }
+    }
+}
+
+/// The entries at or before this time are pruned (exact mode).
+pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
+    now.0.saturating_sub(config.horizon_us())
+}
+
+/// Checks the stored configuration against the declared one. Returns the state to use:
+/// `state` unchanged if they match; a fresh state if there was none; with `update`, the
+/// state moved to the new configuration (exact history kept; smooth pacing restarts from
+/// `max(now, last)`). Without `update` a difference is [`Error::RateMismatch`].
+pub(crate) fn check_config(
+    name: &Name,
+    state: Option<RateState>,
+    config: &RateConfig,
+    update: bool,
+    now: StoreTime,
+) -> Result<RateState> {
+    let Some(mut state) = state else {
+        return Ok(RateState::new(config));
+    };
+    let declared = config.encode();
+    if state.config == declared {
+        if state.tat.len() != config.limits().len() || state.prev_tat.len() != state.tat.len() {
+            return Err(Error::Corrupt(format!(
+                "rate limiter {name}: {} pacing values for {} limits",
+                state.tat.len(),
+                config.limits().len()
+            )));
+        }
+        return Ok(state);
+    }
+    if !update {
+        return Err(Error::RateMismatch {
+            name: name.to_string(),
+            stored: state.config,
+            declared,
+        });
+    }
+    let start = now.0.max(state.last);
+    let n = config.limits().len();
+    state.config = declared;
+    state.tat = vec![start; n];
+    state.prev_tat = vec![start; n];
+    state.tail = 0;
+    Ok(state)
+}
+
+/// Exact mode: for each limit, the running total whose first entry binds the request, if
+/// any entry can bind (`None`: the limit does not constrain). Look each up with
+/// [`LogView::first_at_least`].
+pub(crate) fn thresholds(state: &RateState, config: &RateConfig, cost: u32) -> Vec<Option<u64>> {
+    config
+        .limits()
+        .iter()
+        .map(|l| {
+            // P >= p - N + k, and only entries still kept (P > base) can bind.
+            let x = (state.p + cost as u64).checked_sub(l.count() as u64)?;
+            (x > state.base).then_some(x)
+        })
+        .collect()
+}
+
+/// The smooth-mode emission interval of each limit, in µs.
+pub(crate) fn emission_intervals(config: &RateConfig) -> Vec<u64> {
+    config
+        .limits()
+        .iter()
+        .map(|l| l.period_us().div_ceil(l.count() as u64))
+        .collect()
+}
+
+/// The earliest admissible time of a request of `cost`. `found[i]` is the admit time of the
+/// first entry at or above `thresholds(..)[i]` (exact mode; ignored in smooth mode).
+pub(crate) fn earliest(
+    state: &RateState,
+    config: &RateConfig,
+    cost: u32,
+    now: StoreTime,
+    found: &[Option<u64>],
+) -> Result<u64> {
+    let mut t = now.0.max(state.last);
+    match config.mode() {
+        RateMode::Exact => {
+            let wanted = thresholds(state, config, cost);
+            for ((l, want), got) in config.limits().iter().zip(&wanted).zip(found) {
+                match (want, got) {
+                    (None, _) => {}
+                    (Some(_), Some(at)) => t = t.max(at.saturating_add(l.period_us())),
+                    (Some(x), None) => {
+                        return Err(Error::Corrupt(format!(
+                            "rate log has no entry at or above running total {x} (total {})",
+                            state.p
+                        )))
+                    }
+                }
+            }
+        }
+        RateMode::Smooth { burst } => {
+            let slack = (burst.saturating_sub(cost)) as u64;
+            for (tat, interval) in state.tat.iter().zip(emission_intervals(config)) {
+                t = t.max(tat.saturating_sub(slack * interval));
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Decides a request. On admission, updates `state` and returns the log entry `(t, P)` to
+/// append (exact mode). On `Limited`, `state` is unchanged.
+pub(crate) fn decide(
+    state: &mut RateState,
+    config: &RateConfig,
+    req: &RateRequest,
+    now: StoreTime,
+    found: &[Option<u64>],
+) -> Result<(RateReply, Option<(u64, u64)>)> {
+    let t = earliest(state, config, req.cost, now, found)?;
+    let wait = t - now.0;
+    let admit = match req.max_wait {
+        None => wait == 0,
+        Some(max) => wait as u128 <= max.as_micros(),
+    };
+    if !admit {
+        return Ok((
+            RateReply::Limited {
+                retry_at: StoreTime(t),
+                now,
+            },
+            None,
+        ));
+    }
+    state.prev_last = state.last;
+    state.last = t;
+    state.seq += 1;
+    state.tail = state.seq;
+    let k = req.cost as u64;
+    let entry = match config.mode() {
+        RateMode::Exact => {
+            state.p += k;
+            Some((t, state.p))
+        }
+        RateMode::Smooth { .. } => {
+            state.prev_tat = state.tat.clone();
+            for (tat, interval) in state.tat.iter_mut().zip(emission_intervals(config)) {
+                *tat = (*tat).max(t) + k * interval;
+            }
+            None
+        }
+    };
+    Ok((
+        RateReply::Admitted {
+            at: StoreTime(t),
+            now,
+            reservation: state.seq,
+        },
+        entry,
+    ))
+}
+
+/// Whether `reservation` (admitted at `at`) can be returned: it is the latest admission, not
+/// undone, and not yet due. The admit time is checked too: ids restart when an expired state
+/// is created afresh, but a stale id's time has passed by then (the state expires only after
+/// its latest admission), so it can never match a new reservation that is not yet due. If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
+/// removes the log's last entry (exact mode) and sets `p` to the running total before it.
+pub(crate) fn cancel(
+    state: &mut RateState,
+    config: &RateConfig,
+    reservation: u64,
+    at: StoreTime,
+    now: StoreTime,
+) -> bool {
+    if reservation == 0 || state.tail != reservation || state.last != at.0 || at.0 <= now.0 {
+        return false;
+    }
+    state.last = state.prev_last;
+    state.tail = 0;
+    if let RateMode::Smooth { .. } = config.mode() {
+        state.tat = state.prev_tat.clone();
+    }
+    true
+}
+
+/// Reads of the log needed by a decision and a status.
+pub(crate) trait LogView {
+    /// The admit time of the first entry with running total `>= x`.
+    fn first_at_least(&self, x: u64) -> Option<u64>;
+    /// The running total of the last entry at or before `t` (`None`: no kept entry is).
+    fn total_at(&self, t: u64) -> Option<u64>;
+}
+
+/// A log in memory: entries `(t, P)` in order.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct VecLog(pub VecDeque<(u64, u64)>);
+
+impl VecLog {
+    /// Drops entries at or before `cutoff`; returns the running total of the last dropped.
+    pub fn prune(&mut self, cutoff: u64) -> Option<u64> {
+        let mut dropped = None;
+        while let Some(&(t, p)) = self.0.front() {
+            if t > cutoff {
+                break;
+            }
+            dropped = Some(p);
+            self.0.pop_front();
+        }
+        dropped
+    }
+}
+
+impl LogView for VecLog {
+    fn first_at_least(&self, x: u64) -> Option<u64> {
+        let i = self.0.partition_point(|&(_, p)| p < x);
+        self.0.get(i).map(|&(t, _)| t)
+    }
+    fn total_at(&self, t: u64) -> Option<u64> {
+        let i = self.0.partition_point(|&(at, _)| at <= t);
+        i.checked_sub(1).map(|i| self.0[i].1)
+    }
+}
+
+/// A snapshot of one limiter from its state and log.
+pub(crate) fn status(
+    name: &Name,
+    state: &RateState,
+    config: &RateConfig,
+    log: &dyn LogView,
+    now: StoreTime,
+) -> Result<RateStatus> {
+    let found: Vec<Option<u64>> = thresholds(state, config, 1)
+        .into_iter()
+        .map(|x| x.and_then(|x| log.first_at_least(x)))
+        .collect();
+    let next_free = earliest(state, config, 1, now, &found)?;
+    let intervals = emission_intervals(config);
+    let mut limits = Vec::new();
+    for (i, &limit) in config.limits().iter().enumerate() {
+        let usage = match config.mode() {
+            RateMode::Exact => {
+                let at_now = log.total_at(now.0).unwrap_or(state.base);
+                let before = log
+                    .total_at(now.0.saturating_sub(limit.period_us()))
+                    .unwrap_or(state.base);
+                let one = RateConfig::new(&[limit], RateMode::Exact).map_err(Error::from)?;
+                let f: Vec<Option<u64>> = thresholds(state, &one, 1)
+                    .into_iter()
+                    .map(|x| x.and_then(|x| log.first_at_least(x)))
+                    .collect();
+                LimitUsage {
+                    limit,
+                    used: at_now.saturating_sub(before),
+                    reserved: state.p.saturating_sub(at_now),
+                    next_free: StoreTime(earliest(state, &one, 1, now, &f)?),
+                }
+            }
+            RateMode::Smooth { .. } => {
+                let tat = state.tat[i];
+                let interval = intervals[i];
+                LimitUsage {
+                    limit,
+                    used: tat.saturating_sub(now.0).div_ceil(interval),
+                    reserved: 0,
+                    next_free: StoreTime(
+                        now.0
+                            .max(tat.saturating_sub((config.max_cost() as u64 - 1) * interval)),
+                    ),
+                }
+            }
+        };
+        limits.push(usage);
+    }
+    Ok(RateStatus {
+        name: name.to_string(),
+        mode: config.mode(),
+        limits,
+        last_admit: StoreTime(state.last),
+        next_free: StoreTime(next_free),
+        now,
+    })
+}

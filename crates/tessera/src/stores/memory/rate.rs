@@ -1,0 +1,188 @@
+//! Rate limiters in the memory store: the reference implementation of
+//! [`crate::RateBackend`], a thin shell around the pure decision of `rate/engine.rs` with
+//! the log in a `VecDeque`.
+//!
+//! Each limiter's state exists while it matters (see `RateState::expires_at`); expired ones
+//! are dropped when touched, and swept from the whole map every 256 operations, so idle
+//! limiters do not accumulate.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+
+use super::MemoryBackend;
+use crate::error::{Error, Result};
+use crate::model::{Name, StoreTime};
+use crate::rate::engine::{self, LogView, RateState, VecLog};
+use crate::rate::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
+
+/// Every rate limiter of one memory store.
+#[derive(Debug, Default)]
+pub(crate) struct RateModel {
+    limiters: HashMap<Name, Limiter>,
+    ops: u64,
+}
+
+#[derive(Debug)]
+struct Limiter {
+    state: RateState,
+    log: VecLog,
+    expires_at: u64,
+}
+
+fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
+    RateConfig::decode(&state.config).ok_or_else(|| {
+        Error::Corrupt(format!(
+            "rate limiter {name}: unreadable limits {:?}",
+            state.config
+        ))
+    })
+}
+
+impl RateModel {
+    /// Drops `name` if expired, and every expired limiter now and then.
+    fn expire(&mut self, name: &Name, now: StoreTime) {
+        self.ops += 1;
+        if self.ops.is_multiple_of(256) {
+            self.limiters.retain(|_, l| l.expires_at > now.0);
+        } else if self
+            .limiters
+            .get(name)
+            .is_some_and(|l| l.expires_at <= now.0)
+        {
+            self.limiters.remove(name);
+        }
+    }
+
+    pub(crate) fn acquire(
+        &mut self,
+        name: &Name,
+        config: &RateConfig,
+        req: &RateRequest,
+        now: StoreTime,
+    ) -> Result<RateReply> {
+        self.expire(name, now);
+        // Work on the limiter out of the map (no copy of its log), and put it back.
+        let (stored, mut log, old_expiry) = match self.limiters.remove(name) {
+            Some(l) => (Some(l.state), l.log, l.expires_at),
+            None => (None, VecLog::default(), 0),
+        };
+        let existed = stored.is_some();
+        let kept = stored.clone();
+        let mut state = match engine::check_config(name, stored, config, req.update, now) {
+            Ok(state) => state,
+            Err(e) => {
+                if let Some(state) = kept {
+                    self.limiters.insert(
+                        name.clone(),
+                        Limiter {
+                            state,
+                            log,
+                            expires_at: old_expiry,
+                        },
+                    );
+                }
+                return Err(e);
+            }
+        };
+        if let Some(p) = log.prune(engine::prune_cutoff(config, now)) {
+            state.base = p;
+        }
+        let found: Vec<Option<u64>> = engine::thresholds(&state, config, req.cost)
+            .into_iter()
+            .map(|x| x.and_then(|x| log.first_at_least(x)))
+            .collect();
+        let decided = engine::decide(&mut state, config, req, now, &found);
+        let admitted = matches!(decided, Ok((RateReply::Admitted { .. }, _)));
+        if let Ok((_, Some(entry))) = decided {
+            log.0.push_back(entry);
+        }
+        // A limited request changes no answer: only entries that no longer matter were
+        // pruned (and `base` followed them).
+        if admitted || existed {
+            let expires_at = state.expires_at(config);
+            self.limiters.insert(
+                name.clone(),
+                Limiter {
+                    state,
+                    log,
+                    expires_at,
+                },
+            );
+        }
+        decided.map(|(reply, _)| reply)
+    }
+
+    pub(crate) fn cancel(
+        &mut self,
+        name: &Name,
+        reservation: u64,
+        at: StoreTime,
+        now: StoreTime,
+    ) -> Result<bool> {
+        self.expire(name, now);
+        let Some(l) = self.limiters.get_mut(name) else {
+            return Ok(false);
+        };
+        let config = stored_config(name, &l.state)?;
+        if !engine::cancel(&mut l.state, &config, reservation, at, now) {
+            return Ok(false);
+        }
+        if let crate::RateMode::Exact = config.mode() {
+            l.log.0.pop_back();
+            l.state.p = l.log.0.back().map_or(l.state.base, |&(_, p)| p);
+        }
+        l.expires_at = l.state.expires_at(&config);
+        Ok(true)
+    }
+
+    pub(crate) fn status(&mut self, name: &Name, now: StoreTime) -> Result<Option<RateStatus>> {
+        self.expire(name, now);
+        let Some(l) = self.limiters.get(name) else {
+            return Ok(None);
+        };
+        let config = stored_config(name, &l.state)?;
+        let mut state = l.state.clone();
+        let mut log = l.log.clone();
+        if let Some(p) = log.prune(engine::prune_cutoff(&config, now)) {
+            state.base = p;
+        }
+        engine::status(name, &state, &config, &log, now).map(Some)
+    }
+
+    pub(crate) fn list(&self, now: StoreTime) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .limiters
+            .iter()
+            .filter(|(_, l)| l.expires_at > now.0)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+#[async_trait]
+impl RateBackend for MemoryBackend {
+    async fn rate_acquire(
+        &self,
+        name: &Name,
+        config: &RateConfig,
+        req: &RateRequest,
+    ) -> Result<RateReply> {
+        let now = self.clock.now();
+        self.rate.lock().unwrap().acquire(name, config, req, now)
+    }
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        let now = self.clock.now();
+        self.rate.lock().unwrap().cancel(name, reservation, at, now)
+    }
+    async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
+        let now = self.clock.now();
+        self.rate.lock().unwrap().status(name, now)
+    }
+    async fn rate_list(&self) -> Result<Vec<String>> {
+        let now = self.clock.now();
+        Ok(self.rate.lock().unwrap().list(now))
+    }
+}

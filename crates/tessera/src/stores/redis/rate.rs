@@ -1,0 +1,283 @@
+//! Rate limiters in the Redis store: [`crate::RateBackend`] as one `EVALSHA` per step
+//! (`scripts/rate_*.lua`, each behind `scripts/rate_prelude.lua`), on the server's `TIME`.
+//!
+//! Keys, under the same hash tag as a semaphore of the same name (one Cluster slot):
+//! `{<prefix>:<name>}:rate` (a hash: limits and counters) and `{<prefix>:<name>}:rate:log`
+//! (a sorted set: one member per admission, scored by the running total of cost). Both
+//! expire when the state stops mattering (the last admission older than the longest period,
+//! or in smooth mode the pacing caught up), plus one second.
+//!
+//! The acquire script decides exactly as `rate/engine.rs` does (one `ZRANGEBYSCORE … LIMIT
+//! 0 1` per limit); the status script returns the state and the log, and the snapshot is
+//! computed here with the shared engine.
+//!
+//! A least-privilege ACL user (see the module docs of the store) additionally needs, for the
+//! commands these scripts call: `+hmget +hset +del +exists +pexpire +time +zadd +zrange
+//! +zrangebyscore +zremrangebyrank +zremrangebyscore`, and `+scan` for listing limiters.
+
+use std::sync::LazyLock;
+
+use async_trait::async_trait;
+use redis::Value;
+
+use super::RedisBackend;
+use crate::error::{Error, Result};
+use crate::model::{Name, StoreTime};
+use crate::rate::engine::{self, RateState, VecLog};
+use crate::rate::{RateBackend, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
+
+macro_rules! rate_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("scripts/rate_prelude.lua"),
+            include_str!(concat!("scripts/", $file))
+        )
+    };
+}
+
+/// The rate scripts (SHA-1 computed once; reloaded after a `NOSCRIPT` by `invoke_async`).
+struct RateScripts {
+    acquire: redis::Script,
+    cancel: redis::Script,
+    status: redis::Script,
+}
+
+static SCRIPTS: LazyLock<RateScripts> = LazyLock::new(|| RateScripts {
+    acquire: redis::Script::new(rate_script!("rate_acquire.lua")),
+    cancel: redis::Script::new(rate_script!("rate_cancel.lua")),
+    status: redis::Script::new(rate_script!("rate_status.lua")),
+});
+
+/// The keys of one limiter, in the order of `rate_prelude.lua`.
+fn keys(prefix: &str, name: &Name) -> [String; 2] {
+    [
+        format!("{{{prefix}:{name}}}:rate"),
+        format!("{{{prefix}:{name}}}:rate:log"),
+    ]
+}
+
+fn corrupt(what: &str, v: &Value) -> Error {
+    let mut shown = format!("{v:?}");
+    shown.truncate(200);
+    Error::Corrupt(format!(
+        "unexpected reply from a tessera rate script ({what}): {shown}"
+    ))
+}
+
+fn text(v: &Value, what: &str) -> Result<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| corrupt(what, v)),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::VerbatimString { text, .. } => Ok(text.clone()),
+        other => Err(corrupt(what, other)),
+    }
+}
+
+fn int(v: &Value, what: &str) -> Result<u64> {
+    match v {
+        Value::Int(i) if *i >= 0 => Ok(*i as u64),
+        Value::BulkString(_) | Value::SimpleString(_) => {
+            text(v, what)?.parse().map_err(|_| corrupt(what, v))
+        }
+        other => Err(corrupt(what, other)),
+    }
+}
+
+fn items(v: Value, what: &str) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        other => Err(corrupt(what, &other)),
+    }
+}
+
+fn nums(s: &str, what: &str) -> Result<Vec<u64>> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|v| {
+            v.parse()
+                .map_err(|_| Error::Corrupt(format!("rate {what} {s:?}")))
+        })
+        .collect()
+}
+
+/// `N,L,T` per limit, flat, as the scripts store them.
+fn limits_arg(config: &RateConfig) -> String {
+    let intervals = engine::emission_intervals(config);
+    config
+        .limits()
+        .iter()
+        .zip(intervals)
+        .map(|(l, t)| format!("{},{},{t}", l.count(), l.period_us()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl RedisBackend {
+    async fn run_rate(
+        &self,
+        script: &redis::Script,
+        name: &Name,
+        args: &[String],
+    ) -> Result<Value> {
+        let mut inv = script.prepare_invoke();
+        for k in keys(&self.prefix, name) {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        inv.invoke_async(&mut conn).await.map_err(|e| self.err(e))
+    }
+}
+
+#[async_trait]
+impl RateBackend for RedisBackend {
+    async fn rate_acquire(
+        &self,
+        name: &Name,
+        config: &RateConfig,
+        req: &RateRequest,
+    ) -> Result<RateReply> {
+        let burst = match config.mode() {
+            RateMode::Exact => 0,
+            RateMode::Smooth { burst } => burst,
+        };
+        let max_wait: i64 = match req.max_wait {
+            None => -1,
+            Some(w) => w.as_micros().min(i64::MAX as u128) as i64,
+        };
+        let v = self
+            .run_rate(
+                &SCRIPTS.acquire,
+                name,
+                &[
+                    config.encode(),
+                    limits_arg(config),
+                    burst.to_string(),
+                    req.cost.to_string(),
+                    max_wait.to_string(),
+                    if req.update { "1" } else { "0" }.to_string(),
+                ],
+            )
+            .await?;
+        let shown = v.clone();
+        let f = items(v, "rate acquire")?;
+        let tag = f.first().map(|t| text(t, "rate acquire tag")).transpose()?;
+        let at = |i: usize| -> Result<u64> {
+            int(
+                f.get(i).ok_or_else(|| corrupt("rate acquire", &shown))?,
+                "rate acquire",
+            )
+        };
+        match tag.as_deref() {
+            Some("admitted") => Ok(RateReply::Admitted {
+                at: StoreTime(at(1)?),
+                now: StoreTime(at(2)?),
+                reservation: at(3)?,
+            }),
+            Some("limited") => Ok(RateReply::Limited {
+                retry_at: StoreTime(at(1)?),
+                now: StoreTime(at(2)?),
+            }),
+            Some("mismatch") => Err(Error::RateMismatch {
+                name: name.to_string(),
+                stored: text(
+                    f.get(1).ok_or_else(|| corrupt("rate acquire", &shown))?,
+                    "cfg",
+                )?,
+                declared: config.encode(),
+            }),
+            _ => Err(corrupt("rate acquire", &shown)),
+        }
+    }
+
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        let v = self
+            .run_rate(
+                &SCRIPTS.cancel,
+                name,
+                &[reservation.to_string(), at.0.to_string()],
+            )
+            .await?;
+        Ok(int(&v, "rate cancel")? == 1)
+    }
+
+    async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
+        let v = self.run_rate(&SCRIPTS.status, name, &[]).await?;
+        let shown = v.clone();
+        let f = items(v, "rate status")?;
+        match f
+            .first()
+            .map(|t| text(t, "rate status tag"))
+            .transpose()?
+            .as_deref()
+        {
+            Some("none") => return Ok(None),
+            Some("state") if f.len() == 12 => {}
+            _ => return Err(corrupt("rate status", &shown)),
+        }
+        let n = |i: usize| int(&f[i], "rate status");
+        let state = RateState {
+            config: text(&f[2], "rate status")?,
+            seq: n(3)?,
+            tail: n(4)?,
+            last: n(5)?,
+            prev_last: n(6)?,
+            p: n(7)?,
+            base: n(8)?,
+            tat: nums(&text(&f[9], "tat")?, "tat")?,
+            prev_tat: nums(&text(&f[10], "prev_tat")?, "prev_tat")?,
+        };
+        let now = StoreTime(n(1)?);
+        let config = RateConfig::decode(&state.config).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "rate limiter {name}: unreadable limits {:?}",
+                state.config
+            ))
+        })?;
+        let mut log = VecLog::default();
+        for e in items(f[11].clone(), "rate log")? {
+            let e = text(&e, "rate log entry")?;
+            let parsed = e
+                .split_once(':')
+                .and_then(|(t, p)| Some((t.parse().ok()?, p.parse().ok()?)));
+            log.0.push_back(
+                parsed.ok_or_else(|| Error::Corrupt(format!("rate log entry {e:?} of {name}")))?,
+            );
+        }
+        engine::status(name, &state, &config, &log, now).map(Some)
+    }
+
+    async fn rate_list(&self) -> Result<Vec<String>> {
+        let pattern = format!("{{{}:*}}:rate", self.prefix);
+        let strip = format!("{{{}:", self.prefix);
+        let mut conn = self.conn.clone();
+        let mut cursor: u64 = 0;
+        let mut names = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            names.extend(keys.iter().filter_map(|k| {
+                let inner = k.strip_prefix(&strip)?.strip_suffix("}:rate")?;
+                Name::new(inner).ok().map(|n| n.to_string())
+            }));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+}

@@ -1,0 +1,493 @@
+//! Rate limiters in the SQLite store: [`crate::RateBackend`] over the tables of
+//! `rate_schema.sql`, one short `BEGIN IMMEDIATE` transaction per step, deciding with the
+//! same pure functions as the memory store (`rate/engine.rs`).
+//!
+//! A step reads the limiter row, prunes log entries older than the longest period, looks up
+//! the binding entry of each limit with one index seek on `(name, p)`, decides, and writes
+//! the row and at most one log entry. A limited request writes nothing. Each step also
+//! deletes up to 16 limiters whose state has expired (and their logs), so idle limiters
+//! leave the file.
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::Row;
+
+use super::{map_err, SqliteBackend};
+use crate::error::{Error, Result};
+use crate::model::{Name, StoreTime};
+use crate::rate::engine::{self, RateState, VecLog};
+use crate::rate::{RateBackend, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
+
+const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
+     expires_at FROM tessera_rate_limiters WHERE name = ?1";
+const SAVE: &str = "INSERT INTO tessera_rate_limiters \
+     (name, config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+     ON CONFLICT (name) DO UPDATE SET config = ?2, seq = ?3, tail = ?4, last = ?5, \
+     prev_last = ?6, p = ?7, base = ?8, tat = ?9, prev_tat = ?10, expires_at = ?11";
+const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?1";
+const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?1";
+const EXPIRED: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at <= ?1 \
+     ORDER BY expires_at LIMIT 16";
+const PRUNE: &str = "DELETE FROM tessera_rate_log WHERE name = ?1 AND t <= ?2 RETURNING p";
+const FIRST_AT_LEAST: &str = "SELECT t FROM tessera_rate_log WHERE name = ?1 AND p >= ?2 \
+     ORDER BY p LIMIT 1";
+const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?1, ?2, ?3)";
+const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ?1 AND p = ?2";
+const LAST_TOTAL: &str = "SELECT max(p) FROM tessera_rate_log WHERE name = ?1";
+const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ?1 ORDER BY p";
+const LIST: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at > ?1 ORDER BY name";
+
+fn corrupt(msg: impl Into<String>) -> Error {
+    Error::Corrupt(msg.into())
+}
+
+fn u64_at(row: &SqliteRow, i: usize, what: &str) -> Result<u64> {
+    let v: i64 = row
+        .try_get(i)
+        .map_err(|e| corrupt(format!("rate {what}: {e}")))?;
+    u64::try_from(v).map_err(|_| corrupt(format!("rate {what} = {v} is negative")))
+}
+
+fn db(v: u64) -> i64 {
+    // Times and totals stay far below 2^63 (µs since the epoch; running totals of costs).
+    v.min(i64::MAX as u64) as i64
+}
+
+fn encode_tat(tat: &[u64]) -> String {
+    tat.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn decode_tat(s: &str) -> Result<Vec<u64>> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|v| v.parse().map_err(|_| corrupt(format!("rate tat {s:?}"))))
+        .collect()
+}
+
+/// The limiter's state if it has one that has not expired (an expired one is deleted).
+async fn load(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    now: StoreTime,
+) -> Result<Option<RateState>> {
+    // Sweep a few expired limiters of any name first.
+    let expired: Vec<String> = sqlx::query_scalar(EXPIRED)
+        .bind(db(now.0))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    for n in expired {
+        drop_state(conn, &n).await?;
+    }
+    let Some(row) = sqlx::query(LOAD)
+        .bind(name.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?
+    else {
+        return Ok(None);
+    };
+    if u64_at(&row, 9, "expires_at")? <= now.0 {
+        drop_state(conn, name.as_str()).await?;
+        return Ok(None);
+    }
+    let text = |i: usize| -> Result<String> {
+        row.try_get::<String, _>(i)
+            .map_err(|e| corrupt(format!("rate column {i}: {e}")))
+    };
+    Ok(Some(RateState {
+        config: text(0)?,
+        seq: u64_at(&row, 1, "seq")?,
+        tail: u64_at(&row, 2, "tail")?,
+        last: u64_at(&row, 3, "last")?,
+        prev_last: u64_at(&row, 4, "prev_last")?,
+        p: u64_at(&row, 5, "p")?,
+        base: u64_at(&row, 6, "base")?,
+        tat: decode_tat(&text(7)?)?,
+        prev_tat: decode_tat(&text(8)?)?,
+    }))
+}
+
+async fn drop_state(conn: &mut SqliteConnection, name: &str) -> Result<()> {
+    for q in [DROP_LOG, DROP_LIMITER] {
+        sqlx::query(q)
+            .bind(name)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok(())
+}
+
+async fn save(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    state: &RateState,
+    config: &RateConfig,
+) -> Result<()> {
+    sqlx::query(SAVE)
+        .bind(name.as_str())
+        .bind(&state.config)
+        .bind(db(state.seq))
+        .bind(db(state.tail))
+        .bind(db(state.last))
+        .bind(db(state.prev_last))
+        .bind(db(state.p))
+        .bind(db(state.base))
+        .bind(encode_tat(&state.tat))
+        .bind(encode_tat(&state.prev_tat))
+        .bind(db(state.expires_at(config)))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
+    RateConfig::decode(&state.config).ok_or_else(|| {
+        corrupt(format!(
+            "rate limiter {name}: unreadable limits {:?}",
+            state.config
+        ))
+    })
+}
+
+/// Deletes entries at or before the cutoff; moves `base` to the last one deleted.
+async fn prune(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    state: &mut RateState,
+    config: &RateConfig,
+    now: StoreTime,
+) -> Result<bool> {
+    let gone: Vec<i64> = sqlx::query_scalar(PRUNE)
+        .bind(name.as_str())
+        .bind(db(engine::prune_cutoff(config, now)))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if let Some(&p) = gone.iter().max() {
+        state.base = u64::try_from(p).map_err(|_| corrupt("negative rate total"))?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+async fn acquire(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    config: &RateConfig,
+    req: &RateRequest,
+    now: StoreTime,
+) -> Result<RateReply> {
+    let existing = load(conn, name, now).await?;
+    let mut state = engine::check_config(name, existing, config, req.update, now)?;
+    let pruned = match config.mode() {
+        RateMode::Exact => prune(conn, name, &mut state, config, now).await?,
+        RateMode::Smooth { .. } => false,
+    };
+    let mut found = Vec::new();
+    for x in engine::thresholds(&state, config, req.cost) {
+        found.push(match x {
+            None => None,
+            Some(x) => sqlx::query_scalar::<_, i64>(FIRST_AT_LEAST)
+                .bind(name.as_str())
+                .bind(db(x))
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?
+                .map(|t| t.max(0) as u64),
+        });
+    }
+    let (reply, entry) = engine::decide(&mut state, config, req, now, &found)?;
+    if let RateReply::Admitted { .. } = reply {
+        if let Some((t, p)) = entry {
+            sqlx::query(APPEND)
+                .bind(name.as_str())
+                .bind(db(p))
+                .bind(db(t))
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+        }
+        save(conn, name, &state, config).await?;
+    } else if pruned {
+        // Limited: nothing is charged. Entries that no longer change any answer were
+        // pruned, so `base` must follow them (a stale base would let a later lookup land on
+        // a kept entry instead of a pruned one and delay requests for nothing).
+        // `decide` left `state` unchanged on Limited.
+        save(conn, name, &state, config).await?;
+    }
+    Ok(reply)
+}
+
+async fn cancel(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    reservation: u64,
+    at: StoreTime,
+    now: StoreTime,
+) -> Result<bool> {
+    let Some(mut state) = load(conn, name, now).await? else {
+        return Ok(false);
+    };
+    let config = stored_config(name, &state)?;
+    let old_p = state.p;
+    if !engine::cancel(&mut state, &config, reservation, at, now) {
+        return Ok(false);
+    }
+    if let RateMode::Exact = config.mode() {
+        sqlx::query(REMOVE_ENTRY)
+            .bind(name.as_str())
+            .bind(db(old_p))
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        let last: Option<i64> = sqlx::query_scalar(LAST_TOTAL)
+            .bind(name.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        state.p = last.map_or(state.base, |p| p.max(0) as u64);
+    }
+    save(conn, name, &state, &config).await?;
+    Ok(true)
+}
+
+async fn status(
+    conn: &mut SqliteConnection,
+    name: &Name,
+    now: StoreTime,
+) -> Result<Option<RateStatus>> {
+    let Some(mut state) = load(conn, name, now).await? else {
+        return Ok(None);
+    };
+    let config = stored_config(name, &state)?;
+    let mut log = VecLog::default();
+    if let RateMode::Exact = config.mode() {
+        if prune(conn, name, &mut state, &config, now).await? {
+            save(conn, name, &state, &config).await?;
+        }
+        let rows = sqlx::query(WHOLE_LOG)
+            .bind(name.as_str())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        for row in rows {
+            log.0
+                .push_back((u64_at(&row, 0, "t")?, u64_at(&row, 1, "p")?));
+        }
+    }
+    engine::status(name, &state, &config, &log, now).map(Some)
+}
+
+/// One rate step in its own `BEGIN IMMEDIATE` transaction, like the semaphore steps.
+macro_rules! rate_step {
+    ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
+        let serial = $self.write.lock().await;
+        let mut tx = $self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_err)?;
+        let $now = $self.clock.now();
+        let $conn: &mut SqliteConnection = &mut tx;
+        let reply = $op.await?;
+        tx.commit().await.map_err(map_err)?;
+        drop(serial);
+        Ok(reply)
+    }};
+}
+
+#[async_trait]
+impl RateBackend for SqliteBackend {
+    async fn rate_acquire(
+        &self,
+        name: &Name,
+        config: &RateConfig,
+        req: &RateRequest,
+    ) -> Result<RateReply> {
+        rate_step!(self, |conn, now| acquire(conn, name, config, req, now))
+    }
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        rate_step!(self, |conn, now| cancel(conn, name, reservation, at, now))
+    }
+    async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
+        rate_step!(self, |conn, now| status(conn, name, now))
+    }
+    async fn rate_list(&self) -> Result<Vec<String>> {
+        let now = self.clock.now();
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        sqlx::query_scalar(LIST)
+            .bind(db(now.0))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use sqlx::{ConnectOptions, Connection};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::rate::RateSpec;
+    use crate::stores::memory::MemoryBackend;
+
+    const T0: StoreTime = StoreTime(1_800_000_000_000_000);
+
+    #[tokio::test]
+    async fn files_written_before_rate_limiters_still_open_and_gain_the_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        // A file as the build before rate limiters left it: schema.sql only.
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::raw_sql(super::super::SCHEMA)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        let url = format!("sqlite://{}", path.display());
+        let backend = SqliteBackend::connect(&url).await.unwrap();
+        let config = RateConfig::new(&["2/s".parse().unwrap()], RateMode::Exact).unwrap();
+        let req = RateRequest {
+            cost: 2,
+            max_wait: None,
+            update: false,
+        };
+        let name = Name::new("old-file").unwrap();
+        assert!(matches!(
+            backend.rate_acquire(&name, &config, &req).await.unwrap(),
+            RateReply::Admitted { .. }
+        ));
+        // And a second connect (tables present) opens it as well.
+        drop(backend);
+        let again = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            again.rate_acquire(&name, &config, &req).await.unwrap(),
+            RateReply::Limited { .. }
+        ));
+    }
+
+    /// The SQLite store answers every random rate step exactly as the memory model does.
+    #[tokio::test]
+    async fn random_rate_steps_match_the_reference_model() {
+        for seed in 0..6u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let clock = Arc::new(ManualClock::new(T0));
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}/t.db", dir.path().display());
+            let sqlite = SqliteBackend::connect_with_clock(&url, clock.clone())
+                .await
+                .unwrap();
+            let memory = MemoryBackend::with_clock(clock.clone());
+            let mode = match seed % 3 {
+                2 => RateMode::Smooth { burst: 2 },
+                _ => RateMode::Exact,
+            };
+            let limits: Vec<RateSpec> = (0..1 + seed % 3)
+                .map(|i| RateSpec::new(3 + i as u32 * 2, Duration::from_millis(20 + 30 * i)))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let config = RateConfig::new(&limits, mode).unwrap();
+            let name = Name::new("diff").unwrap();
+            let mut last_admit: Option<(u64, StoreTime)> = None;
+            for step in 0..400 {
+                clock.advance(Duration::from_micros(rng.random_range(0..8_000)));
+                let kind = rng.random_range(0..10);
+                if kind == 0 {
+                    let (a, b) = (
+                        sqlite.rate_status(&name).await.unwrap(),
+                        memory.rate_status(&name).await.unwrap(),
+                    );
+                    assert_eq!(a, b, "seed {seed} step {step}: status");
+                    continue;
+                }
+                if kind == 1 {
+                    if let Some((id, at)) = last_admit {
+                        let (a, b) = (
+                            sqlite.rate_cancel(&name, id, at).await.unwrap(),
+                            memory.rate_cancel(&name, id, at).await.unwrap(),
+                        );
+                        assert_eq!(a, b, "seed {seed} step {step}: cancel");
+                    }
+                    continue;
+                }
+                let req = RateRequest {
+                    cost: rng.random_range(1..=config.max_cost()),
+                    max_wait: (kind >= 6).then(|| Duration::from_millis(rng.random_range(0..60))),
+                    update: false,
+                };
+                let a = sqlite.rate_acquire(&name, &config, &req).await.unwrap();
+                let b = memory.rate_acquire(&name, &config, &req).await.unwrap();
+                assert_eq!(a, b, "seed {seed} step {step}: {req:?}");
+                if let RateReply::Admitted {
+                    at, reservation, ..
+                } = a
+                {
+                    last_admit = Some((reservation, at));
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_log_holds_at_most_n_entries_of_the_longest_limit() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db", dir.path().display());
+        let backend = SqliteBackend::connect_with_clock(&url, clock.clone())
+            .await
+            .unwrap();
+        let limits = ["5/20ms".parse().unwrap(), "8/50ms".parse().unwrap()];
+        let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+        let name = Name::new("bounded").unwrap();
+        let req = RateRequest {
+            cost: 1,
+            max_wait: None,
+            update: false,
+        };
+        let mut admitted = 0;
+        for _ in 0..2000 {
+            clock.advance(Duration::from_micros(700));
+            if let RateReply::Admitted { .. } =
+                backend.rate_acquire(&name, &config, &req).await.unwrap()
+            {
+                admitted += 1;
+            }
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tessera_rate_log")
+                .fetch_one(&backend.pool)
+                .await
+                .unwrap();
+            assert!(rows <= 8, "{rows} log rows");
+        }
+        // 1.4 s of demand above the limit: 8 per 50 ms.
+        assert_eq!(admitted, 8 * 1400 / 50);
+        // Unused past the longest period, the state leaves the file at the next step.
+        clock.advance(Duration::from_millis(60));
+        let other = Name::new("other").unwrap();
+        backend.rate_acquire(&other, &config, &req).await.unwrap();
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM tessera_rate_log WHERE name = 'bounded') + \
+             (SELECT count(*) FROM tessera_rate_limiters WHERE name = 'bounded')",
+        )
+        .fetch_one(&backend.pool)
+        .await
+        .unwrap();
+        assert_eq!(rows, 0);
+    }
+}
