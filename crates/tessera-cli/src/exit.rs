@@ -92,7 +92,7 @@ impl fmt::Display for Failure {
 
 /// The exit code for a library error, through its classifiers.
 pub fn code_for(error: &tessera::Error) -> u8 {
-    if error.is_invalid_input() || error.is_capacity_mismatch() {
+    if error.is_invalid_input() || error.is_capacity_mismatch() || error.is_rate_mismatch() {
         USAGE
     } else if error.is_queue_full() {
         TEMPFAIL

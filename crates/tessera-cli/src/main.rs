@@ -88,13 +88,19 @@ Examples:
   tessera run --name exports --permits 2 --wait 10s -- ./export.sh --full
   # a GPU pool of 8 seats; this job takes 2 and learns which ones
   tessera run --name gpus --permits 8 --weight 2 -- sh -c 'echo \"GPUs $TESSERA_SEATS\"; ./train'
+  # at most 50 calls per second and 1,000 per minute across every host
+  tessera run --name sms-api --rate 50/s --rate 1000/min -- ./send-one.sh
+  # one of 4 slots, then a turn within 10 calls per second; --wait bounds both waits
+  tessera run --name sms-api --permits 4 --rate 10/s --wait 30s -- ./send-batch.sh
 
 The command gets TESSERA_LEASE_ID, TESSERA_FENCE (pass it to the protected resource),
 TESSERA_SEATS (comma-separated seat numbers) and TESSERA_NAME. SIGINT, SIGTERM, SIGHUP,
 SIGQUIT, SIGUSR1 and SIGUSR2 sent to tessera are forwarded to the command (a terminal's
 Ctrl-C already reaches it and is not sent twice). If the permit is lost, the command gets
 SIGTERM at once and SIGKILL just before the lease could expire, and tessera exits 74.
-The permit is released when the command exits.
+The permit is released when the command exits. With --rate, tessera reserves the earliest
+time every limit allows (in arrival order, no polling) and starts the command then; if that
+time is beyond --wait, nothing is charged and tessera exits 75.
 
 ";
 
@@ -132,9 +138,9 @@ struct RunCmd {
     /// Semaphore name (A-Z a-z 0-9 . _ - : / @, starting with a letter or digit)
     #[arg(long)]
     name: String,
-    /// Capacity of the semaphore: how many permits exist in all
-    #[arg(long, value_name = "C")]
-    permits: u64,
+    /// Capacity of the semaphore: how many permits exist in all (optional with --rate)
+    #[arg(long, value_name = "C", required_unless_present = "rate")]
+    permits: Option<u64>,
     /// Permits this command takes, as one lease (1..=C)
     #[arg(long, value_name = "W", default_value_t = 1)]
     weight: u64,
@@ -148,6 +154,17 @@ struct RunCmd {
     /// Holder label shown by `tessera status` (default: hostname/pid)
     #[arg(long, value_name = "LABEL")]
     holder: Option<String>,
+    /// A rate limit N/PERIOD on NAME (e.g. 50/s, 1000/min, 20000/h); repeat for several,
+    /// all charged at once. With --permits, the permit is taken first, then the rate
+    #[arg(long, value_name = "N/PERIOD")]
+    rate: Vec<tessera::RateSpec>,
+    /// Cost charged to every --rate limit (1..=the smallest N)
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "rate")]
+    cost: u32,
+    /// Replace the limits stored under NAME if they differ from --rate (otherwise a
+    /// mismatch is refused with exit 64)
+    #[arg(long, requires = "rate")]
+    update_rates: bool,
     /// The command and its arguments; put them after -- if the command starts with -
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -194,6 +211,9 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 ttl: r.ttl,
                 wait: r.wait,
                 holder: r.holder,
+                rates: r.rate,
+                cost: r.cost,
+                update_rates: r.update_rates,
                 command: r.command,
             };
             run::run(store, args).await

@@ -41,7 +41,10 @@ use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use tessera::{LossReason, Permit, Semaphore, SemaphoreOptions, Store};
+use tessera::{
+    LossReason, Permit, RateDecision, RateLimiter, RateOptions, RateSpec, Semaphore,
+    SemaphoreOptions, Store, MAX_RATE_WAIT,
+};
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
@@ -63,12 +66,18 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct RunArgs {
     pub name: String,
-    pub permits: u64,
+    /// `None`: no semaphore, only the rate limits.
+    pub permits: Option<u64>,
     pub weight: u64,
     pub ttl: Duration,
     /// `None`: wait as long as it takes.
     pub wait: Option<Duration>,
     pub holder: Option<String>,
+    /// Rate limits on `name`, charged `cost` each, after the permit (if any) is held.
+    pub rates: Vec<RateSpec>,
+    pub cost: u32,
+    /// Replace stored limits that differ from `rates`.
+    pub update_rates: bool,
     pub command: Vec<OsString>,
 }
 
@@ -86,7 +95,22 @@ impl RunArgs {
     /// create a file on connect) is not touched.
     async fn validate(&self) -> Result<u32, Failure> {
         let scratch = Store::connect("memory://tessera-cli-validation").await?;
-        let sem = Semaphore::new(&scratch, &self.name, self.permits, self.options())?;
+        if !self.rates.is_empty() {
+            let limiter =
+                RateLimiter::new(&scratch, &self.name, &self.rates, RateOptions::default())?;
+            let max = limiter.config().max_cost();
+            if self.cost == 0 || self.cost > max {
+                return Err(tessera::InvalidInput::Cost {
+                    cost: self.cost,
+                    max,
+                }
+                .into());
+            }
+        }
+        let Some(permits) = self.permits else {
+            return Ok(1);
+        };
+        let sem = Semaphore::new(&scratch, &self.name, permits, self.options())?;
         if self.weight == 0 || self.weight > u64::from(sem.capacity()) {
             return Err(tessera::InvalidInput::Weight {
                 weight: self.weight,
@@ -123,42 +147,28 @@ async fn hold_and_run(
     weight: u32,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Outcome {
-    let sem = Semaphore::new(store, &args.name, args.permits, args.options())?;
-    let baseline = alive_tasks();
-    let acquired = acquire(&sem, weight, args.wait, caught).await;
-    if !matches!(acquired, Ok(Acquired::Permit(_))) {
-        // The wait was abandoned: let its cancellation reach the store before exiting.
-        drain_background(baseline).await;
-    }
-    let permit = match acquired? {
-        Acquired::Permit(p) => p,
-        Acquired::TimedOut => {
-            let waited = args.wait.map(humantime::format_duration);
-            return Err(Failure::new(
-                exit::TEMPFAIL,
-                format!(
-                    "no permit on {} within --wait {}; nothing was run",
-                    args.name,
-                    waited.map(|w| w.to_string()).unwrap_or_default()
-                ),
-            ));
-        }
-        Acquired::Interrupted(signal) => {
-            return Err(Failure::new(
-                exit::SIGNAL_BASE + signal as u8,
-                format!(
-                    "interrupted by {} while waiting for a permit on {}; nothing was run",
-                    signals::name(signal),
-                    args.name
-                ),
-            ));
-        }
+    // `--wait` bounds the whole wait: the permit, then the turn within the rate limits.
+    let deadline = args.wait.map(|w| Instant::now() + w);
+    let mut permit = match args.permits {
+        Some(permits) => Some(take_permit(store, args, permits, weight, caught).await?),
+        None => None,
     };
-    tracing::info!(name = %args.name, lease = %permit.lease_id(), fence = permit.fence(), "permit acquired");
+    if !args.rates.is_empty() {
+        if let Err(failure) = take_turn(store, args, deadline, caught).await {
+            if let Some(p) = permit {
+                release(p).await;
+            }
+            return Err(failure);
+        }
+    }
+    if let Some(p) = &permit {
+        tracing::info!(name = %args.name, lease = %p.lease_id(), fence = p.fence(), "permit acquired");
+    }
 
-    if permit.is_lost() {
-        // Lost between the grant and now (e.g. revoked at once): do not start the command.
-        release(permit).await;
+    if let Some(p) = permit.take_if(|p| p.is_lost()) {
+        // Lost between the grant and now (revoked at once, or while waiting for the rate):
+        // do not start the command.
+        release(p).await;
         return Err(Failure::new(
             exit::LOST,
             format!(
@@ -168,19 +178,23 @@ async fn hold_and_run(
         ));
     }
     let group = !is_interactive();
-    let mut child = match spawn(&args.command, &permit, group) {
+    let mut child = match spawn(&args.command, &args.name, permit.as_ref(), group) {
         Ok(child) => child,
         Err(failure) => {
-            release(permit).await;
+            if let Some(p) = permit {
+                release(p).await;
+            }
             return Err(failure);
         }
     };
-    let supervised = supervise(&mut child, group, &permit, caught).await;
+    let supervised = supervise(&mut child, group, permit.as_ref(), caught).await;
     if supervised.is_err() {
         // Never release while the command may still run.
         let _ = child.kill().await;
     }
-    release(permit).await;
+    if let Some(p) = permit {
+        release(p).await;
+    }
     let supervised = supervised
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot wait for the command: {e}")))?;
     if let Some(reason) = supervised.loss {
@@ -194,6 +208,102 @@ async fn hold_and_run(
         ));
     }
     Ok(exit_code(supervised.status))
+}
+
+/// Takes `weight` of `permits` within `--wait`, or fails with the documented exit code.
+async fn take_permit(
+    store: &Store,
+    args: &RunArgs,
+    permits: u64,
+    weight: u32,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<Permit, Failure> {
+    let sem = Semaphore::new(store, &args.name, permits, args.options())?;
+    let baseline = alive_tasks();
+    let acquired = acquire(&sem, weight, args.wait, caught).await;
+    if !matches!(acquired, Ok(Acquired::Permit(_))) {
+        // The wait was abandoned: let its cancellation reach the store before exiting.
+        drain_background(baseline).await;
+    }
+    match acquired? {
+        Acquired::Permit(p) => Ok(p),
+        Acquired::TimedOut => Err(Failure::new(
+            exit::TEMPFAIL,
+            format!(
+                "no permit on {} within --wait {}; nothing was run",
+                args.name,
+                args.wait
+                    .map(|w| humantime::format_duration(w).to_string())
+                    .unwrap_or_default()
+            ),
+        )),
+        Acquired::Interrupted(signal) => Err(interrupted(signal, "a permit", &args.name)),
+    }
+}
+
+fn interrupted(signal: libc::c_int, what: &str, name: &str) -> Failure {
+    Failure::new(
+        exit::SIGNAL_BASE + signal as u8,
+        format!(
+            "interrupted by {} while waiting for {what} on {name}; nothing was run",
+            signals::name(signal),
+        ),
+    )
+}
+
+/// Reserves the earliest time every `--rate` limit admits `--cost` and sleeps until it
+/// (the library's `acquire_within`: FIFO reservations, no polling). Beyond the deadline
+/// nothing is charged and this fails with exit 75. Without `--wait`, a time beyond the
+/// library's longest reservation is waited for and asked again.
+async fn take_turn(
+    store: &Store,
+    args: &RunArgs,
+    deadline: Option<Instant>,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<(), Failure> {
+    let opts = RateOptions::default().update(args.update_rates);
+    let limiter = RateLimiter::new(store, &args.name, &args.rates, opts)?;
+    loop {
+        let budget = deadline.map_or(MAX_RATE_WAIT, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let attempt = limiter.acquire_within(args.cost, budget);
+        tokio::pin!(attempt);
+        let decision = loop {
+            tokio::select! {
+                d = &mut attempt => break d?,
+                Some(signal) = caught.recv() => {
+                    if matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
+                        continue;
+                    }
+                    // Dropping `attempt` gives its reservation back where it can.
+                    return Err(interrupted(signal.signal, "a turn within the rate limits", &args.name));
+                }
+            }
+        };
+        let retry_after = match decision {
+            RateDecision::Admitted { .. } => return Ok(()),
+            RateDecision::Limited { retry_after, .. } => retry_after,
+        };
+        if deadline.is_some() {
+            return Err(Failure::new(
+                exit::TEMPFAIL,
+                format!(
+                    "no turn within the rate limits of {} within --wait (the next is in {}); nothing was run",
+                    args.name,
+                    humantime::format_duration(Duration::from_millis(retry_after.as_millis() as u64))
+                ),
+            ));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry_after) => {}
+            Some(signal) = caught.recv() => {
+                if !matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
+                    return Err(interrupted(signal.signal, "a turn within the rate limits", &args.name));
+                }
+            }
+        }
+    }
 }
 
 /// Acquires, giving up on a stopping signal. `--wait 0s` is a try-acquire (it never queues,
@@ -232,22 +342,28 @@ async fn acquire(
     }
 }
 
-fn spawn(command: &[OsString], permit: &Permit, own_group: bool) -> Result<Child, Failure> {
+fn spawn(
+    command: &[OsString],
+    name: &str,
+    permit: Option<&Permit>,
+    own_group: bool,
+) -> Result<Child, Failure> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Failure::new(exit::USAGE, "no command given after --"))?;
-    let seats = permit
-        .seats()
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
     let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
-        .env("TESSERA_LEASE_ID", permit.lease_id().to_string())
-        .env("TESSERA_FENCE", permit.fence().to_string())
-        .env("TESSERA_SEATS", seats)
-        .env("TESSERA_NAME", permit.name());
+    cmd.args(args).env("TESSERA_NAME", name);
+    if let Some(permit) = permit {
+        let seats = permit
+            .seats()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        cmd.env("TESSERA_LEASE_ID", permit.lease_id().to_string())
+            .env("TESSERA_FENCE", permit.fence().to_string())
+            .env("TESSERA_SEATS", seats);
+    }
     if own_group {
         cmd.process_group(0);
     }
@@ -297,7 +413,7 @@ pub(crate) struct Supervised {
 pub(crate) async fn supervise(
     child: &mut Child,
     own_group: bool,
-    permit: &Permit,
+    permit: Option<&Permit>,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> std::io::Result<Supervised> {
     let pid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
@@ -308,7 +424,12 @@ pub(crate) async fn supervise(
             unsafe { libc::kill(target, signal) };
         }
     };
-    let lost = permit.lost();
+    let lost = async {
+        match permit {
+            Some(p) => p.lost().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(lost);
     let mut loss: Option<LossReason> = None;
     let mut kill_at: Option<Instant> = None;
@@ -322,7 +443,8 @@ pub(crate) async fn supervise(
             reason = &mut lost, if loss.is_none() => {
                 tracing::info!(%reason, "permit lost; sending SIGTERM to the command");
                 send(libc::SIGTERM);
-                let deadline = permit.valid_until().checked_sub(KILL_LEAD).unwrap_or_else(Instant::now);
+                let valid_until = permit.map_or_else(Instant::now, Permit::valid_until);
+                let deadline = valid_until.checked_sub(KILL_LEAD).unwrap_or_else(Instant::now);
                 kill_at = Some(deadline);
                 loss = Some(reason);
             }
@@ -437,7 +559,7 @@ mod tests {
         .unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sleep", "30"].map(OsString::from);
-        let mut child = spawn(&command, &permit, true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let started = Instant::now();
@@ -446,7 +568,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert!(admin.revoke("lost", &lease).await.unwrap());
         });
-        let done = supervise(&mut child, true, &permit, &mut rx).await.unwrap();
+        let done = supervise(&mut child, true, Some(&permit), &mut rx)
+            .await
+            .unwrap();
         assert!(done.loss.is_some());
         assert_eq!(done.status.signal(), Some(libc::SIGTERM));
         assert!(!done.killed);
@@ -461,7 +585,7 @@ mod tests {
         let sem = Semaphore::new(&store, "kill", 1, SemaphoreOptions::default().ttl(ttl)).unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sh", "-c", "trap '' TERM; sleep 30"].map(OsString::from);
-        let mut child = spawn(&command, &permit, true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let admin = store.clone();
@@ -469,7 +593,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             admin.revoke("kill", &lease).await.unwrap();
         });
-        let done = supervise(&mut child, true, &permit, &mut rx).await.unwrap();
+        let done = supervise(&mut child, true, Some(&permit), &mut rx)
+            .await
+            .unwrap();
         assert!(done.killed);
         assert_eq!(done.status.signal(), Some(libc::SIGKILL));
         assert!(Instant::now() < permit.valid_until());

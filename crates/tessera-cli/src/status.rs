@@ -1,9 +1,10 @@
-//! `tessera status`: capacity, holders and queue of one semaphore, or a line per semaphore.
+//! `tessera status`: capacity, holders and queue of one semaphore and the usage of the rate
+//! limiter of the same name, or a line per semaphore and per limiter.
 
 use std::io::Write as _;
 use std::time::Duration;
 
-use tessera::{Name, SemaphoreStatus, Store};
+use tessera::{Name, RateStatus, SemaphoreStatus, Store};
 
 use crate::exit::{self, Failure, Outcome};
 
@@ -71,15 +72,29 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
     match &args.name {
         Some(name) => {
             let status = store.status(name).await?;
-            let code = if status.is_some() {
+            let rate = store.rate_status(name).await?;
+            let code = if status.is_some() || rate.is_some() {
                 exit::OK
             } else {
                 exit::NOT_FOUND
             };
-            let text = match (&status, args.json) {
-                (_, true) => format!("{}\n", to_json(&status)?),
-                (Some(s), false) => detail(s),
-                (None, false) => format!("{name}: no holders and no waiters in {}\n", store.url()),
+            let text = if args.json {
+                format!(
+                    "{}\n",
+                    to_json(&with_rate(name, status.as_ref(), rate.as_ref())?)?
+                )
+            } else {
+                let mut text = match &status {
+                    Some(s) => detail(s),
+                    None if rate.is_none() => {
+                        format!("{name}: no holders and no waiters in {}\n", store.url())
+                    }
+                    None => String::new(),
+                };
+                if let Some(r) = &rate {
+                    text += &rate_detail(r);
+                }
+                text
             };
             Ok((text, code))
         }
@@ -91,14 +106,111 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                     all.push(s);
                 }
             }
+            let mut rates = Vec::new();
+            for name in store.rate_list().await? {
+                if let Some(r) = store.rate_status(&name).await? {
+                    rates.push(r);
+                }
+            }
             let text = if args.json {
-                format!("{}\n", to_json(&all)?)
+                let mut items = Vec::new();
+                for s in &all {
+                    items.push(with_rate(&s.name, Some(s), None)?);
+                }
+                for r in &rates {
+                    items.push(with_rate(&r.name, None, Some(r))?);
+                }
+                format!("{}\n", to_json(&items)?)
             } else {
-                summary(&all, store.url())
+                let mut text = summary(&all, store.url());
+                if !rates.is_empty() {
+                    text += &format!("\n{}", rate_summary(&rates));
+                }
+                text
             };
             Ok((text, exit::OK))
         }
     }
+}
+
+/// The JSON of a name: the semaphore's status object (or `null` when there is neither a
+/// semaphore nor a limiter), with the limiter's status under `"rate"` when there is one.
+fn with_rate(
+    name: &str,
+    status: Option<&SemaphoreStatus>,
+    rate: Option<&RateStatus>,
+) -> Result<serde_json::Value, Failure> {
+    let encode = |e: serde_json::Error| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("cannot encode the status as JSON: {e}"),
+        )
+    };
+    let mut value = serde_json::to_value(status).map_err(encode)?;
+    if let Some(r) = rate {
+        let r = serde_json::to_value(r).map_err(encode)?;
+        match &mut value {
+            serde_json::Value::Object(map) => {
+                map.insert("rate".into(), r);
+            }
+            _ => value = serde_json::json!({ "name": name, "rate": r }),
+        }
+    }
+    Ok(value)
+}
+
+fn until(t: tessera::StoreTime, now: tessera::StoreTime) -> String {
+    if t <= now {
+        "now".to_string()
+    } else {
+        format!("in {}", short(t.since(now)))
+    }
+}
+
+fn rate_summary(all: &[RateStatus]) -> String {
+    let width = all.iter().map(|s| s.name.len()).max().unwrap_or(4).max(12);
+    let mut out = format!(
+        "{:<width$}  {:<24}  NEXT FREE\n",
+        "RATE LIMITER", "USED OF LIMIT"
+    );
+    for r in all {
+        let limits: Vec<String> = r
+            .limits
+            .iter()
+            .map(|l| format!("{} of {}", l.used, l.limit))
+            .collect();
+        out += &format!(
+            "{:<width$}  {:<24}  {}\n",
+            r.name,
+            limits.join(", "),
+            until(r.next_free, r.now)
+        );
+    }
+    out
+}
+
+fn rate_detail(r: &RateStatus) -> String {
+    let mut out = format!(
+        "{}: rate limiter ({:?}), next free {} (store time {})\n",
+        r.name,
+        r.mode,
+        until(r.next_free, r.now),
+        r.now
+    );
+    out += &format!(
+        "  {:<14}  {:>8}  {:>8}  NEXT FREE\n",
+        "LIMIT", "USED", "RESERVED"
+    );
+    for l in &r.limits {
+        out += &format!(
+            "  {:<14}  {:>8}  {:>8}  {}\n",
+            l.limit.to_string(),
+            l.used,
+            l.reserved,
+            until(l.next_free, r.now)
+        );
+    }
+    out
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {

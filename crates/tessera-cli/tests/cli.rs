@@ -961,3 +961,161 @@ fn status_watch_refreshes_until_ctrl_c() {
     assert!(frames.len() >= 2, "{frames:?}");
     assert!(frames.iter().all(|f| f == "[]"), "{frames:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rate limits (--rate)
+// ---------------------------------------------------------------------------------------------
+
+/// Processes sharing `--rate` limits all run, and the store's log of admissions never holds
+/// more than a limit allows; a wait beyond `--wait` charges nothing and exits 75.
+#[test]
+fn rate_limited_runs_across_processes() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let out_dir = home.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            tessera(home.path())
+                .args(["--store", &store, "run", "--name", "api"])
+                .args(["--rate", "2/s", "--rate", "5/3s"])
+                .args([
+                    "--",
+                    "sh",
+                    "-c",
+                    &format!("echo $TESSERA_NAME > {}/r{i}", out_dir.display()),
+                ])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(
+        std::fs::read_dir(&out_dir).unwrap().count(),
+        6,
+        "every run ran"
+    );
+    let out = tessera(home.path())
+        .args(["--store", &store, "status", "api", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let limits = v["rate"]["limits"].as_array().expect("rate status");
+    assert_eq!(limits.len(), 2);
+    for l in limits {
+        let (used, limit) = (l["used"].as_u64().unwrap(), l["limit"].as_str().unwrap());
+        let n: u64 = limit.split('/').next().unwrap().parse().unwrap();
+        assert!(used <= n, "{used} used of {limit}");
+    }
+    // New limits replace the stored ones only when asked (history is kept: 2 of the last
+    // second's admissions still count against 10/s, which leaves room).
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            &store,
+            "run",
+            "--name",
+            "api",
+            "--rate",
+            "10/s",
+            "--update-rates",
+        ])
+        .args(["--wait", "5s", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+
+    // The next turn is a minute away: a short --wait gives up, charges nothing, exits 75.
+    let run_once = |wait: Option<&str>| {
+        let mut cmd = tessera(home.path());
+        cmd.args([
+            "--store", &store, "run", "--name", "minutely", "--rate", "1/min",
+        ]);
+        if let Some(w) = wait {
+            cmd.args(["--wait", w]);
+        }
+        cmd.args(["--", "true"]).output().unwrap()
+    };
+    assert!(run_once(Some("1s")).status.success());
+    let line = assert_fails_with_one_line(&run_once(Some("200ms")), 75);
+    assert!(line.contains("rate"), "{line}");
+    let v: serde_json::Value = serde_json::from_slice(
+        &tessera(home.path())
+            .args(["--store", &store, "status", "minutely", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        v["rate"]["limits"][0]["used"].as_u64(),
+        Some(1),
+        "the refused run was charged"
+    );
+}
+
+/// Bad rate input is refused before anything runs: a malformed spec, a cost above the
+/// smallest limit, and limits that differ from the stored ones without --update-rates.
+#[test]
+fn bad_rate_input_is_refused() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let marker = home.path().join("ran");
+    let touch = ["--", "touch", marker.to_str().unwrap()];
+    let out = tessera(home.path())
+        .args(["--store", &store, "run", "--name", "api", "--rate", "2/x"])
+        .args(touch)
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 2);
+    let out = tessera(home.path())
+        .args([
+            "--store", &store, "run", "--name", "api", "--rate", "2/s", "--cost", "3",
+        ])
+        .args(touch)
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 64);
+    let ok = tessera(home.path())
+        .args([
+            "--store", &store, "run", "--name", "api", "--rate", "2/s", "--", "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(ok.status.success());
+    let out = tessera(home.path())
+        .args(["--store", &store, "run", "--name", "api", "--rate", "3/s"])
+        .args(touch)
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(line.contains("update"), "{line}");
+    assert!(!marker.exists(), "a refused run ran its command");
+}
+
+/// With --permits and --rate, the command holds the permit (and gets its seats) and its
+/// turn within the rate.
+#[test]
+fn permit_then_rate() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "job",
+            "--permits",
+            "2",
+            "--weight",
+            "2",
+        ])
+        .args(["--rate", "10/s", "--", "sh", "-c", "echo $TESSERA_SEATS"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0,1");
+}

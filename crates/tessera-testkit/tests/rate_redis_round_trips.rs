@@ -84,7 +84,10 @@ async fn the_log_stays_bounded_and_the_keys_expire() {
     let end = std::time::Instant::now() + Duration::from_secs(30);
     let mut admitted = 0;
     while admitted < 40 {
-        assert!(std::time::Instant::now() < end, "only {admitted} admitted in 30 s");
+        assert!(
+            std::time::Instant::now() < end,
+            "only {admitted} admitted in 30 s"
+        );
         if rl.try_acquire(1).await.unwrap().is_admitted() {
             admitted += 1;
         }

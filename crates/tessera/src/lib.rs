@@ -49,7 +49,7 @@ pub use model::*;
 pub use permit::Permit;
 pub use rate::{
     LimitUsage, RateBackend, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions,
-    RateReply, RateRequest, RateSpec, RateStatus,
+    RateReply, RateRequest, RateSpec, RateStatus, MAX_RATE_WAIT,
 };
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::{Backend, Store, Waking};
