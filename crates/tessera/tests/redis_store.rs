@@ -218,6 +218,18 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
                 a, b,
                 "seed {seed} step {step}: {what} differs\nredis:  {a}\nmemory: {b}"
             );
+            // Bounded state: every key the step left behind carries an expiry.
+            let immortal = server.command(&[
+                "EVAL",
+                "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                 if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
+                "0",
+                "{diff:*",
+            ]);
+            assert!(
+                immortal.starts_with("*0"),
+                "seed {seed} step {step}: {what} left keys without expiry: {immortal}"
+            );
         }
     }
     // The random runs reached every kind of answer.
