@@ -13,6 +13,7 @@
 --   KEYS[8] fence    string: last fence issued, kept for a while after the state is deleted
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
+--           (with the grant for clients that take it, see GRANT_PUSH)
 -- Every script's own ARGV start at ARGV[2].
 --
 -- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store, expire or
@@ -106,8 +107,11 @@ local NEVER = 9007199254740991
 
 -- The semaphore's counters, or nil if it does not exist.
 local S = nil
--- Wake-ups to publish at the end: {client, lease id} pairs.
+-- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}.
 local wakes = {}
+-- Clients whose id ends with this take the grant with the wake-up: the payload is
+-- `<lease id>\t<now>\t<lease record>` instead of `<lease id>` (revocations stay bare).
+local GRANT_PUSH = '.g'
 -- What this step did, for finish(): whether the counters changed, whether it created the
 -- state, the latest expiry it wrote (µs), and the keys it may have created.
 local dirty = false
@@ -274,8 +278,8 @@ local function hand_off()
       return
     end
     remove_waiter(head, encoded)
-    grant(head, w.weight, w.ttl, w.holder, w.client)
-    wakes[#wakes + 1] = {w.client, head}
+    local lease = grant(head, w.weight, w.ttl, w.holder, w.client)
+    wakes[#wakes + 1] = {w.client, head, lease}
   end
 end
 
@@ -369,7 +373,11 @@ local function finish()
     end
   end
   for _, wake in ipairs(wakes) do
-    redis.call('PUBLISH', WAKE_BASE .. wake[1], wake[2])
+    local payload = wake[2]
+    if wake[3] and string.sub(wake[1], -#GRANT_PUSH) == GRANT_PUSH then
+      payload = payload .. '\t' .. int(now) .. '\t' .. wake[3]
+    end
+    redis.call('PUBLISH', WAKE_BASE .. wake[1], payload)
   end
 end
 
