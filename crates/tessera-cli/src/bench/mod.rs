@@ -15,7 +15,9 @@
 //! increments on entry and decrements on exit; elsewhere an in-process counter), Redis CPU
 //! per grant (`INFO cpu` before and after), and, in the same run, the round-trip limit: one
 //! client's bare `PING`s per second on its own connection (null on other stores), with the
-//! ratio of W1 pairs per second to half of it.
+//! ratio of W1 pairs per second to half of it. With one client the pings run in slices
+//! between its operations (their time is not counted as the workload's), so a machine whose
+//! load changes during the run slows both alike.
 //!
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
@@ -65,8 +67,9 @@ pub struct BenchArgs {
     /// Hard time bound of each workload.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub duration: Duration,
-    /// How long to measure the round-trip limit (bare PINGs of one client), before and after
-    /// each workload.
+    /// How long to measure the round-trip limit (bare PINGs of one client on its own
+    /// connection): in ten slices between the operations of a single-client workload (so both
+    /// see the same machine load), else half before and half after the workload.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub rtt_time: Duration,
     /// Print one JSON object per workload (one per line) instead of the table.

@@ -114,6 +114,7 @@ impl Check {
 
 /// What one client measured.
 struct ClientResult {
+    probe: Option<Interleaved>,
     grants: u64,
     latency: Histogram<u64>,
     max_holders: i64,
@@ -166,6 +167,34 @@ async fn round_trips(store_url: &str, time: Duration) -> anyhow::Result<Option<f
     Ok(Some(n as f64 / start.elapsed().as_secs_f64()))
 }
 
+/// Round-trip slices interleaved with a single client's operations, so that the workload and
+/// its round-trip limit see the same machine load (other processes come and go).
+struct Interleaved {
+    conn: redis::aio::MultiplexedConnection,
+    /// A slice every `every` operations, of `slice` each.
+    every: u64,
+    slice: Duration,
+    pings: u64,
+    ping_time: Duration,
+}
+
+/// Slices per workload.
+const SLICES: u64 = 10;
+
+impl Interleaved {
+    async fn slice(&mut self) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < self.slice {
+            for _ in 0..20 {
+                let _: String = redis::cmd("PING").query_async(&mut self.conn).await?;
+            }
+            self.pings += 20;
+        }
+        self.ping_time += start.elapsed();
+        Ok(())
+    }
+}
+
 /// Redis CPU time (system + user) in microseconds.
 async fn server_cpu_us(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
@@ -215,7 +244,28 @@ pub async fn run(
         None => None,
     };
 
-    let rtt_before = round_trips(store_url, rtt_time / 2).await?;
+    // One client on Redis: round trips measured in slices between its operations. More
+    // clients: before and after the workload.
+    let mut interleaved = match &redis {
+        Some(url) if spec.clients == 1 => {
+            let mut conn = redis_conn(url).await?;
+            for _ in 0..100 {
+                let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+            }
+            Some(Interleaved {
+                conn,
+                every: (spec.ops / SLICES).max(1),
+                slice: rtt_time / SLICES as u32,
+                pings: 0,
+                ping_time: Duration::ZERO,
+            })
+        }
+        _ => None,
+    };
+    let rtt_before = match interleaved {
+        Some(_) => None,
+        None => round_trips(store_url, rtt_time / 2).await?,
+    };
 
     let progress = ProgressBar::with_draw_target(Some(spec.ops), ProgressDrawTarget::stderr());
     progress.set_style(
@@ -243,7 +293,14 @@ pub async fn run(
     let mut tasks = Vec::with_capacity(spec.clients);
     for (i, (store, check)) in stores.iter().zip(checks).enumerate() {
         let sem = store.semaphore(&sem_name, spec.capacity)?;
-        tasks.push(tokio::spawn(client(i, sem, check, Arc::clone(&shared))));
+        let probe = interleaved.take();
+        tasks.push(tokio::spawn(client(
+            i,
+            sem,
+            check,
+            probe,
+            Arc::clone(&shared),
+        )));
     }
     // The hard bound: whatever still runs shortly after the deadline is aborted.
     let hard = shared.deadline + Duration::from_millis(500);
@@ -262,14 +319,27 @@ pub async fn run(
             }
         }
     }
-    let elapsed = start.elapsed();
+    let mut paused = Duration::ZERO;
+    let mut rtt_interleaved = None;
+    for r in &results {
+        if let Some(p) = &r.probe {
+            paused += p.ping_time;
+            if p.pings > 0 {
+                rtt_interleaved = Some(p.pings as f64 / p.ping_time.as_secs_f64());
+            }
+        }
+    }
+    let elapsed = start.elapsed().saturating_sub(paused);
     let cpu_after = match admin.as_mut() {
         Some(c) => Some(server_cpu_us(c).await?),
         None => None,
     };
     progress.finish_and_clear();
 
-    let rtt_after = round_trips(store_url, rtt_time / 2).await?;
+    let rtt_after = match rtt_interleaved {
+        Some(_) => None,
+        None => round_trips(store_url, rtt_time / 2).await?,
+    };
     if let Some(c) = admin.as_mut() {
         let _: () = redis::cmd("DEL").arg(&check_key).query_async(c).await?;
     }
@@ -281,9 +351,10 @@ pub async fn run(
     let done = shared.done.load(Ordering::Relaxed);
     let secs = elapsed.as_secs_f64().max(1e-9);
     let ops_per_sec = done as f64 / secs;
-    let rtt_per_sec = match (rtt_before, rtt_after) {
-        (Some(a), Some(b)) => Some((a + b) / 2.0),
-        (a, b) => a.or(b),
+    let rtt_per_sec = match (rtt_interleaved, rtt_before, rtt_after) {
+        (Some(r), _, _) => Some(r),
+        (None, Some(a), Some(b)) => Some((a + b) / 2.0),
+        (None, a, b) => a.or(b),
     };
     let grants: u64 = results.iter().map(|r| r.grants).sum();
     let ms = |us: u64| us as f64 / 1000.0;
@@ -329,9 +400,11 @@ async fn client(
     id: usize,
     sem: tessera::Semaphore,
     mut check: Check,
+    probe: Option<Interleaved>,
     s: Arc<Shared>,
 ) -> ClientResult {
     let mut r = ClientResult {
+        probe,
         grants: 0,
         latency: histogram(),
         max_holders: 0,
@@ -382,8 +455,17 @@ async fn client(
             s.errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, "bench release failed");
         }
-        s.done.fetch_add(1, Ordering::Relaxed);
+        let done = s.done.fetch_add(1, Ordering::Relaxed) + 1;
         s.progress.inc(1);
+        if let Some(p) = r.probe.as_mut() {
+            if done % p.every == 0 || done == 1 {
+                if let Err(e) = p.slice().await {
+                    s.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "round-trip probe failed");
+                    r.probe = None;
+                }
+            }
+        }
     }
     r
 }
