@@ -458,7 +458,7 @@ async fn client(
         let done = s.done.fetch_add(1, Ordering::Relaxed) + 1;
         s.progress.inc(1);
         if let Some(p) = r.probe.as_mut() {
-            if done % p.every == 0 || done == 1 {
+            if done.is_multiple_of(p.every) || done == 1 {
                 if let Err(e) = p.slice().await {
                     s.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "round-trip probe failed");
