@@ -455,6 +455,11 @@ async fn client(
             s.errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, "bench release failed");
         }
+        if s.spec.clients > 1 {
+            // Let the other clients run: on an in-process store (memory) nothing else yields,
+            // and one task would take every grant while the others never get polled.
+            tokio::task::yield_now().await;
+        }
         let done = s.done.fetch_add(1, Ordering::Relaxed) + 1;
         s.progress.inc(1);
         if let Some(p) = r.probe.as_mut() {
