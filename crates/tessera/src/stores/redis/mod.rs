@@ -30,7 +30,11 @@
 //!
 //! Each operation is one `EVALSHA` of a Lua script ([`ops`]) that runs the reference model's
 //! step on the server clock (`TIME`), and publishes the lease ids to wake on the *waking
-//! client's own* channel, so a grant costs Redis work for one subscriber only.
+//! client's own* channel, so a grant costs Redis work for one subscriber only. Inside Redis
+//! the cost of a script is mostly per `redis.call`, so counters kept in the meta hash (queue
+//! length, a lower bound of the earliest expiry, the instant every key expires) let a step
+//! skip the calls that would only confirm there is nothing to purge, hand off or re-expire
+//! (see `prelude.lua`).
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
