@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// see the same machine load), else half before and half after the workload.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub rtt_time: Duration,
+    /// Extra holders kept on the semaphore during each workload (its capacity raised by as
+    /// many, so the workload still sees its own): how the per-operation cost grows with the
+    /// number of holders (compare --preload 10 and --preload 10000).
+    #[arg(long, default_value_t = 0)]
+    pub preload: u64,
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,

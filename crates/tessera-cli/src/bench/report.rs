@@ -11,6 +11,8 @@ pub struct WorkloadReport {
     pub store: String,
     pub clients: usize,
     pub capacity: u64,
+    /// Extra holders kept during the workload (`--preload`).
+    pub preload: u64,
     pub hold_ms: f64,
     /// Operations completed: pairs (W1) or grants (W2, W3).
     pub ops: u64,

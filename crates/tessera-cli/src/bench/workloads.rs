@@ -28,6 +28,9 @@ pub struct Spec {
     pub hold: Duration,
     /// Hard time bound.
     pub duration: Duration,
+    /// Extra holders kept on the semaphore during the workload (its capacity is raised by as
+    /// many), to see how the per-operation cost grows with the number of holders.
+    pub preload: u64,
 }
 
 impl Spec {
@@ -45,6 +48,7 @@ impl Spec {
             ops: args.ops.max(1),
             hold: args.hold,
             duration: args.duration,
+            preload: args.preload,
         }
     }
 }
@@ -262,6 +266,17 @@ pub async fn run(
         }
         _ => None,
     };
+    // The extra holders, on a connection of their own, taken before the clock starts.
+    let stored_capacity = spec.capacity + spec.preload;
+    let mut preloaded = Vec::with_capacity(spec.preload as usize);
+    if spec.preload > 0 {
+        let store = tessera::Store::connect(store_url).await?;
+        let sem = store.semaphore(&sem_name, stored_capacity)?;
+        for _ in 0..spec.preload {
+            preloaded.push(sem.acquire().await.context("preloading holders")?);
+        }
+    }
+
     let rtt_before = match interleaved {
         Some(_) => None,
         None => round_trips(store_url, rtt_time / 2).await?,
@@ -292,7 +307,7 @@ pub async fn run(
     });
     let mut tasks = Vec::with_capacity(spec.clients);
     for (i, (store, check)) in stores.iter().zip(checks).enumerate() {
-        let sem = store.semaphore(&sem_name, spec.capacity)?;
+        let sem = store.semaphore(&sem_name, stored_capacity)?;
         let probe = interleaved.take();
         tasks.push(tokio::spawn(client(
             i,
@@ -336,6 +351,9 @@ pub async fn run(
     };
     progress.finish_and_clear();
 
+    for p in preloaded {
+        p.release().await?;
+    }
     let rtt_after = match rtt_interleaved {
         Some(_) => None,
         None => round_trips(store_url, rtt_time / 2).await?,
@@ -363,6 +381,7 @@ pub async fn run(
         store: tessera::error::redact_url(store_url),
         clients: spec.clients,
         capacity: spec.capacity,
+        preload: spec.preload,
         hold_ms: spec.hold.as_secs_f64() * 1000.0,
         ops: done,
         completed: done >= spec.ops,
