@@ -391,6 +391,21 @@ impl Semaphore {
                 pending.cancel_within(CANCEL_GRACE).await;
                 return Ok(Some(None));
             }
+            // A grant pushed with the wake-up: the store granted it after it received our
+            // last request (the waiter record existed), so that request's send instant is
+            // an earlier bound of the grant, and the lease is certainly valid until `sent`
+            // plus its remaining time. Used only if most of that is still ahead; otherwise
+            // the heartbeat below fetches the grant with a fresh bound.
+            if let Some(grant) = registration.take_grant() {
+                let remaining = grant.lease.expires_at.since(grant.now);
+                if grant.lease.lease_id == lease
+                    && sent + remaining / 2 > Instant::now()
+                    && remaining >= self.config.ttl / 2
+                {
+                    pending.disarm();
+                    return Ok(Some(Some(self.permit(grant, sent))));
+                }
+            }
             poll = (poll * 2).min(poll_max);
             sent = Instant::now();
             let Some(beat) = bounded(

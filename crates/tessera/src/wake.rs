@@ -8,22 +8,45 @@
 //! A waiter registers *before* it sends its acquire, so a wake-up that arrives before the
 //! acquire's reply is not missed: `Notify::notify_one` stores a permit for the next
 //! `notified()`.
+//!
+//! A store that pushes the grant itself with the wake-up ([`notify_grant`], Redis) spares the
+//! waiter the round trip that would ask for it. The waiter may use such a grant only while
+//! its lease is certainly valid by a wide margin (see `crate::semaphore`); otherwise it asks
+//! the store as after a plain wake-up.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::model::LeaseId;
+use crate::model::{Grant, LeaseId};
 
-static REGISTRY: LazyLock<Mutex<HashMap<LeaseId, Arc<Notify>>>> =
+#[derive(Debug, Default)]
+struct Slot {
+    notify: Notify,
+    /// A grant pushed with the last wake-up, not yet taken.
+    grant: Mutex<Option<Grant>>,
+}
+
+static REGISTRY: LazyLock<Mutex<HashMap<LeaseId, Arc<Slot>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn slot(lease: LeaseId) -> Option<Arc<Slot>> {
+    REGISTRY.lock().unwrap().get(&lease).cloned()
+}
 
 /// Wakes the task registered for `lease`, if any.
 pub fn notify(lease: LeaseId) {
-    let n = REGISTRY.lock().unwrap().get(&lease).cloned();
-    if let Some(n) = n {
-        n.notify_one();
+    if let Some(s) = slot(lease) {
+        s.notify.notify_one();
+    }
+}
+
+/// Wakes the task registered for the lease of `grant`, if any, handing it the grant.
+pub fn notify_grant(grant: Grant) {
+    if let Some(s) = slot(grant.lease.lease_id) {
+        *s.grant.lock().unwrap() = Some(grant);
+        s.notify.notify_one();
     }
 }
 
@@ -31,19 +54,24 @@ pub fn notify(lease: LeaseId) {
 #[derive(Debug)]
 pub(crate) struct Registration {
     lease: LeaseId,
-    notify: Arc<Notify>,
+    slot: Arc<Slot>,
 }
 
 impl Registration {
     pub(crate) fn new(lease: LeaseId) -> Self {
-        let notify = Arc::new(Notify::new());
-        REGISTRY.lock().unwrap().insert(lease, Arc::clone(&notify));
-        Registration { lease, notify }
+        let slot = Arc::new(Slot::default());
+        REGISTRY.lock().unwrap().insert(lease, Arc::clone(&slot));
+        Registration { lease, slot }
     }
 
     /// Resolves at the next wake-up (or at once if one arrived since the last call).
     pub(crate) async fn notified(&self) {
-        self.notify.notified().await
+        self.slot.notify.notified().await
+    }
+
+    /// The grant pushed with a wake-up, if any (taken: a second call returns `None`).
+    pub(crate) fn take_grant(&self) -> Option<Grant> {
+        self.slot.grant.lock().unwrap().take()
     }
 }
 
@@ -52,7 +80,7 @@ impl Drop for Registration {
         let mut reg = REGISTRY.lock().unwrap();
         if reg
             .get(&self.lease)
-            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+            .is_some_and(|n| Arc::ptr_eq(n, &self.slot))
         {
             reg.remove(&self.lease);
         }

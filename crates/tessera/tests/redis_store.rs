@@ -83,6 +83,11 @@ async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = RedisServer::start();
     let redis = redis_backend(&server, "diff").await;
+    let mut check = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let mut seen: Vec<(&str, u32)> = [
         "Granted",
         "Queued",
@@ -217,6 +222,21 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
             assert_eq!(
                 a, b,
                 "seed {seed} step {step}: {what} differs\nredis:  {a}\nmemory: {b}"
+            );
+            // Bounded state: every key the step left behind carries an expiry.
+            let immortal: Vec<String> = redis::cmd("EVAL")
+                .arg(
+                    "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                     if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
+                )
+                .arg(0)
+                .arg("{diff:*")
+                .query_async(&mut check)
+                .await
+                .unwrap();
+            assert!(
+                immortal.is_empty(),
+                "seed {seed} step {step}: {what} left keys without expiry: {immortal:?}"
             );
         }
     }

@@ -30,10 +30,17 @@
 //!
 //! Each operation is one `EVALSHA` of a Lua script ([`ops`]) that runs the reference model's
 //! step on the server clock (`TIME`), and publishes the lease ids to wake on the *waking
-//! client's own* channel, so a grant costs Redis work for one subscriber only.
+//! client's own* channel, so a grant costs Redis work for one subscriber only. Inside Redis
+//! the cost of a script is mostly per `redis.call`, so counters kept in the meta hash (queue
+//! length, a lower bound of the earliest expiry, the instant every key expires) let a step
+//! skip the calls that would only confirm there is nothing to purge, hand off or re-expire
+//! (see `prelude.lua`).
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
-//! connection, which calls [`crate::wake::notify`] for every lease id it receives. The
+//! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
+//! [`crate::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
+//! to clients whose id ends with `.g`, as this one's does, so a woken waiter needs no round
+//! trip to learn it; older clients get the bare lease id). The
 //! subscription is confirmed before `connect` returns, so no grant to this client is
 //! published before anyone listens. When the subscriber's connection drops, it reconnects
 //! and resubscribes with backoff, then wakes every waiter of this backend so each asks the
@@ -255,7 +262,8 @@ impl RedisBackend {
             .await
             .map_err(err)?;
 
-        let client_id = format!("{:032x}", rand::random::<u128>());
+        // The suffix asks the scripts to push grants with the wake-ups (ops::GRANT_PUSH).
+        let client_id = format!("{:032x}{}", rand::random::<u128>(), ops::GRANT_PUSH);
         let wake_base = format!("{}:wake:", config.prefix);
         let channel = format!("{wake_base}{client_id}");
         let waiting: Arc<Mutex<HashSet<LeaseId>>> = Arc::default();
@@ -445,11 +453,14 @@ async fn subscribe_loop(
             tokio::select! {
                 msg = stream.next() => match msg {
                     Some(msg) => {
-                        if let Ok(lease) = std::str::from_utf8(msg.get_payload_bytes())
-                            .unwrap_or("")
-                            .parse::<LeaseId>()
-                        {
-                            wake::notify(lease);
+                        let payload = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or("");
+                        match ops::parse_wake(payload) {
+                            Some((_, Some(grant))) => {
+                                waiting.lock().unwrap().remove(&grant.lease.lease_id);
+                                wake::notify_grant(grant);
+                            }
+                            Some((lease, None)) => wake::notify(lease),
+                            None => {}
                         }
                     }
                     None => break,

@@ -76,6 +76,29 @@ pub(crate) fn name_of_meta_key(prefix: &str, key: &str) -> Option<Name> {
     Name::new(inner).ok()
 }
 
+/// The client-id suffix that asks the scripts to push grants with wake-ups (`GRANT_PUSH` in
+/// `prelude.lua`).
+pub(crate) const GRANT_PUSH: &str = ".g";
+
+/// A wake-up payload: `<lease id>` or `<lease id>\t<now>\t<lease record>` (a grant); `None`
+/// if unreadable. A grant whose record cannot be read degrades to a plain wake-up, after
+/// which the waiter asks the store.
+pub(crate) fn parse_wake(payload: &str) -> Option<(LeaseId, Option<Grant>)> {
+    let (id, rest) = match payload.split_once('\t') {
+        Some((id, rest)) => (id, Some(rest)),
+        None => (payload, None),
+    };
+    let lease: LeaseId = id.parse().ok()?;
+    let grant = rest.and_then(|rest| {
+        let (now, record) = rest.split_once('\t')?;
+        Some(Grant {
+            now: StoreTime(now.parse().ok()?),
+            lease: decode_lease(lease, record).ok()?,
+        })
+    });
+    Some((lease, grant))
+}
+
 pub(crate) fn micros(d: Duration) -> u64 {
     d.as_micros().min(u64::MAX as u128) as u64
 }
@@ -379,6 +402,22 @@ mod tests {
             assert!(parse_renew(v.clone()).unwrap_err().is_corrupt());
             assert!(parse_bool(v, "release").unwrap_err().is_corrupt());
         }
+    }
+
+    #[test]
+    fn wake_payloads_are_bare_ids_or_grants() {
+        let id = LeaseId::from_u128(9);
+        assert_eq!(parse_wake(&id.to_string()), Some((id, None)));
+        let (l, g) = parse_wake(&format!("{id}\t15\t1\t2\t7\t10\t40\tc.g\th")).unwrap();
+        let g = g.unwrap();
+        assert_eq!(
+            (l, g.now, g.lease.seats.clone()),
+            (id, StoreTime(15), vec![2])
+        );
+        assert_eq!(g.lease.expires_at, StoreTime(40));
+        // An unreadable grant is still a wake-up; garbage is nothing.
+        assert_eq!(parse_wake(&format!("{id}\tx\ty")), Some((id, None)));
+        assert_eq!(parse_wake("junk"), None);
     }
 
     #[test]

@@ -26,17 +26,20 @@ local function decide()
   if S.cap ~= capacity then
     return {'mismatch', S.cap}
   end
-  -- A retry of an acquire whose reply was lost: report what it already has.
-  local held = redis.call('HGET', K_LEASES, lease_id)
-  if held then
-    return {'granted', now, held}
-  end
-  if wait and refresh_waiter(lease_id, now + waiter_ttl) then
-    return {'queued', redis.call('ZRANK', K_QUEUE, lease_id)}
+  -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
+  -- created by this step holds nothing yet.)
+  if not fresh then
+    local held = redis.call('HGET', K_LEASES, lease_id)
+    if held then
+      return {'granted', now, held}
+    end
+    if wait and refresh_waiter(lease_id, now + waiter_ttl) then
+      return {'queued', redis.call('ZRANK', K_QUEUE, lease_id)}
+    end
   end
   -- Only a request that finds nobody waiting may take free permits: neither a try nor a
   -- newcomer jumps the queue.
-  local queued = redis.call('ZCARD', K_QUEUE)
+  local queued = S.qlen
   if queued == 0 and S.used + weight <= S.cap then
     local encoded = grant(lease_id, weight, ttl, holder, client)
     return {'granted', now, encoded}
@@ -51,9 +54,16 @@ local function decide()
   S.seq = seq + 1
   local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
     client = client, holder = holder}
+  if queued == 0 then
+    created[K_QUEUE] = true
+    created[K_WAITERS] = true
+    created[K_WEXP] = true
+  end
   redis.call('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
   redis.call('ZADD', K_QUEUE, int(seq), lease_id)
   redis.call('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
+  S.qlen = queued + 1
+  wrote_expiry(waiter.expires_at)
   return {'queued', queued}
 end
 

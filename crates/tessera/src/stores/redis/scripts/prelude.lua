@@ -1,7 +1,9 @@
 -- tessera prelude: shared by every script (concatenated in front of each one at build time).
 --
 -- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
---   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high
+--   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
+--                           qlen (queue length), purge_at (µs, a lower bound of every holder and
+--                           waiter expiry), deadline (ms since the epoch: every key expires then)
 --   KEYS[2] holders  zset:  lease id, scored by lease expiry (µs)
 --   KEYS[3] leases   hash:  lease id -> encoded lease (see encode_lease)
 --   KEYS[4] queue    zset:  lease id, scored by arrival seq
@@ -11,10 +13,22 @@
 --   KEYS[8] fence    string: last fence issued, kept for a while after the state is deleted
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
+--           (with the grant for clients that take it, see GRANT_PUSH)
 -- Every script's own ARGV start at ARGV[2].
 --
 -- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store, expire or
--- delete the state; publish wake-ups). Time comes only from TIME. Numbers stay below 2^53
+-- delete the state; publish wake-ups).
+--
+-- Most steps touch little, and each redis.call costs about a microsecond, so the counters in
+-- meta spare the calls that would only confirm nothing is to be done:
+-- - `used` (sum of holder weights) says whether holders exist, `qlen` whether waiters do;
+-- - `seat_high - used` is the number of free seats in the seats set (held and free seats
+--   partition 0..seat_high-1), so an empty set is never queried;
+-- - `purge_at` <= every expiry in the state: while now < purge_at nothing can be purged;
+-- - `deadline`: every key lives until then (set with PEXPIRE). A step extends it (by a slack, so a
+--   stream of grants rarely does) only when it writes an expiry that the deadline minus the
+--   grace period does not cover, and otherwise sets it only on the keys it created (Redis
+--   deletes an emptied hash or set, so a key that reappears has no TTL). Time comes only from TIME. Numbers stay below 2^53
 -- (µs since the epoch), so Lua doubles hold them exactly; they are formatted with %d, never
 -- with tostring (which would print 1.7e+15).
 
@@ -88,18 +102,46 @@ local function decode_waiter(s)
     client = f[5], holder = f[6]}
 end
 
+-- Far in the future (µs), for purge_at when nothing can expire.
+local NEVER = 9007199254740991
+
 -- The semaphore's counters, or nil if it does not exist.
 local S = nil
--- Wake-ups to publish at the end: {client, lease id} pairs.
+-- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}.
 local wakes = {}
+-- Clients whose id ends with this take the grant with the wake-up: the payload is
+-- `<lease id>\t<now>\t<lease record>` instead of `<lease id>` (revocations stay bare).
+local GRANT_PUSH = '.g'
+-- What this step did, for finish(): whether the counters changed, whether it created the
+-- state, the latest expiry it wrote (µs), and the keys it may have created.
+local dirty = false
+local fresh = false
+local latest = 0
+local created = {}
 
 local function load()
-  local m = redis.call('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high')
+  local m = redis.call('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+    'purge_at', 'deadline')
   if not m[1] then
     return nil
   end
   S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), fence = num(m[3], 'fence'),
     seq = num(m[4], 'seq'), seat_high = num(m[5], 'seat_high')}
+  if m[6] and m[7] and m[8] then
+    S.qlen = num(m[6], 'qlen')
+    S.purge_at = num(m[7], 'purge_at')
+    S.deadline = num(m[8], 'deadline')
+  else
+    -- Written by a version without these counters: derive them once.
+    S.qlen = redis.call('ZCARD', K_QUEUE)
+    S.purge_at = 0
+    S.deadline = 0
+    local h = redis.call('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
+    if h[2] then latest = math.max(latest, num(h[2], 'holder expiry')) end
+    local w = redis.call('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
+    if w[2] then latest = math.max(latest, num(w[2], 'waiter expiry')) end
+    dirty = true
+  end
   return S
 end
 
@@ -108,29 +150,65 @@ end
 local function create(cap)
   redis.call('DEL', unpack(STATE_KEYS))
   local fence = tonumber(redis.call('GET', K_FENCE)) or 0
-  S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0}
+  S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
+    deadline = 0}
+  dirty = true
+  fresh = true
+  created[K_META] = true
   return S
 end
 
+-- Records an expiry written in this step.
+local function wrote_expiry(at)
+  latest = math.max(latest, at)
+  S.purge_at = math.min(S.purge_at, at)
+  dirty = true
+end
+
+-- Gives seats back: the free set gets them, and the high-water mark shrinks over free seats
+-- at its top, keeping the set small. A returned seat at the top is never added to the set.
+-- (The top seat, seat_high - 1, is never in the free set at the start of a step: every step
+-- ends shrunk. So a returned seat below a held top stays below it, and returning in
+-- descending order gives the same set and mark as adding all and then shrinking.)
 local function return_seats(seats)
-  for _, seat in ipairs(seats) do
-    redis.call('ZADD', K_SEATS, seat, seat)
+  -- S.used is already lowered: the set held seat_high - used - #seats seats before these.
+  local free = S.seat_high - S.used - #seats
+  local add = {}
+  for i = #seats, 1, -1 do
+    local seat = seats[i]
+    if seat == S.seat_high - 1 then
+      S.seat_high = seat
+      while free > 0 and S.seat_high > 0 and redis.call('ZREM', K_SEATS, S.seat_high - 1) == 1 do
+        S.seat_high = S.seat_high - 1
+        free = free - 1
+      end
+    else
+      add[#add + 1] = seat
+      add[#add + 1] = seat
+    end
   end
-  -- Shrink the high-water mark over returned seats at its top, keeping the set small.
-  while S.seat_high > 0 and redis.call('ZREM', K_SEATS, S.seat_high - 1) == 1 do
-    S.seat_high = S.seat_high - 1
+  if #add > 0 then
+    if free == 0 then
+      created[K_SEATS] = true
+    end
+    for i = 1, #add, 1000 do
+      redis.call('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
+    end
   end
+  dirty = true
 end
 
 -- The n lowest free seats below the capacity; there are always enough when used + n <= cap.
 local function take_seats(n)
   local seats = {}
-  local low = redis.call('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
-  for i, seat in ipairs(low) do
-    seats[i] = num(seat, 'free seat')
-  end
-  for i = 1, #low, 1000 do
-    redis.call('ZREM', K_SEATS, unpack(low, i, math.min(i + 999, #low)))
+  if S.seat_high > S.used then
+    local low = redis.call('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
+    for i, seat in ipairs(low) do
+      seats[i] = num(seat, 'free seat')
+    end
+    for i = 1, #low, 1000 do
+      redis.call('ZREM', K_SEATS, unpack(low, i, math.min(i + 999, #low)))
+    end
   end
   while #seats < n do
     seats[#seats + 1] = S.seat_high
@@ -140,6 +218,10 @@ local function take_seats(n)
 end
 
 local function grant(id, weight, ttl, holder, client)
+  if S.used == 0 then
+    created[K_HOLDERS] = true
+    created[K_LEASES] = true
+  end
   local lease = {weight = weight, seats = take_seats(weight), acquired_at = now,
     expires_at = now + ttl, client = client, holder = holder}
   lease.fence = math.max(S.fence + 1, now)
@@ -148,6 +230,7 @@ local function grant(id, weight, ttl, holder, client)
   local encoded = encode_lease(lease)
   redis.call('HSET', K_LEASES, id, encoded)
   redis.call('ZADD', K_HOLDERS, int(lease.expires_at), id)
+  wrote_expiry(lease.expires_at)
   return encoded, lease
 end
 
@@ -164,23 +247,27 @@ local function remove_holder(id)
   return lease
 end
 
-local function remove_waiter(id)
-  local encoded = redis.call('HGET', K_WAITERS, id)
+-- Removes a queued waiter (`encoded` is its record if the caller already read it).
+local function remove_waiter(id, encoded)
+  encoded = encoded or redis.call('HGET', K_WAITERS, id)
   if not encoded then
     return nil
   end
   redis.call('HDEL', K_WAITERS, id)
   redis.call('ZREM', K_QUEUE, id)
   redis.call('ZREM', K_WEXP, id)
+  S.qlen = S.qlen - 1
+  dirty = true
   return decode_waiter(encoded)
 end
 
 -- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+-- (Every waiter weighs at least 1, so nothing fits while used >= cap.)
 local function hand_off()
-  while true do
+  while S.qlen > 0 and S.used < S.cap do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
     if not head then
-      return
+      corrupt('queue length without a queue')
     end
     local encoded = redis.call('HGET', K_WAITERS, head)
     if not encoded then
@@ -190,13 +277,18 @@ local function hand_off()
     if S.used + w.weight > S.cap then
       return
     end
-    remove_waiter(head)
-    grant(head, w.weight, w.ttl, w.holder, w.client)
-    wakes[#wakes + 1] = {w.client, head}
+    remove_waiter(head, encoded)
+    local lease = grant(head, w.weight, w.ttl, w.holder, w.client)
+    wakes[#wakes + 1] = {w.client, head, lease}
   end
 end
 
-local function purge_and_hand_off()
+-- Drops expired holders and waiters, unless none can have expired yet (now < purge_at), and
+-- then recomputes purge_at as the earliest expiry left.
+local function purge()
+  if now < S.purge_at then
+    return
+  end
   local expired = redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now))
   for _, id in ipairs(expired) do
     remove_holder(id)
@@ -205,6 +297,17 @@ local function purge_and_hand_off()
   for _, id in ipairs(expired) do
     remove_waiter(id)
   end
+  local earliest = NEVER
+  local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
+  if h[2] then earliest = math.min(earliest, num(h[2], 'holder expiry')) end
+  local w = redis.call('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
+  if w[2] then earliest = math.min(earliest, num(w[2], 'waiter expiry')) end
+  S.purge_at = earliest
+  dirty = true
+end
+
+local function purge_and_hand_off()
+  purge()
   hand_off()
 end
 
@@ -219,37 +322,62 @@ local function refresh_waiter(id, until_us)
     w.expires_at = until_us
     redis.call('HSET', K_WAITERS, id, encode_waiter(w))
     redis.call('ZADD', K_WEXP, int(until_us), id)
+    wrote_expiry(until_us)
   end
   return true
 end
 
 local function is_empty()
-  return redis.call('ZCARD', K_HOLDERS) == 0 and redis.call('ZCARD', K_QUEUE) == 0
+  return S.used <= 0 and S.qlen <= 0
 end
 
--- Stores the counters and refreshes every key's expiry (the latest lease or waiter expiry plus
--- a grace period), or deletes the state if nobody holds or waits; then publishes wake-ups.
+-- Stores the counters and makes every key outlive the latest lease or waiter expiry by at
+-- least the grace period, or deletes the state if nobody holds or waits; then publishes
+-- wake-ups.
 local function finish()
   if S ~= nil then
     if is_empty() then
       redis.call('DEL', unpack(STATE_KEYS))
       redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
-    else
+    elseif dirty then
+      -- The keys that exist now, by the counters.
+      local live = {[K_META] = true}
+      if S.used > 0 then
+        live[K_HOLDERS] = true
+        live[K_LEASES] = true
+      end
+      if S.qlen > 0 then
+        live[K_QUEUE] = true
+        live[K_WAITERS] = true
+        live[K_WEXP] = true
+      end
+      if S.seat_high > S.used then
+        live[K_SEATS] = true
+      end
+      local expire = created
+      local need = math.floor(math.max(latest, now) / 1000) + STATE_GRACE_MS
+      if S.deadline == 0 or need > S.deadline then
+        S.deadline = need + STATE_GRACE_MS
+        expire = live
+      end
       redis.call('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(S.fence),
-        'seq', int(S.seq), 'seat_high', int(S.seat_high))
-      local last = now
-      local h = redis.call('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
-      if h[2] then last = math.max(last, num(h[2], 'holder expiry')) end
-      local w = redis.call('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
-      if w[2] then last = math.max(last, num(w[2], 'waiter expiry')) end
-      local ttl_ms = math.floor((last - now) / 1000) + STATE_GRACE_MS
+        'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
+        'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
+      -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
+      local ttl_ms = int(S.deadline - math.floor(now / 1000))
       for _, key in ipairs(STATE_KEYS) do
-        redis.call('PEXPIRE', key, ttl_ms)
+        if expire[key] and live[key] then
+          redis.call('PEXPIRE', key, ttl_ms)
+        end
       end
     end
   end
   for _, wake in ipairs(wakes) do
-    redis.call('PUBLISH', WAKE_BASE .. wake[1], wake[2])
+    local payload = wake[2]
+    if wake[3] and string.sub(wake[1], -#GRANT_PUSH) == GRANT_PUSH then
+      payload = payload .. '\t' .. int(now) .. '\t' .. wake[3]
+    end
+    redis.call('PUBLISH', WAKE_BASE .. wake[1], payload)
   end
 end
 

@@ -19,6 +19,7 @@ if encoded then
     lease.expires_at = now + ttl
     redis.call('HSET', K_LEASES, lease_id, encode_lease(lease))
     redis.call('ZADD', K_HOLDERS, int(lease.expires_at), lease_id)
+    wrote_expiry(lease.expires_at)
   end
   reply = {'renewed', lease.expires_at, now}
 end

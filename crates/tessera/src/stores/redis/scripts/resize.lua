@@ -15,6 +15,7 @@ local reply = {'notfound'}
 if not is_empty() then
   reply = {'resized', S.cap}
   S.cap = capacity
+  dirty = true
   hand_off()
 end
 finish()

@@ -1,0 +1,123 @@
+//! `tessera bench`: the workloads of the performance targets against any store URL.
+//!
+//! - **W1**: 1 client, capacity 10, an acquire + release loop (ops = pairs);
+//! - **W2**: 8 clients on a lock, hold ≈ 0 (ops = grants);
+//! - **W3**: 32 clients, capacity 4 (ops = grants).
+//!
+//! Every client opens its own [`tessera::Store::connect`] (its own connections). Each
+//! workload stops after `--ops` operations or at `--duration`, whichever comes first; the
+//! duration is a hard bound (clients still running a moment after it are aborted).
+//!
+//! Measured per workload: operations per second, acquire latency (p50, p99, max), hand-offs
+//! per second (a grant to a different client than the previous grant; a client re-taking the
+//! permit it just released is not a hand-off), grants per client (min, max), over-grants seen
+//! by an independent check (on Redis, a counter key on the same server that each holder
+//! increments on entry and decrements on exit; elsewhere an in-process counter), Redis CPU
+//! per grant (`INFO cpu` before and after), and, in the same run, the round-trip limit: one
+//! client's bare `PING`s per second on its own connection (null on other stores), with the
+//! ratio of W1 pairs per second to half of it. With one client the pings run in slices
+//! between its operations (their time is not counted as the workload's), so a machine whose
+//! load changes during the run slows both alike.
+//!
+//! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
+//! [`run`] with the store URL.
+
+mod report;
+mod workloads;
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+#[allow(unused_imports)]
+pub use report::WorkloadReport;
+pub use workloads::Spec;
+
+/// Which workload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// 1 client, capacity 10, acquire + release loop.
+    W1,
+    /// 8 clients on a lock, hold ≈ 0.
+    W2,
+    /// 32 clients, capacity 4.
+    W3,
+    /// W1, W2 and W3 in turn.
+    All,
+}
+
+/// Options of `tessera bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The workload.
+    #[arg(long, value_enum, default_value = "all")]
+    pub workload: Workload,
+    /// Number of clients (overrides the workload's: 1, 8, 32).
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// Capacity of the semaphore (overrides the workload's: 10, 1, 4).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Operations per workload: acquire+release pairs for W1, grants for W2 and W3.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: u64,
+    /// How long each holder keeps its permit (e.g. 0, 500us, 2ms).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub hold: Duration,
+    /// Hard time bound of each workload.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub duration: Duration,
+    /// How long to measure the round-trip limit (bare PINGs of one client on its own
+    /// connection): in ten slices between the operations of a single-client workload (so both
+    /// see the same machine load), else half before and half after the workload.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub rtt_time: Duration,
+    /// Extra holders kept on the semaphore during each workload (its capacity raised by as
+    /// many, so the workload still sees its own): how the per-operation cost grows with the
+    /// number of holders (compare --preload 10 and --preload 10000).
+    #[arg(long, default_value_t = 0)]
+    pub preload: u64,
+    /// Print one JSON object per workload (one per line) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the selected workloads against `store_url` and prints the summary (table or JSON).
+/// Exit code: 0 if every workload completed without over-grants or errors, 1 if any
+/// over-grant was seen, 2 if a workload had errors or could not finish its operations within
+/// `--duration`.
+pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
+    // Fail early, with the store's own typed error, on a bad URL or an unreachable store.
+    tessera::Store::connect(store_url)
+        .await
+        .with_context(|| format!("cannot connect to {}", redact(store_url)))?;
+    let workloads = match args.workload {
+        Workload::All => vec![Workload::W1, Workload::W2, Workload::W3],
+        w => vec![w],
+    };
+    let mut reports = Vec::new();
+    for w in workloads {
+        let spec = Spec::new(w, args);
+        let r = workloads::run(store_url, &spec, args.rtt_time).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        reports.push(r);
+    }
+    if !args.json {
+        print!("{}", report::table(&reports));
+    }
+    let code = if reports.iter().any(|r| r.over_grants > 0) {
+        1
+    } else if reports.iter().any(|r| r.errors > 0 || !r.completed) {
+        2
+    } else {
+        0
+    };
+    Ok(code)
+}
+
+/// The URL with any password replaced (for messages).
+fn redact(url: &str) -> String {
+    tessera::error::redact_url(url)
+}

@@ -1,0 +1,101 @@
+//! `tessera bench` runs every workload with a few operations and reports the JSON fields,
+//! with zero over-grants (structure and safety only: timings are never asserted).
+
+use std::process::Command;
+
+use tessera_testkit::servers::redis::RedisServer;
+
+const FIELDS: [&str; 14] = [
+    "workload",
+    "clients",
+    "capacity",
+    "ops",
+    "ops_per_sec",
+    "handoffs_per_sec",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "grants_per_client_min",
+    "grants_per_client_max",
+    "over_grants",
+    "server_cpu_us_per_grant",
+    "rtt_per_sec",
+];
+
+fn bench(store: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .env("TESSERA_STORE", store)
+        .args([
+            "bench",
+            "--workload",
+            "all",
+            "--ops",
+            "40",
+            "--duration",
+            "20s",
+            "--rtt-time",
+            "50ms",
+            "--json",
+        ])
+        .output()
+        .expect("run tessera bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tessera bench on {store} exited with {}: {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn check(reports: &[serde_json::Value], rtt: bool) {
+    let names: Vec<&str> = reports
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["w1", "w2", "w3"]);
+    for (r, (clients, capacity)) in reports.iter().zip([(1, 10), (8, 1), (32, 4)]) {
+        for f in FIELDS {
+            assert!(r.get(f).is_some(), "{f} missing in {r}");
+        }
+        assert_eq!(r["clients"], clients, "{r}");
+        assert_eq!(r["capacity"], capacity, "{r}");
+        assert_eq!(r["ops"], 40, "{r}");
+        assert_eq!(r["over_grants"], 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["max_holders_seen"].as_i64().unwrap() <= capacity, "{r}");
+        assert_eq!(r["rtt_per_sec"].is_number(), rtt, "{r}");
+        assert_eq!(r["server_cpu_us_per_grant"].is_number(), rtt, "{r}");
+    }
+    assert_eq!(
+        reports[0]["handoffs_per_sec"], 0.0,
+        "one client never hands off"
+    );
+    assert_eq!(reports[0]["rtt_limit_ratio"].is_number(), rtt);
+}
+
+#[test]
+fn bench_runs_every_workload_on_memory() {
+    check(&bench("memory://bench-test"), false);
+}
+
+#[test]
+fn bench_runs_every_workload_on_redis_without_over_grants() {
+    let server = RedisServer::start();
+    let reports = bench(&format!("{}?prefix=benchtest", server.url()));
+    check(&reports, true);
+    for r in &reports[1..] {
+        assert_eq!(r["over_grant_check"], "redis-counter", "{r}");
+    }
+}
+
+#[test]
+fn bench_runs_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/bench.db", dir.path().display());
+    check(&bench(&url), false);
+}
