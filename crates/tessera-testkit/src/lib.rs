@@ -2,10 +2,12 @@
 //! injection at the store seam, holders in other processes, the grant-log checker with the
 //! worker process that writes grant logs, and throwaway servers on free loopback ports.
 
+pub mod chaos;
 pub mod conformance;
 pub mod faults;
 pub mod grantlog;
 pub mod harness;
 pub mod hold;
+pub mod proxy;
 pub mod servers;
 pub mod worker;
