@@ -1294,7 +1294,6 @@ mod tests {
                 Violation::Log { .. } => "log",
                 Violation::FenceOrder { .. } => "fence_order",
                 Violation::DeadlineMissed { .. } => "deadline_missed",
-                _ => "other",
             })
             .collect()
     }

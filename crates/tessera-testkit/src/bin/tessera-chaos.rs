@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! tessera-chaos --store sqlite|redis|sqlite:///path.db|redis://127.0.0.1:PORT \
-//!               --profile short|long [--scenario NAME] [--seed N] [--json]
+//!               --profile short|long [--scenario NAME[,NAME…]] [--seed N] [--json]
 //! ```
 //!
 //! Prints one line per scenario (or, with `--json`, one JSON object per line) and exits with
@@ -25,9 +25,9 @@ struct Args {
     /// `short` (seconds per scenario) or `long` (longer, several seeds).
     #[arg(long, default_value = "short")]
     profile: Profile,
-    /// Run only this scenario.
-    #[arg(long)]
-    scenario: Option<String>,
+    /// Run only this scenario (repeat, or separate with commas, for several).
+    #[arg(long, value_delimiter = ',')]
+    scenario: Vec<String>,
     /// Run only this seed.
     #[arg(long)]
     seed: Option<u64>,
@@ -49,7 +49,7 @@ async fn main() {
     let cfg = RunConfig {
         store,
         profile: args.profile,
-        scenario: args.scenario,
+        scenarios: args.scenario,
         seed: args.seed,
     };
     let reports = match chaos::run(&cfg).await {

@@ -175,12 +175,8 @@ mod tests {
         let s = tokio::net::TcpStream::connect(r.addr()).await.unwrap();
         let (rd, mut w) = s.into_split();
         let mut lines = BufReader::new(rd).lines();
-        let mut ask = |l: &'static str| {
-            let w = &mut w;
-            async move { w.write_all(l.as_bytes()).await.unwrap() }
-        };
         for l in ["W 0 5\n", "W 0 7\n", "W 0 6\n", "W 1 1\n", "W 0 7\n"] {
-            ask(l).await;
+            w.write_all(l.as_bytes()).await.unwrap();
         }
         let mut answers = vec![];
         for _ in 0..5 {

@@ -76,7 +76,7 @@ impl Profile {
                 permits: 2,
                 ttl: Duration::from_millis(1000),
                 waiter_ttl: Duration::from_millis(1000),
-                duration: Duration::from_secs(4),
+                duration: Duration::from_secs(3),
                 seeds: vec![1],
                 dead_waiters_redis: 10_000,
                 dead_waiters_sqlite: 300,
@@ -163,8 +163,8 @@ pub struct RunConfig {
     pub store: StoreSpec,
     /// The profile.
     pub profile: Profile,
-    /// Only this scenario (by name), if set.
-    pub scenario: Option<String>,
+    /// Only these scenarios (by name); all if empty.
+    pub scenarios: Vec<String>,
     /// Only this seed, if set (instead of the profile's seeds).
     pub seed: Option<u64>,
 }
@@ -176,7 +176,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<Vec<ScenarioReport>> {
         params.seeds = vec![seed];
     }
     let names = scenarios::names();
-    if let Some(only) = &cfg.scenario {
+    for only in &cfg.scenarios {
         anyhow::ensure!(
             names.contains(&only.as_str()),
             "unknown scenario {only:?}; known: {}",
@@ -185,7 +185,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<Vec<ScenarioReport>> {
     }
     let mut reports = Vec::new();
     for name in names {
-        if cfg.scenario.as_deref().is_some_and(|s| s != name) {
+        if !cfg.scenarios.is_empty() && !cfg.scenarios.iter().any(|s| s == name) {
             continue;
         }
         for &seed in &params.seeds {
@@ -422,8 +422,8 @@ impl Run {
         });
     }
 
-    /// The workers that currently hold a permit, by the store's word: (index, id, pid).
-    pub async fn holders(&mut self) -> Vec<(usize, String, u32)> {
+    /// The workers that currently hold a permit, by the store's word: (index, id, lease).
+    pub async fn holders(&mut self) -> Vec<(usize, String, tessera::LeaseId)> {
         let Ok(Some(status)) = self.store.status(&self.name).await else {
             return vec![];
         };
@@ -441,17 +441,22 @@ impl Run {
                 .position(|w| w.id == id && w.child.id() == pid)
             {
                 if matches!(self.workers[i].child.try_wait(), Ok(None)) {
-                    out.push((i, id.to_string(), pid));
+                    out.push((i, id.to_string(), lease.lease_id));
                 }
             }
         }
         out
     }
 
-    /// A current holder, chosen by the seed; waits (up to a second) for one.
-    pub async fn pick_holder(&mut self, round: u32) -> Option<(usize, String, u32)> {
+    /// A current holder, chosen by the seed: one the store shows holding the same lease
+    /// twice 30 ms apart, so that it is holding rather than still receiving its grant. Waits
+    /// (up to about two seconds) for one.
+    pub async fn pick_holder(&mut self, round: u32) -> Option<(usize, String, tessera::LeaseId)> {
         for _ in 0..50 {
-            let h = self.holders().await;
+            let before = self.holders().await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let mut h = self.holders().await;
+            h.retain(|x| before.contains(x));
             if !h.is_empty() {
                 let k = (self.seed as usize + round as usize) % h.len();
                 return Some(h[k].clone());

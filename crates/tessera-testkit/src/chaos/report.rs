@@ -134,7 +134,11 @@ impl ScenarioReport {
 }
 
 /// What each scenario breaks on purpose.
-fn expected_kind(scenario: &str, v: &Violation) -> bool {
+fn expected_kind(scenario: &str, stopped: &HashSet<String>, v: &Violation) -> bool {
+    // A caller frozen by SIGSTOP cannot return before its deadline.
+    if let Violation::DeadlineMissed { worker, .. } = v {
+        return stopped.contains(worker);
+    }
     let capacity_like = matches!(
         v,
         Violation::OverCapacity { .. }
@@ -179,6 +183,17 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         notes: run.notes.clone(),
         ..Default::default()
     };
+    let stopped: HashSet<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Fault {
+                action,
+                worker: Some(w),
+                ..
+            } if action == "sigstop" => Some(w.clone()),
+            _ => None,
+        })
+        .collect();
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for v in &check.violations {
         let kind = match v {
@@ -191,7 +206,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
             "C4" => r.leaked_permits += 1,
             _ => {}
         }
-        let list = if expected_kind(&run.scenario, v) {
+        let list = if expected_kind(&run.scenario, &stopped, v) {
             &mut r.expected
         } else {
             &mut r.violations

@@ -99,7 +99,7 @@ async fn s1_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
 
 /// S2: SIGSTOP a holder for 3 TTL, then SIGCONT.
 async fn s2_stop(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let duration = (p.ttl * 3 + p.ttl * 2) * p.rounds + p.ttl * 2;
+    let duration = (p.ttl * 3 + p.ttl * 2) * p.rounds + p.ttl;
     let mut run = start("s2-stop", spec, p, seed, duration).await?;
     for round in 0..p.rounds {
         sleep(p.ttl).await;
@@ -136,8 +136,9 @@ async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Sce
         ("drop-replies", Mode::DropReplies, ttl / 4),
         ("blackhole-long", Mode::Blackhole, ttl * 2),
     ];
-    let per_round: Duration = schedule.iter().map(|(_, _, d)| *d + ttl).sum();
-    let duration = ttl + per_round * p.rounds + ttl * 2;
+    let gap = ttl * 3 / 4;
+    let per_round: Duration = schedule.iter().map(|(_, _, d)| *d + gap).sum();
+    let duration = ttl + per_round * p.rounds + ttl;
     let mut run = Run::new("s3-proxy", p, seed, env, Some(worker_url), duration).await?;
     run.start_workers()?;
     sleep(ttl).await;
@@ -148,7 +149,7 @@ async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Sce
             sleep(*hold).await;
             proxy.set(Mode::Pass);
             run.fault(action, FaultPhase::Heal, None);
-            sleep(ttl).await;
+            sleep(gap).await;
         }
     }
     let s = proxy.stats();
