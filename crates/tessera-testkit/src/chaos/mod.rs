@@ -311,6 +311,8 @@ pub struct Run {
     pub violations: Vec<String>,
     /// Figures the scenario measured itself (e.g. reclaim times), in ms.
     pub reclaim_ms: Vec<u64>,
+    /// Environment variables of the worker processes.
+    pub worker_env: Vec<(String, String)>,
 }
 
 impl Run {
@@ -350,6 +352,7 @@ impl Run {
             notes: Vec::new(),
             violations: Vec::new(),
             reclaim_ms: Vec::new(),
+            worker_env: Vec::new(),
         })
     }
 
@@ -405,6 +408,7 @@ impl Run {
         self.spawned += 1;
         let child = Command::new(sibling_binary("tessera-worker")?)
             .args(args.to_args())
+            .envs(self.worker_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
