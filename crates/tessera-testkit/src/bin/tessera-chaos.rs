@@ -52,7 +52,15 @@ async fn main() {
         scenarios: args.scenario,
         seed: args.seed,
     };
-    let reports = match chaos::run(&cfg).await {
+    let json = args.json;
+    let print = |r: &chaos::ScenarioReport| {
+        if json {
+            println!("{}", serde_json::to_string(r).expect("a report serializes"));
+        } else {
+            println!("{}", r.summary());
+        }
+    };
+    let reports = match chaos::run_with(&cfg, print).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tessera-chaos: {e:#}");
@@ -62,11 +70,6 @@ async fn main() {
     let mut failed = false;
     for r in &reports {
         failed |= !r.violations.is_empty();
-        if args.json {
-            println!("{}", serde_json::to_string(r).expect("a report serializes"));
-        } else {
-            println!("{}", r.summary());
-        }
     }
     std::process::exit(if failed { 1 } else { 0 });
 }

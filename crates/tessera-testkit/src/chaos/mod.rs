@@ -171,6 +171,14 @@ pub struct RunConfig {
 
 /// Runs the scenarios and returns one report per scenario and seed.
 pub async fn run(cfg: &RunConfig) -> anyhow::Result<Vec<ScenarioReport>> {
+    run_with(cfg, |_| {}).await
+}
+
+/// [`run`], calling `each` with every report as soon as its scenario ends.
+pub async fn run_with(
+    cfg: &RunConfig,
+    mut each: impl FnMut(&ScenarioReport),
+) -> anyhow::Result<Vec<ScenarioReport>> {
     let mut params = cfg.profile.params();
     if let Some(seed) = cfg.seed {
         params.seeds = vec![seed];
@@ -194,6 +202,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<Vec<ScenarioReport>> {
                 .with_context(|| {
                     format!("scenario {name} on {} (seed {seed})", cfg.store.kind())
                 })?;
+            each(&r);
             reports.push(r);
         }
     }
