@@ -456,20 +456,15 @@ impl<'a> Lives<'a> {
             .collect();
         let mut invoked: HashMap<(String, u64), u64> = HashMap::new();
         let mut waits = vec![];
-        let mut open: HashSet<(String, u64)> = HashSet::new();
         for e in events {
             match &e.kind {
                 EventKind::AcquireInvoked {
                     worker, op, mode, ..
-                } => {
-                    if *mode != crate::grantlog::AcquireMode::TryAcquire {
-                        invoked.insert((worker.clone(), *op), e.t_ns);
-                        open.insert((worker.clone(), *op));
-                    }
+                } if *mode != crate::grantlog::AcquireMode::TryAcquire => {
+                    invoked.insert((worker.clone(), *op), e.t_ns);
                 }
                 EventKind::AcquireReturned { worker, op, .. } => {
                     if let Some(t0) = invoked.remove(&(worker.clone(), *op)) {
-                        open.remove(&(worker.clone(), *op));
                         waits.push((t0, e.t_ns));
                     }
                 }
@@ -509,11 +504,8 @@ impl<'a> Lives<'a> {
                 _ => {}
             }
         }
-        for (k, t0) in invoked {
-            if open.contains(&k) {
-                waits.push((t0, u64::MAX));
-            }
-        }
+        // Never returned: waiting until the end.
+        waits.extend(invoked.into_values().map(|t0| (t0, u64::MAX)));
         for l in by_id.values_mut() {
             if l.release_invoked.is_none() && l.lost.is_none() {
                 l.killed_or_unfinished = true;
