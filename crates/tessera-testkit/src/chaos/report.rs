@@ -162,7 +162,6 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
     let events = read_logs(run.log_dir())?;
     let p = &run.params;
     let ttl = p.ttl.as_nanos() as u64;
-    let interval = ttl / 3;
     let waiter_ttl = p.waiter_ttl.as_nanos() as u64;
     // A timed-out waiter whose cancellation failed may wait until its waiter TTL, and be
     // granted a lease that nobody renews until the lease TTL.
@@ -259,7 +258,26 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         ));
     }
 
-    let lives = Lives::new(&events, &check.leases);
+    let reclaims: Vec<u64> = run.reclaim_ms.iter().map(|ms| ms * 1_000_000).collect();
+    check_faults(&events, &check.leases, ttl, &run.scenario, reclaims, &mut r);
+    if r.stale_accepts > 0 && r.violations.is_empty() {
+        r.violations.push("stale accepts".into());
+    }
+    Ok(r)
+}
+
+/// C5 and the loss notices, from the fault log: adds faults, reclaim and notice figures and
+/// violations to `r`. `reclaims` are reclaim times the scenario measured itself (ns).
+fn check_faults(
+    events: &[Event],
+    leases: &[LeaseInfo],
+    ttl: u64,
+    scenario: &str,
+    mut reclaims: Vec<u64>,
+    r: &mut ScenarioReport,
+) {
+    let interval = ttl / 3;
+    let lives = Lives::new(events, leases);
     r.faults = events
         .iter()
         .filter(|e| {
@@ -273,11 +291,10 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         })
         .count() as u64;
     let bound = ttl + interval + SLACK_NS;
-    let mut reclaims: Vec<u64> = run.reclaim_ms.iter().map(|ms| ms * 1_000_000).collect();
     let mut notices: Vec<u64> = vec![];
     let mut started: HashMap<String, u64> = HashMap::new();
-    let forgetful_restart = run.scenario == "s4-restart";
-    for e in &events {
+    let forgetful_restart = scenario == "s4-restart";
+    for e in events {
         let EventKind::Fault {
             action,
             phase,
@@ -321,15 +338,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
                 let Some(l) = lives.held_by(w, from) else {
                     continue;
                 };
-                check_told(
-                    &lives,
-                    l,
-                    t,
-                    interval + SLACK_NS,
-                    action,
-                    &mut r,
-                    &mut notices,
-                );
+                check_told(&lives, l, t, interval + SLACK_NS, action, r, &mut notices);
             }
             // The store or the network healed: something is granted again soon.
             (FaultPhase::Heal, None) => {
@@ -351,15 +360,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
                 if forgetful_restart {
                     // Every lease held across the restart must be told, never renewed.
                     for l in lives.held_across(from, t) {
-                        check_told(
-                            &lives,
-                            l,
-                            t,
-                            interval + SLACK_NS,
-                            action,
-                            &mut r,
-                            &mut notices,
-                        );
+                        check_told(&lives, l, t, interval + SLACK_NS, action, r, &mut notices);
                     }
                 }
             }
@@ -368,10 +369,6 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
     }
     r.max_reclaim_ms = reclaims.iter().max().map(|n| n / 1_000_000);
     r.max_loss_notice_ms = notices.iter().max().map(|n| n / 1_000_000);
-    if r.stale_accepts > 0 && r.violations.is_empty() {
-        r.violations.push("stale accepts".into());
-    }
-    Ok(r)
 }
 
 /// Checks that `l`, whose lease the store no longer holds since `since`, is told within
@@ -567,5 +564,160 @@ impl<'a> Lives<'a> {
     /// Whether some waiting acquire was in flight over all of `[from, to]`.
     fn waited_through(&self, from: u64, to: u64) -> bool {
         self.waits.iter().any(|&(a, b)| a <= from && b >= to)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grantlog::{check, AcquireMode, Outcome};
+
+    const MS: u64 = 1_000_000;
+    const TTL: u64 = 1000 * MS;
+
+    #[derive(Default)]
+    struct Log(Vec<Event>);
+
+    impl Log {
+        fn at(&mut self, ms: u64, kind: EventKind) -> &mut Self {
+            self.0.push(Event {
+                t_ns: ms * MS,
+                kind,
+            });
+            self
+        }
+        fn invoke(&mut self, ms: u64, worker: &str, op: u64) -> &mut Self {
+            self.at(
+                ms,
+                EventKind::AcquireInvoked {
+                    worker: worker.into(),
+                    op,
+                    sem: "chaos".into(),
+                    weight: 1,
+                    mode: AcquireMode::Acquire,
+                },
+            )
+        }
+        fn grant(&mut self, ms: u64, worker: &str, op: u64, id: u128, seat: u32) -> &mut Self {
+            self.at(
+                ms,
+                EventKind::AcquireReturned {
+                    worker: worker.into(),
+                    op,
+                    outcome: Outcome::Granted {
+                        lease_id: LeaseId::from_u128(id),
+                        fence: id as u64,
+                        seats: vec![seat],
+                        weight: 1,
+                        valid_until_ns: ms * MS + TTL - 20 * MS,
+                    },
+                },
+            )
+        }
+        fn fault(&mut self, ms: u64, action: &str, phase: FaultPhase, w: &str) -> &mut Self {
+            self.at(
+                ms,
+                EventKind::Fault {
+                    action: action.into(),
+                    phase,
+                    worker: Some(w.into()),
+                },
+            )
+        }
+        fn analyse(&mut self) -> ScenarioReport {
+            self.0.sort_by_key(|e| e.t_ns);
+            let caps = HashMap::from([("chaos".to_string(), 2)]);
+            let leases = check(&self.0, &caps).leases;
+            let mut r = ScenarioReport::default();
+            check_faults(&self.0, &leases, TTL, "test", vec![], &mut r);
+            r
+        }
+    }
+
+    fn killed_holder_and_a_waiter() -> Log {
+        let mut log = Log::default();
+        log.invoke(0, "w1", 1)
+            .grant(10, "w1", 1, 1, 0)
+            .invoke(50, "w2", 1)
+            .fault(100, "sigkill", FaultPhase::Instant, "w1");
+        log
+    }
+
+    #[test]
+    fn a_killed_holders_seat_granted_again_in_time_passes() {
+        let mut log = killed_holder_and_a_waiter();
+        log.grant(1100, "w2", 1, 2, 0);
+        let r = log.analyse();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!((r.faults, r.max_reclaim_ms), (1, Some(1000)));
+    }
+
+    #[test]
+    fn a_seat_never_reclaimed_while_someone_waits_is_caught() {
+        let r = killed_holder_and_a_waiter().analyse();
+        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+        assert!(r.violations[0].starts_with("C5 sigkill of w1"), "{r:?}");
+    }
+
+    fn stopped_holder() -> Log {
+        let mut log = Log::default();
+        log.invoke(0, "w1", 1)
+            .grant(10, "w1", 1, 1, 0)
+            .fault(100, "sigstop", FaultPhase::Start, "w1")
+            .fault(3100, "sigstop", FaultPhase::Heal, "w1");
+        log
+    }
+
+    #[test]
+    fn a_resumed_holder_told_at_once_passes() {
+        let id = LeaseId::from_u128(1);
+        let mut log = stopped_holder();
+        log.at(
+            3120,
+            EventKind::Lost {
+                lease_id: id,
+                reason: "gone".into(),
+            },
+        )
+        .at(3121, EventKind::ReleaseInvoked { lease_id: id })
+        .at(
+            3125,
+            EventKind::ReleaseReturned {
+                lease_id: id,
+                was_held: false,
+                error: None,
+            },
+        );
+        let r = log.analyse();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.max_loss_notice_ms, Some(20));
+    }
+
+    #[test]
+    fn a_silent_re_acquire_after_resume_is_caught() {
+        let id = LeaseId::from_u128(1);
+        let mut log = stopped_holder();
+        log.at(
+            3150,
+            EventKind::Renewed {
+                lease_id: id,
+                valid_until_ns: 4000 * MS,
+            },
+        )
+        .at(3200, EventKind::ReleaseInvoked { lease_id: id })
+        .at(
+            3210,
+            EventKind::ReleaseReturned {
+                lease_id: id,
+                was_held: true,
+                error: None,
+            },
+        );
+        let r = log.analyse();
+        let v = r.violations.join("\n");
+        assert_eq!(r.violations.len(), 3, "{v}");
+        for what in ["silent re-acquire", "still held on release", "never told"] {
+            assert!(v.contains(what), "{what} missing in {v}");
+        }
     }
 }
