@@ -2,7 +2,8 @@
 //! on a throwaway Redis must end with zero violations. (The long profile is run by hand:
 //! `tessera-chaos --store redis --profile long`, see docs/reliability.md.)
 //!
-//! A missing `redis-server` fails the Redis tests with the install line.
+//! A missing `redis-server` fails the Redis tests with the install line, a missing
+//! libfaketime (the SQLite clock-jump scenario) with `apt-get install -y faketime`.
 
 use tessera_testkit::chaos::{self, Profile, RunConfig, ScenarioReport, StoreSpec};
 
@@ -71,6 +72,7 @@ async fn redis_survives_restarts_client_kills_and_reclaims_abandoned_permits() {
             "s9-client-kill",
             "s10-reclaim",
             "s7-eviction",
+            "garbage",
         ],
     )
     .await;

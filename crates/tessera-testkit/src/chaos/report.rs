@@ -28,6 +28,9 @@ use crate::grantlog::{
 /// Scheduling slack added to every timing bound: this runs on a shared 2-core machine.
 pub const SLACK_NS: u64 = 500_000_000;
 
+/// Faults after which the store has forgotten leases their holders still certainly hold.
+const FORGETFUL: [&str; 3] = ["restart", "garbage-fields", "garbage-types"];
+
 /// How many witnesses a report lists per kind before it only counts.
 const MAX_WITNESSES: usize = 10;
 
@@ -133,8 +136,14 @@ impl ScenarioReport {
     }
 }
 
-/// What each scenario breaks on purpose.
-fn expected_kind(scenario: &str, stopped: &HashSet<String>, v: &Violation) -> bool {
+/// What each scenario breaks on purpose. `forgotten` are the windows right after the store
+/// forgot leases (from a forgetful fault's heal to a TTL and the slack after it).
+fn expected_kind(
+    scenario: &str,
+    stopped: &HashSet<String>,
+    forgotten: &[(u64, u64)],
+    v: &Violation,
+) -> bool {
     // A caller frozen by SIGSTOP cannot return before its deadline.
     if let Violation::DeadlineMissed { worker, .. } = v {
         return stopped.contains(worker);
@@ -145,12 +154,17 @@ fn expected_kind(scenario: &str, stopped: &HashSet<String>, v: &Violation) -> bo
             | Violation::SeatCollision { .. }
             | Violation::NoPermitUnexplained { .. }
     );
+    let at = match v {
+        Violation::OverCapacity { at_ns, .. } => Some(*at_ns),
+        Violation::SeatCollision { second, .. } => Some(second.start_ns),
+        _ => None,
+    };
     match scenario {
-        // The store forgets leases that holders certainly hold until their next renewal.
-        "s4-restart" => matches!(
-            v,
-            Violation::OverCapacity { .. } | Violation::SeatCollision { .. }
-        ),
+        // The store forgets leases that holders certainly hold until their next renewal:
+        // an overlap is expected only right after it forgot.
+        "s4-restart" | "garbage" => {
+            at.is_some_and(|t| forgotten.iter().any(|&(a, b)| a <= t && t <= b))
+        }
         // Redis deletes lease keys behind tessera's back; the store's clock jumps.
         "s7-eviction" | "clock-jump" => capacity_like,
         _ => false,
@@ -193,6 +207,27 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
             _ => None,
         })
         .collect();
+    let mut forgotten = vec![];
+    for e in &events {
+        if let EventKind::Fault {
+            action,
+            phase,
+            worker: None,
+        } = &e.kind
+        {
+            if !FORGETFUL.contains(&action.as_str()) {
+                continue;
+            }
+            match phase {
+                FaultPhase::Start | FaultPhase::Instant => {}
+                FaultPhase::Heal => {
+                    // The store comes back without the leases (a restart) or they are
+                    // deleted (the garbage clean-up) at the heal, not before.
+                    forgotten.push((e.t_ns, e.t_ns + ttl + SLACK_NS));
+                }
+            }
+        }
+    }
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for v in &check.violations {
         let kind = match v {
@@ -205,7 +240,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
             "C4" => r.leaked_permits += 1,
             _ => {}
         }
-        let list = if expected_kind(&run.scenario, &stopped, v) {
+        let list = if expected_kind(&run.scenario, &stopped, &forgotten, v) {
             &mut r.expected
         } else {
             &mut r.violations
@@ -258,6 +293,24 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         ));
     }
 
+    if run.scenario == "garbage" {
+        let mut kinds: Vec<String> = vec![];
+        for e in &events {
+            if let EventKind::AcquireReturned {
+                outcome: crate::grantlog::Outcome::Error { message },
+                ..
+            } = &e.kind
+            {
+                let short: String = message.chars().take(100).collect();
+                if !kinds.contains(&short) && kinds.len() < 6 {
+                    kinds.push(short);
+                }
+            }
+        }
+        r.notes.push(format!(
+            "errors the workers got (first distinct ones): {kinds:?}"
+        ));
+    }
     let reclaims: Vec<u64> = run.reclaim_ms.iter().map(|ms| ms * 1_000_000).collect();
     check_faults(&events, &check.leases, ttl, &run.scenario, reclaims, &mut r);
     if r.stale_accepts > 0 && r.violations.is_empty() {
@@ -293,7 +346,7 @@ fn check_faults(
     let bound = ttl + interval + SLACK_NS;
     let mut notices: Vec<u64> = vec![];
     let mut started: HashMap<String, u64> = HashMap::new();
-    let forgetful_restart = scenario == "s4-restart";
+    let forgetful = scenario == "s4-restart" || scenario == "garbage";
     for e in events {
         let EventKind::Fault {
             action,
@@ -357,7 +410,7 @@ fn check_faults(
                         }
                     }
                 }
-                if forgetful_restart {
+                if forgetful && FORGETFUL.contains(&action.as_str()) {
                     // Every lease held across the restart must be told, never renewed.
                     for l in lives.held_across(from, t) {
                         check_told(&lives, l, t, interval + SLACK_NS, action, r, &mut notices);
@@ -383,6 +436,10 @@ fn check_told(
     notices: &mut Vec<u64>,
 ) {
     let life = &lives.by_id[&l.lease_id];
+    // Released (and the store agreed) before the store forgot it: nothing to tell.
+    if life.released_held.is_some_and(|t| t <= since) {
+        return;
+    }
     // A renewal logged late (the worker polls for them) may show up after `since` with an
     // old validity; only one extending the validity past `since` is a re-acquire.
     if let Some((t, _)) = life

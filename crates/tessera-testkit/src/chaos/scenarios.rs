@@ -25,6 +25,7 @@ pub fn names() -> Vec<&'static str> {
         "s10-reclaim",
         "s7-eviction",
         "clock-jump",
+        "garbage",
     ]
 }
 
@@ -60,6 +61,10 @@ pub async fn run(
         ("s10-reclaim", _) => s10_reclaim(spec, p, seed).await,
         ("s7-eviction", _) => s7_eviction(spec, p, seed).await,
         ("clock-jump", _) => clock_jump(spec, p, seed).await,
+        ("garbage", "redis") if !own_redis => {
+            skip("needs a server the runner owns: use --store redis")
+        }
+        ("garbage", _) => garbage(spec, p, seed).await,
         _ => anyhow::bail!("unknown scenario {name}"),
     }
 }
@@ -560,4 +565,130 @@ async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<S
     run.fault("clock-back-30s", FaultPhase::Heal, None);
     run.run_out().await;
     run.finish().await
+}
+
+/// The keys of semaphore `name` under `prefix` (the Redis store's layout, kept in step with
+/// `stores/redis/ops.rs`).
+fn redis_keys(prefix: &str, name: &str) -> Vec<String> {
+    [
+        "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+    ]
+    .iter()
+    .map(|s| format!("{{{prefix}:{name}}}:{s}"))
+    .collect()
+}
+
+/// Garbage written into tessera's own keys or rows by someone else, twice: first every
+/// value replaced by garbage of the right type, then (Redis) every key replaced by one of a
+/// type tessera never uses, or (SQLite) numbers out of range. Each lasts a TTL, then an
+/// operator deletes the semaphore's state. Workers must get typed errors (a panic fails the
+/// worker, which is a violation), nothing is over-granted while the garbage is there, and
+/// service resumes after the clean-up. The overlap right after the clean-up is the store
+/// forgetting leases, as in `s4-restart`.
+async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let env = Env::new(spec, "garbage", seed, &[])?;
+    let duration = p.ttl * 7;
+    let mut run = Run::new("garbage", p, seed, env, None, duration).await?;
+    let sqlite = match run.env.kind {
+        "sqlite" => {
+            let path = run.env.url.trim_start_matches("sqlite://").to_string();
+            let opts = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .busy_timeout(Duration::from_secs(10));
+            Some(sqlx::SqlitePool::connect_with(opts).await?)
+        }
+        _ => None,
+    };
+    run.start_workers()?;
+    for round in ["garbage-fields", "garbage-types"] {
+        sleep(p.ttl * 3 / 2).await;
+        run.fault(round, FaultPhase::Start, None);
+        match &sqlite {
+            Some(db) => {
+                let sql: &[&str] = if round == "garbage-fields" {
+                    &[
+                        "UPDATE tessera_holders SET seats = 'garbage', lease_id = 'zz' || lease_id WHERE name = 'chaos'",
+                        "UPDATE tessera_waiters SET lease_id = 'not-hex' || seq WHERE name = 'chaos'",
+                    ]
+                } else {
+                    &["UPDATE tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 WHERE name = 'chaos'"]
+                };
+                for &q in sql {
+                    sqlx::query(q).execute(db).await?;
+                }
+            }
+            None => {
+                let server = run.env.redis.as_ref().context("owned redis")?;
+                let prefix = url::Url::parse(&run.env.url)?
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned())
+                    .context("prefix")?;
+                for key in redis_keys(&prefix, "chaos") {
+                    if round == "garbage-types" {
+                        server.command(&["DEL", &key]);
+                        server.command(&["RPUSH", &key, "garbage"]);
+                        continue;
+                    }
+                    let kind = server.command(&["TYPE", &key]);
+                    let kind = kind.trim().trim_start_matches('+');
+                    match kind {
+                        "hash" => {
+                            let fields = server.command(&["HKEYS", &key]);
+                            for f in resp_strings(&fields) {
+                                server.command(&["HSET", &key, &f, "garbage"]);
+                            }
+                        }
+                        "zset" => {
+                            server.command(&["ZADD", &key, "1", "garbage"]);
+                        }
+                        "set" => {
+                            server.command(&["SADD", &key, "garbage"]);
+                        }
+                        "string" => {
+                            server.command(&["SET", &key, "garbage"]);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        sleep(p.ttl).await;
+        // The operator cleans up.
+        match &sqlite {
+            Some(db) => {
+                for q in [
+                    "DELETE FROM tessera_holders WHERE name = 'chaos'",
+                    "DELETE FROM tessera_waiters WHERE name = 'chaos'",
+                    "DELETE FROM tessera_semaphores WHERE name = 'chaos'",
+                    "DELETE FROM tessera_free_seats WHERE name = 'chaos'",
+                ] {
+                    sqlx::query(q).execute(db).await?;
+                }
+            }
+            None => {
+                let server = run.env.redis.as_ref().context("owned redis")?;
+                let prefix = url::Url::parse(&run.env.url)?
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned())
+                    .context("prefix")?;
+                for key in redis_keys(&prefix, "chaos") {
+                    server.command(&["DEL", &key]);
+                }
+            }
+        }
+        run.fault(round, FaultPhase::Heal, None);
+    }
+    run.run_out().await;
+    run.finish().await
+}
+
+/// The bulk strings of a raw RESP array reply.
+fn resp_strings(reply: &str) -> Vec<String> {
+    reply
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.starts_with('*') && !l.starts_with('$'))
+        .map(str::to_string)
+        .collect()
 }
