@@ -228,6 +228,26 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
             }
         }
     }
+    let timeline: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Fault {
+                action,
+                phase,
+                worker,
+            } => Some(format!(
+                "{action} {phase:?}{} at {}.{:09}s",
+                worker.as_ref().map(|w| format!(" {w}")).unwrap_or_default(),
+                e.t_ns / 1_000_000_000,
+                e.t_ns % 1_000_000_000
+            )),
+            _ => None,
+        })
+        .take(12)
+        .collect();
+    if !timeline.is_empty() {
+        r.notes.push(format!("faults: {}", timeline.join("; ")));
+    }
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for v in &check.violations {
         let kind = match v {

@@ -624,33 +624,25 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                     .find(|(k, _)| k == "prefix")
                     .map(|(_, v)| v.into_owned())
                     .context("prefix")?;
-                for key in redis_keys(&prefix, "chaos") {
-                    if round == "garbage-types" {
-                        server.command(&["DEL", &key]);
-                        server.command(&["RPUSH", &key, "garbage"]);
-                        continue;
-                    }
-                    let kind = server.command(&["TYPE", &key]);
-                    let kind = kind.trim().trim_start_matches('+');
-                    match kind {
-                        "hash" => {
-                            let fields = server.command(&["HKEYS", &key]);
-                            for f in resp_strings(&fields) {
-                                server.command(&["HSET", &key, &f, "garbage"]);
-                            }
-                        }
-                        "zset" => {
-                            server.command(&["ZADD", &key, "1", "garbage"]);
-                        }
-                        "set" => {
-                            server.command(&["SADD", &key, "garbage"]);
-                        }
-                        "string" => {
-                            server.command(&["SET", &key, "garbage"]);
-                        }
-                        _ => {}
-                    }
-                }
+                // One script, so the garbage lands at once: a key deleted and re-created
+                // in two steps would let tessera see the semaphore missing in between.
+                let script = if round == "garbage-types" {
+                    "for _, k in ipairs(KEYS) do redis.call('DEL', k); redis.call('RPUSH', k, 'garbage') end return 'OK'"
+                } else {
+                    "for _, k in ipairs(KEYS) do \
+                       local t = redis.call('TYPE', k)['ok'] \
+                       if t == 'hash' then \
+                         for _, f in ipairs(redis.call('HKEYS', k)) do redis.call('HSET', k, f, 'garbage') end \
+                       elseif t == 'zset' then redis.call('ZADD', k, 1, 'garbage') \
+                       elseif t == 'set' then redis.call('SADD', k, 'garbage') \
+                       elseif t == 'string' then redis.call('SET', k, 'garbage') end \
+                     end return 'OK'"
+                };
+                let keys = redis_keys(&prefix, "chaos");
+                let mut words = vec!["EVAL", script, "8"];
+                words.extend(keys.iter().map(String::as_str));
+                let reply = server.command(&words);
+                anyhow::ensure!(reply.contains("OK"), "garbage script: {reply}");
             }
         }
         sleep(p.ttl).await;
@@ -673,22 +665,14 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                     .find(|(k, _)| k == "prefix")
                     .map(|(_, v)| v.into_owned())
                     .context("prefix")?;
-                for key in redis_keys(&prefix, "chaos") {
-                    server.command(&["DEL", &key]);
-                }
+                let keys = redis_keys(&prefix, "chaos");
+                let mut words = vec!["DEL"];
+                words.extend(keys.iter().map(String::as_str));
+                server.command(&words);
             }
         }
         run.fault(round, FaultPhase::Heal, None);
     }
     run.run_out().await;
     run.finish().await
-}
-
-/// The bulk strings of a raw RESP array reply.
-fn resp_strings(reply: &str) -> Vec<String> {
-    reply
-        .split("\r\n")
-        .filter(|l| !l.is_empty() && !l.starts_with('*') && !l.starts_with('$'))
-        .map(str::to_string)
-        .collect()
 }
