@@ -208,6 +208,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         })
         .collect();
     let mut forgotten = vec![];
+    let mut began: HashMap<&str, u64> = HashMap::new();
     for e in &events {
         if let EventKind::Fault {
             action,
@@ -219,11 +220,19 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
                 continue;
             }
             match phase {
-                FaultPhase::Start | FaultPhase::Instant => {}
+                FaultPhase::Start => {
+                    began.insert(action, e.t_ns);
+                }
+                FaultPhase::Instant => {}
                 FaultPhase::Heal => {
-                    // The store comes back without the leases (a restart) or they are
-                    // deleted (the garbage clean-up) at the heal, not before.
-                    forgotten.push((e.t_ns, e.t_ns + ttl + SLACK_NS));
+                    // A restarted server may serve before the runner logs the heal, so its
+                    // window opens at the kill; the garbage clean-up is logged as the heal
+                    // before it deletes anything.
+                    let from = match action.as_str() {
+                        "restart" => began.get(action.as_str()).copied().unwrap_or(e.t_ns),
+                        _ => e.t_ns,
+                    };
+                    forgotten.push((from, e.t_ns + ttl + SLACK_NS));
                 }
             }
         }
@@ -411,7 +420,7 @@ fn check_faults(
                 let Some(l) = lives.held_by(w, from) else {
                     continue;
                 };
-                check_told(&lives, l, t, interval + SLACK_NS, action, r, &mut notices);
+                check_told(&lives, l, t, ttl, action, r, &mut notices);
             }
             // The store or the network healed: something is granted again soon.
             (FaultPhase::Heal, None) => {
@@ -433,7 +442,7 @@ fn check_faults(
                 if forgetful && FORGETFUL.contains(&action.as_str()) {
                     // Every lease held across the restart must be told, never renewed.
                     for l in lives.held_across(from, t) {
-                        check_told(&lives, l, t, interval + SLACK_NS, action, r, &mut notices);
+                        check_told(&lives, l, t, ttl, action, r, &mut notices);
                     }
                 }
             }
@@ -450,7 +459,7 @@ fn check_told(
     lives: &Lives,
     l: &LeaseInfo,
     since: u64,
-    bound: u64,
+    ttl: u64,
     action: &str,
     r: &mut ScenarioReport,
     notices: &mut Vec<u64>,
@@ -460,13 +469,13 @@ fn check_told(
     if life.released_held.is_some_and(|t| t <= since) {
         return;
     }
-    // A renewal logged late (the worker polls for them) may show up after `since` with an
-    // old validity; only one extending the validity past `since` is a re-acquire.
-    if let Some((t, _)) = life
-        .renewed
-        .iter()
-        .find(|&&(t, vu)| t > since && vu > since)
-    {
+    let bound = ttl / 3 + SLACK_NS;
+    // The worker logs renewals when it notices them, up to TTL/20 late, so the log time says
+    // little; but a renewal's validity is `sent + TTL - TTL/50`, which dates its sending. One
+    // sent after `since` was accepted by a store that had lost (or, resumed, had expired)
+    // the lease: a silent re-acquire.
+    let sent = |vu: u64| vu.saturating_sub(ttl - ttl / 50);
+    if let Some((t, _)) = life.renewed.iter().find(|&&(_, vu)| sent(vu) > since) {
         r.violations.push(format!(
             "silent re-acquire after {action}: lease {} of {} renewed at {t} ns after the store lost it",
             l.lease_id, l.worker
@@ -776,9 +785,10 @@ mod tests {
         let mut log = stopped_holder();
         log.at(
             3150,
+            // Sent at 3150 ms: valid for TTL less the 2% margin.
             EventKind::Renewed {
                 lease_id: id,
-                valid_until_ns: 4000 * MS,
+                valid_until_ns: 4130 * MS,
             },
         )
         .at(3200, EventKind::ReleaseInvoked { lease_id: id })

@@ -646,7 +646,9 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
             }
         }
         sleep(p.ttl).await;
-        // The operator cleans up.
+        // The operator cleans up: the heal starts now (the report counts an overlap right
+        // after it as the store forgetting leases).
+        run.fault(round, FaultPhase::Heal, None);
         match &sqlite {
             Some(db) => {
                 for q in [
@@ -671,7 +673,6 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                 server.command(&words);
             }
         }
-        run.fault(round, FaultPhase::Heal, None);
     }
     run.run_out().await;
     run.finish().await
