@@ -542,7 +542,7 @@ fn libfaketime() -> anyhow::Result<String> {
 async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let lib = libfaketime()?;
     let env = Env::new(spec, "clock-jump", seed, &[])?;
-    let mut run = Run::new("clock-jump", p, seed, env, None, p.ttl * 6).await?;
+    let mut run = Run::new("clock-jump", p, seed, env, None, p.ttl * 5).await?;
     let offset = run.log_dir().join("faketime.rc");
     std::fs::write(&offset, "+0\n")?;
     run.worker_env = vec![
@@ -555,11 +555,11 @@ async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<S
         ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
     ];
     run.start_workers()?;
-    sleep(p.ttl * 3 / 2).await;
+    sleep(p.ttl).await;
     run.fault("clock-forward-30s", FaultPhase::Start, None);
     std::fs::write(&offset, "+30s\n")?;
     run.fault("clock-forward-30s", FaultPhase::Heal, None);
-    sleep(p.ttl * 2).await;
+    sleep(p.ttl * 3 / 2).await;
     run.fault("clock-back-30s", FaultPhase::Start, None);
     std::fs::write(&offset, "+0\n")?;
     run.fault("clock-back-30s", FaultPhase::Heal, None);
@@ -587,7 +587,7 @@ fn redis_keys(prefix: &str, name: &str) -> Vec<String> {
 /// forgetting leases, as in `s4-restart`.
 async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let env = Env::new(spec, "garbage", seed, &[])?;
-    let duration = p.ttl * 7;
+    let duration = p.ttl * 6;
     let mut run = Run::new("garbage", p, seed, env, None, duration).await?;
     let sqlite = match run.env.kind {
         "sqlite" => {
@@ -601,7 +601,7 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
     };
     run.start_workers()?;
     for round in ["garbage-fields", "garbage-types"] {
-        sleep(p.ttl * 3 / 2).await;
+        sleep(p.ttl).await;
         run.fault(round, FaultPhase::Start, None);
         match &sqlite {
             Some(db) => {
