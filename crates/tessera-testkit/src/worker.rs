@@ -114,51 +114,40 @@ impl WorkerArgs {
         }
     }
 
-    /// The command-line arguments that make `tessera-worker` parse back into `self`.
+    /// The command-line arguments that make `tessera-worker` parse back into `self`. Each is
+    /// one `--flag=value` word, so a value that starts with `-` stays a value.
     pub fn to_args(&self) -> Vec<String> {
-        let mut v: Vec<String> = vec![
-            "--store".into(),
-            self.store.clone(),
-            "--name".into(),
-            self.name.clone(),
-            "--permits".into(),
-            self.permits.to_string(),
-            "--ops".into(),
-            self.ops.to_string(),
-            "--max-weight".into(),
-            self.max_weight.to_string(),
-            "--hold-ms-max".into(),
-            self.hold_ms_max.to_string(),
-            "--ttl-ms".into(),
-            self.ttl_ms.to_string(),
-            "--log".into(),
-            self.log.display().to_string(),
-            "--worker".into(),
-            self.worker.clone(),
-            "--try-ratio".into(),
-            self.try_ratio.to_string(),
-            "--timeout-ratio".into(),
-            self.timeout_ratio.to_string(),
-            "--timeout-ms".into(),
-            self.timeout_ms.to_string(),
-            "--write-every-ms".into(),
-            self.write_every_ms.to_string(),
+        let mut v: Vec<String> = [
+            ("store", self.store.clone()),
+            ("name", self.name.clone()),
+            ("permits", self.permits.to_string()),
+            ("ops", self.ops.to_string()),
+            ("max-weight", self.max_weight.to_string()),
+            ("hold-ms-max", self.hold_ms_max.to_string()),
+            ("ttl-ms", self.ttl_ms.to_string()),
+            ("log", self.log.display().to_string()),
+            ("worker", self.worker.clone()),
+            ("try-ratio", self.try_ratio.to_string()),
+            ("timeout-ratio", self.timeout_ratio.to_string()),
+            ("timeout-ms", self.timeout_ms.to_string()),
+            ("write-every-ms", self.write_every_ms.to_string()),
+        ]
+        .into_iter()
+        .map(|(flag, value)| format!("--{flag}={value}"))
+        .collect();
+        let options = [
+            ("seed", self.seed.map(|x| x.to_string())),
+            ("timeout-ms-max", self.timeout_ms_max.map(|x| x.to_string())),
+            ("duration-ms", self.duration_ms.map(|x| x.to_string())),
+            ("fenced", self.fenced.clone()),
+            ("waiter-ttl-ms", self.waiter_ttl_ms.map(|x| x.to_string())),
+            ("waiters", self.waiters.map(|x| x.to_string())),
         ];
-        let mut opt = |flag: &str, value: Option<String>| {
+        for (flag, value) in options {
             if let Some(value) = value {
-                v.push(flag.into());
-                v.push(value);
+                v.push(format!("--{flag}={value}"));
             }
-        };
-        opt("--seed", self.seed.map(|x| x.to_string()));
-        opt(
-            "--timeout-ms-max",
-            self.timeout_ms_max.map(|x| x.to_string()),
-        );
-        opt("--duration-ms", self.duration_ms.map(|x| x.to_string()));
-        opt("--fenced", self.fenced.clone());
-        opt("--waiter-ttl-ms", self.waiter_ttl_ms.map(|x| x.to_string()));
-        opt("--waiters", self.waiters.map(|x| x.to_string()));
+        }
         v
     }
 }

@@ -200,3 +200,47 @@ mod tests {
         assert!(a.witnesses[0].contains("fence 4"));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever arrives, the resource answers, accepts exactly the writes whose fence is
+        /// at least the highest accepted on the seat, and its audit finds no stale accept.
+        #[test]
+        fn the_resource_accepts_exactly_the_non_stale_writes(
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    (0u32..4, 0u64..20).prop_map(|(s, f)| format!("W {s} {f}")),
+                    ".{0,20}",
+                ],
+                0..60,
+            )
+        ) {
+            let state = Mutex::new(State::default());
+            let mut highest: HashMap<u32, u64> = HashMap::new();
+            for line in &lines {
+                let answer = decide(&state, line);
+                let mut w = line.split_whitespace();
+                let parsed = match (w.next(), w.next(), w.next()) {
+                    (Some("W"), Some(s), Some(f)) => s.parse::<u32>().ok().zip(f.parse::<u64>().ok()),
+                    _ => None,
+                };
+                match parsed {
+                    Some((seat, fence)) => {
+                        let h = highest.get(&seat).copied().unwrap_or(0);
+                        prop_assert_eq!(answer == "OK\n", fence >= h, "{} -> {}", line, answer);
+                        if fence >= h {
+                            highest.insert(seat, fence);
+                        }
+                    }
+                    None => prop_assert!(answer.starts_with("ERR"), "{} -> {}", line, answer),
+                }
+            }
+            let journal = state.lock().unwrap().journal.clone();
+            prop_assert_eq!(audit(&journal).stale_accepts, 0);
+        }
+    }
+}
