@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 declare -A NEED=(
   [redis-server]=redis-server
   [openssl]=openssl
+  [faketime]=faketime
 )
 
 missing=()

@@ -27,13 +27,20 @@
 //!   they share a seat, `fence(B) > fence(A)`; and no fence is granted twice;
 //! - **seats**: two leases whose intervals overlap never share a seat; every seat is in
 //!   `0..capacity`; a lease holds exactly `weight` distinct seats;
-//! - **C3, every "no permit" is explained**: while a try-acquire of weight `w` was in flight,
+//! - **C3, fence order follows real-time order**: if lease A's acquire returned before lease
+//!   B's acquire was invoked (on the same semaphore), `fence(A) < fence(B)`;
+//! - **C4, every "no permit" is explained**: while a try-acquire of weight `w` was in flight,
 //!   either the leases *possibly* held left fewer than `w` permits free at some instant, or
 //!   some other acquire was possibly waiting (a try-acquire never jumps the queue). A lease is
 //!   possibly held from its acquire's invocation to its release's return (forever if it never
 //!   returned); a timed-out or failed acquire possibly waits, and possibly holds a grant that
 //!   raced with its cancellation, until [`CANCEL_GRACE_NS`] after it returned (the
-//!   cancellation runs in the background).
+//!   cancellation runs in the background);
+//! - **C7, deadlines**: a timed acquire returns within its timeout plus the documented cancel
+//!   grace ([`DEADLINE_GRACE_NS`]).
+//!
+//! The chaos runner ([`crate::chaos`]) adds the properties that need to know the faults (C5,
+//! loss notices, the fenced resource) on top of this report.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
@@ -186,6 +193,42 @@ pub enum EventKind {
         /// Why, displayed.
         reason: String,
     },
+    /// A fault injected or healed by the chaos runner.
+    Fault {
+        /// What was done (`sigkill`, `sigstop`, `blackhole`, `restart`, …).
+        action: String,
+        /// Whether the fault starts, heals, or is over at once.
+        phase: FaultPhase,
+        /// The worker it hit, if it hit one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worker: Option<String>,
+    },
+    /// A holder wrote to the fenced resource with its fence.
+    ResourceWrite {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The seat written.
+        seat: u32,
+        /// The fence sent.
+        fence: u64,
+        /// Whether the resource accepted it.
+        accepted: bool,
+        /// Whether the lease was certainly held when the write was sent (before
+        /// `valid_until`); a write sent while merely *believing* to hold is `false`.
+        certain: bool,
+    },
+}
+
+/// The phase of a [`EventKind::Fault`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultPhase {
+    /// The fault begins (the store or holder is impaired from now on).
+    Start,
+    /// The fault is healed.
+    Heal,
+    /// A fault that is over as soon as it happened (a SIGKILL).
+    Instant,
 }
 
 impl Event {
@@ -280,6 +323,8 @@ pub struct LeaseInfo {
     pub seats: Vec<u32>,
     /// Weight.
     pub weight: u32,
+    /// When its acquire was invoked.
+    pub invoked_ns: u64,
     /// Start of the certainly-held interval (the acquire returned).
     pub start_ns: u64,
     /// End of the certainly-held interval (exclusive).
@@ -374,7 +419,29 @@ pub enum Violation {
         /// The lease.
         lease: LeaseInfo,
     },
-    /// C3: a try-acquire found no permit although, as far as the log shows, enough were free
+    /// C3: a lease whose acquire was invoked after another's returned got a smaller fence.
+    FenceOrder {
+        /// Semaphore.
+        sem: String,
+        /// The lease granted first in real time.
+        earlier: LeaseInfo,
+        /// The lease asked for after `earlier` was granted.
+        later: LeaseInfo,
+    },
+    /// C7: a timed acquire returned after its deadline (plus the cancel grace).
+    DeadlineMissed {
+        /// Semaphore.
+        sem: String,
+        /// The worker.
+        worker: String,
+        /// Its operation number.
+        op: u64,
+        /// The timeout asked for.
+        timeout_ms: u64,
+        /// How long it took.
+        took_ms: u64,
+    },
+    /// C4: a try-acquire found no permit although, as far as the log shows, enough were free
     /// and nobody waited.
     NoPermitUnexplained {
         /// Semaphore.
@@ -474,11 +541,30 @@ impl fmt::Display for Violation {
                 returned_ns,
             } => write!(
                 f,
-                "C3 unexplained \"no permit\" on {sem:?}: worker {worker} op {op} asked for {weight} \
+                "C4 unexplained \"no permit\" on {sem:?}: worker {worker} op {op} asked for {weight} \
                  during [{} .. {}], but at most {possibly_held} of {capacity} permits were possibly \
                  held and nobody possibly waited",
                 ns(*invoked_ns),
                 ns(*returned_ns)
+            ),
+            Violation::FenceOrder {
+                sem,
+                earlier,
+                later,
+            } => write!(
+                f,
+                "C3 fence order on {sem:?}: fence {} was asked for after fence {} was granted:\n    earlier: {earlier}\n    later:   {later}",
+                later.fence, earlier.fence
+            ),
+            Violation::DeadlineMissed {
+                sem,
+                worker,
+                op,
+                timeout_ms,
+                took_ms,
+            } => write!(
+                f,
+                "C7 deadline missed on {sem:?}: worker {worker} op {op} asked for a {timeout_ms} ms timeout and returned after {took_ms} ms"
             ),
             Violation::UnknownCapacity { sem } => {
                 write!(f, "no capacity known for {sem:?}: log a Capacity event or pass it")
@@ -536,6 +622,10 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Counts.
     pub stats: Stats,
+    /// Every granted lease with its certainly-held interval, in grant order.
+    pub leases: Vec<LeaseInfo>,
+    /// The largest time a timed acquire took beyond its timeout, in nanoseconds.
+    pub max_deadline_overrun_ns: u64,
 }
 
 impl Report {
@@ -585,12 +675,24 @@ impl LeaseRec {
 /// Checks a merged grant log (see the module docs for the properties). `capacities` gives
 /// capacities by semaphore name; `Capacity` events in the log add to them.
 pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
+    check_with_grace(events, capacities, CANCEL_GRACE_NS)
+}
+
+/// [`check`], with how long a timed-out or failed acquire may still wait or hold after it
+/// returned (instead of [`CANCEL_GRACE_NS`]): under network faults its cancellation can fail,
+/// and its queue entry then lives until its waiter TTL, and a grant that raced with it until
+/// the lease TTL.
+pub fn check_with_grace(
+    events: &[Event],
+    capacities: &HashMap<String, u32>,
+    grace_ns: u64,
+) -> Report {
     let mut events: Vec<&Event> = events.iter().collect();
     events.sort_by_key(|e| e.t_ns);
 
     let mut report = Report::default();
     let mut caps: HashMap<String, u32> = capacities.clone();
-    let mut invoked: HashMap<(String, u64), (String, u32)> = HashMap::new();
+    let mut invoked: HashMap<(String, u64), (String, u32, u64, AcquireMode)> = HashMap::new();
     let mut leases: HashMap<LeaseId, LeaseRec> = HashMap::new();
     let mut order: Vec<LeaseId> = Vec::new();
     let stats = &mut report.stats;
@@ -606,10 +708,10 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                 op,
                 sem,
                 weight,
-                ..
+                mode,
             } => {
                 stats.acquires += 1;
-                invoked.insert((worker.clone(), *op), (sem.clone(), *weight));
+                invoked.insert((worker.clone(), *op), (sem.clone(), *weight, e.t_ns, *mode));
             }
             EventKind::AcquireReturned {
                 worker,
@@ -617,10 +719,25 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                 outcome,
             } => {
                 let asked = invoked.remove(&(worker.clone(), *op));
-                if asked.is_none() {
-                    violations.push(Violation::Log {
+                match &asked {
+                    None => violations.push(Violation::Log {
                         problem: format!("worker {worker} op {op} returned but was never invoked"),
-                    });
+                    }),
+                    Some((sem, _, t0, AcquireMode::Timeout { timeout_ms })) => {
+                        let took = e.t_ns.saturating_sub(*t0);
+                        let over = took.saturating_sub(timeout_ms * 1_000_000);
+                        report.max_deadline_overrun_ns = report.max_deadline_overrun_ns.max(over);
+                        if over > DEADLINE_GRACE_NS {
+                            violations.push(Violation::DeadlineMissed {
+                                sem: sem.clone(),
+                                worker: worker.clone(),
+                                op: *op,
+                                timeout_ms: *timeout_ms,
+                                took_ms: took / 1_000_000,
+                            });
+                        }
+                    }
+                    Some(_) => {}
                 }
                 match outcome {
                     Outcome::Granted {
@@ -639,9 +756,9 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                             });
                             continue;
                         }
-                        let (sem, requested) = match asked {
-                            Some((sem, w)) => (sem, Some(w)),
-                            None => ("?".to_string(), None),
+                        let (sem, requested, invoked_ns) = match asked {
+                            Some((sem, w, t0, _)) => (sem, Some(w), t0),
+                            None => ("?".to_string(), None, e.t_ns),
                         };
                         order.push(*lease_id);
                         leases.insert(
@@ -654,6 +771,7 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                                     fence: *fence,
                                     seats: seats.clone(),
                                     weight: *weight,
+                                    invoked_ns,
                                     start_ns: e.t_ns,
                                     end_ns: 0,
                                 },
@@ -701,6 +819,7 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
                     }),
                 }
             }
+            EventKind::Fault { .. } | EventKind::ResourceWrite { .. } => {}
         }
     }
 
@@ -735,9 +854,10 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
         by_sem.entry(info.sem.clone()).or_default().push(info);
     }
 
-    check_no_permits(&events, &caps, violations);
+    check_no_permits(&events, &caps, grace_ns, violations);
     for (sem, leases) in &by_sem {
         check_fences_unique(sem, leases, violations);
+        check_fence_order(sem, leases, violations);
         let Some(&capacity) = caps.get(sem) else {
             violations.push(Violation::UnknownCapacity { sem: sem.clone() });
             continue;
@@ -747,7 +867,45 @@ pub fn check(events: &[Event], capacities: &HashMap<String, u32>) -> Report {
         stats.max_concurrent_weight.insert(sem.clone(), max);
         check_seats(sem, capacity, &held, violations);
     }
+    report.leases = by_sem.into_values().flatten().collect();
+    report.leases.sort_by_key(|l| l.start_ns);
     report
+}
+
+/// How far past its timeout a timed acquire may return: the 250 ms it may spend giving its
+/// queue place back (documented on `Semaphore::acquire_many_timeout`) plus 250 ms for a busy
+/// 2-core machine to schedule the caller.
+pub const DEADLINE_GRACE_NS: u64 = 500_000_000;
+
+/// C3: walks the leases by invocation; each must have a fence above every lease whose
+/// acquire returned before it was invoked.
+fn check_fence_order(sem: &str, leases: &[LeaseInfo], violations: &mut Vec<Violation>) {
+    let mut by_start: Vec<&LeaseInfo> = leases.iter().collect();
+    by_start.sort_by_key(|l| l.start_ns);
+    let mut by_invoked: Vec<&LeaseInfo> = leases.iter().collect();
+    by_invoked.sort_by_key(|l| l.invoked_ns);
+    let mut granted = by_start.iter().peekable();
+    let mut top: Option<&LeaseInfo> = None;
+    for l in by_invoked {
+        while let Some(&&a) = granted.peek() {
+            if a.start_ns >= l.invoked_ns {
+                break;
+            }
+            if top.is_none_or(|t| a.fence > t.fence) {
+                top = Some(a);
+            }
+            granted.next();
+        }
+        if let Some(a) = top {
+            if l.fence <= a.fence && a.lease_id != l.lease_id {
+                violations.push(Violation::FenceOrder {
+                    sem: sem.to_string(),
+                    earlier: a.clone(),
+                    later: l.clone(),
+                });
+            }
+        }
+    }
 }
 
 /// How long after a timed-out or failed acquire returned the checker still counts it as
@@ -765,10 +923,11 @@ struct Op<'a> {
     returned: Option<(u64, &'a Outcome)>,
 }
 
-/// C3: every "no permit" answer is explained by possible holders or waiters.
+/// C4: every "no permit" answer is explained by possible holders or waiters.
 fn check_no_permits(
     events: &[&Event],
     caps: &HashMap<String, u32>,
+    grace_ns: u64,
     violations: &mut Vec<Violation>,
 ) {
     let mut ops: Vec<Op> = Vec::new();
@@ -847,7 +1006,7 @@ fn check_no_permits(
                     .push((o.invoked_ns, end, *weight));
             }
             Some((t, Outcome::TimedOut | Outcome::Error { .. })) if !try_mode => {
-                let end = t.saturating_add(CANCEL_GRACE_NS);
+                let end = t.saturating_add(grace_ns);
                 waiting.entry(o.sem).or_default().push((o.invoked_ns, end));
                 holding
                     .entry(o.sem)
@@ -1133,6 +1292,8 @@ mod tests {
                 Violation::NoPermitUnexplained { .. } => "no_permit_unexplained",
                 Violation::UnknownCapacity { .. } => "unknown_capacity",
                 Violation::Log { .. } => "log",
+                Violation::FenceOrder { .. } => "fence_order",
+                Violation::DeadlineMissed { .. } => "deadline_missed",
             })
             .collect()
     }
@@ -1243,7 +1404,8 @@ mod tests {
         log.lease(10, 20, 7, &[0]);
         log.lease(30, 40, 7, &[1]);
         let report = log.check();
-        assert_eq!(kinds(&report), ["fence_reused"], "{report}");
+        // Granted one after the other, so real-time order (C3) is broken too.
+        assert_eq!(kinds(&report), ["fence_reused", "fence_order"], "{report}");
         assert!(report.violations[0]
             .to_string()
             .contains("fence 7 granted twice"));
@@ -1255,13 +1417,17 @@ mod tests {
         log.lease(10, 20, 9, &[1]);
         log.lease(30, 40, 5, &[1]);
         let report = log.check();
-        assert_eq!(kinds(&report), ["fence_not_increasing"], "{report}");
+        assert_eq!(
+            kinds(&report),
+            ["fence_order", "fence_not_increasing"],
+            "{report}"
+        );
         let Violation::FenceNotIncreasing {
             seat,
             earlier,
             later,
             ..
-        } = &report.violations[0]
+        } = &report.violations[1]
         else {
             unreachable!()
         };
@@ -1469,5 +1635,44 @@ mod tests {
             let d = later as i64 - now as i64 - 1_000_000_000;
             assert!(d.abs() < 50 * MS as i64, "off by {d} ns");
         });
+    }
+
+    #[test]
+    fn a_fence_below_one_granted_earlier_in_real_time_is_caught() {
+        // Seats differ, so C2 cannot see it; C3 does.
+        let mut log = Log::new("s", 2);
+        log.lease(10, 20, 7, &[0]);
+        log.lease(30, 40, 6, &[1]);
+        let report = log.check();
+        assert_eq!(kinds(&report), ["fence_order"], "{report}");
+        assert!(report.violations[0].to_string().contains("C3 fence order"));
+    }
+
+    #[test]
+    fn a_timed_acquire_returning_late_is_caught() {
+        let mut log = Log::new("s", 1);
+        for (op, took) in [(1, 100), (2, 2000)] {
+            log.push(
+                10,
+                EventKind::AcquireInvoked {
+                    worker: "x".into(),
+                    op,
+                    sem: "s".into(),
+                    weight: 1,
+                    mode: AcquireMode::Timeout { timeout_ms: 100 },
+                },
+            );
+            log.push(
+                10 + took,
+                EventKind::AcquireReturned {
+                    worker: "x".into(),
+                    op,
+                    outcome: Outcome::TimedOut,
+                },
+            );
+        }
+        let report = log.check();
+        assert_eq!(kinds(&report), ["deadline_missed"], "{report}");
+        assert_eq!(report.max_deadline_overrun_ns, 1900 * MS);
     }
 }

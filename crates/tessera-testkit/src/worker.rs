@@ -1,6 +1,16 @@
 //! A worker that acquires, holds and releases permits at random and writes a grant log
 //! ([`crate::grantlog`]). The `tessera-worker` binary runs one per process; tests also run
 //! several as tasks of one process with [`run_worker_on`].
+//!
+//! With `--fenced ADDR` a holder also enters a fenced resource ([`crate::chaos::fenced`]):
+//! right after the grant and every `--write-every-ms` while it holds, it writes each of its
+//! seats with its fence, until its hold ends or `lost()` fires. It acts on its *belief*: it
+//! keeps writing after its lease's certain validity ran out if it has not been told of a loss
+//! yet (a process frozen by SIGSTOP, say), which is what fencing exists for; each write is
+//! logged with whether it was certain.
+//!
+//! With `--waiters N` the process instead queues `N` acquires on a semaphore that someone
+//! else keeps full and waits to be killed (the chaos runner's dead-waiters scenario).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,6 +68,88 @@ pub struct WorkerArgs {
     /// The short timeout, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub timeout_ms: u64,
+    /// If set, timeouts are uniform in `timeout_ms..=timeout_ms_max`.
+    #[arg(long)]
+    pub timeout_ms_max: Option<u64>,
+    /// Stop after this long even if `ops` acquires were not made.
+    #[arg(long)]
+    pub duration_ms: Option<u64>,
+    /// The fenced resource to write to while holding (`127.0.0.1:PORT`).
+    #[arg(long)]
+    pub fenced: Option<String>,
+    /// How often a holder writes to the fenced resource.
+    #[arg(long, default_value_t = 20)]
+    pub write_every_ms: u64,
+    /// Waiter TTL in milliseconds (the library's default if absent).
+    #[arg(long)]
+    pub waiter_ttl_ms: Option<u64>,
+    /// Queue this many acquires and wait to be killed, instead of the acquire loop.
+    #[arg(long)]
+    pub waiters: Option<u32>,
+}
+
+impl WorkerArgs {
+    /// Arguments with the defaults of the command line.
+    pub fn new(store: &str, name: &str, permits: u32, log: PathBuf, worker: &str) -> Self {
+        WorkerArgs {
+            store: store.to_string(),
+            name: name.to_string(),
+            permits,
+            ops: 100,
+            max_weight: 1,
+            hold_ms_max: 20,
+            ttl_ms: 3000,
+            log,
+            worker: worker.to_string(),
+            seed: None,
+            try_ratio: 0.2,
+            timeout_ratio: 0.2,
+            timeout_ms: 10,
+            timeout_ms_max: None,
+            duration_ms: None,
+            fenced: None,
+            write_every_ms: 20,
+            waiter_ttl_ms: None,
+            waiters: None,
+        }
+    }
+
+    /// The command-line arguments that make `tessera-worker` parse back into `self`. Each is
+    /// one `--flag=value` word, so a value that starts with `-` stays a value.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v: Vec<String> = [
+            ("store", self.store.clone()),
+            ("name", self.name.clone()),
+            ("permits", self.permits.to_string()),
+            ("ops", self.ops.to_string()),
+            ("max-weight", self.max_weight.to_string()),
+            ("hold-ms-max", self.hold_ms_max.to_string()),
+            ("ttl-ms", self.ttl_ms.to_string()),
+            ("log", self.log.display().to_string()),
+            ("worker", self.worker.clone()),
+            ("try-ratio", self.try_ratio.to_string()),
+            ("timeout-ratio", self.timeout_ratio.to_string()),
+            ("timeout-ms", self.timeout_ms.to_string()),
+            ("write-every-ms", self.write_every_ms.to_string()),
+        ]
+        .into_iter()
+        .map(|(flag, value)| format!("--{flag}={value}"))
+        .collect();
+        let options = [
+            ("seed", self.seed.map(|x| x.to_string())),
+            ("timeout-ms-max", self.timeout_ms_max.map(|x| x.to_string())),
+            ("duration-ms", self.duration_ms.map(|x| x.to_string())),
+            ("fenced", self.fenced.clone()),
+            ("waiter-ttl-ms", self.waiter_ttl_ms.map(|x| x.to_string())),
+            ("waiters", self.waiters.map(|x| x.to_string())),
+        ];
+        for (flag, value) in options {
+            if let Some(value) = value {
+                v.push(format!("--{flag}={value}"));
+            }
+        }
+        v
+    }
 }
 
 /// What a worker did, by its own count.
@@ -91,12 +183,24 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
     );
     let log = EventLog::create(&args.log)?;
     let ttl = Duration::from_millis(args.ttl_ms);
-    let opts = SemaphoreOptions::default().ttl(ttl).holder(format!(
+    let mut opts = SemaphoreOptions::default().ttl(ttl).holder(format!(
         "{}/{}",
         args.worker,
         std::process::id()
     ));
+    if let Some(ms) = args.waiter_ttl_ms {
+        opts = opts.waiter_ttl(Duration::from_millis(ms));
+    }
     let sem = Semaphore::new(store, &args.name, args.permits as u64, opts)?;
+    if let Some(n) = args.waiters {
+        return run_waiters(&sem, n, args).await;
+    }
+    let mut fenced = match &args.fenced {
+        Some(addr) => Some(FencedClient::connect(addr).await?),
+        None => None,
+    };
+    let started = tokio::time::Instant::now();
+    let duration = args.duration_ms.map(Duration::from_millis);
     let mut rng = match args.seed {
         Some(s) => StdRng::seed_from_u64(s),
         None => StdRng::from_os_rng(),
@@ -108,13 +212,19 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
     })?;
 
     for op in 0..args.ops {
+        if duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
         let weight = rng.random_range(1..=args.max_weight);
         let roll: f64 = rng.random();
         let mode = if roll < args.try_ratio {
             AcquireMode::TryAcquire
         } else if roll < args.try_ratio + args.timeout_ratio {
             AcquireMode::Timeout {
-                timeout_ms: args.timeout_ms,
+                timeout_ms: match args.timeout_ms_max {
+                    Some(max) if max > args.timeout_ms => rng.random_range(args.timeout_ms..=max),
+                    _ => args.timeout_ms,
+                },
             }
         } else {
             AcquireMode::Acquire
@@ -165,7 +275,8 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
             (Outcome::Granted { .. }, Some(permit)) => {
                 summary.grants += 1;
                 let hold = Duration::from_millis(rng.random_range(0..=args.hold_ms_max));
-                hold_and_release(&log, permit, hold, ttl, &mut summary).await?;
+                let fence = fenced.as_mut().map(|f| (f, args.write_every_ms));
+                hold_and_release(&log, permit, hold, ttl, fence, &mut summary).await?;
             }
             (Outcome::NoPermit, _) => summary.no_permit += 1,
             (Outcome::TimedOut, _) => summary.timed_out += 1,
@@ -186,9 +297,13 @@ async fn hold_and_release(
     permit: Permit,
     hold: Duration,
     ttl: Duration,
+    mut fenced: Option<(&mut FencedClient, u64)>,
     summary: &mut WorkerSummary,
 ) -> anyhow::Result<()> {
     let lease_id = permit.lease_id();
+    let mut write = tokio::time::interval(Duration::from_millis(
+        fenced.as_ref().map_or(1000, |(_, every)| (*every).max(1)),
+    ));
     let lost = permit.lost();
     tokio::pin!(lost);
     let done = tokio::time::sleep(hold);
@@ -206,6 +321,20 @@ async fn hold_and_release(
                 break;
             }
             _ = &mut done => break,
+            _ = write.tick(), if fenced.is_some() => {
+                let Some((client, _)) = fenced.as_mut() else { unreachable!() };
+                for &seat in permit.seats() {
+                    let certain = tokio::time::Instant::now() < permit.valid_until();
+                    let accepted = client.write(seat, permit.fence()).await?;
+                    log.log(EventKind::ResourceWrite {
+                        lease_id,
+                        seat,
+                        fence: permit.fence(),
+                        accepted,
+                        certain,
+                    })?;
+                }
+            }
             _ = tick.tick() => {
                 let now = permit.valid_until();
                 if now != valid_until {
@@ -234,4 +363,59 @@ async fn hold_and_release(
         }
     };
     log.log(kind)
+}
+
+/// Queues `n` acquires and waits (at most `duration_ms`, default 10 minutes) to be killed.
+async fn run_waiters(sem: &Semaphore, n: u32, args: &WorkerArgs) -> anyhow::Result<WorkerSummary> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        })
+        .collect();
+    println!("WAITING {n}");
+    let limit = Duration::from_millis(args.duration_ms.unwrap_or(600_000));
+    tokio::time::sleep(limit).await;
+    for t in tasks {
+        t.abort();
+    }
+    Ok(WorkerSummary::default())
+}
+
+/// A connection to the fenced resource ([`crate::chaos::fenced`]).
+struct FencedClient {
+    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    line: String,
+}
+
+impl FencedClient {
+    async fn connect(addr: &str) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to the fenced resource at {addr}"))?;
+        stream.set_nodelay(true)?;
+        let (r, writer) = stream.into_split();
+        Ok(FencedClient {
+            reader: tokio::io::BufReader::new(r),
+            writer,
+            line: String::new(),
+        })
+    }
+
+    /// Writes `seat` with `fence`; `true` if the resource accepted it.
+    async fn write(&mut self, seat: u32, fence: u64) -> anyhow::Result<bool> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let exchange = async {
+            self.writer
+                .write_all(format!("W {seat} {fence}\n").as_bytes())
+                .await?;
+            self.line.clear();
+            self.reader.read_line(&mut self.line).await?;
+            anyhow::Ok(self.line.starts_with("OK"))
+        };
+        tokio::time::timeout(Duration::from_secs(5), exchange)
+            .await
+            .context("the fenced resource did not answer")?
+    }
 }

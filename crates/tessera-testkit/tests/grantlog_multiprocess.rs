@@ -37,6 +37,7 @@ fn args(store: &str, name: &str, permits: u32, log: &Path, worker: usize) -> Wor
         try_ratio: 0.2,
         timeout_ratio: 0.2,
         timeout_ms: 10,
+        ..WorkerArgs::new(store, name, permits, log.join("unused"), "unused")
     }
 }
 

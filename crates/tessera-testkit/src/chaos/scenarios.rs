@@ -1,0 +1,679 @@
+//! The scenarios: each sets up a store, starts the workers, injects its faults on a
+//! schedule, and hands the run to [`super::Run::finish`]. See `docs/reliability.md` for what
+//! each proves.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tessera::{Semaphore, SemaphoreOptions};
+use tokio::time::{sleep, Instant};
+
+use super::{report::ScenarioReport, Env, Params, Run, StoreSpec};
+use crate::grantlog::FaultPhase;
+use crate::proxy::{Mode, Proxy};
+
+/// Every scenario, in the order they run.
+pub fn names() -> Vec<&'static str> {
+    vec![
+        "baseline",
+        "s1-kill",
+        "s2-stop",
+        "s3-proxy",
+        "s4-restart",
+        "s4-restart-aof",
+        "s9-client-kill",
+        "s10-reclaim",
+        "s7-eviction",
+        "clock-jump",
+        "garbage",
+    ]
+}
+
+/// Runs scenario `name` once.
+pub async fn run(
+    name: &str,
+    spec: &StoreSpec,
+    p: &Params,
+    seed: u64,
+) -> anyhow::Result<ScenarioReport> {
+    let kind = spec.kind();
+    let own_redis = matches!(spec, StoreSpec::Redis(None));
+    let skip = |why: &str| Ok(ScenarioReport::skipped(name, kind, seed, why));
+    match (name, kind) {
+        ("clock-jump", "redis") => skip(
+            "redis-server 7.0 aborts under libfaketime (recursive clock_gettime at start); \
+             on SQLite the store's clock is the host's, which this scenario jumps",
+        ),
+        ("s3-proxy" | "s9-client-kill" | "s7-eviction" | "s4-restart-aof", "sqlite") => {
+            skip("SQLite has no network connection or server (see s4-restart for SQLite)")
+        }
+        ("s4-restart" | "s4-restart-aof" | "s7-eviction" | "s3-proxy", "redis") if !own_redis => {
+            skip("needs a server the runner owns: use --store redis")
+        }
+        ("baseline", _) => baseline(spec, p, seed).await,
+        ("s1-kill", _) => s1_kill(spec, p, seed).await,
+        ("s2-stop", _) => s2_stop(spec, p, seed).await,
+        ("s3-proxy", _) => s3_proxy(spec, p, seed).await,
+        ("s4-restart", "redis") => s4_restart(spec, p, seed, false).await,
+        ("s4-restart-aof", _) => s4_restart(spec, p, seed, true).await,
+        ("s4-restart", _) => s4_sqlite_kill_all(spec, p, seed).await,
+        ("s9-client-kill", _) => s9_client_kill(spec, p, seed).await,
+        ("s10-reclaim", _) => s10_reclaim(spec, p, seed).await,
+        ("s7-eviction", _) => s7_eviction(spec, p, seed).await,
+        ("clock-jump", _) => clock_jump(spec, p, seed).await,
+        ("garbage", "redis") if !own_redis => {
+            skip("needs a server the runner owns: use --store redis")
+        }
+        ("garbage", _) => garbage(spec, p, seed).await,
+        _ => anyhow::bail!("unknown scenario {name}"),
+    }
+}
+
+async fn start(
+    name: &str,
+    spec: &StoreSpec,
+    p: &Params,
+    seed: u64,
+    duration: Duration,
+) -> anyhow::Result<Run> {
+    let env = Env::new(spec, name, seed, &[])?;
+    let mut run = Run::new(name, p, seed, env, None, duration).await?;
+    run.start_workers()?;
+    Ok(run)
+}
+
+/// No fault: the checker's baseline.
+async fn baseline(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let run = start("baseline", spec, p, seed, p.duration).await?;
+    run.run_out().await;
+    run.finish().await
+}
+
+/// S1: SIGKILL a holder every few TTLs; a replacement worker joins at once.
+async fn s1_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let duration = p.duration + p.ttl * 2;
+    let mut run = start("s1-kill", spec, p, seed, duration).await?;
+    let mut round = 0;
+    // Leave 2 TTL at the end so the last kill's permit can be seen coming back.
+    while run.remaining() > p.ttl * 3 {
+        sleep(p.ttl / 2 + p.ttl * (round % 2)).await;
+        if let Some((i, id, _)) = run.pick_holder(round).await {
+            run.kill(i);
+            run.fault("sigkill", FaultPhase::Instant, Some(&id));
+            run.spawn_worker()?;
+        }
+        round += 1;
+    }
+    run.run_out().await;
+    run.finish().await
+}
+
+/// S2: SIGSTOP a holder for 3 TTL, then SIGCONT.
+async fn s2_stop(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let duration = (p.ttl * 3 + p.ttl * 2) * p.rounds + p.ttl;
+    let mut run = start("s2-stop", spec, p, seed, duration).await?;
+    for round in 0..p.rounds {
+        sleep(p.ttl).await;
+        let Some((i, id, _)) = run.pick_holder(round).await else {
+            run.notes.push("no holder to stop".into());
+            continue;
+        };
+        run.signal(i, libc::SIGSTOP);
+        run.fault("sigstop", FaultPhase::Start, Some(&id));
+        sleep(p.ttl * 3).await;
+        run.signal(i, libc::SIGCONT);
+        run.fault("sigstop", FaultPhase::Heal, Some(&id));
+        sleep(p.ttl).await;
+    }
+    run.run_out().await;
+    run.finish().await
+}
+
+/// S3: the workers reach Redis through a proxy that delays, black-holes (shorter and longer
+/// than the TTL), resets and drops replies.
+async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let env = Env::new(spec, "s3-proxy", seed, &[])?;
+    let server = env.redis.as_ref().context("owned redis")?;
+    let proxy = Proxy::start(([127, 0, 0, 1], server.port()).into()).await?;
+    let worker_url = env.url.replace(
+        &format!(":{}", server.port()),
+        &format!(":{}", proxy.addr().port()),
+    );
+    let ttl = p.ttl;
+    let schedule: Vec<(&str, Mode, Duration)> = vec![
+        ("delay", Mode::Delay(ttl.as_millis() as u64 / 20), ttl),
+        ("blackhole-short", Mode::Blackhole, ttl / 4),
+        ("reset", Mode::Reset, ttl / 10),
+        ("drop-replies", Mode::DropReplies, ttl / 4),
+        ("blackhole-long", Mode::Blackhole, ttl * 2),
+    ];
+    let gap = ttl * 3 / 4;
+    let per_round: Duration = schedule.iter().map(|(_, _, d)| *d + gap).sum();
+    let duration = ttl + per_round * p.rounds + ttl;
+    let mut run = Run::new("s3-proxy", p, seed, env, Some(worker_url), duration).await?;
+    run.start_workers()?;
+    sleep(ttl).await;
+    for _ in 0..p.rounds {
+        for (action, mode, hold) in &schedule {
+            proxy.set(*mode);
+            run.fault(action, FaultPhase::Start, None);
+            sleep(*hold).await;
+            proxy.set(Mode::Pass);
+            run.fault(action, FaultPhase::Heal, None);
+            sleep(gap).await;
+        }
+    }
+    let s = proxy.stats();
+    run.notes.push(format!(
+        "proxy: {} connections, {} resets, {} reply chunks dropped",
+        s.connections.load(std::sync::atomic::Ordering::Relaxed),
+        s.resets.load(std::sync::atomic::Ordering::Relaxed),
+        s.dropped_replies.load(std::sync::atomic::Ordering::Relaxed)
+    ));
+    run.run_out().await;
+    let report = run.finish().await;
+    drop(proxy);
+    report
+}
+
+/// S4 on Redis: SIGKILL the server and start it again on the same port, without persistence
+/// (it comes back empty) or with AOF (`appendfsync always`).
+async fn s4_restart(
+    spec: &StoreSpec,
+    p: &Params,
+    seed: u64,
+    aof: bool,
+) -> anyhow::Result<ScenarioReport> {
+    let name = if aof { "s4-restart-aof" } else { "s4-restart" };
+    let args: &[&str] = if aof {
+        &["--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        &[]
+    };
+    let env = Env::new(spec, name, seed, args)?;
+    if aof {
+        let got = env
+            .redis
+            .as_ref()
+            .unwrap()
+            .command(&["CONFIG", "GET", "appendonly"]);
+        anyhow::ensure!(got.contains("yes"), "AOF is not on: {got:?}");
+    }
+    let duration = (p.ttl * 3) * p.rounds + p.ttl * 2;
+    let mut run = Run::new(name, p, seed, env, None, duration).await?;
+    run.start_workers()?;
+    for _ in 0..p.rounds {
+        sleep(p.ttl * 2).await;
+        run.fault("restart", FaultPhase::Start, None);
+        let server = run.env.redis.as_mut().unwrap();
+        tokio::task::block_in_place(|| server.restart());
+        run.fault("restart", FaultPhase::Heal, None);
+        sleep(p.ttl).await;
+    }
+    run.run_out().await;
+    run.finish().await
+}
+
+/// S4 on SQLite: there is no server; SIGKILL every worker at once, holders in the middle of
+/// their transactions, and start new ones.
+async fn s4_sqlite_kill_all(
+    spec: &StoreSpec,
+    p: &Params,
+    seed: u64,
+) -> anyhow::Result<ScenarioReport> {
+    let duration = (p.ttl * 3) * p.rounds + p.ttl * 2;
+    let mut run = start("s4-restart", spec, p, seed, duration).await?;
+    for _ in 0..p.rounds {
+        sleep(p.ttl * 2).await;
+        let live = run.live_workers();
+        for &i in &live {
+            run.kill(i);
+        }
+        run.fault("kill-all", FaultPhase::Start, None);
+        for _ in &live {
+            run.spawn_worker()?;
+        }
+        run.fault("kill-all", FaultPhase::Heal, None);
+        sleep(p.ttl).await;
+    }
+    run.run_out().await;
+    run.finish().await
+}
+
+/// S9: bursts of `CLIENT KILL` (command and pub/sub connections), each much shorter than the
+/// TTL: nobody may lose a permit.
+async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let run = start("s9-client-kill", spec, p, seed, p.duration + p.ttl * 2).await?;
+    let addr = run
+        .env
+        .redis
+        .as_ref()
+        .map(|s| s.port())
+        .or_else(|| url::Url::parse(&run.env.url).ok()?.port())
+        .context("redis port")?;
+    while run.remaining() > p.ttl * 2 {
+        sleep(p.ttl).await;
+        run.fault("client-kill", FaultPhase::Start, None);
+        for _ in 0..3 {
+            for kind in ["normal", "pubsub"] {
+                let _ = raw_command(addr, &["CLIENT", "KILL", "TYPE", kind]);
+            }
+            sleep(Duration::from_millis(30)).await;
+        }
+        run.fault("client-kill", FaultPhase::Heal, None);
+    }
+    run.run_out().await;
+    let mut r = run.finish().await?;
+    if r.lost_notices > 0 {
+        r.violations.push(format!(
+            "spurious loss: {} lost() notices although every outage was far shorter than the TTL",
+            r.lost_notices
+        ));
+    }
+    Ok(r)
+}
+
+/// S10: abandoned leases come back, dead waiters leave the queue, the queue cap holds.
+async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let env = Env::new(spec, "s10-reclaim", seed, &[])?;
+    let mut run = Run::new("s10-reclaim", p, seed, env, None, Duration::ZERO).await?;
+    let t0 = Instant::now();
+    let c = p.permits;
+    let opts = || {
+        SemaphoreOptions::default()
+            .ttl(p.ttl)
+            .waiter_ttl(p.waiter_ttl)
+            .holder("chaos-runner")
+    };
+
+    // (a) Holders that never release: C `tessera-hold` processes, SIGKILLed at once.
+    let mut holders = vec![];
+    for _ in 0..c {
+        holders.push(crate::hold::spawn_holder(&run.env.url, "abandoned", c, p.ttl).await);
+    }
+    for h in &mut holders {
+        h.start_kill()?;
+        h.wait().await?;
+    }
+    let killed = Instant::now();
+    let sem = Semaphore::new(&run.store, "abandoned", c as u64, opts())?;
+    let bound = p.ttl + p.ttl / 3 + Duration::from_nanos(super::report::SLACK_NS);
+    match sem.acquire_many_timeout(c, bound * 2).await {
+        Ok(Some(all)) => {
+            let ms = killed.elapsed().as_millis() as u64;
+            run.reclaim_ms.push(ms);
+            run.notes
+                .push(format!("{c} abandoned permits came back after {ms} ms"));
+            if killed.elapsed() > bound {
+                run.violations.push(format!(
+                    "C5 abandoned permits came back after {ms} ms, bound {} ms",
+                    bound.as_millis()
+                ));
+            }
+            all.release().await?;
+        }
+        other => run.violations.push(format!(
+            "abandoned permits did not come back within {:?}: {other:?}",
+            bound * 2
+        )),
+    }
+
+    // (b) N waiters in one process, SIGKILLed at once, leave the queue within the waiter TTL.
+    let n = if run.env.kind == "redis" {
+        p.dead_waiters_redis
+    } else {
+        p.dead_waiters_sqlite
+    };
+    let waiter_ttl = Duration::from_secs(3);
+    let wopts = SemaphoreOptions::default()
+        .ttl(Duration::from_secs(30))
+        .holder("chaos-runner");
+    let gate = Semaphore::new(&run.store, "dead-waiters", c as u64, wopts)?;
+    let full = gate.acquire_many(c).await?;
+    let mut args = run.worker_args("waiters");
+    args.name = "dead-waiters".into();
+    args.store = run.env.url.clone();
+    args.ttl_ms = 30_000;
+    args.waiter_ttl_ms = Some(waiter_ttl.as_millis() as u64);
+    args.waiters = Some(n);
+    args.duration_ms = Some(120_000);
+    let mut child = std::process::Command::new(super::sibling_binary("tessera-worker")?)
+        .args(args.to_args())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let queued_by = Instant::now() + Duration::from_secs(90);
+    let mut queued = 0;
+    while Instant::now() < queued_by {
+        queued = run
+            .store
+            .status("dead-waiters")
+            .await?
+            .map_or(0, |s| s.queue.len());
+        if queued >= n as usize {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let enqueue_ms = t0.elapsed().as_millis();
+    child.kill()?;
+    child.wait()?;
+    let killed = Instant::now();
+    if queued < n as usize {
+        run.violations
+            .push(format!("only {queued} of {n} waiters queued within 90 s"));
+    }
+    let empty_by = killed + waiter_ttl * 3;
+    let mut left = queued;
+    while Instant::now() < empty_by {
+        left = run
+            .store
+            .status("dead-waiters")
+            .await?
+            .map_or(0, |s| s.queue.len());
+        if left == 0 {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let gone_ms = killed.elapsed().as_millis() as u64;
+    run.notes.push(format!(
+        "{queued} waiters queued (by {enqueue_ms} ms), SIGKILLed at once; queue empty after {gone_ms} ms (waiter TTL {} ms)",
+        waiter_ttl.as_millis()
+    ));
+    if left > 0 {
+        run.violations.push(format!(
+            "{left} dead waiters still queued {} ms after the kill (waiter TTL {} ms)",
+            gone_ms,
+            waiter_ttl.as_millis()
+        ));
+    } else if killed.elapsed() > waiter_ttl + Duration::from_secs(1) {
+        run.violations.push(format!(
+            "dead waiters left the queue after {gone_ms} ms, waiter TTL {} ms",
+            waiter_ttl.as_millis()
+        ));
+    }
+    full.release().await?;
+    match gate.try_acquire_many(c).await {
+        Ok(Some(p)) => {
+            p.release().await?;
+        }
+        other => run.violations.push(format!(
+            "after the dead waiters left, try_acquire of all {c} permits answered {other:?}"
+        )),
+    }
+
+    // (c) The queue cap: with the permits held and `cap` waiters queued, one more is refused.
+    let cap = 5u32;
+    let capped = Semaphore::new(&run.store, "capped", c as u64, opts().queue_cap(cap))?;
+    let full = capped.acquire_many(c).await?;
+    let waiters: Vec<_> = (0..cap)
+        .map(|_| {
+            let s = capped.clone();
+            tokio::spawn(async move { s.acquire_many_timeout(1, Duration::from_secs(20)).await })
+        })
+        .collect();
+    let by = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < by
+        && run
+            .store
+            .status("capped")
+            .await?
+            .map_or(0, |s| s.queue.len())
+            < cap as usize
+    {
+        sleep(Duration::from_millis(20)).await;
+    }
+    match capped.acquire_many_timeout(1, Duration::from_secs(1)).await {
+        Err(e) if e.is_queue_full() => run
+            .notes
+            .push(format!("queue cap {cap}: waiter {} refused: {e}", cap + 1)),
+        other => run.violations.push(format!(
+            "queue cap {cap}: waiter {} answered {other:?} instead of QueueFull",
+            cap + 1
+        )),
+    }
+    for w in waiters {
+        w.abort();
+    }
+    full.release().await?;
+    run.duration = t0.elapsed();
+    run.finish().await
+}
+
+/// S7: Redis with `maxmemory` and `volatile-lru`, filled with keys that never expire, so the
+/// only keys Redis may evict are tessera's (which all carry a TTL). `eviction=refuse` must
+/// refuse to connect; the default (`warn`) connects, and the report shows what eviction does.
+async fn s7_eviction(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let env = Env::new(
+        spec,
+        "s7-eviction",
+        seed,
+        &[
+            "--maxmemory",
+            "4mb",
+            "--maxmemory-policy",
+            "volatile-lru",
+            "--enable-debug-command",
+            "yes",
+        ],
+    )?;
+    let refused = tessera::Store::connect(&format!("{}&eviction=refuse", env.url)).await;
+    let guard = match &refused {
+        Err(e) => format!("eviction=refuse refused to connect: {e}"),
+        Ok(_) => "eviction=refuse CONNECTED".to_string(),
+    };
+    let server = env.redis.as_ref().context("owned redis")?;
+    // Fill to the limit with keys that never expire.
+    for i in 0..200 {
+        let info = server.command(&["INFO", "memory"]);
+        let used = info_field(&info, "used_memory:").unwrap_or(0);
+        if used > 4 * 1024 * 1024 - 300 * 1024 {
+            break;
+        }
+        server.command(&["DEBUG", "POPULATE", "2000", &format!("filler{i}"), "100"]);
+    }
+    let duration = p.duration;
+    let mut run = Run::new("s7-eviction", p, seed, env, None, duration).await?;
+    if refused.is_ok() {
+        run.violations
+            .push("the eviction guard let eviction=refuse connect".into());
+    }
+    run.notes.push(guard);
+    run.start_workers()?;
+    run.fault("memory-pressure", FaultPhase::Start, None);
+    run.run_out().await;
+    let stats = run.env.redis.as_ref().unwrap().command(&["INFO", "stats"]);
+    run.notes.push(format!(
+        "without the guard (eviction=warn): Redis evicted {} keys during the run",
+        info_field(&stats, "evicted_keys:").unwrap_or(0)
+    ));
+    run.fault("memory-pressure", FaultPhase::Heal, None);
+    // The checker's findings on this run are what eviction does; they are listed as
+    // expected, not as violations.
+    let mut r = run.finish().await?;
+    // The leak check cannot pass when Redis deletes holder sets: report, do not fail.
+    let (leaks, rest): (Vec<String>, Vec<String>) =
+        r.violations.drain(..).partition(|v| v.starts_with("leak:"));
+    r.expected.extend(leaks);
+    r.violations = rest;
+    Ok(r)
+}
+
+fn info_field(info: &str, key: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Sends one command to a Redis on a loopback port and returns the raw reply.
+fn raw_command(port: u16, words: &[&str]) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", words.len());
+    for w in words {
+        req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Where Debian's `faketime` package puts the library.
+fn libfaketime() -> anyhow::Result<String> {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ] {
+        let p = format!("{dir}/faketime/libfaketime.so.1");
+        if std::path::Path::new(&p).exists() {
+            return Ok(p);
+        }
+    }
+    anyhow::bail!("libfaketime is not installed: install it with `apt-get install -y faketime`")
+}
+
+/// A clock jump on the store: SQLite's store time is the host's wall clock, read by every
+/// client process. Every worker runs under libfaketime reading one offset file; the runner
+/// steps it 30 s forward, then back. `CLOCK_MONOTONIC` (leases' certain validity, the grant
+/// logs) is left alone, as a real wall-clock step would.
+async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let lib = libfaketime()?;
+    let env = Env::new(spec, "clock-jump", seed, &[])?;
+    let mut run = Run::new("clock-jump", p, seed, env, None, p.ttl * 5).await?;
+    let offset = run.log_dir().join("faketime.rc");
+    std::fs::write(&offset, "+0\n")?;
+    run.worker_env = vec![
+        ("LD_PRELOAD".into(), lib),
+        (
+            "FAKETIME_TIMESTAMP_FILE".into(),
+            offset.display().to_string(),
+        ),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    run.start_workers()?;
+    sleep(p.ttl).await;
+    run.fault("clock-forward-30s", FaultPhase::Start, None);
+    std::fs::write(&offset, "+30s\n")?;
+    run.fault("clock-forward-30s", FaultPhase::Heal, None);
+    sleep(p.ttl * 3 / 2).await;
+    run.fault("clock-back-30s", FaultPhase::Start, None);
+    std::fs::write(&offset, "+0\n")?;
+    run.fault("clock-back-30s", FaultPhase::Heal, None);
+    run.run_out().await;
+    run.finish().await
+}
+
+/// The keys of semaphore `name` under `prefix` (the Redis store's layout, kept in step with
+/// `stores/redis/ops.rs`).
+fn redis_keys(prefix: &str, name: &str) -> Vec<String> {
+    [
+        "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+    ]
+    .iter()
+    .map(|s| format!("{{{prefix}:{name}}}:{s}"))
+    .collect()
+}
+
+/// Garbage written into tessera's own keys or rows by someone else, twice: first every
+/// value replaced by garbage of the right type, then (Redis) every key replaced by one of a
+/// type tessera never uses, or (SQLite) numbers out of range. Each lasts a TTL, then an
+/// operator deletes the semaphore's state. Workers must get typed errors (a panic fails the
+/// worker, which is a violation), nothing is over-granted while the garbage is there, and
+/// service resumes after the clean-up. The overlap right after the clean-up is the store
+/// forgetting leases, as in `s4-restart`.
+async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let env = Env::new(spec, "garbage", seed, &[])?;
+    let duration = p.ttl * 6;
+    let mut run = Run::new("garbage", p, seed, env, None, duration).await?;
+    let sqlite = match run.env.kind {
+        "sqlite" => {
+            let path = run.env.url.trim_start_matches("sqlite://").to_string();
+            let opts = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .busy_timeout(Duration::from_secs(10));
+            Some(sqlx::SqlitePool::connect_with(opts).await?)
+        }
+        _ => None,
+    };
+    run.start_workers()?;
+    for round in ["garbage-fields", "garbage-types"] {
+        sleep(p.ttl).await;
+        run.fault(round, FaultPhase::Start, None);
+        match &sqlite {
+            Some(db) => {
+                let sql: &[&str] = if round == "garbage-fields" {
+                    &[
+                        "UPDATE tessera_holders SET seats = 'garbage', lease_id = 'zz' || lease_id WHERE name = 'chaos'",
+                        "UPDATE tessera_waiters SET lease_id = 'not-hex' || seq WHERE name = 'chaos'",
+                    ]
+                } else {
+                    &["UPDATE tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 WHERE name = 'chaos'"]
+                };
+                for &q in sql {
+                    sqlx::query(q).execute(db).await?;
+                }
+            }
+            None => {
+                let server = run.env.redis.as_ref().context("owned redis")?;
+                let prefix = url::Url::parse(&run.env.url)?
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned())
+                    .context("prefix")?;
+                // One script, so the garbage lands at once: a key deleted and re-created
+                // in two steps would let tessera see the semaphore missing in between.
+                let script = if round == "garbage-types" {
+                    "for _, k in ipairs(KEYS) do redis.call('DEL', k); redis.call('RPUSH', k, 'garbage') end return 'OK'"
+                } else {
+                    "for _, k in ipairs(KEYS) do \
+                       local t = redis.call('TYPE', k)['ok'] \
+                       if t == 'hash' then \
+                         for _, f in ipairs(redis.call('HKEYS', k)) do redis.call('HSET', k, f, 'garbage') end \
+                       elseif t == 'zset' then redis.call('ZADD', k, 1, 'garbage') \
+                       elseif t == 'set' then redis.call('SADD', k, 'garbage') \
+                       elseif t == 'string' then redis.call('SET', k, 'garbage') end \
+                     end return 'OK'"
+                };
+                let keys = redis_keys(&prefix, "chaos");
+                let mut words = vec!["EVAL", script, "8"];
+                words.extend(keys.iter().map(String::as_str));
+                let reply = server.command(&words);
+                anyhow::ensure!(reply.contains("OK"), "garbage script: {reply}");
+            }
+        }
+        sleep(p.ttl).await;
+        // The operator cleans up: the heal starts now (the report counts an overlap right
+        // after it as the store forgetting leases).
+        run.fault(round, FaultPhase::Heal, None);
+        match &sqlite {
+            Some(db) => {
+                for q in [
+                    "DELETE FROM tessera_holders WHERE name = 'chaos'",
+                    "DELETE FROM tessera_waiters WHERE name = 'chaos'",
+                    "DELETE FROM tessera_semaphores WHERE name = 'chaos'",
+                    "DELETE FROM tessera_free_seats WHERE name = 'chaos'",
+                ] {
+                    sqlx::query(q).execute(db).await?;
+                }
+            }
+            None => {
+                let server = run.env.redis.as_ref().context("owned redis")?;
+                let prefix = url::Url::parse(&run.env.url)?
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned())
+                    .context("prefix")?;
+                let keys = redis_keys(&prefix, "chaos");
+                let mut words = vec!["DEL"];
+                words.extend(keys.iter().map(String::as_str));
+                server.command(&words);
+            }
+        }
+    }
+    run.run_out().await;
+    run.finish().await
+}

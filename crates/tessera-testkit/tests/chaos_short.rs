@@ -1,0 +1,130 @@
+//! The chaos runner's short profile, as part of the test suite: every scenario on SQLite and
+//! on a throwaway Redis must end with zero violations. (The long profile is run by hand:
+//! `tessera-chaos --store redis --profile long`, see docs/reliability.md.)
+//!
+//! A missing `redis-server` fails the Redis tests with the install line, a missing
+//! libfaketime (the SQLite clock-jump scenario) with `apt-get install -y faketime`.
+
+use tessera_testkit::chaos::{self, Profile, RunConfig, ScenarioReport, StoreSpec};
+
+const CHAOS: &str = env!("CARGO_BIN_EXE_tessera-chaos");
+
+async fn short(store: StoreSpec, scenarios: &[&str]) -> Vec<ScenarioReport> {
+    let cfg = RunConfig {
+        store,
+        profile: Profile::Short,
+        scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
+        seed: None,
+    };
+    let reports = chaos::run(&cfg).await.expect("the chaos runner failed");
+    for r in &reports {
+        eprintln!("{}", r.summary());
+    }
+    let broken: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(ScenarioReport::summary)
+        .collect();
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    reports
+}
+
+fn get<'a>(reports: &'a [ScenarioReport], name: &str) -> &'a ScenarioReport {
+    reports
+        .iter()
+        .find(|r| r.scenario == name)
+        .unwrap_or_else(|| panic!("no report for {name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_survives_every_scenario_of_the_short_profile() {
+    let reports = short(StoreSpec::Sqlite(None), &[]).await;
+    for name in [
+        "baseline",
+        "s1-kill",
+        "s2-stop",
+        "s4-restart",
+        "s10-reclaim",
+    ] {
+        assert!(get(&reports, name).skipped.is_none(), "{name} skipped");
+    }
+    assert!(get(&reports, "s1-kill").faults > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_survives_holder_faults_and_a_faulty_network() {
+    let reports = short(
+        StoreSpec::Redis(None),
+        &["baseline", "s1-kill", "s2-stop", "s3-proxy"],
+    )
+    .await;
+    let s3 = get(&reports, "s3-proxy");
+    assert!(s3.faults >= 5 && s3.grants > 0, "{}", s3.summary());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_survives_restarts_client_kills_and_reclaims_abandoned_permits() {
+    let reports = short(
+        StoreSpec::Redis(None),
+        &[
+            "s4-restart",
+            "s4-restart-aof",
+            "s9-client-kill",
+            "s10-reclaim",
+            "s7-eviction",
+            "garbage",
+        ],
+    )
+    .await;
+    // Without the eviction guard, eviction is shown to break the contract: the report must
+    // say so (as expected findings), which proves the scenario bites.
+    let s7 = get(&reports, "s7-eviction");
+    assert!(!s7.expected.is_empty(), "{}", s7.summary());
+    assert_eq!(get(&reports, "s4-restart-aof").over_grants, 0);
+}
+
+#[test]
+fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
+    let out = std::process::Command::new(CHAOS)
+        .args(["--store", "sqlite", "--scenario", "baseline", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    for key in [
+        "scenario",
+        "store",
+        "ops",
+        "over_grants",
+        "stale_accepts",
+        "leaked_permits",
+        "lost_notices",
+        "max_reclaim_ms",
+        "violations",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing in {v}");
+    }
+    assert_eq!(v["scenario"], "baseline");
+    assert_eq!(v["violations"].as_array().unwrap().len(), 0);
+
+    for bad in [
+        &["--store", "postgres://x"][..],
+        &["--store", "redis://10.0.0.1:6379"],
+        &["--store", "sqlite", "--scenario", "nope"],
+        &["--store", "sqlite", "--profile", "medium"],
+    ] {
+        let out = std::process::Command::new(CHAOS)
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(!out.stderr.is_empty(), "{bad:?}");
+    }
+}
