@@ -108,6 +108,7 @@ macro_rules! conformance_tests {
             dropped_and_timed_out_acquires_leak_nothing,
             grant_racing_with_cancellation_is_given_back,
             capacity_mismatch_is_refused_and_changes_nothing,
+            idle_semaphore_takes_the_capacity_of_the_next_client,
             resize_grows_to_the_queue_and_shrinks_without_revoking,
             bad_inputs_get_typed_errors_and_change_nothing,
             fences_increase_and_seats_are_distinct,

@@ -855,3 +855,37 @@ pub async fn waiter_rides_out_a_store_blip_shorter_than_its_ttl(h: &Harness) {
     held.release().await.unwrap();
     assert_drained(&admin.store, &name).await;
 }
+
+/// Once every lease of a semaphore has expired, it is idle as if it did not exist: a client
+/// declaring another capacity is served with it instead of getting a mismatch.
+pub async fn idle_semaphore_takes_the_capacity_of_the_next_client(h: &Harness) {
+    let name = unique("idlecap");
+    let client = h.client().await;
+    let nm = Name::new(&name).unwrap();
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_millis(200),
+        holder: "gone".into(),
+        wait: None,
+    };
+    let r = client.store.backend().acquire(&nm, 2, &req).await.unwrap();
+    assert!(matches!(r, AcquireReply::Granted(_)));
+    // While the lease lives, another capacity is refused.
+    let three = Semaphore::new(&client.store, &name, 3, opts(5_000)).unwrap();
+    assert!(three
+        .try_acquire()
+        .await
+        .unwrap_err()
+        .is_capacity_mismatch());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let p = three
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the idle semaphore refused");
+    let s = status(&client.store, &name).await.unwrap();
+    assert_eq!((s.capacity, s.used), (3, 1));
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}

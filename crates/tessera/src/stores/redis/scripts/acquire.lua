@@ -23,6 +23,12 @@ end
 purge_and_hand_off()
 
 local function decide()
+  -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and takes
+  -- the capacity this client declares (as in the reference model).
+  if is_empty() and S.cap ~= capacity then
+    S.cap = capacity
+    dirty = true
+  end
   if S.cap ~= capacity then
     return {'mismatch', S.cap}
   end
