@@ -313,6 +313,41 @@ impl RedisBackend {
         &self.prefix
     }
 
+    /// The names behind every key matching `pattern` (a `SCAN`, so Redis is never blocked),
+    /// sorted and without duplicates; `name_of` maps a key to its name.
+    pub(super) async fn scan_names(
+        &self,
+        pattern: &str,
+        name_of: impl Fn(&str) -> Option<Name>,
+    ) -> Result<Vec<String>> {
+        let mut conn = self.conn.clone();
+        let mut cursor: u64 = 0;
+        let mut names = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            names.extend(
+                keys.iter()
+                    .filter_map(|k| name_of(k))
+                    .map(|n| n.to_string()),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     fn err(&self, e: RedisError) -> Error {
         store_error(e, self.secret.as_deref())
     }
@@ -558,32 +593,8 @@ impl Backend for RedisBackend {
 
     async fn list(&self) -> Result<Vec<String>> {
         let pattern = ops::meta_pattern(&self.prefix);
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
-        let mut names = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            names.extend(
-                keys.iter()
-                    .filter_map(|k| ops::name_of_meta_key(&self.prefix, k))
-                    .map(|n| n.to_string()),
-            );
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        self.scan_names(&pattern, |k| ops::name_of_meta_key(&self.prefix, k))
+            .await
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {

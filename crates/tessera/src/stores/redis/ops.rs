@@ -105,7 +105,7 @@ pub(crate) fn micros(d: Duration) -> u64 {
 
 // ---- reply parsing -------------------------------------------------------------------------
 
-fn corrupt(what: &str, v: &Value) -> Error {
+pub(super) fn corrupt(what: &str, v: &Value) -> Error {
     let mut shown = format!("{v:?}");
     if shown.len() > 200 {
         let mut end = 200;
@@ -120,14 +120,14 @@ fn corrupt(what: &str, v: &Value) -> Error {
     ))
 }
 
-fn items(v: Value, what: &str) -> Result<Vec<Value>> {
+pub(super) fn items(v: Value, what: &str) -> Result<Vec<Value>> {
     match v {
         Value::Array(items) | Value::Set(items) => Ok(items),
         other => Err(corrupt(what, &other)),
     }
 }
 
-fn text(v: &Value, what: &str) -> Result<String> {
+pub(super) fn text(v: &Value, what: &str) -> Result<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| corrupt(what, v)),
         Value::SimpleString(s) => Ok(s.clone()),
@@ -136,7 +136,7 @@ fn text(v: &Value, what: &str) -> Result<String> {
     }
 }
 
-fn int(v: &Value, what: &str) -> Result<u64> {
+pub(super) fn int(v: &Value, what: &str) -> Result<u64> {
     match v {
         Value::Int(i) if *i >= 0 => Ok(*i as u64),
         Value::BulkString(_) | Value::SimpleString(_) => {

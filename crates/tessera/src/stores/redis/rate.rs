@@ -20,6 +20,7 @@ use std::sync::LazyLock;
 use async_trait::async_trait;
 use redis::Value;
 
+use super::ops::{corrupt, int, items, text};
 use super::RedisBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
@@ -54,40 +55,6 @@ fn keys(prefix: &str, name: &Name) -> [String; 2] {
         format!("{{{prefix}:{name}}}:rate"),
         format!("{{{prefix}:{name}}}:rate:log"),
     ]
-}
-
-fn corrupt(what: &str, v: &Value) -> Error {
-    let mut shown = format!("{v:?}");
-    shown.truncate(200);
-    Error::Corrupt(format!(
-        "unexpected reply from a tessera rate script ({what}): {shown}"
-    ))
-}
-
-fn text(v: &Value, what: &str) -> Result<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| corrupt(what, v)),
-        Value::SimpleString(s) => Ok(s.clone()),
-        Value::VerbatimString { text, .. } => Ok(text.clone()),
-        other => Err(corrupt(what, other)),
-    }
-}
-
-fn int(v: &Value, what: &str) -> Result<u64> {
-    match v {
-        Value::Int(i) if *i >= 0 => Ok(*i as u64),
-        Value::BulkString(_) | Value::SimpleString(_) => {
-            text(v, what)?.parse().map_err(|_| corrupt(what, v))
-        }
-        other => Err(corrupt(what, other)),
-    }
-}
-
-fn items(v: Value, what: &str) -> Result<Vec<Value>> {
-    match v {
-        Value::Array(items) | Value::Set(items) => Ok(items),
-        other => Err(corrupt(what, &other)),
-    }
 }
 
 fn nums(s: &str, what: &str) -> Result<Vec<u64>> {
@@ -254,30 +221,9 @@ impl RateBackend for RedisBackend {
     async fn rate_list(&self) -> Result<Vec<String>> {
         let pattern = format!("{{{}:*}}:rate", self.prefix);
         let strip = format!("{{{}:", self.prefix);
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
-        let mut names = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            names.extend(keys.iter().filter_map(|k| {
-                let inner = k.strip_prefix(&strip)?.strip_suffix("}:rate")?;
-                Name::new(inner).ok().map(|n| n.to_string())
-            }));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        self.scan_names(&pattern, |k| {
+            Name::new(k.strip_prefix(&strip)?.strip_suffix("}:rate")?).ok()
+        })
+        .await
     }
 }
