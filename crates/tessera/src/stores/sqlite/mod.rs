@@ -33,6 +33,32 @@
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
+/// Runs one operation (of `ops.rs` or `rate.rs`) in its own `BEGIN IMMEDIATE` transaction, commits, then wakes
+/// the lease ids it granted or revoked (after the commit, so a woken task sees the grant).
+macro_rules! step {
+    ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
+        let serial = $self.write.lock().await;
+        let mut tx = $self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_err)?;
+        // Read the clock once the write lock is held: steps are then ordered by time too.
+        let $now = $self.clock.now();
+        let $conn: &mut SqliteConnection = &mut tx;
+        let (reply, wakes) = $op.await?;
+        tx.commit().await.map_err(map_err)?;
+        drop(serial);
+        for &id in &wakes {
+            $crate::wake::notify(id);
+        }
+        if let Some(n) = &$self.notifier {
+            n.broadcast(&wakes);
+        }
+        reply
+    }};
+}
+
 mod notify;
 mod ops;
 mod rate;
@@ -52,7 +78,6 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::store::{Backend, Waking};
-use crate::wake;
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
@@ -195,32 +220,6 @@ impl SqliteBackend {
         let fresh_until = now.plus(waiter_ttl / 2).0;
         Ok((expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting))
     }
-}
-
-/// Runs one operation of `ops` in its own `BEGIN IMMEDIATE` transaction, commits, then wakes
-/// the lease ids it granted or revoked (after the commit, so a woken task sees the grant).
-macro_rules! step {
-    ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
-        let serial = $self.write.lock().await;
-        let mut tx = $self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_err)?;
-        // Read the clock once the write lock is held: steps are then ordered by time too.
-        let $now = $self.clock.now();
-        let $conn: &mut SqliteConnection = &mut tx;
-        let (reply, wakes) = $op.await?;
-        tx.commit().await.map_err(map_err)?;
-        drop(serial);
-        for &id in &wakes {
-            wake::notify(id);
-        }
-        if let Some(n) = &$self.notifier {
-            n.broadcast(&wakes);
-        }
-        reply
-    }};
 }
 
 #[async_trait]

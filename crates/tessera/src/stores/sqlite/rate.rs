@@ -284,24 +284,6 @@ async fn status(
     engine::status(name, &state, &config, &log, now).map(Some)
 }
 
-/// One rate step in its own `BEGIN IMMEDIATE` transaction, like the semaphore steps.
-macro_rules! rate_step {
-    ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
-        let serial = $self.write.lock().await;
-        let mut tx = $self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_err)?;
-        let $now = $self.clock.now();
-        let $conn: &mut SqliteConnection = &mut tx;
-        let reply = $op.await?;
-        tx.commit().await.map_err(map_err)?;
-        drop(serial);
-        Ok(reply)
-    }};
-}
-
 #[async_trait]
 impl RateBackend for SqliteBackend {
     async fn rate_acquire(
@@ -310,13 +292,23 @@ impl RateBackend for SqliteBackend {
         config: &RateConfig,
         req: &RateRequest,
     ) -> Result<RateReply> {
-        rate_step!(self, |conn, now| acquire(conn, name, config, req, now))
+        Ok(step!(self, |conn, now| async {
+            acquire(conn, name, config, req, now)
+                .await
+                .map(|r| (r, Vec::new()))
+        }))
     }
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
-        rate_step!(self, |conn, now| cancel(conn, name, reservation, at, now))
+        Ok(step!(self, |conn, now| async {
+            cancel(conn, name, reservation, at, now)
+                .await
+                .map(|r| (r, Vec::new()))
+        }))
     }
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
-        rate_step!(self, |conn, now| status(conn, name, now))
+        Ok(step!(self, |conn, now| async {
+            status(conn, name, now).await.map(|r| (r, Vec::new()))
+        }))
     }
     async fn rate_list(&self) -> Result<Vec<String>> {
         let now = self.clock.now();
