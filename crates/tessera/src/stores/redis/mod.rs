@@ -15,16 +15,25 @@
 //!
 //! # Least-privilege ACL
 //!
+//! One user per tenant, confined to its prefix (here `tessera`; for `?prefix=acme` write
+//! `~{acme:*` and `&acme:wake:*`):
+//!
 //! ```text
 //! ACL SETUSER app on >PASSWORD resetkeys ~{tessera:* resetchannels &tessera:wake:*
 //!     -@all +evalsha +script|load +subscribe +ping +scan +config|get
+//!     +time +hmget +hget +hset +hdel +hgetall +exists +del +get +set +pexpire +publish
+//!     +zadd +zrem +zrange +zrangebyscore +zrank +zcard +zremrangebyrank +zremrangebyscore
 //! ```
 //!
-//! (`config|get` is optional: without it the eviction check is skipped.) The scripts call
-//! `TIME HMGET HGET HSET HDEL HGETALL ZADD ZREM ZRANGE ZRANGEBYSCORE ZRANK ZCARD DEL GET SET
-//! PEXPIRE PUBLISH`, which ACLs check inside scripts too; grant them with
-//! `+time +hmget +hget +hset +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard
-//! +del +get +set +pexpire +publish`.
+//! The first line of commands is what the client sends (`config|get` is optional: without
+//! it the eviction check is skipped); the rest are the commands the semaphore and rate
+//! scripts call, which ACLs check inside scripts too. Prefixes never contain `:`, so
+//! `~{acme:*` never matches another tenant's keys. With these rules a user connecting with
+//! another tenant's prefix is refused at connect (the wake channel) and on every operation
+//! (the keys), as [`Error::Store`]; `tests/redis_security.rs` proves it. `SCAN` is not
+//! filtered by key patterns in Redis, so a tenant's user can see (not read or change) the
+//! key names, hence the semaphore names, of other tenants on the same server; use a server
+//! or a database per tenant where names are secret.
 //!
 //! # Implementation details
 //!

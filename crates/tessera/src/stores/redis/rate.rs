@@ -11,9 +11,9 @@
 //! 0 1` per limit); the status script returns the state and the log, and the snapshot is
 //! computed here with the shared engine.
 //!
-//! A least-privilege ACL user (see the module docs of the store) additionally needs, for the
-//! commands these scripts call: `+hmget +hset +del +exists +pexpire +time +zadd +zrange
-//! +zrangebyscore +zremrangebyrank +zremrangebyscore`, and `+scan` for listing limiters.
+//! The commands these scripts call are part of the least-privilege ACL command list in the
+//! module docs of the store (`+exists +zremrangebyrank +zremrangebyscore` among them), and
+//! `+scan` lists limiters.
 
 use std::sync::LazyLock;
 
