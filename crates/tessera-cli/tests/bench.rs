@@ -99,3 +99,90 @@ fn bench_runs_on_sqlite() {
     let url = format!("sqlite://{}/bench.db", dir.path().display());
     check(&bench(&url), false);
 }
+
+const RATE_FIELDS: [&str; 16] = [
+    "workload",
+    "clients",
+    "limits",
+    "mode",
+    "duration_s",
+    "decisions",
+    "decisions_per_sec",
+    "admitted",
+    "admitted_per_sec",
+    "limit_per_sec",
+    "admitted_ratio",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "window_violations",
+    "errors",
+];
+
+/// `tessera bench --workload rate` in both modes, briefly, on `store`.
+fn bench_rate(store: &str) {
+    for mode in ["decisions", "reserve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .env("TESSERA_STORE", store)
+            .args([
+                "bench",
+                "--workload",
+                "rate",
+                "--rate-mode",
+                mode,
+                "--rates",
+                "20/s",
+                "--clients",
+                "4",
+                "--rate-run",
+                "1s",
+                "--duration",
+                "5s",
+                "--json",
+            ])
+            .output()
+            .expect("run tessera bench");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "tessera bench --workload rate on {store} exited with {}: {stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 1, "{stdout}");
+        let r: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        for f in RATE_FIELDS {
+            assert!(r.get(f).is_some(), "{f} missing in {r}");
+        }
+        assert_eq!(r["workload"], "rate", "{r}");
+        assert_eq!(r["mode"], mode, "{r}");
+        assert_eq!(r["clients"], 4, "{r}");
+        assert_eq!(r["limits"], serde_json::json!(["20/s"]), "{r}");
+        assert_eq!(r["duration_s"], 1.0, "{r}");
+        assert_eq!(r["limit_per_sec"], 20.0, "{r}");
+        assert_eq!(r["max_allowed"], 20, "{r}");
+        assert_eq!(r["window_violations"], 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        let admitted = r["admitted"].as_u64().unwrap();
+        assert!((1..=20).contains(&admitted), "{r}");
+        assert!(r["decisions"].as_u64().unwrap() >= admitted, "{r}");
+    }
+}
+
+#[test]
+fn bench_rate_on_memory() {
+    bench_rate("memory://bench-rate-test");
+}
+
+#[test]
+fn bench_rate_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    bench_rate(&format!("sqlite://{}/bench-rate.db", dir.path().display()));
+}
+
+#[test]
+fn bench_rate_on_redis_without_window_violations() {
+    let server = RedisServer::start();
+    bench_rate(&format!("{}?prefix=benchratetest", server.url()));
+}

@@ -19,9 +19,18 @@
 //! between its operations (their time is not counted as the workload's), so a machine whose
 //! load changes during the run slows both alike.
 //!
+//! - **rate**: clients (default 8) on one rate limiter (`--rates`, default `50/s` and
+//!   `1000/min`, exact mode), either deciding as fast as they can (`--rate-mode decisions`,
+//!   `try_acquire(1)`) or reserving with demand above the limit (`--rate-mode reserve`,
+//!   `acquire_within(1, …)`), over `--rate-run` (default 10 s): decisions and admissions per
+//!   second, the admitted ratio against the most the limits allow (see [`rate`]), latency,
+//!   and window violations seen by the client. Not part of `all` (which stays the three
+//!   semaphore workloads of the performance targets); run it with `--workload rate`.
+//!
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
+mod rate;
 mod report;
 mod workloads;
 
@@ -29,6 +38,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+pub use rate::RateBenchMode;
 #[allow(unused_imports)]
 pub use report::WorkloadReport;
 pub use workloads::Spec;
@@ -42,8 +52,10 @@ pub enum Workload {
     W2,
     /// 32 clients, capacity 4.
     W3,
-    /// W1, W2 and W3 in turn.
+    /// W1, W2 and W3 in turn (not `rate`).
     All,
+    /// Clients on one rate limiter (see `--rate-mode`, `--rates`, `--rate-run`).
+    Rate,
 }
 
 /// Options of `tessera bench`.
@@ -52,7 +64,7 @@ pub struct BenchArgs {
     /// The workload.
     #[arg(long, value_enum, default_value = "all")]
     pub workload: Workload,
-    /// Number of clients (overrides the workload's: 1, 8, 32).
+    /// Number of clients (overrides the workload's: 1, 8, 32; rate: 8).
     #[arg(long)]
     pub clients: Option<usize>,
     /// Capacity of the semaphore (overrides the workload's: 10, 1, 4).
@@ -64,6 +76,17 @@ pub struct BenchArgs {
     /// How long each holder keeps its permit (e.g. 0, 500us, 2ms).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub hold: Duration,
+    /// The limits of the rate workload (repeatable or comma-separated: 50/s, 1000/min).
+    #[arg(long = "rates", value_name = "N/UNIT", value_delimiter = ',', value_parser = parse_rate, default_values = ["50/s", "1000/min"])]
+    pub rates: Vec<tessera::RateSpec>,
+    /// How the rate workload's clients ask: try_acquire(1) as fast as they can (decisions),
+    /// or acquire_within(1, …) with demand above the limit (reserve).
+    #[arg(long, value_enum, default_value = "decisions")]
+    pub rate_mode: RateBenchMode,
+    /// The measured run of the rate workload (admissions counted from the first one for this
+    /// long); at most --duration.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub rate_run: Duration,
     /// Hard time bound of each workload.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub duration: Duration,
@@ -84,13 +107,35 @@ pub struct BenchArgs {
 
 /// Runs the selected workloads against `store_url` and prints the summary (table or JSON).
 /// Exit code: 0 if every workload completed without over-grants or errors, 1 if any
-/// over-grant was seen, 2 if a workload had errors or could not finish its operations within
+/// over-grant (rate: window violation) was seen, 2 if a workload had errors or could not finish its operations within
 /// `--duration`.
 pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
     // Fail early, with the store's own typed error, on a bad URL or an unreachable store.
     tessera::Store::connect(store_url)
         .await
         .with_context(|| format!("cannot connect to {}", redact(store_url)))?;
+    if args.workload == Workload::Rate {
+        let spec = rate::RateSpecBench {
+            clients: args.clients.unwrap_or(8).max(1),
+            limits: args.rates.clone(),
+            mode: args.rate_mode,
+            run: args.rate_run,
+            duration: args.duration,
+        };
+        let r = rate::run(store_url, &spec).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print!("{}", report::rate_table(&r));
+        }
+        return Ok(if r.window_violations > 0 {
+            1
+        } else if r.errors > 0 {
+            2
+        } else {
+            0
+        });
+    }
     let workloads = match args.workload {
         Workload::All => vec![Workload::W1, Workload::W2, Workload::W3],
         w => vec![w],
@@ -115,6 +160,10 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
         0
     };
     Ok(code)
+}
+
+fn parse_rate(s: &str) -> Result<tessera::RateSpec, String> {
+    s.parse().map_err(|e: tessera::InvalidInput| e.to_string())
 }
 
 /// The URL with any password replaced (for messages).

@@ -39,7 +39,7 @@ impl Spec {
         let (name, clients, capacity) = match w {
             Workload::W1 => ("w1", 1, 10),
             Workload::W2 => ("w2", 8, 1),
-            Workload::W3 | Workload::All => ("w3", 32, 4),
+            Workload::W3 | Workload::All | Workload::Rate => ("w3", 32, 4),
         };
         Spec {
             name,
