@@ -407,7 +407,9 @@ impl Semaphore {
                 }
             }
             poll = (poll * 2).min(poll_max);
-            sent = Instant::now();
+            // `sent` moves only when a heartbeat is answered: a failed one may never have
+            // reached the store, so a grant pushed later may predate it.
+            let beat_sent = Instant::now();
             let Some(beat) = bounded(
                 deadline,
                 self.backend.heartbeat(name, lease, self.config.waiter_ttl),
@@ -421,7 +423,7 @@ impl Semaphore {
                 // entry lives for the waiter TTL, so keep trying for that long. If the entry
                 // expired meanwhile, the next heartbeat says `Gone` and the caller rejoins.
                 Err(e) if e.is_transient() => {
-                    let since = *failing_since.get_or_insert(sent);
+                    let since = *failing_since.get_or_insert(beat_sent);
                     if since.elapsed() < self.config.waiter_ttl {
                         tracing::debug!(%name, error = %e, "waiter heartbeat failed; retrying");
                         continue;
@@ -430,6 +432,7 @@ impl Semaphore {
                 }
                 other => {
                     failing_since = None;
+                    sent = beat_sent;
                     other?
                 }
             };
