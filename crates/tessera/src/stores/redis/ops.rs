@@ -17,6 +17,7 @@ use crate::model::*;
 macro_rules! script {
     ($file:literal) => {
         concat!(
+            include_str!("scripts/common.lua"),
             include_str!("scripts/prelude.lua"),
             include_str!(concat!("scripts/", $file))
         )

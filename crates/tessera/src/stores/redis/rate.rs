@@ -30,6 +30,7 @@ use crate::rate::{RateBackend, RateConfig, RateMode, RateReply, RateRequest, Rat
 macro_rules! rate_script {
     ($file:literal) => {
         concat!(
+            include_str!("scripts/common.lua"),
             include_str!("scripts/rate_prelude.lua"),
             include_str!(concat!("scripts/", $file))
         )

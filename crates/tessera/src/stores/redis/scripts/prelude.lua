@@ -1,4 +1,5 @@
--- tessera prelude: shared by every script (concatenated in front of each one at build time).
+-- tessera prelude: shared by every semaphore script (concatenated in front of each one at build
+-- time, after common.lua, which defines now, int, corrupt and num).
 --
 -- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
 --   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
@@ -40,23 +41,6 @@ local WAKE_BASE = ARGV[1]
 -- How long the fence key outlives the state, and how long the state outlives its last expiry.
 local FENCE_KEEP_MS = 600000
 local STATE_GRACE_MS = 10000
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-
-local function int(x)
-  return string.format('%d', x)
-end
-
-local function corrupt(what)
-  return error({err = 'TESSERA_CORRUPT ' .. what})
-end
-
-local function num(s, what)
-  local n = tonumber(s)
-  if n == nil then corrupt(what) end
-  return n
-end
 
 -- Splits s on tabs into exactly n fields; the last field takes the rest (holder labels never
 -- contain control characters, so a tab never appears inside a field).

@@ -1,5 +1,5 @@
--- tessera rate prelude: shared by the rate_*.lua scripts (concatenated in front of each one at
--- build time). The decision follows crates/tessera/src/rate/engine.rs line by line.
+-- tessera rate prelude: shared by the rate_*.lua scripts (concatenated in front of each one,
+-- after common.lua, at build time). The decision follows crates/tessera/src/rate/engine.rs line by line.
 --
 -- KEYS (one order for every rate script; both share the hash tag {<prefix>:<name>}):
 --   KEYS[1] state  hash: cfg (canonical limits), lim (N,L,T per limit, flat, µs), burst (0 in
@@ -14,23 +14,6 @@
 local K_STATE, K_LOG = KEYS[1], KEYS[2]
 -- How long the keys outlive the moment their state stops mattering.
 local GRACE_MS = 1000
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-
-local function int(x)
-  return string.format('%d', x)
-end
-
-local function corrupt(what)
-  return error({err = 'TESSERA_CORRUPT ' .. what})
-end
-
-local function num(s, what)
-  local n = tonumber(s)
-  if n == nil then corrupt(what) end
-  return n
-end
 
 local function nums(s, what)
   local out = {}
