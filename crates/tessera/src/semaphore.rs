@@ -186,8 +186,9 @@ impl Semaphore {
     /// Waits for `weight` permits, as one lease.
     ///
     /// On success the permit is held and kept alive until the [`Permit`] is dropped or
-    /// released. On error no permit is held (a grant that raced with the error is given back
-    /// in the background). Fails at once with a typed error if `weight` is 0 or above the
+    /// released. Transient store faults (a dropped connection, a busy store) are retried under
+    /// the same lease id for up to the waiter TTL. On error no permit is held (a grant that
+    /// raced with the error is given back in the background). Fails at once with a typed error if `weight` is 0 or above the
     /// capacity, if the store holds another capacity for this name, or if the queue is full.
     pub async fn acquire_many(&self, weight: u32) -> Result<Permit> {
         match self.acquire_inner(weight, None).await? {
@@ -346,16 +347,36 @@ impl Semaphore {
         // Every store call is bounded by the deadline: a hung store cannot hold the caller past
         // it. On expiry the pending guard cancels in the background (the waiter leaves the
         // queue, or a grant that raced with the deadline is released).
-        let mut sent = Instant::now();
-        let Some(first) = bounded(
-            deadline,
-            self.backend.acquire(name, self.capacity, &request),
-        )
-        .await
-        else {
-            return Ok(Some(None));
+        //
+        // A transient fault (a dropped connection, a busy store) is retried with the same
+        // lease id for up to the waiter TTL: the store answers a repeated acquire with the
+        // grant or queue place the first one may have made, so nothing is taken twice.
+        let first_try = Instant::now();
+        let mut backoff = Duration::from_millis(10);
+        let (mut sent, mut reply) = loop {
+            let sent = Instant::now();
+            let Some(r) = bounded(
+                deadline,
+                self.backend.acquire(name, self.capacity, &request),
+            )
+            .await
+            else {
+                return Ok(Some(None));
+            };
+            match r {
+                Err(e) if e.is_transient() && first_try.elapsed() < self.config.waiter_ttl => {
+                    tracing::debug!(%name, error = %e, "acquire failed; retrying");
+                    if bounded(deadline, tokio::time::sleep(backoff))
+                        .await
+                        .is_none()
+                    {
+                        return Ok(Some(None));
+                    }
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                r => break (sent, r?),
+            }
         };
-        let mut reply = first?;
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.

@@ -116,6 +116,7 @@ macro_rules! conformance_tests {
             queue_cap_is_enforced,
             dead_waiter_leaves_the_queue_within_its_ttl,
             waiter_rides_out_a_store_blip_shorter_than_its_ttl,
+            acquire_is_retried_through_a_store_blip,
             waiter_is_woken_without_waiting_for_its_heartbeat,
             nothing_is_left_after_all_leases_end,
             lock_is_mutually_exclusive,

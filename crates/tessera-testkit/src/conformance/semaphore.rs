@@ -889,3 +889,44 @@ pub async fn idle_semaphore_takes_the_capacity_of_the_next_client(h: &Harness) {
     p.release().await.unwrap();
     assert_drained(&client.store, &name).await;
 }
+
+/// An acquire whose first request fails with a transient fault (the connection dropped) is
+/// retried under the same lease id and served once the store answers; a fault that lasts past
+/// the waiter TTL ends it with the error, holding nothing.
+pub async fn acquire_is_retried_through_a_store_blip(h: &Harness) {
+    let name = unique("acqblip");
+    let admin = h.client().await;
+    let client = h.client().await;
+    let faults = Arc::clone(&client.faults);
+    faults.all(Mode::Fail);
+    let n = name.clone();
+    let store = client.store.clone();
+    let waiter = tokio::spawn(async move {
+        let sem = Semaphore::new(&store, &n, 1, opts(5_000)).unwrap();
+        sem.acquire().await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        status(&admin.store, &name).await.is_none(),
+        "a failing client reached the store"
+    );
+    faults.all(Mode::Normal);
+    let p = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the acquire was not retried after the blip")
+        .unwrap()
+        .expect("the blip ended the acquire");
+    assert_eq!(status(&admin.store, &name).await.unwrap().holders.len(), 1);
+    p.release().await.unwrap();
+
+    // A fault longer than the waiter TTL (2 s in these options): the error, nothing held.
+    faults.all(Mode::Fail);
+    let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
+    let e = timeout(Duration::from_secs(10), sem.acquire())
+        .await
+        .expect("a lasting fault did not end the acquire")
+        .unwrap_err();
+    assert!(e.is_connection(), "{e}");
+    faults.all(Mode::Normal);
+    assert_drained(&admin.store, &name).await;
+}
