@@ -171,6 +171,8 @@ async fn acl_users_are_confined_to_their_tenant_prefix() {
     .await
     .unwrap_err();
     assert!(matches!(e, Error::Store { .. }), "{e:?}");
+    // A setup mistake, not a blip: nothing tells the caller to retry it.
+    assert!(!e.is_transient(), "an ACL refusal looks retryable: {e:?}");
     assert!(!e.to_string().contains("pw-a"), "{e}");
 
     // A user whose channels are open but whose keys are tenant A's: every operation under

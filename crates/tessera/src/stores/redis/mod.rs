@@ -287,12 +287,18 @@ impl RedisBackend {
         let ready = tokio::time::timeout(CONNECT_TIMEOUT, ready_rx).await;
         if !matches!(ready, Ok(Ok(Ok(())))) {
             subscriber.abort();
-            let reason = match ready {
-                Ok(Ok(Err(e))) => store_error(e, secret.as_deref()).to_string(),
-                _ => "timed out".to_string(),
+            // A refusal by the server (an ACL without the wake channel: NOPERM) is a setup
+            // mistake that no retry fixes, so it keeps its own kind; anything else (a dropped
+            // connection, no answer in time) is a connection fault.
+            let (kind, reason) = match ready {
+                Ok(Ok(Err(e))) => match store_error(e, secret.as_deref()) {
+                    Error::Store { kind, message } => (kind, message),
+                    other => (StoreErrorKind::Other, other.to_string()),
+                },
+                _ => (StoreErrorKind::Timeout, "timed out".to_string()),
             };
             return Err(Error::store(
-                StoreErrorKind::Connection,
+                kind,
                 format!(
                     "could not subscribe to wake-ups on {}: {reason}",
                     config.redacted
