@@ -216,21 +216,7 @@ pub async fn run(store_url: &str, spec: &RateSpecBench) -> anyhow::Result<RateRe
         .map(|rl| tokio::spawn(client(rl, Arc::clone(&shared), spec.clients > 1)))
         .collect();
     let hard = deadline + Duration::from_millis(500);
-    let mut results = Vec::new();
-    for t in tasks {
-        let abort = t.abort_handle();
-        match tokio::time::timeout_at(hard, t).await {
-            Ok(Ok(r)) => results.push(r),
-            Ok(Err(e)) => {
-                shared.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "bench client panicked");
-            }
-            Err(_) => {
-                abort.abort();
-                shared.errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
+    let results = super::workloads::join_clients(tasks, hard, &shared.errors).await;
     let elapsed = start.elapsed().as_secs_f64().max(1e-9);
     progress.finish_and_clear();
 

@@ -319,21 +319,7 @@ pub async fn run(
     }
     // The hard bound: whatever still runs shortly after the deadline is aborted.
     let hard = shared.deadline + Duration::from_millis(500);
-    let mut results = Vec::new();
-    for t in tasks {
-        let abort = t.abort_handle();
-        match tokio::time::timeout_at(hard, t).await {
-            Ok(Ok(r)) => results.push(r),
-            Ok(Err(e)) => {
-                shared.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "bench client panicked");
-            }
-            Err(_) => {
-                abort.abort();
-                shared.errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
+    let results = join_clients(tasks, hard, &shared.errors).await;
     let mut paused = Duration::ZERO;
     let mut rtt_interleaved = None;
     for r in &results {
@@ -492,4 +478,29 @@ async fn client(
         }
     }
     r
+}
+
+/// Waits for every client task until `hard`, then aborts what still runs. A client that
+/// panicked or had to be aborted counts as one error in `errors`.
+pub(super) async fn join_clients<T>(
+    tasks: Vec<tokio::task::JoinHandle<T>>,
+    hard: Instant,
+    errors: &AtomicU64,
+) -> Vec<T> {
+    let mut results = Vec::new();
+    for t in tasks {
+        let abort = t.abort_handle();
+        match tokio::time::timeout_at(hard, t).await {
+            Ok(Ok(r)) => results.push(r),
+            Ok(Err(e)) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "bench client panicked");
+            }
+            Err(_) => {
+                abort.abort();
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    results
 }
