@@ -297,9 +297,13 @@ fn main() -> ExitCode {
     };
     init_logging();
     // Current-thread: `run` spawns its command from the main thread, which PR_SET_PDEATHSIG
-    // relies on (see run.rs). `bench` drives many clients at once: every core.
-    let mut builder = match cli.command {
-        Command::Bench(_) => tokio::runtime::Builder::new_multi_thread(),
+    // relies on (see run.rs). `bench --threads N` picks its own.
+    let mut builder = match &cli.command {
+        Command::Bench(b) if b.threads > 0 => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(b.threads);
+            builder
+        }
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let runtime = match builder.enable_all().build() {

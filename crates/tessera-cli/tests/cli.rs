@@ -4,20 +4,11 @@
 //! between processes: they use SQLite in a temporary directory, one database per test.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary, isolated from the caller's environment: no inherited store or log filter, and
-/// a state directory inside `home` so the default store never touches the real one.
-fn tessera(home: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.env_remove("TESSERA_STORE")
-        .env_remove("TESSERA_LOG")
-        .env("XDG_STATE_HOME", home.join("state"))
-        .env("HOME", home)
-        .stdin(Stdio::null());
-    cmd
-}
+mod common;
+use common::tessera;
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()

@@ -2,22 +2,14 @@
 //! and random `run` command lines end in a documented exit code with at most one line of
 //! complaint, never a panic. Only loopback is contacted (port 1: refused).
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use proptest::prelude::*;
 
-const CANARY: &str = "canary-Zq8xW3vT7pLm";
+mod common;
+use common::tessera;
 
-fn tessera(home: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.env_remove("TESSERA_STORE")
-        .env_remove("TESSERA_LOG")
-        .env("XDG_STATE_HOME", home.join("state"))
-        .env("HOME", home)
-        .stdin(Stdio::null());
-    cmd
-}
+const CANARY: &str = "canary-Zq8xW3vT7pLm";
 
 fn text(out: &Output) -> String {
     format!(

@@ -1,4 +1,4 @@
-//! On Redis, every rate decision is one round trip: one `EVALSHA` per `try_acquire` and per
+//! On Redis, every rate decision is one round trip: one `FCALL` per `try_acquire` and per
 //! `acquire`, whatever the number of limits, and nothing else is sent.
 
 use std::process::Command;
@@ -7,29 +7,8 @@ use std::time::Duration;
 use tessera::{RateSpec, Store};
 use tessera_testkit::servers::redis::RedisServer;
 
-/// Total calls per command, from `INFO commandstats`.
-fn command_calls(server: &RedisServer) -> std::collections::HashMap<String, u64> {
-    let out = Command::new("redis-cli")
-        .args(["-p", &server.port().to_string(), "INFO", "commandstats"])
-        .output()
-        .expect("redis-cli (apt-get install -y redis-tools)");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((cmd.to_string(), calls))
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_rate_decision_is_one_evalsha() {
+async fn every_rate_decision_is_one_fcall() {
     let server = RedisServer::start();
     let store = Store::connect(&server.url()).await.unwrap();
     let limits: Vec<RateSpec> = ["5/s", "100/min", "1000/h"]
@@ -37,9 +16,10 @@ async fn every_rate_decision_is_one_evalsha() {
         .map(|s| s.parse().unwrap())
         .collect();
     let rl = store.rate_limiter("round-trips", &limits).unwrap();
-    // Warm up: the first call loads the script (NOSCRIPT, SCRIPT LOAD, EVALSHA again).
+    // Warm up: the first call loads the library (Function not found, FUNCTION LOAD, FCALL
+    // again).
     let _ = rl.try_acquire(1).await.unwrap();
-    let before = command_calls(&server);
+    let before = server.command_calls();
     for _ in 0..20 {
         let _ = rl.try_acquire(1).await.unwrap();
     }
@@ -49,12 +29,19 @@ async fn every_rate_decision_is_one_evalsha() {
             .await
             .unwrap();
     }
-    let after = command_calls(&server);
+    let after = server.command_calls();
     let delta = |c: &str| after.get(c).unwrap_or(&0) - before.get(c).unwrap_or(&0);
-    assert_eq!(delta("evalsha"), 23, "{after:?}");
-    // No script was reloaded and no transaction or plain EVAL was used. (commandstats also
+    assert_eq!(delta("fcall"), 23, "{after:?}");
+    // The library was not reloaded and no script, transaction or plain EVAL was used. (commandstats also
     // counts the commands the scripts call, so those cannot be told from client commands.)
-    for c in ["script|load", "eval", "multi", "exec"] {
+    for c in [
+        "function|load",
+        "evalsha",
+        "script|load",
+        "eval",
+        "multi",
+        "exec",
+    ] {
         assert_eq!(delta(c), 0, "{c}: {before:?} -> {after:?}");
     }
 }

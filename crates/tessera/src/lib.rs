@@ -34,6 +34,7 @@
 
 pub mod clock;
 pub mod error;
+mod keeper;
 mod lock;
 mod model;
 mod permit;

@@ -18,15 +18,18 @@
 //!
 //! After `lost()` the keep-alive stops for good: a lost lease is never renewed or re-acquired
 //! silently, even if the store would still accept it.
+//!
+//! The renewals of every permit of a runtime are run by one background task, the lease keeper
+//! (`crate::keeper`), so a grant spawns nothing.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LossReason, Result};
+use crate::keeper::Held;
 use crate::model::*;
 use crate::semaphore::Config;
 use crate::store::Backend;
@@ -37,122 +40,95 @@ use crate::wake;
 #[must_use = "the permit is released as soon as it is dropped"]
 #[derive(Debug)]
 pub struct Permit {
-    shared: Arc<Shared>,
+    held: Arc<Held>,
+    /// The wake-up registration on the lease id, for revocations pushed to the holder.
+    _wake: wake::Registration,
     released: bool,
 }
 
-#[derive(Debug)]
-struct Shared {
-    backend: Arc<dyn Backend>,
-    config: Arc<Config>,
-    lease: Lease,
-    clock: Mutex<LeaseClock>,
-    lost: CancellationToken,
-    loss: Mutex<Option<LossReason>>,
-    stop: CancellationToken,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct LeaseClock {
-    expires_at: StoreTime,
-    valid_until: Instant,
-}
-
-fn margin(ttl: Duration) -> Duration {
-    ttl / 50
-}
-
 impl Permit {
+    /// Starts keeping a granted lease alive. `registration` is the acquire's wake-up
+    /// registration on the lease id, if it had one; it passes to the permit.
     pub(crate) fn start(
         backend: Arc<dyn Backend>,
         config: Arc<Config>,
         grant: Grant,
         sent: Instant,
+        registration: Option<wake::Registration>,
     ) -> Permit {
-        let remaining = grant.lease.expires_at.since(grant.now);
-        let clock = LeaseClock {
-            expires_at: grant.lease.expires_at,
-            valid_until: sent + remaining.saturating_sub(margin(config.ttl)),
-        };
-        let shared = Arc::new(Shared {
-            backend,
-            config,
-            lease: grant.lease,
-            clock: Mutex::new(clock),
-            lost: CancellationToken::new(),
-            loss: Mutex::new(None),
-            stop: CancellationToken::new(),
-        });
-        tokio::spawn(keep_alive(Arc::clone(&shared)));
+        let registration =
+            registration.unwrap_or_else(|| wake::Registration::new(grant.lease.lease_id));
+        let held = Held::start(backend, config, grant, sent);
+        // A revocation pushed between the grant and this hand-over only wakes the acquire's
+        // slot, which nobody awaits any more; the next renewal finds the lease gone, as a
+        // push before the keep-alive had registered did with one task per permit.
+        let hook: Arc<dyn wake::Hook> = held.clone();
+        registration.hand_to(Arc::downgrade(&hook));
         Permit {
-            shared,
+            held,
+            _wake: registration,
             released: false,
         }
     }
 
     /// The lease id (shown by `status`, used by `revoke`).
     pub fn lease_id(&self) -> LeaseId {
-        self.shared.lease.lease_id
+        self.held.lease.lease_id
     }
     /// The fence token: strictly increasing per semaphore, never reused. Pass it to the
     /// protected resource so it can refuse a stale holder.
     pub fn fence(&self) -> u64 {
-        self.shared.lease.fence
+        self.held.lease.fence
     }
     /// The seats this lease occupies: `weight` distinct numbers in `0..capacity`, ascending.
     pub fn seats(&self) -> &[u32] {
-        &self.shared.lease.seats
+        &self.held.lease.seats
     }
     /// Number of permits held.
     pub fn weight(&self) -> u32 {
-        self.shared.lease.weight
+        self.held.lease.weight
     }
     /// The semaphore's name.
     pub fn name(&self) -> &str {
-        self.shared.config.name.as_str()
+        self.held.config.name.as_str()
     }
     /// The lease as granted.
     pub fn lease(&self) -> &Lease {
-        &self.shared.lease
+        &self.held.lease
     }
     /// When the lease expires on the store's clock, as of the last renewal.
     pub fn expires_at(&self) -> StoreTime {
-        self.shared.clock.lock().unwrap().expires_at
+        self.held.clock().0
     }
     /// Until when, on this process's monotonic clock, the lease is certainly valid.
     pub fn valid_until(&self) -> Instant {
-        self.shared.clock.lock().unwrap().valid_until
+        self.held.clock().1
     }
     /// Resolves when the lease is lost (see the module docs), with the reason. Cancel-safe;
     /// may be awaited from another task (the future owns what it needs).
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let shared = Arc::clone(&self.shared);
+        let held = Arc::clone(&self.held);
         async move {
-            shared.lost.cancelled().await;
-            shared
-                .loss
-                .lock()
-                .unwrap()
-                .clone()
-                .unwrap_or(LossReason::Gone)
+            held.lost_token().cancelled().await;
+            held.loss().unwrap_or(LossReason::Gone)
         }
     }
     /// A token cancelled when the lease is lost, for `select!` and child tasks.
     pub fn lost_token(&self) -> CancellationToken {
-        self.shared.lost.child_token()
+        self.held.lost_token().child_token()
     }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.is_cancelled()
+        self.held.is_lost()
     }
 
     /// Releases the lease now; `true` if the store still held it (`false` after a loss).
     /// On error the lease expires by its TTL (no renewal happens any more).
     pub async fn release(mut self) -> Result<bool> {
         self.released = true;
-        self.shared.stop.cancel();
-        let s = &self.shared;
-        s.backend.release(&s.config.name, s.lease.lease_id).await
+        self.held.stop();
+        let h = &self.held;
+        h.backend.release(&h.config.name, h.lease.lease_id).await
     }
 }
 
@@ -161,100 +137,15 @@ impl Drop for Permit {
         if self.released {
             return;
         }
-        self.shared.stop.cancel();
-        let shared = Arc::clone(&self.shared);
+        self.held.stop();
+        let held = Arc::clone(&self.held);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let (name, id) = (&shared.config.name, shared.lease.lease_id);
-                if let Err(e) = shared.backend.release(name, id).await {
+                let (name, id) = (&held.config.name, held.lease.lease_id);
+                if let Err(e) = held.backend.release(name, id).await {
                     tracing::warn!(%name, lease = %id, error = %e, "release on drop failed; the lease expires by its TTL");
                 }
             });
-        }
-    }
-}
-
-impl Shared {
-    fn lose(&self, reason: LossReason) {
-        let mut loss = self.loss.lock().unwrap();
-        if loss.is_none() {
-            tracing::warn!(name = %self.config.name, lease = %self.lease.lease_id, %reason, "lease lost");
-            *loss = Some(reason);
-        }
-        drop(loss);
-        self.lost.cancel();
-    }
-
-    fn clock(&self) -> LeaseClock {
-        *self.clock.lock().unwrap()
-    }
-}
-
-/// Renews every keep-alive interval; on failure retries quickly; fires `lost()` as the module
-/// docs say. Ends when the permit is released or dropped, or the lease is lost.
-async fn keep_alive(shared: Arc<Shared>) {
-    let registration = wake::Registration::new(shared.lease.lease_id);
-    let ttl = shared.config.ttl;
-    let interval = shared.config.keep_alive;
-    let retry = (interval / 8).max(Duration::from_millis(10));
-    let lead = ttl / 3;
-    let mut last_ok = Instant::now();
-    let mut failing: Option<String> = None;
-    loop {
-        let LeaseClock { valid_until, .. } = shared.clock();
-        let lost_at = valid_until.checked_sub(lead).unwrap_or(valid_until);
-        let due = match failing {
-            Some(_) => Instant::now() + retry,
-            // Renew early if the lease came with less than half its TTL left.
-            None => {
-                (last_ok + interval).min(valid_until.checked_sub(ttl / 2).unwrap_or(valid_until))
-            }
-        };
-        tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(lost_at), if failing.is_some() => {
-                shared.lose(LossReason::RenewalsFailing(failing.unwrap_or_default()));
-                return;
-            }
-            // A push about this lease (a revocation): ask the store now.
-            _ = registration.notified() => {}
-            _ = tokio::time::sleep_until(due) => {}
-        }
-        let deadline = if Instant::now() < lost_at {
-            lost_at
-        } else {
-            valid_until
-        };
-        let sent = Instant::now();
-        let reply = tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                let why = failing.take().unwrap_or_else(|| "the store did not answer".to_string());
-                shared.lose(LossReason::RenewalsFailing(why));
-                return;
-            }
-            r = shared.backend.renew(&shared.config.name, shared.lease.lease_id, ttl) => r,
-        };
-        match reply {
-            Ok(RenewReply::Renewed { expires_at, now }) => {
-                let mut c = shared.clock.lock().unwrap();
-                c.expires_at = expires_at;
-                c.valid_until = c
-                    .valid_until
-                    .max(sent + expires_at.since(now).saturating_sub(margin(ttl)));
-                last_ok = sent;
-                failing = None;
-            }
-            Ok(RenewReply::Gone) => {
-                shared.lose(LossReason::Gone);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(lease = %shared.lease.lease_id, error = %e, "renewal failed; retrying");
-                failing = Some(e.to_string());
-            }
         }
     }
 }

@@ -244,7 +244,7 @@ impl Semaphore {
         match reply {
             AcquireReply::Granted(grant) => {
                 pending.disarm();
-                Ok(Some(self.permit(grant, sent)))
+                Ok(Some(self.permit(grant, sent, None)))
             }
             AcquireReply::NoPermit { .. } => {
                 pending.disarm();
@@ -306,12 +306,18 @@ impl Semaphore {
         }
     }
 
-    fn permit(&self, grant: Grant, sent: Instant) -> Permit {
+    fn permit(
+        &self,
+        grant: Grant,
+        sent: Instant,
+        registration: Option<wake::Registration>,
+    ) -> Permit {
         Permit::start(
             Arc::clone(&self.backend),
             Arc::clone(&self.config),
             grant,
             sent,
+            registration,
         )
     }
 
@@ -340,7 +346,7 @@ impl Semaphore {
         let lease = LeaseId::random();
         // Register before sending, so a wake-up that overtakes the reply is kept.
         let registration = wake::Registration::new(lease);
-        let mut pending = Pending::new(self, lease);
+        let pending = Pending::new(self, lease);
         let request = self.request(lease, weight, true);
         let name = &self.config.name;
 
@@ -352,9 +358,9 @@ impl Semaphore {
         // lease id for up to the waiter TTL: the store answers a repeated acquire with the
         // grant or queue place the first one may have made, so nothing is taken twice.
         let first_try = Instant::now();
+        let mut sent = first_try;
         let mut backoff = Duration::from_millis(10);
-        let (mut sent, mut reply) = loop {
-            let sent = Instant::now();
+        let reply = loop {
             let Some(r) = bounded(
                 deadline,
                 self.backend.acquire(name, self.capacity, &request),
@@ -373,10 +379,47 @@ impl Semaphore {
                         return Ok(Some(None));
                     }
                     backoff = (backoff * 2).min(Duration::from_millis(250));
+                    sent = Instant::now();
                 }
-                r => break (sent, r?),
+                r => break r?,
             }
         };
+        match reply {
+            // The uncontended case: granted at once, without waiting.
+            AcquireReply::Granted(grant) => {
+                let mut pending = pending;
+                pending.disarm();
+                Ok(Some(Some(self.permit(grant, sent, Some(registration)))))
+            }
+            // The waiting loop lives in a future of its own, boxed, so that the future of
+            // every acquire is not as large as the waiting it seldom does.
+            reply => {
+                let queued = InQueue {
+                    lease,
+                    registration,
+                    pending,
+                    sent,
+                    reply,
+                };
+                Box::pin(self.wait_for_grant(queued, deadline)).await
+            }
+        }
+    }
+
+    /// Waits in the queue after the acquire answered (see [`Semaphore::wait_in_queue`]).
+    async fn wait_for_grant(
+        &self,
+        queued: InQueue,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Option<Permit>>> {
+        let InQueue {
+            lease,
+            registration,
+            mut pending,
+            mut sent,
+            mut reply,
+        } = queued;
+        let name = &self.config.name;
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
@@ -387,10 +430,10 @@ impl Semaphore {
         };
         let mut failing_since: Option<Instant> = None;
         loop {
-            match &reply {
+            match reply {
                 AcquireReply::Granted(grant) => {
                     pending.disarm();
-                    return Ok(Some(Some(self.permit(grant.clone(), sent))));
+                    return Ok(Some(Some(self.permit(grant, sent, Some(registration)))));
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
@@ -424,7 +467,7 @@ impl Semaphore {
                     && remaining >= self.config.ttl / 2
                 {
                     pending.disarm();
-                    return Ok(Some(Some(self.permit(grant, sent))));
+                    return Ok(Some(Some(self.permit(grant, sent, Some(registration)))));
                 }
             }
             poll = (poll * 2).min(poll_max);
@@ -490,11 +533,21 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
+/// What a queued acquire carries into its waiting loop.
+struct InQueue {
+    lease: LeaseId,
+    registration: wake::Registration,
+    pending: Pending,
+    /// When the last answered request was sent.
+    sent: Instant,
+    reply: AcquireReply,
+}
+
 /// Owns a lease id from the first request until a permit (or a definite "no") is returned;
 /// if dropped before, cancels the wait or releases a grant that raced with the drop.
 struct Pending {
     backend: Arc<dyn Backend>,
-    name: Name,
+    config: Arc<Config>,
     lease: LeaseId,
     armed: bool,
 }
@@ -503,7 +556,7 @@ impl Pending {
     fn new(sem: &Semaphore, lease: LeaseId) -> Self {
         Pending {
             backend: Arc::clone(&sem.backend),
-            name: sem.config.name.clone(),
+            config: Arc::clone(&sem.config),
             lease,
             armed: true,
         }
@@ -515,7 +568,7 @@ impl Pending {
     /// Cancels now if the store answers within `grace`; otherwise stays armed so the drop
     /// cancels in the background.
     async fn cancel_within(&mut self, grace: Duration) {
-        let cancel = self.backend.cancel(&self.name, self.lease);
+        let cancel = self.backend.cancel(&self.config.name, self.lease);
         if let Ok(Ok(_)) = tokio::time::timeout(grace, cancel).await {
             self.disarm();
         }
@@ -527,10 +580,15 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
-        let (backend, name, lease) = (Arc::clone(&self.backend), self.name.clone(), self.lease);
+        let (backend, config, lease) = (
+            Arc::clone(&self.backend),
+            Arc::clone(&self.config),
+            self.lease,
+        );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = backend.cancel(&name, lease).await {
+                let name = &config.name;
+                if let Err(e) = backend.cancel(name, lease).await {
                     tracing::warn!(%name, %lease, error = %e, "could not cancel an abandoned acquire; it expires by its TTL");
                 }
             });

@@ -13,9 +13,14 @@
 //! waiter the round trip that would ask for it. The waiter may use such a grant only while
 //! its lease is certainly valid by a wide margin (see `crate::semaphore`); otherwise it asks
 //! the store as after a plain wake-up.
+//!
+//! Once granted, the waiter's registration passes to the permit, which keeps it while it
+//! holds the lease: a later wake-up for that lease id (a revocation) goes to the lease keeper
+//! through a [`Hook`] (see `crate::keeper`), not to a waiting task.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio::sync::Notify;
 
@@ -26,19 +31,70 @@ struct Slot {
     notify: Notify,
     /// A grant pushed with the last wake-up, not yet taken.
     grant: Mutex<Option<Grant>>,
+    /// Set once the lease is held: who else hears of wake-ups.
+    hook: OnceLock<Weak<dyn Hook>>,
 }
 
-static REGISTRY: LazyLock<Mutex<HashMap<LeaseId, Arc<Slot>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// Hears of the wake-ups for a held lease, without a task waiting on them.
+pub(crate) trait Hook: Send + Sync + std::fmt::Debug {
+    /// Called by [`notify`] or [`notify_grant`] for the lease, on the caller's thread.
+    fn wake(self: Arc<Self>);
+}
+
+impl Slot {
+    fn wake(&self) {
+        self.notify.notify_one();
+        if let Some(hook) = self.hook.get().and_then(Weak::upgrade) {
+            hook.wake();
+        }
+    }
+}
+
+/// The registry, split in shards by the top bits of the lease id (random, so the shards fill
+/// evenly), so registrations on different workers seldom meet on one lock.
+static SHARDS: [Shard; SHARD_COUNT] =
+    [const { Shard(Mutex::new(HashMap::with_hasher(BuildHasherDefault::new()))) }; SHARD_COUNT];
+
+const SHARD_COUNT: usize = 16;
+
+/// One shard, on a cache line of its own.
+#[repr(align(64))]
+struct Shard(Mutex<Slots>);
+
+type Slots = HashMap<LeaseId, Arc<Slot>, BuildHasherDefault<LeaseIdHasher>>;
+
+fn shard(lease: LeaseId) -> &'static Mutex<Slots> {
+    &SHARDS[(lease.as_u128() >> 124) as usize % SHARD_COUNT].0
+}
+
+/// Hashes a lease id by folding its 128 random bits, instead of running SipHash over them.
+/// The registry holds only this process's own random ids, so colliding ids pushed by someone
+/// else cost no more than any other unknown id.
+#[derive(Default)]
+struct LeaseIdHasher(u64);
+
+impl Hasher for LeaseIdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = ((v as u64) ^ ((v >> 64) as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 fn slot(lease: LeaseId) -> Option<Arc<Slot>> {
-    REGISTRY.lock().unwrap().get(&lease).cloned()
+    shard(lease).lock().unwrap().get(&lease).cloned()
 }
 
 /// Wakes the task registered for `lease`, if any.
 pub fn notify(lease: LeaseId) {
     if let Some(s) = slot(lease) {
-        s.notify.notify_one();
+        s.wake();
     }
 }
 
@@ -46,7 +102,7 @@ pub fn notify(lease: LeaseId) {
 pub fn notify_grant(grant: Grant) {
     if let Some(s) = slot(grant.lease.lease_id) {
         *s.grant.lock().unwrap() = Some(grant);
-        s.notify.notify_one();
+        s.wake();
     }
 }
 
@@ -60,13 +116,22 @@ pub(crate) struct Registration {
 impl Registration {
     pub(crate) fn new(lease: LeaseId) -> Self {
         let slot = Arc::new(Slot::default());
-        REGISTRY.lock().unwrap().insert(lease, Arc::clone(&slot));
+        shard(lease)
+            .lock()
+            .unwrap()
+            .insert(lease, Arc::clone(&slot));
         Registration { lease, slot }
     }
 
     /// Resolves at the next wake-up (or at once if one arrived since the last call).
     pub(crate) async fn notified(&self) {
         self.slot.notify.notified().await
+    }
+
+    /// From now on, wake-ups for this lease also go to `hook` (at most one hook per
+    /// registration; a second one is ignored).
+    pub(crate) fn hand_to(&self, hook: Weak<dyn Hook>) {
+        let _ = self.slot.hook.set(hook);
     }
 
     /// The grant pushed with a wake-up, if any (taken: a second call returns `None`).
@@ -77,7 +142,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut reg = REGISTRY.lock().unwrap();
+        let mut reg = shard(self.lease).lock().unwrap();
         if reg
             .get(&self.lease)
             .is_some_and(|n| Arc::ptr_eq(n, &self.slot))

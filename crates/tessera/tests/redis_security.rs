@@ -12,7 +12,8 @@ use tessera::*;
 use tessera_testkit::servers::redis::RedisServer;
 
 /// The least-privilege command list of the module docs (semaphores and rate limiters).
-const COMMANDS: &str = "-@all +evalsha +script|load +subscribe +ping +scan +config|get +time \
+const COMMANDS: &str =
+    "-@all +fcall +evalsha +script|load +subscribe +ping +scan +config|get +time \
     +hmget +hget +hset +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard \
     +zremrangebyrank +zremrangebyscore +exists +del +get +set +pexpire +publish";
 

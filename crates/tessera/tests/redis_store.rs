@@ -341,18 +341,69 @@ async fn fences_never_regress_after_a_restart_without_persistence() {
     );
 }
 
+/// One acquire and one release on `redis`, then the state is gone.
+async fn acquire_release_once(redis: &RedisBackend, n: &Name) {
+    let id = LeaseId::random();
+    let r = redis.acquire(n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    assert!(matches!(r, AcquireReply::Granted(_)), "{r:?}");
+    assert!(redis.release(n, id).await.unwrap());
+    assert!(redis.status(n).await.unwrap().is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scripts_are_reloaded_after_script_flush() {
+async fn operations_are_function_calls_and_survive_function_flush() {
     let server = RedisServer::start();
     let redis = redis_backend(&server, "flush").await;
     let n = name("flushed");
     let id = LeaseId::random();
     redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
     assert_eq!(redis.list().await.unwrap(), vec!["flushed".to_string()]);
-    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    let before = server.command_calls();
+    assert!(server.command(&["FUNCTION", "FLUSH"]).starts_with("+OK"));
     assert!(redis.release(&n, id).await.unwrap());
     assert!(redis.status(&n).await.unwrap().is_none());
     assert!(redis.list().await.unwrap().is_empty());
+    acquire_release_once(&redis, &n).await;
+    let after = server.command_calls();
+    let delta = |c: &str| after.get(c).unwrap_or(&0) - before.get(c).unwrap_or(&0);
+    // The release after the flush found no function, loaded the library once and was sent
+    // again; then every step was one FCALL and no script ran.
+    assert_eq!(delta("function|load"), 1, "{after:?}");
+    assert_eq!(delta("fcall"), 2 + 1 + 3, "{after:?}");
+    assert_eq!(delta("evalsha") + delta("eval"), 0, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_functions_operations_are_scripts_and_survive_script_flush() {
+    let server = RedisServer::start();
+    // A user that may neither call nor load functions (as on a server without them).
+    server.command(&[
+        "ACL",
+        "SETUSER",
+        "scripts",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-fcall",
+        "-function",
+    ]);
+    let url = server.url().replace("redis://", "redis://scripts:pw@");
+    let redis = RedisBackend::connect(&format!("{url}?prefix=s"))
+        .await
+        .unwrap();
+    let n = name("scripted");
+    acquire_release_once(&redis, &n).await;
+    let id = LeaseId::random();
+    redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(redis.release(&n, id).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
+    let calls = server.command_calls();
+    assert!(calls.get("evalsha").copied().unwrap_or(0) >= 5, "{calls:?}");
+    // Refused once, then never sent again.
+    assert_eq!(calls.get("fcall").copied().unwrap_or(0), 0, "{calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

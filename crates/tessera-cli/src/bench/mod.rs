@@ -103,6 +103,12 @@ pub struct BenchArgs {
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Runtime worker threads for the clients: 0 (the default) drives every client from one
+    /// thread (tokio's current-thread runtime), which on a small machine shared with the
+    /// server avoids cross-thread wake-ups on every reply; N > 0 uses a multi-thread runtime
+    /// with N workers, as many services do.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 /// Runs the selected workloads against `store_url` and prints the summary (table or JSON).

@@ -13,6 +13,8 @@ pub struct WorkloadReport {
     pub capacity: u64,
     /// Extra holders kept during the workload (`--preload`).
     pub preload: u64,
+    /// Runtime worker threads (`--threads`; 0: one current-thread runtime).
+    pub threads: usize,
     pub hold_ms: f64,
     /// Operations completed: pairs (W1) or grants (W2, W3).
     pub ops: u64,

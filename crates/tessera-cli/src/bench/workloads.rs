@@ -31,6 +31,8 @@ pub struct Spec {
     /// Extra holders kept on the semaphore during the workload (its capacity is raised by as
     /// many), to see how the per-operation cost grows with the number of holders.
     pub preload: u64,
+    /// Runtime worker threads (`--threads`; 0: one current-thread runtime).
+    pub threads: usize,
 }
 
 impl Spec {
@@ -49,6 +51,7 @@ impl Spec {
             hold: args.hold,
             duration: args.duration,
             preload: args.preload,
+            threads: args.threads,
         }
     }
 }
@@ -368,6 +371,7 @@ pub async fn run(
         clients: spec.clients,
         capacity: spec.capacity,
         preload: spec.preload,
+        threads: spec.threads,
         hold_ms: spec.hold.as_secs_f64() * 1000.0,
         ops: done,
         completed: done >= spec.ops,

@@ -228,6 +228,24 @@ impl RedisServer {
         read_reply(&mut s)
     }
 
+    /// Calls per command so far, from `INFO commandstats` (`"fcall"`, `"evalsha"`,
+    /// `"function|load"`, …; the commands that scripts call are counted too).
+    pub fn command_calls(&self) -> std::collections::HashMap<String, u64> {
+        self.command(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|l| {
+                let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((cmd.to_string(), calls))
+            })
+            .collect()
+    }
+
     fn take_dir(&mut self) -> tempfile::TempDir {
         std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
     }

@@ -20,30 +20,43 @@
 //!
 //! ```text
 //! ACL SETUSER app on >PASSWORD resetkeys ~{tessera:* resetchannels &tessera:wake:*
-//!     -@all +evalsha +script|load +subscribe +ping +scan +config|get
+//!     -@all +fcall +evalsha +script|load +subscribe +ping +scan +config|get
 //!     +time +hmget +hget +hset +hdel +hgetall +exists +del +get +set +pexpire +publish
 //!     +zadd +zrem +zrange +zrangebyscore +zrank +zcard +zremrangebyrank +zremrangebyscore
 //! ```
 //!
 //! The first line of commands is what the client sends (`config|get` is optional: without
 //! it the eviction check is skipped); the rest are the commands the semaphore and rate
-//! scripts call, which ACLs check inside scripts too. Prefixes never contain `:`, so
-//! `~{acme:*` never matches another tenant's keys. With these rules a user connecting with
-//! another tenant's prefix is refused at connect (the wake channel) and on every operation
-//! (the keys), as [`Error::Store`]; `tests/redis_security.rs` proves it. `SCAN` is not
-//! filtered by key patterns in Redis, so a tenant's user can see (not read or change) the
+//! scripts call, which ACLs check inside scripts and functions too. Prefixes never contain
+//! `:`, so `~{acme:*` never matches another tenant's keys. With these rules a user connecting
+//! with another tenant's prefix is refused at connect (the wake channel) and on every
+//! operation (the keys), as [`Error::Store`]; `tests/redis_security.rs` proves it. `SCAN` is
+//! not filtered by key patterns in Redis, so a tenant's user can see (not read or change) the
 //! key names, hence the semaphore names, of other tenants on the same server; use a server
 //! or a database per tenant where names are secret.
 //!
+//! Such a user cannot load tessera's function library (`FUNCTION LOAD` is deliberately not in
+//! the list: a user who may load functions may also replace the ones other tenants call), so
+//! its client runs the same steps as `EVALSHA` scripts, which costs Redis more per call. To
+//! give tenants the faster `FCALL` path, let an administrator load the library once per
+//! server and tessera version: any tessera operation on a semaphore by a user allowed
+//! `FUNCTION LOAD` does it, e.g. `tessera --store redis://admin:…@host status any-name`.
+//! Each version whose scripts differ loads its own library (`tessera_<hash of the code>`,
+//! listed by `FUNCTION LIST LIBRARYNAME tessera_`); once no client of an older version runs,
+//! `FUNCTION DELETE` removes its library. Functions are kept in RDB and AOF files and
+//! replicated like data; when a server lost them, the next call of a client allowed to load
+//! them loads them again, and other clients fall back to scripts.
+//!
 //! # Implementation details
 //!
-//! Each operation is one `EVALSHA` of a Lua script ([`ops`]) that runs the reference model's
-//! step on the server clock (`TIME`), and publishes the lease ids to wake on the *waking
-//! client's own* channel, so a grant costs Redis work for one subscriber only. Inside Redis
-//! the cost of a script is mostly per `redis.call`, so counters kept in the meta hash (queue
-//! length, a lower bound of the earliest expiry, the instant every key expires) let a step
-//! skip the calls that would only confirm there is nothing to purge, hand off or re-expire
-//! (see `prelude.lua`).
+//! Each operation is one `FCALL` of tessera's function library ([`ops::Library`]; one
+//! `EVALSHA` of the same code where functions are unavailable) that runs the reference
+//! model's step on the server clock (`TIME`), and publishes the lease ids to wake on the
+//! *waking client's own* channel, so a grant costs Redis work for one subscriber only. Inside
+//! Redis the cost of a call is mostly per `redis.call`, so counters kept in the meta hash
+//! (queue length, a lower bound of the earliest expiry, the instant every key expires) let a
+//! step skip the calls that would only confirm there is nothing to purge, hand off or
+//! re-expire (see `prelude.lua`).
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
@@ -61,6 +74,7 @@ mod rate;
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,7 +89,7 @@ use crate::model::*;
 use crate::store::{Backend, Waking};
 use crate::wake;
 
-use ops::{keys, micros, Scripts};
+use ops::{keys, micros, Library, Op};
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tessera";
@@ -204,7 +218,9 @@ fn store_error(e: RedisError, secret: Option<&str>) -> Error {
 /// The Redis backend. Cheap to share behind an `Arc`; dropping it stops its subscriber.
 pub struct RedisBackend {
     conn: ConnectionManager,
-    scripts: Scripts,
+    /// Whether operations go to the function library (`FCALL`); cleared for good when the
+    /// server has no functions or this user may neither call nor load them (see [`Library`]).
+    functions: AtomicBool,
     prefix: String,
     /// `<prefix>:wake:`; this client's channel is `wake_base + client_id`.
     wake_base: String,
@@ -307,7 +323,7 @@ impl RedisBackend {
         }
         Ok(RedisBackend {
             conn,
-            scripts: Scripts::new(),
+            functions: AtomicBool::new(true),
             prefix: config.prefix,
             wake_base,
             client_id,
@@ -367,18 +383,82 @@ impl RedisBackend {
         store_error(e, self.secret.as_deref())
     }
 
-    /// Runs `script` on the keys of `name` with the shared first argument and `args`.
-    async fn run(&self, script: &redis::Script, name: &Name, args: &[String]) -> Result<Value> {
-        let mut inv = script.prepare_invoke();
-        for k in keys(&self.prefix, name) {
-            inv.key(k);
-        }
-        inv.arg(&self.wake_base);
-        for a in args {
-            inv.arg(a);
-        }
+    /// Runs `op` on the keys of `name` with the shared first argument and `args`.
+    async fn run(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
+        let keys = keys(&self.prefix, name);
+        let mut all = Vec::with_capacity(args.len() + 1);
+        all.push(self.wake_base.as_str());
+        all.extend(args.iter().map(String::as_str));
+        self.call(op, &keys, &all).await
+    }
+
+    /// One round trip: `FCALL` of the library's function for `op`, or `EVALSHA` of its
+    /// script. A server that lost the library (restart, `FUNCTION FLUSH`) gets it again and
+    /// the call is retried once, as redis-rs does for scripts after `NOSCRIPT`.
+    pub(super) async fn call(&self, op: Op, keys: &[String], args: &[&str]) -> Result<Value> {
+        let library = Library::get();
         let mut conn = self.conn.clone();
+        if self.functions.load(Ordering::Relaxed) {
+            let mut fcall = redis::cmd("FCALL");
+            fcall
+                .arg(library.function(op))
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            match fcall.query_async::<Value>(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e)
+                    if e.code() == Some("ERR") && e.to_string().contains("Function not found") =>
+                {
+                    if self.load_library(&mut conn).await? {
+                        return fcall.query_async(&mut conn).await.map_err(|e| self.err(e));
+                    }
+                }
+                Err(e) if functions_unavailable(&e) => self.use_scripts(&e),
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        let mut inv = library.script(op).prepare_invoke();
+        inv.key(keys);
+        for a in args {
+            inv.arg(*a);
+        }
         inv.invoke_async(&mut conn).await.map_err(|e| self.err(e))
+    }
+
+    /// Loads the function library; `false` (and scripts from now on) if the server refuses.
+    async fn load_library(&self, conn: &mut ConnectionManager) -> Result<bool> {
+        let library = Library::get();
+        let loaded: redis::RedisResult<Value> = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(&library.code)
+            .query_async(conn)
+            .await;
+        match loaded {
+            Ok(_) => {
+                tracing::debug!(library = %library.name, "loaded the function library");
+                Ok(true)
+            }
+            // Loaded meanwhile by another client.
+            Err(e) if e.to_string().contains("already exists") => Ok(true),
+            // Any refusal by the server (no functions, an ACL without FUNCTION LOAD, OOM
+            // under maxmemory, a read-only replica): the scripts need no library.
+            Err(e) if e.code().is_some() => {
+                self.use_scripts(&e);
+                Ok(false)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    fn use_scripts(&self, why: &RedisError) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                url = %self.url,
+                reason = %self.err(why.clone()),
+                "the tessera function library is not available; using EVALSHA scripts (load it once with a user allowed FUNCTION LOAD for faster calls)"
+            );
+        }
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -389,6 +469,12 @@ impl RedisBackend {
             set.remove(&lease);
         }
     }
+}
+
+/// Whether an error says functions cannot be used here: a server without them (Redis 6:
+/// unknown command) or a user whose ACL allows neither `FCALL` nor `FUNCTION LOAD`.
+fn functions_unavailable(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM") || e.to_string().contains("unknown command")
 }
 
 /// Reads the memory limit and eviction policy; warns or refuses if tessera's keys may be
@@ -542,7 +628,7 @@ impl Backend for RedisBackend {
         let lease = req.lease_id.to_string();
         let v = self
             .run(
-                &self.scripts.acquire,
+                Op::Acquire,
                 name,
                 &[
                     capacity.to_string(),
@@ -570,7 +656,7 @@ impl Backend for RedisBackend {
         let id = lease.to_string();
         let v = self
             .run(
-                &self.scripts.heartbeat,
+                Op::Heartbeat,
                 name,
                 &[id, micros(waiter_ttl).max(1).to_string()],
             )
@@ -582,27 +668,27 @@ impl Backend for RedisBackend {
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         let id = lease.to_string();
-        let v = self.run(&self.scripts.cancel, name, &[id]).await?;
+        let v = self.run(Op::Cancel, name, &[id]).await?;
         self.set_waiting(lease, false);
         ops::parse_cancel(v)
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         let id = lease.to_string();
-        let v = self.run(&self.scripts.release, name, &[id]).await?;
+        let v = self.run(Op::Release, name, &[id]).await?;
         ops::parse_bool(v, "release")
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         let id = lease.to_string();
         let v = self
-            .run(&self.scripts.renew, name, &[id, micros(ttl).to_string()])
+            .run(Op::Renew, name, &[id, micros(ttl).to_string()])
             .await?;
         ops::parse_renew(v)
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        let v = self.run(&self.scripts.status, name, &[]).await?;
+        let v = self.run(Op::Status, name, &[]).await?;
         ops::parse_status(v, name)
     }
 
@@ -613,20 +699,18 @@ impl Backend for RedisBackend {
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        let v = self
-            .run(&self.scripts.resize, name, &[capacity.to_string()])
-            .await?;
+        let v = self.run(Op::Resize, name, &[capacity.to_string()]).await?;
         ops::parse_resize(v, name)
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         let id = lease.to_string();
-        let v = self.run(&self.scripts.revoke, name, &[id]).await?;
+        let v = self.run(Op::Revoke, name, &[id]).await?;
         ops::parse_bool(v, "revoke")
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        let v = self.run(&self.scripts.delete, name, &[]).await?;
+        let v = self.run(Op::Delete, name, &[]).await?;
         ops::parse_bool(v, "delete")
     }
 

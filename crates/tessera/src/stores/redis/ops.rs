@@ -4,9 +4,10 @@
 //!
 //! Every script follows the reference model ([`crate::stores::memory`]) step for step:
 //! purge → hand off → decide → hand off → store/expire or delete the state → publish the
-//! wake-ups, all inside one `EVALSHA`, on the clock of `TIME`. Unexpected replies are
+//! wake-ups, all inside one `FCALL` (or `EVALSHA`, see [`Library`]), on the clock of `TIME`. Unexpected replies are
 //! [`Error::Corrupt`], never a panic.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Value;
@@ -14,43 +15,144 @@ use redis::Value;
 use crate::error::{Error, Result};
 use crate::model::*;
 
-macro_rules! script {
-    ($file:literal) => {
-        concat!(
-            include_str!("scripts/common.lua"),
-            include_str!("scripts/prelude.lua"),
-            include_str!(concat!("scripts/", $file))
-        )
-    };
+const COMMON: &str = include_str!("scripts/common.lua");
+const PRELUDE: &str = include_str!("scripts/prelude.lua");
+const RATE_PRELUDE: &str = include_str!("scripts/rate_prelude.lua");
+
+/// One atomic step of the store: a script file run behind its prelude.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Acquire,
+    Heartbeat,
+    Cancel,
+    Release,
+    Renew,
+    Status,
+    Resize,
+    Revoke,
+    Delete,
+    RateAcquire,
+    RateCancel,
+    RateStatus,
 }
 
-/// The compiled scripts (their SHA-1 is computed once; `invoke_async` loads a script again
-/// after a `NOSCRIPT`, e.g. after `SCRIPT FLUSH` or a restart).
-pub(crate) struct Scripts {
-    pub(crate) acquire: redis::Script,
-    pub(crate) heartbeat: redis::Script,
-    pub(crate) cancel: redis::Script,
-    pub(crate) release: redis::Script,
-    pub(crate) renew: redis::Script,
-    pub(crate) status: redis::Script,
-    pub(crate) resize: redis::Script,
-    pub(crate) revoke: redis::Script,
-    pub(crate) delete: redis::Script,
-}
+impl Op {
+    const ALL: [Op; 12] = [
+        Op::Acquire,
+        Op::Heartbeat,
+        Op::Cancel,
+        Op::Release,
+        Op::Renew,
+        Op::Status,
+        Op::Resize,
+        Op::Revoke,
+        Op::Delete,
+        Op::RateAcquire,
+        Op::RateCancel,
+        Op::RateStatus,
+    ];
 
-impl Scripts {
-    pub(crate) fn new() -> Self {
-        Scripts {
-            acquire: redis::Script::new(script!("acquire.lua")),
-            heartbeat: redis::Script::new(script!("heartbeat.lua")),
-            cancel: redis::Script::new(script!("cancel.lua")),
-            release: redis::Script::new(script!("release.lua")),
-            renew: redis::Script::new(script!("renew.lua")),
-            status: redis::Script::new(script!("status.lua")),
-            resize: redis::Script::new(script!("resize.lua")),
-            revoke: redis::Script::new(script!("revoke.lua")),
-            delete: redis::Script::new(script!("delete.lua")),
+    /// The function's name suffix, and the script's body.
+    fn source(self) -> (&'static str, &'static str) {
+        match self {
+            Op::Acquire => ("acquire", include_str!("scripts/acquire.lua")),
+            Op::Heartbeat => ("heartbeat", include_str!("scripts/heartbeat.lua")),
+            Op::Cancel => ("cancel", include_str!("scripts/cancel.lua")),
+            Op::Release => ("release", include_str!("scripts/release.lua")),
+            Op::Renew => ("renew", include_str!("scripts/renew.lua")),
+            Op::Status => ("status", include_str!("scripts/status.lua")),
+            Op::Resize => ("resize", include_str!("scripts/resize.lua")),
+            Op::Revoke => ("revoke", include_str!("scripts/revoke.lua")),
+            Op::Delete => ("delete", include_str!("scripts/delete.lua")),
+            Op::RateAcquire => ("rate_acquire", include_str!("scripts/rate_acquire.lua")),
+            Op::RateCancel => ("rate_cancel", include_str!("scripts/rate_cancel.lua")),
+            Op::RateStatus => ("rate_status", include_str!("scripts/rate_status.lua")),
         }
+    }
+
+    fn prelude(self) -> &'static str {
+        match self {
+            Op::RateAcquire | Op::RateCancel | Op::RateStatus => RATE_PRELUDE,
+            _ => PRELUDE,
+        }
+    }
+}
+
+/// The operations in their two runnable forms.
+///
+/// - A Redis Functions library (Redis 7+), loaded once with `FUNCTION LOAD` and called with
+///   `FCALL`: the helpers of common.lua and the preludes are defined once, at load, so a call
+///   costs Redis little more than the commands it runs. Its name carries a hash of its code
+///   (`tessera_<hash>`), so clients of different versions never call each other's code, and
+///   a newer library never replaces an older one under a running client.
+/// - One script per operation for `EVALSHA` (common.lua + prelude + body): the fallback where
+///   functions are missing (Redis 6) or may not be loaded (an ACL without `FUNCTION LOAD` and
+///   no library loaded by an administrator).
+///
+/// Both run the same text: each body starts after `begin(KEYS, ARGV)`, which reads the clock
+/// and resets the per-call values that a library keeps between calls.
+pub(crate) struct Library {
+    /// The library's name, `tessera_<hash>`.
+    pub(crate) name: String,
+    /// The `FUNCTION LOAD` payload.
+    pub(crate) code: String,
+    functions: Vec<String>,
+    scripts: Vec<redis::Script>,
+}
+
+impl Library {
+    fn build() -> Library {
+        let mut body = String::from(COMMON);
+        for prelude in [PRELUDE, RATE_PRELUDE] {
+            // One block per prelude: the semaphore and rate helpers share names.
+            body.push_str("\ndo\n");
+            body.push_str(prelude);
+            for op in Op::ALL.into_iter().filter(|op| op.prelude() == prelude) {
+                let (suffix, script) = op.source();
+                body.push_str(&format!(
+                    "\nredis.register_function('@LIB@_{suffix}', function(KEYS, ARGV)\n\
+                     begin(KEYS, ARGV)\n{script}\nend)\n"
+                ));
+            }
+            body.push_str("end\n");
+        }
+        let hash = redis::Script::new(&body).get_hash().to_string();
+        let name = format!("tessera_{}", &hash[..16]);
+        let code = format!("#!lua name={name}\n{}", body.replace("@LIB@", &name));
+        Library {
+            functions: Op::ALL
+                .iter()
+                .map(|op| format!("{name}_{}", op.source().0))
+                .collect(),
+            scripts: Op::ALL
+                .iter()
+                .map(|op| {
+                    redis::Script::new(&format!(
+                        "{COMMON}\n{}\nbegin(KEYS, ARGV)\n{}",
+                        op.prelude(),
+                        op.source().1
+                    ))
+                })
+                .collect(),
+            name,
+            code,
+        }
+    }
+
+    /// The library, built once per process.
+    pub(crate) fn get() -> &'static Library {
+        static LIBRARY: LazyLock<Library> = LazyLock::new(Library::build);
+        &LIBRARY
+    }
+
+    /// The function that runs `op`.
+    pub(crate) fn function(&self, op: Op) -> &str {
+        &self.functions[op as usize]
+    }
+
+    /// The `EVALSHA` script that runs `op`.
+    pub(crate) fn script(&self, op: Op) -> &redis::Script {
+        &self.scripts[op as usize]
     }
 }
 

@@ -1,5 +1,5 @@
-//! Rate limiters in the Redis store: [`crate::RateBackend`] as one `EVALSHA` per step
-//! (`scripts/rate_*.lua`, each behind `scripts/rate_prelude.lua`), on the server's `TIME`.
+//! Rate limiters in the Redis store: [`crate::RateBackend`] as one `FCALL` (or `EVALSHA`) per
+//! step (`scripts/rate_*.lua`, each behind `scripts/rate_prelude.lua`), on the server's `TIME`.
 //!
 //! Keys, under the same hash tag as a semaphore of the same name (one Cluster slot):
 //! `{<prefix>:<name>}:rate` (a hash: limits and counters) and `{<prefix>:<name>}:rate:log`
@@ -15,40 +15,15 @@
 //! module docs of the store (`+exists +zremrangebyrank +zremrangebyscore` among them), and
 //! `+scan` lists limiters.
 
-use std::sync::LazyLock;
-
 use async_trait::async_trait;
 use redis::Value;
 
-use super::ops::{corrupt, int, items, text};
+use super::ops::{corrupt, int, items, text, Op};
 use super::RedisBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
 use crate::rate::{RateBackend, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
-
-macro_rules! rate_script {
-    ($file:literal) => {
-        concat!(
-            include_str!("scripts/common.lua"),
-            include_str!("scripts/rate_prelude.lua"),
-            include_str!(concat!("scripts/", $file))
-        )
-    };
-}
-
-/// The rate scripts (SHA-1 computed once; reloaded after a `NOSCRIPT` by `invoke_async`).
-struct RateScripts {
-    acquire: redis::Script,
-    cancel: redis::Script,
-    status: redis::Script,
-}
-
-static SCRIPTS: LazyLock<RateScripts> = LazyLock::new(|| RateScripts {
-    acquire: redis::Script::new(rate_script!("rate_acquire.lua")),
-    cancel: redis::Script::new(rate_script!("rate_cancel.lua")),
-    status: redis::Script::new(rate_script!("rate_status.lua")),
-});
 
 /// The keys of one limiter, in the order of `rate_prelude.lua`.
 fn keys(prefix: &str, name: &Name) -> [String; 2] {
@@ -83,21 +58,9 @@ fn limits_arg(config: &RateConfig) -> String {
 }
 
 impl RedisBackend {
-    async fn run_rate(
-        &self,
-        script: &redis::Script,
-        name: &Name,
-        args: &[String],
-    ) -> Result<Value> {
-        let mut inv = script.prepare_invoke();
-        for k in keys(&self.prefix, name) {
-            inv.key(k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.clone();
-        inv.invoke_async(&mut conn).await.map_err(|e| self.err(e))
+    async fn run_rate(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.call(op, &keys(&self.prefix, name), &args).await
     }
 }
 
@@ -119,7 +82,7 @@ impl RateBackend for RedisBackend {
         };
         let v = self
             .run_rate(
-                &SCRIPTS.acquire,
+                Op::RateAcquire,
                 name,
                 &[
                     config.encode(),
@@ -165,7 +128,7 @@ impl RateBackend for RedisBackend {
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         let v = self
             .run_rate(
-                &SCRIPTS.cancel,
+                Op::RateCancel,
                 name,
                 &[reservation.to_string(), at.0.to_string()],
             )
@@ -174,7 +137,7 @@ impl RateBackend for RedisBackend {
     }
 
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
-        let v = self.run_rate(&SCRIPTS.status, name, &[]).await?;
+        let v = self.run_rate(Op::RateStatus, name, &[]).await?;
         let shown = v.clone();
         let f = items(v, "rate status")?;
         match f

@@ -1,5 +1,5 @@
--- tessera prelude: shared by every semaphore script (concatenated in front of each one at build
--- time, after common.lua, which defines now, int, corrupt and num).
+-- tessera prelude: shared by every semaphore script (in front of each one, after common.lua,
+-- which defines now, clock, int, corrupt and num). Every operation starts with begin().
 --
 -- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
 --   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
@@ -33,10 +33,10 @@
 -- (µs since the epoch), so Lua doubles hold them exactly; they are formatted with %d, never
 -- with tostring (which would print 1.7e+15).
 
-local K_META, K_HOLDERS, K_LEASES, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_WAITERS, K_WEXP, K_SEATS, K_FENCE = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local STATE_KEYS = {K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS}
-local WAKE_BASE = ARGV[1]
+-- The call's keys and wake channel base, set by begin().
+local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
+local STATE_KEYS
+local WAKE_BASE
 
 -- How long the fence key outlives the state, and how long the state outlives its last expiry.
 local FENCE_KEEP_MS = 600000
@@ -90,18 +90,31 @@ end
 local NEVER = 9007199254740991
 
 -- The semaphore's counters, or nil if it does not exist.
-local S = nil
+local S
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}.
-local wakes = {}
+local wakes
 -- Clients whose id ends with this take the grant with the wake-up: the payload is
 -- `<lease id>\t<now>\t<lease record>` instead of `<lease id>` (revocations stay bare).
 local GRANT_PUSH = '.g'
 -- What this step did, for finish(): whether the counters changed, whether it created the
 -- state, the latest expiry it wrote (µs), and the keys it may have created.
-local dirty = false
-local fresh = false
-local latest = 0
-local created = {}
+local dirty, fresh, latest, created
+-- Seats returned in this step, not yet in the seats set (see return_seats).
+local pool, pool_n
+
+-- Starts a call: reads the clock and resets every per-call value. A function library keeps
+-- these locals between calls, so each operation begins with begin(KEYS, ARGV).
+local function begin(keys, argv)
+  clock()
+  K_META, K_HOLDERS, K_LEASES, K_QUEUE = keys[1], keys[2], keys[3], keys[4]
+  K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
+  STATE_KEYS = {K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS}
+  WAKE_BASE = argv[1]
+  S = nil
+  wakes = {}
+  dirty, fresh, latest, created = false, false, 0, {}
+  pool, pool_n = {}, 0
+end
 
 local function load()
   local m = redis.call('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
@@ -149,56 +162,101 @@ local function wrote_expiry(at)
   dirty = true
 end
 
--- Gives seats back: the free set gets them, and the high-water mark shrinks over free seats
--- at its top, keeping the set small. A returned seat at the top is never added to the set.
--- (The top seat, seat_high - 1, is never in the free set at the start of a step: every step
--- ends shrunk. So a returned seat below a held top stays below it, and returning in
--- descending order gives the same set and mark as adding all and then shrinking.)
+-- Seats given back in this step and not yet in the seats set, as pool[seat] = true (pool_n
+-- of them). A hand-off in the same step takes them without touching the set; finish() adds
+-- what is left. Free seats below seat_high are those in the set plus those in the pool, so
+-- the set holds seat_high - used - pool_n seats (held, set and pool partition
+-- 0..seat_high-1; a lease holds one seat per permit). Declared with the per-call values.
+
+-- The number of seats in the seats set, by the counters.
+local function set_size()
+  return S.seat_high - S.used - pool_n
+end
+
+-- Gives seats back: the pool gets them, and the high-water mark shrinks over free seats at
+-- its top, keeping the set small. A returned seat at the top is never kept free.
+-- (The top seat, seat_high - 1, is never free at the start of a step: every step ends
+-- shrunk. So a returned seat below a held top stays below it, and returning in descending
+-- order gives the same free seats and mark as adding all and then shrinking.)
 local function return_seats(seats)
-  -- S.used is already lowered: the set held seat_high - used - #seats seats before these.
-  local free = S.seat_high - S.used - #seats
-  local add = {}
+  -- S.used is already lowered: the set held set_size() - #seats seats before these.
+  local in_set = set_size() - #seats
   for i = #seats, 1, -1 do
     local seat = seats[i]
     if seat == S.seat_high - 1 then
       S.seat_high = seat
-      while free > 0 and S.seat_high > 0 and redis.call('ZREM', K_SEATS, S.seat_high - 1) == 1 do
-        S.seat_high = S.seat_high - 1
-        free = free - 1
+      while S.seat_high > 0 do
+        local top = S.seat_high - 1
+        if pool[top] then
+          pool[top] = nil
+          pool_n = pool_n - 1
+        elseif in_set > 0 and redis.call('ZREM', K_SEATS, top) == 1 then
+          in_set = in_set - 1
+        else
+          break
+        end
+        S.seat_high = top
       end
     else
-      add[#add + 1] = seat
-      add[#add + 1] = seat
-    end
-  end
-  if #add > 0 then
-    if free == 0 then
-      created[K_SEATS] = true
-    end
-    for i = 1, #add, 1000 do
-      redis.call('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
+      pool[seat] = true
+      pool_n = pool_n + 1
     end
   end
   dirty = true
 end
 
--- The n lowest free seats below the capacity; there are always enough when used + n <= cap.
+-- The n lowest free seats below the capacity (from the pool and the set), ascending; there
+-- are always enough when used + n <= cap.
 local function take_seats(n)
-  local seats = {}
-  if S.seat_high > S.used then
+  local free = {}
+  for seat in pairs(pool) do
+    if seat < S.cap then free[#free + 1] = seat end
+  end
+  if set_size() > 0 then
     local low = redis.call('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
-    for i, seat in ipairs(low) do
-      seats[i] = num(seat, 'free seat')
+    for _, seat in ipairs(low) do
+      free[#free + 1] = num(seat, 'free seat')
     end
-    for i = 1, #low, 1000 do
-      redis.call('ZREM', K_SEATS, unpack(low, i, math.min(i + 999, #low)))
+  end
+  table.sort(free)
+  local seats, from_set = {}, {}
+  for i = 1, math.min(n, #free) do
+    local seat = free[i]
+    seats[i] = seat
+    if pool[seat] then
+      pool[seat] = nil
+      pool_n = pool_n - 1
+    else
+      from_set[#from_set + 1] = seat
     end
+  end
+  for i = 1, #from_set, 1000 do
+    redis.call('ZREM', K_SEATS, unpack(from_set, i, math.min(i + 999, #from_set)))
   end
   while #seats < n do
     seats[#seats + 1] = S.seat_high
     S.seat_high = S.seat_high + 1
   end
   return seats
+end
+
+-- Adds the seats left in the pool to the seats set (before the counters are stored).
+local function flush_pool()
+  if pool_n == 0 then
+    return
+  end
+  if set_size() == 0 then
+    created[K_SEATS] = true
+  end
+  local add = {}
+  for seat in pairs(pool) do
+    add[#add + 1] = seat
+    add[#add + 1] = seat
+  end
+  for i = 1, #add, 1000 do
+    redis.call('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
+  end
+  pool, pool_n = {}, 0
 end
 
 local function grant(id, weight, ttl, holder, client)
@@ -320,6 +378,9 @@ end
 -- wake-ups.
 local function finish()
   if S ~= nil then
+    if not is_empty() then
+      flush_pool()
+    end
     if is_empty() then
       redis.call('DEL', unpack(STATE_KEYS))
       redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)

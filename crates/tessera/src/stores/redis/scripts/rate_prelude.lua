@@ -1,5 +1,6 @@
--- tessera rate prelude: shared by the rate_*.lua scripts (concatenated in front of each one,
--- after common.lua, at build time). The decision follows crates/tessera/src/rate/engine.rs line by line.
+-- tessera rate prelude: shared by the rate_*.lua scripts (in front of each one, after
+-- common.lua). Every operation starts with begin(). The decision follows
+-- crates/tessera/src/rate/engine.rs line by line.
 --
 -- KEYS (one order for every rate script; both share the hash tag {<prefix>:<name>}):
 --   KEYS[1] state  hash: cfg (canonical limits), lim (N,L,T per limit, flat, µs), burst (0 in
@@ -11,7 +12,15 @@
 -- Times are µs since the epoch from TIME; running totals and times stay below 2^53, so Lua
 -- doubles hold them exactly; they are formatted with %d, never with tostring.
 
-local K_STATE, K_LOG = KEYS[1], KEYS[2]
+-- The call's keys, set by begin().
+local K_STATE, K_LOG
+
+-- Starts a call: reads the clock and takes the keys (a function library keeps these locals
+-- between calls).
+local function begin(keys)
+  clock()
+  K_STATE, K_LOG = keys[1], keys[2]
+end
 -- How long the keys outlive the moment their state stops mattering.
 local GRACE_MS = 1000
 
