@@ -31,6 +31,9 @@ pub const SLACK_NS: u64 = 500_000_000;
 /// Faults after which the store has forgotten leases their holders still certainly hold.
 const FORGETFUL: [&str; 3] = ["restart", "garbage-fields", "garbage-types"];
 
+/// Faults that kill workers: the one named, or every live one when none is named.
+const KILLS: [&str; 2] = ["sigkill", "kill-all"];
+
 /// How many witnesses a report lists per kind before it only counts.
 const MAX_WITNESSES: usize = 10;
 
@@ -584,6 +587,24 @@ impl<'a> Lives<'a> {
                         l.renewed.push((e.t_ns, *valid_until_ns));
                     }
                 }
+                // A killed worker's acquire waits no more: it never returns, but nobody
+                // waits for a grant in its name after the kill.
+                EventKind::Fault {
+                    action,
+                    worker,
+                    phase: FaultPhase::Start | FaultPhase::Instant,
+                } if KILLS.contains(&action.as_str()) => {
+                    let dead: Vec<(String, u64)> = invoked
+                        .keys()
+                        .filter(|(w, _)| worker.as_ref().is_none_or(|k| k == w))
+                        .cloned()
+                        .collect();
+                    for key in dead {
+                        if let Some(t0) = invoked.remove(&key) {
+                            waits.push((t0, e.t_ns));
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -743,6 +764,36 @@ mod tests {
         let r = killed_holder_and_a_waiter().analyse();
         assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
         assert!(r.violations[0].starts_with("C5 sigkill of w1"), "{r:?}");
+    }
+
+    #[test]
+    fn a_killed_waiter_does_not_count_as_waiting() {
+        // w2 waits, then is killed together with the holder: nobody is left waiting, so a
+        // seat not granted again is no violation.
+        let mut log = killed_holder_and_a_waiter();
+        log.fault(100, "sigkill", FaultPhase::Instant, "w2");
+        let r = log.analyse();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        // A kill of every worker at once (no worker named) ends every wait too.
+        let mut log = killed_holder_and_a_waiter();
+        log.at(
+            150,
+            EventKind::Fault {
+                action: "kill-all".into(),
+                phase: FaultPhase::Start,
+                worker: None,
+            },
+        )
+        .at(
+            160,
+            EventKind::Fault {
+                action: "kill-all".into(),
+                phase: FaultPhase::Heal,
+                worker: None,
+            },
+        );
+        let r = log.analyse();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
     }
 
     fn stopped_holder() -> Log {
