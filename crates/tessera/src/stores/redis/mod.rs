@@ -399,9 +399,17 @@ impl RedisBackend {
         let library = Library::get();
         let mut conn = self.conn.clone();
         if self.functions.load(Ordering::Relaxed) {
-            let mut fcall = redis::cmd("FCALL");
+            // Sized up front: growing the buffer argument by argument cost more than the
+            // arguments themselves.
+            let function = library.function(op);
+            let data = 8
+                + function.len()
+                + keys.iter().map(String::len).sum::<usize>()
+                + args.iter().map(|a| a.len()).sum::<usize>();
+            let mut fcall = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
             fcall
-                .arg(library.function(op))
+                .arg("FCALL")
+                .arg(function)
                 .arg(keys.len())
                 .arg(keys)
                 .arg(args);
