@@ -56,8 +56,12 @@ use crate::signals::{self, Caught};
 /// still certainly held.
 pub const KILL_LEAD: Duration = Duration::from_millis(100);
 /// How long releasing the permit may take before tessera gives up (the lease then expires by
-/// its TTL).
+/// its TTL): at most [`RELEASE_TIMEOUT`], and no longer than the lease is certainly valid
+/// plus [`RELEASE_AFTER_VALID`]. A lease lost because the store went away gets one short try,
+/// so tessera does not outlive its command by seconds while the store is down.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// See [`RELEASE_TIMEOUT`].
+const RELEASE_AFTER_VALID: Duration = Duration::from_secs(1);
 /// How long tessera waits, after giving up a wait, for the library's background clean-up
 /// (cancelling the queue place) to reach the store.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -488,7 +492,13 @@ fn exit_code(status: ExitStatus) -> u8 {
 
 async fn release(permit: Permit) {
     let name = permit.name().to_string();
-    match tokio::time::timeout(RELEASE_TIMEOUT, permit.release()).await {
+    let within = RELEASE_TIMEOUT.min(
+        permit
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+            + RELEASE_AFTER_VALID,
+    );
+    match tokio::time::timeout(within, permit.release()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => eprintln!(
             "tessera: could not release the permit on {name} ({}); it expires by its TTL",
