@@ -374,6 +374,60 @@ async fn operations_are_function_calls_and_survive_function_flush() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_refuses_new_permits_but_holders_renew_report_and_release() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "oom").await;
+    let n = name("full");
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let waiting = Some((LONG, 10));
+    let r = redis.acquire(&n, 1, &req(holder, 1, LONG, None)).await;
+    assert!(matches!(r, Ok(AcquireReply::Granted(_))), "{r:?}");
+    let r = redis.acquire(&n, 1, &req(waiter, 1, LONG, waiting)).await;
+    assert!(
+        matches!(r, Ok(AcquireReply::Queued { position: 0 })),
+        "{r:?}"
+    );
+
+    // Redis is full and evicts nothing.
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        assert!(server.command(&["CONFIG", "SET", k, v]).starts_with("+OK"));
+    }
+    // What would add state is refused, and nothing changes.
+    let r = redis
+        .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, waiting))
+        .await;
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("OOM")),
+        "{r:?}"
+    );
+    let other = name("other");
+    let r = redis
+        .acquire(&other, 1, &req(LeaseId::random(), 1, LONG, None))
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    // Holders and waiters keep what they have, status answers, and a release hands off.
+    let r = redis.renew(&n, holder, LONG).await;
+    assert!(matches!(r, Ok(RenewReply::Renewed { .. })), "{r:?}");
+    assert_eq!(
+        redis.heartbeat(&n, waiter, LONG).await.unwrap(),
+        WaitReply::Waiting
+    );
+    let status = redis.status(&n).await.unwrap().expect("state");
+    assert_eq!((status.used, status.queue.len()), (1, 1), "{status:?}");
+    assert!(redis.release(&n, holder).await.unwrap());
+    let r = redis.heartbeat(&n, waiter, LONG).await;
+    assert!(matches!(r, Ok(WaitReply::Granted(_))), "{r:?}");
+    assert!(redis.release(&n, waiter).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
+    assert!(redis.status(&other).await.unwrap().is_none());
+
+    assert!(server
+        .command(&["CONFIG", "SET", "maxmemory", "0"])
+        .starts_with("+OK"));
+    acquire_release_once(&redis, &n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_functions_operations_are_scripts_and_survive_script_flush() {
     let server = RedisServer::start();
     // A user that may neither call nor load functions (as on a server without them).

@@ -11,7 +11,10 @@
 //!   with a policy that may evict tessera's keys (`allkeys-*`, `volatile-*`: every tessera key
 //!   has a TTL) can silently drop leases and over-grant. By default this is logged as a
 //!   warning; `eviction=refuse` makes connect fail instead. A server that refuses `CONFIG`
-//!   (ACL) is not checked.
+//!   (ACL) is not checked. With `noeviction` (the safe policy), a full server refuses what
+//!   would add state (an acquire, a resize, a rate charge) with Redis's `OOM` error, and
+//!   still runs what keeps or frees it: renewals, waiter heartbeats, release, cancel, revoke,
+//!   delete and status. Holders keep their leases through the episode and can give them back.
 //!
 //! # Least-privilege ACL
 //!

@@ -70,6 +70,17 @@ impl Op {
         }
     }
 
+    /// Whether the operation runs when Redis is out of memory (`maxmemory` reached under
+    /// `noeviction`): the ones that free memory or only keep what exists (release, cancel,
+    /// revoke, delete, renewals, waiter heartbeats, status) do, so holders keep their leases
+    /// and can give them back; the ones that add state (acquire, resize, a rate charge) are
+    /// refused by Redis with its `OOM` error. (A function without the flag is refused whole
+    /// under OOM, even when it would only delete; the `EVALSHA` fallback is refused only at a
+    /// command that may grow memory.)
+    fn allow_oom(self) -> bool {
+        !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire)
+    }
+
     fn prelude(self) -> &'static str {
         match self {
             Op::RateAcquire | Op::RateCancel | Op::RateStatus => RATE_PRELUDE,
@@ -109,9 +120,11 @@ impl Library {
             body.push_str(prelude);
             for op in Op::ALL.into_iter().filter(|op| op.prelude() == prelude) {
                 let (suffix, script) = op.source();
+                let flags = if op.allow_oom() { "'allow-oom'" } else { "" };
                 body.push_str(&format!(
-                    "\nredis.register_function('@LIB@_{suffix}', function(KEYS, ARGV)\n\
-                     begin(KEYS, ARGV)\n{script}\nend)\n"
+                    "\nredis.register_function{{function_name = '@LIB@_{suffix}', \
+                     flags = {{{flags}}}, callback = function(KEYS, ARGV)\n\
+                     begin(KEYS, ARGV)\n{script}\nend}}\n"
                 ));
             }
             body.push_str("end\n");
