@@ -461,6 +461,41 @@ async fn without_functions_operations_are_scripts_and_survive_script_flush() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_scripts_returns_to_functions_once_they_are_allowed() {
+    let server = RedisServer::start();
+    let user = |grants: &[&str]| {
+        let mut words = vec!["ACL", "SETUSER", "late"];
+        words.extend_from_slice(grants);
+        assert!(server.command(&words).starts_with("+OK"));
+    };
+    user(&["on", ">pw", "~*", "&*", "+@all", "-fcall", "-function"]);
+    let url = server.url().replace("redis://", "redis://late:pw@");
+    let redis = RedisBackend::connect(&format!("{url}?prefix=late"))
+        .await
+        .unwrap()
+        .with_functions_retry(Duration::from_millis(200));
+    let n = name("late");
+    acquire_release_once(&redis, &n).await;
+    let before = server.command_calls();
+    assert!(
+        before.get("evalsha").copied().unwrap_or(0) >= 3,
+        "{before:?}"
+    );
+
+    // An administrator widens the ACL; within the retry interval the client is back on the
+    // function library (it loads it itself, now that it may).
+    user(&["+fcall", "+function"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    acquire_release_once(&redis, &n).await;
+    acquire_release_once(&redis, &n).await;
+    let after = server.command_calls();
+    let delta = |c: &str| after.get(c).unwrap_or(&0) - before.get(c).unwrap_or(&0);
+    assert_eq!(delta("function|load"), 1, "{after:?}");
+    assert!(delta("fcall") >= 6, "{after:?}");
+    assert_eq!(delta("evalsha") + delta("eval"), 0, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_data_under_a_tessera_key_is_corrupt_not_a_panic() {
     let server = RedisServer::start();
     let redis = redis_backend(&server, "foreign").await;

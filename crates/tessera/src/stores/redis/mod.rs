@@ -48,7 +48,10 @@
 //! listed by `FUNCTION LIST LIBRARYNAME tessera_`); once no client of an older version runs,
 //! `FUNCTION DELETE` removes its library. Functions are kept in RDB and AOF files and
 //! replicated like data; when a server lost them, the next call of a client allowed to load
-//! them loads them again, and other clients fall back to scripts.
+//! them loads them again, and other clients fall back to scripts. A client that fell back
+//! tries the library again a minute later ([`FUNCTIONS_RETRY`]), so a refusal that passes
+//! (OOM, a read-only replica before a failover, an ACL widened later) does not leave it on
+//! the slower path for the rest of its life.
 //!
 //! # Implementation details
 //!
@@ -77,7 +80,7 @@ mod rate;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -223,9 +226,13 @@ fn store_error(e: RedisError, secret: Option<&str>) -> Error {
 /// The Redis backend. Cheap to share behind an `Arc`; dropping it stops its subscriber.
 pub struct RedisBackend {
     conn: ConnectionManager,
-    /// Whether operations go to the function library (`FCALL`); cleared for good when the
-    /// server has no functions or this user may neither call nor load them (see [`Library`]).
-    functions: AtomicBool,
+    /// Whether operations go to the function library (`FCALL`): [`FUNCTIONS`], or the
+    /// instant (ms since [`epoch_ms`]'s origin) after which the library is tried again, once
+    /// the server refused it (no functions, an ACL allowing neither `FCALL` nor `FUNCTION
+    /// LOAD`, a load refused under OOM or on a read-only replica; see [`Library`]).
+    functions_from: AtomicU64,
+    /// How long after a refusal the library is tried again.
+    functions_retry: Duration,
     prefix: String,
     /// `<prefix>:wake:`; this client's channel is `wake_base + client_id`.
     wake_base: String,
@@ -335,7 +342,8 @@ impl RedisBackend {
         }
         Ok(RedisBackend {
             conn,
-            functions: AtomicBool::new(true),
+            functions_from: AtomicU64::new(FUNCTIONS),
+            functions_retry: FUNCTIONS_RETRY,
             prefix: config.prefix,
             wake_base,
             client_id,
@@ -410,7 +418,8 @@ impl RedisBackend {
     pub(super) async fn call(&self, op: Op, keys: &[String], args: &[&str]) -> Result<Value> {
         let library = Library::get();
         let mut conn = self.conn.clone();
-        if self.functions.load(Ordering::Relaxed) {
+        let from = self.functions_from.load(Ordering::Relaxed);
+        if from == FUNCTIONS || epoch_ms() >= from {
             // Sized up front: growing the buffer argument by argument cost more than the
             // arguments themselves.
             let function = library.function(op);
@@ -426,12 +435,24 @@ impl RedisBackend {
                 .arg(keys)
                 .arg(args);
             match fcall.query_async::<Value>(&mut conn).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    if from != FUNCTIONS {
+                        self.use_functions();
+                    }
+                    return Ok(v);
+                }
                 Err(e)
                     if e.code() == Some("ERR") && e.to_string().contains("Function not found") =>
                 {
                     if self.load_library(&mut conn).await? {
-                        return fcall.query_async(&mut conn).await.map_err(|e| self.err(e));
+                        let v = fcall
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        if from != FUNCTIONS {
+                            self.use_functions();
+                        }
+                        return Ok(v);
                     }
                 }
                 Err(e) if functions_unavailable(&e) => self.use_scripts(&e),
@@ -472,13 +493,29 @@ impl RedisBackend {
     }
 
     fn use_scripts(&self, why: &RedisError) {
-        if self.functions.swap(false, Ordering::Relaxed) {
+        let retry_at = epoch_ms() + self.functions_retry.as_millis() as u64;
+        if self.functions_from.swap(retry_at, Ordering::Relaxed) == FUNCTIONS {
             tracing::info!(
                 url = %self.url,
                 reason = %self.err(why.clone()),
+                retry_in = ?self.functions_retry,
                 "the tessera function library is not available; using EVALSHA scripts (load it once with a user allowed FUNCTION LOAD for faster calls)"
             );
         }
+    }
+
+    fn use_functions(&self) {
+        if self.functions_from.swap(FUNCTIONS, Ordering::Relaxed) != FUNCTIONS {
+            tracing::info!(url = %self.url, "the tessera function library is available again; using FCALL");
+        }
+    }
+
+    /// How long after the server refused the function library it is tried again (default
+    /// [`FUNCTIONS_RETRY`]); for tests.
+    #[doc(hidden)]
+    pub fn with_functions_retry(mut self, after: Duration) -> Self {
+        self.functions_retry = after;
+        self
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -489,6 +526,24 @@ impl RedisBackend {
             set.remove(&lease);
         }
     }
+}
+
+/// [`RedisBackend::functions_from`] while the function library is in use.
+const FUNCTIONS: u64 = 0;
+/// After the server refused the function library, operations run as scripts for this long,
+/// then the library is tried again: a refusal may pass (memory freed after OOM, a failover
+/// from a read-only replica, an administrator who loaded the library or widened the ACL).
+/// Where functions never work (Redis 6) this costs one refused `FCALL` per minute.
+pub const FUNCTIONS_RETRY: Duration = Duration::from_secs(60);
+
+/// Milliseconds on a monotonic clock, never [`FUNCTIONS`].
+fn epoch_ms() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
 }
 
 /// Whether an error says functions cannot be used here: a server without them (Redis 6:
