@@ -291,10 +291,11 @@ impl RedisBackend {
             .map_err(err)?;
         check_eviction(&mut probe, &config, secret.as_deref()).await?;
         drop(probe);
-        // Few reconnect attempts: redis-rs's default (six, backing off to 3.2 s) held every
-        // request during an outage for about 6 s before it failed. A request now fails within
-        // about a second, and the loops that must ride out an outage retry on their own (the
-        // lease keeper, a waiting acquire, a waiter's heartbeat).
+        // Few reconnect attempts: with redis-rs's default (six, backing off to 3.2 s) every
+        // request to a server that refuses connections waited about 6 s before it failed;
+        // now it fails within about a second (a black-holed server still costs up to the
+        // connect timeout per attempt). The loops that must ride out an outage retry on
+        // their own (the lease keeper, a waiting acquire, a waiter's heartbeat).
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
