@@ -35,12 +35,12 @@ local function decide()
   -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
   -- created by this step holds nothing yet.)
   if not fresh then
-    local held = redis.call('HGET', K_LEASES, lease_id)
+    local held = rcall('HGET', K_LEASES, lease_id)
     if held then
       return {'granted', now, held}
     end
     if wait and refresh_waiter(lease_id, now + waiter_ttl) then
-      return {'queued', redis.call('ZRANK', K_QUEUE, lease_id)}
+      return {'queued', rcall('ZRANK', K_QUEUE, lease_id)}
     end
   end
   -- Only a request that finds nobody waiting may take free permits: neither a try nor a
@@ -65,9 +65,9 @@ local function decide()
     created[K_WAITERS] = true
     created[K_WEXP] = true
   end
-  redis.call('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
-  redis.call('ZADD', K_QUEUE, int(seq), lease_id)
-  redis.call('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
+  rcall('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
+  rcall('ZADD', K_QUEUE, int(seq), lease_id)
+  rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
   return {'queued', queued}

@@ -1,6 +1,7 @@
 -- tessera common: the store's clock and the value helpers every script uses, in front of
 -- prelude.lua (semaphore scripts) and rate_prelude.lua (rate scripts); see ops.rs for how the
 -- files become one EVAL script per operation and one Redis Functions library.
+--   rcall        redis.call (see below for why the globals are upvalues)
 --   now          the server's time in µs since the epoch (TIME: the store's clock, never the
 --                client's), read by clock() at the start of every call
 --   int(x)       a number formatted as an integer (%d, never tostring's exponent form)
@@ -8,10 +9,22 @@
 --                Error::Corrupt)
 --   num(s, w)    tonumber(s), or corrupt(w) if s is not a number
 
+-- A function runs with an empty globals table whose __index is the real one, so every use
+-- of a global name costs a few failed table lookups. The globals the scripts use are kept as
+-- upvalues instead, bound at the first call (a library's load sees only redis.register_function
+-- and redis.log); `rcall` is redis.call. (About 7% of a call's time in Redis.)
+local function globals()
+  return redis.call, string, math, table, tonumber, ipairs, pairs, unpack, error
+end
+local rcall, string, math, table, tonumber, ipairs, pairs, unpack, error
+
 local now = 0
 
 local function clock()
-  local time = redis.call('TIME')
+  if rcall == nil then
+    rcall, string, math, table, tonumber, ipairs, pairs, unpack, error = globals()
+  end
+  local time = rcall('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 

@@ -9,16 +9,16 @@ if load() == nil then
   return 0
 end
 
-local leases = redis.call('HGETALL', K_LEASES)
+local leases = rcall('HGETALL', K_LEASES)
 for i = 1, #leases, 2 do
   wakes[#wakes + 1] = {decode_lease(leases[i + 1]).client, leases[i]}
 end
-local waiters = redis.call('HGETALL', K_WAITERS)
+local waiters = rcall('HGETALL', K_WAITERS)
 for i = 1, #waiters, 2 do
   wakes[#wakes + 1] = {decode_waiter(waiters[i + 1]).client, waiters[i]}
 end
-redis.call('DEL', unpack(STATE_KEYS))
-redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+rcall('DEL', unpack(STATE_KEYS))
+rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
 S = nil
 finish()
 return 1

@@ -117,7 +117,7 @@ local function begin(keys, argv)
 end
 
 local function load()
-  local m = redis.call('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+  local m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
     'purge_at', 'deadline')
   if not m[1] then
     return nil
@@ -130,12 +130,12 @@ local function load()
     S.deadline = num(m[8], 'deadline')
   else
     -- Written by a version without these counters: derive them once.
-    S.qlen = redis.call('ZCARD', K_QUEUE)
+    S.qlen = rcall('ZCARD', K_QUEUE)
     S.purge_at = 0
     S.deadline = 0
-    local h = redis.call('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
+    local h = rcall('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
     if h[2] then latest = math.max(latest, num(h[2], 'holder expiry')) end
-    local w = redis.call('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
+    local w = rcall('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
     if w[2] then latest = math.max(latest, num(w[2], 'waiter expiry')) end
     dirty = true
   end
@@ -145,8 +145,8 @@ end
 -- A new, empty semaphore. Leftovers of a partly evicted state are dropped first so the
 -- counters match the sets; the fence continues from the fence key (or the time floor).
 local function create(cap)
-  redis.call('DEL', unpack(STATE_KEYS))
-  local fence = tonumber(redis.call('GET', K_FENCE)) or 0
+  rcall('DEL', unpack(STATE_KEYS))
+  local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
     deadline = 0}
   dirty = true
@@ -190,7 +190,7 @@ local function return_seats(seats)
         if pool[top] then
           pool[top] = nil
           pool_n = pool_n - 1
-        elseif in_set > 0 and redis.call('ZREM', K_SEATS, top) == 1 then
+        elseif in_set > 0 and rcall('ZREM', K_SEATS, top) == 1 then
           in_set = in_set - 1
         else
           break
@@ -213,7 +213,7 @@ local function take_seats(n)
     if seat < S.cap then free[#free + 1] = seat end
   end
   if set_size() > 0 then
-    local low = redis.call('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
+    local low = rcall('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
     for _, seat in ipairs(low) do
       free[#free + 1] = num(seat, 'free seat')
     end
@@ -231,7 +231,7 @@ local function take_seats(n)
     end
   end
   for i = 1, #from_set, 1000 do
-    redis.call('ZREM', K_SEATS, unpack(from_set, i, math.min(i + 999, #from_set)))
+    rcall('ZREM', K_SEATS, unpack(from_set, i, math.min(i + 999, #from_set)))
   end
   while #seats < n do
     seats[#seats + 1] = S.seat_high
@@ -254,7 +254,7 @@ local function flush_pool()
     add[#add + 1] = seat
   end
   for i = 1, #add, 1000 do
-    redis.call('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
+    rcall('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
   end
   pool, pool_n = {}, 0
 end
@@ -270,20 +270,20 @@ local function grant(id, weight, ttl, holder, client)
   S.fence = lease.fence
   S.used = S.used + weight
   local encoded = encode_lease(lease)
-  redis.call('HSET', K_LEASES, id, encoded)
-  redis.call('ZADD', K_HOLDERS, int(lease.expires_at), id)
+  rcall('HSET', K_LEASES, id, encoded)
+  rcall('ZADD', K_HOLDERS, int(lease.expires_at), id)
   wrote_expiry(lease.expires_at)
   return encoded, lease
 end
 
 local function remove_holder(id)
-  local encoded = redis.call('HGET', K_LEASES, id)
+  local encoded = rcall('HGET', K_LEASES, id)
   if not encoded then
     return nil
   end
   local lease = decode_lease(encoded)
-  redis.call('HDEL', K_LEASES, id)
-  redis.call('ZREM', K_HOLDERS, id)
+  rcall('HDEL', K_LEASES, id)
+  rcall('ZREM', K_HOLDERS, id)
   S.used = S.used - lease.weight
   return_seats(lease.seats)
   return lease
@@ -291,13 +291,13 @@ end
 
 -- Removes a queued waiter (`encoded` is its record if the caller already read it).
 local function remove_waiter(id, encoded)
-  encoded = encoded or redis.call('HGET', K_WAITERS, id)
+  encoded = encoded or rcall('HGET', K_WAITERS, id)
   if not encoded then
     return nil
   end
-  redis.call('HDEL', K_WAITERS, id)
-  redis.call('ZREM', K_QUEUE, id)
-  redis.call('ZREM', K_WEXP, id)
+  rcall('HDEL', K_WAITERS, id)
+  rcall('ZREM', K_QUEUE, id)
+  rcall('ZREM', K_WEXP, id)
   S.qlen = S.qlen - 1
   dirty = true
   return decode_waiter(encoded)
@@ -307,11 +307,11 @@ end
 -- (Every waiter weighs at least 1, so nothing fits while used >= cap.)
 local function hand_off()
   while S.qlen > 0 and S.used < S.cap do
-    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    local head = rcall('ZRANGE', K_QUEUE, 0, 0)[1]
     if not head then
       corrupt('queue length without a queue')
     end
-    local encoded = redis.call('HGET', K_WAITERS, head)
+    local encoded = rcall('HGET', K_WAITERS, head)
     if not encoded then
       corrupt('queued lease without a waiter record')
     end
@@ -331,18 +331,18 @@ local function purge()
   if now < S.purge_at then
     return
   end
-  local expired = redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now))
+  local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now))
   for _, id in ipairs(expired) do
     remove_holder(id)
   end
-  expired = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', int(now))
+  expired = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now))
   for _, id in ipairs(expired) do
     remove_waiter(id)
   end
   local earliest = NEVER
-  local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
+  local h = rcall('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
   if h[2] then earliest = math.min(earliest, num(h[2], 'holder expiry')) end
-  local w = redis.call('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
+  local w = rcall('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
   if w[2] then earliest = math.min(earliest, num(w[2], 'waiter expiry')) end
   S.purge_at = earliest
   dirty = true
@@ -355,15 +355,15 @@ end
 
 -- Renews a waiter's heartbeat expiry to max(current, until); false if not queued.
 local function refresh_waiter(id, until_us)
-  local encoded = redis.call('HGET', K_WAITERS, id)
+  local encoded = rcall('HGET', K_WAITERS, id)
   if not encoded then
     return false
   end
   local w = decode_waiter(encoded)
   if until_us > w.expires_at then
     w.expires_at = until_us
-    redis.call('HSET', K_WAITERS, id, encode_waiter(w))
-    redis.call('ZADD', K_WEXP, int(until_us), id)
+    rcall('HSET', K_WAITERS, id, encode_waiter(w))
+    rcall('ZADD', K_WEXP, int(until_us), id)
     wrote_expiry(until_us)
   end
   return true
@@ -382,8 +382,8 @@ local function finish()
       flush_pool()
     end
     if is_empty() then
-      redis.call('DEL', unpack(STATE_KEYS))
-      redis.call('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+      rcall('DEL', unpack(STATE_KEYS))
+      rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
     elseif dirty then
       -- The keys that exist now, by the counters.
       local live = {[K_META] = true}
@@ -405,14 +405,14 @@ local function finish()
         S.deadline = need + STATE_GRACE_MS
         expire = live
       end
-      redis.call('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(S.fence),
+      rcall('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(S.fence),
         'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
         'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
       -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
       local ttl_ms = int(S.deadline - math.floor(now / 1000))
       for _, key in ipairs(STATE_KEYS) do
         if expire[key] and live[key] then
-          redis.call('PEXPIRE', key, ttl_ms)
+          rcall('PEXPIRE', key, ttl_ms)
         end
       end
     end
@@ -422,7 +422,7 @@ local function finish()
     if wake[3] and string.sub(wake[1], -#GRANT_PUSH) == GRANT_PUSH then
       payload = payload .. '\t' .. int(now) .. '\t' .. wake[3]
     end
-    redis.call('PUBLISH', WAKE_BASE .. wake[1], payload)
+    rcall('PUBLISH', WAKE_BASE .. wake[1], payload)
   end
 end
 

@@ -34,7 +34,7 @@ if burst == 0 then
     -- The first entry with P >= p - N + k binds: admissible from its time + L.
     local x = S.p + cost - l.n
     if x > S.base then
-      local e = redis.call('ZRANGEBYSCORE', K_LOG, int(x), '+inf', 'LIMIT', 0, 1)[1]
+      local e = rcall('ZRANGEBYSCORE', K_LOG, int(x), '+inf', 'LIMIT', 0, 1)[1]
       if e == nil then corrupt('rate log has no entry at or above ' .. int(x)) end
       local at = entry(e)
       t = math.max(t, at + l.l)
@@ -63,7 +63,7 @@ S.seq = S.seq + 1
 S.tail = S.seq
 if burst == 0 then
   S.p = S.p + cost
-  redis.call('ZADD', K_LOG, int(S.p), int(t) .. ':' .. int(S.p))
+  rcall('ZADD', K_LOG, int(S.p), int(t) .. ':' .. int(S.p))
 else
   for i, l in ipairs(lim) do
     S.prev_tat[i] = S.tat[i]

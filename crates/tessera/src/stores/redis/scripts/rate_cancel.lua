@@ -13,8 +13,8 @@ S.lim_text = lim_text(S.lim)
 S.last = S.prev_last
 S.tail = 0
 if S.burst == 0 then
-  redis.call('ZREMRANGEBYSCORE', K_LOG, int(S.p), int(S.p))
-  local tail = redis.call('ZRANGE', K_LOG, -1, -1)[1]
+  rcall('ZREMRANGEBYSCORE', K_LOG, int(S.p), int(S.p))
+  local tail = rcall('ZRANGE', K_LOG, -1, -1)[1]
   if tail == nil then
     S.p = S.base
   else

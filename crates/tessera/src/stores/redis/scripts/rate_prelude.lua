@@ -63,14 +63,14 @@ end
 
 -- The state, or nil if there is none (or it has expired: then its keys are dropped).
 local function load()
-  local m = redis.call('HMGET', K_STATE, 'cfg', 'lim', 'burst', 'seq', 'tail', 'last',
+  local m = rcall('HMGET', K_STATE, 'cfg', 'lim', 'burst', 'seq', 'tail', 'last',
     'prev_last', 'p', 'base', 'tat', 'prev_tat', 'exp')
   if not m[1] then
-    redis.call('DEL', K_LOG)
+    rcall('DEL', K_LOG)
     return nil
   end
   if num(m[12], 'rate expiry') <= now then
-    redis.call('DEL', K_STATE, K_LOG)
+    rcall('DEL', K_STATE, K_LOG)
     return nil
   end
   local S = {cfg = m[1], lim = limits(m[2]), burst = num(m[3], 'rate burst'),
@@ -90,7 +90,7 @@ local function prune(S)
   local cutoff = now - horizon(S.lim)
   local pruned, batch = false, 1
   while true do
-    local head = redis.call('ZRANGE', K_LOG, 0, batch - 1)
+    local head = rcall('ZRANGE', K_LOG, 0, batch - 1)
     local removed = 0
     for _, e in ipairs(head) do
       local t, p = entry(e)
@@ -99,7 +99,7 @@ local function prune(S)
       removed = removed + 1
     end
     if removed > 0 then
-      redis.call('ZREMRANGEBYRANK', K_LOG, 0, removed - 1)
+      rcall('ZREMRANGEBYRANK', K_LOG, 0, removed - 1)
       pruned = true
     end
     if removed < batch then return pruned end
@@ -116,15 +116,15 @@ local function save(S)
     exp = S.last
     for _, tat in ipairs(S.tat) do exp = math.max(exp, tat) end
   end
-  redis.call('HSET', K_STATE, 'cfg', S.cfg, 'lim', S.lim_text, 'burst', int(S.burst),
+  rcall('HSET', K_STATE, 'cfg', S.cfg, 'lim', S.lim_text, 'burst', int(S.burst),
     'seq', int(S.seq), 'tail', int(S.tail), 'last', int(S.last),
     'prev_last', int(S.prev_last), 'p', int(S.p), 'base', int(S.base),
     'tat', join(S.tat), 'prev_tat', join(S.prev_tat), 'exp', int(exp))
   local ttl_ms = math.floor(math.max(exp - now, 0) / 1000) + GRACE_MS
-  redis.call('PEXPIRE', K_STATE, ttl_ms)
+  rcall('PEXPIRE', K_STATE, ttl_ms)
   -- The log holds entries exactly when the running total is above base.
   if S.burst == 0 and S.p > S.base then
-    redis.call('PEXPIRE', K_LOG, ttl_ms)
+    rcall('PEXPIRE', K_LOG, ttl_ms)
   end
 end
 

@@ -13,4 +13,4 @@ S.lim_text = lim_text(S.lim)
 prune(S)
 save(S)
 return {'state', now, S.cfg, S.seq, S.tail, S.last, S.prev_last, S.p, S.base, join(S.tat),
-  join(S.prev_tat), redis.call('ZRANGE', K_LOG, 0, -1)}
+  join(S.prev_tat), rcall('ZRANGE', K_LOG, 0, -1)}

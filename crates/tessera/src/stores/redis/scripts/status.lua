@@ -13,12 +13,12 @@ local reply
 if is_empty() then
   reply = {'none'}
 else
-  local leases = redis.call('HGETALL', K_LEASES)
-  local queue = redis.call('ZRANGE', K_QUEUE, 0, -1)
+  local leases = rcall('HGETALL', K_LEASES)
+  local queue = rcall('ZRANGE', K_QUEUE, 0, -1)
   local waiters = {}
   for i, id in ipairs(queue) do
     waiters[2 * i - 1] = id
-    waiters[2 * i] = redis.call('HGET', K_WAITERS, id) or corrupt('queued lease without a waiter record')
+    waiters[2 * i] = rcall('HGET', K_WAITERS, id) or corrupt('queued lease without a waiter record')
   end
   reply = {'status', S.cap, S.used, now, leases, waiters}
 end
