@@ -654,6 +654,106 @@ async fn ten_thousand_holders_and_ten_thousand_waiters_on_one_semaphore() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_expiring_by_the_thousand_are_purged_in_bounded_steps_that_keep_the_queue_moving() {
+    let server = RedisServer::start();
+    let url = format!("{}?prefix=mass", server.url());
+    let redis = Arc::new(RedisBackend::connect(&url).await.unwrap());
+    let n = name("mass");
+    const N: u32 = 1000;
+    const STEP: u64 = 256; // PURGE_LIMIT in prelude.lua
+    let short = Duration::from_secs(1);
+    let ids: Vec<LeaseId> = (0..N).map(|_| LeaseId::random()).collect();
+    for chunk in ids.chunks(200) {
+        let replies = futures::future::join_all(chunk.iter().map(|id| {
+            let (redis, n, r) = (&redis, &n, req(*id, 1, short, None));
+            async move { redis.acquire(n, N, &r).await }
+        }))
+        .await;
+        assert!(replies
+            .iter()
+            .all(|r| matches!(r, Ok(AcquireReply::Granted(_)))));
+    }
+    // A waiter for 300 permits through the public API, whose own heartbeat comes only every
+    // 15 s: more than one step's purge must free before it fits.
+    let store = Store::connect(&url).await.unwrap();
+    let sem = Semaphore::new(&store, "mass", N as u64, patient()).unwrap();
+    let waiter = tokio::spawn(async move { sem.acquire_many(300).await });
+    wait_until_queued(&store, "mass", 1).await;
+    let holders = || -> u64 {
+        let reply = server.command(&["ZCARD", "{mass:mass}:holders"]);
+        reply.trim().trim_start_matches(':').parse().unwrap()
+    };
+    assert_eq!(holders(), N as u64);
+
+    tokio::time::sleep(short + Duration::from_millis(300)).await;
+    // One step purges one batch only, and wakes the head of the queue, whose heartbeat
+    // purges the next batch and is granted: the queue does not wait for its own heartbeat.
+    let status = redis.status(&n).await.unwrap();
+    assert!(status.is_some());
+    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is woken by the purge, before its first heartbeat (15 s)")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.weight(), 300);
+    // Three steps so far at most (status, the waiter's heartbeat, its grant pushed):
+    // the rest is still to purge, and counts as used until then.
+    let left = holders();
+    assert!(
+        left >= N as u64 - 3 * STEP && left < N as u64,
+        "{left} holders left"
+    );
+    // Every further step purges another batch, until only the waiter's lease is left.
+    for _ in 0..N as u64 / STEP + 1 {
+        redis.status(&n).await.unwrap();
+    }
+    assert_eq!(holders(), 1);
+    let s = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!((s.used, s.holders.len()), (300, 1));
+    permit.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiters_by_the_thousand_leave_in_bulk_batches() {
+    let server = RedisServer::start();
+    let redis = Arc::new(redis_backend(&server, "dead").await);
+    let n = name("dead");
+    const W: u64 = 5000;
+    const STEP: u64 = 4096; // PURGE_WAITERS in prelude.lua
+    let holder = LeaseId::random();
+    redis
+        .acquire(&n, 1, &req(holder, 1, LONG, None))
+        .await
+        .unwrap();
+    let waiters: Vec<LeaseId> = (0..W).map(|_| LeaseId::random()).collect();
+    for chunk in waiters.chunks(250) {
+        let replies = futures::future::join_all(chunk.iter().map(|id| {
+            let (redis, n) = (&redis, &n);
+            let r = req(*id, 1, LONG, Some((Duration::from_secs(1), W as u32)));
+            async move { redis.acquire(n, 1, &r).await }
+        }))
+        .await;
+        assert!(replies
+            .iter()
+            .all(|r| matches!(r, Ok(AcquireReply::Queued { .. }))));
+    }
+    let queued = || -> u64 {
+        let reply = server.command(&["ZCARD", "{dead:dead}:queue"]);
+        reply.trim().trim_start_matches(':').parse().unwrap()
+    };
+    assert_eq!(queued(), W);
+    // Nobody heartbeats: every waiter is dead after its TTL.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let s = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!(queued(), W - STEP);
+    assert_eq!(s.queue.len() as u64, W - STEP);
+    let s = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!((queued(), s.queue.len(), s.used), (0, 0, 1));
+    assert!(redis.release(&n, holder).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
     let server =
         RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru"]);

@@ -62,7 +62,9 @@
 //! Redis the cost of a call is mostly per `redis.call`, so counters kept in the meta hash
 //! (queue length, a lower bound of the earliest expiry, the instant every key expires) let a
 //! step skip the calls that would only confirm there is nothing to purge, hand off or
-//! re-expire (see `prelude.lua`).
+//! re-expire (see `prelude.lua`). A step purges at most 256 expired holders and 4,096 dead
+//! waiters (in bulk), so its work stays bounded when thousands of leases expire together; it
+//! then wakes the head of the queue, whose heartbeat purges the next batch, and so on.
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or

@@ -325,19 +325,52 @@ local function hand_off()
   end
 end
 
+-- Removes the queued waiters `ids` at once, a few commands per thousand, without reading
+-- their records (a purge needs none).
+local function drop_waiters(ids)
+  for i = 1, #ids, 1000 do
+    local j = math.min(i + 999, #ids)
+    S.qlen = S.qlen - rcall('ZREM', K_QUEUE, unpack(ids, i, j))
+    rcall('HDEL', K_WAITERS, unpack(ids, i, j))
+    rcall('ZREM', K_WEXP, unpack(ids, i, j))
+  end
+  dirty = true
+end
+
 -- Drops expired holders and waiters, unless none can have expired yet (now < purge_at), and
--- then recomputes purge_at as the earliest expiry left.
+-- then recomputes purge_at as the earliest expiry left. At most PURGE_HOLDERS holders (each
+-- read back for its weight and seats) and PURGE_WAITERS waiters (in bulk) per step, so that
+-- one step's work stays bounded (a few milliseconds) when thousands of leases expire or
+-- waiters die together (a crashed process); the rest stay counted until the next steps purge
+-- them, and purge_at stays at now so that any next step goes on.
+local PURGE_HOLDERS, PURGE_WAITERS = 256, 4096
 local function purge()
   if now < S.purge_at then
     return
   end
-  local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now))
+  local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now), 'LIMIT', 0, PURGE_HOLDERS)
   for _, id in ipairs(expired) do
     remove_holder(id)
   end
-  expired = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now))
-  for _, id in ipairs(expired) do
-    remove_waiter(id)
+  local more = #expired == PURGE_HOLDERS
+  local dead = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now), 'LIMIT', 0, PURGE_WAITERS)
+  if #dead > 0 then
+    drop_waiters(dead)
+  end
+  dirty = true
+  if more or #dead == PURGE_WAITERS then
+    S.purge_at = now
+    -- Wake the head of the queue without a grant: its client asks at once (a heartbeat),
+    -- and that step purges the next batch and hands off what it frees. (A holder woken so
+    -- only renews early.)
+    if S.qlen > 0 then
+      local head = rcall('ZRANGE', K_QUEUE, 0, 0)[1]
+      local encoded = head and rcall('HGET', K_WAITERS, head)
+      if encoded then
+        wakes[#wakes + 1] = {decode_waiter(encoded).client, head}
+      end
+    end
+    return
   end
   local earliest = NEVER
   local h = rcall('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
@@ -345,7 +378,6 @@ local function purge()
   local w = rcall('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
   if w[2] then earliest = math.min(earliest, num(w[2], 'waiter expiry')) end
   S.purge_at = earliest
-  dirty = true
 end
 
 local function purge_and_hand_off()
