@@ -34,6 +34,13 @@ fn spawn_holder(home: &Path, url: &str, ttl: &str, script: &str) -> Child {
         .unwrap()
 }
 
+/// A holder with a 3 s TTL whose command runs for a minute, once the command has started.
+fn holding_for_a_minute(home: &Path, server: &RedisServer) -> Child {
+    let holder = spawn_holder(home, &server.url(), "3s", &child_script(home, 60));
+    wait_for(&home.join("started"), Duration::from_secs(20));
+    holder
+}
+
 fn wait_for(path: &Path, within: Duration) {
     let deadline = Instant::now() + within;
     while !path.exists() {
@@ -82,13 +89,7 @@ fn a_holder_whose_redis_dies_stops_its_command_before_the_lease_could_expire() {
     let home = tempfile::tempdir().unwrap();
     let mut server = RedisServer::start();
     let ttl = Duration::from_secs(3);
-    let holder = spawn_holder(
-        home.path(),
-        &server.url(),
-        "3s",
-        &child_script(home.path(), 60),
-    );
-    wait_for(&home.path().join("started"), Duration::from_secs(20));
+    let holder = holding_for_a_minute(home.path(), &server);
 
     // Every renewal the holder sent was sent before this instant, so the lease expires on
     // the store by `killed + ttl` at the latest.
@@ -126,13 +127,7 @@ fn a_holder_whose_redis_dies_stops_its_command_before_the_lease_could_expire() {
 fn a_holder_whose_redis_restarts_empty_is_told_at_its_next_renewal() {
     let home = tempfile::tempdir().unwrap();
     let mut server = RedisServer::start();
-    let holder = spawn_holder(
-        home.path(),
-        &server.url(),
-        "3s",
-        &child_script(home.path(), 60),
-    );
-    wait_for(&home.path().join("started"), Duration::from_secs(20));
+    let holder = holding_for_a_minute(home.path(), &server);
     server.restart();
 
     let (status, err, _) = finish(holder, Duration::from_secs(20));
