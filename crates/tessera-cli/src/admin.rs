@@ -22,9 +22,9 @@ pub async fn revoke(store_url: Option<&str>, name: &str, lease: &str) -> Outcome
 }
 
 /// `tessera resize NAME CAPACITY`.
-pub async fn resize(store_url: Option<&str>, name: &str, capacity: u64) -> Outcome {
+pub async fn resize(store_url: Option<&str>, name: &str, capacity: u32) -> Outcome {
     Name::new(name)?;
-    if capacity == 0 || capacity > u64::from(tessera::MAX_CAPACITY) {
+    if capacity == 0 || capacity > tessera::MAX_CAPACITY {
         return Err(tessera::InvalidInput::Capacity(capacity).into());
     }
     let store = crate::store_url::connect(store_url).await?;

@@ -73,7 +73,7 @@ enum Command {
         /// Semaphore name
         name: String,
         /// New capacity
-        capacity: u64,
+        capacity: u32,
     },
     /// Delete a semaphore with its holders and waiters (admin)
     #[command(after_help = DELETE_HELP)]
@@ -157,10 +157,10 @@ struct RunCmd {
     name: String,
     /// Capacity of the semaphore: how many permits exist in all (optional with --rate)
     #[arg(long, value_name = "C", required_unless_present = "rate")]
-    permits: Option<u64>,
+    permits: Option<u32>,
     /// Permits this command takes, as one lease (1..=C)
     #[arg(long, value_name = "W", default_value_t = 1)]
-    weight: u64,
+    weight: u32,
     /// Lease TTL: how long the permit outlives tessera if it is killed (100ms..24h)
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,

@@ -62,8 +62,9 @@ pub const KILL_LEAD: Duration = Duration::from_millis(100);
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// See [`RELEASE_TIMEOUT`].
 const RELEASE_AFTER_VALID: Duration = Duration::from_secs(1);
-/// How long tessera waits, after giving up a wait, for the library's background clean-up
-/// (cancelling the queue place) to reach the store.
+/// How long tessera waits before exiting for the library's background clean-ups (the cancel
+/// of an abandoned queue place, the return of a rate reservation) to reach the store. What
+/// is still under way then is finished by the library's exit handler, within its own bound.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The arguments of `tessera run`, parsed but not yet validated.
@@ -71,8 +72,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct RunArgs {
     pub name: String,
     /// `None`: no semaphore, only the rate limits.
-    pub permits: Option<u64>,
-    pub weight: u64,
+    pub permits: Option<u32>,
+    pub weight: u32,
     pub ttl: Duration,
     /// `None`: wait as long as it takes.
     pub wait: Option<Duration>,
@@ -115,14 +116,14 @@ impl RunArgs {
             return Ok(1);
         };
         let sem = Semaphore::new(&scratch, &self.name, permits, self.options())?;
-        if self.weight == 0 || self.weight > u64::from(sem.capacity()) {
+        if self.weight == 0 || self.weight > sem.capacity() {
             return Err(tessera::InvalidInput::Weight {
                 weight: self.weight,
                 capacity: sem.capacity(),
             }
             .into());
         }
-        Ok(self.weight as u32)
+        Ok(self.weight)
     }
 }
 
@@ -136,7 +137,11 @@ pub async fn run(store_url: Option<&str>, args: RunArgs) -> Outcome {
         )
     })?;
     let store = crate::store_url::connect(store_url).await?;
-    hold_and_run(&store, &args, weight, &mut caught).await
+    let outcome = hold_and_run(&store, &args, weight, &mut caught).await;
+    // An interrupted or timed-out wait left its clean-up to the background: let it land
+    // before the runtime ends. Every permit was released (or its release gave up) already.
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, store.close()).await;
+    outcome
 }
 
 enum Acquired {
@@ -218,18 +223,12 @@ async fn hold_and_run(
 async fn take_permit(
     store: &Store,
     args: &RunArgs,
-    permits: u64,
+    permits: u32,
     weight: u32,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<Permit, Failure> {
     let sem = Semaphore::new(store, &args.name, permits, args.options())?;
-    let baseline = alive_tasks();
-    let acquired = acquire(&sem, weight, args.wait, caught).await;
-    if !matches!(acquired, Ok(Acquired::Permit(_))) {
-        // The wait was abandoned: let its cancellation reach the store before exiting.
-        drain_background(baseline).await;
-    }
-    match acquired? {
+    match acquire(&sem, weight, args.wait, caught).await? {
         Acquired::Permit(p) => Ok(p),
         Acquired::TimedOut => Err(Failure::new(
             exit::TEMPFAIL,
@@ -339,7 +338,7 @@ async fn acquire(
                     tracing::debug!(signal = %signals::name(signal.signal), "no command to forward to yet; ignored");
                     continue;
                 }
-                // Dropping `attempt` cancels the wait in the background (see `drain_background`).
+                // Dropping `attempt` cancels the wait in the background (see `DRAIN_TIMEOUT`).
                 return Ok(Acquired::Interrupted(signal.signal));
             }
         }
@@ -507,22 +506,6 @@ async fn release(permit: Permit) {
         Err(_) => eprintln!(
             "tessera: the store did not answer the release of the permit on {name}; it expires by its TTL"
         ),
-    }
-}
-
-fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
-
-/// Gives the library's background clean-up (an abandoned wait is cancelled by a spawned task)
-/// up to [`DRAIN_TIMEOUT`] to finish before the runtime is dropped. Otherwise a timed-out or
-/// interrupted waiter would stay queued until its heartbeat TTL, blocking the queue behind it.
-async fn drain_background(baseline: usize) {
-    let deadline = Instant::now() + DRAIN_TIMEOUT;
-    while alive_tasks() > baseline && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

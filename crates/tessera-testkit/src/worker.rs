@@ -191,7 +191,7 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
     if let Some(ms) = args.waiter_ttl_ms {
         opts = opts.waiter_ttl(Duration::from_millis(ms));
     }
-    let sem = Semaphore::new(store, &args.name, args.permits as u64, opts)?;
+    let sem = Semaphore::new(store, &args.name, args.permits, opts)?;
     if let Some(n) = args.waiters {
         return run_waiters(&sem, n, args).await;
     }

@@ -19,10 +19,10 @@ pub enum InvalidInput {
     Name { name: String, reason: &'static str },
     /// Capacity must be between 1 and [`crate::MAX_CAPACITY`].
     #[error("invalid capacity {0}: must be between 1 and {max}", max = crate::MAX_CAPACITY)]
-    Capacity(u64),
+    Capacity(u32),
     /// Weight must be between 1 and the semaphore's capacity.
     #[error("invalid weight {weight}: must be between 1 and the capacity {capacity}")]
-    Weight { weight: u64, capacity: u32 },
+    Weight { weight: u32, capacity: u32 },
     /// A lease TTL outside the supported range.
     #[error("invalid lease TTL {ttl:?}: must be between {min:?} and {max:?}")]
     Ttl {
@@ -143,6 +143,11 @@ pub enum LossReason {
     Gone,
     /// Renewals kept failing and the lease could expire soon; the holder must stop now.
     RenewalsFailing(String),
+    /// This process did not run for the given time (it was stopped with SIGSTOP, suspended,
+    /// or starved of CPU), so its lease was not renewed and may have expired.
+    Stalled(std::time::Duration),
+    /// [`crate::Store::close`] released the lease.
+    Closed,
 }
 
 impl fmt::Display for LossReason {
@@ -154,6 +159,12 @@ impl fmt::Display for LossReason {
             LossReason::RenewalsFailing(e) => {
                 write!(f, "renewals kept failing ({e}); the lease may expire")
             }
+            LossReason::Stalled(d) => write!(
+                f,
+                "this process did not run for {:.1} s (stopped, suspended or starved of CPU), so the lease was not renewed and may have expired",
+                d.as_secs_f64()
+            ),
+            LossReason::Closed => f.write_str("the store was closed (Store::close released the lease)"),
         }
     }
 }

@@ -38,6 +38,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -50,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::LossReason;
 use crate::model::*;
 use crate::semaphore::Config;
-use crate::store::Backend;
+use crate::store::Store;
 use crate::wake;
 
 /// The log target of loss and renewal events: the permit's, where users (and the CLI's
@@ -60,10 +61,13 @@ const LOG_TARGET: &str = "tessera::permit";
 /// How long a keeper without leases waits for a new one before its task ends.
 const IDLE_LINGER: Duration = Duration::from_secs(1);
 
+/// A turn later than this (and than a tenth of the TTL) means the process stalled.
+const STALL_MIN: Duration = Duration::from_millis(50);
+
 /// A held lease: what the permit and the keeper share.
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) store: Store,
     pub(crate) config: Arc<Config>,
     pub(crate) lease: Lease,
     keeper: Arc<Keeper>,
@@ -72,6 +76,8 @@ pub(crate) struct Held {
     lost: OnceLock<CancellationToken>,
     /// Wakes a turn in progress when the permit is released or dropped.
     stop: Notify,
+    /// Whoever sets this first (release, drop, `Store::close`) sends the one release.
+    released: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -82,6 +88,8 @@ struct HeldState {
     last_ok: Instant,
     /// The last renewal error, while renewals fail.
     failing: Option<String>,
+    /// When the turn in progress (or the last one) was due.
+    planned: Instant,
     loss: Option<LossReason>,
     stage: Stage,
     /// A wake-up arrived during a turn: take another one at once.
@@ -103,12 +111,12 @@ fn margin(ttl: Duration) -> Duration {
 }
 
 impl Held {
-    /// A granted lease, entered in the keeper of the current runtime. `sent` is when the
-    /// request that got the grant was sent.
+    /// A granted lease, entered in the keeper of the current runtime and noted by `store`
+    /// for [`Store::close`]. `sent` is when the request that got the grant was sent.
     ///
     /// Panics outside a tokio runtime.
     pub(crate) fn start(
-        backend: Arc<dyn Backend>,
+        store: Store,
         config: Arc<Config>,
         grant: Grant,
         sent: Instant,
@@ -120,23 +128,26 @@ impl Held {
             valid_until: sent + remaining.saturating_sub(margin(config.ttl)),
             last_ok: now,
             failing: None,
+            planned: now,
             loss: None,
             stage: Stage::Ended,
             poked: false,
         };
         let first = state.next_turn(&config, now);
         let held = Arc::new(Held {
-            backend,
+            store,
             config,
             lease: grant.lease,
             keeper: Keeper::current(),
             state: Mutex::new(state),
             lost: OnceLock::new(),
             stop: Notify::new(),
+            released: AtomicBool::new(false),
         });
         let mut st = held.state.lock().unwrap();
         st.stage = Stage::Queued(held.keeper.insert(first, &held, false));
         drop(st);
+        held.store.track(&held);
         held
     }
 
@@ -185,7 +196,12 @@ impl Held {
         }
     }
 
-    fn lose(&self, reason: LossReason) {
+    /// `true` for the first caller only: that one sends the lease's release.
+    pub(crate) fn claim_release(&self) -> bool {
+        !self.released.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn lose(&self, reason: LossReason) {
         let mut st = self.state.lock().unwrap();
         if st.loss.is_none() {
             tracing::warn!(target: LOG_TARGET, name = %self.config.name, lease = %self.lease.lease_id, %reason, "lease lost");
@@ -204,6 +220,7 @@ impl Held {
         let mut st = self.state.lock().unwrap();
         if st.stage == Stage::Queued(key) {
             st.stage = Stage::InTurn;
+            st.planned = key.0;
             true
         } else {
             false
@@ -276,20 +293,31 @@ async fn take_turn(held: &Held) {
     let stopped = held.stop.notified();
     tokio::pin!(stopped);
     stopped.as_mut().enable();
-    let (valid_until, failing) = {
+    let (valid_until, failing, planned) = {
         let st = held.state.lock().unwrap();
         if st.stage != Stage::InTurn {
             return;
         }
-        (st.valid_until, st.failing.clone())
+        (st.valid_until, st.failing.clone(), st.planned)
     };
     let lost_at = valid_until.checked_sub(ttl / 3).unwrap_or(valid_until);
     let now = Instant::now();
-    if let Some(why) = &failing {
-        if now >= lost_at {
-            held.lose(LossReason::RenewalsFailing(why.clone()));
-            return;
+    // A turn that starts (or a timer that fires) long after it was due means this process
+    // did not run meanwhile (SIGSTOP, suspend, CPU starvation): say so, rather than blaming
+    // the store for a renewal that was never sent.
+    let loss = |late: Duration, failing: Option<String>| {
+        if late > (ttl / 10).max(STALL_MIN) {
+            LossReason::Stalled(late)
+        } else {
+            LossReason::RenewalsFailing(
+                failing.unwrap_or_else(|| "the store did not answer".to_string()),
+            )
         }
+    };
+    let late = now.saturating_duration_since(planned);
+    if failing.is_some() && now >= lost_at {
+        held.lose(loss(late, failing));
+        return;
     }
     let deadline = if now < lost_at { lost_at } else { valid_until };
     let sent = Instant::now();
@@ -297,11 +325,11 @@ async fn take_turn(held: &Held) {
         biased;
         _ = &mut stopped => return,
         _ = tokio::time::sleep_until(deadline) => {
-            let why = failing.unwrap_or_else(|| "the store did not answer".to_string());
-            held.lose(LossReason::RenewalsFailing(why));
+            let overshoot = Instant::now().saturating_duration_since(deadline);
+            held.lose(loss(late.max(overshoot), failing));
             return;
         }
-        r = held.backend.renew(&held.config.name, held.lease.lease_id, ttl) => r,
+        r = held.store.backend().renew(&held.config.name, held.lease.lease_id, ttl) => r,
     };
     match reply {
         Ok(RenewReply::Renewed { expires_at, now }) => {

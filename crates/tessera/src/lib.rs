@@ -32,6 +32,7 @@
 //!
 //! See `docs/contract.md` in the repository for the guarantees every store keeps.
 
+mod cleanup;
 pub mod clock;
 pub mod error;
 mod keeper;
@@ -44,6 +45,7 @@ pub mod store;
 pub mod stores;
 pub mod wake;
 
+pub use cleanup::EXIT_GRACE;
 pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lock::Lock;
 pub use model::*;

@@ -358,11 +358,11 @@ pub(crate) fn validate_holder(h: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-pub(crate) fn validate_capacity(c: u64) -> Result<u32, InvalidInput> {
-    if c == 0 || c > MAX_CAPACITY as u64 {
+pub(crate) fn validate_capacity(c: u32) -> Result<u32, InvalidInput> {
+    if c == 0 || c > MAX_CAPACITY {
         return Err(InvalidInput::Capacity(c));
     }
-    Ok(c as u32)
+    Ok(c)
 }
 
 pub(crate) fn validate_ttl(ttl: Duration) -> Result<(), InvalidInput> {

@@ -28,14 +28,16 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cleanup::{self, Job};
 use crate::error::{LossReason, Result};
 use crate::keeper::Held;
 use crate::model::*;
 use crate::semaphore::Config;
-use crate::store::Backend;
+use crate::store::Store;
 use crate::wake;
 
-/// A held lease on one or more permits. Released when dropped (in the background) or by
+/// A held lease on one or more permits. Released when dropped (in the background, see
+/// [`crate::Store::close`] for what happens at the end of a program) or by
 /// [`Permit::release`]; renewed in the background while it lives.
 #[must_use = "the permit is released as soon as it is dropped"]
 #[derive(Debug)]
@@ -43,14 +45,13 @@ pub struct Permit {
     held: Arc<Held>,
     /// The wake-up registration on the lease id, for revocations pushed to the holder.
     _wake: wake::Registration,
-    released: bool,
 }
 
 impl Permit {
     /// Starts keeping a granted lease alive. `registration` is the acquire's wake-up
     /// registration on the lease id, if it had one; it passes to the permit.
     pub(crate) fn start(
-        backend: Arc<dyn Backend>,
+        store: &Store,
         config: Arc<Config>,
         grant: Grant,
         sent: Instant,
@@ -58,7 +59,7 @@ impl Permit {
     ) -> Permit {
         let registration =
             registration.unwrap_or_else(|| wake::Registration::new(grant.lease.lease_id));
-        let held = Held::start(backend, config, grant, sent);
+        let held = Held::start(store.clone(), config, grant, sent);
         // A revocation pushed between the grant and this hand-over only wakes the acquire's
         // slot, which nobody awaits any more; the next renewal finds the lease gone, as a
         // push before the keep-alive had registered did with one task per permit.
@@ -67,7 +68,6 @@ impl Permit {
         Permit {
             held,
             _wake: registration,
-            released: false,
         }
     }
 
@@ -122,30 +122,39 @@ impl Permit {
         self.held.is_lost()
     }
 
-    /// Releases the lease now; `true` if the store still held it (`false` after a loss).
-    /// On error the lease expires by its TTL (no renewal happens any more).
-    pub async fn release(mut self) -> Result<bool> {
-        self.released = true;
-        self.held.stop();
+    /// Releases the lease now; `true` if the store still held it (`false` after a loss, or
+    /// after [`crate::Store::close`] released it). On error the lease expires by its TTL (no
+    /// renewal happens any more).
+    pub async fn release(self) -> Result<bool> {
         let h = &self.held;
-        h.backend.release(&h.config.name, h.lease.lease_id).await
+        if !h.claim_release() {
+            return Ok(false);
+        }
+        h.stop();
+        h.store.untrack(h.lease.lease_id);
+        h.store
+            .backend()
+            .release(&h.config.name, h.lease.lease_id)
+            .await
     }
 }
 
 impl Drop for Permit {
+    /// Releases in the background: on this runtime if it goes on, else on tessera's clean-up
+    /// thread, which a normal process exit waits for (see [`crate::Store::close`]).
     fn drop(&mut self) {
-        if self.released {
+        let h = &self.held;
+        if !h.claim_release() {
             return;
         }
-        self.held.stop();
-        let held = Arc::clone(&self.held);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let (name, id) = (&held.config.name, held.lease.lease_id);
-                if let Err(e) = held.backend.release(name, id).await {
-                    tracing::warn!(%name, lease = %id, error = %e, "release on drop failed; the lease expires by its TTL");
-                }
-            });
-        }
+        h.stop();
+        h.store.untrack(h.lease.lease_id);
+        cleanup::spawn(
+            &h.store,
+            Job::Release {
+                name: h.config.name.clone(),
+                lease: h.lease.lease_id,
+            },
+        );
     }
 }

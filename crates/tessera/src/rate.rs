@@ -648,7 +648,7 @@ impl RateLimiter {
             } => {
                 if at > now {
                     let mut guard = Reserved {
-                        backend: Arc::clone(&self.backend),
+                        store: self.store.clone(),
                         name: self.name.clone(),
                         reservation,
                         at,
@@ -709,7 +709,7 @@ fn limited(retry_at: StoreTime, now: StoreTime) -> RateDecision {
 /// Owns a reservation while `acquire` sleeps; if the future is dropped first, asks the store
 /// to return it.
 struct Reserved {
-    backend: Arc<dyn crate::store::Backend>,
+    store: Store,
     name: Name,
     reservation: u64,
     at: StoreTime,
@@ -721,21 +721,14 @@ impl Drop for Reserved {
         if !self.armed {
             return;
         }
-        let (backend, name, id, at) = (
-            Arc::clone(&self.backend),
-            self.name.clone(),
-            self.reservation,
-            self.at,
+        crate::cleanup::spawn(
+            &self.store,
+            crate::cleanup::Job::RateCancel {
+                name: self.name.clone(),
+                reservation: self.reservation,
+                at: self.at,
+            },
         );
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Some(rate) = backend.rate() {
-                    if let Err(e) = rate.rate_cancel(&name, id, at).await {
-                        tracing::warn!(%name, error = %e, "could not return a cancelled rate reservation; it stays charged");
-                    }
-                }
-            });
-        }
     }
 }
 

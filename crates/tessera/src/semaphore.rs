@@ -14,11 +14,13 @@
 //! the cancellation, releases the lease. Retries of a request reuse the lease id, so the
 //! store answers them idempotently.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::cleanup::{self, Job};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
 use crate::permit::Permit;
@@ -123,11 +125,22 @@ pub(crate) struct Config {
 /// permit.release().await?;
 /// # Ok::<(), tessera::Error>(()) }).unwrap();
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Semaphore {
-    backend: Arc<dyn Backend>,
-    capacity: u32,
+    store: Store,
+    /// The capacity this handle declares; [`Semaphore::resize`] changes it.
+    capacity: AtomicU32,
     config: Arc<Config>,
+}
+
+impl Clone for Semaphore {
+    fn clone(&self) -> Self {
+        Semaphore {
+            store: self.store.clone(),
+            capacity: AtomicU32::new(self.capacity()),
+            config: Arc::clone(&self.config),
+        }
+    }
 }
 
 impl Semaphore {
@@ -136,7 +149,7 @@ impl Semaphore {
     /// Errors (typed, nothing changed): an invalid name, a capacity of 0 or above
     /// [`MAX_CAPACITY`], a TTL, keep-alive interval, waiter TTL, queue cap or holder label out
     /// of range.
-    pub fn new(store: &Store, name: &str, capacity: u64, opts: SemaphoreOptions) -> Result<Self> {
+    pub fn new(store: &Store, name: &str, capacity: u32, opts: SemaphoreOptions) -> Result<Self> {
         let name = Name::new(name)?;
         let capacity = validate_capacity(capacity)?;
         validate_ttl(opts.ttl)?;
@@ -155,8 +168,8 @@ impl Semaphore {
         let holder = opts.holder.clone().unwrap_or_else(default_holder);
         validate_holder(&holder)?;
         Ok(Semaphore {
-            backend: Arc::clone(store.backend()),
-            capacity,
+            store: store.clone(),
+            capacity: AtomicU32::new(capacity),
             config: Arc::new(Config {
                 name,
                 ttl: opts.ttl,
@@ -173,9 +186,13 @@ impl Semaphore {
         self.config.name.as_str()
     }
 
-    /// The capacity this client declared.
+    /// The capacity this client declared (or set with [`Semaphore::resize`]).
     pub fn capacity(&self) -> u32 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    fn backend(&self) -> &Arc<dyn Backend> {
+        self.store.backend()
     }
 
     /// Waits for one permit. See [`Semaphore::acquire_many`].
@@ -234,10 +251,10 @@ impl Semaphore {
         let mut pending = Pending::new(self, LeaseId::random());
         let sent = Instant::now();
         let reply = self
-            .backend
+            .backend()
             .acquire(
                 &self.config.name,
-                self.capacity,
+                self.capacity(),
                 &self.request(pending.lease, weight, false),
             )
             .await?;
@@ -259,36 +276,34 @@ impl Semaphore {
     /// A snapshot of this semaphore (an empty one if the store holds nothing for it).
     pub async fn status(&self) -> Result<SemaphoreStatus> {
         Ok(self
-            .backend
+            .backend()
             .status(&self.config.name)
             .await?
             .unwrap_or_else(|| SemaphoreStatus {
                 name: self.config.name.to_string(),
-                capacity: self.capacity,
+                capacity: self.capacity(),
                 used: 0,
-                available: self.capacity,
+                available: self.capacity(),
                 now: StoreTime(0),
                 holders: vec![],
                 queue: vec![],
             }))
     }
 
-    /// Changes the capacity in the store and the capacity this handle declares; returns the
-    /// old stored capacity. See [`Store::resize`].
-    pub async fn resize(&mut self, capacity: u64) -> Result<u32> {
+    /// Changes the capacity in the store and the capacity this handle declares (its clones
+    /// keep theirs); returns the old stored capacity. See [`Store::resize`]. On error nothing
+    /// changed.
+    pub async fn resize(&self, capacity: u32) -> Result<u32> {
         let capacity = validate_capacity(capacity)?;
-        let old = self.backend.resize(&self.config.name, capacity).await?;
-        self.capacity = capacity;
+        let old = self.backend().resize(&self.config.name, capacity).await?;
+        self.capacity.store(capacity, Ordering::Relaxed);
         Ok(old)
     }
 
     fn check_weight(&self, weight: u32) -> Result<u32> {
-        if weight == 0 || weight > self.capacity {
-            return Err(InvalidInput::Weight {
-                weight: weight as u64,
-                capacity: self.capacity,
-            }
-            .into());
+        let capacity = self.capacity();
+        if weight == 0 || weight > capacity {
+            return Err(InvalidInput::Weight { weight, capacity }.into());
         }
         Ok(weight)
     }
@@ -313,7 +328,7 @@ impl Semaphore {
         registration: Option<wake::Registration>,
     ) -> Permit {
         Permit::start(
-            Arc::clone(&self.backend),
+            &self.store,
             Arc::clone(&self.config),
             grant,
             sent,
@@ -363,7 +378,7 @@ impl Semaphore {
         let reply = loop {
             let Some(r) = bounded(
                 deadline,
-                self.backend.acquire(name, self.capacity, &request),
+                self.backend().acquire(name, self.capacity(), &request),
             )
             .await
             else {
@@ -424,7 +439,7 @@ impl Semaphore {
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
         let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
-        let (mut poll, poll_max) = match self.backend.waking() {
+        let (mut poll, poll_max) = match self.backend().waking() {
             Waking::Push => (heartbeat, heartbeat),
             Waking::Poll { min, max } => (min, max.min(heartbeat)),
         };
@@ -476,7 +491,8 @@ impl Semaphore {
             let beat_sent = Instant::now();
             let Some(beat) = bounded(
                 deadline,
-                self.backend.heartbeat(name, lease, self.config.waiter_ttl),
+                self.backend()
+                    .heartbeat(name, lease, self.config.waiter_ttl),
             )
             .await
             else {
@@ -546,7 +562,7 @@ struct InQueue {
 /// Owns a lease id from the first request until a permit (or a definite "no") is returned;
 /// if dropped before, cancels the wait or releases a grant that raced with the drop.
 struct Pending {
-    backend: Arc<dyn Backend>,
+    store: Store,
     config: Arc<Config>,
     lease: LeaseId,
     armed: bool,
@@ -555,7 +571,7 @@ struct Pending {
 impl Pending {
     fn new(sem: &Semaphore, lease: LeaseId) -> Self {
         Pending {
-            backend: Arc::clone(&sem.backend),
+            store: sem.store.clone(),
             config: Arc::clone(&sem.config),
             lease,
             armed: true,
@@ -568,7 +584,7 @@ impl Pending {
     /// Cancels now if the store answers within `grace`; otherwise stays armed so the drop
     /// cancels in the background.
     async fn cancel_within(&mut self, grace: Duration) {
-        let cancel = self.backend.cancel(&self.config.name, self.lease);
+        let cancel = self.store.backend().cancel(&self.config.name, self.lease);
         if let Ok(Ok(_)) = tokio::time::timeout(grace, cancel).await {
             self.disarm();
         }
@@ -580,18 +596,12 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
-        let (backend, config, lease) = (
-            Arc::clone(&self.backend),
-            Arc::clone(&self.config),
-            self.lease,
+        cleanup::spawn(
+            &self.store,
+            Job::Cancel {
+                name: self.config.name.clone(),
+                lease: self.lease,
+            },
         );
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let name = &config.name;
-                if let Err(e) = backend.cancel(name, lease).await {
-                    tracing::warn!(%name, %lease, error = %e, "could not cancel an abandoned acquire; it expires by its TTL");
-                }
-            });
-        }
     }
 }

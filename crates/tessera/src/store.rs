@@ -30,13 +30,16 @@
 //! Policy — waiting, heartbeats, keep-alive, cancellation, loss detection — lives once, above
 //! this seam, in [`crate::Semaphore`] and [`crate::Permit`].
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::error::{redact_url, Error, InvalidInput, LossReason, Result, StoreErrorKind};
+use crate::keeper::Held;
 use crate::model::*;
 
 /// How waiters learn about grants on this store.
@@ -116,15 +119,71 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 /// A connection to one store, chosen by URL. Cheap to clone; clones share the connection.
+///
+/// **At the end of a program** call [`Store::close`]: it releases every permit still held
+/// through this store and waits for the background clean-ups (releases of dropped permits,
+/// cancels of abandoned waits, returned rate reservations). Without it, a process that exits
+/// normally still waits up to [`crate::EXIT_GRACE`] for those clean-ups, on a connection of
+/// their own, so permits dropped when `main` returns are released; only a process killed
+/// outright leaves its leases to expire by their TTL.
 #[derive(Clone)]
 pub struct Store {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     backend: Arc<dyn Backend>,
+    /// The URL with any password replaced by `***`: the only form ever shown.
     url: String,
+    /// The URL as given (password included) for the clean-up thread to reconnect with;
+    /// `None` for a store built from a backend. Never printed.
+    reconnect: Option<String>,
+    /// The permits held through this store, for [`Store::close`].
+    permits: Mutex<HashMap<LeaseId, Weak<Held>>>,
+    /// Background clean-ups under way for this store (see `crate::cleanup`).
+    cleanups: watch::Sender<usize>,
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").field("url", &self.url).finish()
+        f.debug_struct("Store")
+            .field("url", &self.shared.url)
+            .finish()
+    }
+}
+
+/// How long [`Store::close`] gives each release, and the clean-ups under way, to finish.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Every store of the process, for the exit handler.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// At a normal process exit: hands every permit still held, in every store, to the clean-up
+/// thread as a release (see `crate::cleanup`).
+pub(crate) fn release_all_at_exit() {
+    let stores: Vec<Store> = match LIVE.lock() {
+        Ok(live) => live
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|shared| Store { shared })
+            .collect(),
+        Err(_) => return,
+    };
+    for store in stores {
+        let held: Vec<Arc<Held>> = match store.shared.permits.lock() {
+            Ok(mut permits) => permits.drain().filter_map(|(_, h)| h.upgrade()).collect(),
+            Err(_) => continue,
+        };
+        for h in held.iter().filter(|h| h.claim_release()) {
+            h.stop();
+            crate::cleanup::reap(
+                &store,
+                crate::cleanup::Job::Release {
+                    name: h.config.name.clone(),
+                    lease: h.lease.lease_id,
+                },
+            );
+        }
     }
 }
 
@@ -177,29 +236,103 @@ impl Store {
                 ))
             }
         };
-        Ok(Store::from_backend(backend, url))
+        Ok(Store::build(backend, url, Some(url.to_string())))
     }
 
     /// Wraps a backend (for tests and fault injection).
     pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
-        Store {
+        Store::build(backend, url, None)
+    }
+
+    fn build(backend: Arc<dyn Backend>, url: &str, reconnect: Option<String>) -> Store {
+        let shared = Arc::new(Shared {
             backend,
             url: redact_url(url),
-        }
+            reconnect,
+            permits: Mutex::new(HashMap::new()),
+            cleanups: watch::Sender::new(0),
+        });
+        let mut live = LIVE.lock().unwrap();
+        live.retain(|s| s.strong_count() > 0);
+        live.push(Arc::downgrade(&shared));
+        Store { shared }
     }
 
     /// The store's URL with any password replaced by `***`.
     pub fn url(&self) -> &str {
-        &self.url
+        &self.shared.url
     }
 
     /// The backend behind this store.
     pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
+        &self.shared.backend
+    }
+
+    pub(crate) fn reconnect_url(&self) -> Option<&str> {
+        self.shared.reconnect.as_deref()
+    }
+
+    pub(crate) fn cleanups(&self) -> &watch::Sender<usize> {
+        &self.shared.cleanups
+    }
+
+    /// Notes a permit held through this store, for [`Store::close`] and the exit handler.
+    pub(crate) fn track(&self, held: &Arc<Held>) {
+        crate::cleanup::arm_exit();
+        let mut permits = self.shared.permits.lock().unwrap();
+        permits.insert(held.lease.lease_id, Arc::downgrade(held));
+    }
+
+    /// The permit of `lease` is released or dropped.
+    pub(crate) fn untrack(&self, lease: LeaseId) {
+        self.shared.permits.lock().unwrap().remove(&lease);
+    }
+
+    /// Releases every permit still held through this store (clones included) and waits for
+    /// the background clean-ups under way (releases of dropped permits, cancels of abandoned
+    /// waits, returned rate reservations). Call it before a program ends.
+    ///
+    /// Each permit still held first fires its [`crate::Permit::lost`] with
+    /// [`LossReason::Closed`] (its holder must stop), then is released. Each release and the
+    /// wait for clean-ups are bounded by 5 s; a lease whose release fails or times out expires
+    /// by its TTL. On error (the first failed release) every other permit was still released.
+    /// The store stays usable afterwards.
+    pub async fn close(&self) -> Result<()> {
+        let held: Vec<Arc<Held>> = {
+            let mut permits = self.shared.permits.lock().unwrap();
+            permits.drain().filter_map(|(_, h)| h.upgrade()).collect()
+        };
+        let releases = held
+            .iter()
+            .filter(|h| h.claim_release())
+            .map(|h| async move {
+                h.lose(LossReason::Closed);
+                h.stop();
+                let (name, lease) = (&h.config.name, h.lease.lease_id);
+                match tokio::time::timeout(CLOSE_TIMEOUT, self.backend().release(name, lease)).await
+                {
+                    Ok(r) => r.map(drop),
+                    Err(_) => Err(Error::store(
+                        StoreErrorKind::Timeout,
+                        format!(
+                            "releasing lease {lease} on {name} took longer than {CLOSE_TIMEOUT:?}"
+                        ),
+                    )),
+                }
+            });
+        let outcomes = futures::future::join_all(releases).await;
+        let mut under_way = self.shared.cleanups.subscribe();
+        if tokio::time::timeout(CLOSE_TIMEOUT, under_way.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!(store = %self.url(), "clean-ups still under way after {CLOSE_TIMEOUT:?}");
+        }
+        outcomes.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
 
     /// A semaphore of `capacity` permits with default options.
-    pub fn semaphore(&self, name: &str, capacity: u64) -> Result<crate::Semaphore> {
+    pub fn semaphore(&self, name: &str, capacity: u32) -> Result<crate::Semaphore> {
         crate::Semaphore::new(self, name, capacity, crate::SemaphoreOptions::default())
     }
 
@@ -210,12 +343,12 @@ impl Store {
 
     /// A snapshot of a semaphore, or `None` if the store holds nothing for it.
     pub async fn status(&self, name: &str) -> Result<Option<SemaphoreStatus>> {
-        self.backend.status(&Name::new(name)?).await
+        self.backend().status(&Name::new(name)?).await
     }
 
     /// Names of the semaphores that currently have holders or waiters.
     pub async fn list(&self) -> Result<Vec<String>> {
-        self.backend.list().await
+        self.backend().list().await
     }
 
     /// A rate limiter with `limits` in exact mode (at most N in any window of L) and default
@@ -241,8 +374,8 @@ impl Store {
     }
 
     fn rate_backend(&self) -> Result<&dyn crate::rate::RateBackend> {
-        self.backend.rate().ok_or_else(|| {
-            Error::Unsupported(format!("rate limiting is not available on {}", self.url))
+        self.backend().rate().ok_or_else(|| {
+            Error::Unsupported(format!("rate limiting is not available on {}", self.url()))
         })
     }
 
@@ -250,10 +383,10 @@ impl Store {
     /// new permits to the queue at once; shrinking never revokes, it only stops grants until
     /// the holders fit. Clients that declared the old capacity get
     /// [`Error::CapacityMismatch`] from then on.
-    pub async fn resize(&self, name: &str, capacity: u64) -> Result<u32> {
+    pub async fn resize(&self, name: &str, capacity: u32) -> Result<u32> {
         let name = Name::new(name)?;
         let capacity = validate_capacity(capacity)?;
-        self.backend.resize(&name, capacity).await
+        self.backend().resize(&name, capacity).await
     }
 
     /// Revokes a holder's lease (admin); `true` if it was held. The holder's
@@ -261,11 +394,11 @@ impl Store {
     pub async fn revoke(&self, name: &str, lease_id: &str) -> Result<bool> {
         let name = Name::new(name)?;
         let lease: LeaseId = lease_id.parse()?;
-        self.backend.revoke(&name, lease).await
+        self.backend().revoke(&name, lease).await
     }
 
     /// Deletes a semaphore with its holders and waiters (admin); `true` if it existed.
     pub async fn delete(&self, name: &str) -> Result<bool> {
-        self.backend.delete(&Name::new(name)?).await
+        self.backend().delete(&Name::new(name)?).await
     }
 }

@@ -676,7 +676,7 @@ async fn leases_expiring_by_the_thousand_are_purged_in_bounded_steps_that_keep_t
     // A waiter for 300 permits through the public API, whose own heartbeat comes only every
     // 15 s: more than one step's purge must free before it fits.
     let store = Store::connect(&url).await.unwrap();
-    let sem = Semaphore::new(&store, "mass", N as u64, patient()).unwrap();
+    let sem = Semaphore::new(&store, "mass", N, patient()).unwrap();
     let waiter = tokio::spawn(async move { sem.acquire_many(300).await });
     wait_until_queued(&store, "mass", 1).await;
     let holders = || -> u64 {

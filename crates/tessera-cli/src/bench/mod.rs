@@ -69,7 +69,7 @@ pub struct BenchArgs {
     pub clients: Option<usize>,
     /// Capacity of the semaphore (overrides the workload's: 10, 1, 4).
     #[arg(long)]
-    pub capacity: Option<u64>,
+    pub capacity: Option<u32>,
     /// Operations per workload: acquire+release pairs for W1, grants for W2 and W3.
     #[arg(long, default_value_t = 20_000)]
     pub ops: u64,
@@ -99,7 +99,7 @@ pub struct BenchArgs {
     /// many, so the workload still sees its own): how the per-operation cost grows with the
     /// number of holders (compare --preload 10 and --preload 10000).
     #[arg(long, default_value_t = 0)]
-    pub preload: u64,
+    pub preload: u32,
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,

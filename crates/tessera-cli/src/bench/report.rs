@@ -10,9 +10,9 @@ pub struct WorkloadReport {
     /// The store URL (password hidden).
     pub store: String,
     pub clients: usize,
-    pub capacity: u64,
+    pub capacity: u32,
     /// Extra holders kept during the workload (`--preload`).
-    pub preload: u64,
+    pub preload: u32,
     /// Runtime worker threads (`--threads`; 0: one current-thread runtime).
     pub threads: usize,
     pub hold_ms: f64,

@@ -21,7 +21,7 @@ pub struct Spec {
     /// Number of clients, each with its own store connection.
     pub clients: usize,
     /// Capacity of the semaphore.
-    pub capacity: u64,
+    pub capacity: u32,
     /// Pairs (W1) or grants (W2, W3) to run.
     pub ops: u64,
     /// How long each holder keeps its permit.
@@ -30,7 +30,7 @@ pub struct Spec {
     pub duration: Duration,
     /// Extra holders kept on the semaphore during the workload (its capacity is raised by as
     /// many), to see how the per-operation cost grows with the number of holders.
-    pub preload: u64,
+    pub preload: u32,
     /// Runtime worker threads (`--threads`; 0: one current-thread runtime).
     pub threads: usize,
 }

@@ -296,7 +296,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
         h.wait().await?;
     }
     let killed = Instant::now();
-    let sem = Semaphore::new(&run.store, "abandoned", c as u64, opts())?;
+    let sem = Semaphore::new(&run.store, "abandoned", c, opts())?;
     let bound = p.ttl + p.ttl / 3 + Duration::from_nanos(super::report::SLACK_NS);
     match sem.acquire_many_timeout(c, bound * 2).await {
         Ok(Some(all)) => {
@@ -328,7 +328,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     let wopts = SemaphoreOptions::default()
         .ttl(Duration::from_secs(30))
         .holder("chaos-runner");
-    let gate = Semaphore::new(&run.store, "dead-waiters", c as u64, wopts)?;
+    let gate = Semaphore::new(&run.store, "dead-waiters", c, wopts)?;
     let full = gate.acquire_many(c).await?;
     let mut args = run.worker_args("waiters");
     args.name = "dead-waiters".into();
@@ -404,7 +404,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
 
     // (c) The queue cap: with the permits held and `cap` waiters queued, one more is refused.
     let cap = 5u32;
-    let capped = Semaphore::new(&run.store, "capped", c as u64, opts().queue_cap(cap))?;
+    let capped = Semaphore::new(&run.store, "capped", c, opts().queue_cap(cap))?;
     let full = capped.acquire_many(c).await?;
     let waiters: Vec<_> = (0..cap)
         .map(|_| {

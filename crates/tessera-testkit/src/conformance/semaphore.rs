@@ -29,7 +29,7 @@ pub async fn never_over_grants_under_concurrency_and_cancellation(h: &Harness) {
         let (name, held, seats, fences) =
             (name.clone(), held.clone(), seats.clone(), fences.clone());
         tasks.push(tokio::spawn(async move {
-            let sem = Semaphore::new(&client.store, &name, CAP as u64, opts(2_000)).unwrap();
+            let sem = Semaphore::new(&client.store, &name, CAP, opts(2_000)).unwrap();
             let mut rng = rand::rngs::StdRng::seed_from_u64(worker);
             let mut grants = 0;
             for _ in 0..20 {
@@ -520,7 +520,7 @@ pub async fn capacity_mismatch_is_refused_and_changes_nothing(h: &Harness) {
 pub async fn resize_grows_to_the_queue_and_shrinks_without_revoking(h: &Harness) {
     let name = unique("resize");
     let admin = h.client().await;
-    let mut sem = Semaphore::new(&admin.store, &name, 2, opts(5_000)).unwrap();
+    let sem = Semaphore::new(&admin.store, &name, 2, opts(5_000)).unwrap();
     let a = sem.acquire_many(2).await.unwrap();
     let client = h.client().await;
     let n = name.clone();
@@ -575,9 +575,9 @@ pub async fn bad_inputs_get_typed_errors_and_change_nothing(h: &Harness) {
         assert!(e.is_invalid_input(), "not typed as invalid input: {e:?}");
     };
     let sem =
-        |name: &str, cap: u64, o: SemaphoreOptions| Semaphore::new(store, name, cap, o).map(|_| ());
+        |name: &str, cap: u32, o: SemaphoreOptions| Semaphore::new(store, name, cap, o).map(|_| ());
     invalid(sem("ok", 0, opts(1000)));
-    invalid(sem("ok", MAX_CAPACITY as u64 + 1, opts(1000)));
+    invalid(sem("ok", MAX_CAPACITY + 1, opts(1000)));
     invalid(sem("", 1, opts(1000)));
     invalid(sem(&"n".repeat(129), 1, opts(1000)));
     for bad in ["a b", "-a", "a{b}", "a\nb", "ä", "a*b", "../x"] {

@@ -318,7 +318,7 @@ fn child_process_worker() {
         return;
     };
     let log = std::env::var("TESSERA_SQLITE_CHILD_LOG").unwrap();
-    let capacity: u64 = std::env::var("TESSERA_SQLITE_CHILD_CAPACITY")
+    let capacity: u32 = std::env::var("TESSERA_SQLITE_CHILD_CAPACITY")
         .unwrap()
         .parse()
         .unwrap();
@@ -336,7 +336,7 @@ fn child_process_worker() {
             assert!(permit.fence() > last_fence);
             last_fence = permit.fence();
             let st = sem.status().await.unwrap();
-            assert!(st.used as u64 <= capacity && st.holders.len() as u64 <= capacity);
+            assert!(st.used <= capacity && st.holders.len() as u64 <= u64::from(capacity));
             std::thread::sleep(Duration::from_micros(500));
             let exit = StoreTime::host_now().0;
             lines.push_str(&format!(
