@@ -9,17 +9,22 @@ use tokio::process::{Child, Command};
 
 /// Path of the `tessera-hold` binary built next to the running test.
 pub fn holder_binary() -> std::path::PathBuf {
+    testkit_binary("tessera-hold")
+}
+
+/// Path of one of the test kit's binaries (`src/bin/`), built next to the running test.
+pub fn testkit_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().expect("exe dir");
     // Test binaries live in target/<profile>/deps; binaries in target/<profile>.
     for d in [dir, dir.parent().unwrap_or(dir)] {
-        let p = d.join("tessera-hold");
+        let p = d.join(name);
         if p.exists() {
             return p;
         }
     }
     panic!(
-        "tessera-hold not built next to {}; run the tests through cargo",
+        "{name} not built next to {}; run the tests through cargo",
         exe.display()
     );
 }

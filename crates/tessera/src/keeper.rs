@@ -280,6 +280,11 @@ impl wake::Hook for Held {
     }
 }
 
+/// Whether a turn that started `late` after it was due means the process stalled.
+fn stalled(late: Duration, ttl: Duration) -> bool {
+    late > (ttl / 10).max(STALL_MIN)
+}
+
 /// One turn of a lease: fires `lost()` if renewals have failed until `valid_until - TTL/3`,
 /// or renews once, bounded by that instant (by `valid_until` once past it). Ends early if the
 /// permit is released or dropped.
@@ -306,7 +311,7 @@ async fn take_turn(held: &Held) {
     // did not run meanwhile (SIGSTOP, suspend, CPU starvation): say so, rather than blaming
     // the store for a renewal that was never sent.
     let loss = |late: Duration, failing: Option<String>| {
-        if late > (ttl / 10).max(STALL_MIN) {
+        if stalled(late, ttl) {
             LossReason::Stalled(late)
         } else {
             LossReason::RenewalsFailing(
@@ -341,6 +346,8 @@ async fn take_turn(held: &Held) {
             st.last_ok = sent;
             st.failing = None;
         }
+        // Gone after a stall: the lease most likely expired because nobody renewed it.
+        Ok(RenewReply::Gone) if stalled(late, ttl) => held.lose(LossReason::Stalled(late)),
         Ok(RenewReply::Gone) => held.lose(LossReason::Gone),
         Err(e) => {
             tracing::debug!(target: LOG_TARGET, lease = %held.lease.lease_id, error = %e, "renewal failed; retrying");

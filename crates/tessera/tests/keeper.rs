@@ -131,3 +131,23 @@ async fn the_keeper_ends_without_leases_and_comes_back_with_the_next_one() {
     stays_renewed(&p, Duration::from_millis(300)).await;
     assert!(p.release().await.unwrap());
 }
+
+/// A process that does not run past its lease (SIGSTOP, suspend; here: the runtime's only
+/// thread blocked) is told that it stalled, not that the store failed to answer.
+#[tokio::test(flavor = "current_thread")]
+async fn a_holder_that_stalled_past_its_lease_is_told_it_stalled() {
+    let h = Harness::memory();
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &unique("stalled"), 1, opts(300)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    // Nothing of this process runs for three TTLs.
+    std::thread::sleep(Duration::from_millis(900));
+    let reason = timeout(Duration::from_secs(5), p.lost())
+        .await
+        .expect("lost() did not fire after the stall");
+    match reason {
+        LossReason::Stalled(d) => assert!(d >= Duration::from_millis(500), "{d:?}"),
+        other => panic!("the loss blamed something else: {other}"),
+    }
+    assert!(reason.to_string().contains("did not run"), "{reason}");
+}

@@ -9,10 +9,12 @@
 //! assert properties (never over-grant, FIFO, no leak), not timings; where the contract
 //! names a bound ("within the TTL") the test waits for the bound plus a generous slack.
 
+mod cleanup;
 mod lock;
 mod rate;
 mod semaphore;
 
+pub use cleanup::*;
 pub use lock::*;
 pub use rate::*;
 pub use semaphore::*;
@@ -119,6 +121,8 @@ macro_rules! conformance_tests {
             acquire_is_retried_through_a_store_blip,
             waiter_is_woken_without_waiting_for_its_heartbeat,
             nothing_is_left_after_all_leases_end,
+            close_releases_every_held_permit_and_tells_its_holder,
+            nothing_is_left_behind_by_a_process_that_exits,
             lock_is_mutually_exclusive,
             semaphore_of_one_is_mutually_exclusive,
             lock_try_and_timeout_answer_without_holding,
