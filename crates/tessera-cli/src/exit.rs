@@ -13,7 +13,7 @@
 //! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`) |
 //! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers |
 //! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
-//! | `75` | `run`: no permit within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
+//! | `75` | `run`: no permit or no turn within the rate limits within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
 //! | `126` | `run`: the command was found but could not be executed |
 //! | `127` | `run`: the command was not found |
 //! | `128+N` | `run`: the command was killed by signal N, or tessera itself was stopped by signal N while waiting for a permit (130 for Ctrl-C) |
@@ -62,7 +62,8 @@ Exit codes:
   69       the store failed or could not be reached
   71       an operating-system call failed
   74       run: the permit was lost while the command ran; the command was stopped
-  75       run: no permit within --wait, or the wait queue is full; try again later
+  75       run: no permit or no turn within the rate limits within --wait, or the
+           wait queue is full; try again later
   126/127  run: the command could not be executed / was not found
   128+N    run: the command was killed by signal N (or tessera by N while waiting)
   other    run: the command's own exit code";

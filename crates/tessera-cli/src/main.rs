@@ -47,7 +47,7 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 #[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
     /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://... or memory://
-    /// (see below; passwords are never printed)
+    /// (see tessera --help; passwords are never printed)
     #[arg(
         long,
         global = true,
@@ -150,7 +150,7 @@ const REVOKE_HELP: &str = "\
 Example:
   tessera revoke exports 5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7
 
-Exit codes: 0 revoked; 1 that lease does not hold NAME, or no store yet; 64 invalid input;
+Exit codes: 0 revoked; 1 that lease does not hold NAME, or no store yet; 64 invalid value;
 69 store fault.";
 
 const RESIZE_HELP: &str = "\
@@ -158,19 +158,20 @@ Example:
   tessera resize exports 4
 
 Clients that declared the old capacity get a capacity-mismatch error (exit 64) from then on.
-Exit codes: 0 resized; 1 no such semaphore, or no store yet; 64 invalid input; 69 store
+Exit codes: 0 resized; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
 fault.";
 
 const DELETE_HELP: &str = "\
 Example:
   tessera delete exports
 
-Exit codes: 0 deleted; 1 no such semaphore, or no store yet; 64 invalid input; 69 store
+Exit codes: 0 deleted; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
 fault.";
 
 #[derive(Debug, Args)]
 struct RunCmd {
-    /// Semaphore name (A-Z a-z 0-9 . _ - : / @, starting with a letter or digit)
+    /// Name of the semaphore and of the --rate limiter (A-Z a-z 0-9 . _ - : / @, starting
+    /// with a letter or digit)
     #[arg(long)]
     name: String,
     /// Capacity of the semaphore: how many permits exist in all (optional with --rate)
@@ -207,7 +208,7 @@ struct RunCmd {
 
 #[derive(Debug, Args)]
 struct StatusCmd {
-    /// Semaphore name; without it, one line per semaphore in the store
+    /// Semaphore or rate limiter name; without it, one line per semaphore and per limiter
     name: Option<String>,
     /// Print JSON: one object for NAME, an array otherwise (one document per refresh with
     /// --watch)
