@@ -116,10 +116,18 @@ fn scheme_problem(scheme: &str, has_feature: &dyn Fn(&str) -> bool) -> Option<St
             "the {scheme}:// store is planned but not available in tessera yet; {}",
             expected(has_feature)
         )),
-        None => Some(format!(
-            "unknown scheme {scheme:?}; {}",
-            expected(has_feature)
-        )),
+        // Echo the scheme only if it looks like one: whatever precedes "://" in a garbled
+        // URL could be part of a password.
+        None if scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            Some(format!(
+                "unknown scheme {scheme:?}; {}",
+                expected(has_feature)
+            ))
+        }
+        None => Some(format!("unknown scheme; {}", expected(has_feature))),
     }
 }
 
@@ -241,6 +249,10 @@ mod tests {
         assert_eq!(
             scheme_problem("ftp", &build(&["sqlite"])).unwrap(),
             "unknown scheme \"ftp\"; this build of tessera takes only sqlite:///absolute/path.db"
+        );
+        assert_eq!(
+            scheme_problem("u:secret@x", &build(&["memory"])).unwrap(),
+            "unknown scheme; this build of tessera takes only memory://"
         );
         let planned = scheme_problem("postgres", &build(&["memory"])).unwrap();
         assert!(planned.contains("planned"), "{planned}");
