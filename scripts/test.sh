@@ -39,6 +39,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+# Test builds always have every store (tessera-testkit, a dev-dependency, enables them all),
+# so a build without the default `memory` store is only compiled here.
+echo "== cargo check -p tessera --no-default-features --features sqlite"
+cargo check -p tessera --no-default-features --features sqlite --locked
 if cargo nextest --version >/dev/null 2>&1; then
   echo "== cargo nextest run"
   cargo nextest run --workspace --all-features --locked --no-fail-fast

@@ -1,5 +1,6 @@
 //! Admin commands: `revoke`, `resize`, `delete`. Each validates its arguments before it
-//! connects, prints one line, and exits [`exit::NOT_FOUND`] when there was nothing to change.
+//! opens the store, never creates one, prints one line, and exits [`exit::NOT_FOUND`] when
+//! there was nothing to change (including when there is no store yet).
 
 use tessera::{LeaseId, Name};
 
@@ -9,7 +10,9 @@ use crate::exit::{self, Failure, Outcome};
 pub async fn revoke(store_url: Option<&str>, name: &str, lease: &str) -> Outcome {
     Name::new(name)?;
     lease.parse::<LeaseId>()?;
-    let store = crate::store_url::connect(store_url).await?;
+    let store = crate::store_url::open_existing(store_url)
+        .await?
+        .required("nothing revoked")?;
     if store.revoke(name, lease).await? {
         println!("revoked lease {lease} on {name}; its holder is told it lost the permit");
         Ok(exit::OK)
@@ -27,7 +30,9 @@ pub async fn resize(store_url: Option<&str>, name: &str, capacity: u32) -> Outco
     if capacity == 0 || capacity > tessera::MAX_CAPACITY {
         return Err(tessera::InvalidInput::Capacity(capacity).into());
     }
-    let store = crate::store_url::connect(store_url).await?;
+    let store = crate::store_url::open_existing(store_url)
+        .await?
+        .required("nothing resized")?;
     match store.resize(name, capacity).await {
         Ok(old) => {
             println!("resized {name}: capacity {old} -> {capacity}");
@@ -47,7 +52,9 @@ pub async fn resize(store_url: Option<&str>, name: &str, capacity: u32) -> Outco
 /// `tessera delete NAME`.
 pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
     Name::new(name)?;
-    let store = crate::store_url::connect(store_url).await?;
+    let store = crate::store_url::open_existing(store_url)
+        .await?
+        .required("nothing deleted")?;
     if store.delete(name).await? {
         println!(
             "deleted {name} with its holders and waiters; holders are told they lost their permits"

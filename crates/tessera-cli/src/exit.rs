@@ -7,13 +7,13 @@
 //! | code | meaning |
 //! |---|---|
 //! | `0` | success (for `run`: the command exited 0) |
-//! | `1` | admin and `status NAME`: no such semaphore or lease (nothing changed) |
-//! | `2` | the command line could not be parsed (clap's usage errors) |
-//! | `64` | invalid input (`EX_USAGE`): a capacity of 0, a weight above the capacity, a TTL out of range, an invalid name, lease id or store URL, or a capacity that differs from the stored one; nothing was touched |
+//! | `1` | admin and `status NAME`: no such semaphore, rate limiter or lease, or no store yet (nothing changed, nothing created) |
+//! | `2` | usage error: an unknown command or flag, a missing or unexpected argument (clap's usage errors) |
+//! | `64` | invalid value (`EX_USAGE`), whether unparseable (`--ttl soon`, `--rate 2/x`) or out of range (a capacity of 0, a weight above the capacity, a TTL out of range), an invalid name, lease id or store URL, or a capacity or rate limits that differ from the stored ones; nothing was touched |
 //! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`) |
 //! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers |
 //! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
-//! | `75` | `run`: no permit within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
+//! | `75` | `run`: no permit or no turn within the rate limits within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
 //! | `126` | `run`: the command was found but could not be executed |
 //! | `127` | `run`: the command was not found |
 //! | `128+N` | `run`: the command was killed by signal N, or tessera itself was stopped by signal N while waiting for a permit (130 for Ctrl-C) |
@@ -29,9 +29,9 @@ use std::fmt;
 pub const OK: u8 = 0;
 /// No such semaphore or lease (admin commands, `status NAME`).
 pub const NOT_FOUND: u8 = 1;
-/// The command line could not be parsed (clap's usage errors).
+/// A usage error: unknown command or flag, missing or unexpected argument.
 pub const PARSE_ERROR: u8 = 2;
-/// Invalid input; nothing was touched (`EX_USAGE`).
+/// An invalid value, unparseable or out of range; nothing was touched (`EX_USAGE`).
 pub const USAGE: u8 = 64;
 /// The store failed or could not be reached (`EX_UNAVAILABLE`).
 pub const UNAVAILABLE: u8 = 69;
@@ -53,14 +53,17 @@ pub const SIGNAL_BASE: u8 = 128;
 pub const HELP_TABLE: &str = "\
 Exit codes:
   0        success (run: the command exited 0)
-  1        no such semaphore or lease (status NAME, revoke, resize, delete)
-  2        the command line could not be parsed
-  64       invalid input (capacity, weight, TTL, name, lease id, store URL, capacity
-           differing from the stored one); nothing was touched
+  1        nothing there: no such semaphore, rate limiter or lease, or no store yet
+           (status NAME, revoke, resize, delete); nothing changed or created
+  2        usage error: unknown command or flag, missing or unexpected argument
+  64       invalid value, unparseable or out of range (--permits, --weight, --ttl,
+           --wait, --rate, --cost, name, lease id, store URL), or a capacity or rate
+           limits differing from the stored ones; nothing was touched
   69       the store failed or could not be reached
   71       an operating-system call failed
   74       run: the permit was lost while the command ran; the command was stopped
-  75       run: no permit within --wait, or the wait queue is full; try again later
+  75       run: no permit or no turn within the rate limits within --wait, or the
+           wait queue is full; try again later
   126/127  run: the command could not be executed / was not found
   128+N    run: the command was killed by signal N (or tessera by N while waiting)
   other    run: the command's own exit code";
@@ -96,7 +99,7 @@ pub fn code_for(error: &tessera::Error) -> u8 {
         USAGE
     } else if error.is_queue_full() {
         TEMPFAIL
-    } else if error.is_not_found() {
+    } else if error.is_not_found() || error.is_no_store() {
         NOT_FOUND
     } else if error.is_lost() {
         LOST
@@ -107,8 +110,20 @@ pub fn code_for(error: &tessera::Error) -> u8 {
 
 impl From<tessera::Error> for Failure {
     fn from(error: tessera::Error) -> Self {
-        // Library messages carry no password (store URLs are redacted inside the library).
-        Failure::new(code_for(&error), one_line(&error.to_string()))
+        let message = match &error {
+            // The library names its API (`RateOptions::update`); here the flag does it.
+            tessera::Error::RateMismatch {
+                name,
+                stored,
+                declared,
+            } => format!(
+                "rate limiter {name:?} has limits {stored} in the store, but --rate declared \
+                 {declared}; add --update-rates to replace the stored limits"
+            ),
+            // Library messages carry no password (store URLs are redacted inside the library).
+            _ => error.to_string(),
+        };
+        Failure::new(code_for(&error), one_line(&message))
     }
 }
 

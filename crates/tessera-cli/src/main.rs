@@ -1,4 +1,5 @@
-//! `tessera`: run commands under distributed semaphores, and inspect or administer them.
+//! `tessera`: run commands under distributed semaphores and rate limits, and inspect or
+//! administer them.
 //!
 //! One file per concern: `run.rs` (hold permits while a command runs), `status.rs`,
 //! `admin.rs` (revoke, resize, delete), `store_url.rs` (which store), `signals.rs` (catching
@@ -22,22 +23,31 @@ const ROOT_HELP: &str = "\
 Examples:
   # at most 2 nightly exports at once, across every process using the store
   tessera run --name exports --permits 2 --ttl 30s -- ./export.sh --full
+  # at most 50 calls per second and 1,000 per minute, across every process
+  tessera run --name sms-api --rate 50/s --rate 1000/min -- ./send-one.sh
   tessera status exports
-  tessera --store sqlite:///var/lib/app/tessera.db status --json
+  tessera --store redis://127.0.0.1:6379 status --json
 
-Store: --store URL, else TESSERA_STORE, else the embedded SQLite store at
+Stores: --store URL, else TESSERA_STORE, else the embedded SQLite store at
 $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
+  sqlite:///absolute/path.db   processes on one host; the path must be absolute
+  redis://[user[:password]@]host[:port][/db], rediss://... (TLS)
+                               processes on many hosts
+  memory://                    this process only (for trying things out)
+Redis Sentinel and Cluster, PostgreSQL, MySQL and etcd are planned, not available yet.
+run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 
 ";
 
-/// Distributed semaphores and locks: run commands while holding permits shared by every
-/// process on the same store, and inspect or administer those semaphores.
+/// Distributed semaphores, locks and rate limits: run commands while holding permits, or
+/// within rate limits, shared by every process on the same store, and inspect or administer
+/// them.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
-    /// Store URL, e.g. sqlite:///var/lib/app/tessera.db or memory:// (passwords are never
-    /// printed)
+    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://... or memory://
+    /// (see tessera --help; passwords are never printed)
     #[arg(
         long,
         global = true,
@@ -53,10 +63,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a command while holding permits of a semaphore
+    /// Run a command while holding permits of a semaphore, or within rate limits, or both
     #[command(after_help = format!("{RUN_HELP}{}", exit::HELP_TABLE))]
     Run(RunCmd),
-    /// Show capacity, holders and queue of a semaphore, or a line per semaphore
+    /// Show a semaphore's holders and queue and a rate limiter's usage, or a line for each
     #[command(after_help = STATUS_HELP)]
     Status(StatusCmd),
     /// Revoke a holder's lease (admin); the holder is told it lost its permit
@@ -123,36 +133,45 @@ time is beyond --wait, nothing is charged and tessera exits 75.
 
 const STATUS_HELP: &str = "\
 Examples:
-  tessera status                 # one line per semaphore
-  tessera status exports         # capacity, holders (lease, seats, fence, ...) and queue
+  tessera status                 # one line per semaphore and per rate limiter
+  tessera status exports         # capacity, holders (lease, seats, fence, ...) and queue,
+                                 # and the usage of the rate limiter named exports, if any
   tessera status exports --json  # the same as JSON
   tessera status exports --watch 500ms
 
-Exit codes: 0 shown; 1 the store holds nothing for NAME (--json prints null);
-64 invalid name or store URL; 69 store fault.";
+status never creates a store: a SQLite file that does not exist yet shows as nothing yet.
+With --watch the screen is redrawn on a terminal; into a pipe or file, each refresh is
+printed after the previous one (with --json, one document per line).
+Exit codes: 0 shown (the list form also when the store is empty or does not exist yet:
+--json prints []); 1 nothing for NAME, or no store yet (--json prints null); 64 invalid
+value (name, store URL, --watch interval); 69 store fault.";
 
 const REVOKE_HELP: &str = "\
 Example:
   tessera revoke exports 5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7
 
-Exit codes: 0 revoked; 1 that lease does not hold NAME; 64 invalid input; 69 store fault.";
+Exit codes: 0 revoked; 1 that lease does not hold NAME, or no store yet; 64 invalid value;
+69 store fault.";
 
 const RESIZE_HELP: &str = "\
 Example:
   tessera resize exports 4
 
 Clients that declared the old capacity get a capacity-mismatch error (exit 64) from then on.
-Exit codes: 0 resized; 1 no such semaphore; 64 invalid input; 69 store fault.";
+Exit codes: 0 resized; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
+fault.";
 
 const DELETE_HELP: &str = "\
 Example:
   tessera delete exports
 
-Exit codes: 0 deleted; 1 no such semaphore; 64 invalid input; 69 store fault.";
+Exit codes: 0 deleted; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
+fault.";
 
 #[derive(Debug, Args)]
 struct RunCmd {
-    /// Semaphore name (A-Z a-z 0-9 . _ - : / @, starting with a letter or digit)
+    /// Name of the semaphore and of the --rate limiter (A-Z a-z 0-9 . _ - : / @, starting
+    /// with a letter or digit)
     #[arg(long)]
     name: String,
     /// Capacity of the semaphore: how many permits exist in all (optional with --rate)
@@ -164,8 +183,8 @@ struct RunCmd {
     /// Lease TTL: how long the permit outlives tessera if it is killed (100ms..24h)
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// Give up (exit 75) if no permit comes within this time; default: wait as long as it
-    /// takes. 0s: only if free now
+    /// Give up (exit 75) if the permit (and the turn within --rate) does not come within
+    /// this time; default: wait as long as it takes. 0s: only if free now
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
     /// Holder label shown by `tessera status` (default: hostname/pid)
@@ -189,7 +208,7 @@ struct RunCmd {
 
 #[derive(Debug, Args)]
 struct StatusCmd {
-    /// Semaphore name; without it, one line per semaphore in the store
+    /// Semaphore or rate limiter name; without it, one line per semaphore and per limiter
     name: Option<String>,
     /// Print JSON: one object for NAME, an array otherwise (one document per refresh with
     /// --watch)
@@ -262,8 +281,10 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
     }
 }
 
-/// Parses the command line. Help and version go to stdout (exit 0); a usage error is one line
-/// on stderr, exit 2, like every other failure.
+/// Parses the command line. Help and version go to stdout (exit 0). Every failure is one line
+/// on stderr: an invalid value, unparseable or out of range (`--ttl soon`, `--permits abc`,
+/// `--rate 2/x`), exits 64 like the values checked later (`--ttl 30d`); any other usage
+/// error (unknown flag or command, missing argument) exits 2.
 fn parse() -> Result<Cli, ExitCode> {
     use clap::error::ErrorKind;
     match Cli::try_parse() {
@@ -285,7 +306,13 @@ fn parse() -> Result<Cli, ExitCode> {
             let first = first.join(" ");
             let first = first.strip_prefix("error: ").unwrap_or(&first);
             eprintln!("tessera: {first} (see --help)");
-            Err(ExitCode::from(exit::PARSE_ERROR))
+            let code = match e.kind() {
+                ErrorKind::InvalidValue | ErrorKind::ValueValidation | ErrorKind::InvalidUtf8 => {
+                    exit::USAGE
+                }
+                _ => exit::PARSE_ERROR,
+            };
+            Err(ExitCode::from(code))
         }
     }
 }

@@ -1,12 +1,13 @@
 //! `tessera status`: capacity, holders and queue of one semaphore and the usage of the rate
 //! limiter of the same name, or a line per semaphore and per limiter.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::time::Duration;
 
 use tessera::{Name, RateStatus, SemaphoreStatus, Store};
 
 use crate::exit::{self, Failure, Outcome};
+use crate::store_url::Existing;
 
 /// The arguments of `tessera status`.
 #[derive(Debug, Clone)]
@@ -30,12 +31,19 @@ pub async fn status(store_url: Option<&str>, args: StatusArgs) -> Outcome {
             ));
         }
     }
-    let store = crate::store_url::connect(store_url).await?;
+    // Opening creates nothing: a missing store is shown as "nothing yet", like an empty one.
+    let opened = crate::store_url::open_existing(store_url).await?;
     let Some(every) = args.watch else {
-        let (text, code) = render(&store, &args).await?;
+        let (text, code) = match &opened {
+            Existing::Open(store) => render(store, &args).await?,
+            Existing::Missing { url, reason } => render_missing(url, reason, &args),
+        };
         print!("{text}");
         return Ok(code);
     };
+    let mut opened = opened;
+    // Redraw the screen only on a terminal; into a pipe or file, frames follow each other.
+    let terminal = std::io::stdout().is_terminal();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut ticks = tokio::time::interval(every);
@@ -45,25 +53,61 @@ pub async fn status(store_url: Option<&str>, args: StatusArgs) -> Outcome {
             _ = &mut ctrl_c => return Ok(exit::OK),
             _ = ticks.tick() => {}
         }
-        let frame = match render(&store, &args).await {
-            Ok((text, _)) => text,
-            // A store fault while watching is shown and retried at the next tick.
-            Err(e) if !args.json => format!("tessera: {e}\n"),
-            Err(e) => return Err(e),
+        if let Existing::Missing { .. } = opened {
+            // The store may have been created since the last tick.
+            opened = crate::store_url::open_existing(store_url).await?;
+        }
+        let (frame, url) = match &opened {
+            Existing::Open(store) => match render(store, &args).await {
+                Ok((text, _)) => (text, store.url()),
+                // A store fault while watching is shown and retried at the next tick.
+                Err(e) if !args.json => (format!("tessera: {e}\n"), store.url()),
+                Err(e) => return Err(e),
+            },
+            Existing::Missing { url, reason } => (render_missing(url, reason, &args).0, &url[..]),
         };
         let mut out = std::io::stdout().lock();
-        if args.json {
-            // One JSON document per line per refresh (JSON Lines), for piping.
-            let _ = write!(out, "{frame}");
-        } else {
-            let _ = write!(
-                out,
-                "\x1b[H\x1b[2Jtessera status every {} on {} (Ctrl-C to stop)\n\n{frame}",
-                humantime::format_duration(every),
-                store.url()
-            );
-        }
+        let _ = write!(out, "{}", watch_frame(terminal, &args, every, url, &frame));
         let _ = out.flush();
+    }
+}
+
+/// What one refresh of `--watch` writes: with `--json`, the document alone (JSON Lines); on
+/// a terminal, a clear-screen, a title and the frame; elsewhere (a pipe, a file) the frame
+/// followed by an empty line, with no escape codes.
+fn watch_frame(
+    terminal: bool,
+    args: &StatusArgs,
+    every: Duration,
+    url: &str,
+    frame: &str,
+) -> String {
+    if args.json {
+        frame.to_string()
+    } else if terminal {
+        format!(
+            "\x1b[H\x1b[2Jtessera status every {} on {url} (Ctrl-C to stop)\n\n{frame}",
+            humantime::format_duration(every),
+        )
+    } else {
+        format!("{frame}\n")
+    }
+}
+
+/// The frame for a store that does not exist yet: nothing to show, as for an empty store
+/// (the list form exits 0 with no lines, `status NAME` exits 1 with `null`).
+fn render_missing(url: &str, reason: &str, args: &StatusArgs) -> (String, u8) {
+    match (&args.name, args.json) {
+        (None, true) => ("[]\n".to_string(), exit::OK),
+        (None, false) => (
+            format!("nothing yet: no store at {url} ({reason})\n"),
+            exit::OK,
+        ),
+        (Some(_), true) => ("null\n".to_string(), exit::NOT_FOUND),
+        (Some(name), false) => (
+            format!("{name}: nothing yet: no store at {url} ({reason})\n"),
+            exit::NOT_FOUND,
+        ),
     }
 }
 
@@ -167,24 +211,39 @@ fn until(t: tessera::StoreTime, now: tessera::StoreTime) -> String {
     }
 }
 
+/// One line per limiter: each limit's `USED + RESERVED of LIMIT` (reserved: turns already
+/// given to waiting callers at a later time, as in the single-name view) and the next free
+/// time.
 fn rate_summary(all: &[RateStatus]) -> String {
-    let width = all.iter().map(|s| s.name.len()).max().unwrap_or(4).max(12);
+    let rows: Vec<(&str, String, String)> = all
+        .iter()
+        .map(|r| {
+            let limits: Vec<String> = r
+                .limits
+                .iter()
+                .map(|l| format!("{} + {} of {}", l.used, l.reserved, l.limit))
+                .collect();
+            (
+                r.name.as_str(),
+                limits.join(", "),
+                until(r.next_free, r.now),
+            )
+        })
+        .collect();
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(12);
+    let usage = "USED + RESERVED OF LIMIT";
+    let usage_width = rows
+        .iter()
+        .map(|r| r.1.len())
+        .max()
+        .unwrap_or(0)
+        .max(usage.len());
     let mut out = format!(
-        "{:<width$}  {:<24}  NEXT FREE\n",
-        "RATE LIMITER", "USED OF LIMIT"
+        "{:<width$}  {usage:<usage_width$}  NEXT FREE\n",
+        "RATE LIMITER"
     );
-    for r in all {
-        let limits: Vec<String> = r
-            .limits
-            .iter()
-            .map(|l| format!("{} of {}", l.used, l.limit))
-            .collect();
-        out += &format!(
-            "{:<width$}  {:<24}  {}\n",
-            r.name,
-            limits.join(", "),
-            until(r.next_free, r.now)
-        );
+    for (name, limits, next) in rows {
+        out += &format!("{name:<width$}  {limits:<usage_width$}  {next}\n");
     }
     out
 }
@@ -420,6 +479,62 @@ mod tests {
         pa.release().await.unwrap();
         pb.release().await.unwrap();
         waiter.await.unwrap().unwrap();
+    }
+
+    /// The list line of a limiter shows the reserved turns, not only the admitted ones.
+    #[test]
+    fn the_list_line_of_a_limiter_shows_its_reservations() {
+        let now = tessera::StoreTime(1_800_000_000_000_000);
+        let later = tessera::StoreTime(now.0 + 1_500_000);
+        let usage = |spec: &str, used, reserved| tessera::LimitUsage {
+            limit: spec.parse().unwrap(),
+            used,
+            reserved,
+            next_free: later,
+        };
+        let status = RateStatus {
+            name: "sms-api".into(),
+            mode: tessera::RateMode::Exact,
+            limits: vec![usage("2/s", 2, 3), usage("1000/min", 2, 3)],
+            last_admit: later,
+            next_free: later,
+            now,
+        };
+        let text = rate_summary(&[status]);
+        let line = text.lines().nth(1).unwrap();
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>().join(" "),
+            "sms-api 2 + 3 of 2/s, 2 + 3 of 1000/min in 1.5s",
+            "{text}"
+        );
+        assert!(
+            text.starts_with("RATE LIMITER  USED + RESERVED OF LIMIT"),
+            "{text}"
+        );
+    }
+
+    /// `--watch` clears the screen only on a terminal.
+    #[test]
+    fn watch_frames_clear_the_screen_only_on_a_terminal() {
+        let args = |json| StatusArgs {
+            name: None,
+            json,
+            watch: Some(Duration::from_secs(1)),
+        };
+        let every = Duration::from_secs(1);
+        let tty = watch_frame(true, &args(false), every, "memory://", "frame\n");
+        assert!(
+            tty.starts_with("\x1b[H\x1b[2J") && tty.ends_with("frame\n"),
+            "{tty:?}"
+        );
+        let pipe = watch_frame(false, &args(false), every, "memory://", "frame\n");
+        assert_eq!(pipe, "frame\n\n");
+        for terminal in [true, false] {
+            assert_eq!(
+                watch_frame(terminal, &args(true), every, "memory://", "[]\n"),
+                "[]\n"
+            );
+        }
     }
 
     #[test]

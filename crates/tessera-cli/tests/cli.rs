@@ -446,9 +446,128 @@ fn the_default_store_lives_in_the_state_directory() {
     );
     assert!(all.contains(expected.to_str().unwrap()), "{all}");
     assert!(
-        expected.parent().unwrap().is_dir(),
-        "the state directory was not created"
+        !home.path().join("state").exists(),
+        "status created a store"
     );
+    let out = tessera(home.path())
+        .args(["run", "--name", "demo", "--permits", "1", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    assert!(expected.is_file(), "run did not create the default store");
+}
+
+/// `status`, `revoke`, `resize` and `delete` only act on existing state: on a store that does
+/// not exist (the default one before any `run`, or a mistyped path) they say so and create
+/// nothing. The list form exits 0 (nothing to list), the others 1 (nothing there).
+#[test]
+fn read_only_and_admin_commands_never_create_a_store() {
+    let home = tmp();
+    let typo = home.path().join("no-such-dir").join("typo.db");
+    let typo_url = format!("sqlite://{}", typo.display());
+    for store in [None, Some(typo_url.as_str())] {
+        let cmd = |args: &[&str]| {
+            let mut cmd = tessera(home.path());
+            if let Some(url) = store {
+                cmd.args(["--store", url]);
+            }
+            cmd.args(args).output().unwrap()
+        };
+        let out = cmd(&["status"]);
+        assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("nothing yet: no store at sqlite://"),
+            "{text}"
+        );
+        let out = cmd(&["status", "--json"]);
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+        let out = cmd(&["status", "demo"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("nothing yet"));
+        let out = cmd(&["status", "demo", "--json"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "null");
+        for (args, done) in [
+            (
+                &["revoke", "demo", "0123456789abcdef0123456789abcdef"][..],
+                "nothing revoked",
+            ),
+            (&["resize", "demo", "3"], "nothing resized"),
+            (&["delete", "demo"], "nothing deleted"),
+        ] {
+            let line = assert_fails_with_one_line(&cmd(args), 1);
+            assert!(line.contains("no store at sqlite://"), "{line}");
+            assert!(line.ends_with(done), "{line}");
+        }
+        assert!(!home.path().join("state").exists(), "{store:?}: created");
+        assert!(!typo.parent().unwrap().exists(), "{store:?}: created");
+    }
+    // Once `run` has made the store, status shows it.
+    let store = sqlite(home.path());
+    let out = tessera(home.path())
+        .args(["--store", &store, "run", "--name", "demo", "--permits", "1"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    let out = tessera(home.path())
+        .args(["--store", &store, "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no semaphores in"));
+}
+
+/// `sqlite://file.db` would be a different file in each working directory: refused (64)
+/// with the absolute URL to write, and nothing created in the working directory.
+#[test]
+fn a_relative_sqlite_path_is_refused_with_the_absolute_url() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .current_dir(home.path())
+        .args([
+            "--store",
+            "sqlite://t.db",
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    let absolute = format!("sqlite://{}", home.path().join("t.db").display());
+    assert!(
+        line.contains("relative") && line.ends_with(&absolute),
+        "{line}"
+    );
+    assert_eq!(std::fs::read_dir(home.path()).unwrap().count(), 0);
+}
+
+/// The top-level help names rate limits and every store URL available.
+#[test]
+fn the_top_level_help_names_rate_limits_and_every_store() {
+    let home = tmp();
+    let out = tessera(home.path()).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "rate limits",
+        "--rate 50/s",
+        "memory://",
+        "sqlite:///absolute/path.db",
+        "redis://",
+        "rediss://",
+        "planned",
+    ] {
+        assert!(
+            help.contains(needle),
+            "--help does not mention {needle}: {help}"
+        );
+    }
 }
 
 /// Each forwarded signal reaches the command, which decides the exit code.
@@ -884,8 +1003,7 @@ fn resize_and_delete_report_one_line() {
 fn usage_errors_exit_2_with_one_line() {
     let home = tmp();
     for args in [
-        &["run", "--name", "demo", "--permits", "abc", "--", "true"][..],
-        &["run", "--name", "demo", "--", "true"],
+        &["run", "--name", "demo", "--", "true"][..],
         &["run", "--name", "demo", "--permits", "1"],
         &[
             "run",
@@ -893,16 +1011,86 @@ fn usage_errors_exit_2_with_one_line() {
             "demo",
             "--permits",
             "1",
-            "--ttl",
-            "soon",
+            "--bogus",
             "--",
             "true",
         ],
+        &["status", "a", "b"],
         &["bogus"],
     ] {
         let out = tessera(home.path()).args(args).output().unwrap();
         assert_fails_with_one_line(&out, 2);
     }
+}
+
+/// An invalid value exits 64 ("invalid value" in --help) whether it cannot be parsed or is
+/// out of range; 2 is kept for usage errors. Nothing runs and no store is created.
+#[test]
+fn unparseable_and_out_of_range_values_both_exit_64() {
+    let home = tmp();
+    let marker = home.path().join("ran");
+    let run = |extra: &[&str]| {
+        tessera(home.path())
+            .args(["run", "--name", "demo"])
+            .args(extra)
+            .args(["--", "touch", marker.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    for extra in [
+        &["--permits", "abc"][..],
+        &["--permits", "0"],
+        &["--permits", "1", "--ttl", "soon"],
+        &["--permits", "1", "--ttl", "10ms"],
+        &["--permits", "1", "--wait", "later"],
+        &["--permits", "1", "--weight", "many"],
+        &["--rate", "2/x"],
+        &["--rate", "0/s"],
+        &["--rate", "2/s", "--cost", "many"],
+        &["--rate", "2/s", "--cost", "3"],
+    ] {
+        assert_fails_with_one_line(&run(extra), 64);
+    }
+    let out = tessera(home.path())
+        .args(["status", "--watch", "often"])
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 64);
+    assert!(!marker.exists(), "an invalid value ran the command");
+    assert!(!home.path().join("state").exists(), "a store was created");
+    let help = tessera(home.path()).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let code_2 = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap();
+    assert!(code_2.contains("usage error"), "{code_2}");
+    let code_64 = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("64 "))
+        .unwrap();
+    assert!(code_64.contains("unparseable or out of range"), "{code_64}");
+}
+
+/// The TTL range is named in one unit style, the one --ttl takes.
+#[test]
+fn the_ttl_range_is_named_in_one_unit_style() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .args([
+            "--store",
+            "memory://",
+            "run",
+            "--name",
+            "demo",
+            "--permits",
+            "1",
+        ])
+        .args(["--ttl", "30d", "--", "true"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(line.contains("between 100ms and 24h"), "{line}");
 }
 
 #[test]
@@ -951,6 +1139,26 @@ fn status_watch_refreshes_until_ctrl_c() {
         .collect();
     assert!(frames.len() >= 2, "{frames:?}");
     assert!(frames.iter().all(|f| f == "[]"), "{frames:?}");
+}
+
+/// Into a pipe, `--watch` prints one frame after another, without clear-screen codes.
+#[test]
+fn status_watch_into_a_pipe_writes_no_escape_codes() {
+    let home = tmp();
+    let watch = tessera(home.path())
+        .args(["--store", "memory://", "status", "--watch", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    signal(&watch, libc::SIGINT);
+    let out = watch.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\x1b'), "escape codes in a pipe: {text:?}");
+    let frames = text.matches("no semaphores in memory://").count();
+    assert!(frames >= 2, "{text:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1061,7 +1269,7 @@ fn bad_rate_input_is_refused() {
         .args(touch)
         .output()
         .unwrap();
-    assert_fails_with_one_line(&out, 2);
+    assert_fails_with_one_line(&out, 64);
     let out = tessera(home.path())
         .args([
             "--store", &store, "run", "--name", "api", "--rate", "2/s", "--cost", "3",
@@ -1083,7 +1291,7 @@ fn bad_rate_input_is_refused() {
         .output()
         .unwrap();
     let line = assert_fails_with_one_line(&out, 64);
-    assert!(line.contains("update"), "{line}");
+    assert!(line.contains("add --update-rates"), "{line}");
     assert!(!marker.exists(), "a refused run ran its command");
 }
 

@@ -24,7 +24,12 @@ pub enum InvalidInput {
     #[error("invalid weight {weight}: must be between 1 and the capacity {capacity}")]
     Weight { weight: u32, capacity: u32 },
     /// A lease TTL outside the supported range.
-    #[error("invalid lease TTL {ttl:?}: must be between {min:?} and {max:?}")]
+    #[error(
+        "invalid lease TTL {}: must be between {} and {}",
+        DurationText(*ttl),
+        DurationText(*min),
+        DurationText(*max)
+    )]
     Ttl {
         ttl: std::time::Duration,
         min: std::time::Duration,
@@ -32,7 +37,9 @@ pub enum InvalidInput {
     },
     /// The keep-alive interval must be shorter than half the TTL.
     #[error(
-        "invalid keep-alive interval {interval:?}: must be between 1ms and half the TTL ({ttl:?})"
+        "invalid keep-alive interval {}: must be between 1ms and half the TTL ({})",
+        DurationText(*interval),
+        DurationText(*ttl)
     )]
     KeepAlive {
         interval: std::time::Duration,
@@ -84,6 +91,10 @@ pub enum Error {
     /// No semaphore or lease by that name or id.
     #[error("not found: {0}")]
     NotFound(String),
+    /// [`crate::Store::connect_existing`] found no store at the URL (a SQLite file that does
+    /// not exist); nothing was created. The URL is redacted.
+    #[error("no store at {url}: {reason}; nothing was created")]
+    NoStore { url: String, reason: String },
     /// The store could not be reached or answered with an error.
     #[error("store error ({kind}): {message}")]
     Store {
@@ -236,6 +247,34 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound(_))
     }
+    /// [`crate::Store::connect_existing`] found no store to open.
+    pub fn is_no_store(&self) -> bool {
+        matches!(self, Error::NoStore { .. })
+    }
+}
+
+/// A duration in the largest unit that shows it exactly, the way `--ttl` takes it: `100ms`,
+/// `30s`, `5min`, `24h`. One unit style for every message that names a range.
+struct DurationText(std::time::Duration);
+
+impl fmt::Display for DurationText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        let ms = d.as_millis();
+        if d.is_zero() {
+            f.write_str("0s")
+        } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
+            write!(f, "{d:?}")
+        } else if ms.is_multiple_of(3_600_000) {
+            write!(f, "{}h", ms / 3_600_000)
+        } else if ms.is_multiple_of(60_000) {
+            write!(f, "{}min", ms / 60_000)
+        } else if ms.is_multiple_of(1_000) {
+            write!(f, "{}s", ms / 1_000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
 }
 
 /// Replaces the password of a URL-like string with `***`, for messages and logs.
@@ -268,5 +307,25 @@ mod tests {
         assert_eq!(redact_url("redis://u:hunter2@h:1/0"), "redis://u:***@h:1/0");
         assert!(!redact_url("bad://x:hunter2@@h").contains("hunter2"));
         assert_eq!(redact_url("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+    }
+
+    #[test]
+    fn ttl_range_is_named_in_one_unit_style() {
+        let err = InvalidInput::Ttl {
+            ttl: std::time::Duration::from_secs(30 * 86_400),
+            min: crate::MIN_TTL,
+            max: crate::MAX_TTL,
+        };
+        assert_eq!(
+            err.to_string(),
+            "invalid lease TTL 720h: must be between 100ms and 24h"
+        );
+        let text = |d| DurationText(d).to_string();
+        use std::time::Duration;
+        assert_eq!(text(Duration::from_millis(10)), "10ms");
+        assert_eq!(text(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(text(Duration::from_secs(90)), "90s");
+        assert_eq!(text(Duration::from_secs(300)), "5min");
+        assert_eq!(text(Duration::from_micros(1500)), "1.5ms");
     }
 }

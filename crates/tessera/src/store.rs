@@ -38,7 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::error::{redact_url, Error, InvalidInput, LossReason, Result, StoreErrorKind};
+use crate::error::{redact_url, Error, LossReason, Result, StoreErrorKind};
 use crate::keeper::Held;
 use crate::model::*;
 
@@ -188,12 +188,26 @@ pub(crate) fn release_all_at_exit() {
 }
 
 impl Store {
-    /// Connects to the store named by `url`:
+    /// Connects to the store named by `url`, creating it if it does not exist yet:
     ///
-    /// - `memory://` — the process-wide in-memory store; `memory://NAME` a separate named one.
-    /// - `sqlite:///path/to/file.db` — the embedded store; the file and its folder are created.
+    /// - `memory://` — the process-wide in-memory store; `memory://NAME` a separate named
+    ///   one. Nothing is shared with other processes. Cargo feature `memory` (default).
+    /// - `sqlite:///absolute/path/file.db` — the embedded store: every process on the host
+    ///   that names the same file shares its semaphores and rate limits. The path must be
+    ///   absolute (three slashes): a relative `sqlite://file.db` would name a different file
+    ///   in each working directory, so it is refused with a hint. The path is taken literally
+    ///   (no `~`, no percent-decoding); the URL takes no `?query` or `#fragment`. The file
+    ///   and its folder are created if missing. Beside the file SQLite keeps `file.db-wal`
+    ///   and `file.db-shm`, and tessera a folder `file.db.wake/` holding one Unix socket per
+    ///   connected process, through which a grant wakes a waiter in another process at once;
+    ///   it may be deleted while no process uses the store. Cargo feature `sqlite` (default).
+    /// - `redis://[user[:password]@]host[:port][/db][?prefix=…&eviction=warn|refuse]`, or
+    ///   `rediss://…` for TLS — the distributed store, on the server's clock. Cargo feature
+    ///   `redis`.
     ///
-    /// A malformed URL or an unknown scheme is [`InvalidInput::StoreUrl`]; nothing is created.
+    /// A malformed URL, an unknown scheme or a scheme whose store this build lacks (the
+    /// message names the cargo feature to enable) is [`InvalidInput::StoreUrl`]; nothing is
+    /// created. To open only a store that already exists, use [`Store::connect_existing`].
     ///
     /// ```
     /// # tokio_test_block(async {
@@ -206,36 +220,7 @@ impl Store {
     /// #     tokio::runtime::Runtime::new().unwrap().block_on(f) }
     /// ```
     pub async fn connect(url: &str) -> Result<Store> {
-        let bad = |reason: &str| {
-            Error::from(InvalidInput::StoreUrl {
-                url: redact_url(url),
-                reason: reason.to_string(),
-            })
-        };
-        let scheme = url
-            .split_once("://")
-            .map(|(s, _)| s)
-            .ok_or_else(|| bad("expected SCHEME://…, e.g. sqlite:///var/lib/app/tessera.db"))?;
-        let backend: Arc<dyn Backend> = match scheme {
-            #[cfg(feature = "memory")]
-            "memory" => Arc::new(crate::stores::memory::MemoryBackend::connect(url)?),
-            #[cfg(feature = "sqlite")]
-            "sqlite" => Arc::new(crate::stores::sqlite::SqliteBackend::connect(url).await?),
-            #[cfg(feature = "redis")]
-            "redis" | "rediss" => Arc::new(crate::stores::redis::RedisBackend::connect(url).await?),
-            #[cfg(not(feature = "redis"))]
-            "redis" | "rediss" => return Err(bad("this build of tessera lacks the redis feature")),
-            "redis+sentinel" | "redis+cluster" | "postgres" | "postgresql" | "mysql" | "etcd" => {
-                return Err(bad(
-                    "this store is not available in this build of tessera yet",
-                ))
-            }
-            _ => {
-                return Err(bad(
-                    "unknown scheme; expected memory://, sqlite:// or redis://",
-                ))
-            }
-        };
+        let backend = crate::stores::open(url, crate::stores::Open::CreateIfMissing).await?;
         Ok(Store::build(backend, url, Some(url.to_string())))
     }
 
@@ -244,7 +229,7 @@ impl Store {
         Store::build(backend, url, None)
     }
 
-    fn build(backend: Arc<dyn Backend>, url: &str, reconnect: Option<String>) -> Store {
+    pub(crate) fn build(backend: Arc<dyn Backend>, url: &str, reconnect: Option<String>) -> Store {
         let shared = Arc::new(Shared {
             backend,
             url: redact_url(url),

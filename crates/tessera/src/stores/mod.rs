@@ -1,5 +1,8 @@
 //! One folder per store, each with the same file names: `mod.rs` (URL, connection and the
 //! [`crate::store::Backend`] glue) and `ops.rs` (the atomic operations).
+//!
+//! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
+//! (`store.rs`) imports nothing above it.
 
 #[cfg(feature = "memory")]
 pub mod memory;
@@ -7,3 +10,270 @@ pub mod memory;
 pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+use std::sync::Arc;
+
+use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::store::{Backend, Store};
+
+/// Whether opening a store may create it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    /// Create what is missing (the SQLite file and its folder).
+    CreateIfMissing,
+    /// Open only a store that already exists; a missing one is [`Error::NoStore`].
+    ExistingOnly,
+}
+
+/// A scheme this code knows: the URL form shown in messages, and the cargo feature that
+/// compiles its store in (`None`: no build has it yet).
+struct Scheme {
+    scheme: &'static str,
+    form: &'static str,
+    feature: Option<&'static str>,
+}
+
+/// Every scheme tessera knows, available or planned, in the order messages list them.
+const SCHEMES: &[Scheme] = &[
+    Scheme {
+        scheme: "memory",
+        form: "memory://",
+        feature: Some("memory"),
+    },
+    Scheme {
+        scheme: "sqlite",
+        form: "sqlite:///absolute/path.db",
+        feature: Some("sqlite"),
+    },
+    Scheme {
+        scheme: "redis",
+        form: "redis://",
+        feature: Some("redis"),
+    },
+    Scheme {
+        scheme: "rediss",
+        form: "rediss://",
+        feature: Some("redis"),
+    },
+    Scheme {
+        scheme: "redis+sentinel",
+        form: "redis+sentinel://",
+        feature: None,
+    },
+    Scheme {
+        scheme: "redis+cluster",
+        form: "redis+cluster://",
+        feature: None,
+    },
+    Scheme {
+        scheme: "postgres",
+        form: "postgres://",
+        feature: None,
+    },
+    Scheme {
+        scheme: "postgresql",
+        form: "postgresql://",
+        feature: None,
+    },
+    Scheme {
+        scheme: "mysql",
+        form: "mysql://",
+        feature: None,
+    },
+    Scheme {
+        scheme: "etcd",
+        form: "etcd://",
+        feature: None,
+    },
+];
+
+/// Whether this build compiles in the store of cargo feature `feature`.
+fn compiled_in(feature: &str) -> bool {
+    const BUILD: &[(&str, bool)] = &[
+        ("memory", cfg!(feature = "memory")),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("redis", cfg!(feature = "redis")),
+    ];
+    BUILD.iter().any(|&(f, on)| on && f == feature)
+}
+
+/// Why `scheme` cannot be opened by a build whose store features are `has_feature`, or
+/// `None` when it can. Pure, so every build's answer can be tested in one build.
+fn scheme_problem(scheme: &str, has_feature: &dyn Fn(&str) -> bool) -> Option<String> {
+    match SCHEMES.iter().find(|s| s.scheme == scheme) {
+        Some(Scheme {
+            feature: Some(feature),
+            ..
+        }) if has_feature(feature) => None,
+        Some(Scheme {
+            feature: Some(feature),
+            ..
+        }) => Some(format!(
+            "this build of tessera lacks the `{feature}` cargo feature \
+             (tessera = {{ features = [\"{feature}\"] }})"
+        )),
+        Some(Scheme { feature: None, .. }) => Some(format!(
+            "the {scheme}:// store is planned but not available in tessera yet; {}",
+            expected(has_feature)
+        )),
+        // Echo the scheme only if it looks like one: whatever precedes "://" in a garbled
+        // URL could be part of a password.
+        None if scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            Some(format!(
+                "unknown scheme {scheme:?}; {}",
+                expected(has_feature)
+            ))
+        }
+        None => Some(format!("unknown scheme; {}", expected(has_feature))),
+    }
+}
+
+/// "expected memory://, sqlite:///absolute/path.db, …": the schemes of this build.
+fn expected(has_feature: &dyn Fn(&str) -> bool) -> String {
+    let forms: Vec<&str> = SCHEMES
+        .iter()
+        .filter(|s| s.feature.is_some_and(has_feature))
+        .map(|s| s.form)
+        .collect();
+    match forms.as_slice() {
+        [] => "this build of tessera has no store compiled in".to_string(),
+        [one] => format!("this build of tessera takes only {one}"),
+        [rest @ .., last] => format!("expected {} or {last}", rest.join(", ")),
+    }
+}
+
+/// Opens the store named by `url`. A malformed URL, an unknown scheme or one whose store is
+/// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
+/// matters to stores that create something on connect (SQLite's file).
+#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
+// A build without any store feature has only the `unreachable!` arm below.
+#[cfg_attr(
+    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
+    allow(unreachable_code)
+)]
+pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
+    let bad = |reason: String| {
+        Error::from(InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason,
+        })
+    };
+    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| {
+        bad("expected SCHEME://…, e.g. sqlite:///var/lib/app/tessera.db".to_string())
+    })?;
+    if let Some(reason) = scheme_problem(scheme, &compiled_in) {
+        return Err(bad(reason));
+    }
+    let backend: Arc<dyn Backend> = match scheme {
+        #[cfg(feature = "memory")]
+        "memory" => Arc::new(memory::MemoryBackend::connect(url)?),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Arc::new(match open {
+            Open::CreateIfMissing => sqlite::SqliteBackend::connect(url).await?,
+            Open::ExistingOnly => sqlite::SqliteBackend::connect_existing(url).await?,
+        }),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
+        // `scheme_problem` let through only the schemes compiled in above.
+        _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
+    };
+    Ok(backend)
+}
+
+impl Store {
+    /// Opens a store that already exists, creating nothing: for tools that only read or
+    /// change existing state (inspection, revoke, resize, delete), so a mistyped path is
+    /// reported instead of becoming a new, empty store.
+    ///
+    /// The URL forms are those of [`Store::connect`]. A SQLite file that does not exist is
+    /// [`Error::NoStore`] (see [`Error::is_no_store`]) and neither the file nor its folder is
+    /// created; an existing file is opened as by `connect`. `memory://` and Redis create
+    /// nothing on connect, so for them this is the same as `connect`.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let url = format!("sqlite://{}/typo.db", dir.path().display());
+    /// let err = tessera::Store::connect_existing(&url).await.unwrap_err();
+    /// assert!(err.is_no_store());
+    /// assert!(!dir.path().join("typo.db").exists());
+    /// # });
+    /// ```
+    pub async fn connect_existing(url: &str) -> Result<Store> {
+        let backend = open(url, Open::ExistingOnly).await?;
+        Ok(Store::build(backend, url, Some(url.to_string())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build of exactly `features`.
+    fn build(features: &'static [&'static str]) -> impl Fn(&str) -> bool {
+        move |f| features.contains(&f)
+    }
+
+    #[test]
+    fn a_scheme_compiled_out_names_its_cargo_feature() {
+        let sqlite_only = build(&["sqlite"]);
+        assert_eq!(
+            scheme_problem("memory", &sqlite_only).unwrap(),
+            "this build of tessera lacks the `memory` cargo feature \
+             (tessera = { features = [\"memory\"] })"
+        );
+        for scheme in ["redis", "rediss"] {
+            let why = scheme_problem(scheme, &sqlite_only).unwrap();
+            assert!(why.contains("lacks the `redis` cargo feature"), "{why}");
+        }
+        assert_eq!(scheme_problem("sqlite", &sqlite_only), None);
+        assert!(scheme_problem("sqlite", &build(&["memory"]))
+            .unwrap()
+            .contains("`sqlite` cargo feature"));
+    }
+
+    #[test]
+    fn an_unknown_scheme_lists_exactly_the_compiled_in_stores() {
+        assert_eq!(
+            scheme_problem("ftp", &build(&["memory", "sqlite", "redis"])).unwrap(),
+            "unknown scheme \"ftp\"; expected memory://, sqlite:///absolute/path.db, \
+             redis:// or rediss://"
+        );
+        assert_eq!(
+            scheme_problem("ftp", &build(&["memory", "sqlite"])).unwrap(),
+            "unknown scheme \"ftp\"; expected memory:// or sqlite:///absolute/path.db"
+        );
+        assert_eq!(
+            scheme_problem("ftp", &build(&["sqlite"])).unwrap(),
+            "unknown scheme \"ftp\"; this build of tessera takes only sqlite:///absolute/path.db"
+        );
+        assert_eq!(
+            scheme_problem("u:secret@x", &build(&["memory"])).unwrap(),
+            "unknown scheme; this build of tessera takes only memory://"
+        );
+        let planned = scheme_problem("postgres", &build(&["memory"])).unwrap();
+        assert!(planned.contains("planned"), "{planned}");
+        assert!(planned.ends_with("takes only memory://"), "{planned}");
+    }
+
+    /// What this very build says, through the public API.
+    #[tokio::test]
+    async fn this_build_names_its_own_schemes() {
+        let err = Store::connect("ftp://x").await.unwrap_err();
+        let Error::InvalidInput(InvalidInput::StoreUrl { reason, .. }) = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*reason, scheme_problem("ftp", &compiled_in).unwrap());
+        #[cfg(all(feature = "memory", feature = "sqlite", feature = "redis"))]
+        assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis:// or rediss://"));
+        #[cfg(not(feature = "memory"))]
+        assert!(Store::connect("memory://")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("lacks the `memory` cargo feature"));
+    }
+}

@@ -3,11 +3,19 @@
 //!
 //! # URL
 //!
-//! `sqlite:///abs/path/file.db` names an absolute path; `sqlite://rel/path/file.db` a path
-//! relative to the current directory. The path is taken literally (no percent-decoding). The
-//! file and its parent folders are created if missing. The URL takes no query parameters and
+//! `sqlite:///abs/path/file.db` names an absolute path (three slashes: the scheme's two and
+//! the path's own). A relative path (`sqlite://file.db`, `sqlite://./file.db`,
+//! `sqlite://~/file.db`) is refused with [`InvalidInput::StoreUrl`], whose message shows the
+//! absolute URL to write instead: relative to the current directory, processes started in
+//! different directories would silently use different files and share nothing. The path is
+//! taken literally (no percent-decoding, no `~`). [`SqliteBackend::connect`] creates the file
+//! and its parent folders if missing; [`SqliteBackend::connect_existing`] creates nothing
+//! and answers [`Error::NoStore`] for a missing file. The URL takes no query parameters and
 //! no fragment; a missing path, a path that names a folder, `:memory:` (not shared between
 //! connections) or any `?…` is [`InvalidInput::StoreUrl`], and nothing is created.
+//!
+//! Beside `file.db` live SQLite's `file.db-wal` and `file.db-shm`, and tessera's wake-up
+//! folder `file.db.wake/` (one Unix socket per connected process, see `notify.rs`).
 //!
 //! # How it runs
 //!
@@ -129,8 +137,26 @@ impl SqliteBackend {
     /// Like [`SqliteBackend::connect`], with an injected clock (tests use
     /// [`crate::clock::ManualClock`]). Every process sharing a file must use the same clock.
     pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<Self> {
+        Self::open(url, clock, true).await
+    }
+
+    /// Opens the database of a `sqlite://` URL only if its file exists, creating nothing: a
+    /// missing file is [`Error::NoStore`] and neither it nor its folder is made. An existing
+    /// file is opened as by [`SqliteBackend::connect`].
+    pub async fn connect_existing(url: &str) -> Result<Self> {
+        Self::open(url, Arc::new(SystemClock), false).await
+    }
+
+    async fn open(url: &str, clock: Arc<dyn Clock>, create: bool) -> Result<Self> {
         let path = parse_url(url)?;
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let missing = || Error::NoStore {
+            url: redact_url(url),
+            reason: format!("the SQLite file {} does not exist", path.display()),
+        };
+        if !create && !path.is_file() {
+            return Err(missing());
+        }
+        if let Some(parent) = path.parent().filter(|_| create) {
             std::fs::create_dir_all(parent).map_err(|e| {
                 Error::store(
                     StoreErrorKind::Connection,
@@ -140,11 +166,16 @@ impl SqliteBackend {
         }
         let options = SqliteConnectOptions::new()
             .filename(&path)
-            .create_if_missing(true)
+            .create_if_missing(create)
             .busy_timeout(BUSY_TIMEOUT)
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(false);
-        let mut conn = options.connect().await.map_err(map_err)?;
+        let mut conn = match options.connect().await {
+            Ok(conn) => conn,
+            // Removed between the check above and the open: still no store.
+            Err(_) if !create && !path.exists() => return Err(missing()),
+            Err(e) => return Err(map_err(e)),
+        };
         let setup = async {
             ensure_wal(&mut conn).await?;
             ensure_schema(&mut conn).await
@@ -350,9 +381,9 @@ fn parse_url(url: &str) -> Result<PathBuf> {
             reason,
         })
     };
-    let rest = url.strip_prefix("sqlite://").ok_or_else(|| {
-        bad("expected sqlite:///absolute/path.db or sqlite://relative/path.db".into())
-    })?;
+    let rest = url
+        .strip_prefix("sqlite://")
+        .ok_or_else(|| bad("expected sqlite:///absolute/path.db".into()))?;
     if let Some((_, query)) = rest.split_once('?') {
         let key = query.split('&').next().unwrap_or("");
         let key = key.split_once('=').map_or(key, |(k, _)| k);
@@ -372,6 +403,28 @@ fn parse_url(url: &str) -> Result<PathBuf> {
         return Err(bad(
             "in-memory SQLite databases are not shared between connections; name a file".into(),
         ));
+    }
+    if !rest.starts_with('/') {
+        // Relative to the current directory, two processes started in different folders
+        // would silently use two files. Show the absolute URL that means this directory.
+        let base = match rest.strip_prefix("~/") {
+            Some(_) => std::env::var_os("HOME").map(PathBuf::from),
+            None => std::env::current_dir().ok(),
+        };
+        let here = match base {
+            Some(base) => {
+                let path: PathBuf = base
+                    .join(rest.strip_prefix("~/").unwrap_or(rest))
+                    .components()
+                    .collect();
+                format!("sqlite://{}", path.display())
+            }
+            None => "sqlite:///absolute/path.db".into(),
+        };
+        return Err(bad(format!(
+            "the path {rest:?} is relative, so each working directory would get its own \
+             store; write an absolute path with three slashes, e.g. {here}"
+        )));
     }
     if rest.ends_with('/') || Path::new(rest).is_dir() {
         return Err(bad("the path names a folder, not a database file".into()));

@@ -537,6 +537,79 @@ async fn urls_are_checked_and_files_created() {
     assert_eq!(mode, "wal");
 }
 
+/// `sqlite://file.db` would be a different file in every working directory: refused, with
+/// the absolute URL that means the same file here, and nothing created.
+#[tokio::test]
+async fn a_relative_path_is_refused_with_the_absolute_url_to_write() {
+    let cwd = std::env::current_dir().unwrap();
+    for (rel, meant) in [
+        ("tessera-rel-test.db", cwd.join("tessera-rel-test.db")),
+        ("./tessera-rel-test.db", cwd.join("tessera-rel-test.db")),
+        (
+            "rel-dir/tessera-rel-test.db",
+            cwd.join("rel-dir/tessera-rel-test.db"),
+        ),
+    ] {
+        let url = format!("sqlite://{rel}");
+        for err in [
+            crate::Store::connect(&url).await.unwrap_err(),
+            crate::Store::connect_existing(&url).await.unwrap_err(),
+        ] {
+            let Error::InvalidInput(InvalidInput::StoreUrl { reason, .. }) = &err else {
+                panic!("{url}: {err:?}");
+            };
+            assert!(reason.contains("relative"), "{reason}");
+            let hint = format!("sqlite://{}", meant.display());
+            assert!(
+                reason.ends_with(&hint),
+                "{url}: {reason} (expected the hint {hint})"
+            );
+        }
+    }
+    assert!(!cwd.join("tessera-rel-test.db").exists());
+    assert!(!cwd.join("rel-dir").exists());
+    if let Some(home) = std::env::var_os("HOME") {
+        let err = crate::Store::connect("sqlite://~/t.db").await.unwrap_err();
+        let hint = format!("sqlite://{}", Path::new(&home).join("t.db").display());
+        assert!(err.to_string().ends_with(&hint), "{err}");
+    }
+}
+
+/// Opening an existing store only: a missing file is `NoStore` and neither the file nor its
+/// folder nor the wake-up folder appears; once created, the same URL opens and shows state.
+#[tokio::test]
+async fn connect_existing_creates_nothing_and_opens_what_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sub/t.db");
+    let url = format!("sqlite://{}", db.display());
+    let err = crate::Store::connect_existing(&url).await.unwrap_err();
+    assert!(err.is_no_store(), "{err:?}");
+    assert!(!err.is_not_found() && !err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains(db.to_str().unwrap()), "{err}");
+    assert!(!dir.path().join("sub").exists(), "the folder was created");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    assert!(crate::Store::connect_existing(&url)
+        .await
+        .unwrap_err()
+        .is_no_store());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("sub")).unwrap().count(),
+        0,
+        "something was created beside the missing file"
+    );
+
+    let store = crate::Store::connect(&url).await.unwrap();
+    let sem = store.semaphore("x", 2).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    let existing = crate::Store::connect_existing(&url).await.unwrap();
+    let status = existing.status("x").await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, permit.lease_id());
+    assert!(existing
+        .revoke("x", &permit.lease_id().to_string())
+        .await
+        .unwrap());
+}
+
 #[tokio::test]
 async fn in_process_waiters_are_pushed_and_handed_off_in_order() {
     let (_dir, url) = temp_db();
