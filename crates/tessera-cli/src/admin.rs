@@ -2,7 +2,8 @@
 //! opens the store, never creates one, prints one line, and exits [`exit::NOT_FOUND`] when
 //! there was nothing to change (including when there is no store yet).
 
-use tessera::{LeaseId, Name};
+use tessera::backend::Name;
+use tessera::LeaseId;
 
 use crate::exit::{self, Failure, Outcome};
 

@@ -4,7 +4,8 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::time::Duration;
 
-use tessera::{Name, RateStatus, SemaphoreStatus, Store};
+use tessera::backend::Name;
+use tessera::{RateStatus, SemaphoreStatus, Store};
 
 use crate::exit::{self, Failure, Outcome};
 use crate::store_url::Existing;

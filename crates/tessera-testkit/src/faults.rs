@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tessera::backend::*;
 use tessera::*;
 
 /// What an operation does when it is called.

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tessera::stores::memory::MemoryBackend;
-use tessera::{
-    AcquireReply, AcquireRequest, Backend, CancelReply, LeaseId, Name, RenewReply, SemaphoreStatus,
-    Store, WaitReply, Waking,
+use tessera::backend::stores::MemoryBackend;
+use tessera::backend::{
+    AcquireReply, AcquireRequest, Backend, CancelReply, Name, RenewReply, WaitReply, Waking,
 };
+use tessera::{LeaseId, SemaphoreStatus, Store};
 use tessera_testkit::grantlog::{check, read_logs, Report, Violation};
 use tessera_testkit::worker::{run_worker_on, WorkerArgs};
 

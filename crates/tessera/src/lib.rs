@@ -1,20 +1,25 @@
-//! # tessera — distributed semaphores and locks
+//! # tessera — distributed semaphores, locks and rate limits
 //!
 //! `tokio::sync::Semaphore` carried over the network: a fixed number of permits shared by
 //! processes on many hosts, with leases that outlive a crashed holder only by their TTL,
 //! fence tokens and seats for the protected resource, a fair weighted FIFO queue served by the
-//! store, and a [`Permit::lost`] notice that fires before a lease could expire.
+//! store, and a [`Permit::lost`] notice that fires before a lease could expire. Rate limits
+//! ("50 per second AND 1,000 per minute") on the same stores.
 //!
-//! One URL chooses the store ([`Store::connect`]): `memory://` (in-process, the reference
-//! model) and `sqlite:///path/file.db` (the embedded default: many processes on one host).
+//! | you want | use |
+//! |---|---|
+//! | at most `C` jobs at once, and which of the `C` slots is yours | [`Semaphore`] → [`Permit`] |
+//! | one holder at a time | [`Lock`] |
+//! | at most `N` calls in any window of `L`, several limits at once | [`RateLimiter`] |
+//! | holders, queue, capacity; resize, revoke, delete | [`Store`] |
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use std::time::Duration;
-//! use tessera::{SemaphoreOptions, Store};
+//! use tessera::{Semaphore, SemaphoreOptions, Store};
 //!
 //! let store = Store::connect("memory://").await?;
-//! let gpus = tessera::Semaphore::new(&store, "gpus", 8, SemaphoreOptions::default().ttl(Duration::from_secs(10)))?;
+//! let gpus = Semaphore::new(&store, "gpus", 8, SemaphoreOptions::default().ttl(Duration::from_secs(10)))?;
 //! let permit = gpus.acquire_many(2).await?;           // waits in FIFO order
 //! let seats = permit.seats();                          // e.g. [0, 1]: which GPUs are ours
 //! assert_eq!(seats.len(), 2);
@@ -23,36 +28,92 @@
 //!     reason = permit.lost() => panic!("lost the GPUs: {reason}"),
 //! }
 //! permit.release().await?;
+//! store.close().await?;                                // at the end of the program
 //! # Ok::<(), tessera::Error>(()) }).unwrap();
 //! ```
 //!
-//! A [`RateLimiter`] enforces several limits at once ("50 per second AND 1,000 per minute",
-//! never more than N in any window of length L), charged atomically on the store's clock;
-//! being limited is an answer with a retry time, and waiting is a reservation, not polling.
+//! ## Stores
 //!
-//! See `docs/contract.md` in the repository for the guarantees every store keeps.
+//! One URL chooses the store ([`Store::connect`]); the same code runs on each. Each store is a
+//! cargo feature of this crate:
+//!
+//! | store | URL | feature |
+//! |---|---|---|
+//! | in-process, the reference model | `memory://` or `memory://NAME` | `memory` (default) |
+//! | SQLite, the embedded store: many processes on one host | `sqlite:///absolute/path/file.db` | `sqlite` (default) |
+//! | Redis, the distributed store | `redis://[user[:password]@]host[:port][/db][?prefix=P]`, `rediss://…` (TLS) | `redis` |
+//!
+//! A URL whose store this build lacks is refused with a message naming the feature.
+//!
+//! ## The end of a program
+//!
+//! A [`Permit`] is released when dropped, in the background. Call [`Store::close`] before a
+//! program ends: it releases what is still held and waits for those background clean-ups. A
+//! process that exits normally without it still waits up to [`EXIT_GRACE`] for them, so a
+//! permit dropped as `main` returns is released; only a process killed outright leaves its
+//! leases to expire by their TTL.
+//!
+//! ## Store authors
+//!
+//! The seam every store implements, and the types that cross it, are in [`backend`]. See
+//! `docs/contract.md` in the repository for the guarantees every store keeps, and the
+//! `examples/` folder for whole programs.
 
 mod cleanup;
-pub mod clock;
-pub mod error;
+mod clock;
+mod error;
 mod keeper;
 mod lock;
 mod model;
 mod permit;
-pub mod rate;
+mod rate;
 mod semaphore;
-pub mod store;
-pub mod stores;
-pub mod wake;
+mod store;
+mod stores;
+mod wake;
 
 pub use cleanup::EXIT_GRACE;
 pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lock::Lock;
-pub use model::*;
+pub use model::{
+    Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter, MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN,
+    MAX_QUEUE_CAP, MAX_TTL, MIN_TTL,
+};
 pub use permit::Permit;
 pub use rate::{
-    LimitUsage, RateBackend, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions,
-    RateReply, RateRequest, RateSpec, RateStatus, MAX_RATE_WAIT,
+    LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus, MAX_LIMITS,
+    MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
 pub use semaphore::{Semaphore, SemaphoreOptions};
-pub use store::{Backend, Store, Waking};
+pub use store::Store;
+
+pub mod backend {
+    //! For store authors and test tools: the store seam and what crosses it. A program that
+    //! uses semaphores, locks and rate limiters needs nothing from here.
+    //!
+    //! A store implements [`Backend`] (and, for rate limits, [`RateBackend`]): a handful of
+    //! operations, each one atomic step on the store's clock, whose shape and invariants are
+    //! documented on [`Backend`]. Waiting, keep-alive, cancellation and loss detection live
+    //! once above the seam. [`Store::from_backend`](crate::Store::from_backend) wraps a
+    //! backend, e.g. one that injects faults around a real store.
+
+    pub use crate::clock::{Clock, ManualClock, SystemClock};
+    pub use crate::error::redact_url;
+    pub use crate::model::{
+        default_holder, AcquireReply, AcquireRequest, CancelReply, Grant, Name, RenewReply,
+        WaitReply, WaitSpec,
+    };
+    pub use crate::rate::{RateBackend, RateConfig, RateReply, RateRequest};
+    pub use crate::store::{Backend, Waking};
+    pub use crate::wake::{notify, notify_grant};
+
+    /// The stores of this build, for tests that drive a backend directly.
+    pub mod stores {
+        #[cfg(feature = "memory")]
+        pub use crate::stores::memory::MemoryBackend;
+        #[cfg(feature = "redis")]
+        pub use crate::stores::redis::RedisBackend;
+        #[cfg(feature = "sqlite")]
+        pub use crate::stores::sqlite::SqliteBackend;
+    }
+}

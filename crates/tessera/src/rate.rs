@@ -399,7 +399,7 @@ pub struct RateStatus {
 }
 
 /// The rate-limit seam: one atomic step per method, on the store's clock. A store offers it
-/// through [`crate::Backend::rate`]. PostgreSQL and MySQL stores implement the same three
+/// through [`crate::backend::Backend::rate`]. PostgreSQL and MySQL stores implement the same three
 /// steps in one short transaction each.
 #[async_trait]
 pub trait RateBackend: Send + Sync + fmt::Debug {

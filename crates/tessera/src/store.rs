@@ -111,7 +111,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// How waiters learn about grants.
     fn waking(&self) -> Waking;
 
-    /// The rate-limit operations of this store, if it has them (see [`crate::RateBackend`]).
+    /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
     /// Wrappers (fault injection) forward this.
     fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
         None
@@ -206,7 +206,7 @@ impl Store {
     ///   `redis`.
     ///
     /// A malformed URL, an unknown scheme or a scheme whose store this build lacks (the
-    /// message names the cargo feature to enable) is [`InvalidInput::StoreUrl`]; nothing is
+    /// message names the cargo feature to enable) is [`crate::InvalidInput::StoreUrl`]; nothing is
     /// created. To open only a store that already exists, use [`Store::connect_existing`].
     ///
     /// ```

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use tessera::backend::Name;
 use tessera::*;
 
 fn runtime() -> tokio::runtime::Runtime {

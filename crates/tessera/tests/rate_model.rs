@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use proptest::prelude::*;
-use tessera::clock::ManualClock;
-use tessera::stores::memory::MemoryBackend;
-use tessera::{
-    Backend, Name, RateBackend, RateConfig, RateMode, RateReply, RateRequest, RateSpec, StoreTime,
+use tessera::backend::stores::MemoryBackend;
+use tessera::backend::{
+    Backend, ManualClock, Name, RateBackend, RateConfig, RateReply, RateRequest,
 };
+use tessera::{RateMode, RateSpec, StoreTime};
 
 const START: u64 = 1_700_000_000_000_000;
 
@@ -43,7 +43,7 @@ impl Rig {
         self.backend.rate().unwrap()
     }
     fn now(&self) -> u64 {
-        use tessera::clock::Clock;
+        use tessera::backend::Clock;
         self.clock.now().0
     }
     fn ask(&self, cost: u32, max_wait: Option<Duration>) -> RateReply {

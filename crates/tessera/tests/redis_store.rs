@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera::stores::memory::MemoryBackend;
-use tessera::stores::redis::RedisBackend;
+use tessera::backend::stores::MemoryBackend;
+use tessera::backend::stores::RedisBackend;
+use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::servers::redis::RedisServer;
 

@@ -174,5 +174,5 @@ fn parse_rate(s: &str) -> Result<tessera::RateSpec, String> {
 
 /// The URL with any password replaced (for messages).
 fn redact(url: &str) -> String {
-    tessera::error::redact_url(url)
+    tessera::backend::redact_url(url)
 }

@@ -237,7 +237,7 @@ pub async fn run(store_url: &str, spec: &RateSpecBench) -> anyhow::Result<RateRe
     let run_s = run.as_secs_f64().max(1e-9);
     Ok(RateReport {
         workload: "rate".to_string(),
-        store: tessera::error::redact_url(store_url),
+        store: tessera::backend::redact_url(store_url),
         clients: spec.clients,
         limits: spec.limits.iter().map(|l| l.to_string()).collect(),
         mode: spec.mode,

@@ -367,7 +367,7 @@ pub async fn run(
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(WorkloadReport {
         workload: spec.name.to_string(),
-        store: tessera::error::redact_url(store_url),
+        store: tessera::backend::redact_url(store_url),
         clients: spec.clients,
         capacity: spec.capacity,
         preload: spec.preload,

@@ -12,7 +12,7 @@
 //! 4. Workers stop by themselves when the scenario's time is up; stragglers are killed.
 //!    The runner waits until the store drained (no permit held, nobody queued) or reports
 //!    the permits left as leaked.
-//! 5. [`report::analyse`] checks the merged logs (C1–C4, C7 from [`crate::grantlog`]; C5,
+//! 5. `report::analyse` checks the merged logs (C1–C4, C7 from [`crate::grantlog`]; C5,
 //!    loss notices and the fenced resource here) into a [`report::ScenarioReport`].
 //!
 //! Every loop is bounded in count and time; every process and server is stopped when its

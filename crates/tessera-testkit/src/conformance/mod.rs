@@ -1,5 +1,5 @@
 //! The conformance suite: the contract of PRODUCT.md as tests, written once and run against
-//! every store through a [`Harness`]. A store plugs in with
+//! every store through a [`Harness`](crate::harness::Harness). A store plugs in with
 //!
 //! ```text
 //! tessera_testkit::conformance_tests!(tessera_testkit::harness::Harness::sqlite());

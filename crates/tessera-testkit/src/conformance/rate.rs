@@ -5,10 +5,8 @@
 
 use std::time::Duration;
 
-use tessera::{
-    Name, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions, RateReply, RateRequest,
-    RateSpec, Store,
-};
+use tessera::backend::{Name, RateConfig, RateReply, RateRequest};
+use tessera::{RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, Store};
 
 use super::{eventually, unique};
 use crate::harness::Harness;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
+use tessera::backend::*;
 use tessera::*;
 use tokio::time::{timeout, Instant};
 
