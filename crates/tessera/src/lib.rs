@@ -50,7 +50,8 @@ pub use model::*;
 pub use permit::Permit;
 pub use rate::{
     LimitUsage, RateBackend, RateConfig, RateDecision, RateLimiter, RateMode, RateOptions,
-    RateReply, RateRequest, RateSpec, RateStatus, MAX_RATE_WAIT,
+    RateReply, RateRequest, RateSpec, RateStatus, DEFAULT_RATE_MARGIN, MAX_RATE_MARGIN,
+    MAX_RATE_WAIT,
 };
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::{Backend, Store, Waking};
