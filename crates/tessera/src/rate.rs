@@ -22,9 +22,10 @@
 //!   A request's cost must not exceed `B` (it would need `k` units at one instant).
 //!
 //! Numbers, for `RateLimiter` with `50/s` and `1000/min` and 200 callers each trying as
-//! fast as they can: in exact mode the first 50 calls pass at once, then 50 per second, until
-//! 1,000 have passed within the minute (after 20 s); from then on each call waits until the
-//! call 1,000 before it is a minute old. In smooth mode with burst 1 one call passes every
+//! fast as they can: in exact mode the first 50 calls pass at once, then 50 per second (with
+//! the default margin below, 50 every 1.02 s), until 1,000 have passed within the minute
+//! (after about 20 s); from then on each call waits until the call 1,000 before it is a
+//! minute (and 20 ms) old. In smooth mode with burst 1 one call passes every
 //! 60 ms (the slower of 20 ms and 60 ms).
 //!
 //! # Answers and waits
