@@ -50,24 +50,42 @@ pub async fn resize(store_url: Option<&str>, name: &str, capacity: u32) -> Outco
     }
 }
 
-/// `tessera delete NAME`.
+/// `tessera delete NAME`: the semaphore and the rate limiter named NAME, whichever exist.
 pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
     Name::new(name)?;
     let store = crate::store_url::open_existing(store_url)
         .await?
         .required("nothing deleted")?;
-    if store.delete(name).await? {
-        println!(
-            "deleted {name} with its holders and waiters; holders are told they lost their permits"
+    let semaphore = store.delete(name).await?;
+    let rate = match store.delete_rate_limiter(name).await {
+        Ok(existed) => existed,
+        // A store without rate limiting holds no rate limiter to delete.
+        Err(tessera::Error::Unsupported(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let what = match (semaphore, rate) {
+        (false, false) => {
+            return Err(Failure::new(
+                exit::NOT_FOUND,
+                format!(
+                    "no semaphore or rate limiter named {name} in {}; nothing deleted",
+                    store.url()
+                ),
+            ))
+        }
+        (true, false) => "the semaphore",
+        (false, true) => "the rate limiter",
+        (true, true) => "the semaphore and the rate limiter",
+    };
+    let mut line = format!("deleted {what} {name}");
+    if semaphore {
+        line.push_str(
+            "; the semaphore's holders and waiters are gone, holders are told they lost their permits",
         );
-        Ok(exit::OK)
-    } else {
-        Err(Failure::new(
-            exit::NOT_FOUND,
-            format!(
-                "no semaphore named {name} in {}; nothing deleted",
-                store.url()
-            ),
-        ))
     }
+    if rate {
+        line.push_str("; the rate limiter's history and reservations are gone");
+    }
+    println!("{line}");
+    Ok(exit::OK)
 }

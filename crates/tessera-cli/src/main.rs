@@ -201,6 +201,13 @@ struct RunCmd {
     /// mismatch is refused with exit 64)
     #[arg(long, requires = "rate")]
     update_rates: bool,
+    /// Margin between a --rate turn's admission and the command's start (0..1s, at most the
+    /// shortest PERIOD; default 20ms). The limits are enforced on windows of PERIOD + margin,
+    /// so commands started within the margin of their admission never exceed N per PERIOD;
+    /// it costs margin/(PERIOD + margin) of the throughput. Stored with the limits: every
+    /// client of NAME must declare the same (or use --update-rates)
+    #[arg(long, value_name = "DURATION", requires = "rate", value_parser = humantime::parse_duration)]
+    rate_margin: Option<Duration>,
     /// The command and its arguments; put them after -- if the command starts with -
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -250,6 +257,7 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 rates: r.rate,
                 cost: r.cost,
                 update_rates: r.update_rates,
+                rate_margin: r.rate_margin,
                 command: r.command,
             };
             run::run(store, args).await

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use tessera::{
     LossReason, Permit, RateDecision, RateLimiter, RateOptions, RateSpec, Semaphore,
-    SemaphoreOptions, Store, MAX_RATE_WAIT,
+    SemaphoreOptions, Store,
 };
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -83,6 +83,8 @@ pub struct RunArgs {
     pub cost: u32,
     /// Replace stored limits that differ from `rates`.
     pub update_rates: bool,
+    /// The margin between a turn's admission and its use (`None`: the library's default).
+    pub rate_margin: Option<Duration>,
     pub command: Vec<OsString>,
 }
 
@@ -95,14 +97,21 @@ impl RunArgs {
         opts
     }
 
+    fn rate_options(&self) -> RateOptions {
+        let opts = RateOptions::default().update(self.update_rates);
+        match self.rate_margin {
+            Some(m) => opts.margin(m),
+            None => opts,
+        }
+    }
+
     /// Checks every argument with the library's rules; returns the weight. Uses a private
     /// in-process store: [`Semaphore::new`] writes nothing, and the real store (which may
     /// create a file on connect) is not touched.
     async fn validate(&self) -> Result<u32, Failure> {
         let scratch = Store::connect("memory://tessera-cli-validation").await?;
         if !self.rates.is_empty() {
-            let limiter =
-                RateLimiter::new(&scratch, &self.name, &self.rates, RateOptions::default())?;
+            let limiter = RateLimiter::new(&scratch, &self.name, &self.rates, self.rate_options())?;
             let max = limiter.config().max_cost();
             if self.cost == 0 || self.cost > max {
                 return Err(tessera::InvalidInput::Cost {
@@ -255,57 +264,45 @@ fn interrupted(signal: libc::c_int, what: &str, name: &str) -> Failure {
 }
 
 /// Reserves the earliest time every `--rate` limit admits `--cost` and sleeps until it
-/// (the library's `acquire_within`: FIFO reservations, no polling). Beyond the deadline
-/// nothing is charged and this fails with exit 75. Without `--wait`, a time beyond the
-/// library's longest reservation is waited for and asked again.
+/// (FIFO reservations, no polling): the library's `acquire_until` with `--wait`, beyond whose
+/// deadline nothing is charged and this fails with exit 75; without `--wait`, `acquire`, which
+/// waits as long as it takes.
 async fn take_turn(
     store: &Store,
     args: &RunArgs,
     deadline: Option<Instant>,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<(), Failure> {
-    let opts = RateOptions::default().update(args.update_rates);
-    let limiter = RateLimiter::new(store, &args.name, &args.rates, opts)?;
-    loop {
-        let budget = deadline.map_or(MAX_RATE_WAIT, |d| {
-            d.saturating_duration_since(Instant::now())
-        });
-        let attempt = limiter.acquire_within(args.cost, budget);
-        tokio::pin!(attempt);
-        let decision = loop {
-            tokio::select! {
-                d = &mut attempt => break d?,
-                Some(signal) = caught.recv() => {
-                    if matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
-                        continue;
-                    }
-                    // Dropping `attempt` gives its reservation back where it can.
-                    return Err(interrupted(signal.signal, "a turn within the rate limits", &args.name));
-                }
-            }
-        };
-        let retry_after = match decision {
-            RateDecision::Admitted { .. } => return Ok(()),
-            RateDecision::Limited { retry_after, .. } => retry_after,
-        };
-        if deadline.is_some() {
-            return Err(Failure::new(
-                exit::TEMPFAIL,
-                format!(
-                    "no turn within the rate limits of {} within --wait (the next is in {}); nothing was run",
-                    args.name,
-                    humantime::format_duration(Duration::from_millis(retry_after.as_millis() as u64))
-                ),
-            ));
+    let limiter = RateLimiter::new(store, &args.name, &args.rates, args.rate_options())?;
+    let attempt = async {
+        match deadline {
+            Some(deadline) => limiter.acquire_until(args.cost, deadline).await,
+            None => (limiter.acquire(args.cost).await).map(|at| RateDecision::Admitted { at }),
         }
+    };
+    tokio::pin!(attempt);
+    let decision = loop {
         tokio::select! {
-            _ = tokio::time::sleep(retry_after) => {}
+            d = &mut attempt => break d?,
             Some(signal) = caught.recv() => {
-                if !matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
-                    return Err(interrupted(signal.signal, "a turn within the rate limits", &args.name));
+                if matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
+                    continue;
                 }
+                // Dropping `attempt` gives its reservation back where it can.
+                return Err(interrupted(signal.signal, "a turn within the rate limits", &args.name));
             }
         }
+    };
+    match decision {
+        RateDecision::Admitted { .. } => Ok(()),
+        RateDecision::Limited { retry_after, .. } => Err(Failure::new(
+            exit::TEMPFAIL,
+            format!(
+                "no turn within the rate limits of {} within --wait (the next is in {}); nothing was run",
+                args.name,
+                humantime::format_duration(Duration::from_millis(retry_after.as_millis() as u64))
+            ),
+        )),
     }
 }
 

@@ -250,10 +250,15 @@ fn rate_summary(all: &[RateStatus]) -> String {
 }
 
 fn rate_detail(r: &RateStatus) -> String {
+    let mode = match r.mode {
+        tessera::RateMode::Smooth { burst } => format!("smooth, burst {burst}"),
+        _ => "exact".to_string(),
+    };
+    // The margin widens every window the store enforces (see `tessera run --help`).
     let mut out = format!(
-        "{}: rate limiter ({:?}), next free {} (store time {})\n",
+        "{}: rate limiter ({mode}, margin {}), next free {} (store time {})\n",
         r.name,
-        r.mode,
+        humantime::format_duration(r.margin),
         until(r.next_free, r.now),
         r.now
     );
@@ -500,6 +505,7 @@ mod tests {
             last_admit: later,
             next_free: later,
             now,
+            margin: tessera::DEFAULT_RATE_MARGIN,
         };
         let text = rate_summary(&[status]);
         let line = text.lines().nth(1).unwrap();

@@ -1318,3 +1318,106 @@ fn permit_then_rate() {
     assert!(out.status.success(), "{:?}", stderr_lines(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0,1");
 }
+
+/// `delete NAME` deletes the rate limiter too, says which of the two existed, and a full
+/// limit admits again at once; with neither it exits 1.
+#[test]
+fn delete_removes_the_rate_limiter_and_says_which() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let run_minutely = |wait: &str| {
+        tessera(home.path())
+            .args(["--store", &store, "run", "--name", "minutely"])
+            .args(["--rate", "1/min", "--wait", wait, "--", "true"])
+            .output()
+            .unwrap()
+    };
+    assert!(run_minutely("1s").status.success());
+    assert_fails_with_one_line(&run_minutely("200ms"), 75);
+    let out = tessera(home.path())
+        .args(["--store", &store, "delete", "minutely"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        line.starts_with("deleted the rate limiter minutely"),
+        "{line}"
+    );
+    assert!(!line.contains("semaphore"), "{line}");
+    // The limit is full again at once.
+    assert!(run_minutely("200ms").status.success());
+
+    // A semaphore with a holder and a rate limiter under one name: both go.
+    let ready = home.path().join("ready");
+    let holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1", "--ttl", "3s", "--rate", "1/min"],
+        &format!("echo ready > {}; sleep 30", ready.display()),
+    );
+    wait_for_file(&ready, Duration::from_secs(10));
+    let out = tessera(home.path())
+        .args(["--store", &store, "delete", "demo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(
+        stdout.starts_with("deleted the semaphore and the rate limiter demo"),
+        "{stdout}"
+    );
+    assert_fails_with_one_line(&holder.wait_with_output().unwrap(), 74);
+    let out = tessera(home.path())
+        .args(["--store", &store, "delete", "demo"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 1);
+    assert!(line.contains("no semaphore or rate limiter"), "{line}");
+}
+
+/// `--rate-margin` is stored with the limits: status shows it, another margin is refused
+/// like other limits, and one out of range is refused before the store is touched.
+#[test]
+fn rate_margin_is_stored_with_the_limits() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let run = |margin: &str| {
+        tessera(home.path())
+            .args(["--store", &store, "run", "--name", "api", "--rate", "5/s"])
+            .args(["--rate-margin", margin, "--", "true"])
+            .output()
+            .unwrap()
+    };
+    let ok = run("50ms");
+    assert!(ok.status.success(), "{:?}", stderr_lines(&ok));
+    let v: serde_json::Value = serde_json::from_slice(
+        &tessera(home.path())
+            .args(["--store", &store, "status", "api", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["rate"]["margin_us"].as_u64(), Some(50_000), "{v}");
+    assert_eq!(v["rate"]["limits"][0]["limit"].as_str(), Some("5/s"), "{v}");
+    let line = assert_fails_with_one_line(&run("0s"), 64);
+    assert!(line.contains("update"), "{line}");
+    let fresh = tmp();
+    let out = tessera(fresh.path())
+        .args([
+            "run",
+            "--name",
+            "api",
+            "--rate",
+            "5/s",
+            "--rate-margin",
+            "2s",
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_fails_with_one_line(&out, 64);
+    assert!(!fresh.path().join("state").exists());
+}

@@ -16,6 +16,12 @@
 //! 3. **clock consistency**: one offset between the store's clock and the monotonic clock
 //!    puts every admit time inside its interval (within a small slack for clock slewing), so
 //!    the store times of check 1 are the real ones, not invented.
+//!
+//! Each admission also records `used_us`, the host's wall clock (`CLOCK_REALTIME`) at the
+//! moment `acquire` returned, when the caller would make its call: [`check_use_times`]
+//! counts what a downstream service would count, in windows of those use times. The stores
+//! of these tests (SQLite, a local Redis) keep time on the same host clock, so a use's
+//! delay after its admission is `used_us - at_us`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -42,6 +48,10 @@ pub struct RateEvent {
     pub returned_ns: u64,
     /// Whether it was a reservation (`acquire`) rather than a `try_acquire`.
     pub reserved: bool,
+    /// When the call returned, on the host's wall clock (µs since the epoch): the moment of
+    /// use. 0 in logs written before it was recorded.
+    #[serde(default)]
+    pub used_us: u64,
 }
 
 /// What one rate worker does.
@@ -78,6 +88,20 @@ pub struct RateWorkerArgs {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Only `acquire` (wait until admitted), cost 1, as fast as admitted: the demand of
+    /// callers that use each admission at once.
+    #[arg(long)]
+    pub acquire_only: bool,
+    /// The limiter's margin between admission and use, in µs (default: the library's).
+    #[arg(long)]
+    pub margin_us: Option<u64>,
+}
+
+/// The host's wall clock (`CLOCK_REALTIME`), µs since the epoch.
+pub fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A worker's own counts.
@@ -96,7 +120,11 @@ pub async fn run_rate_worker(args: &RateWorkerArgs) -> anyhow::Result<RateWorker
     let store = Store::connect(&args.store)
         .await
         .with_context(|| format!("connect {}", args.store))?;
-    let rl = RateLimiter::new(&store, &args.name, &args.rates, RateOptions::default())?;
+    let mut opts = RateOptions::default();
+    if let Some(us) = args.margin_us {
+        opts = opts.margin(Duration::from_micros(us));
+    }
+    let rl = RateLimiter::new(&store, &args.name, &args.rates, opts)?;
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -106,6 +134,25 @@ pub async fn run_rate_worker(args: &RateWorkerArgs) -> anyhow::Result<RateWorker
     let mut summary = RateWorkerSummary::default();
     let end = tokio::time::Instant::now() + Duration::from_millis(args.run_ms);
     while tokio::time::Instant::now() < end {
+        if args.acquire_only {
+            let invoked_ns = monotonic_ns();
+            let at = rl.acquire(1).await?;
+            let used_us = wall_us();
+            let event = RateEvent {
+                at_us: at.0,
+                cost: 1,
+                invoked_ns,
+                returned_ns: monotonic_ns(),
+                reserved: true,
+                used_us,
+            };
+            summary.requests += 1;
+            summary.admitted += 1;
+            let mut line = serde_json::to_vec(&event)?;
+            line.push(b'\n');
+            log.write_all(&line)?;
+            continue;
+        }
         let cost = rng.random_range(1..=args.max_cost.max(1));
         let try_it = rng.random_bool(args.try_ratio.clamp(0.0, 1.0));
         let invoked_ns = monotonic_ns();
@@ -117,6 +164,7 @@ pub async fn run_rate_worker(args: &RateWorkerArgs) -> anyhow::Result<RateWorker
             rl.acquire_within(cost, wait).await?
         };
         let returned_ns = monotonic_ns();
+        let used_us = wall_us();
         summary.requests += 1;
         match decision {
             RateDecision::Admitted { at } => {
@@ -127,6 +175,7 @@ pub async fn run_rate_worker(args: &RateWorkerArgs) -> anyhow::Result<RateWorker
                     invoked_ns,
                     returned_ns,
                     reserved: !try_it,
+                    used_us,
                 };
                 let mut line = serde_json::to_vec(&event)?;
                 line.push(b'\n');
@@ -310,6 +359,97 @@ pub fn check(events: &[RateEvent], limits: &[RateSpec], slack: Duration) -> Rate
     }
 }
 
+/// What [`check_use_times`] found for one limit.
+#[derive(Debug, Clone)]
+pub struct UseReport {
+    /// The limit.
+    pub limit: RateSpec,
+    /// The largest cost in any window `(s - L, s]` of the use times.
+    pub max_use_window: u64,
+    /// The delays (use time minus admission time, µs) of the uses in the fullest window,
+    /// largest first.
+    pub worst_window_delays_us: Vec<i64>,
+    /// Delays over all uses, µs: median, 99th percentile, largest.
+    pub delay_p50_us: i64,
+    /// See `delay_p50_us`.
+    pub delay_p99_us: i64,
+    /// See `delay_p50_us`.
+    pub delay_max_us: i64,
+    /// Whole periods `L` between the first and the last admission (demand all along).
+    pub full_periods: u64,
+    /// The cost admitted in those whole periods, from the first admission on.
+    pub admitted_in_full_periods: u64,
+}
+
+impl std::fmt::Display for UseReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: max {} in a window of use times; {} admitted in {} full periods ({:.1}% of \
+             the limit); delay after admission p50 {} µs, p99 {} µs, max {} µs",
+            self.limit,
+            self.max_use_window,
+            self.admitted_in_full_periods,
+            self.full_periods,
+            self.admitted_in_full_periods as f64 * 100.0
+                / (self.limit.count() as u64 * self.full_periods.max(1)) as f64,
+            self.delay_p50_us,
+            self.delay_p99_us,
+            self.delay_max_us
+        )
+    }
+}
+
+/// Counts, for `limit`, the cost in every window `(s - L, s]` of the use times (what a
+/// downstream service counts), the delays of the uses after their admission, and the cost
+/// admitted over the whole periods of the run. Events without a use time are ignored.
+pub fn check_use_times(events: &[RateEvent], limit: RateSpec) -> UseReport {
+    let period_us = limit.period().as_micros() as u64;
+    let mut v: Vec<&RateEvent> = events.iter().filter(|e| e.used_us > 0).collect();
+    v.sort_by_key(|e| e.used_us);
+    let (mut worst, mut range, mut lo, mut sum) = (0, (0, 0), 0, 0u64);
+    for hi in 0..v.len() {
+        sum += v[hi].cost as u64;
+        while v[lo].used_us + period_us <= v[hi].used_us {
+            sum -= v[lo].cost as u64;
+            lo += 1;
+        }
+        if sum > worst {
+            (worst, range) = (sum, (lo, hi + 1));
+        }
+    }
+    let delay = |e: &RateEvent| e.used_us as i64 - e.at_us as i64;
+    let mut worst_window_delays_us: Vec<i64> =
+        v[range.0..range.1].iter().map(|e| delay(e)).collect();
+    worst_window_delays_us.sort_unstable_by(|a, b| b.cmp(a));
+    let mut delays: Vec<i64> = v.iter().map(|e| delay(e)).collect();
+    delays.sort_unstable();
+    let pct = |p: usize| {
+        delays
+            .get((delays.len() * p / 100).min(delays.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let first = v.iter().map(|e| e.at_us).min().unwrap_or(0);
+    let last = v.iter().map(|e| e.at_us).max().unwrap_or(0);
+    let full_periods = (last - first) / period_us;
+    let admitted_in_full_periods = v
+        .iter()
+        .filter(|e| e.at_us < first + full_periods * period_us)
+        .map(|e| e.cost as u64)
+        .sum();
+    UseReport {
+        limit,
+        max_use_window: worst,
+        worst_window_delays_us,
+        delay_p50_us: pct(50),
+        delay_p99_us: pct(99),
+        delay_max_us: delays.last().copied().unwrap_or(0),
+        full_periods,
+        admitted_in_full_periods,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +461,7 @@ mod tests {
             invoked_ns: at_ms * 1_000_000,
             returned_ns: (at_ms + lat_ms) * 1_000_000,
             reserved: false,
+            used_us: 5_000_000 + (at_ms + lat_ms) * 1000,
         }
     }
 
@@ -340,5 +481,19 @@ mod tests {
         assert!(!check(&invented, &[limit], Duration::from_millis(1))
             .violations
             .is_empty());
+    }
+
+    #[test]
+    fn use_times_are_counted_in_windows_with_their_delays() {
+        let limit: RateSpec = "2/100ms".parse().unwrap();
+        // Admitted 100 ms apart (fine on the store's clock), the first used 30 ms late.
+        let mut late = [ev(0, 30), ev(1, 1), ev(100, 1), ev(101, 1)];
+        let r = check_use_times(&late, limit);
+        assert_eq!(r.max_use_window, 3);
+        assert_eq!(r.worst_window_delays_us, vec![30_000, 1_000, 1_000]);
+        late[0].used_us = late[0].at_us + 1_000;
+        let r = check_use_times(&late, limit);
+        assert_eq!(r.max_use_window, 2);
+        assert_eq!((r.full_periods, r.admitted_in_full_periods), (1, 2));
     }
 }

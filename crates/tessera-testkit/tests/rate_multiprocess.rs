@@ -8,13 +8,20 @@
 //! ```text
 //! TESSERA_RATE_LONG=1 cargo nextest run -p tessera-testkit --test rate_multiprocess --no-capture
 //! ```
+//!
+//! The `*_calls_made_at_admission_*` tests check what a downstream service counts: 8
+//! processes share `50/s` for about 3.5 s, each taking its turn with `acquire` and using it
+//! at once; at the moments `acquire` returned (the host's wall clock) no 1 s window holds more
+//! than 50, thanks to the default margin between admission and use, and at least 95% of the
+//! limit is admitted. `TESSERA_RATE_USE_MARGIN_US=0` runs them with another margin (with 0
+//! they fail: 52–57 uses in a window).
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use tessera::RateSpec;
-use tessera_testkit::ratelog::{check, read_logs, RateReport};
+use tessera_testkit::ratelog::{check, check_use_times, read_logs, RateReport};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_tessera-rate-worker");
 
@@ -96,4 +103,60 @@ fn sqlite_processes_sharing_a_limiter_never_exceed_any_window() {
 fn redis_processes_sharing_a_limiter_never_exceed_any_window() {
     let server = tessera_testkit::servers::redis::RedisServer::start();
     run(&server.url());
+}
+
+/// 8 processes `acquire` turns of `50/s` and use each at once, for about 3.5 s.
+fn calls_made_at_admission(store: &str) {
+    let limit: RateSpec = "50/s".parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let margin = std::env::var("TESSERA_RATE_USE_MARGIN_US").ok();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            let mut cmd = Command::new(WORKER);
+            cmd.args(["--store", store, "--name", "use-times", "--acquire-only"])
+                .args(["--run-ms", "3500", "--rate", "50/s"])
+                .arg("--log")
+                .arg(dir.path().join(format!("w{i}.jsonl")));
+            if let Some(m) = &margin {
+                cmd.args(["--margin-us", m]);
+            }
+            cmd.spawn().expect("starting tessera-rate-worker")
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().unwrap();
+        assert!(status.success(), "rate worker failed: {status}");
+    }
+    let events = read_logs(dir.path()).unwrap();
+    // The store's own windows (of L + margin, so of L too) hold.
+    let report = check(&events, &[limit], Duration::from_millis(2));
+    eprintln!("{report}");
+    report.assert_ok();
+    let uses = check_use_times(&events, limit);
+    eprintln!("{uses}");
+    assert!(
+        uses.max_use_window <= 50,
+        "{} calls made within one second of use times; the delays after admission of the \
+         calls in that window (µs, largest first; the margin covers delays up to 20 ms): \
+         {:?}\n{uses}",
+        uses.max_use_window,
+        uses.worst_window_delays_us
+    );
+    assert!(uses.full_periods >= 2, "{uses}");
+    assert!(
+        uses.admitted_in_full_periods * 100 >= 95 * 50 * uses.full_periods,
+        "less than 95% of the limit admitted with demand above it: {uses}"
+    );
+}
+
+#[test]
+fn sqlite_calls_made_at_admission_never_exceed_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    calls_made_at_admission(&format!("sqlite://{}/rate.db", dir.path().display()));
+}
+
+#[test]
+fn redis_calls_made_at_admission_never_exceed_the_limit() {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    calls_made_at_admission(&server.url());
 }

@@ -86,7 +86,8 @@ async fn the_log_stays_bounded_and_the_keys_expire() {
     let ttl: i64 = redis_cli(&server, &["PTTL", "{b:bounded}:rate"])
         .parse()
         .unwrap();
-    assert!(ttl > 0 && ttl <= 1400, "{ttl} ms");
+    // The longest window (400 ms plus the default 20 ms margin) plus the 1 s grace.
+    assert!(ttl > 0 && ttl <= 1420, "{ttl} ms");
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert_eq!(
         redis_cli(

@@ -81,8 +81,9 @@ pub use model::{
 };
 pub use permit::Permit;
 pub use rate::{
-    LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus, MAX_LIMITS,
-    MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
+    LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
+    DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN, MAX_RATE_PERIOD,
+    MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::Store;

@@ -22,9 +22,10 @@
 //!   A request's cost must not exceed `B` (it would need `k` units at one instant).
 //!
 //! Numbers, for `RateLimiter` with `50/s` and `1000/min` and 200 callers each trying as
-//! fast as they can: in exact mode the first 50 calls pass at once, then 50 per second, until
-//! 1,000 have passed within the minute (after 20 s); from then on each call waits until the
-//! call 1,000 before it is a minute old. In smooth mode with burst 1 one call passes every
+//! fast as they can: in exact mode the first 50 calls pass at once, then 50 per second (with
+//! the default margin below, 50 every 1.02 s), until 1,000 have passed within the minute
+//! (after about 20 s); from then on each call waits until the call 1,000 before it is a
+//! minute (and 20 ms) old. In smooth mode with burst 1 one call passes every
 //! 60 ms (the slower of 20 ms and 60 ms).
 //!
 //! # Answers and waits
@@ -36,9 +37,31 @@
 //!
 //! [`RateLimiter::acquire`] **reserves**: in the same atomic step it computes the earliest
 //! admissible time, charges every limit at that time, and returns it; the caller then sleeps
-//! until it. Later callers are placed after earlier reservations (FIFO), so no caller polls
-//! and no herd forms at window edges. If the wait would exceed the maximum, nothing is
-//! reserved and the answer is `Limited`.
+//! until it, and `acquire` returns the admission time: it always waits until admitted. Later
+//! callers are placed after earlier reservations (FIFO), so no caller polls and no herd forms
+//! at window edges. [`RateLimiter::acquire_until`] (and `acquire_within`) reserves only a time
+//! before its deadline; beyond it, nothing is reserved and the answer is `Limited`.
+//!
+//! # The margin between admission and use
+//!
+//! What a downstream service counts is the moment each call is *made*, a few milliseconds
+//! after its admission time: the reply's transit, the timer's slack, scheduling. Measured at
+//! the moment of use, a 1 s window of `50/s` shared by 8 processes held 54–57 calls with the
+//! windows enforced at exactly `L`. So each limiter has a margin `m`
+//! ([`RateOptions::margin`]) and the store enforces every limit `N/L` on windows of `L + m`:
+//! if admissions never exceed `N` in any window of `L + m`, calls made at most `m` after
+//! their admission never exceed `N` in any window of `L`. The default is 20 ms in exact mode
+//! (at most the shortest period), 0 in smooth mode, where the admissions are already `L/N`
+//! apart (a margin there stretches the emission interval to `(L + m) / N`).
+//!
+//! The cost is throughput: with demand above the limit, a limit admits `N` per `L + m`,
+//! i.e. `m / (L + m)` less. 20 ms on `50/s` costs 2% (49 per second); on `1000/min`
+//! nothing measurable (0.03%); on a 100 ms window 17%, so set a smaller margin there (or
+//! accept it, or 0 where calls follow admission closely). The margin is part of the stored
+//! configuration: all clients of a limiter must enforce the same windows, so one declaring
+//! another margin gets [`Error::RateMismatch`] like one declaring other limits. A caller
+//! that makes its call later than `m` after admission (a stalled process) can still exceed
+//! the limit at the moment of use; the store's own windows are never exceeded.
 //!
 //! # Implementation details
 //!
@@ -49,7 +72,9 @@
 //! cost `k` the binding entry is the first one whose `P >= P_last - N + k`: the request is
 //! admissible from that entry's `t + L` on. One ordered lookup per limit (a sorted-set
 //! `ZRANGEBYSCORE` on Redis, an index seek on SQLite), whatever `N`. Entries older than the
-//! longest period are dropped; the state expires when the last admission is that old.
+//! longest window are dropped; the state expires when the last admission is that old. Here
+//! `L` is always the enforced window, the period plus the margin
+//! ([`RateConfig::window_us`]).
 //!
 //! The decision itself is one pure function shared by the memory and SQLite stores
 //! (`rate/engine.rs`); the Redis script follows it line by line.
@@ -76,8 +101,13 @@ pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
 /// Most limits on one limiter.
 pub const MAX_LIMITS: usize = 8;
-/// Longest wait [`RateLimiter::acquire`] may reserve ahead (one day).
+/// Longest wait one reservation may reach ahead (one day); [`RateLimiter::acquire`] waits
+/// longer by asking again.
 pub const MAX_RATE_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// Longest margin between admission and use ([`RateOptions::margin`]).
+pub const MAX_RATE_MARGIN: Duration = Duration::from_secs(1);
+/// The margin of exact mode unless set ([`RateOptions::margin`]), at most the shortest period.
+pub const DEFAULT_RATE_MARGIN: Duration = Duration::from_millis(20);
 
 /// One limit: at most `count` per `period`. Parsed from `"50/s"`, `"1000/min"`, `"20000/h"`,
 /// or with a multiple of a unit, `"10/500ms"`, `"60/3s"`, `"100/5min"`, `"7/2d"`.
@@ -246,17 +276,18 @@ pub enum RateMode {
     },
 }
 
-/// The limits and mode of one limiter, in canonical form (limits sorted by period, then
-/// count, without duplicates). Sent with every request; the store compares it with what it
-/// holds.
+/// The limits, mode and margin of one limiter, in canonical form (limits sorted by period,
+/// then count, without duplicates). Sent with every request; the store compares it with what
+/// it holds, so every client of a limiter enforces the same windows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateConfig {
     limits: Vec<RateSpec>,
     mode: RateMode,
+    margin: Duration,
 }
 
 impl RateConfig {
-    /// Checks and canonicalizes.
+    /// Checks and canonicalizes; the margin is 0 (see [`RateConfig::with_margin`]).
     pub fn new(limits: &[RateSpec], mode: RateMode) -> Result<Self, InvalidInput> {
         let mut sorted = limits.to_vec();
         sorted.sort();
@@ -279,7 +310,25 @@ impl RateConfig {
         Ok(RateConfig {
             limits: sorted,
             mode,
+            margin: Duration::ZERO,
         })
+    }
+    /// The same limits with a margin `m` between admission and use: the store enforces each
+    /// limit `N/L` on windows of `L + m` (see the module docs). `m` is 0 to
+    /// [`MAX_RATE_MARGIN`], in whole microseconds, and at most the shortest period.
+    pub fn with_margin(mut self, margin: Duration) -> Result<Self, InvalidInput> {
+        let shortest = self.limits[0].period;
+        if margin > MAX_RATE_MARGIN
+            || margin > shortest
+            || !margin.subsec_nanos().is_multiple_of(1_000)
+        {
+            return Err(InvalidInput::Other(format!(
+                "rate margin {margin:?} must be between 0 and {MAX_RATE_MARGIN:?} in whole \
+                 microseconds, and at most the shortest period ({shortest:?})"
+            )));
+        }
+        self.margin = margin;
+        Ok(self)
     }
     /// The limits, sorted by period then count.
     pub fn limits(&self) -> &[RateSpec] {
@@ -289,6 +338,16 @@ impl RateConfig {
     pub fn mode(&self) -> RateMode {
         self.mode
     }
+    /// The margin between admission and use.
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+    /// The window the store enforces `limit` on, `L + m`, in µs: every admission, pruning,
+    /// expiry and status computation uses it (and the Redis scripts receive it as the
+    /// period), never `L` alone.
+    pub fn window_us(&self, limit: &RateSpec) -> u64 {
+        limit.period_us() + self.margin.as_micros() as u64
+    }
     /// The largest cost one request may have.
     pub fn max_cost(&self) -> u32 {
         match self.mode {
@@ -296,27 +355,50 @@ impl RateConfig {
             RateMode::Smooth { burst } => burst,
         }
     }
-    /// The longest period (how long the history is kept).
+    /// The longest enforced window (how long the history is kept).
     pub fn horizon_us(&self) -> u64 {
         self.limits
             .iter()
-            .map(RateSpec::period_us)
+            .map(|l| self.window_us(l))
             .max()
             .unwrap_or(0)
     }
-    /// The canonical text stored with the state: `exact|50/s,1000/min` or
-    /// `smooth:1|50/s,1000/min`.
+    /// The canonical text stored with the state: `exact|50/s,1000/min`,
+    /// `smooth:1|50/s,1000/min`, and with a margin `exact+20ms|50/s,1000/min` (a margin of
+    /// 0 is not written, so states stored before margins existed read as margin 0).
     pub fn encode(&self) -> String {
-        let mode = match self.mode {
+        let mut mode = match self.mode {
             RateMode::Exact => "exact".to_string(),
             RateMode::Smooth { burst } => format!("smooth:{burst}"),
         };
+        if !self.margin.is_zero() {
+            let us = self.margin.as_micros() as u64;
+            mode.push_str(&match us {
+                _ if us.is_multiple_of(1_000_000) => format!("+{}s", us / 1_000_000),
+                _ if us.is_multiple_of(1_000) => format!("+{}ms", us / 1_000),
+                _ => format!("+{us}us"),
+            });
+        }
         let limits: Vec<String> = self.limits.iter().map(|l| l.to_string()).collect();
         format!("{mode}|{}", limits.join(","))
     }
     /// Parses [`RateConfig::encode`]'s text; `None` if it is not one.
     pub fn decode(s: &str) -> Option<RateConfig> {
         let (mode, limits) = s.split_once('|')?;
+        let (mode, margin) = match mode.split_once('+') {
+            None => (mode, Duration::ZERO),
+            Some((mode, m)) => {
+                let digits = m.bytes().take_while(u8::is_ascii_digit).count();
+                let n: u64 = m[..digits].parse().ok()?;
+                let unit_us: u64 = match &m[digits..] {
+                    "us" => 1,
+                    "ms" => 1_000,
+                    "s" => 1_000_000,
+                    _ => return None,
+                };
+                (mode, Duration::from_micros(n.checked_mul(unit_us)?))
+            }
+        };
         let mode = match mode {
             "exact" => RateMode::Exact,
             m => RateMode::Smooth {
@@ -327,7 +409,10 @@ impl RateConfig {
             .split(',')
             .map(|l| l.parse().ok())
             .collect::<Option<_>>()?;
-        RateConfig::new(&limits, mode).ok()
+        RateConfig::new(&limits, mode)
+            .ok()?
+            .with_margin(margin)
+            .ok()
     }
 }
 
@@ -389,6 +474,10 @@ pub struct RateStatus {
     pub mode: RateMode,
     /// Each limit's usage.
     pub limits: Vec<LimitUsage>,
+    /// The margin between admission and use the limits are enforced with: each limit's
+    /// window is its period plus this (`used` counts over that window).
+    #[serde(default, rename = "margin_us", with = "duration_us")]
+    pub margin: Duration,
     /// The latest admission (reserved times included).
     pub last_admit: StoreTime,
     /// The earliest time a request of cost 1 would be admitted (all limits, and after every
@@ -423,26 +512,35 @@ pub trait RateBackend: Send + Sync + fmt::Debug {
 
     /// Names of the limiters the store holds state for.
     async fn rate_list(&self) -> Result<Vec<String>>;
+
+    /// Deletes the limiter's state (its limits, history and reservations); `true` if the
+    /// store held state for it. Afterwards the limiter behaves as never used, and the next
+    /// request may declare any limits. Deleting an unknown name changes nothing.
+    async fn rate_delete(&self, name: &Name) -> Result<bool>;
+}
+
+/// `Duration` as whole microseconds in JSON (`margin_us`).
+mod duration_us {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_micros() as u64)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_micros)
+    }
 }
 
 // ---- the façade ----------------------------------------------------------------------------
 
 /// Options of a [`RateLimiter`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RateOptions {
     mode: RateMode,
-    max_wait: Duration,
+    margin: Option<Duration>,
     update: bool,
-}
-
-impl Default for RateOptions {
-    fn default() -> Self {
-        RateOptions {
-            mode: RateMode::Exact,
-            max_wait: Duration::from_secs(60),
-            update: false,
-        }
-    }
 }
 
 impl RateOptions {
@@ -451,14 +549,19 @@ impl RateOptions {
         self.mode = mode;
         self
     }
-    /// Longest wait [`RateLimiter::acquire`] reserves (default 60 s, at most
-    /// [`MAX_RATE_WAIT`]).
-    pub fn max_wait(mut self, d: Duration) -> Self {
-        self.max_wait = d;
+    /// The margin `m` between admission and use (see the module docs): each limit `N/L` is
+    /// enforced on windows of `L + m`, so calls made at most `m` after their admission time
+    /// never exceed `N` in any window of `L`. Default: [`DEFAULT_RATE_MARGIN`] (20 ms) in
+    /// exact mode, or the shortest period if that is shorter; 0 in smooth mode (where it
+    /// stretches the emission interval to `(L + m) / N`). 0 to [`MAX_RATE_MARGIN`] and at
+    /// most the shortest period, else [`RateLimiter::new`] fails with [`InvalidInput`]. Part
+    /// of the stored configuration: every client of a limiter must declare the same margin.
+    pub fn margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
         self
     }
-    /// Replace the limits stored under this name if they differ (default: refuse with
-    /// [`Error::RateMismatch`]). History is kept: admissions already made still count
+    /// Replace the limits (and margin) stored under this name if they differ (default:
+    /// refuse with [`Error::RateMismatch`]). History is kept: admissions already made still count
     /// against the new limits (in exact mode; smooth pacing restarts).
     pub fn update(mut self, update: bool) -> Self {
         self.update = update;
@@ -472,8 +575,8 @@ impl RateOptions {
 pub enum RateDecision {
     /// Admitted; the cost is charged to every limit.
     Admitted {
-        /// The store time the request was admitted at (for `acquire`, the reserved time,
-        /// which has passed when it returns).
+        /// The store time the request was admitted at (for `acquire_until`, the reserved
+        /// time, which has passed when it returns).
         at: StoreTime,
     },
     /// Not admitted, nothing charged.
@@ -512,7 +615,7 @@ impl RateDecision {
 ///     RateDecision::Admitted { .. } => { /* send */ }
 ///     RateDecision::Limited { retry_after, .. } => println!("retry in {retry_after:?}"),
 /// }
-/// let _ = sms.acquire(1).await?;   // reserves the earliest slot, sleeps until it
+/// sms.acquire(1).await?;   // reserves the earliest slot, sleeps until it: send now
 /// # Ok::<(), tessera::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone)]
@@ -533,10 +636,17 @@ impl fmt::Debug for RateLimiter {
     }
 }
 
+/// What one reservation attempt of `acquire`/`acquire_until` came to.
+enum Attempt {
+    Admitted(StoreTime),
+    /// Not admissible within the deadline: nothing reserved.
+    Limited(RateDecision),
+}
+
 impl RateLimiter {
     /// A limiter named `name` with `limits`. Checks the inputs only (typed errors, nothing
-    /// sent): the store compares the limits at the first request. A store without rate
-    /// limiting fails with [`Error::Unsupported`].
+    /// sent): the store compares the limits (and margin) at the first request. A store
+    /// without rate limiting fails with [`Error::Unsupported`].
     pub fn new(
         store: &Store,
         name: &str,
@@ -545,13 +655,11 @@ impl RateLimiter {
     ) -> Result<RateLimiter> {
         let name = Name::new(name)?;
         let config = RateConfig::new(limits, opts.mode)?;
-        if opts.max_wait > MAX_RATE_WAIT {
-            return Err(InvalidInput::Other(format!(
-                "max wait {:?} is longer than {MAX_RATE_WAIT:?}",
-                opts.max_wait
-            ))
-            .into());
-        }
+        let margin = opts.margin.unwrap_or(match opts.mode {
+            RateMode::Exact => DEFAULT_RATE_MARGIN.min(config.limits[0].period),
+            RateMode::Smooth { .. } => Duration::ZERO,
+        });
+        let config = config.with_margin(margin)?;
         if store.backend().rate().is_none() {
             return Err(Error::Unsupported(format!(
                 "rate limiting is not available on {}",
@@ -572,7 +680,7 @@ impl RateLimiter {
         self.name.as_str()
     }
 
-    /// The limits and mode.
+    /// The limits, mode and margin.
     pub fn config(&self) -> &RateConfig {
         &self.config
     }
@@ -613,59 +721,111 @@ impl RateLimiter {
         }
     }
 
-    /// [`RateLimiter::acquire_within`] with the limiter's maximum wait (default 60 s).
-    pub async fn acquire(&self, cost: u32) -> Result<RateDecision> {
-        self.acquire_within(cost, self.opts.max_wait).await
-    }
-
-    /// Reserves the earliest admissible time, if it is at most `max_wait` away, and sleeps
-    /// until it; or answers `Limited` (with the earliest time) and reserves nothing.
+    /// Waits until a request of cost `cost` is admitted, and returns its admission time (on
+    /// the store's clock; it has passed when this returns, so the caller may make its call).
+    ///
+    /// It reserves the earliest admissible time and sleeps until it. If that time is further
+    /// away than one reservation may reach ([`MAX_RATE_WAIT`], a day), nothing is reserved:
+    /// it sleeps until the time is within reach and asks again, so it never answers
+    /// "limited".
     ///
     /// **Fairness**: reservations are served in the order the store received them; a later
-    /// caller's time is never before an earlier caller's. **Cancel safety**: dropping the
-    /// future while it sleeps returns the reservation if it is still the latest one and not
-    /// yet due (the store then behaves as if it was never made); otherwise the cost stays
-    /// charged at the reserved time (later reservations were computed after it, so taking it
-    /// back could not move them earlier anyway). Sleeping uses only the duration the store
-    /// computed, never the client's wall clock.
+    /// caller's time is never before an earlier caller's (a wait beyond a day loses that
+    /// order while it is not yet reserved). **Cancel safety**: dropping the future while it
+    /// sleeps returns the reservation if it is still the latest one and not yet due (the
+    /// store then behaves as if it was never made); otherwise the cost stays charged at the
+    /// reserved time (later reservations were computed after it, so taking it back could not
+    /// move them earlier anyway). Sleeping uses only the durations the store computed, never
+    /// the client's wall clock.
+    ///
+    /// On `Ok` every limit is charged at the returned time. On error nothing is charged,
+    /// except after a lost reply (as for [`RateLimiter::try_acquire`]). A cost of 0 or above
+    /// [`RateConfig::max_cost`] is [`InvalidInput::Cost`] at once.
+    pub async fn acquire(&self, cost: u32) -> Result<StoreTime> {
+        self.check_cost(cost)?;
+        match self.reserve(cost, None).await? {
+            Attempt::Admitted(at) => Ok(at),
+            Attempt::Limited(d) => unreachable!("acquire without a deadline answered {d:?}"),
+        }
+    }
+
+    /// Reserves the earliest admissible time if it is before `deadline` and sleeps until it
+    /// (`Admitted`); otherwise answers `Limited` with the earliest time, and reserves
+    /// nothing. A deadline already passed makes it a [`RateLimiter::try_acquire`].
+    ///
+    /// Fairness, cancel safety and errors as for [`RateLimiter::acquire`]. On `Admitted`
+    /// every limit is charged at `at`, which has passed; on `Limited` nothing is charged.
+    /// The deadline is compared with the store's answer (the wait it computed, measured from
+    /// the reply's arrival), not with the store's clock.
+    pub async fn acquire_until(
+        &self,
+        cost: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<RateDecision> {
+        self.check_cost(cost)?;
+        Ok(self.reserve(cost, Some(deadline)).await?.into_decision())
+    }
+
+    /// [`RateLimiter::acquire_until`] with the deadline `max_wait` from now (a bounded wait;
+    /// same fairness, cancel safety and post-conditions).
     pub async fn acquire_within(&self, cost: u32, max_wait: Duration) -> Result<RateDecision> {
         self.check_cost(cost)?;
-        let req = RateRequest {
-            cost,
-            max_wait: Some(max_wait.min(MAX_RATE_WAIT)),
-            update: self.opts.update,
-        };
-        match self
-            .rate()
-            .rate_acquire(&self.name, &self.config, &req)
-            .await?
-        {
-            RateReply::Limited { retry_at, now } => Ok(limited(retry_at, now)),
-            RateReply::Admitted {
-                at,
-                now,
-                reservation,
-            } => {
-                if at > now {
-                    let mut guard = Reserved {
-                        store: self.store.clone(),
-                        name: self.name.clone(),
-                        reservation,
-                        at,
-                        armed: true,
-                    };
-                    // The store read `now` before its reply left, so sleeping `at - now` from
-                    // the reply's arrival wakes at or after `at` on the store's clock.
-                    tokio::time::sleep(at.since(now)).await;
-                    guard.armed = false;
+        let deadline = tokio::time::Instant::now().checked_add(max_wait);
+        // A deadline past what `Instant` holds is no deadline.
+        Ok(self.reserve(cost, deadline).await?.into_decision())
+    }
+
+    /// Reserves (until `deadline`, or without one) and sleeps until the reserved time.
+    async fn reserve(&self, cost: u32, deadline: Option<tokio::time::Instant>) -> Result<Attempt> {
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let req = RateRequest {
+                cost,
+                max_wait: Some(left.unwrap_or(MAX_RATE_WAIT).min(MAX_RATE_WAIT)),
+                update: self.opts.update,
+            };
+            match self
+                .rate()
+                .rate_acquire(&self.name, &self.config, &req)
+                .await?
+            {
+                RateReply::Limited { retry_at, now } => {
+                    let after = retry_at.since(now);
+                    if left.is_some_and(|left| after > left) {
+                        return Ok(Attempt::Limited(limited(retry_at, now)));
+                    }
+                    // Beyond one reservation's reach, but not beyond the deadline: wait
+                    // until it is within reach, then ask again (others may have reserved
+                    // meanwhile; the answer is then later, never earlier than allowed).
+                    tokio::time::sleep(after.saturating_sub(MAX_RATE_WAIT)).await;
                 }
-                Ok(RateDecision::Admitted { at })
+                RateReply::Admitted {
+                    at,
+                    now,
+                    reservation,
+                } => {
+                    if at > now {
+                        let mut guard = Reserved {
+                            store: self.store.clone(),
+                            name: self.name.clone(),
+                            reservation,
+                            at,
+                            armed: true,
+                        };
+                        // The store read `now` before its reply left, so sleeping `at - now`
+                        // from the reply's arrival wakes at or after `at` on the store's
+                        // clock.
+                        tokio::time::sleep(at.since(now)).await;
+                        guard.armed = false;
+                    }
+                    return Ok(Attempt::Admitted(at));
+                }
             }
         }
     }
 
     /// Each limit's usage in its current window and the next free time, or a limiter with
-    /// no state (never used, or idle past its longest period) as all zero.
+    /// no state (never used, or idle past its longest window) as all zero.
     pub async fn status(&self) -> Result<RateStatus> {
         match self.rate().rate_status(&self.name).await? {
             Some(s) => Ok(s),
@@ -685,6 +845,7 @@ impl RateLimiter {
                             next_free: now,
                         })
                         .collect(),
+                    margin: self.config.margin,
                     last_admit: now,
                     next_free: now,
                     now,
@@ -693,9 +854,27 @@ impl RateLimiter {
         }
     }
 
+    /// Deletes the limiter's state in the store (admin): its limits, its history and every
+    /// reservation, due or not; `true` if there was any. A full limit then admits again at
+    /// once, and the next request may declare other limits. Callers sleeping on a
+    /// reservation are not told; they wake at their reserved time as before (their cost no
+    /// longer counts).
+    pub async fn delete(&self) -> Result<bool> {
+        self.rate().rate_delete(&self.name).await
+    }
+
     /// The store this limiter lives in.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+}
+
+impl Attempt {
+    fn into_decision(self) -> RateDecision {
+        match self {
+            Attempt::Admitted(at) => RateDecision::Admitted { at },
+            Attempt::Limited(d) => d,
+        }
     }
 }
 
@@ -801,5 +980,96 @@ mod tests {
         assert_eq!(RateConfig::decode(&s.encode()), Some(s));
         assert!(RateConfig::decode("smooth:x|50/s").is_none());
         assert!(RateConfig::new(a.limits(), RateMode::Smooth { burst: 51 }).is_err());
+    }
+
+    #[test]
+    fn margins_are_encoded_and_the_old_form_reads_as_margin_zero() {
+        let limits = ["1000/min".parse().unwrap(), "50/s".parse().unwrap()];
+        let plain = RateConfig::new(&limits, RateMode::Exact).unwrap();
+        assert_eq!(plain.margin(), Duration::ZERO);
+        assert_eq!(
+            RateConfig::decode("exact|50/s,1000/min"),
+            Some(plain.clone())
+        );
+        for (margin, text) in [
+            (Duration::from_millis(20), "exact+20ms|50/s,1000/min"),
+            (Duration::from_secs(1), "exact+1s|50/s,1000/min"),
+            (Duration::from_micros(1500), "exact+1500us|50/s,1000/min"),
+            (Duration::ZERO, "exact|50/s,1000/min"),
+        ] {
+            let c = plain.clone().with_margin(margin).unwrap();
+            assert_eq!(c.encode(), text);
+            assert_eq!(RateConfig::decode(text), Some(c.clone()));
+            // Every window the store enforces is the period plus the margin.
+            assert_eq!(
+                c.limits()
+                    .iter()
+                    .map(|l| c.window_us(l))
+                    .collect::<Vec<_>>(),
+                vec![
+                    1_000_000 + margin.as_micros() as u64,
+                    60_000_000 + margin.as_micros() as u64
+                ]
+            );
+            assert_eq!(c.horizon_us(), 60_000_000 + margin.as_micros() as u64);
+        }
+        let smooth = RateConfig::new(&limits, RateMode::Smooth { burst: 2 })
+            .unwrap()
+            .with_margin(Duration::from_millis(5))
+            .unwrap();
+        assert_eq!(smooth.encode(), "smooth:2+5ms|50/s,1000/min");
+        assert_eq!(RateConfig::decode(&smooth.encode()), Some(smooth));
+        // Out of range: above 1 s, above the shortest period, not whole µs.
+        for bad in [Duration::from_millis(1001), Duration::from_nanos(1500)] {
+            assert!(plain.clone().with_margin(bad).is_err(), "{bad:?}");
+        }
+        let short = RateConfig::new(&["5/10ms".parse().unwrap()], RateMode::Exact).unwrap();
+        assert!(short
+            .clone()
+            .with_margin(Duration::from_millis(11))
+            .is_err());
+        for bad in [
+            "exact+|50/s",
+            "exact+20|50/s",
+            "exact+2m|50/s",
+            "exact+2s|50/s",
+            "exact+20ms+1ms|50/s",
+            "exact+99999999999999999999s|50/s",
+        ] {
+            assert!(RateConfig::decode(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_default_margin_is_20ms_in_exact_mode_at_most_the_shortest_period() {
+        let store = Store::connect("memory://").await.unwrap();
+        let margin = |limits: &[&str], opts: RateOptions| {
+            let limits: Vec<RateSpec> = limits.iter().map(|l| l.parse().unwrap()).collect();
+            RateLimiter::new(&store, "m", &limits, opts)
+                .unwrap()
+                .config()
+                .margin()
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(
+            margin(&["50/s", "1000/min"], RateOptions::default()),
+            ms(20)
+        );
+        assert_eq!(margin(&["5/10ms"], RateOptions::default()), ms(10));
+        let smooth = RateOptions::default().mode(RateMode::Smooth { burst: 1 });
+        assert_eq!(margin(&["50/s"], smooth.clone()), ms(0));
+        assert_eq!(margin(&["50/s"], smooth.margin(ms(5))), ms(5));
+        assert_eq!(
+            margin(&["50/s"], RateOptions::default().margin(ms(0))),
+            ms(0)
+        );
+        let e = RateLimiter::new(
+            &store,
+            "m",
+            &["50/s".parse().unwrap()],
+            RateOptions::default().margin(ms(1001)),
+        )
+        .unwrap_err();
+        assert!(e.is_invalid_input(), "{e}");
     }
 }

@@ -358,6 +358,14 @@ impl Store {
         self.rate_backend()?.rate_list().await
     }
 
+    /// Deletes a rate limiter's state (admin): its limits, history and reservations; `true`
+    /// if the store held state for it. [`Error::Unsupported`] on a store without rate
+    /// limiting.
+    pub async fn delete_rate_limiter(&self, name: &str) -> Result<bool> {
+        let name = Name::new(name)?;
+        self.rate_backend()?.rate_delete(&name).await
+    }
+
     fn rate_backend(&self) -> Result<&dyn crate::rate::RateBackend> {
         self.backend().rate().ok_or_else(|| {
             Error::Unsupported(format!("rate limiting is not available on {}", self.url()))

@@ -1,12 +1,15 @@
 //! The rate limiter's contract as tests, run against every store: the window guarantee under
 //! concurrency (checked on the store's own admit times), exact retry times, FIFO
 //! reservations, waiting by reservation, cancellation, all-or-nothing charging of several
-//! limits, "limited changes nothing", typed errors, configuration mismatch, and expiry.
+//! limits, "limited changes nothing", typed errors, configuration mismatch, the margin
+//! between admission and use, deletion, and expiry.
 
 use std::time::Duration;
 
 use tessera::backend::{Name, RateConfig, RateReply, RateRequest};
-use tessera::{RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, Store};
+use tessera::{
+    RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, Store, DEFAULT_RATE_MARGIN,
+};
 
 use super::{eventually, unique};
 use crate::harness::Harness;
@@ -58,11 +61,15 @@ pub fn max_in_window(admitted: &[(u64, u32)], period_us: u64) -> u64 {
     worst
 }
 
-/// N admitted at once, then limited with the exact retry time: the first admission + L.
+/// N admitted at once, then limited with the exact retry time: the first admission + L + the
+/// margin (the default one, which a limiter built with default options declares too).
 pub async fn rate_limits_after_n_with_exact_retry_time(h: &Harness) {
     let c = h.client().await;
     let name = unique("rate-n");
-    let config = RateConfig::new(&[spec("5/2s")], RateMode::Exact).unwrap();
+    let config = RateConfig::new(&[spec("5/2s")], RateMode::Exact)
+        .unwrap()
+        .with_margin(DEFAULT_RATE_MARGIN)
+        .unwrap();
     let mut first = None;
     for _ in 0..5 {
         match step(&c.store, &name, &config, 1, None).await {
@@ -75,7 +82,12 @@ pub async fn rate_limits_after_n_with_exact_retry_time(h: &Harness) {
     }
     match step(&c.store, &name, &config, 1, None).await {
         RateReply::Limited { retry_at, now } => {
-            assert_eq!(retry_at, first.unwrap().plus(Duration::from_secs(2)));
+            assert_eq!(
+                retry_at,
+                first
+                    .unwrap()
+                    .plus(Duration::from_secs(2) + DEFAULT_RATE_MARGIN)
+            );
             assert!(retry_at > now);
         }
         other => panic!("the 6th in 2 s was admitted: {other:?}"),
@@ -84,7 +96,8 @@ pub async fn rate_limits_after_n_with_exact_retry_time(h: &Harness) {
     let d = rl.try_acquire(1).await.unwrap();
     let after = d.retry_after().expect("limited");
     assert!(
-        after > Duration::from_millis(1000) && after <= Duration::from_secs(2),
+        after > Duration::from_millis(1000)
+            && after <= Duration::from_secs(2) + DEFAULT_RATE_MARGIN,
         "{after:?}"
     );
 }
@@ -168,25 +181,46 @@ pub async fn rate_reservations_are_served_in_order(h: &Harness) {
     }
 }
 
-/// `acquire` sleeps until its reservation, and a wait beyond the maximum reserves nothing.
+/// `acquire` sleeps until its reservation and returns its admission time; `acquire_until`
+/// with a deadline before the admissible time reserves nothing.
 pub async fn rate_acquire_waits_for_its_reservation(h: &Harness) {
     let c = h.client().await;
     let name = unique("rate-wait");
     let rl = limiter(&c.store, &name, &["1/400ms"]);
-    assert!(rl.acquire(1).await.unwrap().is_admitted());
+    let first = rl.acquire(1).await.unwrap();
     let start = std::time::Instant::now();
-    let d = rl.acquire(1).await.unwrap();
+    let second = rl.acquire(1).await.unwrap();
     let waited = start.elapsed();
-    assert!(d.is_admitted());
+    assert_eq!(
+        second,
+        first.plus(Duration::from_millis(400) + DEFAULT_RATE_MARGIN)
+    );
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
-    let d = rl
-        .acquire_within(1, Duration::from_millis(100))
-        .await
-        .unwrap();
+    let before = rl.status().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+    let d = rl.acquire_until(1, deadline).await.unwrap();
     assert!(
         matches!(d, RateDecision::Limited { retry_after, .. } if retry_after > Duration::from_millis(100)),
         "{d:?}"
     );
+    let d = rl
+        .acquire_within(1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(!d.is_admitted(), "{d:?}");
+    let after = rl.status().await.unwrap();
+    assert_eq!(
+        (before.last_admit, before.next_free),
+        (after.last_admit, after.next_free)
+    );
+    // A deadline past the admissible time reserves it and waits.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    match rl.acquire_until(1, deadline).await.unwrap() {
+        RateDecision::Admitted { at } => {
+            assert_eq!(at, second.plus(Duration::from_millis(420)))
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Dropping an acquire while it sleeps returns its reservation (it was the latest).
@@ -302,10 +336,7 @@ pub async fn rate_smooth_mode_paces_evenly(h: &Harness) {
     }
     let mut ats = vec![first];
     for _ in 0..3 {
-        match rl.acquire(1).await.unwrap() {
-            RateDecision::Admitted { at } => ats.push(at),
-            other => panic!("{other:?}"),
-        }
+        ats.push(rl.acquire(1).await.unwrap());
     }
     for w in ats.windows(2) {
         assert!(w[1].0 - w[0].0 >= 100_000, "{ats:?}");
@@ -384,6 +415,129 @@ pub async fn rate_state_expires_when_unused(h: &Harness) {
         .is_admitted());
 }
 
+/// The margin widens every window the store enforces (`L + m`), is part of the stored
+/// configuration (another margin is a mismatch, unless updated), and status still shows the
+/// declared limit.
+pub async fn rate_margin_widens_every_window_and_must_match(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-margin");
+    let with = |m: u64| {
+        RateLimiter::new(
+            &c.store,
+            &name,
+            &[spec("2/300ms")],
+            RateOptions::default().margin(Duration::from_millis(m)),
+        )
+        .unwrap()
+    };
+    let rl = with(50);
+    assert_eq!(
+        rl.config().encode(),
+        "exact+50ms|2/300ms",
+        "{:?}",
+        rl.config()
+    );
+    let first = match rl.try_acquire(2).await.unwrap() {
+        RateDecision::Admitted { at } => at,
+        other => panic!("{other:?}"),
+    };
+    match rl.try_acquire(1).await.unwrap() {
+        RateDecision::Limited { retry_at, .. } => {
+            assert_eq!(retry_at, first.plus(Duration::from_millis(350)))
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = rl.status().await.unwrap();
+    assert_eq!(s.limits[0].limit.to_string(), "2/300ms");
+    assert_eq!(s.margin, Duration::from_millis(50));
+    assert_eq!(s.limits[0].used, 2);
+    let e = with(0).try_acquire(1).await.unwrap_err();
+    assert!(e.is_rate_mismatch(), "{e}");
+    // The default margin is another margin too.
+    let e = limiter(&c.store, &name, &["2/300ms"])
+        .try_acquire(1)
+        .await
+        .unwrap_err();
+    assert!(e.is_rate_mismatch(), "{e}");
+    let updated = RateLimiter::new(
+        &c.store,
+        &name,
+        &[spec("2/300ms")],
+        RateOptions::default()
+            .margin(Duration::from_millis(10))
+            .update(true),
+    )
+    .unwrap();
+    match updated.try_acquire(1).await.unwrap() {
+        RateDecision::Limited { retry_at, .. } => {
+            assert_eq!(retry_at, first.plus(Duration::from_millis(310)))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(rl.try_acquire(1).await.unwrap_err().is_rate_mismatch());
+    // Out of range: typed errors, nothing sent.
+    for bad in [
+        Duration::from_millis(301),
+        Duration::from_millis(1001),
+        Duration::from_nanos(1500),
+    ] {
+        let e = RateLimiter::new(
+            &c.store,
+            &name,
+            &[spec("2/300ms")],
+            RateOptions::default().margin(bad),
+        )
+        .unwrap_err();
+        assert!(e.is_invalid_input(), "{bad:?}: {e}");
+    }
+}
+
+/// After delete the store holds nothing for the limiter and a full limit admits again at
+/// once; deleting an unknown name answers false and changes nothing.
+pub async fn rate_delete_forgets_the_limiter_and_a_full_limit_admits_again(h: &Harness) {
+    let c = h.client().await;
+    let name = unique("rate-delete");
+    let rl = limiter(&c.store, &name, &["3/10s", "5/min"]);
+    let other = limiter(&c.store, &unique("rate-delete-other"), &["3/10s"]);
+    assert!(rl.try_acquire(3).await.unwrap().is_admitted());
+    assert!(other.try_acquire(2).await.unwrap().is_admitted());
+    assert!(!rl.try_acquire(1).await.unwrap().is_admitted());
+    // A reservation not yet due goes with it.
+    let config = rl.config().clone();
+    assert!(matches!(
+        step(&c.store, &name, &config, 1, Some(Duration::from_secs(30))).await,
+        RateReply::Admitted { at, now, .. } if at > now
+    ));
+    let other_before = other.status().await.unwrap();
+
+    assert!(rl.delete().await.unwrap());
+    assert!(c.store.rate_status(&name).await.unwrap().is_none());
+    assert!(!c.store.rate_list().await.unwrap().contains(&name));
+    assert!(rl.try_acquire(3).await.unwrap().is_admitted());
+    // Other limits may be declared at once, without update.
+    assert!(c.store.delete_rate_limiter(&name).await.unwrap());
+    assert!(limiter(&c.store, &name, &["1/s"])
+        .try_acquire(1)
+        .await
+        .unwrap()
+        .is_admitted());
+
+    let unknown = unique("rate-delete-unknown");
+    assert!(!c.store.delete_rate_limiter(&unknown).await.unwrap());
+    assert!(c.store.rate_status(&unknown).await.unwrap().is_none());
+    let other_after = other.status().await.unwrap();
+    assert_eq!(
+        (other_before.last_admit, other_before.limits[0].used),
+        (other_after.last_admit, other_after.limits[0].used)
+    );
+    assert!(c
+        .store
+        .delete_rate_limiter("bad name")
+        .await
+        .unwrap_err()
+        .is_invalid_input());
+}
+
 /// Expands to one test per rate conformance test, each with a fresh harness.
 #[macro_export]
 macro_rules! rate_conformance_tests {
@@ -399,7 +553,9 @@ macro_rules! rate_conformance_tests {
             rate_mismatched_limits_are_refused_unless_updated,
             rate_smooth_mode_paces_evenly,
             rate_window_holds_under_concurrency,
-            rate_state_expires_when_unused
+            rate_state_expires_when_unused,
+            rate_margin_widens_every_window_and_must_match,
+            rate_delete_forgets_the_limiter_and_a_full_limit_admits_again
         );
     };
 }

@@ -2,13 +2,16 @@
 //! memory and SQLite stores call these; the Redis script (`rate_acquire.lua`) follows them
 //! line by line.
 //!
+//! Every `L` below is a limit's enforced window, its period plus the limiter's margin
+//! ([`RateConfig::window_us`]); the period alone is never used for a decision.
+//!
 //! # State
 //!
 //! - `config`: the canonical limits ([`RateConfig::encode`]);
 //! - `last`: the latest admit time (reserved times included); every admission is placed at
 //!   or after it, so admit times never decrease (FIFO reservations, and a sorted log);
 //! - `p`: running total of admitted cost; `base`: the running total just before the oldest
-//!   log entry still kept (entries older than the longest period are pruned);
+//!   log entry still kept (entries older than the longest window are pruned);
 //! - the log (exact mode): entries `(t, P)`, `P` the running total including the entry; `P`
 //!   is strictly increasing (costs are `>= 1`) and so unique, and `t` is non-decreasing;
 //! - `tat` (smooth mode): one theoretical arrival time per limit (GCRA);
@@ -66,7 +69,7 @@ impl RateState {
         }
     }
 
-    /// When the state stops mattering: no entry within the longest period, no pacing
+    /// When the state stops mattering: no entry within the longest window, no pacing
     /// debt. Past this time a fresh state answers the same.
     pub fn expires_at(&self, config: &RateConfig) -> u64 {
         match config.mode() {
@@ -142,7 +145,7 @@ pub(crate) fn emission_intervals(config: &RateConfig) -> Vec<u64> {
     config
         .limits()
         .iter()
-        .map(|l| l.period_us().div_ceil(l.count() as u64))
+        .map(|l| config.window_us(l).div_ceil(l.count() as u64))
         .collect()
 }
 
@@ -162,7 +165,7 @@ pub(crate) fn earliest(
             for ((l, want), got) in config.limits().iter().zip(&wanted).zip(found) {
                 match (want, got) {
                     (None, _) => {}
-                    (Some(_), Some(at)) => t = t.max(at.saturating_add(l.period_us())),
+                    (Some(_), Some(at)) => t = t.max(at.saturating_add(config.window_us(l))),
                     (Some(x), None) => {
                         return Err(Error::Corrupt(format!(
                             "rate log has no entry at or above running total {x} (total {})",
@@ -237,7 +240,9 @@ pub(crate) fn decide(
 /// Whether `reservation` (admitted at `at`) can be returned: it is the latest admission, not
 /// undone, and not yet due. The admit time is checked too: ids restart when an expired state
 /// is created afresh, but a stale id's time has passed by then (the state expires only after
-/// its latest admission), so it can never match a new reservation that is not yet due. If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
+/// its latest admission), so it can never match a new reservation that is not yet due. (After
+/// an admin delete a reservation made before it may still be pending; it matches a new one
+/// only if both its id and its admit time, to the microsecond, are equal.) If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
 /// removes the log's last entry (exact mode) and sets `p` to the running total before it.
 pub(crate) fn cancel(
     state: &mut RateState,
@@ -315,9 +320,11 @@ pub(crate) fn status(
             RateMode::Exact => {
                 let at_now = log.total_at(now.0).unwrap_or(state.base);
                 let before = log
-                    .total_at(now.0.saturating_sub(limit.period_us()))
+                    .total_at(now.0.saturating_sub(config.window_us(&limit)))
                     .unwrap_or(state.base);
-                let one = RateConfig::new(&[limit], RateMode::Exact).map_err(Error::from)?;
+                let one = RateConfig::new(&[limit], RateMode::Exact)
+                    .and_then(|c| c.with_margin(config.margin()))
+                    .map_err(Error::from)?;
                 let f: Vec<Option<u64>> = thresholds(state, &one, 1)
                     .into_iter()
                     .map(|x| x.and_then(|x| log.first_at_least(x)))
@@ -349,6 +356,7 @@ pub(crate) fn status(
         name: name.to_string(),
         mode: config.mode(),
         limits,
+        margin: config.margin(),
         last_admit: StoreTime(state.last),
         next_free: StoreTime(next_free),
         now,

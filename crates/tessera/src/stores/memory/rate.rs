@@ -150,6 +150,12 @@ impl RateModel {
         engine::status(name, &state, &config, &log, now).map(Some)
     }
 
+    /// Drops the limiter; `true` if it had state that had not expired.
+    pub(crate) fn delete(&mut self, name: &Name, now: StoreTime) -> bool {
+        self.expire(name, now);
+        self.limiters.remove(name).is_some()
+    }
+
     pub(crate) fn list(&self, now: StoreTime) -> Vec<String> {
         let mut names: Vec<String> = self
             .limiters
@@ -184,5 +190,9 @@ impl RateBackend for MemoryBackend {
     async fn rate_list(&self) -> Result<Vec<String>> {
         let now = self.clock.now();
         Ok(self.rate.lock().unwrap().list(now))
+    }
+    async fn rate_delete(&self, name: &Name) -> Result<bool> {
+        let now = self.clock.now();
+        Ok(self.rate.lock().unwrap().delete(name, now))
     }
 }

@@ -34,10 +34,11 @@ pub(crate) enum Op {
     RateAcquire,
     RateCancel,
     RateStatus,
+    RateDelete,
 }
 
 impl Op {
-    const ALL: [Op; 12] = [
+    const ALL: [Op; 13] = [
         Op::Acquire,
         Op::Heartbeat,
         Op::Cancel,
@@ -50,6 +51,7 @@ impl Op {
         Op::RateAcquire,
         Op::RateCancel,
         Op::RateStatus,
+        Op::RateDelete,
     ];
 
     /// The function's name suffix, and the script's body.
@@ -67,6 +69,7 @@ impl Op {
             Op::RateAcquire => ("rate_acquire", include_str!("scripts/rate_acquire.lua")),
             Op::RateCancel => ("rate_cancel", include_str!("scripts/rate_cancel.lua")),
             Op::RateStatus => ("rate_status", include_str!("scripts/rate_status.lua")),
+            Op::RateDelete => ("rate_delete", include_str!("scripts/rate_delete.lua")),
         }
     }
 
@@ -83,7 +86,7 @@ impl Op {
 
     fn prelude(self) -> &'static str {
         match self {
-            Op::RateAcquire | Op::RateCancel | Op::RateStatus => RATE_PRELUDE,
+            Op::RateAcquire | Op::RateCancel | Op::RateStatus | Op::RateDelete => RATE_PRELUDE,
             _ => PRELUDE,
         }
     }

@@ -7,6 +7,8 @@
 //! expire when the state stops mattering (the last admission older than the longest period,
 //! or in smooth mode the pacing caught up), plus one second.
 //!
+//! `rate_delete.lua` drops both keys.
+//!
 //! The acquire script decides exactly as `rate/engine.rs` does (one `ZRANGEBYSCORE … LIMIT
 //! 0 1` per limit); the status script returns the state and the log, and the snapshot is
 //! computed here with the shared engine.
@@ -45,14 +47,15 @@ fn nums(s: &str, what: &str) -> Result<Vec<u64>> {
         .collect()
 }
 
-/// `N,L,T` per limit, flat, as the scripts store them.
+/// `N,L,T` per limit, flat, as the scripts store them. `L` is the enforced window (period
+/// plus margin, [`RateConfig::window_us`]): the scripts never see the period alone.
 fn limits_arg(config: &RateConfig) -> String {
     let intervals = engine::emission_intervals(config);
     config
         .limits()
         .iter()
         .zip(intervals)
-        .map(|(l, t)| format!("{},{},{t}", l.count(), l.period_us()))
+        .map(|(l, t)| format!("{},{},{t}", l.count(), config.window_us(l)))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -180,6 +183,11 @@ impl RateBackend for RedisBackend {
             );
         }
         engine::status(name, &state, &config, &log, now).map(Some)
+    }
+
+    async fn rate_delete(&self, name: &Name) -> Result<bool> {
+        let v = self.run_rate(Op::RateDelete, name, &[]).await?;
+        Ok(int(&v, "rate delete")? == 1)
     }
 
     async fn rate_list(&self) -> Result<Vec<String>> {

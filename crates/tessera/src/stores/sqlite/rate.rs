@@ -184,6 +184,10 @@ async fn acquire(
     now: StoreTime,
 ) -> Result<RateReply> {
     let existing = load(conn, name, now).await?;
+    // With `update`, differing stored limits are replaced even if the request is limited.
+    let replaced = existing
+        .as_ref()
+        .is_some_and(|s| s.config != config.encode());
     let mut state = engine::check_config(name, existing, config, req.update, now)?;
     let pruned = match config.mode() {
         RateMode::Exact => prune(conn, name, &mut state, config, now).await?,
@@ -214,11 +218,12 @@ async fn acquire(
                 .map_err(map_err)?;
         }
         save(conn, name, &state, config).await?;
-    } else if pruned {
+    } else if pruned || replaced {
         // Limited: nothing is charged. Entries that no longer change any answer were
         // pruned, so `base` must follow them (a stale base would let a later lookup land on
-        // a kept entry instead of a pruned one and delay requests for nothing).
-        // `decide` left `state` unchanged on Limited.
+        // a kept entry instead of a pruned one and delay requests for nothing); and limits
+        // replaced by `update` stay replaced, as in the memory store. `decide` left `state`
+        // unchanged on Limited.
         save(conn, name, &state, config).await?;
     }
     Ok(reply)
@@ -255,6 +260,16 @@ async fn cancel(
     }
     save(conn, name, &state, &config).await?;
     Ok(true)
+}
+
+/// Deletes the limiter's row and log; `true` if it had state that had not expired.
+async fn delete(conn: &mut SqliteConnection, name: &Name, now: StoreTime) -> Result<bool> {
+    // `load` drops an expired state itself, so only a live one counts as existing.
+    let existed = load(conn, name, now).await?.is_some();
+    if existed {
+        drop_state(conn, name.as_str()).await?;
+    }
+    Ok(existed)
 }
 
 async fn status(
@@ -308,6 +323,11 @@ impl RateBackend for SqliteBackend {
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         Ok(step!(self, |conn, now| async {
             status(conn, name, now).await.map(|r| (r, Vec::new()))
+        }))
+    }
+    async fn rate_delete(&self, name: &Name) -> Result<bool> {
+        Ok(step!(self, |conn, now| async {
+            delete(conn, name, now).await.map(|r| (r, Vec::new()))
         }))
     }
     async fn rate_list(&self) -> Result<Vec<String>> {
@@ -395,7 +415,10 @@ mod tests {
                 .map(|i| RateSpec::new(3 + i as u32 * 2, Duration::from_millis(20 + 30 * i)))
                 .collect::<Result<_, _>>()
                 .unwrap();
-            let config = RateConfig::new(&limits, mode).unwrap();
+            let config = RateConfig::new(&limits, mode)
+                .unwrap()
+                .with_margin(Duration::from_micros(seed * 1_500))
+                .unwrap();
             let name = Name::new("diff").unwrap();
             let mut last_admit: Option<(u64, StoreTime)> = None;
             for step in 0..400 {

@@ -12,6 +12,7 @@ local cost, max_wait, update = num(ARGV[4], 'cost'), num(ARGV[5], 'max wait'), A
 local lim = limits(lim_arg)
 
 local S = load()
+local replaced = false
 if S == nil then
   S = {cfg = cfg, seq = 0, tail = 0, last = 0, prev_last = 0, p = 0, base = 0, tat = {},
     prev_tat = {}}
@@ -23,6 +24,7 @@ elseif S.cfg ~= cfg then
   -- Exact history is kept (it is the true admission history); smooth pacing restarts.
   local start = math.max(now, S.last)
   S.cfg, S.tat, S.prev_tat, S.tail = cfg, {}, {}, 0
+  replaced = true
   for i = 1, #lim do S.tat[i] = start; S.prev_tat[i] = start end
 end
 S.lim, S.lim_text, S.burst = lim, lim_arg, burst
@@ -52,8 +54,9 @@ local admit
 if max_wait < 0 then admit = wait == 0 else admit = wait <= max_wait end
 if not admit then
   -- Nothing charged. Entries that no longer change any answer may have been pruned: then
-  -- base must follow them (the state exists, or nothing could have been pruned).
-  if pruned then save(S) end
+  -- base must follow them (the state exists, or nothing could have been pruned); limits
+  -- replaced by update stay replaced, as in the reference model.
+  if pruned or replaced then save(S) end
   return {'limited', t, now}
 end
 
