@@ -43,6 +43,8 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # so a build without the default `memory` store is only compiled here.
 echo "== cargo check -p tessera --no-default-features --features sqlite"
 cargo check -p tessera --no-default-features --features sqlite --locked
+echo "== cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --locked
 if cargo nextest --version >/dev/null 2>&1; then
   echo "== cargo nextest run"
   cargo nextest run --workspace --all-features --locked --no-fail-fast
