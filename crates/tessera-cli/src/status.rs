@@ -167,11 +167,13 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 }
                 format!("{}\n", to_json(&items)?)
             } else {
-                let mut text = summary(&all, store.url());
-                if !rates.is_empty() {
-                    text += &format!("\n{}", rate_summary(&rates));
+                match (all.is_empty(), rates.is_empty()) {
+                    (_, true) => summary(&all, store.url()),
+                    (true, false) => rate_summary(&rates),
+                    (false, false) => {
+                        format!("{}\n{}", summary(&all, store.url()), rate_summary(&rates))
+                    }
                 }
-                text
             };
             Ok((text, exit::OK))
         }
