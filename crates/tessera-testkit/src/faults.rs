@@ -125,8 +125,8 @@ impl Backend for FaultyBackend {
         self.gate(false).await?;
         self.inner.delete(name).await
     }
-    fn waking(&self) -> Waking {
-        self.inner.waking()
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
     /// Rate steps pass through without faults.
     fn rate(&self) -> Option<&dyn RateBackend> {

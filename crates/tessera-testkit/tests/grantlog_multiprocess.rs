@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tessera::backend::stores::MemoryBackend;
 use tessera::backend::{
-    AcquireReply, AcquireRequest, Backend, CancelReply, Name, RenewReply, WaitReply, Waking,
+    AcquireReply, AcquireRequest, Backend, CancelReply, Capabilities, Name, RenewReply, WaitReply,
 };
 use tessera::{LeaseId, SemaphoreStatus, Store};
 use tessera_testkit::grantlog::{check, read_logs, Report, Violation};
@@ -238,8 +238,8 @@ impl Backend for OverGranting {
     async fn delete(&self, name: &Name) -> tessera::Result<bool> {
         self.0.delete(name).await
     }
-    fn waking(&self) -> Waking {
-        self.0.waking()
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
     }
 }
 

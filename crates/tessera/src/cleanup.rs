@@ -42,7 +42,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::model::{LeaseId, Name, StoreTime};
-use crate::store::{Backend, Store};
+use crate::seam::Backend;
+use crate::store::Store;
 
 /// How long a normal process exit waits for clean-ups still under way.
 pub const EXIT_GRACE: Duration = Duration::from_secs(3);

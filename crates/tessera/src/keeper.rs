@@ -50,7 +50,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::LossReason;
 use crate::model::*;
-use crate::semaphore::Config;
 use crate::store::Store;
 use crate::wake;
 
@@ -68,7 +67,7 @@ const STALL_MIN: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub(crate) struct Held {
     pub(crate) store: Store,
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: Arc<SemaphoreConfig>,
     pub(crate) lease: Lease,
     keeper: Arc<Keeper>,
     state: Mutex<HeldState>,
@@ -117,7 +116,7 @@ impl Held {
     /// Panics outside a tokio runtime.
     pub(crate) fn start(
         store: Store,
-        config: Arc<Config>,
+        config: Arc<SemaphoreConfig>,
         grant: Grant,
         sent: Instant,
     ) -> Arc<Held> {
@@ -251,7 +250,7 @@ impl HeldState {
     /// When the lease needs its next turn, `now` being the end of the last one: a renewal
     /// every keep-alive interval, or earlier if less than half the TTL is certainly left; a
     /// quick retry while renewals fail, or the moment `lost()` must fire if that is earlier.
-    fn next_turn(&self, config: &Config, now: Instant) -> Instant {
+    fn next_turn(&self, config: &SemaphoreConfig, now: Instant) -> Instant {
         let (ttl, interval) = (config.ttl, config.keep_alive);
         let valid_until = self.valid_until;
         match self.failing {

@@ -67,6 +67,7 @@ mod lock;
 mod model;
 mod permit;
 mod rate;
+mod seam;
 mod semaphore;
 mod store;
 mod stores;
@@ -105,7 +106,7 @@ pub mod backend {
         WaitReply, WaitSpec,
     };
     pub use crate::rate::{RateBackend, RateConfig, RateReply, RateRequest};
-    pub use crate::store::{Backend, Waking};
+    pub use crate::seam::{Backend, Capabilities, Waking};
     pub use crate::wake::{notify, notify_grant};
 
     /// The stores of this build, for tests that drive a backend directly.

@@ -1,5 +1,5 @@
 //! The data model shared by every store: names, lease ids, leases, waiters, status, and the
-//! requests and replies that cross the store seam ([`crate::store::Backend`]).
+//! requests and replies that cross the store seam ([`crate::seam::Backend`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -365,15 +365,16 @@ pub(crate) fn validate_capacity(c: u32) -> Result<u32, InvalidInput> {
     Ok(c)
 }
 
-pub(crate) fn validate_ttl(ttl: Duration) -> Result<(), InvalidInput> {
-    if ttl < MIN_TTL || ttl > MAX_TTL {
-        return Err(InvalidInput::Ttl {
-            ttl,
-            min: MIN_TTL,
-            max: MAX_TTL,
-        });
-    }
-    Ok(())
+/// A semaphore's validated configuration, shared by the semaphore handle, its waits and its
+/// permits (the lease keeper reads the name, TTL and keep-alive interval).
+#[derive(Debug)]
+pub(crate) struct SemaphoreConfig {
+    pub(crate) name: Name,
+    pub(crate) ttl: Duration,
+    pub(crate) keep_alive: Duration,
+    pub(crate) holder: String,
+    pub(crate) queue_cap: u32,
+    pub(crate) waiter_ttl: Duration,
 }
 
 #[cfg(test)]

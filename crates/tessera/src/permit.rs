@@ -32,7 +32,6 @@ use crate::cleanup::{self, Job};
 use crate::error::{LossReason, Result};
 use crate::keeper::Held;
 use crate::model::*;
-use crate::semaphore::Config;
 use crate::store::Store;
 use crate::wake;
 
@@ -52,7 +51,7 @@ impl Permit {
     /// registration on the lease id, if it had one; it passes to the permit.
     pub(crate) fn start(
         store: &Store,
-        config: Arc<Config>,
+        config: Arc<SemaphoreConfig>,
         grant: Grant,
         sent: Instant,
         registration: Option<wake::Registration>,

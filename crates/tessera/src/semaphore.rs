@@ -24,7 +24,8 @@ use crate::cleanup::{self, Job};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
 use crate::permit::Permit;
-use crate::store::{Backend, Store, Waking};
+use crate::seam::{Backend, Waking};
+use crate::store::Store;
 use crate::wake;
 
 /// Options of a [`Semaphore`] or [`crate::Lock`].
@@ -93,17 +94,6 @@ impl SemaphoreOptions {
     }
 }
 
-/// A validated configuration shared by a semaphore and its permits.
-#[derive(Debug)]
-pub(crate) struct Config {
-    pub(crate) name: Name,
-    pub(crate) ttl: Duration,
-    pub(crate) keep_alive: Duration,
-    pub(crate) holder: String,
-    pub(crate) queue_cap: u32,
-    pub(crate) waiter_ttl: Duration,
-}
-
 /// A semaphore of `capacity` permits shared by every process that opens the same name on the
 /// same store.
 ///
@@ -130,7 +120,7 @@ pub struct Semaphore {
     store: Store,
     /// The capacity this handle declares; [`Semaphore::resize`] changes it.
     capacity: AtomicU32,
-    config: Arc<Config>,
+    config: Arc<SemaphoreConfig>,
 }
 
 impl Clone for Semaphore {
@@ -152,8 +142,10 @@ impl Semaphore {
     pub fn new(store: &Store, name: &str, capacity: u32, opts: SemaphoreOptions) -> Result<Self> {
         let name = Name::new(name)?;
         let capacity = validate_capacity(capacity)?;
-        validate_ttl(opts.ttl)?;
-        validate_ttl(opts.waiter_ttl)?;
+        // The client's range, and the store's own limits (e.g. whole seconds on etcd).
+        let caps = store.backend().capabilities();
+        caps.check_ttl(opts.ttl)?;
+        caps.check_ttl(opts.waiter_ttl)?;
         let keep_alive = opts.keep_alive_interval();
         if keep_alive < Duration::from_millis(1) || keep_alive >= opts.ttl / 2 {
             return Err(InvalidInput::KeepAlive {
@@ -170,7 +162,7 @@ impl Semaphore {
         Ok(Semaphore {
             store: store.clone(),
             capacity: AtomicU32::new(capacity),
-            config: Arc::new(Config {
+            config: Arc::new(SemaphoreConfig {
                 name,
                 ttl: opts.ttl,
                 keep_alive,
@@ -344,20 +336,16 @@ impl Semaphore {
         let weight = self.check_weight(weight)?;
         loop {
             // A fresh lease id per attempt, so a lease id is never granted twice.
-            if let Some(outcome) = self.wait_in_queue(weight, deadline).await? {
-                return Ok(outcome);
+            match self.wait_in_queue(weight, deadline).await? {
+                Attempt::Granted(permit) => return Ok(Some(permit)),
+                Attempt::TimedOut => return Ok(None),
+                Attempt::Rejoin => {}
             }
         }
     }
 
-    /// One attempt: join the queue under a new lease id and wait. `Ok(None)` if the queue
-    /// entry vanished (this process stalled past the waiter TTL, or an admin deleted the
-    /// semaphore) and the caller should join again, at the tail.
-    async fn wait_in_queue(
-        &self,
-        weight: u32,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Option<Permit>>> {
+    /// One attempt: join the queue under a new lease id and wait (see [`Attempt`]).
+    async fn wait_in_queue(&self, weight: u32, deadline: Option<Instant>) -> Result<Attempt> {
         let lease = LeaseId::random();
         // Register before sending, so a wake-up that overtakes the reply is kept.
         let registration = wake::Registration::new(lease);
@@ -382,7 +370,7 @@ impl Semaphore {
             )
             .await
             else {
-                return Ok(Some(None));
+                return Ok(Attempt::TimedOut);
             };
             match r {
                 Err(e) if e.is_transient() && first_try.elapsed() < self.config.waiter_ttl => {
@@ -391,7 +379,7 @@ impl Semaphore {
                         .await
                         .is_none()
                     {
-                        return Ok(Some(None));
+                        return Ok(Attempt::TimedOut);
                     }
                     backoff = (backoff * 2).min(Duration::from_millis(250));
                     sent = Instant::now();
@@ -404,7 +392,11 @@ impl Semaphore {
             AcquireReply::Granted(grant) => {
                 let mut pending = pending;
                 pending.disarm();
-                Ok(Some(Some(self.permit(grant, sent, Some(registration)))))
+                Ok(Attempt::Granted(self.permit(
+                    grant,
+                    sent,
+                    Some(registration),
+                )))
             }
             // The waiting loop lives in a future of its own, boxed, so that the future of
             // every acquire is not as large as the waiting it seldom does.
@@ -422,11 +414,7 @@ impl Semaphore {
     }
 
     /// Waits in the queue after the acquire answered (see [`Semaphore::wait_in_queue`]).
-    async fn wait_for_grant(
-        &self,
-        queued: InQueue,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Option<Permit>>> {
+    async fn wait_for_grant(&self, queued: InQueue, deadline: Option<Instant>) -> Result<Attempt> {
         let InQueue {
             lease,
             registration,
@@ -439,16 +427,22 @@ impl Semaphore {
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
         let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
-        let (mut poll, poll_max) = match self.backend().waking() {
+        let (mut poll, poll_max) = match self.backend().capabilities().waking {
             Waking::Push => (heartbeat, heartbeat),
-            Waking::Poll { min, max } => (min, max.min(heartbeat)),
+            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
+                (min, max.min(heartbeat))
+            }
         };
         let mut failing_since: Option<Instant> = None;
         loop {
             match reply {
                 AcquireReply::Granted(grant) => {
                     pending.disarm();
-                    return Ok(Some(Some(self.permit(grant, sent, Some(registration)))));
+                    return Ok(Attempt::Granted(self.permit(
+                        grant,
+                        sent,
+                        Some(registration),
+                    )));
                 }
                 AcquireReply::Queued { .. } => {}
                 AcquireReply::NoPermit { .. } => {
@@ -468,7 +462,7 @@ impl Semaphore {
                 // nobody waits in our name. A store too slow to answer within the grace
                 // leaves it to the pending guard, in the background.
                 pending.cancel_within(CANCEL_GRACE).await;
-                return Ok(Some(None));
+                return Ok(Attempt::TimedOut);
             }
             // A grant pushed with the wake-up: the store granted it after it received our
             // last request (the waiter record existed), so that request's send instant is
@@ -482,7 +476,11 @@ impl Semaphore {
                     && remaining >= self.config.ttl / 2
                 {
                     pending.disarm();
-                    return Ok(Some(Some(self.permit(grant, sent, Some(registration)))));
+                    return Ok(Attempt::Granted(self.permit(
+                        grant,
+                        sent,
+                        Some(registration),
+                    )));
                 }
             }
             poll = (poll * 2).min(poll_max);
@@ -496,7 +494,7 @@ impl Semaphore {
             )
             .await
             else {
-                return Ok(Some(None));
+                return Ok(Attempt::TimedOut);
             };
             let beat = match beat {
                 // A blip (a dropped connection, a busy store) does not end the wait: the queue
@@ -521,11 +519,22 @@ impl Semaphore {
                 WaitReply::Waiting => AcquireReply::Queued { position: 0 },
                 WaitReply::Gone => {
                     pending.disarm();
-                    return Ok(None);
+                    return Ok(Attempt::Rejoin);
                 }
             };
         }
     }
+}
+
+/// How one attempt to wait in the queue ended.
+enum Attempt {
+    /// Granted: the permit is held.
+    Granted(Permit),
+    /// The deadline passed first; nothing is held and nobody waits in our name.
+    TimedOut,
+    /// The queue entry vanished (this process stalled past the waiter TTL, or an admin
+    /// deleted the semaphore): join again, at the tail, under a new lease id.
+    Rejoin,
 }
 
 /// How long a timed-out acquire waits for its cancel before leaving it to the background.
@@ -563,7 +572,7 @@ struct InQueue {
 /// if dropped before, cancels the wait or releases a grant that raced with the drop.
 struct Pending {
     store: Store,
-    config: Arc<Config>,
+    config: Arc<SemaphoreConfig>,
     lease: LeaseId,
     armed: bool,
 }

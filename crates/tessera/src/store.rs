@@ -1,122 +1,17 @@
-//! The store seam: a handful of atomic operations every store implements, and [`Store`], the
-//! handle users connect with.
-//!
-//! # The model every backend implements
-//!
-//! A semaphore in a store is: a capacity `C`; a running count `used` of the permits held by
-//! unexpired leases; the holders (lease id → weight, seats, fence, holder label, expiry); a
-//! FIFO queue of waiters (lease id, weight, lease TTL to grant with, heartbeat expiry); and the
-//! last fence issued. Every operation runs as **one atomic step on the store's clock** and
-//! follows one shape:
-//!
-//! 1. **purge**: drop holders whose lease expired and waiters whose heartbeat expired;
-//! 2. **hand off**: while the queue head's weight fits in `C - used`, grant it (lowest free
-//!    seats, next fence, expiry = now + its TTL) and pop it. Strict FIFO: a head that does not
-//!    fit blocks everyone behind it, so a large request is never starved by small ones;
-//! 3. **decide** the operation itself;
-//! 4. hand off again if the operation freed permits or removed the head;
-//! 5. **notify**: push a wake-up to exactly the waiters granted in this step and to holders
-//!    whose lease was revoked or deleted (see [`crate::wake`]).
-//!
-//! Invariants kept by every step: `used` equals the sum of holder weights and never exceeds
-//! `C` (except transiently after a shrinking resize, when no grant happens until it does);
-//! the seats of all holders are distinct; a fence is `max(last_fence + 1, now in µs, hwm + 1)`
-//! where `hwm` is a store-wide high-water mark of issued fences, so `last_fence` never
-//! decreases, even across deletion of the semaphore (the high-water mark) and loss of the
-//! store's state (the time floor); a retried acquire with a granted or queued lease id returns
-//! that state. The client never reuses a lease id for a new acquire, so a lease id is granted
-//! at most once.
-//!
-//! Policy — waiting, heartbeats, keep-alive, cancellation, loss detection — lives once, above
-//! this seam, in [`crate::Semaphore`] and [`crate::Permit`].
+//! [`Store`], the handle users connect with: the URL registry lives in `crate::stores`, the
+//! seam every store implements in `crate::seam`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::error::{redact_url, Error, LossReason, Result, StoreErrorKind};
 use crate::keeper::Held;
 use crate::model::*;
-
-/// How waiters learn about grants on this store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waking {
-    /// The store pushes a wake-up to the granted waiter ([`crate::wake::notify`]); waiters
-    /// only heartbeat as a safety net.
-    Push,
-    /// Waiters in other processes are not pushed to; they poll with exponential backoff
-    /// between `min` and `max` (SQLite across processes).
-    Poll { min: Duration, max: Duration },
-}
-
-/// The store seam. Every method is one atomic step on the store (see the module docs).
-///
-/// Implementations validate nothing that the client already validated (names, weights,
-/// TTLs), but must never panic on data they find in the store: unreadable data is
-/// [`Error::Corrupt`].
-#[async_trait]
-pub trait Backend: Send + Sync + fmt::Debug + 'static {
-    /// Grants, queues (when `req.wait` is set) or refuses. Retrying with the same lease id
-    /// returns the grant or queue place it already has. Fails with
-    /// [`Error::CapacityMismatch`] if the stored capacity differs from `capacity`, and with
-    /// [`Error::QueueFull`] if the queue is at its cap. `try` (no `wait`) never jumps the
-    /// queue: it is refused while anyone waits.
-    async fn acquire(
-        &self,
-        name: &Name,
-        capacity: u32,
-        req: &AcquireRequest,
-    ) -> Result<AcquireReply>;
-
-    /// A waiter's heartbeat: renews its queue entry for `waiter_ttl`, or returns the grant the
-    /// hand-off gave it, or `Gone`.
-    async fn heartbeat(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        waiter_ttl: Duration,
-    ) -> Result<WaitReply>;
-
-    /// Gives up a wait: removes the waiter, or releases the lease if it was already granted.
-    async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply>;
-
-    /// Releases a lease; `true` if it was still held. Idempotent.
-    async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool>;
-
-    /// Extends a held lease to `now + ttl`.
-    async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply>;
-
-    /// A snapshot, or `None` if the store holds nothing for this name.
-    async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>>;
-
-    /// Names of the semaphores the store currently holds state for.
-    async fn list(&self) -> Result<Vec<String>>;
-
-    /// Changes the capacity; returns the old one. [`Error::NotFound`] if the semaphore does
-    /// not exist. Shrinking never revokes: holders keep their permits and no grant happens
-    /// until `used` fits the new capacity.
-    async fn resize(&self, name: &Name, capacity: u32) -> Result<u32>;
-
-    /// Removes another holder's lease (admin). The victim learns it through `lost()`.
-    async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool>;
-
-    /// Removes the semaphore with its holders and waiters; `true` if it existed. Fences stay
-    /// monotonic afterwards.
-    async fn delete(&self, name: &Name) -> Result<bool>;
-
-    /// How waiters learn about grants.
-    fn waking(&self) -> Waking;
-
-    /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
-    /// Wrappers (fault injection) forward this.
-    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
-        None
-    }
-}
+use crate::seam::{Backend, RateBackend};
 
 /// A connection to one store, chosen by URL. Cheap to clone; clones share the connection.
 ///
@@ -366,7 +261,7 @@ impl Store {
         self.rate_backend()?.rate_delete(&name).await
     }
 
-    fn rate_backend(&self) -> Result<&dyn crate::rate::RateBackend> {
+    fn rate_backend(&self) -> Result<&dyn RateBackend> {
         self.backend().rate().ok_or_else(|| {
             Error::Unsupported(format!("rate limiting is not available on {}", self.url()))
         })

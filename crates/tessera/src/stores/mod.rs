@@ -1,5 +1,5 @@
 //! One folder per store, each with the same file names: `mod.rs` (URL, connection and the
-//! [`crate::store::Backend`] glue) and `ops.rs` (the atomic operations).
+//! [`crate::seam::Backend`] glue) and `ops.rs` (the atomic operations).
 //!
 //! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
 //! (`store.rs`) imports nothing above it.
@@ -14,7 +14,8 @@ pub mod sqlite;
 use std::sync::Arc;
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::store::{Backend, Store};
+use crate::seam::Backend;
+use crate::store::Store;
 
 /// Whether opening a store may create it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, InvalidInput, Result};
 use crate::model::*;
-use crate::store::{Backend, Waking};
+use crate::seam::{Backend, Capabilities};
 use crate::wake;
 
 pub(crate) use ops::Model;
@@ -136,10 +136,10 @@ impl Backend for MemoryBackend {
     async fn delete(&self, name: &Name) -> Result<bool> {
         Ok(self.run(|m, _, w| m.delete(name, w)))
     }
-    fn waking(&self) -> Waking {
-        Waking::Push
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::push()
     }
-    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }
 }

@@ -1,4 +1,4 @@
-//! The reference model: every store operation of [`crate::store::Backend`] as a plain
+//! The reference model: every store operation of [`crate::seam::Backend`] as a plain
 //! function of the state and the store's time. The other stores are checked against it.
 //!
 //! One atomic step is purge → hand off → decide → hand off → collect wake-ups (see

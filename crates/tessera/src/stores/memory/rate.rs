@@ -14,7 +14,7 @@ use super::MemoryBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, LogView, RateState, VecLog};
-use crate::rate::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
 
 /// Every rate limiter of one memory store.
 #[derive(Debug, Default)]

@@ -94,7 +94,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
-use crate::store::{Backend, Waking};
+use crate::seam::{Backend, Capabilities};
 use crate::wake;
 
 use ops::{keys, micros, Library, Op};
@@ -792,11 +792,11 @@ impl Backend for RedisBackend {
         ops::parse_bool(v, "delete")
     }
 
-    fn waking(&self) -> Waking {
-        Waking::Push
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::push()
     }
 
-    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }
 }

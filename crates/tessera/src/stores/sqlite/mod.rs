@@ -85,7 +85,7 @@ use sqlx::{ConnectOptions, Connection, Row};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
-use crate::store::{Backend, Waking};
+use crate::seam::{Backend, Capabilities, Waking};
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
@@ -336,14 +336,16 @@ impl Backend for SqliteBackend {
     /// safety net for a datagram that was dropped or a process that joined a moment ago. It
     /// starts at 5 ms and backs off to 250 ms: a lost wake-up then costs at most a quarter
     /// of a second, and an idle waiter costs four read-only probes a second.
-    fn waking(&self) -> Waking {
-        Waking::Poll {
+    fn capabilities(&self) -> Capabilities {
+        // A grant is pushed through the waiter's wake socket, which may be missing (see
+        // notify.rs): waiters also poll.
+        Capabilities::push().with_waking(Waking::PushWithPoll {
             min: Duration::from_millis(5),
             max: Duration::from_millis(250),
-        }
+        })
     }
 
-    fn rate(&self) -> Option<&dyn crate::rate::RateBackend> {
+    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }
 }

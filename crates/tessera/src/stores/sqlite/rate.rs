@@ -16,7 +16,8 @@ use super::{map_err, SqliteBackend};
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::{RateBackend, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
+use crate::rate::RateMode;
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
      expires_at FROM tessera_rate_limiters WHERE name = ?1";

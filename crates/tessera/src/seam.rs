@@ -1,0 +1,224 @@
+//! The store seam: the handful of atomic operations every store implements ([`Backend`],
+//! and [`RateBackend`] for rate limits), what crosses it, and what each store declares it can
+//! and cannot do ([`Capabilities`]). This module imports no façade and no store: stores
+//! depend on it, and it depends on nothing above it.
+//!
+//!
+//! # The model every backend implements
+//!
+//! A semaphore in a store is: a capacity `C`; a running count `used` of the permits held by
+//! unexpired leases; the holders (lease id → weight, seats, fence, holder label, expiry); a
+//! FIFO queue of waiters (lease id, weight, lease TTL to grant with, heartbeat expiry); and the
+//! last fence issued. Every operation runs as **one atomic step on the store's clock** and
+//! follows one shape:
+//!
+//! 1. **purge**: drop holders whose lease expired and waiters whose heartbeat expired;
+//! 2. **hand off**: while the queue head's weight fits in `C - used`, grant it (lowest free
+//!    seats, next fence, expiry = now + its TTL) and pop it. Strict FIFO: a head that does not
+//!    fit blocks everyone behind it, so a large request is never starved by small ones;
+//! 3. **decide** the operation itself;
+//! 4. hand off again if the operation freed permits or removed the head;
+//! 5. **notify**: push a wake-up to exactly the waiters granted in this step and to holders
+//!    whose lease was revoked or deleted (see [`crate::wake`]).
+//!
+//! Invariants kept by every step: `used` equals the sum of holder weights and never exceeds
+//! `C` (except transiently after a shrinking resize, when no grant happens until it does);
+//! the seats of all holders are distinct; a fence is `max(last_fence + 1, now in µs, hwm + 1)`
+//! where `hwm` is a store-wide high-water mark of issued fences, so `last_fence` never
+//! decreases, even across deletion of the semaphore (the high-water mark) and loss of the
+//! store's state (the time floor); a retried acquire with a granted or queued lease id returns
+//! that state. The client never reuses a lease id for a new acquire, so a lease id is granted
+//! at most once.
+//!
+//! Policy — waiting, heartbeats, keep-alive, cancellation, loss detection — lives once, above
+//! this seam, in [`crate::Semaphore`] and [`crate::Permit`].
+//!
+//! # What a store declares
+//!
+//! [`Backend::capabilities`] says what the client must not assume: the shortest lease TTL and
+//! its granularity (etcd leases are whole seconds, at least 2 s by default), where fences come
+//! from (the store-time floor above, or the store's own revision), whether a release hands
+//! its permits to the queue in the same atomic step or a later step (a watch) does, and how
+//! waiters learn of grants. The client checks every TTL against them, with typed errors.
+//!
+//! # Where what comes next goes
+//!
+//! Each of these is an addition to the step or to this seam, not a rewrite:
+//!
+//! - **A permit and rate windows in one admission** (all or nothing): a new operation whose
+//!   step runs the semaphore's *decide* and the limiter's charge under one atomic step; the
+//!   request carries both a weight and a [`RateConfig`] with a cost, the reply a grant and
+//!   an admit time. Stores whose rate state lives beside the semaphore's (one Redis hash
+//!   tag, one SQL transaction) do it in one call.
+//! - **Fair shares per tenant inside a global cap**: a `tenant` field on the waiter and a
+//!   per-tenant `used` count; *hand off* picks the head of the least-served tenant instead
+//!   of the global head, still strictly FIFO within a tenant.
+//! - **A waiter's queue position and expected wait**: the heartbeat's reply already knows
+//!   the position ([`AcquireReply::Queued`]); a `WaitReply::Waiting { position }` field, and
+//!   an estimate from the holders' acquire times, are additions to the reply.
+//! - **Handing a held lease to another process**: a `transfer(name, lease, new_holder)`
+//!   operation that rewrites the holder label and bumps the fence in one step; the receiver
+//!   starts a keeper on the same lease id.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::*;
+
+pub use crate::rate::seam::{RateBackend, RateReply, RateRequest, RateStatus};
+pub use crate::rate::RateConfig;
+
+/// How waiters learn about grants on this store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waking {
+    /// The store pushes a wake-up to the granted waiter ([`crate::backend::notify`]); waiters
+    /// only heartbeat, as the safety net for a lost push (memory, Redis).
+    Push,
+    /// The store pushes where it can, and waiters also poll with exponential backoff between
+    /// `min` and `max`, because a push can be missed without a sign (SQLite: a process's wake
+    /// socket may be missing or unreachable).
+    PushWithPoll { min: Duration, max: Duration },
+    /// No push: waiters poll with exponential backoff between `min` and `max`.
+    Poll { min: Duration, max: Duration },
+}
+
+/// Where a store's fences come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceSource {
+    /// `max(last_fence + 1, now in µs, hwm + 1)`: the store's clock is the floor that keeps
+    /// fences increasing after the store loses its state (see the module docs).
+    StoreTimeFloor,
+    /// The store's own revision counter (etcd), which never goes back.
+    Revision,
+}
+
+/// When the permits a release frees reach the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandOff {
+    /// In the same atomic step as the release (every store today).
+    SameStep,
+    /// In a later step that the release triggers (a watch firing on the next waiter).
+    NextStep,
+}
+
+/// What a store can and cannot do; the client checks requests against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How waiters learn about grants.
+    pub waking: Waking,
+    /// The shortest lease or waiter TTL the store keeps exactly (at least [`MIN_TTL`]).
+    pub min_ttl: Duration,
+    /// TTLs must be whole multiples of this (1 µs: any).
+    pub ttl_granularity: Duration,
+    /// Where fences come from.
+    pub fence: FenceSource,
+    /// When a release's permits reach the queue.
+    pub hand_off: HandOff,
+}
+
+impl Capabilities {
+    /// A store that pushes wake-ups, hands off in the release's own step, takes any TTL the
+    /// client allows (in µs), and floors fences at its clock.
+    pub const fn push() -> Capabilities {
+        Capabilities {
+            waking: Waking::Push,
+            min_ttl: MIN_TTL,
+            ttl_granularity: Duration::from_micros(1),
+            fence: FenceSource::StoreTimeFloor,
+            hand_off: HandOff::SameStep,
+        }
+    }
+
+    /// The same with another way of waking.
+    pub const fn with_waking(mut self, waking: Waking) -> Capabilities {
+        self.waking = waking;
+        self
+    }
+
+    /// Checks a lease or waiter TTL against the store's limits (after the client's own
+    /// range, [`MIN_TTL`]..=[`MAX_TTL`]).
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), crate::InvalidInput> {
+        let min = self.min_ttl.max(MIN_TTL);
+        let step = self.ttl_granularity.as_micros().max(1);
+        if ttl < min || ttl > MAX_TTL || !ttl.as_micros().is_multiple_of(step) {
+            return Err(crate::InvalidInput::Ttl {
+                ttl,
+                min,
+                max: MAX_TTL,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The store seam. Every method is one atomic step on the store (see the module docs).
+///
+/// Implementations validate nothing that the client already validated (names, weights,
+/// TTLs), but must never panic on data they find in the store: unreadable data is
+/// [`Error::Corrupt`].
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Grants, queues (when `req.wait` is set) or refuses. Retrying with the same lease id
+    /// returns the grant or queue place it already has. Fails with
+    /// [`Error::CapacityMismatch`] if the stored capacity differs from `capacity`, and with
+    /// [`Error::QueueFull`] if the queue is at its cap. `try` (no `wait`) never jumps the
+    /// queue: it is refused while anyone waits.
+    async fn acquire(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply>;
+
+    /// A waiter's heartbeat: renews its queue entry for `waiter_ttl`, or returns the grant the
+    /// hand-off gave it, or `Gone`.
+    async fn heartbeat(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<WaitReply>;
+
+    /// Gives up a wait: removes the waiter, or releases the lease if it was already granted.
+    async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply>;
+
+    /// Releases a lease; `true` if it was still held. Idempotent.
+    async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool>;
+
+    /// Extends a held lease to `now + ttl`.
+    async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply>;
+
+    /// A snapshot, or `None` if the store holds nothing for this name.
+    async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>>;
+
+    /// Names of the semaphores the store currently holds state for.
+    async fn list(&self) -> Result<Vec<String>>;
+
+    /// Changes the capacity; returns the old one. [`Error::NotFound`] if the semaphore does
+    /// not exist. Shrinking never revokes: holders keep their permits and no grant happens
+    /// until `used` fits the new capacity.
+    async fn resize(&self, name: &Name, capacity: u32) -> Result<u32>;
+
+    /// Removes another holder's lease (admin). The victim learns it through `lost()`.
+    async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool>;
+
+    /// Removes the semaphore with its holders and waiters; `true` if it existed. Fences stay
+    /// monotonic afterwards.
+    async fn delete(&self, name: &Name) -> Result<bool>;
+
+    /// What this store can and cannot do (see the module docs). Wrappers forward it.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
+    /// Wrappers (fault injection) forward this.
+    fn rate(&self) -> Option<&dyn RateBackend> {
+        None
+    }
+}
