@@ -366,6 +366,14 @@ pub struct UseReport {
     pub limit: RateSpec,
     /// The largest cost in any window `(s - L, s]` of the use times.
     pub max_use_window: u64,
+    /// The same, counting only the uses made within the margin after their admission: the
+    /// guarantee is that this never exceeds `N`, however loaded the machine.
+    pub max_on_time_window: u64,
+    /// Uses made later than the margin after their admission (the process did not run in
+    /// time: scheduling, a loaded machine).
+    pub late_uses: u64,
+    /// All uses.
+    pub uses: u64,
     /// The delays (use time minus admission time, µs) of the uses in the fullest window,
     /// largest first.
     pub worst_window_delays_us: Vec<i64>,
@@ -385,10 +393,14 @@ impl std::fmt::Display for UseReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: max {} in a window of use times; {} admitted in {} full periods ({:.1}% of \
+            "{}: max {} in a window of use times ({} counting only the {} of {} uses made \
+             within the margin); {} admitted in {} full periods ({:.1}% of \
              the limit); delay after admission p50 {} µs, p99 {} µs, max {} µs",
             self.limit,
             self.max_use_window,
+            self.max_on_time_window,
+            self.uses - self.late_uses,
+            self.uses,
             self.admitted_in_full_periods,
             self.full_periods,
             self.admitted_in_full_periods as f64 * 100.0
@@ -401,24 +413,22 @@ impl std::fmt::Display for UseReport {
 }
 
 /// Counts, for `limit`, the cost in every window `(s - L, s]` of the use times (what a
-/// downstream service counts), the delays of the uses after their admission, and the cost
-/// admitted over the whole periods of the run. Events without a use time are ignored.
-pub fn check_use_times(events: &[RateEvent], limit: RateSpec) -> UseReport {
+/// downstream service counts) — of all uses, and of the uses made within `margin` after their
+/// admission —, the delays of the uses after their admission, and the cost admitted over the
+/// whole periods of the run. Events without a use time are ignored.
+pub fn check_use_times(events: &[RateEvent], limit: RateSpec, margin: Duration) -> UseReport {
     let period_us = limit.period().as_micros() as u64;
+    let delay = |e: &RateEvent| e.used_us as i64 - e.at_us as i64;
     let mut v: Vec<&RateEvent> = events.iter().filter(|e| e.used_us > 0).collect();
     v.sort_by_key(|e| e.used_us);
-    let (mut worst, mut range, mut lo, mut sum) = (0, (0, 0), 0, 0u64);
-    for hi in 0..v.len() {
-        sum += v[hi].cost as u64;
-        while v[lo].used_us + period_us <= v[hi].used_us {
-            sum -= v[lo].cost as u64;
-            lo += 1;
-        }
-        if sum > worst {
-            (worst, range) = (sum, (lo, hi + 1));
-        }
-    }
-    let delay = |e: &RateEvent| e.used_us as i64 - e.at_us as i64;
+    let (worst, range) = fullest_window(&v, period_us);
+    let margin_us = margin.as_micros() as i64;
+    let on_time: Vec<&RateEvent> = v
+        .iter()
+        .copied()
+        .filter(|e| delay(e) <= margin_us)
+        .collect();
+    let (max_on_time_window, _) = fullest_window(&on_time, period_us);
     let mut worst_window_delays_us: Vec<i64> =
         v[range.0..range.1].iter().map(|e| delay(e)).collect();
     worst_window_delays_us.sort_unstable_by(|a, b| b.cmp(a));
@@ -441,6 +451,9 @@ pub fn check_use_times(events: &[RateEvent], limit: RateSpec) -> UseReport {
     UseReport {
         limit,
         max_use_window: worst,
+        max_on_time_window,
+        late_uses: (v.len() - on_time.len()) as u64,
+        uses: v.len() as u64,
         worst_window_delays_us,
         delay_p50_us: pct(50),
         delay_p99_us: pct(99),
@@ -448,6 +461,23 @@ pub fn check_use_times(events: &[RateEvent], limit: RateSpec) -> UseReport {
         full_periods,
         admitted_in_full_periods,
     }
+}
+
+/// The largest cost in a window `(s - L, s]` of the use times of `v` (sorted by use time),
+/// and the range of `v` it holds.
+fn fullest_window(v: &[&RateEvent], period_us: u64) -> (u64, (usize, usize)) {
+    let (mut worst, mut range, mut lo, mut sum) = (0, (0, 0), 0, 0u64);
+    for hi in 0..v.len() {
+        sum += v[hi].cost as u64;
+        while v[lo].used_us + period_us <= v[hi].used_us {
+            sum -= v[lo].cost as u64;
+            lo += 1;
+        }
+        if sum > worst {
+            (worst, range) = (sum, (lo, hi + 1));
+        }
+    }
+    (worst, range)
 }
 
 #[cfg(test)]
@@ -488,11 +518,13 @@ mod tests {
         let limit: RateSpec = "2/100ms".parse().unwrap();
         // Admitted 100 ms apart (fine on the store's clock), the first used 30 ms late.
         let mut late = [ev(0, 30), ev(1, 1), ev(100, 1), ev(101, 1)];
-        let r = check_use_times(&late, limit);
+        let r = check_use_times(&late, limit, Duration::from_millis(20));
         assert_eq!(r.max_use_window, 3);
         assert_eq!(r.worst_window_delays_us, vec![30_000, 1_000, 1_000]);
+        // The late use explains the excess: on time, the window holds 2.
+        assert_eq!((r.max_on_time_window, r.late_uses, r.uses), (2, 1, 4));
         late[0].used_us = late[0].at_us + 1_000;
-        let r = check_use_times(&late, limit);
+        let r = check_use_times(&late, limit, Duration::from_millis(20));
         assert_eq!(r.max_use_window, 2);
         assert_eq!((r.full_periods, r.admitted_in_full_periods), (1, 2));
     }

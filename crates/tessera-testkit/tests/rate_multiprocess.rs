@@ -132,15 +132,27 @@ fn calls_made_at_admission(store: &str) {
     let report = check(&events, &[limit], Duration::from_millis(2));
     eprintln!("{report}");
     report.assert_ok();
-    let uses = check_use_times(&events, limit);
+    let margin = margin.map_or(tessera::DEFAULT_RATE_MARGIN, |us| {
+        Duration::from_micros(us.parse().expect("TESSERA_RATE_USE_MARGIN_US"))
+    });
+    let uses = check_use_times(&events, limit, margin);
     eprintln!("{uses}");
+    // The guarantee: calls made within the margin after their admission never exceed the
+    // limit in any window, however loaded the machine. A call made later (its process did
+    // not run in time) is outside what any margin can cover; it is reported, and most calls
+    // must be on time for this test to check anything.
     assert!(
-        uses.max_use_window <= 50,
-        "{} calls made within one second of use times; the delays after admission of the \
-         calls in that window (µs, largest first; the margin covers delays up to 20 ms): \
-         {:?}\n{uses}",
-        uses.max_use_window,
+        uses.max_on_time_window <= 50,
+        "{} calls made within the margin of their admission fell within one second; the \
+         delays after admission of the calls in the fullest window of all uses (µs, largest \
+         first): {:?}\n{uses}",
+        uses.max_on_time_window,
         uses.worst_window_delays_us
+    );
+    assert!(
+        uses.late_uses * 2 <= uses.uses,
+        "most calls were made later than the margin after their admission: the machine was \
+         too loaded for this test to check anything\n{uses}"
     );
     assert!(uses.full_periods >= 2, "{uses}");
     assert!(

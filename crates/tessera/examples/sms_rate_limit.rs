@@ -12,11 +12,12 @@
 //! ```
 //!
 //! Arguments: STORE_URL [CALLS] [LIMIT...] (default limits: 50/s 1000/min). Prints one line
-//! per call: `sent <n> at <unix µs>`, the moment the call is made.
+//! per call: `sent <n> at <unix µs> admitted <store µs>`: the moment the call is made, and
+//! the store's time of its admission.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tessera::{RateSpec, Store};
+use tessera::{RateSpec, Store, StoreTime};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,17 +37,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in 1..=calls {
         // Reserves the earliest time every limit allows (in arrival order across every
         // process: no polling, no herd) and sleeps until it.
-        sms.acquire(1).await?;
-        send(n);
+        let admitted = sms.acquire(1).await?;
+        send(n, admitted);
     }
     store.close().await?;
     Ok(())
 }
 
 /// Stands in for the API call.
-fn send(n: u32) {
+fn send(n: u32, admitted: StoreTime) {
     let at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    println!("sent {n} at {}", at.as_micros());
+    println!("sent {n} at {} admitted {}", at.as_micros(), admitted.0);
 }

@@ -49,19 +49,33 @@ fn four_sms_senders_never_make_more_than_50_calls_in_any_second() {
     let senders: Vec<Child> = (0..4)
         .map(|_| spawn("sms_rate_limit", &[url.as_str(), "30"]))
         .collect();
-    let mut sent: Vec<u64> = senders
+    // (made, admitted) of every call, µs: the SQLite store's time is this host's clock.
+    let calls: Vec<(u64, u64)> = senders
         .into_iter()
         .flat_map(finish)
         .map(|line| {
-            let at = line.rsplit(' ').next().unwrap();
-            at.parse().unwrap_or_else(|_| panic!("{line:?}"))
+            let w: Vec<&str> = line.split(' ').collect();
+            assert_eq!((w[0], w[2], w[4]), ("sent", "at", "admitted"), "{line:?}");
+            (w[3].parse().unwrap(), w[5].parse().unwrap())
         })
         .collect();
-    assert_eq!(sent.len(), 120);
-    sent.sort_unstable();
+    assert_eq!(calls.len(), 120);
+    // The promise covers calls made within the margin after their admission (a process that
+    // does not run in time is beyond any margin); most must be, or nothing was checked.
+    let margin = tessera::DEFAULT_RATE_MARGIN.as_micros() as u64;
+    let mut on_time: Vec<u64> = calls
+        .iter()
+        .filter(|(made, admitted)| made.saturating_sub(*admitted) <= margin)
+        .map(|&(made, _)| made)
+        .collect();
+    assert!(
+        on_time.len() * 2 >= calls.len(),
+        "the machine was too loaded to check anything"
+    );
+    on_time.sort_unstable();
     // Every window of one second that starts at a call holds at most 50 calls.
-    for (i, &start) in sent.iter().enumerate() {
-        let within = sent[i..]
+    for (i, &start) in on_time.iter().enumerate() {
+        let within = on_time[i..]
             .iter()
             .take_while(|&&t| t < start + 1_000_000)
             .count();
