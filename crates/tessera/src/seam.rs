@@ -162,13 +162,13 @@ impl Capabilities {
 ///
 /// Implementations validate nothing that the client already validated (names, weights,
 /// TTLs), but must never panic on data they find in the store: unreadable data is
-/// [`Error::Corrupt`].
+/// [`Error::Corrupt`](crate::Error::Corrupt).
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Grants, queues (when `req.wait` is set) or refuses. Retrying with the same lease id
     /// returns the grant or queue place it already has. Fails with
-    /// [`Error::CapacityMismatch`] if the stored capacity differs from `capacity`, and with
-    /// [`Error::QueueFull`] if the queue is at its cap. `try` (no `wait`) never jumps the
+    /// [`Error::CapacityMismatch`](crate::Error::CapacityMismatch) if the stored capacity differs from `capacity`, and with
+    /// [`Error::QueueFull`](crate::Error::QueueFull) if the queue is at its cap. `try` (no `wait`) never jumps the
     /// queue: it is refused while anyone waits.
     async fn acquire(
         &self,
@@ -201,7 +201,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Names of the semaphores the store currently holds state for.
     async fn list(&self) -> Result<Vec<String>>;
 
-    /// Changes the capacity; returns the old one. [`Error::NotFound`] if the semaphore does
+    /// Changes the capacity; returns the old one. [`Error::NotFound`](crate::Error::NotFound) if the semaphore does
     /// not exist. Shrinking never revokes: holders keep their permits and no grant happens
     /// until `used` fits the new capacity.
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32>;

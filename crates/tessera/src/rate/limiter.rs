@@ -28,7 +28,7 @@ impl RateOptions {
     /// enforced on windows of `L + m`, so calls made at most `m` after their admission time
     /// never exceed `N` in any window of `L`. Default: [`DEFAULT_RATE_MARGIN`] (20 ms) in
     /// exact mode, or the shortest period if that is shorter; 0 in smooth mode (where it
-    /// stretches the emission interval to `(L + m) / N`). 0 to [`MAX_RATE_MARGIN`] and at
+    /// stretches the emission interval to `(L + m) / N`). 0 to [`MAX_RATE_MARGIN`](crate::MAX_RATE_MARGIN) and at
     /// most the shortest period, else [`RateLimiter::new`] fails with [`InvalidInput`]. Part
     /// of the stored configuration: every client of a limiter must declare the same margin.
     pub fn margin(mut self, margin: Duration) -> Self {

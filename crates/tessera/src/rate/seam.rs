@@ -20,7 +20,7 @@ pub struct RateRequest {
     /// time if it is at most `w` from now.
     pub max_wait: Option<Duration>,
     /// Replace stored limits that differ from the declared ones instead of failing with
-    /// [`Error::RateMismatch`].
+    /// [`Error::RateMismatch`](crate::Error::RateMismatch).
     pub update: bool,
 }
 
@@ -81,7 +81,7 @@ pub struct RateStatus {
 pub trait RateBackend: Send + Sync + fmt::Debug {
     /// Prunes, checks the stored configuration (creating or, with `req.update`, replacing
     /// it), then admits, reserves or answers limited — all limits at once, all or nothing.
-    /// Fails with [`Error::RateMismatch`] if the stored limits differ and `update` is off.
+    /// Fails with [`Error::RateMismatch`](crate::Error::RateMismatch) if the stored limits differ and `update` is off.
     async fn rate_acquire(
         &self,
         name: &Name,

@@ -17,12 +17,12 @@ pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
 /// Most limits on one limiter.
 pub const MAX_LIMITS: usize = 8;
-/// Longest wait one reservation may reach ahead (one day); [`RateLimiter::acquire`] waits
+/// Longest wait one reservation may reach ahead (one day); [`RateLimiter::acquire`](crate::RateLimiter::acquire) waits
 /// longer by asking again.
 pub const MAX_RATE_WAIT: Duration = Duration::from_secs(24 * 3600);
-/// Longest margin between admission and use ([`RateOptions::margin`]).
+/// Longest margin between admission and use ([`RateOptions::margin`](crate::RateOptions::margin)).
 pub const MAX_RATE_MARGIN: Duration = Duration::from_secs(1);
-/// The margin of exact mode unless set ([`RateOptions::margin`]), at most the shortest period.
+/// The margin of exact mode unless set ([`RateOptions::margin`](crate::RateOptions::margin)), at most the shortest period.
 pub const DEFAULT_RATE_MARGIN: Duration = Duration::from_millis(20);
 
 /// One limit: at most `count` per `period`. Parsed from `"50/s"`, `"1000/min"`, `"20000/h"`,
