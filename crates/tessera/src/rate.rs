@@ -79,6 +79,8 @@
 //! The decision itself is one pure function shared by the memory and SQLite stores
 //! (`rate/engine.rs`); the Redis script follows it line by line.
 
+// Only the stores call the engine; a build without any store has no use for it.
+#[cfg(any(feature = "memory", feature = "sqlite", feature = "redis"))]
 pub(crate) mod engine;
 
 use std::fmt;
