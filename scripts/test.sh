@@ -39,10 +39,16 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-# Test builds always have every store (tessera-testkit, a dev-dependency, enables them all),
-# so a build without the default `memory` store is only compiled here.
-echo "== cargo check -p tessera --no-default-features --features sqlite"
-cargo check -p tessera --no-default-features --features sqlite --locked
+# Each store feature alone, none, and all together: code that only some stores use (the
+# rate engine's Rust steps, say) must be gated on them, or a user's build with one store
+# warns. The clippy run above cannot see this: `--all-features` builds every store, and test
+# builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
+# all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
+# keeps them cheap.
+for features in memory sqlite redis "" memory,sqlite,redis; do
+  echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
+  cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
+done
 echo "== cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --locked
 if cargo nextest --version >/dev/null 2>&1; then

@@ -105,8 +105,10 @@ pub mod backend {
         default_holder, AcquireReply, AcquireRequest, CancelReply, Grant, Name, RenewReply,
         WaitReply, WaitSpec,
     };
-    pub use crate::rate::{RateBackend, RateConfig, RateReply, RateRequest};
-    pub use crate::seam::{Backend, Capabilities, Waking};
+    pub use crate::seam::{
+        Backend, Capabilities, FenceSource, HandOff, RateBackend, RateConfig, RateReply,
+        RateRequest, Waking,
+    };
     pub use crate::wake::{notify, notify_grant};
 
     /// The stores of this build, for tests that drive a backend directly.

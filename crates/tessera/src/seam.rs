@@ -68,7 +68,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::model::*;
 
-pub use crate::rate::seam::{RateBackend, RateReply, RateRequest, RateStatus};
+pub use crate::rate::seam::{RateBackend, RateReply, RateRequest};
 pub use crate::rate::RateConfig;
 
 /// How waiters learn about grants on this store.

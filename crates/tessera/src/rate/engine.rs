@@ -37,7 +37,9 @@ use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
-use crate::rate::{LimitUsage, RateConfig, RateMode, RateReply, RateRequest, RateStatus};
+#[cfg(any(feature = "memory", feature = "sqlite"))]
+use crate::rate::seam::{RateReply, RateRequest};
+use crate::rate::{LimitUsage, RateConfig, RateMode, RateStatus};
 
 /// One limiter's state (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +55,9 @@ pub(crate) struct RateState {
     pub prev_tat: Vec<u64>,
 }
 
+// `new` and `expires_at`, like the other items under this `cfg`, serve the stores that
+// decide in Rust (memory, SQLite); the Redis scripts run the same step in Lua.
+#[cfg(any(feature = "memory", feature = "sqlite"))]
 impl RateState {
     pub fn new(config: &RateConfig) -> Self {
         let n = config.limits().len();
@@ -80,6 +85,7 @@ impl RateState {
 }
 
 /// The entries at or before this time are pruned (exact mode).
+#[cfg(any(feature = "memory", feature = "sqlite"))]
 pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
     now.0.saturating_sub(config.horizon_us())
 }
@@ -88,6 +94,7 @@ pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
 /// `state` unchanged if they match; a fresh state if there was none; with `update`, the
 /// state moved to the new configuration (exact history kept; smooth pacing restarts from
 /// `max(now, last)`). Without `update` a difference is [`Error::RateMismatch`].
+#[cfg(any(feature = "memory", feature = "sqlite"))]
 pub(crate) fn check_config(
     name: &Name,
     state: Option<RateState>,
@@ -187,6 +194,7 @@ pub(crate) fn earliest(
 
 /// Decides a request. On admission, updates `state` and returns the log entry `(t, P)` to
 /// append (exact mode). On `Limited`, `state` is unchanged.
+#[cfg(any(feature = "memory", feature = "sqlite"))]
 pub(crate) fn decide(
     state: &mut RateState,
     config: &RateConfig,
@@ -244,6 +252,7 @@ pub(crate) fn decide(
 /// an admin delete a reservation made before it may still be pending; it matches a new one
 /// only if both its id and its admit time, to the microsecond, are equal.) If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
 /// removes the log's last entry (exact mode) and sets `p` to the running total before it.
+#[cfg(any(feature = "memory", feature = "sqlite"))]
 pub(crate) fn cancel(
     state: &mut RateState,
     config: &RateConfig,
@@ -274,6 +283,8 @@ pub(crate) trait LogView {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct VecLog(pub VecDeque<(u64, u64)>);
 
+// Only the memory store keeps the log in a `VecLog` between calls and prunes it there.
+#[cfg(feature = "memory")]
 impl VecLog {
     /// Drops entries at or before `cutoff`; returns the running total of the last dropped.
     pub fn prune(&mut self, cutoff: u64) -> Option<u64> {

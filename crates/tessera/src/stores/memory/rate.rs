@@ -14,7 +14,8 @@ use super::MemoryBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, LogView, RateState, VecLog};
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
+use crate::rate::RateStatus;
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// Every rate limiter of one memory store.
 #[derive(Debug, Default)]

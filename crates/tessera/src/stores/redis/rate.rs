@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
 use crate::rate::RateMode;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
+use crate::rate::RateStatus;
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// The keys of one limiter, in the order of `rate_prelude.lua`.
 fn keys(prefix: &str, name: &Name) -> [String; 2] {

@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
 use crate::rate::RateMode;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, RateStatus};
+use crate::rate::RateStatus;
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
      expires_at FROM tessera_rate_limiters WHERE name = ?1";

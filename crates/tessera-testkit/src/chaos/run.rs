@@ -1,0 +1,320 @@
+//! One scenario in progress ([`Run`]): starts the workers, logs the faults, waits for the
+//! store to drain and checks the logs.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use tessera::Store;
+
+use super::{fenced, report, sibling_binary, Env, Params, ScenarioReport};
+use crate::grantlog::{EventKind, EventLog, FaultPhase};
+use crate::worker::WorkerArgs;
+
+/// A worker process.
+struct WorkerProc {
+    id: String,
+    child: Child,
+}
+
+/// One scenario in progress: the store, the fenced resource, the workers and the fault log.
+pub struct Run {
+    /// The profile's parameters.
+    pub params: Params,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// The store.
+    pub env: Env,
+    /// The URL workers use (through a proxy, for the network scenarios).
+    pub worker_url: String,
+    /// The semaphore's name.
+    pub name: String,
+    /// The fenced resource.
+    pub fenced: fenced::FencedResource,
+    /// The runner's own client of the store (straight, never through the proxy).
+    pub store: Store,
+    logs: tempfile::TempDir,
+    faults: EventLog,
+    workers: Vec<WorkerProc>,
+    spawned: usize,
+    pub(super) started: tokio::time::Instant,
+    /// How long workers run.
+    pub duration: Duration,
+    /// Notes for the report.
+    pub notes: Vec<String>,
+    /// Violations found by the scenario itself.
+    pub violations: Vec<String>,
+    /// Figures the scenario measured itself (e.g. reclaim times), in ms.
+    pub reclaim_ms: Vec<u64>,
+    /// Environment variables of the worker processes.
+    pub worker_env: Vec<(String, String)>,
+}
+
+impl Run {
+    /// Prepares a scenario whose workers run for `duration`.
+    pub async fn new(
+        scenario: &str,
+        params: &Params,
+        seed: u64,
+        env: Env,
+        worker_url: Option<String>,
+        duration: Duration,
+    ) -> anyhow::Result<Run> {
+        let logs = tempfile::tempdir()?;
+        let faults = EventLog::create(logs.path().join("runner.jsonl"))?;
+        faults.log(EventKind::Capacity {
+            sem: "chaos".into(),
+            capacity: params.permits,
+        })?;
+        let store = Store::connect(&env.url)
+            .await
+            .with_context(|| format!("connecting to {}", env.url))?;
+        Ok(Run {
+            params: params.clone(),
+            scenario: scenario.to_string(),
+            seed,
+            worker_url: worker_url.unwrap_or_else(|| env.url.clone()),
+            env,
+            name: "chaos".into(),
+            fenced: fenced::FencedResource::start().await?,
+            store,
+            logs,
+            faults,
+            workers: Vec::new(),
+            spawned: 0,
+            started: tokio::time::Instant::now(),
+            duration,
+            notes: Vec::new(),
+            violations: Vec::new(),
+            reclaim_ms: Vec::new(),
+            worker_env: Vec::new(),
+        })
+    }
+
+    /// The directory of the grant logs.
+    pub fn log_dir(&self) -> &std::path::Path {
+        self.logs.path()
+    }
+
+    /// Time left until the workers stop.
+    pub fn remaining(&self) -> Duration {
+        self.duration.saturating_sub(self.started.elapsed())
+    }
+
+    /// The worker arguments of this run for worker `id`.
+    pub fn worker_args(&self, id: &str) -> WorkerArgs {
+        let ttl_ms = self.params.ttl.as_millis() as u64;
+        WorkerArgs {
+            ops: 1_000_000,
+            hold_ms_max: ttl_ms / 2,
+            ttl_ms,
+            seed: Some(self.seed * 1000 + self.spawned as u64),
+            try_ratio: 0.15,
+            timeout_ratio: 0.85,
+            timeout_ms: 20,
+            timeout_ms_max: Some(2 * ttl_ms),
+            duration_ms: Some(self.remaining().as_millis() as u64),
+            fenced: Some(self.fenced.addr()),
+            write_every_ms: 20,
+            waiter_ttl_ms: Some(self.params.waiter_ttl.as_millis() as u64),
+            ..WorkerArgs::new(
+                &self.worker_url,
+                &self.name,
+                self.params.permits,
+                self.logs.path().join(format!("{id}.jsonl")),
+                id,
+            )
+        }
+    }
+
+    /// Starts the K workers; the run's clock starts now.
+    pub fn start_workers(&mut self) -> anyhow::Result<()> {
+        self.started = tokio::time::Instant::now();
+        for _ in 0..self.params.workers {
+            self.spawn_worker()?;
+        }
+        Ok(())
+    }
+
+    /// Starts one more worker for the rest of the run.
+    pub fn spawn_worker(&mut self) -> anyhow::Result<()> {
+        let id = format!("w{}", self.spawned);
+        let args = self.worker_args(&id);
+        self.spawned += 1;
+        let child = Command::new(sibling_binary("tessera-worker")?)
+            .args(args.to_args())
+            .envs(self.worker_env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting tessera-worker")?;
+        self.workers.push(WorkerProc { id, child });
+        Ok(())
+    }
+
+    /// Logs a fault.
+    pub fn fault(&self, action: &str, phase: FaultPhase, worker: Option<&str>) {
+        let _ = self.faults.log(EventKind::Fault {
+            action: action.to_string(),
+            phase,
+            worker: worker.map(str::to_string),
+        });
+    }
+
+    /// The workers that currently hold a permit, by the store's word: (index, id, lease).
+    pub async fn holders(&mut self) -> Vec<(usize, String, tessera::LeaseId)> {
+        let Ok(Some(status)) = self.store.status(&self.name).await else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for lease in status.holders {
+            let Some((id, pid)) = lease.holder.split_once('/') else {
+                continue;
+            };
+            let Ok(pid) = pid.parse::<u32>() else {
+                continue;
+            };
+            if let Some(i) = self
+                .workers
+                .iter_mut()
+                .position(|w| w.id == id && w.child.id() == pid)
+            {
+                if matches!(self.workers[i].child.try_wait(), Ok(None)) {
+                    out.push((i, id.to_string(), lease.lease_id));
+                }
+            }
+        }
+        out
+    }
+
+    /// A current holder, chosen by the seed: one the store shows holding the same lease
+    /// twice 30 ms apart, so that it is holding rather than still receiving its grant. Waits
+    /// (up to about two seconds) for one.
+    pub async fn pick_holder(&mut self, round: u32) -> Option<(usize, String, tessera::LeaseId)> {
+        for _ in 0..50 {
+            let before = self.holders().await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let mut h = self.holders().await;
+            h.retain(|x| before.contains(x));
+            if !h.is_empty() {
+                let k = (self.seed as usize + round as usize) % h.len();
+                return Some(h[k].clone());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// Sends `signal` to worker `i`.
+    pub fn signal(&mut self, i: usize, signal: libc::c_int) {
+        let pid = self.workers[i].child.id() as libc::pid_t;
+        // SAFETY: kill(2) with a pid of a child we started and have not reaped yet.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+
+    /// SIGKILLs worker `i` and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        let _ = self.workers[i].child.kill();
+        let _ = self.workers[i].child.wait();
+    }
+
+    /// Indices of the workers still running.
+    pub fn live_workers(&mut self) -> Vec<usize> {
+        (0..self.workers.len())
+            .filter(|&i| matches!(self.workers[i].child.try_wait(), Ok(None)))
+            .collect()
+    }
+
+    /// Sleeps until the workers' time is up.
+    pub async fn run_out(&self) {
+        tokio::time::sleep(self.remaining()).await;
+    }
+
+    /// Waits for the workers to stop (killing stragglers), waits for the store to drain,
+    /// and checks everything.
+    pub async fn finish(mut self) -> anyhow::Result<ScenarioReport> {
+        // Workers stop by themselves at the end of their duration, after at most one acquire
+        // timeout (2 TTL) and one hold; give them that and a margin.
+        let grace = self.params.ttl * 4 + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + self.remaining() + grace;
+        let mut stragglers = vec![];
+        for i in 0..self.workers.len() {
+            // A stopped worker never finishes: make sure none stays stopped.
+            self.signal(i, libc::SIGCONT);
+        }
+        for i in 0..self.workers.len() {
+            loop {
+                match self.workers[i].child.try_wait() {
+                    Ok(Some(status)) => {
+                        // Killed workers end by a signal; a worker that failed by itself is
+                        // worth a look.
+                        if status.code().is_some_and(|c| c != 0) {
+                            self.violations.push(format!(
+                                "worker {} exited with {status}",
+                                self.workers[i].id
+                            ));
+                        }
+                        break;
+                    }
+                    Ok(None) if tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => {
+                        stragglers.push(self.workers[i].id.clone());
+                        self.kill(i);
+                        break;
+                    }
+                }
+            }
+        }
+        if !stragglers.is_empty() {
+            self.violations.push(format!(
+                "workers {stragglers:?} did not stop within {grace:?} of the end and were killed"
+            ));
+        }
+        let leaked = self.drain().await;
+        report::analyse(self, leaked)
+    }
+
+    /// Waits until the store holds no permit and nobody queues (killed holders' leases
+    /// expire within the TTL, dead waiters leave within the waiter TTL); returns the permits
+    /// still held after that.
+    async fn drain(&mut self) -> u32 {
+        let limit = self.params.ttl * 2 + self.params.waiter_ttl + Duration::from_secs(2);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match self.store.status(&self.name).await {
+                Ok(None) => return 0,
+                Ok(Some(s)) if s.used == 0 && s.queue.is_empty() => return 0,
+                Ok(Some(s)) if tokio::time::Instant::now() > deadline => {
+                    self.violations.push(format!(
+                        "leak: {limit:?} after the end, {} permits still held by {:?} and {} waiters queued",
+                        s.used,
+                        s.holders.iter().map(|h| &h.holder).collect::<Vec<_>>(),
+                        s.queue.len()
+                    ));
+                    return s.used.max(1);
+                }
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    self.violations
+                        .push(format!("the store did not answer after the run: {e}"));
+                    return 0;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! From redis-rs errors to tessera's [`Error`].
+
+use redis::RedisError;
+
+use crate::error::{Error, StoreErrorKind};
+
+/// Turns a redis-rs error into a tessera error; `secret` (the URL's password) never appears.
+pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
+    if e.code() == Some("TESSERA_CORRUPT") {
+        return Error::Corrupt(e.detail().unwrap_or("corrupt semaphore state").to_string());
+    }
+    if e.code() == Some("WRONGTYPE") {
+        // A key of tessera's layout holds something else: written by someone else.
+        return Error::Corrupt(format!("a tessera key holds another type: {e}"));
+    }
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        StoreErrorKind::Connection
+    } else if e.code() == Some("BUSY") || e.code() == Some("LOADING") {
+        StoreErrorKind::Busy
+    } else {
+        StoreErrorKind::Other
+    };
+    let mut message = e.to_string();
+    if let Some(s) = secret.filter(|s| !s.is_empty()) {
+        message = message.replace(s, "***");
+    }
+    Error::store(kind, format!("redis: {message}"))
+}

@@ -1,0 +1,108 @@
+//! The wake-up subscriber: one task per backend on a dedicated pub/sub connection.
+//!
+//! Its shape, for any store that pushes wake-ups (a PostgreSQL `LISTEN` task can follow it):
+//!
+//! 1. `connect` spawns the task and waits for `ready`: no grant to this client is published
+//!    before someone listens, and a refused subscription fails `connect`.
+//! 2. Each message is a lease id, or a lease id with its grant: [`wake::notify`] or
+//!    [`wake::notify_grant`].
+//! 3. A ping every [`SUBSCRIBER_PING`] detects a dead connection that reports nothing.
+//! 4. On a connection loss it reconnects with backoff, resubscribes, and wakes every waiter
+//!    the backend has queued: wake-ups published during the gap are lost, so each waiter asks
+//!    the store at once instead of at its next periodic heartbeat.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::{RedisError, Value};
+
+use super::ops;
+use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::model::LeaseId;
+use crate::wake;
+
+/// How often the subscriber checks that its connection is alive.
+const SUBSCRIBER_PING: Duration = Duration::from_secs(10);
+
+/// The wake-up subscriber: subscribes to this client's channel and calls
+/// [`wake::notify`] for each lease id published on it; on a connection loss it reconnects
+/// with backoff, resubscribes, and wakes every waiter of this backend (a wake-up published
+/// during the gap is lost, so they ask the store themselves).
+pub(super) async fn subscribe_loop(
+    client: redis::Client,
+    channel: String,
+    waiting: Arc<Mutex<HashSet<LeaseId>>>,
+    url: String,
+    ready: tokio::sync::oneshot::Sender<redis::RedisResult<()>>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let subscribed = async {
+            let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+                })??;
+            let (mut sink, stream) = pubsub.split();
+            sink.subscribe(&channel).await?;
+            Ok::<_, RedisError>((sink, stream))
+        }
+        .await;
+        let (mut sink, mut stream) = match subscribed {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                tracing::warn!(%url, error = %e, "wake-up subscriber: reconnect failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(20);
+        match ready.take() {
+            Some(tx) => {
+                let _ = tx.send(Ok(()));
+            }
+            None => {
+                tracing::info!(%url, "wake-up subscriber: resubscribed");
+                let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
+                for lease in leases {
+                    wake::notify(lease);
+                }
+            }
+        }
+        let mut ping = tokio::time::interval(SUBSCRIBER_PING);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => {
+                        let payload = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or("");
+                        match ops::parse_wake(payload) {
+                            Some((_, Some(grant))) => {
+                                waiting.lock().unwrap().remove(&grant.lease.lease_id);
+                                wake::notify_grant(grant);
+                            }
+                            Some((lease, None)) => wake::notify(lease),
+                            None => {}
+                        }
+                    }
+                    None => break,
+                },
+                _ = ping.tick() => {
+                    let alive = tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<Value>()).await;
+                    if !matches!(alive, Ok(Ok(_))) {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::warn!(%url, "wake-up subscriber: connection lost; reconnecting");
+    }
+}
