@@ -25,15 +25,15 @@
 //! wake-up ([`Queue::look_by`]), which is rare: a lease enters due a keep-alive interval from
 //! now, after the leases already held. A wake-up pushed for a held lease (a revocation, see
 //! `crate::wake`) moves its entry to now; if its turn is running, the lease gets another turn
-//! as soon as this one ends, as a push during a renewal did with one task per permit.
+//! as soon as this one ends.
 //!
 //! There is one keeper per runtime (keyed by [`tokio::runtime::Handle::id`]), started by the
 //! first grant and ended after [`IDLE_LINGER`] without leases, so its task never outlives its
 //! runtime, never keeps one busy, and is not restarted at every grant of an acquire/release
 //! loop. A runtime that ends (a test's runtime) takes its keeper task along; a later runtime
 //! gets a keeper of its own, so no lease is handed to a keeper that can no longer run. A
-//! permit kept past the end of the runtime that granted it is no longer renewed (its lease
-//! expires by its TTL), as its keep-alive task was dropped with that runtime before.
+//! permit kept past the end of the runtime that granted it is no longer renewed; dropping it
+//! releases the lease through the clean-up thread (`crate::cleanup`).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

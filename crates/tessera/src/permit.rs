@@ -60,8 +60,7 @@ impl Permit {
             registration.unwrap_or_else(|| wake::Registration::new(grant.lease.lease_id));
         let held = Held::start(store.clone(), config, grant, sent);
         // A revocation pushed between the grant and this hand-over only wakes the acquire's
-        // slot, which nobody awaits any more; the next renewal finds the lease gone, as a
-        // push before the keep-alive had registered did with one task per permit.
+        // slot, which nobody awaits any more; the next renewal finds the lease gone.
         let hook: Arc<dyn wake::Hook> = held.clone();
         registration.hand_to(Arc::downgrade(&hook));
         Permit {
