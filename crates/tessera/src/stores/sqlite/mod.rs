@@ -20,7 +20,8 @@
 //! # How it runs
 //!
 //! - **One transaction per operation.** Every operation is one short `BEGIN IMMEDIATE`
-//!   transaction (see `ops.rs`): it takes SQLite's write lock before its first read, so two
+//!   transaction running the shared SQL step (`stores/sql`) over this store's statements
+//!   (`ops.rs`): it takes SQLite's write lock before its first read, so two
 //!   processes never both read a state and then both fail to upgrade (a deferred `BEGIN`
 //!   gave hundreds of "database is locked" errors under contention even with a busy timeout).
 //!   Inside one process the write transactions are also serialized by a mutex, so local
@@ -86,6 +87,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::store::{Backend, Waking};
+use crate::stores::sql;
+use ops::SqliteRows;
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
@@ -269,8 +272,11 @@ impl Backend for SqliteBackend {
             }
             .into());
         }
-        step!(self, |conn, now| ops::acquire(
-            conn, name, capacity, req, now
+        step!(self, |conn, now| sql::acquire(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            name,
+            capacity,
+            req
         ))
     }
 
@@ -290,29 +296,40 @@ impl Backend for SqliteBackend {
                 return Ok(reply);
             }
         }
-        Ok(step!(self, |conn, now| ops::heartbeat(
-            conn, name, lease, waiter_ttl, now
+        Ok(step!(self, |conn, now| sql::heartbeat(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            lease,
+            waiter_ttl
         )))
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
-        Ok(step!(self, |conn, now| ops::cancel(conn, name, lease, now)))
+        Ok(step!(self, |conn, now| sql::cancel(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            lease
+        )))
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| ops::release(
-            conn, name, lease, now
+        Ok(step!(self, |conn, now| sql::release(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            lease
         )))
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        Ok(step!(self, |conn, now| ops::renew(
-            conn, name, lease, ttl, now
+        Ok(step!(self, |conn, now| sql::renew(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            lease,
+            ttl
         )))
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        Ok(step!(self, |conn, now| ops::status(conn, name, now)))
+        Ok(step!(self, |conn, now| sql::status(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            name
+        )))
     }
 
     async fn list(&self) -> Result<Vec<String>> {
@@ -321,15 +338,26 @@ impl Backend for SqliteBackend {
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        step!(self, |conn, now| ops::resize(conn, name, capacity, now))
+        step!(self, |conn, now| sql::resize(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            name,
+            capacity
+        ))
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| ops::revoke(conn, name, lease, now)))
+        Ok(step!(self, |conn, now| sql::revoke(
+            &mut SqliteRows::new(conn, name.as_str(), now),
+            lease
+        )))
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        Ok(step!(self, |conn, _now| ops::delete(conn, name)))
+        Ok(step!(self, |conn, now| sql::delete(&mut SqliteRows::new(
+            conn,
+            name.as_str(),
+            now
+        ))))
     }
 
     /// Grants reach waiters in other processes as a datagram (`notify.rs`); polling is the
