@@ -109,6 +109,11 @@ pub(crate) trait SemRows: Send {
     /// `ON CONFLICT DO NOTHING` / `INSERT IGNORE`) and return it; the step treats a row with
     /// neither holders nor waiters exactly as a missing one. Without `create`, a missing row
     /// needs no lock: the step changes nothing then.
+    ///
+    /// Read the time only once the lock is granted. In PostgreSQL a `clock_timestamp()` in
+    /// the select list of the locking `SELECT … FOR UPDATE` itself may be evaluated before
+    /// the wait for the lock ends: read it in the statement after (or, in PL/pgSQL, after
+    /// the `SELECT … FOR UPDATE INTO`).
     fn load(&mut self, create: Option<u32>) -> impl Future<Output = Result<Loaded>> + Send;
 
     /// The first statement of delete, which runs without [`SemRows::load`]: a dialect that

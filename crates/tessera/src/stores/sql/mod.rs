@@ -57,6 +57,8 @@
 
 mod dialect;
 mod step;
+#[cfg(all(test, feature = "sqlite"))]
+mod tests;
 
 pub(crate) use dialect::{
     Freed, HeadRow, HolderRow, Loaded, NewWaiter, SemRow, SemRows, WaiterRow,

@@ -44,7 +44,16 @@
 
 /// Runs one operation (of `ops.rs` or `rate.rs`) in its own `BEGIN IMMEDIATE` transaction, commits, then wakes
 /// the lease ids it granted or revoked (after the commit, so a woken task sees the grant).
+///
+/// The form `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
+/// (`stores/sql`) with `rows` the SQLite row operations of semaphore `name`.
 macro_rules! step {
+    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
+        step!($self, |conn, now| async {
+            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now);
+            $op.await
+        })
+    };
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
         let serial = $self.write.lock().await;
         let mut tx = $self
@@ -88,7 +97,6 @@ use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::store::{Backend, Waking};
 use crate::stores::sql;
-use ops::SqliteRows;
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
@@ -272,12 +280,7 @@ impl Backend for SqliteBackend {
             }
             .into());
         }
-        step!(self, |conn, now| sql::acquire(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            name,
-            capacity,
-            req
-        ))
+        step!(self, name, |rows| sql::acquire(rows, name, capacity, req))
     }
 
     /// Answered by a read-only probe when nothing but the waiter's own expiry would change
@@ -296,40 +299,25 @@ impl Backend for SqliteBackend {
                 return Ok(reply);
             }
         }
-        Ok(step!(self, |conn, now| sql::heartbeat(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            lease,
-            waiter_ttl
+        Ok(step!(self, name, |rows| sql::heartbeat(
+            rows, lease, waiter_ttl
         )))
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
-        Ok(step!(self, |conn, now| sql::cancel(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            lease
-        )))
+        Ok(step!(self, name, |rows| sql::cancel(rows, lease)))
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| sql::release(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            lease
-        )))
+        Ok(step!(self, name, |rows| sql::release(rows, lease)))
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        Ok(step!(self, |conn, now| sql::renew(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            lease,
-            ttl
-        )))
+        Ok(step!(self, name, |rows| sql::renew(rows, lease, ttl)))
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        Ok(step!(self, |conn, now| sql::status(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            name
-        )))
+        Ok(step!(self, name, |rows| sql::status(rows, name)))
     }
 
     async fn list(&self) -> Result<Vec<String>> {
@@ -338,26 +326,15 @@ impl Backend for SqliteBackend {
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        step!(self, |conn, now| sql::resize(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            name,
-            capacity
-        ))
+        step!(self, name, |rows| sql::resize(rows, name, capacity))
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| sql::revoke(
-            &mut SqliteRows::new(conn, name.as_str(), now),
-            lease
-        )))
+        Ok(step!(self, name, |rows| sql::revoke(rows, lease)))
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        Ok(step!(self, |conn, now| sql::delete(&mut SqliteRows::new(
-            conn,
-            name.as_str(),
-            now
-        ))))
+        Ok(step!(self, name, |rows| sql::delete(rows)))
     }
 
     /// Grants reach waiters in other processes as a datagram (`notify.rs`); polling is the
