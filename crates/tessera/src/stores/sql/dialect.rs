@@ -56,6 +56,18 @@ pub(crate) struct HolderRow {
     pub expires_at: i64,
 }
 
+/// A new holder row, borrowed from the lease it records.
+#[derive(Debug, Clone)]
+pub(crate) struct NewHolder<'a> {
+    pub lease_id: &'a str,
+    pub weight: i64,
+    pub seats: &'a str,
+    pub fence: i64,
+    pub holder: &'a str,
+    pub acquired_at: i64,
+    pub expires_at: i64,
+}
+
 /// What a removed holder gives back: its weight and seats.
 #[derive(Debug, Clone)]
 pub(crate) struct Freed {
@@ -148,7 +160,7 @@ pub(crate) trait SemRows: Send {
     fn holders(&mut self) -> impl Future<Output = Result<Vec<HolderRow>>> + Send;
 
     /// Inserts a holder row.
-    fn insert_holder(&mut self, row: &HolderRow) -> impl Future<Output = Result<()>> + Send;
+    fn insert_holder(&mut self, row: &NewHolder<'_>) -> impl Future<Output = Result<()>> + Send;
 
     /// Deletes the holder row of `lease`, returning what it held.
     fn remove_holder(&mut self, lease: &str) -> impl Future<Output = Result<Option<Freed>>> + Send;

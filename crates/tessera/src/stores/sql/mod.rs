@@ -61,7 +61,7 @@ mod step;
 mod tests;
 
 pub(crate) use dialect::{
-    Freed, HeadRow, HolderRow, Loaded, NewWaiter, SemRow, SemRows, WaiterRow,
+    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
 pub(crate) use step::{acquire, cancel, delete, heartbeat, release, renew, resize, revoke, status};
 

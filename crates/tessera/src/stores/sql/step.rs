@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::dialect::{HolderRow, NewWaiter, SemRow, SemRows, WaiterRow};
+use super::dialect::{HolderRow, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow};
 use super::{decode_seats, encode_seats, runs};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
@@ -218,12 +218,13 @@ impl<'r, R: SemRows> Step<'r, R> {
             acquired_at: self.now,
             expires_at: self.now.plus(ttl),
         };
-        let row = HolderRow {
-            lease_id: lease_id.to_string(),
+        let (lease_text, seats_text) = (lease_id.to_string(), encode_seats(&lease.seats));
+        let row = NewHolder {
+            lease_id: &lease_text,
             weight: weight.into(),
-            seats: encode_seats(&lease.seats),
+            seats: &seats_text,
             fence: db_int(fence)?,
-            holder: lease.holder.clone(),
+            holder: &lease.holder,
             acquired_at: db_int(lease.acquired_at.0)?,
             expires_at: db_int(lease.expires_at.0)?,
         };

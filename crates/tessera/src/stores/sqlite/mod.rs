@@ -42,11 +42,12 @@
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
-/// Runs one operation (of `ops.rs` or `rate.rs`) in its own `BEGIN IMMEDIATE` transaction, commits, then wakes
-/// the lease ids it granted or revoked (after the commit, so a woken task sees the grant).
+/// Runs one operation in its own `BEGIN IMMEDIATE` transaction, commits, then wakes the
+/// lease ids it granted or revoked (after the commit, so a woken task sees the grant).
 ///
-/// The form `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
-/// (`stores/sql`) with `rows` the SQLite row operations of semaphore `name`.
+/// `step!(self, |conn, now| op)` runs a rate step of `rate.rs` on the connection;
+/// `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
+/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`.
 macro_rules! step {
     ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
         step!($self, |conn, now| async {

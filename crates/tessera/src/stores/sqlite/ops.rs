@@ -18,7 +18,7 @@ use crate::model::StoreTime;
 #[cfg(test)]
 pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
 use crate::stores::sql::{
-    Freed, HeadRow, HolderRow, Loaded, NewWaiter, SemRow, SemRows, WaiterRow,
+    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
 
 /// The fence high-water mark, and the semaphore's row if it has one (NULLs if not).
@@ -211,14 +211,14 @@ impl SemRows for SqliteRows<'_> {
         rows.iter().map(holder_at).collect()
     }
 
-    async fn insert_holder(&mut self, h: &HolderRow) -> Result<()> {
+    async fn insert_holder(&mut self, h: &NewHolder<'_>) -> Result<()> {
         sqlx::query(INSERT_HOLDER)
             .bind(self.name)
-            .bind(&h.lease_id)
+            .bind(h.lease_id)
             .bind(h.weight)
-            .bind(&h.seats)
+            .bind(h.seats)
             .bind(h.fence)
-            .bind(&h.holder)
+            .bind(h.holder)
             .bind(h.acquired_at)
             .bind(h.expires_at)
             .execute(&mut *self.conn)
