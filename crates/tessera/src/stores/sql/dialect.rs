@@ -146,7 +146,7 @@ pub(crate) trait SemRows: Send {
     /// whose meta row is not locked by the step writes `max(value, hwm)`).
     fn raise_hwm(&mut self, hwm: i64) -> impl Future<Output = Result<()>> + Send;
 
-    /// Deletes the holders with `expires_at <= now`, returning what each held
+    /// Deletes the holders with `expires_at <= now`, returning what each held, in any order
     /// (`DELETE … RETURNING weight, seats`, or `SELECT` then `DELETE`).
     fn purge_holders(&mut self, now: i64) -> impl Future<Output = Result<Vec<Freed>>> + Send;
 
@@ -219,9 +219,9 @@ pub(crate) trait SemRows: Send {
     /// Deletes every free seat of the semaphore.
     fn drop_free_seats(&mut self) -> impl Future<Output = Result<()>> + Send;
 
-    /// Deletes every holder, returning their lease ids (as stored, unchecked).
+    /// Deletes every holder, returning their lease ids (as stored, unchecked, in any order).
     fn drop_holders(&mut self) -> impl Future<Output = Result<Vec<String>>> + Send;
 
-    /// Deletes every waiter, returning their lease ids (as stored, unchecked).
+    /// Deletes every waiter, returning their lease ids (as stored, unchecked, in any order).
     fn drop_waiters(&mut self) -> impl Future<Output = Result<Vec<String>>> + Send;
 }

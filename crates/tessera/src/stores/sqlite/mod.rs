@@ -79,7 +79,7 @@ macro_rules! step {
 }
 
 mod notify;
-mod ops;
+pub(crate) mod ops;
 mod rate;
 
 use std::fmt;
