@@ -119,8 +119,9 @@ pub(crate) trait SemRows: Send {
     /// that locks with `SELECT … FOR UPDATE` needs a row to lock: it may first insert a
     /// placeholder (`capacity`, nothing used or queued, `last_fence` = the high-water mark,
     /// `ON CONFLICT DO NOTHING` / `INSERT IGNORE`) and return it; the step treats a row with
-    /// neither holders nor waiters exactly as a missing one. Without `create`, a missing row
-    /// needs no lock: the step changes nothing then.
+    /// neither holders nor waiters exactly as a missing one. If a concurrent delete removes
+    /// the row between that insert and the lock, insert again. Without `create`, a missing
+    /// row needs no lock: the step changes nothing then.
     ///
     /// Read the time only once the lock is granted. In PostgreSQL a `clock_timestamp()` in
     /// the select list of the locking `SELECT … FOR UPDATE` itself may be evaluated before

@@ -51,9 +51,18 @@
 //! statement, bound to one semaphore name and one transaction, carrying raw integers and
 //! text. The placeholder style (`?1`, `$1`), `max()` or `GREATEST()`, `RETURNING` or a
 //! `SELECT` first, and the clock expression all stay inside the store's statements; the
-//! store also opens the locking transaction and commits it. A store that runs the step on
-//! the server (a PL/pgSQL function, a stored procedure) mirrors `step.rs` statement for
-//! statement, and is checked against the same reference model by the differential test.
+//! store also opens the locking transaction and commits it (then wakes the collected lease
+//! ids). `tests.rs` holds a dialect without `RETURNING` (`NoReturning`, on SQLite) that
+//! runs the same steps as SQLite's own statements: the shape a MySQL dialect takes. A
+//! store that runs the step on the server (a PL/pgSQL function, a stored procedure)
+//! mirrors `step.rs` statement for statement, and is checked against the same reference
+//! model by the differential test.
+//!
+//! Why row operations and not one step generic over sqlx's `Database`: the dialects differ
+//! in more than text. Without `RETURNING` an operation is two statements; sqlx's generic
+//! `QueryResult` has no `rows_affected`; PostgreSQL has no unsigned types; and a
+//! server-side step uses no client statements at all. One method per statement keeps each
+//! of these inside the store that has it, and the step free of sqlx.
 
 mod dialect;
 mod step;
