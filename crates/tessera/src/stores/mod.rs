@@ -1,5 +1,6 @@
 //! One folder per store, each with the same file names: `mod.rs` (URL, connection and the
-//! [`crate::seam::Backend`] glue) and `ops.rs` (the atomic operations).
+//! [`crate::seam::Backend`] glue) and `ops.rs` (the atomic operations). The SQL stores
+//! share one step (`sql/`) and supply only their statements (their `ops.rs`).
 //!
 //! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
 //! (`store.rs`) imports nothing above it.
@@ -8,6 +9,8 @@
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

@@ -20,7 +20,8 @@
 //! # How it runs
 //!
 //! - **One transaction per operation.** Every operation is one short `BEGIN IMMEDIATE`
-//!   transaction (see `ops.rs`): it takes SQLite's write lock before its first read, so two
+//!   transaction running the shared SQL step (`stores/sql`) over this store's statements
+//!   (`ops.rs`): it takes SQLite's write lock before its first read, so two
 //!   processes never both read a state and then both fail to upgrade (a deferred `BEGIN`
 //!   gave hundreds of "database is locked" errors under contention even with a busy timeout).
 //!   Inside one process the write transactions are also serialized by a mutex, so local
@@ -41,9 +42,19 @@
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
-/// Runs one operation (of `ops.rs` or `rate.rs`) in its own `BEGIN IMMEDIATE` transaction, commits, then wakes
-/// the lease ids it granted or revoked (after the commit, so a woken task sees the grant).
+/// Runs one operation in its own `BEGIN IMMEDIATE` transaction, commits, then wakes the
+/// lease ids it granted or revoked (after the commit, so a woken task sees the grant).
+///
+/// `step!(self, |conn, now| op)` runs a rate step of `rate.rs` on the connection;
+/// `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
+/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`.
 macro_rules! step {
+    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
+        step!($self, |conn, now| async {
+            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now);
+            $op.await
+        })
+    };
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
         let serial = $self.write.lock().await;
         let mut tx = $self
@@ -68,7 +79,7 @@ macro_rules! step {
 }
 
 mod notify;
-mod ops;
+pub(crate) mod ops;
 mod rate;
 
 use std::fmt;
@@ -86,6 +97,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities, Waking};
+use crate::stores::sql;
 
 /// The schema, created idempotently at every connect.
 const SCHEMA: &str = include_str!("schema.sql");
@@ -269,9 +281,7 @@ impl Backend for SqliteBackend {
             }
             .into());
         }
-        step!(self, |conn, now| ops::acquire(
-            conn, name, capacity, req, now
-        ))
+        step!(self, name, |rows| sql::acquire(rows, name, capacity, req))
     }
 
     /// Answered by a read-only probe when nothing but the waiter's own expiry would change
@@ -290,29 +300,25 @@ impl Backend for SqliteBackend {
                 return Ok(reply);
             }
         }
-        Ok(step!(self, |conn, now| ops::heartbeat(
-            conn, name, lease, waiter_ttl, now
+        Ok(step!(self, name, |rows| sql::heartbeat(
+            rows, lease, waiter_ttl
         )))
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
-        Ok(step!(self, |conn, now| ops::cancel(conn, name, lease, now)))
+        Ok(step!(self, name, |rows| sql::cancel(rows, lease)))
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| ops::release(
-            conn, name, lease, now
-        )))
+        Ok(step!(self, name, |rows| sql::release(rows, lease)))
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        Ok(step!(self, |conn, now| ops::renew(
-            conn, name, lease, ttl, now
-        )))
+        Ok(step!(self, name, |rows| sql::renew(rows, lease, ttl)))
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        Ok(step!(self, |conn, now| ops::status(conn, name, now)))
+        Ok(step!(self, name, |rows| sql::status(rows, name)))
     }
 
     async fn list(&self) -> Result<Vec<String>> {
@@ -321,15 +327,15 @@ impl Backend for SqliteBackend {
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        step!(self, |conn, now| ops::resize(conn, name, capacity, now))
+        step!(self, name, |rows| sql::resize(rows, name, capacity))
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        Ok(step!(self, |conn, now| ops::revoke(conn, name, lease, now)))
+        Ok(step!(self, name, |rows| sql::revoke(rows, lease)))
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        Ok(step!(self, |conn, _now| ops::delete(conn, name)))
+        Ok(step!(self, name, |rows| sql::delete(rows)))
     }
 
     /// Grants reach waiters in other processes as a datagram (`notify.rs`); polling is the

@@ -1,0 +1,228 @@
+//! The dialect seam: the row operations one semaphore's step needs, each one statement (or
+//! two, see below) that a SQL store writes in its own SQL, and the raw rows they carry.
+//!
+//! A [`SemRows`] value is bound to one semaphore name and to one open transaction; every
+//! statement is about that name (`?1` / `$1` in the store's placeholder style). Values cross
+//! the seam as the database's integers and text, unchecked: the step (`step.rs`) checks
+//! every one and answers [`crate::Error::Corrupt`] for a wrong one. A dialect turns a column
+//! of the wrong type or a NULL where none is allowed into `Error::Corrupt` too, and its own
+//! driver errors into the crate's store errors.
+//!
+//! **What every statement may assume:** the transaction holds the semaphore's lock from
+//! [`SemRows::load`] (or [`SemRows::lock_for_delete`]) until the caller commits, so the rows
+//! of this name change only through this transaction. That is what lets a dialect without
+//! `RETURNING` (MySQL 8 has none, MariaDB has `DELETE … RETURNING` since 10.5 but no
+//! `UPDATE … RETURNING`) run a `SELECT` and then the `DELETE`/`UPDATE` with the same
+//! predicate: both see the same rows. Times are microseconds since the Unix epoch on the
+//! store's clock, as [`crate::model::StoreTime`].
+
+use std::future::Future;
+
+use crate::error::Result;
+use crate::model::StoreTime;
+
+/// What [`SemRows::load`] finds.
+#[derive(Debug, Clone)]
+pub(crate) struct Loaded {
+    /// The store's time, read once the lock is held (SQLite: the host's clock read after
+    /// `BEGIN IMMEDIATE`; PostgreSQL: `clock_timestamp()`; MySQL: `UTC_TIMESTAMP(6)`).
+    pub now: StoreTime,
+    /// The store-wide fence high-water mark (`tessera_meta.fence_hwm`).
+    pub hwm: i64,
+    /// The semaphore's row, `None` if it has none.
+    pub sem: Option<SemRow>,
+}
+
+/// A semaphore row (`tessera_semaphores`): the running counters of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SemRow {
+    pub capacity: i64,
+    pub used: i64,
+    pub queued: i64,
+    pub last_fence: i64,
+    pub next_seq: i64,
+    pub seat_high: i64,
+}
+
+/// A holder row (`tessera_holders`); `seats` in the text form of [`super::encode_seats`].
+#[derive(Debug, Clone)]
+pub(crate) struct HolderRow {
+    pub lease_id: String,
+    pub weight: i64,
+    pub seats: String,
+    pub fence: i64,
+    pub holder: String,
+    pub acquired_at: i64,
+    pub expires_at: i64,
+}
+
+/// A new holder row, borrowed from the lease it records.
+#[derive(Debug, Clone)]
+pub(crate) struct NewHolder<'a> {
+    pub lease_id: &'a str,
+    pub weight: i64,
+    pub seats: &'a str,
+    pub fence: i64,
+    pub holder: &'a str,
+    pub acquired_at: i64,
+    pub expires_at: i64,
+}
+
+/// What a removed holder gives back: its weight and seats.
+#[derive(Debug, Clone)]
+pub(crate) struct Freed {
+    pub weight: i64,
+    pub seats: String,
+}
+
+/// A waiter row (`tessera_waiters`) as inspection shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct WaiterRow {
+    pub lease_id: String,
+    pub weight: i64,
+    pub holder: String,
+    pub enqueued_at: i64,
+    pub expires_at: i64,
+}
+
+/// A new waiter row; `ttl` is the lease TTL (µs) to grant with at hand-off.
+#[derive(Debug, Clone)]
+pub(crate) struct NewWaiter<'a> {
+    pub seq: i64,
+    pub lease_id: &'a str,
+    pub weight: i64,
+    pub holder: &'a str,
+    pub ttl: i64,
+    pub enqueued_at: i64,
+    pub expires_at: i64,
+}
+
+/// The queue head popped by a hand-off.
+#[derive(Debug, Clone)]
+pub(crate) struct HeadRow {
+    pub lease_id: String,
+    pub weight: i64,
+    pub holder: String,
+    pub ttl: i64,
+}
+
+/// The row operations of one semaphore inside one locked transaction (see the module docs).
+///
+/// Methods return `impl Future + Send` so the step can run inside the `Send` futures of
+/// [`crate::seam::Backend`].
+pub(crate) trait SemRows: Send {
+    /// The first statement of every step but delete: takes the semaphore's lock (if
+    /// `BEGIN` has not already), reads the store's time once the lock is held, and returns
+    /// the row and the fence high-water mark (a missing `fence_hwm` is `Error::Corrupt`).
+    ///
+    /// `create` is `Some(capacity)` for an acquire, which creates the semaphore. A dialect
+    /// that locks with `SELECT … FOR UPDATE` needs a row to lock: it may first insert a
+    /// placeholder (`capacity`, nothing used or queued, `last_fence` = the high-water mark,
+    /// `ON CONFLICT DO NOTHING` / `INSERT IGNORE`) and return it; the step treats a row with
+    /// neither holders nor waiters exactly as a missing one. If a concurrent delete removes
+    /// the row between that insert and the lock, insert again. Without `create`, a missing
+    /// row needs no lock: the step changes nothing then.
+    ///
+    /// Read the time only once the lock is granted. In PostgreSQL a `clock_timestamp()` in
+    /// the select list of the locking `SELECT … FOR UPDATE` itself may be evaluated before
+    /// the wait for the lock ends: read it in the statement after (or, in PL/pgSQL, after
+    /// the `SELECT … FOR UPDATE INTO`).
+    fn load(&mut self, create: Option<u32>) -> impl Future<Output = Result<Loaded>> + Send;
+
+    /// The first statement of delete, which runs without [`SemRows::load`]: a dialect that
+    /// locks by row locks the semaphore row here (`SELECT … FOR UPDATE`), so a concurrent
+    /// acquire cannot insert a holder the delete misses. SQLite's `BEGIN IMMEDIATE` already
+    /// holds the lock.
+    fn lock_for_delete(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Inserts or updates the semaphore row.
+    fn save(&mut self, sem: &SemRow) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes the semaphore row; whether there was one.
+    fn drop_semaphore(&mut self) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Raises the store-wide fence high-water mark to `hwm` (never lowers it: a dialect
+    /// whose meta row is not locked by the step writes `max(value, hwm)`).
+    fn raise_hwm(&mut self, hwm: i64) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes the holders with `expires_at <= now`, returning what each held, in any order
+    /// (`DELETE … RETURNING weight, seats`, or `SELECT` then `DELETE`).
+    fn purge_holders(&mut self, now: i64) -> impl Future<Output = Result<Vec<Freed>>> + Send;
+
+    /// Deletes the waiters with `expires_at <= now`; how many.
+    fn purge_waiters(&mut self, now: i64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The holder row of `lease`, if held.
+    fn holder(&mut self, lease: &str) -> impl Future<Output = Result<Option<HolderRow>>> + Send;
+
+    /// Every holder row, ordered by `(acquired_at, fence)`.
+    fn holders(&mut self) -> impl Future<Output = Result<Vec<HolderRow>>> + Send;
+
+    /// Inserts a holder row.
+    fn insert_holder(&mut self, row: &NewHolder<'_>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes the holder row of `lease`, returning what it held.
+    fn remove_holder(&mut self, lease: &str) -> impl Future<Output = Result<Option<Freed>>> + Send;
+
+    /// Sets the holder's `expires_at` to `max(expires_at, at)` (`GREATEST` outside SQLite)
+    /// and returns the new value, `None` if `lease` is not held (`UPDATE … RETURNING`, or
+    /// `UPDATE` then `SELECT`).
+    fn renew_holder(
+        &mut self,
+        lease: &str,
+        at: i64,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send;
+
+    /// Deletes and returns the queue head (lowest `seq`) if its weight is at most
+    /// `available`; `None` if the queue is empty or the head does not fit.
+    fn pop_head_if_fits(
+        &mut self,
+        available: i64,
+    ) -> impl Future<Output = Result<Option<HeadRow>>> + Send;
+
+    /// Inserts a waiter row.
+    fn insert_waiter(&mut self, row: &NewWaiter<'_>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes the waiter row of `lease`; how many (0 or 1).
+    fn remove_waiter(&mut self, lease: &str) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Sets the waiter's `expires_at` to `max(expires_at, at)`; how many rows (0 or 1).
+    fn refresh_waiter(&mut self, lease: &str, at: i64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// How many waiters are ahead of `lease` in the queue.
+    fn waiter_position(&mut self, lease: &str) -> impl Future<Output = Result<i64>> + Send;
+
+    /// Every waiter row, in queue order.
+    fn waiters(&mut self) -> impl Future<Output = Result<Vec<WaiterRow>>> + Send;
+
+    /// Removes and returns the (at most) `n` lowest free seats below `below`, ascending.
+    fn take_free_seats(
+        &mut self,
+        below: i64,
+        n: i64,
+    ) -> impl Future<Output = Result<Vec<i64>>> + Send;
+
+    /// Inserts the free seats `lo..=hi`.
+    fn insert_free_seats(&mut self, lo: i64, hi: i64) -> impl Future<Output = Result<()>> + Send;
+
+    /// The (at most) `limit` highest free seats below `below`, descending.
+    fn top_free_seats(
+        &mut self,
+        below: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<i64>>> + Send;
+
+    /// Deletes the free seats `>= seat`.
+    fn drop_free_seats_from(&mut self, seat: i64) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes every free seat of the semaphore.
+    fn drop_free_seats(&mut self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes every holder, returning their lease ids (as stored, unchecked, in any order).
+    fn drop_holders(&mut self) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// Deletes every waiter, returning their lease ids (as stored, unchecked, in any order).
+    fn drop_waiters(&mut self) -> impl Future<Output = Result<Vec<String>>> + Send;
+}

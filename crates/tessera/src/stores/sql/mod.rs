@@ -1,0 +1,141 @@
+//! The semaphore step shared by the SQL stores, written once over a small dialect seam.
+//!
+//! # The step
+//!
+//! Every semaphore operation of a SQL store is one transaction that runs one step, the
+//! shape of the seam's model (`store.rs`) and of the reference model (`stores/memory/ops.rs`):
+//!
+//! 1. **lock and load**: take the semaphore's lock, read the store's clock once the lock is
+//!    held, load the semaphore row and the store-wide fence high-water mark
+//!    ([`SemRows::load`]);
+//! 2. **purge** holders whose lease expired and waiters whose heartbeat expired (both
+//!    indexed by `(name, expires_at)`), returning their seats to the free set;
+//! 3. **hand off**: while the queue head fits in `capacity - used`, pop it and grant it
+//!    (lowest free seats, next fence, expiry = now + its TTL). A head that does not fit
+//!    blocks everyone behind it (strict FIFO);
+//! 4. **decide** the operation (acquire, heartbeat, cancel, release, renew, status, resize,
+//!    revoke; delete runs alone, without purging, as in the model);
+//! 5. **hand off again** when the operation freed permits or removed the head;
+//! 6. **finish**: write the semaphore row back if it changed, or delete it (and any free
+//!    seats) when it has neither holders nor waiters; raise the high-water mark if a fence
+//!    was issued. The caller commits, then wakes the lease ids the step collected (granted
+//!    waiters, revoked or deleted holders) — after the commit, so a woken task sees its
+//!    grant.
+//!
+//! # Invariants
+//!
+//! - **The lock is held from the first read.** The transaction holds the semaphore's lock
+//!   from [`SemRows::load`] until the commit (SQLite: `BEGIN IMMEDIATE`, the file's write
+//!   lock; PostgreSQL/MySQL: `SELECT … FOR UPDATE` on the semaphore row, created first by an
+//!   acquire). Every statement may therefore assume that the rows of its semaphore change
+//!   only through this transaction: a `SELECT` and a following `DELETE` with the same
+//!   predicate see the same rows, which is how a dialect without `RETURNING` works.
+//! - **Running counters, no scans.** The row carries `used` (the sum of the holders'
+//!   weights) and `queued` (the number of waiters), so no statement sums or counts rows;
+//!   each touches O(log n) index entries plus the rows it changes. `used <= capacity`
+//!   except after a shrinking resize, when no grant happens until it fits again.
+//! - **Seats** follow the model exactly: every seat at or above `seat_high` is free, the
+//!   free-seats table holds the returned seats below it, and a lease takes the lowest free
+//!   seats below the capacity; seats right below `seat_high` lower it instead of being
+//!   stored. A holder's seats are stored as ascending ranges (`"0-3,7"`, [`encode_seats`]).
+//! - **Fences** are `max(last_fence + 1, now in µs, hwm + 1)`: strictly increasing per
+//!   semaphore, above every fence the store ever issued (the high-water mark outlives
+//!   deleted semaphores) and above the time floor (a store that lost its state).
+//! - **Nothing read is trusted.** Every value read back is checked here; a wrong range or
+//!   shape is [`crate::Error::Corrupt`], never a panic. Only delete skips unreadable lease
+//!   ids instead, since deleting is how an admin clears damaged rows.
+//!
+//! # What a SQL store supplies
+//!
+//! Its statements, behind the row operations of [`SemRows`] (`dialect.rs`): one method per
+//! statement, bound to one semaphore name and one transaction, carrying raw integers and
+//! text. The placeholder style (`?1`, `$1`), `max()` or `GREATEST()`, `RETURNING` or a
+//! `SELECT` first, and the clock expression all stay inside the store's statements; the
+//! store also opens the locking transaction and commits it (then wakes the collected lease
+//! ids). `tests.rs` holds a dialect without `RETURNING` (`NoReturning`, on SQLite) that
+//! runs the same steps as SQLite's own statements: the shape a MySQL dialect takes. A
+//! store that runs the step on the server (a PL/pgSQL function, a stored procedure)
+//! mirrors `step.rs` statement for statement, and is checked against the same reference
+//! model by the differential test.
+//!
+//! Why row operations and not one step generic over sqlx's `Database`: the dialects differ
+//! in more than text. Without `RETURNING` an operation is two statements; sqlx's generic
+//! `QueryResult` has no `rows_affected`; PostgreSQL has no unsigned types; and a
+//! server-side step uses no client statements at all. One method per statement keeps each
+//! of these inside the store that has it, and the step free of sqlx.
+
+mod dialect;
+mod step;
+#[cfg(all(test, feature = "sqlite"))]
+mod tests;
+
+pub(crate) use dialect::{
+    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
+};
+pub(crate) use step::{acquire, cancel, delete, heartbeat, release, renew, resize, revoke, status};
+
+use crate::error::Result;
+use step::corrupt;
+
+/// Encodes ascending seats as ranges: `[0, 1, 2, 3, 7]` → `"0-3,7"`.
+pub(crate) fn encode_seats(seats: &[u32]) -> String {
+    let mut out = String::new();
+    for (lo, hi) in runs(seats) {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if lo == hi {
+            out.push_str(&lo.to_string());
+        } else {
+            out.push_str(&format!("{lo}-{hi}"));
+        }
+    }
+    out
+}
+
+/// Decodes [`encode_seats`]; the seats must be strictly ascending and number `weight`.
+pub(crate) fn decode_seats(text: &str, weight: u32) -> Result<Vec<u32>> {
+    let bad = || corrupt(format!("seats {:?} for weight {weight}", truncate(text)));
+    if weight > crate::model::MAX_CAPACITY {
+        return Err(bad());
+    }
+    let mut seats: Vec<u32> = Vec::new();
+    if !text.is_empty() {
+        for part in text.split(',') {
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (a, b),
+                None => (part, part),
+            };
+            let lo: u32 = lo.parse().map_err(|_| bad())?;
+            let hi: u32 = hi.parse().map_err(|_| bad())?;
+            if lo > hi || seats.last().is_some_and(|&l| l >= lo) {
+                return Err(bad());
+            }
+            if seats.len() as u64 + (hi - lo) as u64 + 1 > weight as u64 {
+                return Err(bad());
+            }
+            seats.extend(lo..=hi);
+        }
+    }
+    if seats.len() as u64 != weight as u64 {
+        return Err(bad());
+    }
+    Ok(seats)
+}
+
+/// Maximal runs of consecutive values in an ascending slice, as `(first, last)`.
+fn runs(seats: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &s in seats {
+        match out.last_mut() {
+            Some((_, hi)) if hi.checked_add(1) == Some(s) => *hi = s,
+            _ => out.push((s, s)),
+        }
+    }
+    out
+}
+
+/// At most 64 characters of a value read back, for an error message.
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}

@@ -1,0 +1,656 @@
+//! The step, written once for every SQL store: the reference model of
+//! `stores/memory/ops.rs`, operation by operation, over the row operations of a
+//! [`SemRows`] dialect (see the module docs of `sql/mod.rs` for its shape and invariants).
+
+use std::time::Duration;
+
+use super::dialect::{HolderRow, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow};
+use super::{decode_seats, encode_seats, runs};
+use crate::error::{Error, InvalidInput, Result};
+use crate::model::*;
+
+/// Lease ids to wake after the commit (granted waiters, revoked or deleted holders).
+pub(crate) type Wakes = Vec<LeaseId>;
+
+/// The outcome of one operation and the lease ids to wake once it is committed. The outcome
+/// may itself be an error (capacity mismatch, full queue) that still commits the purge.
+pub(crate) type Done<R> = (R, Wakes);
+
+/// Batch size when shrinking `seat_high` over free seats.
+const SHRINK_BATCH: usize = 256;
+
+/// The counters of one semaphore row, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sem {
+    capacity: u32,
+    used: u32,
+    queued: u64,
+    last_fence: u64,
+    next_seq: u64,
+    seat_high: u32,
+}
+
+impl Sem {
+    fn from_row(row: &SemRow) -> Result<Sem> {
+        Ok(Sem {
+            capacity: capacity_of(row.capacity)?,
+            used: u32_of(row.used, "used")?,
+            queued: u64_of(row.queued, "queued")?,
+            last_fence: u64_of(row.last_fence, "last_fence")?,
+            next_seq: u64_of(row.next_seq, "next_seq")?,
+            seat_high: u32_of(row.seat_high, "seat_high")?,
+        })
+    }
+
+    fn to_row(&self) -> Result<SemRow> {
+        Ok(SemRow {
+            capacity: self.capacity.into(),
+            used: self.used.into(),
+            queued: db_int(self.queued)?,
+            last_fence: db_int(self.last_fence)?,
+            next_seq: db_int(self.next_seq)?,
+            seat_high: self.seat_high.into(),
+        })
+    }
+}
+
+/// One atomic step on one semaphore, inside the caller's locked transaction.
+struct Step<'r, R: SemRows> {
+    rows: &'r mut R,
+    now: StoreTime,
+    sem: Sem,
+    /// The row as loaded (`None`: not in the store yet), to skip writing an unchanged row.
+    loaded: Option<Sem>,
+    /// The store-wide fence high-water mark.
+    hwm: u64,
+    hwm_dirty: bool,
+    wakes: Wakes,
+}
+
+impl<'r, R: SemRows> Step<'r, R> {
+    /// Loads the semaphore and runs purge → hand off. Without a row, creates one with
+    /// `create` as capacity (acquire), or returns `None`.
+    async fn load(rows: &'r mut R, create: Option<u32>) -> Result<Option<Step<'r, R>>> {
+        let found = rows.load(create).await?;
+        let hwm = u64_of(found.hwm, "fence_hwm")?;
+        let loaded = found.sem.as_ref().map(Sem::from_row).transpose()?;
+        let mut step = Step {
+            rows,
+            now: found.now,
+            sem: Sem {
+                capacity: 0,
+                used: 0,
+                queued: 0,
+                last_fence: 0,
+                next_seq: 0,
+                seat_high: 0,
+            },
+            loaded: loaded.clone(),
+            hwm,
+            hwm_dirty: false,
+            wakes: Vec::new(),
+        };
+        match (loaded, create) {
+            (Some(sem), _) => step.sem = sem,
+            (None, Some(capacity)) => {
+                // A new semaphore starts at the store-wide high-water mark.
+                step.sem.capacity = capacity;
+                step.sem.last_fence = hwm;
+                return Ok(Some(step));
+            }
+            (None, None) => return Ok(None),
+        }
+        step.purge_and_hand_off().await?;
+        Ok(Some(step))
+    }
+
+    /// Writes the semaphore row back, or deletes it if nothing is left in it, and the fence
+    /// high-water mark; returns the lease ids to wake after the commit.
+    async fn finish(self) -> Result<Wakes> {
+        if self.is_empty() {
+            self.rows.drop_semaphore().await?;
+            // With every seat returned, `seat_high` fell to 0 over the free seats, so there
+            // are none left to drop unless it did not.
+            if self.sem.seat_high != 0 {
+                self.rows.drop_free_seats().await?;
+            }
+        } else if self.loaded.as_ref() != Some(&self.sem) {
+            self.rows.save(&self.sem.to_row()?).await?;
+        }
+        if self.hwm_dirty {
+            self.rows.raise_hwm(db_int(self.hwm)?).await?;
+        }
+        Ok(self.wakes)
+    }
+
+    /// No holders and no waiters. Every holder has a weight of at least 1 (the schema
+    /// checks it), so `used == 0` means no holders.
+    fn is_empty(&self) -> bool {
+        self.sem.used == 0 && self.sem.queued == 0
+    }
+
+    fn available(&self) -> u32 {
+        self.sem.capacity.saturating_sub(self.sem.used)
+    }
+
+    fn now_db(&self) -> Result<i64> {
+        db_int(self.now.0)
+    }
+
+    /// Drops expired holders and waiters, then hands freed permits to the queue.
+    async fn purge_and_hand_off(&mut self) -> Result<()> {
+        if self.sem.used > 0 {
+            let now = self.now_db()?;
+            let mut freed = Vec::new();
+            for row in self.rows.purge_holders(now).await? {
+                let weight = u32_of(row.weight, "weight")?;
+                freed.extend(decode_seats(&row.seats, weight)?);
+                self.take_used(weight)?;
+            }
+            freed.sort_unstable();
+            self.return_seats(freed).await?;
+        }
+        if self.sem.queued > 0 {
+            let gone = self.rows.purge_waiters(self.now_db()?).await?;
+            self.take_queued(gone)?;
+        }
+        self.hand_off().await
+    }
+
+    fn take_used(&mut self, weight: u32) -> Result<()> {
+        self.sem.used = self.sem.used.checked_sub(weight).ok_or_else(|| {
+            corrupt(format!(
+                "used {} < a holder's weight {weight}",
+                self.sem.used
+            ))
+        })?;
+        Ok(())
+    }
+
+    fn take_queued(&mut self, n: u64) -> Result<()> {
+        self.sem.queued =
+            self.sem.queued.checked_sub(n).ok_or_else(|| {
+                corrupt(format!("queued {} < {n} waiters removed", self.sem.queued))
+            })?;
+        Ok(())
+    }
+
+    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+    async fn hand_off(&mut self) -> Result<()> {
+        while self.sem.queued > 0 && self.sem.used < self.sem.capacity {
+            let Some(head) = self.rows.pop_head_if_fits(self.available().into()).await? else {
+                break;
+            };
+            self.take_queued(1)?;
+            let lease_id = lease_of(&head.lease_id)?;
+            let weight = u32_of(head.weight, "weight")?;
+            let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
+            self.grant(lease_id, weight, ttl, head.holder).await?;
+            self.wakes.push(lease_id);
+        }
+        Ok(())
+    }
+
+    async fn grant(
+        &mut self,
+        lease_id: LeaseId,
+        weight: u32,
+        ttl: Duration,
+        holder: String,
+    ) -> Result<Lease> {
+        let seats = self.take_seats(weight).await?;
+        let fence = self
+            .sem
+            .last_fence
+            .saturating_add(1)
+            .max(self.now.0)
+            .max(self.hwm.saturating_add(1));
+        self.sem.last_fence = fence;
+        self.hwm = fence;
+        self.hwm_dirty = true;
+        self.sem.used += weight;
+        let lease = Lease {
+            lease_id,
+            weight,
+            seats,
+            fence,
+            holder,
+            acquired_at: self.now,
+            expires_at: self.now.plus(ttl),
+        };
+        let (lease_text, seats_text) = (lease_id.to_string(), encode_seats(&lease.seats));
+        let row = NewHolder {
+            lease_id: &lease_text,
+            weight: weight.into(),
+            seats: &seats_text,
+            fence: db_int(fence)?,
+            holder: &lease.holder,
+            acquired_at: db_int(lease.acquired_at.0)?,
+            expires_at: db_int(lease.expires_at.0)?,
+        };
+        self.rows.insert_holder(&row).await?;
+        Ok(lease)
+    }
+
+    /// The `n` lowest free seats below the capacity: returned seats first, then from
+    /// `seat_high` up. There are always enough while `used + n <= capacity`.
+    async fn take_seats(&mut self, n: u32) -> Result<Vec<u32>> {
+        let mut seats = Vec::with_capacity(n as usize);
+        if self.sem.seat_high > 0 {
+            for seat in self
+                .rows
+                .take_free_seats(self.sem.capacity.into(), n.into())
+                .await?
+            {
+                seats.push(u32_of(seat, "seat")?);
+            }
+        }
+        let rest = n - seats.len() as u32;
+        if rest == 0 {
+            // After a shrinking resize `seat_high` may exceed the capacity; that is fine as
+            // long as the returned seats below the capacity sufficed.
+            return Ok(seats);
+        }
+        let high = self.sem.seat_high;
+        if high as u64 + rest as u64 > self.sem.capacity as u64 {
+            return Err(corrupt(format!(
+                "no {n} free seats below capacity {} (seat_high {high})",
+                self.sem.capacity
+            )));
+        }
+        seats.extend(high..high + rest);
+        self.sem.seat_high = high + rest;
+        Ok(seats)
+    }
+
+    /// Returns ascending `seats` to the free set, lowering `seat_high` over free seats at
+    /// its top so the free set stays small.
+    async fn return_seats(&mut self, mut seats: Vec<u32>) -> Result<()> {
+        let old_high = self.sem.seat_high;
+        if seats.last().is_some_and(|&s| s >= old_high) {
+            return Err(corrupt(format!(
+                "seat {:?} >= seat_high {old_high}",
+                seats.last()
+            )));
+        }
+        // Seats right below `seat_high` need no row: they just lower it.
+        let mut high = old_high;
+        while seats.last().is_some_and(|&s| s + 1 == high) {
+            seats.pop();
+            high -= 1;
+        }
+        for (lo, hi) in runs(&seats) {
+            self.rows.insert_free_seats(lo.into(), hi.into()).await?;
+        }
+        if high < old_high {
+            // `old_high - 1` was returned; keep lowering over free seats already stored.
+            while high > 0 {
+                let top = self
+                    .rows
+                    .top_free_seats(high.into(), SHRINK_BATCH as i64)
+                    .await?;
+                let mut lowered = 0;
+                for seat in top {
+                    if u32_of(seat, "seat")?.checked_add(1) != Some(high) {
+                        break;
+                    }
+                    high -= 1;
+                    lowered += 1;
+                }
+                if lowered > 0 {
+                    self.rows.drop_free_seats_from(high.into()).await?;
+                }
+                if lowered < SHRINK_BATCH {
+                    break;
+                }
+            }
+        }
+        self.sem.seat_high = high;
+        Ok(())
+    }
+
+    async fn remove_holder(&mut self, lease: LeaseId) -> Result<bool> {
+        let Some(freed) = self.rows.remove_holder(&lease.to_string()).await? else {
+            return Ok(false);
+        };
+        let weight = u32_of(freed.weight, "weight")?;
+        let seats = decode_seats(&freed.seats, weight)?;
+        self.take_used(weight)?;
+        self.return_seats(seats).await?;
+        Ok(true)
+    }
+
+    async fn remove_waiter(&mut self, lease: LeaseId) -> Result<bool> {
+        let n = self.rows.remove_waiter(&lease.to_string()).await?;
+        self.take_queued(n)?;
+        Ok(n > 0)
+    }
+
+    async fn refresh_waiter(&mut self, lease: LeaseId, expires_at: StoreTime) -> Result<bool> {
+        if self.sem.queued == 0 {
+            return Ok(false);
+        }
+        let at = db_int(expires_at.0)?;
+        Ok(self.rows.refresh_waiter(&lease.to_string(), at).await? > 0)
+    }
+
+    async fn position(&mut self, lease: LeaseId) -> Result<u64> {
+        let n = self.rows.waiter_position(&lease.to_string()).await?;
+        u64_of(n, "position")
+    }
+
+    async fn holder(&mut self, lease: LeaseId) -> Result<Option<Lease>> {
+        if self.sem.used == 0 {
+            return Ok(None);
+        }
+        let row = self.rows.holder(&lease.to_string()).await?;
+        row.as_ref().map(lease_of_row).transpose()
+    }
+
+    async fn snapshot(&mut self, name: &Name) -> Result<SemaphoreStatus> {
+        let holders = self
+            .rows
+            .holders()
+            .await?
+            .iter()
+            .map(lease_of_row)
+            .collect::<Result<Vec<_>>>()?;
+        let queue = self
+            .rows
+            .waiters()
+            .await?
+            .iter()
+            .map(waiter_of_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SemaphoreStatus {
+            name: name.to_string(),
+            capacity: self.sem.capacity,
+            used: self.sem.used,
+            available: self.available(),
+            now: self.now,
+            holders,
+            queue,
+        })
+    }
+}
+
+pub(crate) async fn acquire(
+    rows: &mut impl SemRows,
+    name: &Name,
+    capacity: u32,
+    req: &AcquireRequest,
+) -> Result<Done<Result<AcquireReply>>> {
+    let mut st = Step::load(rows, Some(capacity))
+        .await?
+        .ok_or_else(|| corrupt("internal: semaphore not created"))?;
+    let reply = decide_acquire(&mut st, name, capacity, req).await?;
+    Ok((reply, st.finish().await?))
+}
+
+async fn decide_acquire<R: SemRows>(
+    st: &mut Step<'_, R>,
+    name: &Name,
+    capacity: u32,
+    req: &AcquireRequest,
+) -> Result<Result<AcquireReply>> {
+    let now = st.now;
+    // Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
+    // takes the capacity this client declares (as in the reference model).
+    if st.is_empty() {
+        st.sem.capacity = capacity;
+    }
+    if st.sem.capacity != capacity {
+        return Ok(Err(Error::CapacityMismatch {
+            name: name.to_string(),
+            stored: st.sem.capacity,
+            declared: capacity,
+        }));
+    }
+    // A retry of an acquire whose reply was lost: report what it already has.
+    if let Some(lease) = st.holder(req.lease_id).await? {
+        return Ok(Ok(AcquireReply::Granted(Grant { lease, now })));
+    }
+    if let Some(wait) = req.wait {
+        if st
+            .refresh_waiter(req.lease_id, now.plus(wait.waiter_ttl))
+            .await?
+        {
+            let position = st.position(req.lease_id).await?;
+            return Ok(Ok(AcquireReply::Queued { position }));
+        }
+    }
+    // Only a request that finds nobody waiting may take free permits: neither a try nor a
+    // newcomer jumps the queue.
+    if st.sem.queued == 0 && st.sem.used as u64 + req.weight as u64 <= st.sem.capacity as u64 {
+        let lease = st
+            .grant(req.lease_id, req.weight, req.ttl, req.holder.clone())
+            .await?;
+        return Ok(Ok(AcquireReply::Granted(Grant { lease, now })));
+    }
+    let Some(wait) = req.wait else {
+        return Ok(Ok(AcquireReply::NoPermit {
+            available: st.available(),
+            queued: st.sem.queued,
+        }));
+    };
+    if st.sem.queued >= wait.queue_cap as u64 {
+        return Ok(Err(Error::QueueFull {
+            name: name.to_string(),
+            cap: wait.queue_cap,
+        }));
+    }
+    let seq = st.sem.next_seq;
+    let lease_id = req.lease_id.to_string();
+    st.rows
+        .insert_waiter(&NewWaiter {
+            seq: db_int(seq)?,
+            lease_id: &lease_id,
+            weight: req.weight.into(),
+            holder: &req.holder,
+            ttl: db_int(req.ttl.as_micros().min(u64::MAX as u128) as u64)?,
+            enqueued_at: db_int(now.0)?,
+            expires_at: db_int(now.plus(wait.waiter_ttl).0)?,
+        })
+        .await?;
+    st.sem.next_seq = seq.saturating_add(1);
+    st.sem.queued += 1;
+    Ok(Ok(AcquireReply::Queued {
+        position: st.sem.queued - 1,
+    }))
+}
+
+pub(crate) async fn heartbeat(
+    rows: &mut impl SemRows,
+    lease: LeaseId,
+    waiter_ttl: Duration,
+) -> Result<Done<WaitReply>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((WaitReply::Gone, Vec::new()));
+    };
+    let now = st.now;
+    let reply = if let Some(l) = st.holder(lease).await? {
+        WaitReply::Granted(Grant { lease: l, now })
+    } else if st.refresh_waiter(lease, now.plus(waiter_ttl)).await? {
+        WaitReply::Waiting
+    } else {
+        WaitReply::Gone
+    };
+    Ok((reply, st.finish().await?))
+}
+
+pub(crate) async fn cancel(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<CancelReply>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((CancelReply::NotFound, Vec::new()));
+    };
+    let reply = if st.remove_waiter(lease).await? {
+        CancelReply::Dequeued
+    } else if st.remove_holder(lease).await? {
+        CancelReply::Released
+    } else {
+        CancelReply::NotFound
+    };
+    if reply != CancelReply::NotFound {
+        // Removing the head of the queue, or freeing permits, may let the next in.
+        st.hand_off().await?;
+    }
+    Ok((reply, st.finish().await?))
+}
+
+pub(crate) async fn release(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((false, Vec::new()));
+    };
+    let held = st.remove_holder(lease).await?;
+    st.hand_off().await?;
+    Ok((held, st.finish().await?))
+}
+
+pub(crate) async fn renew(
+    rows: &mut impl SemRows,
+    lease: LeaseId,
+    ttl: Duration,
+) -> Result<Done<RenewReply>> {
+    let Some(st) = Step::load(rows, None).await? else {
+        return Ok((RenewReply::Gone, Vec::new()));
+    };
+    let now = st.now;
+    let at = db_int(now.plus(ttl).0)?;
+    let reply = match st.rows.renew_holder(&lease.to_string(), at).await? {
+        Some(expires_at) => RenewReply::Renewed {
+            expires_at: time_of(expires_at, "expires_at")?,
+            now,
+        },
+        None => RenewReply::Gone,
+    };
+    Ok((reply, st.finish().await?))
+}
+
+pub(crate) async fn status(
+    rows: &mut impl SemRows,
+    name: &Name,
+) -> Result<Done<Option<SemaphoreStatus>>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((None, Vec::new()));
+    };
+    let snap = st.snapshot(name).await?;
+    let wakes = st.finish().await?;
+    let snap = Some(snap).filter(|s| !(s.holders.is_empty() && s.queue.is_empty()));
+    Ok((snap, wakes))
+}
+
+pub(crate) async fn resize(
+    rows: &mut impl SemRows,
+    name: &Name,
+    capacity: u32,
+) -> Result<Done<Result<u32>>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((Err(not_found(name)), Vec::new()));
+    };
+    if st.is_empty() {
+        // Everything in it had expired: the purge is committed and the row deleted.
+        return Ok((Err(not_found(name)), st.finish().await?));
+    }
+    let old = std::mem::replace(&mut st.sem.capacity, capacity);
+    st.hand_off().await?;
+    Ok((Ok(old), st.finish().await?))
+}
+
+pub(crate) async fn revoke(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok((false, Vec::new()));
+    };
+    let held = st.remove_holder(lease).await?;
+    if held {
+        st.wakes.push(lease);
+        st.hand_off().await?;
+    }
+    Ok((held, st.finish().await?))
+}
+
+/// Removes the semaphore with its holders and waiters, without purging first (as the
+/// model). Unreadable lease ids are skipped rather than failing: deleting is how an admin
+/// clears a semaphore whose rows are damaged.
+pub(crate) async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
+    rows.lock_for_delete().await?;
+    let holders = rows.drop_holders().await?;
+    let waiters = rows.drop_waiters().await?;
+    let wakes = holders
+        .iter()
+        .chain(&waiters)
+        .filter_map(|s| s.parse().ok());
+    let wakes: Wakes = wakes.collect();
+    rows.drop_free_seats().await?;
+    let existed = rows.drop_semaphore().await?;
+    Ok((existed, wakes))
+}
+
+fn not_found(name: &Name) -> Error {
+    Error::NotFound(format!(
+        "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+    ))
+}
+
+/// `value` as a database integer (a signed 64-bit one in every SQL store).
+fn db_int(value: u64) -> Result<i64> {
+    i64::try_from(value).map_err(|_| {
+        Error::from(InvalidInput::Other(format!(
+            "{value} does not fit a database integer (i64)"
+        )))
+    })
+}
+
+pub(super) fn corrupt(msg: impl Into<String>) -> Error {
+    Error::Corrupt(msg.into())
+}
+
+fn u32_of(v: i64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is out of range")))
+}
+
+fn u64_of(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is negative")))
+}
+
+fn capacity_of(v: i64) -> Result<u32> {
+    let c = u32_of(v, "capacity")?;
+    if c == 0 || c > MAX_CAPACITY {
+        return Err(corrupt(format!("capacity = {c} is out of range")));
+    }
+    Ok(c)
+}
+
+fn time_of(v: i64, what: &str) -> Result<StoreTime> {
+    u64_of(v, what).map(StoreTime)
+}
+
+fn lease_of(s: &str) -> Result<LeaseId> {
+    s.parse().map_err(|_| {
+        corrupt(format!(
+            "lease id {:?} is not 32 hex digits",
+            super::truncate(s)
+        ))
+    })
+}
+
+fn lease_of_row(row: &HolderRow) -> Result<Lease> {
+    let weight = u32_of(row.weight, "weight")?;
+    Ok(Lease {
+        lease_id: lease_of(&row.lease_id)?,
+        weight,
+        seats: decode_seats(&row.seats, weight)?,
+        fence: u64_of(row.fence, "fence")?,
+        holder: row.holder.clone(),
+        acquired_at: time_of(row.acquired_at, "acquired_at")?,
+        expires_at: time_of(row.expires_at, "expires_at")?,
+    })
+}
+
+fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
+    Ok(Waiter {
+        lease_id: lease_of(&row.lease_id)?,
+        weight: u32_of(row.weight, "weight")?,
+        holder: row.holder.clone(),
+        enqueued_at: time_of(row.enqueued_at, "enqueued_at")?,
+        expires_at: time_of(row.expires_at, "expires_at")?,
+    })
+}
