@@ -92,21 +92,12 @@ impl<'c> SqliteRows<'c> {
         SqliteRows { conn, name, now }
     }
 
-    /// Runs `sql` with the name and `args`; how many rows it changed.
-    async fn exec(&mut self, sql: &'static str, args: &[i64]) -> Result<u64> {
+    /// Runs `sql` with the name, then `lease` if given, then `args`; how many rows it changed.
+    async fn exec(&mut self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
         let mut q = sqlx::query(sql).bind(self.name);
-        for &a in args {
-            q = q.bind(a);
+        if let Some(lease) = lease {
+            q = q.bind(lease);
         }
-        Ok(q.execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .rows_affected())
-    }
-
-    /// Runs `sql` with the name, `lease` and `args`; how many rows it changed.
-    async fn exec_lease(&mut self, sql: &'static str, lease: &str, args: &[i64]) -> Result<u64> {
-        let mut q = sqlx::query(sql).bind(self.name).bind(lease);
         for &a in args {
             q = q.bind(a);
         }
@@ -175,11 +166,11 @@ impl SemRows for SqliteRows<'_> {
             s.next_seq,
             s.seat_high,
         ];
-        self.exec(SAVE_SEM, &args).await.map(drop)
+        self.exec(SAVE_SEM, None, &args).await.map(drop)
     }
 
     async fn drop_semaphore(&mut self) -> Result<bool> {
-        Ok(self.exec(DROP_SEM, &[]).await? > 0)
+        Ok(self.exec(DROP_SEM, None, &[]).await? > 0)
     }
 
     async fn raise_hwm(&mut self, hwm: i64) -> Result<()> {
@@ -198,7 +189,7 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn purge_waiters(&mut self, now: i64) -> Result<u64> {
-        self.exec(PURGE_WAITERS, &[now]).await
+        self.exec(PURGE_WAITERS, None, &[now]).await
     }
 
     async fn holder(&mut self, lease: &str) -> Result<Option<HolderRow>> {
@@ -278,11 +269,11 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
-        self.exec_lease(REMOVE_WAITER, lease, &[]).await
+        self.exec(REMOVE_WAITER, Some(lease), &[]).await
     }
 
     async fn refresh_waiter(&mut self, lease: &str, at: i64) -> Result<u64> {
-        self.exec_lease(REFRESH_WAITER, lease, &[at]).await
+        self.exec(REFRESH_WAITER, Some(lease), &[at]).await
     }
 
     async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
@@ -314,13 +305,15 @@ impl SemRows for SqliteRows<'_> {
             .collect::<Result<Vec<_>>>()?;
         if let Some(&last) = seats.last() {
             // Every free seat up to `last` is one just taken (they are the lowest).
-            self.exec(DROP_FREE_SEATS_UP_TO, &[last]).await?;
+            self.exec(DROP_FREE_SEATS_UP_TO, None, &[last]).await?;
         }
         Ok(seats)
     }
 
     async fn insert_free_seats(&mut self, lo: i64, hi: i64) -> Result<()> {
-        self.exec(INSERT_FREE_SEAT_RANGE, &[lo, hi]).await.map(drop)
+        self.exec(INSERT_FREE_SEAT_RANGE, None, &[lo, hi])
+            .await
+            .map(drop)
     }
 
     async fn top_free_seats(&mut self, below: i64, limit: i64) -> Result<Vec<i64>> {
@@ -329,11 +322,13 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn drop_free_seats_from(&mut self, seat: i64) -> Result<()> {
-        self.exec(DROP_FREE_SEATS_FROM, &[seat]).await.map(drop)
+        self.exec(DROP_FREE_SEATS_FROM, None, &[seat])
+            .await
+            .map(drop)
     }
 
     async fn drop_free_seats(&mut self) -> Result<()> {
-        self.exec(DROP_FREE_SEATS, &[]).await.map(drop)
+        self.exec(DROP_FREE_SEATS, None, &[]).await.map(drop)
     }
 
     async fn drop_holders(&mut self) -> Result<Vec<String>> {
