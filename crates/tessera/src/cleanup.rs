@@ -31,6 +31,11 @@
 //!    reaper as releases, then blocks the exit until no ticket is under way or
 //!    [`EXIT_GRACE`] has passed.
 //!
+//! One case is left to the TTL: `std::process::exit` called on the only thread of a
+//! current-thread runtime while a clean-up task of that runtime is still queued. That task
+//! can no longer run and is not dropped either (the runtime is never shut down), so the exit
+//! waits [`EXIT_GRACE`] for it in vain. [`crate::Store::close`] before exiting avoids it.
+//!
 //! Every job is idempotent (a release or cancel of a lease that is gone answers "not held"; a
 //! rate reservation is returned at most once), so a job that reached the store before its
 //! task was dropped does no harm when the reaper runs it again.
