@@ -14,4 +14,5 @@ pub mod hold;
 pub mod proxy;
 pub mod ratelog;
 pub mod servers;
+pub mod window;
 pub mod worker;
