@@ -1,9 +1,11 @@
 //! `tessera bench` runs every workload with a few operations and reports the JSON fields,
-//! with zero over-grants (structure and safety only: timings are never asserted).
+//! with zero over-grants (structure and safety only: timings are never asserted). Each test
+//! takes its store from the test kit's [`Harness`], which also says whether the store is a
+//! server (whose round trips and CPU the bench measures).
 
 use std::process::Command;
 
-use tessera_testkit::servers::redis::RedisServer;
+use tessera_testkit::harness::Harness;
 
 const FIELDS: [&str; 14] = [
     "workload",
@@ -78,16 +80,22 @@ fn check(reports: &[serde_json::Value], rtt: bool) {
     assert_eq!(reports[0]["rtt_limit_ratio"].is_number(), rtt);
 }
 
+/// Every workload on the harness's store; round trips and server CPU are measured exactly
+/// when the store is a server.
+fn bench_all(h: &Harness) -> Vec<serde_json::Value> {
+    let reports = bench(h.url());
+    check(&reports, h.traits().server);
+    reports
+}
+
 #[test]
 fn bench_runs_every_workload_on_memory() {
-    check(&bench("memory://bench-test"), false);
+    bench_all(&Harness::memory());
 }
 
 #[test]
 fn bench_runs_every_workload_on_redis_without_over_grants() {
-    let server = RedisServer::start();
-    let reports = bench(&format!("{}?prefix=benchtest", server.url()));
-    check(&reports, true);
+    let reports = bench_all(&Harness::redis());
     for r in &reports[1..] {
         assert_eq!(r["over_grant_check"], "redis-counter", "{r}");
     }
@@ -95,9 +103,7 @@ fn bench_runs_every_workload_on_redis_without_over_grants() {
 
 #[test]
 fn bench_runs_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/bench.db", dir.path().display());
-    check(&bench(&url), false);
+    bench_all(&Harness::sqlite());
 }
 
 const RATE_FIELDS: [&str; 16] = [
@@ -172,17 +178,15 @@ fn bench_rate(store: &str) {
 
 #[test]
 fn bench_rate_on_memory() {
-    bench_rate("memory://bench-rate-test");
+    bench_rate(Harness::memory().url());
 }
 
 #[test]
 fn bench_rate_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    bench_rate(&format!("sqlite://{}/bench-rate.db", dir.path().display()));
+    bench_rate(Harness::sqlite().url());
 }
 
 #[test]
 fn bench_rate_on_redis_without_window_violations() {
-    let server = RedisServer::start();
-    bench_rate(&format!("{}?prefix=benchratetest", server.url()));
+    bench_rate(Harness::redis().url());
 }

@@ -1,14 +1,174 @@
-//! Per-store harnesses for the conformance suite: each gives a test its own isolated store
-//! (a private memory instance, a SQLite file in a temp dir, a key prefix on a throwaway
-//! server), new clients of it with their own connection and fault switches, and says whether
-//! other processes can share it.
+//! Per-store harnesses, shared by the conformance suite, the chaos runner and the bench
+//! tests: each gives its user an isolated store (a private memory instance, a SQLite file in
+//! a temp dir, a key prefix on a throwaway server), new clients of it with their own
+//! connection and fault switches, the faults it can inject on the server (restart, freeze,
+//! cut), and says what the store supports ([`StoreTraits`]).
+//!
+//! What the *backend* can do (how waiters are woken, the minimum TTL, where fences come from,
+//! when the hand-off runs) is declared by the backend itself,
+//! [`tessera::backend::Capabilities`], and read with [`Harness::capabilities`]. What is about
+//! the *test server* (can another process share it, can the harness restart it, whose clock
+//! is the store's) is declared here. A test or scenario that needs a trait the store lacks
+//! calls [`Harness::skip_unless`], which prints why it is skipped.
 
 use std::any::Any;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tessera::backend::Capabilities;
 use tessera::Store;
 
 use crate::faults::{Faults, FaultyBackend};
+use crate::servers::redis::RedisServer;
+
+/// Whose clock the store's time is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockSource {
+    /// Every client reads its host's wall clock (memory, SQLite): shifting a client's clock
+    /// (libfaketime) shifts the store's time.
+    Host,
+    /// The server keeps the time (Redis `TIME`): clients' clocks do not matter.
+    Server,
+}
+
+/// What the store under test and its test server support, beyond what the backend declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreTraits {
+    /// Other processes can open the same store (a file, a server), so holders in other
+    /// processes can be killed.
+    pub multi_process: bool,
+    /// Whose clock the store's time is.
+    pub clock: ClockSource,
+    /// Clients reach a server over TCP (not a file or the process's own memory).
+    pub server: bool,
+    /// The harness owns the server and can kill it and start it again on the same port; it
+    /// comes back empty ([`Harness::restart`]).
+    pub restartable: bool,
+    /// The harness can start its server so that a restart keeps the data (an append-only
+    /// file synced on every write).
+    pub durable_restart: bool,
+    /// The harness can freeze the server (every connection stays open, nothing answers) and
+    /// thaw it ([`Harness::freeze`], [`Harness::thaw`]).
+    pub freezable: bool,
+    /// The harness owns the server's port, so a proxy in front of it can delay, black-hole
+    /// and reset the clients' connections ([`Harness::server_port`]).
+    pub proxyable: bool,
+    /// The harness can close every client connection at the server ([`Harness::cut_clients`]).
+    pub cuttable: bool,
+    /// The harness can start its server with a memory limit under which it evicts keys.
+    pub evicting: bool,
+    /// The harness can write into the store's own data (rows, keys) behind the client.
+    pub raw_access: bool,
+}
+
+/// A trait of [`StoreTraits`] (or of the backend's [`Capabilities`]) that a test needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// [`StoreTraits::multi_process`].
+    MultiProcess,
+    /// [`ClockSource::Host`].
+    HostClock,
+    /// [`StoreTraits::server`].
+    Server,
+    /// [`StoreTraits::restartable`].
+    Restart,
+    /// [`StoreTraits::durable_restart`].
+    DurableRestart,
+    /// [`StoreTraits::freezable`].
+    Freeze,
+    /// [`StoreTraits::proxyable`].
+    Proxy,
+    /// [`StoreTraits::cuttable`].
+    CutClients,
+    /// [`StoreTraits::evicting`].
+    Eviction,
+    /// [`StoreTraits::raw_access`].
+    RawAccess,
+}
+
+impl StoreTraits {
+    /// A store in the process's own memory.
+    pub const IN_PROCESS: StoreTraits = StoreTraits {
+        multi_process: false,
+        clock: ClockSource::Host,
+        server: false,
+        restartable: false,
+        durable_restart: false,
+        freezable: false,
+        proxyable: false,
+        cuttable: false,
+        evicting: false,
+        raw_access: false,
+    };
+
+    /// A SQLite file.
+    pub const SQLITE: StoreTraits = StoreTraits {
+        multi_process: true,
+        raw_access: true,
+        ..StoreTraits::IN_PROCESS
+    };
+
+    /// A `redis-server` the harness started.
+    pub const OWN_REDIS: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        restartable: true,
+        durable_restart: true,
+        freezable: true,
+        proxyable: true,
+        cuttable: true,
+        evicting: true,
+        raw_access: true,
+    };
+
+    /// A Redis server someone else runs.
+    pub const FOREIGN_REDIS: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        cuttable: true,
+        ..StoreTraits::IN_PROCESS
+    };
+
+    /// Why a store with these traits cannot serve `need`, or `None` if it can.
+    pub fn lacks(&self, need: Need) -> Option<&'static str> {
+        let (has, why) = match need {
+            Need::MultiProcess => (self.multi_process, "is in-process (no multi-process)"),
+            Need::HostClock => (
+                self.clock == ClockSource::Host,
+                "keeps its own clock on the server (no host clock to shift)",
+            ),
+            Need::Server => (self.server, "has no server"),
+            Need::Restart => (
+                self.restartable,
+                "has no server the harness owns (no restart)",
+            ),
+            Need::DurableRestart => (
+                self.durable_restart,
+                "has no server the harness can restart with its data (no durable restart)",
+            ),
+            Need::Freeze => (self.freezable, "has no server the harness owns (no freeze)"),
+            Need::Proxy => (
+                self.proxyable,
+                "has no network connection the harness can proxy (no proxy)",
+            ),
+            Need::CutClients => (
+                self.cuttable,
+                "has no connections the harness can cut (no cut)",
+            ),
+            Need::Eviction => (
+                self.evicting,
+                "has no server the harness can give a memory limit (no eviction)",
+            ),
+            Need::RawAccess => (
+                self.raw_access,
+                "has no data the harness can write behind the client (no raw access)",
+            ),
+        };
+        (!has).then_some(why)
+    }
+}
 
 /// One client of the store under test.
 pub struct Client {
@@ -18,26 +178,31 @@ pub struct Client {
     pub faults: Arc<Faults>,
 }
 
-/// An isolated store for one test.
+/// An isolated store for one test or scenario, with the server behind it (if any).
 pub struct Harness {
-    kind: &'static str,
+    scheme: &'static str,
     url: String,
-    multi_process: bool,
+    traits: StoreTraits,
+    redis: Option<RedisServer>,
+    sqlite_file: Option<PathBuf>,
     _guard: Box<dyn Any + Send + Sync>,
 }
 
 impl Harness {
-    /// A harness over any store URL; `guard` keeps servers or temp dirs alive.
+    /// A harness over any store URL with the traits it declares; `guard` keeps temp dirs or
+    /// servers alive (a store in another crate plugs in here).
     pub fn new(
-        kind: &'static str,
+        scheme: &'static str,
         url: String,
-        multi_process: bool,
+        traits: StoreTraits,
         guard: Box<dyn Any + Send + Sync>,
     ) -> Self {
         Harness {
-            kind,
+            scheme,
             url,
-            multi_process,
+            traits,
+            redis: None,
+            sqlite_file: None,
             _guard: guard,
         }
     }
@@ -45,27 +210,53 @@ impl Harness {
     /// A private in-memory instance.
     pub fn memory() -> Self {
         let url = format!("memory://t{:016x}", rand::random::<u64>());
-        Harness::new("memory", url, false, Box::new(()))
+        Harness::new("memory://", url, StoreTraits::IN_PROCESS, Box::new(()))
     }
 
     /// A SQLite file in a fresh temp dir.
     pub fn sqlite() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}/tessera.db", dir.path().display());
-        Harness::new("sqlite", url, true, Box::new(dir))
+        let file = dir.path().join("tessera.db");
+        let mut h = Harness::sqlite_file(&file);
+        h._guard = Box::new(dir);
+        h
+    }
+
+    /// A SQLite file at `file` (absolute), created on first use and left in place.
+    pub fn sqlite_file(file: &Path) -> Self {
+        let url = format!("sqlite://{}", file.display());
+        let mut h = Harness::new("sqlite://", url, StoreTraits::SQLITE, Box::new(()));
+        h.sqlite_file = Some(file.to_path_buf());
+        h
     }
 
     /// A throwaway `redis-server` of its own (stopped when the harness drops), under a
     /// random key prefix.
     pub fn redis() -> Self {
-        let server = crate::servers::redis::RedisServer::start();
-        let url = format!("{}?prefix=t{:08x}", server.url(), rand::random::<u32>());
-        Harness::new("redis", url, true, Box::new(server))
+        Harness::redis_with(&[], &format!("t{:08x}", rand::random::<u32>()))
     }
 
-    /// Which store this is.
-    pub fn kind(&self) -> &'static str {
-        self.kind
+    /// A throwaway `redis-server` started with `server_args` (e.g. `--appendonly yes`), with
+    /// tessera's keys under `prefix`.
+    pub fn redis_with(server_args: &[&str], prefix: &str) -> Self {
+        let server = RedisServer::start_with(server_args);
+        let url = format!("{}?prefix={prefix}", server.url());
+        let mut h = Harness::new("redis://", url, StoreTraits::OWN_REDIS, Box::new(()));
+        h.redis = Some(server);
+        h
+    }
+
+    /// A Redis server someone else runs (at `url`), with tessera's keys under `prefix`: the
+    /// harness can cut its clients but not restart, freeze or reconfigure it.
+    pub fn redis_at(url: &str, prefix: &str) -> Self {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}prefix={prefix}");
+        Harness::new("redis://", url, StoreTraits::FOREIGN_REDIS, Box::new(()))
+    }
+
+    /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.
+    pub fn scheme(&self) -> &'static str {
+        self.scheme
     }
 
     /// The URL of the store under test.
@@ -73,9 +264,31 @@ impl Harness {
         &self.url
     }
 
-    /// Whether other processes can share this store (enables the multi-process tests).
-    pub fn multi_process(&self) -> bool {
-        self.multi_process
+    /// What the store and its test server support.
+    pub fn traits(&self) -> &StoreTraits {
+        &self.traits
+    }
+
+    /// What the backend declares about itself (waking, minimum TTL, fences, hand-off).
+    pub async fn capabilities(&self) -> Capabilities {
+        self.client().await.store.backend().capabilities()
+    }
+
+    /// `true` (and a line on stderr naming what is missing) if the store cannot serve
+    /// `need`: the caller returns at once, e.g.
+    /// `if h.skip_unless(Need::MultiProcess) { return; }`.
+    pub fn skip_unless(&self, need: Need) -> bool {
+        match self.traits.lacks(need) {
+            Some(why) => {
+                let test = std::thread::current()
+                    .name()
+                    .unwrap_or("this test")
+                    .to_string();
+                eprintln!("skipped: {test}: {} {why}", self.scheme);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A new client: its own connection and its own fault switches.
@@ -89,5 +302,71 @@ impl Harness {
             store: Store::from_backend(Arc::new(backend), &self.url),
             faults,
         }
+    }
+
+    /// The loopback port of the server the harness owns ([`StoreTraits::proxyable`]).
+    pub fn server_port(&self) -> Option<u16> {
+        if let Some(s) = &self.redis {
+            return Some(s.port());
+        }
+        if self.traits.server {
+            return url::Url::parse(&self.url).ok()?.port();
+        }
+        None
+    }
+
+    /// Kills the server and starts it again on the same port ([`StoreTraits::restartable`]);
+    /// blocks until it answers. Panics without one.
+    pub fn restart(&mut self) {
+        self.own_redis_mut("restart").restart();
+    }
+
+    /// Freezes the server ([`StoreTraits::freezable`]). Panics without one.
+    pub fn freeze(&self) {
+        self.own_redis("freeze").freeze();
+    }
+
+    /// Thaws a frozen server.
+    pub fn thaw(&self) {
+        self.own_redis("thaw").thaw();
+    }
+
+    /// Closes every client connection at the server ([`StoreTraits::cuttable`]).
+    pub fn cut_clients(&self) -> anyhow::Result<()> {
+        if let Some(s) = &self.redis {
+            s.cut_clients();
+            return Ok(());
+        }
+        anyhow::ensure!(self.traits.cuttable, "{} cannot cut clients", self.scheme);
+        let port = self
+            .server_port()
+            .ok_or_else(|| anyhow::anyhow!("no port in {}", self.url))?;
+        for kind in ["normal", "pubsub"] {
+            crate::servers::redis::command_at(port, &["CLIENT", "KILL", "TYPE", kind])?;
+        }
+        Ok(())
+    }
+
+    /// The Redis server the harness owns, for faults only Redis has (eviction, its keys).
+    pub fn redis_server(&self) -> Option<&RedisServer> {
+        self.redis.as_ref()
+    }
+
+    /// The SQLite file, for faults written into its rows.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        self.sqlite_file.as_deref()
+    }
+
+    fn own_redis(&self, what: &str) -> &RedisServer {
+        self.redis
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what}: {} has no server of its own", self.scheme))
+    }
+
+    fn own_redis_mut(&mut self, what: &str) -> &mut RedisServer {
+        let scheme = self.scheme;
+        self.redis
+            .as_mut()
+            .unwrap_or_else(|| panic!("{what}: {scheme} has no server of its own"))
     }
 }

@@ -1,10 +1,12 @@
-//! The tessera test kit: the conformance suite every store runs, per-store harnesses, fault
+//! The tessera test kit: the conformance suite and the differential test against the
+//! reference model that every store runs, per-store harnesses, fault
 //! injection at the store seam, holders in other processes, the grant-log checker with the
 //! worker process that writes grant logs, the chaos runner with its fault proxy, the rate-log
 //! checker, and throwaway servers on free loopback ports.
 
 pub mod chaos;
 pub mod conformance;
+pub mod differential;
 pub mod faults;
 pub mod grantlog;
 pub mod harness;
@@ -12,4 +14,5 @@ pub mod hold;
 pub mod proxy;
 pub mod ratelog;
 pub mod servers;
+pub mod window;
 pub mod worker;

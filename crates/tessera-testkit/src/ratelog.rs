@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use tessera::{RateDecision, RateLimiter, RateOptions, RateSpec, Store};
 
 use crate::grantlog::monotonic_ns;
+use crate::window;
 
 /// One admission.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -275,18 +276,8 @@ impl RateReport {
 
 /// The largest cost in any window `(s - L, s]` of the admit times.
 pub fn max_store_window(events: &[RateEvent], period_us: u64) -> u64 {
-    let mut v: Vec<(u64, u32)> = events.iter().map(|e| (e.at_us, e.cost)).collect();
-    v.sort();
-    let (mut worst, mut lo, mut sum) = (0, 0, 0u64);
-    for hi in 0..v.len() {
-        sum += v[hi].1 as u64;
-        while v[lo].0 + period_us <= v[hi].0 {
-            sum -= v[lo].1 as u64;
-            lo += 1;
-        }
-        worst = worst.max(sum);
-    }
-    worst
+    let points: Vec<(u64, u32)> = events.iter().map(|e| (e.at_us, e.cost)).collect();
+    window::max_in_window(&points, period_us)
 }
 
 /// The largest cost of admissions whose intervals all lie in `[invoked_a, invoked_a + L)`
@@ -466,18 +457,9 @@ pub fn check_use_times(events: &[RateEvent], limit: RateSpec, margin: Duration) 
 /// The largest cost in a window `(s - L, s]` of the use times of `v` (sorted by use time),
 /// and the range of `v` it holds.
 fn fullest_window(v: &[&RateEvent], period_us: u64) -> (u64, (usize, usize)) {
-    let (mut worst, mut range, mut lo, mut sum) = (0, (0, 0), 0, 0u64);
-    for hi in 0..v.len() {
-        sum += v[hi].cost as u64;
-        while v[lo].used_us + period_us <= v[hi].used_us {
-            sum -= v[lo].cost as u64;
-            lo += 1;
-        }
-        if sum > worst {
-            (worst, range) = (sum, (lo, hi + 1));
-        }
-    }
-    (worst, range)
+    let points: Vec<(u64, u32)> = v.iter().map(|e| (e.used_us, e.cost)).collect();
+    let (worst, range) = window::fullest_window(&points, period_us);
+    (worst, (range.start, range.end))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use tessera::backend::{
     Backend, ManualClock, Name, RateBackend, RateConfig, RateReply, RateRequest,
 };
 use tessera::{RateMode, RateSpec, StoreTime};
+use tessera_testkit::window::max_in_window;
 
 const START: u64 = 1_700_000_000_000_000;
 
@@ -54,24 +55,6 @@ impl Rig {
         };
         block_on(self.rate().rate_acquire(&self.name, &self.config, &req)).unwrap()
     }
-}
-
-/// The largest cost admitted in any window `(s - L, s]`, over every `s`.
-fn max_in_window(admitted: &[(u64, u32)], period_us: u64) -> u64 {
-    let mut v: Vec<(u64, u32)> = admitted.to_vec();
-    v.sort();
-    let mut worst = 0;
-    let mut lo = 0;
-    let mut sum: u64 = 0;
-    for hi in 0..v.len() {
-        sum += v[hi].1 as u64;
-        while v[lo].0 + period_us <= v[hi].0 {
-            sum -= v[lo].1 as u64;
-            lo += 1;
-        }
-        worst = worst.max(sum);
-    }
-    worst
 }
 
 proptest! {

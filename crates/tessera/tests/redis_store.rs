@@ -1,20 +1,17 @@
 //! The Redis store against a throwaway `redis-server` per test (a missing `redis-server` fails
 //! the test with the install line). The store must behave like the reference model
-//! (`memory://`) operation by operation; Redis keeps its own clock, so the differential part
-//! uses long TTLs and compares only what does not depend on the clock, and expiry is tested
-//! separately with short real TTLs.
+//! (`memory://`) operation by operation (the test kit's differential test); Redis keeps its
+//! own clock, so that test uses long TTLs and compares only what does not depend on the
+//! clock, and expiry is tested separately with short real TTLs.
 #![cfg(feature = "redis")]
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use tessera::backend::stores::MemoryBackend;
 use tessera::backend::stores::RedisBackend;
 use tessera::backend::*;
 use tessera::*;
+use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::servers::redis::RedisServer;
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -36,213 +33,47 @@ fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -
     }
 }
 
-/// The clock-independent part of a reply.
-fn norm<T: std::fmt::Debug>(r: &Result<T>) -> String {
-    let s = match r {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => format!("error: {e}"),
-    };
-    // Drop times and fences: "StoreTime(…)" and "fence: …".
-    let mut out = String::new();
-    let mut rest = s.as_str();
-    while let Some(i) = rest.find("StoreTime(") {
-        out.push_str(&rest[..i]);
-        rest = &rest[i..];
-        let end = rest.find(')').map(|e| e + 1).unwrap_or(rest.len());
-        out.push('T');
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    let mut cleaned = String::new();
-    let mut rest = out.as_str();
-    while let Some(i) = rest.find("fence: ") {
-        cleaned.push_str(&rest[..i]);
-        rest = &rest[i + 7..];
-        let end = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        cleaned.push('F');
-        rest = &rest[end..];
-    }
-    cleaned.push_str(rest);
-    cleaned
-}
-
-/// A fence belongs to one lease: never issued to two lease ids.
-fn record_fence(fences: &mut HashMap<u64, LeaseId>, lease: &Lease) {
-    let owner = *fences.entry(lease.fence).or_insert(lease.lease_id);
-    assert_eq!(owner, lease.lease_id, "fence {} issued twice", lease.fence);
-}
-
 async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
     RedisBackend::connect(&format!("{}?prefix={prefix}", server.url()))
         .await
         .unwrap()
 }
 
+/// The test kit's differential test against the reference model (long TTLs, times and fences
+/// left out), and after every step: every key the step left behind carries an expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = RedisServer::start();
-    let redis = redis_backend(&server, "diff").await;
     let mut check = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let mut seen: Vec<(&str, u32)> = [
-        "Granted",
-        "Queued",
-        "NoPermit",
-        "full",
-        "capacity",
-        "Dequeued",
-        "Released",
-        "Waiting",
-        "Gone",
-        "holders: [Lease",
-    ]
-    .iter()
-    .map(|s| (*s, 0))
-    .collect();
+    let mut seen = Seen::default();
     for seed in 0..6u64 {
-        let memory = MemoryBackend::connect(&format!("memory://diff-{seed}")).unwrap();
-        let mut rng = StdRng::seed_from_u64(seed);
-        let n = name(&format!("sem-{seed}"));
-        let mut capacity: u32 = rng.random_range(1..=5);
-        let mut ids: Vec<LeaseId> = Vec::new();
-        let mut fences: HashMap<u64, LeaseId> = HashMap::new();
-        for step in 0..400 {
-            let pick = |rng: &mut StdRng, ids: &Vec<LeaseId>| {
-                if ids.is_empty() || rng.random_bool(0.1) {
-                    LeaseId::random()
-                } else {
-                    ids[rng.random_range(0..ids.len())]
-                }
-            };
-            let op = rng.random_range(0..100);
-            let (what, a, b) = match op {
-                0..=34 => {
-                    let id = if rng.random_bool(0.9) {
-                        let id = LeaseId::random();
-                        ids.push(id);
-                        id
-                    } else {
-                        pick(&mut rng, &ids)
-                    };
-                    let weight = rng.random_range(1..=capacity);
-                    let wait = rng
-                        .random_bool(0.7)
-                        .then(|| (LONG, rng.random_range(1..=6)));
-                    let declared = if rng.random_bool(0.05) {
-                        capacity + 1
-                    } else {
-                        capacity
-                    };
-                    let r = req(id, weight, LONG, wait);
-                    let a = redis.acquire(&n, declared, &r).await;
-                    let b = memory.acquire(&n, declared, &r).await;
-                    if let Ok(AcquireReply::Granted(g)) = &a {
-                        record_fence(&mut fences, &g.lease);
-                    }
-                    ("acquire", norm(&a), norm(&b))
-                }
-                35..=49 => {
-                    let id = pick(&mut rng, &ids);
-                    let a = redis.release(&n, id).await;
-                    ("release", norm(&a), norm(&memory.release(&n, id).await))
-                }
-                50..=59 => {
-                    let id = pick(&mut rng, &ids);
-                    let a = redis.heartbeat(&n, id, LONG).await;
-                    if let Ok(WaitReply::Granted(g)) = &a {
-                        record_fence(&mut fences, &g.lease);
-                    }
-                    (
-                        "heartbeat",
-                        norm(&a),
-                        norm(&memory.heartbeat(&n, id, LONG).await),
-                    )
-                }
-                60..=69 => {
-                    let id = pick(&mut rng, &ids);
-                    let a = redis.cancel(&n, id).await;
-                    ("cancel", norm(&a), norm(&memory.cancel(&n, id).await))
-                }
-                70..=74 => {
-                    let id = pick(&mut rng, &ids);
-                    let a = redis
-                        .renew(&n, id, LONG)
-                        .await
-                        .map(|r| matches!(r, RenewReply::Renewed { .. }));
-                    let b = memory
-                        .renew(&n, id, LONG)
-                        .await
-                        .map(|r| matches!(r, RenewReply::Renewed { .. }));
-                    ("renew", norm(&a), norm(&b))
-                }
-                75..=79 => {
-                    let id = pick(&mut rng, &ids);
-                    let a = redis.revoke(&n, id).await;
-                    ("revoke", norm(&a), norm(&memory.revoke(&n, id).await))
-                }
-                80..=84 => {
-                    let c = rng.random_range(1..=6);
-                    let a = redis.resize(&n, c).await;
-                    let b = memory.resize(&n, c).await;
-                    if a.is_ok() {
-                        capacity = c;
-                    }
-                    ("resize", norm(&a), norm(&b))
-                }
-                85..=86 => {
-                    let a = redis.delete(&n).await;
-                    ("delete", norm(&a), norm(&memory.delete(&n).await))
-                }
-                _ => {
-                    let a = redis.status(&n).await;
-                    let b = memory.status(&n).await;
-                    if let Ok(Some(s)) = &a {
-                        // Fences ascend in grant order, seats are distinct, `used` is the sum.
-                        let f: Vec<u64> = s.holders.iter().map(|l| l.fence).collect();
-                        assert!(f.windows(2).all(|w| w[0] < w[1]), "{f:?}");
-                        let mut seats: Vec<u32> =
-                            s.holders.iter().flat_map(|l| l.seats.clone()).collect();
-                        assert_eq!(seats.len() as u32, s.used);
-                        seats.sort();
-                        seats.dedup();
-                        assert_eq!(seats.len() as u32, s.used);
-                    }
-                    ("status", norm(&a), norm(&b))
-                }
-            };
-            for (needle, count) in seen.iter_mut() {
-                if a.contains(*needle) {
-                    *count += 1;
-                }
-            }
-            assert_eq!(
-                a, b,
-                "seed {seed} step {step}: {what} differs\nredis:  {a}\nmemory: {b}"
-            );
-            // Bounded state: every key the step left behind carries an expiry.
+        let prefix = format!("diff{seed}");
+        let redis = redis_backend(&server, &prefix).await;
+        let mut d = Differential::new(&redis, DiffClock::Server, seed);
+        for _ in 0..400 {
+            let what = d.step().await;
             let immortal: Vec<String> = redis::cmd("EVAL")
                 .arg(
                     "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
                      if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
                 )
                 .arg(0)
-                .arg("{diff:*")
+                .arg(format!("{{{prefix}:*"))
                 .query_async(&mut check)
                 .await
                 .unwrap();
             assert!(
                 immortal.is_empty(),
-                "seed {seed} step {step}: {what} left keys without expiry: {immortal:?}"
+                "{what} left keys without expiry: {immortal:?}"
             );
         }
+        seen.add(&d);
     }
-    // The random runs reached every kind of answer.
-    assert!(seen.iter().all(|(_, c)| *c > 0), "{seen:?}");
+    seen.assert_every_answer_reached();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,11 @@
-//! The store of one scenario ([`Env`]) and the worker binary ([`sibling_binary`]).
+//! The store of one scenario ([`harness`]) and the worker binary ([`sibling_binary`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::StoreSpec;
-use crate::servers::redis::RedisServer;
+use crate::harness::Harness;
 
 /// Path of a binary of this crate built next to the running executable (a test binary lives
 /// in `target/<profile>/deps`, the binaries in `target/<profile>`).
@@ -24,59 +24,16 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// The store of one scenario, and whatever keeps it alive.
-pub struct Env {
-    /// `sqlite` or `redis`.
-    pub kind: &'static str,
-    /// The store's URL, straight to the store.
-    pub url: String,
-    /// The throwaway server, if the runner owns it.
-    pub redis: Option<RedisServer>,
-    _dir: tempfile::TempDir,
-}
-
-impl Env {
-    /// A fresh store for scenario `name`; `redis_args` are extra server options for a
-    /// throwaway server.
-    pub fn new(
-        spec: &StoreSpec,
-        name: &str,
-        seed: u64,
-        redis_args: &[&str],
-    ) -> anyhow::Result<Env> {
-        let dir = tempfile::tempdir()?;
-        let tag = format!("chaos-{name}-{seed}-{:08x}", rand::random::<u32>());
-        Ok(match spec {
-            StoreSpec::Sqlite(None) => Env {
-                kind: "sqlite",
-                url: format!("sqlite://{}/tessera.db", dir.path().display()),
-                redis: None,
-                _dir: dir,
-            },
-            StoreSpec::Sqlite(Some(path)) => Env {
-                kind: "sqlite",
-                url: format!("sqlite://{}.{tag}.db", path.display()),
-                redis: None,
-                _dir: dir,
-            },
-            StoreSpec::Redis(None) => {
-                let server = RedisServer::start_with(redis_args);
-                Env {
-                    kind: "redis",
-                    url: format!("{}?prefix={tag}", server.url()),
-                    redis: Some(server),
-                    _dir: dir,
-                }
-            }
-            StoreSpec::Redis(Some(url)) => {
-                let sep = if url.contains('?') { '&' } else { '?' };
-                Env {
-                    kind: "redis",
-                    url: format!("{url}{sep}prefix={tag}"),
-                    redis: None,
-                    _dir: dir,
-                }
-            }
-        })
+/// The store of one scenario: a [`Harness`] for `spec`, with a tag of its own (a key prefix,
+/// a file name); `redis_args` are extra options of a throwaway server.
+pub fn harness(spec: &StoreSpec, name: &str, seed: u64, redis_args: &[&str]) -> Harness {
+    let tag = format!("chaos-{name}-{seed}-{:08x}", rand::random::<u32>());
+    match spec {
+        StoreSpec::Sqlite(None) => Harness::sqlite(),
+        StoreSpec::Sqlite(Some(path)) => {
+            Harness::sqlite_file(Path::new(&format!("{}.{tag}.db", path.display())))
+        }
+        StoreSpec::Redis(None) => Harness::redis_with(redis_args, &tag),
+        StoreSpec::Redis(Some(url)) => Harness::redis_at(url, &tag),
     }
 }

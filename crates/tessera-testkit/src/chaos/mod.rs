@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub use env::{sibling_binary, Env};
+pub use env::{harness, sibling_binary};
 pub use report::ScenarioReport;
 pub use run::Run;
 
@@ -57,10 +57,11 @@ pub struct Params {
     pub duration: Duration,
     /// Seeds; each scenario runs once per seed.
     pub seeds: Vec<u64>,
-    /// Waiters killed at once in the dead-waiters scenario, per store kind.
-    pub dead_waiters_redis: u32,
-    /// Same, on SQLite (every waiter polls the file).
-    pub dead_waiters_sqlite: u32,
+    /// Waiters killed at once in the dead-waiters scenario, on a store that pushes
+    /// wake-ups ([`tessera::backend::Waking::Push`]).
+    pub dead_waiters_push: u32,
+    /// Same, on a store whose waiters also poll it (SQLite: every waiter polls the file).
+    pub dead_waiters_polling: u32,
     /// How many times each fault is repeated in a scenario.
     pub rounds: u32,
 }
@@ -76,8 +77,8 @@ impl Profile {
                 waiter_ttl: Duration::from_millis(1000),
                 duration: Duration::from_secs(3),
                 seeds: vec![1],
-                dead_waiters_redis: 10_000,
-                dead_waiters_sqlite: 300,
+                dead_waiters_push: 10_000,
+                dead_waiters_polling: 300,
                 rounds: 1,
             },
             Profile::Long => Params {
@@ -87,8 +88,8 @@ impl Profile {
                 waiter_ttl: Duration::from_millis(1000),
                 duration: Duration::from_secs(12),
                 seeds: vec![1, 2, 3],
-                dead_waiters_redis: 10_000,
-                dead_waiters_sqlite: 1_000,
+                dead_waiters_push: 10_000,
+                dead_waiters_polling: 1_000,
                 rounds: 3,
             },
         }
@@ -143,6 +144,16 @@ impl StoreSpec {
                 "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis or redis://127.0.0.1:PORT"
             ),
         })
+    }
+
+    /// What a store of this spec supports (the traits of the [`harness`] it gets).
+    pub fn traits(&self) -> crate::harness::StoreTraits {
+        use crate::harness::StoreTraits;
+        match self {
+            StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
+            StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
+            StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
+        }
     }
 
     /// `sqlite` or `redis`.

@@ -188,7 +188,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
 
     let mut r = ScenarioReport {
         scenario: run.scenario.clone(),
-        store: run.env.kind.to_string(),
+        store: run.env.scheme().trim_end_matches("://").to_string(),
         seed: run.seed,
         duration_ms: run.started.elapsed().as_millis() as u64,
         ops: check.stats.acquires,

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tessera::Store;
 
-use super::{fenced, report, sibling_binary, Env, Params, ScenarioReport};
+use super::{fenced, report, sibling_binary, Params, ScenarioReport};
 use crate::grantlog::{EventKind, EventLog, FaultPhase};
+use crate::harness::Harness;
 use crate::worker::WorkerArgs;
 
 /// A worker process.
@@ -26,7 +27,7 @@ pub struct Run {
     /// The seed.
     pub seed: u64,
     /// The store.
-    pub env: Env,
+    pub env: Harness,
     /// The URL workers use (through a proxy, for the network scenarios).
     pub worker_url: String,
     /// The semaphore's name.
@@ -58,7 +59,7 @@ impl Run {
         scenario: &str,
         params: &Params,
         seed: u64,
-        env: Env,
+        env: Harness,
         worker_url: Option<String>,
         duration: Duration,
     ) -> anyhow::Result<Run> {
@@ -68,14 +69,14 @@ impl Run {
             sem: "chaos".into(),
             capacity: params.permits,
         })?;
-        let store = Store::connect(&env.url)
+        let store = Store::connect(env.url())
             .await
-            .with_context(|| format!("connecting to {}", env.url))?;
+            .with_context(|| format!("connecting to {}", env.url()))?;
         Ok(Run {
             params: params.clone(),
             scenario: scenario.to_string(),
             seed,
-            worker_url: worker_url.unwrap_or_else(|| env.url.clone()),
+            worker_url: worker_url.unwrap_or_else(|| env.url().to_string()),
             env,
             name: "chaos".into(),
             fenced: fenced::FencedResource::start().await?,

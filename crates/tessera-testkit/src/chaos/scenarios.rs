@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use tessera::backend::Waking;
 use tessera::{Semaphore, SemaphoreOptions};
 use tokio::time::{sleep, Instant};
 
-use super::{report::ScenarioReport, Env, Params, Run, StoreSpec};
+use super::{harness, report::ScenarioReport, Params, Run, StoreSpec};
 use crate::grantlog::FaultPhase;
+use crate::harness::{Need, StoreTraits};
 use crate::proxy::{Mode, Proxy};
 
 /// Every scenario, in the order they run.
@@ -29,7 +31,25 @@ pub fn names() -> Vec<&'static str> {
     ]
 }
 
-/// Runs scenario `name` once.
+/// What scenario `name` needs of the store beyond being shared by processes (which every
+/// store the runner takes is).
+pub fn needs(name: &str, traits: &StoreTraits) -> &'static [Need] {
+    match name {
+        "s3-proxy" => &[Need::Proxy],
+        // A store without a server (a file) restarts by losing every client at once.
+        "s4-restart" if traits.server => &[Need::Restart],
+        "s4-restart-aof" => &[Need::DurableRestart],
+        "s9-client-kill" => &[Need::CutClients],
+        "s7-eviction" => &[Need::Eviction],
+        // The scenario shifts the workers' wall clock; it means nothing to a store whose
+        // time is the server's.
+        "clock-jump" => &[Need::HostClock],
+        "garbage" => &[Need::RawAccess],
+        _ => &[],
+    }
+}
+
+/// Runs scenario `name` once, or reports it skipped (with the trait the store lacks).
 pub async fn run(
     name: &str,
     spec: &StoreSpec,
@@ -37,34 +57,25 @@ pub async fn run(
     seed: u64,
 ) -> anyhow::Result<ScenarioReport> {
     let kind = spec.kind();
-    let own_redis = matches!(spec, StoreSpec::Redis(None));
-    let skip = |why: &str| Ok(ScenarioReport::skipped(name, kind, seed, why));
-    match (name, kind) {
-        ("clock-jump", "redis") => skip(
-            "redis-server 7.0 aborts under libfaketime (recursive clock_gettime at start); \
-             on SQLite the store's clock is the host's, which this scenario jumps",
-        ),
-        ("s3-proxy" | "s9-client-kill" | "s7-eviction" | "s4-restart-aof", "sqlite") => {
-            skip("SQLite has no network connection or server (see s4-restart for SQLite)")
-        }
-        ("s4-restart" | "s4-restart-aof" | "s7-eviction" | "s3-proxy", "redis") if !own_redis => {
-            skip("needs a server the runner owns: use --store redis")
-        }
-        ("baseline", _) => baseline(spec, p, seed).await,
-        ("s1-kill", _) => s1_kill(spec, p, seed).await,
-        ("s2-stop", _) => s2_stop(spec, p, seed).await,
-        ("s3-proxy", _) => s3_proxy(spec, p, seed).await,
-        ("s4-restart", "redis") => s4_restart(spec, p, seed, false).await,
-        ("s4-restart-aof", _) => s4_restart(spec, p, seed, true).await,
-        ("s4-restart", _) => s4_sqlite_kill_all(spec, p, seed).await,
-        ("s9-client-kill", _) => s9_client_kill(spec, p, seed).await,
-        ("s10-reclaim", _) => s10_reclaim(spec, p, seed).await,
-        ("s7-eviction", _) => s7_eviction(spec, p, seed).await,
-        ("clock-jump", _) => clock_jump(spec, p, seed).await,
-        ("garbage", "redis") if !own_redis => {
-            skip("needs a server the runner owns: use --store redis")
-        }
-        ("garbage", _) => garbage(spec, p, seed).await,
+    let traits = spec.traits();
+    if let Some(why) = needs(name, &traits).iter().find_map(|&n| traits.lacks(n)) {
+        let why = format!("{kind} {why}");
+        eprintln!("skipped: scenario {name}: {why}");
+        return Ok(ScenarioReport::skipped(name, kind, seed, &why));
+    }
+    match name {
+        "baseline" => baseline(spec, p, seed).await,
+        "s1-kill" => s1_kill(spec, p, seed).await,
+        "s2-stop" => s2_stop(spec, p, seed).await,
+        "s3-proxy" => s3_proxy(spec, p, seed).await,
+        "s4-restart" if traits.server => s4_restart(spec, p, seed, false).await,
+        "s4-restart" => s4_kill_every_client(spec, p, seed).await,
+        "s4-restart-aof" => s4_restart(spec, p, seed, true).await,
+        "s9-client-kill" => s9_client_kill(spec, p, seed).await,
+        "s10-reclaim" => s10_reclaim(spec, p, seed).await,
+        "s7-eviction" => s7_eviction(spec, p, seed).await,
+        "clock-jump" => clock_jump(spec, p, seed).await,
+        "garbage" => garbage(spec, p, seed).await,
         _ => anyhow::bail!("unknown scenario {name}"),
     }
 }
@@ -76,7 +87,7 @@ async fn start(
     seed: u64,
     duration: Duration,
 ) -> anyhow::Result<Run> {
-    let env = Env::new(spec, name, seed, &[])?;
+    let env = harness(spec, name, seed, &[]);
     let mut run = Run::new(name, p, seed, env, None, duration).await?;
     run.start_workers()?;
     Ok(run)
@@ -132,13 +143,12 @@ async fn s2_stop(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
 /// S3: the workers reach Redis through a proxy that delays, black-holes (shorter and longer
 /// than the TTL), resets and drops replies.
 async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let env = Env::new(spec, "s3-proxy", seed, &[])?;
-    let server = env.redis.as_ref().context("owned redis")?;
-    let proxy = Proxy::start(([127, 0, 0, 1], server.port()).into()).await?;
-    let worker_url = env.url.replace(
-        &format!(":{}", server.port()),
-        &format!(":{}", proxy.addr().port()),
-    );
+    let env = harness(spec, "s3-proxy", seed, &[]);
+    let port = env.server_port().context("the server's port")?;
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await?;
+    let worker_url = env
+        .url()
+        .replace(&format!(":{port}"), &format!(":{}", proxy.addr().port()));
     let ttl = p.ttl;
     let schedule: Vec<(&str, Mode, Duration)> = vec![
         ("delay", Mode::Delay(ttl.as_millis() as u64 / 20), ttl),
@@ -190,13 +200,12 @@ async fn s4_restart(
     } else {
         &[]
     };
-    let env = Env::new(spec, name, seed, args)?;
+    let env = harness(spec, name, seed, args);
     if aof {
-        let got = env
-            .redis
-            .as_ref()
-            .unwrap()
-            .command(&["CONFIG", "GET", "appendonly"]);
+        let got =
+            env.redis_server()
+                .context("owned redis")?
+                .command(&["CONFIG", "GET", "appendonly"]);
         anyhow::ensure!(got.contains("yes"), "AOF is not on: {got:?}");
     }
     let duration = (p.ttl * 3) * p.rounds + p.ttl * 2;
@@ -205,8 +214,7 @@ async fn s4_restart(
     for _ in 0..p.rounds {
         sleep(p.ttl * 2).await;
         run.fault("restart", FaultPhase::Start, None);
-        let server = run.env.redis.as_mut().unwrap();
-        tokio::task::block_in_place(|| server.restart());
+        tokio::task::block_in_place(|| run.env.restart());
         run.fault("restart", FaultPhase::Heal, None);
         sleep(p.ttl).await;
     }
@@ -214,9 +222,9 @@ async fn s4_restart(
     run.finish().await
 }
 
-/// S4 on SQLite: there is no server; SIGKILL every worker at once, holders in the middle of
-/// their transactions, and start new ones.
-async fn s4_sqlite_kill_all(
+/// S4 on a store without a server (SQLite): SIGKILL every worker at once, holders in the
+/// middle of their transactions, and start new ones.
+async fn s4_kill_every_client(
     spec: &StoreSpec,
     p: &Params,
     seed: u64,
@@ -240,24 +248,16 @@ async fn s4_sqlite_kill_all(
     run.finish().await
 }
 
-/// S9: bursts of `CLIENT KILL` (command and pub/sub connections), each much shorter than the
+/// S9: bursts of connection cuts at the server (Redis `CLIENT KILL` of command and pub/sub
+/// connections), each much shorter than the
 /// TTL: nobody may lose a permit.
 async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let run = start("s9-client-kill", spec, p, seed, p.duration + p.ttl * 2).await?;
-    let addr = run
-        .env
-        .redis
-        .as_ref()
-        .map(|s| s.port())
-        .or_else(|| url::Url::parse(&run.env.url).ok()?.port())
-        .context("redis port")?;
     while run.remaining() > p.ttl * 2 {
         sleep(p.ttl).await;
         run.fault("client-kill", FaultPhase::Start, None);
         for _ in 0..3 {
-            for kind in ["normal", "pubsub"] {
-                let _ = raw_command(addr, &["CLIENT", "KILL", "TYPE", kind]);
-            }
+            let _ = run.env.cut_clients();
             sleep(Duration::from_millis(30)).await;
         }
         run.fault("client-kill", FaultPhase::Heal, None);
@@ -275,7 +275,7 @@ async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Resu
 
 /// S10: abandoned leases come back, dead waiters leave the queue, the queue cap holds.
 async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let env = Env::new(spec, "s10-reclaim", seed, &[])?;
+    let env = harness(spec, "s10-reclaim", seed, &[]);
     let mut run = Run::new("s10-reclaim", p, seed, env, None, Duration::ZERO).await?;
     let t0 = Instant::now();
     let c = p.permits;
@@ -289,7 +289,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     // (a) Holders that never release: C `tessera-hold` processes, SIGKILLed at once.
     let mut holders = vec![];
     for _ in 0..c {
-        holders.push(crate::hold::spawn_holder(&run.env.url, "abandoned", c, p.ttl).await);
+        holders.push(crate::hold::spawn_holder(run.env.url(), "abandoned", c, p.ttl).await);
     }
     for h in &mut holders {
         h.start_kill()?;
@@ -319,10 +319,9 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     }
 
     // (b) N waiters in one process, SIGKILLed at once, leave the queue within the waiter TTL.
-    let n = if run.env.kind == "redis" {
-        p.dead_waiters_redis
-    } else {
-        p.dead_waiters_sqlite
+    let n = match run.store.backend().capabilities().waking {
+        Waking::Push => p.dead_waiters_push,
+        _ => p.dead_waiters_polling,
     };
     let waiter_ttl = Duration::from_secs(3);
     let wopts = SemaphoreOptions::default()
@@ -332,7 +331,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     let full = gate.acquire_many(c).await?;
     let mut args = run.worker_args("waiters");
     args.name = "dead-waiters".into();
-    args.store = run.env.url.clone();
+    args.store = run.env.url().to_string();
     args.ttl_ms = 30_000;
     args.waiter_ttl_ms = Some(waiter_ttl.as_millis() as u64);
     args.waiters = Some(n);
@@ -444,7 +443,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
 /// only keys Redis may evict are tessera's (which all carry a TTL). `eviction=refuse` must
 /// refuse to connect; the default (`warn`) connects, and the report shows what eviction does.
 async fn s7_eviction(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let env = Env::new(
+    let env = harness(
         spec,
         "s7-eviction",
         seed,
@@ -456,13 +455,13 @@ async fn s7_eviction(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
             "--enable-debug-command",
             "yes",
         ],
-    )?;
-    let refused = tessera::Store::connect(&format!("{}&eviction=refuse", env.url)).await;
+    );
+    let refused = tessera::Store::connect(&format!("{}&eviction=refuse", env.url())).await;
     let guard = match &refused {
         Err(e) => format!("eviction=refuse refused to connect: {e}"),
         Ok(_) => "eviction=refuse CONNECTED".to_string(),
     };
-    let server = env.redis.as_ref().context("owned redis")?;
+    let server = env.redis_server().context("owned redis")?;
     // Fill to the limit with keys that never expire.
     for i in 0..200 {
         let info = server.command(&["INFO", "memory"]);
@@ -482,7 +481,11 @@ async fn s7_eviction(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     run.start_workers()?;
     run.fault("memory-pressure", FaultPhase::Start, None);
     run.run_out().await;
-    let stats = run.env.redis.as_ref().unwrap().command(&["INFO", "stats"]);
+    let stats = run
+        .env
+        .redis_server()
+        .context("owned redis")?
+        .command(&["INFO", "stats"]);
     run.notes.push(format!(
         "without the guard (eviction=warn): Redis evicted {} keys during the run",
         info_field(&stats, "evicted_keys:").unwrap_or(0)
@@ -503,21 +506,6 @@ fn info_field(info: &str, key: &str) -> Option<u64> {
     info.lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().parse().ok())
-}
-
-/// Sends one command to a Redis on a loopback port and returns the raw reply.
-fn raw_command(port: u16, words: &[&str]) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut req = format!("*{}\r\n", words.len());
-    for w in words {
-        req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
-    }
-    s.write_all(req.as_bytes())?;
-    let mut buf = [0u8; 512];
-    let n = s.read(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// Where Debian's `faketime` package puts the library.
@@ -541,7 +529,7 @@ fn libfaketime() -> anyhow::Result<String> {
 /// logs) is left alone, as a real wall-clock step would.
 async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let lib = libfaketime()?;
-    let env = Env::new(spec, "clock-jump", seed, &[])?;
+    let env = harness(spec, "clock-jump", seed, &[]);
     let mut run = Run::new("clock-jump", p, seed, env, None, p.ttl * 5).await?;
     let offset = run.log_dir().join("faketime.rc");
     std::fs::write(&offset, "+0\n")?;
@@ -586,18 +574,17 @@ fn redis_keys(prefix: &str, name: &str) -> Vec<String> {
 /// service resumes after the clean-up. The overlap right after the clean-up is the store
 /// forgetting leases, as in `s4-restart`.
 async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let env = Env::new(spec, "garbage", seed, &[])?;
+    let env = harness(spec, "garbage", seed, &[]);
     let duration = p.ttl * 6;
     let mut run = Run::new("garbage", p, seed, env, None, duration).await?;
-    let sqlite = match run.env.kind {
-        "sqlite" => {
-            let path = run.env.url.trim_start_matches("sqlite://").to_string();
+    let sqlite = match run.env.sqlite_path() {
+        Some(path) => {
             let opts = sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&path)
+                .filename(path)
                 .busy_timeout(Duration::from_secs(10));
             Some(sqlx::SqlitePool::connect_with(opts).await?)
         }
-        _ => None,
+        None => None,
     };
     run.start_workers()?;
     for round in ["garbage-fields", "garbage-types"] {
@@ -618,8 +605,8 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                 }
             }
             None => {
-                let server = run.env.redis.as_ref().context("owned redis")?;
-                let prefix = url::Url::parse(&run.env.url)?
+                let server = run.env.redis_server().context("owned redis")?;
+                let prefix = url::Url::parse(run.env.url())?
                     .query_pairs()
                     .find(|(k, _)| k == "prefix")
                     .map(|(_, v)| v.into_owned())
@@ -661,8 +648,8 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                 }
             }
             None => {
-                let server = run.env.redis.as_ref().context("owned redis")?;
-                let prefix = url::Url::parse(&run.env.url)?
+                let server = run.env.redis_server().context("owned redis")?;
+                let prefix = url::Url::parse(run.env.url())?
                     .query_pairs()
                     .find(|(k, _)| k == "prefix")
                     .map(|(_, v)| v.into_owned())

@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::{assert_drained, opts, status, unique};
-use crate::harness::Harness;
+use crate::harness::{Harness, Need};
 
 /// `Store::close` releases every permit still held through the store (clones included),
 /// fires their `lost()` with `Closed` first, and waits for the release of a permit dropped
@@ -66,8 +66,8 @@ async fn run_exit_program(url: &str, name: &str, mode: &str) {
 /// given up, leaves nothing in the store: checked right after the process is gone, long
 /// before any TTL (60 s) could have expired.
 pub async fn nothing_is_left_behind_by_a_process_that_exits(h: &Harness) {
-    if !h.multi_process() {
-        return; // An in-process store ends with its process; nothing to look at after.
+    if h.skip_unless(Need::MultiProcess) {
+        return;
     }
     let client = h.client().await;
     for mode in ["drop", "outside", "exit", "close"] {

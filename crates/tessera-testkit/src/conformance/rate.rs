@@ -13,6 +13,7 @@ use tessera::{
 
 use super::{eventually, unique};
 use crate::harness::Harness;
+use crate::window::max_in_window;
 
 fn spec(s: &str) -> RateSpec {
     s.parse().unwrap()
@@ -43,22 +44,6 @@ async fn step(
         .rate_acquire(&Name::new(name).unwrap(), config, &req)
         .await
         .expect("rate step")
-}
-
-/// The largest cost admitted in any window `(s - L, s]` of the given admit times.
-pub fn max_in_window(admitted: &[(u64, u32)], period_us: u64) -> u64 {
-    let mut v = admitted.to_vec();
-    v.sort();
-    let (mut worst, mut lo, mut sum) = (0, 0, 0u64);
-    for hi in 0..v.len() {
-        sum += v[hi].1 as u64;
-        while v[lo].0 + period_us <= v[hi].0 {
-            sum -= v[lo].1 as u64;
-            lo += 1;
-        }
-        worst = worst.max(sum);
-    }
-    worst
 }
 
 /// N admitted at once, then limited with the exact retry time: the first admission + L + the

@@ -12,7 +12,7 @@ use tokio::time::{timeout, Instant};
 
 use super::*;
 use crate::faults::Mode;
-use crate::harness::Harness;
+use crate::harness::{Harness, Need};
 
 /// Never over-grant: 12 clients with random weights hammer a semaphore of 5, mixing waits,
 /// tries, timeouts and dropped futures; every holder checks on entry that the permits held
@@ -241,8 +241,8 @@ pub async fn abandoned_lease_comes_back_within_its_ttl(h: &Harness) {
 /// A holder process killed with SIGKILL gives its permit back within its TTL (stores shared
 /// across processes only).
 pub async fn killed_holder_process_gives_its_permit_back_within_ttl(h: &Harness) {
-    if !h.multi_process() {
-        return; // An in-process store dies with its process; nothing to test.
+    if h.skip_unless(Need::MultiProcess) {
+        return;
     }
     let name = unique("sigkill");
     let ttl = Duration::from_secs(1);

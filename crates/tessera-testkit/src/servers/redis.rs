@@ -207,6 +207,32 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers until
+    /// [`RedisServer::thaw`].
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// Closes every client connection at the server (`CLIENT KILL` of normal and pub/sub
+    /// clients); the clients must reconnect.
+    pub fn cut_clients(&self) {
+        for kind in ["normal", "pubsub"] {
+            self.command(&["CLIENT", "KILL", "TYPE", kind]);
+        }
+    }
+
     /// Kills the server now.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -335,4 +361,19 @@ fn read_reply(s: &mut TcpStream) -> String {
         out.extend_from_slice(&buf[..n]);
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends one command to a Redis on a loopback port that the caller does not own (e.g. one
+/// given by URL) and returns the raw reply.
+pub fn command_at(port: u16, words: &[&str]) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", words.len());
+    for w in words {
+        req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }

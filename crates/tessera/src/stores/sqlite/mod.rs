@@ -223,8 +223,11 @@ impl SqliteBackend {
         &self.path
     }
 
-    #[cfg(test)]
-    pub(crate) fn with_exact_heartbeats(mut self) -> Self {
+    /// Every heartbeat runs the full step, never the read-only probe, so a waiter's expiry
+    /// moves exactly as the reference model's does (for the differential test; the probe
+    /// only saves writes).
+    #[doc(hidden)]
+    pub fn with_exact_heartbeats(mut self) -> Self {
         self.exact_heartbeats = true;
         self
     }

@@ -1,15 +1,12 @@
-//! Tests of the SQLite store: a differential test against the reference model, real
-//! processes contending on one file, damaged rows, URLs and the fence high-water mark.
+//! Tests of the SQLite store: real processes contending on one file, damaged rows, URLs and
+//! the fence high-water mark. The differential test against the reference model is
+//! `tests/sqlite_store.rs` (the test kit's `differential`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
 use super::*;
 use crate::clock::ManualClock;
-use crate::stores::memory::MemoryBackend;
 
 const T0: StoreTime = StoreTime(1_800_000_000_000_000);
 
@@ -44,156 +41,6 @@ async fn sqlite_at(url: &str, clock: &Arc<ManualClock>) -> SqliteBackend {
     SqliteBackend::connect_with_clock(url, Arc::clone(clock) as Arc<dyn Clock>)
         .await
         .unwrap()
-}
-
-/// The main proof: random operations applied to the model and to SQLite on one clock give
-/// equal replies and equal snapshots after every step.
-#[tokio::test]
-async fn random_operations_match_the_reference_model() {
-    let mut seen = std::collections::BTreeMap::new();
-    for seed in 1u64..=6 {
-        differential(seed, 500, &mut seen).await;
-    }
-    // The random walk must reach every kind of answer, or it proves little.
-    for kind in [
-        "Granted",
-        "Queued",
-        "NoPermit",
-        "Waiting",
-        "Gone",
-        "Dequeued",
-        "Released",
-        "NotFound",
-        "Renewed",
-        "QueueFull",
-        "CapacityMismatch",
-        "handed off",
-    ] {
-        assert!(
-            seen.get(kind).copied().unwrap_or(0) > 0,
-            "never saw {kind}: {seen:?}"
-        );
-    }
-}
-
-async fn differential(
-    seed: u64,
-    steps: usize,
-    seen: &mut std::collections::BTreeMap<&'static str, usize>,
-) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let clock = Arc::new(ManualClock::new(T0));
-    let model = MemoryBackend::with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
-    let (_dir, url) = temp_db();
-    let sql = sqlite_at(&url, &clock).await.with_exact_heartbeats();
-    let names = [name("a"), name("b")];
-    let mut declared = [3u32, 5u32];
-    let leases: Vec<LeaseId> = (0..10).map(|_| LeaseId::random()).collect();
-    let mut was_queued: Vec<LeaseId> = Vec::new();
-
-    for i in 0..steps {
-        let n = rng.random_range(0..names.len());
-        let nm = &names[n];
-        let lease = leases[rng.random_range(0..leases.len())];
-        let op = rng.random_range(0..100);
-        let cap = if rng.random_ratio(1, 20) {
-            declared[n] % 6 + 1
-        } else {
-            declared[n]
-        };
-        let what = format!("seed {seed} step {i} op {op} on {nm} lease {lease}");
-        macro_rules! both {
-            ($b:ident => $call:expr) => {{
-                let m = {
-                    let $b = &model;
-                    format!("{:?}", $call.await)
-                };
-                let s = {
-                    let $b = &sql;
-                    format!("{:?}", $call.await)
-                };
-                assert_eq!(m, s, "{what}");
-                for kind in [
-                    "Granted",
-                    "Queued",
-                    "NoPermit",
-                    "Waiting",
-                    "Gone",
-                    "Dequeued",
-                    "Released",
-                    "NotFound",
-                    "Renewed",
-                    "QueueFull",
-                    "CapacityMismatch",
-                ] {
-                    if m.contains(kind) {
-                        *seen.entry(kind).or_default() += 1;
-                    }
-                }
-            }};
-        }
-        match op {
-            0..=29 => {
-                let weight = rng.random_range(1..=cap);
-                let wait = rng.random_bool(0.6).then(|| WaitSpec {
-                    waiter_ttl: Duration::from_millis(100 * rng.random_range(5..40)),
-                    queue_cap: rng.random_range(1..6),
-                });
-                let r = AcquireRequest {
-                    lease_id: lease,
-                    weight,
-                    ttl: Duration::from_millis(100 * rng.random_range(2..60)),
-                    holder: format!("host/{}", rng.random_range(1..5)),
-                    wait,
-                };
-                both!(b => b.acquire(nm, cap, &r));
-            }
-            30..=41 => {
-                let ttl = Duration::from_millis(100 * rng.random_range(5..40));
-                both!(b => b.heartbeat(nm, lease, ttl));
-            }
-            42..=49 => both!(b => b.cancel(nm, lease)),
-            50..=61 => both!(b => b.release(nm, lease)),
-            62..=69 => {
-                let ttl = Duration::from_millis(100 * rng.random_range(2..60));
-                both!(b => b.renew(nm, lease, ttl));
-            }
-            70..=73 => both!(b => b.revoke(nm, lease)),
-            74..=78 => {
-                let c = rng.random_range(1..=6);
-                both!(b => b.resize(nm, c));
-                declared[n] = c;
-            }
-            79..=80 => both!(b => b.delete(nm)),
-            81..=83 => both!(b => b.list()),
-            // Whole tenths of a second, so expiries often fall exactly on `now`.
-            _ => clock.advance(Duration::from_millis(100 * rng.random_range(0..15))),
-        }
-        for nm in &names {
-            let what = format!("{what}: status of {nm}");
-            let m = model.status(nm).await.unwrap();
-            let s = sql
-                .status(nm)
-                .await
-                .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-            if let Some(m) = &m {
-                if m.holders.iter().any(|l| was_queued.contains(&l.lease_id)) {
-                    *seen.entry("handed off").or_default() += 1;
-                }
-                was_queued.retain(|id| m.queue.iter().any(|w| w.lease_id == *id));
-                was_queued.extend(m.queue.iter().map(|w| w.lease_id));
-            }
-            assert_eq!(m, s, "{what}");
-            if let Some(s) = s {
-                // Seats are distinct across holders.
-                let mut seats: Vec<u32> = s.holders.iter().flat_map(|l| l.seats.clone()).collect();
-                let len = seats.len();
-                seats.sort_unstable();
-                seats.dedup();
-                assert_eq!(seats.len(), len, "{what}");
-            }
-        }
-    }
 }
 
 #[tokio::test]
