@@ -422,6 +422,27 @@ async fn a_relative_path_is_refused_with_the_absolute_url_to_write() {
     }
 }
 
+/// `sqlite://user:password@host/…` is no path to echo: the message shows neither the
+/// password nor an absolute URL built from it (a leak the `store_url` fuzz target found).
+#[tokio::test]
+async fn a_url_with_a_password_is_refused_without_echoing_it() {
+    for url in [
+        "sqlite://u:hunter2@host/t.db",
+        "sqlite://2:hunter2@",
+        "sqlite://u:hunter2@/t.db",
+        "sqlite://u:hunter2\0@h",
+    ] {
+        for err in [
+            crate::Store::connect(url).await.unwrap_err(),
+            crate::Store::connect_existing(url).await.unwrap_err(),
+        ] {
+            assert!(err.is_invalid_input(), "{url}: {err:?}");
+            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{url}: {err:?}");
+        }
+    }
+}
+
 /// Opening an existing store only: a missing file is `NoStore` and neither the file nor its
 /// folder nor the wake-up folder appears; once created, the same URL opens and shows state.
 #[tokio::test]
