@@ -107,13 +107,7 @@ pub(crate) fn check_config(
     };
     let declared = config.encode();
     if state.config == declared {
-        if state.tat.len() != config.limits().len() || state.prev_tat.len() != state.tat.len() {
-            return Err(Error::Corrupt(format!(
-                "rate limiter {name}: {} pacing values for {} limits",
-                state.tat.len(),
-                config.limits().len()
-            )));
-        }
+        check_pacing(name, &state, config)?;
         return Ok(state);
     }
     if !update {
@@ -132,6 +126,19 @@ pub(crate) fn check_config(
     Ok(state)
 }
 
+/// A stored state has one pacing value (and one to undo) per limit of its configuration;
+/// anything else was not written by this code.
+fn check_pacing(name: &Name, state: &RateState, config: &RateConfig) -> Result<()> {
+    if state.tat.len() != config.limits().len() || state.prev_tat.len() != state.tat.len() {
+        return Err(Error::Corrupt(format!(
+            "rate limiter {name}: {} pacing values for {} limits",
+            state.tat.len(),
+            config.limits().len()
+        )));
+    }
+    Ok(())
+}
+
 /// Exact mode: for each limit, the running total whose first entry binds the request, if
 /// any entry can bind (`None`: the limit does not constrain). Look each up with
 /// [`LogView::first_at_least`].
@@ -140,8 +147,10 @@ pub(crate) fn thresholds(state: &RateState, config: &RateConfig, cost: u32) -> V
         .limits()
         .iter()
         .map(|l| {
-            // P >= p - N + k, and only entries still kept (P > base) can bind.
-            let x = (state.p + cost as u64).checked_sub(l.count() as u64)?;
+            // P >= p - N + k, and only entries still kept (P > base) can bind. Saturating:
+            // a `p` read back from a store may be anything, and then no entry is found and
+            // the caller reports the state as corrupt.
+            let x = (state.p.saturating_add(cost as u64)).checked_sub(l.count() as u64)?;
             (x > state.base).then_some(x)
         })
         .collect()
@@ -319,6 +328,8 @@ pub(crate) fn status(
     log: &dyn LogView,
     now: StoreTime,
 ) -> Result<RateStatus> {
+    // Read back from a store, so checked like a state an acquire loads (check_config).
+    check_pacing(name, state, config)?;
     let found: Vec<Option<u64>> = thresholds(state, config, 1)
         .into_iter()
         .map(|x| x.and_then(|x| log.first_at_least(x)))
@@ -372,4 +383,51 @@ pub(crate) fn status(
         next_free: StoreTime(next_free),
         now,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::RateSpec;
+
+    fn state(config: &RateConfig) -> RateState {
+        RateState::new(config)
+    }
+
+    /// A state read back from a store is arbitrary: a running total at `u64::MAX` (found by
+    /// the `redis_replies` fuzz target) is corrupt data, not an overflow panic.
+    #[test]
+    fn a_running_total_at_the_maximum_is_corrupt_not_a_panic() {
+        let name = Name::new("n").unwrap();
+        let config =
+            RateConfig::new(&[RateSpec::per_second(31).unwrap()], RateMode::Exact).unwrap();
+        let mut s = state(&config);
+        s.p = u64::MAX;
+        let err = status(&name, &s, &config, &VecLog::default(), StoreTime(5)).unwrap_err();
+        assert!(err.is_corrupt(), "{err:?}");
+    }
+
+    /// A smooth limiter's status with fewer pacing values than limits (found by the
+    /// `redis_replies` fuzz target; the SQLite store reads the same columns) is corrupt data,
+    /// not an index panic.
+    #[test]
+    fn missing_pacing_values_are_corrupt_not_a_panic() {
+        let name = Name::new("n").unwrap();
+        let config = RateConfig::new(
+            &[RateSpec::per_second(5).unwrap()],
+            RateMode::Smooth { burst: 1 },
+        )
+        .unwrap();
+        for (tat, prev_tat) in [
+            (vec![], vec![]),
+            (vec![1], vec![]),
+            (vec![1, 2], vec![1, 2]),
+        ] {
+            let mut s = state(&config);
+            s.tat = tat;
+            s.prev_tat = prev_tat;
+            let err = status(&name, &s, &config, &VecLog::default(), StoreTime(5)).unwrap_err();
+            assert!(err.is_corrupt(), "{err:?}");
+        }
+    }
 }
