@@ -62,6 +62,9 @@
 mod cleanup;
 mod clock;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod keeper;
 mod lock;
 mod model;

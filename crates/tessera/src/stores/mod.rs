@@ -149,16 +149,9 @@ fn expected(has_feature: &dyn Fn(&str) -> bool) -> String {
     }
 }
 
-/// Opens the store named by `url`. A malformed URL, an unknown scheme or one whose store is
-/// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
-/// matters to stores that create something on connect (SQLite's file).
-#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
-// A build without any store feature has only the `unreachable!` arm below.
-#[cfg_attr(
-    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
-    allow(unreachable_code)
-)]
-pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
+/// The scheme of `url`, if this build has its store; otherwise
+/// [`InvalidInput::StoreUrl`]. Pure: the first check [`open`] makes.
+pub(crate) fn scheme_of(url: &str) -> Result<&str> {
     let bad = |reason: String| {
         Error::from(InvalidInput::StoreUrl {
             url: redact_url(url),
@@ -171,6 +164,20 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
     if let Some(reason) = scheme_problem(scheme, &compiled_in) {
         return Err(bad(reason));
     }
+    Ok(scheme)
+}
+
+/// Opens the store named by `url`. A malformed URL, an unknown scheme or one whose store is
+/// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
+/// matters to stores that create something on connect (SQLite's file).
+#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
+// A build without any store feature has only the `unreachable!` arm below.
+#[cfg_attr(
+    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
+    allow(unreachable_code)
+)]
+pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
+    let scheme = scheme_of(url)?;
     let backend: Arc<dyn Backend> = match scheme {
         #[cfg(feature = "memory")]
         "memory" => Arc::new(memory::MemoryBackend::connect(url)?),

@@ -35,21 +35,27 @@ pub struct MemoryBackend {
     clock: Arc<dyn Clock>,
 }
 
+/// The instance name of a `memory://[NAME]` URL (empty: the process-wide instance).
+pub(crate) fn parse_url(url: &str) -> Result<&str> {
+    let rest = url
+        .strip_prefix("memory://")
+        .ok_or_else(|| InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason: "expected memory://[NAME]".into(),
+        })?;
+    if !rest.is_empty() {
+        Name::new(rest).map_err(|_| InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason: "the instance name after memory:// must be a valid name".into(),
+        })?;
+    }
+    Ok(rest)
+}
+
 impl MemoryBackend {
     /// Connects to the instance named by a `memory://[NAME]` URL.
     pub fn connect(url: &str) -> Result<Self> {
-        let rest = url
-            .strip_prefix("memory://")
-            .ok_or_else(|| InvalidInput::StoreUrl {
-                url: redact_url(url),
-                reason: "expected memory://[NAME]".into(),
-            })?;
-        if !rest.is_empty() {
-            Name::new(rest).map_err(|_| InvalidInput::StoreUrl {
-                url: redact_url(url),
-                reason: "the instance name after memory:// must be a valid name".into(),
-            })?;
-        }
+        let rest = parse_url(url)?;
         let model = Arc::clone(
             INSTANCES
                 .lock()

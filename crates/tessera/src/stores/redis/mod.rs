@@ -80,10 +80,10 @@
 mod call;
 mod error;
 mod eviction;
-mod ops;
-mod rate;
+pub(crate) mod ops;
+pub(crate) mod rate;
 mod subscriber;
-mod url;
+pub(crate) mod url;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -106,7 +106,7 @@ use error::store_error;
 use eviction::check_eviction;
 use ops::{micros, Op};
 use subscriber::subscribe_loop;
-use url::parse_url;
+use url::{parse_url, Config};
 #[cfg(doc)]
 use {call::epoch_ms, ops::Library};
 
@@ -152,26 +152,34 @@ impl Drop for RedisBackend {
     }
 }
 
+/// Everything [`RedisBackend::connect`] reads from the URL before it connects: the parsed
+/// URL, the password (to keep out of messages) and the redis-rs client, which parses the URL
+/// again and opens nothing yet.
+pub(crate) fn open_client(raw: &str) -> Result<(Config, Option<String>, redis::Client)> {
+    let config = parse_url(raw)?;
+    let secret = ::url::Url::parse(raw)
+        .ok()
+        .and_then(|u| u.password().map(str::to_string));
+    let client = redis::Client::open(config.server_url.as_str()).map_err(|e| {
+        Error::from(InvalidInput::StoreUrl {
+            url: config.redacted.clone(),
+            reason: store_error(e, secret.as_deref()).to_string(),
+        })
+    })?;
+    Ok((config, secret, client))
+}
+
 impl RedisBackend {
     /// Connects to a `redis://` or `rediss://` URL (see the module docs): parses it, opens
     /// the command connection, checks the eviction policy and starts the wake-up subscriber.
     pub async fn connect(raw: &str) -> Result<Self> {
-        let config = parse_url(raw)?;
-        let secret = ::url::Url::parse(raw)
-            .ok()
-            .and_then(|u| u.password().map(str::to_string));
+        let (config, secret, client) = open_client(raw)?;
         let err = |e: RedisError| store_error(e, secret.as_deref());
         if config.tls {
             // redis-rs builds its rustls config with the process-wide provider; install ring
             // unless the application already chose one.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(config.server_url.as_str()).map_err(|e| {
-            Error::from(InvalidInput::StoreUrl {
-                url: config.redacted.clone(),
-                reason: store_error(e, secret.as_deref()).to_string(),
-            })
-        })?;
         // One plain connection first: a wrong password or an unreachable server fails here at
         // once, where the connection manager would retry with backoff for seconds.
         let probe_config = redis::AsyncConnectionConfig::new()

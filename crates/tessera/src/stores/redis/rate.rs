@@ -62,6 +62,88 @@ fn limits_arg(config: &RateConfig) -> String {
         .join(",")
 }
 
+/// The reply of `rate_acquire.lua`: `{admitted, at, now, reservation}`, `{limited,
+/// retry_at, now}` or `{mismatch, stored config}`; anything else is [`Error::Corrupt`].
+pub(crate) fn parse_acquire(v: Value, name: &Name, config: &RateConfig) -> Result<RateReply> {
+    let shown = v.clone();
+    let f = items(v, "rate acquire")?;
+    let tag = f.first().map(|t| text(t, "rate acquire tag")).transpose()?;
+    let at = |i: usize| -> Result<u64> {
+        int(
+            f.get(i).ok_or_else(|| corrupt("rate acquire", &shown))?,
+            "rate acquire",
+        )
+    };
+    match tag.as_deref() {
+        Some("admitted") => Ok(RateReply::Admitted {
+            at: StoreTime(at(1)?),
+            now: StoreTime(at(2)?),
+            reservation: at(3)?,
+        }),
+        Some("limited") => Ok(RateReply::Limited {
+            retry_at: StoreTime(at(1)?),
+            now: StoreTime(at(2)?),
+        }),
+        Some("mismatch") => Err(Error::RateMismatch {
+            name: name.to_string(),
+            stored: text(
+                f.get(1).ok_or_else(|| corrupt("rate acquire", &shown))?,
+                "cfg",
+            )?,
+            declared: config.encode(),
+        }),
+        _ => Err(corrupt("rate acquire", &shown)),
+    }
+}
+
+/// The reply of `rate_status.lua`: `{none}`, or `{state, now, config, seq, tail, last,
+/// prev_last, p, base, tat, prev_tat, log}`, turned into a snapshot by the shared engine;
+/// anything else (an unreadable config, log or counter) is [`Error::Corrupt`].
+pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> {
+    let shown = v.clone();
+    let f = items(v, "rate status")?;
+    match f
+        .first()
+        .map(|t| text(t, "rate status tag"))
+        .transpose()?
+        .as_deref()
+    {
+        Some("none") => return Ok(None),
+        Some("state") if f.len() == 12 => {}
+        _ => return Err(corrupt("rate status", &shown)),
+    }
+    let n = |i: usize| int(&f[i], "rate status");
+    let state = RateState {
+        config: text(&f[2], "rate status")?,
+        seq: n(3)?,
+        tail: n(4)?,
+        last: n(5)?,
+        prev_last: n(6)?,
+        p: n(7)?,
+        base: n(8)?,
+        tat: nums(&text(&f[9], "tat")?, "tat")?,
+        prev_tat: nums(&text(&f[10], "prev_tat")?, "prev_tat")?,
+    };
+    let now = StoreTime(n(1)?);
+    let config = RateConfig::decode(&state.config).ok_or_else(|| {
+        Error::Corrupt(format!(
+            "rate limiter {name}: unreadable limits {:?}",
+            state.config
+        ))
+    })?;
+    let mut log = VecLog::default();
+    for e in items(f[11].clone(), "rate log")? {
+        let e = text(&e, "rate log entry")?;
+        let parsed = e
+            .split_once(':')
+            .and_then(|(t, p)| Some((t.parse().ok()?, p.parse().ok()?)));
+        log.0.push_back(
+            parsed.ok_or_else(|| Error::Corrupt(format!("rate log entry {e:?} of {name}")))?,
+        );
+    }
+    engine::status(name, &state, &config, &log, now).map(Some)
+}
+
 impl RedisBackend {
     async fn run_rate(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -99,35 +181,7 @@ impl RateBackend for RedisBackend {
                 ],
             )
             .await?;
-        let shown = v.clone();
-        let f = items(v, "rate acquire")?;
-        let tag = f.first().map(|t| text(t, "rate acquire tag")).transpose()?;
-        let at = |i: usize| -> Result<u64> {
-            int(
-                f.get(i).ok_or_else(|| corrupt("rate acquire", &shown))?,
-                "rate acquire",
-            )
-        };
-        match tag.as_deref() {
-            Some("admitted") => Ok(RateReply::Admitted {
-                at: StoreTime(at(1)?),
-                now: StoreTime(at(2)?),
-                reservation: at(3)?,
-            }),
-            Some("limited") => Ok(RateReply::Limited {
-                retry_at: StoreTime(at(1)?),
-                now: StoreTime(at(2)?),
-            }),
-            Some("mismatch") => Err(Error::RateMismatch {
-                name: name.to_string(),
-                stored: text(
-                    f.get(1).ok_or_else(|| corrupt("rate acquire", &shown))?,
-                    "cfg",
-                )?,
-                declared: config.encode(),
-            }),
-            _ => Err(corrupt("rate acquire", &shown)),
-        }
+        parse_acquire(v, name, config)
     }
 
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
@@ -143,48 +197,7 @@ impl RateBackend for RedisBackend {
 
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         let v = self.run_rate(Op::RateStatus, name, &[]).await?;
-        let shown = v.clone();
-        let f = items(v, "rate status")?;
-        match f
-            .first()
-            .map(|t| text(t, "rate status tag"))
-            .transpose()?
-            .as_deref()
-        {
-            Some("none") => return Ok(None),
-            Some("state") if f.len() == 12 => {}
-            _ => return Err(corrupt("rate status", &shown)),
-        }
-        let n = |i: usize| int(&f[i], "rate status");
-        let state = RateState {
-            config: text(&f[2], "rate status")?,
-            seq: n(3)?,
-            tail: n(4)?,
-            last: n(5)?,
-            prev_last: n(6)?,
-            p: n(7)?,
-            base: n(8)?,
-            tat: nums(&text(&f[9], "tat")?, "tat")?,
-            prev_tat: nums(&text(&f[10], "prev_tat")?, "prev_tat")?,
-        };
-        let now = StoreTime(n(1)?);
-        let config = RateConfig::decode(&state.config).ok_or_else(|| {
-            Error::Corrupt(format!(
-                "rate limiter {name}: unreadable limits {:?}",
-                state.config
-            ))
-        })?;
-        let mut log = VecLog::default();
-        for e in items(f[11].clone(), "rate log")? {
-            let e = text(&e, "rate log entry")?;
-            let parsed = e
-                .split_once(':')
-                .and_then(|(t, p)| Some((t.parse().ok()?, p.parse().ok()?)));
-            log.0.push_back(
-                parsed.ok_or_else(|| Error::Corrupt(format!("rate log entry {e:?} of {name}")))?,
-            );
-        }
-        engine::status(name, &state, &config, &log, now).map(Some)
+        parse_status(v, name)
     }
 
     async fn rate_delete(&self, name: &Name) -> Result<bool> {

@@ -10,20 +10,20 @@ pub const MAX_PREFIX_LEN: usize = 64;
 
 /// What to do when the server may evict tessera's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum EvictionPolicy {
+pub(crate) enum EvictionPolicy {
     Warn,
     Refuse,
 }
 
 /// A parsed `redis://` or `rediss://` URL.
-pub(super) struct Config {
+pub(crate) struct Config {
     /// The URL handed to redis-rs (tessera's options removed).
-    pub(super) server_url: String,
+    pub(crate) server_url: String,
     /// The URL for messages, password replaced.
-    pub(super) redacted: String,
-    pub(super) prefix: String,
-    pub(super) eviction: EvictionPolicy,
-    pub(super) tls: bool,
+    pub(crate) redacted: String,
+    pub(crate) prefix: String,
+    pub(crate) eviction: EvictionPolicy,
+    pub(crate) tls: bool,
 }
 
 pub(super) fn parse_url(raw: &str) -> Result<Config> {

@@ -80,7 +80,7 @@ macro_rules! step {
 
 mod notify;
 pub(crate) mod ops;
-mod rate;
+pub(crate) mod rate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@ use sqlx::Row;
 use super::map_err;
 use crate::error::{Error, Result};
 use crate::model::StoreTime;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
 use crate::stores::sql::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,

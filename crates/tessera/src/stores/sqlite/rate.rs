@@ -60,7 +60,7 @@ fn encode_tat(tat: &[u64]) -> String {
     tat.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
-fn decode_tat(s: &str) -> Result<Vec<u64>> {
+pub(crate) fn decode_tat(s: &str) -> Result<Vec<u64>> {
     if s.is_empty() {
         return Ok(Vec::new());
     }

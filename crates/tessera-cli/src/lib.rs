@@ -1,0 +1,374 @@
+//! `tessera`: run commands under distributed semaphores and rate limits, and inspect or
+//! administer them. The binary (`main.rs`) only calls [`main`]; being a library lets the fuzz
+//! target in `fuzz/` parse command lines with the very definition the binary uses
+//! (`try_parse_from`, hidden). Nothing here is a stable API.
+//!
+//! One file per concern: `run.rs` (hold permits while a command runs), `status.rs`,
+//! `admin.rs` (revoke, resize, delete), `store_url.rs` (which store), `signals.rs` (catching
+//! signals with their sender), `exit.rs` (the documented exit codes).
+
+mod admin;
+mod bench;
+mod exit;
+mod run;
+mod signals;
+mod status;
+mod store_url;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const ROOT_HELP: &str = "\
+Examples:
+  # at most 2 nightly exports at once, across every process using the store
+  tessera run --name exports --permits 2 --ttl 30s -- ./export.sh --full
+  # at most 50 calls per second and 1,000 per minute, across every process
+  tessera run --name sms-api --rate 50/s --rate 1000/min -- ./send-one.sh
+  tessera status exports
+  tessera --store redis://127.0.0.1:6379 status --json
+
+Stores: --store URL, else TESSERA_STORE, else the embedded SQLite store at
+$XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
+  sqlite:///absolute/path.db   processes on one host; the path must be absolute
+  redis://[user[:password]@]host[:port][/db], rediss://... (TLS)
+                               processes on many hosts
+  memory://                    this process only (for trying things out)
+Redis Sentinel and Cluster, PostgreSQL, MySQL and etcd are planned, not available yet.
+run and bench create a missing SQLite store; status, revoke, resize and delete never do.
+Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
+
+";
+
+/// Distributed semaphores, locks and rate limits: run commands while holding permits, or
+/// within rate limits, shared by every process on the same store, and inspect or administer
+/// them.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
+struct Cli {
+    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://... or memory://
+    /// (see tessera --help; passwords are never printed)
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    store: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command while holding permits of a semaphore, or within rate limits, or both
+    #[command(after_help = format!("{RUN_HELP}{}", exit::HELP_TABLE))]
+    Run(RunCmd),
+    /// Show a semaphore's holders and queue and a rate limiter's usage, or a line for each
+    #[command(after_help = STATUS_HELP)]
+    Status(StatusCmd),
+    /// Revoke a holder's lease (admin); the holder is told it lost its permit
+    #[command(after_help = REVOKE_HELP)]
+    Revoke {
+        /// Semaphore name
+        name: String,
+        /// Lease id, as shown by `tessera status NAME`
+        lease_id: String,
+    },
+    /// Change a semaphore's capacity (admin); shrinking never revokes
+    #[command(after_help = RESIZE_HELP)]
+    Resize {
+        /// Semaphore name
+        name: String,
+        /// New capacity
+        capacity: u32,
+    },
+    /// Delete a semaphore with its holders and waiters (admin)
+    #[command(after_help = DELETE_HELP)]
+    Delete {
+        /// Semaphore name
+        name: String,
+    },
+    /// Measure the store: W1 (1 client), W2 (8 clients on a lock), W3 (32 clients, capacity 4)
+    #[command(after_help = BENCH_HELP)]
+    Bench(bench::BenchArgs),
+}
+
+const BENCH_HELP: &str = "\
+Examples:
+  tessera --store redis://127.0.0.1:6379 bench                 # W1, W2 and W3, a table
+  tessera --store redis://127.0.0.1:6379 bench --workload w2 --json
+  tessera bench --workload w3 --ops 5000                       # the embedded SQLite store
+
+Every client has its own connection; a progress bar shows on a terminal. Measured: ops/s,
+acquire latency p50/p99/max, hand-offs/s, grants per client, over-grants seen by an
+independent counter, the store's CPU per grant (Redis) and one client's bare round trips
+per second. Run it on a store no one else uses: it creates and deletes semaphores named
+tessera-bench-*.
+Exit codes: 0 clean; 1 an over-grant was seen; 2 errors or --duration reached; 64 bad input.";
+
+const RUN_HELP: &str = "\
+Examples:
+  # at most 2 exports at once; give up after 10 s of waiting (exit 75)
+  tessera run --name exports --permits 2 --wait 10s -- ./export.sh --full
+  # a GPU pool of 8 seats; this job takes 2 and learns which ones
+  tessera run --name gpus --permits 8 --weight 2 -- sh -c 'echo \"GPUs $TESSERA_SEATS\"; ./train'
+  # at most 50 calls per second and 1,000 per minute across every host
+  tessera run --name sms-api --rate 50/s --rate 1000/min -- ./send-one.sh
+  # one of 4 slots, then a turn within 10 calls per second; --wait bounds both waits
+  tessera run --name sms-api --permits 4 --rate 10/s --wait 30s -- ./send-batch.sh
+
+The command gets TESSERA_LEASE_ID, TESSERA_FENCE (pass it to the protected resource),
+TESSERA_SEATS (comma-separated seat numbers) and TESSERA_NAME. SIGINT, SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 sent to tessera are forwarded to the command (a terminal's
+Ctrl-C already reaches it and is not sent twice). If the permit is lost, the command gets
+SIGTERM at once and SIGKILL just before the lease could expire, and tessera exits 74.
+The permit is released when the command exits. With --rate, tessera reserves the earliest
+time every limit allows (in arrival order, no polling) and starts the command then; if that
+time is beyond --wait, nothing is charged and tessera exits 75.
+
+";
+
+const STATUS_HELP: &str = "\
+Examples:
+  tessera status                 # one line per semaphore and per rate limiter
+  tessera status exports         # capacity, holders (lease, seats, fence, ...) and queue,
+                                 # and the usage of the rate limiter named exports, if any
+  tessera status exports --json  # the same as JSON
+  tessera status exports --watch 500ms
+
+status never creates a store: a SQLite file that does not exist yet shows as nothing yet.
+With --watch the screen is redrawn on a terminal; into a pipe or file, each refresh is
+printed after the previous one (with --json, one document per line).
+Exit codes: 0 shown (the list form also when the store is empty or does not exist yet:
+--json prints []); 1 nothing for NAME, or no store yet (--json prints null); 64 invalid
+value (name, store URL, --watch interval); 69 store fault.";
+
+const REVOKE_HELP: &str = "\
+Example:
+  tessera revoke exports 5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7
+
+Exit codes: 0 revoked; 1 that lease does not hold NAME, or no store yet; 64 invalid value;
+69 store fault.";
+
+const RESIZE_HELP: &str = "\
+Example:
+  tessera resize exports 4
+
+Clients that declared the old capacity get a capacity-mismatch error (exit 64) from then on.
+Exit codes: 0 resized; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
+fault.";
+
+const DELETE_HELP: &str = "\
+Example:
+  tessera delete exports
+
+Exit codes: 0 deleted; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
+fault.";
+
+#[derive(Debug, Args)]
+struct RunCmd {
+    /// Name of the semaphore and of the --rate limiter (A-Z a-z 0-9 . _ - : / @, starting
+    /// with a letter or digit)
+    #[arg(long)]
+    name: String,
+    /// Capacity of the semaphore: how many permits exist in all (optional with --rate)
+    #[arg(long, value_name = "C", required_unless_present = "rate")]
+    permits: Option<u32>,
+    /// Permits this command takes, as one lease (1..=C)
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    weight: u32,
+    /// Lease TTL: how long the permit outlives tessera if it is killed (100ms..24h)
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Give up (exit 75) if the permit (and the turn within --rate) does not come within
+    /// this time; default: wait as long as it takes. 0s: only if free now
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    /// Holder label shown by `tessera status` (default: hostname/pid)
+    #[arg(long, value_name = "LABEL")]
+    holder: Option<String>,
+    /// A rate limit N/PERIOD on NAME (e.g. 50/s, 1000/min, 20000/h); repeat for several,
+    /// all charged at once. With --permits, the permit is taken first, then the rate
+    #[arg(long, value_name = "N/PERIOD")]
+    rate: Vec<tessera::RateSpec>,
+    /// Cost charged to every --rate limit (1..=the smallest N)
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "rate")]
+    cost: u32,
+    /// Replace the limits stored under NAME if they differ from --rate (otherwise a
+    /// mismatch is refused with exit 64)
+    #[arg(long, requires = "rate")]
+    update_rates: bool,
+    /// Margin between a --rate turn's admission and the command's start (0..1s, at most the
+    /// shortest PERIOD; default 20ms). The limits are enforced on windows of PERIOD + margin,
+    /// so commands started within the margin of their admission never exceed N per PERIOD;
+    /// it costs margin/(PERIOD + margin) of the throughput. Stored with the limits: every
+    /// client of NAME must declare the same (or use --update-rates)
+    #[arg(long, value_name = "DURATION", requires = "rate", value_parser = humantime::parse_duration)]
+    rate_margin: Option<Duration>,
+    /// The command and its arguments; put them after -- if the command starts with -
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct StatusCmd {
+    /// Semaphore or rate limiter name; without it, one line per semaphore and per limiter
+    name: Option<String>,
+    /// Print JSON: one object for NAME, an array otherwise (one document per refresh with
+    /// --watch)
+    #[arg(long)]
+    json: bool,
+    /// Refresh every INTERVAL (default 1s) until Ctrl-C
+    #[arg(
+        long,
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        default_missing_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    watch: Option<Duration>,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    // The library logs a lost lease at `warn`; `run` reports it itself in one line.
+    let filter = EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("warn,tessera::permit=error"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
+async fn dispatch(cli: Cli) -> exit::Outcome {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Run(r) => {
+            let args = run::RunArgs {
+                name: r.name,
+                permits: r.permits,
+                weight: r.weight,
+                ttl: r.ttl,
+                wait: r.wait,
+                holder: r.holder,
+                rates: r.rate,
+                cost: r.cost,
+                update_rates: r.update_rates,
+                rate_margin: r.rate_margin,
+                command: r.command,
+            };
+            run::run(store, args).await
+        }
+        Command::Status(s) => {
+            let args = status::StatusArgs {
+                name: s.name,
+                json: s.json,
+                watch: s.watch,
+            };
+            status::status(store, args).await
+        }
+        Command::Revoke { name, lease_id } => admin::revoke(store, &name, &lease_id).await,
+        Command::Resize { name, capacity } => admin::resize(store, &name, capacity).await,
+        Command::Delete { name } => admin::delete(store, &name).await,
+        Command::Bench(args) => {
+            let url = match store {
+                Some(u) => u.to_string(),
+                None => format!("sqlite://{}", store_url::default_db_path()?.display()),
+            };
+            match bench::run(&url, &args).await {
+                Ok(code) => Ok(code as u8),
+                Err(e) => Err(exit::Failure::new(
+                    exit::UNAVAILABLE,
+                    exit::one_line(&format!("{e:#}")),
+                )),
+            }
+        }
+    }
+}
+
+/// Parses the command line. Help and version go to stdout (exit 0). Every failure is one line
+/// on stderr: an invalid value, unparseable or out of range (`--ttl soon`, `--permits abc`,
+/// `--rate 2/x`), exits 64 like the values checked later (`--ttl 30d`); any other usage
+/// error (unknown flag or command, missing argument) exits 2.
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            // The first paragraph is the error itself; usage and tips follow.
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            let first = first.strip_prefix("error: ").unwrap_or(&first);
+            eprintln!("tessera: {first} (see --help)");
+            let code = match e.kind() {
+                ErrorKind::InvalidValue | ErrorKind::ValueValidation | ErrorKind::InvalidUtf8 => {
+                    exit::USAGE
+                }
+                _ => exit::PARSE_ERROR,
+            };
+            Err(ExitCode::from(code))
+        }
+    }
+}
+
+/// Parses `argv` (the program name first) as the binary does, and runs nothing: for the
+/// `cli_args` fuzz target.
+#[doc(hidden)]
+pub fn try_parse_from<I, T>(argv: I) -> Result<(), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    Cli::try_parse_from(argv).map(drop)
+}
+
+/// The `tessera` command: parses the command line, runs the command, returns its exit code.
+pub fn main() -> ExitCode {
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    init_logging();
+    // Current-thread: `run` spawns its command from the main thread, which PR_SET_PDEATHSIG
+    // relies on (see run.rs). `bench --threads N` picks its own.
+    let mut builder = match &cli.command {
+        Command::Bench(b) if b.threads > 0 => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(b.threads);
+            builder
+        }
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tessera: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::OS_ERROR);
+        }
+    };
+    let outcome = runtime.block_on(dispatch(cli));
+    runtime.shutdown_background();
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("tessera: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}
