@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tessera::{RateConfig, RateMode, RateSpec};
+use tessera::backend::RateConfig;
+use tessera::{RateMode, RateSpec};
 
 #[derive(Arbitrary, Debug)]
 enum Input {

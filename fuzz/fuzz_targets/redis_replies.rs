@@ -13,7 +13,8 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tessera::fuzzing::{redis_replies as parse, RedisValue as Value};
-use tessera::{AcquireRequest, Error, LeaseId, Name, RateConfig, RateMode, RateSpec, WaitSpec};
+use tessera::backend::{AcquireRequest, Name, RateConfig, WaitSpec};
+use tessera::{Error, LeaseId, RateMode, RateSpec};
 
 /// A reply, shaped so the fuzzer reaches past the tag often.
 #[derive(Arbitrary, Debug)]

@@ -13,7 +13,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tessera::fuzzing::sqlite_rows as rows;
-use tessera::{LeaseId, RateConfig};
+use tessera::backend::RateConfig;
+use tessera::LeaseId;
 
 #[derive(Arbitrary, Debug)]
 enum Input {

@@ -1,6 +1,6 @@
 //! Store URLs: everything `Store::connect` and `Store::connect_existing` parse before they
 //! touch the network or the disk (`tessera::fuzzing::store_url`: the scheme check, then the
-//! memory, SQLite or Redis parser and redis-rs's), and `tessera::error::redact_url`.
+//! memory, SQLite or Redis parser and redis-rs's), and `tessera::backend::redact_url`.
 //!
 //! Properties, beyond "no panic":
 //! - parsing is deterministic (same result, same messages, twice);
@@ -14,7 +14,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tessera::error::redact_url;
+use tessera::backend::redact_url;
 use tessera::fuzzing::{store_url, StoreUrl};
 
 #[derive(Arbitrary, Debug)]
