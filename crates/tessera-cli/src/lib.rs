@@ -87,10 +87,11 @@ enum Command {
         /// New capacity
         capacity: u32,
     },
-    /// Delete a semaphore with its holders and waiters (admin)
+    /// Delete a semaphore (holders and waiters) and a rate limiter (history and
+    /// reservations) under NAME (admin)
     #[command(after_help = DELETE_HELP)]
     Delete {
-        /// Semaphore name
+        /// Semaphore or rate limiter name
         name: String,
     },
     /// Measure the store: W1 (1 client), W2 (8 clients on a lock), W3 (32 clients, capacity 4)
@@ -167,8 +168,10 @@ const DELETE_HELP: &str = "\
 Example:
   tessera delete exports
 
-Exit codes: 0 deleted; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
-fault.";
+Deleting a rate limiter resets it: its history and reservations are gone, and a full limit
+admits again at once. Holders of the semaphore are told they lost their permits.
+Exit codes: 0 deleted (the line says what: the semaphore, the rate limiter or both); 1 neither
+exists under NAME, or no store yet; 64 invalid value; 69 store fault.";
 
 #[derive(Debug, Args)]
 struct RunCmd {
