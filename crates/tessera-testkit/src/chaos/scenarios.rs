@@ -523,10 +523,12 @@ fn libfaketime() -> anyhow::Result<String> {
     anyhow::bail!("libfaketime is not installed: install it with `apt-get install -y faketime`")
 }
 
-/// A clock jump on the store: SQLite's store time is the host's wall clock, read by every
-/// client process. Every worker runs under libfaketime reading one offset file; the runner
-/// steps it 30 s forward, then back. `CLOCK_MONOTONIC` (leases' certain validity, the grant
-/// logs) is left alone, as a real wall-clock step would.
+/// A wall-clock jump on the store's host: every worker runs under libfaketime reading one
+/// offset file; the runner steps it 30 s forward, then back. With
+/// `FAKETIME_DONT_FAKE_MONOTONIC=1` libfaketime leaves `CLOCK_MONOTONIC` (leases' certain
+/// validity, the grant logs) and `CLOCK_BOOTTIME` (the SQLite store's clock) alone, as a real
+/// wall-clock step would; only the wall clock jumps (the fences' floor, the wall times in
+/// replies). No over-grant is expected: any is a violation.
 async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let lib = libfaketime()?;
     let env = harness(spec, "clock-jump", seed, &[]);

@@ -27,6 +27,10 @@ pub(crate) struct Loaded {
     /// The store's time, read once the lock is held (SQLite: the host's clock read after
     /// `BEGIN IMMEDIATE`; PostgreSQL: `clock_timestamp()`; MySQL: `UTC_TIMESTAMP(6)`).
     pub now: StoreTime,
+    /// The wall clock (µs since the Unix epoch) read with `now`: only the fences' floor. The
+    /// same as `now` where the store's time is wall time (PostgreSQL, MySQL); SQLite keeps
+    /// leases on the boot clock and reads the wall clock beside it.
+    pub wall: StoreTime,
     /// The store-wide fence high-water mark (`tessera_meta.fence_hwm`).
     pub hwm: i64,
     /// The semaphore's row, `None` if it has none.

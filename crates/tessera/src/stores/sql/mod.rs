@@ -38,7 +38,7 @@
 //!   free-seats table holds the returned seats below it, and a lease takes the lowest free
 //!   seats below the capacity; seats right below `seat_high` lower it instead of being
 //!   stored. A holder's seats are stored as ascending ranges (`"0-3,7"`, [`encode_seats`]).
-//! - **Fences** are `max(last_fence + 1, now in µs, hwm + 1)`: strictly increasing per
+//! - **Fences** are `max(last_fence + 1, wall clock in µs, hwm + 1)`: strictly increasing per
 //!   semaphore, above every fence the store ever issued (the high-water mark outlives
 //!   deleted semaphores) and above the time floor (a store that lost its state).
 //! - **Nothing read is trusted.** Every value read back is checked here; a wrong range or

@@ -58,6 +58,8 @@ impl Sem {
 struct Step<'r, R: SemRows> {
     rows: &'r mut R,
     now: StoreTime,
+    /// The wall clock beside `now`: the fences' floor only, never an expiry.
+    wall: StoreTime,
     sem: Sem,
     /// The row as loaded (`None`: not in the store yet), to skip writing an unchanged row.
     loaded: Option<Sem>,
@@ -77,6 +79,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         let mut step = Step {
             rows,
             now: found.now,
+            wall: found.wall,
             sem: Sem {
                 capacity: 0,
                 used: 0,
@@ -203,7 +206,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             .sem
             .last_fence
             .saturating_add(1)
-            .max(self.now.0)
+            .max(self.wall.0)
             .max(self.hwm.saturating_add(1));
         self.sem.last_fence = fence;
         self.hwm = fence;

@@ -34,8 +34,23 @@
 //!   time floor (`fence >= now in µs`).
 //! - **Busy timeout** 10 s: how long a transaction waits for another process's write lock
 //!   before failing with [`StoreErrorKind::Busy`].
-//! - **Clock**: the host's clock ([`SystemClock`]), or an injected [`Clock`] for tests. All
-//!   processes on the host share it, so it is the store's clock.
+//! - **Clock**: the host's boot clock ([`BootClock`], `CLOCK_BOOTTIME` in µs), or an injected
+//!   [`Clock`] for tests. All processes on the host share it, so it is the store's clock, and
+//!   it never jumps with the wall clock (NTP steps, `date -s`, a restored snapshot), so a
+//!   wall-clock jump can neither expire a held lease early nor keep a dead one: every expiry,
+//!   heartbeat and rate window is on it. The wall clock is read beside it for two things
+//!   only: the fences' floor (`fence >= wall µs`, so fences never repeat even across
+//!   reboots), and what leaves the store: every [`StoreTime`] in a reply (grants, renewals,
+//!   `status`, rate admissions) is converted to wall time at the moment of the reply
+//!   (`t + (wall now - boot now)`), so users see wall time as before. The offset is measured
+//!   at every reply but kept while it moves by less than 10 ms (the two clocks run at one
+//!   rate; only a wall-clock step moves it), so differences of converted times are exact,
+//!   within one reply and between replies.
+//! - **Boot identity**: the file's `tessera_meta` holds the boot id
+//!   (`/proc/sys/kernel/random/boot_id`) its boot-clock times belong to. The first connect of
+//!   a new boot (or to a file written before the boot clock) drops every holder, waiter and
+//!   rate-limiter state — no process of an older boot can still hold anything — and keeps
+//!   the fence high-water mark, with a warning in the log.
 //! - **Waking**: a grant made in this process wakes the waiting task at once through
 //!   [`crate::wake::notify`]; waiters in other processes get a datagram on their Unix socket
 //!   in `<file>.wake/` (see `notify.rs`). Their poll stays as the safety net (see
@@ -51,7 +66,8 @@
 macro_rules! step {
     ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
         step!($self, |conn, now| async {
-            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now);
+            let wall = $self.wall.as_ref().map_or(now, |w| w.now());
+            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now).wall(wall);
             $op.await
         })
     };
@@ -93,7 +109,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection, Row};
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{boot_id, BootClock, Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities, Waking};
@@ -107,6 +123,9 @@ const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
 const RATE_SCHEMA_VERSION: i64 = 1;
 /// The schema version this code reads and writes.
 const SCHEMA_VERSION: i64 = 1;
+/// How far (µs) a fresh measurement of `wall now - boot now` may be from the kept one before
+/// it replaces it (a wall-clock step; see [`SqliteBackend::offset`]).
+const REANCHOR_US: i128 = 10_000;
 /// How long a transaction waits for another connection's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections per backend: one writer at a time (the write mutex) plus readers for the
@@ -119,7 +138,13 @@ const HEARTBEAT_PROBE: &str = include_str!("heartbeat_probe.sql");
 /// The SQLite backend. Cheap to share behind an `Arc`; holds a small connection pool.
 pub struct SqliteBackend {
     pool: SqlitePool,
+    /// The store's clock: the boot clock, or an injected one.
     clock: Arc<dyn Clock>,
+    /// The wall clock read beside `clock` (fence floor, times in replies); `None` when the
+    /// store's clock is itself the wall clock (injected clocks): nothing is converted.
+    wall: Option<Arc<dyn Clock>>,
+    /// The offset of [`SqliteBackend::offset`] (`i64::MIN`: not measured yet).
+    offset: std::sync::atomic::AtomicI64,
     path: PathBuf,
     /// Serializes this process's write transactions (FIFO), so they never meet each other
     /// in SQLite's sleeping busy handler; other processes are kept out by SQLite's lock.
@@ -143,23 +168,50 @@ impl SqliteBackend {
     /// Connects to (and creates if needed) the database named by a `sqlite://` URL, on the
     /// host's clock. See the module docs for the URL forms.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_with_clock(url, Arc::new(SystemClock)).await
+        Self::open(
+            url,
+            Arc::new(BootClock),
+            Some(Arc::new(SystemClock)),
+            boot_id(),
+            true,
+        )
+        .await
     }
 
     /// Like [`SqliteBackend::connect`], with an injected clock (tests use
     /// [`crate::clock::ManualClock`]). Every process sharing a file must use the same clock.
     pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<Self> {
-        Self::open(url, clock, true).await
+        Self::open(url, clock, None, boot_id(), true).await
+    }
+
+    /// Like [`SqliteBackend::connect_with_clock`], as if the host's boot id were `boot` (tests
+    /// of the state of another boot).
+    #[doc(hidden)]
+    pub async fn connect_with_boot(url: &str, clock: Arc<dyn Clock>, boot: u128) -> Result<Self> {
+        Self::open(url, clock, None, Some(boot), true).await
     }
 
     /// Opens the database of a `sqlite://` URL only if its file exists, creating nothing: a
     /// missing file is [`Error::NoStore`] and neither it nor its folder is made. An existing
     /// file is opened as by [`SqliteBackend::connect`].
     pub async fn connect_existing(url: &str) -> Result<Self> {
-        Self::open(url, Arc::new(SystemClock), false).await
+        Self::open(
+            url,
+            Arc::new(BootClock),
+            Some(Arc::new(SystemClock)),
+            boot_id(),
+            false,
+        )
+        .await
     }
 
-    async fn open(url: &str, clock: Arc<dyn Clock>, create: bool) -> Result<Self> {
+    async fn open(
+        url: &str,
+        clock: Arc<dyn Clock>,
+        wall: Option<Arc<dyn Clock>>,
+        boot: Option<u128>,
+        create: bool,
+    ) -> Result<Self> {
         let path = parse_url(url)?;
         let missing = || Error::NoStore {
             url: redact_url(url),
@@ -190,7 +242,7 @@ impl SqliteBackend {
         };
         let setup = async {
             ensure_wal(&mut conn).await?;
-            ensure_schema(&mut conn).await
+            ensure_schema(&mut conn, boot).await
         }
         .await;
         let _ = conn.close().await;
@@ -211,11 +263,55 @@ impl SqliteBackend {
         Ok(SqliteBackend {
             pool,
             clock,
+            wall,
+            offset: std::sync::atomic::AtomicI64::new(i64::MIN),
             notifier: notify::Notifier::start(&path),
             path,
             write: tokio::sync::Mutex::new(()),
             exact_heartbeats: false,
         })
+    }
+
+    /// Converts the store's times of one reply to wall time: `t + (wall now - store now)`.
+    /// The identity when the store's clock is the wall clock. See [`SqliteBackend::offset`].
+    fn to_wall(&self) -> impl Fn(StoreTime) -> StoreTime {
+        let offset = self.offset();
+        move |t| StoreTime((t.0 as i128 + offset).clamp(0, u64::MAX as i128) as u64)
+    }
+
+    /// The inverse of [`SqliteBackend::to_wall`].
+    fn wall_to_store(&self, t: StoreTime) -> StoreTime {
+        StoreTime((t.0 as i128 - self.offset()).clamp(0, u64::MAX as i128) as u64)
+    }
+
+    /// `wall now - store now`, µs. The wall and boot clocks run at the same rate (NTP slews
+    /// both), so the offset changes only when the wall clock is stepped; this process keeps
+    /// the offset it measured until a fresh measurement differs by more than
+    /// [`REANCHOR_US`]. Times of different replies then convert with one offset, and their
+    /// differences stay exact (a reservation's `at` is exactly the previous one's plus the
+    /// window, as on every store).
+    fn offset(&self) -> i128 {
+        let Some(wall) = &self.wall else { return 0 };
+        // Reading the two clocks is two calls: retry when this thread was held up between
+        // them, so the measurement is good to a few µs.
+        let mut fresh = 0;
+        for _ in 0..8 {
+            let before = self.clock.now().0 as i128;
+            let w = wall.now().0 as i128;
+            let after = self.clock.now().0 as i128;
+            fresh = w - (before + after) / 2;
+            if after - before <= 100 {
+                break;
+            }
+        }
+        let kept = self.offset.load(std::sync::atomic::Ordering::Relaxed);
+        if kept != i64::MIN && (fresh - kept as i128).abs() < REANCHOR_US {
+            return kept.into();
+        }
+        let fresh = fresh.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
+        self.offset
+            .store(fresh, std::sync::atomic::Ordering::Relaxed);
+        fresh.into()
     }
 
     /// The database file.
@@ -284,7 +380,13 @@ impl Backend for SqliteBackend {
             }
             .into());
         }
-        step!(self, name, |rows| sql::acquire(rows, name, capacity, req))
+        let reply = step!(self, name, |rows| sql::acquire(rows, name, capacity, req))?;
+        Ok(match reply {
+            AcquireReply::Granted(grant) => {
+                AcquireReply::Granted(grant_to_wall(grant, self.to_wall()))
+            }
+            other => other,
+        })
     }
 
     /// Answered by a read-only probe when nothing but the waiter's own expiry would change
@@ -303,9 +405,11 @@ impl Backend for SqliteBackend {
                 return Ok(reply);
             }
         }
-        Ok(step!(self, name, |rows| sql::heartbeat(
-            rows, lease, waiter_ttl
-        )))
+        let reply = step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl));
+        Ok(match reply {
+            WaitReply::Granted(grant) => WaitReply::Granted(grant_to_wall(grant, self.to_wall())),
+            other => other,
+        })
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
@@ -317,11 +421,34 @@ impl Backend for SqliteBackend {
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        Ok(step!(self, name, |rows| sql::renew(rows, lease, ttl)))
+        let reply = step!(self, name, |rows| sql::renew(rows, lease, ttl));
+        Ok(match reply {
+            RenewReply::Renewed { expires_at, now } => {
+                let wall = self.to_wall();
+                RenewReply::Renewed {
+                    expires_at: wall(expires_at),
+                    now: wall(now),
+                }
+            }
+            other => other,
+        })
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        Ok(step!(self, name, |rows| sql::status(rows, name)))
+        let status = step!(self, name, |rows| sql::status(rows, name));
+        let wall = self.to_wall();
+        Ok(status.map(|mut s| {
+            s.now = wall(s.now);
+            for h in &mut s.holders {
+                h.acquired_at = wall(h.acquired_at);
+                h.expires_at = wall(h.expires_at);
+            }
+            for w in &mut s.queue {
+                w.enqueued_at = wall(w.enqueued_at);
+                w.expires_at = wall(w.expires_at);
+            }
+            s
+        }))
     }
 
     async fn list(&self) -> Result<Vec<String>> {
@@ -357,6 +484,14 @@ impl Backend for SqliteBackend {
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }
+}
+
+/// A grant's times in wall time (see [`SqliteBackend::to_wall`]).
+fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Grant {
+    grant.now = wall(grant.now);
+    grant.lease.acquired_at = wall(grant.lease.acquired_at);
+    grant.lease.expires_at = wall(grant.lease.expires_at);
+    grant
 }
 
 /// Replaces SQLite's default busy handler, whose sleeps grow to 100 ms, with short ones.
@@ -489,8 +624,66 @@ async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
     Err(last.unwrap_or_else(|| Error::store(StoreErrorKind::Busy, "cannot switch to WAL")))
 }
 
-/// Creates the tables if missing and checks the schema version.
-async fn ensure_schema(conn: &mut SqliteConnection) -> Result<()> {
+/// Drops every lease, waiter and rate-limiter state, keeps the fence high-water mark.
+const DROP_BOOT_STATE: &str = "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
+     DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
+     DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters;";
+
+/// Makes the file's state belong to `boot` (see the module docs): state written under another
+/// boot id, or before the file recorded one, is on another boot clock and held by processes
+/// that cannot be alive, so it is dropped (the fence high-water mark stays). `None` (the
+/// kernel has no boot id): nothing is checked.
+async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
+    let Some(boot) = boot else { return Ok(()) };
+    let (hi, lo) = ((boot >> 64) as u64 as i64, boot as u64 as i64);
+    let stored: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, value FROM tessera_meta WHERE key IN ('boot_id_hi', 'boot_id_lo')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let get = |k: &str| stored.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
+    if get("boot_id_hi") == Some(hi) && get("boot_id_lo") == Some(lo) {
+        return Ok(());
+    }
+    let held: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM tessera_semaphores) \
+         + (SELECT count(*) FROM tessera_rate_limiters)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    sqlx::raw_sql(DROP_BOOT_STATE)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    sqlx::query(
+        "INSERT INTO tessera_meta (key, value) VALUES ('boot_id_hi', ?1), ('boot_id_lo', ?2) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )
+    .bind(hi)
+    .bind(lo)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    if held > 0 {
+        let old = match (get("boot_id_hi"), get("boot_id_lo")) {
+            (Some(h), Some(l)) => format!("{:032x}", (h as u64 as u128) << 64 | l as u64 as u128),
+            _ => "none recorded".into(),
+        };
+        tracing::warn!(
+            semaphores_and_rate_limiters = held,
+            old_boot = %old,
+            boot = %format!("{boot:032x}"),
+            "tessera SQLite store: state written under another boot dropped (no process of \
+             that boot can still hold it; fences keep rising)"
+        );
+    }
+    Ok(())
+}
+
+/// Creates the tables if missing, checks the schema version and the boot id.
+async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
     sqlx::raw_sql(SCHEMA)
         .execute(&mut *tx)
@@ -520,6 +713,7 @@ async fn ensure_schema(conn: &mut SqliteConnection) -> Result<()> {
             "tessera rate schema version {rate_version:?} in the file; this build reads version {RATE_SCHEMA_VERSION}"
         )));
     }
+    ensure_boot(&mut tx, boot).await?;
     tx.commit().await.map_err(map_err)
 }
 

@@ -84,12 +84,25 @@ pub(crate) struct SqliteRows<'c> {
     conn: &'c mut SqliteConnection,
     name: &'c str,
     now: StoreTime,
+    wall: StoreTime,
 }
 
 impl<'c> SqliteRows<'c> {
-    /// `now` is the host's clock, read once the write lock is held.
+    /// `now` is the store's clock, read once the write lock is held; the fences' wall-clock
+    /// floor is `now` too unless set by [`SqliteRows::wall`].
     pub(crate) fn new(conn: &'c mut SqliteConnection, name: &'c str, now: StoreTime) -> Self {
-        SqliteRows { conn, name, now }
+        SqliteRows {
+            conn,
+            name,
+            now,
+            wall: now,
+        }
+    }
+
+    /// The wall clock read beside `now`, the fences' floor.
+    pub(crate) fn wall(mut self, wall: StoreTime) -> Self {
+        self.wall = wall;
+        self
     }
 
     /// Runs `sql` with the name, then `lease` if given, then `args`; how many rows it changed.
@@ -152,6 +165,7 @@ impl SemRows for SqliteRows<'_> {
         };
         Ok(Loaded {
             now: self.now,
+            wall: self.wall,
             hwm: int_at(&row, 0)?,
             sem,
         })

@@ -231,15 +231,25 @@ async fn acquire(
     Ok(reply)
 }
 
+/// How far (µs) a reservation's time handed back to [`RateBackend::rate_cancel`] may be from
+/// the stored one: the wall clock's drift or step between the admission and the cancel.
+const CANCEL_SLACK_US: u64 = 5_000_000;
+
 async fn cancel(
     conn: &mut SqliteConnection,
     name: &Name,
     reservation: u64,
     at: StoreTime,
+    slack: u64,
     now: StoreTime,
 ) -> Result<bool> {
     let Some(mut state) = load(conn, name, now).await? else {
         return Ok(false);
+    };
+    // The reservation is named by its number; `at` only confirms it (see `rate_cancel`).
+    let at = match state.last.abs_diff(at.0) <= slack {
+        true => StoreTime(state.last),
+        false => at,
     };
     let config = stored_config(name, &state)?;
     let old_p = state.p;
@@ -309,22 +319,58 @@ impl RateBackend for SqliteBackend {
         config: &RateConfig,
         req: &RateRequest,
     ) -> Result<RateReply> {
-        Ok(step!(self, |conn, now| async {
+        let reply = step!(self, |conn, now| async {
             acquire(conn, name, config, req, now)
                 .await
                 .map(|r| (r, Vec::new()))
-        }))
+        });
+        // Store times leave the store as wall time (see the module docs of `sqlite`).
+        let wall = self.to_wall();
+        Ok(match reply {
+            RateReply::Admitted {
+                at,
+                now,
+                reservation,
+            } => RateReply::Admitted {
+                at: wall(at),
+                now: wall(now),
+                reservation,
+            },
+            RateReply::Limited { retry_at, now } => RateReply::Limited {
+                retry_at: wall(retry_at),
+                now: wall(now),
+            },
+        })
     }
+    /// `at` comes back in wall time, converted from the boot clock at the admission; it is
+    /// converted back now, which is exact unless the wall clock was stepped meanwhile, so the
+    /// stored admission time within [`CANCEL_SLACK_US`] of it counts as `at`.
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        let at = self.wall_to_store(at);
+        let slack = if self.wall.is_some() {
+            CANCEL_SLACK_US
+        } else {
+            0
+        };
         Ok(step!(self, |conn, now| async {
-            cancel(conn, name, reservation, at, now)
+            cancel(conn, name, reservation, at, slack, now)
                 .await
                 .map(|r| (r, Vec::new()))
         }))
     }
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
-        Ok(step!(self, |conn, now| async {
+        let status = step!(self, |conn, now| async {
             status(conn, name, now).await.map(|r| (r, Vec::new()))
+        });
+        let wall = self.to_wall();
+        Ok(status.map(|mut s| {
+            s.now = wall(s.now);
+            s.last_admit = wall(s.last_admit);
+            s.next_free = wall(s.next_free);
+            for l in &mut s.limits {
+                l.next_free = wall(l.next_free);
+            }
+            s
         }))
     }
     async fn rate_delete(&self, name: &Name) -> Result<bool> {

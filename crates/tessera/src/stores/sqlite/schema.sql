@@ -1,10 +1,12 @@
 -- tessera SQLite schema, version 1. Run once per connect inside one BEGIN IMMEDIATE
--- transaction; every statement is idempotent. Times are microseconds since the Unix epoch on
--- the host's clock; lease ids are 32 lowercase hex digits. STRICT tables refuse values of the
--- wrong type, so a stray write by another program fails instead of planting garbage.
+-- transaction; every statement is idempotent. Times are microseconds on the host's boot clock
+-- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
+-- Lease ids are 32 lowercase hex digits. STRICT tables refuse values of the wrong type, so a
+-- stray write by another program fails instead of planting garbage.
 
--- Store-wide values: 'schema_version' and 'fence_hwm' (the highest fence ever issued, for
--- any semaphore; it outlives deleted semaphores so fences never repeat).
+-- Store-wide values: 'schema_version', 'fence_hwm' (the highest fence ever issued, for
+-- any semaphore; it outlives deleted semaphores and reboots so fences never repeat), and
+-- 'boot_id_hi'/'boot_id_lo' (the boot the times belong to, written at connect).
 CREATE TABLE IF NOT EXISTS tessera_meta (
     key   TEXT    NOT NULL PRIMARY KEY,
     value INTEGER NOT NULL

@@ -582,3 +582,93 @@ async fn a_grant_from_returned_seats_works_while_seats_above_capacity_are_held()
     };
     assert_eq!(g.lease.seats, vec![0]);
 }
+
+#[tokio::test]
+async fn state_written_under_another_boot_is_dropped_and_fences_keep_rising() {
+    use crate::rate::{RateConfig, RateMode};
+    use crate::seam::{RateBackend, RateReply, RateRequest};
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let (s, r) = (name("boot"), name("boot-rate"));
+    let old = SqliteBackend::connect_with_boot(&url, clock.clone(), 1)
+        .await
+        .unwrap();
+    let AcquireReply::Granted(g) = old
+        .acquire(&s, 1, &req(LeaseId::random(), 1, None))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(matches!(
+        old.acquire(&s, 1, &req(LeaseId::random(), 1, waiting()))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    let config = RateConfig::new(&["1/h".parse().unwrap()], RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    assert!(matches!(
+        old.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+    // Another process of the same boot sees it all.
+    let same = SqliteBackend::connect_with_boot(&url, clock.clone(), 1)
+        .await
+        .unwrap();
+    assert_eq!(same.status(&s).await.unwrap().unwrap().queue.len(), 1);
+    drop((old, same));
+    // The first connect of another boot drops holders, waiters and rate state; the clock
+    // (a new boot's clock starts low) went back, yet the next fence is higher.
+    clock.set(StoreTime(1_000_000));
+    let new = SqliteBackend::connect_with_boot(&url, clock.clone(), 2)
+        .await
+        .unwrap();
+    assert_eq!(new.status(&s).await.unwrap(), None);
+    assert!(new.list().await.unwrap().is_empty());
+    assert!(new.rate_status(&r).await.unwrap().is_none());
+    assert!(matches!(
+        new.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+    let AcquireReply::Granted(g2) = new
+        .acquire(&s, 1, &req(LeaseId::random(), 1, None))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(g2.lease.fence > g.lease.fence);
+    // Reconnecting on the same boot drops nothing.
+    let again = SqliteBackend::connect_with_boot(&url, clock.clone(), 2)
+        .await
+        .unwrap();
+    assert_eq!(again.status(&s).await.unwrap().unwrap().holders.len(), 1);
+}
+
+#[tokio::test]
+async fn the_boot_clock_store_replies_in_wall_time() {
+    let (_dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("wall");
+    let before = StoreTime::host_now();
+    let AcquireReply::Granted(g) = b
+        .acquire(&s, 2, &req(LeaseId::random(), 1, None))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let after = StoreTime::host_now();
+    let near = |t: StoreTime| t.0 + 1_000_000 >= before.0 && t.0 <= after.0 + 1_000_000;
+    assert!(near(g.now) && near(g.lease.acquired_at), "{g:?}");
+    assert_eq!(g.lease.expires_at.since(g.now), Duration::from_secs(10));
+    // The fence keeps its wall-clock floor.
+    assert!(g.lease.fence >= before.0);
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert!(near(st.now) && near(StoreTime(st.holders[0].expires_at.0 - 10_000_000)));
+}
