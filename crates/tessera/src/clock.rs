@@ -25,9 +25,11 @@ impl Clock for SystemClock {
 /// The host's boot-relative monotonic clock (`CLOCK_BOOTTIME`, µs since boot): it never
 /// jumps with the wall clock and keeps counting through a suspend. Every process on the host
 /// reads the same value, so it is the SQLite store's clock (see `stores/sqlite`).
+#[cfg(feature = "sqlite")]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BootClock;
 
+#[cfg(feature = "sqlite")]
 impl Clock for BootClock {
     fn now(&self) -> StoreTime {
         #[cfg(any(target_os = "linux", target_os = "android"))]
@@ -49,6 +51,7 @@ impl Clock for BootClock {
 
 /// The identity of the running boot (`/proc/sys/kernel/random/boot_id`), as a number; `None`
 /// where the kernel does not say.
+#[cfg(feature = "sqlite")]
 pub fn boot_id() -> Option<u128> {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
