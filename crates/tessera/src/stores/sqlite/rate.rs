@@ -344,7 +344,7 @@ impl RateBackend for SqliteBackend {
     }
     /// `at` comes back in wall time, converted from the boot clock at the admission; it is
     /// converted back now, which is exact unless the wall clock was stepped meanwhile, so the
-    /// stored admission time within [`CANCEL_SLACK_US`] of it counts as `at`.
+    /// stored admission time within `CANCEL_SLACK_US` of it counts as `at`.
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         let at = self.wall_to_store(at);
         let slack = if self.wall.is_some() {
