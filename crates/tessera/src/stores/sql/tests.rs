@@ -99,6 +99,22 @@ impl NoReturning<'_> {
         Ok(q.fetch_all(&mut *self.conn).await.unwrap())
     }
 
+    /// The lease ids `select` finds, then `delete` (the shape without `RETURNING`).
+    async fn select_then_delete(
+        &mut self,
+        select: &'static str,
+        delete: &'static str,
+    ) -> Result<Vec<String>> {
+        let ids = self
+            .rows(select, &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        self.exec(delete, None, &[]).await?;
+        Ok(ids)
+    }
+
     async fn exec(&mut self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
         let mut q = sqlx::query(sql).bind(self.name);
         if let Some(lease) = lease {
@@ -227,28 +243,18 @@ impl SemRows for NoReturning<'_> {
         self.sqlite().drop_free_seats().await
     }
     async fn drop_holders(&mut self) -> Result<Vec<String>> {
-        let sql = "SELECT lease_id FROM tessera_holders WHERE name = ?1";
-        let ids = self
-            .rows(sql, &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        self.exec("DELETE FROM tessera_holders WHERE name = ?1", None, &[])
-            .await?;
-        Ok(ids)
+        self.select_then_delete(
+            "SELECT lease_id FROM tessera_holders WHERE name = ?1",
+            "DELETE FROM tessera_holders WHERE name = ?1",
+        )
+        .await
     }
     async fn drop_waiters(&mut self) -> Result<Vec<String>> {
-        let sql = "SELECT lease_id FROM tessera_waiters WHERE name = ?1";
-        let ids = self
-            .rows(sql, &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        self.exec("DELETE FROM tessera_waiters WHERE name = ?1", None, &[])
-            .await?;
-        Ok(ids)
+        self.select_then_delete(
+            "SELECT lease_id FROM tessera_waiters WHERE name = ?1",
+            "DELETE FROM tessera_waiters WHERE name = ?1",
+        )
+        .await
     }
 }
 
