@@ -1,7 +1,6 @@
 //! [`Store`], the handle users connect with: the URL registry lives in `crate::stores`, the
 //! seam every store implements in `crate::seam`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -34,7 +33,7 @@ struct Shared {
     /// `None` for a store built from a backend. Never printed.
     reconnect: Option<String>,
     /// The permits held through this store, for [`Store::close`].
-    permits: Mutex<HashMap<LeaseId, Weak<Held>>>,
+    permits: Mutex<LeaseIdMap<Weak<Held>>>,
     /// Background clean-ups under way for this store (see `crate::cleanup`).
     cleanups: watch::Sender<usize>,
 }
@@ -129,7 +128,7 @@ impl Store {
             backend,
             url: redact_url(url),
             reconnect,
-            permits: Mutex::new(HashMap::new()),
+            permits: Mutex::new(LeaseIdMap::default()),
             cleanups: watch::Sender::new(0),
         });
         let mut live = LIVE.lock().unwrap();

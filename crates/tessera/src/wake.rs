@@ -19,12 +19,12 @@
 //! through a [`Hook`] (see `crate::keeper`), not to a waiting task.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio::sync::Notify;
 
-use crate::model::{Grant, LeaseId};
+use crate::model::{Grant, LeaseId, LeaseIdMap};
 
 #[derive(Debug, Default)]
 struct Slot {
@@ -61,30 +61,10 @@ const SHARD_COUNT: usize = 16;
 #[repr(align(64))]
 struct Shard(Mutex<Slots>);
 
-type Slots = HashMap<LeaseId, Arc<Slot>, BuildHasherDefault<LeaseIdHasher>>;
+type Slots = LeaseIdMap<Arc<Slot>>;
 
 fn shard(lease: LeaseId) -> &'static Mutex<Slots> {
     &SHARDS[(lease.as_u128() >> 124) as usize % SHARD_COUNT].0
-}
-
-/// Hashes a lease id by folding its 128 random bits, instead of running SipHash over them.
-/// The registry holds only this process's own random ids, so colliding ids pushed by someone
-/// else cost no more than any other unknown id.
-#[derive(Default)]
-struct LeaseIdHasher(u64);
-
-impl Hasher for LeaseIdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = ((v as u64) ^ ((v >> 64) as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 fn slot(lease: LeaseId) -> Option<Arc<Slot>> {

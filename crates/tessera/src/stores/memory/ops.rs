@@ -12,8 +12,11 @@
 //! - free seats as "every seat at or above `seat_high`" plus a set of returned seats below
 //!   it, so the lowest free seats are found without scanning all `C`.
 //!
-//! A semaphore's state exists only while it has holders or waiters; the store-wide fence
-//! high-water mark outlives it, so fences never repeat after a deletion.
+//! A semaphore exists only while it has holders or waiters; the store-wide fence high-water
+//! mark outlives it, so fences never repeat after a deletion. The state of an idle semaphore
+//! (no holders, no waiters) is kept for its next acquire, so an acquire/release loop does not
+//! rebuild it every time, but every operation treats it as absent; idle states are swept out
+//! when the map has doubled since the last sweep (at least [`SWEEP_MIN`] entries).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -21,12 +24,18 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::model::*;
 
+/// The map size below which idle states are never swept.
+const SWEEP_MIN: usize = 1024;
+
 /// All semaphores of one memory store.
 #[derive(Debug, Default)]
 pub(crate) struct Model {
+    /// Live semaphores, and idle ones kept for reuse (see the module docs).
     sems: HashMap<Name, SemState>,
     /// Highest fence ever issued by this store, for any semaphore.
     fence_hwm: u64,
+    /// Sweep idle states when a new semaphore would make the map larger than this.
+    sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -41,10 +50,10 @@ struct SemState {
     capacity: u32,
     used: u32,
     last_fence: u64,
-    holders: HashMap<LeaseId, Lease>,
+    holders: LeaseIdMap<Lease>,
     holder_expiry: BTreeSet<(StoreTime, LeaseId)>,
     queue: BTreeMap<u64, QueuedWaiter>,
-    queue_index: HashMap<LeaseId, u64>,
+    queue_index: LeaseIdMap<u64>,
     waiter_expiry: BTreeSet<(StoreTime, LeaseId)>,
     next_seq: u64,
     /// Every seat `>= seat_high` is free.
@@ -62,10 +71,10 @@ impl SemState {
             capacity,
             used: 0,
             last_fence,
-            holders: HashMap::new(),
+            holders: LeaseIdMap::default(),
             holder_expiry: BTreeSet::new(),
             queue: BTreeMap::new(),
-            queue_index: HashMap::new(),
+            queue_index: LeaseIdMap::default(),
             waiter_expiry: BTreeSet::new(),
             next_seq: 0,
             seat_high: 0,
@@ -164,7 +173,17 @@ impl SemState {
     }
 
     fn return_seats(&mut self, seats: &[u32]) {
-        for &s in seats {
+        // Seats (ascending) right below the high-water mark lower it directly: the common
+        // case of a release in an uncontended loop touches no set.
+        let mut rest = seats;
+        while let Some((&top, below)) = rest.split_last() {
+            if top + 1 != self.seat_high {
+                break;
+            }
+            self.seat_high = top;
+            rest = below;
+        }
+        for &s in rest {
             self.free_low.insert(s);
         }
         // Shrink the high-water mark over returned seats at its top, keeping the set small.
@@ -220,8 +239,8 @@ impl SemState {
 }
 
 impl Model {
-    /// Runs one step on an existing semaphore: purge and hand off, then `f`, then drop the
-    /// state if nothing is left in it. `None` if the semaphore does not exist.
+    /// Runs one step on a semaphore that has state (live or idle): purge and hand off,
+    /// then `f`. `None` if it has none.
     fn step<R>(
         &mut self,
         name: &Name,
@@ -231,11 +250,17 @@ impl Model {
     ) -> Option<R> {
         let st = self.sems.get_mut(name)?;
         st.purge_and_hand_off(now, &mut self.fence_hwm, wakes);
-        let r = f(st, &mut self.fence_hwm, wakes);
-        if st.is_empty() {
-            self.sems.remove(name);
+        Some(f(st, &mut self.fence_hwm, wakes))
+    }
+
+    /// Makes room for a new semaphore's state: when the map has doubled since the last sweep,
+    /// drops every idle state (amortised O(1) per new name).
+    fn sweep_idle(&mut self) {
+        if self.sems.len() < self.sweep_at.max(SWEEP_MIN) {
+            return;
         }
-        Some(r)
+        self.sems.retain(|_, st| !st.is_empty());
+        self.sweep_at = 2 * self.sems.len();
     }
 
     pub(crate) fn acquire(
@@ -247,6 +272,7 @@ impl Model {
         wakes: &mut Wakes,
     ) -> Result<AcquireReply> {
         if !self.sems.contains_key(name) {
+            self.sweep_idle();
             self.sems
                 .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
         }
@@ -419,7 +445,12 @@ impl Model {
     }
 
     pub(crate) fn list(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.sems.keys().map(|n| n.to_string()).collect();
+        let mut names: Vec<String> = self
+            .sems
+            .iter()
+            .filter(|(_, st)| !st.is_empty())
+            .map(|(n, _)| n.to_string())
+            .collect();
         names.sort();
         names
     }
@@ -465,6 +496,9 @@ impl Model {
         let Some(st) = self.sems.remove(name) else {
             return false;
         };
+        if st.is_empty() {
+            return false;
+        }
         wakes.extend(st.holders.keys().copied());
         wakes.extend(st.queue_index.keys().copied());
         true
@@ -475,4 +509,91 @@ pub(crate) fn not_found(name: &Name) -> Error {
     Error::NotFound(format!(
         "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(lease: LeaseId) -> AcquireRequest {
+        AcquireRequest {
+            lease_id: lease,
+            weight: 1,
+            ttl: Duration::from_secs(10),
+            holder: "t".into(),
+            wait: None,
+        }
+    }
+
+    fn grant(m: &mut Model, name: &Name, now: StoreTime) -> Lease {
+        match m.acquire(name, 2, &req(LeaseId::random()), now, &mut Vec::new()) {
+            Ok(AcquireReply::Granted(g)) => g.lease,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_idle_semaphore_is_absent_to_every_operation_and_keeps_its_fences_rising() {
+        let mut m = Model::default();
+        let name = Name::new("idle").unwrap();
+        let now = StoreTime(1_000);
+        let first = grant(&mut m, &name, now);
+        assert!(m.release(&name, first.lease_id, now, &mut Vec::new()));
+        // Idle: kept for reuse, but absent to status, list, resize and delete.
+        assert!(m.status(&name, now, &mut Vec::new()).is_none());
+        assert!(m.list().is_empty());
+        assert!(m.resize(&name, 5, now, &mut Vec::new()).is_err());
+        assert!(!m.release(&name, first.lease_id, now, &mut Vec::new()));
+        // Reused with another capacity, seats from 0 again, fences still rising.
+        let again = match m.acquire(&name, 7, &req(LeaseId::random()), now, &mut Vec::new()) {
+            Ok(AcquireReply::Granted(g)) => g.lease,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(again.seats, vec![0]);
+        assert!(again.fence > first.fence);
+        assert_eq!(m.status(&name, now, &mut Vec::new()).unwrap().capacity, 7);
+        assert!(m.release(&name, again.lease_id, now, &mut Vec::new()));
+        assert!(
+            !m.delete(&name, &mut Vec::new()),
+            "an idle semaphore is not deleted"
+        );
+        let after = grant(&mut m, &name, now);
+        assert!(after.fence > again.fence);
+    }
+
+    #[test]
+    fn idle_states_are_swept_so_many_names_used_once_do_not_pile_up() {
+        let mut m = Model::default();
+        let now = StoreTime(1_000);
+        for i in 0..10 * SWEEP_MIN {
+            let name = Name::new(format!("n{i}")).unwrap();
+            let l = grant(&mut m, &name, now);
+            assert!(m.release(&name, l.lease_id, now, &mut Vec::new()));
+            assert!(m.sems.len() <= SWEEP_MIN, "{} states kept", m.sems.len());
+        }
+        // A live one is never swept.
+        let live = Name::new("live").unwrap();
+        let held = grant(&mut m, &live, now);
+        for i in 0..3 * SWEEP_MIN {
+            let name = Name::new(format!("m{i}")).unwrap();
+            let l = grant(&mut m, &name, now);
+            assert!(m.release(&name, l.lease_id, now, &mut Vec::new()));
+        }
+        assert_eq!(
+            m.status(&live, now, &mut Vec::new()).unwrap().holders[0],
+            held
+        );
+    }
+
+    #[test]
+    fn seats_returned_below_others_are_reused_lowest_first() {
+        let mut m = Model::default();
+        let name = Name::new("seats").unwrap();
+        let now = StoreTime(1_000);
+        let a = grant(&mut m, &name, now);
+        let b = grant(&mut m, &name, now);
+        assert_eq!((a.seats.clone(), b.seats.clone()), (vec![0], vec![1]));
+        assert!(m.release(&name, a.lease_id, now, &mut Vec::new()));
+        assert_eq!(grant(&mut m, &name, now).seats, vec![0]);
+    }
 }
