@@ -58,6 +58,7 @@ mod listener;
 pub(crate) mod ops;
 pub(crate) mod url;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,9 +83,14 @@ const POOL_SIZE: u32 = 4;
 /// The migrations, in order; the schema records the last one it ran.
 const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1];
 
+/// Acquires still running on the server, by lease id: the gate is held until the reply is in.
+type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;
+
 /// The PostgreSQL backend. Cheap to share behind an `Arc`.
 pub struct PostgresBackend {
     pool: PgPool,
+    /// See [`PostgresBackend::settle`].
+    inflight: Inflight,
     listener: Arc<Listener>,
     url: String,
     schema: String,
@@ -141,6 +147,7 @@ impl PostgresBackend {
             .map_err(|e| in_context(e, &config))?;
         Ok(PostgresBackend {
             pool,
+            inflight: Inflight::default(),
             listener,
             url: config.redacted,
             schema: config.schema,
@@ -169,19 +176,43 @@ impl PostgresBackend {
         &self.schema
     }
 
-    /// Runs one statement and returns its one row, within [`RESPONSE_TIMEOUT`]; a connection
-    /// that timed out is closed rather than reused.
+    /// Runs one statement and returns its one row (see [`run_row`]).
     async fn row(&self, query: sqlx::query::Query<'_, Postgres, PgArguments>) -> Result<PgRow> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(&mut *conn)).await {
-            Ok(r) => r.map_err(map_err),
-            Err(_) => {
-                conn.close_on_drop();
-                Err(Error::store(
-                    StoreErrorKind::Timeout,
-                    format!("{} did not answer within {RESPONSE_TIMEOUT:?}", self.url),
-                ))
-            }
+        run_row(&self.pool, &self.url, query).await
+    }
+
+    /// Waits until an acquire of `lease` that is still running on the server has its reply.
+    ///
+    /// The race: an acquire future dropped by its caller (a timeout, a cancelled task) drops
+    /// its reply, not its statement, which the server may run *after* the cancel or release
+    /// that the client sends next on another pooled connection; the cancel would find
+    /// nothing and the late acquire would grant or queue a lease nobody holds. So every
+    /// acquire runs in a task of its own that holds the lease's gate until its reply is in,
+    /// and every later operation on that lease passes the gate first.
+    async fn settle(&self, lease: LeaseId) {
+        let gate = self.inflight.lock().unwrap().get(&lease).cloned();
+        if let Some(gate) = gate {
+            let _passed = gate.lock().await;
+        }
+    }
+}
+
+/// Runs one statement and returns its one row, within [`RESPONSE_TIMEOUT`]; a connection that
+/// timed out is closed rather than reused.
+async fn run_row(
+    pool: &PgPool,
+    url: &str,
+    query: sqlx::query::Query<'_, Postgres, PgArguments>,
+) -> Result<PgRow> {
+    let mut conn = pool.acquire().await.map_err(map_err)?;
+    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(&mut *conn)).await {
+        Ok(r) => r.map_err(map_err),
+        Err(_) => {
+            conn.close_on_drop();
+            Err(Error::store(
+                StoreErrorKind::Timeout,
+                format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
+            ))
         }
     }
 }
@@ -283,20 +314,57 @@ impl Backend for PostgresBackend {
         if waiter_ttl.is_some() {
             self.listener.set_waiting(req.lease_id, true);
         }
-        let row = self
-            .row(
+        // Run on the server to the end even if this future is dropped (see `settle`).
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held = Arc::clone(&gate).lock_owned().await;
+        self.inflight
+            .lock()
+            .unwrap()
+            .insert(req.lease_id, Arc::clone(&gate));
+        let (pool, url, inflight) = (
+            self.pool.clone(),
+            self.url.clone(),
+            Arc::clone(&self.inflight),
+        );
+        let args = (
+            name.to_string(),
+            i64::from(capacity),
+            req.lease_id,
+            i64::from(req.weight),
+            micros(req.ttl),
+            req.holder.clone(),
+            self.listener.client_id().to_string(),
+        );
+        let task = tokio::spawn(async move {
+            let (name, capacity, lease, weight, ttl, holder, client) = args;
+            let row = run_row(
+                &pool,
+                &url,
                 sqlx::query(ops::ACQUIRE)
-                    .bind(name.as_str())
-                    .bind(i64::from(capacity))
-                    .bind(req.lease_id.to_string())
-                    .bind(i64::from(req.weight))
-                    .bind(micros(req.ttl))
-                    .bind(req.holder.as_str())
-                    .bind(self.listener.client_id())
+                    .bind(name)
+                    .bind(capacity)
+                    .bind(lease.to_string())
+                    .bind(weight)
+                    .bind(ttl)
+                    .bind(holder)
+                    .bind(client)
                     .bind(waiter_ttl)
                     .bind(queue_cap),
             )
             .await;
+            let mut map = inflight.lock().unwrap();
+            if map.get(&lease).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
+                map.remove(&lease);
+            }
+            drop(held);
+            row
+        });
+        let row = task.await.unwrap_or_else(|e| {
+            Err(Error::store(
+                StoreErrorKind::Other,
+                format!("acquire task failed: {e}"),
+            ))
+        });
         let reply = row.and_then(|row| ops::parse_acquire(&row, name, capacity, req));
         let queued = matches!(reply, Ok(AcquireReply::Queued { .. }));
         if !queued && !matches!(reply, Err(ref e) if e.is_transient()) {
@@ -311,6 +379,7 @@ impl Backend for PostgresBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
+        self.settle(lease).await;
         let row = self
             .row(
                 sqlx::query(ops::HEARTBEAT)
@@ -326,6 +395,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
+        self.settle(lease).await;
         let row = self
             .row(
                 sqlx::query(ops::CANCEL)
@@ -338,6 +408,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        self.settle(lease).await;
         let row = self
             .row(
                 sqlx::query(ops::RELEASE)
@@ -349,6 +420,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
+        self.settle(lease).await;
         let row = self
             .row(
                 sqlx::query(ops::RENEW)
