@@ -467,7 +467,7 @@ impl Backend for PostgresBackend {
         {
             Some(old) => u32::try_from(old)
                 .ok()
-                .filter(|&c| c >= 1 && c <= MAX_CAPACITY)
+                .filter(|c| (1..=MAX_CAPACITY).contains(c))
                 .ok_or_else(|| ops::corrupt(format!("capacity = {old} is out of range"))),
             None => Err(Error::NotFound(format!(
                 "semaphore {name:?} has no holders or waiters (its capacity is set by the \
