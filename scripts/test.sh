@@ -14,11 +14,15 @@ declare -A NEED=(
   [redis-server]=redis-server
   [openssl]=openssl
   [faketime]=faketime
+  [initdb]=postgresql
 )
 
 missing=()
 for prog in "${!NEED[@]}"; do
-  command -v "$prog" >/dev/null 2>&1 || missing+=("${NEED[$prog]}")
+  command -v "$prog" >/dev/null 2>&1 && continue
+  # Debian puts PostgreSQL's server programs in /usr/lib/postgresql/<version>/bin, off PATH.
+  [[ $prog == initdb ]] && compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && continue
+  missing+=("${NEED[$prog]}")
 done
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
@@ -45,7 +49,7 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
 # all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
 # keeps them cheap.
-for features in memory sqlite redis "" memory,sqlite,redis; do
+for features in memory sqlite redis postgres "" memory,sqlite,redis,postgres; do
   echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
   cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
 done

@@ -19,6 +19,7 @@ use tessera::backend::Capabilities;
 use tessera::Store;
 
 use crate::faults::{Faults, FaultyBackend};
+use crate::servers::postgres::{PostgresServer, Shutdown};
 use crate::servers::redis::RedisServer;
 
 /// Whose clock the store's time is.
@@ -131,6 +132,21 @@ impl StoreTraits {
         ..StoreTraits::IN_PROCESS
     };
 
+    /// A PostgreSQL server the harness started (`initdb` + `pg_ctl`): a restart keeps the
+    /// data (it is a database), so it is a durable restart; no freeze, no eviction.
+    pub const OWN_POSTGRES: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        restartable: false,
+        durable_restart: true,
+        freezable: false,
+        proxyable: true,
+        cuttable: true,
+        evicting: false,
+        raw_access: true,
+    };
+
     /// Why a store with these traits cannot serve `need`, or `None` if it can.
     pub fn lacks(&self, need: Need) -> Option<&'static str> {
         let (has, why) = match need {
@@ -184,6 +200,7 @@ pub struct Harness {
     url: String,
     traits: StoreTraits,
     redis: Option<RedisServer>,
+    postgres: Option<PostgresServer>,
     sqlite_file: Option<PathBuf>,
     _guard: Box<dyn Any + Send + Sync>,
 }
@@ -202,6 +219,7 @@ impl Harness {
             url,
             traits,
             redis: None,
+            postgres: None,
             sqlite_file: None,
             _guard: guard,
         }
@@ -252,6 +270,27 @@ impl Harness {
         let sep = if url.contains('?') { '&' } else { '?' };
         let url = format!("{url}{sep}prefix={prefix}");
         Harness::new("redis://", url, StoreTraits::FOREIGN_REDIS, Box::new(()))
+    }
+
+    /// A throwaway PostgreSQL server of its own (stopped when the harness drops), with
+    /// tessera's tables in a random schema.
+    pub fn postgres() -> Self {
+        let server = PostgresServer::start();
+        let url = server.url_with_schema(&format!("t{:08x}", rand::random::<u32>()));
+        let mut h = Harness::new("postgres://", url, StoreTraits::OWN_POSTGRES, Box::new(()));
+        h.postgres = Some(server);
+        h
+    }
+
+    /// The PostgreSQL server the harness owns, for faults only it has (restarts by mode,
+    /// killed backends, read-only, rows).
+    pub fn postgres_server(&self) -> Option<&PostgresServer> {
+        self.postgres.as_ref()
+    }
+
+    /// The same, mutable (restarts).
+    pub fn postgres_server_mut(&mut self) -> Option<&mut PostgresServer> {
+        self.postgres.as_mut()
     }
 
     /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.
@@ -309,6 +348,9 @@ impl Harness {
         if let Some(s) = &self.redis {
             return Some(s.port());
         }
+        if let Some(s) = &self.postgres {
+            return Some(s.port());
+        }
         if self.traits.server {
             return url::Url::parse(&self.url).ok()?.port();
         }
@@ -318,6 +360,10 @@ impl Harness {
     /// Kills the server and starts it again on the same port ([`StoreTraits::restartable`]);
     /// blocks until it answers. Panics without one.
     pub fn restart(&mut self) {
+        if let Some(pg) = &mut self.postgres {
+            pg.restart_with(Shutdown::Immediate);
+            return;
+        }
         self.own_redis_mut("restart").restart();
     }
 
@@ -335,6 +381,10 @@ impl Harness {
     pub fn cut_clients(&self) -> anyhow::Result<()> {
         if let Some(s) = &self.redis {
             s.cut_clients();
+            return Ok(());
+        }
+        if let Some(s) = &self.postgres {
+            s.terminate_all();
             return Ok(());
         }
         anyhow::ensure!(self.traits.cuttable, "{} cannot cut clients", self.scheme);

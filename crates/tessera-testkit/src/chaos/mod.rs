@@ -115,14 +115,17 @@ pub enum StoreSpec {
     /// A throwaway `redis-server` per scenario (`None`), or an existing server whose URL is
     /// given: scenarios that must restart or reconfigure the server are then skipped.
     Redis(Option<String>),
+    /// A throwaway PostgreSQL server per scenario (`initdb` + `pg_ctl`).
+    Postgres,
 }
 
 impl StoreSpec {
-    /// `sqlite`, `sqlite:///path/file.db`, `redis` or `redis://host:port[?…]`.
+    /// `sqlite`, `sqlite:///path/file.db`, `redis`, `redis://host:port[?…]` or `postgres`.
     pub fn parse(s: &str) -> anyhow::Result<StoreSpec> {
         Ok(match s {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
             "redis" | "redis://" => StoreSpec::Redis(None),
+            "postgres" | "postgres://" => StoreSpec::Postgres,
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -141,7 +144,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis or redis://127.0.0.1:PORT"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT or postgres"
             ),
         })
     }
@@ -153,6 +156,7 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
+            StoreSpec::Postgres => StoreTraits::OWN_POSTGRES,
         }
     }
 
@@ -161,6 +165,7 @@ impl StoreSpec {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::Redis(_) => "redis",
+            StoreSpec::Postgres => "postgres",
         }
     }
 }

@@ -201,11 +201,10 @@ async fn s4_restart(
         &[]
     };
     let env = harness(spec, name, seed, args);
-    if aof {
-        let got =
-            env.redis_server()
-                .context("owned redis")?
-                .command(&["CONFIG", "GET", "appendonly"]);
+    // (PostgreSQL keeps its data through a restart anyway: the harness restarts it with an
+    // immediate shutdown, i.e. crash recovery.)
+    if let Some(server) = env.redis_server().filter(|_| aof) {
+        let got = server.command(&["CONFIG", "GET", "appendonly"]);
         anyhow::ensure!(got.contains("yes"), "AOF is not on: {got:?}");
     }
     let duration = (p.ttl * 3) * p.rounds + p.ttl * 2;
@@ -606,6 +605,20 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                     sqlx::query(q).execute(db).await?;
                 }
             }
+            None if run.env.postgres_server().is_some() => {
+                let server = run.env.postgres_server().context("owned postgres")?;
+                let schema = pg_schema(run.env.url())?;
+                // One psql command: one transaction, so the garbage lands at once.
+                let sql = if round == "garbage-fields" {
+                    format!(
+                        "UPDATE {schema}.tessera_holders SET seats = '{{7,7}}', lease_id = 'zz' || lease_id WHERE name = 'chaos'; \
+                         UPDATE {schema}.tessera_waiters SET lease_id = 'not-hex' || seq WHERE name = 'chaos'"
+                    )
+                } else {
+                    format!("UPDATE {schema}.tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 WHERE name = 'chaos'")
+                };
+                server.try_psql(&sql).map_err(anyhow::Error::msg)?;
+            }
             None => {
                 let server = run.env.redis_server().context("owned redis")?;
                 let prefix = url::Url::parse(run.env.url())?
@@ -649,6 +662,19 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                     sqlx::query(q).execute(db).await?;
                 }
             }
+            None if run.env.postgres_server().is_some() => {
+                let server = run.env.postgres_server().context("owned postgres")?;
+                let schema = pg_schema(run.env.url())?;
+                let sql = [
+                    "tessera_holders",
+                    "tessera_waiters",
+                    "tessera_semaphores",
+                    "tessera_free_seats",
+                ]
+                .map(|t| format!("DELETE FROM {schema}.{t} WHERE name = 'chaos'"))
+                .join("; ");
+                server.try_psql(&sql).map_err(anyhow::Error::msg)?;
+            }
             None => {
                 let server = run.env.redis_server().context("owned redis")?;
                 let prefix = url::Url::parse(run.env.url())?
@@ -665,4 +691,13 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
     }
     run.run_out().await;
     run.finish().await
+}
+
+/// The `schema` of a `postgres://` URL (the PostgreSQL store's tables live there).
+fn pg_schema(url: &str) -> anyhow::Result<String> {
+    url::Url::parse(url)?
+        .query_pairs()
+        .find(|(k, _)| k == "schema")
+        .map(|(_, v)| v.into_owned())
+        .context("schema")
 }

@@ -86,7 +86,14 @@ pub async fn nothing_is_left_behind_by_a_process_that_exits(h: &Harness) {
     assert!(s.queue.is_empty(), "the waiter stayed queued: {s:?}");
     assert!(holder.release().await.unwrap());
 
-    // A rate reservation given up before its time is returned.
+    // A rate reservation given up before its time is returned (stores with a rate limiter).
+    if client.store.backend().rate().is_none() {
+        eprintln!(
+            "skipped: the rate part of this test: {} has no rate limiter yet",
+            h.scheme()
+        );
+        return;
+    }
     let name = unique("reserved");
     let limiter = client
         .store

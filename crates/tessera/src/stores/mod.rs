@@ -7,6 +7,8 @@
 
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "sqlite")]
@@ -72,12 +74,12 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "postgres",
         form: "postgres://",
-        feature: None,
+        feature: Some("postgres"),
     },
     Scheme {
         scheme: "postgresql",
         form: "postgresql://",
-        feature: None,
+        feature: Some("postgres"),
     },
     Scheme {
         scheme: "mysql",
@@ -97,6 +99,7 @@ fn compiled_in(feature: &str) -> bool {
         ("memory", cfg!(feature = "memory")),
         ("sqlite", cfg!(feature = "sqlite")),
         ("redis", cfg!(feature = "redis")),
+        ("postgres", cfg!(feature = "postgres")),
     ];
     BUILD.iter().any(|&(f, on)| on && f == feature)
 }
@@ -173,7 +176,12 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 #[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
 // A build without any store feature has only the `unreachable!` arm below.
 #[cfg_attr(
-    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
+    not(any(
+        feature = "memory",
+        feature = "sqlite",
+        feature = "redis",
+        feature = "postgres"
+    )),
     allow(unreachable_code)
 )]
 pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
@@ -188,6 +196,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Arc::new(postgres::PostgresBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };
@@ -265,7 +275,7 @@ mod tests {
             scheme_problem("u:secret@x", &build(&["memory"])).unwrap(),
             "unknown scheme; this build of tessera takes only memory://"
         );
-        let planned = scheme_problem("postgres", &build(&["memory"])).unwrap();
+        let planned = scheme_problem("etcd", &build(&["memory"])).unwrap();
         assert!(planned.contains("planned"), "{planned}");
         assert!(planned.ends_with("takes only memory://"), "{planned}");
     }
@@ -278,8 +288,15 @@ mod tests {
             panic!("{err:?}");
         };
         assert_eq!(*reason, scheme_problem("ftp", &compiled_in).unwrap());
-        #[cfg(all(feature = "memory", feature = "sqlite", feature = "redis"))]
+        #[cfg(all(
+            feature = "memory",
+            feature = "sqlite",
+            feature = "redis",
+            not(feature = "postgres")
+        ))]
         assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis:// or rediss://"));
+        #[cfg(feature = "postgres")]
+        assert!(reason.contains("postgres:// or postgresql://"), "{reason}");
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await

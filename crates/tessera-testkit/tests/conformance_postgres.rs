@@ -1,0 +1,2 @@
+//! The conformance suite against a throwaway PostgreSQL server per test.
+tessera_testkit::conformance_tests!(tessera_testkit::harness::Harness::postgres());

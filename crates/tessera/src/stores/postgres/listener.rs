@@ -1,0 +1,296 @@
+//! Wake-ups: one `LISTEN` connection per client process and server.
+//!
+//! # How it works
+//!
+//! Every backend of this process connected to the same server and database shares one
+//! [`Listener`] (a process-wide registry keyed by the connection target). It has a random
+//! client id; its channel is `tessera_w<client id>` (`tessera__channel` in `common.sql`). A
+//! function that grants a waiter (the hand-off), revokes or deletes a holder calls
+//! `pg_notify` on the channel of that lease's client with the lease id as payload, so every
+//! notification reaches exactly one listening backend (before PostgreSQL 19 every commit
+//! that notifies signals every listening backend: one channel per process keeps that to
+//! one listener per process). The listener calls [`crate::wake::notify`] for each.
+//!
+//! # What can go wrong, and what catches it
+//!
+//! 1. **The listener connection drops.** sqlx's `PgListener` reconnects and `LISTEN`s again
+//!    inside `try_recv`, which then returns `Ok(None)`; whatever was notified in between is
+//!    lost. So after every reconnect every waiter queued through this process asks the
+//!    store at once ([`Listener::wake_all`]), instead of at its next heartbeat.
+//! 2. **The connection is half-open** (the server or the path vanished without a FIN or RST;
+//!    `PgListener` sets no TCP keepalive, sqlx issue 3062): `try_recv` would wait forever.
+//!    Every [`PING_EVERY`] a watchdog sends a NOTIFY to our own channel through a separate
+//!    connection; if the listener has not seen it within [`PING_TIMEOUT`], the watchdog drops
+//!    the listener, connects a new one (with backoff while the server is unreachable), and
+//!    wakes every waiter as in 1. A ping that cannot be *sent* proves nothing about the
+//!    listener and changes nothing.
+//! 3. **A wake-up is lost anyway** (the server crashed after the commit but before sending
+//!    it): the waiter's periodic heartbeat finds the grant. Wake-ups are the mechanism,
+//!    heartbeats the safety net.
+//!
+//! The listener is connected (its `LISTEN` confirmed) before the first backend using it
+//! returns from `connect`, so no grant to this client is notified before someone listens.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+
+use crate::error::Result;
+use crate::model::LeaseId;
+use crate::wake;
+
+/// How often the watchdog pings the listener through its own channel.
+pub(crate) const PING_EVERY: Duration = Duration::from_secs(2);
+/// How long a ping may take to come back before the listener is rebuilt.
+pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connect timeout of the listener and the ping connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The payload prefix of a watchdog ping (lease ids are 32 hex digits: never this).
+const PING: &str = "ping:";
+
+/// The shared listener of one server and database (see the module docs).
+pub(crate) struct Listener {
+    client_id: String,
+    channel: String,
+    /// Lease ids queued through this process, woken after a reconnect.
+    waiting: Mutex<HashSet<LeaseId>>,
+    /// The highest ping the listener has seen.
+    pinged: AtomicU64,
+    /// Times the listener connection was rebuilt or reconnected (for tests and logs).
+    reconnects: AtomicU64,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The backend pid of the current listener connection (for fault tests).
+    pid: AtomicU64,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+type Registry = Mutex<HashMap<String, Weak<Listener>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(Registry::default)
+}
+
+/// Serializes the creation of listeners, so two backends connecting at once share one.
+fn creating() -> &'static tokio::sync::Mutex<()> {
+    static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    &CREATING
+}
+
+impl Listener {
+    /// The listener of this process for `key` (the server and database), started and
+    /// listening before this returns.
+    pub(crate) async fn shared(key: &str, options: &PgConnectOptions) -> Result<Arc<Listener>> {
+        let _serial = creating().lock().await;
+        if let Some(l) = registry().lock().unwrap().get(key).and_then(Weak::upgrade) {
+            return Ok(l);
+        }
+        let client_id = format!("{:032x}", rand::random::<u128>());
+        let listener = Arc::new(Listener {
+            channel: format!("tessera_w{client_id}"),
+            client_id,
+            waiting: Mutex::default(),
+            pinged: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            tasks: Mutex::default(),
+            pid: AtomicU64::new(0),
+        });
+        let options = options.clone().application_name("tessera-listener");
+        let first = connect(&listener.channel, &options)
+            .await
+            .map_err(super::map_err)?;
+        let ping_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options.clone().application_name("tessera-ping"));
+        let weak = Arc::downgrade(&listener);
+        let watchdog = tokio::spawn(watchdog(weak, first, options, ping_pool));
+        listener.tasks.lock().unwrap().push(watchdog);
+        registry()
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), Arc::downgrade(&listener));
+        Ok(listener)
+    }
+
+    /// This process's client id (the suffix of its channel).
+    pub(crate) fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// How many times the listener connection was replaced so far.
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// The server pid of the listener's connection (0 before it is known).
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Relaxed) as u32
+    }
+
+    pub(crate) fn set_waiting(&self, lease: LeaseId, waiting: bool) {
+        let mut set = self.waiting.lock().unwrap();
+        if waiting {
+            set.insert(lease);
+        } else {
+            set.remove(&lease);
+        }
+    }
+
+    /// Wakes every waiter queued through this process: each asks the store itself.
+    fn wake_all(&self) {
+        let leases: Vec<LeaseId> = self.waiting.lock().unwrap().iter().copied().collect();
+        for lease in leases {
+            wake::notify(lease);
+        }
+    }
+
+    /// Routes one notification.
+    fn route(&self, payload: &str) {
+        if let Some(n) = payload.strip_prefix(PING) {
+            if let Ok(n) = n.parse::<u64>() {
+                self.pinged.fetch_max(n, Ordering::Relaxed);
+            }
+        } else if let Ok(lease) = payload.parse::<LeaseId>() {
+            // A granted waiter stops waiting; a revoked holder's keeper hears it too.
+            self.waiting.lock().unwrap().remove(&lease);
+            wake::notify(lease);
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// A listener connection of its own (a one-connection pool, not the operations' pool), with
+/// `LISTEN` on `channel` confirmed.
+async fn connect(channel: &str, options: &PgConnectOptions) -> sqlx::Result<PgListener> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_with(options.clone())
+        .await?;
+    let mut listener = PgListener::connect_with(&pool).await?;
+    listener.ignore_pool_close_event(true);
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Receives notifications until the connection fails in a way `PgListener` does not mend.
+/// Never cancelled while it owns a half-read message, except by the watchdog, which then
+/// drops the whole connection.
+async fn receive(owner: Weak<Listener>, mut pg: PgListener) {
+    if let Some(l) = owner.upgrade() {
+        if let Ok(pid) = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+            .fetch_one(&mut pg)
+            .await
+        {
+            l.pid.store(pid as u64, Ordering::Relaxed);
+        }
+    }
+    loop {
+        let msg = pg.try_recv().await;
+        let Some(l) = owner.upgrade() else { return };
+        match msg {
+            Ok(Some(n)) => l.route(n.payload()),
+            Ok(None) => {
+                // Reconnected and listening again (eager reconnect): what was notified in
+                // between is lost, so every waiter asks the store now.
+                l.reconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(channel = %l.channel, "tessera postgres listener reconnected");
+                l.wake_all();
+            }
+            Err(e) => {
+                tracing::warn!(channel = %l.channel, error = %e, "tessera postgres listener failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Owns the receiving task: pings it, and replaces it when it stops or stops answering.
+async fn watchdog(
+    owner: Weak<Listener>,
+    first: PgListener,
+    options: PgConnectOptions,
+    ping_pool: PgPool,
+) {
+    let mut recv = tokio::spawn(receive(owner.clone(), first));
+    let mut seq: u64 = 0;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let healthy = if recv.is_finished() {
+            false
+        } else {
+            tokio::time::sleep(PING_EVERY).await;
+            let Some(l) = owner.upgrade() else {
+                recv.abort();
+                return;
+            };
+            seq += 1;
+            let sent = sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(&l.channel)
+                .bind(format!("{PING}{seq}"))
+                .execute(&ping_pool);
+            match tokio::time::timeout(PING_TIMEOUT, sent).await {
+                Ok(Ok(_)) => {
+                    let deadline = tokio::time::Instant::now() + PING_TIMEOUT;
+                    while l.pinged.load(Ordering::Relaxed) < seq
+                        && tokio::time::Instant::now() < deadline
+                        && !recv.is_finished()
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    l.pinged.load(Ordering::Relaxed) >= seq
+                }
+                // The ping did not go out: the server is unreachable from here, which says
+                // nothing about the listener; it reports its own failure.
+                _ => !recv.is_finished(),
+            }
+        };
+        if healthy {
+            continue;
+        }
+        recv.abort();
+        let Some(l) = owner.upgrade() else { return };
+        tracing::warn!(channel = %l.channel, "tessera postgres listener silent; reconnecting");
+        let channel = l.channel.clone();
+        drop(l);
+        match connect(&channel, &options).await {
+            Ok(pg) => {
+                backoff = Duration::from_millis(20);
+                recv = tokio::spawn(receive(owner.clone(), pg));
+                let Some(l) = owner.upgrade() else { return };
+                l.reconnects.fetch_add(1, Ordering::Relaxed);
+                l.wake_all();
+            }
+            Err(e) => {
+                tracing::warn!(%channel, error = %e, "tessera postgres listener: reconnect failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                // Loop with a finished task: reconnect again without a ping.
+                recv = tokio::spawn(async {});
+            }
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! The PostgreSQL store (`postgres://`, `postgresql://`): the whole contract on the database
+//! most teams already run.
+//!
+//! ```text
+//! postgres://[user[:password]@]host[:port][/database][?schema=tessera]
+//!     [&sslmode=disable|allow|prefer|require|verify-ca|verify-full][&sslrootcert=/path/ca.pem]
+//!     [&synchronous_commit=on|off]
+//! ```
+//!
+//! - `schema` (default `tessera`; `a-z 0-9 _`) holds tessera's tables and functions and
+//!   isolates tenants: every connection of the store sets `search_path` to it.
+//! - `sslmode` and `sslrootcert` as in libpq; TLS is rustls with the system's roots (or the
+//!   given CA file). The password is never printed (messages show `***`).
+//! - `synchronous_commit=off` turns PostgreSQL's `synchronous_commit` off for tessera's own
+//!   connections (every transaction they run; nobody else's). **What it risks:** a commit
+//!   returns before its WAL is flushed, so a server crash (not a client crash, not a clean
+//!   restart) can lose the last fraction of a second of operations. A lost *release* or
+//!   *renewal* only delays a permit (the lease expires by its TTL); a lost *grant* is worse:
+//!   its holder was told it holds a permit that the server no longer records, and the server
+//!   may give the same permit to someone else — for at most the lease's TTL, and only after
+//!   a server crash. Fences stay monotonic (floored at server time). Keep the default (`on`)
+//!   unless an over-grant right after a database crash is acceptable; off, hand-offs no
+//!   longer wait for the disk (see the README's figures).
+//!
+//! # How it runs
+//!
+//! - **One statement per operation.** Each operation calls one PL/pgSQL function (`sql/`,
+//!   one file per operation; the step they share is `sql/common.sql`) as a single statement
+//!   in its own implicit transaction: one round trip. The function locks the semaphore's row
+//!   (`SELECT … FOR UPDATE`; an acquire creates it first), reads `clock_timestamp()` once the
+//!   lock is held (the server's clock, never the client's), and runs the step of
+//!   `stores/sql/step.rs` statement for statement: purge, hand-off to the queue head, decide,
+//!   fence `max(last + 1, now µs, hwm + 1)`, seats. The step is checked against the memory
+//!   reference model by the differential test (`tests/postgres_store.rs`). Work per call is
+//!   bounded (at most 256 expired holders, 4,096 expired waiters and 1,024 grants; the queue
+//!   head's heartbeat continues).
+//! - **One deviation from `step.rs`, same invariant:** the store-wide fence high-water mark
+//!   (`tessera_meta.fence_hwm`) is read by every step but written only when a semaphore's row
+//!   is deleted (it went idle, or `delete`), raised to that semaphore's last fence. A live
+//!   semaphore's own `last_fence` already carries its fences, so fences of a name still never
+//!   repeat across deletions, and steps on different semaphores do not queue on one row.
+//! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
+//!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
+//!   at once run each migration exactly once; a schema newer than this build is refused. A
+//!   user without `CREATE` rights can use a schema that an administrator migrated (connect
+//!   once with the owner's URL).
+//! - **Waking**: see `listener.rs`: `pg_notify` to the granted client's own channel, one
+//!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
+//!   a self-NOTIFY watchdog against half-open connections; waiters keep their heartbeat as
+//!   the safety net.
+//! - **Faults**: every call has a [`RESPONSE_TIMEOUT`]; a connection that timed out is
+//!   closed, not reused. A failed or timed-out call may or may not have committed, exactly
+//!   like a lost reply: retries are idempotent (lease ids) and the waiting and keep-alive
+//!   logic above the seam handles it. Unreadable rows are [`Error::Corrupt`] (the functions
+//!   raise SQLSTATE `TS001`; the client checks every value again).
+
+mod listener;
+pub(crate) mod ops;
+pub(crate) mod url;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::{ConnectOptions, Connection, Row};
+
+use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
+use crate::model::*;
+use crate::seam::{Backend, Capabilities};
+
+use listener::Listener;
+use ops::micros;
+use url::{parse_url, Config};
+
+/// How long one call may take before it fails with [`StoreErrorKind::Timeout`].
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections per backend: operations plus the lease keepers' renewals.
+const POOL_SIZE: u32 = 4;
+/// The migrations, in order; the schema records the last one it ran.
+const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1];
+
+/// Acquires still running on the server, by lease id: the gate is held until the reply is in.
+type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;
+
+/// The PostgreSQL backend. Cheap to share behind an `Arc`.
+pub struct PostgresBackend {
+    pool: PgPool,
+    /// See [`PostgresBackend::settle`].
+    inflight: Inflight,
+    listener: Arc<Listener>,
+    url: String,
+    schema: String,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("url", &self.url)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// Connects to a `postgres://` URL (see the module docs): runs the migrations the schema
+    /// lacks, opens the pool, and starts (or joins) this process's wake-up listener.
+    pub async fn connect(raw: &str) -> Result<Self> {
+        let config = parse_url(raw)?;
+        if !matches!(
+            config.options.get_ssl_mode(),
+            sqlx::postgres::PgSslMode::Disable
+        ) {
+            // sqlx builds its rustls config with the process-wide provider; install ring
+            // unless the application already chose one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, config.options.connect())
+            .await
+            .map_err(|_| connect_timeout(&config))?
+            .map_err(|e| in_context(map_err(e), &config))?;
+        let migrated = tokio::time::timeout(RESPONSE_TIMEOUT * 4, migrate(&mut conn, &config))
+            .await
+            .map_err(|_| connect_timeout(&config))
+            .and_then(|r| r);
+        let _ = conn.close().await;
+        migrated?;
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .min_connections(0)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .test_before_acquire(false)
+            .connect_lazy_with(config.options.clone());
+        let o = &config.options;
+        let key = format!(
+            "{}:{}/{}/{}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or(""),
+            o.get_username()
+        );
+        let listener = Listener::shared(&key, &config.options)
+            .await
+            .map_err(|e| in_context(e, &config))?;
+        Ok(PostgresBackend {
+            pool,
+            inflight: Inflight::default(),
+            listener,
+            url: config.redacted,
+            schema: config.schema,
+        })
+    }
+
+    /// This process's client id (the suffix of its wake-up channel `tessera_w<id>`).
+    pub fn client_id(&self) -> &str {
+        self.listener.client_id()
+    }
+
+    /// The server pid of this process's listener connection (for fault tests).
+    #[doc(hidden)]
+    pub fn listener_pid(&self) -> u32 {
+        self.listener.pid()
+    }
+
+    /// How many times this process's listener connection was replaced (for fault tests).
+    #[doc(hidden)]
+    pub fn listener_reconnects(&self) -> u64 {
+        self.listener.reconnects()
+    }
+
+    /// The schema of tessera's tables and functions.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Runs one statement and returns its one row (see [`run_row`]).
+    async fn row(&self, query: sqlx::query::Query<'_, Postgres, PgArguments>) -> Result<PgRow> {
+        run_row(&self.pool, &self.url, query).await
+    }
+
+    /// Waits until an acquire of `lease` that is still running on the server has its reply.
+    ///
+    /// The race: an acquire future dropped by its caller (a timeout, a cancelled task) drops
+    /// its reply, not its statement, which the server may run *after* the cancel or release
+    /// that the client sends next on another pooled connection; the cancel would find
+    /// nothing and the late acquire would grant or queue a lease nobody holds. So every
+    /// acquire runs in a task of its own that holds the lease's gate until its reply is in,
+    /// and every later operation on that lease passes the gate first.
+    async fn settle(&self, lease: LeaseId) {
+        let gate = self.inflight.lock().unwrap().get(&lease).cloned();
+        if let Some(gate) = gate {
+            let _passed = gate.lock().await;
+        }
+    }
+}
+
+/// Runs one statement and returns its one row, within [`RESPONSE_TIMEOUT`]; a connection that
+/// timed out is closed rather than reused.
+async fn run_row(
+    pool: &PgPool,
+    url: &str,
+    query: sqlx::query::Query<'_, Postgres, PgArguments>,
+) -> Result<PgRow> {
+    let mut conn = pool.acquire().await.map_err(map_err)?;
+    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(&mut *conn)).await {
+        Ok(r) => r.map_err(map_err),
+        Err(_) => {
+            conn.close_on_drop();
+            Err(Error::store(
+                StoreErrorKind::Timeout,
+                format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
+            ))
+        }
+    }
+}
+
+fn connect_timeout(config: &Config) -> Error {
+    Error::store(
+        StoreErrorKind::Timeout,
+        format!("could not connect to {} in time", config.redacted),
+    )
+}
+
+/// Names the (redacted) URL in a store error.
+fn in_context(e: Error, config: &Config) -> Error {
+    match e {
+        Error::Store { kind, message } => {
+            Error::store(kind, format!("{}: {message}", config.redacted))
+        }
+        other => other,
+    }
+}
+
+/// Runs the migrations the schema lacks (see the module docs).
+async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
+    let latest = MIGRATIONS.len() as i32;
+    // Already up to date: nothing to lock or create (a user without CREATE rights gets here).
+    let current: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM tessera_migrations")
+        .fetch_one(&mut *conn)
+        .await
+        .ok()
+        .flatten();
+    if current == Some(latest) {
+        return Ok(());
+    }
+    let mut tx = conn.begin().await.map_err(map_err)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("tessera:migrate:{}", config.schema))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let setup = format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{0}\"; SET LOCAL search_path TO \"{0}\"; \
+         CREATE TABLE IF NOT EXISTS tessera_migrations (version int PRIMARY KEY, \
+         applied_at timestamptz NOT NULL DEFAULT now())",
+        config.schema
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let current: i32 =
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM tessera_migrations")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    if current > latest {
+        return Err(Error::Corrupt(format!(
+            "the tessera schema \"{}\" is at version {current}; this build knows up to \
+             version {latest} (upgrade tessera)",
+            config.schema
+        )));
+    }
+    for (i, files) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        for sql in *files {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+        sqlx::query("INSERT INTO tessera_migrations (version) VALUES ($1)")
+            .bind(i as i32 + 1)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    }
+    tx.commit().await.map_err(map_err)
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn acquire(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        if req.weight == 0 {
+            return Err(InvalidInput::Weight {
+                weight: 0,
+                capacity,
+            }
+            .into());
+        }
+        let (waiter_ttl, queue_cap) = match req.wait {
+            Some(w) => (Some(micros(w.waiter_ttl).max(1)), i64::from(w.queue_cap)),
+            None => (None, 0),
+        };
+        // Registered before the call: a wake-up that overtakes the reply is not lost after
+        // a listener reconnect either.
+        if waiter_ttl.is_some() {
+            self.listener.set_waiting(req.lease_id, true);
+        }
+        // Run on the server to the end even if this future is dropped (see `settle`).
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held = Arc::clone(&gate).lock_owned().await;
+        self.inflight
+            .lock()
+            .unwrap()
+            .insert(req.lease_id, Arc::clone(&gate));
+        let (pool, url, inflight) = (
+            self.pool.clone(),
+            self.url.clone(),
+            Arc::clone(&self.inflight),
+        );
+        let args = (
+            name.to_string(),
+            i64::from(capacity),
+            req.lease_id,
+            i64::from(req.weight),
+            micros(req.ttl),
+            req.holder.clone(),
+            self.listener.client_id().to_string(),
+        );
+        let task = tokio::spawn(async move {
+            let (name, capacity, lease, weight, ttl, holder, client) = args;
+            let row = run_row(
+                &pool,
+                &url,
+                sqlx::query(ops::ACQUIRE)
+                    .bind(name)
+                    .bind(capacity)
+                    .bind(lease.to_string())
+                    .bind(weight)
+                    .bind(ttl)
+                    .bind(holder)
+                    .bind(client)
+                    .bind(waiter_ttl)
+                    .bind(queue_cap),
+            )
+            .await;
+            let mut map = inflight.lock().unwrap();
+            if map.get(&lease).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
+                map.remove(&lease);
+            }
+            drop(held);
+            row
+        });
+        let row = task.await.unwrap_or_else(|e| {
+            Err(Error::store(
+                StoreErrorKind::Other,
+                format!("acquire task failed: {e}"),
+            ))
+        });
+        let reply = row.and_then(|row| ops::parse_acquire(&row, name, capacity, req));
+        let queued = matches!(reply, Ok(AcquireReply::Queued { .. }));
+        if !queued && !matches!(reply, Err(ref e) if e.is_transient()) {
+            self.listener.set_waiting(req.lease_id, false);
+        }
+        reply
+    }
+
+    async fn heartbeat(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<WaitReply> {
+        self.settle(lease).await;
+        let row = self
+            .row(
+                sqlx::query(ops::HEARTBEAT)
+                    .bind(name.as_str())
+                    .bind(lease.to_string())
+                    .bind(micros(waiter_ttl).max(1)),
+            )
+            .await?;
+        let reply = ops::parse_heartbeat(&row, lease)?;
+        self.listener
+            .set_waiting(lease, reply == WaitReply::Waiting);
+        Ok(reply)
+    }
+
+    async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
+        self.settle(lease).await;
+        let row = self
+            .row(
+                sqlx::query(ops::CANCEL)
+                    .bind(name.as_str())
+                    .bind(lease.to_string()),
+            )
+            .await?;
+        self.listener.set_waiting(lease, false);
+        ops::parse_cancel(&scalar::<String>(&row)?)
+    }
+
+    async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        self.settle(lease).await;
+        let row = self
+            .row(
+                sqlx::query(ops::RELEASE)
+                    .bind(name.as_str())
+                    .bind(lease.to_string()),
+            )
+            .await?;
+        scalar(&row)
+    }
+
+    async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
+        self.settle(lease).await;
+        let row = self
+            .row(
+                sqlx::query(ops::RENEW)
+                    .bind(name.as_str())
+                    .bind(lease.to_string())
+                    .bind(micros(ttl)),
+            )
+            .await?;
+        ops::parse_renew(&row)
+    }
+
+    async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
+        let row = self
+            .row(sqlx::query(ops::STATUS).bind(name.as_str()))
+            .await?;
+        let json: Option<String> = row
+            .try_get(0)
+            .map_err(|e| ops::corrupt(format!("status: {e}")))?;
+        json.map(|j| ops::parse_status(&j, name)).transpose()
+    }
+
+    async fn list(&self) -> Result<Vec<String>> {
+        let names = tokio::time::timeout(
+            RESPONSE_TIMEOUT,
+            sqlx::query_scalar::<_, String>(ops::LIST).fetch_all(&self.pool),
+        )
+        .await
+        .map_err(|_| Error::store(StoreErrorKind::Timeout, "list timed out"))?
+        .map_err(map_err)?;
+        Ok(names)
+    }
+
+    async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
+        let row = self
+            .row(
+                sqlx::query(ops::RESIZE)
+                    .bind(name.as_str())
+                    .bind(i64::from(capacity)),
+            )
+            .await?;
+        match row
+            .try_get::<Option<i64>, _>(0)
+            .map_err(|e| ops::corrupt(format!("resize: {e}")))?
+        {
+            Some(old) => u32::try_from(old)
+                .ok()
+                .filter(|c| (1..=MAX_CAPACITY).contains(c))
+                .ok_or_else(|| ops::corrupt(format!("capacity = {old} is out of range"))),
+            None => Err(Error::NotFound(format!(
+                "semaphore {name:?} has no holders or waiters (its capacity is set by the \
+                 clients that use it)"
+            ))),
+        }
+    }
+
+    async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        let row = self
+            .row(
+                sqlx::query(ops::REVOKE)
+                    .bind(name.as_str())
+                    .bind(lease.to_string()),
+            )
+            .await?;
+        scalar(&row)
+    }
+
+    async fn delete(&self, name: &Name) -> Result<bool> {
+        let row = self
+            .row(sqlx::query(ops::DELETE).bind(name.as_str()))
+            .await?;
+        scalar(&row)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::push()
+    }
+}
+
+/// The one non-NULL value of a one-column row.
+fn scalar<T>(row: &PgRow) -> Result<T>
+where
+    T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get::<Option<T>, _>(0)
+        .map_err(|e| ops::corrupt(e.to_string()))?
+        .ok_or_else(|| ops::corrupt("a function returned NULL"))
+}
+
+/// Classifies an sqlx error: tessera's own `TS001` and undecodable values are
+/// [`Error::Corrupt`]; connection failures, a server shutting down or starting up are
+/// [`StoreErrorKind::Connection`]; lock and serialization conflicts are
+/// [`StoreErrorKind::Busy`]; a cancelled statement is [`StoreErrorKind::Timeout`]; anything
+/// else (a read-only server, a full disk, missing rights) is [`StoreErrorKind::Other`] with
+/// PostgreSQL's message.
+pub(crate) fn map_err(e: sqlx::Error) -> Error {
+    let kind = match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            match &*code {
+                "TS001" => return Error::Corrupt(db.message().to_string()),
+                // 22P02 invalid text, 22003 out of range: a row tessera reads is damaged.
+                "22P02" | "22003" | "XX001" | "XX002" => {
+                    return Error::Corrupt(format!("PostgreSQL: {}", db.message()))
+                }
+                c if c.starts_with("08") => StoreErrorKind::Connection,
+                "57P01" | "57P02" | "57P03" | "53300" => StoreErrorKind::Connection,
+                "40001" | "40P01" | "55P03" => StoreErrorKind::Busy,
+                "57014" => StoreErrorKind::Timeout,
+                _ => StoreErrorKind::Other,
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreErrorKind::Connection,
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
+        _ => StoreErrorKind::Other,
+    };
+    Error::store(kind, format!("PostgreSQL: {e}"))
+}
+
+#[cfg(test)]
+mod tests;

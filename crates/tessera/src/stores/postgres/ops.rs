@@ -1,0 +1,247 @@
+//! The operations: one statement each, calling one PL/pgSQL function of `sql/` (the step runs
+//! on the server, see `common.sql`), and the checks of what comes back. Every value read is
+//! checked; a wrong one is [`Error::Corrupt`], never a panic.
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use crate::error::{Error, Result};
+use crate::model::*;
+
+/// Migration 1: the tables, then the step's helpers, then one function per operation.
+pub(crate) const MIGRATION_1: &[&str] = &[
+    include_str!("sql/schema.sql"),
+    include_str!("sql/common.sql"),
+    include_str!("sql/acquire.sql"),
+    include_str!("sql/heartbeat.sql"),
+    include_str!("sql/cancel.sql"),
+    include_str!("sql/release.sql"),
+    include_str!("sql/renew.sql"),
+    include_str!("sql/status.sql"),
+    include_str!("sql/resize.sql"),
+    include_str!("sql/revoke.sql"),
+    include_str!("sql/delete.sql"),
+];
+
+pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
+     acquired_at, expires_at, \"position\", available, queued, stored_capacity \
+     FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
+     acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
+pub(crate) const CANCEL: &str = "SELECT tessera_cancel($1, $2)";
+pub(crate) const RELEASE: &str = "SELECT tessera_release($1, $2)";
+pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
+pub(crate) const STATUS: &str = "SELECT tessera_status($1)";
+pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
+pub(crate) const REVOKE: &str = "SELECT tessera_revoke($1, $2)";
+pub(crate) const DELETE: &str = "SELECT tessera_delete($1)";
+pub(crate) const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
+
+pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
+    Error::Corrupt(msg.into())
+}
+
+/// A column that must be there and not NULL.
+fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get::<Option<T>, _>(col)
+        .map_err(|e| corrupt(format!("column {col}: {e}")))?
+        .ok_or_else(|| corrupt(format!("column {col} is NULL")))
+}
+
+fn opt<'r, T>(row: &'r PgRow, col: &str) -> Result<Option<T>>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get::<Option<T>, _>(col)
+        .map_err(|e| corrupt(format!("column {col}: {e}")))
+}
+
+fn u32_of(v: i64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is out of range")))
+}
+
+fn u64_of(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is negative")))
+}
+
+fn time_of(v: i64, what: &str) -> Result<StoreTime> {
+    u64_of(v, what).map(StoreTime)
+}
+
+/// Seats read back: as many as the weight, ascending, below the capacity limit.
+fn seats_of(seats: &[i32], weight: u32) -> Result<Vec<u32>> {
+    let bad = || corrupt(format!("seats {seats:?} for weight {weight}"));
+    if seats.len() as u64 != weight as u64 {
+        return Err(bad());
+    }
+    let mut out = Vec::with_capacity(seats.len());
+    for &s in seats {
+        let s = u32::try_from(s).map_err(|_| bad())?;
+        if s >= MAX_CAPACITY || out.last().is_some_and(|&l| l >= s) {
+            return Err(bad());
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+fn lease_of(s: &str) -> Result<LeaseId> {
+    s.parse().map_err(|_| {
+        corrupt(format!(
+            "lease id {:?} is not 32 hex digits",
+            s.chars().take(64).collect::<String>()
+        ))
+    })
+}
+
+/// The lease of a `granted` row (acquire, heartbeat).
+fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
+    let weight = u32_of(get(row, "weight")?, "weight")?;
+    if weight == 0 {
+        return Err(corrupt("weight = 0"));
+    }
+    let seats: Vec<i32> = get(row, "seats")?;
+    Ok(Lease {
+        lease_id,
+        weight,
+        seats: seats_of(&seats, weight)?,
+        fence: u64_of(get(row, "fence")?, "fence")?,
+        holder: get(row, "holder")?,
+        acquired_at: time_of(get(row, "acquired_at")?, "acquired_at")?,
+        expires_at: time_of(get(row, "expires_at")?, "expires_at")?,
+    })
+}
+
+/// The reply of `tessera_acquire`.
+pub(crate) fn parse_acquire(
+    row: &PgRow,
+    name: &Name,
+    capacity: u32,
+    req: &AcquireRequest,
+) -> Result<AcquireReply> {
+    let outcome: String = get(row, "outcome")?;
+    let now = time_of(get(row, "now_us")?, "now_us")?;
+    match outcome.as_str() {
+        "granted" => Ok(AcquireReply::Granted(Grant {
+            lease: lease_of_row(row, req.lease_id)?,
+            now,
+        })),
+        "queued" => Ok(AcquireReply::Queued {
+            position: u64_of(get(row, "position")?, "position")?,
+        }),
+        "no_permit" => Ok(AcquireReply::NoPermit {
+            available: u32_of(get(row, "available")?, "available")?,
+            queued: u64_of(get(row, "queued")?, "queued")?,
+        }),
+        "mismatch" => Err(Error::CapacityMismatch {
+            name: name.to_string(),
+            stored: u32_of(get(row, "stored_capacity")?, "capacity")?,
+            declared: capacity,
+        }),
+        "queue_full" => Err(Error::QueueFull {
+            name: name.to_string(),
+            cap: req.wait.map_or(0, |w| w.queue_cap),
+        }),
+        other => Err(corrupt(format!("acquire outcome {other:?}"))),
+    }
+}
+
+/// The reply of `tessera_heartbeat`.
+pub(crate) fn parse_heartbeat(row: &PgRow, lease: LeaseId) -> Result<WaitReply> {
+    let outcome: String = get(row, "outcome")?;
+    let now = time_of(get(row, "now_us")?, "now_us")?;
+    match outcome.as_str() {
+        "granted" => Ok(WaitReply::Granted(Grant {
+            lease: lease_of_row(row, lease)?,
+            now,
+        })),
+        "waiting" => Ok(WaitReply::Waiting),
+        "gone" => Ok(WaitReply::Gone),
+        other => Err(corrupt(format!("heartbeat outcome {other:?}"))),
+    }
+}
+
+pub(crate) fn parse_cancel(reply: &str) -> Result<CancelReply> {
+    match reply {
+        "dequeued" => Ok(CancelReply::Dequeued),
+        "released" => Ok(CancelReply::Released),
+        "not_found" => Ok(CancelReply::NotFound),
+        other => Err(corrupt(format!("cancel outcome {other:?}"))),
+    }
+}
+
+pub(crate) fn parse_renew(row: &PgRow) -> Result<RenewReply> {
+    let now = time_of(get(row, "now_us")?, "now_us")?;
+    Ok(match opt::<i64>(row, "expires_at")? {
+        Some(at) => RenewReply::Renewed {
+            expires_at: time_of(at, "expires_at")?,
+            now,
+        },
+        None => RenewReply::Gone,
+    })
+}
+
+/// The JSON snapshot of `tessera_status` (see `status.sql`).
+pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
+    use serde_json::Value;
+    let bad = |what: &str| corrupt(format!("status of {name}: {what}"));
+    let v: Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+    let int = |v: &Value, what: &str| v.as_i64().ok_or_else(|| bad(what));
+    let text = |v: &Value, what: &str| v.as_str().map(str::to_string).ok_or_else(|| bad(what));
+    let capacity = u32_of(int(&v["capacity"], "capacity")?, "capacity")?;
+    if capacity == 0 || capacity > MAX_CAPACITY {
+        return Err(bad("capacity out of range"));
+    }
+    let used = u32_of(int(&v["used"], "used")?, "used")?;
+    let now = time_of(int(&v["now"], "now")?, "now")?;
+    let mut holders = Vec::new();
+    for h in v["holders"].as_array().ok_or_else(|| bad("holders"))? {
+        let weight = u32_of(int(&h[1], "weight")?, "weight")?;
+        let seats: Vec<i32> = h[2]
+            .as_array()
+            .ok_or_else(|| bad("seats"))?
+            .iter()
+            .map(|s| {
+                s.as_i64()
+                    .and_then(|s| i32::try_from(s).ok())
+                    .ok_or_else(|| bad("seat"))
+            })
+            .collect::<Result<_>>()?;
+        holders.push(Lease {
+            lease_id: lease_of(&text(&h[0], "lease id")?)?,
+            weight,
+            seats: seats_of(&seats, weight)?,
+            fence: u64_of(int(&h[3], "fence")?, "fence")?,
+            holder: text(&h[4], "holder")?,
+            acquired_at: time_of(int(&h[5], "acquired_at")?, "acquired_at")?,
+            expires_at: time_of(int(&h[6], "expires_at")?, "expires_at")?,
+        });
+    }
+    let mut queue = Vec::new();
+    for w in v["queue"].as_array().ok_or_else(|| bad("queue"))? {
+        queue.push(Waiter {
+            lease_id: lease_of(&text(&w[0], "lease id")?)?,
+            weight: u32_of(int(&w[1], "weight")?, "weight")?,
+            holder: text(&w[2], "holder")?,
+            enqueued_at: time_of(int(&w[3], "enqueued_at")?, "enqueued_at")?,
+            expires_at: time_of(int(&w[4], "expires_at")?, "expires_at")?,
+        });
+    }
+    Ok(SemaphoreStatus {
+        name: name.to_string(),
+        capacity,
+        used,
+        available: capacity.saturating_sub(used),
+        now,
+        holders,
+        queue,
+    })
+}
+
+/// A duration in µs as the functions take it.
+pub(crate) fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}

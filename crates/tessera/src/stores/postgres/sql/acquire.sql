@@ -1,0 +1,104 @@
+-- tessera_acquire: grants, queues (p_waiter_ttl not NULL) or refuses; stores/sql/step.rs
+-- `acquire`, in one call.
+--
+-- p_name        the semaphore
+-- p_capacity    the capacity the client declares (creates the semaphore if it has no row)
+-- p_lease       the lease id (32 hex digits); a retry with the same id returns what it has
+-- p_weight      permits wanted, 1 <= p_weight <= p_capacity (checked by the client)
+-- p_ttl         lease TTL, µs
+-- p_holder      the holder label
+-- p_client      this client's id (its wake-up channel is tessera_w<p_client>)
+-- p_waiter_ttl  waiter heartbeat TTL, µs; NULL for a try (never queues)
+-- p_queue_cap   the queue's cap (with p_waiter_ttl)
+--
+-- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at),
+-- 'queued' (position), 'no_permit' (available, queued), 'mismatch' (stored_capacity) or
+-- 'queue_full'; now_us in every case. A mismatch or a full queue still commits the purge.
+CREATE OR REPLACE FUNCTION tessera_acquire(
+    p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
+    p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint
+) RETURNS TABLE (
+    outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
+    acquired_at bigint, expires_at bigint, "position" bigint, available bigint,
+    queued bigint, stored_capacity bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    st   tessera_step;
+    h    tessera_holders;
+    seq_ bigint;
+BEGIN
+    st := tessera__load(p_name, p_capacity);
+    now_us := st.now_us;
+    -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
+    -- takes the capacity this client declares (as in the reference model).
+    IF st.used = 0 AND st.queued = 0 AND st.capacity <> p_capacity THEN
+        st.capacity := p_capacity;
+        st.dirty := true;
+    END IF;
+    IF st.capacity <> p_capacity THEN
+        outcome := 'mismatch';
+        stored_capacity := st.capacity;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- A retry of an acquire whose reply was lost: report what it already has.
+    IF st.used > 0 THEN
+        SELECT * INTO h FROM tessera_holders t WHERE t.name = p_name AND t.lease_id = p_lease;
+        IF FOUND THEN
+            outcome := 'granted';
+            weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
+            acquired_at := h.acquired_at; expires_at := h.expires_at;
+            PERFORM tessera__finish(st);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_waiter_ttl IS NOT NULL THEN
+        seq_ := tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl);
+        IF seq_ IS NOT NULL THEN
+            outcome := 'queued';
+            SELECT count(*) INTO "position" FROM tessera_waiters w
+            WHERE w.name = p_name AND w.seq < seq_;
+            PERFORM tessera__finish(st);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    -- Only a request that finds nobody waiting may take free permits: neither a try nor a
+    -- newcomer jumps the queue.
+    IF st.queued = 0 AND st.used + p_weight <= st.capacity THEN
+        st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
+        outcome := 'granted';
+        weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
+        acquired_at := st.now_us; expires_at := st.now_us + p_ttl;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_waiter_ttl IS NULL THEN
+        outcome := 'no_permit';
+        available := greatest(st.capacity - st.used, 0);
+        queued := st.queued;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF st.queued >= p_queue_cap THEN
+        outcome := 'queue_full';
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    INSERT INTO tessera_waiters (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
+    VALUES (p_name, st.next_seq, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
+            st.now_us + p_waiter_ttl);
+    st.next_seq := st.next_seq + 1;
+    st.queued := st.queued + 1;
+    st.dirty := true;
+    outcome := 'queued';
+    "position" := st.queued - 1;
+    PERFORM tessera__finish(st);
+    RETURN NEXT;
+END $$;

@@ -1,0 +1,381 @@
+-- tessera PostgreSQL store: the step shared by every operation (stores/sql/step.rs, helper by
+-- helper), as PL/pgSQL functions over the state `tessera_step`. Each takes the state and
+-- returns it changed (`st := tessera__x(st, …)`); none commits or locks anything itself except
+-- `tessera__load`, which every operation but delete calls first.
+--
+-- Invariants (as in stores/sql/mod.rs): the semaphore row is locked FOR UPDATE before
+-- anything is read, and the clock is read once after that lock; `used` is the sum of holder
+-- weights and `queued` the number of waiters; seats at or above `seat_high` are free, seats
+-- returned below it are rows of tessera_free_seats; a fence is
+-- max(last_fence + 1, now in µs, fence_hwm + 1). Every value read is checked: a wrong one
+-- raises SQLSTATE TS001, which the client reports as Error::Corrupt.
+--
+-- Bounded work: a step purges at most 256 expired holders and 4,096 expired waiters and
+-- grants at most 1,024 waiters; the rest is left to the next step (the queue head's own
+-- heartbeat runs one).
+
+-- Raises tessera's "corrupt" error (SQLSTATE TS001) with `msg`.
+CREATE OR REPLACE FUNCTION tessera__corrupt(msg text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'TS001', MESSAGE = msg;
+END $$;
+
+-- The wake-up channel of client `client` (one per client process).
+CREATE OR REPLACE FUNCTION tessera__channel(client text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'tessera_w' || client $$;
+
+-- Pushes a wake-up for `lease` to `client`'s channel (sent at commit). A client id that is not
+-- 1 to 32 hex digits (damaged, or empty) gets none: its waiter's heartbeat finds the grant.
+CREATE OR REPLACE FUNCTION tessera__wake(client text, lease text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF client ~ '^[0-9a-f]{1,32}$' THEN
+        PERFORM pg_notify(tessera__channel(client), lease);
+    END IF;
+END $$;
+
+-- Checks a lease id read back from a row.
+CREATE OR REPLACE FUNCTION tessera__check_lease(lease text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF lease IS NULL OR lease !~ '^[0-9a-f]{32}$' THEN
+        PERFORM tessera__corrupt(format('lease id %L is not 32 hex digits', left(lease, 64)));
+    END IF;
+END $$;
+
+-- Checks a holder's weight and seats: 1 <= weight, as many seats as the weight, ascending,
+-- none negative.
+CREATE OR REPLACE FUNCTION tessera__check_seats(weight bigint, seats int4[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    i int;
+BEGIN
+    IF weight IS NULL OR weight < 1 OR weight > 1000000 THEN
+        PERFORM tessera__corrupt(format('weight = %s is out of range', weight));
+    END IF;
+    IF seats IS NULL OR coalesce(cardinality(seats), 0) <> weight
+       OR array_position(seats, NULL) IS NOT NULL OR seats[1] < 0 THEN
+        PERFORM tessera__corrupt(format('seats %s for weight %s', left(seats::text, 64), weight));
+    END IF;
+    FOR i IN 2 .. cardinality(seats) LOOP
+        IF seats[i] <= seats[i - 1] THEN
+            PERFORM tessera__corrupt(format('seats %s are not ascending', left(seats::text, 64)));
+        END IF;
+    END LOOP;
+END $$;
+
+-- The first statement of a step: locks the semaphore's row (creating it with `create` as
+-- capacity when `create` is not NULL: an acquire), then reads the clock, the fence high-water
+-- mark and the counters, then purges and hands off. Without a row and without `create`,
+-- returns a state with `found` false: nothing to lock, nothing changes.
+CREATE OR REPLACE FUNCTION tessera__load(p_name text, p_create bigint) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    st tessera_step;
+    r  tessera_semaphores;
+BEGIN
+    st.name := p_name;
+    st.dirty := false;
+    st.hit := false;
+    LOOP
+        SELECT * INTO r FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+        EXIT WHEN FOUND OR p_create IS NULL;
+        -- A placeholder with nothing used or queued, which the step treats as a missing row.
+        -- If a concurrent step deletes it before we lock it, the loop inserts it again.
+        INSERT INTO tessera_semaphores (name, capacity, used, queued, last_fence, next_seq, seat_high)
+        VALUES (p_name, p_create, 0, 0, 0, 0, 0)
+        ON CONFLICT (name) DO NOTHING;
+    END LOOP;
+    -- The clock only now: clock_timestamp() in the locking statement could be read before
+    -- the wait for the lock ended.
+    st.now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    SELECT value INTO st.hwm FROM tessera_meta WHERE key = 'fence_hwm';
+    IF st.hwm IS NULL OR st.hwm < 0 THEN
+        PERFORM tessera__corrupt(format('fence_hwm = %s is missing or negative', st.hwm));
+    END IF;
+    IF r.name IS NULL THEN
+        st.found := false;
+        RETURN st;
+    END IF;
+    IF r.capacity IS NULL OR r.capacity < 1 OR r.capacity > 1000000 THEN
+        PERFORM tessera__corrupt(format('capacity = %s is out of range', r.capacity));
+    END IF;
+    IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.queued IS NULL OR r.queued < 0
+       OR r.last_fence IS NULL OR r.last_fence < 0 OR r.next_seq IS NULL OR r.next_seq < 0
+       OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000 THEN
+        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s) is out of range',
+            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high));
+    END IF;
+    st.found := true;
+    st.capacity := r.capacity;
+    st.used := r.used;
+    st.queued := r.queued;
+    st.last_fence := r.last_fence;
+    st.next_seq := r.next_seq;
+    st.seat_high := r.seat_high;
+    IF st.used = 0 AND st.queued = 0 THEN
+        -- A new (placeholder) or idle row: it starts at the store-wide high-water mark, and
+        -- there is nothing to purge or hand off.
+        st.last_fence := greatest(st.last_fence, st.hwm);
+        RETURN st;
+    END IF;
+    RETURN tessera__purge_and_hand_off(st);
+END $$;
+
+-- Writes the semaphore row back if it changed, or deletes it (with any free seats) when it
+-- has neither holders nor waiters, raising the fence high-water mark to its last fence.
+CREATE OR REPLACE FUNCTION tessera__finish(st tessera_step) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT st.found THEN
+        RETURN;
+    END IF;
+    IF st.used = 0 AND st.queued = 0 THEN
+        DELETE FROM tessera_semaphores WHERE name = st.name;
+        IF st.seat_high <> 0 THEN
+            DELETE FROM tessera_free_seats WHERE name = st.name;
+        END IF;
+        -- Written only when a semaphore goes, not at every grant: a grant reads the mark but
+        -- does not serialize every semaphore of the store on its row.
+        UPDATE tessera_meta SET value = st.last_fence
+        WHERE key = 'fence_hwm' AND value < st.last_fence;
+    ELSIF st.dirty THEN
+        UPDATE tessera_semaphores
+        SET capacity = st.capacity, used = st.used, queued = st.queued,
+            last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high
+        WHERE name = st.name;
+    END IF;
+END $$;
+
+-- Drops expired holders (at most 256) and waiters (at most 4,096), then hands off.
+CREATE OR REPLACE FUNCTION tessera__purge_and_hand_off(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    freed int4[] := '{}';
+    n     bigint;
+BEGIN
+    IF st.used > 0 THEN
+        FOR r IN
+            DELETE FROM tessera_holders
+            WHERE name = st.name AND lease_id IN (
+                SELECT lease_id FROM tessera_holders
+                WHERE name = st.name AND expires_at <= st.now_us
+                ORDER BY expires_at LIMIT 256)
+            RETURNING weight, seats
+        LOOP
+            PERFORM tessera__check_seats(r.weight, r.seats);
+            IF st.used < r.weight THEN
+                PERFORM tessera__corrupt(format('used %s < a holder''s weight %s', st.used, r.weight));
+            END IF;
+            st.used := st.used - r.weight;
+            freed := freed || r.seats;
+            st.dirty := true;
+        END LOOP;
+        IF cardinality(freed) > 0 THEN
+            SELECT array_agg(s ORDER BY s) INTO freed FROM unnest(freed) s;
+            st := tessera__return_seats(st, freed);
+        END IF;
+    END IF;
+    IF st.queued > 0 THEN
+        DELETE FROM tessera_waiters
+        WHERE name = st.name AND seq IN (
+            SELECT seq FROM tessera_waiters
+            WHERE name = st.name AND expires_at <= st.now_us
+            ORDER BY expires_at LIMIT 4096);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n > 0 THEN
+            IF st.queued < n THEN
+                PERFORM tessera__corrupt(format('queued %s < %s waiters removed', st.queued, n));
+            END IF;
+            st.queued := st.queued - n;
+            st.dirty := true;
+        END IF;
+    END IF;
+    RETURN tessera__hand_off(st);
+END $$;
+
+-- Strict FIFO: grants the queue head while it fits (at most 1,024 per step); a head that does
+-- not fit blocks everyone behind it. Each granted waiter gets a wake-up on its client's channel.
+CREATE OR REPLACE FUNCTION tessera__hand_off(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    h      record;
+    grants int := 0;
+BEGIN
+    WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
+        DELETE FROM tessera_waiters
+        WHERE name = st.name
+          AND seq = (SELECT min(seq) FROM tessera_waiters WHERE name = st.name)
+          AND weight <= st.capacity - st.used
+        RETURNING lease_id, weight, holder, client, ttl INTO h;
+        EXIT WHEN NOT FOUND;
+        st.queued := st.queued - 1;
+        PERFORM tessera__check_lease(h.lease_id);
+        IF h.weight < 1 OR h.ttl < 0 THEN
+            PERFORM tessera__corrupt(format('waiter weight %s / ttl %s is out of range', h.weight, h.ttl));
+        END IF;
+        st := tessera__grant(st, h.lease_id, h.weight, h.ttl, h.holder, h.client);
+        PERFORM tessera__wake(h.client, h.lease_id);
+        grants := grants + 1;
+    END LOOP;
+    RETURN st;
+END $$;
+
+-- Grants `lease`: the lowest free seats (returned ones first, then from seat_high up), the
+-- next fence, expiry now + ttl. Leaves the seats and fence in `st.seats`, `st.fence`.
+CREATE OR REPLACE FUNCTION tessera__grant(
+    st tessera_step, p_lease text, p_weight bigint, p_ttl bigint, p_holder text, p_client text
+) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken int4[] := '{}';
+    rest  bigint;
+    fence bigint;
+BEGIN
+    IF st.seat_high > 0 THEN
+        WITH t AS (
+            DELETE FROM tessera_free_seats
+            WHERE name = st.name AND seat IN (
+                SELECT seat FROM tessera_free_seats
+                WHERE name = st.name AND seat < st.capacity
+                ORDER BY seat LIMIT p_weight)
+            RETURNING seat)
+        SELECT coalesce(array_agg(seat::int4 ORDER BY seat), '{}') INTO taken FROM t;
+    END IF;
+    rest := p_weight - cardinality(taken);
+    IF rest > 0 THEN
+        -- After a shrinking resize seat_high may exceed the capacity; that is fine as long as
+        -- the returned seats below the capacity sufficed.
+        IF st.seat_high + rest > st.capacity THEN
+            PERFORM tessera__corrupt(format('no %s free seats below capacity %s (seat_high %s)',
+                p_weight, st.capacity, st.seat_high));
+        END IF;
+        taken := taken || ARRAY(SELECT g::int4 FROM generate_series(st.seat_high, st.seat_high + rest - 1) g);
+        st.seat_high := st.seat_high + rest;
+    END IF;
+    -- The server's time is wall time: it is the fences' floor too.
+    fence := greatest(st.last_fence + 1, st.now_us, st.hwm + 1);
+    st.last_fence := fence;
+    st.hwm := fence;
+    st.used := st.used + p_weight;
+    st.dirty := true;
+    st.seats := taken;
+    st.fence := fence;
+    INSERT INTO tessera_holders (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at)
+    VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us, st.now_us + p_ttl);
+    RETURN st;
+END $$;
+
+-- Returns ascending `seats` to the free set, lowering seat_high over free seats at its top so
+-- the free set stays small.
+CREATE OR REPLACE FUNCTION tessera__return_seats(st tessera_step, seats int4[]) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    high    bigint := st.seat_high;
+    n       int := coalesce(cardinality(seats), 0);
+    i       int;
+    top     bigint[];
+    s       bigint;
+    lowered int;
+BEGIN
+    IF n = 0 THEN
+        RETURN st;
+    END IF;
+    IF seats[n] >= st.seat_high OR seats[1] < 0 THEN
+        PERFORM tessera__corrupt(format('seat %s >= seat_high %s', seats[n], st.seat_high));
+    END IF;
+    FOR i IN 2 .. n LOOP
+        IF seats[i] <= seats[i - 1] THEN
+            PERFORM tessera__corrupt(format('seat %s returned twice', seats[i]));
+        END IF;
+    END LOOP;
+    -- Seats right below seat_high need no row: they just lower it.
+    WHILE n > 0 AND seats[n] + 1 = high LOOP
+        n := n - 1;
+        high := high - 1;
+    END LOOP;
+    IF n > 0 THEN
+        INSERT INTO tessera_free_seats (name, seat) SELECT st.name, x FROM unnest(seats[1:n]) x;
+    END IF;
+    IF high < st.seat_high THEN
+        -- seat_high - 1 was returned; keep lowering over free seats already stored.
+        WHILE high > 0 LOOP
+            top := ARRAY(SELECT seat FROM tessera_free_seats
+                         WHERE name = st.name AND seat < high ORDER BY seat DESC LIMIT 256);
+            lowered := 0;
+            FOREACH s IN ARRAY top LOOP
+                EXIT WHEN s + 1 <> high;
+                high := high - 1;
+                lowered := lowered + 1;
+            END LOOP;
+            IF lowered > 0 THEN
+                DELETE FROM tessera_free_seats WHERE name = st.name AND seat >= high;
+            END IF;
+            EXIT WHEN lowered < 256;
+        END LOOP;
+    END IF;
+    st.seat_high := high;
+    st.dirty := true;
+    RETURN st;
+END $$;
+
+-- Removes the holder of `lease`, returning its permits and seats; `st.hit` says whether it
+-- was held, `st.hit_client` whose it was.
+CREATE OR REPLACE FUNCTION tessera__remove_holder(st tessera_step, p_lease text) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    st.hit := false;
+    st.hit_client := NULL;
+    DELETE FROM tessera_holders WHERE name = st.name AND lease_id = p_lease
+    RETURNING weight, seats, client INTO r;
+    IF NOT FOUND THEN
+        RETURN st;
+    END IF;
+    PERFORM tessera__check_seats(r.weight, r.seats);
+    IF st.used < r.weight THEN
+        PERFORM tessera__corrupt(format('used %s < a holder''s weight %s', st.used, r.weight));
+    END IF;
+    st.used := st.used - r.weight;
+    st.dirty := true;
+    st.hit := true;
+    st.hit_client := r.client;
+    RETURN tessera__return_seats(st, r.seats);
+END $$;
+
+-- Removes the waiter of `lease`; `st.hit` says whether it was queued.
+CREATE OR REPLACE FUNCTION tessera__remove_waiter(st tessera_step, p_lease text) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM tessera_waiters WHERE name = st.name AND lease_id = p_lease;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF st.queued < n THEN
+        PERFORM tessera__corrupt(format('queued %s < %s waiters removed', st.queued, n));
+    END IF;
+    st.queued := st.queued - n;
+    st.hit := n > 0;
+    IF n > 0 THEN
+        st.dirty := true;
+    END IF;
+    RETURN st;
+END $$;
+
+-- Sets the waiter's expiry to max(expiry, at); its seq, or NULL if `lease` is not queued.
+CREATE OR REPLACE FUNCTION tessera__refresh_waiter(st tessera_step, p_lease text, p_at bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    seq_ bigint;
+BEGIN
+    IF st.queued = 0 THEN
+        RETURN NULL;
+    END IF;
+    UPDATE tessera_waiters SET expires_at = greatest(expires_at, p_at)
+    WHERE name = st.name AND lease_id = p_lease
+    RETURNING seq INTO seq_;
+    RETURN seq_;
+END $$;

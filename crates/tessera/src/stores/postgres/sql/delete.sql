@@ -1,0 +1,30 @@
+-- tessera_delete: removes a semaphore with its holders and waiters; stores/sql/step.rs
+-- `delete`, in one call. Runs without purging (as the model), and wakes every holder and
+-- waiter it removes, whatever their rows hold: deleting is how an admin clears damaged rows.
+--
+-- p_name  the semaphore
+--
+-- Whether it existed. Its last fence raises the store-wide high-water mark, so a semaphore
+-- created again under this name issues higher fences.
+CREATE OR REPLACE FUNCTION tessera_delete(p_name text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    r    record;
+    last bigint;
+BEGIN
+    -- Lock the row first, so a concurrent acquire cannot add a holder this delete misses.
+    PERFORM 1 FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    FOR r IN DELETE FROM tessera_holders WHERE name = p_name RETURNING lease_id, client LOOP
+        PERFORM tessera__wake(r.client, r.lease_id);
+    END LOOP;
+    FOR r IN DELETE FROM tessera_waiters WHERE name = p_name RETURNING lease_id, client LOOP
+        PERFORM tessera__wake(r.client, r.lease_id);
+    END LOOP;
+    DELETE FROM tessera_free_seats WHERE name = p_name;
+    DELETE FROM tessera_semaphores WHERE name = p_name RETURNING last_fence INTO last;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE tessera_meta SET value = last WHERE key = 'fence_hwm' AND value < last;
+    RETURN true;
+END $$;

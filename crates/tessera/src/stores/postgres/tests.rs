@@ -1,0 +1,60 @@
+//! Unit tests of the PostgreSQL store that need no server (the server tests are in
+//! `tests/postgres_store.rs` and the test kit's conformance suite).
+
+use super::*;
+
+#[test]
+fn every_migration_file_starts_with_a_header_comment() {
+    for files in MIGRATIONS {
+        for sql in *files {
+            assert!(
+                sql.starts_with("-- tessera"),
+                "{}",
+                &sql[..60.min(sql.len())]
+            );
+        }
+    }
+}
+
+#[test]
+fn operation_functions_are_created_by_the_migration() {
+    let all: String = MIGRATIONS.iter().flat_map(|f| f.iter().copied()).collect();
+    for f in [
+        "tessera_acquire",
+        "tessera_heartbeat",
+        "tessera_cancel",
+        "tessera_release",
+        "tessera_renew",
+        "tessera_status",
+        "tessera_resize",
+        "tessera_revoke",
+        "tessera_delete",
+    ] {
+        assert!(
+            all.contains(&format!("CREATE OR REPLACE FUNCTION {f}(")),
+            "{f}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bad_url_is_refused_before_any_connection() {
+    let err = PostgresBackend::connect("postgres://u:hunter2@127.0.0.1:1/db?schema=BAD")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::StoreUrl { .. })),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_connection_error_without_the_password() {
+    // Port 1 on loopback: nothing listens there.
+    let err = PostgresBackend::connect("postgres://u:hunter2@127.0.0.1:1/db")
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+}

@@ -1,0 +1,228 @@
+//! `postgres://` and `postgresql://` URLs: what tessera reads from them and the sqlx
+//! connection options it builds (see the module docs of `mod.rs` for the form).
+
+use std::path::PathBuf;
+
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+use crate::error::{redact_url, Error, InvalidInput, Result};
+
+/// The schema tessera's tables and functions live in unless `?schema=` says otherwise.
+pub(crate) const DEFAULT_SCHEMA: &str = "tessera";
+/// PostgreSQL identifiers are at most 63 bytes.
+const MAX_SCHEMA_LEN: usize = 63;
+
+/// A parsed URL.
+#[derive(Clone)]
+pub(crate) struct Config {
+    /// Host, port, user, password, database and TLS, for sqlx (holds the password: never
+    /// printed; `PgConnectOptions`' `Debug` shows it, so `Config` has no `Debug`).
+    pub options: PgConnectOptions,
+    /// The URL with its password replaced by `***`, for messages.
+    pub redacted: String,
+    /// The schema of tessera's tables and functions.
+    pub schema: String,
+    /// `synchronous_commit=off` was asked for (see the module docs: what it risks).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub async_commit: bool,
+}
+
+/// Parses a `postgres://` or `postgresql://` URL (see the module docs). Nothing connects.
+pub(crate) fn parse_url(raw: &str) -> Result<Config> {
+    let redacted = redact_url(raw);
+    let bad = |reason: String| -> Error {
+        InvalidInput::StoreUrl {
+            url: redacted.clone(),
+            reason,
+        }
+        .into()
+    };
+    let url = url::Url::parse(raw).map_err(|e| bad(format!("not a URL ({e})")))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(bad("expected postgres:// or postgresql://".into()));
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| bad("missing host, e.g. postgres://user@127.0.0.1:5432/db".into()))?;
+    // `[::1]` arrives bracketed; sqlx wants the bare address.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if url.fragment().is_some() {
+        return Err(bad("postgres URLs take no #fragment".into()));
+    }
+    let mut options = PgConnectOptions::new_without_pgpass()
+        .host(host)
+        .port(url.port().unwrap_or(5432))
+        .application_name("tessera");
+    let decode = |s: &str, what: &str| -> Result<String> {
+        percent_decode(s)
+            .ok_or_else(|| bad(format!("the {what} is not valid percent-encoded UTF-8")))
+    };
+    if !url.username().is_empty() {
+        options = options.username(&decode(url.username(), "user name")?);
+    }
+    if let Some(password) = url.password() {
+        options = options.password(&decode(password, "password")?);
+    }
+    let path = url.path().trim_start_matches('/');
+    if path.contains('/') {
+        return Err(bad(format!(
+            "the path must be one database name, e.g. /app, not /{path}"
+        )));
+    }
+    if !path.is_empty() {
+        options = options.database(&decode(path, "database name")?);
+    }
+    let mut schema = DEFAULT_SCHEMA.to_string();
+    let mut async_commit = false;
+    let mut ssl_mode = None;
+    let mut root_cert = None;
+    for (k, v) in url.query_pairs() {
+        match &*k {
+            "schema" => {
+                let ok = !v.is_empty()
+                    && v.len() <= MAX_SCHEMA_LEN
+                    && v.bytes()
+                        .next()
+                        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+                    && v.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                if !ok || v.starts_with("pg_") {
+                    return Err(bad(format!(
+                        "schema {v:?} must be 1-{MAX_SCHEMA_LEN} bytes of a-z 0-9 _, \
+                         starting with a letter or _, and not pg_…"
+                    )));
+                }
+                schema = v.into_owned();
+            }
+            "sslmode" => {
+                ssl_mode = Some(match &*v {
+                    "disable" => PgSslMode::Disable,
+                    "allow" => PgSslMode::Allow,
+                    "prefer" => PgSslMode::Prefer,
+                    "require" => PgSslMode::Require,
+                    "verify-ca" => PgSslMode::VerifyCa,
+                    "verify-full" => PgSslMode::VerifyFull,
+                    _ => {
+                        return Err(bad(format!(
+                            "sslmode={v} must be disable, allow, prefer, require, verify-ca or \
+                             verify-full"
+                        )))
+                    }
+                })
+            }
+            "sslrootcert" => {
+                if v.is_empty() {
+                    return Err(bad("sslrootcert must name a file".into()));
+                }
+                root_cert = Some(PathBuf::from(&*v));
+            }
+            "synchronous_commit" => {
+                async_commit = match &*v {
+                    "on" => false,
+                    "off" => true,
+                    _ => return Err(bad(format!("synchronous_commit={v} must be on or off"))),
+                }
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown option {k:?}; known: schema, sslmode, sslrootcert, \
+                     synchronous_commit"
+                )))
+            }
+        }
+    }
+    if let Some(mode) = ssl_mode {
+        options = options.ssl_mode(mode);
+    }
+    if let Some(cert) = root_cert {
+        options = options.ssl_root_cert(cert);
+    }
+    let mut session = vec![("search_path", format!("\"{schema}\""))];
+    if async_commit {
+        session.push(("synchronous_commit", "off".to_string()));
+    }
+    options = options.options(session);
+    Ok(Config {
+        options,
+        redacted,
+        schema,
+        async_commit,
+    })
+}
+
+/// Percent-decodes a URL component; `None` if it is not valid UTF-8 afterwards.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(url: &str) -> String {
+        match parse_url(url) {
+            Err(Error::InvalidInput(InvalidInput::StoreUrl { reason, url })) => {
+                assert!(!url.contains("hunter2"), "{url}");
+                assert!(!reason.contains("hunter2"), "{reason}");
+                reason
+            }
+            Err(e) => panic!("{url}: {e}"),
+            Ok(_) => panic!("{url} was accepted"),
+        }
+    }
+
+    #[test]
+    fn urls_are_parsed_and_checked() {
+        let c = parse_url(
+            "postgres://app:hunter2@127.0.0.1:6543/orders?schema=team_a&sslmode=require&synchronous_commit=off",
+        )
+        .unwrap();
+        assert_eq!(c.schema, "team_a");
+        assert!(c.async_commit);
+        assert_eq!(c.options.get_host(), "127.0.0.1");
+        assert_eq!(c.options.get_port(), 6543);
+        assert_eq!(c.options.get_username(), "app");
+        assert_eq!(c.options.get_database(), Some("orders"));
+        assert!(matches!(c.options.get_ssl_mode(), PgSslMode::Require));
+        assert_eq!(
+            c.redacted,
+            "postgres://app:***@127.0.0.1:6543/orders?schema=team_a&sslmode=require&synchronous_commit=off"
+        );
+        let c = parse_url("postgresql://u@db.internal/x").unwrap();
+        assert_eq!(c.schema, DEFAULT_SCHEMA);
+        assert!(!c.async_commit);
+        assert_eq!(c.options.get_port(), 5432);
+        let c = parse_url("postgres://u:p%40ss%2Fw@h/d%20b").unwrap();
+        assert_eq!(c.options.get_database(), Some("d b"));
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_echoing_the_password() {
+        assert!(reason("postgres://u:hunter2@/db").contains("missing host"));
+        assert!(reason("postgres://u:hunter2@h/db?schema=Bad").contains("schema"));
+        assert!(reason("postgres://u:hunter2@h/db?schema=pg_catalog").contains("schema"));
+        assert!(reason("postgres://u:hunter2@h/db?schema=").contains("schema"));
+        assert!(reason("postgres://u:hunter2@h/db?sslmode=maybe").contains("sslmode"));
+        assert!(reason("postgres://u:hunter2@h/db?synchronous_commit=local")
+            .contains("synchronous_commit"));
+        assert!(reason("postgres://u:hunter2@h/db?pool=9").contains("unknown option"));
+        assert!(reason("postgres://u:hunter2@h/a/b").contains("one database name"));
+        assert!(reason("postgres://u:hunter2@h/db#x").contains("fragment"));
+        assert!(reason("postgres://u:hunter2%ff@h/db").contains("password"));
+    }
+}

@@ -1,0 +1,380 @@
+//! The PostgreSQL store against a throwaway server per test (`initdb` + `pg_ctl` from the
+//! test kit; a missing PostgreSQL fails the test with the install line). The store must
+//! behave like the reference model (`memory://`) operation by operation (the test kit's
+//! differential test, on the server's clock: long TTLs, times and fences left out), and
+//! survive the server's faults: restarts (fast and immediate), killed backends under a holder,
+//! a waiter and the listener, a read-only server, and garbage in its rows.
+#![cfg(feature = "postgres")]
+
+use std::time::Duration;
+
+use tessera::backend::stores::PostgresBackend;
+use tessera::backend::*;
+use tessera::*;
+use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::servers::postgres::{PostgresServer, Shutdown};
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: id,
+        weight,
+        ttl,
+        holder: format!("test/{weight}"),
+        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
+            waiter_ttl,
+            queue_cap,
+        }),
+    }
+}
+
+async fn backend(server: &PostgresServer, schema: &str) -> PostgresBackend {
+    PostgresBackend::connect(&server.url_with_schema(schema))
+        .await
+        .unwrap()
+}
+
+/// Polls `f` every 20 ms until it holds, for at most `secs`.
+async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {secs}s: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The test kit's differential test against the reference model, and after every step: the
+/// counters of every semaphore row equal what its holder and waiter rows sum to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaves_like_the_memory_model_operation_by_operation() {
+    let server = PostgresServer::start();
+    let mut seen = Seen::default();
+    for seed in 0..4u64 {
+        let schema = format!("diff{seed}");
+        let pg = backend(&server, &schema).await;
+        let mut d = Differential::new(&pg, DiffClock::Server, seed);
+        for _ in 0..300 {
+            let what = d.step().await;
+            let wrong = server.psql(&format!(
+                "SELECT count(*) FROM {schema}.tessera_semaphores s WHERE \
+                 s.used <> coalesce((SELECT sum(weight) FROM {schema}.tessera_holders h WHERE h.name = s.name), 0) \
+                 OR s.queued <> (SELECT count(*) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
+                 OR (s.used = 0 AND s.queued = 0)"
+            ));
+            assert_eq!(
+                wrong, "0",
+                "{what} left a semaphore row out of step with its rows"
+            );
+        }
+        seen.add(&d);
+    }
+    seen.assert_every_answer_reached();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "expiry").await;
+    let n = name("expiry");
+    let (a, b, c) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    let short = Duration::from_millis(300);
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, short, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        pg.acquire(&n, 1, &req(c, 1, LONG, Some((short, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert_eq!(
+        pg.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 1 }
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A's lease and C's wait expired: B's heartbeat purges both and is granted.
+    match pg.heartbeat(&n, b, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![0]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pg.heartbeat(&n, c, LONG).await.unwrap(), WaitReply::Gone);
+}
+
+/// Several processes (here: backends) migrating one schema at once run each migration once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_connects_migrate_once() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("race");
+    let connects: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PostgresBackend::connect(&url).await })
+        })
+        .collect();
+    for c in connects {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        server.psql("SELECT string_agg(version::text, ',') FROM race.tessera_migrations"),
+        "1"
+    );
+}
+
+/// A grant made by another process reaches a waiter through NOTIFY on its own channel, also
+/// after its listener's backend was killed (the listener reconnects and every waiter checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("wake");
+    let store = Store::connect(&url).await.unwrap();
+    let sem = Semaphore::new(&store, "w", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(server.terminate("tessera-listener") >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+    store.close().await.unwrap();
+}
+
+/// Killing the pool's backends under a holder and a waiter: the holder keeps its lease (the
+/// keeper renews on a new connection), the waiter is still served, nothing is over-granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_and_waiters_survive_killed_backends() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("kill");
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().ttl(Duration::from_secs(1));
+    let sem = Semaphore::new(&store, "k", 1, opts).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        server.terminate("tessera");
+    }
+    // Across five kills (2 s, twice the TTL) the holder's lease stayed held.
+    // The call right after a kill may meet the killed connection: a transient error.
+    let mut status = None;
+    for _ in 0..20 {
+        match store.status("k").await {
+            Ok(s) => {
+                status = s;
+                break;
+            }
+            Err(e) => assert!(e.is_transient(), "{e:?}"),
+        }
+    }
+    let status = status.expect("a status");
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(status.holders[0].lease_id, held.lease_id());
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+}
+
+/// A restart (fast, then immediate: crash recovery) keeps every lease: PostgreSQL is durable,
+/// and the clients reconnect by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_survive_fast_and_immediate_restarts() {
+    let mut server = PostgresServer::start();
+    let url = server.url_with_schema("restart");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("r");
+    let a = LeaseId::random();
+    let AcquireReply::Granted(first) = pg.acquire(&n, 2, &req(a, 1, LONG, None)).await.unwrap()
+    else {
+        panic!("not granted")
+    };
+    for mode in [Shutdown::Fast, Shutdown::Immediate] {
+        server.restart_with(mode);
+        // The first call on a pooled connection of the old server may fail; retry.
+        let mut renewed = None;
+        for _ in 0..50 {
+            match pg.renew(&n, a, LONG).await {
+                Ok(r) => {
+                    renewed = Some(r);
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.is_transient(), "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        assert!(
+            matches!(renewed, Some(RenewReply::Renewed { .. })),
+            "{mode:?}"
+        );
+    }
+    let b = LeaseId::random();
+    let AcquireReply::Granted(second) = pg.acquire(&n, 2, &req(b, 1, LONG, None)).await.unwrap()
+    else {
+        panic!("not granted")
+    };
+    assert!(second.lease.fence > first.lease.fence);
+    assert_eq!(second.lease.seats, vec![1]);
+    assert!(matches!(
+        pg.acquire(&n, 2, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::NoPermit { .. }
+    ));
+}
+
+/// A read-only server refuses what writes with a clear error and grants nothing; once
+/// writable again, everything works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_refuses_writes_and_grants_nothing() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "ro").await;
+    let n = name("ro");
+    server.set_read_only(true);
+    // Existing sessions see the new default at their next transaction.
+    let mut refused = None;
+    for _ in 0..50 {
+        match pg
+            .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+        {
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+            Ok(_) => {
+                pg.delete(&n).await.ok();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let e = refused.expect("a read-only server refused the acquire");
+    assert!(e.to_string().contains("read-only"), "{e}");
+    server.set_read_only(false);
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+}
+
+/// Garbage written into tessera's rows is a typed `Corrupt` error, never a panic and never a
+/// grant beyond the capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_rows_is_corrupt_never_a_panic_or_an_over_grant() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "bad").await;
+    let n = name("g");
+    let damage = [
+        "UPDATE bad.tessera_semaphores SET capacity = -3",
+        "UPDATE bad.tessera_semaphores SET used = -1",
+        "UPDATE bad.tessera_semaphores SET seat_high = 99999999",
+        "UPDATE bad.tessera_holders SET seats = '{7,7}'",
+        "UPDATE bad.tessera_holders SET weight = 0",
+        "UPDATE bad.tessera_holders SET lease_id = 'zz', expires_at = 0",
+        "UPDATE bad.tessera_holders SET expires_at = 0, seats = '{-5}'",
+        "UPDATE bad.tessera_waiters SET lease_id = 'not a lease'",
+        "UPDATE bad.tessera_meta SET value = -1",
+        "DELETE FROM bad.tessera_meta",
+    ];
+    for sql in damage {
+        pg.delete(&n).await.unwrap();
+        server.psql("INSERT INTO bad.tessera_meta VALUES ('fence_hwm', 0) ON CONFLICT DO NOTHING");
+        server.psql("UPDATE bad.tessera_meta SET value = greatest(value, 0)");
+        let a = LeaseId::random();
+        let w = LeaseId::random();
+        assert!(matches!(
+            pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        assert!(matches!(
+            pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { .. }
+        ));
+        server.psql(sql);
+        let mut granted = 0;
+        for op in 0..4 {
+            let r = match op {
+                0 => pg.release(&n, a).await.map(|_| ()),
+                1 => pg.heartbeat(&n, w, LONG).await.map(|r| {
+                    granted += matches!(r, WaitReply::Granted(_)) as u32;
+                }),
+                2 => pg.status(&n).await.map(|_| ()),
+                _ => pg
+                    .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+                    .await
+                    .map(|r| granted += matches!(r, AcquireReply::Granted(_)) as u32),
+            };
+            if let Err(e) = r {
+                assert!(e.is_corrupt(), "{sql}: op {op}: {e:?}");
+            }
+        }
+        assert!(granted <= 1, "{sql}: {granted} grants on a capacity of 1");
+    }
+    // Delete clears a damaged semaphore.
+    assert!(pg.delete(&n).await.is_ok());
+}
+
+/// A connection black-holed by the fault proxy fails the call within the response timeout
+/// (typed, transient), and the store works again once the path heals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_connection_times_out_and_recovers() {
+    use tessera_testkit::proxy::{Mode, Proxy};
+    let server = PostgresServer::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("postgres://postgres@{}/postgres?schema=hole", proxy.addr());
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("h");
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    proxy.set(Mode::Blackhole);
+    let e = pg.renew(&n, a, LONG).await.unwrap_err();
+    assert!(e.is_transient(), "{e:?}");
+    proxy.set(Mode::Pass);
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(RenewReply::Renewed { .. }) = pg.renew(&n, a, LONG).await {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "renewals work again after the black hole");
+    // The listener was black-holed too: its watchdog noticed (no ping came back) or it still
+    // works; either way a grant wakes a waiter again.
+    eventually(15, "the listener is alive", || true).await;
+}
