@@ -4,13 +4,14 @@
 //! (`try_parse_from`, hidden). Nothing here is a stable API.
 //!
 //! One file per concern: `run.rs` (hold permits while a command runs), `status.rs`,
-//! `admin.rs` (revoke, resize, delete), `store_url.rs` (which store), `signals.rs` (catching
+//! `admin.rs` (revoke, resize, delete), `serve/` (the HTTP server), `store_url.rs` (which store), `signals.rs` (catching
 //! signals with their sender), `exit.rs` (the documented exit codes).
 
 mod admin;
 mod bench;
 mod exit;
 mod run;
+mod serve;
 mod signals;
 mod status;
 mod store_url;
@@ -97,6 +98,52 @@ enum Command {
     /// Measure the store: W1 (1 client), W2 (8 clients on a lock), W3 (32 clients, capacity 4)
     #[command(after_help = BENCH_HELP)]
     Bench(bench::BenchArgs),
+    /// Serve the store's semaphores and rate limits over HTTP/JSON, with metrics and a
+    /// dashboard
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeCmd),
+}
+
+const SERVE_HELP: &str = "\
+Examples:
+  tessera --store redis://127.0.0.1:6379 serve --listen 127.0.0.1:8080
+  tessera serve --listen 0.0.0.0:8443 --tokens /etc/tessera/tokens \\
+      --tls-cert cert.pem --tls-key key.pem
+  curl -s -d '{\"capacity\": 4, \"wait\": \"10s\"}' http://127.0.0.1:8080/v1/semaphores/exports/acquire
+  curl -s -d '{\"limits\": [\"50/s\", \"1000/min\"], \"max_wait\": \"5s\"}' \\
+      http://127.0.0.1:8080/v1/rates/sms-api/acquire
+
+The API is under /v1 (OpenAPI document at /v1/openapi.json), Prometheus metrics at
+/metrics, a live dashboard at /. Without --tokens only a loopback address is accepted.
+The tokens file holds one \"TOKEN PREFIX\" per line (PREFIX * for every name); requests
+send Authorization: Bearer TOKEN. The first line on stdout names the address bound.
+SIGTERM or SIGINT: stop accepting, release the leases held for event streams, finish the
+requests in flight (up to 10 s), exit 0.
+Exit codes: 0 stopped by a signal; 64 invalid value (address, tokens file, certificate);
+69 store fault; 71 cannot listen.";
+
+#[derive(Debug, Args)]
+struct ServeCmd {
+    /// Address to listen on (IP:PORT; port 0 picks a free one)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// Bearer tokens, one \"TOKEN PREFIX\" per line (PREFIX * for every name); required to
+    /// listen on a non-loopback address
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<std::path::PathBuf>,
+    /// TLS certificate chain (PEM); with --tls-key
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// TLS private key (PEM); with --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// How long a store call may take before the request fails (503 store_unavailable);
+    /// waits (acquire's wait, max_wait) come on top
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+    /// Print the OpenAPI document and exit
+    #[arg(long)]
+    openapi: bool,
 }
 
 const BENCH_HELP: &str = "\
@@ -278,6 +325,21 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
         Command::Revoke { name, lease_id } => admin::revoke(store, &name, &lease_id).await,
         Command::Resize { name, capacity } => admin::resize(store, &name, capacity).await,
         Command::Delete { name } => admin::delete(store, &name).await,
+        Command::Serve(s) => {
+            if s.openapi {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stdout(), "{}", serve::openapi_json());
+                return Ok(exit::OK);
+            }
+            let args = serve::ServeArgs {
+                listen: s.listen,
+                tokens: s.tokens,
+                tls_cert: s.tls_cert,
+                tls_key: s.tls_key,
+                request_timeout: s.request_timeout,
+            };
+            serve::serve(store, args).await
+        }
         Command::Bench(args) => {
             let url = match store {
                 Some(u) => u.to_string(),
@@ -356,6 +418,8 @@ pub fn main() -> ExitCode {
             builder.worker_threads(b.threads);
             builder
         }
+        // A server: every core serves connections.
+        Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let runtime = match builder.enable_all().build() {

@@ -203,6 +203,7 @@ impl Held {
     pub(crate) fn lose(&self, reason: LossReason) {
         let mut st = self.state.lock().unwrap();
         if st.loss.is_none() {
+            crate::telemetry::lost(&reason);
             tracing::warn!(target: LOG_TARGET, name = %self.config.name, lease = %self.lease.lease_id, %reason, "lease lost");
             st.loss = Some(reason);
         }
@@ -337,6 +338,7 @@ async fn take_turn(held: &Held) {
     };
     match reply {
         Ok(RenewReply::Renewed { expires_at, now }) => {
+            crate::telemetry::renewal("ok");
             let mut st = held.state.lock().unwrap();
             st.expires_at = expires_at;
             st.valid_until = st
@@ -346,9 +348,16 @@ async fn take_turn(held: &Held) {
             st.failing = None;
         }
         // Gone after a stall: the lease most likely expired because nobody renewed it.
-        Ok(RenewReply::Gone) if stalled(late, ttl) => held.lose(LossReason::Stalled(late)),
-        Ok(RenewReply::Gone) => held.lose(LossReason::Gone),
+        Ok(RenewReply::Gone) if stalled(late, ttl) => {
+            crate::telemetry::renewal("gone");
+            held.lose(LossReason::Stalled(late))
+        }
+        Ok(RenewReply::Gone) => {
+            crate::telemetry::renewal("gone");
+            held.lose(LossReason::Gone)
+        }
         Err(e) => {
+            crate::telemetry::renewal("error");
             tracing::debug!(target: LOG_TARGET, lease = %held.lease.lease_id, error = %e, "renewal failed; retrying");
             held.state.lock().unwrap().failing = Some(e.to_string());
         }

@@ -75,6 +75,7 @@ mod seam;
 mod semaphore;
 mod store;
 mod stores;
+mod telemetry;
 mod wake;
 
 pub use cleanup::EXIT_GRACE;

@@ -135,6 +135,26 @@ impl Permit {
             .release(&h.config.name, h.lease.lease_id)
             .await
     }
+
+    /// Stops keeping the lease alive and hands it over without releasing it: the store keeps
+    /// it until someone releases it by id, or until it expires at [`Lease::expires_at`]
+    /// unless renewed by id. For a server that grants leases to remote clients who renew and
+    /// release them themselves (`tessera serve`). Returns the lease as last renewed, or
+    /// `None` (nothing handed over) if it was lost, released or dropped already.
+    ///
+    /// After this call nobody watches the lease in this process: `lost()` never fires for it
+    /// and [`crate::Store::close`] does not release it.
+    pub fn detach(self) -> Option<Lease> {
+        let h = &self.held;
+        if h.is_lost() || !h.claim_release() {
+            return None;
+        }
+        h.stop();
+        h.store.untrack(h.lease.lease_id);
+        let mut lease = h.lease.clone();
+        lease.expires_at = h.clock().0;
+        Some(lease)
+    }
 }
 
 impl Drop for Permit {

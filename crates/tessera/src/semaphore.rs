@@ -26,6 +26,7 @@ use crate::model::*;
 use crate::permit::Permit;
 use crate::seam::{Backend, Waking};
 use crate::store::Store;
+use crate::telemetry;
 use crate::wake;
 
 /// Options of a [`Semaphore`] or [`crate::Lock`].
@@ -253,10 +254,12 @@ impl Semaphore {
         match reply {
             AcquireReply::Granted(grant) => {
                 pending.disarm();
+                telemetry::granted(&self.config.name, sent.elapsed());
                 Ok(Some(self.permit(grant, sent, None)))
             }
             AcquireReply::NoPermit { .. } => {
                 pending.disarm();
+                telemetry::not_granted(&self.config.name, "no_permit");
                 Ok(None)
             }
             AcquireReply::Queued { .. } => {
@@ -334,12 +337,24 @@ impl Semaphore {
         deadline: Option<Instant>,
     ) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
+        let called = Instant::now();
+        let name = &self.config.name;
         loop {
             // A fresh lease id per attempt, so a lease id is never granted twice.
-            match self.wait_in_queue(weight, deadline).await? {
-                Attempt::Granted(permit) => return Ok(Some(permit)),
-                Attempt::TimedOut => return Ok(None),
-                Attempt::Rejoin => {}
+            match self.wait_in_queue(weight, deadline).await {
+                Ok(Attempt::Granted(permit)) => {
+                    telemetry::granted(name, called.elapsed());
+                    return Ok(Some(permit));
+                }
+                Ok(Attempt::TimedOut) => {
+                    telemetry::not_granted(name, "timed_out");
+                    return Ok(None);
+                }
+                Ok(Attempt::Rejoin) => {}
+                Err(e) => {
+                    telemetry::not_granted(name, "error");
+                    return Err(e);
+                }
             }
         }
     }
@@ -401,6 +416,9 @@ impl Semaphore {
             // The waiting loop lives in a future of its own, boxed, so that the future of
             // every acquire is not as large as the waiting it seldom does.
             reply => {
+                if let AcquireReply::Queued { position } = reply {
+                    telemetry::queued(name, position);
+                }
                 let queued = InQueue {
                     lease,
                     registration,

@@ -124,6 +124,12 @@ impl Store {
     }
 
     pub(crate) fn build(backend: Arc<dyn Backend>, url: &str, reconnect: Option<String>) -> Store {
+        // A store opened from a URL reports its calls (see `crate::telemetry`); one built from
+        // a backend is the caller's, who may wrap it (tests wrap a URL-opened one in faults).
+        let backend: Arc<dyn Backend> = match reconnect {
+            Some(_) => Arc::new(crate::telemetry::Instrumented::new(backend)),
+            None => backend,
+        };
         let shared = Arc::new(Shared {
             backend,
             url: redact_url(url),

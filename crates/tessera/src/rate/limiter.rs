@@ -191,8 +191,14 @@ impl RateLimiter {
             .rate_acquire(&self.name, &self.config, &req)
             .await?
         {
-            RateReply::Admitted { at, .. } => Ok(RateDecision::Admitted { at }),
-            RateReply::Limited { retry_at, now } => Ok(limited(retry_at, now)),
+            RateReply::Admitted { at, .. } => {
+                crate::telemetry::rate_decision(&self.name, true);
+                Ok(RateDecision::Admitted { at })
+            }
+            RateReply::Limited { retry_at, now } => {
+                crate::telemetry::rate_decision(&self.name, false);
+                Ok(limited(retry_at, now))
+            }
         }
     }
 
@@ -267,6 +273,7 @@ impl RateLimiter {
                 RateReply::Limited { retry_at, now } => {
                     let after = retry_at.since(now);
                     if left.is_some_and(|left| after > left) {
+                        crate::telemetry::rate_decision(&self.name, false);
                         return Ok(Attempt::Limited(limited(retry_at, now)));
                     }
                     // Beyond one reservation's reach, but not beyond the deadline: wait
@@ -279,6 +286,7 @@ impl RateLimiter {
                     now,
                     reservation,
                 } => {
+                    crate::telemetry::rate_decision(&self.name, true);
                     if at > now {
                         let mut guard = Reserved {
                             store: self.store.clone(),

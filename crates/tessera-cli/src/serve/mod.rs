@@ -1,0 +1,298 @@
+//! `tessera serve`: the semaphores and rate limits of one store for programs in any language,
+//! over HTTP/JSON, with Prometheus metrics and a live dashboard.
+//!
+//! One file per concern: `semaphores.rs` and `rates.rs` (the `/v1` handlers and their types),
+//! `hold.rs` (a lease held by an open event stream), `error.rs` (the one error shape),
+//! `extract.rs` (request parsing), `auth.rs` (bearer tokens per name prefix), `listen.rs`
+//! (TCP/TLS, HTTP/1.1 and HTTP/2, graceful stop), `metrics.rs` (`/metrics`), `dashboard.rs`
+//! (`/`). The OpenAPI document (`/v1/openapi.json`) is generated from the handlers'
+//! annotations and types, so it cannot drift from them.
+//!
+//! # Stopping
+//!
+//! On SIGTERM or SIGINT the server stops accepting, answers waiting acquires with
+//! `shutting_down`, ends every event stream with a `lost` event after releasing its lease,
+//! lets the requests in flight finish (up to 10 s), then closes the store (which releases
+//! anything still held through it). Leases handed to clients by a plain acquire are theirs,
+//! not the server's: they stay held, and the clients renew and release them through any
+//! server on the same store.
+
+mod auth;
+mod dashboard;
+mod error;
+mod extract;
+mod hold;
+mod listen;
+mod metrics;
+mod rates;
+mod semaphores;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Router;
+use tessera::Store;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::exit::{self, Failure};
+use error::ApiError;
+
+/// The largest request body taken (bodies are small JSON objects).
+const BODY_LIMIT: usize = 64 * 1024;
+/// How long requests in flight get to finish at a stop.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// What `tessera serve` was asked to do.
+#[derive(Debug)]
+pub struct ServeArgs {
+    pub listen: SocketAddr,
+    pub tokens: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub request_timeout: Duration,
+}
+
+/// What every handler shares.
+pub struct App {
+    pub store: Store,
+    pub tokens: Option<auth::Tokens>,
+    /// Cancelled when the server starts stopping.
+    pub shutdown: CancellationToken,
+    /// The tasks holding leases for event streams.
+    pub holds: TaskTracker,
+    /// How long a store call may take before the request fails with `store_unavailable`.
+    pub request_timeout: Duration,
+    pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl App {
+    /// Runs one store call bounded by the request timeout (and the stop).
+    pub async fn bounded<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = tessera::Result<T>>,
+    ) -> Result<tessera::Result<T>, ApiError> {
+        tokio::select! {
+            r = tokio::time::timeout(self.request_timeout, f) => {
+                r.map_err(|_| ApiError::timeout(what, self.request_timeout))
+            }
+            _ = self.shutdown.cancelled() => Err(ApiError::shutting_down()),
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tessera",
+        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.",
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "semaphores", description = "Leases on permits: acquire, renew, release, status; admin: resize, revoke, delete"),
+        (name = "rates", description = "Rate limits: acquire (waits up to max_wait), try, status, delete"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The `/v1` API with its OpenAPI document.
+fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(semaphores::acquire))
+        .routes(routes!(semaphores::renew))
+        .routes(routes!(semaphores::release))
+        .routes(routes!(semaphores::revoke))
+        .routes(routes!(semaphores::status, semaphores::delete))
+        .routes(routes!(semaphores::list))
+        .routes(routes!(semaphores::resize))
+        .routes(routes!(rates::acquire))
+        .routes(routes!(rates::try_acquire))
+        .routes(routes!(rates::status, rates::delete))
+        .routes(routes!(rates::list))
+        .split_for_parts()
+}
+
+/// The OpenAPI document, as served at `/v1/openapi.json`.
+pub fn openapi_json() -> String {
+    api().1.to_pretty_json().unwrap_or_default()
+}
+
+/// The whole application.
+fn router(app: Arc<App>) -> Router {
+    let (api, doc) = api();
+    let doc = Arc::new(doc.to_pretty_json().unwrap_or_default());
+    let authenticated = api
+        .merge(dashboard::routes())
+        .merge(metrics::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            auth::authenticate,
+        ));
+    Router::new()
+        .route(
+            "/v1/openapi.json",
+            axum::routing::get(move || {
+                let doc = Arc::clone(&doc);
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        (*doc).clone(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .merge(authenticated)
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::wrong_method)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the server hit a bug handling this request",
+                )
+                .into_response()
+            },
+        ))
+        .with_state(app)
+}
+
+/// Runs `tessera serve` until SIGTERM or SIGINT.
+pub async fn serve(store_url: Option<&str>, args: ServeArgs) -> exit::Outcome {
+    // Everything is checked before the store is opened: bad input touches nothing.
+    let tokens = match &args.tokens {
+        Some(path) => Some(auth::Tokens::load(path).map_err(|e| Failure::new(exit::USAGE, e))?),
+        None => None,
+    };
+    if tokens.is_none() && !listen::is_loopback(&args.listen) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "refusing to listen on {} without --tokens: anyone who can reach it could take and revoke permits; give --tokens FILE, or listen on loopback (127.0.0.1 or [::1])",
+                args.listen
+            ),
+        ));
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(listen::tls_acceptor(cert, key).map_err(|e| Failure::new(exit::USAGE, e))?)
+        }
+        (None, None) => None,
+        _ => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--tls-cert and --tls-key go together",
+            ))
+        }
+    };
+    if args.request_timeout.is_zero() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--request-timeout must be above 0",
+        ));
+    }
+    let prometheus = metrics::install();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| {
+            Failure::new(
+                exit::OS_ERROR,
+                format!("cannot listen on {}: {e}", args.listen),
+            )
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot listen: {e}")))?;
+    let store = crate::store_url::connect(store_url).await?;
+    let app = Arc::new(App {
+        store: store.clone(),
+        tokens,
+        shutdown: CancellationToken::new(),
+        holds: TaskTracker::new(),
+        request_timeout: args.request_timeout,
+        prometheus,
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    // One line a script can wait for, with the port actually bound (for --listen …:0).
+    println!(
+        "tessera serve: listening on {scheme}://{local} (store {}){}",
+        store.url(),
+        if app.tokens.is_some() {
+            ", bearer tokens required"
+        } else {
+            ", loopback only, no tokens"
+        }
+    );
+    let stop = CancellationToken::new();
+    let signals = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            wait_for_stop_signal().await;
+            stop.cancel();
+        })
+    };
+    let server = tokio::spawn(listen::serve(
+        listener,
+        tls,
+        router(Arc::clone(&app)),
+        stop.clone(),
+        DRAIN,
+    ));
+    stop.cancelled().await;
+    signals.abort();
+    eprintln!("tessera serve: stopping; releasing the leases held for event streams");
+    // Waiting acquires answer `shutting_down`; streams release their leases and end.
+    app.shutdown.cancel();
+    app.holds.close();
+    if tokio::time::timeout(DRAIN, app.holds.wait()).await.is_err() {
+        tracing::warn!("some event streams did not end within {DRAIN:?}");
+    }
+    let _ = server.await;
+    store
+        .close()
+        .await
+        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("closing the store: {e}")))?;
+    eprintln!("tessera serve: stopped");
+    Ok(exit::OK)
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without handlers the default action (exit) applies; nothing to wait for here.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,557 @@
+//! `/v1/semaphores`: acquire (long-poll, or held by an event stream: `hold.rs`), renew,
+//! release, status, list, resize, revoke, delete.
+//!
+//! # Who keeps a lease alive
+//!
+//! A lease granted by a plain acquire belongs to the client: the server hands it over
+//! ([`tessera::Permit::detach`]) and keeps nothing, so the client renews it (before
+//! `expires_in_ms` runs out) and releases it by id, through this server or any other on the
+//! same store. A client that dies leaves the lease to expire by its TTL, exactly as a library
+//! holder would. A lease held through an event stream belongs to the stream: the server keeps
+//! it alive while the stream is open and releases it when it closes (`hold.rs`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use tessera::backend::{Name, RenewReply};
+use tessera::{LeaseId, Semaphore, SemaphoreOptions};
+use utoipa::ToSchema;
+
+use super::auth::Principal;
+use super::error::{ApiError, ErrorBody};
+use super::extract::{duration_or, JsonBody, PathArgs};
+use super::{hold, App};
+
+/// The default lease TTL.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The longest `wait` one request may ask for; longer waits are a loop of requests.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// An acquire: `weight` permits of a semaphore of `capacity`, as one lease.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The semaphore's capacity, as every client declares it (1..=1,000,000). A capacity
+    /// differing from the stored one is `capacity_mismatch`; changing it is a resize.
+    #[schema(example = 4)]
+    pub capacity: u32,
+    /// Permits to take as one lease (1..=capacity; default 1).
+    #[serde(default)]
+    #[schema(example = 1)]
+    pub weight: Option<u32>,
+    /// Lease TTL (100ms..24h; default 30s): how long the lease outlives a client that stops
+    /// renewing it.
+    #[serde(default)]
+    #[schema(example = "30s")]
+    pub ttl: Option<String>,
+    /// How long to wait in the queue (0s..5m; default 0s: only if a permit is free now and
+    /// nobody waits). The answer comes when the permit is granted, or `no_permit` (408) when
+    /// the wait runs out; the place in the queue is given up then.
+    #[serde(default)]
+    #[schema(example = "10s")]
+    pub wait: Option<String>,
+    /// Holder label shown by status and the dashboard (default `http:ADDRESS:PORT` of the
+    /// client).
+    #[serde(default)]
+    #[schema(example = "billing-worker-3")]
+    pub holder: Option<String>,
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseBody {
+    /// The semaphore.
+    pub name: String,
+    /// The lease id: renew and release name it.
+    #[schema(example = "5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7")]
+    pub lease_id: String,
+    /// Permits held.
+    pub weight: u32,
+    /// The seats held: `weight` distinct numbers in `0..capacity`.
+    pub seats: Vec<u32>,
+    /// Fence token: strictly increasing per semaphore, never reused. Pass it to the protected
+    /// resource so it can refuse a stale holder.
+    pub fence: u64,
+    /// Holder label.
+    pub holder: String,
+    /// The lease TTL in milliseconds (renewals extend it by this much).
+    pub ttl_ms: u64,
+    /// Time left on the lease when the store answered, in milliseconds: renew before it
+    /// runs out (about every third of the TTL).
+    pub expires_in_ms: u64,
+    /// The expiry on the store's clock, in microseconds since the Unix epoch (for display:
+    /// compute deadlines from `expires_in_ms`, on your own clock).
+    pub expires_at_us: u64,
+}
+
+/// A renewal.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// The new TTL from now (100ms..24h; default 30s).
+    #[serde(default)]
+    #[schema(example = "30s")]
+    pub ttl: Option<String>,
+}
+
+/// The lease after a renewal.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RenewedBody {
+    pub lease_id: String,
+    /// Time left on the lease, in milliseconds, when the store renewed it.
+    pub expires_in_ms: u64,
+    /// The expiry on the store's clock (µs since the Unix epoch).
+    pub expires_at_us: u64,
+}
+
+/// Whether a release, revoke or delete found what it named.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DoneBody {
+    /// `true` if the lease (or semaphore) was there and is now gone; `false` if it was not
+    /// there (already released, expired, revoked or never existed) — nothing changed.
+    pub done: bool,
+}
+
+/// A resize.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeBody {
+    /// The new capacity (1..=1,000,000). Growing grants to the queue at once; shrinking
+    /// never revokes, it only stops grants until the holders fit.
+    #[schema(example = 8)]
+    pub capacity: u32,
+}
+
+/// The capacity before a resize.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ResizedBody {
+    pub old_capacity: u32,
+    pub capacity: u32,
+}
+
+/// A holder in a status.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HolderBody {
+    pub lease_id: String,
+    pub weight: u32,
+    pub seats: Vec<u32>,
+    pub fence: u64,
+    pub holder: String,
+    /// When it was granted (store clock, µs since the Unix epoch).
+    pub acquired_at_us: u64,
+    /// When it expires unless renewed (store clock, µs since the Unix epoch).
+    pub expires_at_us: u64,
+    /// Time left, in milliseconds, at the snapshot.
+    pub expires_in_ms: u64,
+}
+
+/// A waiter in a status, in queue order.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WaiterBody {
+    pub lease_id: String,
+    pub weight: u32,
+    pub holder: String,
+    /// When it joined the queue (store clock, µs since the Unix epoch).
+    pub enqueued_at_us: u64,
+}
+
+/// A semaphore's snapshot.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StatusBody {
+    pub name: String,
+    pub capacity: u32,
+    /// Permits held by unexpired leases.
+    pub used: u32,
+    pub available: u32,
+    /// The store's time of the snapshot (µs since the Unix epoch).
+    pub now_us: u64,
+    pub holders: Vec<HolderBody>,
+    /// The queue, head first.
+    pub queue: Vec<WaiterBody>,
+}
+
+/// Names.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NamesBody {
+    pub names: Vec<String>,
+}
+
+impl StatusBody {
+    pub fn from_status(s: tessera::SemaphoreStatus) -> StatusBody {
+        let now = s.now;
+        StatusBody {
+            name: s.name,
+            capacity: s.capacity,
+            used: s.used,
+            available: s.available,
+            now_us: now.as_micros(),
+            holders: s
+                .holders
+                .into_iter()
+                .map(|l| HolderBody {
+                    lease_id: l.lease_id.to_string(),
+                    weight: l.weight,
+                    seats: l.seats,
+                    fence: l.fence,
+                    holder: l.holder,
+                    acquired_at_us: l.acquired_at.as_micros(),
+                    expires_at_us: l.expires_at.as_micros(),
+                    expires_in_ms: l.expires_at.since(now).as_millis() as u64,
+                })
+                .collect(),
+            queue: s
+                .queue
+                .into_iter()
+                .map(|w| WaiterBody {
+                    lease_id: w.lease_id.to_string(),
+                    weight: w.weight,
+                    holder: w.holder,
+                    enqueued_at_us: w.enqueued_at.as_micros(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl LeaseBody {
+    pub fn new(name: &str, lease: &tessera::Lease, ttl: Duration, expires_in: Duration) -> Self {
+        LeaseBody {
+            name: name.to_string(),
+            lease_id: lease.lease_id.to_string(),
+            weight: lease.weight,
+            seats: lease.seats.clone(),
+            fence: lease.fence,
+            holder: lease.holder.clone(),
+            ttl_ms: ttl.as_millis() as u64,
+            expires_in_ms: expires_in.as_millis() as u64,
+            expires_at_us: lease.expires_at.as_micros(),
+        }
+    }
+}
+
+fn name(text: &str) -> Result<Name, ApiError> {
+    Ok(Name::new(text)?)
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, ApiError> {
+    Ok(text.parse::<LeaseId>()?)
+}
+
+/// Whether the client asked for an event stream.
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// Acquire permits.
+///
+/// Waits up to `wait` in the semaphore's fair FIFO queue. With `Accept: application/json`
+/// (or none) the answer is the lease, which the client renews and releases. With `Accept:
+/// text/event-stream` the answer is a stream whose first event `grant` carries the lease; the
+/// server keeps the lease alive while the stream is open, sends `lost` if it cannot (before
+/// the lease could expire), and releases it as soon as the stream closes.
+#[utoipa::path(
+    post,
+    path = "/v1/semaphores/{name}/acquire",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name: A-Z a-z 0-9 . _ - : / @ (percent-encode /), first character a letter or digit, at most 200 bytes")),
+    request_body = AcquireBody,
+    responses(
+        (status = 200, description = "Granted (JSON), or the event stream holding the lease", content(
+            (LeaseBody = "application/json"),
+            (String = "text/event-stream", example = "event: grant\ndata: {\"lease_id\":\"...\"}\n\n")
+        )),
+        (status = 400, description = "Invalid input; nothing changed", body = ErrorBody),
+        (status = 403, description = "The token does not cover this name", body = ErrorBody),
+        (status = 408, description = "No permit within `wait`; nothing is held or queued", body = ErrorBody),
+        (status = 409, description = "The stored capacity differs", body = ErrorBody),
+        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds"))),
+        (status = 503, description = "Store unavailable, or the server is stopping", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn acquire(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    PathArgs(sem): PathArgs<String>,
+    JsonBody(body): JsonBody<AcquireBody>,
+) -> Result<Response, ApiError> {
+    principal.check(&sem)?;
+    let stream = wants_event_stream(&headers);
+    let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
+    let wait = duration_or("wait", body.wait.as_deref(), Duration::ZERO)?;
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid(format!(
+            "invalid wait {}: at most {} per request",
+            humantime::format_duration(wait),
+            humantime::format_duration(MAX_WAIT)
+        )));
+    }
+    let holder = body.holder.unwrap_or_else(|| format!("http:{peer}"));
+    let opts = SemaphoreOptions::default().ttl(ttl).holder(holder);
+    let semaphore = Semaphore::new(&app.store, &sem, body.capacity, opts)?;
+    let weight = body.weight.unwrap_or(1);
+
+    // Every store call is bounded: the wait, plus the request timeout for the store to
+    // answer. Dropping the acquire at any point gives the place in the queue (or a grant
+    // that raced with it) back: the library's acquires are cancel-safe.
+    let acquire = async {
+        if wait.is_zero() {
+            semaphore.try_acquire_many(weight).await
+        } else {
+            semaphore.acquire_many_timeout(weight, wait).await
+        }
+    };
+    let permit = tokio::select! {
+        r = tokio::time::timeout(wait + app.request_timeout, acquire) => match r {
+            Ok(r) => r?,
+            Err(_) => return Err(ApiError::timeout("the acquire", wait + app.request_timeout)),
+        },
+        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
+    };
+    let Some(permit) = permit else {
+        let message = if wait.is_zero() {
+            format!("no {weight} permit(s) of {sem:?} free now, or others are queued (set wait to queue)")
+        } else {
+            format!(
+                "no {weight} permit(s) of {sem:?} within {}",
+                humantime::format_duration(wait)
+            )
+        };
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "no_permit",
+            message,
+        ));
+    };
+    if stream {
+        return Ok(hold::hold(app, permit, ttl).into_response());
+    }
+    let expires_in = permit
+        .valid_until()
+        .saturating_duration_since(tokio::time::Instant::now());
+    let lease = permit.detach().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::GONE,
+            "lease_gone",
+            "the lease was lost as it was granted",
+        )
+    })?;
+    Ok(Json(LeaseBody::new(&sem, &lease, ttl, expires_in)).into_response())
+}
+
+/// Renew a lease.
+///
+/// Extends the lease to `ttl` from now on the store's clock. `lease_gone` (410) if it
+/// expired, was revoked or released: it cannot come back; acquire again.
+#[utoipa::path(
+    post,
+    path = "/v1/semaphores/{name}/leases/{lease_id}/renew",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ("lease_id" = String, Path, description = "Lease id (32 hex digits)")),
+    request_body(content = RenewBody, description = "Optional; an empty body renews for 30s"),
+    responses(
+        (status = 200, body = RenewedBody),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 410, description = "The lease is gone", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn renew(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, lease)): PathArgs<(String, String)>,
+    JsonBody(body): JsonBody<RenewBody>,
+) -> Result<Json<RenewedBody>, ApiError> {
+    principal.check(&sem)?;
+    let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
+    check_ttl(&app, ttl)?;
+    match app
+        .bounded("the renewal", app.store.backend().renew(&n, id, ttl))
+        .await??
+    {
+        RenewReply::Renewed { expires_at, now } => Ok(Json(RenewedBody {
+            lease_id: id.to_string(),
+            expires_in_ms: expires_at.since(now).as_millis() as u64,
+            expires_at_us: expires_at.as_micros(),
+        })),
+        RenewReply::Gone => Err(ApiError::new(
+            StatusCode::GONE,
+            "lease_gone",
+            format!("lease {id} of {sem:?} is gone (expired, revoked or released); acquire again"),
+        )),
+    }
+}
+
+/// A renewal's TTL must be one an acquire could have asked for.
+fn check_ttl(app: &App, ttl: Duration) -> Result<(), ApiError> {
+    let min = app
+        .store
+        .backend()
+        .capabilities()
+        .min_ttl
+        .max(tessera::MIN_TTL);
+    if ttl < min || ttl > tessera::MAX_TTL {
+        return Err(tessera::InvalidInput::Ttl {
+            ttl,
+            min,
+            max: tessera::MAX_TTL,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Release a lease (idempotent).
+///
+/// `done: false` if it was not held any more (released, expired, revoked): releasing twice
+/// is harmless.
+#[utoipa::path(
+    delete,
+    path = "/v1/semaphores/{name}/leases/{lease_id}",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ("lease_id" = String, Path, description = "Lease id (32 hex digits)")),
+    responses((status = 200, body = DoneBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn release(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, lease)): PathArgs<(String, String)>,
+) -> Result<Json<DoneBody>, ApiError> {
+    principal.check(&sem)?;
+    let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    let done = app
+        .bounded("the release", app.store.backend().release(&n, id))
+        .await??;
+    Ok(Json(DoneBody { done }))
+}
+
+/// Revoke another holder's lease (admin).
+///
+/// The holder learns it at its next renewal (`lease_gone`), or at once through its event
+/// stream (`lost`).
+#[utoipa::path(
+    post,
+    path = "/v1/semaphores/{name}/leases/{lease_id}/revoke",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ("lease_id" = String, Path, description = "Lease id (32 hex digits)")),
+    responses((status = 200, body = DoneBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn revoke(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, lease)): PathArgs<(String, String)>,
+) -> Result<Json<DoneBody>, ApiError> {
+    principal.check(&sem)?;
+    let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    let done = app
+        .bounded("the revoke", app.store.backend().revoke(&n, id))
+        .await??;
+    Ok(Json(DoneBody { done }))
+}
+
+/// A semaphore's holders and queue.
+#[utoipa::path(
+    get,
+    path = "/v1/semaphores/{name}",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = StatusBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, description = "The store holds nothing for this name", body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn status(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs(sem): PathArgs<String>,
+) -> Result<Json<StatusBody>, ApiError> {
+    principal.check(&sem)?;
+    let n = name(&sem)?;
+    match app
+        .bounded("the status", app.store.backend().status(&n))
+        .await??
+    {
+        Some(s) => Ok(Json(StatusBody::from_status(s))),
+        None => Err(ApiError::not_found(format!(
+            "no semaphore {sem:?} (nobody holds or waits for it)"
+        ))),
+    }
+}
+
+/// The semaphores that have holders or waiters (those the token covers).
+#[utoipa::path(
+    get,
+    path = "/v1/semaphores",
+    tag = "semaphores",
+    responses((status = 200, body = NamesBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn list(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+) -> Result<Json<NamesBody>, ApiError> {
+    let mut names = app.bounded("the list", app.store.list()).await??;
+    names.retain(|n| principal.covers(n));
+    names.sort();
+    Ok(Json(NamesBody { names }))
+}
+
+/// Change a semaphore's capacity (admin).
+#[utoipa::path(
+    put,
+    path = "/v1/semaphores/{name}/capacity",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    request_body = ResizeBody,
+    responses((status = 200, body = ResizedBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn resize(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs(sem): PathArgs<String>,
+    JsonBody(body): JsonBody<ResizeBody>,
+) -> Result<Json<ResizedBody>, ApiError> {
+    principal.check(&sem)?;
+    let old = app
+        .bounded("the resize", app.store.resize(&sem, body.capacity))
+        .await??;
+    Ok(Json(ResizedBody {
+        old_capacity: old,
+        capacity: body.capacity,
+    }))
+}
+
+/// Delete a semaphore with its holders and waiters (admin).
+#[utoipa::path(
+    delete,
+    path = "/v1/semaphores/{name}",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = DoneBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs(sem): PathArgs<String>,
+) -> Result<Json<DoneBody>, ApiError> {
+    principal.check(&sem)?;
+    let done = app.bounded("the delete", app.store.delete(&sem)).await??;
+    Ok(Json(DoneBody { done }))
+}

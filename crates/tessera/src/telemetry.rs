@@ -1,0 +1,251 @@
+//! What tessera reports about itself: metrics through the [`metrics`] facade (any exporter
+//! the program installs receives them; without one they cost an atomic load each) and a
+//! `tracing` span around every store call.
+//!
+//! # The metrics
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `tessera_grants_total` | counter | `name` | leases granted (acquire and try-acquire) |
+//! | `tessera_acquire_wait_seconds` | histogram | `name` | from an acquire's call to its grant |
+//! | `tessera_acquire_outcomes_total` | counter | `name`, `outcome` | `granted`, `no_permit` (try), `timed_out`, `error` |
+//! | `tessera_waits_total` | counter | `name` | acquires that joined the queue |
+//! | `tessera_queue_length` | gauge | `name` | the queue length a waiter found when it joined (its position + 1) |
+//! | `tessera_renewals_total` | counter | `outcome` | keep-alive renewals: `ok`, `gone`, `error` |
+//! | `tessera_losses_total` | counter | `reason` | leases lost: `gone`, `renewals_failing`, `stalled`, `closed` |
+//! | `tessera_store_call_seconds` | histogram | `op` | latency of each call to the store |
+//! | `tessera_store_errors_total` | counter | `op`, `kind` | store calls that failed |
+//! | `tessera_rate_decisions_total` | counter | `name`, `decision` | rate requests `admitted` or `limited` |
+//!
+//! Names are labels: a program with very many semaphore names gets as many series.
+//!
+//! # Spans
+//!
+//! Every call through the store seam runs inside a `debug` span `store_call` with the fields
+//! `op` (the seam operation) and `name` (the semaphore or limiter), so a subscriber at `debug`
+//! sees how long each took and what it was for. The wrapper that does both is
+//! [`Instrumented`]; [`crate::Store::connect`] puts it around every store it opens.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tracing::Instrument;
+
+use crate::error::{Error, LossReason, Result, StoreErrorKind};
+use crate::model::*;
+use crate::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, RateRequest};
+
+/// A lease was granted `waited` after its acquire was called.
+pub(crate) fn granted(name: &Name, waited: Duration) {
+    let name = name.as_str().to_string();
+    metrics::counter!("tessera_grants_total", "name" => name.clone()).increment(1);
+    metrics::counter!("tessera_acquire_outcomes_total", "name" => name.clone(), "outcome" => "granted")
+        .increment(1);
+    metrics::histogram!("tessera_acquire_wait_seconds", "name" => name).record(waited);
+}
+
+/// An acquire ended without a grant: `no_permit` (try), `timed_out` or `error`.
+pub(crate) fn not_granted(name: &Name, outcome: &'static str) {
+    metrics::counter!("tessera_acquire_outcomes_total", "name" => name.as_str().to_string(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// An acquire joined the queue at `position` (0-based).
+pub(crate) fn queued(name: &Name, position: u64) {
+    let name = name.as_str().to_string();
+    metrics::counter!("tessera_waits_total", "name" => name.clone()).increment(1);
+    metrics::gauge!("tessera_queue_length", "name" => name).set(position.saturating_add(1) as f64);
+}
+
+/// A keep-alive renewal answered: `ok`, `gone` or `error`.
+pub(crate) fn renewal(outcome: &'static str) {
+    metrics::counter!("tessera_renewals_total", "outcome" => outcome).increment(1);
+}
+
+/// A lease was lost.
+pub(crate) fn lost(reason: &LossReason) {
+    let reason = match reason {
+        LossReason::Gone => "gone",
+        LossReason::RenewalsFailing(_) => "renewals_failing",
+        LossReason::Stalled(_) => "stalled",
+        LossReason::Closed => "closed",
+    };
+    metrics::counter!("tessera_losses_total", "reason" => reason).increment(1);
+}
+
+/// A rate request was decided.
+pub(crate) fn rate_decision(name: &Name, admitted: bool) {
+    let decision = if admitted { "admitted" } else { "limited" };
+    metrics::counter!("tessera_rate_decisions_total", "name" => name.as_str().to_string(), "decision" => decision)
+        .increment(1);
+}
+
+/// A backend that times and traces every call of the one it wraps (see the module docs).
+/// Everything else — `Debug`, capabilities, the rate seam's presence — is the inner one's.
+pub struct Instrumented {
+    inner: Arc<dyn Backend>,
+}
+
+impl Instrumented {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Backend>) -> Instrumented {
+        Instrumented { inner }
+    }
+}
+
+impl std::fmt::Debug for Instrumented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+/// Runs one store call inside its span, and records its latency (and its failure).
+async fn call<T>(op: &'static str, name: &str, f: impl Future<Output = Result<T>>) -> Result<T> {
+    let span = tracing::debug_span!("store_call", op, name);
+    let start = Instant::now();
+    let r = f.instrument(span).await;
+    metrics::histogram!("tessera_store_call_seconds", "op" => op).record(start.elapsed());
+    if let Err(e) = &r {
+        let kind = match e {
+            Error::Store { kind, .. } => match kind {
+                StoreErrorKind::Connection => "connection",
+                StoreErrorKind::Timeout => "timeout",
+                StoreErrorKind::Busy => "busy",
+                _ => "other",
+            },
+            Error::Corrupt(_) => "corrupt",
+            _ => "refused",
+        };
+        metrics::counter!("tessera_store_errors_total", "op" => op, "kind" => kind).increment(1);
+    }
+    r
+}
+
+#[async_trait]
+impl Backend for Instrumented {
+    async fn acquire(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        call(
+            "acquire",
+            name.as_str(),
+            self.inner.acquire(name, capacity, req),
+        )
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<WaitReply> {
+        call(
+            "heartbeat",
+            name.as_str(),
+            self.inner.heartbeat(name, lease, waiter_ttl),
+        )
+        .await
+    }
+
+    async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
+        call("cancel", name.as_str(), self.inner.cancel(name, lease)).await
+    }
+
+    async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        call("release", name.as_str(), self.inner.release(name, lease)).await
+    }
+
+    async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
+        call("renew", name.as_str(), self.inner.renew(name, lease, ttl)).await
+    }
+
+    async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
+        call("status", name.as_str(), self.inner.status(name)).await
+    }
+
+    async fn list(&self) -> Result<Vec<String>> {
+        call("list", "", self.inner.list()).await
+    }
+
+    async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
+        call("resize", name.as_str(), self.inner.resize(name, capacity)).await
+    }
+
+    async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        call("revoke", name.as_str(), self.inner.revoke(name, lease)).await
+    }
+
+    async fn delete(&self, name: &Name) -> Result<bool> {
+        call("delete", name.as_str(), self.inner.delete(name)).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn rate(&self) -> Option<&dyn RateBackend> {
+        self.inner.rate().map(|_| self as &dyn RateBackend)
+    }
+}
+
+impl Instrumented {
+    fn inner_rate(&self) -> &dyn RateBackend {
+        self.inner
+            .rate()
+            .expect("Instrumented::rate offers the rate seam only when the inner backend has it")
+    }
+}
+
+#[async_trait]
+impl RateBackend for Instrumented {
+    async fn rate_acquire(
+        &self,
+        name: &Name,
+        config: &RateConfig,
+        req: &RateRequest,
+    ) -> Result<RateReply> {
+        call(
+            "rate_acquire",
+            name.as_str(),
+            self.inner_rate().rate_acquire(name, config, req),
+        )
+        .await
+    }
+
+    async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
+        call(
+            "rate_cancel",
+            name.as_str(),
+            self.inner_rate().rate_cancel(name, reservation, at),
+        )
+        .await
+    }
+
+    async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::RateStatus>> {
+        call(
+            "rate_status",
+            name.as_str(),
+            self.inner_rate().rate_status(name),
+        )
+        .await
+    }
+
+    async fn rate_list(&self) -> Result<Vec<String>> {
+        call("rate_list", "", self.inner_rate().rate_list()).await
+    }
+
+    async fn rate_delete(&self, name: &Name) -> Result<bool> {
+        call(
+            "rate_delete",
+            name.as_str(),
+            self.inner_rate().rate_delete(name),
+        )
+        .await
+    }
+}
