@@ -19,6 +19,7 @@ use tessera::backend::Capabilities;
 use tessera::Store;
 
 use crate::faults::{Faults, FaultyBackend};
+use crate::servers::mysql::MariaDbServer;
 use crate::servers::redis::RedisServer;
 
 /// Whose clock the store's time is.
@@ -131,6 +132,19 @@ impl StoreTraits {
         ..StoreTraits::IN_PROCESS
     };
 
+    /// A `mariadbd` the harness started: it can restart it (committed data survives),
+    /// freeze it, proxy it and kill its connections.
+    pub const OWN_MARIADB: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        restartable: true,
+        freezable: true,
+        proxyable: true,
+        cuttable: true,
+        ..StoreTraits::IN_PROCESS
+    };
+
     /// Why a store with these traits cannot serve `need`, or `None` if it can.
     pub fn lacks(&self, need: Need) -> Option<&'static str> {
         let (has, why) = match need {
@@ -184,6 +198,7 @@ pub struct Harness {
     url: String,
     traits: StoreTraits,
     redis: Option<RedisServer>,
+    mariadb: Option<MariaDbServer>,
     sqlite_file: Option<PathBuf>,
     _guard: Box<dyn Any + Send + Sync>,
 }
@@ -202,6 +217,7 @@ impl Harness {
             url,
             traits,
             redis: None,
+            mariadb: None,
             sqlite_file: None,
             _guard: guard,
         }
@@ -252,6 +268,21 @@ impl Harness {
         let sep = if url.contains('?') { '&' } else { '?' };
         let url = format!("{url}{sep}prefix={prefix}");
         Harness::new("redis://", url, StoreTraits::FOREIGN_REDIS, Box::new(()))
+    }
+
+    /// A throwaway `mariadbd` of its own (stopped when the harness drops), with tessera's
+    /// tables in a fresh database.
+    pub fn mariadb() -> Self {
+        Harness::mariadb_with(&[])
+    }
+
+    /// A throwaway `mariadbd` started with `server_args`, tessera's tables in database `t`.
+    pub fn mariadb_with(server_args: &[&str]) -> Self {
+        let server = MariaDbServer::start_with(server_args);
+        let url = server.url("t");
+        let mut h = Harness::new("mysql://", url, StoreTraits::OWN_MARIADB, Box::new(()));
+        h.mariadb = Some(server);
+        h
     }
 
     /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.
@@ -309,6 +340,9 @@ impl Harness {
         if let Some(s) = &self.redis {
             return Some(s.port());
         }
+        if let Some(s) = &self.mariadb {
+            return Some(s.port());
+        }
         if self.traits.server {
             return url::Url::parse(&self.url).ok()?.port();
         }
@@ -318,22 +352,35 @@ impl Harness {
     /// Kills the server and starts it again on the same port ([`StoreTraits::restartable`]);
     /// blocks until it answers. Panics without one.
     pub fn restart(&mut self) {
+        if let Some(s) = &mut self.mariadb {
+            return s.restart();
+        }
         self.own_redis_mut("restart").restart();
     }
 
     /// Freezes the server ([`StoreTraits::freezable`]). Panics without one.
     pub fn freeze(&self) {
+        if let Some(s) = &self.mariadb {
+            return s.freeze();
+        }
         self.own_redis("freeze").freeze();
     }
 
     /// Thaws a frozen server.
     pub fn thaw(&self) {
+        if let Some(s) = &self.mariadb {
+            return s.thaw();
+        }
         self.own_redis("thaw").thaw();
     }
 
     /// Closes every client connection at the server ([`StoreTraits::cuttable`]).
     pub fn cut_clients(&self) -> anyhow::Result<()> {
         if let Some(s) = &self.redis {
+            s.cut_clients();
+            return Ok(());
+        }
+        if let Some(s) = &self.mariadb {
             s.cut_clients();
             return Ok(());
         }
@@ -350,6 +397,11 @@ impl Harness {
     /// The Redis server the harness owns, for faults only Redis has (eviction, its keys).
     pub fn redis_server(&self) -> Option<&RedisServer> {
         self.redis.as_ref()
+    }
+
+    /// The MariaDB server the harness owns, for faults written into its rows.
+    pub fn mariadb_server(&self) -> Option<&MariaDbServer> {
+        self.mariadb.as_ref()
     }
 
     /// The SQLite file, for faults written into its rows.

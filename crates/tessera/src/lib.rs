@@ -42,6 +42,7 @@
 //! | in-process, the reference model | `memory://` or `memory://NAME` | `memory` (default) |
 //! | SQLite, the embedded store: many processes on one host | `sqlite:///absolute/path/file.db` | `sqlite` (default) |
 //! | Redis, the distributed store | `redis://[user[:password]@]host[:port][/db][?prefix=P]`, `rediss://…` (TLS) | `redis` |
+//! | MySQL / MariaDB, for teams without Redis | `mysql://[user[:password]@]host[:port]/database[?ssl-mode=…&ssl-ca=…]`, `mariadb://…` | `mysql` |
 //!
 //! A URL whose store this build lacks is refused with a message naming the feature.
 //!
@@ -118,6 +119,8 @@ pub mod backend {
     pub mod stores {
         #[cfg(feature = "memory")]
         pub use crate::stores::memory::MemoryBackend;
+        #[cfg(feature = "mysql")]
+        pub use crate::stores::mysql::MysqlBackend;
         #[cfg(feature = "redis")]
         pub use crate::stores::redis::RedisBackend;
         #[cfg(feature = "sqlite")]

@@ -7,9 +7,11 @@
 
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -82,7 +84,12 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "mysql",
         form: "mysql://",
-        feature: None,
+        feature: Some("mysql"),
+    },
+    Scheme {
+        scheme: "mariadb",
+        form: "mariadb://",
+        feature: Some("mysql"),
     },
     Scheme {
         scheme: "etcd",
@@ -97,6 +104,7 @@ fn compiled_in(feature: &str) -> bool {
         ("memory", cfg!(feature = "memory")),
         ("sqlite", cfg!(feature = "sqlite")),
         ("redis", cfg!(feature = "redis")),
+        ("mysql", cfg!(feature = "mysql")),
     ];
     BUILD.iter().any(|&(f, on)| on && f == feature)
 }
@@ -173,7 +181,12 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 #[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
 // A build without any store feature has only the `unreachable!` arm below.
 #[cfg_attr(
-    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
+    not(any(
+        feature = "memory",
+        feature = "sqlite",
+        feature = "redis",
+        feature = "mysql"
+    )),
     allow(unreachable_code)
 )]
 pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
@@ -188,6 +201,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Arc::new(mysql::MysqlBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };

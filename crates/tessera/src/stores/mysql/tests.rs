@@ -1,0 +1,1 @@
+//! Store-level tests of the MySQL / MariaDB dialect against a throwaway MariaDB.
