@@ -289,7 +289,10 @@ fn template() -> PathBuf {
             "--skip-test-db",
             "--innodb-log-file-size=8M",
         ])
-        .arg(format!("--datadir={}", building.path().join("data").display()))
+        .arg(format!(
+            "--datadir={}",
+            building.path().join("data").display()
+        ))
         .output()
         .unwrap_or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => panic!("{INSTALL}"),

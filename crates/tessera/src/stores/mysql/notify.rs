@@ -64,12 +64,7 @@ impl Doorbell {
     pub(crate) async fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
         let address = Arc::new(Mutex::new(String::new()));
         let first = connect(&options).await;
-        let task = tokio::spawn(park_loop(
-            options,
-            first,
-            Arc::clone(&address),
-            waiting,
-        ));
+        let task = tokio::spawn(park_loop(options, first, Arc::clone(&address), waiting));
         Doorbell { address, task }
     }
 

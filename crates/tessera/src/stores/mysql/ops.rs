@@ -207,7 +207,9 @@ impl SemRows for MysqlRows<'_> {
             if create.is_some() {
                 // The insert above either created the row or locked the existing one, and
                 // nobody can delete a row this transaction holds.
-                return Err(corrupt("internal: the semaphore row vanished under its lock"));
+                return Err(corrupt(
+                    "internal: the semaphore row vanished under its lock",
+                ));
             }
             let row = sqlx::query(LOAD_NONE)
                 .fetch_optional(&mut *self.conn)
