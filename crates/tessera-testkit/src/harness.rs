@@ -132,16 +132,18 @@ impl StoreTraits {
         ..StoreTraits::IN_PROCESS
     };
 
-    /// A `mariadbd` the harness started: it can restart it (committed data survives),
-    /// freeze it, proxy it and kill its connections.
+    /// A `mariadbd` the harness started: it can restart it (committed data survives, so
+    /// this is a durable restart, never one that comes back empty), freeze it, proxy it,
+    /// kill its connections and write into its rows.
     pub const OWN_MARIADB: StoreTraits = StoreTraits {
         multi_process: true,
         clock: ClockSource::Server,
         server: true,
-        restartable: true,
+        durable_restart: true,
         freezable: true,
         proxyable: true,
         cuttable: true,
+        raw_access: true,
         ..StoreTraits::IN_PROCESS
     };
 
@@ -352,6 +354,7 @@ impl Harness {
     /// Kills the server and starts it again on the same port ([`StoreTraits::restartable`]);
     /// blocks until it answers. Panics without one.
     pub fn restart(&mut self) {
+        // MariaDB's restart keeps the committed data (StoreTraits::durable_restart).
         if let Some(s) = &mut self.mariadb {
             return s.restart();
         }

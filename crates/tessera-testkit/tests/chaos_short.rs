@@ -128,3 +128,34 @@ fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
         assert!(!out.stderr.is_empty(), "{bad:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
+    let reports = short(
+        StoreSpec::Mariadb,
+        &[
+            "baseline",
+            "s1-kill",
+            "s2-stop",
+            "s3-proxy",
+            "s4-restart-aof",
+            "s9-client-kill",
+            "s10-reclaim",
+            "garbage",
+        ],
+    )
+    .await;
+    // A MariaDB restart keeps what was committed: the durable-restart scenario.
+    for name in [
+        "baseline",
+        "s1-kill",
+        "s3-proxy",
+        "s4-restart-aof",
+        "s9-client-kill",
+        "garbage",
+    ] {
+        assert!(get(&reports, name).skipped.is_none(), "{name} skipped");
+    }
+    let s3 = get(&reports, "s3-proxy");
+    assert!(s3.faults >= 5 && s3.grants > 0, "{}", s3.summary());
+}

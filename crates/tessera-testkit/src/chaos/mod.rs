@@ -115,6 +115,8 @@ pub enum StoreSpec {
     /// A throwaway `redis-server` per scenario (`None`), or an existing server whose URL is
     /// given: scenarios that must restart or reconfigure the server are then skipped.
     Redis(Option<String>),
+    /// A throwaway `mariadbd` per scenario (`mysql://`).
+    Mariadb,
 }
 
 impl StoreSpec {
@@ -123,6 +125,7 @@ impl StoreSpec {
         Ok(match s {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
             "redis" | "redis://" => StoreSpec::Redis(None),
+            "mariadb" | "mysql" => StoreSpec::Mariadb,
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -141,7 +144,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis or redis://127.0.0.1:PORT"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT or mariadb"
             ),
         })
     }
@@ -153,14 +156,16 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
+            StoreSpec::Mariadb => StoreTraits::OWN_MARIADB,
         }
     }
 
-    /// `sqlite` or `redis`.
+    /// `sqlite`, `redis` or `mariadb`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::Redis(_) => "redis",
+            StoreSpec::Mariadb => "mariadb",
         }
     }
 }

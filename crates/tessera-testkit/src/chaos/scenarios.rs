@@ -201,7 +201,7 @@ async fn s4_restart(
         &[]
     };
     let env = harness(spec, name, seed, args);
-    if aof {
+    if aof && env.redis_server().is_some() {
         let got =
             env.redis_server()
                 .context("owned redis")?
@@ -592,33 +592,43 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
     for round in ["garbage-fields", "garbage-types"] {
         sleep(p.ttl).await;
         run.fault(round, FaultPhase::Start, None);
-        match &sqlite {
-            Some(db) => {
-                let sql: &[&str] = if round == "garbage-fields" {
-                    &[
+        if let Some(server) = run.env.mariadb_server() {
+            // One statement per round, so the garbage lands at once.
+            server.sql(if round == "garbage-fields" {
+                "UPDATE t.tessera_holders SET seats = 'garbage', lease_id = CONCAT('zz', \
+                 LEFT(lease_id, 30)) WHERE name = 'chaos'"
+            } else {
+                "UPDATE t.tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 \
+                 WHERE name = 'chaos'"
+            });
+        } else {
+            match &sqlite {
+                Some(db) => {
+                    let sql: &[&str] = if round == "garbage-fields" {
+                        &[
                         "UPDATE tessera_holders SET seats = 'garbage', lease_id = 'zz' || lease_id WHERE name = 'chaos'",
                         "UPDATE tessera_waiters SET lease_id = 'not-hex' || seq WHERE name = 'chaos'",
                     ]
-                } else {
-                    &["UPDATE tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 WHERE name = 'chaos'"]
-                };
-                for &q in sql {
-                    sqlx::query(q).execute(db).await?;
+                    } else {
+                        &["UPDATE tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 WHERE name = 'chaos'"]
+                    };
+                    for &q in sql {
+                        sqlx::query(q).execute(db).await?;
+                    }
                 }
-            }
-            None => {
-                let server = run.env.redis_server().context("owned redis")?;
-                let prefix = url::Url::parse(run.env.url())?
-                    .query_pairs()
-                    .find(|(k, _)| k == "prefix")
-                    .map(|(_, v)| v.into_owned())
-                    .context("prefix")?;
-                // One script, so the garbage lands at once: a key deleted and re-created
-                // in two steps would let tessera see the semaphore missing in between.
-                let script = if round == "garbage-types" {
-                    "for _, k in ipairs(KEYS) do redis.call('DEL', k); redis.call('RPUSH', k, 'garbage') end return 'OK'"
-                } else {
-                    "for _, k in ipairs(KEYS) do \
+                None => {
+                    let server = run.env.redis_server().context("owned redis")?;
+                    let prefix = url::Url::parse(run.env.url())?
+                        .query_pairs()
+                        .find(|(k, _)| k == "prefix")
+                        .map(|(_, v)| v.into_owned())
+                        .context("prefix")?;
+                    // One script, so the garbage lands at once: a key deleted and re-created
+                    // in two steps would let tessera see the semaphore missing in between.
+                    let script = if round == "garbage-types" {
+                        "for _, k in ipairs(KEYS) do redis.call('DEL', k); redis.call('RPUSH', k, 'garbage') end return 'OK'"
+                    } else {
+                        "for _, k in ipairs(KEYS) do \
                        local t = redis.call('TYPE', k)['ok'] \
                        if t == 'hash' then \
                          for _, f in ipairs(redis.call('HKEYS', k)) do redis.call('HSET', k, f, 'garbage') end \
@@ -626,18 +636,28 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
                        elseif t == 'set' then redis.call('SADD', k, 'garbage') \
                        elseif t == 'string' then redis.call('SET', k, 'garbage') end \
                      end return 'OK'"
-                };
-                let keys = redis_keys(&prefix, "chaos");
-                let mut words = vec!["EVAL", script, "8"];
-                words.extend(keys.iter().map(String::as_str));
-                let reply = server.command(&words);
-                anyhow::ensure!(reply.contains("OK"), "garbage script: {reply}");
+                    };
+                    let keys = redis_keys(&prefix, "chaos");
+                    let mut words = vec!["EVAL", script, "8"];
+                    words.extend(keys.iter().map(String::as_str));
+                    let reply = server.command(&words);
+                    anyhow::ensure!(reply.contains("OK"), "garbage script: {reply}");
+                }
             }
         }
         sleep(p.ttl).await;
         // The operator cleans up: the heal starts now (the report counts an overlap right
         // after it as the store forgetting leases).
         run.fault(round, FaultPhase::Heal, None);
+        if let Some(server) = run.env.mariadb_server() {
+            server.sql(
+                "DELETE FROM t.tessera_holders WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_waiters WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_semaphores WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_free_seats WHERE name = 'chaos'",
+            );
+            continue;
+        }
         match &sqlite {
             Some(db) => {
                 for q in [
