@@ -20,6 +20,7 @@ use tessera::Store;
 
 use crate::faults::{Faults, FaultyBackend};
 use crate::servers::postgres::{PostgresServer, Shutdown};
+use crate::servers::mysql::MariaDbServer;
 use crate::servers::redis::RedisServer;
 
 /// Whose clock the store's time is.
@@ -145,6 +146,22 @@ impl StoreTraits {
         cuttable: true,
         evicting: false,
         raw_access: true,
+        ..StoreTraits::IN_PROCESS
+    };
+
+    /// A `mariadbd` the harness started: it can restart it (committed data survives, so
+    /// this is a durable restart, never one that comes back empty), freeze it, proxy it,
+    /// kill its connections and write into its rows.
+    pub const OWN_MARIADB: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        durable_restart: true,
+        freezable: true,
+        proxyable: true,
+        cuttable: true,
+        raw_access: true,
+        ..StoreTraits::IN_PROCESS
     };
 
     /// Why a store with these traits cannot serve `need`, or `None` if it can.
@@ -201,6 +218,7 @@ pub struct Harness {
     traits: StoreTraits,
     redis: Option<RedisServer>,
     postgres: Option<PostgresServer>,
+    mariadb: Option<MariaDbServer>,
     sqlite_file: Option<PathBuf>,
     _guard: Box<dyn Any + Send + Sync>,
 }
@@ -220,6 +238,7 @@ impl Harness {
             traits,
             redis: None,
             postgres: None,
+            mariadb: None,
             sqlite_file: None,
             _guard: guard,
         }
@@ -293,6 +312,21 @@ impl Harness {
         self.postgres.as_mut()
     }
 
+    /// A throwaway `mariadbd` of its own (stopped when the harness drops), with tessera's
+    /// tables in a fresh database.
+    pub fn mariadb() -> Self {
+        Harness::mariadb_with(&[])
+    }
+
+    /// A throwaway `mariadbd` started with `server_args`, tessera's tables in database `t`.
+    pub fn mariadb_with(server_args: &[&str]) -> Self {
+        let server = MariaDbServer::start_with(server_args);
+        let url = server.url("t");
+        let mut h = Harness::new("mysql://", url, StoreTraits::OWN_MARIADB, Box::new(()));
+        h.mariadb = Some(server);
+        h
+    }
+
     /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.
     pub fn scheme(&self) -> &'static str {
         self.scheme
@@ -351,6 +385,9 @@ impl Harness {
         if let Some(s) = &self.postgres {
             return Some(s.port());
         }
+        if let Some(s) = &self.mariadb {
+            return Some(s.port());
+        }
         if self.traits.server {
             return url::Url::parse(&self.url).ok()?.port();
         }
@@ -364,16 +401,26 @@ impl Harness {
             pg.restart_with(Shutdown::Immediate);
             return;
         }
+        // MariaDB's restart keeps the committed data (StoreTraits::durable_restart).
+        if let Some(s) = &mut self.mariadb {
+            return s.restart();
+        }
         self.own_redis_mut("restart").restart();
     }
 
     /// Freezes the server ([`StoreTraits::freezable`]). Panics without one.
     pub fn freeze(&self) {
+        if let Some(s) = &self.mariadb {
+            return s.freeze();
+        }
         self.own_redis("freeze").freeze();
     }
 
     /// Thaws a frozen server.
     pub fn thaw(&self) {
+        if let Some(s) = &self.mariadb {
+            return s.thaw();
+        }
         self.own_redis("thaw").thaw();
     }
 
@@ -385,6 +432,10 @@ impl Harness {
         }
         if let Some(s) = &self.postgres {
             s.terminate_all();
+            return Ok(());
+        }
+        if let Some(s) = &self.mariadb {
+            s.cut_clients();
             return Ok(());
         }
         anyhow::ensure!(self.traits.cuttable, "{} cannot cut clients", self.scheme);
@@ -400,6 +451,11 @@ impl Harness {
     /// The Redis server the harness owns, for faults only Redis has (eviction, its keys).
     pub fn redis_server(&self) -> Option<&RedisServer> {
         self.redis.as_ref()
+    }
+
+    /// The MariaDB server the harness owns, for faults written into its rows.
+    pub fn mariadb_server(&self) -> Option<&MariaDbServer> {
+        self.mariadb.as_ref()
     }
 
     /// The SQLite file, for faults written into its rows.

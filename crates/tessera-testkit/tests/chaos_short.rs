@@ -158,3 +158,34 @@ async fn postgres_survives_holder_faults_a_faulty_network_restarts_cuts_and_garb
     }
     assert!(get(&reports, "s1-kill").faults > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
+    let reports = short(
+        StoreSpec::Mariadb,
+        &[
+            "baseline",
+            "s1-kill",
+            "s2-stop",
+            "s3-proxy",
+            "s4-restart-aof",
+            "s9-client-kill",
+            "s10-reclaim",
+            "garbage",
+        ],
+    )
+    .await;
+    // A MariaDB restart keeps what was committed: the durable-restart scenario.
+    for name in [
+        "baseline",
+        "s1-kill",
+        "s3-proxy",
+        "s4-restart-aof",
+        "s9-client-kill",
+        "garbage",
+    ] {
+        assert!(get(&reports, name).skipped.is_none(), "{name} skipped");
+    }
+    let s3 = get(&reports, "s3-proxy");
+    assert!(s3.faults >= 5 && s3.grants > 0, "{}", s3.summary());
+}

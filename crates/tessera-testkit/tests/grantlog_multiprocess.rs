@@ -119,6 +119,13 @@ fn postgres_workers_in_six_processes_never_over_grant() {
     six_processes_never_over_grant(&server.url_with_schema("grantlog"), dir.path());
 }
 
+#[test]
+fn mariadb_workers_in_six_processes_never_over_grant() {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    six_processes_never_over_grant(&server.url("t"), dir.path());
+}
+
 fn six_processes_never_over_grant(store: &str, dir: &std::path::Path) {
     let workers: Vec<WorkerArgs> = (0..6)
         .map(|i| WorkerArgs {

@@ -1,4 +1,4 @@
-//! Worker processes share one rate limiter on SQLite and on Redis; the checker proves from
+//! Worker processes share one rate limiter on SQLite, on Redis and on MariaDB; the checker proves from
 //! their merged logs that no limit was exceeded in any window (see
 //! `tessera_testkit::ratelog`).
 //!
@@ -105,6 +105,12 @@ fn redis_processes_sharing_a_limiter_never_exceed_any_window() {
     run(&server.url());
 }
 
+#[test]
+fn mariadb_processes_sharing_a_limiter_never_exceed_any_window() {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    run(&server.url("t"));
+}
+
 /// 8 processes `acquire` turns of `50/s` and use each at once, for about 3.5 s.
 fn calls_made_at_admission(store: &str) {
     let limit: RateSpec = "50/s".parse().unwrap();
@@ -171,4 +177,10 @@ fn sqlite_calls_made_at_admission_never_exceed_the_limit() {
 fn redis_calls_made_at_admission_never_exceed_the_limit() {
     let server = tessera_testkit::servers::redis::RedisServer::start();
     calls_made_at_admission(&server.url());
+}
+
+#[test]
+fn mariadb_calls_made_at_admission_never_exceed_the_limit() {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    calls_made_at_admission(&server.url("t"));
 }

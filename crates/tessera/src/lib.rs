@@ -43,6 +43,7 @@
 //! | SQLite, the embedded store: many processes on one host | `sqlite:///absolute/path/file.db` | `sqlite` (default) |
 //! | Redis, the distributed store | `redis://[user[:password]@]host[:port][/db][?prefix=P]`, `rediss://…` (TLS) | `redis` |
 //! | PostgreSQL, for teams without Redis | `postgres://[user[:password]@]host[:port][/database][?schema=S]`, `postgresql://…` | `postgres` |
+//! | MySQL / MariaDB, for teams without Redis | `mysql://[user[:password]@]host[:port]/database[?ssl-mode=…&ssl-ca=…]`, `mariadb://…` | `mysql` |
 //!
 //! A URL whose store this build lacks is refused with a message naming the feature.
 //!
@@ -122,6 +123,8 @@ pub mod backend {
         pub use crate::stores::memory::MemoryBackend;
         #[cfg(feature = "postgres")]
         pub use crate::stores::postgres::PostgresBackend;
+        #[cfg(feature = "mysql")]
+        pub use crate::stores::mysql::MysqlBackend;
         #[cfg(feature = "redis")]
         pub use crate::stores::redis::RedisBackend;
         #[cfg(feature = "sqlite")]

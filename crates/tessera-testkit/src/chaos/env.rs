@@ -36,5 +36,6 @@ pub fn harness(spec: &StoreSpec, name: &str, seed: u64, redis_args: &[&str]) -> 
         StoreSpec::Redis(None) => Harness::redis_with(redis_args, &tag),
         StoreSpec::Redis(Some(url)) => Harness::redis_at(url, &tag),
         StoreSpec::Postgres => Harness::postgres(),
+        StoreSpec::Mariadb => Harness::mariadb(),
     }
 }

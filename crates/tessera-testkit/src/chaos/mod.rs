@@ -117,6 +117,8 @@ pub enum StoreSpec {
     Redis(Option<String>),
     /// A throwaway PostgreSQL server per scenario (`initdb` + `pg_ctl`).
     Postgres,
+    /// A throwaway `mariadbd` per scenario (`mysql://`).
+    Mariadb,
 }
 
 impl StoreSpec {
@@ -126,6 +128,7 @@ impl StoreSpec {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
             "redis" | "redis://" => StoreSpec::Redis(None),
             "postgres" | "postgres://" => StoreSpec::Postgres,
+            "mariadb" | "mysql" => StoreSpec::Mariadb,
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -144,7 +147,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT or postgres"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, postgres or mariadb"
             ),
         })
     }
@@ -157,15 +160,17 @@ impl StoreSpec {
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
             StoreSpec::Postgres => StoreTraits::OWN_POSTGRES,
+            StoreSpec::Mariadb => StoreTraits::OWN_MARIADB,
         }
     }
 
-    /// `sqlite` or `redis`.
+    /// `sqlite`, `redis` or `mariadb`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::Redis(_) => "redis",
             StoreSpec::Postgres => "postgres",
+            StoreSpec::Mariadb => "mariadb",
         }
     }
 }

@@ -591,6 +591,25 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
     for round in ["garbage-fields", "garbage-types"] {
         sleep(p.ttl).await;
         run.fault(round, FaultPhase::Start, None);
+        if let Some(server) = run.env.mariadb_server() {
+            // One statement per round, so the garbage lands at once.
+            server.sql(if round == "garbage-fields" {
+                "UPDATE t.tessera_holders SET seats = 'garbage', lease_id = CONCAT('zz', \
+                 LEFT(lease_id, 30)) WHERE name = 'chaos'"
+            } else {
+                "UPDATE t.tessera_semaphores SET used = -7, seat_high = -1, last_fence = -1 \
+                 WHERE name = 'chaos'"
+            });
+            sleep(p.ttl).await;
+            run.fault(round, FaultPhase::Heal, None);
+            server.sql(
+                "DELETE FROM t.tessera_holders WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_waiters WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_semaphores WHERE name = 'chaos'; \
+                 DELETE FROM t.tessera_free_seats WHERE name = 'chaos'",
+            );
+            continue;
+        }
         match &sqlite {
             Some(db) => {
                 let sql: &[&str] = if round == "garbage-fields" {

@@ -3,4 +3,5 @@
 //! with the install line, never a skip.
 
 pub mod postgres;
+pub mod mysql;
 pub mod redis;

@@ -87,7 +87,12 @@
 //! façade users call, and `engine.rs` the decision shared by the memory and SQLite stores.
 
 // Only the stores call the engine; a build without any store has no use for it.
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "redis"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "redis",
+    feature = "mysql"
+))]
 pub(crate) mod engine;
 mod limiter;
 pub(crate) mod seam;

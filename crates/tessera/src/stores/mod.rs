@@ -9,9 +9,11 @@
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -84,7 +86,12 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "mysql",
         form: "mysql://",
-        feature: None,
+        feature: Some("mysql"),
+    },
+    Scheme {
+        scheme: "mariadb",
+        form: "mariadb://",
+        feature: Some("mysql"),
     },
     Scheme {
         scheme: "etcd",
@@ -100,6 +107,7 @@ fn compiled_in(feature: &str) -> bool {
         ("sqlite", cfg!(feature = "sqlite")),
         ("redis", cfg!(feature = "redis")),
         ("postgres", cfg!(feature = "postgres")),
+        ("mysql", cfg!(feature = "mysql")),
     ];
     BUILD.iter().any(|&(f, on)| on && f == feature)
 }
@@ -180,7 +188,8 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
         feature = "memory",
         feature = "sqlite",
         feature = "redis",
-        feature = "postgres"
+        feature = "postgres",
+        feature = "mysql"
     )),
     allow(unreachable_code)
 )]
@@ -198,6 +207,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Arc::new(postgres::PostgresBackend::connect(url).await?),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Arc::new(mysql::MysqlBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };

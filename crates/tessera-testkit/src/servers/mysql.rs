@@ -1,0 +1,327 @@
+//! A throwaway MariaDB server (`mariadbd`) on a free loopback port.
+//!
+//! ```no_run
+//! let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+//! let url = server.url("app"); // mysql://root@127.0.0.1:PORT/app (created if missing)
+//! # drop(url);
+//! ```
+//!
+//! `mariadb-install-db` takes seconds, so it runs once per machine and MariaDB version into a
+//! template data directory under the temp dir (built in a private directory, then renamed
+//! into place, so concurrent test processes never see half of one); each server starts from
+//! a copy (about 26 MB) in its own temp dir. Servers run without binary log, with
+//! `innodb_flush_log_at_trx_commit=2` (a commit survives a killed server, not a power cut)
+//! and a small buffer pool. The server dies with the process that started it (Linux
+//! parent-death signal), also when a test panics or a static holds it.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str = "mariadbd / mariadb-install-db are not installed (or not on PATH): \
+     install them with `apt-get install -y mariadb-server`";
+
+/// A `mariadbd` on `127.0.0.1:<free port>`, killed on drop; user `root`, no password.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl MariaDbServer {
+    /// Starts a server on a free port and waits until it greets. Panics (failing the test)
+    /// with the install line if the MariaDB programs are missing.
+    pub fn start() -> MariaDbServer {
+        MariaDbServer::start_with(&[])
+    }
+
+    /// Like [`MariaDbServer::start`], with extra `mariadbd` options (e.g.
+    /// `--innodb-flush-log-at-trx-commit=1`).
+    pub fn start_with(extra: &[&str]) -> MariaDbServer {
+        let template = template();
+        let dir = tempfile::tempdir().expect("temp dir for mariadbd");
+        copy_dir(&template, &dir.path().join("data")).expect("copy the MariaDB template");
+        let mut server = MariaDbServer {
+            port: 0,
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut last = String::new();
+        for _ in 0..10 {
+            server.port = free_port();
+            server.spawn();
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(e) => {
+                    last = e;
+                    server.kill();
+                }
+            }
+        }
+        panic!("mariadbd did not start: {last}; log: {}", server.log_tail());
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/<database>`, creating the database if missing.
+    pub fn url(&self, database: &str) -> String {
+        self.sql(&format!("CREATE DATABASE IF NOT EXISTS `{database}`"));
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Runs SQL with the `mariadb` client as root and returns its tab-separated output
+    /// (no column names). Panics on failure.
+    pub fn sql(&self, sql: &str) -> String {
+        self.try_sql(sql)
+            .unwrap_or_else(|e| panic!("mariadb -e {sql:?}: {e}"))
+    }
+
+    /// Like [`MariaDbServer::sql`], returning the error text instead of panicking.
+    pub fn try_sql(&self, sql: &str) -> Result<String, String> {
+        let out = Command::new("mariadb")
+            .args([
+                "--no-defaults",
+                "-h127.0.0.1",
+                &format!("-P{}", self.port),
+                "-uroot",
+                "-N",
+                "-B",
+                "--comments",
+                "-e",
+                sql,
+            ])
+            .output()
+            .map_err(|e| format!("mariadb client ({e}): {INSTALL}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Kills the server (SIGKILL: no clean shutdown) and starts it again on the same port
+    /// and data directory: committed data survives (InnoDB recovery), connections do not.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.spawn();
+            match self.wait_ready() {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => {
+                    panic!("mariadbd did not restart: {e}; log: {}", self.log_tail())
+                }
+                Err(_) => {
+                    self.kill();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers until
+    /// [`MariaDbServer::thaw`].
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Closes every client connection but the caller's (`KILL CONNECTION` of each).
+    pub fn cut_clients(&self) {
+        let ids = self.sql(
+            "SELECT ID FROM information_schema.PROCESSLIST \
+             WHERE ID <> CONNECTION_ID() AND COMMAND <> 'Daemon' AND USER <> 'system user'",
+        );
+        let kills: String = ids
+            .split_whitespace()
+            .map(|id| format!("KILL CONNECTION {id};"))
+            .collect();
+        if !kills.is_empty() {
+            // A connection may have ended meanwhile ("unknown thread"): not a failure.
+            let _ = self.try_sql(&kills);
+        }
+    }
+
+    /// Kills the server now.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    fn spawn(&mut self) {
+        let d = self.dir.path();
+        let mut cmd = Command::new("mariadbd");
+        cmd.arg("--no-defaults")
+            .arg("--user=root")
+            .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--socket={}", d.join("s").display()))
+            .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--log-error={}", d.join("err.log").display()))
+            .arg(format!("--port={}", self.port))
+            .arg("--bind-address=127.0.0.1")
+            .args([
+                "--innodb-log-file-size=8M",
+                "--innodb-buffer-pool-size=32M",
+                "--innodb-flush-log-at-trx-commit=2",
+                "--skip-log-bin",
+                "--max-connections=2000",
+                "--performance-schema=OFF",
+            ])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl in the child before exec; async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            _ => panic!("could not start mariadbd: {e}"),
+        });
+        self.child = Some(child);
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("mariadbd exited with {status}"));
+                }
+            }
+            if greets(self.port) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("no greeting within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("err.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(8)..].join("\n")
+    }
+}
+
+impl Drop for MariaDbServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The server's handshake packet arrived: it accepts connections.
+fn greets(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok();
+    let mut buf = [0u8; 64];
+    // Packet header (4 bytes), then protocol version 10.
+    matches!(s.read(&mut buf), Ok(n) if n > 5 && buf[4] == 10)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The template data directory for this machine's MariaDB version, built once.
+fn template() -> PathBuf {
+    let version = Command::new("mariadbd")
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            _ => panic!("mariadbd --version: {e}"),
+        });
+    let version = String::from_utf8_lossy(&version.stdout);
+    let tag: String = version
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or("unknown")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    let uid = unsafe { libc::getuid() };
+    let path = std::env::temp_dir().join(format!("tessera-mariadb-template-{tag}-{uid}"));
+    if path.join("data").join("mysql").is_dir() {
+        return path.join("data");
+    }
+    let building = tempfile::Builder::new()
+        .prefix("tessera-mariadb-template-build")
+        .tempdir_in(std::env::temp_dir())
+        .expect("temp dir for the MariaDB template");
+    let out = Command::new("mariadb-install-db")
+        .args([
+            "--no-defaults",
+            "--user=root",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--innodb-log-file-size=8M",
+        ])
+        .arg(format!(
+            "--datadir={}",
+            building.path().join("data").display()
+        ))
+        .output()
+        .unwrap_or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            _ => panic!("mariadb-install-db: {e}"),
+        });
+    assert!(
+        out.status.success(),
+        "mariadb-install-db failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = building.keep();
+    // Another process may have finished first: then its template stays and ours goes.
+    if std::fs::rename(&built, &path).is_err() {
+        let _ = std::fs::remove_dir_all(&built);
+    }
+    path.join("data")
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! Versioned, idempotent schema migrations, safe when many processes connect at once.
+//!
+//! The schema is a list of migrations ([`MIGRATIONS`]); `tessera_meta.schema_version` holds
+//! the last one applied. At connect, one connection:
+//!
+//! 1. takes `GET_LOCK('tessera.migrate.<database>')` (waiting up to 30 s), so processes that
+//!    start together migrate one after another; a server that refuses `GET_LOCK` (Galera)
+//!    goes on without it;
+//! 2. reads the version (no table yet: 0). A version above the newest this build knows is
+//!    refused ([`Error::Corrupt`]): a newer tessera wrote the tables;
+//! 3. runs every migration above it, statement by statement (MySQL commits each DDL by
+//!    itself, so a migration is not one transaction), then records its number with
+//!    `GREATEST`, so the version never goes back;
+//! 4. releases the lock.
+//!
+//! Every statement of every migration is idempotent (`CREATE TABLE IF NOT EXISTS`,
+//! `INSERT IGNORE`), so a migration interrupted half way (a killed process) is simply run
+//! again by the next connect, and two processes running one concurrently (no `GET_LOCK`)
+//! end with the same tables.
+
+use sqlx::mysql::MySqlConnection;
+use sqlx::Row;
+
+use super::map_err;
+use crate::error::{Error, Result};
+
+/// The migrations in order: version `i + 1` is `MIGRATIONS[i]`.
+const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("rate_schema.sql")];
+
+/// The schema version this build reads and writes (the number of migrations).
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How long a connect waits for another process's migration.
+const LOCK_WAIT_S: i64 = 30;
+
+/// The statements of one migration file: separated by lines holding only `;`, comments
+/// (`--` lines) dropped.
+fn statements(file: &str) -> Vec<String> {
+    file.split("\n;")
+        .map(|s| {
+            s.lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Brings the database's schema to [`SCHEMA_VERSION`] (see the module docs).
+pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<()> {
+    let locked: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64), ?)")
+            .bind(LOCK_WAIT_S)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or(None);
+    let result = run(conn).await;
+    if locked == Some(1) {
+        let _ = sqlx::query("DO RELEASE_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64))")
+            .execute(&mut *conn)
+            .await;
+    }
+    result
+}
+
+async fn run(conn: &mut MySqlConnection) -> Result<()> {
+    let mut version = stored_version(conn).await?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::Corrupt(format!(
+            "tessera schema version {version} in the database; this build reads versions up \
+             to {SCHEMA_VERSION} (a newer tessera created the tables)"
+        )));
+    }
+    for (i, file) in MIGRATIONS.iter().enumerate() {
+        let to = i as i64 + 1;
+        if version >= to {
+            continue;
+        }
+        for statement in statements(file) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+        }
+        sqlx::query(
+            "INSERT INTO tessera_meta (meta_key, meta_value) VALUES ('schema_version', ?) \
+             ON DUPLICATE KEY UPDATE meta_value = GREATEST(meta_value, ?)",
+        )
+        .bind(to)
+        .bind(to)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        version = to;
+    }
+    Ok(())
+}
+
+/// The recorded version; 0 when tessera's tables do not exist yet.
+async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'tessera_meta'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    if exists == 0 {
+        return Ok(0);
+    }
+    let row = sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'schema_version'")
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    match row {
+        None => Ok(0),
+        Some(row) => row
+            .try_get::<i64, _>(0)
+            .map_err(|e| Error::Corrupt(format!("schema_version: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_migration_splits_into_statements_without_comments() {
+        let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
+        assert_eq!(all.len(), 8, "{all:#?}");
+        for s in &all {
+            assert!(!s.contains("--"), "{s}");
+            assert!(
+                s.starts_with("CREATE TABLE IF NOT EXISTS") || s.starts_with("INSERT IGNORE"),
+                "not idempotent: {s}"
+            );
+        }
+    }
+}

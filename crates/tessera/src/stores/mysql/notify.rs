@@ -1,0 +1,183 @@
+//! Waking waiters in other processes: one "doorbell" connection per client, rung with
+//! `KILL QUERY`.
+//!
+//! MySQL and MariaDB have no LISTEN/NOTIFY. Each [`super::MysqlBackend`] keeps one extra
+//! connection of its own parked in `SELECT SLEEP(60) /* tessera doorbell <token> */`. Its
+//! address, `<connection id>:<token>`, goes into every waiter row this client writes (and
+//! is refreshed by each heartbeat, so a doorbell that reconnected is found again). A step
+//! that grants waiters collects the doorbells of the granted rows; after its commit the
+//! granting client rings each one that is not its own:
+//!
+//! 1. `SELECT … FROM information_schema.PROCESSLIST WHERE ID = <id> AND INFO LIKE
+//!    '%tessera doorbell <token>%'` — only a connection that is still that doorbell, parked,
+//!    is rung: a connection id reused after the doorbell died (or after a server restart)
+//!    belongs to someone else, whose query must not be interrupted;
+//! 2. `KILL QUERY <id>`: the `SLEEP` returns 1 at once.
+//!
+//! The woken client then wakes every waiter it has queued (it does not know which lease was
+//! granted: one heartbeat each, only in that client). The ring runs in a task of its own,
+//! off the granting operation's path, on a pooled connection.
+//!
+//! A ring can be lost: the doorbell was reconnecting, the server restarted, the check and
+//! the `KILL` raced with the doorbell's next `SLEEP`, or the user may not kill its own
+//! threads. Waiters therefore keep polling (backed off, see
+//! [`super::MysqlBackend::capabilities`]), and a doorbell that reconnects wakes all its
+//! waiters, whose heartbeats find any grant made meanwhile.
+//!
+//! Privileges: `KILL QUERY` on a thread of the same user needs nothing more; clients that
+//! connect as different users need `CONNECTION ADMIN` (MySQL 8) / `CONNECTION ADMIN` or
+//! `SUPER` (MariaDB) to ring each other, and `PROCESS` to see each other's threads in
+//! `PROCESSLIST`. Without them a ring finds nothing and waiters fall back to polling.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
+use sqlx::{ConnectOptions, Connection};
+use tokio::task::JoinHandle;
+
+use crate::model::LeaseId;
+
+/// How long the doorbell sleeps per query before it parks again.
+const PARK_S: u32 = 60;
+
+/// The lease ids this client has queued, woken when its doorbell rings.
+pub(crate) type Waiting = Arc<Mutex<HashSet<LeaseId>>>;
+
+/// One client's doorbell: the parked connection's task and its current address.
+#[derive(Debug)]
+pub(crate) struct Doorbell {
+    address: Arc<Mutex<String>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Doorbell {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Doorbell {
+    /// Connects the doorbell and parks it; `None` if it cannot connect now (waiters then
+    /// poll; it keeps trying in the background).
+    pub(crate) async fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
+        let address = Arc::new(Mutex::new(String::new()));
+        let first = connect(&options).await;
+        let task = tokio::spawn(park_loop(options, first, Arc::clone(&address), waiting));
+        Doorbell { address, task }
+    }
+
+    /// `<connection id>:<token>`, or `""` while the doorbell is not connected.
+    pub(crate) fn address(&self) -> String {
+        self.address.lock().unwrap().clone()
+    }
+}
+
+/// A fresh doorbell connection and its address.
+async fn connect(options: &MySqlConnectOptions) -> Option<(MySqlConnection, String)> {
+    let mut conn = options.connect().await.ok()?;
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut conn)
+        .await
+        .ok()?;
+    let token = format!("{:016x}", rand::random::<u64>());
+    Some((conn, format!("{id}:{token}")))
+}
+
+fn wake_all(waiting: &Waiting) {
+    let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
+    for lease in leases {
+        crate::wake::notify(lease);
+    }
+}
+
+async fn park_loop(
+    options: MySqlConnectOptions,
+    mut first: Option<(MySqlConnection, String)>,
+    address: Arc<Mutex<String>>,
+    waiting: Waiting,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let conn = match first.take() {
+            Some(c) => Some(c),
+            None => connect(&options).await,
+        };
+        let Some((mut conn, addr)) = conn else {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        };
+        backoff = Duration::from_millis(50);
+        let token = addr.split_once(':').map_or("", |(_, t)| t).to_string();
+        *address.lock().unwrap() = addr;
+        // Rings sent to an older address were lost: let every waiter ask the store.
+        wake_all(&waiting);
+        let park = format!("SELECT SLEEP({PARK_S}) /* tessera doorbell {token} */");
+        loop {
+            match sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(park.clone()))
+                .fetch_one(&mut conn)
+                .await
+            {
+                // Rung (`KILL QUERY` makes SLEEP return 1).
+                Ok(1) => wake_all(&waiting),
+                // Slept the whole time: park again.
+                Ok(_) => {}
+                // MariaDB answers the killed SLEEP with "query execution was interrupted"
+                // (1317); the connection itself lives on.
+                Err(sqlx::Error::Database(db))
+                    if db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == 1317) =>
+                {
+                    wake_all(&waiting)
+                }
+                Err(_) => break,
+            }
+        }
+        address.lock().unwrap().clear();
+        let _ = conn.close().await;
+    }
+}
+
+/// Rings the doorbells at `addresses` (but not `own`), in the background.
+pub(crate) fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
+    let targets: Vec<(u64, String)> = addresses
+        .into_iter()
+        .filter(|a| a != own)
+        .filter_map(|a| {
+            let (id, token) = a.split_once(':')?;
+            let token_ok = !token.is_empty() && token.bytes().all(|b| b.is_ascii_hexdigit());
+            Some((id.parse().ok()?, token.to_string())).filter(|_| token_ok)
+        })
+        .collect();
+    if targets.is_empty() {
+        return;
+    }
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let Ok(mut conn) = pool.acquire().await else {
+            return;
+        };
+        for (id, token) in targets {
+            let parked: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE ?",
+            )
+            .bind(id)
+            .bind(format!("%tessera doorbell {token}%"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or(0);
+            if parked > 0 {
+                let kill = format!("KILL QUERY {id}");
+                if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(kill))
+                    .execute(&mut *conn)
+                    .await
+                {
+                    tracing::debug!(error = %e, "tessera MySQL doorbell: KILL QUERY failed");
+                }
+            }
+        }
+    });
+}

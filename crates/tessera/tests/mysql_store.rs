@@ -1,0 +1,314 @@
+//! The MySQL / MariaDB store against a throwaway MariaDB (a missing `mariadbd` fails the
+//! test with the install line). The store must behave like the reference model
+//! (`memory://`) operation by operation (the test kit's differential test, on the server's
+//! clock: long TTLs, times and fences left out); expiry, migrations, lock waits, garbage in
+//! the rows and the server's clock are tested separately.
+#![cfg(feature = "mysql")]
+
+use std::time::Duration;
+
+use tessera::backend::stores::MysqlBackend;
+use tessera::backend::*;
+use tessera::*;
+use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::servers::mysql::MariaDbServer;
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: id,
+        weight,
+        ttl,
+        holder: format!("test/{weight}"),
+        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
+            waiter_ttl,
+            queue_cap,
+        }),
+    }
+}
+
+/// The test kit's differential test against the reference model; after every step, no row
+/// of a semaphore without holders or waiters is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaves_like_the_memory_model_operation_by_operation() {
+    let server = MariaDbServer::start();
+    let mut seen = Seen::default();
+    for seed in 0..6u64 {
+        let url = server.url(&format!("diff{seed}"));
+        let store = MysqlBackend::connect(&url).await.unwrap();
+        let mut d = Differential::new(&store, DiffClock::Server, seed);
+        for step in 0..300 {
+            let what = d.step().await;
+            if step % 50 == 49 {
+                let stale = server.sql(&format!(
+                    "SELECT COUNT(*) FROM diff{seed}.tessera_semaphores s WHERE s.used = 0 \
+                     AND s.queued = 0"
+                ));
+                assert_eq!(stale.trim(), "0", "{what} left an empty semaphore row");
+            }
+        }
+        seen.add(&d);
+    }
+    seen.assert_every_answer_reached();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let n = name("expiry");
+    let (a, b, c) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    let short = Duration::from_millis(300);
+    assert!(matches!(
+        db.acquire(&n, 1, &req(a, 1, short, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        db.acquire(&n, 1, &req(c, 1, LONG, Some((short, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert_eq!(
+        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 1 }
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The next step purges A (expired) and C (heartbeat expired) and hands the permit to B.
+    match db.heartbeat(&n, b, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![0]),
+        other => panic!("B not granted: {other:?}"),
+    }
+    assert_eq!(db.heartbeat(&n, c, LONG).await.unwrap(), WaitReply::Gone);
+    assert_eq!(db.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
+    assert!(db.release(&n, b).await.unwrap());
+    assert!(db.status(&n).await.unwrap().is_none());
+    for table in ["semaphores", "holders", "waiters", "free_seats"] {
+        let left = server.sql(&format!("SELECT COUNT(*) FROM t.tessera_{table}"));
+        assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
+    }
+}
+
+/// Processes that start together migrate one after another (or find the tables made), and
+/// every one of them works; the recorded version is this build's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_connects_migrate_once_and_all_work() {
+    let server = MariaDbServer::start();
+    let url = server.url("fresh");
+    let connects = (0..8).map(|_| MysqlBackend::connect(&url));
+    let stores: Vec<MysqlBackend> = futures::future::join_all(connects)
+        .await
+        .into_iter()
+        .collect::<Result<_>>()
+        .unwrap();
+    let version =
+        server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
+    assert_eq!(version.trim(), "2");
+    for (i, s) in stores.iter().enumerate() {
+        let n = name(&format!("s{i}"));
+        let id = LeaseId::random();
+        assert!(matches!(
+            s.acquire(&n, 1, &req(id, 1, LONG, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        assert!(s.release(&n, id).await.unwrap());
+    }
+    // Connecting again changes nothing.
+    MysqlBackend::connect(&url).await.unwrap();
+    let version =
+        server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
+    assert_eq!(version.trim(), "2");
+}
+
+/// Tables written by a newer tessera are refused at connect, with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused() {
+    let server = MariaDbServer::start();
+    let url = server.url("newer");
+    MysqlBackend::connect(&url).await.unwrap();
+    server.sql("UPDATE newer.tessera_meta SET meta_value = 99 WHERE meta_key = 'schema_version'");
+    let err = MysqlBackend::connect(&url).await.unwrap_err();
+    assert!(err.is_corrupt(), "{err}");
+    assert!(err.to_string().contains("99"), "{err}");
+}
+
+/// A step that waits for a row lock longer than the lock wait timeout (here: a foreign
+/// transaction holding the semaphore's row) is rolled back and run again, never answered
+/// wrongly: once the lock is gone it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_timeouts_are_retried_not_answered() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("held");
+    let holder = LeaseId::random();
+    db.acquire(&n, 2, &req(holder, 1, LONG, None))
+        .await
+        .unwrap();
+    // Another session locks the row for longer than innodb_lock_wait_timeout (5 s).
+    let mut blocker = std::process::Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "-h127.0.0.1",
+            &format!("-P{}", server.port()),
+            "-uroot",
+            "t",
+            "-e",
+            "BEGIN; SELECT used FROM tessera_semaphores WHERE name = 'held' FOR UPDATE; \
+             DO SLEEP(7); COMMIT;",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other = LeaseId::random();
+    let reply = db.acquire(&n, 2, &req(other, 1, LONG, None)).await.unwrap();
+    assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
+    blocker.wait().unwrap();
+    let status = db.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.used, 2);
+}
+
+/// Garbage in tessera's rows (values of the right type, wrong meaning) is a typed
+/// `Corrupt` error, never a panic or a grant; deleting the semaphore clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_rows_is_a_typed_error_and_delete_clears_it() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let n = name("damaged");
+    let holder = LeaseId::random();
+    db.acquire(&n, 3, &req(holder, 2, LONG, None))
+        .await
+        .unwrap();
+    let queued = LeaseId::random();
+    db.acquire(&n, 3, &req(queued, 3, LONG, Some((LONG, 10))))
+        .await
+        .unwrap();
+    for (damage, repair) in [
+        (
+            "UPDATE t.tessera_holders SET seats = 'garbage'",
+            "UPDATE t.tessera_holders SET seats = '0-1'",
+        ),
+        (
+            "UPDATE t.tessera_semaphores SET used = -7",
+            "UPDATE t.tessera_semaphores SET used = 2",
+        ),
+        (
+            "UPDATE t.tessera_holders SET lease_id = 'zz'",
+            "UPDATE t.tessera_holders SET lease_id = 'zz'",
+        ),
+        (
+            "UPDATE t.tessera_meta SET meta_value = -1 WHERE meta_key = 'fence_hwm'",
+            "UPDATE t.tessera_meta SET meta_value = 1 WHERE meta_key = 'fence_hwm'",
+        ),
+    ] {
+        server.sql(damage);
+        let err = db.status(&n).await.unwrap_err();
+        assert!(err.is_corrupt(), "{damage}: {err}");
+        // An acquire that reads the damaged value fails typed; one that does not (the
+        // damage is in a row it never reads) is still refused: the queue is not empty.
+        match db
+            .acquire(&n, 3, &req(LeaseId::random(), 1, LONG, None))
+            .await
+        {
+            Err(e) => assert!(e.is_corrupt(), "{damage}: {e}"),
+            Ok(AcquireReply::NoPermit { .. }) => {}
+            Ok(other) => panic!("{damage}: {other:?}"),
+        }
+        server.sql(repair);
+    }
+    // The lease id stayed damaged: only delete clears the semaphore.
+    assert!(db.delete(&n).await.unwrap());
+    assert!(db.status(&n).await.unwrap().is_none());
+    let id = LeaseId::random();
+    assert!(matches!(
+        db.acquire(&n, 3, &req(id, 3, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+}
+
+/// Leases run on the server's clock: a session's `SET timestamp` (which moves `NOW()` and
+/// `UTC_TIMESTAMP()`) changes nothing, and the times a grant reports are the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_run_on_the_servers_clock() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let server_now: u64 = server
+        .sql("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+        .trim()
+        .parse()
+        .unwrap();
+    let AcquireReply::Granted(g) = db
+        .acquire(&name("clock"), 1, &req(LeaseId::random(), 1, LONG, None))
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    assert!(g.now.0 >= server_now, "{} < {server_now}", g.now.0);
+    assert!(
+        g.now.0 - server_now < 60_000_000,
+        "{} vs {server_now}",
+        g.now.0
+    );
+    assert_eq!(
+        g.lease.expires_at.0 - g.lease.acquired_at.0,
+        LONG.as_micros() as u64
+    );
+}
+
+/// A grant reaches a waiter queued through another client at once, through that client's
+/// doorbell; with `wake=poll`, through its poll. Either way the waiter gets the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_another_client_are_granted_with_and_without_the_doorbell() {
+    let server = MariaDbServer::start();
+    for wake in ["doorbell", "poll"] {
+        let url = format!("{}?wake={wake}", server.url(wake));
+        let a = Store::connect(&url).await.unwrap();
+        let b = Store::connect(&url).await.unwrap();
+        let lock_a = a.lock("l").unwrap();
+        let lock_b = b.lock("l").unwrap();
+        let held = lock_a.lock().await.unwrap();
+        let waiter = tokio::spawn(async move { lock_b.lock().await.map(|p| p.fence()) });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let fence = held.fence();
+        held.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was granted")
+            .unwrap()
+            .unwrap();
+        assert!(next > fence, "{wake}: {next} <= {fence}");
+        a.close().await.unwrap();
+        b.close().await.unwrap();
+    }
+}
+
+/// A malformed URL is a typed error naming the problem, never echoing the password, and
+/// creating nothing.
+#[tokio::test]
+async fn bad_urls_are_refused_without_the_password() {
+    for url in [
+        "mysql://u:hunter2@127.0.0.1:1/",
+        "mariadb://u:hunter2@127.0.0.1:1/db?ssl-mode=sometimes",
+        "mysql://u:hunter2@127.0.0.1:1/db?prefix=x",
+    ] {
+        let err = Store::connect(url).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{url}: {err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
+    // A server that is not there: a connection error, password not shown.
+    let err = Store::connect("mysql://u:hunter2@127.0.0.1:1/db")
+        .await
+        .unwrap_err();
+    assert!(err.is_connection(), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
