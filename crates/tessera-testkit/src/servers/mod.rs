@@ -2,4 +2,5 @@
 //! temporary directory and stops when dropped. A missing server binary is a test failure
 //! with the install line, never a skip.
 
+pub mod etcd;
 pub mod redis;

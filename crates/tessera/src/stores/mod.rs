@@ -5,6 +5,8 @@
 //! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
 //! (`store.rs`) imports nothing above it.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -87,7 +89,12 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "etcd",
         form: "etcd://",
-        feature: None,
+        feature: Some("etcd"),
+    },
+    Scheme {
+        scheme: "etcds",
+        form: "etcds://",
+        feature: Some("etcd"),
     },
 ];
 
@@ -97,6 +104,7 @@ fn compiled_in(feature: &str) -> bool {
         ("memory", cfg!(feature = "memory")),
         ("sqlite", cfg!(feature = "sqlite")),
         ("redis", cfg!(feature = "redis")),
+        ("etcd", cfg!(feature = "etcd")),
     ];
     BUILD.iter().any(|&(f, on)| on && f == feature)
 }
@@ -173,7 +181,12 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 #[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
 // A build without any store feature has only the `unreachable!` arm below.
 #[cfg_attr(
-    not(any(feature = "memory", feature = "sqlite", feature = "redis")),
+    not(any(
+        feature = "memory",
+        feature = "sqlite",
+        feature = "redis",
+        feature = "etcd"
+    )),
     allow(unreachable_code)
 )]
 pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
@@ -188,6 +201,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Arc::new(etcd::EtcdBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };
