@@ -24,7 +24,6 @@ tessera_testkit::conformance_tests!(@each tessera_testkit::harness::Harness::etc
     waiter_is_woken_without_waiting_for_its_heartbeat,
     nothing_is_left_after_all_leases_end,
     close_releases_every_held_permit_and_tells_its_holder,
-    nothing_is_left_behind_by_a_process_that_exits,
     lock_is_mutually_exclusive,
     semaphore_of_one_is_mutually_exclusive,
     lock_try_and_timeout_answer_without_holding,

@@ -145,8 +145,13 @@ pub struct EtcdBackend {
     root: String,
     url: String,
     secret: Option<String>,
-    /// Holder leases granted through this backend (saves a read on renew and release).
-    held: Mutex<HashMap<LeaseId, EtcdLease>>,
+    /// Holder leases granted through this backend (saves a read on renew and release),
+    /// with the expiry the last grant or renewal reported (what `status` shows for them).
+    held: Mutex<HashMap<LeaseId, (EtcdLease, StoreTime)>>,
+    /// The holder lease of each acquire under way: if the acquire is dropped half-way, its
+    /// transaction may still land after the cancel read the key; the cancel ends this
+    /// lease, so that a late write fails (no lease) or is undone (its keys go with it).
+    pending: Mutex<HashMap<LeaseId, i64>>,
     /// Holder leases granted for waiters of this backend, renewed by their heartbeats and
     /// used at their grant (saves a lease grant on the hand-off path).
     spare: Mutex<HashMap<LeaseId, EtcdLease>>,
@@ -251,6 +256,7 @@ impl EtcdBackend {
             url: config.redacted,
             secret,
             held: Mutex::default(),
+            pending: Mutex::default(),
             spare: Mutex::default(),
             keep_alives: Mutex::default(),
         })
@@ -425,7 +431,8 @@ impl EtcdBackend {
         holder: EtcdLease,
         now: StoreTime,
     ) -> Grant {
-        self.held.lock().unwrap().insert(id, holder);
+        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
+        self.held.lock().unwrap().insert(id, (holder, expires_at));
         self.watches.stop(id);
         let entry = Entry {
             id,
@@ -435,7 +442,7 @@ impl EtcdBackend {
             lease: holder.id,
         };
         Grant {
-            lease: entry.lease(now.plus(Duration::from_secs(holder.ttl as u64))),
+            lease: entry.lease(expires_at),
             now,
         }
     }
@@ -452,10 +459,14 @@ impl EtcdBackend {
             ttl: entry.record.ttl,
         };
         let now = StoreTime::host_now();
-        self.held.lock().unwrap().insert(entry.id, holder);
+        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
+        self.held
+            .lock()
+            .unwrap()
+            .insert(entry.id, (holder, expires_at));
         self.watches.stop(entry.id);
         Ok(Some(Grant {
-            lease: entry.lease(now.plus(Duration::from_secs(holder.ttl as u64))),
+            lease: entry.lease(expires_at),
             now,
         }))
     }
@@ -514,7 +525,10 @@ impl EtcdBackend {
         }
         let Some(wait) = req.wait else {
             // A try that does not fit: its key goes with its lease.
-            self.revoke_lease(holder.id).await?;
+            self.revoke_lease(entry.lease).await?;
+            if entry.lease != holder.id {
+                self.revoke_later(holder.id);
+            }
             let cap = snap.capacity().unwrap_or(0);
             return Ok(Some(AcquireReply::NoPermit {
                 available: cap.saturating_sub(snap.used()),
@@ -522,7 +536,7 @@ impl EtcdBackend {
             }));
         };
         if position >= u64::from(wait.queue_cap) {
-            self.revoke_lease(holder.id).await?;
+            self.revoke_lease(entry.lease).await?;
             return Err(Error::QueueFull {
                 name: req_name.to_string(),
                 cap: wait.queue_cap,
@@ -599,6 +613,7 @@ impl Backend for EtcdBackend {
         };
         // Granted after the caller sent this request, so its TTL runs from later than that.
         let holder = self.grant_lease(record.ttl).await?;
+        self.pending.lock().unwrap().insert(id, holder.id);
         let first_seats: Vec<u32> = (0..req.weight).collect();
         let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
         let put_waiting = || -> Result<TxnOp> {
@@ -636,7 +651,8 @@ impl Backend for EtcdBackend {
                 let (written, read) = txn_read(&resp)
                     .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
                 let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
-                if written {
+                // Written in this call (this round or an earlier one whose grant conflicted).
+                if written || snap.entry(id).is_some_and(|e| e.lease == holder.id) {
                     match self.place_new(name, &keys, &snap, req, holder).await? {
                         Some(reply) => return Ok(reply),
                         None => continue,
@@ -697,6 +713,7 @@ impl Backend for EtcdBackend {
             ))
         }
         .await;
+        self.pending.lock().unwrap().remove(&id);
         // On error the holder lease may have the key on it: ending it removes the key.
         if outcome.is_err() && !self.held.lock().unwrap().contains_key(&id) {
             self.revoke_later(holder.id);
@@ -769,10 +786,27 @@ impl Backend for EtcdBackend {
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         let keys = self.keys(name);
+        // An acquire dropped half-way through this backend: end its holder lease first, so
+        // that a transaction of it still in flight cannot leave a key behind.
+        let dropped = self.pending.lock().unwrap().remove(&lease);
+        let mut reply = CancelReply::NotFound;
+        if let Some(holder) = dropped {
+            let on_it = self
+                .read_one(&keys, lease)
+                .await?
+                .filter(|e| e.lease == holder);
+            if self.revoke_lease(holder).await? {
+                reply = match on_it {
+                    Some(e) if e.is_holder() => CancelReply::Released,
+                    Some(_) => CancelReply::Dequeued,
+                    None => CancelReply::NotFound,
+                };
+            }
+        }
         for _ in 0..MAX_ROUNDS {
             let Some(entry) = self.read_one(&keys, lease).await? else {
                 self.end_wait(lease);
-                return Ok(CancelReply::NotFound);
+                return Ok(reply);
             };
             if entry.is_holder() {
                 self.end_wait(lease);
@@ -806,7 +840,7 @@ impl Backend for EtcdBackend {
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         let known = self.held.lock().unwrap().remove(&lease);
         let etcd_lease = match known {
-            Some(l) => l.id,
+            Some((l, _)) => l.id,
             None => match self.read_one(&self.keys(name), lease).await? {
                 Some(e) if e.is_holder() => e.lease,
                 _ => return Ok(false),
@@ -820,7 +854,7 @@ impl Backend for EtcdBackend {
         let keys = self.keys(name);
         let known = self.held.lock().unwrap().get(&lease).copied();
         let holder = match known {
-            Some(l) => l,
+            Some((l, _)) => l,
             None => match self.read_one(&keys, lease).await? {
                 Some(e) if e.is_holder() => EtcdLease {
                     id: e.lease,
@@ -839,10 +873,11 @@ impl Backend for EtcdBackend {
             self.forget_keep_alive(holder.id);
             return Ok(RenewReply::Gone);
         }
-        Ok(RenewReply::Renewed {
-            expires_at: now.plus(Duration::from_secs(holder.ttl as u64)),
-            now,
-        })
+        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
+        if let Some(h) = self.held.lock().unwrap().get_mut(&lease) {
+            h.1 = expires_at;
+        }
+        Ok(RenewReply::Renewed { expires_at, now })
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
@@ -865,8 +900,13 @@ impl Backend for EtcdBackend {
         let now = StoreTime::host_now();
         let mut holders = Vec::new();
         let mut queue = Vec::new();
+        let known = self.held.lock().unwrap().clone();
         for (e, ttl) in snap.entries.iter().zip(ttls) {
-            let expires_at = now.plus(Duration::from_secs(ttl as u64));
+            // Exact for the leases this backend renews; otherwise etcd's whole seconds left.
+            let expires_at = match known.get(&e.id) {
+                Some((l, at)) if l.id == e.lease => *at,
+                _ => now.plus(Duration::from_secs(ttl as u64)),
+            };
             if e.is_holder() {
                 holders.push(e.lease(expires_at));
             } else {
