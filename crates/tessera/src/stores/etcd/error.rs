@@ -39,3 +39,13 @@ pub(super) fn is_lease_not_found(e: &EtcdError) -> bool {
         _ => false,
     }
 }
+
+/// Whether the request failed to reach a member (refused, reset, unavailable): worth
+/// sending again, on another member.
+pub(super) fn is_unreachable(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
+        EtcdError::GRpcStatus(s) => s.code() == Code::Unavailable,
+        _ => false,
+    }
+}

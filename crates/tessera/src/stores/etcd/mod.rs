@@ -128,6 +128,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read-decide-write rounds of one operation before it reports contention.
 const MAX_ROUNDS: usize = 64;
+/// Times a request is sent again after its member could not be reached (20 ms, 40 ms, …,
+/// about 1.5 s in all).
+const CALL_RETRIES: usize = 6;
 
 /// An etcd lease and its TTL in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,38 +283,70 @@ impl EtcdBackend {
         Keys::new(&self.root, name)
     }
 
+    /// One request, sent again on another member when the connection to the one picked
+    /// failed (a member killed or restarting: the client's balancer keeps picking it for a
+    /// while). Every request of this store may be repeated: writes are transactions whose
+    /// compares fail on a second run, and callers read again after a failed compare.
+    async fn call<T, F, Fut>(&self, mut f: F) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 0;
+        loop {
+            match f(self.client.clone()).await {
+                Err(e) if attempt < CALL_RETRIES && error::is_unreachable(&e) => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, "etcd request failed; sending it again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(400));
+                }
+                r => return r,
+            }
+        }
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.client.clone().txn(txn).await.map_err(|e| self.err(e))
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
+    async fn get(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse> {
+        self.call(|mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.get(key, options).await }
+        })
+        .await
+        .map_err(|e| self.err(e))
     }
 
     /// Every key of one semaphore, as one snapshot.
     async fn read(&self, keys: &Keys) -> Result<Snapshot> {
         let resp = self
-            .client
-            .clone()
             .get(keys.all.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         Snapshot::parse(keys, revision(resp.header()), resp.kvs())
     }
 
     /// The `q/` key of one lease, if any.
     async fn read_one(&self, keys: &Keys, id: LeaseId) -> Result<Option<Entry>> {
-        let resp = self
-            .client
-            .clone()
-            .get(keys.lease(id), None)
-            .await
-            .map_err(|e| self.err(e))?;
+        let resp = self.get(keys.lease(id), None).await?;
         let snap = Snapshot::parse(keys, revision(resp.header()), resp.kvs())?;
         Ok(snap.entries.into_iter().next())
     }
 
     async fn grant_lease(&self, ttl: i64) -> Result<EtcdLease> {
         let resp = self
-            .client
-            .clone()
-            .lease_grant(ttl, None)
+            .call(|mut c| async move { c.lease_grant(ttl, None).await })
             .await
             .map_err(|e| self.err(e))?;
         Ok(EtcdLease {
@@ -323,7 +358,10 @@ impl EtcdBackend {
     /// Revokes an etcd lease: `true` if it existed.
     async fn revoke_lease(&self, lease: i64) -> Result<bool> {
         self.forget_keep_alive(lease);
-        match self.client.clone().lease_revoke(lease).await {
+        match self
+            .call(|mut c| async move { c.lease_revoke(lease).await })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(e) if is_lease_not_found(&e) => Ok(false),
             Err(e) => Err(self.err(e)),
@@ -367,7 +405,10 @@ impl EtcdBackend {
                 Ok(None) | Err(_) => {}
             }
         }
-        match self.client.clone().lease_keep_alive(lease).await {
+        match self
+            .call(|mut c| async move { c.lease_keep_alive(lease).await })
+            .await
+        {
             Ok(pair) => {
                 *guard = Some(pair);
                 Ok(true)
@@ -651,16 +692,23 @@ impl Backend for EtcdBackend {
                 let (written, read) = txn_read(&resp)
                     .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
                 let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
-                // Written in this call (this round or an earlier one whose grant conflicted).
-                if written || snap.entry(id).is_some_and(|e| e.lease == holder.id) {
+                // Waiting, written in this call (this round, or an earlier one whose grant
+                // conflicted), or a try's key that some earlier call left: decide it now.
+                let decide = snap.entry(id).is_some_and(|e| {
+                    !e.is_holder() && (written || e.lease == holder.id || req.wait.is_none())
+                });
+                if decide {
                     match self.place_new(name, &keys, &snap, req, holder).await? {
                         Some(reply) => return Ok(reply),
                         None => continue,
                     }
                 }
                 if let Some(entry) = snap.entry(id) {
-                    // A retry of an acquire whose reply was lost: what it already has.
-                    self.revoke_later(holder.id);
+                    // A retry of an acquire whose reply was lost (by the caller, or by this
+                    // call when a request was sent again): what it already has.
+                    if entry.lease != holder.id {
+                        self.revoke_later(holder.id);
+                    }
                     match snap.place(id) {
                         Place::Holder => match self.existing_grant(entry).await? {
                             Some(grant) => return Ok(AcquireReply::Granted(grant)),
@@ -935,14 +983,11 @@ impl Backend for EtcdBackend {
 
     async fn list(&self) -> Result<Vec<String>> {
         let resp = self
-            .client
-            .clone()
             .get(
                 Keys::sems(&self.root),
                 Some(GetOptions::new().with_prefix().with_keys_only()),
             )
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         let mut names: Vec<String> = resp
             .kvs()
             .iter()
@@ -999,11 +1044,15 @@ impl Backend for EtcdBackend {
         for r in revoked {
             r?;
         }
-        self.client
-            .clone()
-            .delete(keys.all.clone(), Some(DeleteOptions::new().with_prefix()))
-            .await
-            .map_err(|e| self.err(e))?;
+        self.call(|mut c| {
+            let all = keys.all.clone();
+            async move {
+                c.delete(all, Some(DeleteOptions::new().with_prefix()))
+                    .await
+            }
+        })
+        .await
+        .map_err(|e| self.err(e))?;
         for e in &snap.entries {
             wake::notify(e.id);
         }
