@@ -115,6 +115,10 @@ pub enum StoreSpec {
     /// A throwaway `redis-server` per scenario (`None`), or an existing server whose URL is
     /// given: scenarios that must restart or reconfigure the server are then skipped.
     Redis(Option<String>),
+    /// A throwaway single-member etcd per scenario (`None`), or an existing cluster whose
+    /// URL is given. Leases there are whole seconds of at least 2 s, so the profile's
+    /// shorter TTLs are raised to 2 s.
+    Etcd(Option<String>),
 }
 
 impl StoreSpec {
@@ -123,6 +127,16 @@ impl StoreSpec {
         Ok(match s {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
             "redis" | "redis://" => StoreSpec::Redis(None),
+            "etcd" | "etcd://" => StoreSpec::Etcd(None),
+            _ if s.starts_with("etcd://") => {
+                let hosts = s["etcd://".len()..].split('/').next().unwrap_or("");
+                anyhow::ensure!(
+                    hosts.split(',').all(|h| h.starts_with("127.0.0.1:")
+                        || h.starts_with("localhost:")),
+                    "the chaos runner only talks to loopback stores, not {hosts:?}"
+                );
+                StoreSpec::Etcd(Some(s.to_string()))
+            }
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -141,7 +155,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis or redis://127.0.0.1:PORT"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, etcd or etcd://127.0.0.1:PORT"
             ),
         })
     }
@@ -153,6 +167,7 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
+            StoreSpec::Etcd(_) => StoreTraits::OWN_ETCD,
         }
     }
 
@@ -161,6 +176,7 @@ impl StoreSpec {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::Redis(_) => "redis",
+            StoreSpec::Etcd(_) => "etcd",
         }
     }
 }
@@ -191,6 +207,12 @@ pub async fn run_with(
     let mut params = cfg.profile.params();
     if let Some(seed) = cfg.seed {
         params.seeds = vec![seed];
+    }
+    if let StoreSpec::Etcd(_) = cfg.store {
+        // etcd keeps leases of whole seconds, at least 2 s (its backend's capabilities).
+        let min = std::time::Duration::from_secs(2);
+        params.ttl = params.ttl.max(min);
+        params.waiter_ttl = params.waiter_ttl.max(min);
     }
     let names = scenarios::names();
     for only in &cfg.scenarios {
