@@ -15,6 +15,10 @@ declare -A NEED=(
   [openssl]=openssl
   [faketime]=faketime
   [initdb]=postgresql
+  [etcd]=etcd-server
+  [etcdctl]=etcd-client
+  # Not a server: the etcd store's gRPC code is generated at build time.
+  [protoc]=protobuf-compiler
 )
 
 missing=()
@@ -49,7 +53,7 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
 # all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
 # keeps them cheap.
-for features in memory sqlite redis postgres "" memory,sqlite,redis,postgres; do
+for features in memory sqlite redis postgres etcd "" memory,sqlite,redis,postgres,etcd; do
   echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
   cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
 done

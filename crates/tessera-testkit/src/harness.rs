@@ -21,6 +21,7 @@ use tessera::Store;
 use crate::faults::{Faults, FaultyBackend};
 use crate::servers::postgres::{PostgresServer, Shutdown};
 use crate::servers::mysql::MariaDbServer;
+use crate::servers::etcd::EtcdCluster;
 use crate::servers::redis::RedisServer;
 
 /// Whose clock the store's time is.
@@ -122,6 +123,15 @@ impl StoreTraits {
         cuttable: true,
         evicting: true,
         raw_access: true,
+    };
+
+    /// An etcd cluster the harness started (its server keeps the time; members can be
+    /// killed, restarted and frozen through [`Harness::etcd_cluster`]).
+    pub const OWN_ETCD: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
+        ..StoreTraits::IN_PROCESS
     };
 
     /// A Redis server someone else runs.
@@ -325,6 +335,26 @@ impl Harness {
         let mut h = Harness::new("mysql://", url, StoreTraits::OWN_MARIADB, Box::new(()));
         h.mariadb = Some(server);
         h
+    }
+
+    /// A throwaway single-member etcd cluster (stopped when the harness drops), under a
+    /// random key prefix.
+    pub fn etcd() -> Self {
+        Harness::etcd_with(1)
+    }
+
+    /// A throwaway etcd cluster of `members` members on loopback ports, under a random key
+    /// prefix; [`Harness::etcd_cluster`] injects faults into it.
+    pub fn etcd_with(members: usize) -> Self {
+        let cluster = EtcdCluster::start(members);
+        let url = format!("{}/t{:08x}", cluster.url(), rand::random::<u32>());
+        Harness::new("etcd://", url, StoreTraits::OWN_ETCD, Box::new(cluster))
+    }
+
+    /// The etcd cluster the harness owns, for its faults (kill, restart, freeze a member,
+    /// compaction).
+    pub fn etcd_cluster(&mut self) -> Option<&mut EtcdCluster> {
+        self._guard.downcast_mut::<EtcdCluster>()
     }
 
     /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.

@@ -126,6 +126,24 @@ fn mariadb_workers_in_six_processes_never_over_grant() {
     six_processes_never_over_grant(&server.url("t"), dir.path());
 }
 
+#[test]
+fn etcd_workers_in_six_processes_never_over_grant() {
+    let cluster = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    // etcd leases are whole seconds, at least 2 s.
+    let workers: Vec<WorkerArgs> = (0..6)
+        .map(|i| WorkerArgs {
+            max_weight: 2,
+            ttl_ms: 2_000,
+            ..args(&cluster.url(), "grantlog", 3, dir.path(), i)
+        })
+        .collect();
+    let report = run_processes(&workers, dir.path());
+    report.assert_ok();
+    assert!(report.stats.grants >= 60, "{report}");
+    assert_eq!(report.stats.errors, 0, "{report}");
+}
+
 fn six_processes_never_over_grant(store: &str, dir: &std::path::Path) {
     let workers: Vec<WorkerArgs> = (0..6)
         .map(|i| WorkerArgs {

@@ -119,6 +119,8 @@ pub mod backend {
 
     /// The stores of this build, for tests that drive a backend directly.
     pub mod stores {
+        #[cfg(feature = "etcd")]
+        pub use crate::stores::etcd::EtcdBackend;
         #[cfg(feature = "memory")]
         pub use crate::stores::memory::MemoryBackend;
         #[cfg(feature = "postgres")]

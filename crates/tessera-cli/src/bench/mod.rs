@@ -30,6 +30,7 @@
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
+mod etcd_mutex;
 mod rate;
 mod report;
 mod workloads;
@@ -56,6 +57,9 @@ pub enum Workload {
     All,
     /// Clients on one rate limiter (see `--rate-mode`, `--rates`, `--rate-run`).
     Rate,
+    /// W2's shape with etcd's own mutex recipe (its lock API) on the same cluster, the
+    /// comparison for `etcd://` (not part of `all`).
+    EtcdMutex,
 }
 
 /// Options of `tessera bench`.
@@ -137,6 +141,21 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
         return Ok(if r.window_violations > 0 {
             1
         } else if r.errors > 0 {
+            2
+        } else {
+            0
+        });
+    }
+    if args.workload == Workload::EtcdMutex {
+        let r = etcd_mutex::run(store_url, &Spec::new(Workload::W2, args)).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print!("{}", report::table(std::slice::from_ref(&r)));
+        }
+        return Ok(if r.over_grants > 0 {
+            1
+        } else if r.errors > 0 || !r.completed {
             2
         } else {
             0

@@ -40,7 +40,7 @@ impl Spec {
     pub fn new(w: Workload, args: &BenchArgs) -> Spec {
         let (name, clients, capacity) = match w {
             Workload::W1 => ("w1", 1, 10),
-            Workload::W2 => ("w2", 8, 1),
+            Workload::W2 | Workload::EtcdMutex => ("w2", 8, 1),
             Workload::W3 | Workload::All | Workload::Rate => ("w3", 32, 4),
         };
         Spec {

@@ -37,5 +37,12 @@ pub fn harness(spec: &StoreSpec, name: &str, seed: u64, redis_args: &[&str]) -> 
         StoreSpec::Redis(Some(url)) => Harness::redis_at(url, &tag),
         StoreSpec::Postgres => Harness::postgres(),
         StoreSpec::Mariadb => Harness::mariadb(),
+        StoreSpec::Etcd(None) => Harness::etcd(),
+        StoreSpec::Etcd(Some(url)) => Harness::new(
+            "etcd://",
+            format!("{}/{tag}", url.trim_end_matches('/')),
+            crate::harness::StoreTraits::OWN_ETCD,
+            Box::new(()),
+        ),
     }
 }

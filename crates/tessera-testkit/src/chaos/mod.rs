@@ -119,6 +119,10 @@ pub enum StoreSpec {
     Postgres,
     /// A throwaway `mariadbd` per scenario (`mysql://`).
     Mariadb,
+    /// A throwaway single-member etcd per scenario (`None`), or an existing cluster whose
+    /// URL is given. Leases there are whole seconds of at least 2 s, so the profile's
+    /// shorter TTLs are raised to 2 s.
+    Etcd(Option<String>),
 }
 
 impl StoreSpec {
@@ -129,6 +133,16 @@ impl StoreSpec {
             "redis" | "redis://" => StoreSpec::Redis(None),
             "postgres" | "postgres://" => StoreSpec::Postgres,
             "mariadb" | "mysql" => StoreSpec::Mariadb,
+            "etcd" | "etcd://" => StoreSpec::Etcd(None),
+            _ if s.starts_with("etcd://") => {
+                let hosts = s["etcd://".len()..].split('/').next().unwrap_or("");
+                anyhow::ensure!(
+                    hosts.split(',').all(|h| h.starts_with("127.0.0.1:")
+                        || h.starts_with("localhost:")),
+                    "the chaos runner only talks to loopback stores, not {hosts:?}"
+                );
+                StoreSpec::Etcd(Some(s.to_string()))
+            }
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -147,7 +161,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, postgres or mariadb"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, postgres, mariadb, etcd or etcd://127.0.0.1:PORT"
             ),
         })
     }
@@ -161,6 +175,7 @@ impl StoreSpec {
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
             StoreSpec::Postgres => StoreTraits::OWN_POSTGRES,
             StoreSpec::Mariadb => StoreTraits::OWN_MARIADB,
+            StoreSpec::Etcd(_) => StoreTraits::OWN_ETCD,
         }
     }
 
@@ -171,6 +186,7 @@ impl StoreSpec {
             StoreSpec::Redis(_) => "redis",
             StoreSpec::Postgres => "postgres",
             StoreSpec::Mariadb => "mariadb",
+            StoreSpec::Etcd(_) => "etcd",
         }
     }
 }
@@ -201,6 +217,12 @@ pub async fn run_with(
     let mut params = cfg.profile.params();
     if let Some(seed) = cfg.seed {
         params.seeds = vec![seed];
+    }
+    if let StoreSpec::Etcd(_) = cfg.store {
+        // etcd keeps leases of whole seconds, at least 2 s (its backend's capabilities).
+        let min = std::time::Duration::from_secs(2);
+        params.ttl = params.ttl.max(min);
+        params.waiter_ttl = params.waiter_ttl.max(min);
     }
     let names = scenarios::names();
     for only in &cfg.scenarios {

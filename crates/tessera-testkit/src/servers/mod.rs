@@ -4,4 +4,5 @@
 
 pub mod postgres;
 pub mod mysql;
+pub mod etcd;
 pub mod redis;

@@ -5,6 +5,8 @@
 //! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
 //! (`store.rs`) imports nothing above it.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -96,7 +98,12 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "etcd",
         form: "etcd://",
-        feature: None,
+        feature: Some("etcd"),
+    },
+    Scheme {
+        scheme: "etcds",
+        form: "etcds://",
+        feature: Some("etcd"),
     },
 ];
 
@@ -108,6 +115,7 @@ fn compiled_in(feature: &str) -> bool {
         ("redis", cfg!(feature = "redis")),
         ("postgres", cfg!(feature = "postgres")),
         ("mysql", cfg!(feature = "mysql")),
+        ("etcd", cfg!(feature = "etcd")),
     ];
     BUILD.iter().any(|&(f, on)| on && f == feature)
 }
@@ -189,7 +197,8 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
         feature = "sqlite",
         feature = "redis",
         feature = "postgres",
-        feature = "mysql"
+        feature = "mysql",
+        feature = "etcd"
     )),
     allow(unreachable_code)
 )]
@@ -209,6 +218,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         "postgres" | "postgresql" => Arc::new(postgres::PostgresBackend::connect(url).await?),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Arc::new(mysql::MysqlBackend::connect(url).await?),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Arc::new(etcd::EtcdBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };

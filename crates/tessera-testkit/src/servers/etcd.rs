@@ -1,0 +1,327 @@
+//! Throwaway `etcd` clusters: one member for most tests, three on loopback ports for fault
+//! tests (kill the leader, kill a follower, restart a member, compaction), each member in
+//! its own temp dir, all killed on drop.
+//!
+//! ```no_run
+//! let cluster = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+//! let url = cluster.url(); // etcd://127.0.0.1:PORT
+//! # drop(url);
+//! ```
+//!
+//! Members run with a 50 ms heartbeat and a 500 ms election timeout, so an election after
+//! a leader's loss takes about a second, not several. Administration (which member leads,
+//! compaction) goes through `etcdctl`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str =
+    "etcd is not installed (or not on PATH): install it with `apt-get install -y etcd-server`";
+const INSTALL_CTL: &str =
+    "etcdctl is not installed (or not on PATH): install it with `apt-get install -y etcd-client`";
+
+/// Election timeout of the test members, in ms.
+pub const ELECTION_TIMEOUT_MS: u64 = 500;
+
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data: PathBuf,
+    child: Option<Child>,
+}
+
+/// A cluster of `etcd` members on `127.0.0.1`, killed on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+    initial_cluster: String,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until the cluster has a leader and every member is
+    /// healthy. Panics (failing the test) with the install line if `etcd` is missing.
+    pub fn start(n: usize) -> EtcdCluster {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match EtcdCluster::try_start(n) {
+                Ok(c) => return c,
+                Err(e) if e == INSTALL => panic!("{e}"),
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd did not start: {last}");
+    }
+
+    fn try_start(n: usize) -> Result<EtcdCluster, String> {
+        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        let token = format!("t{:08x}", rand::random::<u32>());
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                data: dir.path().join(format!("m{i}")),
+                child: None,
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            dir,
+            members,
+            initial_cluster: format!("{initial_cluster}|{token}"),
+        };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_healthy(Duration::from_secs(20))?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), String> {
+        let (cluster, token) = self
+            .initial_cluster
+            .split_once('|')
+            .expect("cluster and token");
+        let m = &mut self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new("etcd")
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&m.data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", cluster])
+            .args(["--initial-cluster-token", token])
+            .args(["--heartbeat-interval", "50"])
+            .args(["--election-timeout", &ELECTION_TIMEOUT_MS.to_string()])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => INSTALL.to_string(),
+                _ => format!("could not start etcd: {e}"),
+            })?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until every running member answers `/health` with a leader.
+    fn wait_healthy(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut all = true;
+            for m in &mut self.members {
+                if let Some(child) = m.child.as_mut() {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        return Err(format!("etcd {} exited with {status}", m.name));
+                    }
+                    all &= healthy(m.client_port);
+                }
+            }
+            if all {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not healthy within {limit:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,…` (every member).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// The client port of member `i`.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// `http://127.0.0.1:P,…` of the running members, for etcdctl.
+    fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Runs `etcdctl` against the running members and returns its stdout.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints()))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => panic!("{INSTALL_CTL}"),
+                _ => panic!("etcdctl: {e}"),
+            });
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The index of the member that leads now (waits up to 10 s for one).
+    pub fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for (i, m) in self.members.iter().enumerate() {
+                if m.child.is_none() {
+                    continue;
+                }
+                let out = Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints=http://127.0.0.1:{}", m.client_port))
+                    .args(["endpoint", "status", "-w", "fields", "--command-timeout=1s"])
+                    .output();
+                if let Ok(out) = out {
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    let field = |name: &str| {
+                        text.lines()
+                            .find(|l| l.starts_with(&format!("\"{name}\"")))
+                            .and_then(|l| l.split(':').nth(1))
+                            .map(|v| v.trim().to_string())
+                    };
+                    if let (Some(leader), Some(me)) = (field("Leader"), field("MemberID")) {
+                        if leader == me && leader != "0" {
+                            return i;
+                        }
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no etcd leader within 10 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The cluster's current revision.
+    pub fn revision(&self) -> i64 {
+        let out = self.ctl(&["get", "tessera-revision-probe", "-w", "fields"]);
+        out.lines()
+            .find(|l| l.starts_with("\"Revision\""))
+            .and_then(|l| l.split(':').nth(1))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no revision in {out}"))
+    }
+
+    /// Compacts the history up to the current revision: watches from older revisions are
+    /// cancelled by the server.
+    pub fn compact(&self) {
+        let rev = self.revision();
+        self.ctl(&["compaction", &rev.to_string()]);
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data (after [`EtcdCluster::kill`]) and waits until
+    /// the cluster is healthy.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            self.spawn(i).unwrap_or_else(|e| panic!("{e}"));
+            match self.wait_healthy(Duration::from_secs(10)) {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("etcd did not restart: {e}"),
+                Err(_) => {
+                    // The port may still be in TIME_WAIT: try again shortly.
+                    self.kill(i);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Freezes member `i` (SIGSTOP) until [`EtcdCluster::thaw`].
+    pub fn freeze(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+    }
+
+    /// Lets a frozen member run again (SIGCONT).
+    pub fn thaw(&self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+    }
+
+    fn signal(&self, i: usize, sig: libc::c_int) {
+        if let Some(child) = &self.members[i].child {
+            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.thaw(i);
+            self.kill(i);
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `GET /health` answers `{"health":"true"}` once the member has a leader.
+fn healthy(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok();
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.contains("\"health\":\"true\"")
+}

@@ -1,0 +1,361 @@
+//! The etcd store beyond the shared conformance suite: the contract's expiry properties with
+//! whole-second TTLs (etcd's leases; the suite's versions use 100 ms-scale TTLs), typed
+//! errors for TTLs etcd cannot keep, and faults of a 3-member cluster: the leader killed,
+//! a follower killed and restarted, history compacted under a waiting waiter.
+//!
+//! Every test starts its own throwaway etcd (a missing `etcd` fails it with the install
+//! line). No assertion is on timing beyond "within the bound the contract names, plus
+//! slack".
+
+use std::time::Duration;
+
+use tessera::backend::*;
+use tessera::*;
+use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_queued};
+use tessera_testkit::faults::Mode;
+use tessera_testkit::harness::Harness;
+use tokio::time::{timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn o(ttl: Duration) -> SemaphoreOptions {
+    opts(ttl.as_millis() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_etcd_cannot_keep_are_typed_errors() {
+    let h = Harness::etcd();
+    let c = h.client().await;
+    let caps = c.store.backend().capabilities();
+    assert_eq!(caps.min_ttl, Duration::from_secs(2));
+    assert_eq!(caps.fence, FenceSource::Revision);
+    assert_eq!(caps.hand_off, HandOff::NextStep);
+    for ttl in [
+        Duration::from_millis(500),
+        Duration::from_secs(1),
+        Duration::from_millis(2_500),
+    ] {
+        let e = Semaphore::new(&c.store, "ttl", 1, o(ttl)).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidInput(InvalidInput::Ttl { .. })),
+            "{e}"
+        );
+    }
+    let e = Semaphore::new(
+        &c.store,
+        "ttl",
+        1,
+        o(TTL).waiter_ttl(Duration::from_secs(1)),
+    )
+    .unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    assert!(Semaphore::new(&c.store, "ttl", 1, o(TTL)).is_ok());
+    assert!(c.store.list().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_never_appears_in_errors() {
+    let h = Harness::etcd();
+    let url = h.url().replace("etcd://", "etcd://someone:hunter2@");
+    // Auth is off on the test cluster: etcd refuses to authenticate anyone.
+    let e = Store::connect(&url).await.unwrap_err();
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
+    let e = Store::connect("etcd://u:hunter2@127.0.0.1:1/x?ca=/none")
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_invalid_input() && !e.to_string().contains("hunter2"),
+        "{e}"
+    );
+}
+
+/// A lease nobody renews comes back by its (whole-second) TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_lease_comes_back_within_its_ttl() {
+    let h = Harness::etcd();
+    let name = unique("abandoned");
+    let client = h.client().await;
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 2,
+        ttl: TTL,
+        holder: "frozen".into(),
+        wait: None,
+    };
+    let nm = Name::new(&name).unwrap();
+    let sent = Instant::now();
+    let AcquireReply::Granted(g) = client.store.backend().acquire(&nm, 2, &req).await.unwrap()
+    else {
+        panic!("not granted")
+    };
+    let sem = Semaphore::new(&client.store, &name, 2, o(TTL)).unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    let p = sem
+        .acquire_many_timeout(2, TTL + Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the abandoned permit did not come back");
+    assert!(sent.elapsed() >= TTL - Duration::from_millis(100));
+    assert!(p.fence() > g.lease.fence);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// A holder process killed with SIGKILL gives its permit back within its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_gives_its_permit_back_within_ttl() {
+    let h = Harness::etcd();
+    let name = unique("sigkill");
+    let mut child = tessera_testkit::hold::spawn_holder(h.url(), &name, 1, TTL).await;
+    let client = h.client().await;
+    let s = status(&client.store, &name).await.expect("the child holds");
+    assert_eq!(s.holders.len(), 1);
+    child.kill().await.unwrap();
+    let sem = Semaphore::new(&client.store, &name, 1, o(TTL)).unwrap();
+    let p = sem
+        .acquire_many_timeout(1, TTL + Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the killed holder's permit did not come back");
+    assert!(p.fence() > s.holders[0].fence);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// Keep-alive renews a 2 s lease for several TTLs; nobody else gets in meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_holds_a_lease_across_many_ttls() {
+    let h = Harness::etcd();
+    let name = unique("keepalive");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, o(TTL)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    let first_expiry = p.expires_at();
+    tokio::time::sleep(TTL * 3).await;
+    assert!(!p.is_lost());
+    assert!(p.expires_at() > first_expiry.plus(TTL));
+    assert!(p.valid_until() > Instant::now());
+    let other = h.client().await;
+    let sem2 = Semaphore::new(&other.store, &name, 1, o(TTL)).unwrap();
+    assert!(sem2.try_acquire().await.unwrap().is_none());
+    assert!(
+        p.release().await.unwrap(),
+        "the lease was not held any more"
+    );
+    assert_drained(&client.store, &name).await;
+}
+
+/// When renewals fail or hang, `lost()` fires before the lease could expire, while etcd
+/// still holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_before_expiry_when_renewals_fail_or_hang() {
+    let h = Harness::etcd();
+    for mode in [Mode::Fail, Mode::Hang] {
+        let name = unique("renewfail");
+        let client = h.client().await;
+        let sem = Semaphore::new(&client.store, &name, 1, o(Duration::from_secs(3))).unwrap();
+        let p = sem.acquire().await.unwrap();
+        client.faults.renew(mode);
+        let reason = timeout(Duration::from_secs(5), p.lost())
+            .await
+            .expect("lost() did not fire");
+        assert!(
+            matches!(reason, LossReason::RenewalsFailing(_)),
+            "{reason:?}"
+        );
+        assert!(Instant::now() < p.valid_until());
+        let other = h.client().await;
+        let s = status(&other.store, &name).await.unwrap();
+        assert!(s.holders.iter().any(|l| l.lease_id == p.lease_id()));
+        drop(p);
+    }
+}
+
+/// A waiter that stops heartbeating leaves the queue within its waiter TTL (its etcd lease
+/// ends), and the permit goes to the live waiter behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiter_leaves_the_queue_within_its_ttl() {
+    let h = Harness::etcd();
+    let name = unique("deadwaiter");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, o(Duration::from_secs(5))).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let dead = LeaseId::random();
+    let nm = Name::new(&name).unwrap();
+    let req = AcquireRequest {
+        lease_id: dead,
+        weight: 1,
+        ttl: Duration::from_secs(5),
+        holder: "dead".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: TTL,
+            queue_cap: 10,
+        }),
+    };
+    let r = client.store.backend().acquire(&nm, 1, &req).await.unwrap();
+    assert_eq!(r, AcquireReply::Queued { position: 0 });
+    let other = h.client().await;
+    let n = name.clone();
+    let live = tokio::spawn(async move {
+        let sem = Semaphore::new(&other.store, &n, 1, o(Duration::from_secs(5))).unwrap();
+        sem.acquire().await.unwrap()
+    });
+    wait_queued(&client.store, &name, 2).await;
+    held.release().await.unwrap();
+    let p = timeout(TTL + Duration::from_secs(5), live)
+        .await
+        .expect("the live waiter was not served")
+        .unwrap();
+    let b = client.store.backend();
+    assert_eq!(b.heartbeat(&nm, dead, TTL).await.unwrap(), WaitReply::Gone);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
+/// Once every lease expired, the semaphore is idle and takes the next client's capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_semaphore_takes_the_capacity_of_the_next_client() {
+    let h = Harness::etcd();
+    let name = unique("idle");
+    let client = h.client().await;
+    let nm = Name::new(&name).unwrap();
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: TTL,
+        holder: "gone".into(),
+        wait: None,
+    };
+    assert!(matches!(
+        client.store.backend().acquire(&nm, 2, &req).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let three = Semaphore::new(&client.store, &name, 3, o(TTL)).unwrap();
+    assert!(three
+        .try_acquire()
+        .await
+        .unwrap_err()
+        .is_capacity_mismatch());
+    let p = timeout(TTL + Duration::from_secs(5), async {
+        loop {
+            match three.try_acquire().await {
+                Ok(Some(p)) => return p,
+                Err(e) if e.is_capacity_mismatch() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the idle semaphore kept its old capacity");
+    assert_eq!(status(&client.store, &name).await.unwrap().capacity, 3);
+    p.release().await.unwrap();
+}
+
+/// Kills the leader while a holder holds and a waiter waits: the holder's release (retried
+/// through the election) hands the lock to the waiter, fences keep increasing, nobody
+/// overlaps, and the semaphore keeps granting on the two members left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_go_on_when_the_leader_is_killed() {
+    let mut h = Harness::etcd_with(3);
+    let name = unique("leaderkill");
+    let a = h.client().await;
+    let b = h.client().await;
+    let sem_a = Semaphore::new(&a.store, &name, 1, o(Duration::from_secs(3))).unwrap();
+    let sem_b = Semaphore::new(&b.store, &name, 1, o(Duration::from_secs(3))).unwrap();
+    let first = sem_a.acquire().await.unwrap();
+    let fence = first.fence();
+    let waiter = tokio::spawn(async move { sem_b.acquire().await.map(|p| (p, sem_b)) });
+    wait_queued(&a.store, &name, 1).await;
+    let cluster = h.etcd_cluster().unwrap();
+    let leader = cluster.leader();
+    cluster.kill(leader);
+    // The release may meet the election: retried until it lands (it is idempotent).
+    let lease = first.lease_id().to_string();
+    drop(first);
+    let (second, sem_b) = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter was not served after the leader's loss")
+        .unwrap()
+        .unwrap();
+    assert!(second.fence() > fence);
+    let s = status(&a.store, &name).await.unwrap();
+    assert_eq!(s.holders.len(), 1);
+    assert_eq!(s.holders[0].lease_id, second.lease_id());
+    assert_ne!(s.holders[0].lease_id.to_string(), lease);
+    // Keeps granting on the majority left.
+    let mut last = second.fence();
+    second.release().await.unwrap();
+    for _ in 0..5 {
+        let p = sem_b.acquire().await.unwrap();
+        assert!(p.fence() > last);
+        last = p.fence();
+        p.release().await.unwrap();
+    }
+    assert_drained(&a.store, &name).await;
+}
+
+/// A follower killed and restarted changes nothing for holders and waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_lost_and_restarted_changes_nothing() {
+    let mut h = Harness::etcd_with(3);
+    let name = unique("follower");
+    let a = h.client().await;
+    let sem = Semaphore::new(&a.store, &name, 2, o(Duration::from_secs(3))).unwrap();
+    let p = sem.acquire().await.unwrap();
+    let cluster = h.etcd_cluster().unwrap();
+    let follower = (cluster.leader() + 1) % cluster.len();
+    cluster.kill(follower);
+    let mut last = p.fence();
+    for _ in 0..5 {
+        let q = sem.acquire().await.unwrap();
+        assert!(q.fence() > last);
+        last = q.fence();
+        q.release().await.unwrap();
+    }
+    h.etcd_cluster().unwrap().restart(follower);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !p.is_lost(),
+        "the holder lost its lease to a follower's restart"
+    );
+    let q = sem.acquire().await.unwrap();
+    assert!(q.fence() > last);
+    q.release().await.unwrap();
+    p.release().await.unwrap();
+    assert_drained(&a.store, &name).await;
+}
+
+/// History compacted while a waiter waits, and its watch broken by a member restart: the
+/// waiter re-reads, watches again from a live revision, and is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_served_after_compaction_and_a_broken_watch() {
+    let mut h = Harness::etcd_with(1);
+    let name = unique("compact");
+    let a = h.client().await;
+    let b = h.client().await;
+    let sem_a = Semaphore::new(&a.store, &name, 1, o(Duration::from_secs(5))).unwrap();
+    let sem_b = Semaphore::new(&b.store, &name, 1, o(Duration::from_secs(5))).unwrap();
+    let first = sem_a.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { sem_b.acquire().await });
+    wait_queued(&a.store, &name, 1).await;
+    // Churn on another semaphore moves the revision on, then compaction drops the history
+    // the waiter's watch started from; the restart breaks every watch stream.
+    let other = Semaphore::new(&a.store, &unique("churn"), 1, o(TTL)).unwrap();
+    for _ in 0..20 {
+        other.acquire().await.unwrap().release().await.unwrap();
+    }
+    let cluster = h.etcd_cluster().unwrap();
+    cluster.compact();
+    cluster.restart(0);
+    first.release().await.unwrap();
+    let p = timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was not served after compaction")
+        .unwrap()
+        .unwrap();
+    p.release().await.unwrap();
+    assert_drained(&a.store, &name).await;
+}

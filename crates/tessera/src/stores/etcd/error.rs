@@ -1,0 +1,51 @@
+//! From etcd-client errors to tessera's [`Error`].
+
+use etcd_client::Error as EtcdError;
+use tonic::Code;
+
+use crate::error::{Error, StoreErrorKind};
+
+/// Turns an etcd-client error into a tessera error; `secret` (the URL's password) never
+/// appears.
+pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
+    let kind = match &e {
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => StoreErrorKind::Connection,
+        // A keep-alive or watch stream that closed: the connection under it went away.
+        EtcdError::LeaseKeepAliveError(_) | EtcdError::WatchError(_) => StoreErrorKind::Connection,
+        EtcdError::GRpcStatus(s) => match s.code() {
+            Code::Unavailable | Code::Cancelled | Code::Aborted | Code::Unknown => {
+                StoreErrorKind::Connection
+            }
+            Code::DeadlineExceeded => StoreErrorKind::Timeout,
+            Code::ResourceExhausted => StoreErrorKind::Busy,
+            _ => StoreErrorKind::Other,
+        },
+        _ => StoreErrorKind::Other,
+    };
+    let mut message = e.to_string();
+    if let Some(s) = secret.filter(|s| !s.is_empty()) {
+        message = message.replace(s, "***");
+    }
+    Error::store(kind, format!("etcd: {message}"))
+}
+
+/// Whether etcd said the lease does not exist (expired or revoked).
+pub(super) fn is_lease_not_found(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::GRpcStatus(s) => {
+            s.code() == Code::NotFound || s.message().contains("requested lease not found")
+        }
+        EtcdError::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Whether the request failed to reach a member (refused, reset, unavailable): worth
+/// sending again, on another member.
+pub(super) fn is_unreachable(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
+        EtcdError::GRpcStatus(s) => s.code() == Code::Unavailable,
+        _ => false,
+    }
+}

@@ -1,0 +1,439 @@
+//! The etcd store's data: its key layout, the record each key holds, a semaphore's snapshot
+//! read in one range, and the pure decisions made on a snapshot (who is ahead, what fits,
+//! which seats are free). The calls that read and write etcd are in `mod.rs`; every write is
+//! one transaction built here ([`Keys`]) whose compares make it valid only on the snapshot
+//! it was decided on.
+//!
+//! # Keys of one semaphore `NAME` under prefix `P`
+//!
+//! ```text
+//! P/sem/NAME#cap            capacity, decimal; no lease (removed by delete)
+//! P/sem/NAME#q/<lease id>   one per acquire: a Record (JSON), attached to its etcd lease
+//! P/sem/NAME#s/<seat>       one per held seat (10 digits): the lease id, attached to the
+//!                           holder's etcd lease
+//! ```
+//!
+//! Names never contain `#`, so `P/sem/NAME#` is a prefix of exactly one semaphore's keys.
+//! A `q/` key is created once per lease id, so its create revision is the arrival order;
+//! putting it again (a waiter moving to its holder lease at the grant) keeps it.
+
+use std::collections::BTreeSet;
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::*;
+
+/// The keys of one semaphore.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    /// `P/sem/NAME#`: every key of the semaphore.
+    pub(crate) all: String,
+    /// `P/sem/NAME#cap`.
+    pub(crate) cap: String,
+    /// `P/sem/NAME#q/`: the queue and the holders.
+    pub(crate) queue: String,
+}
+
+impl Keys {
+    pub(crate) fn new(root: &str, name: &Name) -> Keys {
+        let all = format!("{root}/sem/{name}#");
+        Keys {
+            cap: format!("{all}cap"),
+            queue: format!("{all}q/"),
+            all,
+        }
+    }
+
+    pub(crate) fn lease(&self, id: LeaseId) -> String {
+        format!("{}{id}", self.queue)
+    }
+
+    pub(crate) fn seat(&self, seat: u32) -> String {
+        format!("{}s/{seat:010}", self.all)
+    }
+
+    /// `P/sem/`: the keys of every semaphore, for `list`.
+    pub(crate) fn sems(root: &str) -> String {
+        format!("{root}/sem/")
+    }
+
+    /// The semaphore name of a `q/` key found under [`Keys::sems`], if it is one.
+    pub(crate) fn name_of(root: &str, key: &[u8]) -> Option<String> {
+        let key = std::str::from_utf8(key).ok()?;
+        let rest = key.strip_prefix(&Keys::sems(root))?;
+        let (name, tail) = rest.split_once('#')?;
+        tail.starts_with("q/").then(|| name.to_string())
+    }
+
+    /// Compares that hold while the semaphore has no `q/` key at all (etcd compares every
+    /// key of a range, and an empty range as one absent key: version 0).
+    pub(crate) fn queue_is_empty(&self) -> Compare {
+        Compare::version(self.queue.clone(), CompareOp::Equal, 0).with_prefix()
+    }
+
+    /// Compares that hold while the stored capacity is `cap`.
+    pub(crate) fn capacity_is(&self, cap: u32) -> Compare {
+        Compare::value(self.cap.clone(), CompareOp::Equal, cap.to_string())
+    }
+
+    /// The puts of a grant: the record (now holding `seats`) and one key per seat, all on
+    /// the holder's etcd lease `holder_lease`.
+    pub(crate) fn grant_ops(
+        &self,
+        id: LeaseId,
+        record: &Record,
+        holder_lease: i64,
+    ) -> Result<Vec<TxnOp>> {
+        let on = Some(PutOptions::new().with_lease(holder_lease));
+        let mut ops = vec![TxnOp::put(self.lease(id), record.encode()?, on.clone())];
+        for &s in record.seats() {
+            ops.push(TxnOp::put(self.seat(s), id.to_string(), on.clone()));
+        }
+        Ok(ops)
+    }
+
+    /// Compares that hold while every seat of `seats` is free.
+    pub(crate) fn seats_free(&self, seats: &[u32]) -> Vec<Compare> {
+        seats
+            .iter()
+            .map(|&s| Compare::create_revision(self.seat(s), CompareOp::Equal, 0))
+            .collect()
+    }
+}
+
+/// What a `q/` key holds: the request, and the grant once there is one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    /// Weight.
+    pub(crate) w: u32,
+    /// Holder label.
+    pub(crate) h: String,
+    /// The holder lease's TTL, whole seconds.
+    pub(crate) ttl: i64,
+    /// When it was enqueued, µs on the enqueuing client's clock (shown only).
+    pub(crate) e: u64,
+    /// The grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) g: Option<Granted>,
+}
+
+/// The grant part of a [`Record`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Granted {
+    /// Seats, ascending.
+    pub(crate) s: Vec<u32>,
+    /// When it was granted, µs on the granting client's clock (shown only).
+    pub(crate) a: u64,
+}
+
+impl Record {
+    pub(crate) fn encode(&self) -> Result<String> {
+        serde_json::to_string(self).map_err(|e| Error::Corrupt(format!("etcd record: {e}")))
+    }
+
+    fn decode(v: &[u8]) -> Result<Record> {
+        serde_json::from_slice(v)
+            .map_err(|e| Error::Corrupt(format!("unreadable etcd record: {e}")))
+    }
+
+    pub(crate) fn seats(&self) -> &[u32] {
+        self.g.as_ref().map_or(&[], |g| &g.s)
+    }
+
+    /// This record granted `seats` at `now`.
+    pub(crate) fn granted(&self, seats: Vec<u32>, now: StoreTime) -> Record {
+        Record {
+            g: Some(Granted { s: seats, a: now.0 }),
+            ..self.clone()
+        }
+    }
+}
+
+/// One `q/` key as read.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) id: LeaseId,
+    pub(crate) record: Record,
+    pub(crate) create_rev: i64,
+    pub(crate) mod_rev: i64,
+    /// The etcd lease the key is attached to.
+    pub(crate) lease: i64,
+}
+
+impl Entry {
+    pub(crate) fn is_holder(&self) -> bool {
+        self.record.g.is_some()
+    }
+
+    /// The lease as `status` and grants show it; the fence is the revision of the grant
+    /// (the key is never written again once granted).
+    pub(crate) fn lease(&self, expires_at: StoreTime) -> Lease {
+        let g = self.record.g.as_ref();
+        Lease {
+            lease_id: self.id,
+            weight: self.record.w,
+            seats: g.map(|g| g.s.clone()).unwrap_or_default(),
+            fence: self.mod_rev as u64,
+            holder: self.record.h.clone(),
+            acquired_at: StoreTime(g.map_or(0, |g| g.a)),
+            expires_at,
+        }
+    }
+}
+
+/// A semaphore as one range read saw it at `revision`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Snapshot {
+    pub(crate) revision: i64,
+    /// The stored capacity and the revision it was written at.
+    pub(crate) capacity: Option<(u32, i64)>,
+    /// Every `q/` key, in arrival order (create revision).
+    pub(crate) entries: Vec<Entry>,
+    /// Seats held.
+    pub(crate) seats: BTreeSet<u32>,
+}
+
+/// Where one lease id stands in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// No key for it.
+    Absent,
+    /// It holds its permits.
+    Holder,
+    /// It waits.
+    Waiting {
+        /// Waiters ahead of it (its 0-based queue position).
+        position: u64,
+        /// Everything ahead of it (holders and waiters) plus its own weight fits the
+        /// capacity: it may be granted now.
+        fits: bool,
+        /// The nearest waiter ahead of it; `None` if everyone ahead holds (it is the head).
+        ahead: Option<LeaseId>,
+    },
+}
+
+impl Snapshot {
+    /// Reads the keys of one semaphore (a range over [`Keys::all`]).
+    pub(crate) fn parse(keys: &Keys, revision: i64, kvs: &[KeyValue]) -> Result<Snapshot> {
+        let mut snap = Snapshot {
+            revision,
+            ..Snapshot::default()
+        };
+        let seat_prefix = format!("{}s/", keys.all);
+        for kv in kvs {
+            let key = kv.key();
+            if key == keys.cap.as_bytes() {
+                let cap = std::str::from_utf8(kv.value())
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|&c| (1..=MAX_CAPACITY).contains(&c))
+                    .ok_or_else(|| Error::Corrupt("unreadable etcd capacity".into()))?;
+                snap.capacity = Some((cap, kv.mod_revision()));
+            } else if let Some(id) = key.strip_prefix(keys.queue.as_bytes()) {
+                let id = std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|s| s.parse::<LeaseId>().ok())
+                    .ok_or_else(|| Error::Corrupt("unreadable etcd lease key".into()))?;
+                snap.entries.push(Entry {
+                    id,
+                    record: Record::decode(kv.value())?,
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
+                });
+            } else if let Some(seat) = key.strip_prefix(seat_prefix.as_bytes()) {
+                let seat = std::str::from_utf8(seat)
+                    .ok()
+                    .and_then(|s| s.parse::<u32>().ok())
+                    .ok_or_else(|| Error::Corrupt("unreadable etcd seat key".into()))?;
+                snap.seats.insert(seat);
+            }
+        }
+        snap.entries.sort_by_key(|e| e.create_rev);
+        Ok(snap)
+    }
+
+    pub(crate) fn entry(&self, id: LeaseId) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.id == id)
+    }
+
+    pub(crate) fn capacity(&self) -> Option<u32> {
+        self.capacity.map(|(c, _)| c)
+    }
+
+    pub(crate) fn used(&self) -> u32 {
+        self.entries
+            .iter()
+            .filter(|e| e.is_holder())
+            .map(|e| e.record.w)
+            .sum()
+    }
+
+    pub(crate) fn waiters(&self) -> u64 {
+        self.entries.iter().filter(|e| !e.is_holder()).count() as u64
+    }
+
+    /// Where `id` stands. Strict FIFO on arrival order: a waiter fits when the weights of
+    /// *every* key created before it (holders and waiters alike) plus its own fit the
+    /// capacity, so nobody is granted before a waiter ahead of it could be.
+    pub(crate) fn place(&self, id: LeaseId) -> Place {
+        let cap = u64::from(self.capacity().unwrap_or(0));
+        let mut ahead_weight = 0u64;
+        let mut position = 0u64;
+        let mut ahead = None;
+        for e in &self.entries {
+            if e.id == id {
+                if e.is_holder() {
+                    return Place::Holder;
+                }
+                return Place::Waiting {
+                    position,
+                    fits: ahead_weight + u64::from(e.record.w) <= cap,
+                    ahead,
+                };
+            }
+            ahead_weight += u64::from(e.record.w);
+            if !e.is_holder() {
+                position += 1;
+                ahead = Some(e.id);
+            }
+        }
+        Place::Absent
+    }
+
+    /// The `n` lowest seats below the capacity that no holder has, or `None` if there are
+    /// fewer (only while over capacity after a shrinking resize).
+    pub(crate) fn free_seats(&self, n: u32) -> Option<Vec<u32>> {
+        let cap = self.capacity()?;
+        let seats: Vec<u32> = (0..cap)
+            .filter(|s| !self.seats.contains(s))
+            .take(n as usize)
+            .collect();
+        (seats.len() == n as usize).then_some(seats)
+    }
+}
+
+/// Whole seconds of an etcd lease for `ttl`: rounded up, at least etcd's minimum.
+pub(crate) fn lease_secs(ttl: std::time::Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    (secs as i64).max(super::MIN_LEASE_SECS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u128, w: u32, holder: bool, rev: i64) -> Entry {
+        let record = Record {
+            w,
+            h: "h".into(),
+            ttl: 2,
+            e: 0,
+            g: holder.then(|| Granted { s: vec![], a: 0 }),
+        };
+        Entry {
+            id: LeaseId::from_u128(n),
+            record,
+            create_rev: rev,
+            mod_rev: rev,
+            lease: 1,
+        }
+    }
+
+    fn snap(cap: u32, entries: Vec<Entry>, seats: &[u32]) -> Snapshot {
+        Snapshot {
+            revision: 100,
+            capacity: Some((cap, 1)),
+            entries,
+            seats: seats.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn a_waiter_fits_only_with_everyone_ahead_counted() {
+        // capacity 3: a holder of 1, a waiter of 2 (fits: 1 + 2), a waiter of 1 (does not:
+        // 1 + 2 + 1, although 1 + 1 would).
+        let s = snap(
+            3,
+            vec![
+                entry(1, 1, true, 1),
+                entry(2, 2, false, 2),
+                entry(3, 1, false, 3),
+            ],
+            &[0],
+        );
+        let id = LeaseId::from_u128;
+        assert_eq!(s.place(id(1)), Place::Holder);
+        assert_eq!(
+            s.place(id(2)),
+            Place::Waiting {
+                position: 0,
+                fits: true,
+                ahead: None
+            }
+        );
+        assert_eq!(
+            s.place(id(3)),
+            Place::Waiting {
+                position: 1,
+                fits: false,
+                ahead: Some(id(2))
+            }
+        );
+        assert_eq!(s.place(id(9)), Place::Absent);
+    }
+
+    #[test]
+    fn a_large_head_blocks_smaller_ones_behind_it() {
+        let id = LeaseId::from_u128;
+        let s = snap(
+            4,
+            vec![
+                entry(1, 3, true, 1),
+                entry(2, 4, false, 2),
+                entry(3, 1, false, 3),
+            ],
+            &[0, 1, 2],
+        );
+        assert!(matches!(
+            s.place(id(2)),
+            Place::Waiting {
+                fits: false,
+                ahead: None,
+                ..
+            }
+        ));
+        assert!(matches!(s.place(id(3)), Place::Waiting { fits: false, .. }));
+    }
+
+    #[test]
+    fn free_seats_are_the_lowest_below_the_capacity() {
+        let s = snap(4, vec![], &[0, 2]);
+        assert_eq!(s.free_seats(2), Some(vec![1, 3]));
+        assert_eq!(s.free_seats(3), None);
+        // After a shrink to 2 with seats 2 and 3 held: only 0 and 1.
+        let s = snap(2, vec![], &[2, 3]);
+        assert_eq!(s.free_seats(2), Some(vec![0, 1]));
+    }
+
+    #[test]
+    fn lease_seconds_round_up_to_etcds_minimum() {
+        use std::time::Duration;
+        assert_eq!(lease_secs(Duration::from_millis(100)), 2);
+        assert_eq!(lease_secs(Duration::from_secs(2)), 2);
+        assert_eq!(lease_secs(Duration::from_millis(2_001)), 3);
+        assert_eq!(lease_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn names_come_back_from_queue_keys_only() {
+        let keys = Keys::new("p/x", &Name::new("a/b").unwrap());
+        let q = keys.lease(LeaseId::from_u128(7));
+        assert_eq!(Keys::name_of("p/x", q.as_bytes()), Some("a/b".to_string()));
+        assert_eq!(Keys::name_of("p/x", keys.cap.as_bytes()), None);
+        assert_eq!(Keys::name_of("p/x", keys.seat(3).as_bytes()), None);
+        assert_eq!(Keys::name_of("p", q.as_bytes()), None);
+    }
+}
