@@ -14,6 +14,7 @@ declare -A NEED=(
   [redis-server]=redis-server
   [openssl]=openssl
   [faketime]=faketime
+  [redis-sentinel]=redis-sentinel
 )
 
 missing=()

@@ -3,3 +3,5 @@
 //! with the install line, never a skip.
 
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;
