@@ -62,12 +62,22 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "redis+sentinel",
         form: "redis+sentinel://",
-        feature: None,
+        feature: Some("redis"),
+    },
+    Scheme {
+        scheme: "rediss+sentinel",
+        form: "rediss+sentinel://",
+        feature: Some("redis"),
     },
     Scheme {
         scheme: "redis+cluster",
         form: "redis+cluster://",
-        feature: None,
+        feature: Some("redis"),
+    },
+    Scheme {
+        scheme: "rediss+cluster",
+        form: "rediss+cluster://",
+        feature: Some("redis"),
     },
     Scheme {
         scheme: "postgres",
@@ -187,7 +197,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
             Open::ExistingOnly => sqlite::SqliteBackend::connect_existing(url).await?,
         }),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Arc::new(redis::RedisBackend::connect(url).await?),
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" => Arc::new(redis::RedisBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
         _ => unreachable!("scheme {scheme:?} passed the check but has no store"),
     };
@@ -251,7 +262,8 @@ mod tests {
         assert_eq!(
             scheme_problem("ftp", &build(&["memory", "sqlite", "redis"])).unwrap(),
             "unknown scheme \"ftp\"; expected memory://, sqlite:///absolute/path.db, \
-             redis:// or rediss://"
+             redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster:// or \
+             rediss+cluster://"
         );
         assert_eq!(
             scheme_problem("ftp", &build(&["memory", "sqlite"])).unwrap(),
@@ -279,7 +291,7 @@ mod tests {
         };
         assert_eq!(*reason, scheme_problem("ftp", &compiled_in).unwrap());
         #[cfg(all(feature = "memory", feature = "sqlite", feature = "redis"))]
-        assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis:// or rediss://"));
+        assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis://, rediss://"));
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await
