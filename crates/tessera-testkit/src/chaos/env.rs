@@ -35,5 +35,8 @@ pub fn harness(spec: &StoreSpec, name: &str, seed: u64, redis_args: &[&str]) -> 
         }
         StoreSpec::Redis(None) => Harness::redis_with(redis_args, &tag),
         StoreSpec::Redis(Some(url)) => Harness::redis_at(url, &tag),
+        StoreSpec::RedisSentinel { wait: 0 } => Harness::redis_sentinel(""),
+        StoreSpec::RedisSentinel { wait } => Harness::redis_sentinel(&format!("&wait={wait}")),
+        StoreSpec::RedisCluster => Harness::redis_cluster(true),
     }
 }

@@ -115,14 +115,33 @@ pub enum StoreSpec {
     /// A throwaway `redis-server` per scenario (`None`), or an existing server whose URL is
     /// given: scenarios that must restart or reconfigure the server are then skipped.
     Redis(Option<String>),
+    /// A throwaway Sentinel topology per scenario (1 master, 1 replica, 3 sentinels), whose
+    /// clients wait for `wait` replicas after every write (`?wait=N`; 0: they do not).
+    RedisSentinel {
+        /// The `wait` option of the URL.
+        wait: u32,
+    },
+    /// A throwaway 3-primary Redis Cluster with one replica per primary, per scenario.
+    RedisCluster,
 }
 
 impl StoreSpec {
-    /// `sqlite`, `sqlite:///path/file.db`, `redis` or `redis://host:port[?…]`.
+    /// `sqlite`, `sqlite:///path/file.db`, `redis`, `redis://host:port[?…]`,
+    /// `redis+sentinel`, `redis+sentinel?wait=1` or `redis+cluster` (the last three: a
+    /// throwaway topology per scenario).
     pub fn parse(s: &str) -> anyhow::Result<StoreSpec> {
         Ok(match s {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
             "redis" | "redis://" => StoreSpec::Redis(None),
+            "redis+sentinel" => StoreSpec::RedisSentinel { wait: 0 },
+            "redis+cluster" => StoreSpec::RedisCluster,
+            _ if s.starts_with("redis+sentinel?wait=") => StoreSpec::RedisSentinel {
+                wait: s["redis+sentinel?wait=".len()..]
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1).contains(n))
+                    .with_context(|| format!("expected redis+sentinel?wait=1, got {s:?}"))?,
+            },
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -141,7 +160,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis or redis://127.0.0.1:PORT"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, redis+sentinel, redis+sentinel?wait=1 or redis+cluster"
             ),
         })
     }
@@ -153,14 +172,20 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
+            StoreSpec::RedisSentinel { .. } | StoreSpec::RedisCluster => {
+                StoreTraits::REDIS_TOPOLOGY
+            }
         }
     }
 
-    /// `sqlite` or `redis`.
+    /// `sqlite`, `redis`, `redis+sentinel`, `redis+sentinel?wait=1` or `redis+cluster`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::Redis(_) => "redis",
+            StoreSpec::RedisSentinel { wait: 0 } => "redis+sentinel",
+            StoreSpec::RedisSentinel { .. } => "redis+sentinel?wait=1",
+            StoreSpec::RedisCluster => "redis+cluster",
         }
     }
 }
