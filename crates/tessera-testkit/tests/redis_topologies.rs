@@ -32,3 +32,12 @@ fn cluster_splits_the_slots_and_promotes_a_replica_of_a_killed_primary() {
     cluster.restart_dead();
     assert_eq!(cluster.primaries().len(), 3);
 }
+
+#[test]
+fn a_frozen_sentinel_master_rejoins_as_a_replica_after_it_runs_again() {
+    let topo = SentinelTopology::start();
+    let old = topo.freeze_master();
+    assert_ne!(topo.master_port(), old);
+    topo.wait_replica_in_sync();
+    assert_eq!(topo.replica().port(), old);
+}
