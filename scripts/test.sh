@@ -19,6 +19,7 @@ declare -A NEED=(
   [etcdctl]=etcd-client
   # Not a server: the etcd store's gRPC code is generated at build time.
   [protoc]=protobuf-compiler
+  [redis-sentinel]=redis-sentinel
 )
 
 missing=()

@@ -36,8 +36,12 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
   sqlite:///absolute/path.db   processes on one host; the path must be absolute
   redis://[user[:password]@]host[:port][/db], rediss://... (TLS)
                                processes on many hosts
+  redis+sentinel://host:port[,host:port...]/MASTER[/db][?wait=N]
+                               the master that Redis Sentinel names; failovers followed
+  redis+cluster://host:port[,host:port...]
+                               a Redis Cluster; semaphores spread over its shards
   memory://                    this process only (for trying things out)
-Redis Sentinel and Cluster, PostgreSQL, MySQL and etcd are planned, not available yet.
+PostgreSQL, MySQL and etcd are planned, not available yet.
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 

@@ -23,6 +23,8 @@ use crate::servers::postgres::{PostgresServer, Shutdown};
 use crate::servers::mysql::MariaDbServer;
 use crate::servers::etcd::EtcdCluster;
 use crate::servers::redis::RedisServer;
+use crate::servers::redis_cluster::RedisCluster;
+use crate::servers::redis_sentinel::SentinelTopology;
 
 /// Whose clock the store's time is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +173,16 @@ impl StoreTraits {
         proxyable: true,
         cuttable: true,
         raw_access: true,
+        ..StoreTraits::IN_PROCESS
+    };
+
+    /// A Redis topology the harness started (Sentinel or Cluster): its faults are
+    /// failovers ([`Harness::sentinel_mut`], [`Harness::cluster_mut`]), not the one-server
+    /// faults above.
+    pub const REDIS_TOPOLOGY: StoreTraits = StoreTraits {
+        multi_process: true,
+        clock: ClockSource::Server,
+        server: true,
         ..StoreTraits::IN_PROCESS
     };
 
@@ -355,6 +367,47 @@ impl Harness {
     /// compaction).
     pub fn etcd_cluster(&mut self) -> Option<&mut EtcdCluster> {
         self._guard.downcast_mut::<EtcdCluster>()
+    }
+
+    /// A throwaway Sentinel topology of its own (1 master, 1 replica, 3 sentinels; stopped
+    /// when the harness drops) behind `redis+sentinel://…?prefix=<random>`; `options` are
+    /// more URL options (e.g. `&wait=1`).
+    pub fn redis_sentinel(options: &str) -> Self {
+        let topo = SentinelTopology::start();
+        let url = format!(
+            "{}?prefix=t{:08x}{options}",
+            topo.url(),
+            rand::random::<u32>()
+        );
+        Harness::new(
+            "redis+sentinel://",
+            url,
+            StoreTraits::REDIS_TOPOLOGY,
+            Box::new(topo),
+        )
+    }
+
+    /// A throwaway 3-primary Redis Cluster of its own (with a replica per primary if
+    /// `replicas`; stopped when the harness drops) behind `redis+cluster://…?prefix=<random>`.
+    pub fn redis_cluster(replicas: bool) -> Self {
+        let cluster = RedisCluster::start(replicas);
+        let url = format!("{}?prefix=t{:08x}", cluster.url(), rand::random::<u32>());
+        Harness::new(
+            "redis+cluster://",
+            url,
+            StoreTraits::REDIS_TOPOLOGY,
+            Box::new(cluster),
+        )
+    }
+
+    /// The Sentinel topology of a [`Harness::redis_sentinel`], for failovers.
+    pub fn sentinel_mut(&mut self) -> Option<&mut SentinelTopology> {
+        self._guard.downcast_mut()
+    }
+
+    /// The cluster of a [`Harness::redis_cluster`], for failovers.
+    pub fn cluster_mut(&mut self) -> Option<&mut RedisCluster> {
+        self._guard.downcast_mut()
     }
 
     /// The store's URL scheme (`memory://`, `sqlite://`, `redis://`), for messages.

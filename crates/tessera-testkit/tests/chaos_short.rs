@@ -201,3 +201,60 @@ async fn etcd_survives_holder_faults() {
         assert!(r.skipped.is_none() && r.grants > 0, "{}", r.summary());
     }
 }
+
+/// The scenarios a Sentinel or Cluster topology runs (the one-server faults need a server
+/// of the harness's own), plus the failovers of that topology.
+fn failover_reports(reports: &[ScenarioReport], names: &[&str]) {
+    for name in names {
+        let r = get(reports, name);
+        assert!(r.skipped.is_none(), "{name} skipped");
+        assert_eq!(r.stale_accepts, 0, "{}", r.summary());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_with_wait_survives_failovers_without_over_grants() {
+    let failovers = [
+        "f1-sentinel-failover",
+        "f2-sentinel-kill",
+        "f3-sentinel-freeze",
+    ];
+    let mut names = vec!["baseline", "s1-kill", "s2-stop"];
+    names.extend(failovers);
+    let reports = short(StoreSpec::RedisSentinel { wait: 1 }, &names).await;
+    failover_reports(&reports, &failovers);
+    for name in failovers {
+        let r = get(&reports, name);
+        assert_eq!(r.over_grants, 0, "{}", r.summary());
+        assert!(r.expected.is_empty(), "{}", r.summary());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_without_wait_forgets_at_most_right_after_a_failover() {
+    let failovers = [
+        "f1-sentinel-failover",
+        "f2-sentinel-kill",
+        "f3-sentinel-freeze",
+    ];
+    // Over-grants right after a failover are expected findings (asynchronous replication),
+    // anything else is a violation; stale accepts stay 0.
+    let reports = short(StoreSpec::RedisSentinel { wait: 0 }, &failovers).await;
+    failover_reports(&reports, &failovers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_survives_holder_faults_and_a_killed_primary() {
+    let reports = short(
+        StoreSpec::RedisCluster,
+        &[
+            "baseline",
+            "s1-kill",
+            "s2-stop",
+            "s10-reclaim",
+            "f4-cluster-kill",
+        ],
+    )
+    .await;
+    failover_reports(&reports, &["f4-cluster-kill"]);
+}

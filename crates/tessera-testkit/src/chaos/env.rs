@@ -44,5 +44,8 @@ pub fn harness(spec: &StoreSpec, name: &str, seed: u64, redis_args: &[&str]) -> 
             crate::harness::StoreTraits::OWN_ETCD,
             Box::new(()),
         ),
+        StoreSpec::RedisSentinel { wait: 0 } => Harness::redis_sentinel(""),
+        StoreSpec::RedisSentinel { wait } => Harness::redis_sentinel(&format!("&wait={wait}")),
+        StoreSpec::RedisCluster => Harness::redis_cluster(true),
     }
 }

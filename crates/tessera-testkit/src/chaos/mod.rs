@@ -123,10 +123,20 @@ pub enum StoreSpec {
     /// URL is given. Leases there are whole seconds of at least 2 s, so the profile's
     /// shorter TTLs are raised to 2 s.
     Etcd(Option<String>),
+    /// A throwaway Sentinel topology per scenario (1 master, 1 replica, 3 sentinels), whose
+    /// clients wait for `wait` replicas after every write (`?wait=N`; 0: they do not).
+    RedisSentinel {
+        /// The `wait` option of the URL.
+        wait: u32,
+    },
+    /// A throwaway 3-primary Redis Cluster with one replica per primary, per scenario.
+    RedisCluster,
 }
 
 impl StoreSpec {
-    /// `sqlite`, `sqlite:///path/file.db`, `redis`, `redis://host:port[?…]` or `postgres`.
+    /// `sqlite`, `sqlite:///path/file.db`, `redis`, `redis://host:port[?…]`, `postgres`,
+    /// `mariadb`, `etcd`, `etcd://host:port`, `redis+sentinel`, `redis+sentinel?wait=1` or `redis+cluster` (the last three: a
+    /// throwaway topology per scenario).
     pub fn parse(s: &str) -> anyhow::Result<StoreSpec> {
         Ok(match s {
             "sqlite" | "sqlite://" => StoreSpec::Sqlite(None),
@@ -143,6 +153,15 @@ impl StoreSpec {
                 );
                 StoreSpec::Etcd(Some(s.to_string()))
             }
+            "redis+sentinel" => StoreSpec::RedisSentinel { wait: 0 },
+            "redis+cluster" => StoreSpec::RedisCluster,
+            _ if s.starts_with("redis+sentinel?wait=") => StoreSpec::RedisSentinel {
+                wait: s["redis+sentinel?wait=".len()..]
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1).contains(n))
+                    .with_context(|| format!("expected redis+sentinel?wait=1, got {s:?}"))?,
+            },
             _ if s.starts_with("sqlite://") => {
                 let path = &s["sqlite://".len()..];
                 anyhow::ensure!(
@@ -161,7 +180,7 @@ impl StoreSpec {
                 StoreSpec::Redis(Some(s.to_string()))
             }
             _ => anyhow::bail!(
-                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, postgres, mariadb, etcd or etcd://127.0.0.1:PORT"
+                "unknown store {s:?}; expected sqlite, sqlite:///path.db, redis, redis://127.0.0.1:PORT, redis+sentinel, redis+sentinel?wait=1, redis+cluster, postgres, mariadb, etcd or etcd://127.0.0.1:PORT"
             ),
         })
     }
@@ -176,10 +195,14 @@ impl StoreSpec {
             StoreSpec::Postgres => StoreTraits::OWN_POSTGRES,
             StoreSpec::Mariadb => StoreTraits::OWN_MARIADB,
             StoreSpec::Etcd(_) => StoreTraits::OWN_ETCD,
+            StoreSpec::RedisSentinel { .. } | StoreSpec::RedisCluster => {
+                StoreTraits::REDIS_TOPOLOGY
+            }
         }
     }
 
-    /// `sqlite`, `redis` or `mariadb`.
+    /// `sqlite`, `redis`, `redis+sentinel`, `redis+sentinel?wait=1`, `redis+cluster`,
+    /// `postgres`, `mariadb` or `etcd`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Sqlite(_) => "sqlite",
@@ -187,6 +210,9 @@ impl StoreSpec {
             StoreSpec::Postgres => "postgres",
             StoreSpec::Mariadb => "mariadb",
             StoreSpec::Etcd(_) => "etcd",
+            StoreSpec::RedisSentinel { wait: 0 } => "redis+sentinel",
+            StoreSpec::RedisSentinel { .. } => "redis+sentinel?wait=1",
+            StoreSpec::RedisCluster => "redis+cluster",
         }
     }
 }

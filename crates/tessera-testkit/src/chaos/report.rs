@@ -29,7 +29,9 @@ use crate::grantlog::{
 pub const SLACK_NS: u64 = 500_000_000;
 
 /// Faults after which the store has forgotten leases their holders still certainly hold.
-const FORGETFUL: [&str; 3] = ["restart", "garbage-fields", "garbage-types"];
+/// (`failover`: a Redis failover without `?wait=N`, whose new master may lack the old one's
+/// last writes.)
+const FORGETFUL: [&str; 4] = ["restart", "garbage-fields", "garbage-types", "failover"];
 
 /// Faults that kill workers: the one named, or every live one when none is named.
 const KILLS: [&str; 2] = ["sigkill", "kill-all"];
@@ -165,9 +167,12 @@ fn expected_kind(
     match scenario {
         // The store forgets leases that holders certainly hold until their next renewal:
         // an overlap is expected only right after it forgot.
-        "s4-restart" | "garbage" => {
-            at.is_some_and(|t| forgotten.iter().any(|&(a, b)| a <= t && t <= b))
-        }
+        "s4-restart"
+        | "garbage"
+        | "f1-sentinel-failover"
+        | "f2-sentinel-kill"
+        | "f3-sentinel-freeze"
+        | "f4-cluster-kill" => at.is_some_and(|t| forgotten.iter().any(|&(a, b)| a <= t && t <= b)),
         // Redis deletes lease keys behind tessera's back. (A wall-clock jump is no excuse:
         // the SQLite store keeps leases on the boot clock, so `clock-jump` expects nothing.)
         "s7-eviction" => capacity_like,
@@ -233,7 +238,9 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
                     // window opens at the kill; the garbage clean-up is logged as the heal
                     // before it deletes anything.
                     let from = match action.as_str() {
-                        "restart" => began.get(action.as_str()).copied().unwrap_or(e.t_ns),
+                        "restart" | "failover" => {
+                            began.get(action.as_str()).copied().unwrap_or(e.t_ns)
+                        }
                         _ => e.t_ns,
                     };
                     forgotten.push((from, e.t_ns + ttl + SLACK_NS));

@@ -28,7 +28,27 @@ pub fn names() -> Vec<&'static str> {
         "s7-eviction",
         "clock-jump",
         "garbage",
+        "f1-sentinel-failover",
+        "f2-sentinel-kill",
+        "f3-sentinel-freeze",
+        "f4-cluster-kill",
     ]
+}
+
+/// Why failover scenario `name` cannot run on `spec` (it needs the topology it fails
+/// over), or `None`.
+fn topology_problem(name: &str, spec: &StoreSpec) -> Option<&'static str> {
+    let sentinel = matches!(spec, StoreSpec::RedisSentinel { .. });
+    let cluster = matches!(spec, StoreSpec::RedisCluster);
+    match name {
+        "f1-sentinel-failover" | "f2-sentinel-kill" | "f3-sentinel-freeze" if !sentinel => {
+            Some("is no Sentinel topology the runner starts (no Sentinel failover)")
+        }
+        "f4-cluster-kill" if !cluster => {
+            Some("is no Redis Cluster the runner starts (no cluster failover)")
+        }
+        _ => None,
+    }
 }
 
 /// What scenario `name` needs of the store beyond being shared by processes (which every
@@ -58,7 +78,9 @@ pub async fn run(
 ) -> anyhow::Result<ScenarioReport> {
     let kind = spec.kind();
     let traits = spec.traits();
-    if let Some(why) = needs(name, &traits).iter().find_map(|&n| traits.lacks(n)) {
+    if let Some(why) = topology_problem(name, spec)
+        .or_else(|| needs(name, &traits).iter().find_map(|&n| traits.lacks(n)))
+    {
         let why = format!("{kind} {why}");
         eprintln!("skipped: scenario {name}: {why}");
         return Ok(ScenarioReport::skipped(name, kind, seed, &why));
@@ -76,6 +98,9 @@ pub async fn run(
         "s7-eviction" => s7_eviction(spec, p, seed).await,
         "clock-jump" => clock_jump(spec, p, seed).await,
         "garbage" => garbage(spec, p, seed).await,
+        "f1-sentinel-failover" | "f2-sentinel-kill" | "f3-sentinel-freeze" | "f4-cluster-kill" => {
+            failover(name, spec, p, seed).await
+        }
         _ => anyhow::bail!("unknown scenario {name}"),
     }
 }
@@ -719,4 +744,102 @@ fn pg_schema(url: &str) -> anyhow::Result<String> {
         .find(|(k, _)| k == "schema")
         .map(|(_, v)| v.into_owned())
         .context("schema")
+}
+
+/// F1–F4: the workers run through failovers of a Redis topology the runner started:
+/// `SENTINEL FAILOVER` (F1), a SIGKILLed master (F2), a master frozen by SIGSTOP past the
+/// sentinels' down-after time and then let run again (F3), and a SIGKILLed cluster primary
+/// (the one holding the semaphore's slot) whose replica takes over (F4). After each, the lost
+/// server comes back (empty) as a replica and the next round waits until it is in sync.
+///
+/// Without `?wait=N` Redis replicates asynchronously, so the new master may lack the last
+/// writes of the old one: the fault is logged as `failover`, after which the checker counts
+/// over-grants as expected (the store forgot leases whose holders still hold them), like a
+/// restart without persistence. With `?wait=1` it is logged as `failover-wait` and nothing is
+/// excused. The fenced resource is audited either way. The notes give, per round, the time
+/// from the fault's start to the first grant after it.
+async fn failover(
+    name: &str,
+    spec: &StoreSpec,
+    p: &Params,
+    seed: u64,
+) -> anyhow::Result<ScenarioReport> {
+    let env = harness(spec, name, seed, &[]);
+    let action = match spec {
+        StoreSpec::RedisSentinel { wait } if *wait > 0 => "failover-wait",
+        _ => "failover",
+    };
+    let prefix = url::Url::parse(
+        &env.url()
+            .replace("redis+cluster", "redis")
+            .replace("redis+sentinel", "redis"),
+    )
+    .ok()
+    .and_then(|u| {
+        u.query_pairs()
+            .find(|(k, _)| k == "prefix")
+            .map(|(_, v)| v.into_owned())
+    })
+    .unwrap_or_else(|| "tessera".into());
+    // A failover takes the down-after or node timeout (1-2 s) plus the election; then the
+    // lost server resyncs.
+    let duration = (p.ttl * 2 + Duration::from_secs(10)) * p.rounds + p.ttl * 2;
+    let mut run = Run::new(name, p, seed, env, None, duration).await?;
+    let key = format!("{{{prefix}:{}}}:meta", run.name);
+    run.start_workers()?;
+    let mut starts = Vec::new();
+    for _ in 0..p.rounds {
+        sleep(p.ttl * 2).await;
+        starts.push(crate::grantlog::monotonic_ns());
+        run.fault(action, FaultPhase::Start, None);
+        let began = Instant::now();
+        tokio::task::block_in_place(|| match name {
+            "f1-sentinel-failover" => run.env.sentinel_mut().map(|t| t.failover()),
+            "f2-sentinel-kill" => run.env.sentinel_mut().map(|t| t.kill_master()),
+            "f3-sentinel-freeze" => run.env.sentinel_mut().map(|t| {
+                t.freeze_master();
+            }),
+            _ => run.env.cluster_mut().map(|c| {
+                c.kill_primary_for(&key);
+            }),
+        })
+        .context("the harness has no topology")?;
+        run.fault(action, FaultPhase::Heal, None);
+        run.notes.push(format!(
+            "{action}: new master/primary in {} ms",
+            began.elapsed().as_millis()
+        ));
+        tokio::task::block_in_place(|| {
+            if let Some(t) = run.env.sentinel_mut() {
+                t.restart_dead();
+                t.wait_replica_in_sync();
+            }
+            if let Some(c) = run.env.cluster_mut() {
+                c.restart_dead();
+            }
+        });
+        sleep(p.ttl).await;
+    }
+    run.run_out().await;
+    let events = crate::grantlog::read_logs(run.log_dir())?;
+    for (round, start) in starts.iter().enumerate() {
+        let first = events.iter().find(|e| {
+            e.t_ns > *start
+                && matches!(
+                    &e.kind,
+                    crate::grantlog::EventKind::AcquireReturned {
+                        outcome: crate::grantlog::Outcome::Granted { .. },
+                        ..
+                    }
+                )
+        });
+        run.notes.push(match first {
+            Some(e) => format!(
+                "round {round}: first grant {} ms after the fault began",
+                (e.t_ns - start) / 1_000_000
+            ),
+            None => format!("round {round}: no grant after the fault began"),
+        });
+    }
+    run.finish().await
 }

@@ -6,3 +6,5 @@ pub mod postgres;
 pub mod mysql;
 pub mod etcd;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;

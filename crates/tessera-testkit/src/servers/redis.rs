@@ -34,11 +34,17 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`], with extra command-line options (e.g. `--maxmemory 1mb`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on(extra, free_port)
+    }
+
+    /// Like [`RedisServer::start_with`], on a port that `pick` chooses (tried again with
+    /// another on failure).
+    pub(crate) fn start_on(extra: &[&str], pick: fn() -> u16) -> RedisServer {
         let mut dir = tempfile::tempdir().expect("temp dir for redis-server");
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_error = String::new();
         for _ in 0..10 {
-            let port = free_port();
+            let port = pick();
             match spawn(port, dir.path(), &extra) {
                 Ok(child) => {
                     let mut server = RedisServer {
@@ -244,14 +250,7 @@ impl RedisServer {
     /// Sends one command (as its words) and returns the raw RESP reply, e.g.
     /// `server.command(&["SCRIPT", "FLUSH"])`.
     pub fn command(&self, words: &[&str]) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to redis-server");
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        let mut req = format!("*{}\r\n", words.len());
-        for w in words {
-            req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
-        }
-        s.write_all(req.as_bytes()).expect("write to redis-server");
-        read_reply(&mut s)
+        command_full(self.port, words)
     }
 
     /// Calls per command so far, from `INFO commandstats` (`"fcall"`, `"evalsha"`,
@@ -325,14 +324,14 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
         })
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
 
-fn ping(port: u16) -> bool {
+pub(crate) fn ping(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
@@ -376,4 +375,21 @@ pub fn command_at(port: u16, words: &[&str]) -> std::io::Result<String> {
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Sends one command (as its words) to the Redis or Sentinel on a loopback `port` and returns
+/// the whole raw RESP reply (empty if nothing answers).
+pub(crate) fn command_full(port: u16, words: &[&str]) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut req = format!("*{}\r\n", words.len());
+    for w in words {
+        req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+    }
+    if s.write_all(req.as_bytes()).is_err() {
+        return String::new();
+    }
+    read_reply(&mut s)
 }

@@ -5,10 +5,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{RedisError, Value};
+use redis::{RedisError, RedisResult, Value};
 
-use super::ops::{keys, Library, Op};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::ops::{self, keys, Library, Op};
+use super::topology::{self, Conn};
 use super::RedisBackend;
 use crate::error::Result;
 use crate::model::Name;
@@ -21,49 +23,191 @@ impl RedisBackend {
         pattern: &str,
         name_of: impl Fn(&str) -> Option<Name>,
     ) -> Result<Vec<String>> {
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
         let mut names = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            names.extend(
-                keys.iter()
-                    .filter_map(|k| name_of(k))
-                    .map(|n| n.to_string()),
-            );
-            if next == 0 {
-                break;
+        match self.topo.cluster_conn() {
+            None => {
+                let conn = self.topo.conn();
+                self.scan_into(&mut names, pattern, &name_of, |cmd| {
+                    let mut conn = conn.clone();
+                    async move { cmd.query_async(&mut conn).await }
+                })
+                .await?;
             }
-            cursor = next;
+            Some(cluster) => {
+                // A SCAN cursor belongs to one node: scan every primary in turn.
+                for (host, port) in self.cluster_primaries(&cluster).await? {
+                    self.scan_into(&mut names, pattern, &name_of, |cmd| {
+                        let mut conn = cluster.clone();
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        async move {
+                            let v = conn.route_command(cmd, routing).await?;
+                            Ok(redis::from_redis_value(v)?)
+                        }
+                    })
+                    .await?;
+                }
+            }
         }
         names.sort();
         names.dedup();
         Ok(names)
     }
 
+    /// One node's `SCAN` loop, sending each `SCAN` through `send`.
+    async fn scan_into<F, Fut>(
+        &self,
+        names: &mut Vec<String>,
+        pattern: &str,
+        name_of: &impl Fn(&str) -> Option<Name>,
+        send: F,
+    ) -> Result<()>
+    where
+        F: Fn(redis::Cmd) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<(u64, Vec<String>)>>,
+    {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, keys) = send(cmd).await.map_err(|e| self.err(e))?;
+            names.extend(
+                keys.iter()
+                    .filter_map(|k| name_of(k))
+                    .map(|n| n.to_string()),
+            );
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// The addresses of the cluster's primaries (`CLUSTER SLOTS`).
+    async fn cluster_primaries(
+        &self,
+        cluster: &redis::cluster_async::ClusterConnection,
+    ) -> Result<Vec<(String, u16)>> {
+        let mut conn = cluster.clone();
+        let slots = conn
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let ranges: Vec<Vec<Value>> =
+            redis::from_redis_value(slots).map_err(|e| self.err(e.into()))?;
+        let mut primaries = Vec::new();
+        for range in ranges {
+            if let Some(node) = range.get(2) {
+                let node: Vec<Value> =
+                    redis::from_redis_value(node.clone()).map_err(|e| self.err(e.into()))?;
+                if let (Some(h), Some(p)) = (node.first(), node.get(1)) {
+                    let host: String =
+                        redis::from_redis_value(h.clone()).map_err(|e| self.err(e.into()))?;
+                    let port: u16 =
+                        redis::from_redis_value(p.clone()).map_err(|e| self.err(e.into()))?;
+                    if !primaries.contains(&(host.clone(), port)) {
+                        primaries.push((host, port));
+                    }
+                }
+            }
+        }
+        Ok(primaries)
+    }
+
     /// Runs `op` on the keys of `name` with the shared first argument and `args`.
     pub(super) async fn run(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
         let keys = keys(&self.prefix, name);
         let mut all = Vec::with_capacity(args.len() + 1);
-        all.push(self.wake_base.as_str());
+        // On a cluster, wake-ups go out on sharded pub/sub in the semaphore's own slot.
+        let cluster_base;
+        let wake_base = if self.topo.is_cluster() {
+            cluster_base = ops::cluster_wake_base(&self.prefix, name);
+            cluster_base.as_str()
+        } else {
+            self.wake_base.as_str()
+        };
+        all.push(wake_base);
         all.extend(args.iter().map(String::as_str));
         self.call(op, &keys, &all).await
     }
 
-    /// One round trip: `FCALL` of the library's function for `op`, or `EVALSHA` of its
-    /// script. A server that lost the library (restart, `FUNCTION FLUSH`) gets it again and
-    /// the call is retried once, as redis-rs does for scripts after `NOSCRIPT`.
+    /// One step: [`RedisBackend::call_on`] on the shared connection, or, with `?wait=N` and
+    /// an operation that may write, on a connection of its own followed by `WAIT N`. On
+    /// Sentinel, a sign of a failover makes the topology resolve the master again, and a call
+    /// the old master refused without running it (`READONLY`, `LOADING`) is sent once more.
     pub(super) async fn call(&self, op: Op, keys: &[String], args: &[&str]) -> Result<Value> {
+        let mut retried = false;
+        loop {
+            let generation = self.topo.generation();
+            let result = if self.wait > 0 && op.may_write() {
+                self.call_and_wait(op, keys, args).await
+            } else {
+                let mut conn = self.topo.conn();
+                self.call_on(&mut conn, op, keys, args).await
+            };
+            match result {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    let moved = self.topo.after_error(generation, &e).await;
+                    if moved && !retried && topology::refused_by_replica(&e) {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(self.err(e));
+                }
+            }
+        }
+    }
+
+    /// [`RedisBackend::call_on`] on a connection of its own, then `WAIT` for the replicas
+    /// the URL asks for: the answer comes only once they have the write.
+    async fn call_and_wait(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
+        let (generation, own) = self.topo.own().await?;
+        let mut conn = Conn::Own(own);
+        let v = self.call_on(&mut conn, op, keys, args).await?;
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(self.wait)
+            .arg(topology::WAIT_TIMEOUT.as_millis() as u64)
+            .query_async(&mut conn)
+            .await?;
+        if let Conn::Own(own) = conn {
+            self.topo.give_back(generation, own);
+        }
+        if acked < i64::from(self.wait) {
+            return Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "replicas did not acknowledge the write in time",
+                format!(
+                    "{acked} of {} replicas within {:?} (WAIT); the step ran on the master and may be retried",
+                    self.wait,
+                    topology::WAIT_TIMEOUT
+                ),
+            )));
+        }
+        Ok(v)
+    }
+
+    /// One round trip: `FCALL` of the library's function for `op`, or `EVALSHA` of its
+    /// script. A server that lost the library (restart, `FUNCTION FLUSH`, a promoted cluster
+    /// replica) gets it again and the call is retried once, as redis-rs does for scripts
+    /// after `NOSCRIPT`.
+    pub(super) async fn call_on(
+        &self,
+        conn: &mut Conn,
+        op: Op,
+        keys: &[String],
+        args: &[&str],
+    ) -> RedisResult<Value> {
         let library = Library::get();
-        let mut conn = self.conn.clone();
         let from = self.functions_from.load(Ordering::Relaxed);
         if from == FUNCTIONS || epoch_ms() >= from {
             // Sized up front: growing the buffer argument by argument cost more than the
@@ -80,21 +224,16 @@ impl RedisBackend {
                 .arg(keys.len())
                 .arg(keys)
                 .arg(args);
-            match fcall.query_async::<Value>(&mut conn).await {
+            match fcall.query_async::<Value>(conn).await {
                 Ok(v) => {
                     if from != FUNCTIONS {
                         self.use_functions();
                     }
                     return Ok(v);
                 }
-                Err(e)
-                    if e.code() == Some("ERR") && e.to_string().contains("Function not found") =>
-                {
-                    if self.load_library(&mut conn).await? {
-                        let v = fcall
-                            .query_async(&mut conn)
-                            .await
-                            .map_err(|e| self.err(e))?;
+                Err(e) if e.to_string().contains("Function not found") => {
+                    if self.load_library(conn).await? {
+                        let v = fcall.query_async(conn).await?;
                         if from != FUNCTIONS {
                             self.use_functions();
                         }
@@ -102,7 +241,7 @@ impl RedisBackend {
                     }
                 }
                 Err(e) if functions_unavailable(&e) => self.use_scripts(&e),
-                Err(e) => return Err(self.err(e)),
+                Err(e) => return Err(e),
             }
         }
         let mut inv = library.script(op).prepare_invoke();
@@ -110,17 +249,19 @@ impl RedisBackend {
         for a in args {
             inv.arg(*a);
         }
-        inv.invoke_async(&mut conn).await.map_err(|e| self.err(e))
+        inv.invoke_async(conn).await
     }
 
-    /// Loads the function library; `false` (and scripts from now on) if the server refuses.
-    async fn load_library(&self, conn: &mut ConnectionManager) -> Result<bool> {
+    /// Loads the function library (on a cluster: on every primary, replacing the same code
+    /// where it is present); `false` (and scripts from now on) if the server refuses.
+    async fn load_library(&self, conn: &mut Conn) -> RedisResult<bool> {
         let library = Library::get();
-        let loaded: redis::RedisResult<Value> = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg(&library.code)
-            .query_async(conn)
-            .await;
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD");
+        if self.topo.is_cluster() {
+            load.arg("REPLACE");
+        }
+        let loaded: redis::RedisResult<Value> = load.arg(&library.code).query_async(conn).await;
         match loaded {
             Ok(_) => {
                 tracing::debug!(library = %library.name, "loaded the function library");
@@ -130,11 +271,14 @@ impl RedisBackend {
             Err(e) if e.to_string().contains("already exists") => Ok(true),
             // Any refusal by the server (no functions, an ACL without FUNCTION LOAD, OOM
             // under maxmemory, a read-only replica): the scripts need no library.
-            Err(e) if e.code().is_some() => {
+            Err(e)
+                if e.code().is_some()
+                    && !(self.topo.is_sentinel() && topology::refused_by_replica(&e)) =>
+            {
                 self.use_scripts(&e);
                 Ok(false)
             }
-            Err(e) => Err(self.err(e)),
+            Err(e) => Err(e),
         }
     }
 

@@ -1,8 +1,21 @@
-//! The Redis store (`redis://`, `rediss://` for TLS).
+//! The Redis store (`redis://`, `rediss://` for TLS), also behind Redis Sentinel and as a
+//! Redis Cluster.
 //!
 //! ```text
-//! redis://[user[:password]@]host[:port][/db][?prefix=tessera][&eviction=warn|refuse]
+//! redis://[user[:password]@]host[:port][/db][?prefix=tessera][&eviction=warn|refuse][&wait=N]
+//! redis+sentinel://[user[:password]@]host[:port][,host[:port]…]/MASTER[/db][?…same options]
+//! redis+cluster://[user[:password]@]host[:port][,host[:port]…][?prefix=…][&eviction=…]
 //! ```
+//!
+//! (`rediss+sentinel://` and `rediss+cluster://` for TLS.) With Sentinel, the credentials and
+//! the database are the master's; the sentinels (default port 26379) are asked without
+//! credentials. The store follows failovers by itself, and `wait=N` makes every
+//! state-changing call wait until N replicas have it (see [`topology`] for how, and
+//! docs/reliability.md for what a failover costs with and without it). On a Cluster every
+//! key of a semaphore or limiter shares one hash tag, so each operation is one call on one
+//! shard, and wake-ups travel on sharded pub/sub; an ACL for a cluster user needs
+//! `+spublish +ssubscribe` and the channels `&{<prefix>:*` instead of `+subscribe +publish`
+//! and `&<prefix>:wake:*`.
 //!
 //! - `prefix` (default `tessera`; `A-Z a-z 0-9 . _ -`) isolates tenants: every key of a
 //!   semaphore lives under the Cluster hash tag `{<prefix>:<name>}`, so each operation touches
@@ -83,6 +96,7 @@ mod eviction;
 pub(crate) mod ops;
 pub(crate) mod rate;
 mod subscriber;
+mod topology;
 pub(crate) mod url;
 
 use std::collections::HashSet;
@@ -92,7 +106,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::RedisError;
 use tokio::task::JoinHandle;
 
@@ -106,7 +119,8 @@ use error::store_error;
 use eviction::check_eviction;
 use ops::{micros, Op};
 use subscriber::subscribe_loop;
-use url::{parse_url, Config};
+use topology::Topology;
+use url::{parse_url, Config, Layout};
 #[cfg(doc)]
 use {call::epoch_ms, ops::Library};
 
@@ -117,7 +131,10 @@ const RECONNECT_ATTEMPTS: usize = 3;
 
 /// The Redis backend. Cheap to share behind an `Arc`; dropping it stops its subscriber.
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    /// Where commands go (one server, the Sentinel master, or a cluster).
+    topo: Arc<Topology>,
+    /// Replicas every state-changing call waits for (`?wait=N`).
+    wait: u32,
     /// Whether operations go to the function library (`FCALL`): [`FUNCTIONS`], or the
     /// instant (ms since [`epoch_ms`]'s origin) after which the library is tried again, once
     /// the server refused it (no functions, an ACL allowing neither `FCALL` nor `FUNCTION
@@ -133,6 +150,9 @@ pub struct RedisBackend {
     secret: Option<String>,
     /// Lease ids queued through this backend, woken after a resubscription.
     waiting: Arc<Mutex<HashSet<LeaseId>>>,
+    /// On a cluster, the sharded wake channels this client listens on (one per name it
+    /// acquired on, kept for the client's life).
+    subscribed: Mutex<HashSet<String>>,
     subscriber: JoinHandle<()>,
 }
 
@@ -169,6 +189,33 @@ pub(crate) fn open_client(raw: &str) -> Result<(Config, Option<String>, redis::C
     Ok((config, secret, client))
 }
 
+/// One plain connection to `client`'s server: a wrong password or an unreachable server
+/// fails here at once; then the eviction check.
+async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) -> Result<()> {
+    let probe_config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT));
+    let mut probe = client
+        .get_multiplexed_async_connection_with_config(&probe_config)
+        .await
+        .map_err(|e| store_error(e, secret))?;
+    check_eviction(&mut probe, config, secret).await
+}
+
+/// `url` with `{addr}` in place of its `host:port` (credentials, database and options kept).
+fn addr_template(url: &str) -> String {
+    const PLACEHOLDER: &str = "tessera-addr-placeholder";
+    match ::url::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_host(Some(PLACEHOLDER));
+            let _ = u.set_port(Some(1));
+            u.to_string()
+                .replacen(&format!("{PLACEHOLDER}:1"), "{addr}", 1)
+        }
+        Err(_) => url.to_string(),
+    }
+}
+
 impl RedisBackend {
     /// Connects to a `redis://` or `rediss://` URL (see the module docs): parses it, opens
     /// the command connection, checks the eviction policy and starts the wake-up subscriber.
@@ -180,17 +227,6 @@ impl RedisBackend {
             // unless the application already chose one.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        // One plain connection first: a wrong password or an unreachable server fails here at
-        // once, where the connection manager would retry with backoff for seconds.
-        let probe_config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_connection_timeout(Some(CONNECT_TIMEOUT));
-        let mut probe = client
-            .get_multiplexed_async_connection_with_config(&probe_config)
-            .await
-            .map_err(err)?;
-        check_eviction(&mut probe, &config, secret.as_deref()).await?;
-        drop(probe);
         // Few reconnect attempts: with redis-rs's default (six, backing off to 3.2 s) every
         // request to a server that refuses connections waited about 6 s before it failed;
         // now it fails within about a second (a black-holed server still costs up to the
@@ -202,47 +238,104 @@ impl RedisBackend {
             .set_number_of_retries(RECONNECT_ATTEMPTS)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(400));
-        let conn = client
-            .get_connection_manager_with_config(manager_config)
-            .await
-            .map_err(err)?;
+        let waiting: Arc<Mutex<HashSet<LeaseId>>> = Arc::default();
+        let (topo, pushes) = match &config.layout {
+            Layout::Single => {
+                // One plain connection first: a wrong password or an unreachable server fails
+                // here at once, where the connection manager would retry with backoff for
+                // seconds.
+                probe(&client, &config, secret.as_deref()).await?;
+                let url = ::url::Url::parse(&config.server_url).ok();
+                let addr = url
+                    .as_ref()
+                    .map(|u| {
+                        (
+                            u.host_str().unwrap_or_default().to_string(),
+                            u.port().unwrap_or(6379),
+                        )
+                    })
+                    .unwrap_or_default();
+                let topo = Topology::single(client, addr, manager_config)
+                    .await
+                    .map_err(err)?;
+                (topo, None)
+            }
+            Layout::Sentinel { sentinels, master } => {
+                let template = addr_template(&config.server_url);
+                let scheme = if config.tls { "rediss" } else { "redis" };
+                let sentinels = sentinels
+                    .iter()
+                    .map(|(h, p)| redis::Client::open(format!("{scheme}://{h}:{p}")))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(err)?;
+                let topo = Topology::sentinel(sentinels, master.clone(), template, manager_config)
+                    .await
+                    .map_err(err)?;
+                probe(&topo.client().unwrap(), &config, secret.as_deref()).await?;
+                (topo, None)
+            }
+            Layout::Cluster { nodes } => {
+                probe(&client, &config, secret.as_deref()).await?;
+                let template = addr_template(&config.server_url);
+                let urls: Vec<String> = nodes
+                    .iter()
+                    .map(|(h, p)| template.replace("{addr}", &format!("{h}:{p}")))
+                    .collect();
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let cluster = redis::cluster::ClusterClientBuilder::new(urls)
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(tx)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    .build()
+                    .map_err(err)?;
+                let conn = cluster.get_async_connection().await.map_err(err)?;
+                (Topology::cluster(conn), Some(rx))
+            }
+        };
 
         // The suffix asks the scripts to push grants with the wake-ups (ops::GRANT_PUSH).
         let client_id = format!("{:032x}{}", rand::random::<u128>(), ops::GRANT_PUSH);
         let wake_base = format!("{}:wake:", config.prefix);
-        let channel = format!("{wake_base}{client_id}");
-        let waiting: Arc<Mutex<HashSet<LeaseId>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let subscriber = tokio::spawn(subscribe_loop(
-            client,
-            channel,
-            Arc::clone(&waiting),
-            config.redacted.clone(),
-            ready_tx,
-        ));
-        let ready = tokio::time::timeout(CONNECT_TIMEOUT, ready_rx).await;
-        if !matches!(ready, Ok(Ok(Ok(())))) {
-            subscriber.abort();
-            // A refusal by the server (an ACL without the wake channel: NOPERM) is a setup
-            // mistake that no retry fixes, so it keeps its own kind; anything else (a dropped
-            // connection, no answer in time) is a connection fault.
-            let (kind, reason) = match ready {
-                Ok(Ok(Err(e))) => match store_error(e, secret.as_deref()) {
-                    Error::Store { kind, message } => (kind, message),
-                    other => (StoreErrorKind::Other, other.to_string()),
-                },
-                _ => (StoreErrorKind::Timeout, "timed out".to_string()),
-            };
-            return Err(Error::store(
-                kind,
-                format!(
-                    "could not subscribe to wake-ups on {}: {reason}",
-                    config.redacted
-                ),
-            ));
-        }
+        let subscriber = match pushes {
+            Some(pushes) => tokio::spawn(subscriber::cluster_loop(pushes, Arc::clone(&waiting))),
+            None => {
+                let channel = format!("{wake_base}{client_id}");
+                let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+                let subscriber = tokio::spawn(subscribe_loop(
+                    Arc::clone(&topo),
+                    channel,
+                    Arc::clone(&waiting),
+                    config.redacted.clone(),
+                    ready_tx,
+                ));
+                let ready = tokio::time::timeout(CONNECT_TIMEOUT, ready_rx).await;
+                if !matches!(ready, Ok(Ok(Ok(())))) {
+                    subscriber.abort();
+                    // A refusal by the server (an ACL without the wake channel: NOPERM) is a
+                    // setup mistake that no retry fixes, so it keeps its own kind; anything
+                    // else (a dropped connection, no answer in time) is a connection fault.
+                    let (kind, reason) = match ready {
+                        Ok(Ok(Err(e))) => match store_error(e, secret.as_deref()) {
+                            Error::Store { kind, message } => (kind, message),
+                            other => (StoreErrorKind::Other, other.to_string()),
+                        },
+                        _ => (StoreErrorKind::Timeout, "timed out".to_string()),
+                    };
+                    return Err(Error::store(
+                        kind,
+                        format!(
+                            "could not subscribe to wake-ups on {}: {reason}",
+                            config.redacted
+                        ),
+                    ));
+                }
+                subscriber
+            }
+        };
         Ok(RedisBackend {
-            conn,
+            topo,
+            wait: config.wait,
             functions_from: AtomicU64::new(FUNCTIONS),
             functions_retry: FUNCTIONS_RETRY,
             prefix: config.prefix,
@@ -251,6 +344,7 @@ impl RedisBackend {
             url: config.redacted,
             secret,
             waiting,
+            subscribed: Mutex::default(),
             subscriber,
         })
     }
@@ -267,6 +361,26 @@ impl RedisBackend {
 
     fn err(&self, e: RedisError) -> Error {
         store_error(e, self.secret.as_deref())
+    }
+
+    /// On a cluster, subscribes (`SSUBSCRIBE`) to this client's wake channel in `name`'s
+    /// slot, once per name, before the first acquire on it: no grant to this client is
+    /// published there before it listens.
+    async fn listen_on(&self, name: &Name) -> Result<()> {
+        let Some(mut conn) = self.topo.cluster_conn() else {
+            return Ok(());
+        };
+        let channel = format!(
+            "{}{}",
+            ops::cluster_wake_base(&self.prefix, name),
+            self.client_id
+        );
+        if self.subscribed.lock().unwrap().contains(&channel) {
+            return Ok(());
+        }
+        conn.ssubscribe(&channel).await.map_err(|e| self.err(e))?;
+        self.subscribed.lock().unwrap().insert(channel);
+        Ok(())
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -291,6 +405,7 @@ impl Backend for RedisBackend {
             Some(w) => (micros(w.waiter_ttl).max(1), w.queue_cap),
             None => (0, 0),
         };
+        self.listen_on(name).await?;
         let lease = req.lease_id.to_string();
         let v = self
             .run(

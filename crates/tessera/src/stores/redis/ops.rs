@@ -84,6 +84,12 @@ impl Op {
         !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire)
     }
 
+    /// Whether the operation may change the state (everything but the status reads), so a
+    /// `?wait=N` client waits for replicas after it.
+    pub(crate) fn may_write(self) -> bool {
+        !matches!(self, Op::Status | Op::RateStatus)
+    }
+
     fn prelude(self) -> &'static str {
         match self {
             Op::RateAcquire | Op::RateCancel | Op::RateStatus | Op::RateDelete => RATE_PRELUDE,
@@ -192,6 +198,13 @@ pub(crate) fn keys(prefix: &str, name: &Name) -> [String; 8] {
         key.push_str(s);
         key
     })
+}
+
+/// The wake channel base on a cluster: `{<prefix>:<name>}:wake:`, in the semaphore's slot,
+/// so the scripts publish with `SPUBLISH` on the shard that runs them (see `prelude.lua`)
+/// and a client listens with `SSUBSCRIBE` on `<base><client id>`.
+pub(crate) fn cluster_wake_base(prefix: &str, name: &Name) -> String {
+    format!("{{{prefix}:{name}}}:wake:")
 }
 
 /// The `SCAN` pattern matching the meta key of every semaphore under `prefix`, and the name

@@ -10,6 +10,15 @@
 //! 4. On a connection loss it reconnects with backoff, resubscribes, and wakes every waiter
 //!    the backend has queued: wake-ups published during the gap are lost, so each waiter asks
 //!    the store at once instead of at its next periodic heartbeat.
+//! 5. On Sentinel, when the topology follows a failover, it subscribes again on the new
+//!    master (and wakes every waiter, as after a connection loss).
+//!
+//! On a cluster ([`cluster_loop`]) wake-ups travel on sharded pub/sub: the scripts
+//! `SPUBLISH` on `{<prefix>:<name>}:wake:<client id>`, in the semaphore's slot, and the
+//! backend `SSUBSCRIBE`s to that channel on the cluster connection before its first acquire
+//! on the name (so no grant is published before it listens). cluster-async subscribes again
+//! after a disconnect or a slot move and reports the disconnect; the loop then wakes every
+//! waiter.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -19,6 +28,7 @@ use futures::StreamExt;
 use redis::{RedisError, Value};
 
 use super::ops;
+use super::topology::Topology;
 use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::model::LeaseId;
 use crate::wake;
@@ -31,7 +41,7 @@ const SUBSCRIBER_PING: Duration = Duration::from_secs(10);
 /// with backoff, resubscribes, and wakes every waiter of this backend (a wake-up published
 /// during the gap is lost, so they ask the store themselves).
 pub(super) async fn subscribe_loop(
-    client: redis::Client,
+    topo: Arc<Topology>,
     channel: String,
     waiting: Arc<Mutex<HashSet<LeaseId>>>,
     url: String,
@@ -40,6 +50,10 @@ pub(super) async fn subscribe_loop(
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(20);
     loop {
+        // Watch first: a failover after this line is seen by `changes` below.
+        let mut changes = topo.watch();
+        changes.borrow_and_update();
+        let client = topo.client().expect("a cluster has its own loop");
         let subscribed = async {
             let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
                 .await
@@ -95,6 +109,10 @@ pub(super) async fn subscribe_loop(
                     }
                     None => break,
                 },
+                _ = changes.changed() => {
+                    tracing::info!(%url, "wake-up subscriber: the master changed; subscribing there");
+                    break;
+                }
                 _ = ping.tick() => {
                     let alive = tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<Value>()).await;
                     if !matches!(alive, Ok(Ok(_))) {
@@ -104,5 +122,39 @@ pub(super) async fn subscribe_loop(
             }
         }
         tracing::warn!(%url, "wake-up subscriber: connection lost; reconnecting");
+    }
+}
+
+/// The wake-up loop of a cluster client: reads the pushes of the cluster connection (sharded
+/// messages on this client's channels), and wakes every waiter of this backend when a node's
+/// connection dropped (a wake-up may have been lost meanwhile).
+pub(super) async fn cluster_loop(
+    mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    waiting: Arc<Mutex<HashSet<LeaseId>>>,
+) {
+    while let Some(push) = pushes.recv().await {
+        match push.kind {
+            redis::PushKind::SMessage => {
+                let Some(Value::BulkString(payload)) = push.data.get(1) else {
+                    continue;
+                };
+                let payload = std::str::from_utf8(payload).unwrap_or("");
+                match ops::parse_wake(payload) {
+                    Some((_, Some(grant))) => {
+                        waiting.lock().unwrap().remove(&grant.lease.lease_id);
+                        wake::notify_grant(grant);
+                    }
+                    Some((lease, None)) => wake::notify(lease),
+                    None => {}
+                }
+            }
+            redis::PushKind::Disconnection => {
+                let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
+                for lease in leases {
+                    wake::notify(lease);
+                }
+            }
+            _ => {}
+        }
     }
 }

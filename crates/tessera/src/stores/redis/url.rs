@@ -1,5 +1,6 @@
-//! The `redis://` and `rediss://` URL and tessera's options in it (`prefix`, `eviction`; see
-//! the [store's docs](super)).
+//! The `redis://` and `rediss://` URL, the Sentinel and Cluster forms
+//! (`redis+sentinel://`, `redis+cluster://`, and their TLS `rediss+…` twins), and tessera's
+//! options in them (`prefix`, `eviction`, `wait`; see the [store's docs](super)).
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
 
@@ -24,10 +25,129 @@ pub(crate) struct Config {
     pub(crate) prefix: String,
     pub(crate) eviction: EvictionPolicy,
     pub(crate) tls: bool,
+    /// Replicas every state-changing call waits for (`WAIT`) before it answers; 0: none.
+    pub(crate) wait: u32,
+    /// Where the server is.
+    pub(crate) layout: Layout,
 }
+
+/// Which servers a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One server: `server_url`.
+    Single,
+    /// The master that these sentinels name `master`; `server_url` carries the credentials,
+    /// database and options, with the first sentinel's address as a placeholder.
+    Sentinel {
+        sentinels: Vec<(String, u16)>,
+        master: String,
+    },
+    /// A cluster reached through these seed nodes; `server_url` is the first one's URL.
+    Cluster { nodes: Vec<(String, u16)> },
+}
+
+/// Default port of a sentinel.
+const SENTINEL_PORT: u16 = 26379;
+/// Default port of a Redis server.
+const REDIS_PORT: u16 = 6379;
+/// Most replicas `wait` may ask for.
+const MAX_WAIT: u32 = 64;
 
 pub(super) fn parse_url(raw: &str) -> Result<Config> {
     let redacted = redact_url(raw);
+    let bad = |reason: String| -> Error {
+        InvalidInput::StoreUrl {
+            url: redacted.clone(),
+            reason,
+        }
+        .into()
+    };
+    let (scheme, rest) = raw.split_once("://").unwrap_or((raw, ""));
+    let (base, sentinel) = match scheme {
+        "redis+sentinel" => ("redis", true),
+        "rediss+sentinel" => ("rediss", true),
+        "redis+cluster" => ("redis", false),
+        "rediss+cluster" => ("rediss", false),
+        _ => return parse_single(raw, redacted),
+    };
+    // The `url` crate takes one host per URL: split the host list off by hand, then read the
+    // rest (credentials, path, options) as a one-host URL.
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let default_port = if sentinel { SENTINEL_PORT } else { REDIS_PORT };
+    let mut addrs = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, port)) => (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| bad(format!("bad port in {h:?}")))?,
+            ),
+            None => (h, default_port),
+        };
+        if host.is_empty() || host.contains(['@', '[', ']', ' ']) {
+            return Err(bad(format!(
+                "expected host:port[,host:port…], e.g. {scheme}://127.0.0.1:{default_port}"
+            )));
+        }
+        addrs.push((host.to_string(), port));
+    }
+    let (path, query) = match tail.find('?') {
+        Some(q) => tail.split_at(q),
+        None => (tail, ""),
+    };
+    let mut segments = path.trim_start_matches('/').split('/');
+    let first = segments.next().unwrap_or("");
+    let (layout, db) = if sentinel {
+        if first.is_empty()
+            || !first
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err(bad(format!(
+                "the path must name the master, e.g. {scheme}://127.0.0.1:26379/mymaster[/db]"
+            )));
+        }
+        let db = segments.next().unwrap_or("");
+        (
+            Layout::Sentinel {
+                sentinels: addrs.clone(),
+                master: first.to_string(),
+            },
+            db,
+        )
+    } else {
+        if !first.is_empty() && first != "0" {
+            return Err(bad("a cluster has only database 0".into()));
+        }
+        (
+            Layout::Cluster {
+                nodes: addrs.clone(),
+            },
+            "",
+        )
+    };
+    if segments.next().is_some() {
+        return Err(bad(format!("unexpected path {path:?}")));
+    }
+    let (host, port) = &addrs[0];
+    let slash = if db.is_empty() { "" } else { "/" };
+    let one = format!("{base}://{userinfo}{host}:{port}{slash}{db}{query}");
+    let mut config = parse_single(&one, redacted.clone())?;
+    if matches!(layout, Layout::Cluster { .. }) && config.wait > 0 {
+        return Err(bad(
+            "wait is not supported on redis+cluster:// (use redis+sentinel://)".into(),
+        ));
+    }
+    config.layout = layout;
+    Ok(config)
+}
+
+fn parse_single(raw: &str, redacted: String) -> Result<Config> {
     let bad = |reason: String| -> Error {
         InvalidInput::StoreUrl {
             url: redacted.clone(),
@@ -52,6 +172,7 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
     }
     let mut prefix = DEFAULT_PREFIX.to_string();
     let mut eviction = EvictionPolicy::Warn;
+    let mut wait = 0;
     // Options redis-rs itself reads from the URL, handed through.
     let mut passed: Vec<(String, String)> = Vec::new();
     for (k, v) in url.query_pairs() {
@@ -76,10 +197,21 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
                     _ => return Err(bad(format!("eviction={v} must be warn or refuse"))),
                 }
             }
+            "wait" => {
+                wait = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n <= MAX_WAIT)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "wait={v} must be a number of replicas, 0-{MAX_WAIT}"
+                        ))
+                    })?
+            }
             "protocol" => passed.push((k.into_owned(), v.into_owned())),
             _ => {
                 return Err(bad(format!(
-                    "unknown option {k:?}; known: prefix, eviction, protocol"
+                    "unknown option {k:?}; known: prefix, eviction, wait, protocol"
                 )))
             }
         }
@@ -94,6 +226,8 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
         prefix,
         eviction,
         tls,
+        wait,
+        layout: Layout::Single,
     })
 }
 
@@ -124,6 +258,16 @@ mod tests {
             "redis://h?eviction=maybe",
             "redis://u:hunter2@h?typo=1",
             "http://h",
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h:x/m",
+            "redis+sentinel://h:1,/m",
+            "redis+sentinel://u:hunter2@h:1/m/x",
+            "redis+sentinel://u:hunter2@h:1/m?wait=x",
+            "redis+sentinel://u:hunter2@h:1/m?wait=65",
+            "redis+cluster://h:1/3",
+            "redis+cluster://u:hunter2@h:1?wait=1",
+            "redis+cluster://u:hunter2@h:1,h:2?typo=1",
         ] {
             let e = parse_url(bad)
                 .err()
@@ -131,5 +275,29 @@ mod tests {
             assert!(e.is_invalid_input(), "{bad}: {e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn sentinel_and_cluster_urls_name_their_servers() {
+        let c = parse_url("redis+sentinel://u:hunter2@a:1,b,c:3/main/2?prefix=p&wait=1").unwrap();
+        assert_eq!(
+            c.layout,
+            Layout::Sentinel {
+                sentinels: vec![("a".into(), 1), ("b".into(), 26379), ("c".into(), 3)],
+                master: "main".into(),
+            }
+        );
+        assert_eq!(c.server_url, "redis://u:hunter2@a:1/2");
+        assert_eq!((c.prefix.as_str(), c.wait, c.tls), ("p", 1, false));
+        assert!(!c.redacted.contains("hunter2"), "{}", c.redacted);
+        let c = parse_url("rediss+cluster://x:7000,y:7001").unwrap();
+        assert_eq!(
+            c.layout,
+            Layout::Cluster {
+                nodes: vec![("x".into(), 7000), ("y".into(), 7001)],
+            }
+        );
+        assert!(c.tls);
+        assert_eq!(parse_url("redis://h").unwrap().layout, Layout::Single);
     }
 }

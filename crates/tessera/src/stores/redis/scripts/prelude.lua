@@ -14,7 +14,10 @@
 --   KEYS[8] fence    string: last fence issued, kept for a while after the state is deleted
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
---           (with the grant for clients that take it, see GRANT_PUSH)
+--           (with the grant for clients that take it, see GRANT_PUSH). On a Redis Cluster the
+--           base is "{<prefix>:<name>}:wake:", in this semaphore's slot, and the wake-up is an
+--           SPUBLISH (sharded pub/sub: it reaches the clients of this shard only, where a
+--           plain PUBLISH would be broadcast over the cluster bus)
 -- Every script's own ARGV start at ARGV[2].
 --
 -- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store, expire or
@@ -37,6 +40,8 @@
 local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
 local STATE_KEYS
 local WAKE_BASE
+-- PUBLISH, or SPUBLISH for a base inside a hash tag (a cluster's, see ARGV[1]).
+local WAKE_CMD
 
 -- How long the fence key outlives the state, and how long the state outlives its last expiry.
 local FENCE_KEEP_MS = 600000
@@ -110,6 +115,7 @@ local function begin(keys, argv)
   K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
   STATE_KEYS = {K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS}
   WAKE_BASE = argv[1]
+  WAKE_CMD = string.byte(WAKE_BASE, 1) == 123 and 'SPUBLISH' or 'PUBLISH' -- 123: '{'
   S = nil
   wakes = {}
   dirty, fresh, latest, created = false, false, 0, {}
@@ -454,7 +460,7 @@ local function finish()
     if wake[3] and string.sub(wake[1], -#GRANT_PUSH) == GRANT_PUSH then
       payload = payload .. '\t' .. int(now) .. '\t' .. wake[3]
     end
-    rcall('PUBLISH', WAKE_BASE .. wake[1], payload)
+    rcall(WAKE_CMD, WAKE_BASE .. wake[1], payload)
   end
 end
 

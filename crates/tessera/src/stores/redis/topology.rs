@@ -1,0 +1,536 @@
+//! Where commands go: one server (`redis://`), the master that the sentinels name
+//! (`redis+sentinel://`), or the shard of a cluster that holds a semaphore's slot
+//! (`redis+cluster://`). The rest of the store sends every command through [`Topology::conn`]
+//! and tells the topology about failures ([`Topology::after_error`]), so the calls, scripts
+//! and subscribers are the same code for all three.
+//!
+//! # Following a Sentinel failover
+//!
+//! redis-rs resolves a master through Sentinel once and never again, so the topology does it
+//! itself:
+//!
+//! - At connect it asks the sentinels in order for the master's address
+//!   (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and checks with `ROLE` that the server there is a
+//!   master; a sentinel that does not answer or names a server that is not a master is
+//!   skipped.
+//! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
+//!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
+//!   is down); when the sentinels name another master, it resolves again.
+//! - A call that fails with `READONLY` (the old master was demoted while clients still reached
+//!   it), `LOADING`, or a connection error resolves again at once, and a call refused with
+//!   `READONLY` or `LOADING` (never run) is sent once more to the new master.
+//! - Each resolution that changes the master bumps a generation: the wake-up subscriber
+//!   watches it and resubscribes on the new master, then wakes every waiter so each asks the
+//!   store at once (wake-ups published on the old master are lost). The function library is
+//!   replicated with the data; where it is missing, the first `FCALL` reloads it (as after a
+//!   restart).
+//!
+//! What a failover costs (see docs/reliability.md): Redis replicates asynchronously, so a
+//! write acknowledged by the old master may not have reached the replica that takes over. A
+//! grant can be forgotten that way, and the permit granted again. `?wait=N` closes that
+//! window: every state-changing call then runs on a connection of its own followed by
+//! `WAIT N` (a blocking command, so never on the shared multiplexed connection), and
+//! answers only once N replicas have the write; if they do not within [`WAIT_TIMEOUT`], the
+//! call fails with a timeout (the step did run on the master; retries are idempotent).
+//!
+//! # Cluster
+//!
+//! Every key of one semaphore or limiter carries the hash tag `{<prefix>:<name>}`, so each
+//! step is one call on one shard; cluster-async routes it by its keys and follows `MOVED`
+//! and `ASK`. `FUNCTION LOAD` goes to every primary; a primary without the library (a
+//! replica promoted before it had synced it, a node added later) answers "Function not
+//! found", and the library is loaded again on every primary (`REPLACE`: the same code, so
+//! harmless where it was present). Wake-ups travel on sharded pub/sub (see `subscriber.rs`).
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+
+/// How often the Sentinel watcher asks a sentinel which server is the master, besides
+/// listening for `+switch-master`.
+pub(super) const SENTINEL_POLL: Duration = Duration::from_millis(500);
+/// How long a state-changing call waits for `?wait=N` replicas before it fails.
+pub(super) const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection of the topology: the shared one (a connection manager, or the cluster's), or
+/// one of a pool of connections of its own for calls followed by `WAIT`.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Shared(ConnectionManager),
+    Cluster(ClusterConnection),
+    Own(MultiplexedConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Own(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Shared(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Own(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Shared(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Own(c) => c.get_db(),
+        }
+    }
+}
+
+/// The server in use now (for Sentinel: the master as last resolved).
+struct Current {
+    /// Bumped each time the master changes.
+    generation: u64,
+    addr: (String, u16),
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// Idle connections of their own, for calls followed by `WAIT`.
+    own: Arc<Mutex<Vec<MultiplexedConnection>>>,
+}
+
+/// Where commands go; see the module docs.
+pub(super) struct Topology {
+    kind: Kind,
+    /// The generation of the server in use; the wake-up subscriber watches it.
+    generation: watch::Sender<u64>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+// One per backend: the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Kind {
+    Single(RwLock<Current>),
+    Sentinel {
+        current: RwLock<Current>,
+        sentinels: Vec<redis::Client>,
+        master: String,
+        /// The master's URL with `{addr}` in place of `host:port`.
+        template: String,
+        manager: ConnectionManagerConfig,
+        /// One resolution at a time.
+        resolving: tokio::sync::Mutex<()>,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn probe_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+}
+
+/// Whether the server behind `client` says it is a master (`ROLE`).
+async fn is_master(client: &redis::Client) -> RedisResult<bool> {
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&probe_config())
+        .await?;
+    let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut c).await?;
+    Ok(
+        matches!(role.first(), Some(Value::BulkString(b)) if b == b"master")
+            || matches!(role.first(), Some(Value::SimpleString(s)) if s == "master"),
+    )
+}
+
+/// The address the sentinel behind `client` gives for `master`.
+async fn ask_sentinel(client: &redis::Client, master: &str) -> RedisResult<Option<(String, u16)>> {
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&probe_config())
+        .await?;
+    let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(master)
+        .query_async(&mut c)
+        .await?;
+    Ok(addr)
+}
+
+/// Whether an error says the server is no (longer the) master or not reachable: the signs
+/// that a Sentinel master may have changed.
+pub(super) fn failover_sign(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("READONLY") | Some("LOADING") | Some("MASTERDOWN")
+    ) || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+}
+
+/// Whether the server refused the call without running it because it is not a master (or
+/// not ready): it may be sent again to the new master.
+pub(super) fn refused_by_replica(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("READONLY") | Some("LOADING") | Some("MASTERDOWN")
+    )
+}
+
+impl Topology {
+    /// One server behind `client`.
+    pub(super) async fn single(
+        client: redis::Client,
+        addr: (String, u16),
+        manager: ConnectionManagerConfig,
+    ) -> RedisResult<Arc<Topology>> {
+        let conn = client.get_connection_manager_with_config(manager).await?;
+        let current = Current {
+            generation: 0,
+            addr,
+            client,
+            conn,
+            own: Arc::default(),
+        };
+        Ok(Arc::new(Topology {
+            kind: Kind::Single(RwLock::new(current)),
+            generation: watch::channel(0).0,
+            tasks: Mutex::default(),
+        }))
+    }
+
+    /// The master that `sentinels` name `master`; `template` is the master's URL with
+    /// `{addr}` for its `host:port`. Starts the watcher task.
+    pub(super) async fn sentinel(
+        sentinels: Vec<redis::Client>,
+        master: String,
+        template: String,
+        manager: ConnectionManagerConfig,
+    ) -> RedisResult<Arc<Topology>> {
+        let (addr, client) = resolve(&sentinels, &master, &template, None).await?;
+        let conn = client
+            .get_connection_manager_with_config(manager.clone())
+            .await?;
+        let current = Current {
+            generation: 0,
+            addr,
+            client,
+            conn,
+            own: Arc::default(),
+        };
+        let topo = Arc::new(Topology {
+            kind: Kind::Sentinel {
+                current: RwLock::new(current),
+                sentinels,
+                master,
+                template,
+                manager,
+                resolving: tokio::sync::Mutex::new(()),
+            },
+            generation: watch::channel(0).0,
+            tasks: Mutex::default(),
+        });
+        let watcher = tokio::spawn(watch_sentinels(Arc::downgrade(&topo)));
+        topo.tasks.lock().unwrap().push(watcher);
+        Ok(topo)
+    }
+
+    /// A cluster through `conn`.
+    pub(super) fn cluster(conn: ClusterConnection) -> Arc<Topology> {
+        Arc::new(Topology {
+            kind: Kind::Cluster(conn),
+            generation: watch::channel(0).0,
+            tasks: Mutex::default(),
+        })
+    }
+
+    /// Whether this follows a Sentinel master.
+    pub(super) fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel { .. })
+    }
+
+    /// Whether this is a cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster(_))
+    }
+
+    fn current(&self) -> Option<&RwLock<Current>> {
+        match &self.kind {
+            Kind::Single(c) | Kind::Sentinel { current: c, .. } => Some(c),
+            Kind::Cluster(_) => None,
+        }
+    }
+
+    /// The shared connection to the server in use now.
+    pub(super) fn conn(&self) -> Conn {
+        match &self.kind {
+            Kind::Cluster(c) => Conn::Cluster(c.clone()),
+            _ => Conn::Shared(self.current().unwrap().read().unwrap().conn.clone()),
+        }
+    }
+
+    /// The cluster connection (`None` unless this is a cluster).
+    pub(super) fn cluster_conn(&self) -> Option<ClusterConnection> {
+        match &self.kind {
+            Kind::Cluster(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    /// The generation of the server in use now.
+    pub(super) fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// A receiver that sees each change of the server in use.
+    pub(super) fn watch(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// A client of the server in use now (for a pub/sub connection); `None` on a cluster.
+    pub(super) fn client(&self) -> Option<redis::Client> {
+        Some(self.current()?.read().unwrap().client.clone())
+    }
+
+    /// A connection of its own to the server in use (from the pool, or new), for a call
+    /// followed by `WAIT`; give it back with [`Topology::give_back`].
+    pub(super) async fn own(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let (generation, client, pool) = {
+            let c = self
+                .current()
+                .expect("WAIT is refused on a cluster")
+                .read()
+                .unwrap();
+            (c.generation, c.client.clone(), Arc::clone(&c.own))
+        };
+        let idle = pool.lock().unwrap().pop();
+        let conn = match idle {
+            Some(c) => c,
+            None => {
+                client
+                    .get_multiplexed_async_connection_with_config(&probe_config())
+                    .await?
+            }
+        };
+        Ok((generation, conn))
+    }
+
+    /// Returns a connection of its own to the pool (unless the server changed meanwhile).
+    pub(super) fn give_back(&self, generation: u64, conn: MultiplexedConnection) {
+        if let Some(c) = self.current() {
+            let c = c.read().unwrap();
+            if c.generation == generation {
+                let mut pool = c.own.lock().unwrap();
+                if pool.len() < 64 {
+                    pool.push(conn);
+                }
+            }
+        }
+    }
+
+    /// Called after a call failed with `e` while `generation` was in use: on Sentinel, a
+    /// sign of a failover resolves the master again. `true` if the master changed since
+    /// `generation` (the caller may send a refused call again).
+    pub(super) async fn after_error(&self, generation: u64, e: &RedisError) -> bool {
+        if !matches!(self.kind, Kind::Sentinel { .. }) || !failover_sign(e) {
+            return false;
+        }
+        self.resolve_again(generation).await;
+        self.generation() != generation
+    }
+
+    /// Asks the sentinels again (unless someone did since `seen`) and switches to the master
+    /// they name if it is another server and says it is a master.
+    async fn resolve_again(&self, seen: u64) {
+        let Kind::Sentinel {
+            current,
+            sentinels,
+            master,
+            template,
+            manager,
+            resolving,
+        } = &self.kind
+        else {
+            return;
+        };
+        let _one = resolving.lock().await;
+        let addr = {
+            let c = current.read().unwrap();
+            if c.generation != seen {
+                return;
+            }
+            c.addr.clone()
+        };
+        let (new_addr, client) = match resolve(sentinels, master, template, Some(&addr)).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(error = %e, "sentinel: no other master yet");
+                return;
+            }
+        };
+        let conn = match client
+            .get_connection_manager_with_config(manager.clone())
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "sentinel: could not connect to the new master");
+                return;
+            }
+        };
+        let generation = {
+            let mut c = current.write().unwrap();
+            c.generation += 1;
+            c.addr = new_addr.clone();
+            c.client = client;
+            c.conn = conn;
+            c.own = Arc::default();
+            c.generation
+        };
+        tracing::info!(
+            master = %master,
+            from = %format!("{}:{}", addr.0, addr.1),
+            to = %format!("{}:{}", new_addr.0, new_addr.1),
+            "sentinel: following the failover to the new master"
+        );
+        self.generation.send_replace(generation);
+    }
+}
+
+/// Asks the sentinels in order for `master`'s address; the first that names a server which
+/// says it is a master (and is not `not`, the one in use) wins.
+async fn resolve(
+    sentinels: &[redis::Client],
+    master: &str,
+    template: &str,
+    not: Option<&(String, u16)>,
+) -> RedisResult<((String, u16), redis::Client)> {
+    let mut last: Option<RedisError> = None;
+    for s in sentinels {
+        let addr = match ask_sentinel(s, master).await {
+            Ok(Some(a)) => a,
+            Ok(None) => continue,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        if Some(&addr) == not {
+            continue;
+        }
+        let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
+        let client = redis::Client::open(url.as_str())?;
+        match is_master(&client).await {
+            Ok(true) => return Ok((addr, client)),
+            Ok(false) => continue,
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "no sentinel names a reachable master",
+            format!("master {master:?}"),
+        ))
+    }))
+}
+
+/// The Sentinel watcher: listens for `+switch-master` on every sentinel and polls one
+/// sentinel every [`SENTINEL_POLL`]; resolves again when the master seems to have changed.
+/// Ends when the topology is dropped.
+async fn watch_sentinels(topo: std::sync::Weak<Topology>) {
+    let (switch_tx, mut switch_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut listeners = Vec::new();
+    if let Some(t) = topo.upgrade() {
+        if let Kind::Sentinel { sentinels, .. } = &t.kind {
+            for s in sentinels.clone() {
+                let tx = switch_tx.clone();
+                listeners.push(tokio::spawn(listen_switch(s, tx)));
+            }
+        }
+    }
+    let _stop = AbortOnDrop(listeners);
+    let mut poll = tokio::time::interval(SENTINEL_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = 0usize;
+    loop {
+        let switched = tokio::select! {
+            _ = switch_rx.recv() => true,
+            _ = poll.tick() => false,
+        };
+        let Some(t) = topo.upgrade() else { return };
+        let Kind::Sentinel {
+            current,
+            sentinels,
+            master,
+            ..
+        } = &t.kind
+        else {
+            return;
+        };
+        let (seen, addr) = {
+            let c = current.read().unwrap();
+            (c.generation, c.addr.clone())
+        };
+        let changed = if switched {
+            true
+        } else {
+            next = (next + 1) % sentinels.len();
+            matches!(ask_sentinel(&sentinels[next], master).await, Ok(Some(a)) if a != addr)
+        };
+        if changed {
+            t.resolve_again(seen).await;
+        }
+    }
+}
+
+/// Subscribes to `+switch-master` on one sentinel (again after each disconnect) and sends a
+/// unit for each message.
+async fn listen_switch(sentinel: redis::Client, tx: tokio::sync::mpsc::UnboundedSender<()>) {
+    loop {
+        if let Ok(Ok(mut pubsub)) =
+            tokio::time::timeout(CONNECT_TIMEOUT, sentinel.get_async_pubsub()).await
+        {
+            if pubsub.subscribe("+switch-master").await.is_ok() {
+                let mut stream = pubsub.on_message();
+                while stream.next().await.is_some() {
+                    if tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+struct AbortOnDrop(Vec<JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The Redis store behind Sentinel and as a Cluster, through failovers the test causes
+//! itself on throwaway topologies: the client follows the new master or primary by itself,
+//! answers again, and fences never go back.
+#![cfg(feature = "redis")]
+
+use std::time::{Duration, Instant};
+
+use tessera::*;
+use tessera_testkit::servers::redis_cluster::RedisCluster;
+use tessera_testkit::servers::redis_sentinel::SentinelTopology;
+
+fn opts() -> SemaphoreOptions {
+    SemaphoreOptions::default().ttl(Duration::from_secs(5))
+}
+
+/// Acquires and releases one permit until it works (errors are expected while the
+/// failover runs); returns the fence and how many attempts failed.
+async fn grant_after(store: &Store, name: &str) -> (u64, u32) {
+    let sem = Semaphore::new(store, name, 1, opts()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut failed = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), sem.acquire()).await {
+            Ok(Ok(p)) => {
+                let fence = p.fence();
+                p.release().await.unwrap();
+                return (fence, failed);
+            }
+            Ok(Err(e)) => eprintln!("acquire failed during the failover: {e}"),
+            Err(_) => eprintln!("acquire hung for 10 s during the failover"),
+        }
+        failed += 1;
+        assert!(
+            Instant::now() < deadline,
+            "no grant 60 s after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn through_sentinel_failovers(options: &str) {
+    let mut topo = SentinelTopology::start();
+    let store = Store::connect(&format!("{}?prefix=f{options}", topo.url()))
+        .await
+        .unwrap();
+    let (mut last, _) = grant_after(&store, "a").await;
+    for round in 0..3 {
+        match round {
+            0 => tokio::task::block_in_place(|| topo.failover()),
+            1 => tokio::task::block_in_place(|| {
+                topo.freeze_master();
+            }),
+            // With `wait=1` and one replica, no write is acknowledged until the killed
+            // master is back as a replica: bring it back at once.
+            _ => tokio::task::block_in_place(|| {
+                topo.kill_master();
+                topo.restart_dead();
+            }),
+        }
+        let (fence, _) = grant_after(&store, "a").await;
+        assert!(fence > last, "round {round}: fence {fence} after {last}");
+        last = fence;
+        tokio::task::block_in_place(|| {
+            topo.restart_dead();
+            topo.wait_replica_in_sync();
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_client_follows_failovers_and_fences_never_go_back() {
+    through_sentinel_failovers("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_client_with_wait_follows_failovers_and_fences_never_go_back() {
+    through_sentinel_failovers("&wait=1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_client_follows_a_promoted_replica_and_fences_never_go_back() {
+    let mut cluster = RedisCluster::start(true);
+    let store = Store::connect(&format!("{}?prefix=f", cluster.url()))
+        .await
+        .unwrap();
+    let (before, _) = grant_after(&store, "a").await;
+    tokio::task::block_in_place(|| cluster.kill_primary_for("{f:a}:meta"));
+    let (after, _) = grant_after(&store, "a").await;
+    assert!(after > before, "fence {after} after {before}");
+    // Names on every shard still work, and list() sees them all.
+    for n in ["b", "c", "d", "e"] {
+        grant_after(&store, n).await;
+    }
+    let sem = Semaphore::new(&store, "held", 1, opts()).unwrap();
+    let _held = sem.acquire().await.unwrap();
+    assert!(store.list().await.unwrap().iter().any(|n| n == "held"));
+}
