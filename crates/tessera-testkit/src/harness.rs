@@ -158,7 +158,6 @@ impl StoreTraits {
         cuttable: true,
         evicting: false,
         raw_access: true,
-        ..StoreTraits::IN_PROCESS
     };
 
     /// A `mariadbd` the harness started: it can restart it (committed data survives, so
