@@ -19,9 +19,9 @@ use tessera::backend::Capabilities;
 use tessera::Store;
 
 use crate::faults::{Faults, FaultyBackend};
-use crate::servers::postgres::{PostgresServer, Shutdown};
-use crate::servers::mysql::MariaDbServer;
 use crate::servers::etcd::EtcdCluster;
+use crate::servers::mysql::MariaDbServer;
+use crate::servers::postgres::{PostgresServer, Shutdown};
 use crate::servers::redis::RedisServer;
 use crate::servers::redis_cluster::RedisCluster;
 use crate::servers::redis_sentinel::SentinelTopology;

@@ -123,10 +123,10 @@ pub mod backend {
         pub use crate::stores::etcd::EtcdBackend;
         #[cfg(feature = "memory")]
         pub use crate::stores::memory::MemoryBackend;
-        #[cfg(feature = "postgres")]
-        pub use crate::stores::postgres::PostgresBackend;
         #[cfg(feature = "mysql")]
         pub use crate::stores::mysql::MysqlBackend;
+        #[cfg(feature = "postgres")]
+        pub use crate::stores::postgres::PostgresBackend;
         #[cfg(feature = "redis")]
         pub use crate::stores::redis::RedisBackend;
         #[cfg(feature = "sqlite")]

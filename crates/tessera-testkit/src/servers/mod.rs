@@ -2,9 +2,9 @@
 //! temporary directory and stops when dropped. A missing server binary is a test failure
 //! with the install line, never a skip.
 
-pub mod postgres;
-pub mod mysql;
 pub mod etcd;
+pub mod mysql;
+pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_sentinel;

@@ -9,10 +9,10 @@
 pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
