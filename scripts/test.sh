@@ -14,6 +14,11 @@ declare -A NEED=(
   [redis-server]=redis-server
   [openssl]=openssl
   [faketime]=faketime
+  [curl]=curl
+  [python3]=python3
+  [pip3]=python3-pip
+  [chromium]=chromium
+  [wrk]=wrk
 )
 
 missing=()
@@ -30,6 +35,12 @@ if ((${#missing[@]})); then
     echo "  sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
+fi
+
+# tessera serve's API is fuzzed from its OpenAPI document with schemathesis (PyPI).
+if ! command -v schemathesis >/dev/null 2>&1; then
+  echo "test.sh: installing schemathesis with pip" >&2
+  pip3 install --quiet schemathesis || python3 -m pip install --quiet --break-system-packages schemathesis
 fi
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust from rustup" >&2; exit 1; }
