@@ -25,22 +25,25 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-serve() { # serve STORE -> prints the base URL
+start_serve() { # start_serve STORE TAG: a server in the background; url_of TAG gives its URL
   "$bin" --store "$1" serve --listen 127.0.0.1:0 >"$tmp/serve.$2" 2>&1 &
   pids+=($!)
+}
+url_of() {
   for _ in $(seq 100); do
-    url=$(grep -o 'http://[0-9.:]*' "$tmp/serve.$2" 2>/dev/null || true)
+    url=$(grep -o 'http://[0-9.:]*' "$tmp/serve.$1" 2>/dev/null || true)
     [[ -n $url ]] && { echo "$url"; return; }
     sleep 0.05
   done
-  echo "bench-serve.sh: tessera serve did not start: $(cat "$tmp/serve.$2")" >&2; exit 1
+  echo "bench-serve.sh: tessera serve did not start: $(cat "$tmp/serve.$1")" >&2; exit 1
 }
 
 json() { grep '^JSON ' | sed 's/^JSON //'; }
 
 echo "== 1. rate try over HTTP, memory store, 8 connections, ${secs}s"
-mem=$(serve memory:// mem)
-wrk -t2 -c8 -d"${secs}s" --latency -s scripts/bench-serve/rate_try.lua "$mem" | tee "$tmp/1" | json
+start_serve memory:// mem
+mem=$(url_of mem)
+wrk -t2 -c8 -d"${secs}s" --latency -s scripts/bench-serve/rate_try.lua "$mem" | json
 
 rport=$(free_port)
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" >/dev/null &
@@ -49,7 +52,8 @@ for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sle
 redis="redis://127.0.0.1:$rport"
 
 echo "== 2. rate try over HTTP, Redis, 8 connections, ${secs}s"
-red=$(serve "$redis" redis)
+start_serve "$redis" redis
+red=$(url_of redis)
 wrk -t2 -c8 -d"${secs}s" --latency -s scripts/bench-serve/rate_try.lua "$red" | json
 echo "== 2. the library's own decisions/s on the same Redis (8 clients)"
 "$bin" --store "$redis" bench --workload rate --rate-mode decisions --clients 8 \
