@@ -20,6 +20,11 @@ declare -A NEED=(
   # Not a server: the etcd store's gRPC code is generated at build time.
   [protoc]=protobuf-compiler
   [redis-sentinel]=redis-sentinel
+  [curl]=curl
+  [python3]=python3
+  [pip3]=python3-pip
+  [chromium]=chromium
+  [wrk]=wrk
 )
 
 missing=()
@@ -39,6 +44,12 @@ if ((${#missing[@]})); then
     echo "  sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
+fi
+
+# tessera serve's API is fuzzed from its OpenAPI document with schemathesis (PyPI).
+if ! command -v schemathesis >/dev/null 2>&1; then
+  echo "test.sh: installing schemathesis with pip" >&2
+  pip3 install --quiet schemathesis || python3 -m pip install --quiet --break-system-packages schemathesis
 fi
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust from rustup" >&2; exit 1; }

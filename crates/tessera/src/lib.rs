@@ -55,6 +55,19 @@
 //! permit dropped as `main` returns is released; only a process killed outright leaves its
 //! leases to expire by their TTL.
 //!
+//! ## Metrics and traces
+//!
+//! tessera reports through the [`metrics`](https://docs.rs/metrics) facade, so any exporter
+//! the program installs receives them (without one they cost next to nothing):
+//! `tessera_grants_total`, `tessera_acquire_wait_seconds`, `tessera_acquire_outcomes_total`
+//! (`granted`, `no_permit`, `timed_out`, `error`), `tessera_waits_total`,
+//! `tessera_queue_length`, `tessera_renewals_total` (`ok`, `gone`, `error`),
+//! `tessera_losses_total` (by reason), `tessera_store_call_seconds` and
+//! `tessera_store_errors_total` (by store operation), `tessera_rate_decisions_total`
+//! (`admitted`, `limited`); semaphore and limiter names are the `name` label. Every call to a
+//! store opened with [`Store::connect`] runs in a `debug` [`tracing`](https://docs.rs/tracing)
+//! span `store_call` with the fields `op` and `name`.
+//!
 //! ## Store authors
 //!
 //! The seam every store implements, and the types that cross it, are in [`backend`]. See

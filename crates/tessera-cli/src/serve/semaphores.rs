@@ -39,11 +39,11 @@ pub const MAX_WAIT: Duration = Duration::from_secs(300);
 pub struct AcquireBody {
     /// The semaphore's capacity, as every client declares it (1..=1,000,000). A capacity
     /// differing from the stored one is `capacity_mismatch`; changing it is a resize.
-    #[schema(example = 4)]
+    #[schema(example = 4, minimum = 1, maximum = 1_000_000)]
     pub capacity: u32,
     /// Permits to take as one lease (1..=capacity; default 1).
     #[serde(default)]
-    #[schema(example = 1)]
+    #[schema(example = 1, minimum = 1, maximum = 1_000_000)]
     pub weight: Option<u32>,
     /// Lease TTL (100ms..24h; default 30s): how long the lease outlives a client that stops
     /// renewing it.
@@ -124,7 +124,7 @@ pub struct DoneBody {
 pub struct ResizeBody {
     /// The new capacity (1..=1,000,000). Growing grants to the queue at once; shrinking
     /// never revokes, it only stops grants until the holders fit.
-    #[schema(example = 8)]
+    #[schema(example = 8, minimum = 1, maximum = 1_000_000)]
     pub capacity: u32,
 }
 

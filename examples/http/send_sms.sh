@@ -1,0 +1,33 @@
+#!/bin/sh
+# Send messages within 50 calls per second and 1,000 per minute, shared by every process
+# that runs this script (on any host), through `tessera serve`. Needs curl.
+#
+#   TESSERA_URL=http://127.0.0.1:8080 ./send_sms.sh 100
+#
+# Each turn is reserved by the server; the answer comes when the turn does (up to max_wait),
+# otherwise 429 with Retry-After (whole seconds) and the exact wait in retry_after_ms.
+set -eu
+url=${TESSERA_URL:-http://127.0.0.1:8080}
+count=${1:-10}
+auth=${TESSERA_TOKEN:+Authorization: Bearer $TESSERA_TOKEN}
+
+turn() {
+  while :; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' ${auth:+-H "$auth"} \
+      -d '{"limits": ["50/s", "1000/min"], "max_wait": "5s"}' \
+      "$url/v1/rates/sms-api/acquire")
+    case $code in
+      200) return 0 ;;
+      429) sleep 1 ;;                  # limited beyond max_wait: nothing charged
+      *) echo "send_sms.sh: tessera answered $code" >&2; return 1 ;;
+    esac
+  done
+}
+
+i=0
+while [ "$i" -lt "$count" ]; do
+  turn
+  # The real call to the messaging API goes here.
+  echo "$(date +%s.%N) pid $$ message $i"
+  i=$((i + 1))
+done
