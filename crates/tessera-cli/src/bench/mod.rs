@@ -27,10 +27,15 @@
 //!   and window violations seen by the client. Not part of `all` (which stays the three
 //!   semaphore workloads of the performance targets); run it with `--workload rate`.
 //!
+//! - on a `postgres://` store, after the semaphore workloads, the figures to compare with on
+//!   the same server (`--pg-baseline`, see [`postgres`]): advisory lock pairs and hand-offs,
+//!   and one session's INSERT+COMMIT rate.
+//!
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
 mod etcd_mutex;
+mod postgres;
 mod rate;
 mod report;
 mod workloads;
@@ -107,6 +112,11 @@ pub struct BenchArgs {
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// On a `postgres://` store: also measure, on the same server in the same run, advisory
+    /// lock pairs (W1), advisory lock hand-offs among 8 sessions (W2) and one session's
+    /// INSERT+COMMIT rate, each for this long (0s: skip).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    pub pg_baseline: Duration,
     /// Runtime worker threads for the clients: 0 (the default) drives every client from one
     /// thread (tokio's current-thread runtime), which on a small machine shared with the
     /// server avoids cross-thread wake-ups on every reply; N > 0 uses a multi-thread runtime
@@ -176,6 +186,15 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
     }
     if !args.json {
         print!("{}", report::table(&reports));
+    }
+    let is_pg = store_url.starts_with("postgres://") || store_url.starts_with("postgresql://");
+    if is_pg && !args.pg_baseline.is_zero() {
+        let b = postgres::run(store_url, &redact(store_url), args.pg_baseline).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&b)?);
+        } else {
+            print!("{}", postgres::table(&b, &reports));
+        }
     }
     let code = if reports.iter().any(|r| r.over_grants > 0) {
         1

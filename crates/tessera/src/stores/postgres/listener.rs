@@ -39,7 +39,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
 use crate::error::Result;
-use crate::model::LeaseId;
+use crate::model::{Grant, Lease, LeaseId, StoreTime};
 use crate::wake;
 
 /// How often the watchdog pings the listener through its own channel.
@@ -163,7 +163,10 @@ impl Listener {
             if let Ok(n) = n.parse::<u64>() {
                 self.pinged.fetch_max(n, Ordering::Relaxed);
             }
-        } else if let Ok(lease) = payload.parse::<LeaseId>() {
+        } else if let Some(grant) = parse_grant(payload) {
+            self.waiting.lock().unwrap().remove(&grant.lease.lease_id);
+            wake::notify_grant(grant);
+        } else if let Ok(lease) = payload.split('\t').next().unwrap_or("").parse::<LeaseId>() {
             // A granted waiter stops waiting; a revoked holder's keeper hears it too.
             self.waiting.lock().unwrap().remove(&lease);
             wake::notify(lease);
@@ -292,5 +295,60 @@ async fn watchdog(
                 recv = tokio::spawn(async {});
             }
         }
+    }
+}
+
+/// A grant pushed with its wake-up (`tessera__wake_grant` in `common.sql`):
+/// `lease \t now \t fence \t expires_at \t seats \t holder`. `None` for anything else
+/// (a bare lease id, or a payload that does not read: the waiter then asks the store).
+fn parse_grant(payload: &str) -> Option<Grant> {
+    let mut f = payload.splitn(6, '\t');
+    let lease_id: LeaseId = f.next()?.parse().ok()?;
+    let now = StoreTime(f.next()?.parse().ok()?);
+    let fence: u64 = f.next()?.parse().ok()?;
+    let expires_at = StoreTime(f.next()?.parse().ok()?);
+    let seats: Vec<u32> = f
+        .next()?
+        .split(',')
+        .map(|s| s.parse().ok())
+        .collect::<Option<_>>()?;
+    let holder = f.next()?.to_string();
+    if seats.is_empty() || seats.windows(2).any(|w| w[0] >= w[1]) || expires_at < now {
+        return None;
+    }
+    Some(Grant {
+        lease: Lease {
+            lease_id,
+            weight: seats.len() as u32,
+            seats,
+            fence,
+            holder,
+            acquired_at: now,
+            expires_at,
+        },
+        now,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushed_grants_are_read_and_anything_else_is_not() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let g = parse_grant(&format!("{id}\t100\t7\t200\t0,2\thost/1\twith tab")).unwrap();
+        assert_eq!(g.lease.lease_id.to_string(), id);
+        assert_eq!(
+            (g.now.0, g.lease.fence, g.lease.expires_at.0),
+            (100, 7, 200)
+        );
+        assert_eq!((g.lease.seats.clone(), g.lease.weight), (vec![0, 2], 2));
+        assert_eq!(g.lease.holder, "host/1\twith tab");
+        assert!(parse_grant(id).is_none());
+        assert!(parse_grant(&format!("{id}\t100\t7\t200\t2,0\th")).is_none());
+        assert!(parse_grant(&format!("{id}\t100\t7\t50\t0\th")).is_none());
+        assert!(parse_grant(&format!("{id}\tx\t7\t200\t0\th")).is_none());
+        assert!(parse_grant("ping:3").is_none());
     }
 }

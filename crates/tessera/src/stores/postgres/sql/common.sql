@@ -10,6 +10,16 @@
 -- max(last_fence + 1, now in µs, fence_hwm + 1). Every value read is checked: a wrong one
 -- raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
+-- Durability: a step commits asynchronously (`synchronous_commit` off for its transaction)
+-- unless it grants, renews, revokes or deletes: then the session's own setting (on by
+-- default) is restored before the commit, by `tessera__durable`. What an asynchronous commit
+-- may lose in a server crash only delays or drops work, never over-grants: an enqueue or a
+-- waiter's heartbeat (the waiter re-checks and finds itself gone), a release or cancel that
+-- granted nothing (the permit comes back by its TTL), a purge (it runs again). A later
+-- durable commit flushes every earlier one with it, so a durable grant is never ordered
+-- before a lost step it depends on. Without this every step would wait for the disk while
+-- holding the semaphore's row lock, and the enqueues of W2 would queue behind each flush.
+--
 -- Bounded work: a step purges at most 256 expired holders and 4,096 expired waiters and
 -- grants at most 1,024 waiters; the rest is left to the next step (the queue head's own
 -- heartbeat runs one).
@@ -33,6 +43,25 @@ BEGIN
     IF client ~ '^[0-9a-f]{1,32}$' THEN
         PERFORM pg_notify(tessera__channel(client), lease);
     END IF;
+END $$;
+
+-- Pushes the grant of `lease` with its wake-up, so the waiter needs no round trip to learn
+-- it: `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder`
+-- (acquired_at = now). A payload that would not fit NOTIFY's 8,000 bytes goes out as the
+-- bare lease id; the waiter then asks with a heartbeat.
+CREATE OR REPLACE FUNCTION tessera__wake_grant(
+    client text, lease text, now_us bigint, fence bigint, expires_at bigint, seats int4[],
+    holder text
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    payload text;
+BEGIN
+    payload := concat_ws(E'\t', lease, now_us, fence, expires_at, array_to_string(seats, ','), holder);
+    IF octet_length(payload) > 7000 THEN
+        payload := lease;
+    END IF;
+    PERFORM tessera__wake(client, payload);
 END $$;
 
 -- Checks a lease id read back from a row.
@@ -65,6 +94,15 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Makes this step's commit durable: restores the session's synchronous_commit (see above).
+CREATE OR REPLACE FUNCTION tessera__durable(st tessera_step) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF st.sync IS NOT NULL AND st.sync <> 'off' THEN
+        PERFORM set_config('synchronous_commit', st.sync, true);
+    END IF;
+END $$;
+
 -- The first statement of a step: locks the semaphore's row (creating it with `create` as
 -- capacity when `create` is not NULL: an acquire), then reads the clock, the fence high-water
 -- mark and the counters, then purges and hands off. Without a row and without `create`,
@@ -76,6 +114,10 @@ DECLARE
     r  tessera_semaphores;
 BEGIN
     st.name := p_name;
+    st.sync := current_setting('synchronous_commit');
+    IF st.sync <> 'off' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     st.dirty := false;
     st.hit := false;
     LOOP
@@ -217,7 +259,8 @@ BEGIN
             PERFORM tessera__corrupt(format('waiter weight %s / ttl %s is out of range', h.weight, h.ttl));
         END IF;
         st := tessera__grant(st, h.lease_id, h.weight, h.ttl, h.holder, h.client);
-        PERFORM tessera__wake(h.client, h.lease_id);
+        PERFORM tessera__wake_grant(h.client, h.lease_id, st.now_us, st.fence,
+                                    st.now_us + h.ttl, st.seats, h.holder);
         grants := grants + 1;
     END LOOP;
     RETURN st;
@@ -265,6 +308,7 @@ BEGIN
     st.fence := fence;
     INSERT INTO tessera_holders (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at)
     VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us, st.now_us + p_ttl);
+    PERFORM tessera__durable(st);
     RETURN st;
 END $$;
 

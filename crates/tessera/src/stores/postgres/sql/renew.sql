@@ -17,6 +17,9 @@ BEGIN
         UPDATE tessera_holders t SET expires_at = greatest(t.expires_at, st.now_us + p_ttl)
         WHERE t.name = p_name AND t.lease_id = p_lease
         RETURNING t.expires_at INTO expires_at;
+        -- A renewal the holder was told about must survive a crash (its certain validity
+        -- counts from it).
+        PERFORM tessera__durable(st);
         PERFORM tessera__finish(st);
     END IF;
     RETURN NEXT;

@@ -17,6 +17,7 @@ BEGIN
     END IF;
     st := tessera__remove_holder(st, p_lease);
     IF st.hit THEN
+        PERFORM tessera__durable(st);
         PERFORM tessera__wake(st.hit_client, p_lease);
         st := tessera__hand_off(st);
     END IF;

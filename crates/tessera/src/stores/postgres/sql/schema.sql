@@ -84,5 +84,6 @@ CREATE TYPE tessera_step AS (
     hit        boolean,  -- the last remove_holder / remove_waiter removed something
     hit_client text,     -- the client of the holder remove_holder removed
     seats      int4[],   -- the seats of the last grant
-    fence      bigint    -- the fence of the last grant
+    fence      bigint,   -- the fence of the last grant
+    sync       text      -- the session's synchronous_commit, restored for durable steps
 );
