@@ -14,6 +14,9 @@ declare -A NEED=(
   [redis-server]=redis-server
   [openssl]=openssl
   [faketime]=faketime
+  [mariadbd]=mariadb-server
+  [mariadb-install-db]=mariadb-server
+  [mariadb]=mariadb-client
 )
 
 missing=()
@@ -45,7 +48,7 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
 # all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
 # keeps them cheap.
-for features in memory sqlite redis "" memory,sqlite,redis; do
+for features in memory sqlite redis mysql "" memory,sqlite,redis,mysql; do
   echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
   cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
 done
