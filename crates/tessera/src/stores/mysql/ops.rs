@@ -155,7 +155,7 @@ pub(crate) fn render(sql: &str, args: &[Lit<'_>]) -> String {
         }
         match args.next() {
             Some(Lit::Int(v)) => out.push_str(&v.to_string()),
-            Some(Lit::Text(t)) if t.is_empty() => out.push_str("''"),
+            Some(Lit::Text("")) => out.push_str("''"),
             Some(Lit::Text(t)) => {
                 out.push_str("X'");
                 for b in t.bytes() {
