@@ -30,10 +30,10 @@
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
 //!   `INSERT … ON DUPLICATE KEY UPDATE` that creates it) and reads the server's clock
-//!   (`SYSDATE(6)`, never `NOW()`) once the lock is held. An uncontended acquire is five
-//!   round trips (`BEGIN`, create-and-lock, lock-and-read, insert the holder, save the row,
-//!   raise the fence high-water mark, `COMMIT`: seven statements, of which the save and the
-//!   raise are one each), a release about eight; see the closing note of issue 11 for the
+//!   (`SYSDATE(6)`, never `NOW()`) once the lock is held. Writes whose results the step
+//!   does not read ride with the next statement or the `COMMIT` (`ops.rs`): an acquire of a
+//!   free permit is two round trips, a release three, a release that hands the permit to a
+//!   waiter four, a waiter's heartbeat three; see the closing note of issue 11 for the
 //!   measured figures. Deadlocks (1213) and lock wait timeouts (1205) roll the whole
 //!   transaction back and the step is run again ([`STEP_RETRIES`] times), so neither is
 //!   ever seen as an answer.
