@@ -35,8 +35,10 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
   sqlite:///absolute/path.db   processes on one host; the path must be absolute
   redis://[user[:password]@]host[:port][/db], rediss://... (TLS)
                                processes on many hosts
+  mysql://[user[:password]@]host[:port]/database, mariadb://...
+                               processes on many hosts, on a MySQL / MariaDB database
   memory://                    this process only (for trying things out)
-Redis Sentinel and Cluster, PostgreSQL, MySQL and etcd are planned, not available yet.
+Redis Sentinel and Cluster, PostgreSQL and etcd are planned, not available yet.
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 
@@ -48,7 +50,8 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
-    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://... or memory://
+    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://..., mysql://host/db
+    /// or memory://
     /// (see tessera --help; passwords are never printed)
     #[arg(
         long,

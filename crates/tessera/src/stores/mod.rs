@@ -293,8 +293,22 @@ mod tests {
             panic!("{err:?}");
         };
         assert_eq!(*reason, scheme_problem("ftp", &compiled_in).unwrap());
-        #[cfg(all(feature = "memory", feature = "sqlite", feature = "redis"))]
+        #[cfg(all(
+            feature = "memory",
+            feature = "sqlite",
+            feature = "redis",
+            not(feature = "mysql")
+        ))]
         assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis:// or rediss://"));
+        #[cfg(all(
+            feature = "memory",
+            feature = "sqlite",
+            feature = "redis",
+            feature = "mysql"
+        ))]
+        assert!(reason.contains(
+            "memory://, sqlite:///absolute/path.db, redis://, rediss://, mysql:// or mariadb://"
+        ));
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await
