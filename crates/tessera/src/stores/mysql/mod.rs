@@ -68,16 +68,21 @@ macro_rules! step {
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let rung = rows.take_rung();
+                let granted = rows.take_granted();
                 let pending = rows.take_pending();
                 committing = true;
                 tx.commit(pending).await?;
-                Ok::<_, Error>((reply, wakes, rung))
+                Ok::<_, Error>((reply, wakes, rung, granted))
             }
             .await;
             match outcome {
-                Ok((reply, wakes, rung)) => {
+                Ok((reply, wakes, rung, mut granted)) => {
+                    // A waiter of this process gets its grant with the wake-up.
                     for &id in &wakes {
-                        $crate::wake::notify(id);
+                        match granted.iter().position(|g| g.lease.lease_id == id) {
+                            Some(i) => $crate::wake::notify_grant(granted.swap_remove(i)),
+                            None => $crate::wake::notify(id),
+                        }
                     }
                     notify::ring(&$self.pool, rung, &doorbell);
                     break Ok::<_, Error>(reply);

@@ -37,7 +37,7 @@ use sqlx::Row;
 
 use super::map_err;
 use crate::error::{Error, Result};
-use crate::model::StoreTime;
+use crate::model::{Grant, Lease, StoreTime};
 use crate::stores::sql::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
@@ -204,6 +204,8 @@ pub(crate) struct MysqlRows<'c> {
     expired: Option<(i64, Vec<(Freed, i64)>)>,
     /// Whether the semaphore's row existed when locked.
     exists: bool,
+    /// The leases this step granted, to push to waiters of this process with their wake-up.
+    granted: Vec<Grant>,
 }
 
 impl<'c> MysqlRows<'c> {
@@ -227,7 +229,13 @@ impl<'c> MysqlRows<'c> {
             },
             expired: None,
             exists: false,
+            granted: Vec::new(),
         }
+    }
+
+    /// The leases granted by this step (see [`MysqlRows::granted`]).
+    pub(crate) fn take_granted(&mut self) -> Vec<Grant> {
+        std::mem::take(&mut self.granted)
     }
 
     /// The doorbells of the waiters granted so far (see [`MysqlRows::rung`]).
@@ -423,6 +431,29 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn insert_holder(&mut self, h: &NewHolder<'_>) -> Result<()> {
+        // Kept for the wake-up (a waiter of this process then needs no round trip to learn
+        // its grant); a row the step could not have written is simply not pushed.
+        if let (Ok(lease_id), Ok(weight), Ok(fence)) = (
+            h.lease_id.parse(),
+            u32::try_from(h.weight),
+            u64::try_from(h.fence),
+        ) {
+            if let Ok(seats) = crate::stores::sql::decode_seats(h.seats, weight) {
+                let at = |t: i64| StoreTime(t.max(0) as u64);
+                self.granted.push(Grant {
+                    lease: Lease {
+                        lease_id,
+                        weight,
+                        seats,
+                        fence,
+                        holder: h.holder.to_string(),
+                        acquired_at: at(h.acquired_at),
+                        expires_at: at(h.expires_at),
+                    },
+                    now: at(h.acquired_at),
+                });
+            }
+        }
         let name = self.name();
         let args = [
             name,
