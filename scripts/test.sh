@@ -25,6 +25,9 @@ declare -A NEED=(
   [pip3]=python3-pip
   [chromium]=chromium
   [wrk]=wrk
+  [mariadbd]=mariadb-server
+  [mariadb-install-db]=mariadb-server
+  [mariadb]=mariadb-client
 )
 
 missing=()
@@ -65,7 +68,7 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
 # all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
 # keeps them cheap.
-for features in memory sqlite redis postgres etcd "" memory,sqlite,redis,postgres,etcd; do
+for features in memory sqlite redis postgres mysql etcd "" memory,sqlite,redis,postgres,mysql,etcd; do
   echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
   cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
 done

@@ -40,8 +40,13 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
                                the master that Redis Sentinel names; failovers followed
   redis+cluster://host:port[,host:port...]
                                a Redis Cluster; semaphores spread over its shards
+  postgres://[user[:password]@]host[:port]/database[?schema=S], postgresql://...
+                               processes on many hosts, on a PostgreSQL database
+  mysql://[user[:password]@]host[:port]/database, mariadb://...
+                               processes on many hosts, on a MySQL / MariaDB database
+  etcd://host:port[,host:port...][/prefix], etcds://... (TLS)
+                               processes on many hosts, on an etcd cluster
   memory://                    this process only (for trying things out)
-PostgreSQL, MySQL and etcd are planned, not available yet.
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 
@@ -53,7 +58,8 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
-    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://... or memory://
+    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://..., mysql://host/db
+    /// or memory://
     /// (see tessera --help; passwords are never printed)
     #[arg(
         long,

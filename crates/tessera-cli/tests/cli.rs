@@ -561,7 +561,11 @@ fn the_top_level_help_names_rate_limits_and_every_store() {
         "sqlite:///absolute/path.db",
         "redis://",
         "rediss://",
-        "planned",
+        "redis+sentinel://",
+        "redis+cluster://",
+        "postgres://",
+        "mysql://",
+        "etcd://",
     ] {
         assert!(
             help.contains(needle),

@@ -312,3 +312,28 @@ async fn bad_urls_are_refused_without_the_password() {
     assert!(err.is_connection(), "{err}");
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }
+
+/// Statements carry their values inlined as hexadecimal literals: a holder label with
+/// quotes, backslashes, SQL and non-ASCII text is stored and read back as given, and runs
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_labels_are_data_never_sql() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let n = name("labels");
+    let label = r#"host'1"; DROP TABLE tessera_meta; -- \' \\ é ✓"#;
+    let mut r = req(LeaseId::random(), 1, LONG, None);
+    r.holder = label.to_string();
+    assert!(matches!(
+        db.acquire(&n, 2, &r).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let mut w = req(LeaseId::random(), 2, LONG, Some((LONG, 10)));
+    w.holder = label.to_string();
+    db.acquire(&n, 2, &w).await.unwrap();
+    let status = db.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].holder, label);
+    assert_eq!(status.queue[0].holder, label);
+    let meta = server.sql("SELECT COUNT(*) FROM t.tessera_meta");
+    assert_eq!(meta.trim(), "2");
+}

@@ -30,12 +30,16 @@
 //! - on a `postgres://` store, after the semaphore workloads, the figures to compare with on
 //!   the same server (`--pg-baseline`, see [`postgres`]): advisory lock pairs and hand-offs,
 //!   and one session's INSERT+COMMIT rate.
+//! - on a `mysql://` (or `mariadb://`) store, the run ends with the server's own figures in the
+//!   same run (`--baseline-time` each, see [`mysql`]): one client's durable INSERT+COMMIT
+//!   rate and 8 clients' `GET_LOCK` hand-offs.
 //!
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
 mod etcd_mutex;
 mod postgres;
+mod mysql;
 mod rate;
 mod report;
 mod workloads;
@@ -109,6 +113,10 @@ pub struct BenchArgs {
     /// number of holders (compare --preload 10 and --preload 10000).
     #[arg(long, default_value_t = 0)]
     pub preload: u32,
+    /// On a `mysql://` store: how long each of the server's own baselines runs after the
+    /// workloads (one client's INSERT+COMMIT loop, 8 clients on GET_LOCK); 0 skips them.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    pub baseline_time: Duration,
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -194,6 +202,14 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
             println!("{}", serde_json::to_string(&b)?);
         } else {
             print!("{}", postgres::table(&b, &reports));
+        }
+    }
+    if mysql::is_mysql(store_url) && !args.baseline_time.is_zero() {
+        let b = mysql::baselines(store_url, args.baseline_time).await?;
+        if args.json {
+            println!("{}", serde_json::json!({ "baselines": b }));
+        } else {
+            print!("{}", mysql::table(&b));
         }
     }
     let code = if reports.iter().any(|r| r.over_grants > 0) {

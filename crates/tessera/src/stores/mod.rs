@@ -327,6 +327,8 @@ mod tests {
         assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis://, rediss://"));
         #[cfg(feature = "postgres")]
         assert!(reason.contains("postgres://, postgresql://"), "{reason}");
+        #[cfg(feature = "mysql")]
+        assert!(reason.contains("mysql://, mariadb://"), "{reason}");
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await

@@ -30,10 +30,10 @@
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
 //!   `INSERT … ON DUPLICATE KEY UPDATE` that creates it) and reads the server's clock
-//!   (`SYSDATE(6)`, never `NOW()`) once the lock is held. An uncontended acquire is five
-//!   round trips (`BEGIN`, create-and-lock, lock-and-read, insert the holder, save the row,
-//!   raise the fence high-water mark, `COMMIT`: seven statements, of which the save and the
-//!   raise are one each), a release about eight; see the closing note of issue 11 for the
+//!   (`SYSDATE(6)`, never `NOW()`) once the lock is held. Writes whose results the step
+//!   does not read ride with the next statement or the `COMMIT` (`ops.rs`): an acquire of a
+//!   free permit is two round trips, a release three, a release that hands the permit to a
+//!   waiter four, a waiter's heartbeat three; see the closing note of issue 11 for the
 //!   measured figures. Deadlocks (1213) and lock wait timeouts (1205) roll the whole
 //!   transaction back and the step is run again ([`STEP_RETRIES`] times), so neither is
 //!   ever seen as an answer.
@@ -61,50 +61,69 @@ macro_rules! step {
         let doorbell = $self.doorbell_address();
         let mut attempt = 0u32;
         loop {
+            let mut tx = $self.transaction().await?;
+            let mut committing = false;
             let outcome = async {
-                let mut tx = $self.begin().await?;
-                let mut rows = ops::MysqlRows::new(&mut tx, $name.as_str(), &doorbell);
+                let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true);
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let rung = rows.take_rung();
-                tx.commit().await.map_err(map_err)?;
-                Ok::<_, Error>((reply, wakes, rung))
+                let granted = rows.take_granted();
+                let pending = rows.take_pending();
+                committing = true;
+                tx.commit(pending).await?;
+                Ok::<_, Error>((reply, wakes, rung, granted))
             }
             .await;
             match outcome {
-                Ok((reply, wakes, rung)) => {
+                Ok((reply, wakes, rung, mut granted)) => {
+                    // A waiter of this process gets its grant with the wake-up.
                     for &id in &wakes {
-                        $crate::wake::notify(id);
+                        match granted.iter().position(|g| g.lease.lease_id == id) {
+                            Some(i) => $crate::wake::notify_grant(granted.swap_remove(i)),
+                            None => $crate::wake::notify(id),
+                        }
                     }
                     notify::ring(&$self.pool, rung, &doorbell);
                     break Ok::<_, Error>(reply);
                 }
-                Err(e) if is_retryable(&e) && attempt < STEP_RETRIES => {
-                    attempt += 1;
-                    tokio::time::sleep(retry_pause(attempt)).await;
+                Err(e) => {
+                    tx.rollback().await;
+                    if is_retryable(&e, committing, attempt) {
+                        attempt += 1;
+                        tokio::time::sleep(retry_pause(attempt)).await;
+                        continue;
+                    }
+                    break Err(e);
                 }
-                Err(e) => break Err(e),
             }
         }
     }};
     ($self:ident, |$conn:ident| $op:expr) => {{
         let mut attempt = 0u32;
         loop {
+            let mut tx = $self.transaction().await?;
+            let mut committing = false;
             let outcome = async {
-                let mut tx = $self.begin().await?;
-                let $conn: &mut sqlx::mysql::MySqlConnection = &mut tx;
+                $crate::stores::mysql::ops::batch(&mut tx.conn, "START TRANSACTION".into()).await?;
+                let $conn: &mut sqlx::mysql::MySqlConnection = &mut tx.conn;
                 let reply = $op.await?;
-                tx.commit().await.map_err(map_err)?;
+                committing = true;
+                tx.commit(String::new()).await?;
                 Ok::<_, Error>(reply)
             }
             .await;
             match outcome {
                 Ok(reply) => break Ok::<_, Error>(reply),
-                Err(e) if is_retryable(&e) && attempt < STEP_RETRIES => {
-                    attempt += 1;
-                    tokio::time::sleep(retry_pause(attempt)).await;
+                Err(e) => {
+                    tx.rollback().await;
+                    if is_retryable(&e, committing, attempt) {
+                        attempt += 1;
+                        tokio::time::sleep(retry_pause(attempt)).await;
+                        continue;
+                    }
+                    break Err(e);
                 }
-                Err(e) => break Err(e),
             }
         }
     }};
@@ -123,6 +142,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
+
+#[cfg(doc)]
+use ops::MysqlRows;
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
@@ -236,23 +258,10 @@ impl MysqlBackend {
             .unwrap_or_default()
     }
 
-    /// A transaction on a pooled connection. A connection that died while idle in the pool
-    /// (a server restart) fails at `BEGIN`, before anything ran: then another is tried.
-    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::MySql>> {
-        let mut last = None;
-        for _ in 0..=POOL_SIZE {
-            match self.pool.begin().await {
-                Ok(tx) => return Ok(tx),
-                Err(e) => {
-                    let e = map_err(e);
-                    if !e.is_connection() {
-                        return Err(e);
-                    }
-                    last = Some(e);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::store(StoreErrorKind::Connection, "no connection")))
+    /// A pooled connection for one step's transaction (see [`Tx`]).
+    async fn transaction(&self) -> Result<Tx> {
+        let conn = self.pool.acquire().await.map_err(map_err)?;
+        Ok(Tx { conn, open: true })
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -265,16 +274,62 @@ impl MysqlBackend {
     }
 }
 
+/// One step's transaction on a pooled connection, opened by the step's first batch
+/// (`START TRANSACTION` goes with it) and ended by [`Tx::commit`] or [`Tx::rollback`]. A
+/// transaction dropped open (a cancelled step, a failed rollback) closes its connection
+/// instead of returning it to the pool, so the server rolls it back and no other step ever
+/// runs inside it.
+struct Tx {
+    conn: sqlx::pool::PoolConnection<sqlx::MySql>,
+    open: bool,
+}
+
+impl Tx {
+    /// Sends the writes still held back and `COMMIT`, in one round trip.
+    async fn commit(&mut self, mut pending: String) -> Result<()> {
+        pending.push_str("COMMIT");
+        ops::batch(&mut self.conn, pending).await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Rolls back after an error; a connection that cannot is closed (see [`Tx`]).
+    async fn rollback(&mut self) {
+        if self.open && ops::batch(&mut self.conn, "ROLLBACK".into()).await.is_ok() {
+            self.open = false;
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// Whether a failed step rolled back and may simply run again: a deadlock (1213), a lock
-/// wait timeout (1205), or a query interrupted by a misdirected doorbell ring (1317).
-fn is_retryable(e: &Error) -> bool {
-    matches!(
-        e,
+/// wait timeout (1205), or a query interrupted by a misdirected doorbell ring (1317); before
+/// the commit was sent, also a lost connection (nothing was committed: the server rolls back
+/// the transaction of a connection that dies, e.g. one that died idle in the pool across a
+/// server restart). A connection lost while the commit was under way is not retried here:
+/// the step may have committed, and the caller retries it idempotently.
+///
+/// `attempt` counts the runs so far: at most [`STEP_RETRIES`] in all, and after a lost
+/// connection at most one per pooled connection (each stale one is closed as it fails).
+fn is_retryable(e: &Error, committing: bool, attempt: u32) -> bool {
+    match e {
         Error::Store {
             kind: StoreErrorKind::Busy,
             ..
-        }
-    )
+        } => attempt < STEP_RETRIES,
+        Error::Store {
+            kind: StoreErrorKind::Connection,
+            ..
+        } => !committing && attempt < POOL_SIZE,
+        _ => false,
+    }
 }
 
 /// A short random pause before running a step again, growing with the attempt.

@@ -42,6 +42,19 @@ use crate::model::LeaseId;
 /// How long the doorbell sleeps per query before it parks again.
 const PARK_S: u32 = 60;
 
+/// The addresses of this process's parked doorbells. A grant to a waiter of this process
+/// already woke it through [`crate::wake::notify`] (the registry is process-wide), so these
+/// are never rung.
+static LOCAL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn set_local(addr: &str, parked: bool) {
+    let mut local = LOCAL.lock().unwrap();
+    local.retain(|a| a != addr);
+    if parked {
+        local.push(addr.to_string());
+    }
+}
+
 /// The lease ids this client has queued, woken when its doorbell rings.
 pub(crate) type Waiting = Arc<Mutex<HashSet<LeaseId>>>;
 
@@ -55,6 +68,7 @@ pub(crate) struct Doorbell {
 impl Drop for Doorbell {
     fn drop(&mut self) {
         self.task.abort();
+        set_local(&self.address(), false);
     }
 }
 
@@ -62,6 +76,8 @@ impl Doorbell {
     /// Connects the doorbell and parks it; `None` if it cannot connect now (waiters then
     /// poll; it keeps trying in the background).
     pub(crate) async fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
+        // The parked SLEEP is slow on purpose: not a statement to warn about.
+        let options = options.disable_statement_logging();
         let address = Arc::new(Mutex::new(String::new()));
         let first = connect(&options).await;
         let task = tokio::spawn(park_loop(options, first, Arc::clone(&address), waiting));
@@ -111,6 +127,7 @@ async fn park_loop(
         };
         backoff = Duration::from_millis(50);
         let token = addr.split_once(':').map_or("", |(_, t)| t).to_string();
+        set_local(&addr, true);
         *address.lock().unwrap() = addr;
         // Rings sent to an older address were lost: let every waiter ask the store.
         wake_all(&waiting);
@@ -136,16 +153,27 @@ async fn park_loop(
                 Err(_) => break,
             }
         }
-        address.lock().unwrap().clear();
+        let old = std::mem::take(&mut *address.lock().unwrap());
+        set_local(&old, false);
         let _ = conn.close().await;
     }
 }
 
-/// Rings the doorbells at `addresses` (but not `own`), in the background.
+/// Rings the doorbells at `addresses` (but not `own`, nor any other doorbell of this
+/// process), in the background.
 pub(crate) fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
+    let local = LOCAL.lock().unwrap().clone();
+    let remote = addresses
+        .into_iter()
+        .filter(|a| a != own && !local.contains(a))
+        .collect();
+    ring_each(pool, remote);
+}
+
+/// Rings every doorbell at `addresses`, in the background (see the module docs).
+pub(crate) fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
     let targets: Vec<(u64, String)> = addresses
         .into_iter()
-        .filter(|a| a != own)
         .filter_map(|a| {
             let (id, token) = a.split_once(':')?;
             let token_ok = !token.is_empty() && token.bytes().all(|b| b.is_ascii_hexdigit());

@@ -15,7 +15,20 @@
 //! locks, so steps on different semaphores do not block each other except on the meta row
 //! that holds the fence high-water mark, updated by every grant just before the commit.
 //!
-//! Placeholders are `?`, positional; `?` number one is always the semaphore's name.
+//! # Round trips
+//!
+//! Statements are sent as text with their values inlined ([`render`]: integers as digits,
+//! text as hexadecimal literals, so no value is ever parsed as SQL whatever the session's
+//! `sql_mode`), several per round trip: a write whose result the step does not read (an
+//! insert, a save, a delete after the `SELECT` that read its rows) is held back
+//! ([`MysqlRows::pending`]) and sent in front of the next statement whose result the step
+//! needs, or with the `COMMIT`; `START TRANSACTION` goes with the first statement, and the
+//! lock-and-read statement also reads the holders that may have expired. An acquire of a
+//! free permit is then two round trips (lock and read; insert, save, commit), a release
+//! that hands the permit to a waiter four, where one statement per round trip took seven
+//! and eleven. A statement that fails stops the rest of its batch (the server runs none
+//! after it), so a failed batch never commits.
+//!
 //! `FOUND_ROWS` is on (sqlx sets it), so an `UPDATE` reports the rows it matched, not only
 //! those it changed.
 
@@ -24,7 +37,7 @@ use sqlx::Row;
 
 use super::map_err;
 use crate::error::{Error, Result};
-use crate::model::StoreTime;
+use crate::model::{Grant, Lease, StoreTime};
 use crate::stores::sql::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
@@ -66,6 +79,12 @@ const RAISE_HWM: &str = "UPDATE tessera_meta SET meta_value = GREATEST(meta_valu
 
 const EXPIRED_HOLDERS: &str = "SELECT weight, seats FROM tessera_holders \
      WHERE name = ? AND expires_at <= ?";
+/// The holders that may have expired, read in the same round trip as the lock (their
+/// `expires_at` is checked against the step's clock reading afterwards).
+const EXPIRED_HOLDERS_AT_LOCK: &str = concat!(
+    "SELECT weight, seats, expires_at FROM tessera_holders WHERE name = ? AND expires_at <= ",
+    now_us!()
+);
 const PURGE_HOLDERS: &str = "DELETE FROM tessera_holders WHERE name = ? AND expires_at <= ?";
 const PURGE_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ? AND expires_at <= ?";
 
@@ -116,6 +135,61 @@ const WAITER_IDS: &str = "SELECT lease_id FROM tessera_waiters WHERE name = ?";
 const DROP_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?";
 const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
+/// A value inlined into a statement by [`render`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lit<'a> {
+    Int(i64),
+    /// Rendered as a hexadecimal literal (`X'…'`): never parsed as SQL, whatever the text.
+    Text(&'a str),
+}
+
+/// `sql` with each `?` replaced by the next of `args` (the statements of this file hold no
+/// other `?`).
+pub(crate) fn render(sql: &str, args: &[Lit<'_>]) -> String {
+    let mut out = String::with_capacity(sql.len() + 16 * args.len());
+    let mut args = args.iter();
+    for c in sql.chars() {
+        if c != '?' {
+            out.push(c);
+            continue;
+        }
+        match args.next() {
+            Some(Lit::Int(v)) => out.push_str(&v.to_string()),
+            Some(Lit::Text("")) => out.push_str("''"),
+            Some(Lit::Text(t)) => {
+                out.push_str("X'");
+                for b in t.bytes() {
+                    out.push_str(&format!("{b:02x}"));
+                }
+                out.push('\'');
+            }
+            None => out.push('?'),
+        }
+    }
+    out
+}
+
+/// The rows and the rows-affected count of each statement of one round trip, in order.
+pub(crate) type Results = Vec<(Vec<MySqlRow>, u64)>;
+
+/// Sends `sql` (statements separated by `;`) in one round trip.
+pub(crate) async fn batch(conn: &mut MySqlConnection, sql: String) -> Result<Results> {
+    use futures::TryStreamExt;
+    let mut out: Results = Vec::new();
+    let mut rows = Vec::new();
+    let mut stream = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).fetch_many(&mut *conn);
+    while let Some(item) = stream.try_next().await.map_err(map_err)? {
+        match item {
+            sqlx::Either::Left(done) => out.push((std::mem::take(&mut rows), done.rows_affected())),
+            sqlx::Either::Right(row) => rows.push(row),
+        }
+    }
+    if !rows.is_empty() {
+        out.push((rows, 0));
+    }
+    Ok(out)
+}
+
 /// The row operations of one semaphore inside the caller's transaction.
 pub(crate) struct MysqlRows<'c> {
     conn: &'c mut MySqlConnection,
@@ -124,16 +198,44 @@ pub(crate) struct MysqlRows<'c> {
     doorbell: &'c str,
     /// The doorbells of the waiters this step granted, to ring after the commit.
     rung: Vec<String>,
+    /// Statements not sent yet (see the module docs), each ending with `;`.
+    pending: String,
+    /// The holders that had expired when the lock was taken, read with it: `(now, rows)`.
+    expired: Option<(i64, Vec<(Freed, i64)>)>,
+    /// Whether the semaphore's row existed when locked.
+    exists: bool,
+    /// The leases this step granted, to push to waiters of this process with their wake-up.
+    granted: Vec<Grant>,
 }
 
 impl<'c> MysqlRows<'c> {
-    pub(crate) fn new(conn: &'c mut MySqlConnection, name: &'c str, doorbell: &'c str) -> Self {
+    /// Row operations in a transaction that the caller opened, or, with `begin`, that the
+    /// first batch opens (`START TRANSACTION` goes with it).
+    pub(crate) fn new(
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        doorbell: &'c str,
+        begin: bool,
+    ) -> Self {
         MysqlRows {
             conn,
             name,
             doorbell,
             rung: Vec::new(),
+            pending: if begin {
+                "START TRANSACTION;".to_string()
+            } else {
+                String::new()
+            },
+            expired: None,
+            exists: false,
+            granted: Vec::new(),
         }
+    }
+
+    /// The leases granted by this step (see [`MysqlRows::granted`]).
+    pub(crate) fn take_granted(&mut self) -> Vec<Grant> {
+        std::mem::take(&mut self.granted)
     }
 
     /// The doorbells of the waiters granted so far (see [`MysqlRows::rung`]).
@@ -141,52 +243,53 @@ impl<'c> MysqlRows<'c> {
         std::mem::take(&mut self.rung)
     }
 
-    /// Runs `sql` with the name, then `lease` if given, then `args`; how many rows it matched.
-    async fn exec(&mut self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
-        let mut q = sqlx::query(sql).bind(self.name);
-        if let Some(lease) = lease {
-            q = q.bind(lease);
-        }
-        for &a in args {
-            q = q.bind(a);
-        }
-        Ok(q.execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .rows_affected())
+    /// The statements still held back, for the caller to send with its `COMMIT`.
+    pub(crate) fn take_pending(&mut self) -> String {
+        std::mem::take(&mut self.pending)
     }
 
-    /// The rows of `sql` with the name, then `lease` if given, then `args`.
-    async fn fetch(
-        &mut self,
-        sql: &'static str,
-        lease: Option<&str>,
-        args: &[i64],
-    ) -> Result<Vec<MySqlRow>> {
-        let mut q = sqlx::query(sql).bind(self.name);
-        if let Some(lease) = lease {
-            q = q.bind(lease);
-        }
-        for &a in args {
-            q = q.bind(a);
-        }
-        q.fetch_all(&mut *self.conn).await.map_err(map_err)
+    fn name(&self) -> Lit<'c> {
+        Lit::Text(self.name)
+    }
+
+    /// Holds a write back until the next read or the commit.
+    fn defer(&mut self, sql: &str, args: &[Lit<'_>]) {
+        self.pending.push_str(&render(sql, args));
+        self.pending.push(';');
+    }
+
+    /// Sends what is held back, then `stmts`; the results of `stmts` only.
+    async fn send(&mut self, stmts: &[String]) -> Result<Results> {
+        let mut sql = std::mem::take(&mut self.pending);
+        sql.push_str(&stmts.join(";"));
+        let mut results = batch(self.conn, sql).await?;
+        let first = results.len().saturating_sub(stmts.len());
+        Ok(results.split_off(first))
+    }
+
+    /// The rows of one statement (after what is held back).
+    async fn fetch(&mut self, sql: &str, args: &[Lit<'_>]) -> Result<Vec<MySqlRow>> {
+        let mut r = self.send(&[render(sql, args)]).await?;
+        Ok(r.pop().map(|(rows, _)| rows).unwrap_or_default())
+    }
+
+    /// The rows one statement matched (after what is held back).
+    async fn count(&mut self, sql: &str, args: &[Lit<'_>]) -> Result<u64> {
+        let mut r = self.send(&[render(sql, args)]).await?;
+        Ok(r.pop().map(|(_, n)| n).unwrap_or(0))
     }
 
     /// Lease ids found by `select`, then `delete` (the shape without `RETURNING`).
-    async fn select_then_delete(
-        &mut self,
-        select: &'static str,
-        delete: &'static str,
-    ) -> Result<Vec<String>> {
+    async fn select_then_delete(&mut self, select: &str, delete: &str) -> Result<Vec<String>> {
+        let name = self.name();
         let ids: Vec<String> = self
-            .fetch(select, None, &[])
+            .fetch(select, &[name])
             .await?
             .iter()
             .filter_map(|r| text_at(r, 0).ok())
             .collect();
         if !ids.is_empty() {
-            self.exec(delete, None, &[]).await?;
+            self.defer(delete, &[name]);
         }
         Ok(ids)
     }
@@ -194,16 +297,19 @@ impl<'c> MysqlRows<'c> {
 
 impl SemRows for MysqlRows<'_> {
     async fn load(&mut self, create: Option<u32>) -> Result<Loaded> {
+        let name = self.name();
         if let Some(capacity) = create {
-            sqlx::query(CREATE_SEM)
-                .bind(self.name)
-                .bind(i64::from(capacity))
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_err)?;
+            self.defer(CREATE_SEM, &[name, Lit::Int(capacity.into())]);
         }
-        let rows = self.fetch(LOAD_SEM, None, &[]).await?;
-        let Some(row) = rows.first() else {
+        let mut results = self
+            .send(&[
+                render(LOAD_SEM, &[name]),
+                render(EXPIRED_HOLDERS_AT_LOCK, &[name]),
+            ])
+            .await?;
+        let expired = results.pop().map(|(rows, _)| rows).unwrap_or_default();
+        let loaded = results.pop().map(|(rows, _)| rows).unwrap_or_default();
+        let Some(row) = loaded.first() else {
             if create.is_some() {
                 // The insert above either created the row or locked the existing one, and
                 // nobody can delete a row this transaction holds.
@@ -211,10 +317,11 @@ impl SemRows for MysqlRows<'_> {
                     "internal: the semaphore row vanished under its lock",
                 ));
             }
-            let row = sqlx::query(LOAD_NONE)
-                .fetch_optional(&mut *self.conn)
-                .await
-                .map_err(map_err)?
+            let row = self
+                .fetch(LOAD_NONE, &[])
+                .await?
+                .into_iter()
+                .next()
                 .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
             let now = time_at(&row, 1)?;
             return Ok(Loaded {
@@ -224,11 +331,17 @@ impl SemRows for MysqlRows<'_> {
                 sem: None,
             });
         };
+        self.exists = true;
         let hwm = row
             .try_get::<Option<i64>, _>(6)
             .map_err(|e| corrupt(format!("fence_hwm: {e}")))?
             .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
         let now = time_at(row, 7)?;
+        let expired = expired
+            .iter()
+            .map(|r| Ok((freed_at(r)?, int_at(r, 2)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.expired = Some((now.0 as i64, expired));
         Ok(Loaded {
             now,
             wall: now,
@@ -245,104 +358,142 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn lock_for_delete(&mut self) -> Result<()> {
-        self.fetch(LOAD_SEM, None, &[]).await.map(drop)
+        let name = self.name();
+        self.exists = !self.fetch(LOAD_SEM, &[name]).await?.is_empty();
+        Ok(())
     }
 
     async fn save(&mut self, s: &SemRow) -> Result<()> {
-        sqlx::query(SAVE_SEM)
-            .bind(s.capacity)
-            .bind(s.used)
-            .bind(s.queued)
-            .bind(s.last_fence)
-            .bind(s.next_seq)
-            .bind(s.seat_high)
-            .bind(self.name)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        let name = self.name();
+        let args = [
+            Lit::Int(s.capacity),
+            Lit::Int(s.used),
+            Lit::Int(s.queued),
+            Lit::Int(s.last_fence),
+            Lit::Int(s.next_seq),
+            Lit::Int(s.seat_high),
+            name,
+        ];
+        self.defer(SAVE_SEM, &args);
+        Ok(())
     }
 
     async fn drop_semaphore(&mut self) -> Result<bool> {
-        Ok(self.exec(DROP_SEM, None, &[]).await? > 0)
+        // Called once the row is locked (by `load` or `lock_for_delete`), which saw whether
+        // it exists: the delete itself need not be waited for.
+        let name = self.name();
+        self.defer(DROP_SEM, &[name]);
+        Ok(std::mem::take(&mut self.exists))
     }
 
     async fn raise_hwm(&mut self, hwm: i64) -> Result<()> {
         // Steps on other semaphores raise it too, concurrently: never lower it.
-        sqlx::query(RAISE_HWM)
-            .bind(hwm)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        self.defer(RAISE_HWM, &[Lit::Int(hwm)]);
+        Ok(())
     }
 
     async fn purge_holders(&mut self, now: i64) -> Result<Vec<Freed>> {
-        let rows = self.fetch(EXPIRED_HOLDERS, None, &[now]).await?;
-        let freed = rows.iter().map(freed_at).collect::<Result<Vec<_>>>()?;
+        let name = self.name();
+        let freed: Vec<Freed> = match self.expired.take() {
+            // Read with the lock, on the same clock reading or a later one: keep those
+            // expired at `now`.
+            Some((at, rows)) if at == now => rows
+                .into_iter()
+                .filter(|(_, expires_at)| *expires_at <= now)
+                .map(|(f, _)| f)
+                .collect(),
+            _ => {
+                let rows = self.fetch(EXPIRED_HOLDERS, &[name, Lit::Int(now)]).await?;
+                rows.iter().map(freed_at).collect::<Result<Vec<_>>>()?
+            }
+        };
         if !freed.is_empty() {
-            self.exec(PURGE_HOLDERS, None, &[now]).await?;
+            self.defer(PURGE_HOLDERS, &[name, Lit::Int(now)]);
         }
         Ok(freed)
     }
 
     async fn purge_waiters(&mut self, now: i64) -> Result<u64> {
-        self.exec(PURGE_WAITERS, None, &[now]).await
+        let name = self.name();
+        self.count(PURGE_WAITERS, &[name, Lit::Int(now)]).await
     }
 
     async fn holder(&mut self, lease: &str) -> Result<Option<HolderRow>> {
-        let rows = self.fetch(GET_HOLDER, Some(lease), &[]).await?;
+        let name = self.name();
+        let rows = self.fetch(GET_HOLDER, &[name, Lit::Text(lease)]).await?;
         rows.first().map(holder_at).transpose()
     }
 
     async fn holders(&mut self) -> Result<Vec<HolderRow>> {
-        let rows = self.fetch(ALL_HOLDERS, None, &[]).await?;
+        let name = self.name();
+        let rows = self.fetch(ALL_HOLDERS, &[name]).await?;
         rows.iter().map(holder_at).collect()
     }
 
     async fn insert_holder(&mut self, h: &NewHolder<'_>) -> Result<()> {
-        sqlx::query(INSERT_HOLDER)
-            .bind(self.name)
-            .bind(h.lease_id)
-            .bind(h.weight)
-            .bind(h.seats)
-            .bind(h.fence)
-            .bind(h.holder)
-            .bind(h.acquired_at)
-            .bind(h.expires_at)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        // Kept for the wake-up (a waiter of this process then needs no round trip to learn
+        // its grant); a row the step could not have written is simply not pushed.
+        if let (Ok(lease_id), Ok(weight), Ok(fence)) = (
+            h.lease_id.parse(),
+            u32::try_from(h.weight),
+            u64::try_from(h.fence),
+        ) {
+            if let Ok(seats) = crate::stores::sql::decode_seats(h.seats, weight) {
+                let at = |t: i64| StoreTime(t.max(0) as u64);
+                self.granted.push(Grant {
+                    lease: Lease {
+                        lease_id,
+                        weight,
+                        seats,
+                        fence,
+                        holder: h.holder.to_string(),
+                        acquired_at: at(h.acquired_at),
+                        expires_at: at(h.expires_at),
+                    },
+                    now: at(h.acquired_at),
+                });
+            }
+        }
+        let name = self.name();
+        let args = [
+            name,
+            Lit::Text(h.lease_id),
+            Lit::Int(h.weight),
+            Lit::Text(h.seats),
+            Lit::Int(h.fence),
+            Lit::Text(h.holder),
+            Lit::Int(h.acquired_at),
+            Lit::Int(h.expires_at),
+        ];
+        self.defer(INSERT_HOLDER, &args);
+        Ok(())
     }
 
     async fn remove_holder(&mut self, lease: &str) -> Result<Option<Freed>> {
-        let rows = self.fetch(HOLDER_FREES, Some(lease), &[]).await?;
+        let name = self.name();
+        let rows = self.fetch(HOLDER_FREES, &[name, Lit::Text(lease)]).await?;
         let Some(freed) = rows.first().map(freed_at).transpose()? else {
             return Ok(None);
         };
-        self.exec(REMOVE_HOLDER, Some(lease), &[]).await?;
+        self.defer(REMOVE_HOLDER, &[name, Lit::Text(lease)]);
         Ok(Some(freed))
     }
 
     async fn renew_holder(&mut self, lease: &str, at: i64) -> Result<Option<i64>> {
-        let matched = sqlx::query(RENEW_HOLDER)
-            .bind(at)
-            .bind(self.name)
-            .bind(lease)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .rows_affected();
-        if matched == 0 {
-            return Ok(None);
-        }
-        let rows = self.fetch(HOLDER_EXPIRY, Some(lease), &[]).await?;
+        let name = self.name();
+        let mut r = self
+            .send(&[
+                render(RENEW_HOLDER, &[Lit::Int(at), name, Lit::Text(lease)]),
+                render(HOLDER_EXPIRY, &[name, Lit::Text(lease)]),
+            ])
+            .await?;
+        let rows = r.pop().map(|(rows, _)| rows).unwrap_or_default();
         rows.first().map(|r| int_at(r, 0)).transpose()
     }
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let rows = self.fetch(HEAD, None, &[]).await?;
+        let name = self.name();
+        let rows = self.fetch(HEAD, &[name]).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -357,7 +508,7 @@ impl SemRows for MysqlRows<'_> {
         }
         let seq = int_at(row, 0)?;
         let doorbell = text_at(row, 5)?;
-        self.exec(POP_HEAD, None, &[seq]).await?;
+        self.defer(POP_HEAD, &[name, Lit::Int(seq)]);
         if !doorbell.is_empty() && !self.rung.contains(&doorbell) {
             self.rung.push(doorbell);
         }
@@ -365,52 +516,50 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
-        sqlx::query(INSERT_WAITER)
-            .bind(self.name)
-            .bind(w.seq)
-            .bind(w.lease_id)
-            .bind(w.weight)
-            .bind(w.holder)
-            .bind(w.ttl)
-            .bind(w.enqueued_at)
-            .bind(w.expires_at)
-            .bind(self.doorbell)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        let name = self.name();
+        let args = [
+            name,
+            Lit::Int(w.seq),
+            Lit::Text(w.lease_id),
+            Lit::Int(w.weight),
+            Lit::Text(w.holder),
+            Lit::Int(w.ttl),
+            Lit::Int(w.enqueued_at),
+            Lit::Int(w.expires_at),
+            Lit::Text(self.doorbell),
+        ];
+        self.defer(INSERT_WAITER, &args);
+        Ok(())
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
-        self.exec(REMOVE_WAITER, Some(lease), &[]).await
+        let name = self.name();
+        self.count(REMOVE_WAITER, &[name, Lit::Text(lease)]).await
     }
 
     async fn refresh_waiter(&mut self, lease: &str, at: i64) -> Result<u64> {
-        sqlx::query(REFRESH_WAITER)
-            .bind(at)
-            .bind(self.doorbell)
-            .bind(self.name)
-            .bind(lease)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(|r| r.rows_affected())
+        let name = self.name();
+        let args = [
+            Lit::Int(at),
+            Lit::Text(self.doorbell),
+            name,
+            Lit::Text(lease),
+        ];
+        self.count(REFRESH_WAITER, &args).await
     }
 
     async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
-        let row = sqlx::query(WAITER_POSITION)
-            .bind(self.name)
-            .bind(self.name)
-            .bind(lease)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .ok_or_else(|| corrupt("no waiter position"))?;
-        int_at(&row, 0)
+        let name = self.name();
+        let rows = self
+            .fetch(WAITER_POSITION, &[name, name, Lit::Text(lease)])
+            .await?;
+        let row = rows.first().ok_or_else(|| corrupt("no waiter position"))?;
+        int_at(row, 0)
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
-        let rows = self.fetch(ALL_WAITERS, None, &[]).await?;
+        let name = self.name();
+        let rows = self.fetch(ALL_WAITERS, &[name]).await?;
         rows.iter()
             .map(|row| {
                 Ok(WaiterRow {
@@ -425,14 +574,17 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn take_free_seats(&mut self, below: i64, n: i64) -> Result<Vec<i64>> {
-        let rows = self.fetch(TAKE_FREE_SEATS, None, &[below, n]).await?;
+        let name = self.name();
+        let rows = self
+            .fetch(TAKE_FREE_SEATS, &[name, Lit::Int(below), Lit::Int(n)])
+            .await?;
         let seats = rows
             .iter()
             .map(|r| int_at(r, 0))
             .collect::<Result<Vec<_>>>()?;
         if let Some(&last) = seats.last() {
             // Every free seat up to `last` is one just taken (they are the lowest).
-            self.exec(DROP_FREE_SEATS_UP_TO, None, &[last]).await?;
+            self.defer(DROP_FREE_SEATS_UP_TO, &[name, Lit::Int(last)]);
         }
         Ok(seats)
     }
@@ -441,31 +593,37 @@ impl SemRows for MysqlRows<'_> {
         let mut from = lo;
         while from <= hi {
             let to = hi.min(from + SEAT_BATCH - 1);
-            let values = vec!["(?, ?)"; (to - from + 1) as usize].join(", ");
-            let sql = format!("INSERT INTO tessera_free_seats (name, seat) VALUES {values}");
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for seat in from..=to {
-                q = q.bind(self.name).bind(seat);
-            }
-            q.execute(&mut *self.conn).await.map_err(map_err)?;
+            let name = render("?", &[self.name()]);
+            let values: Vec<String> = (from..=to)
+                .map(|seat| format!("({name}, {seat})"))
+                .collect();
+            self.pending
+                .push_str("INSERT INTO tessera_free_seats (name, seat) VALUES ");
+            self.pending.push_str(&values.join(", "));
+            self.pending.push(';');
             from = to + 1;
         }
         Ok(())
     }
 
     async fn top_free_seats(&mut self, below: i64, limit: i64) -> Result<Vec<i64>> {
-        let rows = self.fetch(TOP_FREE_SEATS, None, &[below, limit]).await?;
+        let name = self.name();
+        let rows = self
+            .fetch(TOP_FREE_SEATS, &[name, Lit::Int(below), Lit::Int(limit)])
+            .await?;
         rows.iter().map(|r| int_at(r, 0)).collect()
     }
 
     async fn drop_free_seats_from(&mut self, seat: i64) -> Result<()> {
-        self.exec(DROP_FREE_SEATS_FROM, None, &[seat])
-            .await
-            .map(drop)
+        let name = self.name();
+        self.defer(DROP_FREE_SEATS_FROM, &[name, Lit::Int(seat)]);
+        Ok(())
     }
 
     async fn drop_free_seats(&mut self) -> Result<()> {
-        self.exec(DROP_FREE_SEATS, None, &[]).await.map(drop)
+        let name = self.name();
+        self.defer(DROP_FREE_SEATS, &[name]);
+        Ok(())
     }
 
     async fn drop_holders(&mut self) -> Result<Vec<String>> {

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use super::ops::{int_at, now_us, text_at, time_at};
-use super::{is_retryable, map_err, retry_pause, MysqlBackend, STEP_RETRIES};
+use super::{is_retryable, map_err, retry_pause, MysqlBackend};
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
