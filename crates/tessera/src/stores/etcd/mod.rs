@@ -106,6 +106,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, LeaseKeepAliveStream,
@@ -142,22 +144,57 @@ struct EtcdLease {
 /// A keep-alive stream kept open between renewals of one etcd lease.
 type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>>;
 
+/// A lease held through this backend, as granted.
+#[derive(Debug, Clone)]
+struct HeldHere {
+    session: EtcdLease,
+    /// The grant's revision: the record's mod revision while it holds.
+    fence: i64,
+    seats: Vec<u32>,
+    /// The expiry the last grant or renewal reported (what `status` shows).
+    expires_at: StoreTime,
+    keys: Keys,
+    /// One TTL after the last grant or renewal was answered: past it, nobody renews the
+    /// lease any more (its permit was abandoned in a process that lives on), and the next
+    /// operation of this backend ends the grant, since other leases keep the session alive.
+    deadline: Instant,
+}
+
+/// A waiter of this backend, as its heartbeats see it.
+#[derive(Debug, Clone)]
+struct WaitHere {
+    /// The holder and waiter TTLs, seconds.
+    ttls: (i64, i64),
+    /// The etcd lease its record is on.
+    lease: i64,
+    keys: Keys,
+    /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
+    deadline: Instant,
+}
+
+/// How long a cancel's marker (see [`EtcdBackend::cancel`]) outlives the request it stops.
+const MARKER_TTL: i64 = 30;
+
 /// The etcd backend. Cheap to share behind an `Arc`; dropping it stops its watches.
 pub struct EtcdBackend {
     client: Client,
     root: String,
     url: String,
     secret: Option<String>,
-    /// Holder leases granted through this backend (saves a read on renew and release),
-    /// with the expiry the last grant or renewal reported (what `status` shows for them).
-    held: Mutex<HashMap<LeaseId, (EtcdLease, StoreTime)>>,
-    /// The holder lease of each acquire under way: if the acquire is dropped half-way, its
-    /// transaction may still land after the cancel read the key; the cancel ends this
-    /// lease, so that a late write fails (no lease) or is undone (its keys go with it).
-    pending: Mutex<HashMap<LeaseId, i64>>,
-    /// Holder leases granted for waiters of this backend, renewed by their heartbeats and
-    /// used at their grant (saves a lease grant on the hand-off path).
-    spare: Mutex<HashMap<LeaseId, EtcdLease>>,
+    /// This client's session leases, one per TTL in seconds: every key this backend writes
+    /// (waiting records, granted records and their seats, cancel markers) is on one, as
+    /// with etcd's own `concurrency` sessions. Kept alive by the heartbeats of waiters and
+    /// the renewals of holders; a session that ended (this process stalled past it) is
+    /// replaced by a new one at the next write.
+    sessions: tokio::sync::Mutex<HashMap<i64, EtcdLease>>,
+    /// Leases held through this backend (saves a read on renew and release).
+    held: Mutex<HashMap<LeaseId, HeldHere>>,
+    /// Acquires under way, by lease id: if one is dropped half-way, its transaction may
+    /// still land after a cancel read the key; such a cancel first writes a marker that
+    /// every acquire transaction compares absent.
+    pending: Mutex<HashMap<LeaseId, ()>>,
+    /// The holder and waiter TTLs (seconds) of this backend's waiters, for their heartbeats.
+    waiting: Mutex<HashMap<LeaseId, WaitHere>>,
     keep_alives: Mutex<HashMap<i64, KeepAliveSlot>>,
     watches: Arc<Watches>,
 }
@@ -258,9 +295,10 @@ impl EtcdBackend {
             root: config.prefix,
             url: config.redacted,
             secret,
+            sessions: tokio::sync::Mutex::default(),
             held: Mutex::default(),
             pending: Mutex::default(),
-            spare: Mutex::default(),
+            waiting: Mutex::default(),
             keep_alives: Mutex::default(),
         })
     }
@@ -355,29 +393,6 @@ impl EtcdBackend {
         })
     }
 
-    /// Revokes an etcd lease: `true` if it existed.
-    async fn revoke_lease(&self, lease: i64) -> Result<bool> {
-        self.forget_keep_alive(lease);
-        match self
-            .call(|mut c| async move { c.lease_revoke(lease).await })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(self.err(e)),
-        }
-    }
-
-    /// Revokes a lease nobody waits for (a spare, a waiter lease after its grant); if that
-    /// fails, the lease expires by its TTL.
-    fn revoke_later(&self, lease: i64) {
-        self.forget_keep_alive(lease);
-        let mut client = self.client.clone();
-        tokio::spawn(async move {
-            let _ = client.lease_revoke(lease).await;
-        });
-    }
-
     /// One keep-alive of an etcd lease, on its keep-alive stream (opened on first use and
     /// kept): `true` if the lease lives (etcd restarted its TTL when it received the
     /// request), `false` if it is gone.
@@ -426,10 +441,82 @@ impl EtcdBackend {
         self.keep_alives.lock().unwrap().remove(&lease);
     }
 
+    /// This backend's session lease of `ttl` seconds, kept alive by this call: its TTL
+    /// restarted after the call began, so a key written on it lives at least until then
+    /// plus `ttl`. A session that ended is replaced.
+    async fn session(&self, ttl: i64) -> Result<EtcdLease> {
+        self.sweep().await?;
+        for _ in 0..3 {
+            let known = self.sessions.lock().await.get(&ttl).copied();
+            match known {
+                Some(l) if self.keep_alive(l.id).await? => return Ok(l),
+                Some(l) => self.drop_session(l).await,
+                None => {
+                    let mut sessions = self.sessions.lock().await;
+                    if sessions.contains_key(&ttl) {
+                        continue;
+                    }
+                    // Granted now: its TTL runs from after this call began.
+                    let l = self.grant_lease(ttl).await?;
+                    sessions.insert(ttl, l);
+                    return Ok(l);
+                }
+            }
+        }
+        Err(Error::store(
+            StoreErrorKind::Connection,
+            "etcd: the session lease kept ending",
+        ))
+    }
+
+    /// Forgets a session lease that ended.
+    async fn drop_session(&self, lease: EtcdLease) {
+        let mut sessions = self.sessions.lock().await;
+        if sessions.get(&lease.ttl) == Some(&lease) {
+            sessions.remove(&lease.ttl);
+        }
+        self.forget_keep_alive(lease.id);
+    }
+
+    /// A transaction that may name a session lease that just ended: on "lease not found"
+    /// the session is forgotten and `None` returned (the caller writes again on a new one).
+    async fn txn_on(&self, txn: Txn, sessions: &[EtcdLease]) -> Result<Option<TxnResponse>> {
+        match self
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if is_lease_not_found(&e) => {
+                for &l in sessions {
+                    self.drop_session(l).await;
+                }
+                Ok(None)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Ends a grant: deletes the record of `id` and its seats if the record is still the
+    /// grant of revision `fence`. `true` if it was.
+    async fn end_grant(&self, keys: &Keys, id: LeaseId, fence: i64, seats: &[u32]) -> Result<bool> {
+        let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
+        ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                keys.lease(id),
+                CompareOp::Equal,
+                fence,
+            )])
+            .and_then(ops);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
     /// The grant transaction: `entry` (waiting, seen in `snap`) takes the lowest free seats,
-    /// on `holder` (an etcd lease whose TTL restarted after the caller's request was sent).
-    /// `None` if the compares failed (someone changed the semaphore since `snap`): read
-    /// again.
+    /// on `holder` (a session kept alive after the caller's request was sent). `None` if
+    /// the compares failed (someone changed the semaphore since `snap`): read again.
     async fn claim(
         &self,
         keys: &Keys,
@@ -450,11 +537,14 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when(when)
             .and_then(keys.grant_ops(entry.id, &record, holder.id)?);
-        let resp = self.txn(txn).await?;
+        let Some(resp) = self.txn_on(txn, &[holder]).await? else {
+            return Ok(None);
+        };
         if !resp.succeeded() {
             return Ok(None);
         }
         Ok(Some(self.granted(
+            keys,
             entry.id,
             &record,
             revision(resp.header()),
@@ -466,6 +556,7 @@ impl EtcdBackend {
     /// A grant made now: noted as held through this backend, its waiting ended.
     fn granted(
         &self,
+        keys: &Keys,
         id: LeaseId,
         record: &Record,
         fence: i64,
@@ -473,8 +564,18 @@ impl EtcdBackend {
         now: StoreTime,
     ) -> Grant {
         let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
-        self.held.lock().unwrap().insert(id, (holder, expires_at));
-        self.watches.stop(id);
+        self.held.lock().unwrap().insert(
+            id,
+            HeldHere {
+                session: holder,
+                fence,
+                seats: record.seats().to_vec(),
+                expires_at,
+                keys: keys.clone(),
+                deadline: Instant::now() + Duration::from_secs(holder.ttl as u64),
+            },
+        );
+        self.end_wait(id);
         let entry = Entry {
             id,
             record: record.clone(),
@@ -491,7 +592,7 @@ impl EtcdBackend {
     /// The grant of a key that already holds (a retried acquire or a heartbeat after a
     /// grant whose reply was lost): its lease is kept alive first, so the reply's TTL runs
     /// from after the caller's request was sent. `None` if the lease just ended.
-    async fn existing_grant(&self, entry: &Entry) -> Result<Option<Grant>> {
+    async fn existing_grant(&self, keys: &Keys, entry: &Entry) -> Result<Option<Grant>> {
         if !self.keep_alive(entry.lease).await? {
             return Ok(None);
         }
@@ -500,16 +601,14 @@ impl EtcdBackend {
             ttl: entry.record.ttl,
         };
         let now = StoreTime::host_now();
-        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
-        self.held
-            .lock()
-            .unwrap()
-            .insert(entry.id, (holder, expires_at));
-        self.watches.stop(entry.id);
-        Ok(Some(Grant {
-            lease: entry.lease(expires_at),
+        Ok(Some(self.granted(
+            keys,
+            entry.id,
+            &entry.record,
+            entry.mod_rev,
+            holder,
             now,
-        }))
+        )))
     }
 
     /// Watches what can let `id` in (see the module docs), from after `snap`.
@@ -524,37 +623,107 @@ impl EtcdBackend {
         self.watches.set(id, target, snap.revision + 1);
     }
 
-    fn take_spare(&self, id: LeaseId) -> Option<EtcdLease> {
-        self.spare.lock().unwrap().remove(&id)
+    /// Notes (or renews) a waiter of this backend after a heartbeat or its acquire.
+    fn note_waiting(&self, id: LeaseId, keys: &Keys, ttls: (i64, i64), lease: i64) {
+        let deadline = Instant::now() + Duration::from_secs(ttls.1 as u64);
+        self.waiting.lock().unwrap().insert(
+            id,
+            WaitHere {
+                ttls,
+                lease,
+                keys: keys.clone(),
+                deadline,
+            },
+        );
     }
 
-    /// `id` waits no more (gone, cancelled): its watch and spare lease go.
+    /// Ends the grants and waits of this backend that nobody renewed for their TTL. The
+    /// session they share is kept alive by this backend's other leases and waiters, so
+    /// without this a permit abandoned in a process that lives on (its runtime ended, its
+    /// keeper stopped) would outlive its TTL; a process that died or froze renews nothing,
+    /// and etcd ends its session, records and all. The deadline counts from when the last
+    /// renewal was *answered*, later than the holder's own bound (sent + TTL − margin), so
+    /// a holder still within `valid_until` is never cut off.
+    async fn sweep(&self) -> Result<()> {
+        let now = Instant::now();
+        let held: Vec<(LeaseId, HeldHere)> = {
+            let mut map = self.held.lock().unwrap();
+            let overdue: Vec<LeaseId> = map
+                .iter()
+                .filter(|(_, h)| h.deadline < now)
+                .map(|(id, _)| *id)
+                .collect();
+            overdue
+                .into_iter()
+                .filter_map(|id| map.remove(&id).map(|h| (id, h)))
+                .collect()
+        };
+        let waits: Vec<(LeaseId, WaitHere)> = {
+            let mut map = self.waiting.lock().unwrap();
+            let overdue: Vec<LeaseId> = map
+                .iter()
+                .filter(|(_, w)| w.deadline < now)
+                .map(|(id, _)| *id)
+                .collect();
+            overdue
+                .into_iter()
+                .filter_map(|id| map.remove(&id).map(|w| (id, w)))
+                .collect()
+        };
+        for (id, h) in held {
+            tracing::debug!(lease = %id, "etcd: ending a grant nobody renewed");
+            self.end_grant(&h.keys, id, h.fence, &h.seats).await?;
+        }
+        for (id, w) in waits {
+            tracing::debug!(lease = %id, "etcd: removing a waiter that stopped heartbeating");
+            self.watches.stop(id);
+            let key = w.keys.lease(id);
+            let txn = Txn::new()
+                .when([Compare::lease(key.clone(), CompareOp::Equal, w.lease)])
+                .and_then([TxnOp::delete(key, None)]);
+            self.txn(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// `id` waits no more through this backend (granted, gone, cancelled).
     fn end_wait(&self, id: LeaseId) {
         self.watches.stop(id);
-        if let Some(spare) = self.take_spare(id) {
-            self.revoke_later(spare.id);
-        }
+        self.waiting.lock().unwrap().remove(&id);
     }
 
-    /// The rest of an acquire whose key was written (or found) at `snap`: grant it if it
-    /// fits, refuse a try that does not, or queue it on a waiter lease.
+    /// Deletes a waiting record if it is still as read; `true` if it was.
+    async fn dequeue(&self, keys: &Keys, entry: &Entry) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                keys.lease(entry.id),
+                CompareOp::Equal,
+                entry.mod_rev,
+            )])
+            .and_then([TxnOp::delete(keys.lease(entry.id), None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// The rest of an acquire whose waiting record was written in this call, seen in
+    /// `snap`: grant it if it fits, refuse a try that does not, or leave it queued.
     async fn place_new(
         &self,
-        req_name: &Name,
+        name: &Name,
         keys: &Keys,
         snap: &Snapshot,
         req: &AcquireRequest,
         holder: EtcdLease,
+        waiter_ttl: i64,
     ) -> Result<Option<AcquireReply>> {
         let id = req.lease_id;
-        let Some(entry) = snap.entry(id) else {
-            return Ok(None);
-        };
-        let Place::Waiting {
-            position,
-            fits,
-            ahead,
-        } = snap.place(id)
+        let (
+            Some(entry),
+            Place::Waiting {
+                position,
+                fits,
+                ahead,
+            },
+        ) = (snap.entry(id), snap.place(id))
         else {
             return Ok(None);
         };
@@ -564,48 +733,184 @@ impl EtcdBackend {
                 .await?
                 .map(AcquireReply::Granted));
         }
-        let Some(wait) = req.wait else {
-            // A try that does not fit: its key goes with its lease.
-            self.revoke_lease(entry.lease).await?;
-            if entry.lease != holder.id {
-                self.revoke_later(holder.id);
+        let refuse = match req.wait {
+            None => None,
+            Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
+            Some(_) => {
+                self.note_waiting(id, keys, (holder.ttl, waiter_ttl), entry.lease);
+                self.watch(keys, snap, ahead, id);
+                return Ok(Some(AcquireReply::Queued { position }));
             }
-            let cap = snap.capacity().unwrap_or(0);
-            return Ok(Some(AcquireReply::NoPermit {
-                available: cap.saturating_sub(snap.used()),
-                queued: snap.waiters().saturating_sub(1),
-            }));
         };
-        if position >= u64::from(wait.queue_cap) {
-            self.revoke_lease(entry.lease).await?;
-            return Err(Error::QueueFull {
-                name: req_name.to_string(),
-                cap: wait.queue_cap,
-            });
-        }
-        // It waits: its key moves to a lease of the waiter TTL, so that a waiter that dies
-        // leaves the queue within that TTL; the holder lease stays as this waiter's spare.
-        let waiter = self.grant_lease(lease_secs(wait.waiter_ttl)).await?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                keys.lease(id),
-                CompareOp::Equal,
-                entry.mod_rev,
-            )])
-            .and_then([TxnOp::put(
-                keys.lease(id),
-                entry.record.encode()?,
-                Some(PutOptions::new().with_lease(waiter.id)),
-            )]);
-        let resp = self.txn(txn).await?;
-        if !resp.succeeded() {
-            // Deleted meanwhile (an admin delete): read again.
-            self.revoke_later(waiter.id);
+        // A try that does not fit, or a queue at its cap: the record goes again.
+        if !self.dequeue(keys, entry).await? {
             return Ok(None);
         }
-        self.spare.lock().unwrap().insert(id, holder);
-        self.watch(keys, snap, ahead, id);
-        Ok(Some(AcquireReply::Queued { position }))
+        match refuse {
+            Some(cap) => Err(Error::QueueFull {
+                name: name.to_string(),
+                cap,
+            }),
+            None => {
+                let cap = snap.capacity().unwrap_or(0);
+                Ok(Some(AcquireReply::NoPermit {
+                    available: cap.saturating_sub(snap.used()),
+                    queued: snap.waiters().saturating_sub(1),
+                }))
+            }
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// [`Backend::acquire`], once this call is noted as under way.
+    async fn acquire_inner(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        let keys = self.keys(name);
+        let id = req.lease_id;
+        let now = StoreTime::host_now();
+        let record = Record {
+            w: req.weight,
+            h: req.holder.clone(),
+            ttl: lease_secs(req.ttl),
+            e: now.0,
+            g: None,
+        };
+        let waiter_ttl = req.wait.map(|w| lease_secs(w.waiter_ttl));
+        let first_seats: Vec<u32> = (0..req.weight).collect();
+        let granted = record.granted(first_seats.clone(), now);
+        let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
+        // Whether an earlier round of this call wrote the waiting record.
+        let mut wrote = false;
+        for _ in 0..MAX_ROUNDS {
+            // The sessions, kept alive now: a grant's TTL runs from after this call began.
+            let (holder, waiter) = match waiter_ttl {
+                Some(ws) => {
+                    let (h, w) = tokio::join!(self.session(record.ttl), self.session(ws));
+                    (h?, w?)
+                }
+                None => {
+                    let h = self.session(record.ttl).await?;
+                    (h, h)
+                }
+            };
+            // Granted at once if nobody holds or waits; otherwise (same capacity, record
+            // not written yet) the record is written and the semaphore read, in one step.
+            let mut when = vec![
+                keys.capacity_is(capacity),
+                keys.queue_is_empty(),
+                keys.not_cancelled(id),
+            ];
+            when.extend(keys.seats_free(&first_seats));
+            let nested = Txn::new()
+                .when([
+                    keys.capacity_is(capacity),
+                    Compare::create_revision(keys.lease(id), CompareOp::Equal, 0),
+                    keys.not_cancelled(id),
+                ])
+                .and_then([
+                    TxnOp::put(
+                        keys.lease(id),
+                        record.encode()?,
+                        Some(PutOptions::new().with_lease(waiter.id)),
+                    ),
+                    get_all(),
+                ])
+                .or_else([get_all()]);
+            let txn = Txn::new()
+                .when(when)
+                .and_then(keys.grant_ops(id, &granted, holder.id)?)
+                .or_else([TxnOp::txn(nested)]);
+            let Some(resp) = self.txn_on(txn, &[holder, waiter]).await? else {
+                continue;
+            };
+            if resp.succeeded() {
+                let fence = revision(resp.header());
+                return Ok(AcquireReply::Granted(
+                    self.granted(&keys, id, &granted, fence, holder, now),
+                ));
+            }
+            let (written, read) = txn_read(&resp)
+                .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
+            wrote |= written;
+            let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
+            if snap.cancelled.contains(&id) {
+                return Err(Error::store(
+                    StoreErrorKind::Other,
+                    format!("etcd: the acquire of {id} on {name} was cancelled"),
+                ));
+            }
+            if let Some(entry) = snap.entry(id) {
+                match snap.place(id) {
+                    Place::Absent => unreachable!("the entry exists"),
+                    // A retry of an acquire whose reply was lost (by the caller, or by this
+                    // call when a request was sent again): what it already has.
+                    Place::Holder => match self.existing_grant(&keys, entry).await? {
+                        Some(grant) => return Ok(AcquireReply::Granted(grant)),
+                        None => continue,
+                    },
+                    // Written in this call (this round, or an earlier one whose grant
+                    // conflicted), or a try's record some earlier call left: decide it.
+                    Place::Waiting { .. } if wrote || req.wait.is_none() => {
+                        let placed = self
+                            .place_new(name, &keys, &snap, req, holder, waiter.ttl)
+                            .await?;
+                        match placed {
+                            Some(reply) => return Ok(reply),
+                            None => continue,
+                        }
+                    }
+                    Place::Waiting {
+                        position, ahead, ..
+                    } => {
+                        self.note_waiting(id, &keys, (record.ttl, waiter.ttl), entry.lease);
+                        self.watch(&keys, &snap, ahead, id);
+                        return Ok(AcquireReply::Queued { position });
+                    }
+                }
+            }
+            match snap.capacity() {
+                Some(stored) if stored != capacity && !snap.entries.is_empty() => {
+                    return Err(Error::CapacityMismatch {
+                        name: name.to_string(),
+                        stored,
+                        declared: capacity,
+                    });
+                }
+                // Capacity as declared and the record not there: it changed meanwhile.
+                Some(stored) if stored == capacity => continue,
+                // No capacity yet, or an idle semaphore: this client's capacity, and the
+                // grant, in one step, if the queue is still empty.
+                _ => {
+                    let seen = snap.capacity.map_or(0, |(_, rev)| rev);
+                    let mut when = vec![
+                        Compare::mod_revision(keys.cap.clone(), CompareOp::Equal, seen),
+                        keys.queue_is_empty(),
+                        keys.not_cancelled(id),
+                    ];
+                    when.extend(keys.seats_free(&first_seats));
+                    let mut ops = vec![TxnOp::put(keys.cap.clone(), capacity.to_string(), None)];
+                    ops.extend(keys.grant_ops(id, &granted, holder.id)?);
+                    let txn = Txn::new().when(when).and_then(ops);
+                    if let Some(resp) = self.txn_on(txn, &[holder]).await? {
+                        if resp.succeeded() {
+                            let fence = revision(resp.header());
+                            return Ok(AcquireReply::Granted(
+                                self.granted(&keys, id, &granted, fence, holder, now),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Err(Error::store(
+            StoreErrorKind::Busy,
+            format!("etcd: acquire on {name} kept conflicting with other clients"),
+        ))
     }
 }
 
@@ -642,130 +947,11 @@ impl Backend for EtcdBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let keys = self.keys(name);
         let id = req.lease_id;
-        let now = StoreTime::host_now();
-        let record = Record {
-            w: req.weight,
-            h: req.holder.clone(),
-            ttl: lease_secs(req.ttl),
-            e: now.0,
-            g: None,
-        };
-        // Granted after the caller sent this request, so its TTL runs from later than that.
-        let holder = self.grant_lease(record.ttl).await?;
-        self.pending.lock().unwrap().insert(id, holder.id);
-        let first_seats: Vec<u32> = (0..req.weight).collect();
-        let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
-        let put_waiting = || -> Result<TxnOp> {
-            Ok(TxnOp::put(
-                keys.lease(id),
-                record.encode()?,
-                Some(PutOptions::new().with_lease(holder.id)),
-            ))
-        };
-        let outcome: Result<AcquireReply> = async {
-            for _ in 0..MAX_ROUNDS {
-                // Granted at once if nobody holds or waits; otherwise (same capacity, key
-                // not written yet) the key is written and the semaphore read, in one step.
-                let mut when = vec![keys.capacity_is(capacity), keys.queue_is_empty()];
-                when.extend(keys.seats_free(&first_seats));
-                let granted = record.granted(first_seats.clone(), now);
-                let nested = Txn::new()
-                    .when([
-                        keys.capacity_is(capacity),
-                        Compare::create_revision(keys.lease(id), CompareOp::Equal, 0),
-                    ])
-                    .and_then([put_waiting()?, get_all()])
-                    .or_else([get_all()]);
-                let txn = Txn::new()
-                    .when(when)
-                    .and_then(keys.grant_ops(id, &granted, holder.id)?)
-                    .or_else([TxnOp::txn(nested)]);
-                let resp = self.txn(txn).await?;
-                if resp.succeeded() {
-                    let fence = revision(resp.header());
-                    return Ok(AcquireReply::Granted(
-                        self.granted(id, &granted, fence, holder, now),
-                    ));
-                }
-                let (written, read) = txn_read(&resp)
-                    .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
-                let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
-                // Waiting, written in this call (this round, or an earlier one whose grant
-                // conflicted), or a try's key that some earlier call left: decide it now.
-                let decide = snap.entry(id).is_some_and(|e| {
-                    !e.is_holder() && (written || e.lease == holder.id || req.wait.is_none())
-                });
-                if decide {
-                    match self.place_new(name, &keys, &snap, req, holder).await? {
-                        Some(reply) => return Ok(reply),
-                        None => continue,
-                    }
-                }
-                if let Some(entry) = snap.entry(id) {
-                    // A retry of an acquire whose reply was lost (by the caller, or by this
-                    // call when a request was sent again): what it already has.
-                    if entry.lease != holder.id {
-                        self.revoke_later(holder.id);
-                    }
-                    match snap.place(id) {
-                        Place::Holder => match self.existing_grant(entry).await? {
-                            Some(grant) => return Ok(AcquireReply::Granted(grant)),
-                            None => continue,
-                        },
-                        Place::Waiting {
-                            position, ahead, ..
-                        } => {
-                            self.watch(&keys, &snap, ahead, id);
-                            return Ok(AcquireReply::Queued { position });
-                        }
-                        Place::Absent => unreachable!("the entry exists"),
-                    }
-                }
-                match snap.capacity() {
-                    Some(stored) if stored != capacity && !snap.entries.is_empty() => {
-                        return Err(Error::CapacityMismatch {
-                            name: name.to_string(),
-                            stored,
-                            declared: capacity,
-                        });
-                    }
-                    // Capacity as declared: the key went in meanwhile? Read again.
-                    Some(stored) if stored == capacity => continue,
-                    // No capacity yet, or an idle semaphore: this client's capacity, and
-                    // the grant, in one step, if the queue is still empty.
-                    _ => {
-                        let seen = snap.capacity.map_or(0, |(_, rev)| rev);
-                        let mut when = vec![
-                            Compare::mod_revision(keys.cap.clone(), CompareOp::Equal, seen),
-                            keys.queue_is_empty(),
-                        ];
-                        when.extend(keys.seats_free(&first_seats));
-                        let mut ops =
-                            vec![TxnOp::put(keys.cap.clone(), capacity.to_string(), None)];
-                        ops.extend(keys.grant_ops(id, &granted, holder.id)?);
-                        let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
-                        if resp.succeeded() {
-                            let fence = revision(resp.header());
-                            return Ok(AcquireReply::Granted(
-                                self.granted(id, &granted, fence, holder, now),
-                            ));
-                        }
-                    }
-                }
-            }
-            Err(Error::store(
-                StoreErrorKind::Busy,
-                format!("etcd: acquire on {name} kept conflicting with other clients"),
-            ))
-        }
-        .await;
+        self.pending.lock().unwrap().insert(id, ());
+        let outcome = self.acquire_inner(name, capacity, req).await;
+        // Not reached if the caller dropped this call: the entry stays for its cancel.
         self.pending.lock().unwrap().remove(&id);
-        // On error the holder lease may have the key on it: ending it removes the key.
-        if outcome.is_err() && !self.held.lock().unwrap().contains_key(&id) {
-            self.revoke_later(holder.id);
-        }
         outcome
     }
 
@@ -775,10 +961,20 @@ impl Backend for EtcdBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let _ = waiter_ttl; // the waiter lease's TTL was fixed when it was granted
         let keys = self.keys(name);
+        let known = self.waiting.lock().unwrap().get(&lease).map(|w| w.ttls);
         for _ in 0..MAX_ROUNDS {
-            let snap = self.read(&keys).await?;
+            // The read, and this backend's sessions kept alive, in one round trip: the
+            // waiter session (the heartbeat renews the waiting record) and the holder session
+            // (a grant below runs on it).
+            let (snap, sessions) = match known {
+                Some((hs, ws)) => {
+                    let (snap, h, w) =
+                        tokio::join!(self.read(&keys), self.session(hs), self.session(ws));
+                    (snap?, Some((h?, w?)))
+                }
+                None => (self.read(&keys).await?, None),
+            };
             let Some(entry) = snap.entry(lease) else {
                 self.end_wait(lease);
                 return Ok(WaitReply::Gone);
@@ -786,41 +982,39 @@ impl Backend for EtcdBackend {
             match snap.place(lease) {
                 Place::Absent => unreachable!("the entry exists"),
                 Place::Holder => {
-                    self.end_wait(lease);
-                    return Ok(match self.existing_grant(entry).await? {
+                    return Ok(match self.existing_grant(&keys, entry).await? {
                         Some(grant) => WaitReply::Granted(grant),
-                        None => WaitReply::Gone,
+                        None => {
+                            self.end_wait(lease);
+                            WaitReply::Gone
+                        }
                     });
                 }
                 Place::Waiting { fits: true, .. } => {
-                    // Re-read above: its key is there and waiting, so its waiter lease
-                    // lives; the grant compares that the key is unchanged since.
-                    let holder = match self.take_spare(lease) {
-                        Some(spare) if self.keep_alive(spare.id).await? => spare,
-                        _ => self.grant_lease(entry.record.ttl).await?,
+                    // Re-read above: the record is there and waiting, so the lease under it
+                    // lives; the grant compares that it is unchanged since.
+                    let holder = match sessions {
+                        Some((h, _)) => h,
+                        None => self.session(entry.record.ttl).await?,
                     };
                     match self.claim(&keys, &snap, entry, holder).await? {
-                        Some(grant) => {
-                            self.revoke_later(entry.lease);
-                            return Ok(WaitReply::Granted(grant));
-                        }
-                        None => {
-                            self.spare.lock().unwrap().insert(lease, holder);
-                            continue;
-                        }
+                        Some(grant) => return Ok(WaitReply::Granted(grant)),
+                        None => continue,
                     }
                 }
                 Place::Waiting { ahead, .. } => {
-                    if !self.keep_alive(entry.lease).await? {
+                    // Its waiter lease must live on: renewed here if it is this backend's
+                    // session, else (a heartbeat through another connection) directly.
+                    let renewed = match sessions {
+                        Some((_, w)) if w.id == entry.lease => true,
+                        _ => self.keep_alive(entry.lease).await?,
+                    };
+                    if !renewed {
                         self.end_wait(lease);
                         return Ok(WaitReply::Gone);
                     }
-                    let spare = self.spare.lock().unwrap().get(&lease).copied();
-                    if let Some(spare) = spare {
-                        // Keeps the spare from running out during a long wait; if it did,
-                        // the grant takes a new one.
-                        let _ = self.keep_alive(spare.id).await;
-                    }
+                    let ws = known.map_or(lease_secs(waiter_ttl), |(_, ws)| ws);
+                    self.note_waiting(lease, &keys, (entry.record.ttl, ws), entry.lease);
                     self.watch(&keys, &snap, ahead, lease);
                     return Ok(WaitReply::Waiting);
                 }
@@ -832,52 +1026,52 @@ impl Backend for EtcdBackend {
         ))
     }
 
+    /// Removes the waiter, or ends the grant. If an acquire of this lease id through this
+    /// backend was dropped half-way, its transaction may still be on its way: a marker key
+    /// goes first, which every acquire transaction compares absent, so that transaction
+    /// either landed before the marker (and the read below finds its record) or does
+    /// nothing.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         let keys = self.keys(name);
-        // An acquire dropped half-way through this backend: end its holder lease first, so
-        // that a transaction of it still in flight cannot leave a key behind.
-        let dropped = self.pending.lock().unwrap().remove(&lease);
-        let mut reply = CancelReply::NotFound;
-        if let Some(holder) = dropped {
-            let on_it = self
-                .read_one(&keys, lease)
-                .await?
-                .filter(|e| e.lease == holder);
-            if self.revoke_lease(holder).await? {
-                reply = match on_it {
-                    Some(e) if e.is_holder() => CancelReply::Released,
-                    Some(_) => CancelReply::Dequeued,
-                    None => CancelReply::NotFound,
-                };
+        let dropped = self.pending.lock().unwrap().remove(&lease).is_some();
+        if dropped {
+            let mut done = false;
+            for _ in 0..3 {
+                let marker_lease = self.session(MARKER_TTL).await?;
+                let put = Txn::new().and_then([TxnOp::put(
+                    keys.marker(lease),
+                    "",
+                    Some(PutOptions::new().with_lease(marker_lease.id)),
+                )]);
+                if self.txn_on(put, &[marker_lease]).await?.is_some() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                return Err(Error::store(
+                    StoreErrorKind::Connection,
+                    "etcd: could not write the cancel marker",
+                ));
             }
         }
+        self.end_wait(lease);
+        self.held.lock().unwrap().remove(&lease);
         for _ in 0..MAX_ROUNDS {
             let Some(entry) = self.read_one(&keys, lease).await? else {
-                self.end_wait(lease);
-                return Ok(reply);
+                return Ok(CancelReply::NotFound);
             };
             if entry.is_holder() {
-                self.end_wait(lease);
-                self.held.lock().unwrap().remove(&lease);
-                return Ok(if self.revoke_lease(entry.lease).await? {
-                    CancelReply::Released
-                } else {
-                    CancelReply::NotFound
-                });
-            }
-            // Still waiting: delete it unless it was granted meanwhile.
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    keys.lease(lease),
-                    CompareOp::Equal,
-                    entry.mod_rev,
-                )])
-                .and_then([TxnOp::delete(keys.lease(lease), None)]);
-            if self.txn(txn).await?.succeeded() {
-                self.end_wait(lease);
-                self.revoke_later(entry.lease);
+                if self
+                    .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
+                    .await?
+                {
+                    return Ok(CancelReply::Released);
+                }
+            } else if self.dequeue(&keys, &entry).await? {
                 return Ok(CancelReply::Dequeued);
             }
+            // Changed since the read (granted meanwhile): read again.
         }
         Err(Error::store(
             StoreErrorKind::Busy,
@@ -886,44 +1080,60 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        let keys = self.keys(name);
         let known = self.held.lock().unwrap().remove(&lease);
-        let etcd_lease = match known {
-            Some((l, _)) => l.id,
-            None => match self.read_one(&self.keys(name), lease).await? {
-                Some(e) if e.is_holder() => e.lease,
+        if let Some(h) = known {
+            return self.end_grant(&keys, lease, h.fence, &h.seats).await;
+        }
+        for _ in 0..MAX_ROUNDS {
+            match self.read_one(&keys, lease).await? {
+                Some(e) if e.is_holder() => {
+                    if self
+                        .end_grant(&keys, lease, e.mod_rev, e.record.seats())
+                        .await?
+                    {
+                        return Ok(true);
+                    }
+                }
                 _ => return Ok(false),
-            },
-        };
-        self.revoke_lease(etcd_lease).await
+            }
+        }
+        Ok(false)
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         let _ = ttl; // an etcd lease keeps the TTL it was granted with
         let keys = self.keys(name);
-        let known = self.held.lock().unwrap().get(&lease).copied();
-        let holder = match known {
-            Some((l, _)) => l,
+        let known = self.held.lock().unwrap().get(&lease).cloned();
+        let (session, fence) = match known {
+            Some(h) => (h.session, h.fence),
             None => match self.read_one(&keys, lease).await? {
-                Some(e) if e.is_holder() => EtcdLease {
-                    id: e.lease,
-                    ttl: e.record.ttl,
-                },
+                Some(e) if e.is_holder() => (
+                    EtcdLease {
+                        id: e.lease,
+                        ttl: e.record.ttl,
+                    },
+                    e.mod_rev,
+                ),
                 _ => return Ok(RenewReply::Gone),
             },
         };
-        // The keep-alive restarts the TTL; the read proves the record is still there on
-        // that lease (a delete by hand would otherwise go unnoticed).
-        let (alive, entry) = tokio::join!(self.keep_alive(holder.id), self.read_one(&keys, lease));
+        // The keep-alive restarts the session's TTL; the read proves the grant is still
+        // there, unchanged (a revoke or a delete removes it; the session may live on).
+        let (alive, entry) = tokio::join!(self.keep_alive(session.id), self.read_one(&keys, lease));
         let now = StoreTime::host_now();
-        let entry = entry?;
-        if !alive? || entry.is_none_or(|e| e.lease != holder.id || !e.is_holder()) {
+        let (alive, entry) = (alive?, entry?);
+        if !alive {
+            self.drop_session(session).await;
+        }
+        if !alive || entry.is_none_or(|e| e.mod_rev != fence || e.lease != session.id) {
             self.held.lock().unwrap().remove(&lease);
-            self.forget_keep_alive(holder.id);
             return Ok(RenewReply::Gone);
         }
-        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
+        let expires_at = now.plus(Duration::from_secs(session.ttl as u64));
         if let Some(h) = self.held.lock().unwrap().get_mut(&lease) {
-            h.1 = expires_at;
+            h.expires_at = expires_at;
+            h.deadline = Instant::now() + Duration::from_secs(session.ttl as u64);
         }
         Ok(RenewReply::Renewed { expires_at, now })
     }
@@ -952,7 +1162,7 @@ impl Backend for EtcdBackend {
         for (e, ttl) in snap.entries.iter().zip(ttls) {
             // Exact for the leases this backend renews; otherwise etcd's whole seconds left.
             let expires_at = match known.get(&e.id) {
-                Some((l, at)) if l.id == e.lease => *at,
+                Some(h) if h.fence == e.mod_rev => h.expires_at,
                 _ => now.plus(Duration::from_secs(ttl as u64)),
             };
             if e.is_holder() {
@@ -1023,36 +1233,43 @@ impl Backend for EtcdBackend {
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        let Some(entry) = self.read_one(&self.keys(name), lease).await? else {
-            return Ok(false);
-        };
-        if !entry.is_holder() {
-            return Ok(false);
+        let keys = self.keys(name);
+        for _ in 0..MAX_ROUNDS {
+            let Some(entry) = self.read_one(&keys, lease).await? else {
+                return Ok(false);
+            };
+            if !entry.is_holder() {
+                return Ok(false);
+            }
+            if self
+                .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
+                .await?
+            {
+                // A holder in this process hears of it at once; others at their next
+                // renewal, which finds the grant gone.
+                wake::notify(lease);
+                return Ok(true);
+            }
         }
-        let revoked = self.revoke_lease(entry.lease).await?;
-        // A holder in this process hears of it at once; others at their next renewal.
-        wake::notify(lease);
-        Ok(revoked)
+        Ok(false)
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
         let keys = self.keys(name);
-        let snap = self.read(&keys).await?;
-        let revoked =
-            futures::future::join_all(snap.entries.iter().map(|e| self.revoke_lease(e.lease)))
-                .await;
-        for r in revoked {
-            r?;
-        }
-        self.call(|mut c| {
-            let all = keys.all.clone();
-            async move {
-                c.delete(all, Some(DeleteOptions::new().with_prefix()))
+        let resp = self
+            .call(|mut c| {
+                let all = keys.all.clone();
+                async move {
+                    c.delete(
+                        all,
+                        Some(DeleteOptions::new().with_prefix().with_prev_key()),
+                    )
                     .await
-            }
-        })
-        .await
-        .map_err(|e| self.err(e))?;
+                }
+            })
+            .await
+            .map_err(|e| self.err(e))?;
+        let snap = Snapshot::parse(&keys, revision(resp.header()), resp.prev_kvs())?;
         for e in &snap.entries {
             wake::notify(e.id);
         }

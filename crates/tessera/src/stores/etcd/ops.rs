@@ -11,6 +11,8 @@
 //! P/sem/NAME#q/<lease id>   one per acquire: a Record (JSON), attached to its etcd lease
 //! P/sem/NAME#s/<seat>       one per held seat (10 digits): the lease id, attached to the
 //!                           holder's etcd lease
+//! P/sem/NAME#x/<lease id>   a cancel's marker: an acquire of that id still on its way
+//!                           must not write (on the cancelling client's session, 30 s)
 //! ```
 //!
 //! Names never contain `#`, so `P/sem/NAME#` is a prefix of exactly one semaphore's keys.
@@ -48,6 +50,16 @@ impl Keys {
 
     pub(crate) fn lease(&self, id: LeaseId) -> String {
         format!("{}{id}", self.queue)
+    }
+
+    /// A cancel's marker: an acquire of `id` still on its way must not write.
+    pub(crate) fn marker(&self, id: LeaseId) -> String {
+        format!("{}x/{id}", self.all)
+    }
+
+    /// Compares that hold while no cancel marked `id`.
+    pub(crate) fn not_cancelled(&self, id: LeaseId) -> Compare {
+        Compare::create_revision(self.marker(id), CompareOp::Equal, 0)
     }
 
     pub(crate) fn seat(&self, seat: u32) -> String {
@@ -193,6 +205,8 @@ pub(crate) struct Snapshot {
     pub(crate) entries: Vec<Entry>,
     /// Seats held.
     pub(crate) seats: BTreeSet<u32>,
+    /// Lease ids whose acquire a cancel stopped (their marker keys).
+    pub(crate) cancelled: Vec<LeaseId>,
 }
 
 /// Where one lease id stands in a [`Snapshot`].
@@ -222,6 +236,7 @@ impl Snapshot {
             ..Snapshot::default()
         };
         let seat_prefix = format!("{}s/", keys.all);
+        let marker_prefix = format!("{}x/", keys.all);
         for kv in kvs {
             let key = kv.key();
             if key == keys.cap.as_bytes() {
@@ -249,6 +264,10 @@ impl Snapshot {
                     .and_then(|s| s.parse::<u32>().ok())
                     .ok_or_else(|| Error::Corrupt("unreadable etcd seat key".into()))?;
                 snap.seats.insert(seat);
+            } else if let Some(id) = key.strip_prefix(marker_prefix.as_bytes()) {
+                if let Some(id) = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()) {
+                    snap.cancelled.push(id);
+                }
             }
         }
         snap.entries.sort_by_key(|e| e.create_rev);
@@ -348,6 +367,7 @@ mod tests {
             capacity: Some((cap, 1)),
             entries,
             seats: seats.iter().copied().collect(),
+            cancelled: vec![],
         }
     }
 
