@@ -133,6 +133,8 @@ const MAX_ROUNDS: usize = 64;
 /// Times a request is sent again after its member could not be reached (20 ms, 40 ms, …,
 /// about 1.5 s in all).
 const CALL_RETRIES: usize = 6;
+/// Reads and transactions a release tries to hand its permits off in before it just ends.
+const HAND_OFF_ROUNDS: usize = 4;
 
 /// An etcd lease and its TTL in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -499,9 +501,89 @@ impl EtcdBackend {
         }
     }
 
-    /// Ends a grant: deletes the record of `id` and its seats if the record is still the
-    /// grant of revision `fence`. `true` if it was.
+    /// Ends a grant and hands its permits to the head of the queue in the same transaction
+    /// (see the module docs): `true` if the record of `id` was still the grant of revision
+    /// `fence`. Each waiter granted here gets its grant on its own client's session lease,
+    /// named in its record; if that lease ended meanwhile, the grant is ended alone, and
+    /// the waiter grants itself when its watch fires.
     async fn end_grant(&self, keys: &Keys, id: LeaseId, fence: i64, seats: &[u32]) -> Result<bool> {
+        for _ in 0..HAND_OFF_ROUNDS {
+            let snap = self.read(keys).await?;
+            match snap.entry(id) {
+                Some(e) if e.mod_rev == fence && e.is_holder() => {}
+                _ => return Ok(false),
+            }
+            // One grant per transaction: its revision is its fence, so two grants in one
+            // would share a fence. Waiters behind it that also fit grant themselves when
+            // their watch sees this grant.
+            let mut grants = snap.hand_off_after(id);
+            grants.truncate(1);
+            if grants.is_empty() {
+                break;
+            }
+            let Some(cap) = snap.capacity() else { break };
+            let now = StoreTime::host_now();
+            let mut when = vec![
+                Compare::mod_revision(keys.lease(id), CompareOp::Equal, fence),
+                keys.capacity_is(cap),
+            ];
+            let freed = snap.seats_of(id);
+            let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
+            // A seat this release frees and a grantee takes is overwritten, not deleted
+            // (one transaction may not both delete and put a key).
+            let taken: Vec<u32> = grants.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+            ops.extend(
+                freed
+                    .iter()
+                    .filter(|s| !taken.contains(s))
+                    .map(|&s| TxnOp::delete(keys.seat(s), None)),
+            );
+            for (w, seats) in &grants {
+                when.push(Compare::mod_revision(
+                    keys.lease(w.id),
+                    CompareOp::Equal,
+                    w.mod_rev,
+                ));
+                // Seats this release frees are free at commit; the others must be.
+                let others: Vec<u32> = seats
+                    .iter()
+                    .copied()
+                    .filter(|s| !freed.contains(s))
+                    .collect();
+                when.extend(keys.seats_free(&others));
+                ops.extend(keys.grant_ops(
+                    w.id,
+                    &w.record.granted(seats.clone(), now),
+                    w.record.hl,
+                )?);
+            }
+            let txn = Txn::new().when(when).and_then(ops);
+            match self
+                .call(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await
+            {
+                Ok(r) if r.succeeded() => return Ok(true),
+                Ok(_) => continue,
+                // A grantee's session ended: end the grant alone.
+                Err(e) if is_lease_not_found(&e) => break,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        self.end_grant_alone(keys, id, fence, seats).await
+    }
+
+    /// Ends a grant without a hand-off: `true` if the record was still the grant of
+    /// revision `fence`.
+    async fn end_grant_alone(
+        &self,
+        keys: &Keys,
+        id: LeaseId,
+        fence: i64,
+        seats: &[u32],
+    ) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
         ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
         let txn = Txn::new()
@@ -773,16 +855,16 @@ impl EtcdBackend {
         let keys = self.keys(name);
         let id = req.lease_id;
         let now = StoreTime::host_now();
-        let record = Record {
+        let mut record = Record {
             w: req.weight,
             h: req.holder.clone(),
             ttl: lease_secs(req.ttl),
             e: now.0,
+            hl: 0,
             g: None,
         };
         let waiter_ttl = req.wait.map(|w| lease_secs(w.waiter_ttl));
         let first_seats: Vec<u32> = (0..req.weight).collect();
-        let granted = record.granted(first_seats.clone(), now);
         let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
         // Whether an earlier round of this call wrote the waiting record.
         let mut wrote = false;
@@ -798,6 +880,8 @@ impl EtcdBackend {
                     (h, h)
                 }
             };
+            record.hl = holder.id;
+            let granted = record.granted(first_seats.clone(), now);
             // Granted at once if nobody holds or waits; otherwise (same capacity, record
             // not written yet) the record is written and the semaphore read, in one step.
             let mut when = vec![
