@@ -35,8 +35,10 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
   sqlite:///absolute/path.db   processes on one host; the path must be absolute
   redis://[user[:password]@]host[:port][/db], rediss://... (TLS)
                                processes on many hosts
+  etcd://host:port[,host:port...][/prefix], etcds://... (TLS)
+                               consensus-backed; leases of whole seconds, at least 2 s
   memory://                    this process only (for trying things out)
-Redis Sentinel and Cluster, PostgreSQL, MySQL and etcd are planned, not available yet.
+Redis Sentinel and Cluster, PostgreSQL and MySQL are planned, not available yet.
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 

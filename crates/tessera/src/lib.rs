@@ -42,6 +42,7 @@
 //! | in-process, the reference model | `memory://` or `memory://NAME` | `memory` (default) |
 //! | SQLite, the embedded store: many processes on one host | `sqlite:///absolute/path/file.db` | `sqlite` (default) |
 //! | Redis, the distributed store | `redis://[user[:password]@]host[:port][/db][?prefix=P]`, `rediss://…` (TLS) | `redis` |
+//! | etcd, consensus-backed (whole-second leases of at least 2 s; building needs `protoc`) | `etcd://[user:password@]host:port[,host:port…][/prefix]`, `etcds://…` (TLS) | `etcd` |
 //!
 //! A URL whose store this build lacks is refused with a message naming the feature.
 //!

@@ -262,6 +262,15 @@ mod tests {
     }
 
     #[test]
+    fn etcd_urls_name_the_etcd_feature_when_it_is_missing() {
+        for scheme in ["etcd", "etcds"] {
+            let why = scheme_problem(scheme, &build(&["sqlite"])).unwrap();
+            assert!(why.contains("lacks the `etcd` cargo feature"), "{why}");
+            assert_eq!(scheme_problem(scheme, &build(&["etcd"])), None);
+        }
+    }
+
+    #[test]
     fn an_unknown_scheme_lists_exactly_the_compiled_in_stores() {
         assert_eq!(
             scheme_problem("ftp", &build(&["memory", "sqlite", "redis"])).unwrap(),
@@ -293,8 +302,22 @@ mod tests {
             panic!("{err:?}");
         };
         assert_eq!(*reason, scheme_problem("ftp", &compiled_in).unwrap());
-        #[cfg(all(feature = "memory", feature = "sqlite", feature = "redis"))]
+        #[cfg(all(
+            feature = "memory",
+            feature = "sqlite",
+            feature = "redis",
+            not(feature = "etcd")
+        ))]
         assert!(reason.contains("memory://, sqlite:///absolute/path.db, redis:// or rediss://"));
+        #[cfg(all(
+            feature = "memory",
+            feature = "sqlite",
+            feature = "redis",
+            feature = "etcd"
+        ))]
+        assert!(reason.contains(
+            "memory://, sqlite:///absolute/path.db, redis://, rediss://, etcd:// or etcds://"
+        ));
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await

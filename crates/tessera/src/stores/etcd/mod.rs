@@ -19,80 +19,95 @@
 //!
 //! # Implementation details
 //!
-//! The semaphore lives in etcd's keyspace (layout in [`ops`]): one key per acquire,
-//! `q/<lease id>`, attached to an etcd lease of its own, holding the request and, once
-//! granted, its seats; one key per held seat; and the capacity. Every expiry is an etcd
-//! lease expiring on the cluster's leader: no clock of a client ever decides anything.
+//! The semaphore lives in etcd's keyspace (layout in [`ops`]): one record per acquire,
+//! `q/<lease id>`, holding the request and, once granted, its seats; one key per held seat;
+//! the capacity. Every expiry is an etcd lease expiring on the cluster's leader: no clock of
+//! a client decides anything.
 //!
-//! - **Order** is the create revision of the `q/` key. A waiter may be granted when the
-//!   weights of *all* keys created before it (holders and waiters) plus its own fit the
+//! - **Sessions.** Each client (one [`EtcdBackend`]) keeps one etcd lease per TTL, as
+//!   etcd's own `concurrency` sessions do: waiting records sit on the session of the waiter
+//!   TTL, granted records and their seats on the session of the lease TTL. Heartbeats and
+//!   renewals keep them alive (a keep-alive on the lease's stream is not a Raft write). A
+//!   client that crashes or freezes renews nothing, and etcd ends its sessions with every
+//!   record on them, atomically. A grant or wait that nobody in a live client renews for its
+//!   TTL is ended by that client's next operation (see `sweep`), so it does not live on
+//!   the session other leases keep alive.
+//! - **Order** is the create revision of the `q/` record. A waiter may be granted when the
+//!   weights of *all* records created before it (holders and waiters) plus its own fit the
 //!   capacity: strict FIFO, and a large request at the head is never overtaken.
-//! - **A grant** is one transaction that compares the waiter's own key (its mod revision:
-//!   still there, still waiting, still on its lease), the capacity (its value) and each seat
-//!   it claims (absent), and then puts the record with its seats and the seat keys, all on
-//!   the holder's etcd lease. A conflict fails the compares; the waiter reads again and
-//!   retries. The **fence** is that transaction's revision (the key's mod revision): etcd's
-//!   revision never goes back, across leader changes and the loss of members, and a
-//!   granted key is never written again.
-//! - **Never over-grant.** Take the granted key created last, `G`. When `G` was granted,
-//!   the keys created before it, plus `G`, fitted the capacity, which the grant compared.
-//!   Every key granted now was created no later than `G` and existed then (a key is never
-//!   created again with an old revision), so the holders now weigh no more than then. A
-//!   resize changes the capacity value, so a grant decided on the old one fails.
-//! - **Two etcd leases per acquire**: a waiter's key is on a lease of the waiter TTL
-//!   (renewed by its heartbeat), so a dead waiter leaves the queue within its TTL; the grant
-//!   moves the key (a put keeps its create revision) to a lease of the lease TTL, renewed
-//!   by the permit's keep-alive. An uncontended acquire is granted in its first
-//!   transaction, on the holder lease, without ever waiting (the transaction compares that
-//!   no `q/` key exists at all). Release, revoke and expiry end the holder lease, which
-//!   deletes the record and its seats in one revision.
-//! - **Waking** (the hand-off runs in the *next* step, [`HandOff::NextStep`]): nobody
-//!   grants on behalf of a waiter. Each waiter watches only what can let it in: the head
-//!   watches deletions of `q/` keys and the capacity; every other waiter watches the
-//!   waiter just ahead of it (its grant makes this one the head; its deletion moves this
-//!   one up). So a release wakes one waiter, not the queue. A woken waiter's heartbeat
-//!   re-reads the semaphore, its own key and its leases before it grants itself (the mutex
-//!   recipe's known fault is to trust a watch event without re-reading). Watches are set
-//!   again after any disconnect or compaction (see `watch.rs`); the heartbeat, every
+//! - **A grant** is one transaction that compares the waiter's record (its mod revision:
+//!   still there, still waiting), the capacity (its value) and each seat it takes (absent),
+//!   then puts the record with its seats and the seat keys on the holder's session. A
+//!   conflict fails the compares; the caller reads again and retries. The **fence** is that
+//!   transaction's revision (the record's mod revision, never written again while it holds):
+//!   etcd's revision never goes back, across leader changes and the loss of members. One
+//!   transaction grants at most one lease, so no two grants share a fence.
+//! - **Never over-grant.** Take the granted record created last, `G`. When `G` was granted,
+//!   the records created before it, plus `G`, fitted the capacity, which the grant compared.
+//!   Every record granted now was created no later than `G` and existed then (a record is
+//!   never created again with an old revision), so the holders now weigh no more than then.
+//!   A resize changes the capacity value, so a grant decided on the old one fails.
+//! - **Hand-off.** An uncontended acquire is granted in its first transaction (which
+//!   compares that no `q/` record exists at all). A release reads the semaphore and, in one
+//!   transaction, deletes its record and seats and grants the head of the queue if it fits,
+//!   on the head's own session (named in its record). Permits freed without a release (a
+//!   session that ended, a waiter that left) reach the queue in the *next* step: the woken
+//!   head grants itself ([`HandOff::NextStep`] is what the store declares).
+//! - **Waking.** Each waiter watches only what can let it in: the head watches deletions of
+//!   `q/` records and the capacity; every other waiter the waiter just ahead of it (its grant
+//!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
+//!   not the queue. A woken waiter's heartbeat re-reads the semaphore, its own record and its
+//!   leases before it believes or makes a grant (the mutex recipe's known fault is to trust
+//!   a watch event without re-reading). Watches are set again from a fresh read after any
+//!   disconnect or compaction (see `watch.rs`); the heartbeat, every
 //!   `min(waiter TTL/3, TTL/4)`, is the safety net.
 //! - **Leases are whole seconds, at least 2 s** ([`Capabilities::min_ttl`],
 //!   [`Capabilities::ttl_granularity`]): a semaphore with a shorter or fractional TTL is
 //!   refused at [`crate::Semaphore::new`] with [`crate::InvalidInput::Ttl`] (etcd would
 //!   silently raise a TTL below its minimum, and a holder must not believe a TTL the store
 //!   does not keep). The seam's calls round a TTL up to whole seconds, at least 2.
-//! - **Renewal** is a keep-alive on the lease's own keep-alive stream (kept open between
-//!   renewals) plus a read of the record: the reply says `expires_at - now` = the lease's
-//!   TTL, so the keeper's "certainly valid until send time + TTL − margin" holds, since etcd
-//!   restarts the TTL when it receives the keep-alive. A revoked, deleted or expired lease
-//!   answers `Gone`.
+//! - **Renewal** is a keep-alive of the session (its TTL restarts when etcd receives it) and
+//!   a read of the record in the same round trip: the reply says `expires_at - now` = the
+//!   TTL, so the keeper's "certainly valid until the send time + TTL − margin" holds. Every
+//!   grant is preceded by a keep-alive of its session sent after the caller's request, so
+//!   the first bound holds too. A revoked, deleted or expired grant answers `Gone`.
+//! - **Member loss.** Requests go to every member named in the URL; one whose member cannot
+//!   be reached is sent again (on another), which every operation allows: writes are
+//!   transactions whose compares fail when run twice, and callers read again.
 //!
 //! # How each Backend operation maps
 //!
 //! | operation | etcd |
 //! |---|---|
-//! | `acquire` | lease grant (holder TTL); one transaction: grant at once if the queue is empty, else put the key and read the semaphore; then a grant transaction if it fits; if it must wait: a lease grant (waiter TTL) and a put moving the key to it |
-//! | `heartbeat` | read, keep-alive of the waiter lease; a grant transaction if it fits |
-//! | `cancel` | read the key; delete it if waiting (compared on its mod revision), revoke the holder lease if granted |
-//! | `release`, `revoke` | revoke the holder lease |
-//! | `renew` | keep-alive + read of the key |
-//! | `status` | one read, one time-to-live per lease |
+//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the semaphore; then a grant transaction if it fits |
+//! | `heartbeat` | read and keep-alives in one round trip; a grant transaction if it fits |
+//! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
+//! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
+//! | `renew` | keep-alive + read of the record |
+//! | `status` | one read, one time-to-live per record's lease |
 //! | `resize` | put the capacity, compared on its mod revision (wakes the head) |
-//! | `delete` | revoke every lease of the semaphore, delete its keys |
+//! | `delete` | delete every key of the semaphore (records, seats, capacity) |
 //!
 //! Where the seam's model does not map one to one:
 //!
 //! - The **queue cap** is checked on the snapshot of the acquire's own transaction (the
 //!   waiters created before it), so it is exact for that acquire.
-//! - **Capacity**: the capacity key has no lease (it must outlive any one holder); an idle
-//!   semaphore (no `q/` key) takes the capacity of the next acquire, as on every store,
-//!   in a transaction that compares the queue empty. The key of a semaphore that was used
-//!   and went idle stays (a few bytes per name) until `delete`.
-//! - **Hand-off**: a frozen head waiter (process stopped) blocks the queue until its waiter
-//!   TTL ends; on stores that grant in the release's own step it would be granted and its
-//!   lease would run out instead. Either way the permits return within one TTL.
+//! - **Capacity**: the capacity key has no lease (it must outlive any one client); an idle
+//!   semaphore (no `q/` record) takes the capacity of the next acquire, as on every store,
+//!   in a transaction that compares the queue empty. The key of a semaphore that was used and
+//!   went idle stays (a few bytes per name) until `delete`.
+//! - **Waiter TTL** is per client: all waiters of one client share one session, so a client
+//!   that dies loses them all within the waiter TTL; one waiter that stops heartbeating in a
+//!   live client is removed by that client's next operation after its TTL.
+//! - **Hand-off**: a head waiter whose client froze is still granted by a release (on its
+//!   session, which then runs out); one whose session already ended is skipped by the
+//!   release and blocks the queue until its record goes with that session.
 //! - **Leader changes**: a new leader restarts every lease at its full TTL, so a crashed
 //!   holder's permit can come back up to one TTL (plus the election) later than its TTL
 //!   after the crash. Holders are not affected (their leases only get longer).
+//! - **Cancel of an acquire dropped on its way**: etcd runs requests of one connection
+//!   concurrently, so a cancel's read can overtake the acquire's write; the cancel writes a
+//!   marker first, which every acquire transaction compares absent.
 //!
 //! [`HandOff::NextStep`]: crate::seam::HandOff::NextStep
 
@@ -138,9 +153,9 @@ const HAND_OFF_ROUNDS: usize = 4;
 
 /// An etcd lease and its TTL in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct EtcdLease {
-    id: i64,
-    ttl: i64,
+pub(super) struct EtcdLease {
+    pub(super) id: i64,
+    pub(super) ttl: i64,
 }
 
 /// A keep-alive stream kept open between renewals of one etcd lease.
@@ -148,19 +163,23 @@ type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveS
 
 /// A lease held through this backend, as granted.
 #[derive(Debug, Clone)]
-struct HeldHere {
-    session: EtcdLease,
+pub(super) struct HeldHere {
+    pub(super) session: EtcdLease,
     /// The grant's revision: the record's mod revision while it holds.
-    fence: i64,
-    seats: Vec<u32>,
+    pub(super) fence: i64,
+    pub(super) seats: Vec<u32>,
     /// The expiry the last grant or renewal reported (what `status` shows).
-    expires_at: StoreTime,
-    keys: Keys,
+    pub(super) expires_at: StoreTime,
+    pub(super) keys: Keys,
     /// One TTL after the last grant or renewal was answered: past it, nobody renews the
     /// lease any more (its permit was abandoned in a process that lives on), and the next
     /// operation of this backend ends the grant, since other leases keep the session alive.
-    deadline: Instant,
+    pub(super) deadline: Instant,
 }
+
+/// The leases held through one backend, shared with its watches (which learn of grants a
+/// release made).
+pub(super) type HeldMap = Arc<Mutex<HashMap<LeaseId, HeldHere>>>;
 
 /// A waiter of this backend, as its heartbeats see it.
 #[derive(Debug, Clone)]
@@ -190,7 +209,7 @@ pub struct EtcdBackend {
     /// replaced by a new one at the next write.
     sessions: tokio::sync::Mutex<HashMap<i64, EtcdLease>>,
     /// Leases held through this backend (saves a read on renew and release).
-    held: Mutex<HashMap<LeaseId, HeldHere>>,
+    held: HeldMap,
     /// Acquires under way, by lease id: if one is dropped half-way, its transaction may
     /// still land after a cancel read the key; such a cancel first writes a marker that
     /// every acquire transaction compares absent.
@@ -291,14 +310,15 @@ impl EtcdBackend {
             )
         })?
         .map_err(err)?;
+        let held = HeldMap::default();
         Ok(EtcdBackend {
-            watches: Watches::new(client.clone()),
+            watches: Watches::new(client.clone(), Arc::clone(&held)),
             client,
             root: config.prefix,
             url: config.redacted,
             secret,
             sessions: tokio::sync::Mutex::default(),
-            held: Mutex::default(),
+            held,
             pending: Mutex::default(),
             waiting: Mutex::default(),
             keep_alives: Mutex::default(),
@@ -675,7 +695,19 @@ impl EtcdBackend {
     /// grant whose reply was lost): its lease is kept alive first, so the reply's TTL runs
     /// from after the caller's request was sent. `None` if the lease just ended.
     async fn existing_grant(&self, keys: &Keys, entry: &Entry) -> Result<Option<Grant>> {
-        if !self.keep_alive(entry.lease).await? {
+        self.existing_grant_after(keys, entry, None).await
+    }
+
+    /// [`EtcdBackend::existing_grant`], sparing the keep-alive when `renewed` (a session
+    /// this call already kept alive) is the lease the record is on.
+    async fn existing_grant_after(
+        &self,
+        keys: &Keys,
+        entry: &Entry,
+        renewed: Option<EtcdLease>,
+    ) -> Result<Option<Grant>> {
+        let fresh = renewed.is_some_and(|l| l.id == entry.lease);
+        if !fresh && !self.keep_alive(entry.lease).await? {
             return Ok(None);
         }
         let holder = EtcdLease {
@@ -702,7 +734,7 @@ impl EtcdBackend {
             },
             Some(a) => Target::Behind(keys.lease(a)),
         };
-        self.watches.set(id, target, snap.revision + 1);
+        self.watches.set(id, target, keys, snap.revision + 1);
     }
 
     /// Notes (or renews) a waiter of this backend after a heartbeat or its acquire.
@@ -1066,13 +1098,16 @@ impl Backend for EtcdBackend {
             match snap.place(lease) {
                 Place::Absent => unreachable!("the entry exists"),
                 Place::Holder => {
-                    return Ok(match self.existing_grant(&keys, entry).await? {
-                        Some(grant) => WaitReply::Granted(grant),
-                        None => {
-                            self.end_wait(lease);
-                            WaitReply::Gone
-                        }
-                    });
+                    let renewed = sessions.map(|(h, _)| h);
+                    return Ok(
+                        match self.existing_grant_after(&keys, entry, renewed).await? {
+                            Some(grant) => WaitReply::Granted(grant),
+                            None => {
+                                self.end_wait(lease);
+                                WaitReply::Gone
+                            }
+                        },
+                    );
                 }
                 Place::Waiting { fits: true, .. } => {
                     // Re-read above: the record is there and waiting, so the lease under it

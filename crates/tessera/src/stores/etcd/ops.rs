@@ -153,7 +153,7 @@ impl Record {
         serde_json::to_string(self).map_err(|e| Error::Corrupt(format!("etcd record: {e}")))
     }
 
-    fn decode(v: &[u8]) -> Result<Record> {
+    pub(crate) fn decode(v: &[u8]) -> Result<Record> {
         serde_json::from_slice(v)
             .map_err(|e| Error::Corrupt(format!("unreadable etcd record: {e}")))
     }
