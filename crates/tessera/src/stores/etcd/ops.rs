@@ -486,7 +486,7 @@ mod tests {
     #[test]
     fn a_release_hands_off_to_the_head_in_order_and_stops_at_a_large_one() {
         let id = LeaseId::from_u128;
-        let mut waiter = |n, w| {
+        let waiter = |n, w| {
             let mut e = entry(n, w, false, n as i64);
             e.record.hl = 9;
             e

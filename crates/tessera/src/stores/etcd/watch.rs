@@ -98,16 +98,6 @@ impl Watches {
             w.task.abort();
         }
     }
-
-    #[cfg(test)]
-    pub(super) fn target(&self, id: LeaseId) -> Option<Target> {
-        self.map
-            .lock()
-            .unwrap()
-            .1
-            .get(&id)
-            .map(|w| w.target.clone())
-    }
 }
 
 async fn run(
