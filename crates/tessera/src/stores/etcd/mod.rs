@@ -288,30 +288,8 @@ impl EtcdBackend {
             )
         })?
         .map_err(err)?;
-        // One read: an unreachable cluster or a refused user fails here, at once.
-        let mut probe = client.clone();
-        tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            probe.get(
-                Keys::sems(&config.prefix),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_limit(1),
-                ),
-            ),
-        )
-        .await
-        .map_err(|_| {
-            Error::store(
-                StoreErrorKind::Timeout,
-                format!("etcd: no answer from {} in time", config.redacted),
-            )
-        })?
-        .map_err(err)?;
         let held = HeldMap::default();
-        Ok(EtcdBackend {
+        let backend = EtcdBackend {
             watches: Watches::new(client.clone(), Arc::clone(&held)),
             client,
             root: config.prefix,
@@ -322,7 +300,27 @@ impl EtcdBackend {
             pending: Mutex::default(),
             waiting: Mutex::default(),
             keep_alives: Mutex::default(),
-        })
+        };
+        // One read: an unreachable cluster or a refused user fails here (after the
+        // retries every request gets, so an election under way is ridden out).
+        let probe = backend.get(
+            Keys::sems(&backend.root),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(1),
+            ),
+        );
+        tokio::time::timeout(CONNECT_TIMEOUT, probe)
+            .await
+            .map_err(|_| {
+                Error::store(
+                    StoreErrorKind::Timeout,
+                    format!("etcd: no answer from {} in time", backend.url),
+                )
+            })??;
+        Ok(backend)
     }
 
     /// The key prefix.
