@@ -44,6 +44,7 @@
 //! | Redis, the distributed store | `redis://[user[:password]@]host[:port][/db][?prefix=P]`, `rediss://…` (TLS) | `redis` |
 //! | PostgreSQL, for teams without Redis | `postgres://[user[:password]@]host[:port][/database][?schema=S]`, `postgresql://…` | `postgres` |
 //! | MySQL / MariaDB, for teams without Redis | `mysql://[user[:password]@]host[:port]/database[?ssl-mode=…&ssl-ca=…]`, `mariadb://…` | `mysql` |
+//! | etcd, consensus-backed (whole-second leases of at least 2 s; building needs `protoc`) | `etcd://[user:password@]host:port[,host:port…][/prefix]`, `etcds://…` (TLS) | `etcd` |
 //!
 //! A URL whose store this build lacks is refused with a message naming the feature.
 //!

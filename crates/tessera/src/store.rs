@@ -98,6 +98,9 @@ impl Store {
     /// - `redis://[user[:password]@]host[:port][/db][?prefix=…&eviction=warn|refuse]`, or
     ///   `rediss://…` for TLS — the distributed store, on the server's clock. Cargo feature
     ///   `redis`.
+    /// - `etcd://[user:password@]host:port[,host:port…][/prefix]`, or `etcds://…` for TLS
+    ///   (`?ca=FILE&cert=FILE&key=FILE&domain=NAME`) — the consensus-backed store; leases
+    ///   are whole seconds, at least 2 s. Cargo feature `etcd` (building it needs `protoc`).
     ///
     /// A malformed URL, an unknown scheme or a scheme whose store this build lacks (the
     /// message names the cargo feature to enable) is [`crate::InvalidInput::StoreUrl`]; nothing is

@@ -290,6 +290,15 @@ mod tests {
     }
 
     #[test]
+    fn etcd_urls_name_the_etcd_feature_when_it_is_missing() {
+        for scheme in ["etcd", "etcds"] {
+            let why = scheme_problem(scheme, &build(&["sqlite"])).unwrap();
+            assert!(why.contains("lacks the `etcd` cargo feature"), "{why}");
+            assert_eq!(scheme_problem(scheme, &build(&["etcd"])), None);
+        }
+    }
+
+    #[test]
     fn an_unknown_scheme_lists_exactly_the_compiled_in_stores() {
         assert_eq!(
             scheme_problem("ftp", &build(&["memory", "sqlite", "redis"])).unwrap(),
@@ -329,6 +338,8 @@ mod tests {
         assert!(reason.contains("postgres://, postgresql://"), "{reason}");
         #[cfg(feature = "mysql")]
         assert!(reason.contains("mysql://, mariadb://"), "{reason}");
+        #[cfg(feature = "etcd")]
+        assert!(reason.contains("etcd:// or etcds://"), "{reason}");
         #[cfg(not(feature = "memory"))]
         assert!(Store::connect("memory://")
             .await

@@ -19,80 +19,95 @@
 //!
 //! # Implementation details
 //!
-//! The semaphore lives in etcd's keyspace (layout in [`ops`]): one key per acquire,
-//! `q/<lease id>`, attached to an etcd lease of its own, holding the request and, once
-//! granted, its seats; one key per held seat; and the capacity. Every expiry is an etcd
-//! lease expiring on the cluster's leader: no clock of a client ever decides anything.
+//! The semaphore lives in etcd's keyspace (layout in [`ops`]): one record per acquire,
+//! `q/<lease id>`, holding the request and, once granted, its seats; one key per held seat;
+//! the capacity. Every expiry is an etcd lease expiring on the cluster's leader: no clock of
+//! a client decides anything.
 //!
-//! - **Order** is the create revision of the `q/` key. A waiter may be granted when the
-//!   weights of *all* keys created before it (holders and waiters) plus its own fit the
+//! - **Sessions.** Each client (one [`EtcdBackend`]) keeps one etcd lease per TTL, as
+//!   etcd's own `concurrency` sessions do: waiting records sit on the session of the waiter
+//!   TTL, granted records and their seats on the session of the lease TTL. Heartbeats and
+//!   renewals keep them alive (a keep-alive on the lease's stream is not a Raft write). A
+//!   client that crashes or freezes renews nothing, and etcd ends its sessions with every
+//!   record on them, atomically. A grant or wait that nobody in a live client renews for its
+//!   TTL is ended by that client's next operation (see `sweep`), so it does not live on
+//!   the session other leases keep alive.
+//! - **Order** is the create revision of the `q/` record. A waiter may be granted when the
+//!   weights of *all* records created before it (holders and waiters) plus its own fit the
 //!   capacity: strict FIFO, and a large request at the head is never overtaken.
-//! - **A grant** is one transaction that compares the waiter's own key (its mod revision:
-//!   still there, still waiting, still on its lease), the capacity (its value) and each seat
-//!   it claims (absent), and then puts the record with its seats and the seat keys, all on
-//!   the holder's etcd lease. A conflict fails the compares; the waiter reads again and
-//!   retries. The **fence** is that transaction's revision (the key's mod revision): etcd's
-//!   revision never goes back, across leader changes and the loss of members, and a
-//!   granted key is never written again.
-//! - **Never over-grant.** Take the granted key created last, `G`. When `G` was granted,
-//!   the keys created before it, plus `G`, fitted the capacity, which the grant compared.
-//!   Every key granted now was created no later than `G` and existed then (a key is never
-//!   created again with an old revision), so the holders now weigh no more than then. A
-//!   resize changes the capacity value, so a grant decided on the old one fails.
-//! - **Two etcd leases per acquire**: a waiter's key is on a lease of the waiter TTL
-//!   (renewed by its heartbeat), so a dead waiter leaves the queue within its TTL; the grant
-//!   moves the key (a put keeps its create revision) to a lease of the lease TTL, renewed
-//!   by the permit's keep-alive. An uncontended acquire is granted in its first
-//!   transaction, on the holder lease, without ever waiting (the transaction compares that
-//!   no `q/` key exists at all). Release, revoke and expiry end the holder lease, which
-//!   deletes the record and its seats in one revision.
-//! - **Waking** (the hand-off runs in the *next* step, [`HandOff::NextStep`]): nobody
-//!   grants on behalf of a waiter. Each waiter watches only what can let it in: the head
-//!   watches deletions of `q/` keys and the capacity; every other waiter watches the
-//!   waiter just ahead of it (its grant makes this one the head; its deletion moves this
-//!   one up). So a release wakes one waiter, not the queue. A woken waiter's heartbeat
-//!   re-reads the semaphore, its own key and its leases before it grants itself (the mutex
-//!   recipe's known fault is to trust a watch event without re-reading). Watches are set
-//!   again after any disconnect or compaction (see `watch.rs`); the heartbeat, every
+//! - **A grant** is one transaction that compares the waiter's record (its mod revision:
+//!   still there, still waiting), the capacity (its value) and each seat it takes (absent),
+//!   then puts the record with its seats and the seat keys on the holder's session. A
+//!   conflict fails the compares; the caller reads again and retries. The **fence** is that
+//!   transaction's revision (the record's mod revision, never written again while it holds):
+//!   etcd's revision never goes back, across leader changes and the loss of members. One
+//!   transaction grants at most one lease, so no two grants share a fence.
+//! - **Never over-grant.** Take the granted record created last, `G`. When `G` was granted,
+//!   the records created before it, plus `G`, fitted the capacity, which the grant compared.
+//!   Every record granted now was created no later than `G` and existed then (a record is
+//!   never created again with an old revision), so the holders now weigh no more than then.
+//!   A resize changes the capacity value, so a grant decided on the old one fails.
+//! - **Hand-off.** An uncontended acquire is granted in its first transaction (which
+//!   compares that no `q/` record exists at all). A release reads the semaphore and, in one
+//!   transaction, deletes its record and seats and grants the head of the queue if it fits,
+//!   on the head's own session (named in its record). Permits freed without a release (a
+//!   session that ended, a waiter that left) reach the queue in the *next* step: the woken
+//!   head grants itself ([`HandOff::NextStep`] is what the store declares).
+//! - **Waking.** Each waiter watches only what can let it in: the head watches deletions of
+//!   `q/` records and the capacity; every other waiter the waiter just ahead of it (its grant
+//!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
+//!   not the queue. A woken waiter's heartbeat re-reads the semaphore, its own record and its
+//!   leases before it believes or makes a grant (the mutex recipe's known fault is to trust
+//!   a watch event without re-reading). Watches are set again from a fresh read after any
+//!   disconnect or compaction (see `watch.rs`); the heartbeat, every
 //!   `min(waiter TTL/3, TTL/4)`, is the safety net.
 //! - **Leases are whole seconds, at least 2 s** ([`Capabilities::min_ttl`],
 //!   [`Capabilities::ttl_granularity`]): a semaphore with a shorter or fractional TTL is
 //!   refused at [`crate::Semaphore::new`] with [`crate::InvalidInput::Ttl`] (etcd would
 //!   silently raise a TTL below its minimum, and a holder must not believe a TTL the store
 //!   does not keep). The seam's calls round a TTL up to whole seconds, at least 2.
-//! - **Renewal** is a keep-alive on the lease's own keep-alive stream (kept open between
-//!   renewals) plus a read of the record: the reply says `expires_at - now` = the lease's
-//!   TTL, so the keeper's "certainly valid until send time + TTL − margin" holds, since etcd
-//!   restarts the TTL when it receives the keep-alive. A revoked, deleted or expired lease
-//!   answers `Gone`.
+//! - **Renewal** is a keep-alive of the session (its TTL restarts when etcd receives it) and
+//!   a read of the record in the same round trip: the reply says `expires_at - now` = the
+//!   TTL, so the keeper's "certainly valid until the send time + TTL − margin" holds. Every
+//!   grant is preceded by a keep-alive of its session sent after the caller's request, so
+//!   the first bound holds too. A revoked, deleted or expired grant answers `Gone`.
+//! - **Member loss.** Requests go to every member named in the URL; one whose member cannot
+//!   be reached is sent again (on another), which every operation allows: writes are
+//!   transactions whose compares fail when run twice, and callers read again.
 //!
 //! # How each Backend operation maps
 //!
 //! | operation | etcd |
 //! |---|---|
-//! | `acquire` | lease grant (holder TTL); one transaction: grant at once if the queue is empty, else put the key and read the semaphore; then a grant transaction if it fits; if it must wait: a lease grant (waiter TTL) and a put moving the key to it |
-//! | `heartbeat` | read, keep-alive of the waiter lease; a grant transaction if it fits |
-//! | `cancel` | read the key; delete it if waiting (compared on its mod revision), revoke the holder lease if granted |
-//! | `release`, `revoke` | revoke the holder lease |
-//! | `renew` | keep-alive + read of the key |
-//! | `status` | one read, one time-to-live per lease |
+//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the semaphore; then a grant transaction if it fits |
+//! | `heartbeat` | read and keep-alives in one round trip; a grant transaction if it fits |
+//! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
+//! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
+//! | `renew` | keep-alive + read of the record |
+//! | `status` | one read, one time-to-live per record's lease |
 //! | `resize` | put the capacity, compared on its mod revision (wakes the head) |
-//! | `delete` | revoke every lease of the semaphore, delete its keys |
+//! | `delete` | delete every key of the semaphore (records, seats, capacity) |
 //!
 //! Where the seam's model does not map one to one:
 //!
 //! - The **queue cap** is checked on the snapshot of the acquire's own transaction (the
 //!   waiters created before it), so it is exact for that acquire.
-//! - **Capacity**: the capacity key has no lease (it must outlive any one holder); an idle
-//!   semaphore (no `q/` key) takes the capacity of the next acquire, as on every store,
-//!   in a transaction that compares the queue empty. The key of a semaphore that was used
-//!   and went idle stays (a few bytes per name) until `delete`.
-//! - **Hand-off**: a frozen head waiter (process stopped) blocks the queue until its waiter
-//!   TTL ends; on stores that grant in the release's own step it would be granted and its
-//!   lease would run out instead. Either way the permits return within one TTL.
+//! - **Capacity**: the capacity key has no lease (it must outlive any one client); an idle
+//!   semaphore (no `q/` record) takes the capacity of the next acquire, as on every store,
+//!   in a transaction that compares the queue empty. The key of a semaphore that was used and
+//!   went idle stays (a few bytes per name) until `delete`.
+//! - **Waiter TTL** is per client: all waiters of one client share one session, so a client
+//!   that dies loses them all within the waiter TTL; one waiter that stops heartbeating in a
+//!   live client is removed by that client's next operation after its TTL.
+//! - **Hand-off**: a head waiter whose client froze is still granted by a release (on its
+//!   session, which then runs out); one whose session already ended is skipped by the
+//!   release and blocks the queue until its record goes with that session.
 //! - **Leader changes**: a new leader restarts every lease at its full TTL, so a crashed
 //!   holder's permit can come back up to one TTL (plus the election) later than its TTL
 //!   after the crash. Holders are not affected (their leases only get longer).
+//! - **Cancel of an acquire dropped on its way**: etcd runs requests of one connection
+//!   concurrently, so a cancel's read can overtake the acquire's write; the cancel writes a
+//!   marker first, which every acquire transaction compares absent.
 //!
 //! [`HandOff::NextStep`]: crate::seam::HandOff::NextStep
 
@@ -105,6 +120,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use etcd_client::{
@@ -131,16 +148,53 @@ const MAX_ROUNDS: usize = 64;
 /// Times a request is sent again after its member could not be reached (20 ms, 40 ms, …,
 /// about 1.5 s in all).
 const CALL_RETRIES: usize = 6;
+/// Reads and transactions a release tries to hand its permits off in before it just ends.
+const HAND_OFF_ROUNDS: usize = 4;
 
 /// An etcd lease and its TTL in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct EtcdLease {
-    id: i64,
-    ttl: i64,
+pub(super) struct EtcdLease {
+    pub(super) id: i64,
+    pub(super) ttl: i64,
 }
 
 /// A keep-alive stream kept open between renewals of one etcd lease.
 type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>>;
+
+/// A lease held through this backend, as granted.
+#[derive(Debug, Clone)]
+pub(super) struct HeldHere {
+    pub(super) session: EtcdLease,
+    /// The grant's revision: the record's mod revision while it holds.
+    pub(super) fence: i64,
+    pub(super) seats: Vec<u32>,
+    /// The expiry the last grant or renewal reported (what `status` shows).
+    pub(super) expires_at: StoreTime,
+    pub(super) keys: Keys,
+    /// One TTL after the last grant or renewal was answered: past it, nobody renews the
+    /// lease any more (its permit was abandoned in a process that lives on), and the next
+    /// operation of this backend ends the grant, since other leases keep the session alive.
+    pub(super) deadline: Instant,
+}
+
+/// The leases held through one backend, shared with its watches (which learn of grants a
+/// release made).
+pub(super) type HeldMap = Arc<Mutex<HashMap<LeaseId, HeldHere>>>;
+
+/// A waiter of this backend, as its heartbeats see it.
+#[derive(Debug, Clone)]
+struct WaitHere {
+    /// The holder and waiter TTLs, seconds.
+    ttls: (i64, i64),
+    /// The etcd lease its record is on.
+    lease: i64,
+    keys: Keys,
+    /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
+    deadline: Instant,
+}
+
+/// How long a cancel's marker (see [`EtcdBackend::cancel`]) outlives the request it stops.
+const MARKER_TTL: i64 = 30;
 
 /// The etcd backend. Cheap to share behind an `Arc`; dropping it stops its watches.
 pub struct EtcdBackend {
@@ -148,16 +202,20 @@ pub struct EtcdBackend {
     root: String,
     url: String,
     secret: Option<String>,
-    /// Holder leases granted through this backend (saves a read on renew and release),
-    /// with the expiry the last grant or renewal reported (what `status` shows for them).
-    held: Mutex<HashMap<LeaseId, (EtcdLease, StoreTime)>>,
-    /// The holder lease of each acquire under way: if the acquire is dropped half-way, its
-    /// transaction may still land after the cancel read the key; the cancel ends this
-    /// lease, so that a late write fails (no lease) or is undone (its keys go with it).
-    pending: Mutex<HashMap<LeaseId, i64>>,
-    /// Holder leases granted for waiters of this backend, renewed by their heartbeats and
-    /// used at their grant (saves a lease grant on the hand-off path).
-    spare: Mutex<HashMap<LeaseId, EtcdLease>>,
+    /// This client's session leases, one per TTL in seconds: every key this backend writes
+    /// (waiting records, granted records and their seats, cancel markers) is on one, as
+    /// with etcd's own `concurrency` sessions. Kept alive by the heartbeats of waiters and
+    /// the renewals of holders; a session that ended (this process stalled past it) is
+    /// replaced by a new one at the next write.
+    sessions: tokio::sync::Mutex<HashMap<i64, EtcdLease>>,
+    /// Leases held through this backend (saves a read on renew and release).
+    held: HeldMap,
+    /// Acquires under way, by lease id: if one is dropped half-way, its transaction may
+    /// still land after a cancel read the key; such a cancel first writes a marker that
+    /// every acquire transaction compares absent.
+    pending: Mutex<HashMap<LeaseId, ()>>,
+    /// The holder and waiter TTLs (seconds) of this backend's waiters, for their heartbeats.
+    waiting: Mutex<HashMap<LeaseId, WaitHere>>,
     keep_alives: Mutex<HashMap<i64, KeepAliveSlot>>,
     watches: Arc<Watches>,
 }
@@ -230,39 +288,39 @@ impl EtcdBackend {
             )
         })?
         .map_err(err)?;
-        // One read: an unreachable cluster or a refused user fails here, at once.
-        let mut probe = client.clone();
-        tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            probe.get(
-                Keys::sems(&config.prefix),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_limit(1),
-                ),
-            ),
-        )
-        .await
-        .map_err(|_| {
-            Error::store(
-                StoreErrorKind::Timeout,
-                format!("etcd: no answer from {} in time", config.redacted),
-            )
-        })?
-        .map_err(err)?;
-        Ok(EtcdBackend {
-            watches: Watches::new(client.clone()),
+        let held = HeldMap::default();
+        let backend = EtcdBackend {
+            watches: Watches::new(client.clone(), Arc::clone(&held)),
             client,
             root: config.prefix,
             url: config.redacted,
             secret,
-            held: Mutex::default(),
+            sessions: tokio::sync::Mutex::default(),
+            held,
             pending: Mutex::default(),
-            spare: Mutex::default(),
+            waiting: Mutex::default(),
             keep_alives: Mutex::default(),
-        })
+        };
+        // One read: an unreachable cluster or a refused user fails here (after the
+        // retries every request gets, so an election under way is ridden out).
+        let probe = backend.get(
+            Keys::sems(&backend.root),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(1),
+            ),
+        );
+        tokio::time::timeout(CONNECT_TIMEOUT, probe)
+            .await
+            .map_err(|_| {
+                Error::store(
+                    StoreErrorKind::Timeout,
+                    format!("etcd: no answer from {} in time", backend.url),
+                )
+            })??;
+        Ok(backend)
     }
 
     /// The key prefix.
@@ -355,29 +413,6 @@ impl EtcdBackend {
         })
     }
 
-    /// Revokes an etcd lease: `true` if it existed.
-    async fn revoke_lease(&self, lease: i64) -> Result<bool> {
-        self.forget_keep_alive(lease);
-        match self
-            .call(|mut c| async move { c.lease_revoke(lease).await })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(self.err(e)),
-        }
-    }
-
-    /// Revokes a lease nobody waits for (a spare, a waiter lease after its grant); if that
-    /// fails, the lease expires by its TTL.
-    fn revoke_later(&self, lease: i64) {
-        self.forget_keep_alive(lease);
-        let mut client = self.client.clone();
-        tokio::spawn(async move {
-            let _ = client.lease_revoke(lease).await;
-        });
-    }
-
     /// One keep-alive of an etcd lease, on its keep-alive stream (opened on first use and
     /// kept): `true` if the lease lives (etcd restarted its TTL when it received the
     /// request), `false` if it is gone.
@@ -426,10 +461,162 @@ impl EtcdBackend {
         self.keep_alives.lock().unwrap().remove(&lease);
     }
 
+    /// This backend's session lease of `ttl` seconds, kept alive by this call: its TTL
+    /// restarted after the call began, so a key written on it lives at least until then
+    /// plus `ttl`. A session that ended is replaced.
+    async fn session(&self, ttl: i64) -> Result<EtcdLease> {
+        self.sweep().await?;
+        for _ in 0..3 {
+            let known = self.sessions.lock().await.get(&ttl).copied();
+            match known {
+                Some(l) if self.keep_alive(l.id).await? => return Ok(l),
+                Some(l) => self.drop_session(l).await,
+                None => {
+                    let mut sessions = self.sessions.lock().await;
+                    if sessions.contains_key(&ttl) {
+                        continue;
+                    }
+                    // Granted now: its TTL runs from after this call began.
+                    let l = self.grant_lease(ttl).await?;
+                    sessions.insert(ttl, l);
+                    return Ok(l);
+                }
+            }
+        }
+        Err(Error::store(
+            StoreErrorKind::Connection,
+            "etcd: the session lease kept ending",
+        ))
+    }
+
+    /// Forgets a session lease that ended.
+    async fn drop_session(&self, lease: EtcdLease) {
+        let mut sessions = self.sessions.lock().await;
+        if sessions.get(&lease.ttl) == Some(&lease) {
+            sessions.remove(&lease.ttl);
+        }
+        self.forget_keep_alive(lease.id);
+    }
+
+    /// A transaction that may name a session lease that just ended: on "lease not found"
+    /// the session is forgotten and `None` returned (the caller writes again on a new one).
+    async fn txn_on(&self, txn: Txn, sessions: &[EtcdLease]) -> Result<Option<TxnResponse>> {
+        match self
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if is_lease_not_found(&e) => {
+                for &l in sessions {
+                    self.drop_session(l).await;
+                }
+                Ok(None)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Ends a grant and hands its permits to the head of the queue in the same transaction
+    /// (see the module docs): `true` if the record of `id` was still the grant of revision
+    /// `fence`. Each waiter granted here gets its grant on its own client's session lease,
+    /// named in its record; if that lease ended meanwhile, the grant is ended alone, and
+    /// the waiter grants itself when its watch fires.
+    async fn end_grant(&self, keys: &Keys, id: LeaseId, fence: i64, seats: &[u32]) -> Result<bool> {
+        for _ in 0..HAND_OFF_ROUNDS {
+            let snap = self.read(keys).await?;
+            match snap.entry(id) {
+                Some(e) if e.mod_rev == fence && e.is_holder() => {}
+                _ => return Ok(false),
+            }
+            // One grant per transaction: its revision is its fence, so two grants in one
+            // would share a fence. Waiters behind it that also fit grant themselves when
+            // their watch sees this grant.
+            let mut grants = snap.hand_off_after(id);
+            grants.truncate(1);
+            if grants.is_empty() {
+                break;
+            }
+            let Some(cap) = snap.capacity() else { break };
+            let now = StoreTime::host_now();
+            let mut when = vec![
+                Compare::mod_revision(keys.lease(id), CompareOp::Equal, fence),
+                keys.capacity_is(cap),
+            ];
+            let freed = snap.seats_of(id);
+            let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
+            // A seat this release frees and a grantee takes is overwritten, not deleted
+            // (one transaction may not both delete and put a key).
+            let taken: Vec<u32> = grants.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+            ops.extend(
+                freed
+                    .iter()
+                    .filter(|s| !taken.contains(s))
+                    .map(|&s| TxnOp::delete(keys.seat(s), None)),
+            );
+            for (w, seats) in &grants {
+                when.push(Compare::mod_revision(
+                    keys.lease(w.id),
+                    CompareOp::Equal,
+                    w.mod_rev,
+                ));
+                // Seats this release frees are free at commit; the others must be.
+                let others: Vec<u32> = seats
+                    .iter()
+                    .copied()
+                    .filter(|s| !freed.contains(s))
+                    .collect();
+                when.extend(keys.seats_free(&others));
+                ops.extend(keys.grant_ops(
+                    w.id,
+                    &w.record.granted(seats.clone(), now),
+                    w.record.hl,
+                )?);
+            }
+            let txn = Txn::new().when(when).and_then(ops);
+            match self
+                .call(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await
+            {
+                Ok(r) if r.succeeded() => return Ok(true),
+                Ok(_) => continue,
+                // A grantee's session ended: end the grant alone.
+                Err(e) if is_lease_not_found(&e) => break,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        self.end_grant_alone(keys, id, fence, seats).await
+    }
+
+    /// Ends a grant without a hand-off: `true` if the record was still the grant of
+    /// revision `fence`.
+    async fn end_grant_alone(
+        &self,
+        keys: &Keys,
+        id: LeaseId,
+        fence: i64,
+        seats: &[u32],
+    ) -> Result<bool> {
+        let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
+        ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                keys.lease(id),
+                CompareOp::Equal,
+                fence,
+            )])
+            .and_then(ops);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
     /// The grant transaction: `entry` (waiting, seen in `snap`) takes the lowest free seats,
-    /// on `holder` (an etcd lease whose TTL restarted after the caller's request was sent).
-    /// `None` if the compares failed (someone changed the semaphore since `snap`): read
-    /// again.
+    /// on `holder` (a session kept alive after the caller's request was sent). `None` if
+    /// the compares failed (someone changed the semaphore since `snap`): read again.
     async fn claim(
         &self,
         keys: &Keys,
@@ -450,11 +637,14 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when(when)
             .and_then(keys.grant_ops(entry.id, &record, holder.id)?);
-        let resp = self.txn(txn).await?;
+        let Some(resp) = self.txn_on(txn, &[holder]).await? else {
+            return Ok(None);
+        };
         if !resp.succeeded() {
             return Ok(None);
         }
         Ok(Some(self.granted(
+            keys,
             entry.id,
             &record,
             revision(resp.header()),
@@ -466,6 +656,7 @@ impl EtcdBackend {
     /// A grant made now: noted as held through this backend, its waiting ended.
     fn granted(
         &self,
+        keys: &Keys,
         id: LeaseId,
         record: &Record,
         fence: i64,
@@ -473,8 +664,18 @@ impl EtcdBackend {
         now: StoreTime,
     ) -> Grant {
         let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
-        self.held.lock().unwrap().insert(id, (holder, expires_at));
-        self.watches.stop(id);
+        self.held.lock().unwrap().insert(
+            id,
+            HeldHere {
+                session: holder,
+                fence,
+                seats: record.seats().to_vec(),
+                expires_at,
+                keys: keys.clone(),
+                deadline: Instant::now() + Duration::from_secs(holder.ttl as u64),
+            },
+        );
+        self.end_wait(id);
         let entry = Entry {
             id,
             record: record.clone(),
@@ -491,8 +692,20 @@ impl EtcdBackend {
     /// The grant of a key that already holds (a retried acquire or a heartbeat after a
     /// grant whose reply was lost): its lease is kept alive first, so the reply's TTL runs
     /// from after the caller's request was sent. `None` if the lease just ended.
-    async fn existing_grant(&self, entry: &Entry) -> Result<Option<Grant>> {
-        if !self.keep_alive(entry.lease).await? {
+    async fn existing_grant(&self, keys: &Keys, entry: &Entry) -> Result<Option<Grant>> {
+        self.existing_grant_after(keys, entry, None).await
+    }
+
+    /// [`EtcdBackend::existing_grant`], sparing the keep-alive when `renewed` (a session
+    /// this call already kept alive) is the lease the record is on.
+    async fn existing_grant_after(
+        &self,
+        keys: &Keys,
+        entry: &Entry,
+        renewed: Option<EtcdLease>,
+    ) -> Result<Option<Grant>> {
+        let fresh = renewed.is_some_and(|l| l.id == entry.lease);
+        if !fresh && !self.keep_alive(entry.lease).await? {
             return Ok(None);
         }
         let holder = EtcdLease {
@@ -500,16 +713,14 @@ impl EtcdBackend {
             ttl: entry.record.ttl,
         };
         let now = StoreTime::host_now();
-        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
-        self.held
-            .lock()
-            .unwrap()
-            .insert(entry.id, (holder, expires_at));
-        self.watches.stop(entry.id);
-        Ok(Some(Grant {
-            lease: entry.lease(expires_at),
+        Ok(Some(self.granted(
+            keys,
+            entry.id,
+            &entry.record,
+            entry.mod_rev,
+            holder,
             now,
-        }))
+        )))
     }
 
     /// Watches what can let `id` in (see the module docs), from after `snap`.
@@ -521,40 +732,110 @@ impl EtcdBackend {
             },
             Some(a) => Target::Behind(keys.lease(a)),
         };
-        self.watches.set(id, target, snap.revision + 1);
+        self.watches.set(id, target, keys, snap.revision + 1);
     }
 
-    fn take_spare(&self, id: LeaseId) -> Option<EtcdLease> {
-        self.spare.lock().unwrap().remove(&id)
+    /// Notes (or renews) a waiter of this backend after a heartbeat or its acquire.
+    fn note_waiting(&self, id: LeaseId, keys: &Keys, ttls: (i64, i64), lease: i64) {
+        let deadline = Instant::now() + Duration::from_secs(ttls.1 as u64);
+        self.waiting.lock().unwrap().insert(
+            id,
+            WaitHere {
+                ttls,
+                lease,
+                keys: keys.clone(),
+                deadline,
+            },
+        );
     }
 
-    /// `id` waits no more (gone, cancelled): its watch and spare lease go.
+    /// Ends the grants and waits of this backend that nobody renewed for their TTL. The
+    /// session they share is kept alive by this backend's other leases and waiters, so
+    /// without this a permit abandoned in a process that lives on (its runtime ended, its
+    /// keeper stopped) would outlive its TTL; a process that died or froze renews nothing,
+    /// and etcd ends its session, records and all. The deadline counts from when the last
+    /// renewal was *answered*, later than the holder's own bound (sent + TTL − margin), so
+    /// a holder still within `valid_until` is never cut off.
+    async fn sweep(&self) -> Result<()> {
+        let now = Instant::now();
+        let held: Vec<(LeaseId, HeldHere)> = {
+            let mut map = self.held.lock().unwrap();
+            let overdue: Vec<LeaseId> = map
+                .iter()
+                .filter(|(_, h)| h.deadline < now)
+                .map(|(id, _)| *id)
+                .collect();
+            overdue
+                .into_iter()
+                .filter_map(|id| map.remove(&id).map(|h| (id, h)))
+                .collect()
+        };
+        let waits: Vec<(LeaseId, WaitHere)> = {
+            let mut map = self.waiting.lock().unwrap();
+            let overdue: Vec<LeaseId> = map
+                .iter()
+                .filter(|(_, w)| w.deadline < now)
+                .map(|(id, _)| *id)
+                .collect();
+            overdue
+                .into_iter()
+                .filter_map(|id| map.remove(&id).map(|w| (id, w)))
+                .collect()
+        };
+        for (id, h) in held {
+            tracing::debug!(lease = %id, "etcd: ending a grant nobody renewed");
+            self.end_grant(&h.keys, id, h.fence, &h.seats).await?;
+        }
+        for (id, w) in waits {
+            tracing::debug!(lease = %id, "etcd: removing a waiter that stopped heartbeating");
+            self.watches.stop(id);
+            let key = w.keys.lease(id);
+            let txn = Txn::new()
+                .when([Compare::lease(key.clone(), CompareOp::Equal, w.lease)])
+                .and_then([TxnOp::delete(key, None)]);
+            self.txn(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// `id` waits no more through this backend (granted, gone, cancelled).
     fn end_wait(&self, id: LeaseId) {
         self.watches.stop(id);
-        if let Some(spare) = self.take_spare(id) {
-            self.revoke_later(spare.id);
-        }
+        self.waiting.lock().unwrap().remove(&id);
     }
 
-    /// The rest of an acquire whose key was written (or found) at `snap`: grant it if it
-    /// fits, refuse a try that does not, or queue it on a waiter lease.
+    /// Deletes a waiting record if it is still as read; `true` if it was.
+    async fn dequeue(&self, keys: &Keys, entry: &Entry) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                keys.lease(entry.id),
+                CompareOp::Equal,
+                entry.mod_rev,
+            )])
+            .and_then([TxnOp::delete(keys.lease(entry.id), None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// The rest of an acquire whose waiting record was written in this call, seen in
+    /// `snap`: grant it if it fits, refuse a try that does not, or leave it queued.
     async fn place_new(
         &self,
-        req_name: &Name,
+        name: &Name,
         keys: &Keys,
         snap: &Snapshot,
         req: &AcquireRequest,
         holder: EtcdLease,
+        waiter_ttl: i64,
     ) -> Result<Option<AcquireReply>> {
         let id = req.lease_id;
-        let Some(entry) = snap.entry(id) else {
-            return Ok(None);
-        };
-        let Place::Waiting {
-            position,
-            fits,
-            ahead,
-        } = snap.place(id)
+        let (
+            Some(entry),
+            Place::Waiting {
+                position,
+                fits,
+                ahead,
+            },
+        ) = (snap.entry(id), snap.place(id))
         else {
             return Ok(None);
         };
@@ -564,48 +845,186 @@ impl EtcdBackend {
                 .await?
                 .map(AcquireReply::Granted));
         }
-        let Some(wait) = req.wait else {
-            // A try that does not fit: its key goes with its lease.
-            self.revoke_lease(entry.lease).await?;
-            if entry.lease != holder.id {
-                self.revoke_later(holder.id);
+        let refuse = match req.wait {
+            None => None,
+            Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
+            Some(_) => {
+                self.note_waiting(id, keys, (holder.ttl, waiter_ttl), entry.lease);
+                self.watch(keys, snap, ahead, id);
+                return Ok(Some(AcquireReply::Queued { position }));
             }
-            let cap = snap.capacity().unwrap_or(0);
-            return Ok(Some(AcquireReply::NoPermit {
-                available: cap.saturating_sub(snap.used()),
-                queued: snap.waiters().saturating_sub(1),
-            }));
         };
-        if position >= u64::from(wait.queue_cap) {
-            self.revoke_lease(entry.lease).await?;
-            return Err(Error::QueueFull {
-                name: req_name.to_string(),
-                cap: wait.queue_cap,
-            });
-        }
-        // It waits: its key moves to a lease of the waiter TTL, so that a waiter that dies
-        // leaves the queue within that TTL; the holder lease stays as this waiter's spare.
-        let waiter = self.grant_lease(lease_secs(wait.waiter_ttl)).await?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                keys.lease(id),
-                CompareOp::Equal,
-                entry.mod_rev,
-            )])
-            .and_then([TxnOp::put(
-                keys.lease(id),
-                entry.record.encode()?,
-                Some(PutOptions::new().with_lease(waiter.id)),
-            )]);
-        let resp = self.txn(txn).await?;
-        if !resp.succeeded() {
-            // Deleted meanwhile (an admin delete): read again.
-            self.revoke_later(waiter.id);
+        // A try that does not fit, or a queue at its cap: the record goes again.
+        if !self.dequeue(keys, entry).await? {
             return Ok(None);
         }
-        self.spare.lock().unwrap().insert(id, holder);
-        self.watch(keys, snap, ahead, id);
-        Ok(Some(AcquireReply::Queued { position }))
+        match refuse {
+            Some(cap) => Err(Error::QueueFull {
+                name: name.to_string(),
+                cap,
+            }),
+            None => {
+                let cap = snap.capacity().unwrap_or(0);
+                Ok(Some(AcquireReply::NoPermit {
+                    available: cap.saturating_sub(snap.used()),
+                    queued: snap.waiters().saturating_sub(1),
+                }))
+            }
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// [`Backend::acquire`], once this call is noted as under way.
+    async fn acquire_inner(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        let keys = self.keys(name);
+        let id = req.lease_id;
+        let now = StoreTime::host_now();
+        let mut record = Record {
+            w: req.weight,
+            h: req.holder.clone(),
+            ttl: lease_secs(req.ttl),
+            e: now.0,
+            hl: 0,
+            g: None,
+        };
+        let waiter_ttl = req.wait.map(|w| lease_secs(w.waiter_ttl));
+        let first_seats: Vec<u32> = (0..req.weight).collect();
+        let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
+        // Whether an earlier round of this call wrote the waiting record.
+        let mut wrote = false;
+        for _ in 0..MAX_ROUNDS {
+            // The sessions, kept alive now: a grant's TTL runs from after this call began.
+            let (holder, waiter) = match waiter_ttl {
+                Some(ws) => {
+                    let (h, w) = tokio::join!(self.session(record.ttl), self.session(ws));
+                    (h?, w?)
+                }
+                None => {
+                    let h = self.session(record.ttl).await?;
+                    (h, h)
+                }
+            };
+            record.hl = holder.id;
+            let granted = record.granted(first_seats.clone(), now);
+            // Granted at once if nobody holds or waits; otherwise (same capacity, record
+            // not written yet) the record is written and the semaphore read, in one step.
+            let mut when = vec![
+                keys.capacity_is(capacity),
+                keys.queue_is_empty(),
+                keys.not_cancelled(id),
+            ];
+            when.extend(keys.seats_free(&first_seats));
+            let nested = Txn::new()
+                .when([
+                    keys.capacity_is(capacity),
+                    Compare::create_revision(keys.lease(id), CompareOp::Equal, 0),
+                    keys.not_cancelled(id),
+                ])
+                .and_then([
+                    TxnOp::put(
+                        keys.lease(id),
+                        record.encode()?,
+                        Some(PutOptions::new().with_lease(waiter.id)),
+                    ),
+                    get_all(),
+                ])
+                .or_else([get_all()]);
+            let txn = Txn::new()
+                .when(when)
+                .and_then(keys.grant_ops(id, &granted, holder.id)?)
+                .or_else([TxnOp::txn(nested)]);
+            let Some(resp) = self.txn_on(txn, &[holder, waiter]).await? else {
+                continue;
+            };
+            if resp.succeeded() {
+                let fence = revision(resp.header());
+                return Ok(AcquireReply::Granted(
+                    self.granted(&keys, id, &granted, fence, holder, now),
+                ));
+            }
+            let (written, read) = txn_read(&resp)
+                .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
+            wrote |= written;
+            let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
+            if snap.cancelled.contains(&id) {
+                return Err(Error::store(
+                    StoreErrorKind::Other,
+                    format!("etcd: the acquire of {id} on {name} was cancelled"),
+                ));
+            }
+            if let Some(entry) = snap.entry(id) {
+                match snap.place(id) {
+                    Place::Absent => unreachable!("the entry exists"),
+                    // A retry of an acquire whose reply was lost (by the caller, or by this
+                    // call when a request was sent again): what it already has.
+                    Place::Holder => match self.existing_grant(&keys, entry).await? {
+                        Some(grant) => return Ok(AcquireReply::Granted(grant)),
+                        None => continue,
+                    },
+                    // Written in this call (this round, or an earlier one whose grant
+                    // conflicted), or a try's record some earlier call left: decide it.
+                    Place::Waiting { .. } if wrote || req.wait.is_none() => {
+                        let placed = self
+                            .place_new(name, &keys, &snap, req, holder, waiter.ttl)
+                            .await?;
+                        match placed {
+                            Some(reply) => return Ok(reply),
+                            None => continue,
+                        }
+                    }
+                    Place::Waiting {
+                        position, ahead, ..
+                    } => {
+                        self.note_waiting(id, &keys, (record.ttl, waiter.ttl), entry.lease);
+                        self.watch(&keys, &snap, ahead, id);
+                        return Ok(AcquireReply::Queued { position });
+                    }
+                }
+            }
+            match snap.capacity() {
+                Some(stored) if stored != capacity && !snap.entries.is_empty() => {
+                    return Err(Error::CapacityMismatch {
+                        name: name.to_string(),
+                        stored,
+                        declared: capacity,
+                    });
+                }
+                // Capacity as declared and the record not there: it changed meanwhile.
+                Some(stored) if stored == capacity => continue,
+                // No capacity yet, or an idle semaphore: this client's capacity, and the
+                // grant, in one step, if the queue is still empty.
+                _ => {
+                    let seen = snap.capacity.map_or(0, |(_, rev)| rev);
+                    let mut when = vec![
+                        Compare::mod_revision(keys.cap.clone(), CompareOp::Equal, seen),
+                        keys.queue_is_empty(),
+                        keys.not_cancelled(id),
+                    ];
+                    when.extend(keys.seats_free(&first_seats));
+                    let mut ops = vec![TxnOp::put(keys.cap.clone(), capacity.to_string(), None)];
+                    ops.extend(keys.grant_ops(id, &granted, holder.id)?);
+                    let txn = Txn::new().when(when).and_then(ops);
+                    if let Some(resp) = self.txn_on(txn, &[holder]).await? {
+                        if resp.succeeded() {
+                            let fence = revision(resp.header());
+                            return Ok(AcquireReply::Granted(
+                                self.granted(&keys, id, &granted, fence, holder, now),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Err(Error::store(
+            StoreErrorKind::Busy,
+            format!("etcd: acquire on {name} kept conflicting with other clients"),
+        ))
     }
 }
 
@@ -642,130 +1061,11 @@ impl Backend for EtcdBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let keys = self.keys(name);
         let id = req.lease_id;
-        let now = StoreTime::host_now();
-        let record = Record {
-            w: req.weight,
-            h: req.holder.clone(),
-            ttl: lease_secs(req.ttl),
-            e: now.0,
-            g: None,
-        };
-        // Granted after the caller sent this request, so its TTL runs from later than that.
-        let holder = self.grant_lease(record.ttl).await?;
-        self.pending.lock().unwrap().insert(id, holder.id);
-        let first_seats: Vec<u32> = (0..req.weight).collect();
-        let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
-        let put_waiting = || -> Result<TxnOp> {
-            Ok(TxnOp::put(
-                keys.lease(id),
-                record.encode()?,
-                Some(PutOptions::new().with_lease(holder.id)),
-            ))
-        };
-        let outcome: Result<AcquireReply> = async {
-            for _ in 0..MAX_ROUNDS {
-                // Granted at once if nobody holds or waits; otherwise (same capacity, key
-                // not written yet) the key is written and the semaphore read, in one step.
-                let mut when = vec![keys.capacity_is(capacity), keys.queue_is_empty()];
-                when.extend(keys.seats_free(&first_seats));
-                let granted = record.granted(first_seats.clone(), now);
-                let nested = Txn::new()
-                    .when([
-                        keys.capacity_is(capacity),
-                        Compare::create_revision(keys.lease(id), CompareOp::Equal, 0),
-                    ])
-                    .and_then([put_waiting()?, get_all()])
-                    .or_else([get_all()]);
-                let txn = Txn::new()
-                    .when(when)
-                    .and_then(keys.grant_ops(id, &granted, holder.id)?)
-                    .or_else([TxnOp::txn(nested)]);
-                let resp = self.txn(txn).await?;
-                if resp.succeeded() {
-                    let fence = revision(resp.header());
-                    return Ok(AcquireReply::Granted(
-                        self.granted(id, &granted, fence, holder, now),
-                    ));
-                }
-                let (written, read) = txn_read(&resp)
-                    .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
-                let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
-                // Waiting, written in this call (this round, or an earlier one whose grant
-                // conflicted), or a try's key that some earlier call left: decide it now.
-                let decide = snap.entry(id).is_some_and(|e| {
-                    !e.is_holder() && (written || e.lease == holder.id || req.wait.is_none())
-                });
-                if decide {
-                    match self.place_new(name, &keys, &snap, req, holder).await? {
-                        Some(reply) => return Ok(reply),
-                        None => continue,
-                    }
-                }
-                if let Some(entry) = snap.entry(id) {
-                    // A retry of an acquire whose reply was lost (by the caller, or by this
-                    // call when a request was sent again): what it already has.
-                    if entry.lease != holder.id {
-                        self.revoke_later(holder.id);
-                    }
-                    match snap.place(id) {
-                        Place::Holder => match self.existing_grant(entry).await? {
-                            Some(grant) => return Ok(AcquireReply::Granted(grant)),
-                            None => continue,
-                        },
-                        Place::Waiting {
-                            position, ahead, ..
-                        } => {
-                            self.watch(&keys, &snap, ahead, id);
-                            return Ok(AcquireReply::Queued { position });
-                        }
-                        Place::Absent => unreachable!("the entry exists"),
-                    }
-                }
-                match snap.capacity() {
-                    Some(stored) if stored != capacity && !snap.entries.is_empty() => {
-                        return Err(Error::CapacityMismatch {
-                            name: name.to_string(),
-                            stored,
-                            declared: capacity,
-                        });
-                    }
-                    // Capacity as declared: the key went in meanwhile? Read again.
-                    Some(stored) if stored == capacity => continue,
-                    // No capacity yet, or an idle semaphore: this client's capacity, and
-                    // the grant, in one step, if the queue is still empty.
-                    _ => {
-                        let seen = snap.capacity.map_or(0, |(_, rev)| rev);
-                        let mut when = vec![
-                            Compare::mod_revision(keys.cap.clone(), CompareOp::Equal, seen),
-                            keys.queue_is_empty(),
-                        ];
-                        when.extend(keys.seats_free(&first_seats));
-                        let mut ops =
-                            vec![TxnOp::put(keys.cap.clone(), capacity.to_string(), None)];
-                        ops.extend(keys.grant_ops(id, &granted, holder.id)?);
-                        let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
-                        if resp.succeeded() {
-                            let fence = revision(resp.header());
-                            return Ok(AcquireReply::Granted(
-                                self.granted(id, &granted, fence, holder, now),
-                            ));
-                        }
-                    }
-                }
-            }
-            Err(Error::store(
-                StoreErrorKind::Busy,
-                format!("etcd: acquire on {name} kept conflicting with other clients"),
-            ))
-        }
-        .await;
+        self.pending.lock().unwrap().insert(id, ());
+        let outcome = self.acquire_inner(name, capacity, req).await;
+        // Not reached if the caller dropped this call: the entry stays for its cancel.
         self.pending.lock().unwrap().remove(&id);
-        // On error the holder lease may have the key on it: ending it removes the key.
-        if outcome.is_err() && !self.held.lock().unwrap().contains_key(&id) {
-            self.revoke_later(holder.id);
-        }
         outcome
     }
 
@@ -775,10 +1075,20 @@ impl Backend for EtcdBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let _ = waiter_ttl; // the waiter lease's TTL was fixed when it was granted
         let keys = self.keys(name);
+        let known = self.waiting.lock().unwrap().get(&lease).map(|w| w.ttls);
         for _ in 0..MAX_ROUNDS {
-            let snap = self.read(&keys).await?;
+            // The read, and this backend's sessions kept alive, in one round trip: the
+            // waiter session (the heartbeat renews the waiting record) and the holder session
+            // (a grant below runs on it).
+            let (snap, sessions) = match known {
+                Some((hs, ws)) => {
+                    let (snap, h, w) =
+                        tokio::join!(self.read(&keys), self.session(hs), self.session(ws));
+                    (snap?, Some((h?, w?)))
+                }
+                None => (self.read(&keys).await?, None),
+            };
             let Some(entry) = snap.entry(lease) else {
                 self.end_wait(lease);
                 return Ok(WaitReply::Gone);
@@ -786,41 +1096,42 @@ impl Backend for EtcdBackend {
             match snap.place(lease) {
                 Place::Absent => unreachable!("the entry exists"),
                 Place::Holder => {
-                    self.end_wait(lease);
-                    return Ok(match self.existing_grant(entry).await? {
-                        Some(grant) => WaitReply::Granted(grant),
-                        None => WaitReply::Gone,
-                    });
+                    let renewed = sessions.map(|(h, _)| h);
+                    return Ok(
+                        match self.existing_grant_after(&keys, entry, renewed).await? {
+                            Some(grant) => WaitReply::Granted(grant),
+                            None => {
+                                self.end_wait(lease);
+                                WaitReply::Gone
+                            }
+                        },
+                    );
                 }
                 Place::Waiting { fits: true, .. } => {
-                    // Re-read above: its key is there and waiting, so its waiter lease
-                    // lives; the grant compares that the key is unchanged since.
-                    let holder = match self.take_spare(lease) {
-                        Some(spare) if self.keep_alive(spare.id).await? => spare,
-                        _ => self.grant_lease(entry.record.ttl).await?,
+                    // Re-read above: the record is there and waiting, so the lease under it
+                    // lives; the grant compares that it is unchanged since.
+                    let holder = match sessions {
+                        Some((h, _)) => h,
+                        None => self.session(entry.record.ttl).await?,
                     };
                     match self.claim(&keys, &snap, entry, holder).await? {
-                        Some(grant) => {
-                            self.revoke_later(entry.lease);
-                            return Ok(WaitReply::Granted(grant));
-                        }
-                        None => {
-                            self.spare.lock().unwrap().insert(lease, holder);
-                            continue;
-                        }
+                        Some(grant) => return Ok(WaitReply::Granted(grant)),
+                        None => continue,
                     }
                 }
                 Place::Waiting { ahead, .. } => {
-                    if !self.keep_alive(entry.lease).await? {
+                    // Its waiter lease must live on: renewed here if it is this backend's
+                    // session, else (a heartbeat through another connection) directly.
+                    let renewed = match sessions {
+                        Some((_, w)) if w.id == entry.lease => true,
+                        _ => self.keep_alive(entry.lease).await?,
+                    };
+                    if !renewed {
                         self.end_wait(lease);
                         return Ok(WaitReply::Gone);
                     }
-                    let spare = self.spare.lock().unwrap().get(&lease).copied();
-                    if let Some(spare) = spare {
-                        // Keeps the spare from running out during a long wait; if it did,
-                        // the grant takes a new one.
-                        let _ = self.keep_alive(spare.id).await;
-                    }
+                    let ws = known.map_or(lease_secs(waiter_ttl), |(_, ws)| ws);
+                    self.note_waiting(lease, &keys, (entry.record.ttl, ws), entry.lease);
                     self.watch(&keys, &snap, ahead, lease);
                     return Ok(WaitReply::Waiting);
                 }
@@ -832,52 +1143,52 @@ impl Backend for EtcdBackend {
         ))
     }
 
+    /// Removes the waiter, or ends the grant. If an acquire of this lease id through this
+    /// backend was dropped half-way, its transaction may still be on its way: a marker key
+    /// goes first, which every acquire transaction compares absent, so that transaction
+    /// either landed before the marker (and the read below finds its record) or does
+    /// nothing.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         let keys = self.keys(name);
-        // An acquire dropped half-way through this backend: end its holder lease first, so
-        // that a transaction of it still in flight cannot leave a key behind.
-        let dropped = self.pending.lock().unwrap().remove(&lease);
-        let mut reply = CancelReply::NotFound;
-        if let Some(holder) = dropped {
-            let on_it = self
-                .read_one(&keys, lease)
-                .await?
-                .filter(|e| e.lease == holder);
-            if self.revoke_lease(holder).await? {
-                reply = match on_it {
-                    Some(e) if e.is_holder() => CancelReply::Released,
-                    Some(_) => CancelReply::Dequeued,
-                    None => CancelReply::NotFound,
-                };
+        let dropped = self.pending.lock().unwrap().remove(&lease).is_some();
+        if dropped {
+            let mut done = false;
+            for _ in 0..3 {
+                let marker_lease = self.session(MARKER_TTL).await?;
+                let put = Txn::new().and_then([TxnOp::put(
+                    keys.marker(lease),
+                    "",
+                    Some(PutOptions::new().with_lease(marker_lease.id)),
+                )]);
+                if self.txn_on(put, &[marker_lease]).await?.is_some() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                return Err(Error::store(
+                    StoreErrorKind::Connection,
+                    "etcd: could not write the cancel marker",
+                ));
             }
         }
+        self.end_wait(lease);
+        self.held.lock().unwrap().remove(&lease);
         for _ in 0..MAX_ROUNDS {
             let Some(entry) = self.read_one(&keys, lease).await? else {
-                self.end_wait(lease);
-                return Ok(reply);
+                return Ok(CancelReply::NotFound);
             };
             if entry.is_holder() {
-                self.end_wait(lease);
-                self.held.lock().unwrap().remove(&lease);
-                return Ok(if self.revoke_lease(entry.lease).await? {
-                    CancelReply::Released
-                } else {
-                    CancelReply::NotFound
-                });
-            }
-            // Still waiting: delete it unless it was granted meanwhile.
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    keys.lease(lease),
-                    CompareOp::Equal,
-                    entry.mod_rev,
-                )])
-                .and_then([TxnOp::delete(keys.lease(lease), None)]);
-            if self.txn(txn).await?.succeeded() {
-                self.end_wait(lease);
-                self.revoke_later(entry.lease);
+                if self
+                    .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
+                    .await?
+                {
+                    return Ok(CancelReply::Released);
+                }
+            } else if self.dequeue(&keys, &entry).await? {
                 return Ok(CancelReply::Dequeued);
             }
+            // Changed since the read (granted meanwhile): read again.
         }
         Err(Error::store(
             StoreErrorKind::Busy,
@@ -886,44 +1197,60 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        let keys = self.keys(name);
         let known = self.held.lock().unwrap().remove(&lease);
-        let etcd_lease = match known {
-            Some((l, _)) => l.id,
-            None => match self.read_one(&self.keys(name), lease).await? {
-                Some(e) if e.is_holder() => e.lease,
+        if let Some(h) = known {
+            return self.end_grant(&keys, lease, h.fence, &h.seats).await;
+        }
+        for _ in 0..MAX_ROUNDS {
+            match self.read_one(&keys, lease).await? {
+                Some(e) if e.is_holder() => {
+                    if self
+                        .end_grant(&keys, lease, e.mod_rev, e.record.seats())
+                        .await?
+                    {
+                        return Ok(true);
+                    }
+                }
                 _ => return Ok(false),
-            },
-        };
-        self.revoke_lease(etcd_lease).await
+            }
+        }
+        Ok(false)
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         let _ = ttl; // an etcd lease keeps the TTL it was granted with
         let keys = self.keys(name);
-        let known = self.held.lock().unwrap().get(&lease).copied();
-        let holder = match known {
-            Some((l, _)) => l,
+        let known = self.held.lock().unwrap().get(&lease).cloned();
+        let (session, fence) = match known {
+            Some(h) => (h.session, h.fence),
             None => match self.read_one(&keys, lease).await? {
-                Some(e) if e.is_holder() => EtcdLease {
-                    id: e.lease,
-                    ttl: e.record.ttl,
-                },
+                Some(e) if e.is_holder() => (
+                    EtcdLease {
+                        id: e.lease,
+                        ttl: e.record.ttl,
+                    },
+                    e.mod_rev,
+                ),
                 _ => return Ok(RenewReply::Gone),
             },
         };
-        // The keep-alive restarts the TTL; the read proves the record is still there on
-        // that lease (a delete by hand would otherwise go unnoticed).
-        let (alive, entry) = tokio::join!(self.keep_alive(holder.id), self.read_one(&keys, lease));
+        // The keep-alive restarts the session's TTL; the read proves the grant is still
+        // there, unchanged (a revoke or a delete removes it; the session may live on).
+        let (alive, entry) = tokio::join!(self.keep_alive(session.id), self.read_one(&keys, lease));
         let now = StoreTime::host_now();
-        let entry = entry?;
-        if !alive? || entry.is_none_or(|e| e.lease != holder.id || !e.is_holder()) {
+        let (alive, entry) = (alive?, entry?);
+        if !alive {
+            self.drop_session(session).await;
+        }
+        if !alive || entry.is_none_or(|e| e.mod_rev != fence || e.lease != session.id) {
             self.held.lock().unwrap().remove(&lease);
-            self.forget_keep_alive(holder.id);
             return Ok(RenewReply::Gone);
         }
-        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
+        let expires_at = now.plus(Duration::from_secs(session.ttl as u64));
         if let Some(h) = self.held.lock().unwrap().get_mut(&lease) {
-            h.1 = expires_at;
+            h.expires_at = expires_at;
+            h.deadline = Instant::now() + Duration::from_secs(session.ttl as u64);
         }
         Ok(RenewReply::Renewed { expires_at, now })
     }
@@ -952,7 +1279,7 @@ impl Backend for EtcdBackend {
         for (e, ttl) in snap.entries.iter().zip(ttls) {
             // Exact for the leases this backend renews; otherwise etcd's whole seconds left.
             let expires_at = match known.get(&e.id) {
-                Some((l, at)) if l.id == e.lease => *at,
+                Some(h) if h.fence == e.mod_rev => h.expires_at,
                 _ => now.plus(Duration::from_secs(ttl as u64)),
             };
             if e.is_holder() {
@@ -1023,36 +1350,43 @@ impl Backend for EtcdBackend {
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        let Some(entry) = self.read_one(&self.keys(name), lease).await? else {
-            return Ok(false);
-        };
-        if !entry.is_holder() {
-            return Ok(false);
+        let keys = self.keys(name);
+        for _ in 0..MAX_ROUNDS {
+            let Some(entry) = self.read_one(&keys, lease).await? else {
+                return Ok(false);
+            };
+            if !entry.is_holder() {
+                return Ok(false);
+            }
+            if self
+                .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
+                .await?
+            {
+                // A holder in this process hears of it at once; others at their next
+                // renewal, which finds the grant gone.
+                wake::notify(lease);
+                return Ok(true);
+            }
         }
-        let revoked = self.revoke_lease(entry.lease).await?;
-        // A holder in this process hears of it at once; others at their next renewal.
-        wake::notify(lease);
-        Ok(revoked)
+        Ok(false)
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
         let keys = self.keys(name);
-        let snap = self.read(&keys).await?;
-        let revoked =
-            futures::future::join_all(snap.entries.iter().map(|e| self.revoke_lease(e.lease)))
-                .await;
-        for r in revoked {
-            r?;
-        }
-        self.call(|mut c| {
-            let all = keys.all.clone();
-            async move {
-                c.delete(all, Some(DeleteOptions::new().with_prefix()))
+        let resp = self
+            .call(|mut c| {
+                let all = keys.all.clone();
+                async move {
+                    c.delete(
+                        all,
+                        Some(DeleteOptions::new().with_prefix().with_prev_key()),
+                    )
                     .await
-            }
-        })
-        .await
-        .map_err(|e| self.err(e))?;
+                }
+            })
+            .await
+            .map_err(|e| self.err(e))?;
+        let snap = Snapshot::parse(&keys, revision(resp.header()), resp.prev_kvs())?;
         for e in &snap.entries {
             wake::notify(e.id);
         }

@@ -11,6 +11,8 @@
 //! P/sem/NAME#q/<lease id>   one per acquire: a Record (JSON), attached to its etcd lease
 //! P/sem/NAME#s/<seat>       one per held seat (10 digits): the lease id, attached to the
 //!                           holder's etcd lease
+//! P/sem/NAME#x/<lease id>   a cancel's marker: an acquire of that id still on its way
+//!                           must not write (on the cancelling client's session, 30 s)
 //! ```
 //!
 //! Names never contain `#`, so `P/sem/NAME#` is a prefix of exactly one semaphore's keys.
@@ -48,6 +50,16 @@ impl Keys {
 
     pub(crate) fn lease(&self, id: LeaseId) -> String {
         format!("{}{id}", self.queue)
+    }
+
+    /// A cancel's marker: an acquire of `id` still on its way must not write.
+    pub(crate) fn marker(&self, id: LeaseId) -> String {
+        format!("{}x/{id}", self.all)
+    }
+
+    /// Compares that hold while no cancel marked `id`.
+    pub(crate) fn not_cancelled(&self, id: LeaseId) -> Compare {
+        Compare::create_revision(self.marker(id), CompareOp::Equal, 0)
     }
 
     pub(crate) fn seat(&self, seat: u32) -> String {
@@ -114,9 +126,17 @@ pub(crate) struct Record {
     pub(crate) ttl: i64,
     /// When it was enqueued, µs on the enqueuing client's clock (shown only).
     pub(crate) e: u64,
+    /// The session lease (of TTL `ttl`) of the waiter's client, on which a releaser that
+    /// hands it the permits puts its grant (0: none; it then grants itself).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) hl: i64,
     /// The grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) g: Option<Granted>,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 /// The grant part of a [`Record`].
@@ -133,7 +153,7 @@ impl Record {
         serde_json::to_string(self).map_err(|e| Error::Corrupt(format!("etcd record: {e}")))
     }
 
-    fn decode(v: &[u8]) -> Result<Record> {
+    pub(crate) fn decode(v: &[u8]) -> Result<Record> {
         serde_json::from_slice(v)
             .map_err(|e| Error::Corrupt(format!("unreadable etcd record: {e}")))
     }
@@ -193,6 +213,8 @@ pub(crate) struct Snapshot {
     pub(crate) entries: Vec<Entry>,
     /// Seats held.
     pub(crate) seats: BTreeSet<u32>,
+    /// Lease ids whose acquire a cancel stopped (their marker keys).
+    pub(crate) cancelled: Vec<LeaseId>,
 }
 
 /// Where one lease id stands in a [`Snapshot`].
@@ -222,6 +244,7 @@ impl Snapshot {
             ..Snapshot::default()
         };
         let seat_prefix = format!("{}s/", keys.all);
+        let marker_prefix = format!("{}x/", keys.all);
         for kv in kvs {
             let key = kv.key();
             if key == keys.cap.as_bytes() {
@@ -249,6 +272,10 @@ impl Snapshot {
                     .and_then(|s| s.parse::<u32>().ok())
                     .ok_or_else(|| Error::Corrupt("unreadable etcd seat key".into()))?;
                 snap.seats.insert(seat);
+            } else if let Some(id) = key.strip_prefix(marker_prefix.as_bytes()) {
+                if let Some(id) = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()) {
+                    snap.cancelled.push(id);
+                }
             }
         }
         snap.entries.sort_by_key(|e| e.create_rev);
@@ -257,6 +284,13 @@ impl Snapshot {
 
     pub(crate) fn entry(&self, id: LeaseId) -> Option<&Entry> {
         self.entries.iter().find(|e| e.id == id)
+    }
+
+    /// The seats `id` holds.
+    pub(crate) fn seats_of(&self, id: LeaseId) -> Vec<u32> {
+        self.entry(id)
+            .map(|e| e.record.seats().to_vec())
+            .unwrap_or_default()
     }
 
     pub(crate) fn capacity(&self) -> Option<u32> {
@@ -303,6 +337,45 @@ impl Snapshot {
         Place::Absent
     }
 
+    /// The hand-off a release of `id` (a holder) makes in its own transaction: the waiters
+    /// at the head of the queue that fit once `id` is gone, each with its seats, in order;
+    /// it stops at the first that does not fit or names no session to grant on.
+    pub(crate) fn hand_off_after(&self, id: LeaseId) -> Vec<(Entry, Vec<u32>)> {
+        let mut rest = self.clone();
+        let Some(at) = rest.entries.iter().position(|e| e.id == id) else {
+            return vec![];
+        };
+        let gone = rest.entries.remove(at);
+        for s in gone.record.seats() {
+            rest.seats.remove(s);
+        }
+        let mut out = Vec::new();
+        let waiters: Vec<Entry> = rest
+            .entries
+            .iter()
+            .filter(|e| !e.is_holder())
+            .cloned()
+            .collect();
+        for w in waiters {
+            let fits = matches!(rest.place(w.id), Place::Waiting { fits: true, .. });
+            let seats = rest.free_seats(w.record.w);
+            match (fits, seats) {
+                (true, Some(seats)) if w.record.hl != 0 => {
+                    rest.seats.extend(seats.iter().copied());
+                    if let Some(e) = rest.entries.iter_mut().find(|e| e.id == w.id) {
+                        e.record.g = Some(Granted {
+                            s: seats.clone(),
+                            a: 0,
+                        });
+                    }
+                    out.push((w, seats));
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// The `n` lowest seats below the capacity that no holder has, or `None` if there are
     /// fewer (only while over capacity after a shrinking resize).
     pub(crate) fn free_seats(&self, n: u32) -> Option<Vec<u32>> {
@@ -331,6 +404,7 @@ mod tests {
             h: "h".into(),
             ttl: 2,
             e: 0,
+            hl: 0,
             g: holder.then(|| Granted { s: vec![], a: 0 }),
         };
         Entry {
@@ -348,6 +422,7 @@ mod tests {
             capacity: Some((cap, 1)),
             entries,
             seats: seats.iter().copied().collect(),
+            cancelled: vec![],
         }
     }
 
@@ -406,6 +481,43 @@ mod tests {
             }
         ));
         assert!(matches!(s.place(id(3)), Place::Waiting { fits: false, .. }));
+    }
+
+    #[test]
+    fn a_release_hands_off_to_the_head_in_order_and_stops_at_a_large_one() {
+        let id = LeaseId::from_u128;
+        let waiter = |n, w| {
+            let mut e = entry(n, w, false, n as i64);
+            e.record.hl = 9;
+            e
+        };
+        let mut h = entry(1, 2, true, 1);
+        h.record.g = Some(Granted {
+            s: vec![0, 1],
+            a: 0,
+        });
+        // capacity 3: holder of 2 (seats 0, 1) and one of 1 (seat 2); waiters 1, 1, 3, 1.
+        let mut h2 = entry(2, 1, true, 2);
+        h2.record.g = Some(Granted { s: vec![2], a: 0 });
+        let s = snap(
+            3,
+            vec![
+                h,
+                h2,
+                waiter(3, 1),
+                waiter(4, 1),
+                waiter(5, 3),
+                waiter(6, 1),
+            ],
+            &[0, 1, 2],
+        );
+        let out = s.hand_off_after(id(1));
+        let got: Vec<(LeaseId, Vec<u32>)> = out.iter().map(|(e, s)| (e.id, s.clone())).collect();
+        assert_eq!(got, vec![(id(3), vec![0]), (id(4), vec![1])]);
+        assert!(
+            s.hand_off_after(id(3)).is_empty(),
+            "a waiter is not a holder"
+        );
     }
 
     #[test]

@@ -12,10 +12,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use etcd_client::{Client, WatchFilterType, WatchOptions};
-use tokio::task::JoinHandle;
+use std::time::Duration;
 
-use crate::model::LeaseId;
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::ops::{Entry, Keys, Record};
+use super::{EtcdLease, HeldHere, HeldMap};
+use crate::model::{Grant, LeaseId, StoreTime};
 use crate::wake;
 
 /// What a waiter watches.
@@ -38,20 +43,22 @@ struct Watch {
 /// The watches of one backend's waiters, by lease id.
 pub(super) struct Watches {
     client: Client,
+    held: HeldMap,
     map: Mutex<(u64, HashMap<LeaseId, Watch>)>,
 }
 
 impl Watches {
-    pub(super) fn new(client: Client) -> Arc<Watches> {
+    pub(super) fn new(client: Client, held: HeldMap) -> Arc<Watches> {
         Arc::new(Watches {
             client,
+            held,
             map: Mutex::new((0, HashMap::new())),
         })
     }
 
     /// Makes `id` watch `target` from revision `from` on, unless it already watches it (a
     /// running watch of the same target started earlier, so it misses nothing either).
-    pub(super) fn set(self: &Arc<Self>, id: LeaseId, target: Target, from: i64) {
+    pub(super) fn set(self: &Arc<Self>, id: LeaseId, target: Target, keys: &Keys, from: i64) {
         let mut map = self.map.lock().unwrap();
         if let Some(w) = map.1.get(&id) {
             if w.target == target && !w.task.is_finished() {
@@ -65,7 +72,7 @@ impl Watches {
             Arc::downgrade(self),
             self.client.clone(),
             id,
-            target.clone(),
+            (target.clone(), keys.clone()),
             from,
             generation,
         ));
@@ -91,27 +98,18 @@ impl Watches {
             w.task.abort();
         }
     }
-
-    #[cfg(test)]
-    pub(super) fn target(&self, id: LeaseId) -> Option<Target> {
-        self.map
-            .lock()
-            .unwrap()
-            .1
-            .get(&id)
-            .map(|w| w.target.clone())
-    }
 }
 
 async fn run(
     watches: Weak<Watches>,
     mut client: Client,
     id: LeaseId,
-    target: Target,
+    (target, keys): (Target, Keys),
     from: i64,
     generation: u64,
 ) {
-    let outcome: Result<(), etcd_client::Error> = async {
+    let own = keys.lease(id);
+    let outcome: Result<bool, etcd_client::Error> = async {
         let (key, options) = match &target {
             Target::Head { queue, .. } => (
                 queue.clone(),
@@ -128,21 +126,40 @@ async fn run(
             let options = WatchOptions::new().with_start_revision(from);
             stream.watch(cap.clone(), Some(options)).await?;
         }
+        // Its own record: a release that hands it the permits writes the grant there.
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoDelete]);
+        stream.watch(own.clone(), Some(options)).await?;
         while let Some(resp) = stream.message().await? {
             if resp.canceled() || resp.compact_revision() > 0 {
                 // Cancelled by the server, or our start revision is compacted: re-read.
-                return Ok(());
+                return Ok(false);
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                if ev.event_type() == EventType::Put && kv.key() == own.as_bytes() {
+                    if let Some(w) = watches.upgrade() {
+                        if w.pushed_grant(id, &keys, kv) {
+                            return Ok(true);
+                        }
+                    }
+                }
             }
             if !resp.events().is_empty() {
                 wake::notify(id);
             }
         }
-        Ok(())
+        Ok(false)
     }
     .await;
-    if let Err(e) = outcome {
-        tracing::debug!(lease = %id, error = %e, "etcd watch ended");
-    }
+    let granted = match outcome {
+        Ok(granted) => granted,
+        Err(e) => {
+            tracing::debug!(lease = %id, error = %e, "etcd watch ended");
+            false
+        }
+    };
     // The watch ended: forget it (unless a newer one replaced it) and wake the waiter, whose
     // heartbeat reads the semaphore again and sets a new watch.
     if let Some(w) = watches.upgrade() {
@@ -151,5 +168,53 @@ async fn run(
             map.1.remove(&id);
         }
     }
-    wake::notify(id);
+    if !granted {
+        wake::notify(id);
+    }
+}
+
+impl Watches {
+    /// A put of `id`'s own record seen by its watch: if it is a grant (a release handed it
+    /// the permits), noted as held and pushed to the waiter with the wake-up, sparing it
+    /// the round trip that would ask. The grant is on this client's session for that TTL,
+    /// which this client kept alive after the waiter's last request was sent, so the
+    /// waiter's bound (that send time + TTL) holds.
+    fn pushed_grant(&self, id: LeaseId, keys: &Keys, kv: &etcd_client::KeyValue) -> bool {
+        let Ok(record) = Record::decode(kv.value()) else {
+            return false;
+        };
+        if record.g.is_none() {
+            return false;
+        }
+        let session = EtcdLease {
+            id: kv.lease(),
+            ttl: record.ttl,
+        };
+        let now = StoreTime::host_now();
+        let ttl = Duration::from_secs(record.ttl.max(0) as u64);
+        let expires_at = now.plus(ttl);
+        let entry = Entry {
+            id,
+            record,
+            create_rev: kv.create_revision(),
+            mod_rev: kv.mod_revision(),
+            lease: kv.lease(),
+        };
+        self.held.lock().unwrap().insert(
+            id,
+            HeldHere {
+                session,
+                fence: entry.mod_rev,
+                seats: entry.record.seats().to_vec(),
+                expires_at,
+                keys: keys.clone(),
+                deadline: Instant::now() + ttl,
+            },
+        );
+        wake::notify_grant(Grant {
+            lease: entry.lease(expires_at),
+            now,
+        });
+        true
+    }
 }
