@@ -399,6 +399,8 @@ pub(crate) struct SemaphoreConfig {
     pub(crate) holder: String,
     pub(crate) queue_cap: u32,
     pub(crate) waiter_ttl: Duration,
+    /// Its metric handles (`crate::telemetry`).
+    pub(crate) metrics: crate::telemetry::SemMetrics,
 }
 
 #[cfg(test)]

@@ -170,6 +170,7 @@ impl Semaphore {
                 holder,
                 queue_cap: opts.queue_cap,
                 waiter_ttl: opts.waiter_ttl,
+                metrics: Default::default(),
             }),
         })
     }
@@ -254,12 +255,12 @@ impl Semaphore {
         match reply {
             AcquireReply::Granted(grant) => {
                 pending.disarm();
-                telemetry::granted(&self.config.name, sent.elapsed());
+                telemetry::granted(&self.config.metrics, &self.config.name, sent.elapsed());
                 Ok(Some(self.permit(grant, sent, None)))
             }
             AcquireReply::NoPermit { .. } => {
                 pending.disarm();
-                telemetry::not_granted(&self.config.name, "no_permit");
+                telemetry::not_granted(&self.config.metrics, &self.config.name, "no_permit");
                 Ok(None)
             }
             AcquireReply::Queued { .. } => {
@@ -343,16 +344,16 @@ impl Semaphore {
             // A fresh lease id per attempt, so a lease id is never granted twice.
             match self.wait_in_queue(weight, deadline).await {
                 Ok(Attempt::Granted(permit)) => {
-                    telemetry::granted(name, called.elapsed());
+                    telemetry::granted(&self.config.metrics, name, called.elapsed());
                     return Ok(Some(permit));
                 }
                 Ok(Attempt::TimedOut) => {
-                    telemetry::not_granted(name, "timed_out");
+                    telemetry::not_granted(&self.config.metrics, name, "timed_out");
                     return Ok(None);
                 }
                 Ok(Attempt::Rejoin) => {}
                 Err(e) => {
-                    telemetry::not_granted(name, "error");
+                    telemetry::not_granted(&self.config.metrics, name, "error");
                     return Err(e);
                 }
             }
@@ -417,7 +418,7 @@ impl Semaphore {
             // every acquire is not as large as the waiting it seldom does.
             reply => {
                 if let AcquireReply::Queued { position } = reply {
-                    telemetry::queued(name, position);
+                    telemetry::queued(&self.config.metrics, name, position);
                 }
                 let queued = InQueue {
                     lease,

@@ -27,36 +27,86 @@
 //! [`Instrumented`]; [`crate::Store::connect`] puts it around every store it opens.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use metrics::{Counter, Gauge, Histogram};
 use tracing::Instrument;
 
 use crate::error::{Error, LossReason, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, RateRequest};
 
+/// The metric handles of one semaphore, registered at its first use rather than at every
+/// event: a grant then costs a few atomic adds, not a label allocation and a registry lookup
+/// per metric. Registered lazily, so a recorder installed after `Semaphore::new` but before
+/// the first acquire still receives them.
+#[derive(Default)]
+pub(crate) struct SemMetrics(OnceLock<SemHandles>);
+
+struct SemHandles {
+    grants: Counter,
+    granted: Counter,
+    no_permit: Counter,
+    timed_out: Counter,
+    error: Counter,
+    wait: Histogram,
+    waits: Counter,
+    queue: Gauge,
+}
+
+impl std::fmt::Debug for SemMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SemMetrics")
+    }
+}
+
+impl SemMetrics {
+    fn get(&self, name: &Name) -> &SemHandles {
+        self.0.get_or_init(|| {
+            let n = name.as_str().to_string();
+            let outcome = |o: &'static str| {
+                metrics::counter!("tessera_acquire_outcomes_total", "name" => n.clone(), "outcome" => o)
+            };
+            SemHandles {
+                grants: metrics::counter!("tessera_grants_total", "name" => n.clone()),
+                granted: outcome("granted"),
+                no_permit: outcome("no_permit"),
+                timed_out: outcome("timed_out"),
+                error: outcome("error"),
+                wait: metrics::histogram!("tessera_acquire_wait_seconds", "name" => n.clone()),
+                waits: metrics::counter!("tessera_waits_total", "name" => n.clone()),
+                queue: metrics::gauge!("tessera_queue_length", "name" => n),
+            }
+        })
+    }
+}
+
 /// A lease was granted `waited` after its acquire was called.
-pub(crate) fn granted(name: &Name, waited: Duration) {
-    let name = name.as_str().to_string();
-    metrics::counter!("tessera_grants_total", "name" => name.clone()).increment(1);
-    metrics::counter!("tessera_acquire_outcomes_total", "name" => name.clone(), "outcome" => "granted")
-        .increment(1);
-    metrics::histogram!("tessera_acquire_wait_seconds", "name" => name).record(waited);
+pub(crate) fn granted(m: &SemMetrics, name: &Name, waited: Duration) {
+    let h = m.get(name);
+    h.grants.increment(1);
+    h.granted.increment(1);
+    h.wait.record(waited);
 }
 
 /// An acquire ended without a grant: `no_permit` (try), `timed_out` or `error`.
-pub(crate) fn not_granted(name: &Name, outcome: &'static str) {
-    metrics::counter!("tessera_acquire_outcomes_total", "name" => name.as_str().to_string(), "outcome" => outcome)
-        .increment(1);
+pub(crate) fn not_granted(m: &SemMetrics, name: &Name, outcome: &'static str) {
+    let h = m.get(name);
+    match outcome {
+        "no_permit" => &h.no_permit,
+        "timed_out" => &h.timed_out,
+        _ => &h.error,
+    }
+    .increment(1);
 }
 
 /// An acquire joined the queue at `position` (0-based).
-pub(crate) fn queued(name: &Name, position: u64) {
-    let name = name.as_str().to_string();
-    metrics::counter!("tessera_waits_total", "name" => name.clone()).increment(1);
-    metrics::gauge!("tessera_queue_length", "name" => name).set(position.saturating_add(1) as f64);
+pub(crate) fn queued(m: &SemMetrics, name: &Name, position: u64) {
+    let h = m.get(name);
+    h.waits.increment(1);
+    h.queue.set(position.saturating_add(1) as f64);
 }
 
 /// A keep-alive renewal answered: `ok`, `gone` or `error`.
@@ -86,12 +136,36 @@ pub(crate) fn rate_decision(name: &Name, admitted: bool) {
 /// Everything else — `Debug`, capabilities, the rate seam's presence — is the inner one's.
 pub struct Instrumented {
     inner: Arc<dyn Backend>,
+    /// The latency histogram of each operation, registered at its first call.
+    latency: [OnceLock<Histogram>; OPS.len()],
 }
+
+/// The operations of the seam, in the order of [`Instrumented`]'s histograms.
+const OPS: [&str; 15] = [
+    "acquire",
+    "heartbeat",
+    "cancel",
+    "release",
+    "renew",
+    "status",
+    "list",
+    "resize",
+    "revoke",
+    "delete",
+    "rate_acquire",
+    "rate_cancel",
+    "rate_status",
+    "rate_list",
+    "rate_delete",
+];
 
 impl Instrumented {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Backend>) -> Instrumented {
-        Instrumented { inner }
+        Instrumented {
+            inner,
+            latency: Default::default(),
+        }
     }
 }
 
@@ -101,12 +175,25 @@ impl std::fmt::Debug for Instrumented {
     }
 }
 
+impl Instrumented {
+    fn latency(&self, op: &'static str) -> &Histogram {
+        let i = OPS.iter().position(|o| *o == op).unwrap_or(0);
+        self.latency[i]
+            .get_or_init(|| metrics::histogram!("tessera_store_call_seconds", "op" => OPS[i]))
+    }
+}
+
 /// Runs one store call inside its span, and records its latency (and its failure).
-async fn call<T>(op: &'static str, name: &str, f: impl Future<Output = Result<T>>) -> Result<T> {
+async fn call<T>(
+    latency: &Histogram,
+    op: &'static str,
+    name: &str,
+    f: impl Future<Output = Result<T>>,
+) -> Result<T> {
     let span = tracing::debug_span!("store_call", op, name);
     let start = Instant::now();
     let r = f.instrument(span).await;
-    metrics::histogram!("tessera_store_call_seconds", "op" => op).record(start.elapsed());
+    latency.record(start.elapsed());
     if let Err(e) = &r {
         let kind = match e {
             Error::Store { kind, .. } => match kind {
@@ -132,6 +219,7 @@ impl Backend for Instrumented {
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
         call(
+            self.latency("acquire"),
             "acquire",
             name.as_str(),
             self.inner.acquire(name, capacity, req),
@@ -146,6 +234,7 @@ impl Backend for Instrumented {
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
         call(
+            self.latency("heartbeat"),
             "heartbeat",
             name.as_str(),
             self.inner.heartbeat(name, lease, waiter_ttl),
@@ -154,35 +243,77 @@ impl Backend for Instrumented {
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
-        call("cancel", name.as_str(), self.inner.cancel(name, lease)).await
+        call(
+            self.latency("cancel"),
+            "cancel",
+            name.as_str(),
+            self.inner.cancel(name, lease),
+        )
+        .await
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        call("release", name.as_str(), self.inner.release(name, lease)).await
+        call(
+            self.latency("release"),
+            "release",
+            name.as_str(),
+            self.inner.release(name, lease),
+        )
+        .await
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        call("renew", name.as_str(), self.inner.renew(name, lease, ttl)).await
+        call(
+            self.latency("renew"),
+            "renew",
+            name.as_str(),
+            self.inner.renew(name, lease, ttl),
+        )
+        .await
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        call("status", name.as_str(), self.inner.status(name)).await
+        call(
+            self.latency("status"),
+            "status",
+            name.as_str(),
+            self.inner.status(name),
+        )
+        .await
     }
 
     async fn list(&self) -> Result<Vec<String>> {
-        call("list", "", self.inner.list()).await
+        call(self.latency("list"), "list", "", self.inner.list()).await
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        call("resize", name.as_str(), self.inner.resize(name, capacity)).await
+        call(
+            self.latency("resize"),
+            "resize",
+            name.as_str(),
+            self.inner.resize(name, capacity),
+        )
+        .await
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        call("revoke", name.as_str(), self.inner.revoke(name, lease)).await
+        call(
+            self.latency("revoke"),
+            "revoke",
+            name.as_str(),
+            self.inner.revoke(name, lease),
+        )
+        .await
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        call("delete", name.as_str(), self.inner.delete(name)).await
+        call(
+            self.latency("delete"),
+            "delete",
+            name.as_str(),
+            self.inner.delete(name),
+        )
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -211,6 +342,7 @@ impl RateBackend for Instrumented {
         req: &RateRequest,
     ) -> Result<RateReply> {
         call(
+            self.latency("rate_acquire"),
             "rate_acquire",
             name.as_str(),
             self.inner_rate().rate_acquire(name, config, req),
@@ -220,6 +352,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         call(
+            self.latency("rate_cancel"),
             "rate_cancel",
             name.as_str(),
             self.inner_rate().rate_cancel(name, reservation, at),
@@ -229,6 +362,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::RateStatus>> {
         call(
+            self.latency("rate_status"),
             "rate_status",
             name.as_str(),
             self.inner_rate().rate_status(name),
@@ -237,11 +371,18 @@ impl RateBackend for Instrumented {
     }
 
     async fn rate_list(&self) -> Result<Vec<String>> {
-        call("rate_list", "", self.inner_rate().rate_list()).await
+        call(
+            self.latency("rate_list"),
+            "rate_list",
+            "",
+            self.inner_rate().rate_list(),
+        )
+        .await
     }
 
     async fn rate_delete(&self, name: &Name) -> Result<bool> {
         call(
+            self.latency("rate_delete"),
             "rate_delete",
             name.as_str(),
             self.inner_rate().rate_delete(name),

@@ -38,8 +38,8 @@
 //! [`run`] with the store URL.
 
 mod etcd_mutex;
-mod postgres;
 mod mysql;
+mod postgres;
 mod rate;
 mod report;
 mod workloads;
