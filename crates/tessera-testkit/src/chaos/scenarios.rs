@@ -780,23 +780,35 @@ async fn failover(
     }
     run.run_out().await;
     let events = crate::grantlog::read_logs(run.log_dir())?;
+    let grants: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                &e.kind,
+                crate::grantlog::EventKind::AcquireReturned {
+                    outcome: crate::grantlog::Outcome::Granted { .. },
+                    ..
+                }
+            )
+        })
+        .map(|e| e.t_ns)
+        .collect();
     for (round, start) in starts.iter().enumerate() {
-        let first = events.iter().find(|e| {
-            e.t_ns > *start
-                && matches!(
-                    &e.kind,
-                    crate::grantlog::EventKind::AcquireReturned {
-                        outcome: crate::grantlog::Outcome::Granted { .. },
-                        ..
-                    }
-                )
-        });
-        run.notes.push(match first {
-            Some(e) => format!(
-                "round {round}: first grant {} ms after the fault began",
-                (e.t_ns - start) / 1_000_000
+        // The stretch without any grant that covers the fault's start: how long the
+        // semaphore could not be had (grants a few ms after the start were decided before).
+        let before = grants.iter().rev().find(|&&t| t <= *start).copied();
+        let after = grants.iter().find(|&&t| t > *start).copied();
+        run.notes.push(match (before, after) {
+            (Some(b), Some(a)) => format!(
+                "round {round}: first grant {} ms after the fault began; no grant for {} ms around it",
+                (a - start) / 1_000_000,
+                (a - b) / 1_000_000
             ),
-            None => format!("round {round}: no grant after the fault began"),
+            (None, Some(a)) => format!(
+                "round {round}: first grant {} ms after the fault began",
+                (a - start) / 1_000_000
+            ),
+            _ => format!("round {round}: no grant after the fault began"),
         });
     }
     run.finish().await
