@@ -734,6 +734,7 @@ async fn failover(
     let key = format!("{{{prefix}:{}}}:meta", run.name);
     run.start_workers()?;
     let mut starts = Vec::new();
+    let mut heals = Vec::new();
     for _ in 0..p.rounds {
         sleep(p.ttl * 2).await;
         starts.push(crate::grantlog::monotonic_ns());
@@ -755,6 +756,7 @@ async fn failover(
         let waits = action == "failover-wait";
         if !waits {
             run.fault(action, FaultPhase::Heal, None);
+            heals.push(crate::grantlog::monotonic_ns());
         }
         run.notes.push(format!(
             "{action}: new master/primary in {} ms",
@@ -771,6 +773,7 @@ async fn failover(
         });
         if waits {
             run.fault(action, FaultPhase::Heal, None);
+            heals.push(crate::grantlog::monotonic_ns());
             run.notes.push(format!(
                 "{action}: a replica in sync again {} ms after the fault began",
                 began.elapsed().as_millis()
@@ -793,23 +796,27 @@ async fn failover(
         })
         .map(|e| e.t_ns)
         .collect();
-    for (round, start) in starts.iter().enumerate() {
-        // The stretch without any grant that covers the fault's start: how long the
-        // semaphore could not be had (grants a few ms after the start were decided before).
-        let before = grants.iter().rev().find(|&&t| t <= *start).copied();
-        let after = grants.iter().find(|&&t| t > *start).copied();
-        run.notes.push(match (before, after) {
-            (Some(b), Some(a)) => format!(
-                "round {round}: first grant {} ms after the fault began; no grant for {} ms around it",
-                (a - start) / 1_000_000,
-                (a - b) / 1_000_000
-            ),
-            (None, Some(a)) => format!(
-                "round {round}: first grant {} ms after the fault began",
-                (a - start) / 1_000_000
-            ),
-            _ => format!("round {round}: no grant after the fault began"),
-        });
+    for (round, (start, heal)) in starts.iter().zip(&heals).enumerate() {
+        // The longest stretch without any grant that overlaps the fault (from its start to
+        // its heal): how long the semaphore could not be had. Grants right after the start
+        // may have been decided before it.
+        let mut times: Vec<u64> = grants
+            .iter()
+            .copied()
+            .filter(|&t| t + 10_000_000_000 > *start && t < heal + 10_000_000_000)
+            .collect();
+        times.insert(0, *start);
+        let gap = times
+            .windows(2)
+            .filter(|w| w[1] > *start && w[0] < *heal)
+            .map(|w| w[1] - w[0])
+            .max();
+        let first = grants.iter().find(|&&t| t > *heal).map(|t| t - heal);
+        run.notes.push(format!(
+            "round {round}: longest stretch without a grant during the fault {} ms; first grant {} after it healed",
+            gap.map_or("-".into(), |g| (g / 1_000_000).to_string()),
+            first.map_or("never".into(), |f| format!("{} ms", f / 1_000_000)),
+        ));
     }
     run.finish().await
 }
