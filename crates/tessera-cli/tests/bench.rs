@@ -190,3 +190,46 @@ fn bench_rate_on_sqlite() {
 fn bench_rate_on_redis_without_window_violations() {
     bench_rate(Harness::redis().url());
 }
+
+/// The many workload on a 3-primary cluster: every name gets its grants, no over-grant, and
+/// the CPU of each primary is reported.
+#[test]
+fn bench_many_spreads_over_a_cluster_without_over_grants() {
+    let h = Harness::redis_cluster(false);
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .env("TESSERA_STORE", h.url())
+        .args([
+            "bench",
+            "--workload",
+            "many",
+            "--names",
+            "8",
+            "--clients",
+            "2",
+            "--ops",
+            "200",
+            "--duration",
+            "30s",
+            "--json",
+        ])
+        .output()
+        .expect("run tessera bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tessera bench exited with {}: {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["workload"], "manyx8", "{r}");
+    assert_eq!(r["clients"], 16, "{r}");
+    assert_eq!(r["over_grants"], 0, "{r}");
+    assert_eq!(r["ops"], 200, "{r}");
+    assert!(r["grants_per_client_min"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(
+        r["node_cpu_us_per_grant"].as_array().unwrap().len(),
+        3,
+        "{r}"
+    );
+}

@@ -3,6 +3,10 @@
 //! - **W1**: 1 client, capacity 10, an acquire + release loop (ops = pairs);
 //! - **W2**: 8 clients on a lock, hold ≈ 0 (ops = grants);
 //! - **W3**: 32 clients, capacity 4 (ops = grants).
+//! - **many**: `--names` locks (default 64), `--clients` per name (default 4), all at once
+//!   (ops = grants over all names); the clients of one name share one store connection. On
+//!   Redis it reports the CPU per grant of every server named in the URL (each primary of a
+//!   `redis+cluster://` URL): how the work spreads over shards. Not part of `all`.
 //!
 //! Every client opens its own [`tessera::Store::connect`] (its own connections). Each
 //! workload stops after `--ops` operations or at `--duration`, whichever comes first; the
@@ -64,6 +68,9 @@ pub enum Workload {
     W3,
     /// W1, W2 and W3 in turn (not `rate`).
     All,
+    /// Many semaphores at once (`--names`, default 64, each a lock with `--clients` per
+    /// name, default 4): how throughput spreads over the shards of a Redis Cluster.
+    Many,
     /// Clients on one rate limiter (see `--rate-mode`, `--rates`, `--rate-run`).
     Rate,
     /// W2's shape with etcd's own mutex recipe (its lock API) on the same cluster, the
@@ -77,7 +84,7 @@ pub struct BenchArgs {
     /// The workload.
     #[arg(long, value_enum, default_value = "all")]
     pub workload: Workload,
-    /// Number of clients (overrides the workload's: 1, 8, 32; rate: 8).
+    /// Number of clients (overrides the workload's: 1, 8, 32; rate: 8; many: per name, 4).
     #[arg(long)]
     pub clients: Option<usize>,
     /// Capacity of the semaphore (overrides the workload's: 10, 1, 4).
@@ -117,6 +124,9 @@ pub struct BenchArgs {
     /// workloads (one client's INSERT+COMMIT loop, 8 clients on GET_LOCK); 0 skips them.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     pub baseline_time: Duration,
+    /// Semaphores of the many workload (names spread over a cluster's slots).
+    #[arg(long, default_value_t = 64)]
+    pub names: usize,
     /// Print one JSON object per workload (one per line) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -186,7 +196,11 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
     let mut reports = Vec::new();
     for w in workloads {
         let spec = Spec::new(w, args);
-        let r = workloads::run(store_url, &spec, args.rtt_time).await?;
+        let r = if w == Workload::Many {
+            workloads::run_many(store_url, &spec, args.names.max(1)).await?
+        } else {
+            workloads::run(store_url, &spec, args.rtt_time).await?
+        };
         if args.json {
             println!("{}", serde_json::to_string(&r)?);
         }

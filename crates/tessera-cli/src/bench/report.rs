@@ -44,6 +44,10 @@ pub struct WorkloadReport {
     pub rtt_limit_ratio: Option<f64>,
     /// Failed store calls, panicked or aborted clients.
     pub errors: u64,
+    /// The many workload: Redis CPU per grant (µs) of each server in the URL (each
+    /// primary of a cluster), in URL order; their sum is `server_cpu_us_per_grant`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_cpu_us_per_grant: Vec<f64>,
 }
 
 fn opt(v: Option<f64>, decimals: usize) -> String {

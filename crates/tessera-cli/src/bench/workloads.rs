@@ -41,6 +41,7 @@ impl Spec {
         let (name, clients, capacity) = match w {
             Workload::W1 => ("w1", 1, 10),
             Workload::W2 | Workload::EtcdMutex => ("w2", 8, 1),
+            Workload::Many => ("many", 4, 1),
             Workload::W3 | Workload::All | Workload::Rate => ("w3", 32, 4),
         };
         Spec {
@@ -400,6 +401,7 @@ pub async fn run(
             ("w1", Some(rtt)) if rtt > 0.0 => Some(ops_per_sec / (rtt / 2.0)),
             _ => None,
         },
+        node_cpu_us_per_grant: Vec::new(),
         errors: shared.errors.load(Ordering::Relaxed),
     })
 }
@@ -507,4 +509,123 @@ pub(super) async fn join_clients<T>(
         }
     }
     results
+}
+
+/// The servers whose CPU the many workload reads: the one of a `redis://` URL, or every node
+/// of a `redis+cluster://` URL (list the primaries), as plain `redis://` URLs.
+fn cpu_nodes(store_url: &str) -> Vec<String> {
+    let (scheme, rest) = store_url.split_once("://").unwrap_or(("", ""));
+    let base = match scheme {
+        "redis" | "redis+cluster" => "redis",
+        "rediss" | "rediss+cluster" => "rediss",
+        _ => return Vec::new(),
+    };
+    let rest = rest.split(['/', '?']).next().unwrap_or("");
+    let (userinfo, hosts) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    hosts
+        .split(',')
+        .map(|h| format!("{base}://{userinfo}{h}"))
+        .collect()
+}
+
+/// The many workload: `names` locks (capacity `spec.capacity`), `spec.clients` clients per
+/// name, all at once, until `spec.ops` grants in all. Over-grants are checked per name in
+/// process (every client of a name is a task here).
+pub async fn run_many(
+    store_url: &str,
+    spec: &Spec,
+    names: usize,
+) -> anyhow::Result<WorkloadReport> {
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    let mut stores = Vec::with_capacity(names);
+    for _ in 0..names {
+        stores.push(tessera::Store::connect(store_url).await?);
+    }
+    let mut nodes = Vec::new();
+    for url in cpu_nodes(store_url) {
+        nodes.push(redis_conn(&url).await?);
+    }
+    let mut cpu_before = Vec::with_capacity(nodes.len());
+    for n in nodes.iter_mut() {
+        cpu_before.push(server_cpu_us(n).await?);
+    }
+    let progress = ProgressBar::with_draw_target(Some(spec.ops), ProgressDrawTarget::stderr());
+    progress.set_prefix(spec.name);
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        spec: spec.clone(),
+        claimed: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        last: AtomicUsize::new(NOBODY),
+        handoffs: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        deadline: start + spec.duration,
+        progress: progress.clone(),
+    });
+    let mut tasks = Vec::with_capacity(names * spec.clients);
+    for (n, store) in stores.iter().enumerate() {
+        let sem = store.semaphore(&format!("tessera-bench-many-{run_id}-{n}"), spec.capacity)?;
+        let counter = Arc::new(AtomicI64::new(0));
+        for c in 0..spec.clients {
+            tasks.push(tokio::spawn(client(
+                n * spec.clients + c,
+                sem.clone(),
+                Check::Local(Arc::clone(&counter)),
+                None,
+                Arc::clone(&shared),
+            )));
+        }
+    }
+    let hard = shared.deadline + Duration::from_millis(500);
+    let results = join_clients(tasks, hard, &shared.errors).await;
+    let elapsed = start.elapsed();
+    let mut cpu_after = Vec::with_capacity(nodes.len());
+    for n in nodes.iter_mut() {
+        cpu_after.push(server_cpu_us(n).await?);
+    }
+    progress.finish_and_clear();
+    let mut latency = histogram();
+    for r in &results {
+        latency.add(&r.latency).expect("same bounds");
+    }
+    let done = shared.done.load(Ordering::Relaxed);
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let grants: u64 = results.iter().map(|r| r.grants).sum();
+    let per_node: Vec<f64> = cpu_before
+        .iter()
+        .zip(&cpu_after)
+        .map(|(a, b)| (b - a) / grants.max(1) as f64)
+        .collect();
+    let ms = |us: u64| us as f64 / 1000.0;
+    Ok(WorkloadReport {
+        workload: format!("{}x{}", spec.name, names),
+        store: tessera::backend::redact_url(store_url),
+        clients: spec.clients * names,
+        capacity: spec.capacity,
+        preload: 0,
+        threads: spec.threads,
+        hold_ms: spec.hold.as_secs_f64() * 1000.0,
+        ops: done,
+        completed: done >= spec.ops,
+        seconds: secs,
+        ops_per_sec: done as f64 / secs,
+        handoffs_per_sec: shared.handoffs.load(Ordering::Relaxed) as f64 / secs,
+        p50_ms: ms(latency.value_at_quantile(0.50)),
+        p99_ms: ms(latency.value_at_quantile(0.99)),
+        max_ms: ms(latency.max()),
+        grants_per_client_min: results.iter().map(|r| r.grants).min().unwrap_or(0),
+        grants_per_client_max: results.iter().map(|r| r.grants).max().unwrap_or(0),
+        max_holders_seen: results.iter().map(|r| r.max_holders).max().unwrap_or(0),
+        over_grants: results.iter().map(|r| r.over_grants).sum(),
+        over_grant_check: "in-process-counter".to_string(),
+        server_cpu_us_per_grant: (!per_node.is_empty() && grants > 0)
+            .then(|| per_node.iter().sum()),
+        node_cpu_us_per_grant: per_node,
+        rtt_per_sec: None,
+        rtt_limit_ratio: None,
+        errors: shared.errors.load(Ordering::Relaxed),
+    })
 }

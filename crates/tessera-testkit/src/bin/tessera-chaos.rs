@@ -17,7 +17,8 @@ use tessera_testkit::chaos::{self, Profile, RunConfig, StoreSpec};
     about = "Runs tessera's reliability scenarios (faults + grant-log checks) against a store"
 )]
 struct Args {
-    /// `sqlite` or `redis` (throwaway stores the runner owns), or a `sqlite:///path.db` base
+    /// `sqlite`, `redis`, `redis+sentinel`, `redis+sentinel?wait=1` or `redis+cluster`
+    /// (throwaway stores and topologies the runner owns), or a `sqlite:///path.db` base
     /// path, or a loopback `redis://127.0.0.1:PORT` (scenarios that restart or reconfigure the
     /// server are then skipped).
     #[arg(long)]
