@@ -126,6 +126,11 @@ const SCHEMA_VERSION: i64 = 1;
 /// How far (µs) a fresh measurement of `wall now - boot now` may be from the kept one before
 /// it replaces it (a wall-clock step; see [`SqliteBackend::offset`]).
 const REANCHOR_US: i128 = 10_000;
+/// The offset of [`SqliteBackend::offset`] (`i64::MIN`: not measured yet), one for the whole
+/// process: every backend whose clock is the boot clock converts with it, so the times that
+/// two connections of one process report are comparable to the µs (a reservation one client
+/// made at exactly the end of another's window does not appear a few µs inside it).
+static PROCESS_OFFSET: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
 /// How long a transaction waits for another connection's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections per backend: one writer at a time (the write mutex) plus readers for the
@@ -143,8 +148,6 @@ pub struct SqliteBackend {
     /// The wall clock read beside `clock` (fence floor, times in replies); `None` when the
     /// store's clock is itself the wall clock (injected clocks): nothing is converted.
     wall: Option<Arc<dyn Clock>>,
-    /// The offset of [`SqliteBackend::offset`] (`i64::MIN`: not measured yet).
-    offset: std::sync::atomic::AtomicI64,
     path: PathBuf,
     /// Serializes this process's write transactions (FIFO), so they never meet each other
     /// in SQLite's sleeping busy handler; other processes are kept out by SQLite's lock.
@@ -264,7 +267,6 @@ impl SqliteBackend {
             pool,
             clock,
             wall,
-            offset: std::sync::atomic::AtomicI64::new(i64::MIN),
             notifier: notify::Notifier::start(&path),
             path,
             write: tokio::sync::Mutex::new(()),
@@ -286,7 +288,8 @@ impl SqliteBackend {
 
     /// `wall now - store now`, µs. The wall and boot clocks run at the same rate (NTP slews
     /// both), so the offset changes only when the wall clock is stepped; this process keeps
-    /// the offset it measured until a fresh measurement differs by more than
+    /// the offset it measured ([`PROCESS_OFFSET`], shared by all its backends) until a fresh
+    /// measurement differs by more than
     /// [`REANCHOR_US`]. Times of different replies then convert with one offset, and their
     /// differences stay exact (a reservation's `at` is exactly the previous one's plus the
     /// window, as on every store).
@@ -304,13 +307,12 @@ impl SqliteBackend {
                 break;
             }
         }
-        let kept = self.offset.load(std::sync::atomic::Ordering::Relaxed);
+        let kept = PROCESS_OFFSET.load(std::sync::atomic::Ordering::Relaxed);
         if kept != i64::MIN && (fresh - kept as i128).abs() < REANCHOR_US {
             return kept.into();
         }
         let fresh = fresh.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
-        self.offset
-            .store(fresh, std::sync::atomic::Ordering::Relaxed);
+        PROCESS_OFFSET.store(fresh, std::sync::atomic::Ordering::Relaxed);
         fresh.into()
     }
 
