@@ -72,7 +72,9 @@ mod tests;
 pub(crate) use dialect::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
-pub(crate) use step::{acquire, cancel, delete, heartbeat, release, renew, resize, revoke, status};
+pub(crate) use step::{
+    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
+};
 
 use crate::error::Result;
 use step::corrupt;

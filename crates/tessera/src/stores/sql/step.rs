@@ -481,6 +481,23 @@ pub(crate) async fn heartbeat(
     Ok((reply, st.finish().await?))
 }
 
+/// A read-only answer to a woken waiter's heartbeat: its grant, if `lease` holds permits
+/// that have not expired at `now`. Outside a write transaction this is what a full
+/// [`heartbeat`] step would answer for such a lease (the step's purge removes only expired
+/// holders, and its hand-offs add holders, never remove one); `None` means only that the
+/// full step must decide (queued, expired, revoked or unknown).
+pub(crate) async fn read_grant(
+    rows: &mut impl SemRows,
+    lease: LeaseId,
+    now: StoreTime,
+) -> Result<Option<Grant>> {
+    let Some(row) = rows.holder(&lease.to_string()).await? else {
+        return Ok(None);
+    };
+    let lease = lease_of_row(&row)?;
+    Ok((lease.expires_at > now).then_some(Grant { lease, now }))
+}
+
 pub(crate) async fn cancel(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<CancelReply>> {
     let Some(mut st) = Step::load(rows, None).await? else {
         return Ok((CancelReply::NotFound, Vec::new()));

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{ConnectOptions, Connection};
 
 use super::*;
 use crate::clock::{Clock, ManualClock};
@@ -81,22 +81,41 @@ async fn a_placeholder_row_with_nothing_held_acts_as_a_missing_one() {
 /// then the `DELETE`/`UPDATE` with the same predicate, trusting the lock the step holds.
 /// Every other row operation is SQLite's own.
 struct NoReturning<'c> {
-    conn: &'c mut SqliteConnection,
+    rows: SqliteRows<'c>,
     name: &'c str,
-    now: StoreTime,
 }
 
-impl NoReturning<'_> {
-    fn sqlite(&mut self) -> SqliteRows<'_> {
-        SqliteRows::new(self.conn, self.name, self.now)
+/// One result row, its columns read by index.
+struct Cols(Vec<rusqlite::types::Value>);
+
+impl Cols {
+    fn get<T: rusqlite::types::FromSql>(&self, i: usize) -> T {
+        T::column_result(rusqlite::types::ValueRef::from(&self.0[i])).unwrap()
+    }
+}
+
+impl<'c> NoReturning<'c> {
+    fn sqlite(&mut self) -> &mut SqliteRows<'c> {
+        &mut self.rows
     }
 
-    async fn rows(&mut self, sql: &'static str, args: &[i64]) -> Result<Vec<SqliteRow>> {
-        let mut q = sqlx::query(sql).bind(self.name);
-        for &a in args {
-            q = q.bind(a);
-        }
-        Ok(q.fetch_all(&mut *self.conn).await.unwrap())
+    /// The rows of `sql` with the name, then `lease` if given, then `args`.
+    fn query(&self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Vec<Cols> {
+        let mut st = self.rows.db().prepare(sql).unwrap();
+        let mut params: Vec<rusqlite::types::Value> = vec![self.name.to_string().into()];
+        params.extend(lease.map(|l| l.to_string().into()));
+        params.extend(args.iter().map(|&a| a.into()));
+        let n = st.column_count();
+        st.query_map(rusqlite::params_from_iter(params), |r| {
+            (0..n).map(|i| r.get(i)).collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .unwrap()
+        .map(|r| Cols(r.unwrap()))
+        .collect()
+    }
+
+    async fn rows(&mut self, sql: &'static str, args: &[i64]) -> Result<Vec<Cols>> {
+        Ok(self.query(sql, None, args))
     }
 
     /// The lease ids `select` finds, then `delete` (the shape without `RETURNING`).
@@ -116,27 +135,17 @@ impl NoReturning<'_> {
     }
 
     async fn exec(&mut self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
-        let mut q = sqlx::query(sql).bind(self.name);
-        if let Some(lease) = lease {
-            q = q.bind(lease.to_string());
-        }
-        for &a in args {
-            q = q.bind(a);
-        }
-        Ok(q.execute(&mut *self.conn).await.unwrap().rows_affected())
+        let before = self.rows.db().total_changes();
+        self.query(sql, lease, args);
+        Ok(self.rows.db().total_changes() - before)
     }
 
-    async fn lease_rows(&mut self, sql: &'static str, lease: &str) -> Result<Vec<SqliteRow>> {
-        Ok(sqlx::query(sql)
-            .bind(self.name)
-            .bind(lease)
-            .fetch_all(&mut *self.conn)
-            .await
-            .unwrap())
+    async fn lease_rows(&mut self, sql: &'static str, lease: &str) -> Result<Vec<Cols>> {
+        Ok(self.query(sql, Some(lease), &[]))
     }
 }
 
-fn freed(row: &SqliteRow) -> Freed {
+fn freed(row: &Cols) -> Freed {
     Freed {
         weight: row.get(0),
         seats: row.get(1),
@@ -268,16 +277,19 @@ async fn run_step(
     op: &Op,
 ) -> String {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let rows = SqliteRows::new(&mut tx, name.as_str(), now).await.unwrap();
     let out = if plain {
-        op.run(&mut SqliteRows::new(&mut tx, name.as_str(), now), name)
-            .await
+        op.run(&mut { rows }, name).await
     } else {
-        let rows = &mut NoReturning {
-            conn: &mut tx,
-            name: name.as_str(),
-            now,
-        };
-        op.run(rows, name).await
+        let name_str = name.as_str();
+        op.run(
+            &mut NoReturning {
+                rows,
+                name: name_str,
+            },
+            name,
+        )
+        .await
     };
     tx.commit().await.unwrap();
     out

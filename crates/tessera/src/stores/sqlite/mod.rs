@@ -67,7 +67,9 @@ macro_rules! step {
     ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
         step!($self, |conn, now| async {
             let wall = $self.wall.as_ref().map_or(now, |w| w.now());
-            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now).wall(wall);
+            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now)
+                .await?
+                .wall(wall);
             $op.await
         })
     };
@@ -332,7 +334,9 @@ impl SqliteBackend {
 
     /// The read-only part of a heartbeat: `Some(Waiting)` when a full step would change
     /// nothing but this waiter's expiry and that expiry still has at least half of
-    /// `waiter_ttl` to run. Otherwise `None`: run the full step.
+    /// `waiter_ttl` to run; `Some(Granted)` when the lease is no longer queued because it
+    /// holds unexpired permits (a waiter woken by its grant learns it with two reads, not a
+    /// write transaction: see [`sql::read_grant`]). Otherwise `None`: run the full step.
     ///
     /// "Nothing would change" means: the waiter is queued, no holder or waiter of the
     /// semaphore has expired, and the queue head does not fit (so no hand-off is due). The
@@ -355,7 +359,9 @@ impl SqliteBackend {
             .await
             .map_err(map_err)?
         else {
-            return Ok(None);
+            let rows = &mut ops::SqliteRows::new(&mut conn, name.as_str(), now).await?;
+            let grant = sql::read_grant(rows, lease, now).await?;
+            return Ok(grant.map(WaitReply::Granted));
         };
         let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
         let (Some(expires_at), Some(0), Some(0), Some(1)) = (int(0), int(1), int(2), int(3)) else {
@@ -402,12 +408,14 @@ impl Backend for SqliteBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        if !self.exact_heartbeats {
-            if let Some(reply) = self.probe_heartbeat(name, lease, waiter_ttl).await? {
-                return Ok(reply);
-            }
-        }
-        let reply = step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl));
+        let probed = match self.exact_heartbeats {
+            true => None,
+            false => self.probe_heartbeat(name, lease, waiter_ttl).await?,
+        };
+        let reply = match probed {
+            Some(reply) => reply,
+            None => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl)),
+        };
         Ok(match reply {
             WaitReply::Granted(grant) => WaitReply::Granted(grant_to_wall(grant, self.to_wall())),
             other => other,

@@ -9,11 +9,11 @@
 //! and a two-argument scalar `max()`; placeholders are `?1`, `?2`, … and `?1` is always the
 //! semaphore's name.
 
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::sqlite::{LockedSqliteHandle, SqliteConnection};
 use sqlx::Row;
 
 use super::map_err;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
@@ -80,8 +80,19 @@ const DROP_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 RETURNIN
 const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
 /// The row operations of one semaphore inside the caller's `BEGIN IMMEDIATE` transaction.
+///
+/// The statements run on this task's thread, straight on the connection's SQLite handle
+/// (through `rusqlite`), not one by one through sqlx's worker thread: sqlx hands every
+/// statement and every row to the connection's own thread and back, and under contention
+/// between processes those thread switches, not SQLite, were most of a step's time. The
+/// handle is taken from sqlx's worker for the life of this value ([`LockedSqliteHandle`]),
+/// and only inside a transaction that already holds SQLite's write lock, or for reads: no
+/// statement here waits for a lock, so none blocks the thread for longer than its own work.
 pub(crate) struct SqliteRows<'c> {
-    conn: &'c mut SqliteConnection,
+    /// The handle seen through rusqlite; declared first, so it is dropped (and its
+    /// statements finalized) while the handle is still locked.
+    db: rusqlite::Connection,
+    _handle: LockedSqliteHandle<'c>,
     name: &'c str,
     now: StoreTime,
     wall: StoreTime,
@@ -90,13 +101,23 @@ pub(crate) struct SqliteRows<'c> {
 impl<'c> SqliteRows<'c> {
     /// `now` is the store's clock, read once the write lock is held; the fences' wall-clock
     /// floor is `now` too unless set by [`SqliteRows::wall`].
-    pub(crate) fn new(conn: &'c mut SqliteConnection, name: &'c str, now: StoreTime) -> Self {
-        SqliteRows {
-            conn,
+    pub(crate) async fn new(
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        now: StoreTime,
+    ) -> Result<SqliteRows<'c>> {
+        let mut handle = conn.lock_handle().await.map_err(map_err)?;
+        // SAFETY: the handle is live and locked away from sqlx's worker thread until
+        // `_handle` is dropped, after `db`; `from_handle` never closes it.
+        let db = unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }
+            .map_err(rq_err)?;
+        Ok(SqliteRows {
+            db,
+            _handle: handle,
             name,
             now,
             wall: now,
-        }
+        })
     }
 
     /// The wall clock read beside `now`, the fences' floor.
@@ -105,68 +126,96 @@ impl<'c> SqliteRows<'c> {
         self
     }
 
-    /// Runs `sql` with the name, then `lease` if given, then `args`; how many rows it changed.
-    async fn exec(&mut self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
-        let mut q = sqlx::query(sql).bind(self.name);
+    /// The connection, for statements of tests that stand for another dialect.
+    #[cfg(test)]
+    pub(crate) fn db(&self) -> &rusqlite::Connection {
+        &self.db
+    }
+
+    /// `sql` prepared, with the name as `?1`, then `lease` if given, then `args`.
+    fn bound(
+        &self,
+        sql: &'static str,
+        lease: Option<&str>,
+        args: &[i64],
+    ) -> Result<rusqlite::Statement<'_>> {
+        let mut st = self.db.prepare(sql).map_err(rq_err)?;
+        st.raw_bind_parameter(1, self.name).map_err(rq_err)?;
+        let mut i = 2;
         if let Some(lease) = lease {
-            q = q.bind(lease);
+            st.raw_bind_parameter(i, lease).map_err(rq_err)?;
+            i += 1;
         }
         for &a in args {
-            q = q.bind(a);
+            st.raw_bind_parameter(i, a).map_err(rq_err)?;
+            i += 1;
         }
-        Ok(q.execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-            .rows_affected())
+        Ok(st)
     }
 
-    /// The rows of `sql` with the name and `args`.
-    async fn fetch(&mut self, sql: &'static str, args: &[i64]) -> Result<Vec<SqliteRow>> {
-        let mut q = sqlx::query(sql).bind(self.name);
-        for &a in args {
-            q = q.bind(a);
-        }
-        q.fetch_all(&mut *self.conn).await.map_err(map_err)
+    /// Runs `sql` (see [`SqliteRows::bound`]); how many rows it changed.
+    fn exec(&self, sql: &'static str, lease: Option<&str>, args: &[i64]) -> Result<u64> {
+        let mut st = self.bound(sql, lease, args)?;
+        Ok(st.raw_execute().map_err(rq_err)? as u64)
     }
 
-    /// The row of `sql` with the name and `lease`, if any.
-    async fn fetch_lease(&mut self, sql: &'static str, lease: &str) -> Result<Option<SqliteRow>> {
-        sqlx::query(sql)
-            .bind(self.name)
-            .bind(lease)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)
+    /// Every row of `sql` (see [`SqliteRows::bound`]), each read by `read`. A statement with
+    /// `RETURNING` runs to its end.
+    fn fetch<T>(
+        &self,
+        sql: &'static str,
+        lease: Option<&str>,
+        args: &[i64],
+        read: impl Fn(&rusqlite::Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut st = self.bound(sql, lease, args)?;
+        let mut rows = st.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(rq_err)? {
+            out.push(read(row)?);
+        }
+        Ok(out)
+    }
+
+    /// The first row of `sql` with the name and `lease`, if any.
+    fn fetch_lease<T>(
+        &self,
+        sql: &'static str,
+        lease: &str,
+        read: impl Fn(&rusqlite::Row<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        Ok(self.fetch(sql, Some(lease), &[], read)?.into_iter().next())
     }
 }
 
 impl SemRows for SqliteRows<'_> {
     async fn load(&mut self, _create: Option<u32>) -> Result<Loaded> {
-        let row = sqlx::query(LOAD_SEM)
-            .bind(self.name)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)?
+        let (hwm, sem) = self
+            .fetch(LOAD_SEM, None, &[], |row| {
+                let exists = row
+                    .get::<_, Option<i64>>(1)
+                    .map_err(|e| corrupt(format!("capacity: {e}")))?
+                    .is_some();
+                let sem = match exists {
+                    true => Some(SemRow {
+                        capacity: int_at(row, 1)?,
+                        used: int_at(row, 2)?,
+                        queued: int_at(row, 3)?,
+                        last_fence: int_at(row, 4)?,
+                        next_seq: int_at(row, 5)?,
+                        seat_high: int_at(row, 6)?,
+                    }),
+                    false => None,
+                };
+                Ok((int_at(row, 0)?, sem))
+            })?
+            .into_iter()
+            .next()
             .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
-        let exists = row
-            .try_get::<Option<i64>, _>(1)
-            .map_err(|e| corrupt(format!("capacity: {e}")))?
-            .is_some();
-        let sem = match exists {
-            true => Some(SemRow {
-                capacity: int_at(&row, 1)?,
-                used: int_at(&row, 2)?,
-                queued: int_at(&row, 3)?,
-                last_fence: int_at(&row, 4)?,
-                next_seq: int_at(&row, 5)?,
-                seat_high: int_at(&row, 6)?,
-            }),
-            false => None,
-        };
         Ok(Loaded {
             now: self.now,
             wall: self.wall,
-            hwm: int_at(&row, 0)?,
+            hwm,
             sem,
         })
     }
@@ -180,179 +229,144 @@ impl SemRows for SqliteRows<'_> {
             s.next_seq,
             s.seat_high,
         ];
-        self.exec(SAVE_SEM, None, &args).await.map(drop)
+        self.exec(SAVE_SEM, None, &args).map(drop)
     }
 
     async fn drop_semaphore(&mut self) -> Result<bool> {
-        Ok(self.exec(DROP_SEM, None, &[]).await? > 0)
+        Ok(self.exec(DROP_SEM, None, &[])? > 0)
     }
 
     async fn raise_hwm(&mut self, hwm: i64) -> Result<()> {
         // The meta row is under the same write lock: a plain write cannot lower it.
-        sqlx::query(SAVE_HWM)
-            .bind(hwm)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        let mut st = self.db.prepare(SAVE_HWM).map_err(rq_err)?;
+        st.execute([hwm]).map_err(rq_err).map(drop)
     }
 
     async fn purge_holders(&mut self, now: i64) -> Result<Vec<Freed>> {
-        let rows = self.fetch(PURGE_HOLDERS, &[now]).await?;
-        rows.iter().map(freed_at).collect()
+        self.fetch(PURGE_HOLDERS, None, &[now], freed_at)
     }
 
     async fn purge_waiters(&mut self, now: i64) -> Result<u64> {
-        self.exec(PURGE_WAITERS, None, &[now]).await
+        self.exec(PURGE_WAITERS, None, &[now])
     }
 
     async fn holder(&mut self, lease: &str) -> Result<Option<HolderRow>> {
-        let row = self.fetch_lease(GET_HOLDER, lease).await?;
-        row.as_ref().map(holder_at).transpose()
+        self.fetch_lease(GET_HOLDER, lease, holder_at)
     }
 
     async fn holders(&mut self) -> Result<Vec<HolderRow>> {
-        let rows = self.fetch(ALL_HOLDERS, &[]).await?;
-        rows.iter().map(holder_at).collect()
+        self.fetch(ALL_HOLDERS, None, &[], holder_at)
     }
 
     async fn insert_holder(&mut self, h: &NewHolder<'_>) -> Result<()> {
-        sqlx::query(INSERT_HOLDER)
-            .bind(self.name)
-            .bind(h.lease_id)
-            .bind(h.weight)
-            .bind(h.seats)
-            .bind(h.fence)
-            .bind(h.holder)
-            .bind(h.acquired_at)
-            .bind(h.expires_at)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        let mut st = self.db.prepare(INSERT_HOLDER).map_err(rq_err)?;
+        st.execute(rusqlite::params![
+            self.name,
+            h.lease_id,
+            h.weight,
+            h.seats,
+            h.fence,
+            h.holder,
+            h.acquired_at,
+            h.expires_at
+        ])
+        .map_err(rq_err)
+        .map(drop)
     }
 
     async fn remove_holder(&mut self, lease: &str) -> Result<Option<Freed>> {
-        let row = self.fetch_lease(REMOVE_HOLDER, lease).await?;
-        row.as_ref().map(freed_at).transpose()
+        self.fetch_lease(REMOVE_HOLDER, lease, freed_at)
     }
 
     async fn renew_holder(&mut self, lease: &str, at: i64) -> Result<Option<i64>> {
-        let row = sqlx::query(RENEW_HOLDER)
-            .bind(self.name)
-            .bind(lease)
-            .bind(at)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        row.map(|row| int_at(&row, 0)).transpose()
+        let renewed = self.fetch(RENEW_HOLDER, Some(lease), &[at], |r| int_at(r, 0))?;
+        Ok(renewed.into_iter().next())
     }
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let Some(row) = sqlx::query(POP_HEAD_IF_FITS)
-            .bind(self.name)
-            .bind(available)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(HeadRow {
-            lease_id: text_at(&row, 0)?,
-            weight: int_at(&row, 1)?,
-            holder: text_at(&row, 2)?,
-            ttl: int_at(&row, 3)?,
-        }))
+        let head = self.fetch(POP_HEAD_IF_FITS, None, &[available], |row| {
+            Ok(HeadRow {
+                lease_id: text_at(row, 0)?,
+                weight: int_at(row, 1)?,
+                holder: text_at(row, 2)?,
+                ttl: int_at(row, 3)?,
+            })
+        })?;
+        Ok(head.into_iter().next())
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
-        sqlx::query(INSERT_WAITER)
-            .bind(self.name)
-            .bind(w.seq)
-            .bind(w.lease_id)
-            .bind(w.weight)
-            .bind(w.holder)
-            .bind(w.ttl)
-            .bind(w.enqueued_at)
-            .bind(w.expires_at)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)
-            .map(drop)
+        let mut st = self.db.prepare(INSERT_WAITER).map_err(rq_err)?;
+        st.execute(rusqlite::params![
+            self.name,
+            w.seq,
+            w.lease_id,
+            w.weight,
+            w.holder,
+            w.ttl,
+            w.enqueued_at,
+            w.expires_at
+        ])
+        .map_err(rq_err)
+        .map(drop)
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
-        self.exec(REMOVE_WAITER, Some(lease), &[]).await
+        self.exec(REMOVE_WAITER, Some(lease), &[])
     }
 
     async fn refresh_waiter(&mut self, lease: &str, at: i64) -> Result<u64> {
-        self.exec(REFRESH_WAITER, Some(lease), &[at]).await
+        self.exec(REFRESH_WAITER, Some(lease), &[at])
     }
 
     async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
-        let row = self.fetch_lease(WAITER_POSITION, lease).await?;
-        let row = row.ok_or_else(|| corrupt("no waiter position"))?;
-        int_at(&row, 0)
+        self.fetch_lease(WAITER_POSITION, lease, |r| int_at(r, 0))?
+            .ok_or_else(|| corrupt("no waiter position"))
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
-        let rows = self.fetch(ALL_WAITERS, &[]).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WaiterRow {
-                    lease_id: text_at(row, 0)?,
-                    weight: int_at(row, 1)?,
-                    holder: text_at(row, 2)?,
-                    enqueued_at: int_at(row, 3)?,
-                    expires_at: int_at(row, 4)?,
-                })
+        self.fetch(ALL_WAITERS, None, &[], |row| {
+            Ok(WaiterRow {
+                lease_id: text_at(row, 0)?,
+                weight: int_at(row, 1)?,
+                holder: text_at(row, 2)?,
+                enqueued_at: int_at(row, 3)?,
+                expires_at: int_at(row, 4)?,
             })
-            .collect()
+        })
     }
 
     async fn take_free_seats(&mut self, below: i64, n: i64) -> Result<Vec<i64>> {
-        let rows = self.fetch(TAKE_FREE_SEATS, &[below, n]).await?;
-        let seats = rows
-            .iter()
-            .map(|r| int_at(r, 0))
-            .collect::<Result<Vec<_>>>()?;
+        let seats = self.fetch(TAKE_FREE_SEATS, None, &[below, n], |r| int_at(r, 0))?;
         if let Some(&last) = seats.last() {
             // Every free seat up to `last` is one just taken (they are the lowest).
-            self.exec(DROP_FREE_SEATS_UP_TO, None, &[last]).await?;
+            self.exec(DROP_FREE_SEATS_UP_TO, None, &[last])?;
         }
         Ok(seats)
     }
 
     async fn insert_free_seats(&mut self, lo: i64, hi: i64) -> Result<()> {
-        self.exec(INSERT_FREE_SEAT_RANGE, None, &[lo, hi])
-            .await
-            .map(drop)
+        self.exec(INSERT_FREE_SEAT_RANGE, None, &[lo, hi]).map(drop)
     }
 
     async fn top_free_seats(&mut self, below: i64, limit: i64) -> Result<Vec<i64>> {
-        let rows = self.fetch(TOP_FREE_SEATS, &[below, limit]).await?;
-        rows.iter().map(|r| int_at(r, 0)).collect()
+        self.fetch(TOP_FREE_SEATS, None, &[below, limit], |r| int_at(r, 0))
     }
 
     async fn drop_free_seats_from(&mut self, seat: i64) -> Result<()> {
-        self.exec(DROP_FREE_SEATS_FROM, None, &[seat])
-            .await
-            .map(drop)
+        self.exec(DROP_FREE_SEATS_FROM, None, &[seat]).map(drop)
     }
 
     async fn drop_free_seats(&mut self) -> Result<()> {
-        self.exec(DROP_FREE_SEATS, None, &[]).await.map(drop)
+        self.exec(DROP_FREE_SEATS, None, &[]).map(drop)
     }
 
     async fn drop_holders(&mut self) -> Result<Vec<String>> {
-        let rows = self.fetch(DROP_HOLDERS, &[]).await?;
-        Ok(rows.iter().filter_map(|r| text_at(r, 0).ok()).collect())
+        self.fetch(DROP_HOLDERS, None, &[], |r| text_at(r, 0))
     }
 
     async fn drop_waiters(&mut self) -> Result<Vec<String>> {
-        let rows = self.fetch(DROP_WAITERS, &[]).await?;
-        Ok(rows.iter().filter_map(|r| text_at(r, 0).ok()).collect())
+        self.fetch(DROP_WAITERS, None, &[], |r| text_at(r, 0))
     }
 }
 
@@ -363,7 +377,10 @@ pub(crate) async fn list(conn: &mut SqliteConnection) -> Result<Vec<String>> {
         .await
         .map_err(map_err)?
         .iter()
-        .map(|row| text_at(row, 0))
+        .map(|row| {
+            row.try_get::<String, _>(0)
+                .map_err(|e| corrupt(format!("column 0: {e}")))
+        })
         .collect()
 }
 
@@ -371,18 +388,38 @@ fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }
 
-fn int_at(row: &SqliteRow, i: usize) -> Result<i64> {
-    row.try_get::<i64, _>(i)
+/// A rusqlite error as the store's error, classified as [`map_err`] classifies sqlx's.
+fn rq_err(e: rusqlite::Error) -> Error {
+    use rusqlite::Error as E;
+    let kind = match &e {
+        E::SqliteFailure(f, _) => match f.extended_code & 0xff {
+            5 | 6 => StoreErrorKind::Busy,         // SQLITE_BUSY, SQLITE_LOCKED
+            10 | 14 => StoreErrorKind::Connection, // SQLITE_IOERR, SQLITE_CANTOPEN
+            11 | 26 => return corrupt(format!("SQLite: {e}")), // CORRUPT, NOTADB
+            _ => StoreErrorKind::Other,
+        },
+        E::FromSqlConversionFailure(..)
+        | E::IntegralValueOutOfRange(..)
+        | E::InvalidColumnIndex(_)
+        | E::InvalidColumnType(..)
+        | E::Utf8Error(..) => return corrupt(e.to_string()),
+        _ => StoreErrorKind::Other,
+    };
+    Error::store(kind, e.to_string())
+}
+
+fn int_at(row: &rusqlite::Row<'_>, i: usize) -> Result<i64> {
+    row.get::<_, i64>(i)
         .map_err(|e| corrupt(format!("column {i}: {e}")))
 }
 
-fn text_at(row: &SqliteRow, i: usize) -> Result<String> {
-    row.try_get::<String, _>(i)
+fn text_at(row: &rusqlite::Row<'_>, i: usize) -> Result<String> {
+    row.get::<_, String>(i)
         .map_err(|e| corrupt(format!("column {i}: {e}")))
 }
 
 /// `weight, seats` of a removed holder.
-fn freed_at(row: &SqliteRow) -> Result<Freed> {
+fn freed_at(row: &rusqlite::Row<'_>) -> Result<Freed> {
     Ok(Freed {
         weight: int_at(row, 0)?,
         seats: text_at(row, 1)?,
@@ -390,7 +427,7 @@ fn freed_at(row: &SqliteRow) -> Result<Freed> {
 }
 
 /// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at.
-fn holder_at(row: &SqliteRow) -> Result<HolderRow> {
+fn holder_at(row: &rusqlite::Row<'_>) -> Result<HolderRow> {
     Ok(HolderRow {
         lease_id: text_at(row, 0)?,
         weight: int_at(row, 1)?,
