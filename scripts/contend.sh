@@ -5,6 +5,7 @@
 #
 #   scripts/contend.sh [STORE_URL] [PROCESSES] [PERMITS] [OPS_PER_PROCESS]
 #   scripts/contend.sh                      # sqlite in a temp dir, 8 processes, 2 permits, 300 ops
+#   TESSERA_WORKER=/path/to/tessera-worker scripts/contend.sh   # another build, side by side
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
@@ -13,9 +14,13 @@ store=${1:-sqlite://$dir/contend.db}
 procs=${2:-8}
 permits=${3:-2}
 ops=${4:-300}
-cargo build -q --release -p tessera-testkit --bin tessera-worker
+worker=${TESSERA_WORKER:-}
+if [[ -z $worker ]]; then
+  cargo build -q --release -p tessera-testkit --bin tessera-worker
+  worker=target/release/tessera-worker
+fi
 for i in $(seq 1 "$procs"); do
-  target/release/tessera-worker --store "$store" --name contend --permits "$permits" --ops "$ops" \
+  "$worker" --store "$store" --name contend --permits "$permits" --ops "$ops" \
     --hold-ms-max 0 --try-ratio 0 --timeout-ratio 0 --ttl-ms 10000 --seed "$i" \
     --log "$dir/w$i.jsonl" --worker "w$i" &
 done
