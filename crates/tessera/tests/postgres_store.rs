@@ -126,8 +126,10 @@ async fn concurrent_first_connects_migrate_once() {
         c.await.unwrap().unwrap();
     }
     assert_eq!(
-        server.psql("SELECT string_agg(version::text, ',') FROM race.tessera_migrations"),
-        "1"
+        server.psql(
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
+        ),
+        "1,2"
     );
 }
 
@@ -377,4 +379,43 @@ async fn a_black_holed_connection_times_out_and_recovers() {
     // The listener was black-holed too: its watchdog noticed (no ping came back) or it still
     // works; either way a grant wakes a waiter again.
     eventually(15, "the listener is alive", || true).await;
+}
+
+/// A schema migrated by an older build (version 1, no rate tables) gains migration 2 at the
+/// next connect; running migration 2 again over tables that exist changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_gains_the_rate_tables_and_migration_2_is_idempotent() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("old");
+    drop(PostgresBackend::connect(&url).await.unwrap());
+    server.psql(
+        "DROP TABLE old.tessera_rate_log, old.tessera_rate_limiters; \
+         DELETE FROM old.tessera_migrations WHERE version = 2",
+    );
+    let limits = ["2/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let cost2 = RateRequest {
+        cost: 2,
+        max_wait: None,
+        update: false,
+    };
+    let n = name("upgraded");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert!(matches!(
+        pg.rate_acquire(&n, &config, &cost2).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+    // Version 2 forgotten, its tables kept: the migration runs again over them.
+    server.psql("DELETE FROM old.tessera_migrations WHERE version = 2");
+    let again = PostgresBackend::connect(&url).await.unwrap();
+    assert!(matches!(
+        again.rate_acquire(&n, &config, &cost2).await.unwrap(),
+        RateReply::Limited { .. }
+    ));
+    assert_eq!(
+        server.psql(
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM old.tessera_migrations"
+        ),
+        "1,2"
+    );
 }

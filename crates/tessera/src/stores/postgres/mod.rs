@@ -56,6 +56,7 @@
 
 mod listener;
 pub(crate) mod ops;
+mod rate;
 pub(crate) mod url;
 
 use std::collections::HashMap;
@@ -81,7 +82,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
 const POOL_SIZE: u32 = 4;
 /// The migrations, in order; the schema records the last one it ran.
-const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1];
+const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1, rate::MIGRATION_2];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
 type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;
@@ -496,6 +497,10 @@ impl Backend for PostgresBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::push()
+    }
+
+    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+        Some(self)
     }
 }
 

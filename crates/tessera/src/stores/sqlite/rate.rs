@@ -283,7 +283,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::rate::RateSpec;
+    use crate::rate::{RateMode, RateSpec};
     use crate::stores::memory::MemoryBackend;
 
     const T0: StoreTime = StoreTime(1_800_000_000_000_000);
