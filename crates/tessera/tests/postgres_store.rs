@@ -419,3 +419,85 @@ async fn an_older_schema_gains_the_rate_tables_and_migration_2_is_idempotent() {
         "1,2"
     );
 }
+
+fn is_busy(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Store {
+            kind: StoreErrorKind::Busy,
+            ..
+        }
+    )
+}
+
+/// The database's default made read-only (`ALTER DATABASE … SET
+/// default_transaction_read_only`, which only new sessions read): every operation and rate
+/// step fails with a typed transient error (SQLSTATE 25006 is `Busy`), nothing is granted,
+/// and once the default is lifted the store works again by itself: a session that met the
+/// fault is not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_is_a_transient_fault_that_grants_nothing_and_passes() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "rodb").await;
+    let n = name("rodb");
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let limits = ["5/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let r = name("rodb-rate");
+    server.psql("ALTER DATABASE postgres SET default_transaction_read_only = on");
+    // Sessions read the database's defaults when they start: end the store's sessions.
+    assert!(server.terminate("tessera") >= 1);
+    // A call may first meet a killed session (a connection error); then only new sessions.
+    let mut read_only = 0;
+    for _ in 0..8 {
+        let e = pg
+            .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .expect_err("an acquire on a read-only database");
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+        let e = pg.rate_acquire(&r, &config, &one).await.unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+        let e = pg.release(&n, a).await.unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+    }
+    assert!(
+        read_only >= 20,
+        "{read_only} of 24 calls met the read-only database"
+    );
+    server.psql(
+        "BEGIN READ WRITE; \
+         ALTER DATABASE postgres SET default_transaction_read_only = off; COMMIT",
+    );
+    // Lifted: new sessions are writable, and every session that met the fault was closed
+    // (a session keeps the defaults it started with), so the next call works. Nothing was
+    // granted meanwhile: A still holds the only permit.
+    let b = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap(),
+        AcquireReply::NoPermit { .. }
+    ));
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(status.holders[0].lease_id, a);
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+}

@@ -264,17 +264,20 @@ macro_rules! rate_step {
             .await;
             match outcome {
                 Ok(Ok(reply)) => break Ok::<_, Error>(reply),
-                Ok(Err(Error::Store {
-                    kind: StoreErrorKind::Busy,
-                    ..
-                })) if !committing && attempt < STEP_RETRIES => attempt += 1,
                 Ok(Err(e)) => {
                     // A session that met a fault (read-only by its database's default, a
-                    // broken connection) is not reused.
+                    // broken connection) is not reused: a session keeps the defaults it
+                    // started with.
                     if e.is_transient() {
                         conn.close_on_drop();
                     }
-                    break Err(e);
+                    match e {
+                        Error::Store {
+                            kind: StoreErrorKind::Busy,
+                            ..
+                        } if !committing && attempt < STEP_RETRIES => attempt += 1,
+                        e => break Err(e),
+                    }
                 }
                 Err(_) => {
                     conn.close_on_drop();
