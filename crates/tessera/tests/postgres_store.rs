@@ -501,3 +501,129 @@ async fn a_read_only_database_is_a_transient_fault_that_grants_nothing_and_passe
         RateReply::Admitted { .. }
     ));
 }
+
+/// A tmpfs of 2 MiB mounted for a tablespace, unmounted on drop. Needs root: without it
+/// the test that uses it fails (it does not skip).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount() -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |program: &str, args: &[&str]| {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("{program}: {e}"));
+            assert!(
+                out.status.success(),
+                "{program} {args:?} failed (the database-full test needs root to mount a \
+                 tmpfs): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let mnt = dir.path().to_str().unwrap();
+        run("mount", &["-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt]);
+        let pg = format!("{mnt}/pg");
+        std::fs::create_dir(&pg).unwrap();
+        // The server runs as `postgres` when the tests run as root (see the test kit).
+        run("chown", &["postgres", &pg]);
+        SmallDisk { dir }
+    }
+
+    fn tablespace_dir(&self) -> String {
+        format!("{}/pg", self.dir.path().display())
+    }
+
+    /// Fills what is left of the disk with a file of ours.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("filler")).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        loop {
+            match f.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(28), "{e}"); // ENOSPC
+                    break;
+                }
+            }
+        }
+        let _ = f.sync_all();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.path().join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", self.dir.path().to_str().unwrap()])
+            .status();
+    }
+}
+
+/// tessera's tables on a full disk (a tablespace on a full tmpfs; the WAL elsewhere, as a
+/// full data volume leaves it): an acquire and a rate step fail with a typed transient error
+/// (class 53 is `Busy`), nothing is granted, and once space is freed the store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_a_transient_fault_that_grants_nothing_and_passes() {
+    // Declared first, dropped last: unmounted after the server stopped.
+    let disk = SmallDisk::mount();
+    let server = PostgresServer::start();
+    let pg = backend(&server, "full").await;
+    server.psql(&format!(
+        "CREATE TABLESPACE small LOCATION '{}'",
+        disk.tablespace_dir()
+    ));
+    server.psql("ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE small");
+    server.psql("ALTER INDEX ALL IN TABLESPACE pg_default SET TABLESPACE small");
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'full' \
+             AND tablespace IS DISTINCT FROM 'small'"
+        ),
+        "0"
+    );
+    disk.fill();
+    let n = name("full");
+    let limits = ["5/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let r = name("full-rate");
+    for _ in 0..3 {
+        let e = pg
+            .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .expect_err("an acquire with the disk full");
+        assert!(is_busy(&e), "{e:?}");
+        let e = pg.rate_acquire(&r, &config, &one).await.unwrap_err();
+        assert!(is_busy(&e), "{e:?}");
+    }
+    assert_eq!(pg.status(&n).await.unwrap(), None);
+    disk.free();
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::NoPermit { .. }
+    ));
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+}
