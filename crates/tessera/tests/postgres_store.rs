@@ -627,3 +627,76 @@ async fn a_full_disk_is_a_transient_fault_that_grants_nothing_and_passes() {
         RateReply::Admitted { .. }
     ));
 }
+
+/// Resumes a stopped server process on drop (`SIGCONT`), so a failing test leaves no
+/// frozen backend behind.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        let ok = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "SIGSTOP to the listener's backend {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A half-open listener connection: its server backend frozen (`SIGSTOP`), so the TCP
+/// connection stays open but says nothing. The watchdog's self-NOTIFY does not come back,
+/// so the listener is rebuilt on a new backend; a waiter that queues afterwards is woken by
+/// the push of the grant. Its waiter TTL is an hour, so its first heartbeat would come after
+/// 20 minutes: a grant seen before that came by the push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("half");
+    let pg = backend(&server, "half").await;
+    eventually(30, "the listener's backend is known", || {
+        pg.listener_pid() != 0
+    })
+    .await;
+    let frozen = pg.listener_pid();
+    assert_eq!(
+        server.psql(&format!(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = {frozen}"
+        )),
+        "tessera-listener"
+    );
+    let before = pg.listener_reconnects();
+    let _stopped = Stopped::stop(frozen);
+    eventually(60, "the listener is rebuilt", || {
+        pg.listener_reconnects() > before && pg.listener_pid() != frozen
+    })
+    .await;
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "h", 1, opts).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    eventually(30, "the waiter is queued", || {
+        server.psql("SELECT count(*) FROM half.tessera_waiters") == "1"
+    })
+    .await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(120), waiter)
+        .await
+        .expect("the waiter was woken by the push (its heartbeat is 20 minutes away)")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+    store.close().await.unwrap();
+}
