@@ -1,6 +1,6 @@
-//! Worker processes share one rate limiter on SQLite, on Redis and on MariaDB; the checker proves from
-//! their merged logs that no limit was exceeded in any window (see
-//! `tessera_testkit::ratelog`).
+//! Worker processes share one rate limiter on SQLite, on Redis, on MariaDB and on
+//! PostgreSQL; the checker proves from their merged logs that no limit was exceeded in any
+//! window (see `tessera_testkit::ratelog`).
 //!
 //! By default each test runs the short profile: 8 processes for 3 s on `20/s AND 60/3s`.
 //! The long profile of the issue — 8 processes for 30 s on `50/s AND 1000/min` — runs with
@@ -111,6 +111,12 @@ fn mariadb_processes_sharing_a_limiter_never_exceed_any_window() {
     run(&server.url("t"));
 }
 
+#[test]
+fn postgres_processes_sharing_a_limiter_never_exceed_any_window() {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    run(&server.url_with_schema("rate"));
+}
+
 /// 8 processes `acquire` turns of `50/s` and use each at once, for about 3.5 s.
 fn calls_made_at_admission(store: &str) {
     let limit: RateSpec = "50/s".parse().unwrap();
@@ -183,4 +189,10 @@ fn redis_calls_made_at_admission_never_exceed_the_limit() {
 fn mariadb_calls_made_at_admission_never_exceed_the_limit() {
     let server = tessera_testkit::servers::mysql::MariaDbServer::start();
     calls_made_at_admission(&server.url("t"));
+}
+
+#[test]
+fn postgres_calls_made_at_admission_never_exceed_the_limit() {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    calls_made_at_admission(&server.url_with_schema("rate"));
 }

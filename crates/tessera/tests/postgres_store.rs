@@ -126,8 +126,10 @@ async fn concurrent_first_connects_migrate_once() {
         c.await.unwrap().unwrap();
     }
     assert_eq!(
-        server.psql("SELECT string_agg(version::text, ',') FROM race.tessera_migrations"),
-        "1"
+        server.psql(
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
+        ),
+        "1,2"
     );
 }
 
@@ -377,4 +379,324 @@ async fn a_black_holed_connection_times_out_and_recovers() {
     // The listener was black-holed too: its watchdog noticed (no ping came back) or it still
     // works; either way a grant wakes a waiter again.
     eventually(15, "the listener is alive", || true).await;
+}
+
+/// A schema migrated by an older build (version 1, no rate tables) gains migration 2 at the
+/// next connect; running migration 2 again over tables that exist changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_gains_the_rate_tables_and_migration_2_is_idempotent() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("old");
+    drop(PostgresBackend::connect(&url).await.unwrap());
+    server.psql(
+        "DROP TABLE old.tessera_rate_log, old.tessera_rate_limiters; \
+         DELETE FROM old.tessera_migrations WHERE version = 2",
+    );
+    let limits = ["2/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let cost2 = RateRequest {
+        cost: 2,
+        max_wait: None,
+        update: false,
+    };
+    let n = name("upgraded");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert!(matches!(
+        pg.rate_acquire(&n, &config, &cost2).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+    // Version 2 forgotten, its tables kept: the migration runs again over them.
+    server.psql("DELETE FROM old.tessera_migrations WHERE version = 2");
+    let again = PostgresBackend::connect(&url).await.unwrap();
+    assert!(matches!(
+        again.rate_acquire(&n, &config, &cost2).await.unwrap(),
+        RateReply::Limited { .. }
+    ));
+    assert_eq!(
+        server.psql(
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM old.tessera_migrations"
+        ),
+        "1,2"
+    );
+}
+
+fn is_busy(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Store {
+            kind: StoreErrorKind::Busy,
+            ..
+        }
+    )
+}
+
+/// The database's default made read-only (`ALTER DATABASE … SET
+/// default_transaction_read_only`, which only new sessions read): every operation and rate
+/// step fails with a typed transient error (SQLSTATE 25006 is `Busy`), nothing is granted,
+/// and once the default is lifted the store works again by itself: a session that met the
+/// fault is not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_is_a_transient_fault_that_grants_nothing_and_passes() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "rodb").await;
+    let n = name("rodb");
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let limits = ["5/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let r = name("rodb-rate");
+    server.psql("ALTER DATABASE postgres SET default_transaction_read_only = on");
+    // Sessions read the database's defaults when they start: end the store's sessions.
+    assert!(server.terminate("tessera") >= 1);
+    // A call may first meet a killed session (a connection error); then only new sessions.
+    let mut read_only = 0;
+    for _ in 0..8 {
+        let e = pg
+            .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .expect_err("an acquire on a read-only database");
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+        let e = pg.rate_acquire(&r, &config, &one).await.unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+        let e = pg.release(&n, a).await.unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        read_only += usize::from(is_busy(&e));
+    }
+    assert!(
+        read_only >= 20,
+        "{read_only} of 24 calls met the read-only database"
+    );
+    server.psql(
+        "BEGIN READ WRITE; \
+         ALTER DATABASE postgres SET default_transaction_read_only = off; COMMIT",
+    );
+    // Lifted: new sessions are writable, and every session that met the fault was closed
+    // (a session keeps the defaults it started with), so the next call works. Nothing was
+    // granted meanwhile: A still holds the only permit.
+    let b = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap(),
+        AcquireReply::NoPermit { .. }
+    ));
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(status.holders[0].lease_id, a);
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+}
+
+/// A tmpfs of 2 MiB mounted for a tablespace, unmounted on drop. Needs root: without it
+/// the test that uses it fails (it does not skip).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount() -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |program: &str, args: &[&str]| {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("{program}: {e}"));
+            assert!(
+                out.status.success(),
+                "{program} {args:?} failed (the database-full test needs root to mount a \
+                 tmpfs): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let mnt = dir.path().to_str().unwrap();
+        run("mount", &["-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt]);
+        let pg = format!("{mnt}/pg");
+        std::fs::create_dir(&pg).unwrap();
+        // The server runs as `postgres` when the tests run as root (see the test kit).
+        run("chown", &["postgres", &pg]);
+        SmallDisk { dir }
+    }
+
+    fn tablespace_dir(&self) -> String {
+        format!("{}/pg", self.dir.path().display())
+    }
+
+    /// Fills what is left of the disk with a file of ours.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("filler")).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        loop {
+            match f.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(28), "{e}"); // ENOSPC
+                    break;
+                }
+            }
+        }
+        let _ = f.sync_all();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.path().join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", self.dir.path().to_str().unwrap()])
+            .status();
+    }
+}
+
+/// tessera's tables on a full disk (a tablespace on a full tmpfs; the WAL elsewhere, as a
+/// full data volume leaves it): an acquire and a rate step fail with a typed transient error
+/// (class 53 is `Busy`), nothing is granted, and once space is freed the store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_a_transient_fault_that_grants_nothing_and_passes() {
+    // Declared first, dropped last: unmounted after the server stopped.
+    let disk = SmallDisk::mount();
+    let server = PostgresServer::start();
+    let pg = backend(&server, "full").await;
+    server.psql(&format!(
+        "CREATE TABLESPACE small LOCATION '{}'",
+        disk.tablespace_dir()
+    ));
+    server.psql("ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE small");
+    server.psql("ALTER INDEX ALL IN TABLESPACE pg_default SET TABLESPACE small");
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'full' \
+             AND tablespace IS DISTINCT FROM 'small'"
+        ),
+        "0"
+    );
+    disk.fill();
+    let n = name("full");
+    let limits = ["5/s".parse().unwrap()];
+    let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let r = name("full-rate");
+    for _ in 0..3 {
+        let e = pg
+            .acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .expect_err("an acquire with the disk full");
+        assert!(is_busy(&e), "{e:?}");
+        let e = pg.rate_acquire(&r, &config, &one).await.unwrap_err();
+        assert!(is_busy(&e), "{e:?}");
+    }
+    assert_eq!(pg.status(&n).await.unwrap(), None);
+    disk.free();
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::NoPermit { .. }
+    ));
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.rate_acquire(&r, &config, &one).await.unwrap(),
+        RateReply::Admitted { .. }
+    ));
+}
+
+/// Resumes a stopped server process on drop (`SIGCONT`), so a failing test leaves no
+/// frozen backend behind.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        let ok = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "SIGSTOP to the listener's backend {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A half-open listener connection: its server backend frozen (`SIGSTOP`), so the TCP
+/// connection stays open but says nothing. The watchdog's self-NOTIFY does not come back,
+/// so the listener is rebuilt on a new backend; a waiter that queues afterwards is woken by
+/// the push of the grant. Its waiter TTL is an hour, so its first heartbeat would come after
+/// 20 minutes: a grant seen before that came by the push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("half");
+    let pg = backend(&server, "half").await;
+    eventually(30, "the listener's backend is known", || {
+        pg.listener_pid() != 0
+    })
+    .await;
+    let frozen = pg.listener_pid();
+    assert_eq!(
+        server.psql(&format!(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = {frozen}"
+        )),
+        "tessera-listener"
+    );
+    let before = pg.listener_reconnects();
+    let _stopped = Stopped::stop(frozen);
+    eventually(60, "the listener is rebuilt", || {
+        pg.listener_reconnects() > before && pg.listener_pid() != frozen
+    })
+    .await;
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "h", 1, opts).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    eventually(30, "the waiter is queued", || {
+        server.psql("SELECT count(*) FROM half.tessera_waiters") == "1"
+    })
+    .await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(120), waiter)
+        .await
+        .expect("the waiter was woken by the push (its heartbeat is 20 minutes away)")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+    store.close().await.unwrap();
 }

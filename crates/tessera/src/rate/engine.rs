@@ -37,7 +37,12 @@ use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 use crate::rate::seam::{RateReply, RateRequest};
 use crate::rate::{LimitUsage, RateConfig, RateMode, RateStatus};
 
@@ -57,7 +62,12 @@ pub(crate) struct RateState {
 
 // `new` and `expires_at`, like the other items under this `cfg`, serve the stores that
 // decide in Rust (memory, SQLite); the Redis scripts run the same step in Lua.
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 impl RateState {
     pub fn new(config: &RateConfig) -> Self {
         let n = config.limits().len();
@@ -85,7 +95,12 @@ impl RateState {
 }
 
 /// The entries at or before this time are pruned (exact mode).
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
     now.0.saturating_sub(config.horizon_us())
 }
@@ -94,7 +109,12 @@ pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
 /// `state` unchanged if they match; a fresh state if there was none; with `update`, the
 /// state moved to the new configuration (exact history kept; smooth pacing restarts from
 /// `max(now, last)`). Without `update` a difference is [`Error::RateMismatch`].
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 pub(crate) fn check_config(
     name: &Name,
     state: Option<RateState>,
@@ -203,7 +223,12 @@ pub(crate) fn earliest(
 
 /// Decides a request. On admission, updates `state` and returns the log entry `(t, P)` to
 /// append (exact mode). On `Limited`, `state` is unchanged.
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 pub(crate) fn decide(
     state: &mut RateState,
     config: &RateConfig,
@@ -261,7 +286,12 @@ pub(crate) fn decide(
 /// an admin delete a reservation made before it may still be pending; it matches a new one
 /// only if both its id and its admit time, to the microsecond, are equal.) If so, restores `last` (and smooth `tat`) and returns `true`; the caller then
 /// removes the log's last entry (exact mode) and sets `p` to the running total before it.
-#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
 pub(crate) fn cancel(
     state: &mut RateState,
     config: &RateConfig,

@@ -91,7 +91,8 @@
     feature = "memory",
     feature = "sqlite",
     feature = "redis",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "postgres"
 ))]
 pub(crate) mod engine;
 mod limiter;

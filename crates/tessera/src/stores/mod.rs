@@ -15,7 +15,7 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -48,14 +48,22 @@
 //!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
 //!   a self-NOTIFY watchdog against half-open connections; waiters keep their heartbeat as
 //!   the safety net.
+//! - **Rate limiters** (migration 2, `rate.rs`) run the SQL stores' shared rate step
+//!   (`stores/sql/rate.rs`) as one short client-side transaction per request: the
+//!   limiter's row is locked with `SELECT … FOR UPDATE` first, `clock_timestamp()` read once
+//!   after the lock.
 //! - **Faults**: every call has a [`RESPONSE_TIMEOUT`]; a connection that timed out is
-//!   closed, not reused. A failed or timed-out call may or may not have committed, exactly
+//!   closed, not reused. A read-only database (SQLSTATE `25006`) and a full disk or other
+//!   exhausted resource (class `53`) are [`StoreErrorKind::Busy`]: nothing was written, and
+//!   the call succeeds once the fault is lifted; a session that met a read-only default is
+//!   closed, since a session keeps the defaults it started with. A failed or timed-out call may or may not have committed, exactly
 //!   like a lost reply: retries are idempotent (lease ids) and the waiting and keep-alive
 //!   logic above the seam handles it. Unreadable rows are [`Error::Corrupt`] (the functions
 //!   raise SQLSTATE `TS001`; the client checks every value again).
 
 mod listener;
 pub(crate) mod ops;
+mod rate;
 pub(crate) mod url;
 
 use std::collections::HashMap;
@@ -81,7 +89,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
 const POOL_SIZE: u32 = 4;
 /// The migrations, in order; the schema records the last one it ran.
-const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1];
+const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1, rate::MIGRATION_2];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
 type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;
@@ -206,7 +214,14 @@ async fn run_row(
 ) -> Result<PgRow> {
     let mut conn = pool.acquire().await.map_err(map_err)?;
     match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(&mut *conn)).await {
-        Ok(r) => r.map_err(map_err),
+        Ok(r) => r.map_err(|e| {
+            // A session started while the database was read-only keeps that default for
+            // its life: drop it, so the pool's next session sees the fault lifted.
+            if is_read_only(&e) {
+                conn.close_on_drop();
+            }
+            map_err(e)
+        }),
         Err(_) => {
             conn.close_on_drop();
             Err(Error::store(
@@ -497,6 +512,10 @@ impl Backend for PostgresBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::push()
     }
+
+    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+        Some(self)
+    }
 }
 
 /// The one non-NULL value of a one-column row.
@@ -509,12 +528,18 @@ where
         .ok_or_else(|| ops::corrupt("a function returned NULL"))
 }
 
+/// The database refused a write because the session is read-only (SQLSTATE `25006`).
+fn is_read_only(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
+}
+
 /// Classifies an sqlx error: tessera's own `TS001` and undecodable values are
 /// [`Error::Corrupt`]; connection failures, a server shutting down or starting up are
-/// [`StoreErrorKind::Connection`]; lock and serialization conflicts are
-/// [`StoreErrorKind::Busy`]; a cancelled statement is [`StoreErrorKind::Timeout`]; anything
-/// else (a read-only server, a full disk, missing rights) is [`StoreErrorKind::Other`] with
-/// PostgreSQL's message.
+/// [`StoreErrorKind::Connection`]; lock and serialization conflicts, a read-only database
+/// (`25006`) and insufficient resources (class `53`: disk full, out of memory) are
+/// [`StoreErrorKind::Busy`], faults that pass without anything changed; a cancelled
+/// statement is [`StoreErrorKind::Timeout`]; anything else (missing rights) is
+/// [`StoreErrorKind::Other`] with PostgreSQL's message.
 pub(crate) fn map_err(e: sqlx::Error) -> Error {
     let kind = match &e {
         sqlx::Error::Database(db) => {
@@ -528,6 +553,9 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 c if c.starts_with("08") => StoreErrorKind::Connection,
                 "57P01" | "57P02" | "57P03" | "53300" => StoreErrorKind::Connection,
                 "40001" | "40P01" | "55P03" => StoreErrorKind::Busy,
+                // Nothing was written; writable again (space freed), the call succeeds.
+                "25006" => StoreErrorKind::Busy,
+                c if c.starts_with("53") => StoreErrorKind::Busy,
                 "57014" => StoreErrorKind::Timeout,
                 _ => StoreErrorKind::Other,
             }

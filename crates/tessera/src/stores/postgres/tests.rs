@@ -17,6 +17,19 @@ fn every_migration_file_starts_with_a_header_comment() {
 }
 
 #[test]
+fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
+    assert_eq!(MIGRATIONS.len(), 2);
+    let rate: String = MIGRATIONS[1].concat();
+    assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
+    for t in ["tessera_rate_limiters", "tessera_rate_log"] {
+        assert!(
+            rate.contains(&format!("CREATE TABLE IF NOT EXISTS {t} (")),
+            "{t}"
+        );
+    }
+}
+
+#[test]
 fn operation_functions_are_created_by_the_migration() {
     let all: String = MIGRATIONS.iter().flat_map(|f| f.iter().copied()).collect();
     for f in [

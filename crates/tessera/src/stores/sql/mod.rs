@@ -64,7 +64,15 @@
 //! server-side step uses no client statements at all. One method per statement keeps each
 //! of these inside the store that has it, and the step free of sqlx.
 
+// A build with PostgreSQL as its only SQL store uses only the rate step (its semaphore step
+// runs on the server).
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql")),
+    allow(dead_code, unused_imports)
+)]
+
 mod dialect;
+pub(crate) mod rate;
 mod step;
 #[cfg(all(test, feature = "sqlite"))]
 mod tests;

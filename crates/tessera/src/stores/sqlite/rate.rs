@@ -1,24 +1,22 @@
 //! Rate limiters in the SQLite store: [`crate::RateBackend`] over the tables of
-//! `rate_schema.sql`, one short `BEGIN IMMEDIATE` transaction per step, deciding with the
-//! same pure functions as the memory store (`rate/engine.rs`).
-//!
-//! A step reads the limiter row, prunes log entries older than the longest period, looks up
-//! the binding entry of each limit with one index seek on `(name, p)`, decides, and writes
-//! the row and at most one log entry. A limited request writes nothing. Each step also
-//! deletes up to 16 limiters whose state has expired (and their logs), so idle limiters
-//! leave the file.
+//! `rate_schema.sql`, one short `BEGIN IMMEDIATE` transaction per step. The step is the
+//! SQL stores' shared one (`stores/sql/rate.rs`, deciding with the same pure functions as
+//! the memory store); this file holds SQLite's statements for it. Each step also deletes up
+//! to 16 limiters whose state has expired (and their logs), so idle limiters leave the file.
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
 use super::{map_err, SqliteBackend};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{Name, StoreTime};
-use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::RateMode;
+use crate::rate::engine::RateState;
 use crate::rate::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use crate::stores::sql::rate::{
+    self as shared, corrupt, db, decode_tat, encode_tat, non_negative, RateRow, RateRows,
+};
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
      expires_at FROM tessera_rate_limiters WHERE name = ?1";
@@ -40,276 +38,158 @@ const LAST_TOTAL: &str = "SELECT max(p) FROM tessera_rate_log WHERE name = ?1";
 const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ?1 ORDER BY p";
 const LIST: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at > ?1 ORDER BY name";
 
-fn corrupt(msg: impl Into<String>) -> Error {
-    Error::Corrupt(msg.into())
+/// [`RateRows`] in SQLite's statements: the transaction is `BEGIN IMMEDIATE` (the file's
+/// write lock, taken before `now` was read), so every row is already locked.
+struct SqliteRateRows<'c> {
+    conn: &'c mut SqliteConnection,
+    name: &'c str,
+    now: StoreTime,
+}
+
+impl<'c> SqliteRateRows<'c> {
+    fn new(conn: &'c mut SqliteConnection, name: &'c Name, now: StoreTime) -> Self {
+        SqliteRateRows {
+            conn,
+            name: name.as_str(),
+            now,
+        }
+    }
 }
 
 fn u64_at(row: &SqliteRow, i: usize, what: &str) -> Result<u64> {
     let v: i64 = row
         .try_get(i)
         .map_err(|e| corrupt(format!("rate {what}: {e}")))?;
-    u64::try_from(v).map_err(|_| corrupt(format!("rate {what} = {v} is negative")))
+    non_negative(v, what)
 }
 
-fn db(v: u64) -> i64 {
-    // Times and totals stay far below 2^63 (µs since the epoch; running totals of costs).
-    v.min(i64::MAX as u64) as i64
-}
-
-fn encode_tat(tat: &[u64]) -> String {
-    tat.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-}
-
-pub(crate) fn decode_tat(s: &str) -> Result<Vec<u64>> {
-    if s.is_empty() {
-        return Ok(Vec::new());
-    }
-    s.split(',')
-        .map(|v| v.parse().map_err(|_| corrupt(format!("rate tat {s:?}"))))
-        .collect()
-}
-
-/// The limiter's state if it has one that has not expired (an expired one is deleted).
-async fn load(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    now: StoreTime,
-) -> Result<Option<RateState>> {
-    // Sweep a few expired limiters of any name first.
-    let expired: Vec<String> = sqlx::query_scalar(EXPIRED)
-        .bind(db(now.0))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    for n in expired {
-        drop_state(conn, &n).await?;
-    }
-    let Some(row) = sqlx::query(LOAD)
-        .bind(name.as_str())
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map_err)?
-    else {
-        return Ok(None);
-    };
-    if u64_at(&row, 9, "expires_at")? <= now.0 {
-        drop_state(conn, name.as_str()).await?;
-        return Ok(None);
-    }
-    let text = |i: usize| -> Result<String> {
-        row.try_get::<String, _>(i)
-            .map_err(|e| corrupt(format!("rate column {i}: {e}")))
-    };
-    Ok(Some(RateState {
-        config: text(0)?,
-        seq: u64_at(&row, 1, "seq")?,
-        tail: u64_at(&row, 2, "tail")?,
-        last: u64_at(&row, 3, "last")?,
-        prev_last: u64_at(&row, 4, "prev_last")?,
-        p: u64_at(&row, 5, "p")?,
-        base: u64_at(&row, 6, "base")?,
-        tat: decode_tat(&text(7)?)?,
-        prev_tat: decode_tat(&text(8)?)?,
-    }))
-}
-
-async fn drop_state(conn: &mut SqliteConnection, name: &str) -> Result<()> {
-    for q in [DROP_LOG, DROP_LIMITER] {
-        sqlx::query(q)
-            .bind(name)
-            .execute(&mut *conn)
+impl RateRows for SqliteRateRows<'_> {
+    async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
+        let Some(row) = sqlx::query(LOAD)
+            .bind(self.name)
+            .fetch_optional(&mut *self.conn)
             .await
-            .map_err(map_err)?;
+            .map_err(map_err)?
+        else {
+            return Ok((self.now, None));
+        };
+        let text = |i: usize| -> Result<String> {
+            row.try_get::<String, _>(i)
+                .map_err(|e| corrupt(format!("rate column {i}: {e}")))
+        };
+        let state = RateState {
+            config: text(0)?,
+            seq: u64_at(&row, 1, "seq")?,
+            tail: u64_at(&row, 2, "tail")?,
+            last: u64_at(&row, 3, "last")?,
+            prev_last: u64_at(&row, 4, "prev_last")?,
+            p: u64_at(&row, 5, "p")?,
+            base: u64_at(&row, 6, "base")?,
+            tat: decode_tat(&text(7)?)?,
+            prev_tat: decode_tat(&text(8)?)?,
+        };
+        let expires_at = u64_at(&row, 9, "expires_at")?;
+        Ok((self.now, Some(RateRow { state, expires_at })))
     }
-    Ok(())
-}
 
-async fn save(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    state: &RateState,
-    config: &RateConfig,
-) -> Result<()> {
-    sqlx::query(SAVE)
-        .bind(name.as_str())
-        .bind(&state.config)
-        .bind(db(state.seq))
-        .bind(db(state.tail))
-        .bind(db(state.last))
-        .bind(db(state.prev_last))
-        .bind(db(state.p))
-        .bind(db(state.base))
-        .bind(encode_tat(&state.tat))
-        .bind(encode_tat(&state.prev_tat))
-        .bind(db(state.expires_at(config)))
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    Ok(())
-}
-
-fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
-    RateConfig::decode(&state.config).ok_or_else(|| {
-        corrupt(format!(
-            "rate limiter {name}: unreadable limits {:?}",
-            state.config
-        ))
-    })
-}
-
-/// Deletes entries at or before the cutoff; moves `base` to the last one deleted.
-async fn prune(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    state: &mut RateState,
-    config: &RateConfig,
-    now: StoreTime,
-) -> Result<bool> {
-    let gone: Vec<i64> = sqlx::query_scalar(PRUNE)
-        .bind(name.as_str())
-        .bind(db(engine::prune_cutoff(config, now)))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    if let Some(&p) = gone.iter().max() {
-        state.base = u64::try_from(p).map_err(|_| corrupt("negative rate total"))?;
-        return Ok(true);
+    async fn expired(&mut self, now: StoreTime) -> Result<Vec<String>> {
+        sqlx::query_scalar(EXPIRED)
+            .bind(db(now.0))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(map_err)
     }
-    Ok(false)
-}
 
-async fn acquire(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    config: &RateConfig,
-    req: &RateRequest,
-    now: StoreTime,
-) -> Result<RateReply> {
-    let existing = load(conn, name, now).await?;
-    // With `update`, differing stored limits are replaced even if the request is limited.
-    let replaced = existing
-        .as_ref()
-        .is_some_and(|s| s.config != config.encode());
-    let mut state = engine::check_config(name, existing, config, req.update, now)?;
-    let pruned = match config.mode() {
-        RateMode::Exact => prune(conn, name, &mut state, config, now).await?,
-        RateMode::Smooth { .. } => false,
-    };
-    let mut found = Vec::new();
-    for x in engine::thresholds(&state, config, req.cost) {
-        found.push(match x {
-            None => None,
-            Some(x) => sqlx::query_scalar::<_, i64>(FIRST_AT_LEAST)
-                .bind(name.as_str())
-                .bind(db(x))
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map_err)?
-                .map(|t| t.max(0) as u64),
-        });
-    }
-    let (reply, entry) = engine::decide(&mut state, config, req, now, &found)?;
-    if let RateReply::Admitted { .. } = reply {
-        if let Some((t, p)) = entry {
-            sqlx::query(APPEND)
-                .bind(name.as_str())
-                .bind(db(p))
-                .bind(db(t))
-                .execute(&mut *conn)
+    async fn drop_state(&mut self, name: &str) -> Result<()> {
+        for q in [DROP_LOG, DROP_LIMITER] {
+            sqlx::query(q)
+                .bind(name)
+                .execute(&mut *self.conn)
                 .await
                 .map_err(map_err)?;
         }
-        save(conn, name, &state, config).await?;
-    } else if pruned || replaced {
-        // Limited: nothing is charged. Entries that no longer change any answer were
-        // pruned, so `base` must follow them (a stale base would let a later lookup land on
-        // a kept entry instead of a pruned one and delay requests for nothing); and limits
-        // replaced by `update` stay replaced, as in the memory store. `decide` left `state`
-        // unchanged on Limited.
-        save(conn, name, &state, config).await?;
+        Ok(())
     }
-    Ok(reply)
+
+    async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
+        sqlx::query(SAVE)
+            .bind(self.name)
+            .bind(&state.config)
+            .bind(db(state.seq))
+            .bind(db(state.tail))
+            .bind(db(state.last))
+            .bind(db(state.prev_last))
+            .bind(db(state.p))
+            .bind(db(state.base))
+            .bind(encode_tat(&state.tat))
+            .bind(encode_tat(&state.prev_tat))
+            .bind(db(expires_at))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn prune(&mut self, cutoff: u64) -> Result<Option<i64>> {
+        let gone: Vec<i64> = sqlx::query_scalar(PRUNE)
+            .bind(self.name)
+            .bind(db(cutoff))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        Ok(gone.into_iter().max())
+    }
+
+    async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
+        sqlx::query_scalar(FIRST_AT_LEAST)
+            .bind(self.name)
+            .bind(db(p))
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn append(&mut self, p: u64, t: u64) -> Result<()> {
+        sqlx::query(APPEND)
+            .bind(self.name)
+            .bind(db(p))
+            .bind(db(t))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn remove_entry(&mut self, p: u64) -> Result<()> {
+        sqlx::query(REMOVE_ENTRY)
+            .bind(self.name)
+            .bind(db(p))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn last_total(&mut self) -> Result<Option<i64>> {
+        sqlx::query_scalar(LAST_TOTAL)
+            .bind(self.name)
+            .fetch_one(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
+        sqlx::query_as(WHOLE_LOG)
+            .bind(self.name)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
 }
 
 /// How far (µs) a reservation's time handed back to [`RateBackend::rate_cancel`] may be from
 /// the stored one: the wall clock's drift or step between the admission and the cancel.
 const CANCEL_SLACK_US: u64 = 5_000_000;
-
-async fn cancel(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    reservation: u64,
-    at: StoreTime,
-    slack: u64,
-    now: StoreTime,
-) -> Result<bool> {
-    let Some(mut state) = load(conn, name, now).await? else {
-        return Ok(false);
-    };
-    // The reservation is named by its number; `at` only confirms it (see `rate_cancel`).
-    let at = match state.last.abs_diff(at.0) <= slack {
-        true => StoreTime(state.last),
-        false => at,
-    };
-    let config = stored_config(name, &state)?;
-    let old_p = state.p;
-    if !engine::cancel(&mut state, &config, reservation, at, now) {
-        return Ok(false);
-    }
-    if let RateMode::Exact = config.mode() {
-        sqlx::query(REMOVE_ENTRY)
-            .bind(name.as_str())
-            .bind(db(old_p))
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        let last: Option<i64> = sqlx::query_scalar(LAST_TOTAL)
-            .bind(name.as_str())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        state.p = last.map_or(state.base, |p| p.max(0) as u64);
-    }
-    save(conn, name, &state, &config).await?;
-    Ok(true)
-}
-
-/// Deletes the limiter's row and log; `true` if it had state that had not expired.
-async fn delete(conn: &mut SqliteConnection, name: &Name, now: StoreTime) -> Result<bool> {
-    // `load` drops an expired state itself, so only a live one counts as existing.
-    let existed = load(conn, name, now).await?.is_some();
-    if existed {
-        drop_state(conn, name.as_str()).await?;
-    }
-    Ok(existed)
-}
-
-async fn status(
-    conn: &mut SqliteConnection,
-    name: &Name,
-    now: StoreTime,
-) -> Result<Option<RateStatus>> {
-    let Some(mut state) = load(conn, name, now).await? else {
-        return Ok(None);
-    };
-    let config = stored_config(name, &state)?;
-    let mut log = VecLog::default();
-    if let RateMode::Exact = config.mode() {
-        if prune(conn, name, &mut state, &config, now).await? {
-            save(conn, name, &state, &config).await?;
-        }
-        let rows = sqlx::query(WHOLE_LOG)
-            .bind(name.as_str())
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        for row in rows {
-            log.0
-                .push_back((u64_at(&row, 0, "t")?, u64_at(&row, 1, "p")?));
-        }
-    }
-    engine::status(name, &state, &config, &log, now).map(Some)
-}
 
 #[async_trait]
 impl RateBackend for SqliteBackend {
@@ -320,7 +200,7 @@ impl RateBackend for SqliteBackend {
         req: &RateRequest,
     ) -> Result<RateReply> {
         let reply = step!(self, |conn, now| async {
-            acquire(conn, name, config, req, now)
+            shared::acquire(&mut SqliteRateRows::new(conn, name, now), name, config, req)
                 .await
                 .map(|r| (r, Vec::new()))
         });
@@ -353,14 +233,16 @@ impl RateBackend for SqliteBackend {
             0
         };
         Ok(step!(self, |conn, now| async {
-            cancel(conn, name, reservation, at, slack, now)
+            let rows = &mut SqliteRateRows::new(conn, name, now);
+            shared::cancel(rows, name, reservation, at, slack)
                 .await
                 .map(|r| (r, Vec::new()))
         }))
     }
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         let status = step!(self, |conn, now| async {
-            status(conn, name, now).await.map(|r| (r, Vec::new()))
+            let rows = &mut SqliteRateRows::new(conn, name, now);
+            shared::status(rows, name).await.map(|r| (r, Vec::new()))
         });
         let wall = self.to_wall();
         Ok(status.map(|mut s| {
@@ -375,7 +257,8 @@ impl RateBackend for SqliteBackend {
     }
     async fn rate_delete(&self, name: &Name) -> Result<bool> {
         Ok(step!(self, |conn, now| async {
-            delete(conn, name, now).await.map(|r| (r, Vec::new()))
+            let rows = &mut SqliteRateRows::new(conn, name, now);
+            shared::delete(rows, name).await.map(|r| (r, Vec::new()))
         }))
     }
     async fn rate_list(&self) -> Result<Vec<String>> {
@@ -400,7 +283,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::rate::RateSpec;
+    use crate::rate::{RateMode, RateSpec};
     use crate::stores::memory::MemoryBackend;
 
     const T0: StoreTime = StoreTime(1_800_000_000_000_000);

@@ -1,0 +1,249 @@
+//! The rate-limiter step shared by the SQL stores, written once over [`RateRows`].
+//!
+//! The decisions are the pure functions of `rate/engine.rs` (the memory store's too); this
+//! module reads and writes their state through one store's statements. A step, inside one
+//! transaction that the store opens and commits:
+//!
+//! 1. **lock and load** ([`RateRows::load`]): lock the limiter's row, read the store's clock
+//!    once the lock is held, and read the row;
+//! 2. **sweep** up to 16 other limiters whose state expired ([`RateRows::expired`]), and their
+//!    logs, so idle limiters leave the database; an expired state of this limiter is dropped
+//!    too and reads as "no state";
+//! 3. **prune** (exact mode) log entries older than the longest window, moving `base` to the
+//!    running total of the last one deleted;
+//! 4. look up the binding entry of each limit with one index seek on `(name, p)`, **decide**,
+//!    and write the row and at most one log entry. A limited request writes nothing but what
+//!    pruning or an `update` of the limits changed.
+//!
+//! The store's statements stay in its own `rate.rs`; values cross [`RateRows`] as the
+//! database's integers and text and are checked here ([`Error::Corrupt`] for a wrong one).
+
+use std::future::Future;
+
+use crate::error::{Error, Result};
+use crate::model::{Name, StoreTime};
+use crate::rate::engine::{self, RateState, VecLog};
+use crate::rate::{RateMode, RateStatus};
+use crate::seam::{RateConfig, RateReply, RateRequest};
+
+/// A limiter's stored row, as [`RateRows::load`] read it.
+#[derive(Debug, Clone)]
+pub(crate) struct RateRow {
+    pub state: RateState,
+    /// When the state stops mattering (µs, store time).
+    pub expires_at: u64,
+}
+
+/// The row operations of one rate limiter inside one transaction, in one store's SQL.
+///
+/// A value is bound to one limiter name and one open transaction; every statement is about
+/// that name, except [`RateRows::expired`] and [`RateRows::drop_state`], which sweep others.
+/// The transaction holds the limiter's row lock from [`RateRows::load`] until the caller
+/// commits, so this limiter's row and log change only through it.
+pub(crate) trait RateRows: Send {
+    /// Locks the limiter's row (creating a placeholder that reads as "no state" where the
+    /// store locks with `SELECT … FOR UPDATE`), then reads the store's time — after the
+    /// lock, never the client's clock where the store has one of its own — and the row.
+    fn load(&mut self) -> impl Future<Output = Result<(StoreTime, Option<RateRow>)>> + Send;
+    /// Up to 16 names of limiters whose state expired by `now` and that this transaction
+    /// may delete (not locked by another step).
+    fn expired(&mut self, now: StoreTime) -> impl Future<Output = Result<Vec<String>>> + Send;
+    /// Deletes the log and the row of limiter `name`.
+    fn drop_state(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Writes the limiter's row (insert or update).
+    fn save(
+        &mut self,
+        state: &RateState,
+        expires_at: u64,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes the log entries with `t <= cutoff`; returns the largest `p` deleted.
+    fn prune(&mut self, cutoff: u64) -> impl Future<Output = Result<Option<i64>>> + Send;
+    /// `t` of the entry with the smallest `p >= p`.
+    fn first_at_least(&mut self, p: u64) -> impl Future<Output = Result<Option<i64>>> + Send;
+    /// Adds the log entry `(p, t)`.
+    fn append(&mut self, p: u64, t: u64) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes the log entry with running total `p`.
+    fn remove_entry(&mut self, p: u64) -> impl Future<Output = Result<()>> + Send;
+    /// The largest `p` in the log.
+    fn last_total(&mut self) -> impl Future<Output = Result<Option<i64>>> + Send;
+    /// The whole log as `(t, p)`, ascending.
+    fn whole_log(&mut self) -> impl Future<Output = Result<Vec<(i64, i64)>>> + Send;
+}
+
+pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
+    Error::Corrupt(msg.into())
+}
+
+/// A stored integer that must not be negative.
+pub(crate) fn non_negative(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| corrupt(format!("rate {what} = {v} is negative")))
+}
+
+/// A time or total as the database's signed integer.
+pub(crate) fn db(v: u64) -> i64 {
+    // Times and totals stay far below 2^63 (µs since the epoch; running totals of costs).
+    v.min(i64::MAX as u64) as i64
+}
+
+pub(crate) fn encode_tat(tat: &[u64]) -> String {
+    tat.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+pub(crate) fn decode_tat(s: &str) -> Result<Vec<u64>> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|v| v.parse().map_err(|_| corrupt(format!("rate tat {s:?}"))))
+        .collect()
+}
+
+fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
+    RateConfig::decode(&state.config).ok_or_else(|| {
+        corrupt(format!(
+            "rate limiter {name}: unreadable limits {:?}",
+            state.config
+        ))
+    })
+}
+
+/// Locks the row, sweeps a few expired limiters, and returns the store's time with the
+/// state, if it has one that has not expired (an expired one is deleted).
+async fn load<R: RateRows>(rows: &mut R, name: &Name) -> Result<(StoreTime, Option<RateState>)> {
+    let (now, row) = rows.load().await?;
+    for n in rows.expired(now).await? {
+        rows.drop_state(&n).await?;
+    }
+    match row {
+        Some(row) if row.expires_at > now.0 => Ok((now, Some(row.state))),
+        Some(_) => {
+            rows.drop_state(name.as_str()).await?;
+            Ok((now, None))
+        }
+        None => Ok((now, None)),
+    }
+}
+
+async fn save<R: RateRows>(rows: &mut R, state: &RateState, config: &RateConfig) -> Result<()> {
+    rows.save(state, state.expires_at(config)).await
+}
+
+/// Deletes entries at or before the cutoff; moves `base` to the last one deleted.
+async fn prune<R: RateRows>(
+    rows: &mut R,
+    state: &mut RateState,
+    config: &RateConfig,
+    now: StoreTime,
+) -> Result<bool> {
+    match rows.prune(engine::prune_cutoff(config, now)).await? {
+        Some(p) => {
+            state.base = u64::try_from(p).map_err(|_| corrupt("negative rate total"))?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// One admission decision ([`crate::RateBackend::rate_acquire`]).
+pub(crate) async fn acquire<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    config: &RateConfig,
+    req: &RateRequest,
+) -> Result<RateReply> {
+    let (now, existing) = load(rows, name).await?;
+    // With `update`, differing stored limits are replaced even if the request is limited.
+    let replaced = existing
+        .as_ref()
+        .is_some_and(|s| s.config != config.encode());
+    let mut state = engine::check_config(name, existing, config, req.update, now)?;
+    let pruned = match config.mode() {
+        RateMode::Exact => prune(rows, &mut state, config, now).await?,
+        RateMode::Smooth { .. } => false,
+    };
+    let mut found = Vec::new();
+    for x in engine::thresholds(&state, config, req.cost) {
+        found.push(match x {
+            None => None,
+            Some(x) => rows.first_at_least(x).await?.map(|t| t.max(0) as u64),
+        });
+    }
+    let (reply, entry) = engine::decide(&mut state, config, req, now, &found)?;
+    if let RateReply::Admitted { .. } = reply {
+        if let Some((t, p)) = entry {
+            rows.append(p, t).await?;
+        }
+        save(rows, &state, config).await?;
+    } else if pruned || replaced {
+        // Limited: nothing is charged. Entries that no longer change any answer were
+        // pruned, so `base` must follow them (a stale base would let a later lookup land on
+        // a kept entry instead of a pruned one and delay requests for nothing); and limits
+        // replaced by `update` stay replaced, as in the memory store. `decide` left `state`
+        // unchanged on Limited.
+        save(rows, &state, config).await?;
+    }
+    Ok(reply)
+}
+
+/// Hands a reservation back ([`crate::RateBackend::rate_cancel`]). The reservation is named
+/// by its number; `at` only confirms it, and a stored admission time within `slack` µs of
+/// `at` counts as `at` (a store that converts times on the way out may not get them back
+/// exactly; 0 elsewhere).
+pub(crate) async fn cancel<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    reservation: u64,
+    at: StoreTime,
+    slack: u64,
+) -> Result<bool> {
+    let (now, state) = load(rows, name).await?;
+    let Some(mut state) = state else {
+        return Ok(false);
+    };
+    let at = match state.last.abs_diff(at.0) <= slack {
+        true => StoreTime(state.last),
+        false => at,
+    };
+    let config = stored_config(name, &state)?;
+    let old_p = state.p;
+    if !engine::cancel(&mut state, &config, reservation, at, now) {
+        return Ok(false);
+    }
+    if let RateMode::Exact = config.mode() {
+        rows.remove_entry(old_p).await?;
+        let last = rows.last_total().await?;
+        state.p = last.map_or(state.base, |p| p.max(0) as u64);
+    }
+    save(rows, &state, &config).await?;
+    Ok(true)
+}
+
+/// Deletes the limiter's row and log; `true` if it had state that had not expired.
+pub(crate) async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<bool> {
+    // `load` drops an expired state (or a placeholder) itself.
+    let existed = load(rows, name).await?.1.is_some();
+    if existed {
+        rows.drop_state(name.as_str()).await?;
+    }
+    Ok(existed)
+}
+
+/// The limiter's state and usage ([`crate::RateBackend::rate_status`]).
+pub(crate) async fn status<R: RateRows>(rows: &mut R, name: &Name) -> Result<Option<RateStatus>> {
+    let (now, state) = load(rows, name).await?;
+    let Some(mut state) = state else {
+        return Ok(None);
+    };
+    let config = stored_config(name, &state)?;
+    let mut log = VecLog::default();
+    if let RateMode::Exact = config.mode() {
+        if prune(rows, &mut state, &config, now).await? {
+            save(rows, &state, &config).await?;
+        }
+        for (t, p) in rows.whole_log().await? {
+            log.0
+                .push_back((non_negative(t, "t")?, non_negative(p, "p")?));
+        }
+    }
+    engine::status(name, &state, &config, &log, now).map(Some)
+}
