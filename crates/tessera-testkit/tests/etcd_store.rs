@@ -13,7 +13,9 @@ use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_queued};
 use tessera_testkit::faults::Mode;
-use tessera_testkit::harness::Harness;
+use tessera_testkit::harness::{Harness, StoreTraits};
+use tessera_testkit::proxy::{Mode as ProxyMode, Proxy};
+use tessera_testkit::servers::etcd::EtcdCluster;
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -358,4 +360,67 @@ async fn a_waiter_is_served_after_compaction_and_a_broken_watch() {
         .unwrap();
     p.release().await.unwrap();
     assert_drained(&a.store, &name).await;
+}
+
+/// A 3-member cluster whose members the clients reach through one fault proxy each (in the
+/// URL's order), under a random key prefix.
+async fn proxied_cluster() -> (Harness, Vec<Proxy>) {
+    let cluster = EtcdCluster::start(3);
+    let mut proxies = Vec::new();
+    for i in 0..cluster.len() {
+        let member = ([127, 0, 0, 1], cluster.client_port(i)).into();
+        proxies.push(Proxy::start(member).await.unwrap());
+    }
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let url = format!("etcd://{}/t{:08x}", hosts.join(","), rand::random::<u32>());
+    let h = Harness::new("etcd://", url, StoreTraits::OWN_ETCD, Box::new(cluster));
+    (h, proxies)
+}
+
+/// The clients' connections to the member they talk to (the URL's first) are black-holed:
+/// packets dropped, nothing closed. Requests move to the next member, the holder's
+/// keep-alives go on there (it keeps its lease through several TTLs), the waiter's watch
+/// follows, and the release hands the permit to the waiter; fences keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_member_connection_fails_over_to_the_next_member() {
+    let (h, proxies) = proxied_cluster().await;
+    let name = unique("blackhole");
+    let a = h.client().await;
+    let b = h.client().await;
+    let ttl = Duration::from_secs(6);
+    let sem_a = Semaphore::new(&a.store, &name, 1, o(ttl)).unwrap();
+    let sem_b = Semaphore::new(&b.store, &name, 1, o(ttl)).unwrap();
+    let first = sem_a.acquire().await.unwrap();
+    let fence = first.fence();
+    let waiter = tokio::spawn(async move { sem_b.acquire().await.map(|p| (p, sem_b)) });
+    wait_queued(&a.store, &name, 1).await;
+    proxies[0].set(ProxyMode::Blackhole);
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !first.is_lost(),
+        "the holder lost its lease to a black-holed member connection"
+    );
+    assert!(first.valid_until() > Instant::now());
+    first.release().await.unwrap();
+    let (second, sem_b) = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter was not served after the black-hole")
+        .unwrap()
+        .unwrap();
+    assert!(second.fence() > fence);
+    let mut last = second.fence();
+    second.release().await.unwrap();
+    for _ in 0..3 {
+        let p = sem_a.acquire().await.unwrap();
+        assert!(p.fence() > last);
+        last = p.fence();
+        p.release().await.unwrap();
+    }
+    drop(sem_b);
+    assert_drained(&a.store, &name).await;
+    // A client started while the member is black-holed connects through the others.
+    let c = h.client().await;
+    let sem_c = Semaphore::new(&c.store, &name, 1, o(ttl)).unwrap();
+    sem_c.acquire().await.unwrap().release().await.unwrap();
+    proxies[0].set(ProxyMode::Pass);
 }

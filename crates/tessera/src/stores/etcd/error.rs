@@ -40,12 +40,15 @@ pub(super) fn is_lease_not_found(e: &EtcdError) -> bool {
     }
 }
 
-/// Whether the request failed to reach a member (refused, reset, unavailable): worth
-/// sending again, on another member.
+/// Whether the request failed to reach a member or got no answer from it in time
+/// (refused, reset, unavailable, black-holed): worth sending again, on another member.
 pub(super) fn is_unreachable(e: &EtcdError) -> bool {
     match e {
         EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
-        EtcdError::GRpcStatus(s) => s.code() == Code::Unavailable,
+        EtcdError::GRpcStatus(s) => matches!(
+            s.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+        ),
         _ => false,
     }
 }
