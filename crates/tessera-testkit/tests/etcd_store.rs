@@ -15,7 +15,7 @@ use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_qu
 use tessera_testkit::faults::Mode;
 use tessera_testkit::harness::{Harness, StoreTraits};
 use tessera_testkit::proxy::{Mode as ProxyMode, Proxy};
-use tessera_testkit::servers::etcd::EtcdCluster;
+use tessera_testkit::servers::etcd::{EtcdCluster, EtcdTls};
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -423,4 +423,76 @@ async fn a_black_holed_member_connection_fails_over_to_the_next_member() {
     let sem_c = Semaphore::new(&c.store, &name, 1, o(ttl)).unwrap();
     sem_c.acquire().await.unwrap().release().await.unwrap();
     proxies[0].set(ProxyMode::Pass);
+}
+
+/// `etcds://` against a member that serves clients over TLS only and asks them for a
+/// certificate (`--client-cert-auth`), with a CA and certificates made for the test: the
+/// semaphore works; without the client certificate, or without TLS, the client gets a
+/// store error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_custom_ca_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = EtcdTls::generate(dir.path());
+    let cluster = EtcdCluster::start_tls(1, &tls);
+    let url = cluster
+        .url()
+        .replacen('?', &format!("/t{:08x}?", rand::random::<u32>()), 1);
+    assert!(url.starts_with("etcds://"), "{url}");
+    let store = Store::connect(&url).await.unwrap();
+    let name = unique("tls");
+    let sem = Semaphore::new(&store, &name, 1, o(TTL)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    p.release().await.unwrap();
+    assert_drained(&store, &name).await;
+
+    let no_cert = format!(
+        "etcds://127.0.0.1:{}/x?ca={}",
+        cluster.client_port(0),
+        tls.ca.display()
+    );
+    let plain = format!("etcd://127.0.0.1:{}/x", cluster.client_port(0));
+    for bad in [no_cert, plain] {
+        let e = timeout(Duration::from_secs(30), Store::connect(&bad))
+            .await
+            .unwrap_or_else(|_| panic!("{bad}: no answer"))
+            .unwrap_err();
+        assert!(matches!(e, Error::Store { .. }), "{bad}: {e}");
+    }
+}
+
+/// etcd's user/password auth: the right password works; a wrong one is a typed error
+/// (`is_auth`) at connect that never shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_auth_and_a_wrong_password() {
+    let cluster = EtcdCluster::start(1);
+    cluster.ctl(&["user", "add", "root:Right-pw-42", "--interactive=false"]);
+    cluster.ctl(&["user", "grant-role", "root", "root"]);
+    cluster.ctl(&["auth", "enable"]);
+    let base = cluster.url();
+    let good = format!(
+        "{}/t{:08x}",
+        base.replace("etcd://", "etcd://root:Right-pw-42@"),
+        rand::random::<u32>()
+    );
+    let store = Store::connect(&good).await.unwrap();
+    let name = unique("auth");
+    let sem = Semaphore::new(&store, &name, 2, o(TTL)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    p.release().await.unwrap();
+    assert_drained(&store, &name).await;
+
+    for secret in ["hunter2-wrong", "Right-pw-4"] {
+        let bad = base.replace("etcd://", &format!("etcd://root:{secret}@"));
+        let e = Store::connect(&bad).await.unwrap_err();
+        assert!(e.is_auth(), "{e}");
+        for text in [e.to_string(), format!("{e:?}")] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        eprintln!("wrong password: {e}");
+    }
+    let e = Store::connect(&base.replace("etcd://", "etcd://nobody:x@"))
+        .await
+        .unwrap_err();
+    assert!(e.is_auth(), "{e}");
 }

@@ -18,6 +18,14 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
             }
             Code::DeadlineExceeded => StoreErrorKind::Timeout,
             Code::ResourceExhausted => StoreErrorKind::Busy,
+            Code::Unauthenticated | Code::PermissionDenied => StoreErrorKind::Auth,
+            // etcd answers a wrong user or password with InvalidArgument, and a user given
+            // to a cluster without auth with FailedPrecondition.
+            _ if s.message().contains("authentication")
+                || s.message().contains("permission denied") =>
+            {
+                StoreErrorKind::Auth
+            }
             _ => StoreErrorKind::Other,
         },
         _ => StoreErrorKind::Other,
