@@ -496,3 +496,18 @@ async fn user_password_auth_and_a_wrong_password() {
         .unwrap_err();
     assert!(e.is_auth(), "{e}");
 }
+
+/// No rate limiter on etcd: a typed `Unsupported` error that says why (no clock readable in
+/// a transaction), through the fault-injecting wrapper too; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limiter_is_unsupported_with_the_reason() {
+    let h = Harness::etcd();
+    let c = h.client().await;
+    let limits = [RateSpec::per_second(5).unwrap()];
+    let e = c.store.rate_limiter("api", &limits).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert!(e.to_string().contains("no clock"), "{e}");
+    let e = c.store.rate_status("api").await.unwrap_err();
+    assert!(e.to_string().contains("no clock"), "{e}");
+    assert!(c.store.list().await.unwrap().is_empty());
+}

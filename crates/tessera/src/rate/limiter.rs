@@ -136,10 +136,7 @@ impl RateLimiter {
         });
         let config = config.with_margin(margin)?;
         if store.backend().rate().is_none() {
-            return Err(Error::Unsupported(format!(
-                "rate limiting is not available on {}",
-                store.url()
-            )));
+            return Err(super::unsupported(store));
         }
         Ok(RateLimiter {
             store: store.clone(),

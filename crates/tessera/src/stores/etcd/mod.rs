@@ -110,6 +110,12 @@
 //! - **Leader changes**: a new leader restarts every lease at its full TTL, so a crashed
 //!   holder's permit can come back up to one TTL (plus the election) later than its TTL
 //!   after the crash. Holders are not affected (their leases only get longer).
+//! - **No rate limiter.** etcd has no clock that a transaction can read (a transaction
+//!   compares and writes keys; only lease expiry runs on the leader's clock, in whole
+//!   seconds), so "never more than N in any window of length L" cannot be decided on the
+//!   store's clock, and deciding it on clients' clocks would let their skew over-admit.
+//!   [`crate::Store::rate_limiter`] on etcd fails with [`crate::Error::Unsupported`]
+//!   saying so ([`RATE_UNSUPPORTED`], through `Backend::rate_unsupported`).
 //! - **Cancel of an acquire dropped on its way**: etcd runs requests of one connection
 //!   concurrently, so a cancel's read can overtake the acquire's write; the cancel writes a
 //!   marker first, which every acquire transaction compares absent.
@@ -1455,7 +1461,18 @@ impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
+
+    fn rate_unsupported(&self) -> Option<&'static str> {
+        Some(RATE_UNSUPPORTED)
+    }
 }
+
+/// Why the etcd store has no rate limiter (see the module docs).
+pub const RATE_UNSUPPORTED: &str = "etcd has no clock that a transaction can read, so \
+    whether a request falls inside a window (\"never more than N in any window of length \
+    L\") cannot be decided on the store's clock; deciding it on clients' clocks would let \
+    their skew over-admit. Use a Redis, SQLite, MySQL/MariaDB or memory store for rate \
+    limits";
 
 /// What the etcd store declares: watch wake-ups, whole-second leases of at least 2 s,
 /// revision fences, the hand-off in the waiter's next step.
