@@ -15,7 +15,7 @@ use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_qu
 use tessera_testkit::faults::Mode;
 use tessera_testkit::harness::{Harness, StoreTraits};
 use tessera_testkit::proxy::{Mode as ProxyMode, Proxy};
-use tessera_testkit::servers::etcd::{EtcdCluster, EtcdTls};
+use tessera_testkit::servers::etcd::{EtcdCluster, EtcdTls, ELECTION_TIMEOUT_MS};
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -510,4 +510,56 @@ async fn a_rate_limiter_is_unsupported_with_the_reason() {
     let e = c.store.rate_status("api").await.unwrap_err();
     assert!(e.to_string().contains("no clock"), "{e}");
     assert!(c.store.list().await.unwrap().is_empty());
+}
+
+/// The holder's process and the cluster's leader are killed at the same moment (3 members,
+/// TTL 3 s). A new leader restarts every lease at its full TTL, so the dead holder's permit
+/// comes back later than one TTL after the crash: within the documented bound of
+/// 2 × TTL + 3 × election timeout (7.5 s here), measured from the kills to the waiter's
+/// grant. Fences increase and nobody else holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_and_leader_give_the_permit_back_within_the_documented_bound() {
+    let mut h = Harness::etcd_with(3);
+    let name = unique("leaderttl");
+    let ttl = Duration::from_secs(3);
+    let mut holder = tessera_testkit::hold::spawn_holder(h.url(), &name, 1, ttl).await;
+    let b = h.client().await;
+    let fence = status(&b.store, &name).await.unwrap().holders[0].fence;
+    let sem = Semaphore::new(&b.store, &name, 1, o(ttl)).unwrap();
+    let waiter = tokio::spawn(async move {
+        let p = sem.acquire().await;
+        (p, Instant::now(), sem)
+    });
+    wait_queued(&b.store, &name, 1).await;
+    let cluster = h.etcd_cluster().unwrap();
+    let leader = cluster.leader();
+    holder.kill().await.unwrap();
+    let killed = Instant::now();
+    cluster.kill(leader);
+    let election = Duration::from_millis(ELECTION_TIMEOUT_MS);
+    let bound = ttl * 2 + election * 3;
+    let (p, granted, _sem) = timeout(bound + Duration::from_secs(20), waiter)
+        .await
+        .expect("the dead holder's permit never came back")
+        .unwrap();
+    let p = p.unwrap();
+    let took = granted - killed;
+    eprintln!(
+        "leader change: the permit came back {} ms after the holder and the leader were killed \
+         (TTL {} ms, election timeout {} ms, bound {} ms)",
+        took.as_millis(),
+        ttl.as_millis(),
+        election.as_millis(),
+        bound.as_millis()
+    );
+    assert!(
+        took <= bound,
+        "the permit came back after {took:?}, beyond the documented bound {bound:?}"
+    );
+    assert!(p.fence() > fence);
+    let s = status(&b.store, &name).await.unwrap();
+    assert_eq!(s.holders.len(), 1);
+    assert_eq!(s.holders[0].lease_id, p.lease_id());
+    p.release().await.unwrap();
+    assert_drained(&b.store, &name).await;
 }
