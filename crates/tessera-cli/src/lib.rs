@@ -45,7 +45,8 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
   mysql://[user[:password]@]host[:port]/database, mariadb://...
                                processes on many hosts, on a MySQL / MariaDB database
   etcd://host:port[,host:port...][/prefix], etcds://... (TLS)
-                               consensus-backed (etcd); leases of whole seconds, at least 2 s
+                               consensus-backed (etcd); leases of whole seconds, at least 2 s;
+                               no rate limits (etcd has no clock a transaction can read)
   memory://                    this process only (for trying things out)
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
 Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.

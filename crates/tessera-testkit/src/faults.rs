@@ -132,4 +132,7 @@ impl Backend for FaultyBackend {
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate()
     }
+    fn rate_unsupported(&self) -> Option<&'static str> {
+        self.inner.rate_unsupported()
+    }
 }

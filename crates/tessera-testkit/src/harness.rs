@@ -128,11 +128,13 @@ impl StoreTraits {
     };
 
     /// An etcd cluster the harness started (its server keeps the time; members can be
-    /// killed, restarted and frozen through [`Harness::etcd_cluster`]).
+    /// killed, restarted and frozen through [`Harness::etcd_cluster`], and reached through
+    /// a proxy on their client ports, [`crate::servers::etcd::EtcdCluster::client_port`]).
     pub const OWN_ETCD: StoreTraits = StoreTraits {
         multi_process: true,
         clock: ClockSource::Server,
         server: true,
+        proxyable: true,
         ..StoreTraits::IN_PROCESS
     };
 

@@ -202,6 +202,20 @@ async fn etcd_survives_holder_faults() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_survives_a_faulty_connection_to_the_member_it_talks_to() {
+    // s3-proxy on etcd: three members, the workers' connections to the first delayed,
+    // black-holed (shorter and longer than the TTL), reset and losing replies; they move
+    // to the next member.
+    let reports = short(StoreSpec::Etcd(None), &["s3-proxy"]).await;
+    let s3 = get(&reports, "s3-proxy");
+    assert!(
+        s3.skipped.is_none() && s3.faults >= 5 && s3.grants > 0,
+        "{}",
+        s3.summary()
+    );
+}
+
 /// The scenarios a Sentinel or Cluster topology runs (the one-server faults need a server
 /// of the harness's own), plus the failovers of that topology.
 fn failover_reports(reports: &[ScenarioReport], names: &[&str]) {

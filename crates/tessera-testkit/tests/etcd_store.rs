@@ -13,7 +13,9 @@ use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_queued};
 use tessera_testkit::faults::Mode;
-use tessera_testkit::harness::Harness;
+use tessera_testkit::harness::{Harness, StoreTraits};
+use tessera_testkit::proxy::{Mode as ProxyMode, Proxy};
+use tessera_testkit::servers::etcd::{EtcdCluster, EtcdTls, ELECTION_TIMEOUT_MS};
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -358,4 +360,206 @@ async fn a_waiter_is_served_after_compaction_and_a_broken_watch() {
         .unwrap();
     p.release().await.unwrap();
     assert_drained(&a.store, &name).await;
+}
+
+/// A 3-member cluster whose members the clients reach through one fault proxy each (in the
+/// URL's order), under a random key prefix.
+async fn proxied_cluster() -> (Harness, Vec<Proxy>) {
+    let cluster = EtcdCluster::start(3);
+    let mut proxies = Vec::new();
+    for i in 0..cluster.len() {
+        let member = ([127, 0, 0, 1], cluster.client_port(i)).into();
+        proxies.push(Proxy::start(member).await.unwrap());
+    }
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let url = format!("etcd://{}/t{:08x}", hosts.join(","), rand::random::<u32>());
+    let h = Harness::new("etcd://", url, StoreTraits::OWN_ETCD, Box::new(cluster));
+    (h, proxies)
+}
+
+/// The clients' connections to the member they talk to (the URL's first) are black-holed:
+/// packets dropped, nothing closed. Requests move to the next member, the holder's
+/// keep-alives go on there (it keeps its lease through several TTLs), the waiter's watch
+/// follows, and the release hands the permit to the waiter; fences keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_member_connection_fails_over_to_the_next_member() {
+    let (h, proxies) = proxied_cluster().await;
+    let name = unique("blackhole");
+    let a = h.client().await;
+    let b = h.client().await;
+    let ttl = Duration::from_secs(6);
+    let sem_a = Semaphore::new(&a.store, &name, 1, o(ttl)).unwrap();
+    let sem_b = Semaphore::new(&b.store, &name, 1, o(ttl)).unwrap();
+    let first = sem_a.acquire().await.unwrap();
+    let fence = first.fence();
+    let waiter = tokio::spawn(async move { sem_b.acquire().await.map(|p| (p, sem_b)) });
+    wait_queued(&a.store, &name, 1).await;
+    proxies[0].set(ProxyMode::Blackhole);
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !first.is_lost(),
+        "the holder lost its lease to a black-holed member connection"
+    );
+    assert!(first.valid_until() > Instant::now());
+    first.release().await.unwrap();
+    let (second, sem_b) = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter was not served after the black-hole")
+        .unwrap()
+        .unwrap();
+    assert!(second.fence() > fence);
+    let mut last = second.fence();
+    second.release().await.unwrap();
+    for _ in 0..3 {
+        let p = sem_a.acquire().await.unwrap();
+        assert!(p.fence() > last);
+        last = p.fence();
+        p.release().await.unwrap();
+    }
+    drop(sem_b);
+    assert_drained(&a.store, &name).await;
+    // A client started while the member is black-holed connects through the others.
+    let c = h.client().await;
+    let sem_c = Semaphore::new(&c.store, &name, 1, o(ttl)).unwrap();
+    sem_c.acquire().await.unwrap().release().await.unwrap();
+    proxies[0].set(ProxyMode::Pass);
+}
+
+/// `etcds://` against a member that serves clients over TLS only and asks them for a
+/// certificate (`--client-cert-auth`), with a CA and certificates made for the test: the
+/// semaphore works; without the client certificate, or without TLS, the client gets a
+/// store error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_custom_ca_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = EtcdTls::generate(dir.path());
+    let cluster = EtcdCluster::start_tls(1, &tls);
+    let url = cluster
+        .url()
+        .replacen('?', &format!("/t{:08x}?", rand::random::<u32>()), 1);
+    assert!(url.starts_with("etcds://"), "{url}");
+    let store = Store::connect(&url).await.unwrap();
+    let name = unique("tls");
+    let sem = Semaphore::new(&store, &name, 1, o(TTL)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    p.release().await.unwrap();
+    assert_drained(&store, &name).await;
+
+    let no_cert = format!(
+        "etcds://127.0.0.1:{}/x?ca={}",
+        cluster.client_port(0),
+        tls.ca.display()
+    );
+    let plain = format!("etcd://127.0.0.1:{}/x", cluster.client_port(0));
+    for bad in [no_cert, plain] {
+        let e = timeout(Duration::from_secs(30), Store::connect(&bad))
+            .await
+            .unwrap_or_else(|_| panic!("{bad}: no answer"))
+            .unwrap_err();
+        assert!(matches!(e, Error::Store { .. }), "{bad}: {e}");
+    }
+}
+
+/// etcd's user/password auth: the right password works; a wrong one is a typed error
+/// (`is_auth`) at connect that never shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_auth_and_a_wrong_password() {
+    let cluster = EtcdCluster::start(1);
+    cluster.ctl(&["user", "add", "root:Right-pw-42", "--interactive=false"]);
+    cluster.ctl(&["user", "grant-role", "root", "root"]);
+    cluster.ctl(&["auth", "enable"]);
+    let base = cluster.url();
+    let good = format!(
+        "{}/t{:08x}",
+        base.replace("etcd://", "etcd://root:Right-pw-42@"),
+        rand::random::<u32>()
+    );
+    let store = Store::connect(&good).await.unwrap();
+    let name = unique("auth");
+    let sem = Semaphore::new(&store, &name, 2, o(TTL)).unwrap();
+    let p = sem.acquire().await.unwrap();
+    p.release().await.unwrap();
+    assert_drained(&store, &name).await;
+
+    for secret in ["hunter2-wrong", "Right-pw-4"] {
+        let bad = base.replace("etcd://", &format!("etcd://root:{secret}@"));
+        let e = Store::connect(&bad).await.unwrap_err();
+        assert!(e.is_auth(), "{e}");
+        for text in [e.to_string(), format!("{e:?}")] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        eprintln!("wrong password: {e}");
+    }
+    let e = Store::connect(&base.replace("etcd://", "etcd://nobody:x@"))
+        .await
+        .unwrap_err();
+    assert!(e.is_auth(), "{e}");
+}
+
+/// No rate limiter on etcd: a typed `Unsupported` error that says why (no clock readable in
+/// a transaction), through the fault-injecting wrapper too; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limiter_is_unsupported_with_the_reason() {
+    let h = Harness::etcd();
+    let c = h.client().await;
+    let limits = [RateSpec::per_second(5).unwrap()];
+    let e = c.store.rate_limiter("api", &limits).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert!(e.to_string().contains("no clock"), "{e}");
+    let e = c.store.rate_status("api").await.unwrap_err();
+    assert!(e.to_string().contains("no clock"), "{e}");
+    assert!(c.store.list().await.unwrap().is_empty());
+}
+
+/// The holder's process and the cluster's leader are killed at the same moment (3 members,
+/// TTL 3 s). A new leader restarts every lease at its full TTL, so the dead holder's permit
+/// comes back later than one TTL after the crash: within the documented bound of
+/// 2 × TTL + 3 × election timeout (7.5 s here), measured from the kills to the waiter's
+/// grant. Fences increase and nobody else holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_and_leader_give_the_permit_back_within_the_documented_bound() {
+    let mut h = Harness::etcd_with(3);
+    let name = unique("leaderttl");
+    let ttl = Duration::from_secs(3);
+    let mut holder = tessera_testkit::hold::spawn_holder(h.url(), &name, 1, ttl).await;
+    let b = h.client().await;
+    let fence = status(&b.store, &name).await.unwrap().holders[0].fence;
+    let sem = Semaphore::new(&b.store, &name, 1, o(ttl)).unwrap();
+    let waiter = tokio::spawn(async move {
+        let p = sem.acquire().await;
+        (p, Instant::now(), sem)
+    });
+    wait_queued(&b.store, &name, 1).await;
+    let cluster = h.etcd_cluster().unwrap();
+    let leader = cluster.leader();
+    holder.kill().await.unwrap();
+    let killed = Instant::now();
+    cluster.kill(leader);
+    let election = Duration::from_millis(ELECTION_TIMEOUT_MS);
+    let bound = ttl * 2 + election * 3;
+    let (p, granted, _sem) = timeout(bound + Duration::from_secs(20), waiter)
+        .await
+        .expect("the dead holder's permit never came back")
+        .unwrap();
+    let p = p.unwrap();
+    let took = granted - killed;
+    eprintln!(
+        "leader change: the permit came back {} ms after the holder and the leader were killed \
+         (TTL {} ms, election timeout {} ms, bound {} ms)",
+        took.as_millis(),
+        ttl.as_millis(),
+        election.as_millis(),
+        bound.as_millis()
+    );
+    assert!(
+        took <= bound,
+        "the permit came back after {took:?}, beyond the documented bound {bound:?}"
+    );
+    assert!(p.fence() > fence);
+    let s = status(&b.store, &name).await.unwrap();
+    assert_eq!(s.holders.len(), 1);
+    assert_eq!(s.holders[0].lease_id, p.lease_id());
+    p.release().await.unwrap();
+    assert_drained(&b.store, &name).await;
 }

@@ -130,6 +130,8 @@ pub enum StoreErrorKind {
     Timeout,
     /// The store is busy (e.g. SQLite's write lock held past the busy timeout).
     Busy,
+    /// The store refused the credentials (a wrong user or password, a missing permission).
+    Auth,
     /// Anything else the store reported.
     Other,
 }
@@ -140,6 +142,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Connection => "connection",
             StoreErrorKind::Timeout => "timeout",
             StoreErrorKind::Busy => "busy",
+            StoreErrorKind::Auth => "auth",
             StoreErrorKind::Other => "other",
         })
     }
@@ -217,6 +220,16 @@ impl Error {
             self,
             Error::Store {
                 kind: StoreErrorKind::Connection,
+                ..
+            }
+        )
+    }
+    /// The store refused the credentials of the URL ([`StoreErrorKind::Auth`]).
+    pub fn is_auth(&self) -> bool {
+        matches!(
+            self,
+            Error::Store {
+                kind: StoreErrorKind::Auth,
                 ..
             }
         )

@@ -221,4 +221,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn rate(&self) -> Option<&dyn RateBackend> {
         None
     }
+
+    /// Why this store has no rate limiting (when [`Backend::rate`] is `None`), if it has a
+    /// reason worth telling the user: it is the message of the
+    /// [`Error::Unsupported`](crate::Error::Unsupported) a rate limiter on it gets. Wrappers
+    /// forward this.
+    fn rate_unsupported(&self) -> Option<&'static str> {
+        None
+    }
 }

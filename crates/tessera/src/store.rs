@@ -270,9 +270,9 @@ impl Store {
     }
 
     fn rate_backend(&self) -> Result<&dyn RateBackend> {
-        self.backend().rate().ok_or_else(|| {
-            Error::Unsupported(format!("rate limiting is not available on {}", self.url()))
-        })
+        self.backend()
+            .rate()
+            .ok_or_else(|| crate::rate::unsupported(self))
     }
 
     /// Changes a semaphore's capacity (admin); returns the old capacity. Growing hands the

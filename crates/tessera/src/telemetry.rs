@@ -323,6 +323,10 @@ impl Backend for Instrumented {
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate().map(|_| self as &dyn RateBackend)
     }
+
+    fn rate_unsupported(&self) -> Option<&'static str> {
+        self.inner.rate_unsupported()
+    }
 }
 
 impl Instrumented {

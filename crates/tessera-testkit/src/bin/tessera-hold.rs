@@ -1,4 +1,6 @@
-//! Acquires one permit and holds it until killed, printing `HELD <lease id> <fence>`.
+//! Acquires one permit and holds it until killed, printing `HELD <lease id> <fence>`; if the
+//! lease is lost, prints `LOST <microseconds since the Unix epoch>` (the host's wall clock,
+//! for tests on one machine to order it against other events) and exits with 3.
 //! Usage: tessera-hold --store URL --name NAME --permits C --ttl-ms T
 
 use std::time::Duration;
@@ -31,6 +33,10 @@ async fn main() {
     let p = sem.acquire().await.expect("acquire");
     println!("HELD {} {}", p.lease_id(), p.fence());
     let reason = p.lost().await;
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    println!("LOST {}", at.as_micros());
     eprintln!("tessera-hold: lost: {reason}");
     std::process::exit(3);
 }

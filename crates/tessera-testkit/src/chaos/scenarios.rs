@@ -165,15 +165,35 @@ async fn s2_stop(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
     run.finish().await
 }
 
-/// S3: the workers reach Redis through a proxy that delays, black-holes (shorter and longer
-/// than the TTL), resets and drops replies.
+/// S3: the workers reach the server through a proxy that delays, black-holes (shorter and
+/// longer than the TTL), resets and drops replies. On etcd, one member of three is behind
+/// the faulty proxy: the one the workers talk to first.
 async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
-    let env = harness(spec, "s3-proxy", seed, &[]);
-    let port = env.server_port().context("the server's port")?;
-    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await?;
-    let worker_url = env
-        .url()
-        .replace(&format!(":{port}"), &format!(":{}", proxy.addr().port()));
+    let (env, proxy, others, worker_url) = if let StoreSpec::Etcd(None) = spec {
+        // etcd: a 3-member cluster, each member behind a proxy of its own; the faults hit
+        // the member the workers talk to first (the URL's first), so their requests,
+        // keep-alives and watches must move to the next member.
+        let mut env = crate::harness::Harness::etcd_with(3);
+        let cluster = env.etcd_cluster().context("the etcd cluster")?;
+        let ports: Vec<u16> = (0..cluster.len()).map(|i| cluster.client_port(i)).collect();
+        let mut proxies = Vec::new();
+        for port in ports {
+            proxies.push(Proxy::start(([127, 0, 0, 1], port).into()).await?);
+        }
+        let prefix = env.url().rsplit_once('/').context("a key prefix")?.1;
+        let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let worker_url = format!("etcd://{}/{prefix}", hosts.join(","));
+        let proxy = proxies.remove(0);
+        (env, proxy, proxies, worker_url)
+    } else {
+        let env = harness(spec, "s3-proxy", seed, &[]);
+        let port = env.server_port().context("the server's port")?;
+        let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await?;
+        let worker_url = env
+            .url()
+            .replace(&format!(":{port}"), &format!(":{}", proxy.addr().port()));
+        (env, proxy, Vec::new(), worker_url)
+    };
     let ttl = p.ttl;
     let schedule: Vec<(&str, Mode, Duration)> = vec![
         ("delay", Mode::Delay(ttl.as_millis() as u64 / 20), ttl),
@@ -207,7 +227,7 @@ async fn s3_proxy(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Sce
     ));
     run.run_out().await;
     let report = run.finish().await;
-    drop(proxy);
+    drop((proxy, others));
     report
 }
 

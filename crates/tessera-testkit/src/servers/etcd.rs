@@ -41,15 +41,112 @@ pub struct EtcdCluster {
     dir: tempfile::TempDir,
     members: Vec<Member>,
     initial_cluster: String,
+    tls: Option<EtcdTls>,
+}
+
+/// PEM files for a cluster that serves clients over TLS and asks them for a certificate
+/// ([`EtcdCluster::start_tls`]): a CA made for the test, the members' certificate (for
+/// `127.0.0.1` and `localhost`) and a client certificate, all signed by that CA.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The CA's certificate.
+    pub ca: PathBuf,
+    /// The members' certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// A client certificate and key (common name `root`).
+    pub client: (PathBuf, PathBuf),
+}
+
+impl EtcdTls {
+    /// Makes a CA, a server and a client certificate with `openssl` in `dir`. Panics
+    /// (failing the test) with the install line if `openssl` is missing or fails.
+    pub fn generate(dir: &std::path::Path) -> EtcdTls {
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run openssl (install it with `apt-get install -y openssl`): {e}")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=tessera test CA"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+        run(&ca);
+        for (name, cn, usage) in [
+            ("server", "127.0.0.1", "serverAuth,clientAuth"),
+            ("client", "root", "clientAuth"),
+        ] {
+            let subj = format!("/CN={cn}");
+            let (key, csr) = (format!("{name}.key"), format!("{name}.csr"));
+            let mut req = vec!["req", "-subj", &subj];
+            req.extend(ec);
+            req.extend(["-keyout", &key, "-out", &csr]);
+            run(&req);
+            let ext = format!("{name}.ext");
+            std::fs::write(
+                dir.join(&ext),
+                format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"),
+            )
+            .expect("write the extensions file");
+            let pem = format!("{name}.pem");
+            run(&[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-extfile",
+                &ext,
+                "-out",
+                &pem,
+            ]);
+        }
+        EtcdTls {
+            ca: dir.join("ca.pem"),
+            server: (dir.join("server.pem"), dir.join("server.key")),
+            client: (dir.join("client.pem"), dir.join("client.key")),
+        }
+    }
 }
 
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster has a leader and every member is
     /// healthy. Panics (failing the test) with the install line if `etcd` is missing.
     pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_with(n, None)
+    }
+
+    /// Starts `n` members that serve clients over TLS only (`--cert-file`, `--key-file`,
+    /// `--client-cert-auth`, `--trusted-ca-file`): [`EtcdCluster::url`] is then an
+    /// `etcds://` URL with the CA and the client certificate.
+    pub fn start_tls(n: usize, tls: &EtcdTls) -> EtcdCluster {
+        EtcdCluster::start_with(n, Some(tls))
+    }
+
+    fn start_with(n: usize, tls: Option<&EtcdTls>) -> EtcdCluster {
         let mut last = String::new();
         for _ in 0..5 {
-            match EtcdCluster::try_start(n) {
+            match EtcdCluster::try_start(n, tls) {
                 Ok(c) => return c,
                 Err(e) if e == INSTALL => panic!("{e}"),
                 Err(e) => last = e,
@@ -58,7 +155,7 @@ impl EtcdCluster {
         panic!("etcd did not start: {last}");
     }
 
-    fn try_start(n: usize) -> Result<EtcdCluster, String> {
+    fn try_start(n: usize, tls: Option<&EtcdTls>) -> Result<EtcdCluster, String> {
         let dir = tempfile::tempdir().expect("temp dir for etcd");
         let token = format!("t{:08x}", rand::random::<u32>());
         let members: Vec<Member> = (0..n)
@@ -79,6 +176,7 @@ impl EtcdCluster {
             dir,
             members,
             initial_cluster: format!("{initial_cluster}|{token}"),
+            tls: tls.cloned(),
         };
         for i in 0..n {
             cluster.spawn(i)?;
@@ -93,11 +191,23 @@ impl EtcdCluster {
             .split_once('|')
             .expect("cluster and token");
         let m = &mut self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
             .map_err(|e| e.to_string())?;
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server.0)
+                .arg("--key-file")
+                .arg(&tls.server.1)
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca);
+        }
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.data)
@@ -131,7 +241,10 @@ impl EtcdCluster {
                     if let Ok(Some(status)) = child.try_wait() {
                         return Err(format!("etcd {} exited with {status}", m.name));
                     }
-                    all &= healthy(m.client_port);
+                    all &= match &self.tls {
+                        None => healthy(m.client_port),
+                        Some(tls) => healthy_tls(m.client_port, tls),
+                    };
                 }
             }
             if all {
@@ -151,7 +264,28 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect();
-        format!("etcd://{}", hosts.join(","))
+        match &self.tls {
+            None => format!("etcd://{}", hosts.join(",")),
+            Some(tls) => format!(
+                "etcds://{}?ca={}&cert={}&key={}",
+                hosts.join(","),
+                tls.ca.display(),
+                tls.client.0.display(),
+                tls.client.1.display()
+            ),
+        }
+    }
+
+    /// `etcdctl` with the TLS flags of a TLS cluster.
+    fn etcdctl(&self) -> Command {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3");
+        if let Some(tls) = &self.tls {
+            c.arg(format!("--cacert={}", tls.ca.display()))
+                .arg(format!("--cert={}", tls.client.0.display()))
+                .arg(format!("--key={}", tls.client.1.display()));
+        }
+        c
     }
 
     /// The client port of member `i`.
@@ -171,18 +305,19 @@ impl EtcdCluster {
 
     /// `http://127.0.0.1:P,…` of the running members, for etcdctl.
     fn endpoints(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
             .filter(|m| m.child.is_some())
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     /// Runs `etcdctl` against the running members and returns its stdout.
     pub fn ctl(&self, args: &[&str]) -> String {
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
+        let out = self
+            .etcdctl()
             .arg(format!("--endpoints={}", self.endpoints()))
             .args(args)
             .output()
@@ -307,6 +442,21 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// `etcdctl endpoint health` over TLS succeeds once the member has a leader.
+fn healthy_tls(port: u16, tls: &EtcdTls) -> bool {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=https://127.0.0.1:{port}"))
+        .arg(format!("--cacert={}", tls.ca.display()))
+        .arg(format!("--cert={}", tls.client.0.display()))
+        .arg(format!("--key={}", tls.client.1.display()))
+        .args(["endpoint", "health", "--command-timeout=1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `GET /health` answers `{"health":"true"}` once the member has a leader.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::seam::{LimitUsage, RateBackend, RateReply, RateRequest, RateStatus};
 use super::spec::{RateConfig, RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_RATE_WAIT};
-use crate::error::{Error, InvalidInput, Result};
+use crate::error::{InvalidInput, Result};
 use crate::model::{Name, StoreTime};
 use crate::store::Store;
 
@@ -36,7 +36,7 @@ impl RateOptions {
         self
     }
     /// Replace the limits (and margin) stored under this name if they differ (default:
-    /// refuse with [`Error::RateMismatch`]). History is kept: admissions already made still count
+    /// refuse with [`Error::RateMismatch`](crate::Error::RateMismatch)). History is kept: admissions already made still count
     /// against the new limits (in exact mode; smooth pacing restarts).
     pub fn update(mut self, update: bool) -> Self {
         self.update = update;
@@ -121,7 +121,7 @@ enum Attempt {
 impl RateLimiter {
     /// A limiter named `name` with `limits`. Checks the inputs only (typed errors, nothing
     /// sent): the store compares the limits (and margin) at the first request. A store
-    /// without rate limiting fails with [`Error::Unsupported`].
+    /// without rate limiting fails with [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn new(
         store: &Store,
         name: &str,
@@ -136,10 +136,7 @@ impl RateLimiter {
         });
         let config = config.with_margin(margin)?;
         if store.backend().rate().is_none() {
-            return Err(Error::Unsupported(format!(
-                "rate limiting is not available on {}",
-                store.url()
-            )));
+            return Err(super::unsupported(store));
         }
         Ok(RateLimiter {
             store: store.clone(),

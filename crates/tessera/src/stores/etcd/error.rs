@@ -18,6 +18,14 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
             }
             Code::DeadlineExceeded => StoreErrorKind::Timeout,
             Code::ResourceExhausted => StoreErrorKind::Busy,
+            Code::Unauthenticated | Code::PermissionDenied => StoreErrorKind::Auth,
+            // etcd answers a wrong user or password with InvalidArgument, and a user given
+            // to a cluster without auth with FailedPrecondition.
+            _ if s.message().contains("authentication")
+                || s.message().contains("permission denied") =>
+            {
+                StoreErrorKind::Auth
+            }
             _ => StoreErrorKind::Other,
         },
         _ => StoreErrorKind::Other,
@@ -40,12 +48,15 @@ pub(super) fn is_lease_not_found(e: &EtcdError) -> bool {
     }
 }
 
-/// Whether the request failed to reach a member (refused, reset, unavailable): worth
-/// sending again, on another member.
+/// Whether the request failed to reach a member or got no answer from it in time
+/// (refused, reset, unavailable, black-holed): worth sending again, on another member.
 pub(super) fn is_unreachable(e: &EtcdError) -> bool {
     match e {
         EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
-        EtcdError::GRpcStatus(s) => s.code() == Code::Unavailable,
+        EtcdError::GRpcStatus(s) => matches!(
+            s.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+        ),
         _ => false,
     }
 }

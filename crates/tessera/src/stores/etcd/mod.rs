@@ -5,8 +5,10 @@
 //! etcds://[user:password@]host[:port][,…][/prefix][?ca=FILE][&cert=FILE&key=FILE][&domain=NAME]
 //! ```
 //!
-//! - Several endpoints: the client balances over them and goes on through the loss of a
-//!   member. The port defaults to 2379.
+//! - Several endpoints: the client talks to one member at a time and moves to the next
+//!   when it dies or stops answering (each request attempt is bounded by 2 s), so it goes
+//!   on through the loss of a member, or of its own connection to one. The port defaults
+//!   to 2379.
 //! - `user:password` (percent-encoded) authenticates with etcd's auth; the password never
 //!   appears in a message.
 //! - `prefix` (default `tessera`; `A-Z a-z 0-9 . _ -` and inner `/`) roots every key, so
@@ -71,9 +73,12 @@
 //!   TTL, so the keeper's "certainly valid until the send time + TTL − margin" holds. Every
 //!   grant is preceded by a keep-alive of its session sent after the caller's request, so
 //!   the first bound holds too. A revoked, deleted or expired grant answers `Gone`.
-//! - **Member loss.** Requests go to every member named in the URL; one whose member cannot
-//!   be reached is sent again (on another), which every operation allows: writes are
-//!   transactions whose compares fail when run twice, and callers read again.
+//! - **Member loss.** Requests go to one member named in the URL at a time (`members.rs`);
+//!   one that cannot reach its member, or gets no answer within 2 s, is sent again on the
+//!   next member, which every operation allows: writes are transactions whose compares fail
+//!   when run twice, and callers read again. Keep-alive streams are reopened on the next
+//!   member when an exchange fails or times out, and watches follow the backend to its new
+//!   member, reopened from the revision they started at (see `watch.rs`).
 //!
 //! # How each Backend operation maps
 //!
@@ -104,7 +109,18 @@
 //!   release and blocks the queue until its record goes with that session.
 //! - **Leader changes**: a new leader restarts every lease at its full TTL, so a crashed
 //!   holder's permit can come back up to one TTL (plus the election) later than its TTL
-//!   after the crash. Holders are not affected (their leases only get longer).
+//!   after the crash. The bound is 2 × TTL + 3 × election timeout from the crash. Measured
+//!   on a local 3-member cluster (election timeout 500 ms, TTL 3 s, the holder's process and
+//!   the leader SIGKILLed together, a waiter on another client): the permit came back after
+//!   4.2–5.2 s in six runs (bound 7.5 s; test
+//!   `a_killed_holder_and_leader_give_the_permit_back_within_the_documented_bound`). Holders
+//!   are not affected (their leases only get longer).
+//! - **No rate limiter.** etcd has no clock that a transaction can read (a transaction
+//!   compares and writes keys; only lease expiry runs on the leader's clock, in whole
+//!   seconds), so "never more than N in any window of length L" cannot be decided on the
+//!   store's clock, and deciding it on clients' clocks would let their skew over-admit.
+//!   [`crate::Store::rate_limiter`] on etcd fails with [`crate::Error::Unsupported`]
+//!   saying so ([`RATE_UNSUPPORTED`], through `Backend::rate_unsupported`).
 //! - **Cancel of an acquire dropped on its way**: etcd runs requests of one connection
 //!   concurrently, so a cancel's read can overtake the acquire's write; the cancel writes a
 //!   marker first, which every acquire transaction compares absent.
@@ -112,6 +128,7 @@
 //! [`HandOff::NextStep`]: crate::seam::HandOff::NextStep
 
 mod error;
+mod members;
 pub(crate) mod ops;
 pub(crate) mod url;
 mod watch;
@@ -134,7 +151,8 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, FenceSource, HandOff, Waking};
 use crate::wake;
 
-use error::{is_lease_not_found, store_error};
+use error::{is_lease_not_found, is_unreachable, store_error};
+use members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use ops::{lease_secs, Entry, Keys, Place, Record, Snapshot};
 use watch::{Target, Watches};
 
@@ -151,6 +169,14 @@ const CALL_RETRIES: usize = 6;
 /// Reads and transactions a release tries to hand its permits off in before it just ends.
 const HAND_OFF_ROUNDS: usize = 4;
 
+/// How long one attempt of a renewal of a lease of `ttl` seconds may take on one member:
+/// TTL/8, between 250 ms and [`ATTEMPT_TIMEOUT`]. The keeper bounds a renewal by the moment
+/// `lost()` is due (about TTL/3 after it starts), so a renewal whose member stopped
+/// answering must give up on it early enough to be sent again on the next one in time.
+fn renewal_attempt(ttl: i64) -> Duration {
+    (Duration::from_secs(ttl.max(1) as u64) / 8).clamp(Duration::from_millis(250), ATTEMPT_TIMEOUT)
+}
+
 /// An etcd lease and its TTL in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct EtcdLease {
@@ -158,8 +184,9 @@ pub(super) struct EtcdLease {
     pub(super) ttl: i64,
 }
 
-/// A keep-alive stream kept open between renewals of one etcd lease.
-type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>>;
+/// A keep-alive stream kept open between renewals of one etcd lease, with the member it
+/// was opened on.
+type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>>>;
 
 /// A lease held through this backend, as granted.
 #[derive(Debug, Clone)]
@@ -198,7 +225,7 @@ const MARKER_TTL: i64 = 30;
 
 /// The etcd backend. Cheap to share behind an `Arc`; dropping it stops its watches.
 pub struct EtcdBackend {
-    client: Client,
+    members: Arc<Members>,
     root: String,
     url: String,
     secret: Option<String>,
@@ -251,7 +278,6 @@ impl EtcdBackend {
     pub async fn connect(raw: &str) -> Result<Self> {
         let config = url::parse_url(raw)?;
         let secret = config.user.as_ref().map(|(_, p)| p.clone());
-        let err = |e| store_error(e, secret.as_deref());
         let mut options = ConnectOptions::new()
             .with_timeout(REQUEST_TIMEOUT)
             .with_connect_timeout(CONNECT_TIMEOUT)
@@ -276,22 +302,12 @@ impl EtcdBackend {
             }
             options = options.with_tls(t);
         }
-        let client = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Client::connect(&config.endpoints, Some(options)),
-        )
-        .await
-        .map_err(|_| {
-            Error::store(
-                StoreErrorKind::Timeout,
-                format!("etcd: no answer from {} in time", config.redacted),
-            )
-        })?
-        .map_err(err)?;
+        // Connected member by member, on first use (see `members.rs`).
+        let members = Arc::new(Members::new(config.endpoints.clone(), options));
         let held = HeldMap::default();
         let backend = EtcdBackend {
-            watches: Watches::new(client.clone(), Arc::clone(&held)),
-            client,
+            watches: Watches::new(Arc::clone(&members), Arc::clone(&held)),
+            members,
             root: config.prefix,
             url: config.redacted,
             secret,
@@ -312,7 +328,9 @@ impl EtcdBackend {
                     .with_limit(1),
             ),
         );
-        tokio::time::timeout(CONNECT_TIMEOUT, probe)
+        // Each member named may take one attempt to fail before the next one is tried.
+        let n = backend.members.len() as u32;
+        tokio::time::timeout(CONNECT_TIMEOUT.max(ATTEMPT_TIMEOUT * (n + 1)), probe)
             .await
             .map_err(|_| {
                 Error::store(
@@ -328,11 +346,6 @@ impl EtcdBackend {
         &self.root
     }
 
-    /// The etcd client (for tests and the bench's comparison recipe).
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     fn err(&self, e: etcd_client::Error) -> Error {
         store_error(e, self.secret.as_deref())
     }
@@ -341,26 +354,56 @@ impl EtcdBackend {
         Keys::new(&self.root, name)
     }
 
-    /// One request, sent again on another member when the connection to the one picked
-    /// failed (a member killed or restarting: the client's balancer keeps picking it for a
-    /// while). Every request of this store may be repeated: writes are transactions whose
-    /// compares fail on a second run, and callers read again after a failed compare.
-    async fn call<T, F, Fut>(&self, mut f: F) -> std::result::Result<T, etcd_client::Error>
+    /// One request, sent to the member this backend talks to, and sent again on the next
+    /// member when that one could not be reached or gave no answer within
+    /// [`ATTEMPT_TIMEOUT`] (a member killed, restarting or black-holed; see `members.rs`).
+    /// Every request of this store may be repeated: writes are transactions whose compares
+    /// fail on a second run, and callers read again after a failed compare (a request that
+    /// timed out may have landed).
+    async fn call<T, F, Fut>(&self, f: F) -> std::result::Result<T, etcd_client::Error>
     where
         F: FnMut(Client) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
+        self.call_at(ATTEMPT_TIMEOUT, f).await.map(|(_, t)| t)
+    }
+
+    /// [`EtcdBackend::call`] with attempts of at most `attempt`, also saying which member
+    /// answered.
+    async fn call_at<T, F, Fut>(
+        &self,
+        attempt_timeout: Duration,
+        mut f: F,
+    ) -> std::result::Result<(usize, T), etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let n = self.members.len();
+        // Every member gets two tries, and one member at least CALL_RETRIES.
+        let retries = CALL_RETRIES.max(2 * n);
         let mut backoff = Duration::from_millis(20);
         let mut attempt = 0;
         loop {
-            match f(self.client.clone()).await {
-                Err(e) if attempt < CALL_RETRIES && error::is_unreachable(&e) => {
+            let member = self.members.current();
+            let outcome = match self.members.client(member).await {
+                Ok(c) => tokio::time::timeout(attempt_timeout, f(c))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out("request"))),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Err(e) if attempt < retries && is_unreachable(&e) => {
                     attempt += 1;
-                    tracing::debug!(error = %e, attempt, "etcd request failed; sending it again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(400));
+                    tracing::debug!(error = %e, attempt, member, "etcd request failed; sending it again");
+                    self.members.failed(member);
+                    // A pause once every member has been tried (an election under way).
+                    if attempt % n == 0 {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(400));
+                    }
                 }
-                r => return r,
+                r => return r.map(|t| (member, t)),
             }
         }
     }
@@ -397,7 +440,24 @@ impl EtcdBackend {
 
     /// The `q/` key of one lease, if any.
     async fn read_one(&self, keys: &Keys, id: LeaseId) -> Result<Option<Entry>> {
-        let resp = self.get(keys.lease(id), None).await?;
+        self.read_one_within(keys, id, ATTEMPT_TIMEOUT).await
+    }
+
+    /// [`EtcdBackend::read_one`] with attempts of at most `attempt`.
+    async fn read_one_within(
+        &self,
+        keys: &Keys,
+        id: LeaseId,
+        attempt: Duration,
+    ) -> Result<Option<Entry>> {
+        let key = keys.lease(id);
+        let (_, resp) = self
+            .call_at(attempt, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await
+            .map_err(|e| self.err(e))?;
         let snap = Snapshot::parse(keys, revision(resp.header()), resp.kvs())?;
         Ok(snap.entries.into_iter().next())
     }
@@ -417,35 +477,45 @@ impl EtcdBackend {
     /// kept): `true` if the lease lives (etcd restarted its TTL when it received the
     /// request), `false` if it is gone.
     async fn keep_alive(&self, lease: i64) -> Result<bool> {
+        self.keep_alive_within(lease, ATTEMPT_TIMEOUT).await
+    }
+
+    /// [`EtcdBackend::keep_alive`] with attempts of at most `attempt` (a renewal's are
+    /// shorter, see [`renewal_attempt`]).
+    async fn keep_alive_within(&self, lease: i64, attempt: Duration) -> Result<bool> {
         let slot = Arc::clone(self.keep_alives.lock().unwrap().entry(lease).or_default());
         let mut guard = slot.lock().await;
         // Taken out while in use: if this call is dropped half-way, the stream goes with
         // it, so a later call never reads a reply meant for an earlier request.
-        if let Some((mut keeper, mut stream)) = guard.take() {
+        if let Some((member, mut keeper, mut stream)) = guard.take() {
             let exchange = async {
                 keeper.keep_alive().await?;
                 stream.message().await
             };
-            match exchange.await {
-                Ok(Some(resp)) if resp.ttl() > 0 => {
-                    *guard = Some((keeper, stream));
+            match tokio::time::timeout(attempt, exchange).await {
+                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                    *guard = Some((member, keeper, stream));
                     return Ok(true);
                 }
-                Ok(Some(_)) => {
+                Ok(Ok(Some(_))) => {
                     drop(guard);
                     self.forget_keep_alive(lease);
                     return Ok(false);
                 }
-                // The stream broke: open a new one below.
-                Ok(None) | Err(_) => {}
+                // The stream broke, or its member gave no answer in time: open a new one
+                // below, on the next member.
+                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => self.members.failed(member),
             }
         }
         match self
-            .call(|mut c| async move { c.lease_keep_alive(lease).await })
+            .call_at(
+                attempt,
+                |mut c| async move { c.lease_keep_alive(lease).await },
+            )
             .await
         {
-            Ok(pair) => {
-                *guard = Some(pair);
+            Ok((member, (keeper, stream))) => {
+                *guard = Some((member, keeper, stream));
                 Ok(true)
             }
             Err(e) if is_lease_not_found(&e) => {
@@ -1237,7 +1307,11 @@ impl Backend for EtcdBackend {
         };
         // The keep-alive restarts the session's TTL; the read proves the grant is still
         // there, unchanged (a revoke or a delete removes it; the session may live on).
-        let (alive, entry) = tokio::join!(self.keep_alive(session.id), self.read_one(&keys, lease));
+        let attempt = renewal_attempt(session.ttl);
+        let (alive, entry) = tokio::join!(
+            self.keep_alive_within(session.id, attempt),
+            self.read_one_within(&keys, lease, attempt)
+        );
         let now = StoreTime::host_now();
         let (alive, entry) = (alive?, entry?);
         if !alive {
@@ -1261,15 +1335,11 @@ impl Backend for EtcdBackend {
         if snap.entries.is_empty() {
             return Ok(None);
         }
-        let ttls = futures::future::join_all(snap.entries.iter().map(|e| {
-            let mut client = self.client.clone();
-            async move {
-                client
-                    .lease_time_to_live(e.lease, None)
-                    .await
-                    .map(|r| r.ttl().max(0))
-                    .unwrap_or(0)
-            }
+        let ttls = futures::future::join_all(snap.entries.iter().map(|e| async move {
+            self.call(|mut c| async move { c.lease_time_to_live(e.lease, None).await })
+                .await
+                .map(|r| r.ttl().max(0))
+                .unwrap_or(0)
         }))
         .await;
         let now = StoreTime::host_now();
@@ -1396,7 +1466,18 @@ impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
+
+    fn rate_unsupported(&self) -> Option<&'static str> {
+        Some(RATE_UNSUPPORTED)
+    }
 }
+
+/// Why the etcd store has no rate limiter (see the module docs).
+pub const RATE_UNSUPPORTED: &str = "etcd has no clock that a transaction can read, so \
+    whether a request falls inside a window (\"never more than N in any window of length \
+    L\") cannot be decided on the store's clock; deciding it on clients' clocks would let \
+    their skew over-admit. Use a Redis, SQLite, MySQL/MariaDB or memory store for rate \
+    limits";
 
 /// What the etcd store declares: watch wake-ups, whole-second leases of at least 2 s,
 /// revision fences, the hand-off in the waiter's next step.

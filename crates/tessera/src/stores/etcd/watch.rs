@@ -4,20 +4,25 @@
 //!
 //! A watch starts at the revision after the snapshot its waiter decided on, so nothing
 //! that happened between the read and the watch is missed. etcd-client does not re-establish
-//! a watch: when a watch stream ends for any reason (the connection dropped, the member
-//! went away, the start revision was compacted, the server cancelled it) the waiter is
-//! woken, and its heartbeat reads the semaphore afresh and sets a new watch from that read's
-//! revision. A compacted revision therefore costs one extra read, never a lost wake-up.
+//! a watch; this module does: when a watch stream breaks (the connection dropped, the member
+//! went away or stopped answering) it is opened again on the next member, and when the
+//! backend's requests move to another member ([`Members::changes`]) it follows them, each
+//! time from that same start revision (events seen before only wake the waiter again). When
+//! the server cancels a watch or compacted its start revision, or no member answers, the
+//! waiter is woken, and its heartbeat reads the semaphore afresh and sets a new watch from
+//! that read's revision. A compacted revision therefore costs one extra read, never a lost
+//! wake-up.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, WatchFilterType, WatchOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use super::ops::{Entry, Keys, Record};
 use super::{EtcdLease, HeldHere, HeldMap};
 use crate::model::{Grant, LeaseId, StoreTime};
@@ -42,15 +47,15 @@ struct Watch {
 
 /// The watches of one backend's waiters, by lease id.
 pub(super) struct Watches {
-    client: Client,
+    members: Arc<Members>,
     held: HeldMap,
     map: Mutex<(u64, HashMap<LeaseId, Watch>)>,
 }
 
 impl Watches {
-    pub(super) fn new(client: Client, held: HeldMap) -> Arc<Watches> {
+    pub(super) fn new(members: Arc<Members>, held: HeldMap) -> Arc<Watches> {
         Arc::new(Watches {
-            client,
+            members,
             held,
             map: Mutex::new((0, HashMap::new())),
         })
@@ -70,7 +75,7 @@ impl Watches {
         let generation = map.0;
         let task = tokio::spawn(run(
             Arc::downgrade(self),
-            self.client.clone(),
+            Arc::clone(&self.members),
             id,
             (target.clone(), keys.clone()),
             from,
@@ -100,64 +105,63 @@ impl Watches {
     }
 }
 
+/// How a watch stream ended.
+enum Ended {
+    /// A grant of the waiter's own record was pushed to it: the watch is done.
+    Granted,
+    /// Cancelled by the server or compacted past its start: the waiter must read again.
+    Reread,
+    /// The backend moved to another member: reopen there.
+    Failover,
+    /// The stream broke or its member did not answer: reopen on the next member.
+    Broken(etcd_client::Error),
+}
+
 async fn run(
     watches: Weak<Watches>,
-    mut client: Client,
+    members: Arc<Members>,
     id: LeaseId,
     (target, keys): (Target, Keys),
     from: i64,
     generation: u64,
 ) {
-    let own = keys.lease(id);
-    let outcome: Result<bool, etcd_client::Error> = async {
-        let (key, options) = match &target {
-            Target::Head { queue, .. } => (
-                queue.clone(),
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_filters([WatchFilterType::NoPut]),
-            ),
-            Target::Behind(key) => (key.clone(), WatchOptions::new()),
-        };
-        let mut stream = client
-            .watch(key, Some(options.with_start_revision(from)))
-            .await?;
-        if let Target::Head { cap, .. } = &target {
-            let options = WatchOptions::new().with_start_revision(from);
-            stream.watch(cap.clone(), Some(options)).await?;
-        }
-        // Its own record: a release that hands it the permits writes the grant there.
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoDelete]);
-        stream.watch(own.clone(), Some(options)).await?;
-        while let Some(resp) = stream.message().await? {
-            if resp.canceled() || resp.compact_revision() > 0 {
-                // Cancelled by the server, or our start revision is compacted: re-read.
-                return Ok(false);
-            }
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                if ev.event_type() == EventType::Put && kv.key() == own.as_bytes() {
-                    if let Some(w) = watches.upgrade() {
-                        if w.pushed_grant(id, &keys, kv) {
-                            return Ok(true);
-                        }
-                    }
+    let mut changes = members.changes();
+    let mut failures = 0;
+    let mut backoff = Duration::from_millis(20);
+    let granted = loop {
+        changes.borrow_and_update();
+        let member = members.current();
+        // Reopened from the same start revision: events seen before are seen again, which
+        // only wakes the waiter again (a grant ends the watch at once, so none is replayed
+        // after it); nothing after the snapshot the waiter decided on is missed.
+        match watch_once(
+            &watches,
+            &members,
+            member,
+            id,
+            (&target, &keys),
+            from,
+            &mut changes,
+        )
+        .await
+        {
+            Ended::Granted => break true,
+            Ended::Reread => break false,
+            Ended::Failover => failures = 0,
+            Ended::Broken(e) => {
+                tracing::debug!(lease = %id, error = %e, "etcd watch broke; reopening it on the next member");
+                members.failed(member);
+                failures += 1;
+                if failures > 2 * members.len() {
+                    // No member answers: the waiter's heartbeat is the safety net (it reads
+                    // again, through the same failover, and sets a new watch).
+                    break false;
+                }
+                if failures % members.len() == 0 {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(400));
                 }
             }
-            if !resp.events().is_empty() {
-                wake::notify(id);
-            }
-        }
-        Ok(false)
-    }
-    .await;
-    let granted = match outcome {
-        Ok(granted) => granted,
-        Err(e) => {
-            tracing::debug!(lease = %id, error = %e, "etcd watch ended");
-            false
         }
     };
     // The watch ended: forget it (unless a newer one replaced it) and wake the waiter, whose
@@ -170,6 +174,83 @@ async fn run(
     }
     if !granted {
         wake::notify(id);
+    }
+}
+
+/// One watch stream on `member`, from revision `from`, until it ends.
+async fn watch_once(
+    watches: &Weak<Watches>,
+    members: &Members,
+    member: usize,
+    id: LeaseId,
+    (target, keys): (&Target, &Keys),
+    from: i64,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+) -> Ended {
+    let own = keys.lease(id);
+    let open = async {
+        let mut client = members.client(member).await?;
+        let (key, options) = match target {
+            Target::Head { queue, .. } => (
+                queue.clone(),
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoPut]),
+            ),
+            Target::Behind(key) => (key.clone(), WatchOptions::new()),
+        };
+        let mut stream = client
+            .watch(key, Some(options.with_start_revision(from)))
+            .await?;
+        if let Target::Head { cap, .. } = target {
+            let options = WatchOptions::new().with_start_revision(from);
+            stream.watch(cap.clone(), Some(options)).await?;
+        }
+        // Its own record: a release that hands it the permits writes the grant there.
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoDelete]);
+        stream.watch(own.clone(), Some(options)).await?;
+        Ok::<_, etcd_client::Error>(stream)
+    };
+    let mut stream = match tokio::time::timeout(ATTEMPT_TIMEOUT, open).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Ended::Broken(e),
+        Err(_) => return Ended::Broken(timed_out("opening a watch")),
+    };
+    loop {
+        // A black-holed member's stream neither answers nor closes until the connection's
+        // HTTP/2 keep-alive gives up; a failover of the backend's requests moves it sooner.
+        let resp = tokio::select! {
+            r = stream.message() => r,
+            _ = changes.changed() => return Ended::Failover,
+        };
+        let resp = match resp {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                return Ended::Broken(etcd_client::Error::WatchError(
+                    "the watch stream ended".into(),
+                ))
+            }
+            Err(e) => return Ended::Broken(e),
+        };
+        if resp.canceled() || resp.compact_revision() > 0 {
+            // Cancelled by the server, or our start revision is compacted: re-read.
+            return Ended::Reread;
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            if ev.event_type() == EventType::Put && kv.key() == own.as_bytes() {
+                if let Some(w) = watches.upgrade() {
+                    if w.pushed_grant(id, keys, kv) {
+                        return Ended::Granted;
+                    }
+                }
+            }
+        }
+        if !resp.events().is_empty() {
+            wake::notify(id);
+        }
     }
 }
 
