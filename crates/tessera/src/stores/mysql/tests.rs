@@ -72,3 +72,231 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
     }
     panic!("A's doorbell did not ring a second time");
 }
+
+/// Certificates made with `openssl` in a temp dir: a CA, a server certificate for
+/// 127.0.0.1 signed by it, and an unrelated CA.
+struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn make() -> Certs {
+        let dir = tempfile::tempdir().unwrap();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .expect("openssl (apt-get install -y openssl)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=tessera test {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ]);
+        }
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            dir.path().join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            "server.pem",
+        ]);
+        Certs { dir }
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).display().to_string()
+    }
+}
+
+/// Collects every log line of the current thread, at every level.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+const PASSWORD: &str = "Tls-s3cret@pw";
+const PASSWORD_IN_URL: &str = "Tls-s3cret%40pw";
+
+#[tokio::test(flavor = "current_thread")]
+async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_error() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let certs = Certs::make();
+    let server = MariaDbServer::start_with(&[
+        &format!("--ssl-ca={}", certs.path("ca.pem")),
+        &format!("--ssl-cert={}", certs.path("server.pem")),
+        &format!("--ssl-key={}", certs.path("server.key")),
+    ]);
+    server.url("t");
+    // A user that may only connect over TLS: every connection tessera opens with it (pool
+    // and doorbell) must be encrypted, or the server refuses it.
+    server.sql(&format!(
+        "CREATE USER app@'%' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL; \
+         GRANT ALL ON t.* TO app@'%'"
+    ));
+    let base = format!(
+        "mysql://app:{PASSWORD_IN_URL}@127.0.0.1:{}/t",
+        server.port()
+    );
+    let no_password = |e: &Error| {
+        let (shown, debug) = (e.to_string(), format!("{e:?}"));
+        for text in [&shown, &debug] {
+            assert!(
+                !text.contains(PASSWORD) && !text.contains(PASSWORD_IN_URL),
+                "the password in {text}"
+            );
+        }
+        shown
+    };
+
+    // With the CA: connects, verifies the server's name, and the session is encrypted.
+    let url = format!("{base}?ssl-ca={}", certs.path("ca.pem"));
+    let backend = MysqlBackend::connect(&url).await.expect("TLS with the CA");
+    assert!(!format!("{backend:?}").contains(PASSWORD));
+    assert!(!backend.url().contains(PASSWORD));
+    let mut conn = backend.pool.acquire().await.unwrap();
+    let (_, cipher): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(!cipher.is_empty(), "the session is not encrypted");
+    let (_, version): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_version'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(version.starts_with("TLSv1."), "{version}");
+    drop(conn);
+    let name = Name::new("tls").unwrap();
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_secs(5),
+        holder: "tls/1".into(),
+        wait: None,
+    };
+    let reply = backend.acquire(&name, 1, &req).await.unwrap();
+    assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
+    assert!(backend.release(&name, req.lease_id).await.unwrap());
+    // The doorbell (a connection of its own, same user) is parked: it is encrypted too.
+    let mut parked = String::new();
+    for _ in 0..100 {
+        parked = server.sql(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE USER = 'app' AND INFO LIKE 'SELECT SLEEP(%tessera doorbell%'",
+        );
+        if parked.trim() == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(parked.trim(), "1", "the doorbell did not park over TLS");
+    drop(backend);
+
+    // Encrypted without verification (`required`) connects as well.
+    MysqlBackend::connect(&format!("{base}?ssl-mode=required"))
+        .await
+        .expect("TLS without verification");
+
+    // Without the CA (the built-in roots do not know it), with another CA, or with a CA
+    // that does not name this server: a connection error that says TLS, at connect.
+    for (case, query) in [
+        ("no CA", "ssl-mode=verify_identity".to_string()),
+        ("wrong CA", format!("ssl-ca={}", certs.path("other-ca.pem"))),
+        (
+            "wrong CA, verify_ca",
+            format!("ssl-mode=verify_ca&ssl-ca={}", certs.path("other-ca.pem")),
+        ),
+    ] {
+        let e = MysqlBackend::connect(&format!("{base}?{query}"))
+            .await
+            .expect_err(case);
+        let shown = no_password(&e);
+        eprintln!("{case}: {shown}");
+        assert!(e.is_connection(), "{case}: {e:?}");
+        assert!(shown.contains("TLS"), "{case}: {shown}");
+        assert!(shown.contains("certificate"), "{case}: {shown}");
+    }
+    // A CA file that cannot be read is an invalid URL, at once.
+    let e = MysqlBackend::connect(&format!("{base}?ssl-ca=/nonexistent/ca.pem"))
+        .await
+        .expect_err("missing CA file");
+    assert!(e.is_invalid_input(), "{e:?}");
+    assert!(no_password(&e).contains("/nonexistent/ca.pem"));
+    // Without TLS the server refuses this user; a wrong password is refused too: neither
+    // error shows a password.
+    let e = MysqlBackend::connect(&base).await.expect_err("no TLS");
+    no_password(&e);
+    let wrong = base.replace(PASSWORD_IN_URL, "Wr0ng-pw");
+    let e = MysqlBackend::connect(&format!("{wrong}?ssl-ca={}", certs.path("ca.pem")))
+        .await
+        .expect_err("wrong password");
+    assert!(!no_password(&e).contains("Wr0ng-pw"), "{e}");
+
+    // Nothing logged at any level carried the password.
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    eprintln!("{} log lines checked", logged.lines().count());
+    assert!(
+        !logged.contains(PASSWORD) && !logged.contains(PASSWORD_IN_URL),
+        "the password was logged"
+    );
+}
