@@ -300,3 +300,183 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
         "the password was logged"
     );
 }
+
+/// Deadlocks (1213) and lock wait timeouts (1205) raised by a trigger on tessera's holders
+/// table while `tessera_test_faults.n` is positive (counted down in a non-transactional
+/// table, so the count survives the rolled-back statement).
+const INJECT_FAULTS: &str = "CREATE TRIGGER tessera_test_faults BEFORE INSERT ON tessera_holders \
+     FOR EACH ROW BEGIN \
+       DECLARE left_ INT DEFAULT (SELECT n FROM tessera_test_faults); \
+       DECLARE code INT DEFAULT 1213; \
+       IF left_ > 0 THEN \
+         UPDATE tessera_test_faults SET n = n - 1; \
+         IF left_ % 2 = 0 THEN SET code = 1205; END IF; \
+         SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = code, MESSAGE_TEXT = 'injected by the test'; \
+       END IF; \
+     END";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_deadlocks_and_lock_wait_timeouts_never_over_grant() {
+    use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+    const CLIENTS: usize = 4;
+    const ROUNDS: usize = 25;
+    let server = MariaDbServer::start();
+    let root = server.url("t");
+    // The tables first (as root), then the fault injection on them.
+    drop(MysqlBackend::connect(&root).await.unwrap());
+    server.sql(
+        "CREATE TABLE t.tessera_test_faults (n INT NOT NULL) ENGINE=Aria; \
+         INSERT INTO t.tessera_test_faults VALUES (0)",
+    );
+    let mut conn = sqlx::mysql::MySqlConnection::connect(&root).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(INJECT_FAULTS))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // One user per client, so the faults can pick a client's connections.
+    let mut stores = Vec::new();
+    for i in 0..CLIENTS {
+        server.sql(&format!(
+            "CREATE USER c{i}@'%'; GRANT ALL ON t.* TO c{i}@'%'; \
+             GRANT PROCESS, CONNECTION ADMIN ON *.* TO c{i}@'%'"
+        ));
+        let url = root.replace("root@", &format!("c{i}@"));
+        stores.push(crate::Store::connect(&url).await.unwrap());
+    }
+
+    // Clients loop acquire / release on a lock; an in-process count of holders catches an
+    // over-grant. `role[i]`: 0 idle, 1 waiting, 2 holding.
+    let holders = Arc::new(AtomicI64::new(0));
+    let over = Arc::new(AtomicUsize::new(0));
+    let role: Arc<Vec<AtomicUsize>> = Arc::new((0..CLIENTS).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let sem = crate::Semaphore::new(
+            store,
+            "chaos",
+            1,
+            crate::SemaphoreOptions::default()
+                .ttl(Duration::from_secs(3))
+                .waiter_ttl(Duration::from_secs(3)),
+        )
+        .unwrap();
+        let (holders, over, role) = (holders.clone(), over.clone(), role.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..ROUNDS {
+                role[i].store(1, Ordering::SeqCst);
+                let permit = match sem.acquire().await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        errors.push(format!("acquire: {e}"));
+                        continue;
+                    }
+                };
+                role[i].store(2, Ordering::SeqCst);
+                if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                    over.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(rand::random_range(0..20))).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                role[i].store(0, Ordering::SeqCst);
+                if let Err(e) = permit.release().await {
+                    // A connection killed during the release's commit: the lease is left
+                    // to its TTL.
+                    errors.push(format!("release: {e}"));
+                }
+            }
+            errors
+        }));
+    }
+
+    // A session outside tessera holds the lock's row past innodb_lock_wait_timeout once:
+    // the steps behind it time out (1205) and run again.
+    let blocker = {
+        let root = root.clone();
+        tokio::spawn(async move {
+            let mut c = sqlx::mysql::MySqlConnection::connect(&root).await.unwrap();
+            sqlx::raw_sql(
+                "START TRANSACTION; \
+                 SELECT name FROM tessera_semaphores WHERE name = 'chaos' FOR UPDATE",
+            )
+            .execute(&mut c)
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_secs(LOCK_WAIT_TIMEOUT_S as u64 + 1)).await;
+            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        })
+    };
+
+    // Faults, in turn: kill every connection (pool and doorbell) of the holder, of a waiter,
+    // a doorbell alone, and inject deadlocks and lock wait timeouts.
+    let mut kills = [0usize; 3];
+    let mut injected = 0;
+    let mut turn = 0usize;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        turn += 1;
+        let pick = |wanted: usize| (0..CLIENTS).find(|&i| role[i].load(Ordering::SeqCst) == wanted);
+        let (kind, victim, filter) = match turn % 4 {
+            0 => (0, pick(2), ""),
+            1 => (1, pick(1), ""),
+            2 => (
+                2,
+                Some(turn % CLIENTS),
+                "AND INFO LIKE '%tessera doorbell%'",
+            ),
+            _ => {
+                server.sql("UPDATE t.tessera_test_faults SET n = n + 2");
+                injected += 2;
+                continue;
+            }
+        };
+        let Some(victim) = victim else { continue };
+        let ids = server.sql(&format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'c{victim}' {filter}"
+        ));
+        let kill: String = ids
+            .split_whitespace()
+            .map(|id| format!("KILL CONNECTION {id};"))
+            .collect();
+        if !kill.is_empty() && server.try_sql(&kill).is_ok() {
+            kills[kind] += 1;
+        }
+    }
+    blocker.await.unwrap();
+    let mut errors = Vec::new();
+    for t in tasks {
+        errors.extend(t.await.unwrap());
+    }
+    let left: i64 = server
+        .sql("SELECT n FROM t.tessera_test_faults")
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!(
+        "kills (holder, waiter, doorbell): {kills:?}; injected {injected}, left {left}; \
+         errors: {errors:?}"
+    );
+    assert_eq!(over.load(Ordering::SeqCst), 0, "over-granted");
+    assert!(
+        kills.iter().all(|&k| k > 0),
+        "a fault never happened: {kills:?}"
+    );
+    assert!(injected > left, "no injected fault was hit");
+    // A deadlock or lock wait timeout is retried, never an answer.
+    assert!(
+        errors
+            .iter()
+            .all(|e| !e.contains("injected") && !e.contains("1205")),
+        "{errors:?}"
+    );
+    // Afterwards the lock is free and works.
+    let store = crate::Store::connect(&root).await.unwrap();
+    let sem = store.semaphore("chaos", 1).unwrap();
+    // (A release cut off in its commit leaves the lease to its TTL.)
+    let permit = tokio::time::timeout(Duration::from_secs(30), sem.acquire())
+        .await
+        .expect("the lock is free again")
+        .unwrap();
+    assert!(permit.release().await.unwrap());
+}
