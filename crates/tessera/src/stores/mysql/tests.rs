@@ -480,3 +480,91 @@ async fn killed_connections_deadlocks_and_lock_wait_timeouts_never_over_grant() 
         .unwrap();
     assert!(permit.release().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
+    let server = MariaDbServer::start();
+    let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let s = Name::new("probe").unwrap();
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let waiter_ttl = Duration::from_secs(60);
+    let req = |lease, wait| AcquireRequest {
+        lease_id: lease,
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "probe/1".into(),
+        wait,
+    };
+    let wait = Some(crate::model::WaitSpec {
+        waiter_ttl,
+        queue_cap: 100,
+    });
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        b.acquire(&s, 1, &req(waiter, wait)).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let expiry = || server.sql("SELECT expires_at FROM t.tessera_waiters");
+    let first = expiry();
+    // Fresh: the probe answers, and a heartbeat leaves the expiry alone.
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    assert_eq!(
+        b.heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(expiry(), first);
+    // Less than half of the TTL asked for is left: the full step refreshes the expiry.
+    let longer = Duration::from_secs(200);
+    assert_eq!(b.probe_heartbeat(&s, waiter, longer).await.unwrap(), None);
+    assert_eq!(
+        b.heartbeat(&s, waiter, longer).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_ne!(expiry(), first);
+    // The row names another doorbell (this client's reconnected): the full step moves it.
+    server.sql("UPDATE t.tessera_waiters SET doorbell = '1:00'");
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        None
+    );
+    b.heartbeat(&s, waiter, waiter_ttl).await.unwrap();
+    assert_eq!(
+        server.sql("SELECT doorbell FROM t.tessera_waiters").trim(),
+        b.doorbell_address()
+    );
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    // The holder expired: the probe defers, the full step grants the waiter, and the probe
+    // then answers with the grant.
+    server.sql("UPDATE t.tessera_holders SET expires_at = 0");
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        None
+    );
+    let WaitReply::Granted(granted) = b.heartbeat(&s, waiter, waiter_ttl).await.unwrap() else {
+        panic!("the waiter was not granted");
+    };
+    let Some(WaitReply::Granted(probed)) = b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap()
+    else {
+        panic!("the probe did not find the grant");
+    };
+    assert_eq!(probed.lease, granted.lease);
+    // An unknown lease is not answered by the probe.
+    let unknown = LeaseId::random();
+    assert_eq!(
+        b.probe_heartbeat(&s, unknown, waiter_ttl).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.heartbeat(&s, unknown, waiter_ttl).await.unwrap(),
+        WaitReply::Gone
+    );
+}
