@@ -516,7 +516,7 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
             )
         }
         // rustls reports a rejected certificate as an I/O error of the handshake.
-        sqlx::Error::Io(io) if io.get_ref().is_some_and(|inner| is_tls_error(inner)) => {
+        sqlx::Error::Io(io) if io.get_ref().is_some_and(is_tls_error) => {
             return Error::store(
                 StoreErrorKind::Connection,
                 format!("TLS handshake failed (check ssl-ca and ssl-mode): {io}"),
