@@ -10,7 +10,11 @@
 //!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist).
 //! - `ssl-mode` (`disabled`, the default without `ssl-ca`; `preferred`, `required`,
 //!   `verify_ca`, `verify_identity`) and `ssl-ca` (a PEM file; alone it means
-//!   `verify_identity`): TLS through rustls.
+//!   `verify_identity`): TLS through rustls. A CA file that cannot be read is an invalid
+//!   URL; a server certificate the CA does not vouch for (or, without `ssl-ca`, that the
+//!   built-in web roots do not) is a connection error saying "TLS handshake failed". Tested
+//!   against MariaDB with a server certificate from a CA made with `openssl`
+//!   (`tests.rs`): the pool and the doorbell connections are encrypted.
 //! - `wake` (`doorbell`, the default, or `poll`): how waiters in other processes learn of a
 //!   grant (`notify.rs`).
 //!
@@ -274,6 +278,64 @@ impl MysqlBackend {
     }
 }
 
+/// See [`MysqlBackend::probe_heartbeat`].
+const HEARTBEAT_PROBE: &str = include_str!("heartbeat_probe.sql");
+
+impl MysqlBackend {
+    /// The read-only part of a heartbeat, one statement outside any transaction:
+    /// `Some(Waiting)` when a full step would change nothing but this waiter's expiry (the
+    /// waiter is queued with this client's current doorbell, no holder or waiter of the
+    /// semaphore has expired, the queue head does not fit, so no hand-off is due) and that
+    /// expiry still has at least half of `waiter_ttl` to run; `Some(Granted)` when the lease
+    /// is no longer queued because it holds unexpired permits (one more read, see
+    /// [`sql::read_grant`]). Otherwise `None`: run the full step.
+    ///
+    /// The probe reads the latest committed rows in one consistent read (`READ COMMITTED`,
+    /// one statement) without the row lock; a grant committed just after it is seen at the
+    /// next poll, exactly as if this heartbeat had run just before that grant.
+    async fn probe_heartbeat(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<Option<WaitReply>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let lease_text = lease.to_string();
+        let row = sqlx::query(HEARTBEAT_PROBE)
+            .bind(name.as_str())
+            .bind(name.as_str())
+            .bind(name.as_str())
+            .bind(name.as_str())
+            .bind(&lease_text)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        use sqlx::Row;
+        let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
+        let Some(now) = int(0).filter(|&t| t >= 0) else {
+            return Ok(None);
+        };
+        let now = StoreTime(now as u64);
+        let Some(expires_at) = int(1) else {
+            // Not queued: granted, or the full step decides.
+            let doorbell = self.doorbell_address();
+            let rows = &mut ops::MysqlRows::new(&mut conn, name.as_str(), &doorbell, false);
+            let grant = sql::read_grant(rows, lease, now).await?;
+            return Ok(grant.map(WaitReply::Granted));
+        };
+        let doorbell: Option<String> = row.try_get(2).ok();
+        if doorbell.as_deref() != Some(self.doorbell_address().as_str()) {
+            // The doorbell reconnected: the full step moves the waiter to the new one.
+            return Ok(None);
+        }
+        let (Some(0), Some(0), Some(1)) = (int(3), int(4), int(5)) else {
+            return Ok(None);
+        };
+        let fresh_until = now.plus(waiter_ttl / 2).0;
+        Ok((expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting))
+    }
+}
+
 /// One step's transaction on a pooled connection, opened by the step's first batch
 /// (`START TRANSACTION` goes with it) and ended by [`Tx::commit`] or [`Tx::rollback`]. A
 /// transaction dropped open (a cancelled step, a failed rollback) closes its connection
@@ -359,13 +421,22 @@ impl Backend for MysqlBackend {
         Ok(reply)
     }
 
+    /// Answered by a read-only probe ([`MysqlBackend::probe_heartbeat`]) when nothing but
+    /// the waiter's own expiry would change and that expiry has at least `waiter_ttl / 2`
+    /// left, or when the lease already holds its grant: polls then cost one read, not a
+    /// transaction that locks the semaphore's row and waits for a durable commit. The queue
+    /// entry therefore lives at least `waiter_ttl / 2` after the last heartbeat (instead of
+    /// `waiter_ttl`); waiters heartbeat at least every `waiter_ttl / 3`.
     async fn heartbeat(
         &self,
         name: &Name,
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let reply = step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?;
+        let reply = match self.probe_heartbeat(name, lease, waiter_ttl).await? {
+            Some(reply) => reply,
+            None => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?,
+        };
         self.set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)
     }
@@ -438,8 +509,20 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 _ => StoreErrorKind::Other,
             }
         }
+        sqlx::Error::Tls(_) => {
+            return Error::store(
+                StoreErrorKind::Connection,
+                format!("TLS handshake failed (check ssl-ca and ssl-mode): {e}"),
+            )
+        }
+        // rustls reports a rejected certificate as an I/O error of the handshake.
+        sqlx::Error::Io(io) if io.get_ref().is_some_and(is_tls_error) => {
+            return Error::store(
+                StoreErrorKind::Connection,
+                format!("TLS handshake failed (check ssl-ca and ssl-mode): {io}"),
+            )
+        }
         sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => StoreErrorKind::Connection,
@@ -452,6 +535,12 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         _ => StoreErrorKind::Other,
     };
     Error::store(kind, e.to_string())
+}
+
+/// Whether the source of an I/O error is rustls refusing the handshake (an unknown CA, a
+/// certificate for another name, an expired one).
+fn is_tls_error(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    inner.downcast_ref::<rustls::Error>().is_some()
 }
 
 #[cfg(test)]

@@ -72,3 +72,499 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
     }
     panic!("A's doorbell did not ring a second time");
 }
+
+/// Certificates made with `openssl` in a temp dir: a CA, a server certificate for
+/// 127.0.0.1 signed by it, and an unrelated CA.
+struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn make() -> Certs {
+        let dir = tempfile::tempdir().unwrap();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .expect("openssl (apt-get install -y openssl)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=tessera test {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ]);
+        }
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            dir.path().join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            "server.pem",
+        ]);
+        Certs { dir }
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).display().to_string()
+    }
+}
+
+/// Collects every log line of the current thread, at every level.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+const PASSWORD: &str = "Tls-s3cret@pw";
+const PASSWORD_IN_URL: &str = "Tls-s3cret%40pw";
+
+#[tokio::test(flavor = "current_thread")]
+async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_error() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let certs = Certs::make();
+    let server = MariaDbServer::start_with(&[
+        &format!("--ssl-ca={}", certs.path("ca.pem")),
+        &format!("--ssl-cert={}", certs.path("server.pem")),
+        &format!("--ssl-key={}", certs.path("server.key")),
+    ]);
+    server.url("t");
+    // A user that may only connect over TLS: every connection tessera opens with it (pool
+    // and doorbell) must be encrypted, or the server refuses it.
+    server.sql(&format!(
+        "CREATE USER app@'%' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL; \
+         GRANT ALL ON t.* TO app@'%'"
+    ));
+    let base = format!(
+        "mysql://app:{PASSWORD_IN_URL}@127.0.0.1:{}/t",
+        server.port()
+    );
+    let no_password = |e: &Error| {
+        let (shown, debug) = (e.to_string(), format!("{e:?}"));
+        for text in [&shown, &debug] {
+            assert!(
+                !text.contains(PASSWORD) && !text.contains(PASSWORD_IN_URL),
+                "the password in {text}"
+            );
+        }
+        shown
+    };
+
+    // With the CA: connects, verifies the server's name, and the session is encrypted.
+    let url = format!("{base}?ssl-ca={}", certs.path("ca.pem"));
+    let backend = MysqlBackend::connect(&url).await.expect("TLS with the CA");
+    assert!(!format!("{backend:?}").contains(PASSWORD));
+    assert!(!backend.url().contains(PASSWORD));
+    let mut conn = backend.pool.acquire().await.unwrap();
+    let (_, cipher): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(!cipher.is_empty(), "the session is not encrypted");
+    let (_, version): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_version'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(version.starts_with("TLSv1."), "{version}");
+    drop(conn);
+    let name = Name::new("tls").unwrap();
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_secs(5),
+        holder: "tls/1".into(),
+        wait: None,
+    };
+    let reply = backend.acquire(&name, 1, &req).await.unwrap();
+    assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
+    assert!(backend.release(&name, req.lease_id).await.unwrap());
+    // The doorbell (a connection of its own, same user) is parked: it is encrypted too.
+    let mut parked = String::new();
+    for _ in 0..100 {
+        parked = server.sql(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE USER = 'app' AND INFO LIKE 'SELECT SLEEP(%tessera doorbell%'",
+        );
+        if parked.trim() == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(parked.trim(), "1", "the doorbell did not park over TLS");
+    drop(backend);
+
+    // Encrypted without verification (`required`) connects as well.
+    MysqlBackend::connect(&format!("{base}?ssl-mode=required"))
+        .await
+        .expect("TLS without verification");
+
+    // Without the CA (the built-in roots do not know it), with another CA, or with a CA
+    // that does not name this server: a connection error that says TLS, at connect.
+    for (case, query) in [
+        ("no CA", "ssl-mode=verify_identity".to_string()),
+        ("wrong CA", format!("ssl-ca={}", certs.path("other-ca.pem"))),
+        (
+            "wrong CA, verify_ca",
+            format!("ssl-mode=verify_ca&ssl-ca={}", certs.path("other-ca.pem")),
+        ),
+    ] {
+        let e = MysqlBackend::connect(&format!("{base}?{query}"))
+            .await
+            .expect_err(case);
+        let shown = no_password(&e);
+        eprintln!("{case}: {shown}");
+        assert!(e.is_connection(), "{case}: {e:?}");
+        assert!(shown.contains("TLS"), "{case}: {shown}");
+        assert!(shown.contains("certificate"), "{case}: {shown}");
+    }
+    // A CA file that cannot be read is an invalid URL, at once.
+    let e = MysqlBackend::connect(&format!("{base}?ssl-ca=/nonexistent/ca.pem"))
+        .await
+        .expect_err("missing CA file");
+    assert!(e.is_invalid_input(), "{e:?}");
+    assert!(no_password(&e).contains("/nonexistent/ca.pem"));
+    // Without TLS the server refuses this user; a wrong password is refused too: neither
+    // error shows a password.
+    let e = MysqlBackend::connect(&base).await.expect_err("no TLS");
+    no_password(&e);
+    let wrong = base.replace(PASSWORD_IN_URL, "Wr0ng-pw");
+    let e = MysqlBackend::connect(&format!("{wrong}?ssl-ca={}", certs.path("ca.pem")))
+        .await
+        .expect_err("wrong password");
+    assert!(!no_password(&e).contains("Wr0ng-pw"), "{e}");
+
+    // Nothing logged at any level carried the password.
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    eprintln!("{} log lines checked", logged.lines().count());
+    assert!(
+        !logged.contains(PASSWORD) && !logged.contains(PASSWORD_IN_URL),
+        "the password was logged"
+    );
+}
+
+/// Deadlocks (1213) and lock wait timeouts (1205) raised by a trigger on tessera's holders
+/// table while `tessera_test_faults.n` is positive (counted down in a non-transactional
+/// table, so the count survives the rolled-back statement).
+const INJECT_FAULTS: &str = "CREATE TRIGGER tessera_test_faults BEFORE INSERT ON tessera_holders \
+     FOR EACH ROW BEGIN \
+       DECLARE left_ INT DEFAULT (SELECT n FROM tessera_test_faults); \
+       DECLARE code INT DEFAULT 1213; \
+       IF left_ > 0 THEN \
+         UPDATE tessera_test_faults SET n = n - 1; \
+         IF left_ % 2 = 0 THEN SET code = 1205; END IF; \
+         SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = code, MESSAGE_TEXT = 'injected by the test'; \
+       END IF; \
+     END";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_deadlocks_and_lock_wait_timeouts_never_over_grant() {
+    use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+    const CLIENTS: usize = 4;
+    const ROUNDS: usize = 25;
+    let server = MariaDbServer::start();
+    let root = server.url("t");
+    // The tables first (as root), then the fault injection on them.
+    drop(MysqlBackend::connect(&root).await.unwrap());
+    server.sql(
+        "CREATE TABLE t.tessera_test_faults (n INT NOT NULL) ENGINE=Aria; \
+         INSERT INTO t.tessera_test_faults VALUES (0)",
+    );
+    let mut conn = sqlx::mysql::MySqlConnection::connect(&root).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(INJECT_FAULTS))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // One user per client, so the faults can pick a client's connections.
+    let mut stores = Vec::new();
+    for i in 0..CLIENTS {
+        server.sql(&format!(
+            "CREATE USER c{i}@'%'; GRANT ALL ON t.* TO c{i}@'%'; \
+             GRANT PROCESS, CONNECTION ADMIN ON *.* TO c{i}@'%'"
+        ));
+        let url = root.replace("root@", &format!("c{i}@"));
+        stores.push(crate::Store::connect(&url).await.unwrap());
+    }
+
+    // Clients loop acquire / release on a lock; an in-process count of holders catches an
+    // over-grant. `role[i]`: 0 idle, 1 waiting, 2 holding.
+    let holders = Arc::new(AtomicI64::new(0));
+    let over = Arc::new(AtomicUsize::new(0));
+    let role: Arc<Vec<AtomicUsize>> = Arc::new((0..CLIENTS).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let sem = crate::Semaphore::new(
+            store,
+            "chaos",
+            1,
+            crate::SemaphoreOptions::default()
+                .ttl(Duration::from_secs(3))
+                .waiter_ttl(Duration::from_secs(3)),
+        )
+        .unwrap();
+        let (holders, over, role) = (holders.clone(), over.clone(), role.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..ROUNDS {
+                role[i].store(1, Ordering::SeqCst);
+                let permit = match sem.acquire().await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        errors.push(format!("acquire: {e}"));
+                        continue;
+                    }
+                };
+                role[i].store(2, Ordering::SeqCst);
+                if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                    over.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(rand::random_range(0..20))).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                role[i].store(0, Ordering::SeqCst);
+                if let Err(e) = permit.release().await {
+                    // A connection killed during the release's commit: the lease is left
+                    // to its TTL.
+                    errors.push(format!("release: {e}"));
+                }
+            }
+            errors
+        }));
+    }
+
+    // A session outside tessera holds the lock's row past innodb_lock_wait_timeout once:
+    // the steps behind it time out (1205) and run again.
+    let blocker = {
+        let root = root.clone();
+        tokio::spawn(async move {
+            let mut c = sqlx::mysql::MySqlConnection::connect(&root).await.unwrap();
+            sqlx::raw_sql(
+                "START TRANSACTION; \
+                 SELECT name FROM tessera_semaphores WHERE name = 'chaos' FOR UPDATE",
+            )
+            .execute(&mut c)
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_secs(LOCK_WAIT_TIMEOUT_S as u64 + 1)).await;
+            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        })
+    };
+
+    // Faults, in turn: kill every connection (pool and doorbell) of the holder, of a waiter,
+    // a doorbell alone, and inject deadlocks and lock wait timeouts.
+    let mut kills = [0usize; 3];
+    let mut injected = 0;
+    let mut turn = 0usize;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        turn += 1;
+        let pick = |wanted: usize| (0..CLIENTS).find(|&i| role[i].load(Ordering::SeqCst) == wanted);
+        let (kind, victim, filter) = match turn % 4 {
+            0 => (0, pick(2), ""),
+            1 => (1, pick(1), ""),
+            2 => (
+                2,
+                Some(turn % CLIENTS),
+                "AND INFO LIKE '%tessera doorbell%'",
+            ),
+            _ => {
+                server.sql("UPDATE t.tessera_test_faults SET n = n + 2");
+                injected += 2;
+                continue;
+            }
+        };
+        let Some(victim) = victim else { continue };
+        let ids = server.sql(&format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'c{victim}' {filter}"
+        ));
+        let kill: String = ids
+            .split_whitespace()
+            .map(|id| format!("KILL CONNECTION {id};"))
+            .collect();
+        if !kill.is_empty() && server.try_sql(&kill).is_ok() {
+            kills[kind] += 1;
+        }
+    }
+    blocker.await.unwrap();
+    let mut errors = Vec::new();
+    for t in tasks {
+        errors.extend(t.await.unwrap());
+    }
+    let left: i64 = server
+        .sql("SELECT n FROM t.tessera_test_faults")
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!(
+        "kills (holder, waiter, doorbell): {kills:?}; injected {injected}, left {left}; \
+         errors: {errors:?}"
+    );
+    assert_eq!(over.load(Ordering::SeqCst), 0, "over-granted");
+    assert!(
+        kills.iter().all(|&k| k > 0),
+        "a fault never happened: {kills:?}"
+    );
+    assert!(injected > left, "no injected fault was hit");
+    // A deadlock or lock wait timeout is retried, never an answer.
+    assert!(
+        errors
+            .iter()
+            .all(|e| !e.contains("injected") && !e.contains("1205")),
+        "{errors:?}"
+    );
+    // Afterwards the lock is free and works.
+    let store = crate::Store::connect(&root).await.unwrap();
+    let sem = store.semaphore("chaos", 1).unwrap();
+    // (A release cut off in its commit leaves the lease to its TTL.)
+    let permit = tokio::time::timeout(Duration::from_secs(30), sem.acquire())
+        .await
+        .expect("the lock is free again")
+        .unwrap();
+    assert!(permit.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
+    let server = MariaDbServer::start();
+    let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let s = Name::new("probe").unwrap();
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let waiter_ttl = Duration::from_secs(60);
+    let req = |lease, wait| AcquireRequest {
+        lease_id: lease,
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "probe/1".into(),
+        wait,
+    };
+    let wait = Some(crate::model::WaitSpec {
+        waiter_ttl,
+        queue_cap: 100,
+    });
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        b.acquire(&s, 1, &req(waiter, wait)).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let expiry = || server.sql("SELECT expires_at FROM t.tessera_waiters");
+    let first = expiry();
+    // Fresh: the probe answers, and a heartbeat leaves the expiry alone.
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    assert_eq!(
+        b.heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(expiry(), first);
+    // Less than half of the TTL asked for is left: the full step refreshes the expiry.
+    let longer = Duration::from_secs(200);
+    assert_eq!(b.probe_heartbeat(&s, waiter, longer).await.unwrap(), None);
+    assert_eq!(
+        b.heartbeat(&s, waiter, longer).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_ne!(expiry(), first);
+    // The row names another doorbell (this client's reconnected): the full step moves it.
+    server.sql("UPDATE t.tessera_waiters SET doorbell = '1:00'");
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        None
+    );
+    b.heartbeat(&s, waiter, waiter_ttl).await.unwrap();
+    assert_eq!(
+        server.sql("SELECT doorbell FROM t.tessera_waiters").trim(),
+        b.doorbell_address()
+    );
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        Some(WaitReply::Waiting)
+    );
+    // The holder expired: the probe defers, the full step grants the waiter, and the probe
+    // then answers with the grant.
+    server.sql("UPDATE t.tessera_holders SET expires_at = 0");
+    assert_eq!(
+        b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap(),
+        None
+    );
+    let WaitReply::Granted(granted) = b.heartbeat(&s, waiter, waiter_ttl).await.unwrap() else {
+        panic!("the waiter was not granted");
+    };
+    let Some(WaitReply::Granted(probed)) = b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap()
+    else {
+        panic!("the probe did not find the grant");
+    };
+    assert_eq!(probed.lease, granted.lease);
+    // An unknown lease is not answered by the probe.
+    let unknown = LeaseId::random();
+    assert_eq!(
+        b.probe_heartbeat(&s, unknown, waiter_ttl).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.heartbeat(&s, unknown, waiter_ttl).await.unwrap(),
+        WaitReply::Gone
+    );
+}

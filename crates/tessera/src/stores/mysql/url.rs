@@ -132,6 +132,17 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
     }
     if let Some(ca) = ssl_ca {
+        // Read it now: a missing or empty file is a bad URL, not a failed handshake later.
+        match std::fs::read_to_string(&ca) {
+            Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "ssl-ca={} holds no PEM certificate",
+                    ca.display()
+                )))
+            }
+            Err(e) => return Err(bad(format!("ssl-ca={} cannot be read: {e}", ca.display()))),
+        }
         options = options.ssl_ca(ca);
         // A CA without a mode means: verify the server against it.
         options = options.ssl_mode(ssl_mode.unwrap_or(MySqlSslMode::VerifyIdentity));
@@ -177,7 +188,10 @@ mod tests {
         assert_eq!(c.wake, WakeMode::Poll);
         assert!(!c.redacted.contains("hunter"), "{}", c.redacted);
         assert!(!format!("{c:?}").contains("hunter"));
-        let c = parse_url("mariadb://h/db?ssl-ca=/etc/ca.pem").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let c = parse_url(&format!("mariadb://h/db?ssl-ca={}", ca.display())).unwrap();
         assert_eq!(c.options.get_port(), 3306);
         assert!(matches!(
             c.options.get_ssl_mode(),
@@ -194,6 +208,7 @@ mod tests {
             "mysql://u:hunter2@h/db?typo=1",
             "mysql://u:hunter2@h/db?ssl-mode=maybe",
             "mysql://h/db?ssl-ca=relative.pem",
+            "mysql://u:hunter2@h/db?ssl-ca=/nonexistent/ca.pem",
             "mysql://h/db?wake=shout",
             "mysql://u:hunter2@h/db#x",
             "mysql://u:%ff%fe@h/db",
