@@ -107,7 +107,9 @@ impl<'c> NoReturning<'c> {
         params.extend(args.iter().map(|&a| a.into()));
         let n = st.column_count();
         st.query_map(rusqlite::params_from_iter(params), |r| {
-            (0..n).map(|i| r.get(i)).collect::<rusqlite::Result<Vec<_>>>()
+            (0..n)
+                .map(|i| r.get(i))
+                .collect::<rusqlite::Result<Vec<_>>>()
         })
         .unwrap()
         .map(|r| Cols(r.unwrap()))
