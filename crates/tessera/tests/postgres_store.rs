@@ -3,7 +3,8 @@
 //! behave like the reference model (`memory://`) operation by operation (the test kit's
 //! differential test, on the server's clock: long TTLs, times and fences left out), and
 //! survive the server's faults: restarts (fast and immediate), killed backends under a holder,
-//! a waiter and the listener, a read-only server, and garbage in its rows.
+//! a waiter and the listener, a half-open listener connection, a read-only server or
+//! database, a full disk (needs root: a tmpfs tablespace), and garbage in its rows.
 #![cfg(feature = "postgres")]
 
 use std::time::Duration;
