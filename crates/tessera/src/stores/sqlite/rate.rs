@@ -14,8 +14,10 @@ use crate::model::{Name, StoreTime};
 use crate::rate::engine::RateState;
 use crate::rate::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+// `decode_tat` is also the fuzz targets' column decoder (`crate::fuzzing`).
+pub(crate) use crate::stores::sql::rate::decode_tat;
 use crate::stores::sql::rate::{
-    self as shared, corrupt, db, decode_tat, encode_tat, non_negative, RateRow, RateRows,
+    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows,
 };
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
