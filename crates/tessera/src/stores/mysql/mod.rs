@@ -36,9 +36,10 @@
 //!   `INSERT … ON DUPLICATE KEY UPDATE` that creates it) and reads the server's clock
 //!   (`SYSDATE(6)`, never `NOW()`) once the lock is held. Writes whose results the step
 //!   does not read ride with the next statement or the `COMMIT` (`ops.rs`): an acquire of a
-//!   free permit is two round trips, a release three, a release that hands the permit to a
-//!   waiter four, a waiter's heartbeat three; see the closing note of issue 11 for the
-//!   measured figures. Deadlocks (1213) and lock wait timeouts (1205) roll the whole
+//!   free permit is two round trips, a release three (also one that hands the permit to a
+//!   waiter), a waiter's heartbeat one read when nothing is due (see
+//!   [`MysqlBackend::heartbeat`]); see the closing note of issue 11 for the measured
+//!   figures. Deadlocks (1213) and lock wait timeouts (1205) roll the whole
 //!   transaction back and the step is run again ([`STEP_RETRIES`] times), so neither is
 //!   ever seen as an answer.
 //! - **Durability** is the server's: with `innodb_flush_log_at_trx_commit=1` (the default)

@@ -22,12 +22,17 @@
 //! `sql_mode`), several per round trip: a write whose result the step does not read (an
 //! insert, a save, a delete after the `SELECT` that read its rows) is held back
 //! ([`MysqlRows::pending`]) and sent in front of the next statement whose result the step
-//! needs, or with the `COMMIT`; `START TRANSACTION` goes with the first statement, and the
-//! lock-and-read statement also reads the holders that may have expired. An acquire of a
-//! free permit is then two round trips (lock and read; insert, save, commit), a release
-//! that hands the permit to a waiter four, where one statement per round trip took seven
-//! and eleven. A statement that fails stops the rest of its batch (the server runs none
-//! after it), so a failed batch never commits.
+//! needs, or with the `COMMIT`; `START TRANSACTION` goes with the first statement. Reads
+//! are also made ahead, in the round trip of an earlier statement, where the row lock keeps
+//! them current: the lock-and-read statement also reads the holders and the waiters that
+//! may have expired (so their purge is a held-back delete), and a release reads the queue
+//! head with the releasing holder's row (what a hand-off reads next); a read made ahead is
+//! dropped as soon as this step changes a waiter row ([`MysqlRows::waiters_changed`]). An
+//! acquire of a free permit is then two round trips (lock and read; insert, save, commit),
+//! a release, also one that hands the permit to a waiter, three (lock and read; the
+//! holder's row and the head; delete, grant, save, commit), where one statement per round
+//! trip took seven and eleven. A statement that fails stops the rest of its batch (the
+//! server runs none after it), so a failed batch never commits.
 //!
 //! `FOUND_ROWS` is on (sqlx sets it), so an `UPDATE` reports the rows it matched, not only
 //! those it changed.
@@ -87,6 +92,13 @@ const EXPIRED_HOLDERS_AT_LOCK: &str = concat!(
 );
 const PURGE_HOLDERS: &str = "DELETE FROM tessera_holders WHERE name = ? AND expires_at <= ?";
 const PURGE_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ? AND expires_at <= ?";
+/// The expiries of the waiters that may have expired, read in the same round trip as the
+/// lock (checked against the step's clock reading afterwards, as the holders'), so the purge
+/// of expired waiters needs no round trip of its own.
+const EXPIRED_WAITERS_AT_LOCK: &str = concat!(
+    "SELECT expires_at FROM tessera_waiters WHERE name = ? AND expires_at <= ",
+    now_us!()
+);
 
 const GET_HOLDER: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at \
      FROM tessera_holders WHERE name = ? AND lease_id = ?";
@@ -202,6 +214,13 @@ pub(crate) struct MysqlRows<'c> {
     pending: String,
     /// The holders that had expired when the lock was taken, read with it: `(now, rows)`.
     expired: Option<(i64, Vec<(Freed, i64)>)>,
+    /// The expiries of the waiters that had expired when the lock was taken, read with it:
+    /// `(now, expiries)`; dropped once any waiter row changes.
+    expired_waiters: Option<(i64, Vec<i64>)>,
+    /// The queue head's row(s) (`HEAD`), read in the round trip of an earlier statement of
+    /// this step; dropped once any waiter row changes. Nobody else changes the waiters of
+    /// the semaphore while this transaction holds its row, so the read stays current.
+    head: Option<Vec<MySqlRow>>,
     /// Whether the semaphore's row existed when locked.
     exists: bool,
     /// The leases this step granted, to push to waiters of this process with their wake-up.
@@ -228,6 +247,8 @@ impl<'c> MysqlRows<'c> {
                 String::new()
             },
             expired: None,
+            expired_waiters: None,
+            head: None,
             exists: false,
             granted: Vec::new(),
         }
@@ -253,6 +274,12 @@ impl<'c> MysqlRows<'c> {
     }
 
     /// Holds a write back until the next read or the commit.
+    /// Forgets what was read ahead about the waiters: called by every change to them.
+    fn waiters_changed(&mut self) {
+        self.expired_waiters = None;
+        self.head = None;
+    }
+
     fn defer(&mut self, sql: &str, args: &[Lit<'_>]) {
         self.pending.push_str(&render(sql, args));
         self.pending.push(';');
@@ -305,8 +332,10 @@ impl SemRows for MysqlRows<'_> {
             .send(&[
                 render(LOAD_SEM, &[name]),
                 render(EXPIRED_HOLDERS_AT_LOCK, &[name]),
+                render(EXPIRED_WAITERS_AT_LOCK, &[name]),
             ])
             .await?;
+        let expired_waiters = results.pop().map(|(rows, _)| rows).unwrap_or_default();
         let expired = results.pop().map(|(rows, _)| rows).unwrap_or_default();
         let loaded = results.pop().map(|(rows, _)| rows).unwrap_or_default();
         let Some(row) = loaded.first() else {
@@ -342,6 +371,11 @@ impl SemRows for MysqlRows<'_> {
             .map(|r| Ok((freed_at(r)?, int_at(r, 2)?)))
             .collect::<Result<Vec<_>>>()?;
         self.expired = Some((now.0 as i64, expired));
+        let expired_waiters = expired_waiters
+            .iter()
+            .map(|r| int_at(r, 0))
+            .collect::<Result<Vec<_>>>()?;
+        self.expired_waiters = Some((now.0 as i64, expired_waiters));
         Ok(Loaded {
             now,
             wall: now,
@@ -415,7 +449,22 @@ impl SemRows for MysqlRows<'_> {
 
     async fn purge_waiters(&mut self, now: i64) -> Result<u64> {
         let name = self.name();
-        self.count(PURGE_WAITERS, &[name, Lit::Int(now)]).await
+        match self.expired_waiters.take() {
+            // Read with the lock, on the same clock reading: the delete can ride with the
+            // next statement.
+            Some((at, expiries)) if at == now => {
+                let n = expiries.iter().filter(|&&e| e <= now).count() as u64;
+                if n > 0 {
+                    self.waiters_changed();
+                    self.defer(PURGE_WAITERS, &[name, Lit::Int(now)]);
+                }
+                Ok(n)
+            }
+            _ => {
+                self.waiters_changed();
+                self.count(PURGE_WAITERS, &[name, Lit::Int(now)]).await
+            }
+        }
     }
 
     async fn holder(&mut self, lease: &str) -> Result<Option<HolderRow>> {
@@ -471,7 +520,16 @@ impl SemRows for MysqlRows<'_> {
 
     async fn remove_holder(&mut self, lease: &str) -> Result<Option<Freed>> {
         let name = self.name();
-        let rows = self.fetch(HOLDER_FREES, &[name, Lit::Text(lease)]).await?;
+        // The queue head is read in the same round trip: a release that frees permits
+        // hands them to it next (see `pop_head_if_fits`).
+        let mut r = self
+            .send(&[
+                render(HOLDER_FREES, &[name, Lit::Text(lease)]),
+                render(HEAD, &[name]),
+            ])
+            .await?;
+        self.head = Some(r.pop().map(|(rows, _)| rows).unwrap_or_default());
+        let rows = r.pop().map(|(rows, _)| rows).unwrap_or_default();
         let Some(freed) = rows.first().map(freed_at).transpose()? else {
             return Ok(None);
         };
@@ -493,7 +551,10 @@ impl SemRows for MysqlRows<'_> {
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
         let name = self.name();
-        let rows = self.fetch(HEAD, &[name]).await?;
+        let rows = match self.head.take() {
+            Some(rows) => rows,
+            None => self.fetch(HEAD, &[name]).await?,
+        };
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -508,6 +569,7 @@ impl SemRows for MysqlRows<'_> {
         }
         let seq = int_at(row, 0)?;
         let doorbell = text_at(row, 5)?;
+        self.waiters_changed();
         self.defer(POP_HEAD, &[name, Lit::Int(seq)]);
         if !doorbell.is_empty() && !self.rung.contains(&doorbell) {
             self.rung.push(doorbell);
@@ -528,12 +590,14 @@ impl SemRows for MysqlRows<'_> {
             Lit::Int(w.expires_at),
             Lit::Text(self.doorbell),
         ];
+        self.waiters_changed();
         self.defer(INSERT_WAITER, &args);
         Ok(())
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
         let name = self.name();
+        self.waiters_changed();
         self.count(REMOVE_WAITER, &[name, Lit::Text(lease)]).await
     }
 
@@ -545,6 +609,7 @@ impl SemRows for MysqlRows<'_> {
             name,
             Lit::Text(lease),
         ];
+        self.waiters_changed();
         self.count(REFRESH_WAITER, &args).await
     }
 
@@ -631,6 +696,7 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn drop_waiters(&mut self) -> Result<Vec<String>> {
+        self.waiters_changed();
         self.select_then_delete(WAITER_IDS, DROP_WAITERS).await
     }
 }
