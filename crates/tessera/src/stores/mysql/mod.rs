@@ -422,7 +422,7 @@ impl Backend for MysqlBackend {
         Ok(reply)
     }
 
-    /// Answered by a read-only probe ([`MysqlBackend::probe_heartbeat`]) when nothing but
+    /// Answered by a read-only probe (`MysqlBackend::probe_heartbeat`) when nothing but
     /// the waiter's own expiry would change and that expiry has at least `waiter_ttl / 2`
     /// left, or when the lease already holds its grant: polls then cost one read, not a
     /// transaction that locks the semaphore's row and waits for a durable commit. The queue
