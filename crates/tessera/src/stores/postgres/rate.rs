@@ -28,7 +28,7 @@ use crate::rate::engine::RateState;
 use crate::rate::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use crate::stores::sql::rate::{
-    self as shared, corrupt, db, decode_tat, encode_tat, non_negative, RateRow, RateRows,
+    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows,
 };
 
 /// Migration 2: the rate-limiter tables.
@@ -129,19 +129,8 @@ impl RateRows for PgRateRows<'_> {
         let now = u64::try_from(now_us)
             .map(StoreTime)
             .map_err(|_| corrupt(format!("the server's clock reads {now_us} µs before 1970")))?;
-        let state = RateState {
-            config: text_at(&row, 0)?,
-            seq: u64_at(&row, 1, "seq")?,
-            tail: u64_at(&row, 2, "tail")?,
-            last: u64_at(&row, 3, "last")?,
-            prev_last: u64_at(&row, 4, "prev_last")?,
-            p: u64_at(&row, 5, "p")?,
-            base: u64_at(&row, 6, "base")?,
-            tat: decode_tat(&text_at(&row, 7)?)?,
-            prev_tat: decode_tat(&text_at(&row, 8)?)?,
-        };
-        let expires_at = u64_at(&row, 9, "expires_at")?;
-        Ok((now, Some(RateRow { state, expires_at })))
+        let row = RateRow::from_columns(|i| text_at(&row, i), |i, what| u64_at(&row, i, what))?;
+        Ok((now, Some(row)))
     }
 
     async fn expired(&mut self, now: StoreTime) -> Result<Vec<String>> {

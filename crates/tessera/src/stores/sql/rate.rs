@@ -34,6 +34,33 @@ pub(crate) struct RateRow {
     pub expires_at: u64,
 }
 
+impl RateRow {
+    /// A limiter's row from the columns of the stores' load statements, in their order
+    /// (config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at), read
+    /// through the store's own readers: `text(i)`, and `int(i, column name)` for the
+    /// non-negative integers.
+    pub(crate) fn from_columns(
+        text: impl Fn(usize) -> Result<String>,
+        int: impl Fn(usize, &str) -> Result<u64>,
+    ) -> Result<RateRow> {
+        let state = RateState {
+            config: text(0)?,
+            seq: int(1, "seq")?,
+            tail: int(2, "tail")?,
+            last: int(3, "last")?,
+            prev_last: int(4, "prev_last")?,
+            p: int(5, "p")?,
+            base: int(6, "base")?,
+            tat: decode_tat(&text(7)?)?,
+            prev_tat: decode_tat(&text(8)?)?,
+        };
+        Ok(RateRow {
+            state,
+            expires_at: int(9, "expires_at")?,
+        })
+    }
+}
+
 /// The row operations of one rate limiter inside one transaction, in one store's SQL.
 ///
 /// A value is bound to one limiter name and one open transaction; every statement is about

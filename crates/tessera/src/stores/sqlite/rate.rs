@@ -14,7 +14,8 @@ use crate::model::{Name, StoreTime};
 use crate::rate::engine::RateState;
 use crate::rate::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
-// `decode_tat` is also the fuzz targets' column decoder (`crate::fuzzing`).
+// The fuzz targets' decoder of the `tat` columns (`crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
 pub(crate) use crate::stores::sql::rate::decode_tat;
 use crate::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows,
@@ -79,19 +80,8 @@ impl RateRows for SqliteRateRows<'_> {
             row.try_get::<String, _>(i)
                 .map_err(|e| corrupt(format!("rate column {i}: {e}")))
         };
-        let state = RateState {
-            config: text(0)?,
-            seq: u64_at(&row, 1, "seq")?,
-            tail: u64_at(&row, 2, "tail")?,
-            last: u64_at(&row, 3, "last")?,
-            prev_last: u64_at(&row, 4, "prev_last")?,
-            p: u64_at(&row, 5, "p")?,
-            base: u64_at(&row, 6, "base")?,
-            tat: decode_tat(&text(7)?)?,
-            prev_tat: decode_tat(&text(8)?)?,
-        };
-        let expires_at = u64_at(&row, 9, "expires_at")?;
-        Ok((self.now, Some(RateRow { state, expires_at })))
+        let row = RateRow::from_columns(text, |i, what| u64_at(&row, i, what))?;
+        Ok((self.now, Some(row)))
     }
 
     async fn expired(&mut self, now: StoreTime) -> Result<Vec<String>> {
