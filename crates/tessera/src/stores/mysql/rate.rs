@@ -122,43 +122,28 @@ impl RateRows for MysqlRateRows<'_> {
     /// The row exists (locked by `load`, or deleted by the step as expired and then
     /// written again here).
     async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
-        let values = (
-            db(state.seq),
-            db(state.tail),
-            db(state.last),
-            db(state.prev_last),
-            db(state.p),
-            db(state.base),
-        );
-        let matched = sqlx::query(SAVE)
-            .bind(&state.config)
-            .bind(values.0)
-            .bind(values.1)
-            .bind(values.2)
-            .bind(values.3)
-            .bind(values.4)
-            .bind(values.5)
-            .bind(encode_tat(&state.tat))
-            .bind(encode_tat(&state.prev_tat))
-            .bind(db(expires_at))
-            .bind(self.name)
+        // SAVE and INSERT take the same values in the same order.
+        let row = |sql| {
+            sqlx::query(sql)
+                .bind(&state.config)
+                .bind(db(state.seq))
+                .bind(db(state.tail))
+                .bind(db(state.last))
+                .bind(db(state.prev_last))
+                .bind(db(state.p))
+                .bind(db(state.base))
+                .bind(encode_tat(&state.tat))
+                .bind(encode_tat(&state.prev_tat))
+                .bind(db(expires_at))
+                .bind(self.name)
+        };
+        let matched = row(SAVE)
             .execute(&mut *self.conn)
             .await
             .map_err(map_err)?
             .rows_affected();
         if matched == 0 {
-            sqlx::query(INSERT)
-                .bind(&state.config)
-                .bind(values.0)
-                .bind(values.1)
-                .bind(values.2)
-                .bind(values.3)
-                .bind(values.4)
-                .bind(values.5)
-                .bind(encode_tat(&state.tat))
-                .bind(encode_tat(&state.prev_tat))
-                .bind(db(expires_at))
-                .bind(self.name)
+            row(INSERT)
                 .execute(&mut *self.conn)
                 .await
                 .map_err(map_err)?;
