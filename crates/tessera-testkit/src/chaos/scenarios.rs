@@ -672,10 +672,13 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
             None if run.env.postgres_server().is_some() => {
                 let server = run.env.postgres_server().context("owned postgres")?;
                 let schema = pg_schema(run.env.url())?;
-                // One psql command: one transaction, so the garbage lands at once.
+                // One psql command: one transaction, so the garbage lands at once. It locks
+                // the semaphore's row first, as every tessera step does, so it waits for a
+                // step instead of deadlocking with one.
                 let sql = if round == "garbage-fields" {
                     format!(
-                        "UPDATE {schema}.tessera_holders SET seats = '{{7,7}}', lease_id = 'zz' || lease_id WHERE name = 'chaos'; \
+                        "SELECT 1 FROM {schema}.tessera_semaphores WHERE name = 'chaos' FOR UPDATE; \
+                         UPDATE {schema}.tessera_holders SET seats = '{{7,7}}', lease_id = 'zz' || lease_id WHERE name = 'chaos'; \
                          UPDATE {schema}.tessera_waiters SET lease_id = 'not-hex' || seq WHERE name = 'chaos'"
                     )
                 } else {
@@ -729,14 +732,21 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
             None if run.env.postgres_server().is_some() => {
                 let server = run.env.postgres_server().context("owned postgres")?;
                 let schema = pg_schema(run.env.url())?;
-                let sql = [
+                // One transaction that locks the semaphore's row first, as tessera's steps do.
+                let lock = format!(
+                    "SELECT 1 FROM {schema}.tessera_semaphores WHERE name = 'chaos' FOR UPDATE"
+                );
+                let deletes = [
                     "tessera_holders",
                     "tessera_waiters",
                     "tessera_semaphores",
                     "tessera_free_seats",
                 ]
-                .map(|t| format!("DELETE FROM {schema}.{t} WHERE name = 'chaos'"))
-                .join("; ");
+                .map(|t| format!("DELETE FROM {schema}.{t} WHERE name = 'chaos'"));
+                let sql = std::iter::once(lock)
+                    .chain(deletes)
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 server.try_psql(&sql).map_err(anyhow::Error::msg)?;
             }
             None => {
