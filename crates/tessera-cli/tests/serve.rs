@@ -334,6 +334,14 @@ async fn bad_input_gets_one_error_shape_and_changes_nothing() {
     )
     .await;
     assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");
+    // A body whose fields all have defaults: an array is refused too, not read as `{}`.
+    let (st, body) = post(
+        &c,
+        &s.url("/v1/semaphores/jobs/leases/5bca509989d8d6a78671c1efbcc910b3/renew"),
+        json!([]),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");
     let rate = s.url("/v1/rates/sms/acquire");
     for body in [
         json!({"limits": []}),

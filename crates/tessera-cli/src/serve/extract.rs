@@ -12,7 +12,9 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 /// A JSON body. Any content type is taken (so `curl -d '{...}'` works); an empty body reads
-/// as `{}`, so requests whose fields all have defaults may send none.
+/// as `{}`, so requests whose fields all have defaults may send none. Every body of the API
+/// is an object: anything else (an array, which serde would read as the struct's fields in
+/// order, or a bare value) is refused before it can reach the store.
 pub struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
@@ -39,6 +41,9 @@ where
         } else {
             &bytes
         };
+        if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::invalid("invalid JSON body: expected an object"));
+        }
         serde_json::from_slice(text)
             .map(JsonBody)
             .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
