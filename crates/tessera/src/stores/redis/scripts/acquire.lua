@@ -35,7 +35,7 @@ local function decide()
   -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
   -- created by this step holds nothing yet.)
   if not fresh then
-    local held = rcall('HGET', K_LEASES, lease_id)
+    local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
     if held then
       return {'granted', now, held}
     end
@@ -47,8 +47,7 @@ local function decide()
   -- newcomer jumps the queue.
   local queued = S.qlen
   if queued == 0 and S.used + weight <= S.cap then
-    local encoded = grant(lease_id, weight, ttl, holder, client)
-    return {'granted', now, encoded}
+    return {'granted', now, grant(lease_id, weight, ttl, holder, client)}
   end
   if not wait then
     return {'nopermit', math.max(S.cap - S.used, 0), queued}
@@ -61,13 +60,11 @@ local function decide()
   local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
     client = client, holder = holder}
   if queued == 0 then
-    created[K_QUEUE] = true
-    created[K_WAITERS] = true
-    created[K_WEXP] = true
+    new_queue = true
   end
   rcall('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
-  rcall('ZADD', K_QUEUE, int(seq), lease_id)
-  rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
+  rcall('ZADD', K_QUEUE, seq, lease_id)
+  rcall('ZADD', K_WEXP, waiter.expires_at, lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
   return {'queued', queued}

@@ -13,7 +13,7 @@ purge_and_hand_off()
 local reply
 if remove_waiter(lease_id) then
   reply = {'dequeued'}
-elseif remove_holder(lease_id) then
+elseif remove_holder(lease_id, true) then
   reply = {'released'}
 else
   reply = {'notfound'}

@@ -11,13 +11,13 @@ end
 
 local leases = rcall('HGETALL', K_LEASES)
 for i = 1, #leases, 2 do
-  wakes[#wakes + 1] = {decode_lease(leases[i + 1]).client, leases[i]}
+  wake(decode_lease(leases[i + 1]).client, leases[i])
 end
 local waiters = rcall('HGETALL', K_WAITERS)
 for i = 1, #waiters, 2 do
-  wakes[#wakes + 1] = {decode_waiter(waiters[i + 1]).client, waiters[i]}
+  wake(decode_waiter(waiters[i + 1]).client, waiters[i])
 end
-rcall('DEL', unpack(STATE_KEYS))
+delete_state()
 rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
 S = nil
 finish()

@@ -12,7 +12,7 @@ end
 purge_and_hand_off()
 
 local reply
-local held = rcall('HGET', K_LEASES, lease_id)
+local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
 if held then
   reply = {'granted', now, held}
 elseif refresh_waiter(lease_id, now + waiter_ttl) then

@@ -32,63 +32,78 @@
 -- - `deadline`: every key lives until then (set with PEXPIRE). A step extends it (by a slack, so a
 --   stream of grants rarely does) only when it writes an expiry that the deadline minus the
 --   grace period does not cover, and otherwise sets it only on the keys it created (Redis
---   deletes an emptied hash or set, so a key that reappears has no TTL). Time comes only from TIME. Numbers stay below 2^53
--- (µs since the epoch), so Lua doubles hold them exactly; they are formatted with %d, never
--- with tostring (which would print 1.7e+15).
+--   deletes an emptied hash or set, so a key that reappears has no TTL).
+-- Time comes only from TIME. Numbers stay below 2^53 (µs since the epoch), so Lua doubles hold
+-- them exactly. Text that tessera parses (records, wake-ups) formats them with %d, never with
+-- Lua's tostring or `..` (which would print 1.7e+15). Counters, scores and the meta fields go
+-- to redis.call as Lua numbers: Redis converts an argument number exactly (%.17g up to 7.0,
+-- the shortest round-trip form after), and they are read back only with tonumber and ZADD's
+-- own parser, which take either form.
+--
+-- The common steps, in commands (TIME and the HMGET of the counters included):
+-- - acquire of a free permit with nobody waiting, the semaphore idle (deleted): 10 (DEL of
+--   leftovers, GET of the fence, HSET and ZADD of the lease, HSET of the counters, PEXPIRE of
+--   the three keys it created); on a semaphore in use: 6;
+-- - release of the last lease, nobody waiting: 5 (HGET of the lease; DEL of the state, SET
+--   of the fence: the lease's own HDEL and ZREM would be deleted with it);
+-- - release that hands the permit to the head of the queue: 14, plus the wake-up.
+-- A step reads the earliest holder and waiter expiry (ZRANGE 0 0) only once purge_at has
+-- passed, and scans for expired entries only when that earliest one has expired.
 
 -- The call's keys and wake channel base, set by begin().
 local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
-local STATE_KEYS
 local WAKE_BASE
--- PUBLISH, or SPUBLISH for a base inside a hash tag (a cluster's, see ARGV[1]).
-local WAKE_CMD
 
 -- How long the fence key outlives the state, and how long the state outlives its last expiry.
 local FENCE_KEEP_MS = 600000
 local STATE_GRACE_MS = 10000
 
--- Splits s on tabs into exactly n fields; the last field takes the rest (holder labels never
--- contain control characters, so a tab never appears inside a field).
-local function split(s, n, what)
-  local out, pos = {}, 1
-  for i = 1, n - 1 do
-    local tab = string.find(s, '\t', pos, true)
-    if tab == nil then corrupt(what) end
-    out[i] = string.sub(s, pos, tab - 1)
-    pos = tab + 1
-  end
-  out[n] = string.sub(s, pos)
-  return out
+-- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder,
+-- tab separated (holder labels never contain control characters, client ids never a tab, so
+-- only the last field may hold one). One string.format per record.
+local LEASE_FMT = '%d\t%s\t%d\t%d\t%d\t%s\t%s'
+local LEASE_PAT = '^(%d+)\t([%d,]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
+
+local function encode_lease(l)
+  return string.format(LEASE_FMT, l.weight, table.concat(l.seats, ','), l.fence, l.acquired_at,
+    l.expires_at, l.client, l.holder)
 end
 
--- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder.
-local function encode_lease(l)
-  return int(l.weight) .. '\t' .. table.concat(l.seats, ',') .. '\t' .. int(l.fence) .. '\t'
-    .. int(l.acquired_at) .. '\t' .. int(l.expires_at) .. '\t' .. l.client .. '\t' .. l.holder
+-- Seats as written in a lease record: one number, or a comma-separated list.
+local function parse_seats(s)
+  local one = tonumber(s)
+  if one then
+    return {one}
+  end
+  local seats = {}
+  for seat in string.gmatch(s, '%d+') do
+    seats[#seats + 1] = tonumber(seat)
+  end
+  return seats
 end
 
 local function decode_lease(s)
-  local f = split(s, 7, 'lease record')
-  local seats = {}
-  for seat in string.gmatch(f[2], '%d+') do
-    seats[#seats + 1] = num(seat, 'lease seat')
-  end
-  return {weight = num(f[1], 'lease weight'), seats = seats, fence = num(f[3], 'lease fence'),
-    acquired_at = num(f[4], 'lease time'), expires_at = num(f[5], 'lease expiry'),
-    client = f[6], holder = f[7]}
+  local weight, seats, fence, acquired_at, expires_at, client, holder = string.match(s, LEASE_PAT)
+  if not weight then corrupt('lease record') end
+  return {weight = tonumber(weight), seats = parse_seats(seats), fence = tonumber(fence),
+    acquired_at = tonumber(acquired_at), expires_at = tonumber(expires_at), client = client,
+    holder = holder}
 end
 
 -- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder.
+local WAITER_FMT = '%d\t%d\t%d\t%d\t%s\t%s'
+local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
+
 local function encode_waiter(w)
-  return int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t'
-    .. int(w.expires_at) .. '\t' .. w.client .. '\t' .. w.holder
+  return string.format(WAITER_FMT, w.weight, w.ttl, w.enqueued_at, w.expires_at, w.client,
+    w.holder)
 end
 
 local function decode_waiter(s)
-  local f = split(s, 6, 'waiter record')
-  return {weight = num(f[1], 'waiter weight'), ttl = num(f[2], 'waiter ttl'),
-    enqueued_at = num(f[3], 'waiter time'), expires_at = num(f[4], 'waiter expiry'),
-    client = f[5], holder = f[6]}
+  local weight, ttl, enqueued_at, expires_at, client, holder = string.match(s, WAITER_PAT)
+  if not weight then corrupt('waiter record') end
+  return {weight = tonumber(weight), ttl = tonumber(ttl), enqueued_at = tonumber(enqueued_at),
+    expires_at = tonumber(expires_at), client = client, holder = holder}
 end
 
 -- Far in the future (µs), for purge_at when nothing can expire.
@@ -96,15 +111,19 @@ local NEVER = 9007199254740991
 
 -- The semaphore's counters, or nil if it does not exist.
 local S
--- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}.
+-- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
+-- until the first.
 local wakes
 -- Clients whose id ends with this take the grant with the wake-up: the payload is
 -- `<lease id>\t<now>\t<lease record>` instead of `<lease id>` (revocations stay bare).
 local GRANT_PUSH = '.g'
 -- What this step did, for finish(): whether the counters changed, whether it created the
--- state, the latest expiry it wrote (µs), and the keys it may have created.
-local dirty, fresh, latest, created
--- Seats returned in this step, not yet in the seats set (see return_seats).
+-- state, the latest expiry it wrote (µs), and which keys it may have created: meta, holders
+-- with leases, queue with waiters and wexp, seats.
+local dirty, fresh, latest
+local new_meta, new_holders, new_queue, new_seats
+-- Seats returned in this step, not yet in the seats set (see return_seats); pool is nil
+-- until a seat comes back.
 local pool, pool_n
 
 -- Starts a call: reads the clock and resets every per-call value. A function library keeps
@@ -113,13 +132,20 @@ local function begin(keys, argv)
   clock()
   K_META, K_HOLDERS, K_LEASES, K_QUEUE = keys[1], keys[2], keys[3], keys[4]
   K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
-  STATE_KEYS = {K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS}
   WAKE_BASE = argv[1]
-  WAKE_CMD = string.byte(WAKE_BASE, 1) == 123 and 'SPUBLISH' or 'PUBLISH' -- 123: '{'
   S = nil
-  wakes = {}
-  dirty, fresh, latest, created = false, false, 0, {}
-  pool, pool_n = {}, 0
+  wakes = nil
+  dirty, fresh, latest = false, false, 0
+  new_meta, new_holders, new_queue, new_seats = false, false, false, false
+  pool, pool_n = nil, 0
+end
+
+-- Queues a wake-up for finish().
+local function wake(client, id, lease)
+  if wakes == nil then
+    wakes = {}
+  end
+  wakes[#wakes + 1] = {client, id, lease}
 end
 
 local function load()
@@ -148,23 +174,28 @@ local function load()
   return S
 end
 
+-- Deletes every key of the state (not the fence key).
+local function delete_state()
+  rcall('DEL', K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS)
+end
+
 -- A new, empty semaphore. Leftovers of a partly evicted state are dropped first so the
 -- counters match the sets; the fence continues from the fence key (or the time floor).
 local function create(cap)
-  rcall('DEL', unpack(STATE_KEYS))
+  delete_state()
   local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
     deadline = 0}
   dirty = true
   fresh = true
-  created[K_META] = true
+  new_meta = true
   return S
 end
 
 -- Records an expiry written in this step.
 local function wrote_expiry(at)
-  latest = math.max(latest, at)
-  S.purge_at = math.min(S.purge_at, at)
+  if at > latest then latest = at end
+  if at < S.purge_at then S.purge_at = at end
   dirty = true
 end
 
@@ -187,6 +218,9 @@ end
 local function return_seats(seats)
   -- S.used is already lowered: the set held set_size() - #seats seats before these.
   local in_set = set_size() - #seats
+  if pool == nil then
+    pool = {}
+  end
   for i = #seats, 1, -1 do
     local seat = seats[i]
     if seat == S.seat_high - 1 then
@@ -214,9 +248,20 @@ end
 -- The n lowest free seats below the capacity (from the pool and the set), ascending; there
 -- are always enough when used + n <= cap.
 local function take_seats(n)
+  local seats = {}
+  -- Nothing free below the high-water mark (the common case): the next n seats.
+  if pool_n == 0 and set_size() <= 0 then
+    for i = 1, n do
+      seats[i] = S.seat_high + i - 1
+    end
+    S.seat_high = S.seat_high + n
+    return seats
+  end
   local free = {}
-  for seat in pairs(pool) do
-    if seat < S.cap then free[#free + 1] = seat end
+  if pool_n > 0 then
+    for seat in pairs(pool) do
+      if seat < S.cap then free[#free + 1] = seat end
+    end
   end
   if set_size() > 0 then
     local low = rcall('ZRANGEBYSCORE', K_SEATS, '-inf', '(' .. int(S.cap), 'LIMIT', 0, n)
@@ -225,11 +270,11 @@ local function take_seats(n)
     end
   end
   table.sort(free)
-  local seats, from_set = {}, {}
+  local from_set = {}
   for i = 1, math.min(n, #free) do
     local seat = free[i]
     seats[i] = seat
-    if pool[seat] then
+    if pool_n > 0 and pool[seat] then
       pool[seat] = nil
       pool_n = pool_n - 1
     else
@@ -252,7 +297,7 @@ local function flush_pool()
     return
   end
   if set_size() == 0 then
-    created[K_SEATS] = true
+    new_seats = true
   end
   local add = {}
   for seat in pairs(pool) do
@@ -262,35 +307,45 @@ local function flush_pool()
   for i = 1, #add, 1000 do
     rcall('ZADD', K_SEATS, unpack(add, i, math.min(i + 999, #add)))
   end
-  pool, pool_n = {}, 0
+  pool, pool_n = nil, 0
 end
 
+-- Grants a lease; returns its encoded record.
 local function grant(id, weight, ttl, holder, client)
   if S.used == 0 then
-    created[K_HOLDERS] = true
-    created[K_LEASES] = true
+    new_holders = true
   end
-  local lease = {weight = weight, seats = take_seats(weight), acquired_at = now,
-    expires_at = now + ttl, client = client, holder = holder}
-  lease.fence = math.max(S.fence + 1, now)
-  S.fence = lease.fence
+  local seats = take_seats(weight)
+  local fence = S.fence + 1
+  if now > fence then fence = now end
+  S.fence = fence
   S.used = S.used + weight
-  local encoded = encode_lease(lease)
+  local expires_at = now + ttl
+  local encoded = string.format(LEASE_FMT, weight, table.concat(seats, ','), fence, now,
+    expires_at, client, holder)
   rcall('HSET', K_LEASES, id, encoded)
-  rcall('ZADD', K_HOLDERS, int(lease.expires_at), id)
-  wrote_expiry(lease.expires_at)
-  return encoded, lease
+  rcall('ZADD', K_HOLDERS, expires_at, id)
+  wrote_expiry(expires_at)
+  return encoded
 end
 
-local function remove_holder(id)
+-- Removes a holder; its decoded lease, or nil if it holds nothing. `last`: nothing but
+-- hand-offs and finish() follow in this step (release, cancel, revoke), so when it leaves
+-- nobody holding or waiting, finish() deletes the whole state and the lease's own writes are
+-- skipped.
+local function remove_holder(id, last)
   local encoded = rcall('HGET', K_LEASES, id)
   if not encoded then
     return nil
   end
   local lease = decode_lease(encoded)
+  S.used = S.used - lease.weight
+  dirty = true
+  if last and S.used <= 0 and S.qlen <= 0 then
+    return lease
+  end
   rcall('HDEL', K_LEASES, id)
   rcall('ZREM', K_HOLDERS, id)
-  S.used = S.used - lease.weight
   return_seats(lease.seats)
   return lease
 end
@@ -326,8 +381,7 @@ local function hand_off()
       return
     end
     remove_waiter(head, encoded)
-    local lease = grant(head, w.weight, w.ttl, w.holder, w.client)
-    wakes[#wakes + 1] = {w.client, head, lease}
+    wake(w.client, head, grant(head, w.weight, w.ttl, w.holder, w.client))
   end
 end
 
@@ -343,28 +397,53 @@ local function drop_waiters(ids)
   dirty = true
 end
 
+-- The earliest score in a zset (µs), or NEVER if it is empty.
+local function earliest(key, what)
+  local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return num(first[2], what)
+  end
+  return NEVER
+end
+
 -- Drops expired holders and waiters, unless none can have expired yet (now < purge_at), and
--- then recomputes purge_at as the earliest expiry left. At most PURGE_HOLDERS holders (each
--- read back for its weight and seats) and PURGE_WAITERS waiters (in bulk) per step, so that
--- one step's work stays bounded (a few milliseconds) when thousands of leases expire or
--- waiters die together (a crashed process); the rest stay counted until the next steps purge
--- them, and purge_at stays at now so that any next step goes on.
+-- then sets purge_at to the earliest expiry left. It reads each set's earliest expiry first
+-- and scans for expired entries only where that one has expired. At most PURGE_HOLDERS
+-- holders (each read back for its weight and seats) and PURGE_WAITERS waiters (in bulk) per
+-- step, so that one step's work stays bounded (a few milliseconds) when thousands of leases
+-- expire or waiters die together (a crashed process); the rest stay counted until the next
+-- steps purge them, and purge_at stays at now so that any next step goes on.
 local PURGE_HOLDERS, PURGE_WAITERS = 256, 4096
 local function purge()
   if now < S.purge_at then
     return
   end
-  local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now), 'LIMIT', 0, PURGE_HOLDERS)
-  for _, id in ipairs(expired) do
-    remove_holder(id)
-  end
-  local more = #expired == PURGE_HOLDERS
-  local dead = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now), 'LIMIT', 0, PURGE_WAITERS)
-  if #dead > 0 then
-    drop_waiters(dead)
-  end
   dirty = true
-  if more or #dead == PURGE_WAITERS then
+  local more = false
+  local first_holder = NEVER
+  if S.used > 0 then
+    first_holder = earliest(K_HOLDERS, 'holder expiry')
+    if first_holder <= now then
+      local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now), 'LIMIT', 0,
+        PURGE_HOLDERS)
+      for _, id in ipairs(expired) do
+        remove_holder(id)
+      end
+      more = #expired == PURGE_HOLDERS
+      first_holder = nil
+    end
+  end
+  local first_waiter = NEVER
+  if S.qlen > 0 then
+    first_waiter = earliest(K_WEXP, 'waiter expiry')
+    if first_waiter <= now then
+      local dead = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now), 'LIMIT', 0, PURGE_WAITERS)
+      drop_waiters(dead)
+      more = more or #dead == PURGE_WAITERS
+      first_waiter = nil
+    end
+  end
+  if more then
     S.purge_at = now
     -- Wake the head of the queue without a grant: its client asks at once (a heartbeat),
     -- and that step purges the next batch and hands off what it frees. (A holder woken so
@@ -373,17 +452,15 @@ local function purge()
       local head = rcall('ZRANGE', K_QUEUE, 0, 0)[1]
       local encoded = head and rcall('HGET', K_WAITERS, head)
       if encoded then
-        wakes[#wakes + 1] = {decode_waiter(encoded).client, head}
+        wake(decode_waiter(encoded).client, head)
       end
     end
     return
   end
-  local earliest = NEVER
-  local h = rcall('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
-  if h[2] then earliest = math.min(earliest, num(h[2], 'holder expiry')) end
-  local w = rcall('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
-  if w[2] then earliest = math.min(earliest, num(w[2], 'waiter expiry')) end
-  S.purge_at = earliest
+  -- Where entries were dropped, the earliest expiry left is read again.
+  first_holder = first_holder or earliest(K_HOLDERS, 'holder expiry')
+  first_waiter = first_waiter or earliest(K_WEXP, 'waiter expiry')
+  S.purge_at = math.min(first_holder, first_waiter)
 end
 
 local function purge_and_hand_off()
@@ -393,6 +470,9 @@ end
 
 -- Renews a waiter's heartbeat expiry to max(current, until); false if not queued.
 local function refresh_waiter(id, until_us)
+  if S.qlen <= 0 then
+    return false
+  end
   local encoded = rcall('HGET', K_WAITERS, id)
   if not encoded then
     return false
@@ -401,7 +481,7 @@ local function refresh_waiter(id, until_us)
   if until_us > w.expires_at then
     w.expires_at = until_us
     rcall('HSET', K_WAITERS, id, encode_waiter(w))
-    rcall('ZADD', K_WEXP, int(until_us), id)
+    rcall('ZADD', K_WEXP, until_us, id)
     wrote_expiry(until_us)
   end
   return true
@@ -416,51 +496,52 @@ end
 -- wake-ups.
 local function finish()
   if S ~= nil then
-    if not is_empty() then
-      flush_pool()
-    end
     if is_empty() then
-      rcall('DEL', unpack(STATE_KEYS))
+      delete_state()
       rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
-    elseif dirty then
-      -- The keys that exist now, by the counters.
-      local live = {[K_META] = true}
-      if S.used > 0 then
-        live[K_HOLDERS] = true
-        live[K_LEASES] = true
-      end
-      if S.qlen > 0 then
-        live[K_QUEUE] = true
-        live[K_WAITERS] = true
-        live[K_WEXP] = true
-      end
-      if S.seat_high > S.used then
-        live[K_SEATS] = true
-      end
-      local expire = created
-      local need = math.floor(math.max(latest, now) / 1000) + STATE_GRACE_MS
-      if S.deadline == 0 or need > S.deadline then
-        S.deadline = need + STATE_GRACE_MS
-        expire = live
-      end
-      rcall('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(S.fence),
-        'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
-        'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
-      -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
-      local ttl_ms = int(S.deadline - math.floor(now / 1000))
-      for _, key in ipairs(STATE_KEYS) do
-        if expire[key] and live[key] then
-          rcall('PEXPIRE', key, ttl_ms)
+    else
+      flush_pool()
+      if dirty then
+        -- Every live key gets the deadline when it moves; otherwise only the keys this step
+        -- created (which have none).
+        local all = false
+        local need = math.floor(math.max(latest, now) / 1000) + STATE_GRACE_MS
+        if S.deadline == 0 or need > S.deadline then
+          S.deadline = need + STATE_GRACE_MS
+          all = true
+        end
+        rcall('HSET', K_META, 'cap', S.cap, 'used', S.used, 'fence', S.fence, 'seq', S.seq,
+          'seat_high', S.seat_high, 'qlen', S.qlen, 'purge_at', S.purge_at,
+          'deadline', S.deadline)
+        -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
+        local ttl_ms = S.deadline - math.floor(now / 1000)
+        if all or new_meta then
+          rcall('PEXPIRE', K_META, ttl_ms)
+        end
+        if S.used > 0 and (all or new_holders) then
+          rcall('PEXPIRE', K_HOLDERS, ttl_ms)
+          rcall('PEXPIRE', K_LEASES, ttl_ms)
+        end
+        if S.qlen > 0 and (all or new_queue) then
+          rcall('PEXPIRE', K_QUEUE, ttl_ms)
+          rcall('PEXPIRE', K_WAITERS, ttl_ms)
+          rcall('PEXPIRE', K_WEXP, ttl_ms)
+        end
+        if S.seat_high > S.used and (all or new_seats) then
+          rcall('PEXPIRE', K_SEATS, ttl_ms)
         end
       end
     end
   end
-  for _, wake in ipairs(wakes) do
-    local payload = wake[2]
-    if wake[3] and string.sub(wake[1], -#GRANT_PUSH) == GRANT_PUSH then
-      payload = payload .. '\t' .. int(now) .. '\t' .. wake[3]
+  if wakes ~= nil then
+    local cmd = string.byte(WAKE_BASE, 1) == 123 and 'SPUBLISH' or 'PUBLISH' -- 123: '{'
+    for _, w in ipairs(wakes) do
+      local payload = w[2]
+      if w[3] and string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
+        payload = string.format('%s\t%d\t%s', payload, now, w[3])
+      end
+      rcall(cmd, WAKE_BASE .. w[1], payload)
     end
-    rcall(WAKE_CMD, WAKE_BASE .. wake[1], payload)
   end
 end
 

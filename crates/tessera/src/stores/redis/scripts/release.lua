@@ -10,7 +10,7 @@ if load() == nil then
 end
 purge_and_hand_off()
 
-local held = remove_holder(lease_id) ~= nil
+local held = remove_holder(lease_id, true) ~= nil
 hand_off()
 finish()
 if held then

@@ -10,9 +10,9 @@ if load() == nil then
 end
 purge_and_hand_off()
 
-local lease = remove_holder(lease_id)
+local lease = remove_holder(lease_id, true)
 if lease then
-  wakes[#wakes + 1] = {lease.client, lease_id}
+  wake(lease.client, lease_id)
   hand_off()
 end
 finish()
