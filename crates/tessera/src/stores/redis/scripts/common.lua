@@ -5,6 +5,7 @@
 --   now          the server's time in µs since the epoch (TIME: the store's clock, never the
 --                client's), read by clock() at the start of every call
 --   int(x)       a number formatted as an integer (%d, never tostring's exponent form)
+--   now_text()   int(now), formatted once per call
 --   corrupt(w)   fails the script with 'TESSERA_CORRUPT <w>' (the client maps it to
 --                Error::Corrupt)
 --   num(s, w)    tonumber(s), or corrupt(w) if s is not a number
@@ -19,6 +20,8 @@ end
 local rcall, string, math, table, tonumber, ipairs, pairs, unpack, error
 
 local now = 0
+-- now formatted with %d, once per call (see now_text).
+local now_s
 
 local function clock()
   if rcall == nil then
@@ -26,10 +29,19 @@ local function clock()
   end
   local time = rcall('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  now_s = nil
 end
 
 local function int(x)
   return string.format('%d', x)
+end
+
+-- now as text (int(now)), formatted at most once per call.
+local function now_text()
+  if now_s == nil then
+    now_s = int(now)
+  end
+  return now_s
 end
 
 local function corrupt(what)

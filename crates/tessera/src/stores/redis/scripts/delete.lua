@@ -18,7 +18,7 @@ for i = 1, #waiters, 2 do
   wake(decode_waiter(waiters[i + 1]).client, waiters[i])
 end
 delete_state()
-rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+rcall('SET', K_FENCE, int(fence()), 'PX', FENCE_KEEP_MS)
 S = nil
 finish()
 return 1

@@ -34,11 +34,12 @@
 --   grace period does not cover, and otherwise sets it only on the keys it created (Redis
 --   deletes an emptied hash or set, so a key that reappears has no TTL).
 -- Time comes only from TIME. Numbers stay below 2^53 (µs since the epoch), so Lua doubles hold
--- them exactly. Text that tessera parses (records, wake-ups) formats them with %d, never with
--- Lua's tostring or `..` (which would print 1.7e+15). Counters, scores and the meta fields go
--- to redis.call as Lua numbers: Redis converts an argument number exactly (%.17g up to 7.0,
--- the shortest round-trip form after), and they are read back only with tonumber and ZADD's
--- own parser, which take either form.
+-- them exactly; they are formatted with %d (int, or one string.format per record), never with
+-- tostring or `..` (which would print 1.7e+15), and never passed to redis.call as Lua numbers
+-- (Redis formats those as floating point, several times the cost of %d). Parsing and
+-- formatting are a large part of a step's own cost, so a step parses the counters it uses
+-- (the fence and the deadline only when it needs them), writes back only the meta fields it
+-- changed, and passes on strings it read (the fence to the fence key) as they are.
 --
 -- The common steps, in commands (TIME and the HMGET of the counters included):
 -- - acquire of a free permit with nobody waiting, the semaphore idle (deleted): 10 (DEL of
@@ -63,9 +64,23 @@ local STATE_GRACE_MS = 10000
 -- only the last field may hold one). One string.format per record.
 local LEASE_FMT = '%d\t%s\t%d\t%d\t%d\t%s\t%s'
 local LEASE_PAT = '^(%d+)\t([%d,]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
+-- The weight and seats of a lease record (what removing it needs), checking its shape.
+local LEASE_HEAD = '^(%d+)\t([%d,]*)\t%d+\t%d+\t%d+\t'
+
+-- Seats as written in a lease record (comma separated, each with %d).
+local function seats_text(seats)
+  if #seats == 1 then
+    return int(seats[1])
+  end
+  local out = {}
+  for i, seat in ipairs(seats) do
+    out[i] = int(seat)
+  end
+  return table.concat(out, ',')
+end
 
 local function encode_lease(l)
-  return string.format(LEASE_FMT, l.weight, table.concat(l.seats, ','), l.fence, l.acquired_at,
+  return string.format(LEASE_FMT, l.weight, seats_text(l.seats), l.fence, l.acquired_at,
     l.expires_at, l.client, l.holder)
 end
 
@@ -109,8 +124,13 @@ end
 -- Far in the future (µs), for purge_at when nothing can expire.
 local NEVER = 9007199254740991
 
--- The semaphore's counters, or nil if it does not exist.
-local S
+-- The semaphore's counters, or nil if it does not exist. S.fence and S.deadline are nil
+-- until fence() and deadline() parse them from M, the meta fields as loaded.
+local S, M
+-- The counters as loaded, to write back only what changed; `full`: write every field (a
+-- new state, or one written by a version without qlen, purge_at and deadline).
+local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT
+local full, fence_moved, deadline_moved
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
 -- until the first.
 local wakes
@@ -133,7 +153,8 @@ local function begin(keys, argv)
   K_META, K_HOLDERS, K_LEASES, K_QUEUE = keys[1], keys[2], keys[3], keys[4]
   K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
   WAKE_BASE = argv[1]
-  S = nil
+  S, M = nil, nil
+  full, fence_moved, deadline_moved = false, false, false
   wakes = nil
   dirty, fresh, latest = false, false, 0
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
@@ -154,24 +175,44 @@ local function load()
   if not m[1] then
     return nil
   end
-  S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), fence = num(m[3], 'fence'),
-    seq = num(m[4], 'seq'), seat_high = num(m[5], 'seat_high')}
+  M = m
+  S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
+    seat_high = num(m[5], 'seat_high')}
+  if not m[3] then corrupt('fence') end
   if m[6] and m[7] and m[8] then
     S.qlen = num(m[6], 'qlen')
     S.purge_at = num(m[7], 'purge_at')
-    S.deadline = num(m[8], 'deadline')
   else
     -- Written by a version without these counters: derive them once.
     S.qlen = rcall('ZCARD', K_QUEUE)
     S.purge_at = 0
     S.deadline = 0
+    full = true
     local h = rcall('ZRANGE', K_HOLDERS, -1, -1, 'WITHSCORES')
     if h[2] then latest = math.max(latest, num(h[2], 'holder expiry')) end
     local w = rcall('ZRANGE', K_WEXP, -1, -1, 'WITHSCORES')
     if w[2] then latest = math.max(latest, num(w[2], 'waiter expiry')) end
     dirty = true
   end
+  L_CAP, L_USED, L_SEQ, L_SEAT_HIGH = S.cap, S.used, S.seq, S.seat_high
+  L_QLEN, L_PURGE_AT = S.qlen, S.purge_at
   return S
+end
+
+-- The last fence issued.
+local function fence()
+  if S.fence == nil then
+    S.fence = num(M[3], 'fence')
+  end
+  return S.fence
+end
+
+-- When every key expires (ms since the epoch, 0 if unknown).
+local function deadline()
+  if S.deadline == nil then
+    S.deadline = num(M[8], 'deadline')
+  end
+  return S.deadline
 end
 
 -- Deletes every key of the state (not the fence key).
@@ -188,6 +229,7 @@ local function create(cap)
     deadline = 0}
   dirty = true
   fresh = true
+  full = true
   new_meta = true
   return S
 end
@@ -316,20 +358,22 @@ local function grant(id, weight, ttl, holder, client)
     new_holders = true
   end
   local seats = take_seats(weight)
-  local fence = S.fence + 1
-  if now > fence then fence = now end
-  S.fence = fence
+  local f = fence() + 1
+  if now > f then f = now end
+  S.fence = f
+  fence_moved = true
   S.used = S.used + weight
   local expires_at = now + ttl
-  local encoded = string.format(LEASE_FMT, weight, table.concat(seats, ','), fence, now,
-    expires_at, client, holder)
+  local expires_text = int(expires_at)
+  local encoded = string.format('%d\t%s\t%d\t%s\t%s\t%s\t%s', weight, seats_text(seats), f,
+    now_text(), expires_text, client, holder)
   rcall('HSET', K_LEASES, id, encoded)
-  rcall('ZADD', K_HOLDERS, expires_at, id)
+  rcall('ZADD', K_HOLDERS, expires_text, id)
   wrote_expiry(expires_at)
   return encoded
 end
 
--- Removes a holder; its decoded lease, or nil if it holds nothing. `last`: nothing but
+-- Removes a holder; its lease record, or nil if it holds nothing. `last`: nothing but
 -- hand-offs and finish() follow in this step (release, cancel, revoke), so when it leaves
 -- nobody holding or waiting, finish() deletes the whole state and the lease's own writes are
 -- skipped.
@@ -338,16 +382,17 @@ local function remove_holder(id, last)
   if not encoded then
     return nil
   end
-  local lease = decode_lease(encoded)
-  S.used = S.used - lease.weight
+  local weight, seats = string.match(encoded, LEASE_HEAD)
+  if not weight then corrupt('lease record') end
+  S.used = S.used - tonumber(weight)
   dirty = true
   if last and S.used <= 0 and S.qlen <= 0 then
-    return lease
+    return encoded
   end
   rcall('HDEL', K_LEASES, id)
   rcall('ZREM', K_HOLDERS, id)
-  return_seats(lease.seats)
-  return lease
+  return_seats(parse_seats(seats))
+  return encoded
 end
 
 -- Removes a queued waiter (`encoded` is its record if the caller already read it).
@@ -424,7 +469,7 @@ local function purge()
   if S.used > 0 then
     first_holder = earliest(K_HOLDERS, 'holder expiry')
     if first_holder <= now then
-      local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', int(now), 'LIMIT', 0,
+      local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_text(), 'LIMIT', 0,
         PURGE_HOLDERS)
       for _, id in ipairs(expired) do
         remove_holder(id)
@@ -437,7 +482,7 @@ local function purge()
   if S.qlen > 0 then
     first_waiter = earliest(K_WEXP, 'waiter expiry')
     if first_waiter <= now then
-      local dead = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', int(now), 'LIMIT', 0, PURGE_WAITERS)
+      local dead = rcall('ZRANGEBYSCORE', K_WEXP, '-inf', now_text(), 'LIMIT', 0, PURGE_WAITERS)
       drop_waiters(dead)
       more = more or #dead == PURGE_WAITERS
       first_waiter = nil
@@ -481,7 +526,7 @@ local function refresh_waiter(id, until_us)
   if until_us > w.expires_at then
     w.expires_at = until_us
     rcall('HSET', K_WAITERS, id, encode_waiter(w))
-    rcall('ZADD', K_WEXP, until_us, id)
+    rcall('ZADD', K_WEXP, int(until_us), id)
     wrote_expiry(until_us)
   end
   return true
@@ -491,6 +536,14 @@ local function is_empty()
   return S.used <= 0 and S.qlen <= 0
 end
 
+-- The changed meta fields and their values, for one HSET.
+local F, FN
+local function put(field, value)
+  F[FN + 1] = field
+  F[FN + 2] = int(value)
+  FN = FN + 2
+end
+
 -- Stores the counters and makes every key outlive the latest lease or waiter expiry by at
 -- least the grace period, or deletes the state if nobody holds or waits; then publishes
 -- wake-ups.
@@ -498,7 +551,8 @@ local function finish()
   if S ~= nil then
     if is_empty() then
       delete_state()
-      rcall('SET', K_FENCE, int(S.fence), 'PX', FENCE_KEEP_MS)
+      -- The fence as loaded when this step issued none.
+      rcall('SET', K_FENCE, S.fence and int(S.fence) or M[3], 'PX', FENCE_KEEP_MS)
     else
       flush_pool()
       if dirty then
@@ -506,15 +560,32 @@ local function finish()
         -- created (which have none).
         local all = false
         local need = math.floor(math.max(latest, now) / 1000) + STATE_GRACE_MS
-        if S.deadline == 0 or need > S.deadline then
+        local d = deadline()
+        if d == 0 or need > d then
           S.deadline = need + STATE_GRACE_MS
+          deadline_moved = true
           all = true
         end
-        rcall('HSET', K_META, 'cap', S.cap, 'used', S.used, 'fence', S.fence, 'seq', S.seq,
-          'seat_high', S.seat_high, 'qlen', S.qlen, 'purge_at', S.purge_at,
-          'deadline', S.deadline)
+        if full then
+          rcall('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(fence()),
+            'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
+            'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
+        else
+          F, FN = {}, 0
+          if S.cap ~= L_CAP then put('cap', S.cap) end
+          if S.used ~= L_USED then put('used', S.used) end
+          if fence_moved then put('fence', S.fence) end
+          if S.seq ~= L_SEQ then put('seq', S.seq) end
+          if S.seat_high ~= L_SEAT_HIGH then put('seat_high', S.seat_high) end
+          if S.qlen ~= L_QLEN then put('qlen', S.qlen) end
+          if S.purge_at ~= L_PURGE_AT then put('purge_at', S.purge_at) end
+          if deadline_moved then put('deadline', S.deadline) end
+          if FN > 0 then
+            rcall('HSET', K_META, unpack(F, 1, FN))
+          end
+        end
         -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
-        local ttl_ms = S.deadline - math.floor(now / 1000)
+        local ttl_ms = int(S.deadline - math.floor(now / 1000))
         if all or new_meta then
           rcall('PEXPIRE', K_META, ttl_ms)
         end
@@ -538,7 +609,7 @@ local function finish()
     for _, w in ipairs(wakes) do
       local payload = w[2]
       if w[3] and string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
-        payload = string.format('%s\t%d\t%s', payload, now, w[3])
+        payload = payload .. '\t' .. now_text() .. '\t' .. w[3]
       end
       rcall(cmd, WAKE_BASE .. w[1], payload)
     end

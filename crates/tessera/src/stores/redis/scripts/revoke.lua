@@ -12,7 +12,7 @@ purge_and_hand_off()
 
 local lease = remove_holder(lease_id, true)
 if lease then
-  wake(lease.client, lease_id)
+  wake(decode_lease(lease).client, lease_id)
   hand_off()
 end
 finish()
