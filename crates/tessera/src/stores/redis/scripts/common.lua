@@ -32,7 +32,21 @@ local function clock()
   now_s = nil
 end
 
+-- Small integers (counters, weights, seats, capacities up to SMALL) and their text, both
+-- ways: formatting (%d) and parsing (strtod) cost more than the table lookups. A function
+-- library keeps them between calls (bounded: SMALL entries each); a script rebuilds them.
+local SMALL = 1024
+local TEXT_OF, NUM_OF = {}, {}
+
 local function int(x)
+  if x >= 0 and x < SMALL then
+    local s = TEXT_OF[x]
+    if s == nil then
+      s = string.format('%d', x)
+      TEXT_OF[x] = s
+    end
+    return s
+  end
   return string.format('%d', x)
 end
 
@@ -49,7 +63,15 @@ local function corrupt(what)
 end
 
 local function num(s, what)
-  local n = tonumber(s)
+  local n = NUM_OF[s]
+  if n ~= nil then
+    return n
+  end
+  n = tonumber(s)
   if n == nil then corrupt(what) end
+  -- Only the canonical text of a small integer is kept, so the table stays bounded.
+  if n >= 0 and n < SMALL and int(n) == s then
+    NUM_OF[s] = n
+  end
   return n
 end

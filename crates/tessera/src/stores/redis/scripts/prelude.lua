@@ -86,13 +86,13 @@ end
 
 -- Seats as written in a lease record: one number, or a comma-separated list.
 local function parse_seats(s)
-  local one = tonumber(s)
-  if one then
-    return {one}
-  end
   local seats = {}
+  if s ~= '' and not string.find(s, ',', 1, true) then
+    seats[1] = num(s, 'lease seat')
+    return seats
+  end
   for seat in string.gmatch(s, '%d+') do
-    seats[#seats + 1] = tonumber(seat)
+    seats[#seats + 1] = num(seat, 'lease seat')
   end
   return seats
 end
@@ -100,9 +100,9 @@ end
 local function decode_lease(s)
   local weight, seats, fence, acquired_at, expires_at, client, holder = string.match(s, LEASE_PAT)
   if not weight then corrupt('lease record') end
-  return {weight = tonumber(weight), seats = parse_seats(seats), fence = tonumber(fence),
-    acquired_at = tonumber(acquired_at), expires_at = tonumber(expires_at), client = client,
-    holder = holder}
+  return {weight = num(weight, 'lease weight'), seats = parse_seats(seats),
+    fence = tonumber(fence), acquired_at = tonumber(acquired_at),
+    expires_at = tonumber(expires_at), client = client, holder = holder}
 end
 
 -- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder.
@@ -117,8 +117,9 @@ end
 local function decode_waiter(s)
   local weight, ttl, enqueued_at, expires_at, client, holder = string.match(s, WAITER_PAT)
   if not weight then corrupt('waiter record') end
-  return {weight = tonumber(weight), ttl = tonumber(ttl), enqueued_at = tonumber(enqueued_at),
-    expires_at = tonumber(expires_at), client = client, holder = holder}
+  return {weight = num(weight, 'waiter weight'), ttl = tonumber(ttl),
+    enqueued_at = tonumber(enqueued_at), expires_at = tonumber(expires_at), client = client,
+    holder = holder}
 end
 
 -- Far in the future (µs), for purge_at when nothing can expire.
@@ -384,7 +385,7 @@ local function remove_holder(id, last)
   end
   local weight, seats = string.match(encoded, LEASE_HEAD)
   if not weight then corrupt('lease record') end
-  S.used = S.used - tonumber(weight)
+  S.used = S.used - num(weight, 'lease weight')
   dirty = true
   if last and S.used <= 0 and S.qlen <= 0 then
     return encoded
