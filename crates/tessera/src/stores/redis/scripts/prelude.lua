@@ -47,7 +47,8 @@
 --   the three keys it created); on a semaphore in use: 6;
 -- - release of the last lease, nobody waiting: 5 (HGET of the lease; DEL of the state, SET
 --   of the fence: the lease's own HDEL and ZREM would be deleted with it);
--- - release that hands the permit to the head of the queue: 14, plus the wake-up.
+-- - release that hands the permit to the head of the queue: 13, plus the PUBLISH of the
+--   wake-up; an acquire that joins the queue: 7 to 8 (9 to 11 when the queue was empty).
 -- A step reads the earliest holder and waiter expiry (ZRANGE 0 0) only once purge_at has
 -- passed, and scans for expired entries only when that earliest one has expired.
 
@@ -146,6 +147,8 @@ local new_meta, new_holders, new_queue, new_seats
 -- Seats returned in this step, not yet in the seats set (see return_seats); pool is nil
 -- until a seat comes back.
 local pool, pool_n
+-- A holder removed by remove_holder(id, true) whose keys finish() still has to clean.
+local removed
 
 -- Starts a call: reads the clock and resets every per-call value. A function library keeps
 -- these locals between calls, so each operation begins with begin(KEYS, ARGV).
@@ -160,6 +163,7 @@ local function begin(keys, argv)
   dirty, fresh, latest = false, false, 0
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
   pool, pool_n = nil, 0
+  removed = nil
 end
 
 -- Queues a wake-up for finish().
@@ -355,7 +359,7 @@ end
 
 -- Grants a lease; returns its encoded record.
 local function grant(id, weight, ttl, holder, client)
-  if S.used == 0 then
+  if S.used == 0 and removed == nil then
     new_holders = true
   end
   local seats = take_seats(weight)
@@ -387,11 +391,18 @@ local function remove_holder(id, last)
   if not weight then corrupt('lease record') end
   S.used = S.used - num(weight, 'lease weight')
   dirty = true
-  if last and S.used <= 0 and S.qlen <= 0 then
-    return encoded
+  if last then
+    if S.used <= 0 and S.qlen <= 0 then
+      return encoded
+    end
+    -- Its HDEL and ZREM wait for finish(), after the hand-off: a lease handed on in this
+    -- step then finds the keys still there (with their expiry), where removing the last
+    -- holder first would have Redis delete them and the grant create them again.
+    removed = id
+  else
+    rcall('HDEL', K_LEASES, id)
+    rcall('ZREM', K_HOLDERS, id)
   end
-  rcall('HDEL', K_LEASES, id)
-  rcall('ZREM', K_HOLDERS, id)
   return_seats(parse_seats(seats))
   return encoded
 end
@@ -555,6 +566,10 @@ local function finish()
       -- The fence as loaded when this step issued none.
       rcall('SET', K_FENCE, S.fence and int(S.fence) or M[3], 'PX', FENCE_KEEP_MS)
     else
+      if removed ~= nil then
+        rcall('HDEL', K_LEASES, removed)
+        rcall('ZREM', K_HOLDERS, removed)
+      end
       flush_pool()
       if dirty then
         -- Every live key gets the deadline when it moves; otherwise only the keys this step
