@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The W1 loop (1 client, capacity 10, acquire + release) of `tessera bench` beside the Node
+# library redis-semaphore (npm) on the same Redis, in one run, with the server's CPU per pair
+# (INFO cpu deltas) and its commands per pair (INFO commandstats). redis-semaphore and ioredis
+# are installed into a temporary folder at each run; nothing third-party is kept.
+#
+#   scripts/bench-redis-libs.sh PORT [PAIRS] [TESSERA_BIN...]
+#
+# PORT: a Redis no one else uses (the script runs FLUSHALL and CONFIG RESETSTAT between runs).
+# PAIRS: acquire+release pairs per run (default 20000). TESSERA_BIN: the tessera binaries to
+# run (default target/release/tessera); several compare builds in the same run.
+set -euo pipefail
+port=${1:?usage: bench-redis-libs.sh PORT [PAIRS] [TESSERA_BIN...]}
+pairs=${2:-20000}
+shift $(( $# >= 2 ? 2 : 1 ))
+bins=("$@")
+[ ${#bins[@]} -gt 0 ] || bins=(target/release/tessera)
+r=(redis-cli -p "$port")
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+(cd "$dir" && npm install --silent --no-audit --no-fund redis-semaphore ioredis >/dev/null)
+cat > "$dir/w1.js" <<'JS'
+const Redis = require('ioredis');
+const { Semaphore } = require('redis-semaphore');
+const [port, pairs] = [Number(process.argv[2]), Number(process.argv[3])];
+(async () => {
+  const client = new Redis({ port, host: '127.0.0.1' });
+  const t0 = process.hrtime.bigint();
+  for (let i = 0; i < pairs; i++) {
+    const s = new Semaphore(client, 'bench-w1', 10, { lockTimeout: 30000, acquireTimeout: 10000 });
+    await s.acquire();
+    await s.release();
+  }
+  const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+  console.log(JSON.stringify({ pairs, seconds: secs, pairs_per_sec: pairs / secs }));
+  client.disconnect();
+})().catch((e) => { console.error(e); process.exit(1); });
+JS
+
+cpu() { "${r[@]}" INFO cpu | tr -d '\r' | awk -F: '/used_cpu_sys:|used_cpu_user:/{s+=$2} END{printf "%.6f", s}'; }
+# Commands the server ran per pair (inside scripts included), without the benchmark's PINGs
+# and this script's own INFO/CONFIG.
+commands() {
+  "${r[@]}" INFO commandstats | tr -d '\r' \
+    | awk -F'[:,=]' '/^cmdstat_/ && $1 !~ /ping|info|config|flushall|function|script|hello|subscribe|client|select/ {s+=$3} END{print s+0}'
+}
+run() { # label, command...
+  local label=$1; shift
+  "${r[@]}" FLUSHALL >/dev/null
+  "${r[@]}" CONFIG RESETSTAT >/dev/null
+  local c0; c0=$(cpu)
+  local out; out=$("$@")
+  local c1; c1=$(cpu)
+  local rate; rate=$(echo "$out" | tail -1 | sed -E 's/.*"(ops_per_sec|pairs_per_sec)":([0-9.]+).*/\2/')
+  printf '%-28s %8.0f pairs/s  %6.1f µs Redis CPU/pair  %5.1f commands/pair\n' "$label" "$rate" \
+    "$(echo "($c1 - $c0) * 1000000 / $pairs" | bc -l)" "$(echo "$(commands) / $pairs" | bc -l)"
+}
+for bin in "${bins[@]}"; do
+  run "tessera ($(basename "$bin"))" "$bin" --store "redis://127.0.0.1:$port" bench --workload w1 \
+    --ops "$pairs" --json
+done
+run "redis-semaphore (node)" node "$dir/w1.js" "$port" "$pairs"
