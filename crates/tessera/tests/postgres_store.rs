@@ -841,12 +841,19 @@ async fn rate_functions_decide_like_the_memory_model_step_by_step() {
                         format!("{want:?}"),
                         "step {step}: acquire with other limits on {n}"
                     );
-                    if let Ok(RateReply::Admitted { reservation, at, .. }) = got {
+                    if let Ok(RateReply::Admitted {
+                        reservation, at, ..
+                    }) = got
+                    {
                         // Fresh (the old state had expired): these limits are its own now.
                         current[i] = other;
                         admitted.push((i, reservation, at));
                     }
-                    seen.insert(if got.is_err() { "mismatch" } else { "expired, redeclared" });
+                    seen.insert(if got.is_err() {
+                        "mismatch"
+                    } else {
+                        "expired, redeclared"
+                    });
                     continue;
                 }
             }
@@ -867,7 +874,11 @@ async fn rate_functions_decide_like_the_memory_model_step_by_step() {
             let want = model.rate_acquire(n, c, &req).await.unwrap();
             assert_eq!(got, want, "step {step}: acquire {req:?} of {c} on {n}");
             match got {
-                RateReply::Admitted { at, reservation, now } => {
+                RateReply::Admitted {
+                    at,
+                    reservation,
+                    now,
+                } => {
                     admitted.push((i, reservation, at));
                     seen.insert(if at > now { "reserved" } else { "admitted" });
                 }
@@ -923,5 +934,112 @@ async fn rate_functions_decide_like_the_memory_model_step_by_step() {
         "deleted",
     ] {
         assert!(seen.contains(answer), "never saw {answer}: {seen:?}");
+    }
+}
+
+/// The stored limits are read on the server only by cancel and status (an acquire sends its
+/// own): `tessera__rate_limits` gives the burst and the longest enforced window of every
+/// canonical form that `RateConfig::encode` writes, as the engine computes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_reads_stored_limits_as_the_engine_does() {
+    let server = PostgresServer::start();
+    drop(backend(&server, "limits").await);
+    let spec = |s: &str| -> RateSpec { s.parse().unwrap() };
+    let cases = [
+        (vec!["50/s", "1000/min"], RateMode::Exact, 0),
+        (vec!["7/250ms"], RateMode::Exact, 20_000),
+        (vec!["3/1500us", "10/7ms"], RateMode::Exact, 5),
+        (vec!["2/h", "20/d"], RateMode::Exact, 1_000_000),
+        (vec!["4/400ms", "6/1s"], RateMode::Smooth { burst: 2 }, 0),
+        (vec!["9/90s"], RateMode::Smooth { burst: 9 }, 1_500),
+    ];
+    for (limits, mode, margin_us) in cases {
+        let specs: Vec<RateSpec> = limits.iter().map(|s| spec(s)).collect();
+        let config = RateConfig::new(&specs, mode)
+            .unwrap()
+            .with_margin(Duration::from_micros(margin_us))
+            .unwrap();
+        let text = config.encode();
+        let burst = match mode {
+            RateMode::Smooth { burst } => burst,
+            _ => 0,
+        };
+        assert_eq!(
+            server.psql(&format!(
+                "SELECT burst || ',' || horizon FROM limits.tessera__rate_limits('{text}')"
+            )),
+            format!("{burst},{}", config.horizon_us()),
+            "{text}"
+        );
+    }
+    for bad in [
+        "",
+        "exact",
+        "exact|",
+        "smooth:0|5/s",
+        "exact+5m|5/s",
+        "exact|5/s,x",
+    ] {
+        let e = server
+            .try_psql(&format!("SELECT limits.tessera__rate_limits('{bad}')"))
+            .unwrap_err();
+        assert!(
+            e.contains("unreadable") || e.contains("burst of 0"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+/// Garbage in a limiter's row or log is `Error::Corrupt` from every step that reads it (never
+/// a panic, never an admission), and deleting the limiter clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_rate_rows_is_corrupt_and_delete_clears_it() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "rgarb").await;
+    let exact = RateConfig::new(&["3/h".parse().unwrap()], RateMode::Exact).unwrap();
+    let smooth = RateConfig::new(&["3/h".parse().unwrap()], RateMode::Smooth { burst: 1 }).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let damage = [
+        ("p = -1", &exact),
+        ("tat = '1,x'", &exact),
+        ("tat = '1,2'", &smooth),
+        ("config = 'exact|3/fortnight'", &exact),
+        ("p = p + 5", &exact),
+    ];
+    for (i, (set, config)) in damage.into_iter().enumerate() {
+        let n = name(&format!("garbage-{i}"));
+        let reservation = match pg.rate_acquire(&n, config, &one).await.unwrap() {
+            RateReply::Admitted {
+                reservation, at, ..
+            } => (reservation, at),
+            other => panic!("{other:?}"),
+        };
+        server.psql(&format!(
+            "UPDATE rgarb.tessera_rate_limiters SET {set} WHERE name = '{n}'"
+        ));
+        // A config that no longer matches is a mismatch, not garbage, for an acquire.
+        if !set.starts_with("config") {
+            let e = pg.rate_acquire(&n, config, &one).await.unwrap_err();
+            assert!(e.is_corrupt(), "{set}: acquire: {e:?}");
+        }
+        let e = pg.rate_status(&n).await.unwrap_err();
+        assert!(e.is_corrupt(), "{set}: status: {e:?}");
+        if !set.starts_with("p = p") {
+            let e = pg
+                .rate_cancel(&n, reservation.0, reservation.1)
+                .await
+                .unwrap_err();
+            assert!(e.is_corrupt(), "{set}: cancel: {e:?}");
+        }
+        assert!(pg.rate_delete(&n).await.unwrap(), "{set}");
+        assert!(pg.rate_status(&n).await.unwrap().is_none(), "{set}");
+        assert!(matches!(
+            pg.rate_acquire(&n, config, &one).await.unwrap(),
+            RateReply::Admitted { .. }
+        ));
     }
 }

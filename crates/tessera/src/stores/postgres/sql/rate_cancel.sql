@@ -18,6 +18,7 @@ DECLARE
     v_now     bigint;
     v_burst   bigint;
     v_horizon bigint;
+    v_n       int;
     v_tat     bigint[];
     v_prev    bigint[];
     v_top     bigint;
@@ -33,9 +34,14 @@ BEGIN
         PERFORM tessera__rate_drop(p_name);
         RETURN false;
     END IF;
-    SELECT l.burst, l.horizon INTO v_burst, v_horizon FROM tessera__rate_limits(r.config) l;
+    SELECT l.burst, l.n, l.horizon INTO v_burst, v_n, v_horizon
+    FROM tessera__rate_limits(r.config) l;
     v_tat := tessera__rate_tat(r.tat);
     v_prev := tessera__rate_tat(r.prev_tat);
+    IF coalesce(cardinality(v_tat), 0) <> v_n OR coalesce(cardinality(v_prev), 0) <> v_n THEN
+        PERFORM tessera__corrupt(format('rate limiter %L: %s pacing values for %s limits',
+            left(p_name, 64), coalesce(cardinality(v_tat), 0), v_n));
+    END IF;
     IF p_reservation = 0 OR r.tail <> p_reservation OR r.last <> p_at OR p_at <= v_now THEN
         RETURN false;
     END IF;

@@ -102,12 +102,14 @@ BEGIN
     RETURN string_to_array(s, ',')::bigint[];
 END $$;
 
--- The burst (0 in exact mode) and the longest enforced window, in µs, of a stored
--- configuration (RateConfig::encode: `exact|50/s,1000/min`, `smooth:2+20ms|10/s`):
+-- The burst (0 in exact mode), the number of limits and the longest enforced window, in µs,
+-- of a stored configuration (RateConfig::encode: `exact|50/s,1000/min`, `smooth:2+20ms|10/s`):
 -- RateConfig::horizon_us, the longest period plus the margin. An acquire gets these from the
 -- client with its declared limits; cancel and status, which get no limits, read the stored
 -- ones here.
-CREATE OR REPLACE FUNCTION tessera__rate_limits(config text, OUT burst bigint, OUT horizon bigint)
+CREATE OR REPLACE FUNCTION tessera__rate_limits(
+    config text, OUT burst bigint, OUT n int, OUT horizon bigint
+)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     m    text[];
@@ -125,11 +127,13 @@ BEGIN
         PERFORM tessera__corrupt(format('rate limits %L: a smooth burst of 0', left(config, 64)));
     END IF;
     horizon := 0;
+    n := 0;
     FOREACH lim IN ARRAY string_to_array(m[6], ',') LOOP
         m := regexp_match(lim, '^[0-9]{1,10}/([0-9]{0,12})(us|ms|s|min|h|d)$');
         IF m IS NULL THEN
             PERFORM tessera__corrupt(format('rate limits %L are unreadable', left(config, 64)));
         END IF;
+        n := n + 1;
         unit := m[2];
         us := CASE unit WHEN 'us' THEN 1 WHEN 'ms' THEN 1000 WHEN 's' THEN 1000000
                         WHEN 'min' THEN 60000000 WHEN 'h' THEN 3600000000
