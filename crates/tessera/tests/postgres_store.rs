@@ -130,7 +130,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2"
+        "1,2,3"
     );
 }
 
@@ -382,18 +382,49 @@ async fn a_black_holed_connection_times_out_and_recovers() {
     eventually(15, "the listener is alive", || true).await;
 }
 
-/// A schema migrated by an older build (version 1, no rate tables) gains migration 2 at the
-/// next connect; running migration 2 again over tables that exist changes nothing.
+/// Drops the rate functions of migration 3 from `schema` (what a schema migrated by a build
+/// before migration 3 lacks).
+fn drop_rate_functions(server: &PostgresServer, schema: &str) {
+    server.psql(&format!(
+        "DO $$ DECLARE f regprocedure; BEGIN \
+         FOR f IN SELECT p.oid::regprocedure FROM pg_proc p \
+           JOIN pg_namespace n ON n.oid = p.pronamespace \
+           WHERE n.nspname = '{schema}' AND p.proname LIKE 'tessera%rate%' \
+         LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$"
+    ));
+    assert_eq!(
+        server.psql(&format!(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = '{schema}' AND p.proname LIKE 'tessera%rate%'"
+        )),
+        "0"
+    );
+}
+
+fn versions(server: &PostgresServer, schema: &str) -> String {
+    server.psql(&format!(
+        "SELECT string_agg(version::text, ',' ORDER BY version) FROM {schema}.tessera_migrations"
+    ))
+}
+
+/// A schema migrated by an older build gains what it lacks at the next connect: at version 1
+/// (no rate tables) migrations 2 and 3; at version 2 (the tables, with state written by the
+/// client-side step of that build, and no functions) migration 3, and the functions honour
+/// the state already there. Running migrations 2 and 3 again over a schema that has their
+/// tables and functions changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_schema_gains_the_rate_tables_and_migration_2_is_idempotent() {
+async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_idempotent() {
     let server = PostgresServer::start();
     let url = server.url_with_schema("old");
     drop(PostgresBackend::connect(&url).await.unwrap());
+    drop_rate_functions(&server, "old");
     server.psql(
         "DROP TABLE old.tessera_rate_log, old.tessera_rate_limiters; \
-         DELETE FROM old.tessera_migrations WHERE version = 2",
+         DELETE FROM old.tessera_migrations WHERE version >= 2",
     );
-    let limits = ["2/s".parse().unwrap()];
+    assert_eq!(versions(&server, "old"), "1");
+    // An hour's window: the admission below still binds at the end of the test.
+    let limits = ["2/h".parse().unwrap()];
     let config = RateConfig::new(&limits, RateMode::Exact).unwrap();
     let cost2 = RateRequest {
         cost: 2,
@@ -402,23 +433,30 @@ async fn an_older_schema_gains_the_rate_tables_and_migration_2_is_idempotent() {
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "old"), "1,2,3");
+    let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
+        RateReply::Admitted { at, .. } => at,
+        other => panic!("{other:?}"),
+    };
+    let hour = 3_600_000_000;
+    // Version 2 with state in its tables (the row and log the client-side step wrote in the
+    // same columns), no functions: migration 3 installs them and they read that state.
+    drop_rate_functions(&server, "old");
+    server.psql("DELETE FROM old.tessera_migrations WHERE version = 3");
+    let v2 = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "old"), "1,2,3");
     assert!(matches!(
-        pg.rate_acquire(&n, &config, &cost2).await.unwrap(),
-        RateReply::Admitted { .. }
+        v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
+        RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    // Version 2 forgotten, its tables kept: the migration runs again over them.
-    server.psql("DELETE FROM old.tessera_migrations WHERE version = 2");
+    // Versions 2 and 3 forgotten, tables and functions kept: both run again over them.
+    server.psql("DELETE FROM old.tessera_migrations WHERE version >= 2");
     let again = PostgresBackend::connect(&url).await.unwrap();
     assert!(matches!(
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
-        RateReply::Limited { .. }
+        RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(
-        server.psql(
-            "SELECT string_agg(version::text, ',' ORDER BY version) FROM old.tessera_migrations"
-        ),
-        "1,2"
-    );
+    assert_eq!(versions(&server, "old"), "1,2,3");
 }
 
 fn is_busy(e: &Error) -> bool {
@@ -700,4 +738,308 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
         .unwrap();
     got.release().await.unwrap();
     store.close().await.unwrap();
+}
+
+/// A small deterministic generator (xorshift), so a failing sequence repeats by its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The rate functions against the memory store's rate model (the reference), request by
+/// request: random costs, tries and reservations, cancels, statuses, deletes, limits
+/// changed with and without `update`, and pauses that let windows slide and states expire.
+/// The function reads the server's clock, so the model's clock is set to the server time of
+/// each step: the `now` of an acquire or status reply, exactly; for the answers that carry
+/// no time (cancel, delete, a mismatch) a time within the step's bracket `[t0, t1]` (server
+/// times read just before and after it, from a status of a long-lived limiter) that agrees
+/// with the answer — the earliest if the answer says the state was still there, the latest
+/// if not; the answer itself must then be the model's. Every reply is compared whole: admit
+/// and retry times to the microsecond, reservation ids, snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_functions_decide_like_the_memory_model_step_by_step() {
+    use std::sync::Arc;
+    use tessera::backend::stores::MemoryBackend;
+
+    let server = PostgresServer::start();
+    let pg = backend(&server, "ratediff").await;
+    let clock = Arc::new(ManualClock::new(StoreTime(0)));
+    let mem = MemoryBackend::with_clock(clock.clone());
+    let model = mem.rate().unwrap();
+    let spec = |s: &str| -> RateSpec { s.parse().unwrap() };
+    let configs = [
+        RateConfig::new(&[spec("2/300ms"), spec("4/1s")], RateMode::Exact).unwrap(),
+        RateConfig::new(&[spec("3/500ms")], RateMode::Exact)
+            .unwrap()
+            .with_margin(Duration::from_millis(20))
+            .unwrap(),
+        RateConfig::new(
+            &[spec("4/400ms"), spec("6/1s")],
+            RateMode::Smooth { burst: 2 },
+        )
+        .unwrap(),
+        RateConfig::new(&[spec("5/1s")], RateMode::Smooth { burst: 1 }).unwrap(),
+    ];
+    // The server's time, read by a status of a limiter that outlives the test.
+    let clock_name = name("server-clock");
+    let day = RateConfig::new(&[spec("1/d")], RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    pg.rate_acquire(&clock_name, &day, &one).await.unwrap();
+    let server_now = || async { pg.rate_status(&clock_name).await.unwrap().unwrap().now };
+
+    let names: Vec<Name> = (0..3).map(|i| name(&format!("diff-{i}"))).collect();
+    let mut current = [0usize, 2, 3];
+    let mut admitted: Vec<(usize, u64, StoreTime)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for step in 0..500 {
+        let i = rng.below(names.len() as u64) as usize;
+        let n = &names[i];
+        let roll = rng.below(100);
+        let t0 = server_now().await;
+        if roll < 60 {
+            // An acquire, now and then with other limits (with or without update).
+            let mut update = false;
+            if rng.below(10) == 0 {
+                let other = rng.below(configs.len() as u64) as usize;
+                update = rng.below(2) == 0;
+                if update {
+                    current[i] = other;
+                }
+                if !update && other != current[i] {
+                    let c = &configs[other];
+                    let req = RateRequest {
+                        cost: 1,
+                        max_wait: None,
+                        update: false,
+                    };
+                    let got = pg.rate_acquire(n, c, &req).await;
+                    let want = match &got {
+                        // The state was there at the step's time, so at t0 too.
+                        Err(e) if e.is_rate_mismatch() => {
+                            clock.set(t0);
+                            model.rate_acquire(n, c, &req).await
+                        }
+                        Ok(RateReply::Admitted { now, .. } | RateReply::Limited { now, .. }) => {
+                            clock.set(*now);
+                            model.rate_acquire(n, c, &req).await
+                        }
+                        Err(e) => panic!("step {step}: {e:?}"),
+                    };
+                    assert_eq!(
+                        format!("{got:?}"),
+                        format!("{want:?}"),
+                        "step {step}: acquire with other limits on {n}"
+                    );
+                    if let Ok(RateReply::Admitted {
+                        reservation, at, ..
+                    }) = got
+                    {
+                        // Fresh (the old state had expired): these limits are its own now.
+                        current[i] = other;
+                        admitted.push((i, reservation, at));
+                    }
+                    seen.insert(if got.is_err() {
+                        "mismatch"
+                    } else {
+                        "expired, redeclared"
+                    });
+                    continue;
+                }
+            }
+            let c = &configs[current[i]];
+            let cost = 1 + rng.below(u64::from(c.max_cost())) as u32;
+            let max_wait = match rng.below(2) {
+                0 => None,
+                _ => Some(Duration::from_millis(rng.below(800))),
+            };
+            let req = RateRequest {
+                cost,
+                max_wait,
+                update,
+            };
+            let got = pg.rate_acquire(n, c, &req).await.unwrap();
+            let (RateReply::Admitted { now, .. } | RateReply::Limited { now, .. }) = got;
+            clock.set(now);
+            let want = model.rate_acquire(n, c, &req).await.unwrap();
+            assert_eq!(got, want, "step {step}: acquire {req:?} of {c} on {n}");
+            match got {
+                RateReply::Admitted {
+                    at,
+                    reservation,
+                    now,
+                } => {
+                    admitted.push((i, reservation, at));
+                    seen.insert(if at > now { "reserved" } else { "admitted" });
+                }
+                RateReply::Limited { .. } => {
+                    seen.insert("limited");
+                }
+            }
+        } else if roll < 72 {
+            // A cancel: usually the latest admission of this limiter, sometimes an older one.
+            let mine: Vec<_> = admitted.iter().filter(|a| a.0 == i).collect();
+            let Some(&&(_, id, at)) = (match rng.below(4) {
+                0 => mine.first(),
+                _ => mine.last(),
+            }) else {
+                continue;
+            };
+            let got = pg.rate_cancel(n, id, at).await.unwrap();
+            let t1 = server_now().await;
+            clock.set(if got { t0 } else { t1 });
+            let want = model.rate_cancel(n, id, at).await.unwrap();
+            assert_eq!(got, want, "step {step}: cancel {id} at {at:?} on {n}");
+            seen.insert(if got { "cancelled" } else { "not cancelled" });
+        } else if roll < 84 {
+            let got = pg.rate_status(n).await.unwrap();
+            if let Some(s) = &got {
+                clock.set(s.now);
+            } else {
+                clock.set(server_now().await);
+            }
+            let want = model.rate_status(n).await.unwrap();
+            assert_eq!(got, want, "step {step}: status of {n}");
+            seen.insert(if got.is_some() { "status" } else { "no status" });
+        } else if roll < 90 {
+            let got = pg.rate_delete(n).await.unwrap();
+            let t1 = server_now().await;
+            clock.set(if got { t0 } else { t1 });
+            let want = model.rate_delete(n).await.unwrap();
+            assert_eq!(got, want, "step {step}: delete {n}");
+            seen.insert(if got { "deleted" } else { "nothing to delete" });
+        } else {
+            tokio::time::sleep(Duration::from_millis(20 + rng.below(400))).await;
+        }
+    }
+    for answer in [
+        "admitted",
+        "reserved",
+        "limited",
+        "mismatch",
+        "cancelled",
+        "not cancelled",
+        "status",
+        "no status",
+        "deleted",
+    ] {
+        assert!(seen.contains(answer), "never saw {answer}: {seen:?}");
+    }
+}
+
+/// The stored limits are read on the server only by cancel and status (an acquire sends its
+/// own): `tessera__rate_limits` gives the burst and the longest enforced window of every
+/// canonical form that `RateConfig::encode` writes, as the engine computes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_reads_stored_limits_as_the_engine_does() {
+    let server = PostgresServer::start();
+    drop(backend(&server, "limits").await);
+    let spec = |s: &str| -> RateSpec { s.parse().unwrap() };
+    let cases = [
+        (vec!["50/s", "1000/min"], RateMode::Exact, 0),
+        (vec!["7/250ms"], RateMode::Exact, 20_000),
+        (vec!["3/1500us", "10/7ms"], RateMode::Exact, 5),
+        (vec!["2/h", "20/d"], RateMode::Exact, 1_000_000),
+        (vec!["4/400ms", "6/1s"], RateMode::Smooth { burst: 2 }, 0),
+        (vec!["9/90s"], RateMode::Smooth { burst: 9 }, 1_500),
+    ];
+    for (limits, mode, margin_us) in cases {
+        let specs: Vec<RateSpec> = limits.iter().map(|s| spec(s)).collect();
+        let config = RateConfig::new(&specs, mode)
+            .unwrap()
+            .with_margin(Duration::from_micros(margin_us))
+            .unwrap();
+        let text = config.encode();
+        let burst = match mode {
+            RateMode::Smooth { burst } => burst,
+            _ => 0,
+        };
+        assert_eq!(
+            server.psql(&format!(
+                "SELECT burst || ',' || horizon FROM limits.tessera__rate_limits('{text}')"
+            )),
+            format!("{burst},{}", config.horizon_us()),
+            "{text}"
+        );
+    }
+    for bad in [
+        "",
+        "exact",
+        "exact|",
+        "smooth:0|5/s",
+        "exact+5m|5/s",
+        "exact|5/s,x",
+    ] {
+        let e = server
+            .try_psql(&format!("SELECT limits.tessera__rate_limits('{bad}')"))
+            .unwrap_err();
+        assert!(
+            e.contains("unreadable") || e.contains("burst of 0"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+/// Garbage in a limiter's row or log is `Error::Corrupt` from every step that reads it (never
+/// a panic, never an admission), and deleting the limiter clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_rate_rows_is_corrupt_and_delete_clears_it() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "rgarb").await;
+    let exact = RateConfig::new(&["3/h".parse().unwrap()], RateMode::Exact).unwrap();
+    let smooth = RateConfig::new(&["3/h".parse().unwrap()], RateMode::Smooth { burst: 1 }).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    let damage = [
+        ("p = -1", &exact),
+        ("tat = '1,x'", &exact),
+        ("tat = '1,2'", &smooth),
+        ("config = 'exact|3/fortnight'", &exact),
+        ("p = p + 5", &exact),
+    ];
+    for (i, (set, config)) in damage.into_iter().enumerate() {
+        let n = name(&format!("garbage-{i}"));
+        let reservation = match pg.rate_acquire(&n, config, &one).await.unwrap() {
+            RateReply::Admitted {
+                reservation, at, ..
+            } => (reservation, at),
+            other => panic!("{other:?}"),
+        };
+        server.psql(&format!(
+            "UPDATE rgarb.tessera_rate_limiters SET {set} WHERE name = '{n}'"
+        ));
+        // A config that no longer matches is a mismatch, not garbage, for an acquire.
+        if !set.starts_with("config") {
+            let e = pg.rate_acquire(&n, config, &one).await.unwrap_err();
+            assert!(e.is_corrupt(), "{set}: acquire: {e:?}");
+        }
+        let e = pg.rate_status(&n).await.unwrap_err();
+        assert!(e.is_corrupt(), "{set}: status: {e:?}");
+        if !set.starts_with("p = p") {
+            let e = pg
+                .rate_cancel(&n, reservation.0, reservation.1)
+                .await
+                .unwrap_err();
+            assert!(e.is_corrupt(), "{set}: cancel: {e:?}");
+        }
+        assert!(pg.rate_delete(&n).await.unwrap(), "{set}");
+        assert!(pg.rate_status(&n).await.unwrap().is_none(), "{set}");
+        assert!(matches!(
+            pg.rate_acquire(&n, config, &one).await.unwrap(),
+            RateReply::Admitted { .. }
+        ));
+    }
 }

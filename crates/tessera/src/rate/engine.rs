@@ -1,6 +1,7 @@
 //! The rate decision as pure functions of the state, the request and the store's time. The
-//! memory and SQLite stores call these; the Redis script (`rate_acquire.lua`) follows them
-//! line by line.
+//! memory, SQLite and MySQL stores call these; the Redis script (`rate_acquire.lua`) and the
+//! PostgreSQL function (`stores/postgres/sql/rate_acquire.sql`) follow them line by line
+//! (a status from either is computed here, by `status`).
 //!
 //! Every `L` below is a limit's enforced window, its period plus the limiter's margin
 //! ([`RateConfig::window_us`]); the period alone is never used for a decision.
@@ -61,7 +62,8 @@ pub(crate) struct RateState {
 }
 
 // `new` and `expires_at`, like the other items under this `cfg`, serve the stores that
-// decide in Rust (memory, SQLite); the Redis scripts run the same step in Lua.
+// decide in Rust (memory, SQLite, MySQL, and the shared SQL step that a build with PostgreSQL
+// alone compiles); the Redis scripts run the same step in Lua, PostgreSQL in PL/pgSQL.
 #[cfg(any(
     feature = "memory",
     feature = "sqlite",

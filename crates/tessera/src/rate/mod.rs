@@ -76,8 +76,8 @@
 //! `L` is always the enforced window, the period plus the margin
 //! ([`RateConfig::window_us`]).
 //!
-//! The decision itself is one pure function shared by the memory and SQLite stores
-//! (`rate/engine.rs`); the Redis script follows it line by line.
+//! The decision itself is one pure function shared by the memory, SQLite and MySQL stores
+//! (`rate/engine.rs`); the Redis script and the PostgreSQL function follow it line by line.
 
 //!
 //! # Layout

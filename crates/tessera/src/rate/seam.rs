@@ -75,9 +75,9 @@ pub struct RateStatus {
 }
 
 /// The rate-limit seam: one atomic step per method, on the store's clock. A store offers it
-/// through [`crate::backend::Backend::rate`]: the memory and SQLite stores run the decision of
-/// `rate/engine.rs` inside their own step, the Redis store a function that follows it line by
-/// line.
+/// through [`crate::backend::Backend::rate`]: the memory, SQLite and MySQL stores run the
+/// decision of `rate/engine.rs` inside their own step, the Redis and PostgreSQL stores a
+/// function on the server (Lua, PL/pgSQL) that follows it line by line.
 #[async_trait]
 pub trait RateBackend: Send + Sync + fmt::Debug {
     /// Prunes, checks the stored configuration (creating or, with `req.update`, replacing

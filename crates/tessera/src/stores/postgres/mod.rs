@@ -48,10 +48,10 @@
 //!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
 //!   a self-NOTIFY watchdog against half-open connections; waiters keep their heartbeat as
 //!   the safety net.
-//! - **Rate limiters** (migration 2, `rate.rs`) run the SQL stores' shared rate step
-//!   (`stores/sql/rate.rs`) as one short client-side transaction per request: the
-//!   limiter's row is locked with `SELECT … FOR UPDATE` first, `clock_timestamp()` read once
-//!   after the lock.
+//! - **Rate limiters** (`rate.rs`; tables in migration 2, functions in migration 3) run one
+//!   PL/pgSQL function per step as well (`sql/rate_*.sql`), the decision of
+//!   `rate/engine.rs` line by line: the limiter's row is locked with `SELECT … FOR UPDATE`
+//!   first, `clock_timestamp()` read once after the lock.
 //! - **Faults**: every call has a [`RESPONSE_TIMEOUT`]; a connection that timed out is
 //!   closed, not reused. A read-only database (SQLSTATE `25006`) and a full disk or other
 //!   exhausted resource (class `53`) are [`StoreErrorKind::Busy`]: nothing was written, and
@@ -89,7 +89,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
 const POOL_SIZE: u32 = 4;
 /// The migrations, in order; the schema records the last one it ran.
-const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1, rate::MIGRATION_2];
+const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1, rate::MIGRATION_2, rate::MIGRATION_3];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
 type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;

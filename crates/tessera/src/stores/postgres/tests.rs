@@ -18,7 +18,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 2);
+    assert_eq!(MIGRATIONS.len(), 3);
     let rate: String = MIGRATIONS[1].concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -26,6 +26,27 @@ fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
             rate.contains(&format!("CREATE TABLE IF NOT EXISTS {t} (")),
             "{t}"
         );
+    }
+}
+
+#[test]
+fn the_rate_functions_come_third_after_their_tables() {
+    let rate: String = MIGRATIONS[2].concat();
+    assert!(rate.starts_with("-- tessera PostgreSQL store, migration 3"));
+    for f in [
+        "tessera_rate_acquire",
+        "tessera_rate_cancel",
+        "tessera_rate_status",
+        "tessera_rate_delete",
+    ] {
+        assert!(
+            rate.contains(&format!("CREATE OR REPLACE FUNCTION {f}(")),
+            "{f}"
+        );
+    }
+    // Every statement may run again over a schema that has it (a re-run migration).
+    for line in rate.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(line.starts_with("CREATE OR REPLACE FUNCTION "), "{line}");
     }
 }
 

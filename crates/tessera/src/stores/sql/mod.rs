@@ -64,8 +64,8 @@
 //! server-side step uses no client statements at all. One method per statement keeps each
 //! of these inside the store that has it, and the step free of sqlx.
 
-// A build with PostgreSQL as its only SQL store uses only the rate step (its semaphore step
-// runs on the server).
+// A build with PostgreSQL as its only SQL store uses neither step (both run on the server,
+// as PL/pgSQL functions), only the rate module's value helpers.
 #![cfg_attr(
     not(any(feature = "sqlite", feature = "mysql")),
     allow(dead_code, unused_imports)

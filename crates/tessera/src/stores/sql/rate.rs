@@ -1,4 +1,7 @@
-//! The rate-limiter step shared by the SQL stores, written once over [`RateRows`].
+//! The rate-limiter step shared by the SQL stores that run it on the client (SQLite, MySQL),
+//! written once over [`RateRows`]. PostgreSQL runs the same step on the server, as one
+//! PL/pgSQL function per operation (`stores/postgres/sql/rate_*.sql`), and uses only the
+//! value helpers here.
 //!
 //! The decisions are the pure functions of `rate/engine.rs` (the memory store's too); this
 //! module reads and writes their state through one store's statements. A step, inside one

@@ -1,5 +1,7 @@
 -- tessera PostgreSQL store, migration 2: the rate-limiter tables (see rate.rs and
--- rate/engine.rs; the step is the SQL stores' shared one, stores/sql/rate.rs).
+-- rate/engine.rs; the step runs on the server, as the functions of migration 3,
+-- rate_common.sql and rate_*.sql; before migration 3 it was the SQL stores' shared
+-- client-side step, stores/sql/rate.rs, over these same tables).
 --
 -- Runs once per schema inside the migration transaction, like migration 1, and is
 -- idempotent besides (`IF NOT EXISTS`): a schema that has the tables already still migrates.
@@ -12,7 +14,7 @@
 --   p, base     running total of admitted cost, and the total before the oldest kept entry
 --   tat         smooth mode: one GCRA theoretical arrival time per limit, comma separated
 --   expires_at  when the state stops mattering; rows past it are deleted by later steps. A
---               placeholder row (created to be locked, see rate.rs) has 0: no state.
+--               placeholder row (created to be locked, see rate_common.sql) has 0: no state.
 CREATE TABLE IF NOT EXISTS tessera_rate_limiters (
     name       text   PRIMARY KEY,
     config     text   NOT NULL,
