@@ -121,7 +121,9 @@ impl Held {
         sent: Instant,
     ) -> Arc<Held> {
         let remaining = grant.lease.expires_at.since(grant.now);
-        let now = Instant::now();
+        // The request's send instant, not a fresh clock read: the first renewal comes a
+        // little earlier, never later.
+        let now = sent;
         let state = HeldState {
             expires_at: grant.lease.expires_at,
             valid_until: sent + remaining.saturating_sub(margin(config.ttl)),
