@@ -75,7 +75,7 @@ impl Holder {
             weight: self.weight,
             seats: self.seats.as_slice().to_vec(),
             fence: self.fence,
-            holder: self.holder.to_string(),
+            holder: String::from(&*self.holder),
             acquired_at: self.acquired_at,
             expires_at: self.expires_at,
         }
