@@ -143,7 +143,6 @@ impl Permit {
             return Ok(false);
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
         let backend = h.store.backend();
         match backend.release_now(&h.config.name, h.lease.lease_id) {
             Some(r) => r,
@@ -165,7 +164,6 @@ impl Permit {
             return None;
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
         let mut lease = h.lease.clone();
         lease.expires_at = h.clock().0;
         Some(lease)
@@ -181,7 +179,6 @@ impl Drop for Permit {
             return;
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
         cleanup::spawn(
             &h.store,
             Job::Release {
