@@ -128,6 +128,25 @@ impl Backend for FaultyBackend {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    /// Forwarded while no fault is set; with one, `None` sends the call through `acquire`,
+    /// which applies it.
+    fn acquire_now(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Option<Result<AcquireReply>> {
+        if self.faults.mode(false) != 0 {
+            return None;
+        }
+        self.inner.acquire_now(name, capacity, req)
+    }
+    fn release_now(&self, name: &Name, lease: LeaseId) -> Option<Result<bool>> {
+        if self.faults.mode(false) != 0 {
+            return None;
+        }
+        self.inner.release_now(name, lease)
+    }
     /// Rate steps pass through without faults.
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate()

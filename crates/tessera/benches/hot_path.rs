@@ -2,9 +2,14 @@
 //! `valgrind --tool=callgrind` can count (instructions are repeatable on a busy machine,
 //! seconds are not). `scripts/callgrind.sh` runs it and prints instructions per pair.
 //!
-//! `cargo bench -p tessera --bench hot_path -- [memory|tokio] [PAIRS]` prints ns per pair.
+//! `cargo bench -p tessera --bench hot_path -- [memory|tokio] [PAIRS]` prints ns per pair;
+//! `memory-contended` and `tokio-contended` share 4 permits among 32 tasks (PAIRS in all, on
+//! one thread, so callgrind counts the hand-offs too).
 
 use std::time::Instant;
+
+/// Tasks sharing 4 permits in the contended cases.
+const TASKS: u64 = 32;
 
 fn main() {
     // `cargo bench` passes `--bench`; every other argument is ours.
@@ -36,7 +41,44 @@ fn main() {
                 p.release().await.unwrap();
             }
         }),
-        other => panic!("unknown case {other:?}: memory or tokio"),
+        "tokio-contended" => rt.block_on(async {
+            let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(4));
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|_| {
+                    let sem = sem.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..pairs / TASKS {
+                            let p = sem.acquire().await.unwrap();
+                            tokio::task::yield_now().await;
+                            drop(std::hint::black_box(p));
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }),
+        "memory-contended" => rt.block_on(async {
+            let store = tessera::Store::connect("memory://hot-path").await.unwrap();
+            let sem = store.semaphore("contended", 4).unwrap();
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|_| {
+                    let sem = sem.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..pairs / TASKS {
+                            let p = sem.acquire().await.unwrap();
+                            tokio::task::yield_now().await;
+                            p.release().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }),
+        other => panic!("unknown case {other:?}: memory, tokio, memory-contended, tokio-contended"),
     }
     let ns = start.elapsed().as_nanos() as f64 / pairs as f64;
     println!("{what}: {pairs} pairs, {ns:.0} ns per pair");

@@ -20,7 +20,9 @@
 //! 1. Inside a tokio runtime the ticket runs as a task of that runtime, on the connection
 //!    the store already has — the common case, costing one store call.
 //! 2. If that task is dropped before it finished — its runtime shut down, as the runtime of
-//!    `#[tokio::main]` does when `main` returns — the ticket's drop hands it to the *reaper*:
+//!    `#[tokio::main]` does when `main` returns — or its job failed (the same shutdown often
+//!    takes the store's connection first, and the job then fails instead of being dropped),
+//!    the ticket's drop hands it to the *reaper*:
 //!    one process-wide thread with a runtime of its own. Outside any runtime the ticket goes
 //!    there at once. The reaper cannot use the store's connection (its driver tasks died with
 //!    their runtime), so it opens a fresh one from the store's URL, once per URL, and runs the
@@ -72,8 +74,9 @@ pub(crate) enum Job {
 }
 
 impl Job {
-    async fn run(&self, backend: &dyn Backend) {
-        let outcome = match self {
+    /// Runs the job once: `Err` when the store gave no answer (or an error).
+    async fn run(&self, backend: &dyn Backend) -> crate::Result<()> {
+        match self {
             Job::Release { name, lease } => backend.release(name, *lease).await.map(drop),
             Job::Cancel { name, lease } => backend.cancel(name, *lease).await.map(drop),
             Job::RateCancel {
@@ -84,18 +87,20 @@ impl Job {
                 Some(rate) => rate.rate_cancel(name, *reservation, *at).await.map(drop),
                 None => Ok(()),
             },
-        };
-        if let Err(e) = outcome {
-            match self {
-                Job::Release { name, lease } => {
-                    tracing::warn!(%name, %lease, error = %e, "release on drop failed; the lease expires by its TTL")
-                }
-                Job::Cancel { name, lease } => {
-                    tracing::warn!(%name, %lease, error = %e, "could not cancel an abandoned acquire; it expires by its TTL")
-                }
-                Job::RateCancel { name, .. } => {
-                    tracing::warn!(%name, error = %e, "could not return a cancelled rate reservation; it stays charged")
-                }
+        }
+    }
+
+    /// Logs that the job is given up: what is left behind expires by itself.
+    fn given_up(&self, e: &crate::Error) {
+        match self {
+            Job::Release { name, lease } => {
+                tracing::warn!(%name, %lease, error = %e, "release on drop failed; the lease expires by its TTL")
+            }
+            Job::Cancel { name, lease } => {
+                tracing::warn!(%name, %lease, error = %e, "could not cancel an abandoned acquire; it expires by its TTL")
+            }
+            Job::RateCancel { name, .. } => {
+                tracing::warn!(%name, error = %e, "could not return a cancelled rate reservation; it stays charged")
             }
         }
     }
@@ -109,7 +114,14 @@ pub(crate) fn spawn(store: &Store, job: Job) {
             rt.spawn(async move {
                 let mut ticket = ticket;
                 if let Some((store, job)) = &ticket.inner {
-                    job.run(store.backend().as_ref()).await;
+                    if let Err(e) = job.run(store.backend().as_ref()).await {
+                        // Often the runtime shutting down under the job (its connection's
+                        // task went first, as when `main` returns): dropped unfinished,
+                        // the ticket goes to the reaper, which tries once more on a fresh
+                        // connection and logs if that fails too.
+                        tracing::debug!(error = %e, "clean-up failed; the reaper tries again");
+                        return;
+                    }
                 }
                 ticket.finish();
             });
@@ -273,7 +285,9 @@ fn reaper_thread(mut rx: mpsc::UnboundedReceiver<Ticket>) {
                             None => Some(store.clone()),
                         };
                         if let Some(s) = fresh {
-                            job.run(s.backend().as_ref()).await;
+                            if let Err(e) = job.run(s.backend().as_ref()).await {
+                                job.given_up(&e);
+                            }
                         }
                     };
                     if tokio::time::timeout(REAPER_JOB_TIMEOUT, work).await.is_err() {

@@ -13,8 +13,15 @@
 //! hung renewal delays neither another lease's renewal nor its `lost()`. A finished turn puts
 //! its lease back in the queue at its next instant, unless the lease was lost or released.
 //!
-//! A lease is in exactly one [`Stage`]: queued under a key, in a turn, or ended (released,
-//! dropped or lost). Every change of stage happens under the lease's `state` lock, which is
+//! A granted lease does not enter that ordered queue at once: it is pushed on the keeper's list
+//! of new leases (a `Vec` of weak references, no ordering work), and the keeper task moves the
+//! ones still held into the queue when it next looks — which it does before the earliest of
+//! them is due. A lease released before then (an acquire/release loop) costs the keeper one
+//! push and nothing at its release; the list is compacted when it has doubled, so released
+//! leases never pile up in it.
+//!
+//! A lease is in exactly one [`Stage`]: new, queued under a key, in a turn, or ended
+//! (released, dropped or lost). Every change of stage happens under the lease's `state` lock, which is
 //! taken before the keeper's `queue` lock when both are needed; the keeper task never takes a
 //! `state` lock while it holds `queue`. So a release racing with the keeper taking the entry
 //! out is decided under `state`: either the release removes the entry first, or the turn
@@ -60,6 +67,9 @@ const LOG_TARGET: &str = "tessera::permit";
 /// How long a keeper without leases waits for a new one before its task ends.
 const IDLE_LINGER: Duration = Duration::from_secs(1);
 
+/// The length below which the list of new leases is never compacted.
+const NEW_MIN: usize = 64;
+
 /// A turn later than this (and than a tenth of the TTL) means the process stalled.
 const STALL_MIN: Duration = Duration::from_millis(50);
 
@@ -97,6 +107,8 @@ struct HeldState {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// In the keeper's list of new leases, first due at this instant.
+    New(Instant),
     Queued(Key),
     InTurn,
     Ended,
@@ -121,7 +133,9 @@ impl Held {
         sent: Instant,
     ) -> Arc<Held> {
         let remaining = grant.lease.expires_at.since(grant.now);
-        let now = Instant::now();
+        // The request's send instant, not a fresh clock read: the first renewal comes a
+        // little earlier, never later.
+        let now = sent;
         let state = HeldState {
             expires_at: grant.lease.expires_at,
             valid_until: sent + remaining.saturating_sub(margin(config.ttl)),
@@ -133,6 +147,10 @@ impl Held {
             poked: false,
         };
         let first = state.next_turn(&config, now);
+        let state = HeldState {
+            stage: Stage::New(first),
+            ..state
+        };
         let held = Arc::new(Held {
             store,
             config,
@@ -143,9 +161,7 @@ impl Held {
             stop: Notify::new(),
             released: AtomicBool::new(false),
         });
-        let mut st = held.state.lock().unwrap();
-        st.stage = Stage::Queued(held.keeper.insert(first, &held, false));
-        drop(st);
+        held.keeper.enter_new(first, &held);
         held.store.track(&held);
         held
     }
@@ -191,7 +207,8 @@ impl Held {
         match stage {
             Stage::Queued(key) => self.keeper.remove(key),
             Stage::InTurn => self.stop.notify_waiters(),
-            Stage::Ended => {}
+            // The keeper drops it from its list of new leases when it next looks.
+            Stage::New(_) | Stage::Ended => {}
         }
     }
 
@@ -272,6 +289,10 @@ impl wake::Hook for Held {
         match st.stage {
             Stage::Queued(key) => {
                 self.keeper.remove(key);
+                st.stage = Stage::Queued(self.keeper.insert(Instant::now(), &self, false));
+            }
+            // Still in the list of new leases, where the keeper skips it from now on.
+            Stage::New(_) => {
                 st.stage = Stage::Queued(self.keeper.insert(Instant::now(), &self, false));
             }
             Stage::InTurn => st.poked = true,
@@ -373,6 +394,12 @@ pub(crate) struct Keeper {
 
 struct Queue {
     due: BTreeMap<Key, Arc<Held>>,
+    /// Leases granted since the task last looked, not yet in `due` (see the module docs).
+    new: Vec<Weak<Held>>,
+    /// The earliest instant one of `new` is due.
+    new_due: Option<Instant>,
+    /// `new` is compacted when it reaches this length.
+    new_limit: usize,
     next_seq: u64,
     /// Whether a task runs for this keeper, and which one (a new one gets a new number).
     running: bool,
@@ -423,6 +450,9 @@ impl Keeper {
                         runtime,
                         queue: Mutex::new(Queue {
                             due: BTreeMap::new(),
+                            new: Vec::new(),
+                            new_due: None,
+                            new_limit: NEW_MIN,
                             next_seq: 0,
                             running: false,
                             task: 0,
@@ -446,6 +476,31 @@ impl Keeper {
         let key = (at, q.next_seq);
         q.next_seq += 1;
         q.due.insert(key, Arc::clone(held));
+        self.kick(q, at, from_task);
+        key
+    }
+
+    /// Puts a lease just granted, first due at `at`, on the list of new leases; compacts the
+    /// list (drops the leases released meanwhile) when it has doubled since the last time.
+    fn enter_new(self: &Arc<Self>, at: Instant, held: &Arc<Held>) {
+        let mut q = self.queue.lock().unwrap();
+        if q.new.len() >= q.new_limit {
+            q.new.retain(|h| h.strong_count() > 0);
+            q.new_limit = (2 * q.new.len()).max(NEW_MIN);
+        }
+        q.new.push(Arc::downgrade(held));
+        q.new_due = Some(q.new_due.map_or(at, |d| d.min(at)));
+        self.kick(q, at, false);
+    }
+
+    /// After an entry due at `at` was added under `q`: starts the task if none runs, or wakes
+    /// it if it would look too late.
+    fn kick(
+        self: &Arc<Self>,
+        mut q: std::sync::MutexGuard<'_, Queue>,
+        at: Instant,
+        from_task: bool,
+    ) {
         if !q.running {
             q.running = true;
             q.task += 1;
@@ -463,7 +518,6 @@ impl Keeper {
             drop(q);
             self.wake.notify_one();
         }
-        key
     }
 
     fn remove(&self, key: Key) {
@@ -494,8 +548,23 @@ async fn run(guard: TaskGuard) {
     let keeper = &guard.keeper;
     let mut turns = FuturesUnordered::new();
     let mut due = Vec::new();
+    let mut new = Vec::new();
     let mut idle_until: Option<Instant> = None;
     loop {
+        // The leases granted since the last look that are still held enter the queue (under
+        // their own lock first, then the queue's, in that order).
+        {
+            let mut q = keeper.queue.lock().unwrap();
+            std::mem::swap(&mut q.new, &mut new);
+            q.new_due = None;
+            q.new_limit = NEW_MIN;
+        }
+        for held in new.drain(..).filter_map(|h| h.upgrade()) {
+            let mut st = held.state.lock().unwrap();
+            if let Stage::New(at) = st.stage {
+                st.stage = Stage::Queued(keeper.insert(at, &held, true));
+            }
+        }
         let now = Instant::now();
         let look_by = {
             let mut q = keeper.queue.lock().unwrap();
@@ -505,7 +574,7 @@ async fn run(guard: TaskGuard) {
                 }
                 due.push(entry.remove_entry());
             }
-            if q.due.is_empty() && due.is_empty() && turns.is_empty() {
+            if q.due.is_empty() && q.new.is_empty() && due.is_empty() && turns.is_empty() {
                 let until = *idle_until.get_or_insert(now + IDLE_LINGER);
                 if now >= until {
                     // Ends the task; the guard marks the keeper as without one, under this
@@ -517,7 +586,11 @@ async fn run(guard: TaskGuard) {
                 q.look_by = Some(until);
             } else {
                 idle_until = None;
-                q.look_by = q.due.first_key_value().map(|(k, _)| k.0);
+                let first = q.due.first_key_value().map(|(k, _)| k.0);
+                q.look_by = match (first, q.new_due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
             q.look_by
         };

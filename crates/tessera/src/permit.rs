@@ -43,7 +43,15 @@ use crate::wake;
 pub struct Permit {
     held: Arc<Held>,
     /// The wake-up registration on the lease id, for revocations pushed to the holder.
-    _wake: wake::Registration,
+    _wake: PermitWake,
+}
+
+/// The acquire's registration, handed over; or, for a lease granted without a wait, the
+/// registration of the keeper's hook alone.
+#[derive(Debug)]
+enum PermitWake {
+    Slot { _reg: wake::Registration },
+    Hook { _reg: wake::HookRegistration },
 }
 
 impl Permit {
@@ -56,17 +64,23 @@ impl Permit {
         sent: Instant,
         registration: Option<wake::Registration>,
     ) -> Permit {
-        let registration =
-            registration.unwrap_or_else(|| wake::Registration::new(grant.lease.lease_id));
+        let lease = grant.lease.lease_id;
         let held = Held::start(store.clone(), config, grant, sent);
-        // A revocation pushed between the grant and this hand-over only wakes the acquire's
-        // slot, which nobody awaits any more; the next renewal finds the lease gone.
         let hook: Arc<dyn wake::Hook> = held.clone();
-        registration.hand_to(Arc::downgrade(&hook));
-        Permit {
-            held,
-            _wake: registration,
-        }
+        let wake = match registration {
+            // A revocation pushed between the grant and this hand-over only wakes the
+            // acquire's slot, which nobody awaits any more; the next renewal finds the lease
+            // gone.
+            Some(registration) => {
+                registration.hand_to(Arc::downgrade(&hook));
+                PermitWake::Slot { _reg: registration }
+            }
+            // Registered after the grant: a revocation pushed before reaches the hook at once.
+            None => PermitWake::Hook {
+                _reg: wake::HookRegistration::new(lease, &hook),
+            },
+        };
+        Permit { held, _wake: wake }
     }
 
     /// The lease id (shown by `status`, used by `revoke`).
@@ -129,11 +143,11 @@ impl Permit {
             return Ok(false);
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
-        h.store
-            .backend()
-            .release(&h.config.name, h.lease.lease_id)
-            .await
+        let backend = h.store.backend();
+        match backend.release_now(&h.config.name, h.lease.lease_id) {
+            Some(r) => r,
+            None => backend.release(&h.config.name, h.lease.lease_id).await,
+        }
     }
 
     /// Stops keeping the lease alive and hands it over without releasing it: the store keeps
@@ -150,7 +164,6 @@ impl Permit {
             return None;
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
         let mut lease = h.lease.clone();
         lease.expires_at = h.clock().0;
         Some(lease)
@@ -166,7 +179,6 @@ impl Drop for Permit {
             return;
         }
         h.stop();
-        h.store.untrack(h.lease.lease_id);
         cleanup::spawn(
             &h.store,
             Job::Release {

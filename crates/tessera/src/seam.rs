@@ -216,6 +216,27 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What this store can and cannot do (see the module docs). Wrappers forward it.
     fn capabilities(&self) -> Capabilities;
 
+    /// The step of [`Backend::acquire`] run at once on the caller's thread, for a store whose
+    /// steps need no I/O (memory); `None` (the default) means "await [`Backend::acquire`]".
+    /// It spares the in-process store the boxed future and the scheduling of an async call,
+    /// which cost more than its step itself. Wrappers forward it, or return `None` to have
+    /// the call go through their async path (fault injection does when a fault is set).
+    #[doc(hidden)]
+    fn acquire_now(
+        &self,
+        _name: &Name,
+        _capacity: u32,
+        _req: &AcquireRequest,
+    ) -> Option<Result<AcquireReply>> {
+        None
+    }
+
+    /// The step of [`Backend::release`] run at once, as [`Backend::acquire_now`].
+    #[doc(hidden)]
+    fn release_now(&self, _name: &Name, _lease: LeaseId) -> Option<Result<bool>> {
+        None
+    }
+
     /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
     /// Wrappers (fault injection) forward this.
     fn rate(&self) -> Option<&dyn RateBackend> {

@@ -242,16 +242,25 @@ impl Semaphore {
     /// (nothing changed in the store).
     pub async fn try_acquire_many(&self, weight: u32) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
-        let mut pending = Pending::new(self, LeaseId::random());
+        let lease = LeaseId::random();
+        let request = self.request(lease, weight, false);
         let sent = Instant::now();
-        let reply = self
-            .backend()
-            .acquire(
-                &self.config.name,
-                self.capacity(),
-                &self.request(pending.lease, weight, false),
-            )
-            .await?;
+        let (reply, mut pending) =
+            match self
+                .backend()
+                .acquire_now(&self.config.name, self.capacity(), &request)
+            {
+                // Answered at once: nothing to cancel if this future is dropped.
+                Some(r) => (r?, Pending::new(self, lease)),
+                None => {
+                    let pending = Pending::new(self, lease);
+                    let reply = self
+                        .backend()
+                        .acquire(&self.config.name, self.capacity(), &request)
+                        .await?;
+                    (reply, pending)
+                }
+            };
         match reply {
             AcquireReply::Granted(grant) => {
                 pending.disarm();
@@ -340,9 +349,10 @@ impl Semaphore {
         let weight = self.check_weight(weight)?;
         let called = Instant::now();
         let name = &self.config.name;
+        let mut start = called;
         loop {
             // A fresh lease id per attempt, so a lease id is never granted twice.
-            match self.wait_in_queue(weight, deadline).await {
+            match self.wait_in_queue(weight, deadline, start).await {
                 Ok(Attempt::Granted(permit)) => {
                     telemetry::granted(&self.config.metrics, name, called.elapsed());
                     return Ok(Some(permit));
@@ -351,7 +361,7 @@ impl Semaphore {
                     telemetry::not_granted(&self.config.metrics, name, "timed_out");
                     return Ok(None);
                 }
-                Ok(Attempt::Rejoin) => {}
+                Ok(Attempt::Rejoin) => start = Instant::now(),
                 Err(e) => {
                     telemetry::not_granted(&self.config.metrics, name, "error");
                     return Err(e);
@@ -360,14 +370,48 @@ impl Semaphore {
         }
     }
 
-    /// One attempt: join the queue under a new lease id and wait (see [`Attempt`]).
-    async fn wait_in_queue(&self, weight: u32, deadline: Option<Instant>) -> Result<Attempt> {
+    /// One attempt: join the queue under a new lease id and wait (see [`Attempt`]). `start`
+    /// is an instant before this call (the clock is read once per acquire).
+    async fn wait_in_queue(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+        start: Instant,
+    ) -> Result<Attempt> {
         let lease = LeaseId::random();
+        let request = self.request(lease, weight, true);
+        let name = &self.config.name;
+
+        // A store whose step runs at once (memory): an immediate grant registers no wake-up
+        // and arms no cancel, as there is no wait and no await to drop. A queued reply
+        // registers late, which still receives a grant made in between (see `crate::wake`).
+        // A transient error goes the long way below, which retries it.
+        match self.backend().acquire_now(name, self.capacity(), &request) {
+            Some(Ok(AcquireReply::Granted(grant))) => {
+                return Ok(Attempt::Granted(self.permit(grant, start, None)));
+            }
+            Some(Ok(reply)) => {
+                let registration = wake::Registration::late(lease);
+                let pending = Pending::new(self, lease);
+                if let AcquireReply::Queued { position } = reply {
+                    telemetry::queued(&self.config.metrics, name, position);
+                }
+                let queued = InQueue {
+                    lease,
+                    registration,
+                    pending,
+                    sent: start,
+                    reply,
+                };
+                return Box::pin(self.wait_for_grant(queued, deadline)).await;
+            }
+            Some(Err(e)) if !e.is_transient() => return Err(e),
+            Some(Err(_)) | None => {}
+        }
+
         // Register before sending, so a wake-up that overtakes the reply is kept.
         let registration = wake::Registration::new(lease);
         let pending = Pending::new(self, lease);
-        let request = self.request(lease, weight, true);
-        let name = &self.config.name;
 
         // Every store call is bounded by the deadline: a hung store cannot hold the caller past
         // it. On expiry the pending guard cancels in the background (the waiter leaves the
@@ -376,7 +420,7 @@ impl Semaphore {
         // A transient fault (a dropped connection, a busy store) is retried with the same
         // lease id for up to the waiter TTL: the store answers a repeated acquire with the
         // grant or queue place the first one may have made, so nothing is taken twice.
-        let first_try = Instant::now();
+        let first_try = start;
         let mut sent = first_try;
         let mut backoff = Duration::from_millis(10);
         let reply = loop {

@@ -33,7 +33,7 @@ struct Shared {
     /// `None` for a store built from a backend. Never printed.
     reconnect: Option<String>,
     /// The permits held through this store, for [`Store::close`].
-    permits: Mutex<LeaseIdMap<Weak<Held>>>,
+    permits: Mutex<Tracked>,
     /// Background clean-ups under way for this store (see `crate::cleanup`).
     cleanups: watch::Sender<usize>,
 }
@@ -43,6 +43,35 @@ impl fmt::Debug for Store {
         f.debug_struct("Store")
             .field("url", &self.shared.url)
             .finish()
+    }
+}
+
+/// The permits of a store: a list of weak references, pushed at grant and never searched. A
+/// released permit stays until the list is compacted (when it has doubled since the last
+/// time), and is skipped at [`Store::close`] because its release was already claimed; so a
+/// release costs nothing here.
+#[derive(Default)]
+struct Tracked {
+    held: Vec<Weak<Held>>,
+    limit: usize,
+}
+
+/// The length below which [`Tracked`] is never compacted.
+const TRACKED_MIN: usize = 64;
+
+impl Tracked {
+    fn push(&mut self, held: &Arc<Held>) {
+        if self.held.len() >= self.limit.max(TRACKED_MIN) {
+            self.held.retain(|h| h.strong_count() > 0);
+            self.limit = 2 * self.held.len();
+        }
+        self.held.push(Arc::downgrade(held));
+    }
+
+    /// Every permit still alive, emptying the list.
+    fn drain(&mut self) -> Vec<Arc<Held>> {
+        self.limit = 0;
+        self.held.drain(..).filter_map(|h| h.upgrade()).collect()
     }
 }
 
@@ -65,7 +94,7 @@ pub(crate) fn release_all_at_exit() {
     };
     for store in stores {
         let held: Vec<Arc<Held>> = match store.shared.permits.lock() {
-            Ok(mut permits) => permits.drain().filter_map(|(_, h)| h.upgrade()).collect(),
+            Ok(mut permits) => permits.drain(),
             Err(_) => continue,
         };
         for h in held.iter().filter(|h| h.claim_release()) {
@@ -137,7 +166,7 @@ impl Store {
             backend,
             url: redact_url(url),
             reconnect,
-            permits: Mutex::new(LeaseIdMap::default()),
+            permits: Mutex::new(Tracked::default()),
             cleanups: watch::Sender::new(0),
         });
         let mut live = LIVE.lock().unwrap();
@@ -167,13 +196,7 @@ impl Store {
     /// Notes a permit held through this store, for [`Store::close`] and the exit handler.
     pub(crate) fn track(&self, held: &Arc<Held>) {
         crate::cleanup::arm_exit();
-        let mut permits = self.shared.permits.lock().unwrap();
-        permits.insert(held.lease.lease_id, Arc::downgrade(held));
-    }
-
-    /// The permit of `lease` is released or dropped.
-    pub(crate) fn untrack(&self, lease: LeaseId) {
-        self.shared.permits.lock().unwrap().remove(&lease);
+        self.shared.permits.lock().unwrap().push(held);
     }
 
     /// Releases every permit still held through this store (clones included) and waits for
@@ -186,10 +209,7 @@ impl Store {
     /// by its TTL. On error (the first failed release) every other permit was still released.
     /// The store stays usable afterwards.
     pub async fn close(&self) -> Result<()> {
-        let held: Vec<Arc<Held>> = {
-            let mut permits = self.shared.permits.lock().unwrap();
-            permits.drain().filter_map(|(_, h)| h.upgrade()).collect()
-        };
+        let held: Vec<Arc<Held>> = { self.shared.permits.lock().unwrap().drain() };
         let releases = held
             .iter()
             .filter(|h| h.claim_release())

@@ -23,7 +23,8 @@
 //!
 //! Every call through the store seam runs inside a `debug` span `store_call` with the fields
 //! `op` (the seam operation) and `name` (the semaphore or limiter), so a subscriber at `debug`
-//! sees how long each took and what it was for. The wrapper that does both is
+//! sees how long each took and what it was for. The span is made only while a `tracing`
+//! subscriber takes `debug` events (the `log` crate alone does not receive it). The wrapper that does both is
 //! [`Instrumented`]; [`crate::Store::connect`] puts it around every store it opens.
 
 use std::future::Future;
@@ -175,12 +176,37 @@ impl std::fmt::Debug for Instrumented {
     }
 }
 
+/// The index of `op` in [`OPS`], evaluated at compile time at every call site.
+const fn op_index(op: &str) -> usize {
+    let mut i = 0;
+    while i < OPS.len() {
+        let (a, b) = (OPS[i].as_bytes(), op.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not an operation of the seam")
+}
+
 impl Instrumented {
-    fn latency(&self, op: &'static str) -> &Histogram {
-        let i = OPS.iter().position(|o| *o == op).unwrap_or(0);
+    fn latency(&self, i: usize) -> &Histogram {
         self.latency[i]
             .get_or_init(|| metrics::histogram!("tessera_store_call_seconds", "op" => OPS[i]))
     }
+}
+
+/// Whether the `store_call` spans reach anyone: a `tracing` subscriber that takes `debug`
+/// events. Without one, no span is made (making and entering a disabled span still costs
+/// more than an in-process store call).
+fn spans_enabled() -> bool {
+    tracing::level_enabled!(tracing::Level::DEBUG)
 }
 
 /// Runs one store call inside its span, and records its latency (and its failure).
@@ -190,11 +216,39 @@ async fn call<T>(
     name: &str,
     f: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    let span = tracing::debug_span!("store_call", op, name);
     let start = Instant::now();
-    let r = f.instrument(span).await;
+    let r = if spans_enabled() {
+        f.instrument(tracing::debug_span!("store_call", op, name))
+            .await
+    } else {
+        f.await
+    };
     latency.record(start.elapsed());
-    if let Err(e) = &r {
+    count_error(op, &r);
+    r
+}
+
+/// [`call`] for a step run at once ([`Backend::acquire_now`]); `None` if the inner store has
+/// no such step (nothing is recorded then).
+fn call_now<T>(
+    latency: &Histogram,
+    op: &'static str,
+    name: &str,
+    f: impl FnOnce() -> Option<Result<T>>,
+) -> Option<Result<T>> {
+    let start = Instant::now();
+    let r = if spans_enabled() {
+        tracing::debug_span!("store_call", op, name).in_scope(f)?
+    } else {
+        f()?
+    };
+    latency.record(start.elapsed());
+    count_error(op, &r);
+    Some(r)
+}
+
+fn count_error<T>(op: &'static str, r: &Result<T>) {
+    if let Err(e) = r {
         let kind = match e {
             Error::Store { kind, .. } => match kind {
                 StoreErrorKind::Connection => "connection",
@@ -207,7 +261,6 @@ async fn call<T>(
         };
         metrics::counter!("tessera_store_errors_total", "op" => op, "kind" => kind).increment(1);
     }
-    r
 }
 
 #[async_trait]
@@ -219,7 +272,7 @@ impl Backend for Instrumented {
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
         call(
-            self.latency("acquire"),
+            self.latency(const { op_index("acquire") }),
             "acquire",
             name.as_str(),
             self.inner.acquire(name, capacity, req),
@@ -234,7 +287,7 @@ impl Backend for Instrumented {
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
         call(
-            self.latency("heartbeat"),
+            self.latency(const { op_index("heartbeat") }),
             "heartbeat",
             name.as_str(),
             self.inner.heartbeat(name, lease, waiter_ttl),
@@ -244,7 +297,7 @@ impl Backend for Instrumented {
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         call(
-            self.latency("cancel"),
+            self.latency(const { op_index("cancel") }),
             "cancel",
             name.as_str(),
             self.inner.cancel(name, lease),
@@ -254,7 +307,7 @@ impl Backend for Instrumented {
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         call(
-            self.latency("release"),
+            self.latency(const { op_index("release") }),
             "release",
             name.as_str(),
             self.inner.release(name, lease),
@@ -264,7 +317,7 @@ impl Backend for Instrumented {
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         call(
-            self.latency("renew"),
+            self.latency(const { op_index("renew") }),
             "renew",
             name.as_str(),
             self.inner.renew(name, lease, ttl),
@@ -274,7 +327,7 @@ impl Backend for Instrumented {
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
         call(
-            self.latency("status"),
+            self.latency(const { op_index("status") }),
             "status",
             name.as_str(),
             self.inner.status(name),
@@ -283,12 +336,18 @@ impl Backend for Instrumented {
     }
 
     async fn list(&self) -> Result<Vec<String>> {
-        call(self.latency("list"), "list", "", self.inner.list()).await
+        call(
+            self.latency(const { op_index("list") }),
+            "list",
+            "",
+            self.inner.list(),
+        )
+        .await
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
         call(
-            self.latency("resize"),
+            self.latency(const { op_index("resize") }),
             "resize",
             name.as_str(),
             self.inner.resize(name, capacity),
@@ -298,7 +357,7 @@ impl Backend for Instrumented {
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         call(
-            self.latency("revoke"),
+            self.latency(const { op_index("revoke") }),
             "revoke",
             name.as_str(),
             self.inner.revoke(name, lease),
@@ -308,7 +367,7 @@ impl Backend for Instrumented {
 
     async fn delete(&self, name: &Name) -> Result<bool> {
         call(
-            self.latency("delete"),
+            self.latency(const { op_index("delete") }),
             "delete",
             name.as_str(),
             self.inner.delete(name),
@@ -318,6 +377,29 @@ impl Backend for Instrumented {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+
+    fn acquire_now(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Option<Result<AcquireReply>> {
+        call_now(
+            self.latency(const { op_index("acquire") }),
+            "acquire",
+            name.as_str(),
+            || self.inner.acquire_now(name, capacity, req),
+        )
+    }
+
+    fn release_now(&self, name: &Name, lease: LeaseId) -> Option<Result<bool>> {
+        call_now(
+            self.latency(const { op_index("release") }),
+            "release",
+            name.as_str(),
+            || self.inner.release_now(name, lease),
+        )
     }
 
     fn rate(&self) -> Option<&dyn RateBackend> {
@@ -346,7 +428,7 @@ impl RateBackend for Instrumented {
         req: &RateRequest,
     ) -> Result<RateReply> {
         call(
-            self.latency("rate_acquire"),
+            self.latency(const { op_index("rate_acquire") }),
             "rate_acquire",
             name.as_str(),
             self.inner_rate().rate_acquire(name, config, req),
@@ -356,7 +438,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_cancel(&self, name: &Name, reservation: u64, at: StoreTime) -> Result<bool> {
         call(
-            self.latency("rate_cancel"),
+            self.latency(const { op_index("rate_cancel") }),
             "rate_cancel",
             name.as_str(),
             self.inner_rate().rate_cancel(name, reservation, at),
@@ -366,7 +448,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::RateStatus>> {
         call(
-            self.latency("rate_status"),
+            self.latency(const { op_index("rate_status") }),
             "rate_status",
             name.as_str(),
             self.inner_rate().rate_status(name),
@@ -376,7 +458,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_list(&self) -> Result<Vec<String>> {
         call(
-            self.latency("rate_list"),
+            self.latency(const { op_index("rate_list") }),
             "rate_list",
             "",
             self.inner_rate().rate_list(),
@@ -386,7 +468,7 @@ impl RateBackend for Instrumented {
 
     async fn rate_delete(&self, name: &Name) -> Result<bool> {
         call(
-            self.latency("rate_delete"),
+            self.latency(const { op_index("rate_delete") }),
             "rate_delete",
             name.as_str(),
             self.inner_rate().rate_delete(name),

@@ -7,7 +7,10 @@
 //!
 //! A waiter registers *before* it sends its acquire, so a wake-up that arrives before the
 //! acquire's reply is not missed: `Notify::notify_one` stores a permit for the next
-//! `notified()`.
+//! `notified()`. An in-process store whose acquire runs at once (memory) is the exception:
+//! its waiter registers only when the reply says it is queued, so an immediate grant
+//! registers nothing for a wait it never does. A wake-up that finds nobody registered is
+//! kept, a few per shard, for a registration that comes late ([`Registration::late`]).
 //!
 //! A store that pushes the grant itself with the wake-up ([`notify_grant`], Redis) spares the
 //! waiter the round trip that would ask for it. The waiter may use such a grant only while
@@ -16,9 +19,10 @@
 //!
 //! Once granted, the waiter's registration passes to the permit, which keeps it while it
 //! holds the lease: a later wake-up for that lease id (a revocation) goes to the lease keeper
-//! through a [`Hook`] (see `crate::keeper`), not to a waiting task.
+//! through a [`Hook`] (see `crate::keeper`), not to a waiting task. A lease granted without
+//! a wait registers only its hook ([`HookRegistration`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -52,38 +56,97 @@ impl Slot {
 
 /// The registry, split in shards by the top bits of the lease id (random, so the shards fill
 /// evenly), so registrations on different workers seldom meet on one lock.
-static SHARDS: [Shard; SHARD_COUNT] =
-    [const { Shard(Mutex::new(HashMap::with_hasher(BuildHasherDefault::new()))) }; SHARD_COUNT];
+static SHARDS: [Shard; SHARD_COUNT] = [const {
+    Shard(Mutex::new(Slots {
+        by_lease: HashMap::with_hasher(BuildHasherDefault::new()),
+        unclaimed: VecDeque::new(),
+    }))
+}; SHARD_COUNT];
 
 const SHARD_COUNT: usize = 16;
+
+/// How many wake-ups nobody was registered for each shard remembers (see [`Slots`]).
+const UNCLAIMED_CAP: usize = 8;
 
 /// One shard, on a cache line of its own.
 #[repr(align(64))]
 struct Shard(Mutex<Slots>);
 
-type Slots = LeaseIdMap<Arc<Slot>>;
+struct Slots {
+    by_lease: LeaseIdMap<Entry>,
+    /// The last wake-ups that found nobody registered, with their grants: a registration
+    /// made after its store call answered (an in-process store's step, which may queue the
+    /// caller and, on another thread, grant it before the caller registers) takes its
+    /// wake-up from here. Bounded: a wake-up that drops out is only late (the waiter's
+    /// heartbeat finds the grant), never lost for good.
+    unclaimed: VecDeque<(LeaseId, Option<Grant>)>,
+}
+
+/// Who hears of the wake-ups for one lease id.
+enum Entry {
+    /// A task that waits (an acquire), or that did and now holds the lease (with a hook).
+    Slot(Arc<Slot>),
+    /// A held lease that never waited: only its hook hears of wake-ups.
+    Hook(Weak<dyn Hook>),
+}
 
 fn shard(lease: LeaseId) -> &'static Mutex<Slots> {
     &SHARDS[(lease.as_u128() >> 124) as usize % SHARD_COUNT].0
 }
 
-fn slot(lease: LeaseId) -> Option<Arc<Slot>> {
-    shard(lease).lock().unwrap().get(&lease).cloned()
+/// Who to wake for `lease`; with nobody registered, the wake-up is kept as unclaimed.
+fn target(lease: LeaseId, grant: Option<Grant>) -> Option<(Target, Option<Grant>)> {
+    let mut slots = shard(lease).lock().unwrap();
+    match slots.by_lease.get(&lease) {
+        Some(Entry::Slot(s)) => Some((Target::Slot(Arc::clone(s)), grant)),
+        Some(Entry::Hook(h)) => h.upgrade().map(|h| (Target::Hook(h), grant)),
+        None => {
+            if slots.unclaimed.len() == UNCLAIMED_CAP {
+                slots.unclaimed.pop_front();
+            }
+            slots.unclaimed.push_back((lease, grant));
+            None
+        }
+    }
+}
+
+enum Target {
+    Slot(Arc<Slot>),
+    Hook(Arc<dyn Hook>),
+}
+
+impl Target {
+    fn wake(self, grant: Option<Grant>) {
+        match self {
+            Target::Slot(s) => {
+                if let Some(g) = grant {
+                    *s.grant.lock().unwrap() = Some(g);
+                }
+                s.wake()
+            }
+            Target::Hook(h) => h.wake(),
+        }
+    }
 }
 
 /// Wakes the task registered for `lease`, if any.
 pub fn notify(lease: LeaseId) {
-    if let Some(s) = slot(lease) {
-        s.wake();
+    if let Some((t, g)) = target(lease, None) {
+        t.wake(g);
     }
 }
 
 /// Wakes the task registered for the lease of `grant`, if any, handing it the grant.
 pub fn notify_grant(grant: Grant) {
-    if let Some(s) = slot(grant.lease.lease_id) {
-        *s.grant.lock().unwrap() = Some(grant);
-        s.wake();
+    if let Some((t, g)) = target(grant.lease.lease_id, Some(grant)) {
+        t.wake(g);
     }
+}
+
+/// Takes the unclaimed wake-up of `lease`, if one was kept: `Some(grant pushed with it)`.
+fn claim(slots: &mut Slots, lease: LeaseId) -> Option<Option<Grant>> {
+    let i = slots.unclaimed.iter().position(|(l, _)| *l == lease)?;
+    slots.unclaimed.remove(i).map(|(_, g)| g)
 }
 
 /// A registration; unregisters on drop.
@@ -94,12 +157,28 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
+    /// Registers before the store call that may lead to a wake-up.
     pub(crate) fn new(lease: LeaseId) -> Self {
         let slot = Arc::new(Slot::default());
         shard(lease)
             .lock()
             .unwrap()
-            .insert(lease, Arc::clone(&slot));
+            .by_lease
+            .insert(lease, Entry::Slot(Arc::clone(&slot)));
+        Registration { lease, slot }
+    }
+
+    /// Registers after the store call answered (see [`Slots::unclaimed`]): a wake-up that
+    /// came in between is delivered at once.
+    pub(crate) fn late(lease: LeaseId) -> Self {
+        let slot = Arc::new(Slot::default());
+        let mut slots = shard(lease).lock().unwrap();
+        slots.by_lease.insert(lease, Entry::Slot(Arc::clone(&slot)));
+        if let Some(grant) = claim(&mut slots, lease) {
+            *slot.grant.lock().unwrap() = grant;
+            slot.notify.notify_one();
+        }
+        drop(slots);
         Registration { lease, slot }
     }
 
@@ -122,12 +201,43 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut reg = shard(self.lease).lock().unwrap();
-        if reg
-            .get(&self.lease)
-            .is_some_and(|n| Arc::ptr_eq(n, &self.slot))
-        {
-            reg.remove(&self.lease);
+        let mut slots = shard(self.lease).lock().unwrap();
+        if let Some(Entry::Slot(s)) = slots.by_lease.get(&self.lease) {
+            if Arc::ptr_eq(s, &self.slot) {
+                slots.by_lease.remove(&self.lease);
+            }
+        }
+    }
+}
+
+/// The registration of a held lease whose acquire never waited: wake-ups (revocations) go to
+/// its hook only, and no slot is made for a task that will never wait on it. Made after the
+/// grant; a wake-up that came before is delivered to the hook at once. Unregisters on drop.
+#[derive(Debug)]
+pub(crate) struct HookRegistration {
+    lease: LeaseId,
+}
+
+impl HookRegistration {
+    pub(crate) fn new(lease: LeaseId, hook: &Arc<dyn Hook>) -> Self {
+        let mut slots = shard(lease).lock().unwrap();
+        slots
+            .by_lease
+            .insert(lease, Entry::Hook(Arc::downgrade(hook)));
+        let missed = claim(&mut slots, lease).is_some();
+        drop(slots);
+        if missed {
+            Arc::clone(hook).wake();
+        }
+        HookRegistration { lease }
+    }
+}
+
+impl Drop for HookRegistration {
+    fn drop(&mut self) {
+        let mut slots = shard(self.lease).lock().unwrap();
+        if let Some(Entry::Hook(_)) = slots.by_lease.get(&self.lease) {
+            slots.by_lease.remove(&self.lease);
         }
     }
 }

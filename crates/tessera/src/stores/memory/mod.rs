@@ -86,15 +86,19 @@ impl MemoryBackend {
         }
     }
 
-    /// Runs one atomic step and delivers its wake-ups after the lock is released.
+    /// Runs one atomic step and delivers its wake-ups after the lock is released: a granted
+    /// waiter gets its grant with the wake-up, so it need not ask the store for it.
     fn run<R>(&self, f: impl FnOnce(&mut Model, StoreTime, &mut ops::Wakes) -> R) -> R {
         let mut wakes = Vec::new();
         let r = {
             let mut model = self.model.lock().unwrap();
             f(&mut model, self.clock.now(), &mut wakes)
         };
-        for id in wakes {
-            wake::notify(id);
+        for w in wakes {
+            match w {
+                ops::Wake::Granted(grant) => wake::notify_grant(grant),
+                ops::Wake::Ended(id) => wake::notify(id),
+            }
         }
         r
     }
@@ -144,6 +148,18 @@ impl Backend for MemoryBackend {
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities::push()
+    }
+    /// A step is a few map operations under a lock: run at once, without a boxed future.
+    fn acquire_now(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Option<Result<AcquireReply>> {
+        Some(self.run(|m, now, w| m.acquire(name, capacity, req, now, w)))
+    }
+    fn release_now(&self, name: &Name, lease: LeaseId) -> Option<Result<bool>> {
+        Some(Ok(self.run(|m, now, w| m.release(name, lease, now, w))))
     }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)

@@ -19,6 +19,7 @@
 //! when the map has doubled since the last sweep (at least [`SWEEP_MIN`] entries).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -38,6 +39,49 @@ pub(crate) struct Model {
     sweep_at: usize,
 }
 
+/// A holder as the model keeps it: a [`Lease`] without the allocations, built into one only
+/// when a reply needs it (a grant, a retry, a status). The holder label is shared with the
+/// other leases that carry the same one ([`SemState::intern`]).
+#[derive(Debug)]
+struct Holder {
+    weight: u32,
+    seats: Seats,
+    fence: u64,
+    holder: Arc<str>,
+    acquired_at: StoreTime,
+    expires_at: StoreTime,
+}
+
+/// The seats of a holder: one seat (the common case) without an allocation.
+#[derive(Debug)]
+enum Seats {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Seats {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Seats::One(s) => std::slice::from_ref(s),
+            Seats::Many(v) => v,
+        }
+    }
+}
+
+impl Holder {
+    fn lease(&self, lease_id: LeaseId) -> Lease {
+        Lease {
+            lease_id,
+            weight: self.weight,
+            seats: self.seats.as_slice().to_vec(),
+            fence: self.fence,
+            holder: String::from(&*self.holder),
+            acquired_at: self.acquired_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct QueuedWaiter {
     waiter: Waiter,
@@ -50,7 +94,9 @@ struct SemState {
     capacity: u32,
     used: u32,
     last_fence: u64,
-    holders: LeaseIdMap<Lease>,
+    holders: LeaseIdMap<Holder>,
+    /// The holder label of the last grant, shared by the next grants that carry the same.
+    last_holder: Option<Arc<str>>,
     holder_expiry: BTreeSet<(StoreTime, LeaseId)>,
     queue: BTreeMap<u64, QueuedWaiter>,
     queue_index: LeaseIdMap<u64>,
@@ -62,8 +108,19 @@ struct SemState {
     free_low: BTreeSet<u32>,
 }
 
-/// Lease ids to wake after a step (granted waiters, revoked or deleted holders).
-pub(crate) type Wakes = Vec<LeaseId>;
+/// What to deliver after a step: the grants made to waiters (pushed with their wake-up, so
+/// the waiter need not ask the store for them), and the lease ids of revoked or deleted
+/// holders and waiters.
+pub(crate) type Wakes = Vec<Wake>;
+
+/// One wake-up of [`Wakes`].
+#[derive(Debug)]
+pub(crate) enum Wake {
+    /// A waiter was granted this.
+    Granted(Grant),
+    /// The lease or wait ended without a grant.
+    Ended(LeaseId),
+}
 
 impl SemState {
     fn new(capacity: u32, last_fence: u64) -> Self {
@@ -72,6 +129,7 @@ impl SemState {
             used: 0,
             last_fence,
             holders: LeaseIdMap::default(),
+            last_holder: None,
             holder_expiry: BTreeSet::new(),
             queue: BTreeMap::new(),
             queue_index: LeaseIdMap::default(),
@@ -118,8 +176,8 @@ impl SemState {
             self.waiter_expiry
                 .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
             let w = qw.waiter;
-            self.grant(w.lease_id, w.weight, qw.ttl, w.holder, now, hwm);
-            wakes.push(w.lease_id);
+            let lease = self.grant(w.lease_id, w.weight, qw.ttl, &w.holder, now, hwm);
+            wakes.push(Wake::Granted(Grant { lease, now }));
         }
     }
 
@@ -128,7 +186,7 @@ impl SemState {
         lease_id: LeaseId,
         weight: u32,
         ttl: Duration,
-        holder: String,
+        holder: &str,
         now: StoreTime,
         hwm: &mut u64,
     ) -> Lease {
@@ -137,24 +195,52 @@ impl SemState {
         let fence = (self.last_fence + 1).max(now.0).max(*hwm + 1);
         self.last_fence = fence;
         *hwm = fence;
-        let lease = Lease {
-            lease_id,
+        let h = Holder {
             weight,
             seats,
             fence,
-            holder,
+            holder: self.intern(holder),
             acquired_at: now,
             expires_at: now.plus(ttl),
         };
+        let lease = h.lease(lease_id);
         self.used += weight;
-        self.holder_expiry.insert((lease.expires_at, lease_id));
-        self.holders.insert(lease_id, lease.clone());
+        self.holder_expiry.insert((h.expires_at, lease_id));
+        self.holders.insert(lease_id, h);
         lease
+    }
+
+    /// `holder` as a shared label: the last one if it is the same (one client's grants all
+    /// carry its label), else a new one.
+    fn intern(&mut self, holder: &str) -> Arc<str> {
+        match &self.last_holder {
+            Some(h) if **h == *holder => Arc::clone(h),
+            _ => {
+                let h: Arc<str> = Arc::from(holder);
+                self.last_holder = Some(Arc::clone(&h));
+                h
+            }
+        }
     }
 
     /// The `n` lowest free seats below the capacity. There are always enough: free seats
     /// below `C` number at least `C - used`.
-    fn take_seats(&mut self, n: u32) -> Vec<u32> {
+    fn take_seats(&mut self, n: u32) -> Seats {
+        if n == 1 {
+            // The lowest free seat: a returned one below the high-water mark, else the mark.
+            let seat = match self.free_low.first() {
+                Some(&s) if s < self.capacity => {
+                    self.free_low.remove(&s);
+                    s
+                }
+                _ => {
+                    debug_assert!(self.seat_high < self.capacity);
+                    self.seat_high += 1;
+                    self.seat_high - 1
+                }
+            };
+            return Seats::One(seat);
+        }
         let mut seats: Vec<u32> = self
             .free_low
             .range(..self.capacity)
@@ -169,7 +255,7 @@ impl SemState {
             seats.push(self.seat_high);
             self.seat_high += 1;
         }
-        seats
+        Seats::Many(seats)
     }
 
     fn return_seats(&mut self, seats: &[u32]) {
@@ -192,12 +278,14 @@ impl SemState {
         }
     }
 
-    fn remove_holder(&mut self, id: LeaseId) -> Option<Lease> {
-        let lease = self.holders.remove(&id)?;
-        self.holder_expiry.remove(&(lease.expires_at, id));
-        self.used -= lease.weight;
-        self.return_seats(&lease.seats);
-        Some(lease)
+    fn remove_holder(&mut self, id: LeaseId) -> bool {
+        let Some(h) = self.holders.remove(&id) else {
+            return false;
+        };
+        self.holder_expiry.remove(&(h.expires_at, id));
+        self.used -= h.weight;
+        self.return_seats(h.seats.as_slice());
+        true
     }
 
     fn remove_waiter(&mut self, id: LeaseId) -> Option<Waiter> {
@@ -224,7 +312,7 @@ impl SemState {
     }
 
     fn status(&self, name: &Name, now: StoreTime) -> SemaphoreStatus {
-        let mut holders: Vec<Lease> = self.holders.values().cloned().collect();
+        let mut holders: Vec<Lease> = self.holders.iter().map(|(id, h)| h.lease(*id)).collect();
         holders.sort_by_key(|l| (l.acquired_at, l.fence));
         SemaphoreStatus {
             name: name.to_string(),
@@ -249,8 +337,18 @@ impl Model {
         f: impl FnOnce(&mut SemState, &mut u64, &mut Wakes) -> R,
     ) -> Option<R> {
         let st = self.sems.get_mut(name)?;
-        st.purge_and_hand_off(now, &mut self.fence_hwm, wakes);
-        Some(f(st, &mut self.fence_hwm, wakes))
+        Some(Self::step_on(st, &mut self.fence_hwm, now, wakes, f))
+    }
+
+    fn step_on<R>(
+        st: &mut SemState,
+        hwm: &mut u64,
+        now: StoreTime,
+        wakes: &mut Wakes,
+        f: impl FnOnce(&mut SemState, &mut u64, &mut Wakes) -> R,
+    ) -> R {
+        st.purge_and_hand_off(now, hwm, wakes);
+        f(st, hwm, wakes)
     }
 
     /// Makes room for a new semaphore's state: when the map has doubled since the last sweep,
@@ -271,12 +369,31 @@ impl Model {
         now: StoreTime,
         wakes: &mut Wakes,
     ) -> Result<AcquireReply> {
-        if !self.sems.contains_key(name) {
-            self.sweep_idle();
-            self.sems
-                .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
+        // One lookup when the state exists (every acquire but a name's first).
+        if let Some(st) = self.sems.get_mut(name) {
+            return Self::step_on(st, &mut self.fence_hwm, now, wakes, |st, hwm, _| {
+                Self::acquire_step(st, hwm, name, capacity, req, now)
+            });
         }
+        self.sweep_idle();
+        self.sems
+            .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
         self.step(name, now, wakes, |st, hwm, _| {
+            Self::acquire_step(st, hwm, name, capacity, req, now)
+        })
+        .expect("state inserted above")
+    }
+
+    /// The decision of an acquire, after purge and hand-off.
+    fn acquire_step(
+        st: &mut SemState,
+        hwm: &mut u64,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+        now: StoreTime,
+    ) -> Result<AcquireReply> {
+        {
             // Every lease and waiter expired: the semaphore is idle, as if it did not exist,
             // and takes the capacity this client declares.
             if st.is_empty() {
@@ -290,9 +407,9 @@ impl Model {
                 });
             }
             // A retry of an acquire whose reply was lost: report what it already has.
-            if let Some(lease) = st.holders.get(&req.lease_id) {
+            if let Some(h) = st.holders.get(&req.lease_id) {
                 return Ok(AcquireReply::Granted(Grant {
-                    lease: lease.clone(),
+                    lease: h.lease(req.lease_id),
                     now,
                 }));
             }
@@ -305,14 +422,7 @@ impl Model {
             // Only a request that finds nobody waiting may take free permits: neither a try
             // nor a newcomer jumps the queue.
             if st.queue.is_empty() && st.used + req.weight <= st.capacity {
-                let lease = st.grant(
-                    req.lease_id,
-                    req.weight,
-                    req.ttl,
-                    req.holder.clone(),
-                    now,
-                    hwm,
-                );
+                let lease = st.grant(req.lease_id, req.weight, req.ttl, &req.holder, now, hwm);
                 return Ok(AcquireReply::Granted(Grant { lease, now }));
             }
             let Some(wait) = req.wait else {
@@ -348,8 +458,7 @@ impl Model {
             Ok(AcquireReply::Queued {
                 position: st.queue.len() as u64 - 1,
             })
-        })
-        .expect("state inserted above")
+        }
     }
 
     pub(crate) fn heartbeat(
@@ -361,9 +470,9 @@ impl Model {
         wakes: &mut Wakes,
     ) -> WaitReply {
         self.step(name, now, wakes, |st, _, _| {
-            if let Some(l) = st.holders.get(&lease) {
+            if let Some(h) = st.holders.get(&lease) {
                 WaitReply::Granted(Grant {
-                    lease: l.clone(),
+                    lease: h.lease(lease),
                     now,
                 })
             } else if st.refresh_waiter(lease, now.plus(waiter_ttl)) {
@@ -385,7 +494,7 @@ impl Model {
         self.step(name, now, wakes, |st, hwm, wakes| {
             let reply = if st.remove_waiter(lease).is_some() {
                 CancelReply::Dequeued
-            } else if st.remove_holder(lease).is_some() {
+            } else if st.remove_holder(lease) {
                 CancelReply::Released
             } else {
                 return CancelReply::NotFound;
@@ -405,7 +514,7 @@ impl Model {
         wakes: &mut Wakes,
     ) -> bool {
         self.step(name, now, wakes, |st, hwm, wakes| {
-            let held = st.remove_holder(lease).is_some();
+            let held = st.remove_holder(lease);
             st.hand_off(now, hwm, wakes);
             held
         })
@@ -482,9 +591,9 @@ impl Model {
         wakes: &mut Wakes,
     ) -> bool {
         self.step(name, now, wakes, |st, hwm, wakes| {
-            let held = st.remove_holder(lease).is_some();
+            let held = st.remove_holder(lease);
             if held {
-                wakes.push(lease);
+                wakes.push(Wake::Ended(lease));
                 st.hand_off(now, hwm, wakes);
             }
             held
@@ -499,8 +608,8 @@ impl Model {
         if st.is_empty() {
             return false;
         }
-        wakes.extend(st.holders.keys().copied());
-        wakes.extend(st.queue_index.keys().copied());
+        wakes.extend(st.holders.keys().copied().map(Wake::Ended));
+        wakes.extend(st.queue_index.keys().copied().map(Wake::Ended));
         true
     }
 }
