@@ -342,6 +342,19 @@ async fn bad_input_gets_one_error_shape_and_changes_nothing() {
     )
     .await;
     assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");
+    // Only an empty body means "no body"; whitespace alone is not JSON (schemathesis: `\r`).
+    for raw in ["\r", " ", "\n\t"] {
+        let r = c
+            .post(s.url("/v1/semaphores/jobs/leases/5bca509989d8d6a78671c1efbcc910b3/renew"))
+            .header("content-type", "application/json")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        let st = r.status();
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");
+    }
     let rate = s.url("/v1/rates/sms/acquire");
     for body in [
         json!({"limits": []}),

@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// A JSON body. Any content type is taken (so `curl -d '{...}'` works); an empty body reads
-/// as `{}`, so requests whose fields all have defaults may send none. Every body of the API
+/// A JSON body. Any content type is taken (so `curl -d '{...}'` works); an empty body (no
+/// bytes; whitespace alone is refused like any other non-object) reads as `{}`, so requests whose fields all have defaults may send none. Every body of the API
 /// is an object: anything else (an array, which serde would read as the struct's fields in
 /// order, or a bare value) is refused before it can reach the store.
 pub struct JsonBody<T>(pub T);
@@ -36,11 +36,8 @@ where
                 ApiError::invalid(format!("could not read the body: {}", r.body_text()))
             }
         })?;
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
+        // Only a body of no bytes at all is "no body": whitespace alone is not JSON.
+        let text: &[u8] = if bytes.is_empty() { b"{}" } else { &bytes };
         if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ApiError::invalid("invalid JSON body: expected an object"));
         }
