@@ -393,9 +393,6 @@ impl Semaphore {
             Some(Ok(reply)) => {
                 let registration = wake::Registration::late(lease);
                 let pending = Pending::new(self, lease);
-                if let AcquireReply::Queued { position } = reply {
-                    telemetry::queued(&self.config.metrics, name, position);
-                }
                 let queued = InQueue {
                     lease,
                     registration,
@@ -461,9 +458,6 @@ impl Semaphore {
             // The waiting loop lives in a future of its own, boxed, so that the future of
             // every acquire is not as large as the waiting it seldom does.
             reply => {
-                if let AcquireReply::Queued { position } = reply {
-                    telemetry::queued(&self.config.metrics, name, position);
-                }
                 let queued = InQueue {
                     lease,
                     registration,
@@ -486,6 +480,9 @@ impl Semaphore {
             mut reply,
         } = queued;
         let name = &self.config.name;
+        if let AcquireReply::Queued { position } = reply {
+            telemetry::queued(&self.config.metrics, name, position);
+        }
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
