@@ -53,7 +53,9 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// The test kit's differential test against the reference model, and after every step: the
-/// counters of every semaphore row equal what its holder and waiter rows sum to.
+/// counters of every semaphore row equal what its holder and waiter rows sum to, and its
+/// `purge_at` is at or before every holder's and waiter's expiry (a step skips the purge
+/// before it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = PostgresServer::start();
@@ -68,7 +70,9 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
                 "SELECT count(*) FROM {schema}.tessera_semaphores s WHERE \
                  s.used <> coalesce((SELECT sum(weight) FROM {schema}.tessera_holders h WHERE h.name = s.name), 0) \
                  OR s.queued <> (SELECT count(*) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
-                 OR (s.used = 0 AND s.queued = 0)"
+                 OR (s.used = 0 AND s.queued = 0) \
+                 OR s.purge_at > (SELECT min(h.expires_at) FROM {schema}.tessera_holders h WHERE h.name = s.name) \
+                 OR s.purge_at > (SELECT min(w.expires_at) FROM {schema}.tessera_waiters w WHERE w.name = s.name)"
             ));
             assert_eq!(
                 wrong, "0",
@@ -130,7 +134,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3"
+        "1,2,3,4"
     );
 }
 
@@ -433,7 +437,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3");
+    assert_eq!(versions(&server, "old"), "1,2,3,4");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -442,9 +446,9 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     // Version 2 with state in its tables (the row and log the client-side step wrote in the
     // same columns), no functions: migration 3 installs them and they read that state.
     drop_rate_functions(&server, "old");
-    server.psql("DELETE FROM old.tessera_migrations WHERE version = 3");
+    server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3");
+    assert_eq!(versions(&server, "old"), "1,2,3,4");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -456,7 +460,64 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3");
+    assert_eq!(versions(&server, "old"), "1,2,3,4");
+}
+
+/// A schema at version 3 holding live state gains migration 4 (the `purge_at` bound) at the
+/// next connect: rows written before it get a bound of 0, so the first step purges what has
+/// expired since (here: a holder whose lease ran out, whose permit the queue head then gets),
+/// and the migration runs again over itself harmlessly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("v3");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("upgraded");
+    let (a, b, w) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    for lease in [a, b] {
+        assert!(matches!(
+            pg.acquire(&n, 2, &req(lease, 1, LONG, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+    assert_eq!(
+        pg.acquire(&n, 2, &req(w, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    drop(pg);
+    // What a build before migration 4 left: no bound, and (since) a lease that ran out.
+    server.psql(
+        "ALTER TABLE v3.tessera_semaphores DROP COLUMN purge_at; \
+         ALTER TYPE v3.tessera_step DROP ATTRIBUTE purge_at; \
+         DELETE FROM v3.tessera_migrations WHERE version = 4",
+    );
+    server.psql(&format!(
+        "UPDATE v3.tessera_holders SET expires_at = 1 WHERE lease_id = '{a}'"
+    ));
+    assert_eq!(versions(&server, "v3"), "1,2,3");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "v3"), "1,2,3,4");
+    assert_eq!(
+        server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
+        "0"
+    );
+    match pg.heartbeat(&n, w, LONG).await.unwrap() {
+        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![0]),
+        other => panic!("{other:?}"),
+    }
+    assert!(!pg.release(&n, a).await.unwrap());
+    // Migration 4 forgotten, its column kept: it runs again over itself.
+    server.psql("DELETE FROM v3.tessera_migrations WHERE version = 4");
+    let again = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "v3"), "1,2,3,4");
+    assert!(again.release(&n, b).await.unwrap());
+    assert!(again.release(&n, w).await.unwrap());
+    assert_eq!(
+        server.psql("SELECT count(*) FROM v3.tessera_semaphores"),
+        "0"
+    );
 }
 
 fn is_busy(e: &Error) -> bool {

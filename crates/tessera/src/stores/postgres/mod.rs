@@ -89,7 +89,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
 const POOL_SIZE: u32 = 4;
 /// The migrations, in order; the schema records the last one it ran.
-const MIGRATIONS: &[&[&str]] = &[ops::MIGRATION_1, rate::MIGRATION_2, rate::MIGRATION_3];
+const MIGRATIONS: &[&[&str]] = &[
+    ops::MIGRATION_1,
+    rate::MIGRATION_2,
+    rate::MIGRATION_3,
+    ops::MIGRATION_4,
+];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
 type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;

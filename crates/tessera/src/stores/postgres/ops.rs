@@ -23,6 +23,22 @@ pub(crate) const MIGRATION_1: &[&str] = &[
     include_str!("sql/delete.sql"),
 ];
 
+/// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step and
+/// the operations again, from the same files as migration 1.
+pub(crate) const MIGRATION_4: &[&str] = &[
+    include_str!("sql/schema_4.sql"),
+    include_str!("sql/common.sql"),
+    include_str!("sql/acquire.sql"),
+    include_str!("sql/heartbeat.sql"),
+    include_str!("sql/cancel.sql"),
+    include_str!("sql/release.sql"),
+    include_str!("sql/renew.sql"),
+    include_str!("sql/status.sql"),
+    include_str!("sql/resize.sql"),
+    include_str!("sql/revoke.sql"),
+    include_str!("sql/delete.sql"),
+];
+
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";

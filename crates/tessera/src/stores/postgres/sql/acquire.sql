@@ -27,6 +27,7 @@ DECLARE
     st   tessera_step;
     h    tessera_holders;
     seq_ bigint;
+    at_  bigint;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
@@ -55,7 +56,9 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF p_waiter_ttl IS NOT NULL THEN
+    -- A retry of a queued acquire renews its entry and reports its place, like a heartbeat;
+    -- with room in the queue, the insert of a new waiter does both in one statement (below).
+    IF p_waiter_ttl IS NOT NULL AND st.queued >= p_queue_cap THEN
         seq_ := tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl);
         IF seq_ IS NOT NULL THEN
             outcome := 'queued';
@@ -91,14 +94,27 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    INSERT INTO tessera_waiters (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
+    -- A new waiter takes seq next_seq; a queued retry keeps its (lower) seq and only renews.
+    INSERT INTO tessera_waiters AS w
+        (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
     VALUES (p_name, st.next_seq, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
-            st.now_us + p_waiter_ttl);
-    st.next_seq := st.next_seq + 1;
-    st.queued := st.queued + 1;
-    st.dirty := true;
+            st.now_us + p_waiter_ttl)
+    ON CONFLICT (name, lease_id) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
+    RETURNING w.seq, w.enqueued_at INTO seq_, at_;
     outcome := 'queued';
-    "position" := st.queued - 1;
+    IF seq_ >= st.next_seq AND (seq_ > st.next_seq OR at_ <> st.now_us) THEN
+        PERFORM tessera__corrupt(format('waiter seq %s is not below next_seq %s', seq_, st.next_seq));
+    END IF;
+    IF seq_ = st.next_seq THEN
+        st.next_seq := st.next_seq + 1;
+        st.queued := st.queued + 1;
+        st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);
+        st.dirty := true;
+        "position" := st.queued - 1;
+    ELSE
+        SELECT count(*) INTO "position" FROM tessera_waiters w
+        WHERE w.name = p_name AND w.seq < seq_;
+    END IF;
     PERFORM tessera__finish(st);
     RETURN NEXT;
 END $$;

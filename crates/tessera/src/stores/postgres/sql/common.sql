@@ -6,13 +6,20 @@
 -- Invariants (as in stores/sql/mod.rs): the semaphore row is locked FOR UPDATE before
 -- anything is read, and the clock is read once after that lock; `used` is the sum of holder
 -- weights and `queued` the number of waiters; seats at or above `seat_high` are free, seats
--- returned below it are rows of tessera_free_seats; a fence is
--- max(last_fence + 1, now in µs, fence_hwm + 1). Every value read is checked: a wrong one
--- raises SQLSTATE TS001, which the client reports as Error::Corrupt.
+-- returned below it are rows of tessera_free_seats; a fence is max(last_fence + 1, now in
+-- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
+-- every holder's and waiter's expiry is at or after `purge_at`. Every value read is checked:
+-- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
+--
+-- Cost: each statement a step runs costs a few µs of executor work and each PL/pgSQL
+-- expression is compiled again in every transaction, so the common paths run few of either:
+-- an acquire of a free permit of an idle semaphore runs 5 statements (lock, create, high-water
+-- mark, holder, row), a release 4 (lock, holder, row, high-water mark), an enqueue 4 and a
+-- release that hands off 5 plus the NOTIFY; the purge runs only once `purge_at` has passed.
 --
 -- Durability: a step commits asynchronously (`synchronous_commit` off for its transaction)
 -- unless it grants, renews, revokes or deletes: then the session's own setting (on by
--- default) is restored before the commit, by `tessera__durable`. What an asynchronous commit
+-- default) is restored before the commit (`tessera__grant`, `tessera__durable`). What an asynchronous commit
 -- may lose in a server crash only delays or drops work, never over-grants: an enqueue or a
 -- waiter's heartbeat (the waiter re-checks and finds itself gone), a release or cancel that
 -- granted nothing (the permit comes back by its TTL), a purge (it runs again). A later
@@ -43,25 +50,6 @@ BEGIN
     IF client ~ '^[0-9a-f]{1,32}$' THEN
         PERFORM pg_notify(tessera__channel(client), lease);
     END IF;
-END $$;
-
--- Pushes the grant of `lease` with its wake-up, so the waiter needs no round trip to learn
--- it: `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder`
--- (acquired_at = now). A payload that would not fit NOTIFY's 8,000 bytes goes out as the
--- bare lease id; the waiter then asks with a heartbeat.
-CREATE OR REPLACE FUNCTION tessera__wake_grant(
-    client text, lease text, now_us bigint, fence bigint, expires_at bigint, seats int4[],
-    holder text
-) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    payload text;
-BEGIN
-    payload := concat_ws(E'\t', lease, now_us, fence, expires_at, array_to_string(seats, ','), holder);
-    IF octet_length(payload) > 7000 THEN
-        payload := lease;
-    END IF;
-    PERFORM tessera__wake(client, payload);
 END $$;
 
 -- Checks a lease id read back from a row.
@@ -104,9 +92,20 @@ BEGIN
 END $$;
 
 -- The first statement of a step: locks the semaphore's row (creating it with `create` as
--- capacity when `create` is not NULL: an acquire), then reads the clock, the fence high-water
--- mark and the counters, then purges and hands off. Without a row and without `create`,
--- returns a state with `found` false: nothing to lock, nothing changes.
+-- capacity when `create` is not NULL: an acquire), then reads the clock and the counters,
+-- then purges if anything may have expired and hands off if the head may fit. Without a row
+-- and without `create`, returns a state with `found` false: nothing to lock, nothing changes.
+--
+-- The fence high-water mark is read only for a new or idle row (nothing used or queued),
+-- whose `last_fence` is raised to it: a live row's `last_fence` already lies above every
+-- fence its name had before its last deletion (its row was new then), so reading the mark
+-- again could not change a fence of this name. (Fences of different names are not ordered.)
+--
+-- `purge_at` is a lower bound of every holder's and waiter's expiry (0 is always one), kept
+-- by every insert and recomputed by the purge: while `now < purge_at` nothing can have
+-- expired and the purge is skipped. A bound further ahead than any TTL allows (damage, or
+-- the clock stepped back) is not trusted: the step purges and recomputes it. In the state,
+-- NULL means no holder or waiter at all (`least` ignores it).
 CREATE OR REPLACE FUNCTION tessera__load(p_name text, p_create bigint) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -120,26 +119,25 @@ BEGIN
     END IF;
     st.dirty := false;
     st.hit := false;
-    LOOP
-        SELECT * INTO r FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
-        EXIT WHEN FOUND OR p_create IS NULL;
-        -- A placeholder with nothing used or queued, which the step treats as a missing row.
-        -- If a concurrent step deletes it before we lock it, the loop inserts it again.
-        INSERT INTO tessera_semaphores (name, capacity, used, queued, last_fence, next_seq, seat_high)
-        VALUES (p_name, p_create, 0, 0, 0, 0, 0)
-        ON CONFLICT (name) DO NOTHING;
-    END LOOP;
+    SELECT * INTO r FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        IF p_create IS NULL THEN
+            st.found := false;
+            st.now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+            RETURN st;
+        END IF;
+        -- A placeholder with nothing used or queued, which the step treats as a missing row;
+        -- the upsert locks the row whoever created it (a concurrent delete only makes the
+        -- insert run again, inside the statement).
+        INSERT INTO tessera_semaphores AS s
+            (name, capacity, used, queued, last_fence, next_seq, seat_high, purge_at)
+        VALUES (p_name, p_create, 0, 0, 0, 0, 0, 0)
+        ON CONFLICT (name) DO UPDATE SET name = s.name
+        RETURNING * INTO r;
+    END IF;
     -- The clock only now: clock_timestamp() in the locking statement could be read before
     -- the wait for the lock ended.
     st.now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-    SELECT value INTO st.hwm FROM tessera_meta WHERE key = 'fence_hwm';
-    IF st.hwm IS NULL OR st.hwm < 0 THEN
-        PERFORM tessera__corrupt(format('fence_hwm = %s is missing or negative', st.hwm));
-    END IF;
-    IF r.name IS NULL THEN
-        st.found := false;
-        RETURN st;
-    END IF;
     IF r.capacity IS NULL OR r.capacity < 1 OR r.capacity > 1000000 THEN
         PERFORM tessera__corrupt(format('capacity = %s is out of range', r.capacity));
     END IF;
@@ -156,13 +154,27 @@ BEGIN
     st.last_fence := r.last_fence;
     st.next_seq := r.next_seq;
     st.seat_high := r.seat_high;
+    st.purge_at := r.purge_at;
+    st.hwm := 0;
     IF st.used = 0 AND st.queued = 0 THEN
         -- A new (placeholder) or idle row: it starts at the store-wide high-water mark, and
         -- there is nothing to purge or hand off.
+        SELECT value INTO st.hwm FROM tessera_meta WHERE key = 'fence_hwm';
+        IF st.hwm IS NULL OR st.hwm < 0 THEN
+            PERFORM tessera__corrupt(format('fence_hwm = %s is missing or negative', st.hwm));
+        END IF;
         st.last_fence := greatest(st.last_fence, st.hwm);
+        st.purge_at := NULL;
         RETURN st;
     END IF;
-    RETURN tessera__purge_and_hand_off(st);
+    IF st.purge_at IS NULL OR st.now_us >= st.purge_at
+       OR st.purge_at > st.now_us + 2 * 86400000000 THEN
+        st := tessera__purge(st);
+    END IF;
+    IF st.queued > 0 AND st.used < st.capacity THEN
+        st := tessera__hand_off(st);
+    END IF;
+    RETURN st;
 END $$;
 
 -- Writes the semaphore row back if it changed, or deletes it (with any free seats) when it
@@ -185,18 +197,22 @@ BEGIN
     ELSIF st.dirty THEN
         UPDATE tessera_semaphores
         SET capacity = st.capacity, used = st.used, queued = st.queued,
-            last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high
+            last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
+            purge_at = coalesce(st.purge_at, 0)
         WHERE name = st.name;
     END IF;
 END $$;
 
--- Drops expired holders (at most 256) and waiters (at most 4,096), then hands off.
-CREATE OR REPLACE FUNCTION tessera__purge_and_hand_off(st tessera_step) RETURNS tessera_step
+-- Drops expired holders (at most 256) and waiters (at most 4,096), then sets `purge_at` to
+-- the earliest expiry left (at or before now if the limits left some expired ones: the next
+-- step purges again).
+CREATE OR REPLACE FUNCTION tessera__purge(st tessera_step) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
-    r     record;
-    freed int4[] := '{}';
-    n     bigint;
+    r        record;
+    freed    int4[] := '{}';
+    n        bigint;
+    earliest bigint;
 BEGIN
     IF st.used > 0 THEN
         FOR r IN
@@ -235,16 +251,27 @@ BEGIN
             st.dirty := true;
         END IF;
     END IF;
-    RETURN tessera__hand_off(st);
+    earliest := least((SELECT min(expires_at) FROM tessera_holders WHERE name = st.name),
+                      (SELECT min(expires_at) FROM tessera_waiters WHERE name = st.name));
+    IF earliest IS DISTINCT FROM st.purge_at THEN
+        st.purge_at := earliest;
+        st.dirty := true;
+    END IF;
+    RETURN st;
 END $$;
 
 -- Strict FIFO: grants the queue head while it fits (at most 1,024 per step); a head that does
--- not fit blocks everyone behind it. Each granted waiter gets a wake-up on its client's channel.
+-- not fit blocks everyone behind it. Each granted waiter gets a wake-up on its client's
+-- channel carrying its grant, so the waiter needs no round trip to learn it:
+-- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
+-- now). A payload that would not fit NOTIFY's 8,000 bytes goes out as the bare lease id; the
+-- waiter then asks with a heartbeat.
 CREATE OR REPLACE FUNCTION tessera__hand_off(st tessera_step) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
-    h      record;
-    grants int := 0;
+    h       record;
+    grants  int := 0;
+    payload text;
 BEGIN
     WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
         DELETE FROM tessera_waiters
@@ -254,20 +281,31 @@ BEGIN
         RETURNING lease_id, weight, holder, client, ttl INTO h;
         EXIT WHEN NOT FOUND;
         st.queued := st.queued - 1;
-        PERFORM tessera__check_lease(h.lease_id);
+        IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
+            PERFORM tessera__check_lease(h.lease_id);
+        END IF;
         IF h.weight < 1 OR h.ttl < 0 THEN
             PERFORM tessera__corrupt(format('waiter weight %s / ttl %s is out of range', h.weight, h.ttl));
         END IF;
         st := tessera__grant(st, h.lease_id, h.weight, h.ttl, h.holder, h.client);
-        PERFORM tessera__wake_grant(h.client, h.lease_id, st.now_us, st.fence,
-                                    st.now_us + h.ttl, st.seats, h.holder);
+        -- A client id that is not 1 to 32 hex digits (damaged, or empty) gets no wake-up:
+        -- its waiter's heartbeat finds the grant.
+        IF h.client ~ '^[0-9a-f]{1,32}$' THEN
+            payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + h.ttl,
+                                 array_to_string(st.seats, ','), h.holder);
+            IF octet_length(payload) > 7000 THEN
+                payload := h.lease_id;
+            END IF;
+            PERFORM pg_notify('tessera_w' || h.client, payload);
+        END IF;
         grants := grants + 1;
     END LOOP;
     RETURN st;
 END $$;
 
 -- Grants `lease`: the lowest free seats (returned ones first, then from seat_high up), the
--- next fence, expiry now + ttl. Leaves the seats and fence in `st.seats`, `st.fence`.
+-- next fence, expiry now + ttl. Leaves the seats and fence in `st.seats`, `st.fence`, and
+-- makes the step's commit durable (see above).
 CREATE OR REPLACE FUNCTION tessera__grant(
     st tessera_step, p_lease text, p_weight bigint, p_ttl bigint, p_holder text, p_client text
 ) RETURNS tessera_step
@@ -295,7 +333,11 @@ BEGIN
             PERFORM tessera__corrupt(format('no %s free seats below capacity %s (seat_high %s)',
                 p_weight, st.capacity, st.seat_high));
         END IF;
-        taken := taken || ARRAY(SELECT g::int4 FROM generate_series(st.seat_high, st.seat_high + rest - 1) g);
+        IF rest = 1 THEN
+            taken := taken || st.seat_high::int4;
+        ELSE
+            taken := taken || ARRAY(SELECT g::int4 FROM generate_series(st.seat_high, st.seat_high + rest - 1) g);
+        END IF;
         st.seat_high := st.seat_high + rest;
     END IF;
     -- The server's time is wall time: it is the fences' floor too.
@@ -303,12 +345,15 @@ BEGIN
     st.last_fence := fence;
     st.hwm := fence;
     st.used := st.used + p_weight;
+    st.purge_at := least(st.purge_at, st.now_us + p_ttl);
     st.dirty := true;
     st.seats := taken;
     st.fence := fence;
     INSERT INTO tessera_holders (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at)
     VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us, st.now_us + p_ttl);
-    PERFORM tessera__durable(st);
+    IF st.sync <> 'off' THEN
+        PERFORM set_config('synchronous_commit', st.sync, true);
+    END IF;
     RETURN st;
 END $$;
 
@@ -379,7 +424,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN st;
     END IF;
-    PERFORM tessera__check_seats(r.weight, r.seats);
+    IF r.weight <> 1 OR cardinality(r.seats) <> 1 OR r.seats[1] IS NULL OR r.seats[1] < 0 THEN
+        PERFORM tessera__check_seats(r.weight, r.seats);
+    END IF;
     IF st.used < r.weight THEN
         PERFORM tessera__corrupt(format('used %s < a holder''s weight %s', st.used, r.weight));
     END IF;
