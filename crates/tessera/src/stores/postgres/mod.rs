@@ -34,11 +34,16 @@
 //!   reference model by the differential test (`tests/postgres_store.rs`). Work per call is
 //!   bounded (at most 256 expired holders, 4,096 expired waiters and 1,024 grants; the queue
 //!   head's heartbeat continues).
-//! - **One deviation from `step.rs`, same invariant:** the store-wide fence high-water mark
-//!   (`tessera_meta.fence_hwm`) is read by every step but written only when a semaphore's row
-//!   is deleted (it went idle, or `delete`), raised to that semaphore's last fence. A live
-//!   semaphore's own `last_fence` already carries its fences, so fences of a name still never
-//!   repeat across deletions, and steps on different semaphores do not queue on one row.
+//! - **Two deviations from `step.rs`, same invariants:** the store-wide fence high-water mark
+//!   (`tessera_meta.fence_hwm`) is written only when a semaphore's row is deleted (it went
+//!   idle, or `delete`), raised to that semaphore's last fence, and read only when a row is
+//!   new or idle, whose `last_fence` starts from it. A live semaphore's own `last_fence`
+//!   already carries its fences, so fences of a name still never repeat across deletions,
+//!   and steps on different semaphores do not queue on one row. And the row keeps
+//!   `purge_at`, a lower bound of every holder's and waiter's expiry (migration 4): a step
+//!   skips the purge while the clock is before it, which is what the purge would find anyway.
+//!   So the common steps run few statements: an acquire of an idle semaphore 5, a release 4,
+//!   an enqueue 4, a release that hands off 5 and its `NOTIFY` (`sql/common.sql`, "Cost").
 //! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
 //!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
 //!   at once run each migration exactly once; a schema newer than this build is refused. A
@@ -61,6 +66,7 @@
 //!   logic above the seam handles it. Unreadable rows are [`Error::Corrupt`] (the functions
 //!   raise SQLSTATE `TS001`; the client checks every value again).
 
+mod conns;
 mod listener;
 pub(crate) mod ops;
 mod rate;
@@ -72,13 +78,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::{ConnectOptions, Connection, Row};
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities};
 
+use conns::Conns;
 use listener::Listener;
 use ops::micros;
 use url::{parse_url, Config};
@@ -87,7 +94,7 @@ use url::{parse_url, Config};
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
-const POOL_SIZE: u32 = 4;
+const POOL_SIZE: usize = 4;
 /// The migrations, in order; the schema records the last one it ran.
 const MIGRATIONS: &[&[&str]] = &[
     ops::MIGRATION_1,
@@ -101,7 +108,7 @@ type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>
 
 /// The PostgreSQL backend. Cheap to share behind an `Arc`.
 pub struct PostgresBackend {
-    pool: PgPool,
+    conns: Arc<Conns>,
     /// See [`PostgresBackend::settle`].
     inflight: Inflight,
     listener: Arc<Listener>,
@@ -141,12 +148,11 @@ impl PostgresBackend {
             .and_then(|r| r);
         let _ = conn.close().await;
         migrated?;
-        let pool = PgPoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .min_connections(0)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .test_before_acquire(false)
-            .connect_lazy_with(config.options.clone());
+        let conns = Arc::new(Conns::new(
+            config.options.clone(),
+            POOL_SIZE,
+            CONNECT_TIMEOUT,
+        ));
         let o = &config.options;
         let key = format!(
             "{}:{}/{}/{}",
@@ -159,7 +165,7 @@ impl PostgresBackend {
             .await
             .map_err(|e| in_context(e, &config))?;
         Ok(PostgresBackend {
-            pool,
+            conns,
             inflight: Inflight::default(),
             listener,
             url: config.redacted,
@@ -191,7 +197,7 @@ impl PostgresBackend {
 
     /// Runs one statement and returns its one row (see [`run_row`]).
     async fn row(&self, query: sqlx::query::Query<'_, Postgres, PgArguments>) -> Result<PgRow> {
-        run_row(&self.pool, &self.url, query).await
+        run_row(&self.conns, &self.url, query).await
     }
 
     /// Waits until an acquire of `lease` that is still running on the server has its reply.
@@ -213,27 +219,29 @@ impl PostgresBackend {
 /// Runs one statement and returns its one row, within [`RESPONSE_TIMEOUT`]; a connection that
 /// timed out is closed rather than reused.
 async fn run_row(
-    pool: &PgPool,
+    conns: &Conns,
     url: &str,
     query: sqlx::query::Query<'_, Postgres, PgArguments>,
 ) -> Result<PgRow> {
-    let mut conn = pool.acquire().await.map_err(map_err)?;
-    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(&mut *conn)).await {
-        Ok(r) => r.map_err(|e| {
-            // A session started while the database was read-only keeps that default for
-            // its life: drop it, so the pool's next session sees the fault lifted.
-            if is_read_only(&e) {
-                conn.close_on_drop();
-            }
-            map_err(e)
-        }),
-        Err(_) => {
-            conn.close_on_drop();
-            Err(Error::store(
-                StoreErrorKind::Timeout,
-                format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
-            ))
+    let mut conn = conns.take().await?;
+    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(conn.conn())).await {
+        Ok(Ok(row)) => {
+            conn.put_back();
+            Ok(row)
         }
+        Ok(Err(e)) => {
+            // A session started while the database was read-only keeps that default for
+            // its life: close it, so the next session sees the fault lifted; a broken
+            // connection is closed too.
+            if reusable_after(&e) {
+                conn.put_back();
+            }
+            Err(map_err(e))
+        }
+        Err(_) => Err(Error::store(
+            StoreErrorKind::Timeout,
+            format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
+        )),
     }
 }
 
@@ -341,8 +349,8 @@ impl Backend for PostgresBackend {
             .lock()
             .unwrap()
             .insert(req.lease_id, Arc::clone(&gate));
-        let (pool, url, inflight) = (
-            self.pool.clone(),
+        let (conns, url, inflight) = (
+            Arc::clone(&self.conns),
             self.url.clone(),
             Arc::clone(&self.inflight),
         );
@@ -358,7 +366,7 @@ impl Backend for PostgresBackend {
         let task = tokio::spawn(async move {
             let (name, capacity, lease, weight, ttl, holder, client) = args;
             let row = run_row(
-                &pool,
+                &conns,
                 &url,
                 sqlx::query(ops::ACQUIRE)
                     .bind(name)
@@ -463,13 +471,17 @@ impl Backend for PostgresBackend {
     }
 
     async fn list(&self) -> Result<Vec<String>> {
-        let names = tokio::time::timeout(
-            RESPONSE_TIMEOUT,
-            sqlx::query_scalar::<_, String>(ops::LIST).fetch_all(&self.pool),
-        )
+        let names = tokio::time::timeout(RESPONSE_TIMEOUT, async {
+            let mut conn = self.conns.take().await?;
+            let names = sqlx::query_scalar::<_, String>(ops::LIST)
+                .fetch_all(conn.conn())
+                .await
+                .map_err(map_err)?;
+            conn.put_back();
+            Ok::<_, Error>(names)
+        })
         .await
-        .map_err(|_| Error::store(StoreErrorKind::Timeout, "list timed out"))?
-        .map_err(map_err)?;
+        .map_err(|_| Error::store(StoreErrorKind::Timeout, "list timed out"))??;
         Ok(names)
     }
 
@@ -545,6 +557,20 @@ fn is_read_only(e: &sqlx::Error) -> bool {
 /// [`StoreErrorKind::Busy`], faults that pass without anything changed; a cancelled
 /// statement is [`StoreErrorKind::Timeout`]; anything else (missing rights) is
 /// [`StoreErrorKind::Other`] with PostgreSQL's message.
+/// Whether a connection whose call failed with `e` may serve another call: only after an
+/// error the server reported for the statement alone, on a session that is still fine (not
+/// a read-only default, which a session keeps for its life, nor a shutdown or a lost
+/// connection).
+pub(crate) fn reusable_after(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            !(code.starts_with("08") || code.starts_with("57P") || is_read_only(e))
+        }
+        _ => false,
+    }
+}
+
 pub(crate) fn map_err(e: sqlx::Error) -> Error {
     let kind = match &e {
         sqlx::Error::Database(db) => {

@@ -35,7 +35,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::ops::micros;
-use super::{is_read_only, map_err, PostgresBackend, RESPONSE_TIMEOUT};
+use super::{map_err, reusable_after, PostgresBackend, RESPONSE_TIMEOUT};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
@@ -77,31 +77,32 @@ fn is_conflict(e: &sqlx::Error) -> bool {
 impl PostgresBackend {
     /// Runs one rate statement and returns its one row within [`RESPONSE_TIMEOUT`]. A lock
     /// conflict runs it again; a session that met a fault (read-only by its database's
-    /// default, a broken connection) or timed out is closed, not returned to the pool: a
-    /// session keeps the defaults it started with.
+    /// default, a broken connection) or timed out is closed, not reused: a session keeps
+    /// the defaults it started with.
     async fn rate_row<'q>(
         &self,
         query: impl Fn() -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<PgRow> {
         let mut attempt = 0;
         loop {
-            let mut conn = self.pool.acquire().await.map_err(map_err)?;
-            match tokio::time::timeout(RESPONSE_TIMEOUT, query().fetch_one(&mut *conn)).await {
-                Ok(Ok(row)) => return Ok(row),
+            let mut conn = self.conns.take().await?;
+            match tokio::time::timeout(RESPONSE_TIMEOUT, query().fetch_one(conn.conn())).await {
+                Ok(Ok(row)) => {
+                    conn.put_back();
+                    return Ok(row);
+                }
                 Ok(Err(e)) => {
                     let retry = is_conflict(&e) && attempt < STEP_RETRIES;
-                    let read_only = is_read_only(&e);
-                    let e = map_err(e);
-                    if read_only || e.is_transient() {
-                        conn.close_on_drop();
+                    if reusable_after(&e) {
+                        conn.put_back();
                     }
+                    let e = map_err(e);
                     if !retry {
                         return Err(e);
                     }
                     attempt += 1;
                 }
                 Err(_) => {
-                    conn.close_on_drop();
                     return Err(Error::store(
                         StoreErrorKind::Timeout,
                         format!(
@@ -283,12 +284,16 @@ impl RateBackend for PostgresBackend {
     }
 
     async fn rate_list(&self) -> Result<Vec<String>> {
-        tokio::time::timeout(
-            RESPONSE_TIMEOUT,
-            sqlx::query_scalar::<_, String>(LIST).fetch_all(&self.pool),
-        )
+        tokio::time::timeout(RESPONSE_TIMEOUT, async {
+            let mut conn = self.conns.take().await?;
+            let names = sqlx::query_scalar::<_, String>(LIST)
+                .fetch_all(conn.conn())
+                .await
+                .map_err(map_err)?;
+            conn.put_back();
+            Ok(names)
+        })
         .await
         .map_err(|_| Error::store(StoreErrorKind::Timeout, "rate list timed out"))?
-        .map_err(map_err)
     }
 }

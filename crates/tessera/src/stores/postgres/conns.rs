@@ -1,0 +1,108 @@
+//! The operations' connections: at most [`POOL_SIZE`](super::POOL_SIZE) per backend, reused
+//! last in, first out.
+//!
+//! sqlx's pool sends a `Sync` and waits for its `ReadyForQuery` on every connection it takes
+//! back, a second round trip per operation on the server and on the client's CPU. This one
+//! needs none: a connection goes back only after a call that returned (a row or a database
+//! error; the protocol is then at a message boundary, which sqlx resumes from), and a call
+//! that timed out, was cancelled or broke the connection drops it ([`Lent`] closes on drop
+//! unless [`Lent::put_back`] is called). A connection that sat idle longer than
+//! [`STALE_AFTER`] is pinged before use (a server restart or an idle timeout in between
+//! closed it), and replaced if the ping fails.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use super::map_err;
+use crate::error::{Error, Result, StoreErrorKind};
+
+/// An idle connection older than this is pinged before it is used.
+const STALE_AFTER: Duration = Duration::from_secs(30);
+/// How long that ping may take.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(crate) struct Conns {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    slots: Semaphore,
+    connect_timeout: Duration,
+}
+
+/// A connection lent out; dropped without [`Lent::put_back`], it is closed.
+pub(crate) struct Lent<'a> {
+    conn: Option<PgConnection>,
+    conns: &'a Conns,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl Conns {
+    pub(crate) fn new(options: PgConnectOptions, size: usize, connect_timeout: Duration) -> Self {
+        Conns {
+            options,
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(size),
+            connect_timeout,
+        }
+    }
+
+    /// A connection: an idle one, or a new one once fewer than the limit are open; waits at
+    /// most the connect timeout for either.
+    pub(crate) async fn take(&self) -> Result<Lent<'_>> {
+        let timeout = || {
+            Error::store(
+                StoreErrorKind::Timeout,
+                format!("no connection within {:?}", self.connect_timeout),
+            )
+        };
+        let slot = tokio::time::timeout(self.connect_timeout, self.slots.acquire())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|_| Error::store(StoreErrorKind::Connection, "the connections are closed"))?;
+        loop {
+            let idle = self.idle.lock().unwrap().pop();
+            let Some((mut conn, since)) = idle else {
+                break;
+            };
+            if since.elapsed() < STALE_AFTER
+                || matches!(
+                    tokio::time::timeout(PING_TIMEOUT, conn.ping()).await,
+                    Ok(Ok(()))
+                )
+            {
+                return Ok(Lent {
+                    conn: Some(conn),
+                    conns: self,
+                    _slot: slot,
+                });
+            }
+        }
+        let conn = tokio::time::timeout(self.connect_timeout, self.options.connect())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(map_err)?;
+        Ok(Lent {
+            conn: Some(conn),
+            conns: self,
+            _slot: slot,
+        })
+    }
+}
+
+impl Lent<'_> {
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        self.conn
+            .as_mut()
+            .expect("a lent connection is there until it goes back")
+    }
+
+    /// Returns the connection for reuse: only after a call that returned.
+    pub(crate) fn put_back(mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.conns.idle.lock().unwrap().push((conn, Instant::now()));
+        }
+    }
+}
