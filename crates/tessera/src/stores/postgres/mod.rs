@@ -95,8 +95,9 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend: operations plus the lease keepers' renewals.
 const POOL_SIZE: usize = 4;
-/// The migrations, in order; the schema records the last one it ran.
-const MIGRATIONS: &[&[&str]] = &[
+/// The migrations, in order (each runs its files in order); the schema records the last one
+/// it ran.
+const MIGRATIONS: &[&[&[&str]]] = &[
     ops::MIGRATION_1,
     rate::MIGRATION_2,
     rate::MIGRATION_3,
@@ -303,7 +304,7 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
         )));
     }
     for (i, files) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-        for sql in *files {
+        for sql in files.iter().flat_map(|part| part.iter()) {
             sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
                 .execute(&mut *tx)
                 .await

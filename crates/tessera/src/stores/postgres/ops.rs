@@ -8,9 +8,9 @@ use sqlx::Row;
 use crate::error::{Error, Result};
 use crate::model::*;
 
-/// Migration 1: the tables, then the step's helpers, then one function per operation.
-pub(crate) const MIGRATION_1: &[&str] = &[
-    include_str!("sql/schema.sql"),
+/// The step's helpers, then one function per operation: created by migration 1 and again by
+/// every migration that changes them (`CREATE OR REPLACE`).
+const STEP: &[&str] = &[
     include_str!("sql/common.sql"),
     include_str!("sql/acquire.sql"),
     include_str!("sql/heartbeat.sql"),
@@ -23,21 +23,11 @@ pub(crate) const MIGRATION_1: &[&str] = &[
     include_str!("sql/delete.sql"),
 ];
 
-/// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step and
-/// the operations again, from the same files as migration 1.
-pub(crate) const MIGRATION_4: &[&str] = &[
-    include_str!("sql/schema_4.sql"),
-    include_str!("sql/common.sql"),
-    include_str!("sql/acquire.sql"),
-    include_str!("sql/heartbeat.sql"),
-    include_str!("sql/cancel.sql"),
-    include_str!("sql/release.sql"),
-    include_str!("sql/renew.sql"),
-    include_str!("sql/status.sql"),
-    include_str!("sql/resize.sql"),
-    include_str!("sql/revoke.sql"),
-    include_str!("sql/delete.sql"),
-];
+/// Migration 1: the tables, then the step.
+pub(crate) const MIGRATION_1: &[&[&str]] = &[&[include_str!("sql/schema.sql")], STEP];
+
+/// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step again.
+pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")], STEP];
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \

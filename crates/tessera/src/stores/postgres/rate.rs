@@ -44,16 +44,16 @@ use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use crate::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
 
 /// Migration 2: the rate-limiter tables.
-pub(crate) const MIGRATION_2: &[&str] = &[include_str!("sql/rate_schema.sql")];
+pub(crate) const MIGRATION_2: &[&[&str]] = &[&[include_str!("sql/rate_schema.sql")]];
 
 /// Migration 3: the rate step as functions, helpers first.
-pub(crate) const MIGRATION_3: &[&str] = &[
+pub(crate) const MIGRATION_3: &[&[&str]] = &[&[
     include_str!("sql/rate_common.sql"),
     include_str!("sql/rate_acquire.sql"),
     include_str!("sql/rate_cancel.sql"),
     include_str!("sql/rate_status.sql"),
     include_str!("sql/rate_delete.sql"),
-];
+]];
 
 const ACQUIRE: &str = "SELECT outcome, at_us, now_us, reservation, stored \
      FROM tessera_rate_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";

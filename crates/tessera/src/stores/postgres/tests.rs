@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn every_migration_file_starts_with_a_header_comment() {
     for files in MIGRATIONS {
-        for sql in *files {
+        for sql in files.concat() {
             assert!(
                 sql.starts_with("-- tessera"),
                 "{}",
@@ -18,8 +18,8 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 3);
-    let rate: String = MIGRATIONS[1].concat();
+    assert_eq!(MIGRATIONS.len(), 4);
+    let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
         assert!(
@@ -31,7 +31,7 @@ fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
 
 #[test]
 fn the_rate_functions_come_third_after_their_tables() {
-    let rate: String = MIGRATIONS[2].concat();
+    let rate: String = MIGRATIONS[2].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 3"));
     for f in [
         "tessera_rate_acquire",
@@ -50,9 +50,24 @@ fn the_rate_functions_come_third_after_their_tables() {
     }
 }
 
+/// Migration 4 alters what migration 1 created, idempotently, and creates the step again.
+#[test]
+fn the_lean_step_comes_fourth_and_runs_again_harmlessly() {
+    let lean = MIGRATIONS[3].concat().concat();
+    assert!(lean.starts_with("-- tessera PostgreSQL store, migration 4"));
+    assert!(lean.contains("ADD COLUMN IF NOT EXISTS purge_at"));
+    assert!(lean.contains("CREATE OR REPLACE FUNCTION tessera__load("));
+    for line in lean.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(line.starts_with("CREATE OR REPLACE FUNCTION "), "{line}");
+    }
+    for line in lean.lines().filter(|l| l.starts_with("DROP ")) {
+        assert!(line.starts_with("DROP FUNCTION IF EXISTS "), "{line}");
+    }
+}
+
 #[test]
 fn operation_functions_are_created_by_the_migration() {
-    let all: String = MIGRATIONS.iter().flat_map(|f| f.iter().copied()).collect();
+    let all: String = MIGRATIONS.concat().concat().concat();
     for f in [
         "tessera_acquire",
         "tessera_heartbeat",
