@@ -60,19 +60,33 @@
 /// Runs one operation in its own `BEGIN IMMEDIATE` transaction, commits, then wakes the
 /// lease ids it granted or revoked (after the commit, so a woken task sees the grant).
 ///
-/// `step!(self, |conn, now| op)` runs a rate step of `rate.rs` on the connection;
 /// `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
-/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`.
+/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`, on
+/// the backend's own connection ([`Writer`]); `step!(self, |conn, now| op)` runs a rate step
+/// of `rate.rs` on a pooled sqlx connection. Both hold the writer's mutex, so this
+/// process's write transactions never meet each other in SQLite's busy handler.
 macro_rules! step {
-    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
-        step!($self, |conn, now| async {
-            let wall = $self.wall.as_ref().map_or(now, |w| w.now());
-            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now)
-                .await?
-                .wall(wall);
+    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {{
+        let mut tx = $self.begin().await?;
+        // Read the clock once the write lock is held: steps are then ordered by time too.
+        let now = $self.clock.now();
+        let wall = $self.wall.as_ref().map_or(now, |w| w.now());
+        let outcome = {
+            let $rows = &mut ops::SqliteRows::on(tx.db(), $name.as_str(), now).wall(wall);
             $op.await
-        })
-    };
+        };
+        // On an error the transaction rolls back as `tx` drops.
+        let (reply, wakes) = outcome?;
+        tx.commit()?;
+        drop(tx);
+        for &id in &wakes {
+            $crate::wake::notify(id);
+        }
+        if let Some(n) = &$self.notifier {
+            n.broadcast(&wakes);
+        }
+        reply
+    }};
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
         let serial = $self.write.lock().await;
         let mut tx = $self
@@ -106,6 +120,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -151,9 +166,14 @@ pub struct SqliteBackend {
     /// store's clock is itself the wall clock (injected clocks): nothing is converted.
     wall: Option<Arc<dyn Clock>>,
     path: PathBuf,
-    /// Serializes this process's write transactions (FIFO), so they never meet each other
-    /// in SQLite's sleeping busy handler; other processes are kept out by SQLite's lock.
-    write: tokio::sync::Mutex<()>,
+    /// The connection of the semaphore steps ([`Writer`]). Its mutex serializes this
+    /// process's write transactions (FIFO), so they never meet each other in SQLite's
+    /// sleeping busy handler; other processes are kept out by SQLite's lock.
+    write: tokio::sync::Mutex<Writer>,
+    /// The connection of the heartbeat probes, with its prepared statements (`None`: not
+    /// open, or lost). A probe that finds it in use by another task of this process takes
+    /// a pooled connection instead.
+    reader: std::sync::Mutex<Writer>,
     /// Wake-ups to waiters in other processes (`None`: they poll only).
     notifier: Option<notify::Notifier>,
     /// Disables the read-only heartbeat probe, so every heartbeat refreshes the waiter
@@ -270,8 +290,9 @@ impl SqliteBackend {
             clock,
             wall,
             notifier: notify::Notifier::start(&path),
+            write: tokio::sync::Mutex::new(Some(open_own(&path)?)),
+            reader: std::sync::Mutex::new(None),
             path,
-            write: tokio::sync::Mutex::new(()),
             exact_heartbeats: false,
         })
     }
@@ -323,6 +344,98 @@ impl SqliteBackend {
         &self.path
     }
 
+    /// Opens a `BEGIN IMMEDIATE` transaction on the writer connection, under the writer's
+    /// mutex. It first asks for SQLite's write lock without waiting, on this thread; only
+    /// when another process holds it does it wait, on a blocking thread, in the busy handler
+    /// (up to [`BUSY_TIMEOUT`], then [`StoreErrorKind::Busy`]).
+    ///
+    /// Cancelled during that wait, the connection goes with the blocking thread, which
+    /// closes it once `BEGIN` returns (rolling back); the next step opens a new one.
+    async fn begin(&self) -> Result<WriteTx<'_>> {
+        let mut slot = self.write.lock().await;
+        let db = match slot.take() {
+            Some(db) => db,
+            None => open_own(&self.path)?,
+        };
+        let db = match no_wait(|| exec_cached(&db, "BEGIN IMMEDIATE")) {
+            Ok(()) => db,
+            Err(e) if is_busy(&e) => {
+                let waited = tokio::task::spawn_blocking(move || {
+                    let began = exec_cached(&db, "BEGIN IMMEDIATE");
+                    (db, began)
+                })
+                .await;
+                match waited {
+                    Ok((db, Ok(()))) => db,
+                    Ok((db, Err(e))) => {
+                        *slot = Some(db);
+                        return Err(ops::rq_err(e));
+                    }
+                    Err(e) => {
+                        return Err(Error::store(
+                            StoreErrorKind::Other,
+                            format!("waiting for the SQLite write lock failed: {e}"),
+                        ))
+                    }
+                }
+            }
+            Err(e) => {
+                *slot = Some(db);
+                return Err(ops::rq_err(e));
+            }
+        };
+        Ok(WriteTx { slot, db: Some(db) })
+    }
+
+    /// [`SqliteBackend::probe_heartbeat`] on the backend's own reader connection, without
+    /// waiting for any lock. `None` when that connection is in use by another task of this
+    /// process, cannot be opened, or a lock would have to be waited for: the caller then
+    /// probes on a pooled connection.
+    fn probe_on_reader(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+        now: StoreTime,
+    ) -> Option<Result<Option<WaitReply>>> {
+        let mut slot = self.reader.try_lock().ok()?;
+        if slot.is_none() {
+            *slot = open_own(&self.path).ok();
+        }
+        let db = slot.as_mut()?;
+        let lease_text = lease.to_string();
+        let probed = no_wait(|| {
+            let mut st = db.prepare_cached(HEARTBEAT_PROBE)?;
+            let mut rows = st.query(rusqlite::params![name.as_str(), lease_text, now.0 as i64])?;
+            let Some(row) = rows.next()? else {
+                return Ok(None);
+            };
+            let int = |i| row.get::<_, Option<i64>>(i).ok().flatten();
+            Ok(Some([int(0), int(1), int(2), int(3)]))
+        });
+        let row = match probed {
+            Ok(row) => row,
+            Err(e) if is_busy(&e) => return None,
+            Err(e) => return Some(Err(ops::rq_err(e))),
+        };
+        Some(match row {
+            // Not queued: granted meanwhile, or gone (two reads, see `sql::read_grant`).
+            None => {
+                let rows = &mut ops::SqliteRows::on(db, name.as_str(), now);
+                // The row operations run their statements at once; they never wait.
+                let read = no_wait(|| sql::read_grant(rows, lease, now).now_or_never())?;
+                match read {
+                    Err(Error::Store {
+                        kind: StoreErrorKind::Busy,
+                        ..
+                    }) => return None,
+                    read => read.map(|grant| grant.map(WaitReply::Granted)),
+                }
+            }
+            Some(row) => Ok(probe_answer(row, now, waiter_ttl)),
+        })
+    }
+
     /// Every heartbeat runs the full step, never the read-only probe, so a waiter's expiry
     /// moves exactly as the reference model's does (for the differential test; the probe
     /// only saves writes).
@@ -350,6 +463,9 @@ impl SqliteBackend {
         waiter_ttl: Duration,
     ) -> Result<Option<WaitReply>> {
         let now = self.clock.now();
+        if let Some(answer) = self.probe_on_reader(name, lease, waiter_ttl, now) {
+            return answer;
+        }
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let Some(row) = sqlx::query(HEARTBEAT_PROBE)
             .bind(name.as_str())
@@ -364,11 +480,11 @@ impl SqliteBackend {
             return Ok(grant.map(WaitReply::Granted));
         };
         let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
-        let (Some(expires_at), Some(0), Some(0), Some(1)) = (int(0), int(1), int(2), int(3)) else {
-            return Ok(None);
-        };
-        let fresh_until = now.plus(waiter_ttl / 2).0;
-        Ok((expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting))
+        Ok(probe_answer(
+            [int(0), int(1), int(2), int(3)],
+            now,
+            waiter_ttl,
+        ))
     }
 }
 
@@ -496,6 +612,18 @@ impl Backend for SqliteBackend {
     }
 }
 
+/// The heartbeat probe's answer from its row (see `heartbeat_probe.sql`): `Waiting` when the
+/// waiter is queued, nothing of the semaphore has expired, the head does not fit and the
+/// waiter's own expiry has at least half of `waiter_ttl` left; otherwise `None` (run the
+/// full step).
+fn probe_answer(row: [Option<i64>; 4], now: StoreTime, waiter_ttl: Duration) -> Option<WaitReply> {
+    let [Some(expires_at), Some(0), Some(0), Some(1)] = row else {
+        return None;
+    };
+    let fresh_until = now.plus(waiter_ttl / 2).0;
+    (expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting)
+}
+
 /// A grant's times in wall time (see [`SqliteBackend::to_wall`]).
 fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Grant {
     grant.now = wall(grant.now);
@@ -504,14 +632,113 @@ fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Gra
     grant
 }
 
+/// One of the backend's own SQLite connections, opened by rusqlite beside sqlx's pool, with
+/// the prepared statements of every step kept from one step to the next (`None`: not open,
+/// or lost with a step cancelled while it waited for the write lock; the next user opens a
+/// new one).
+///
+/// Compiling the dozen statements of a step again at every step was half of the
+/// instructions a grant cost; on its own connection a statement is compiled once. Its
+/// transactions start on the calling task's thread without waiting
+/// ([`SqliteBackend::begin`]), and only wait for another process's write lock on a blocking
+/// thread: a tokio worker never sleeps in the busy handler.
+type Writer = Option<rusqlite::Connection>;
+
+/// Prepared statements kept per connection: every statement of `ops.rs` and the probe.
+const STATEMENT_CACHE: usize = 64;
+
+/// Opens one of the backend's own connections ([`Writer`]) on the existing file.
+fn open_own(path: &Path) -> Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    let db = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(ops::rq_err)?;
+    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // As on the pooled connections: durable against a process crash (see the module docs).
+    db.execute_batch("PRAGMA synchronous = NORMAL")
+        .map_err(ops::rq_err)?;
+    // SAFETY: the handle is this open connection's own.
+    install_busy_handler(unsafe { db.handle() });
+    Ok(db)
+}
+
+/// Runs `sql` (no parameters, no rows) through the connection's statement cache.
+fn exec_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    db.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+/// Whether `e` is SQLITE_BUSY: another connection holds the lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == 5)
+}
+
+thread_local! {
+    /// Set while [`no_wait`] runs: the busy handler then gives up at once (SQLITE_BUSY).
+    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's busy handler giving up at once: on a tokio worker a
+/// statement that would wait for another process's lock answers SQLITE_BUSY instead.
+fn no_wait<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NO_WAIT.set(false);
+        }
+    }
+    NO_WAIT.set(true);
+    let _reset = Reset;
+    f()
+}
+
+/// An open `BEGIN IMMEDIATE` transaction on the backend's writer connection, holding the
+/// writer's mutex. Dropped without [`WriteTx::commit`] (an error, or a step that failed), it
+/// rolls back; a connection that cannot roll back is closed, which rolls back too.
+struct WriteTx<'a> {
+    slot: tokio::sync::MutexGuard<'a, Writer>,
+    db: Writer,
+}
+
+impl WriteTx<'_> {
+    fn db(&mut self) -> &mut rusqlite::Connection {
+        self.db
+            .as_mut()
+            .expect("the connection stays until the transaction is dropped")
+    }
+
+    /// Commits. With the write lock held in WAL mode, COMMIT waits for no lock: it runs
+    /// without waiting, on the caller's thread.
+    fn commit(&mut self) -> Result<()> {
+        let db = self.db();
+        no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)
+    }
+}
+
+impl Drop for WriteTx<'_> {
+    fn drop(&mut self) {
+        let Some(db) = self.db.take() else { return };
+        if !db.is_autocommit() && no_wait(|| exec_cached(&db, "ROLLBACK")).is_err() {
+            // Closing the connection rolls its transaction back.
+            return;
+        }
+        *self.slot = Some(db);
+    }
+}
+
 /// Replaces SQLite's default busy handler, whose sleeps grow to 100 ms, with short ones.
 ///
 /// Under contention between processes the write lock changes hands every few hundred
 /// microseconds; the default handler (1, 2, 5, 10, … 100 ms) left a waiting process asleep
 /// long after the lock was free, which made the tail of the wait, not the work, dominate.
-/// This one sleeps 50 µs doubling up to 1 ms, and gives up after [`BUSY_TIMEOUT`] in total.
+/// This one sleeps 50 µs doubling up to 1 ms, and gives up after [`BUSY_TIMEOUT`] in total;
+/// inside [`no_wait`] it gives up at once.
 fn install_busy_handler(db: *mut libsqlite3_sys::sqlite3) {
     extern "C" fn busy(_: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
+        if NO_WAIT.get() {
+            return 0;
+        }
         // 50, 100, 200, 400, 800 µs, then 1 ms per try.
         let sleep_us: u64 = if tries < 5 { 50 << tries } else { 1_000 };
         let slept_us: u64 = (0..tries.min(5) as u64).map(|t| 50 << t).sum::<u64>()
