@@ -71,19 +71,24 @@ macro_rules! step {
         // Read the clock once the write lock is held: steps are then ordered by time too.
         let now = $self.clock.now();
         let wall = $self.wall.as_ref().map_or(now, |w| w.now());
+        let socket = $self.notifier.as_ref().map(|n| n.name());
         let outcome = {
-            let $rows = &mut ops::SqliteRows::on(tx.db(), $name.as_str(), now).wall(wall);
-            $op.await
+            let mut sqlite_rows = ops::SqliteRows::on(tx.db(), $name.as_str(), now)
+                .wall(wall)
+                .wake(socket);
+            let $rows = &mut sqlite_rows;
+            let done = $op.await;
+            done.map(|(reply, wakes)| (reply, wakes, sqlite_rows.take_woken()))
         };
         // On an error the transaction rolls back as `tx` drops.
-        let (reply, wakes) = outcome?;
+        let (reply, wakes, woken) = outcome?;
         tx.commit()?;
         drop(tx);
         for &id in &wakes {
             $crate::wake::notify(id);
         }
         if let Some(n) = &$self.notifier {
-            n.broadcast(&wakes);
+            n.wake(&wakes, &woken);
         }
         reply
     }};
@@ -935,6 +940,19 @@ async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Resul
         return Err(Error::Corrupt(format!(
             "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
         )));
+    }
+    // The waiters' wake-up socket, added to files made before it (see `schema.sql`).
+    let has_wake: bool = sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'wake'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    if !has_wake {
+        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN wake TEXT")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
     }
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)

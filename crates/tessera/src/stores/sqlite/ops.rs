@@ -53,10 +53,10 @@ const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_
 /// Pops the queue head if its weight is at most `?2` (the free permits).
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
      AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
-     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl";
+     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl, wake";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
-     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 const REMOVE_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2";
 const REFRESH_WAITER: &str = "UPDATE tessera_waiters SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2";
@@ -100,6 +100,11 @@ pub(crate) struct SqliteRows<'c> {
     name: &'c str,
     now: StoreTime,
     wall: StoreTime,
+    /// This backend's wake-up socket, recorded with the waiters it queues (see `notify.rs`).
+    wake: Option<&'c str>,
+    /// The waiters granted by this step whose row named their process's wake-up socket:
+    /// `(lease id, socket)`.
+    woken: Vec<(String, String)>,
 }
 
 /// The connection a [`SqliteRows`] runs its statements on.
@@ -137,6 +142,8 @@ impl<'c> SqliteRows<'c> {
             name,
             now,
             wall: now,
+            wake: None,
+            woken: Vec::new(),
         })
     }
 
@@ -148,6 +155,8 @@ impl<'c> SqliteRows<'c> {
             name,
             now,
             wall: now,
+            wake: None,
+            woken: Vec::new(),
         }
     }
 
@@ -155,6 +164,18 @@ impl<'c> SqliteRows<'c> {
     pub(crate) fn wall(mut self, wall: StoreTime) -> Self {
         self.wall = wall;
         self
+    }
+
+    /// This backend's wake-up socket (its name in the wake-up folder), recorded with every
+    /// waiter this value queues, so that whoever grants it wakes only this process.
+    pub(crate) fn wake(mut self, socket: Option<&'c str>) -> Self {
+        self.wake = socket;
+        self
+    }
+
+    /// The `(lease id, wake-up socket)` of the waiters granted so far that recorded one.
+    pub(crate) fn take_woken(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.woken)
     }
 
     /// The connection the statements run on.
@@ -318,14 +339,24 @@ impl SemRows for SqliteRows<'_> {
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
         let head = self.fetch(POP_HEAD_IF_FITS, None, &[available], |row| {
-            Ok(HeadRow {
+            let wake = row
+                .get::<_, Option<String>>(4)
+                .map_err(|e| corrupt(format!("column 4: {e}")))?;
+            let head = HeadRow {
                 lease_id: text_at(row, 0)?,
                 weight: int_at(row, 1)?,
                 holder: text_at(row, 2)?,
                 ttl: int_at(row, 3)?,
-            })
+            };
+            Ok((head, wake))
         })?;
-        Ok(head.into_iter().next())
+        let Some((head, wake)) = head.into_iter().next() else {
+            return Ok(None);
+        };
+        if let Some(wake) = wake {
+            self.woken.push((head.lease_id.clone(), wake));
+        }
+        Ok(Some(head))
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
@@ -338,7 +369,8 @@ impl SemRows for SqliteRows<'_> {
             w.holder,
             w.ttl,
             w.enqueued_at,
-            w.expires_at
+            w.expires_at,
+            self.wake
         ])
         .map_err(rq_err)
         .map(drop)
