@@ -82,13 +82,16 @@ macro_rules! step {
         };
         // On an error the transaction rolls back as `tx` drops.
         let (reply, wakes, woken) = outcome?;
-        tx.commit()?;
+        let wal_pages = tx.commit()?;
         drop(tx);
         for &id in &wakes {
             $crate::wake::notify(id);
         }
         if let Some(n) = &$self.notifier {
             n.wake(&wakes, &woken);
+        }
+        if wal_pages >= CHECKPOINT_PAGES {
+            $self.checkpoint_soon();
         }
         reply
     }};
@@ -179,6 +182,8 @@ pub struct SqliteBackend {
     /// open, or lost). A probe that finds it in use by another task of this process takes
     /// a pooled connection instead.
     reader: std::sync::Mutex<Writer>,
+    /// A checkpoint of [`SqliteBackend::checkpoint_soon`] is under way.
+    checkpointing: Arc<std::sync::atomic::AtomicBool>,
     /// Wake-ups to waiters in other processes (`None`: they poll only).
     notifier: Option<notify::Notifier>,
     /// Disables the read-only heartbeat probe, so every heartbeat refreshes the waiter
@@ -297,6 +302,7 @@ impl SqliteBackend {
             notifier: notify::Notifier::start(&path),
             write: tokio::sync::Mutex::new(Some(open_own(&path)?)),
             reader: std::sync::Mutex::new(None),
+            checkpointing: Arc::default(),
             path,
             exact_heartbeats: false,
         })
@@ -390,6 +396,28 @@ impl SqliteBackend {
             }
         };
         Ok(WriteTx { slot, db: Some(db) })
+    }
+
+    /// Checkpoints the WAL (PASSIVE: it waits for nobody and blocks no writer) in the
+    /// background on a pooled connection, once at a time. The steps' own connection does not
+    /// checkpoint inside COMMIT (see [`wal_hook`]); a step whose commit left the WAL at
+    /// [`CHECKPOINT_PAGES`] or more calls this after its wake-ups are sent. A checkpoint that
+    /// fails or never runs is asked for again by the next such commit.
+    fn checkpoint_soon(&self) {
+        use std::sync::atomic::Ordering;
+        if self.checkpointing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (pool, flag) = (self.pool.clone(), Arc::clone(&self.checkpointing));
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&pool)
+                .await
+            {
+                tracing::debug!(error = %e, "SQLite checkpoint failed; the next commit asks again");
+            }
+            flag.store(false, Ordering::Release);
+        });
     }
 
     /// [`SqliteBackend::probe_heartbeat`] on the backend's own reader connection, without
@@ -666,7 +694,33 @@ fn open_own(path: &Path) -> Result<rusqlite::Connection> {
         .map_err(ops::rq_err)?;
     // SAFETY: the handle is this open connection's own.
     install_busy_handler(unsafe { db.handle() });
+    // SAFETY: as above; the hook is a plain function without user data.
+    unsafe {
+        libsqlite3_sys::sqlite3_wal_hook(db.handle(), Some(wal_hook), std::ptr::null_mut());
+    }
     Ok(db)
+}
+
+/// WAL pages after which a step asks for a checkpoint: SQLite's own automatic threshold.
+const CHECKPOINT_PAGES: i32 = 1000;
+
+thread_local! {
+    /// The WAL's length in pages after the last commit on this thread's own connection.
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// Replaces SQLite's automatic checkpoint on the backend's own connections: it only
+/// records the WAL's length, and the step checkpoints on sqlx's thread once its wake-ups
+/// are sent ([`SqliteBackend::checkpoint_soon`]). SQLite's own ran inside COMMIT, two
+/// fsyncs long, before the waiter granted by that commit could be told.
+extern "C" fn wal_hook(
+    _: *mut std::ffi::c_void,
+    _: *mut libsqlite3_sys::sqlite3,
+    _: *const std::ffi::c_char,
+    pages: std::ffi::c_int,
+) -> std::ffi::c_int {
+    WAL_PAGES.set(pages);
+    0
 }
 
 /// Runs `sql` (no parameters, no rows) through the connection's statement cache.
@@ -713,11 +767,13 @@ impl WriteTx<'_> {
             .expect("the connection stays until the transaction is dropped")
     }
 
-    /// Commits. With the write lock held in WAL mode, COMMIT waits for no lock: it runs
-    /// without waiting, on the caller's thread.
-    fn commit(&mut self) -> Result<()> {
+    /// Commits; the WAL's length in pages after it. With the write lock held in WAL mode,
+    /// COMMIT waits for no lock: it runs without waiting, on the caller's thread.
+    fn commit(&mut self) -> Result<i32> {
         let db = self.db();
-        no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)
+        WAL_PAGES.set(0);
+        no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)?;
+        Ok(WAL_PAGES.get())
     }
 }
 

@@ -733,3 +733,22 @@ async fn a_step_cancelled_while_waiting_for_the_write_lock_changes_nothing() {
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].lease_id, lease);
 }
+
+/// The steps' own connection leaves checkpoints to the background (see `wal_hook`): the WAL
+/// still stays bounded under a stream of steps, instead of growing by every step's pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_stays_bounded_under_a_stream_of_steps() {
+    let (dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("wal");
+    // About 7 pages per step: far past the checkpoint threshold without checkpoints.
+    for _ in 0..1500 {
+        let lease = LeaseId::random();
+        b.acquire(&s, 2, &req(lease, 1, None)).await.unwrap();
+        assert!(b.release(&s, lease).await.unwrap());
+    }
+    let wal = std::fs::metadata(dir.path().join("t.db-wal"))
+        .unwrap()
+        .len();
+    assert!(wal < 12 << 20, "the WAL grew to {wal} bytes");
+}
