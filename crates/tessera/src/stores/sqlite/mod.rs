@@ -83,16 +83,17 @@ macro_rules! step {
         // On an error the transaction rolls back as `tx` drops.
         let (reply, wakes, woken) = outcome?;
         let wal_pages = tx.commit()?;
-        drop(tx);
         for &id in &wakes {
             $crate::wake::notify(id);
         }
         if let Some(n) = &$self.notifier {
             n.wake(&wakes, &woken);
         }
+        // The checkpoint SQLite would have run inside COMMIT, now that the waiters are told.
         if wal_pages >= CHECKPOINT_PAGES {
-            $self.checkpoint_soon();
+            tx.checkpoint();
         }
+        drop(tx);
         reply
     }};
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
@@ -182,8 +183,6 @@ pub struct SqliteBackend {
     /// open, or lost). A probe that finds it in use by another task of this process takes
     /// a pooled connection instead.
     reader: std::sync::Mutex<Writer>,
-    /// A checkpoint of [`SqliteBackend::checkpoint_soon`] is under way.
-    checkpointing: Arc<std::sync::atomic::AtomicBool>,
     /// Wake-ups to waiters in other processes (`None`: they poll only).
     notifier: Option<notify::Notifier>,
     /// Disables the read-only heartbeat probe, so every heartbeat refreshes the waiter
@@ -302,7 +301,6 @@ impl SqliteBackend {
             notifier: notify::Notifier::start(&path),
             write: tokio::sync::Mutex::new(Some(open_own(&path)?)),
             reader: std::sync::Mutex::new(None),
-            checkpointing: Arc::default(),
             path,
             exact_heartbeats: false,
         })
@@ -396,28 +394,6 @@ impl SqliteBackend {
             }
         };
         Ok(WriteTx { slot, db: Some(db) })
-    }
-
-    /// Checkpoints the WAL (PASSIVE: it waits for nobody and blocks no writer) in the
-    /// background on a pooled connection, once at a time. The steps' own connection does not
-    /// checkpoint inside COMMIT (see [`wal_hook`]); a step whose commit left the WAL at
-    /// [`CHECKPOINT_PAGES`] or more calls this after its wake-ups are sent. A checkpoint that
-    /// fails or never runs is asked for again by the next such commit.
-    fn checkpoint_soon(&self) {
-        use std::sync::atomic::Ordering;
-        if self.checkpointing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let (pool, flag) = (self.pool.clone(), Arc::clone(&self.checkpointing));
-        tokio::spawn(async move {
-            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&pool)
-                .await
-            {
-                tracing::debug!(error = %e, "SQLite checkpoint failed; the next commit asks again");
-            }
-            flag.store(false, Ordering::Release);
-        });
     }
 
     /// [`SqliteBackend::probe_heartbeat`] on the backend's own reader connection, without
@@ -710,9 +686,9 @@ thread_local! {
 }
 
 /// Replaces SQLite's automatic checkpoint on the backend's own connections: it only
-/// records the WAL's length, and the step checkpoints on sqlx's thread once its wake-ups
-/// are sent ([`SqliteBackend::checkpoint_soon`]). SQLite's own ran inside COMMIT, two
-/// fsyncs long, before the waiter granted by that commit could be told.
+/// records the WAL's length, and the step runs the same checkpoint on the same connection
+/// once its wake-ups are sent ([`WriteTx::checkpoint`]). SQLite's own ran inside COMMIT,
+/// two fsyncs long, before the waiter granted by that commit could be told.
 extern "C" fn wal_hook(
     _: *mut std::ffi::c_void,
     _: *mut libsqlite3_sys::sqlite3,
@@ -774,6 +750,20 @@ impl WriteTx<'_> {
         WAL_PAGES.set(0);
         no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)?;
         Ok(WAL_PAGES.get())
+    }
+}
+
+impl WriteTx<'_> {
+    /// After the commit, checkpoints the WAL as SQLite's automatic checkpoint does (PASSIVE:
+    /// it waits for no lock and blocks no writer), on this connection before its next
+    /// transaction, so the WAL restarts from its beginning as often as it did. Failures are
+    /// left to the next commit past [`CHECKPOINT_PAGES`].
+    fn checkpoint(&mut self) {
+        let db = self.db();
+        let done = no_wait(|| db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())));
+        if let Err(e) = done {
+            tracing::debug!(error = %e, "SQLite checkpoint failed; the next commit asks again");
+        }
     }
 }
 
