@@ -25,13 +25,19 @@
 //!   processes never both read a state and then both fail to upgrade (a deferred `BEGIN`
 //!   gave hundreds of "database is locked" errors under contention even with a busy timeout).
 //!   Inside one process the write transactions are also serialized by a mutex, so local
-//!   tasks queue in FIFO order instead of sleeping in SQLite's busy handler.
+//!   tasks queue in FIFO order instead of sleeping in SQLite's busy handler. The semaphore
+//!   steps run on the backend's own connection ([`Writer`]), whose prepared statements are
+//!   kept from step to step; its `BEGIN IMMEDIATE` first asks for the write lock without
+//!   waiting, on the caller's thread, and only waits (in the busy handler, on a blocking
+//!   thread) while another process holds it.
 //! - **WAL**, set once: when a connection finds the file in another journal mode (a new
 //!   file), it switches it to WAL, which is then a property of the file. Readers never block
 //!   the writer. `synchronous=NORMAL`: a commit is durable against a process crash, and only
 //!   the last transactions may be lost on power failure — a lost grant then looks like an
 //!   expired lease, which holders already survive, and fences stay monotonic through the
-//!   time floor (`fence >= now in µs`).
+//!   time floor (`fence >= now in µs`). The steps' connection checkpoints the WAL at
+//!   SQLite's usual threshold, right after the step's wake-ups are sent rather than inside
+//!   its COMMIT (see `wal_hook`); durability is unchanged.
 //! - **Busy timeout** 10 s: how long a transaction waits for another process's write lock
 //!   before failing with [`StoreErrorKind::Busy`].
 //! - **Clock**: the host's boot clock ([`BootClock`], `CLOCK_BOOTTIME` in µs), or an injected
@@ -52,8 +58,8 @@
 //!   rate-limiter state — no process of an older boot can still hold anything — and keeps
 //!   the fence high-water mark, with a warning in the log.
 //! - **Waking**: a grant made in this process wakes the waiting task at once through
-//!   [`crate::wake::notify`]; waiters in other processes get a datagram on their Unix socket
-//!   in `<file>.wake/` (see `notify.rs`). Their poll stays as the safety net (see
+//!   [`crate::wake::notify`]; a waiter in another process gets a datagram on its process's
+//!   Unix socket in `<file>.wake/`, which its queue row names (see `notify.rs`). Their poll stays as the safety net (see
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
