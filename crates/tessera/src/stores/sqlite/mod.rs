@@ -25,13 +25,19 @@
 //!   processes never both read a state and then both fail to upgrade (a deferred `BEGIN`
 //!   gave hundreds of "database is locked" errors under contention even with a busy timeout).
 //!   Inside one process the write transactions are also serialized by a mutex, so local
-//!   tasks queue in FIFO order instead of sleeping in SQLite's busy handler.
+//!   tasks queue in FIFO order instead of sleeping in SQLite's busy handler. The semaphore
+//!   steps run on the backend's own connection ([`Writer`]), whose prepared statements are
+//!   kept from step to step; its `BEGIN IMMEDIATE` first asks for the write lock without
+//!   waiting, on the caller's thread, and only waits (in the busy handler, on a blocking
+//!   thread) while another process holds it.
 //! - **WAL**, set once: when a connection finds the file in another journal mode (a new
 //!   file), it switches it to WAL, which is then a property of the file. Readers never block
 //!   the writer. `synchronous=NORMAL`: a commit is durable against a process crash, and only
 //!   the last transactions may be lost on power failure — a lost grant then looks like an
 //!   expired lease, which holders already survive, and fences stay monotonic through the
-//!   time floor (`fence >= now in µs`).
+//!   time floor (`fence >= now in µs`). The steps' connection checkpoints the WAL at
+//!   SQLite's usual threshold, right after the step's wake-ups are sent rather than inside
+//!   its COMMIT (see `wal_hook`); durability is unchanged.
 //! - **Busy timeout** 10 s: how long a transaction waits for another process's write lock
 //!   before failing with [`StoreErrorKind::Busy`].
 //! - **Clock**: the host's boot clock ([`BootClock`], `CLOCK_BOOTTIME` in µs), or an injected
@@ -52,27 +58,50 @@
 //!   rate-limiter state — no process of an older boot can still hold anything — and keeps
 //!   the fence high-water mark, with a warning in the log.
 //! - **Waking**: a grant made in this process wakes the waiting task at once through
-//!   [`crate::wake::notify`]; waiters in other processes get a datagram on their Unix socket
-//!   in `<file>.wake/` (see `notify.rs`). Their poll stays as the safety net (see
+//!   [`crate::wake::notify`]; a waiter in another process gets a datagram on its process's
+//!   Unix socket in `<file>.wake/`, which its queue row names (see `notify.rs`). Their poll stays as the safety net (see
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
 
 /// Runs one operation in its own `BEGIN IMMEDIATE` transaction, commits, then wakes the
 /// lease ids it granted or revoked (after the commit, so a woken task sees the grant).
 ///
-/// `step!(self, |conn, now| op)` runs a rate step of `rate.rs` on the connection;
 /// `step!(self, name, |rows| op)` runs a semaphore step of the shared SQL layer
-/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`.
+/// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`, on
+/// the backend's own connection ([`Writer`]); `step!(self, |conn, now| op)` runs a rate step
+/// of `rate.rs` on a pooled sqlx connection. Both hold the writer's mutex, so this
+/// process's write transactions never meet each other in SQLite's busy handler.
 macro_rules! step {
-    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {
-        step!($self, |conn, now| async {
-            let wall = $self.wall.as_ref().map_or(now, |w| w.now());
-            let $rows = &mut ops::SqliteRows::new(conn, $name.as_str(), now)
-                .await?
-                .wall(wall);
-            $op.await
-        })
-    };
+    ($self:ident, $name:expr, |$rows:ident| $op:expr) => {{
+        let mut tx = $self.begin().await?;
+        // Read the clock once the write lock is held: steps are then ordered by time too.
+        let now = $self.clock.now();
+        let wall = $self.wall.as_ref().map_or(now, |w| w.now());
+        let socket = $self.notifier.as_ref().map(|n| n.name());
+        let outcome = {
+            let mut sqlite_rows = ops::SqliteRows::on(tx.db(), $name.as_str(), now)
+                .wall(wall)
+                .wake(socket);
+            let $rows = &mut sqlite_rows;
+            let done = $op.await;
+            done.map(|(reply, wakes)| (reply, wakes, sqlite_rows.take_woken()))
+        };
+        // On an error the transaction rolls back as `tx` drops.
+        let (reply, wakes, woken) = outcome?;
+        let wal_pages = tx.commit()?;
+        for &id in &wakes {
+            $crate::wake::notify(id);
+        }
+        if let Some(n) = &$self.notifier {
+            n.wake(&wakes, &woken);
+        }
+        // The checkpoint SQLite would have run inside COMMIT, now that the waiters are told.
+        if wal_pages >= CHECKPOINT_PAGES {
+            tx.checkpoint();
+        }
+        drop(tx);
+        reply
+    }};
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
         let serial = $self.write.lock().await;
         let mut tx = $self
@@ -106,6 +135,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -151,9 +181,14 @@ pub struct SqliteBackend {
     /// store's clock is itself the wall clock (injected clocks): nothing is converted.
     wall: Option<Arc<dyn Clock>>,
     path: PathBuf,
-    /// Serializes this process's write transactions (FIFO), so they never meet each other
-    /// in SQLite's sleeping busy handler; other processes are kept out by SQLite's lock.
-    write: tokio::sync::Mutex<()>,
+    /// The connection of the semaphore steps ([`Writer`]). Its mutex serializes this
+    /// process's write transactions (FIFO), so they never meet each other in SQLite's
+    /// sleeping busy handler; other processes are kept out by SQLite's lock.
+    write: tokio::sync::Mutex<Writer>,
+    /// The connection of the heartbeat probes, with its prepared statements (`None`: not
+    /// open, or lost). A probe that finds it in use by another task of this process takes
+    /// a pooled connection instead.
+    reader: std::sync::Mutex<Writer>,
     /// Wake-ups to waiters in other processes (`None`: they poll only).
     notifier: Option<notify::Notifier>,
     /// Disables the read-only heartbeat probe, so every heartbeat refreshes the waiter
@@ -270,8 +305,9 @@ impl SqliteBackend {
             clock,
             wall,
             notifier: notify::Notifier::start(&path),
+            write: tokio::sync::Mutex::new(Some(open_own(&path)?)),
+            reader: std::sync::Mutex::new(None),
             path,
-            write: tokio::sync::Mutex::new(()),
             exact_heartbeats: false,
         })
     }
@@ -323,6 +359,98 @@ impl SqliteBackend {
         &self.path
     }
 
+    /// Opens a `BEGIN IMMEDIATE` transaction on the writer connection, under the writer's
+    /// mutex. It first asks for SQLite's write lock without waiting, on this thread; only
+    /// when another process holds it does it wait, on a blocking thread, in the busy handler
+    /// (up to [`BUSY_TIMEOUT`], then [`StoreErrorKind::Busy`]).
+    ///
+    /// Cancelled during that wait, the connection goes with the blocking thread, which
+    /// closes it once `BEGIN` returns (rolling back); the next step opens a new one.
+    async fn begin(&self) -> Result<WriteTx<'_>> {
+        let mut slot = self.write.lock().await;
+        let db = match slot.take() {
+            Some(db) => db,
+            None => open_own(&self.path)?,
+        };
+        let db = match no_wait(|| exec_cached(&db, "BEGIN IMMEDIATE")) {
+            Ok(()) => db,
+            Err(e) if is_busy(&e) => {
+                let waited = tokio::task::spawn_blocking(move || {
+                    let began = exec_cached(&db, "BEGIN IMMEDIATE");
+                    (db, began)
+                })
+                .await;
+                match waited {
+                    Ok((db, Ok(()))) => db,
+                    Ok((db, Err(e))) => {
+                        *slot = Some(db);
+                        return Err(ops::rq_err(e));
+                    }
+                    Err(e) => {
+                        return Err(Error::store(
+                            StoreErrorKind::Other,
+                            format!("waiting for the SQLite write lock failed: {e}"),
+                        ))
+                    }
+                }
+            }
+            Err(e) => {
+                *slot = Some(db);
+                return Err(ops::rq_err(e));
+            }
+        };
+        Ok(WriteTx { slot, db: Some(db) })
+    }
+
+    /// [`SqliteBackend::probe_heartbeat`] on the backend's own reader connection, without
+    /// waiting for any lock. `None` when that connection is in use by another task of this
+    /// process, cannot be opened, or a lock would have to be waited for: the caller then
+    /// probes on a pooled connection.
+    fn probe_on_reader(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+        now: StoreTime,
+    ) -> Option<Result<Option<WaitReply>>> {
+        let mut slot = self.reader.try_lock().ok()?;
+        if slot.is_none() {
+            *slot = open_own(&self.path).ok();
+        }
+        let db = slot.as_mut()?;
+        let lease_text = lease.to_string();
+        let probed = no_wait(|| {
+            let mut st = db.prepare_cached(HEARTBEAT_PROBE)?;
+            let mut rows = st.query(rusqlite::params![name.as_str(), lease_text, now.0 as i64])?;
+            let Some(row) = rows.next()? else {
+                return Ok(None);
+            };
+            let int = |i| row.get::<_, Option<i64>>(i).ok().flatten();
+            Ok(Some([int(0), int(1), int(2), int(3)]))
+        });
+        let row = match probed {
+            Ok(row) => row,
+            Err(e) if is_busy(&e) => return None,
+            Err(e) => return Some(Err(ops::rq_err(e))),
+        };
+        Some(match row {
+            // Not queued: granted meanwhile, or gone (two reads, see `sql::read_grant`).
+            None => {
+                let rows = &mut ops::SqliteRows::on(db, name.as_str(), now);
+                // The row operations run their statements at once; they never wait.
+                let read = no_wait(|| sql::read_grant(rows, lease, now).now_or_never())?;
+                match read {
+                    Err(Error::Store {
+                        kind: StoreErrorKind::Busy,
+                        ..
+                    }) => return None,
+                    read => read.map(|grant| grant.map(WaitReply::Granted)),
+                }
+            }
+            Some(row) => Ok(probe_answer(row, now, waiter_ttl)),
+        })
+    }
+
     /// Every heartbeat runs the full step, never the read-only probe, so a waiter's expiry
     /// moves exactly as the reference model's does (for the differential test; the probe
     /// only saves writes).
@@ -350,6 +478,9 @@ impl SqliteBackend {
         waiter_ttl: Duration,
     ) -> Result<Option<WaitReply>> {
         let now = self.clock.now();
+        if let Some(answer) = self.probe_on_reader(name, lease, waiter_ttl, now) {
+            return answer;
+        }
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let Some(row) = sqlx::query(HEARTBEAT_PROBE)
             .bind(name.as_str())
@@ -364,11 +495,11 @@ impl SqliteBackend {
             return Ok(grant.map(WaitReply::Granted));
         };
         let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
-        let (Some(expires_at), Some(0), Some(0), Some(1)) = (int(0), int(1), int(2), int(3)) else {
-            return Ok(None);
-        };
-        let fresh_until = now.plus(waiter_ttl / 2).0;
-        Ok((expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting))
+        Ok(probe_answer(
+            [int(0), int(1), int(2), int(3)],
+            now,
+            waiter_ttl,
+        ))
     }
 }
 
@@ -496,6 +627,18 @@ impl Backend for SqliteBackend {
     }
 }
 
+/// The heartbeat probe's answer from its row (see `heartbeat_probe.sql`): `Waiting` when the
+/// waiter is queued, nothing of the semaphore has expired, the head does not fit and the
+/// waiter's own expiry has at least half of `waiter_ttl` left; otherwise `None` (run the
+/// full step).
+fn probe_answer(row: [Option<i64>; 4], now: StoreTime, waiter_ttl: Duration) -> Option<WaitReply> {
+    let [Some(expires_at), Some(0), Some(0), Some(1)] = row else {
+        return None;
+    };
+    let fresh_until = now.plus(waiter_ttl / 2).0;
+    (expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting)
+}
+
 /// A grant's times in wall time (see [`SqliteBackend::to_wall`]).
 fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Grant {
     grant.now = wall(grant.now);
@@ -504,14 +647,155 @@ fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Gra
     grant
 }
 
+/// One of the backend's own SQLite connections, opened by rusqlite beside sqlx's pool, with
+/// the prepared statements of every step kept from one step to the next (`None`: not open,
+/// or lost with a step cancelled while it waited for the write lock; the next user opens a
+/// new one).
+///
+/// Compiling the dozen statements of a step again at every step was half of the
+/// instructions a grant cost; on its own connection a statement is compiled once. Its
+/// transactions start on the calling task's thread without waiting
+/// ([`SqliteBackend::begin`]), and only wait for another process's write lock on a blocking
+/// thread: a tokio worker never sleeps in the busy handler.
+type Writer = Option<rusqlite::Connection>;
+
+/// Prepared statements kept per connection: every statement of `ops.rs` and the probe.
+const STATEMENT_CACHE: usize = 64;
+
+/// Opens one of the backend's own connections ([`Writer`]) on the existing file.
+fn open_own(path: &Path) -> Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    let db = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(ops::rq_err)?;
+    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // As on the pooled connections: durable against a process crash (see the module docs).
+    db.execute_batch("PRAGMA synchronous = NORMAL")
+        .map_err(ops::rq_err)?;
+    // SAFETY: the handle is this open connection's own.
+    install_busy_handler(unsafe { db.handle() });
+    // SAFETY: as above; the hook is a plain function without user data.
+    unsafe {
+        libsqlite3_sys::sqlite3_wal_hook(db.handle(), Some(wal_hook), std::ptr::null_mut());
+    }
+    Ok(db)
+}
+
+/// WAL pages after which a step asks for a checkpoint: SQLite's own automatic threshold.
+const CHECKPOINT_PAGES: i32 = 1000;
+
+thread_local! {
+    /// The WAL's length in pages after the last commit on this thread's own connection.
+    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// Replaces SQLite's automatic checkpoint on the backend's own connections: it only
+/// records the WAL's length, and the step runs the same checkpoint on the same connection
+/// once its wake-ups are sent ([`WriteTx::checkpoint`]). SQLite's own ran inside COMMIT,
+/// two fsyncs long, before the waiter granted by that commit could be told.
+extern "C" fn wal_hook(
+    _: *mut std::ffi::c_void,
+    _: *mut libsqlite3_sys::sqlite3,
+    _: *const std::ffi::c_char,
+    pages: std::ffi::c_int,
+) -> std::ffi::c_int {
+    WAL_PAGES.set(pages);
+    0
+}
+
+/// Runs `sql` (no parameters, no rows) through the connection's statement cache.
+fn exec_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    db.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+/// Whether `e` is SQLITE_BUSY: another connection holds the lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == 5)
+}
+
+thread_local! {
+    /// Set while [`no_wait`] runs: the busy handler then gives up at once (SQLITE_BUSY).
+    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's busy handler giving up at once: on a tokio worker a
+/// statement that would wait for another process's lock answers SQLITE_BUSY instead.
+fn no_wait<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NO_WAIT.set(false);
+        }
+    }
+    NO_WAIT.set(true);
+    let _reset = Reset;
+    f()
+}
+
+/// An open `BEGIN IMMEDIATE` transaction on the backend's writer connection, holding the
+/// writer's mutex. Dropped without [`WriteTx::commit`] (an error, or a step that failed), it
+/// rolls back; a connection that cannot roll back is closed, which rolls back too.
+struct WriteTx<'a> {
+    slot: tokio::sync::MutexGuard<'a, Writer>,
+    db: Writer,
+}
+
+impl WriteTx<'_> {
+    fn db(&mut self) -> &mut rusqlite::Connection {
+        self.db
+            .as_mut()
+            .expect("the connection stays until the transaction is dropped")
+    }
+
+    /// Commits; the WAL's length in pages after it. With the write lock held in WAL mode,
+    /// COMMIT waits for no lock: it runs without waiting, on the caller's thread.
+    fn commit(&mut self) -> Result<i32> {
+        let db = self.db();
+        WAL_PAGES.set(0);
+        no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)?;
+        Ok(WAL_PAGES.get())
+    }
+}
+
+impl WriteTx<'_> {
+    /// After the commit, checkpoints the WAL as SQLite's automatic checkpoint does (PASSIVE:
+    /// it waits for no lock and blocks no writer), on this connection before its next
+    /// transaction, so the WAL restarts from its beginning as often as it did. Failures are
+    /// left to the next commit past [`CHECKPOINT_PAGES`].
+    fn checkpoint(&mut self) {
+        let db = self.db();
+        let done = no_wait(|| db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())));
+        if let Err(e) = done {
+            tracing::debug!(error = %e, "SQLite checkpoint failed; the next commit asks again");
+        }
+    }
+}
+
+impl Drop for WriteTx<'_> {
+    fn drop(&mut self) {
+        let Some(db) = self.db.take() else { return };
+        if !db.is_autocommit() && no_wait(|| exec_cached(&db, "ROLLBACK")).is_err() {
+            // Closing the connection rolls its transaction back.
+            return;
+        }
+        *self.slot = Some(db);
+    }
+}
+
 /// Replaces SQLite's default busy handler, whose sleeps grow to 100 ms, with short ones.
 ///
 /// Under contention between processes the write lock changes hands every few hundred
 /// microseconds; the default handler (1, 2, 5, 10, … 100 ms) left a waiting process asleep
 /// long after the lock was free, which made the tail of the wait, not the work, dominate.
-/// This one sleeps 50 µs doubling up to 1 ms, and gives up after [`BUSY_TIMEOUT`] in total.
+/// This one sleeps 50 µs doubling up to 1 ms, and gives up after [`BUSY_TIMEOUT`] in total;
+/// inside [`no_wait`] it gives up at once.
 fn install_busy_handler(db: *mut libsqlite3_sys::sqlite3) {
     extern "C" fn busy(_: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
+        if NO_WAIT.get() {
+            return 0;
+        }
         // 50, 100, 200, 400, 800 µs, then 1 ms per try.
         let sleep_us: u64 = if tries < 5 { 50 << tries } else { 1_000 };
         let slept_us: u64 = (0..tries.min(5) as u64).map(|t| 50 << t).sum::<u64>()
@@ -708,6 +992,19 @@ async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Resul
         return Err(Error::Corrupt(format!(
             "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
         )));
+    }
+    // The waiters' wake-up socket, added to files made before it (see `schema.sql`).
+    let has_wake: bool = sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'wake'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    if !has_wake {
+        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN wake TEXT")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
     }
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)

@@ -53,10 +53,10 @@ const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_
 /// Pops the queue head if its weight is at most `?2` (the free permits).
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
      AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
-     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl";
+     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl, wake";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
-     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 const REMOVE_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2";
 const REFRESH_WAITER: &str = "UPDATE tessera_waiters SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2";
@@ -81,43 +81,83 @@ const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
 /// The row operations of one semaphore inside the caller's `BEGIN IMMEDIATE` transaction.
 ///
-/// The statements run on this task's thread, straight on the connection's SQLite handle
-/// (through `rusqlite`), not one by one through sqlx's worker thread: sqlx hands every
-/// statement and every row to the connection's own thread and back, and under contention
-/// between processes those thread switches, not SQLite, were most of a step's time. The
-/// handle is taken from sqlx's worker for the life of this value ([`LockedSqliteHandle`]),
-/// and only inside a transaction that already holds SQLite's write lock, or for reads: no
-/// statement here waits for a lock, so none blocks the thread for longer than its own work.
+/// The statements run on this task's thread, straight on an SQLite handle through
+/// `rusqlite`, not one by one through sqlx's worker thread: sqlx hands every statement and
+/// every row to the connection's own thread and back, and under contention between
+/// processes those thread switches, not SQLite, were most of a step's time.
+///
+/// The handle is the backend's own connection ([`SqliteRows::on`], see `Writer` in
+/// `mod.rs`), whose prepared statements are kept from step to step: compiling the step's
+/// dozen statements again at every step was half of the instructions a grant cost (SQLite's
+/// parser, under callgrind). Tests and the fallback reads use a pooled sqlx connection's
+/// handle instead ([`SqliteRows::new`]), taken from sqlx's worker for the life of this
+/// value ([`LockedSqliteHandle`]); its statements are compiled per value. Either way the
+/// handle is used only inside a transaction that already holds SQLite's write lock, or for
+/// reads: no statement here waits for a lock, so none blocks the thread for longer than its
+/// own work.
 pub(crate) struct SqliteRows<'c> {
-    /// The handle seen through rusqlite; declared first, so it is dropped (and its
-    /// statements finalized) while the handle is still locked.
-    db: rusqlite::Connection,
-    _handle: LockedSqliteHandle<'c>,
+    db: Db<'c>,
     name: &'c str,
     now: StoreTime,
     wall: StoreTime,
+    /// This backend's wake-up socket, recorded with the waiters it queues (see `notify.rs`).
+    wake: Option<&'c str>,
+    /// The waiters granted by this step whose row named their process's wake-up socket:
+    /// `(lease id, socket)`.
+    woken: Vec<(String, String)>,
+}
+
+/// The connection a [`SqliteRows`] runs its statements on.
+enum Db<'c> {
+    /// The backend's own connection, with its statement cache.
+    Own(&'c mut rusqlite::Connection),
+    /// A pooled sqlx connection's handle seen through rusqlite; the connection is declared
+    /// first, so it is dropped (and its statements finalized) while the handle is still
+    /// locked.
+    Pooled {
+        db: rusqlite::Connection,
+        _handle: LockedSqliteHandle<'c>,
+    },
 }
 
 impl<'c> SqliteRows<'c> {
-    /// `now` is the store's clock, read once the write lock is held; the fences' wall-clock
-    /// floor is `now` too unless set by [`SqliteRows::wall`].
+    /// On a pooled sqlx connection (see [`Db::Pooled`]). `now` is the store's clock, read
+    /// once the write lock is held; the fences' wall-clock floor is `now` too unless set by
+    /// [`SqliteRows::wall`].
     pub(crate) async fn new(
         conn: &'c mut SqliteConnection,
         name: &'c str,
         now: StoreTime,
     ) -> Result<SqliteRows<'c>> {
         let mut handle = conn.lock_handle().await.map_err(map_err)?;
-        // SAFETY: the handle is live and locked away from sqlx's worker thread until
-        // `_handle` is dropped, after `db`; `from_handle` never closes it.
+        // SAFETY: the handle is live and locked away from sqlx's worker thread until the
+        // handle guard is dropped, after the rusqlite value; `from_handle` never closes it.
         let db = unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }
             .map_err(rq_err)?;
         Ok(SqliteRows {
-            db,
-            _handle: handle,
+            db: Db::Pooled {
+                db,
+                _handle: handle,
+            },
             name,
             now,
             wall: now,
+            wake: None,
+            woken: Vec::new(),
         })
+    }
+
+    /// On the backend's own connection `db` (see [`Db::Own`]); otherwise as
+    /// [`SqliteRows::new`].
+    pub(crate) fn on(db: &'c mut rusqlite::Connection, name: &'c str, now: StoreTime) -> Self {
+        SqliteRows {
+            db: Db::Own(db),
+            name,
+            now,
+            wall: now,
+            wake: None,
+            woken: Vec::new(),
+        }
     }
 
     /// The wall clock read beside `now`, the fences' floor.
@@ -126,10 +166,24 @@ impl<'c> SqliteRows<'c> {
         self
     }
 
-    /// The connection, for statements of tests that stand for another dialect.
-    #[cfg(test)]
+    /// This backend's wake-up socket (its name in the wake-up folder), recorded with every
+    /// waiter this value queues, so that whoever grants it wakes only this process.
+    pub(crate) fn wake(mut self, socket: Option<&'c str>) -> Self {
+        self.wake = socket;
+        self
+    }
+
+    /// The `(lease id, wake-up socket)` of the waiters granted so far that recorded one.
+    pub(crate) fn take_woken(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.woken)
+    }
+
+    /// The connection the statements run on.
     pub(crate) fn db(&self) -> &rusqlite::Connection {
-        &self.db
+        match &self.db {
+            Db::Own(db) => db,
+            Db::Pooled { db, .. } => db,
+        }
     }
 
     /// `sql` prepared, with the name as `?1`, then `lease` if given, then `args`.
@@ -138,8 +192,8 @@ impl<'c> SqliteRows<'c> {
         sql: &'static str,
         lease: Option<&str>,
         args: &[i64],
-    ) -> Result<rusqlite::Statement<'_>> {
-        let mut st = self.db.prepare(sql).map_err(rq_err)?;
+    ) -> Result<rusqlite::CachedStatement<'_>> {
+        let mut st = self.db().prepare_cached(sql).map_err(rq_err)?;
         st.raw_bind_parameter(1, self.name).map_err(rq_err)?;
         let mut i = 2;
         if let Some(lease) = lease {
@@ -238,7 +292,7 @@ impl SemRows for SqliteRows<'_> {
 
     async fn raise_hwm(&mut self, hwm: i64) -> Result<()> {
         // The meta row is under the same write lock: a plain write cannot lower it.
-        let mut st = self.db.prepare(SAVE_HWM).map_err(rq_err)?;
+        let mut st = self.db().prepare_cached(SAVE_HWM).map_err(rq_err)?;
         st.execute([hwm]).map_err(rq_err).map(drop)
     }
 
@@ -259,7 +313,7 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn insert_holder(&mut self, h: &NewHolder<'_>) -> Result<()> {
-        let mut st = self.db.prepare(INSERT_HOLDER).map_err(rq_err)?;
+        let mut st = self.db().prepare_cached(INSERT_HOLDER).map_err(rq_err)?;
         st.execute(rusqlite::params![
             self.name,
             h.lease_id,
@@ -285,18 +339,28 @@ impl SemRows for SqliteRows<'_> {
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
         let head = self.fetch(POP_HEAD_IF_FITS, None, &[available], |row| {
-            Ok(HeadRow {
+            let wake = row
+                .get::<_, Option<String>>(4)
+                .map_err(|e| corrupt(format!("column 4: {e}")))?;
+            let head = HeadRow {
                 lease_id: text_at(row, 0)?,
                 weight: int_at(row, 1)?,
                 holder: text_at(row, 2)?,
                 ttl: int_at(row, 3)?,
-            })
+            };
+            Ok((head, wake))
         })?;
-        Ok(head.into_iter().next())
+        let Some((head, wake)) = head.into_iter().next() else {
+            return Ok(None);
+        };
+        if let Some(wake) = wake {
+            self.woken.push((head.lease_id.clone(), wake));
+        }
+        Ok(Some(head))
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
-        let mut st = self.db.prepare(INSERT_WAITER).map_err(rq_err)?;
+        let mut st = self.db().prepare_cached(INSERT_WAITER).map_err(rq_err)?;
         st.execute(rusqlite::params![
             self.name,
             w.seq,
@@ -305,7 +369,8 @@ impl SemRows for SqliteRows<'_> {
             w.holder,
             w.ttl,
             w.enqueued_at,
-            w.expires_at
+            w.expires_at,
+            self.wake
         ])
         .map_err(rq_err)
         .map(drop)
@@ -389,7 +454,7 @@ fn corrupt(msg: impl Into<String>) -> Error {
 }
 
 /// A rusqlite error as the store's error, classified as [`map_err`] classifies sqlx's.
-fn rq_err(e: rusqlite::Error) -> Error {
+pub(crate) fn rq_err(e: rusqlite::Error) -> Error {
     use rusqlite::Error as E;
     let kind = match &e {
         E::SqliteFailure(f, _) => match f.extended_code & 0xff {

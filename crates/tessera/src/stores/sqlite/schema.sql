@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
 CREATE INDEX IF NOT EXISTS tessera_holders_by_expiry ON tessera_holders (name, expires_at);
 
 -- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
--- expires_at is the waiter's heartbeat expiry.
+-- expires_at is the waiter's heartbeat expiry; wake is the waiting process's socket in the
+-- wake-up folder (NULL: unknown, every process is told of its grant). Files made before
+-- the wake column get it at connect (ALTER TABLE in mod.rs).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        TEXT    NOT NULL,
     seq         INTEGER NOT NULL,
@@ -55,6 +57,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     ttl         INTEGER NOT NULL,
     enqueued_at INTEGER NOT NULL,
     expires_at  INTEGER NOT NULL,
+    wake        TEXT,
     PRIMARY KEY (name, seq)
 ) STRICT, WITHOUT ROWID;
 

@@ -672,3 +672,83 @@ async fn the_boot_clock_store_replies_in_wall_time() {
     let st = b.status(&s).await.unwrap().unwrap();
     assert!(near(st.now) && near(StoreTime(st.holders[0].expires_at.0 - 10_000_000)));
 }
+
+/// A file made before waiters recorded their wake-up socket gets the column at connect; a
+/// waiter queued then names this backend's socket, and is granted as before.
+#[tokio::test]
+async fn a_file_without_the_wake_column_gets_it_and_waiters_record_their_socket() {
+    let (_dir, url) = temp_db();
+    raw(&url, "ALTER TABLE tessera_waiters DROP COLUMN wake").await;
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("w");
+    let (first, second) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        b.acquire(&s, 1, &req(first, 1, waiting())).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        b.acquire(&s, 1, &req(second, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    let wake: Option<String> =
+        sqlx::query_scalar("SELECT wake FROM tessera_waiters WHERE lease_id = ?1")
+            .bind(second.to_string())
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    let socket = b.notifier.as_ref().map(|n| n.name().to_string());
+    assert!(socket.is_some());
+    assert_eq!(wake, socket);
+    assert!(b.release(&s, first).await.unwrap());
+    let holders = b.status(&s).await.unwrap().unwrap().holders;
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].lease_id, second);
+}
+
+/// A step waits for another process's write lock on a blocking thread; cancelled there, it
+/// leaves nothing behind once it gets the lock (its connection closes, rolling back), and
+/// the next step runs on a new connection.
+#[tokio::test]
+async fn a_step_cancelled_while_waiting_for_the_write_lock_changes_nothing() {
+    let (dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("c");
+    // Another process holding SQLite's write lock.
+    let other = rusqlite::Connection::open(dir.path().join("t.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(200),
+        b.acquire(&s, 2, &req(LeaseId::random(), 1, None)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the acquire did not wait for the lock");
+    other.execute_batch("COMMIT").unwrap();
+    assert_eq!(b.status(&s).await.unwrap(), None);
+    let lease = LeaseId::random();
+    assert!(matches!(
+        b.acquire(&s, 2, &req(lease, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let holders = b.status(&s).await.unwrap().unwrap().holders;
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].lease_id, lease);
+}
+
+/// The steps' own connection leaves checkpoints to the background (see `wal_hook`): the WAL
+/// still stays bounded under a stream of steps, instead of growing by every step's pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_stays_bounded_under_a_stream_of_steps() {
+    let (dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("wal");
+    // About 7 pages per step: far past the checkpoint threshold without checkpoints.
+    for _ in 0..1500 {
+        let lease = LeaseId::random();
+        b.acquire(&s, 2, &req(lease, 1, None)).await.unwrap();
+        assert!(b.release(&s, lease).await.unwrap());
+    }
+    let wal = std::fs::metadata(dir.path().join("t.db-wal"))
+        .unwrap()
+        .len();
+    assert!(wal < 12 << 20, "the WAL grew to {wal} bytes");
+}
