@@ -125,6 +125,155 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
     assert_eq!(version.trim(), "2");
+    let routines =
+        server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
+    assert_eq!(routines.trim(), "1");
+    let procedures = server.sql(
+        "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
+         WHERE ROUTINE_SCHEMA = 'fresh'",
+    );
+    assert_eq!(
+        procedures.trim(),
+        "tessera_v1_acquire_one,tessera_v1_release"
+    );
+}
+
+/// The server's count of procedure calls.
+fn calls(server: &MariaDbServer) -> u64 {
+    let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
+    out.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// An acquire of one permit and a release, also one that hands the permit to the queue
+/// head, are each one procedure call; the grant handed off carries the next fence and the
+/// freed seat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_path_is_one_procedure_call_per_operation() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let n = name("hot");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    let before = calls(&server);
+    let AcquireReply::Granted(ga) = db.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap() else {
+        panic!("A not granted")
+    };
+    assert_eq!(
+        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert!(db.release(&n, a).await.unwrap());
+    assert_eq!(calls(&server) - before, 3);
+    // B was granted by that release, in the same call.
+    let WaitReply::Granted(gb) = db.heartbeat(&n, b, LONG).await.unwrap() else {
+        panic!("B not granted by the release")
+    };
+    assert_eq!(gb.lease.seats, vec![0]);
+    assert!(gb.lease.fence > ga.lease.fence);
+    // A retried acquire of B answers its grant; a retried release of A changes nothing.
+    let AcquireReply::Granted(again) = db.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap()
+    else {
+        panic!("B's retry not granted")
+    };
+    assert_eq!(again.lease, gb.lease);
+    assert!(!db.release(&n, a).await.unwrap());
+    assert!(db.release(&n, b).await.unwrap());
+    assert!(db.status(&n).await.unwrap().is_none());
+    for table in ["semaphores", "holders", "waiters", "free_seats"] {
+        let left = server.sql(&format!("SELECT COUNT(*) FROM t.tessera_{table}"));
+        assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
+    }
+}
+
+/// A database migrated by a build without the procedures, holding a holder and a waiter,
+/// gets them at the next connect; the schema version stays where older builds read it, a
+/// client that finds the procedures gone runs the client-side step, and the state carries
+/// over: the waiter queued before is granted by a release through a procedure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_working() {
+    let server = MariaDbServer::start();
+    let url = server.url("old");
+    let old = MysqlBackend::connect(&url).await.unwrap();
+    // What a build without routines leaves: no procedures, no routines_version.
+    server.sql(
+        "DROP PROCEDURE old.tessera_v1_acquire_one; DROP PROCEDURE old.tessera_v1_release; \
+         DELETE FROM old.tessera_meta WHERE meta_key = 'routines_version'",
+    );
+    let n = name("carried");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    let before = calls(&server);
+    assert!(matches!(
+        old.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        old.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    // The calls failed (no procedure) and the client-side step answered.
+    assert_eq!(calls(&server) - before, 2);
+
+    let new = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server.sql(&format!(
+            "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
+        ))
+    };
+    assert_eq!(meta("routines_version").trim(), "1");
+    assert_eq!(meta("schema_version").trim(), "2");
+    let before = calls(&server);
+    assert!(new.release(&n, a).await.unwrap());
+    assert_eq!(calls(&server) - before, 1);
+    let WaitReply::Granted(g) = old.heartbeat(&n, b, LONG).await.unwrap() else {
+        panic!("the waiter queued before the migration was not granted")
+    };
+    assert_eq!(g.lease.seats, vec![0]);
+    // Both clients work on the migrated database.
+    assert!(old.release(&n, b).await.unwrap());
+    let c = LeaseId::random();
+    assert!(matches!(
+        new.acquire(&n, 1, &req(c, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(new.release(&n, c).await.unwrap());
+    assert!(new.status(&n).await.unwrap().is_none());
+}
+
+/// A user who may not create routines still connects, and every operation runs client
+/// side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_create_routine_connects_and_works_client_side() {
+    let server = MariaDbServer::start();
+    server.url("limited");
+    server.sql(
+        "CREATE USER 'plain'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON limited.* TO 'plain'@'127.0.0.1'",
+    );
+    let url = format!("mysql://plain@127.0.0.1:{}/limited", server.port());
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let routines = server
+        .sql("SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'limited'");
+    assert_eq!(routines.trim(), "0");
+    let n = name("plain");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        db.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert!(db.release(&n, a).await.unwrap());
+    assert!(matches!(
+        db.heartbeat(&n, b, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
 }
 
 /// Tables written by a newer tessera are refused at connect, with nothing changed.
@@ -334,6 +483,6 @@ async fn holder_labels_are_data_never_sql() {
     let status = db.status(&n).await.unwrap().unwrap();
     assert_eq!(status.holders[0].holder, label);
     assert_eq!(status.queue[0].holder, label);
-    let meta = server.sql("SELECT COUNT(*) FROM t.tessera_meta");
-    assert_eq!(meta.trim(), "2");
+    let meta = server.sql("SELECT GROUP_CONCAT(meta_key ORDER BY meta_key) FROM t.tessera_meta");
+    assert_eq!(meta.trim(), "fence_hwm,routines_version,schema_version");
 }

@@ -17,6 +17,20 @@
 //! `INSERT IGNORE`), so a migration interrupted half way (a killed process) is simply run
 //! again by the next connect, and two processes running one concurrently (no `GET_LOCK`)
 //! end with the same tables.
+//!
+//! # Routines
+//!
+//! The stored procedures of the hot path (`routines.sql`, called by `routines.rs`) are
+//! versioned apart, in `tessera_meta.routines_version`, and installed in the same pass after
+//! the tables ([`ROUTINES`]). They change no table, so they do not raise `schema_version`:
+//! a build that knows only the tables (one of before the routines) still connects and runs
+//! every operation client side, beside clients that call the procedures, since both lock
+//! the semaphore's row first and keep the same invariants. Each routine version creates
+//! procedures under names of its own (`tessera_v1_…`) with `CREATE PROCEDURE IF NOT
+//! EXISTS`, and none is ever dropped or replaced, so clients of every version find the ones
+//! they call. A server that refuses them (a user without `CREATE ROUTINE`, a MySQL before
+//! 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes on without them and
+//! every operation runs the client-side step.
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
@@ -29,6 +43,12 @@ const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("rate_sch
 
 /// The schema version this build reads and writes (the number of migrations).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The routine versions in order: version `i + 1` is `ROUTINES[i]` (see the module docs).
+const ROUTINES: &[&str] = &[include_str!("routines.sql")];
+
+/// The routine version this build calls (`tessera_v1_…`).
+pub const ROUTINES_VERSION: i64 = ROUTINES.len() as i64;
 
 /// How long a connect waits for another process's migration.
 const LOCK_WAIT_S: i64 = 30;
@@ -48,15 +68,20 @@ fn statements(file: &str) -> Vec<String> {
         .collect()
 }
 
-/// Brings the database's schema to [`SCHEMA_VERSION`] (see the module docs).
-pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<()> {
+/// Brings the database's schema to [`SCHEMA_VERSION`] and its routines to at least
+/// [`ROUTINES_VERSION`] (see the module docs). `Ok(true)` when this build's routines are
+/// installed; `Ok(false)` when the server refused them.
+pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<bool> {
     let locked: Option<i64> =
         sqlx::query_scalar("SELECT GET_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64), ?)")
             .bind(LOCK_WAIT_S)
             .fetch_one(&mut *conn)
             .await
             .unwrap_or(None);
-    let result = run(conn).await;
+    let result = match run(conn).await {
+        Ok(()) => install_routines(conn).await,
+        Err(e) => Err(e),
+    };
     if locked == Some(1) {
         let _ = sqlx::query("DO RELEASE_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64))")
             .execute(&mut *conn)
@@ -98,6 +123,53 @@ async fn run(conn: &mut MySqlConnection) -> Result<()> {
     Ok(())
 }
 
+/// Installs the routine versions above the recorded one; whether this build's routines are
+/// there afterwards. A statement the server refuses stops the installation, logged, and
+/// leaves the recorded version where it was.
+async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
+    let row =
+        sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'routines_version'")
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    let mut version = match row {
+        None => 0,
+        Some(row) => row
+            .try_get::<i64, _>(0)
+            .map_err(|e| Error::Corrupt(format!("routines_version: {e}")))?,
+    };
+    for (i, file) in ROUTINES.iter().enumerate() {
+        let to = i as i64 + 1;
+        if version >= to {
+            continue;
+        }
+        for statement in statements(file) {
+            if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                .execute(&mut *conn)
+                .await
+            {
+                tracing::warn!(
+                    error = %e,
+                    "tessera MySQL: stored procedures not installed; every operation runs \
+                     client side (about 2-3 round trips instead of 1)"
+                );
+                return Ok(false);
+            }
+        }
+        sqlx::query(
+            "INSERT INTO tessera_meta (meta_key, meta_value) VALUES ('routines_version', ?) \
+             ON DUPLICATE KEY UPDATE meta_value = GREATEST(meta_value, ?)",
+        )
+        .bind(to)
+        .bind(to)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        version = to;
+    }
+    Ok(version >= ROUTINES_VERSION)
+}
+
 /// The recorded version; 0 when tessera's tables do not exist yet.
 async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
     let exists: i64 = sqlx::query_scalar(
@@ -130,6 +202,14 @@ mod tests {
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
+        let routines: Vec<String> = ROUTINES.iter().flat_map(|m| statements(m)).collect();
+        assert_eq!(routines.len(), 2, "{routines:#?}");
+        for s in &routines {
+            assert!(
+                s.starts_with("CREATE PROCEDURE IF NOT EXISTS tessera_v1_"),
+                "not idempotent or not versioned: {s}"
+            );
+        }
         for s in &all {
             assert!(!s.contains("--"), "{s}");
             assert!(

@@ -7,7 +7,9 @@
 //!
 //! - `database` (required) holds tessera's tables (`tessera_*`), created and migrated at
 //!   connect (`migrate.rs`); a database per tenant isolates tenants. The user needs `CREATE`,
-//!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist).
+//!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist),
+//!   and `EXECUTE` (`CREATE ROUTINE` until the procedures exist; without it operations run
+//!   client side).
 //! - `ssl-mode` (`disabled`, the default without `ssl-ca`; `preferred`, `required`,
 //!   `verify_ca`, `verify_identity`) and `ssl-ca` (a PEM file; alone it means
 //!   `verify_identity`): TLS through rustls. A CA file that cannot be read is an invalid
@@ -30,6 +32,14 @@
 //!
 //! # How it runs
 //!
+//! - **The hot path in one round trip.** An acquire of one permit and a release, also one
+//!   that hands the permit to the queue head, are one `CALL` of a stored procedure
+//!   (`routines.sql`, `routines.rs`, installed by `migrate.rs`) that locks, decides, writes
+//!   and commits on the server, so the semaphore's row is locked only while the server runs
+//!   it. The procedures cover the common case and leave the rest (anything to purge, a
+//!   weight other than 1, several hand-offs, a row that does not read back as the step
+//!   writes it) to the client-side step below, having changed nothing. Without them (a
+//!   user without `CREATE ROUTINE`) every operation runs client side.
 //! - **One transaction per operation**, `READ COMMITTED`, running the shared SQL step
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
@@ -138,6 +148,7 @@ mod migrate;
 mod notify;
 pub(crate) mod ops;
 pub(crate) mod rate;
+mod routines;
 pub(crate) mod url;
 
 use std::fmt;
@@ -157,6 +168,7 @@ use crate::seam::{Backend, Capabilities, Waking};
 use crate::stores::sql;
 
 use notify::{Doorbell, Waiting};
+use routines::Fast;
 use url::{parse_url, WakeMode};
 
 /// How many times a step that hit a deadlock or a lock wait timeout is run again.
@@ -181,6 +193,8 @@ pub struct MysqlBackend {
     doorbell: Option<Doorbell>,
     /// Lease ids queued through this backend, woken when its doorbell rings.
     waiting: Waiting,
+    /// Whether the stored procedures of the hot path are installed (`routines.rs`).
+    routines: bool,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -217,7 +231,7 @@ impl MysqlBackend {
             .map_err(|e| in_url(map_err(e)))?;
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
-        migrated.map_err(in_url)?;
+        let routines = migrated.map_err(in_url)?;
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_SIZE)
             .min_connections(0)
@@ -248,6 +262,7 @@ impl MysqlBackend {
             url: config.redacted,
             doorbell,
             waiting,
+            routines,
         })
     }
 
@@ -275,6 +290,76 @@ impl MysqlBackend {
             set.insert(lease);
         } else {
             set.remove(&lease);
+        }
+    }
+}
+
+impl MysqlBackend {
+    /// An acquire of one permit in one round trip (`routines.rs`), retried as a step is;
+    /// [`Fast::Fallback`] without the routines, for a weight other than 1, or when the
+    /// procedure leaves the case to the client-side step (it then changed nothing).
+    async fn acquire_one(
+        &self,
+        name: &Name,
+        capacity: u32,
+        req: &AcquireRequest,
+    ) -> Result<Fast<Result<AcquireReply>>> {
+        if !self.routines || req.weight != 1 {
+            return Ok(Fast::Fallback);
+        }
+        let doorbell = self.doorbell_address();
+        let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell);
+        let row = self.call_routine(call).await?;
+        routines::acquire_one_reply(row, name.as_str(), capacity, req)
+    }
+
+    /// A release in one round trip (`routines.rs`), handing the permit to the queue head
+    /// in the same call; wakes that waiter after the commit as a step does.
+    async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
+        if !self.routines {
+            return Ok(Fast::Fallback);
+        }
+        let call = routines::release_call(name.as_str(), &lease.to_string());
+        let row = self.call_routine(call).await?;
+        let Fast::Done(released) = routines::release_reply(row)? else {
+            return Ok(Fast::Fallback);
+        };
+        if let Some((grant, doorbell)) = released.handed_off {
+            // A waiter of this process gets its grant with the wake-up; one in another
+            // process is rung on its doorbell (never this process's own doorbells).
+            crate::wake::notify_grant(grant);
+            if !doorbell.is_empty() {
+                notify::ring(&self.pool, vec![doorbell], &self.doorbell_address());
+            }
+        }
+        Ok(Fast::Done(released.held))
+    }
+
+    /// Runs one procedure call on a pooled connection; its result row (`None`: the
+    /// procedure is missing). A deadlock or lock wait timeout (the procedure rolled back)
+    /// runs it again, as `step!` does; a connection lost during the call is not retried
+    /// here (the call may have committed: the caller retries the operation, idempotently).
+    /// A connection whose call did not end cleanly is closed, not returned to the pool.
+    async fn call_routine(&self, call: String) -> Result<Option<sqlx::mysql::MySqlRow>> {
+        let mut attempt = 0u32;
+        loop {
+            let mut tx = self.transaction().await?;
+            let outcome = routines::call(&mut tx.conn, call.clone()).await;
+            if outcome.is_ok() {
+                // The procedure ran to its end: committed or rolled back.
+                tx.open = false;
+            } else {
+                // It rolled back before returning its error, unless it was interrupted
+                // (`KILL QUERY`) in the middle: roll back here, or close the connection.
+                tx.rollback().await;
+            }
+            match outcome {
+                Err(e) if is_retryable(&e, true, attempt) => {
+                    attempt += 1;
+                    tokio::time::sleep(retry_pause(attempt)).await;
+                }
+                other => return other,
+            }
         }
     }
 }
@@ -417,7 +502,10 @@ impl Backend for MysqlBackend {
             }
             .into());
         }
-        let reply = step!(self, name, |rows| sql::acquire(rows, name, capacity, req))??;
+        let reply = match self.acquire_one(name, capacity, req).await? {
+            Fast::Done(reply) => reply?,
+            Fast::Fallback => step!(self, name, |rows| sql::acquire(rows, name, capacity, req))??,
+        };
         self.set_waiting(req.lease_id, matches!(reply, AcquireReply::Queued { .. }));
         Ok(reply)
     }
@@ -448,7 +536,10 @@ impl Backend for MysqlBackend {
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
-        step!(self, name, |rows| sql::release(rows, lease))
+        match self.release_fast(name, lease).await? {
+            Fast::Done(held) => Ok(held),
+            Fast::Fallback => step!(self, name, |rows| sql::release(rows, lease)),
+        }
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {

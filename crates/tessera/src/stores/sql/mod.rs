@@ -81,7 +81,8 @@ pub(crate) use dialect::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
 pub(crate) use step::{
-    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
+    acquire, cancel, delete, heartbeat, lease_of_row, read_grant, release, renew, resize, revoke,
+    status,
 };
 
 use crate::error::Result;

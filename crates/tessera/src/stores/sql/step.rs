@@ -652,7 +652,7 @@ fn lease_of(s: &str) -> Result<LeaseId> {
     })
 }
 
-fn lease_of_row(row: &HolderRow) -> Result<Lease> {
+pub(crate) fn lease_of_row(row: &HolderRow) -> Result<Lease> {
     let weight = u32_of(row.weight, "weight")?;
     Ok(Lease {
         lease_id: lease_of(&row.lease_id)?,

@@ -1,0 +1,236 @@
+//! The hot path in one round trip: the stored procedures of `routines.sql`.
+//!
+//! An acquire of one permit ([`acquire_one`]) and a release ([`release`]), also one that
+//! hands the permit to the queue head, are each one `CALL`: the procedure locks the
+//! semaphore's row, reads the clock, decides, writes and commits on the server, so the row
+//! lock is held for the procedure's own run instead of across the two or three client round
+//! trips of the client-side step (`ops.rs`). Every other operation, and any case the
+//! procedures leave out (they answer [`Fast::Fallback`], having changed nothing), runs the
+//! client-side step, which is the reference: see the header of `routines.sql` for the cases.
+//!
+//! Every value a procedure returns is checked here as the client-side step checks the rows
+//! it reads (a lease that does not decode is [`crate::Error::Corrupt`]).
+
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::Row;
+
+use super::map_err;
+use super::ops::{render, Lit};
+use crate::error::{Error, Result};
+use crate::model::{AcquireReply, AcquireRequest, Grant, StoreTime};
+use crate::stores::sql::{lease_of_row, HolderRow};
+
+/// What a procedure answered.
+#[derive(Debug)]
+pub(crate) enum Fast<T> {
+    /// The operation ran and committed (or changed nothing).
+    Done(T),
+    /// The procedure left this case to the client-side step; nothing changed.
+    Fallback,
+}
+
+/// A release's outcome: whether the lease was held, and the grant it handed to the queue
+/// head with that waiter's doorbell address.
+#[derive(Debug)]
+pub(crate) struct Released {
+    pub(crate) held: bool,
+    pub(crate) handed_off: Option<(Grant, String)>,
+}
+
+const ACQUIRE_ONE: &str = "CALL tessera_v1_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE: &str = "CALL tessera_v1_release(?, ?)";
+
+/// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
+/// denied" (a user without `EXECUTE` on it): the client-side step still works.
+const NO_SUCH_PROCEDURE: u16 = 1305;
+const NO_EXECUTE: u16 = 1370;
+
+fn corrupt(msg: impl Into<String>) -> Error {
+    Error::Corrupt(msg.into())
+}
+
+/// Runs one `CALL` and returns its result row; `None` when the procedure is missing or
+/// this user may not run it.
+pub(crate) async fn call(conn: &mut MySqlConnection, sql: String) -> Result<Option<MySqlRow>> {
+    use futures::TryStreamExt;
+    let mut first = None;
+    let mut stream = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).fetch_many(&mut *conn);
+    loop {
+        match stream.try_next().await {
+            Ok(Some(sqlx::Either::Right(row))) => {
+                if first.is_none() {
+                    first = Some(row);
+                }
+            }
+            Ok(Some(sqlx::Either::Left(_))) => {}
+            Ok(None) => break,
+            Err(sqlx::Error::Database(db))
+                if db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|e| [NO_SUCH_PROCEDURE, NO_EXECUTE].contains(&e.number())) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(map_err(e)),
+        }
+    }
+    first
+        .map(Some)
+        .ok_or_else(|| corrupt("a tessera procedure returned no row"))
+}
+
+fn int(row: &MySqlRow, i: usize) -> Result<Option<i64>> {
+    row.try_get::<Option<i64>, _>(i)
+        .map_err(|e| corrupt(format!("procedure column {i}: {e}")))
+}
+
+fn need_int(row: &MySqlRow, i: usize) -> Result<i64> {
+    int(row, i)?.ok_or_else(|| corrupt(format!("procedure column {i} is NULL")))
+}
+
+fn text(row: &MySqlRow, i: usize) -> Result<String> {
+    row.try_get::<Option<String>, _>(i)
+        .map_err(|e| corrupt(format!("procedure column {i}: {e}")))?
+        .ok_or_else(|| corrupt(format!("procedure column {i} is NULL")))
+}
+
+fn now_of(row: &MySqlRow) -> Result<StoreTime> {
+    let v = need_int(row, 1)?;
+    u64::try_from(v)
+        .map(StoreTime)
+        .map_err(|_| corrupt(format!("the server's clock reads {v} µs before 1970")))
+}
+
+/// The lease in columns 4 to 10, checked as the step checks a holder row.
+fn grant_of(row: &MySqlRow) -> Result<Grant> {
+    let holder = HolderRow {
+        lease_id: text(row, 4)?,
+        weight: need_int(row, 5)?,
+        seats: text(row, 6)?,
+        fence: need_int(row, 7)?,
+        holder: text(row, 8)?,
+        acquired_at: need_int(row, 9)?,
+        expires_at: need_int(row, 10)?,
+    };
+    Ok(Grant {
+        lease: lease_of_row(&holder)?,
+        now: now_of(row)?,
+    })
+}
+
+/// The call that acquires one permit (`routines.sql`, `tessera_v1_acquire_one`); its row
+/// is read by [`acquire_one_reply`].
+pub(crate) fn acquire_one_call(
+    name: &str,
+    capacity: u32,
+    req: &AcquireRequest,
+    doorbell: &str,
+) -> String {
+    let micros = |d: std::time::Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    let lease = req.lease_id.to_string();
+    let (wait, waiter_ttl, queue_cap) = match req.wait {
+        Some(w) => (1, micros(w.waiter_ttl), i64::from(w.queue_cap)),
+        None => (0, 0, 0),
+    };
+    render(
+        ACQUIRE_ONE,
+        &[
+            Lit::Text(name),
+            Lit::Int(capacity.into()),
+            Lit::Text(&lease),
+            Lit::Int(micros(req.ttl)),
+            Lit::Text(&req.holder),
+            Lit::Int(wait),
+            Lit::Int(waiter_ttl),
+            Lit::Int(queue_cap),
+            Lit::Text(doorbell),
+        ],
+    )
+}
+
+/// What [`acquire_one_call`] answered (`None`: the procedure is missing): the reply, a
+/// capacity mismatch or a full queue as the step answers them, or [`Fast::Fallback`].
+pub(crate) fn acquire_one_reply(
+    row: Option<MySqlRow>,
+    name: &str,
+    capacity: u32,
+    req: &AcquireRequest,
+) -> Result<Fast<Result<AcquireReply>>> {
+    let Some(row) = row else {
+        return Ok(Fast::Fallback);
+    };
+    let outcome = text(&row, 0)?;
+    let reply = match outcome.as_str() {
+        "fallback" => return Ok(Fast::Fallback),
+        "granted" | "held" => {
+            let grant = grant_of(&row)?;
+            if grant.lease.lease_id != req.lease_id {
+                return Err(corrupt("the procedure granted another lease id"));
+            }
+            Ok(AcquireReply::Granted(grant))
+        }
+        "queued" => {
+            let position = need_int(&row, 2)?;
+            let position =
+                u64::try_from(position).map_err(|_| corrupt(format!("position = {position}")))?;
+            Ok(AcquireReply::Queued { position })
+        }
+        "no_permit" => {
+            let available = need_int(&row, 2)?;
+            let queued = need_int(&row, 3)?;
+            Ok(AcquireReply::NoPermit {
+                available: u32::try_from(available)
+                    .map_err(|_| corrupt(format!("available = {available}")))?,
+                queued: u64::try_from(queued).map_err(|_| corrupt(format!("queued = {queued}")))?,
+            })
+        }
+        "mismatch" => {
+            let stored = need_int(&row, 2)?;
+            Err(Error::CapacityMismatch {
+                name: name.to_string(),
+                stored: u32::try_from(stored)
+                    .map_err(|_| corrupt(format!("capacity = {stored}")))?,
+                declared: capacity,
+            })
+        }
+        "queue_full" => Err(Error::QueueFull {
+            name: name.to_string(),
+            cap: req.wait.map_or(0, |w| w.queue_cap),
+        }),
+        other => return Err(corrupt(format!("unknown procedure outcome {other:?}"))),
+    };
+    Ok(Fast::Done(reply))
+}
+
+/// The call that releases `lease` (`routines.sql`, `tessera_v1_release`); its row is read
+/// by [`release_reply`].
+pub(crate) fn release_call(name: &str, lease: &str) -> String {
+    render(RELEASE, &[Lit::Text(name), Lit::Text(lease)])
+}
+
+/// What [`release_call`] answered (`None`: the procedure is missing), or [`Fast::Fallback`].
+pub(crate) fn release_reply(row: Option<MySqlRow>) -> Result<Fast<Released>> {
+    let Some(row) = row else {
+        return Ok(Fast::Fallback);
+    };
+    let outcome = text(&row, 0)?;
+    match outcome.as_str() {
+        "fallback" => Ok(Fast::Fallback),
+        "not_held" => Ok(Fast::Done(Released {
+            held: false,
+            handed_off: None,
+        })),
+        "released" => {
+            // A hand-off fills the lease columns; a release without one leaves them NULL.
+            let handed_off = match int(&row, 5)? {
+                None => None,
+                Some(_) => Some((grant_of(&row)?, text(&row, 11)?)),
+            };
+            Ok(Fast::Done(Released {
+                held: true,
+                handed_off,
+            }))
+        }
+        other => Err(corrupt(format!("unknown procedure outcome {other:?}"))),
+    }
+}
