@@ -80,9 +80,11 @@ mod tests;
 pub(crate) use dialect::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
+/// The MySQL store's procedures hand back holder rows that are checked like the step's own.
+#[cfg(feature = "mysql")]
+pub(crate) use step::lease_of_row;
 pub(crate) use step::{
-    acquire, cancel, delete, heartbeat, lease_of_row, read_grant, release, renew, resize, revoke,
-    status,
+    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
 };
 
 use crate::error::Result;
