@@ -109,17 +109,24 @@ async fn run(conn: &mut MySqlConnection) -> Result<()> {
                 .await
                 .map_err(map_err)?;
         }
-        sqlx::query(
-            "INSERT INTO tessera_meta (meta_key, meta_value) VALUES ('schema_version', ?) \
-             ON DUPLICATE KEY UPDATE meta_value = GREATEST(meta_value, ?)",
-        )
-        .bind(to)
-        .bind(to)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
+        record_version(conn, "schema_version", to).await?;
         version = to;
     }
+    Ok(())
+}
+
+/// Records that `key` (`schema_version` or `routines_version`) reached `to`; never lowers it.
+async fn record_version(conn: &mut MySqlConnection, key: &str, to: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO tessera_meta (meta_key, meta_value) VALUES (?, ?) \
+         ON DUPLICATE KEY UPDATE meta_value = GREATEST(meta_value, ?)",
+    )
+    .bind(key)
+    .bind(to)
+    .bind(to)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
     Ok(())
 }
 
@@ -156,15 +163,7 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
                 return Ok(false);
             }
         }
-        sqlx::query(
-            "INSERT INTO tessera_meta (meta_key, meta_value) VALUES ('routines_version', ?) \
-             ON DUPLICATE KEY UPDATE meta_value = GREATEST(meta_value, ?)",
-        )
-        .bind(to)
-        .bind(to)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
+        record_version(conn, "routines_version", to).await?;
         version = to;
     }
     Ok(version >= ROUTINES_VERSION)

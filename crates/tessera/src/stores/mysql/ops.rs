@@ -744,13 +744,18 @@ fn freed_at(row: &MySqlRow) -> Result<Freed> {
 
 /// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at.
 fn holder_at(row: &MySqlRow) -> Result<HolderRow> {
+    holder_from(row, 0)
+}
+
+/// A holder row's seven columns, from column `first` on (in a row that holds more).
+pub(crate) fn holder_from(row: &MySqlRow, first: usize) -> Result<HolderRow> {
     Ok(HolderRow {
-        lease_id: text_at(row, 0)?,
-        weight: int_at(row, 1)?,
-        seats: text_at(row, 2)?,
-        fence: int_at(row, 3)?,
-        holder: text_at(row, 4)?,
-        acquired_at: int_at(row, 5)?,
-        expires_at: int_at(row, 6)?,
+        lease_id: text_at(row, first)?,
+        weight: int_at(row, first + 1)?,
+        seats: text_at(row, first + 2)?,
+        fence: int_at(row, first + 3)?,
+        holder: text_at(row, first + 4)?,
+        acquired_at: int_at(row, first + 5)?,
+        expires_at: int_at(row, first + 6)?,
     })
 }

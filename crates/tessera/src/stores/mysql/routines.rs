@@ -18,7 +18,7 @@ use super::map_err;
 use super::ops::{render, Lit};
 use crate::error::{Error, Result};
 use crate::model::{AcquireReply, AcquireRequest, Grant, StoreTime};
-use crate::stores::sql::{lease_of_row, HolderRow};
+use crate::stores::sql::lease_of_row;
 
 /// What a procedure answered.
 #[derive(Debug)]
@@ -103,15 +103,7 @@ fn now_of(row: &MySqlRow) -> Result<StoreTime> {
 
 /// The lease in columns 4 to 10, checked as the step checks a holder row.
 fn grant_of(row: &MySqlRow) -> Result<Grant> {
-    let holder = HolderRow {
-        lease_id: text(row, 4)?,
-        weight: need_int(row, 5)?,
-        seats: text(row, 6)?,
-        fence: need_int(row, 7)?,
-        holder: text(row, 8)?,
-        acquired_at: need_int(row, 9)?,
-        expires_at: need_int(row, 10)?,
-    };
+    let holder = super::ops::holder_from(row, 4)?;
     Ok(Grant {
         lease: lease_of_row(&holder)?,
         now: now_of(row)?,
