@@ -90,10 +90,7 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
     assert_eq!(db.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
     assert!(db.release(&n, b).await.unwrap());
     assert!(db.status(&n).await.unwrap().is_none());
-    for table in ["semaphores", "holders", "waiters", "free_seats"] {
-        let left = server.sql(&format!("SELECT COUNT(*) FROM t.tessera_{table}"));
-        assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
-    }
+    assert_no_rows_left(&server, "t");
 }
 
 /// Processes that start together migrate one after another (or find the tables made), and
@@ -139,6 +136,14 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
 }
 
 /// The server's count of procedure calls.
+/// Every semaphore table of database `db` is empty: nothing outlives its semaphore.
+fn assert_no_rows_left(server: &MariaDbServer, db: &str) {
+    for table in ["semaphores", "holders", "waiters", "free_seats"] {
+        let left = server.sql(&format!("SELECT COUNT(*) FROM {db}.tessera_{table}"));
+        assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
+    }
+}
+
 fn calls(server: &MariaDbServer) -> u64 {
     let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
     out.split_whitespace().last().unwrap().parse().unwrap()
@@ -180,10 +185,7 @@ async fn the_hot_path_is_one_procedure_call_per_operation() {
     assert!(!db.release(&n, a).await.unwrap());
     assert!(db.release(&n, b).await.unwrap());
     assert!(db.status(&n).await.unwrap().is_none());
-    for table in ["semaphores", "holders", "waiters", "free_seats"] {
-        let left = server.sql(&format!("SELECT COUNT(*) FROM t.tessera_{table}"));
-        assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
-    }
+    assert_no_rows_left(&server, "t");
 }
 
 /// A database migrated by a build without the procedures, holding a holder and a waiter,
