@@ -11,16 +11,21 @@
 //! 1. `SELECT … FROM information_schema.PROCESSLIST WHERE ID = <id> AND INFO LIKE
 //!    '%tessera doorbell <token>%'` — only a connection that is still that doorbell, parked,
 //!    is rung: a connection id reused after the doorbell died (or after a server restart)
-//!    belongs to someone else, whose query must not be interrupted;
+//!    belongs to someone else, whose query must not be interrupted. A doorbell that is
+//!    connected but between two parks (it was just rung) is checked again, backed off, for
+//!    about a quarter of a second: `KILL QUERY` on an idle connection does nothing, so a ring
+//!    sent then would be lost until the waiter's next poll;
 //! 2. `KILL QUERY <id>`: the `SLEEP` returns 1 at once.
 //!
 //! The woken client then wakes every waiter it has queued (it does not know which lease was
 //! granted: one heartbeat each, only in that client). The ring runs in a task of its own,
 //! off the granting operation's path, on a pooled connection.
 //!
-//! A ring can be lost: the doorbell was reconnecting, the server restarted, the check and
-//! the `KILL` raced with the doorbell's next `SLEEP`, or the user may not kill its own
-//! threads. Waiters therefore keep polling (backed off, see
+//! A ring can still be lost: the doorbell was reconnecting, the server restarted, it stayed
+//! unparked longer than the ring looks for it, or the user may not kill its own threads. (A
+//! `KILL` that lands just after the doorbell's `SLEEP` ended is not lost: the `SLEEP` ended
+//! because of another ring or its 60 s, and either way the doorbell wakes every waiter after
+//! it ended, and so after the grant being rung was committed.) Waiters therefore keep polling (backed off, see
 //! [`super::MysqlBackend::capabilities`]), and a doorbell that reconnects wakes all its
 //! waiters, whose heartbeats find any grant made meanwhile.
 //!
@@ -139,8 +144,10 @@ async fn park_loop(
             {
                 // Rung (`KILL QUERY` makes SLEEP return 1).
                 Ok(1) => wake_all(&waiting),
-                // Slept the whole time: park again.
-                Ok(_) => {}
+                // Slept the whole time. A ring that found it parked just before the end
+                // sends its `KILL QUERY` to an idle connection, where it does nothing: let
+                // every waiter ask the store once, then park again.
+                Ok(_) => wake_all(&waiting),
                 // MariaDB answers the killed SLEEP with "query execution was interrupted"
                 // (1317); the connection itself lives on.
                 Err(sqlx::Error::Database(db))
@@ -170,9 +177,20 @@ pub(crate) fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
     ring_each(pool, remote);
 }
 
+/// How long a ring keeps looking for a doorbell that is connected but not parked: after
+/// each ring the doorbell wakes its waiters and then parks again, and a ring that came in
+/// between would otherwise be lost (a `KILL QUERY` on an idle connection does nothing; the
+/// waiters would wait for their next poll). The checks are spaced 1, 2, 4, … ms apart.
+const RING_RETRIES: u32 = 8;
+
 /// Rings every doorbell at `addresses`, in the background (see the module docs).
+///
+/// A doorbell is rung only while it is parked in its `SLEEP`: one that is connected but
+/// between two parks is checked again, backed off, for about a quarter of a second
+/// ([`RING_RETRIES`]); a connection id that is gone, or that never parks with this token
+/// (reused by another client), is left alone.
 pub(crate) fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
-    let targets: Vec<(u64, String)> = addresses
+    let mut pending: Vec<(u64, String)> = addresses
         .into_iter()
         .filter_map(|a| {
             let (id, token) = a.split_once(':')?;
@@ -180,32 +198,49 @@ pub(crate) fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
             Some((id.parse().ok()?, token.to_string())).filter(|_| token_ok)
         })
         .collect();
-    if targets.is_empty() {
+    if pending.is_empty() {
         return;
     }
     let pool = pool.clone();
     tokio::spawn(async move {
-        let Ok(mut conn) = pool.acquire().await else {
-            return;
-        };
-        for (id, token) in targets {
-            let parked: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE ?",
-            )
-            .bind(id)
-            .bind(format!("%tessera doorbell {token}%"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap_or(0);
-            if parked > 0 {
-                let kill = format!("KILL QUERY {id}");
-                if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(kill))
-                    .execute(&mut *conn)
-                    .await
-                {
-                    tracing::debug!(error = %e, "tessera MySQL doorbell: KILL QUERY failed");
+        for attempt in 0..=RING_RETRIES {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(1 << (attempt - 1))).await;
+            }
+            // Taken per round, so that a ring backing off holds no pooled connection.
+            let Ok(mut conn) = pool.acquire().await else {
+                return;
+            };
+            let mut unparked = Vec::new();
+            for (id, token) in pending {
+                // NULL: no such connection; 0: connected, not parked (or not a doorbell of
+                // this token); 1: parked.
+                let parked: Option<Option<i64>> = sqlx::query_scalar(
+                    "SELECT INFO LIKE ? FROM information_schema.PROCESSLIST WHERE ID = ?",
+                )
+                .bind(format!("%tessera doorbell {token}%"))
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await
+                .unwrap_or(None);
+                match parked {
+                    Some(Some(1)) => {
+                        let kill = format!("KILL QUERY {id}");
+                        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(kill))
+                            .execute(&mut *conn)
+                            .await
+                        {
+                            tracing::debug!(error = %e, "tessera MySQL doorbell: KILL QUERY failed");
+                        }
+                    }
+                    Some(_) => unparked.push((id, token)),
+                    None => {}
                 }
             }
+            if unparked.is_empty() {
+                return;
+            }
+            pending = unparked;
         }
     });
 }

@@ -73,6 +73,46 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
     panic!("A's doorbell did not ring a second time");
 }
 
+/// A ring that comes while the doorbell is between two parks (it was just rung, and is
+/// waking its waiters) is not lost: the ring looks again until the doorbell has parked.
+/// Here a plain connection plays the doorbell: idle when rung, parked 30 ms later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_that_finds_the_doorbell_between_parks_rings_it_once_it_parks() {
+    use sqlx::{ConnectOptions, Connection};
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let ringer = MysqlBackend::connect(&url).await.unwrap();
+    let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+    let mut bell = options.connect().await.unwrap();
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut bell)
+        .await
+        .unwrap();
+    let token = format!("{:016x}", 0xbe11u64);
+    notify::ring_each(&ringer.pool, vec![format!("{id}:{token}")]);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Parked for 30 s: only a ring ends it before the 20 s bound.
+    let park = format!("SELECT SLEEP(30) /* tessera doorbell {token} */");
+    let parked = tokio::time::timeout(
+        Duration::from_secs(20),
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(park)).fetch_one(&mut bell),
+    )
+    .await
+    .expect("the ring was lost: the doorbell slept on");
+    // MariaDB answers a killed SLEEP with 1 or with error 1317; either is a ring.
+    match parked {
+        Ok(v) => assert_eq!(v, 1, "the SLEEP ended without being killed"),
+        Err(e) => assert!(e.to_string().contains("interrupted"), "{e}"),
+    }
+    // The connection lives on (`KILL QUERY` ends the query, not the session).
+    let one: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut bell)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    bell.close().await.unwrap();
+}
+
 /// Certificates made with `openssl` in a temp dir: a CA, a server certificate for
 /// 127.0.0.1 signed by it, and an unrelated CA.
 struct Certs {
@@ -418,7 +458,20 @@ async fn killed_connections_deadlocks_and_lock_wait_timeouts_never_over_grant() 
         turn += 1;
         let pick = |wanted: usize| (0..CLIENTS).find(|&i| role[i].load(Ordering::SeqCst) == wanted);
         let (kind, victim, filter) = match turn % 4 {
-            0 => (0, pick(2), ""),
+            // A holder holds for at most 20 ms between long waits: look for one for a while
+            // rather than only at this instant, or holder kills are rare enough that a run
+            // may have none.
+            0 => {
+                let mut holder = pick(2);
+                for _ in 0..100 {
+                    if holder.is_some() || tasks.iter().all(|t| t.is_finished()) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    holder = pick(2);
+                }
+                (0, holder, "")
+            }
             1 => (1, pick(1), ""),
             2 => (
                 2,
