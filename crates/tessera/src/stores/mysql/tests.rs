@@ -23,7 +23,7 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
         parked = server
             .sql(
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE INFO LIKE 'SELECT SLEEP(%tessera doorbell%'",
+                 WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
             )
             .trim()
             .parse()
@@ -71,6 +71,80 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
         }
     }
     panic!("A's doorbell did not ring a second time");
+}
+
+/// The doorbell waits for a user lock that its latch connection holds. A latch that dies
+/// releases the lock: the doorbell wakes its waiters and opens both again, at a new address
+/// that rings like the old one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_latch_wakes_the_waiters_and_the_doorbell_parks_again_at_a_new_address() {
+    let server = MariaDbServer::start();
+    let a = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let ringer = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let parked = |addr: String| {
+        let token = addr
+            .split_once(':')
+            .map(|(_, t)| t.to_string())
+            .unwrap_or_default();
+        server
+            .sql(&format!(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell {token}%'"
+            ))
+            .trim()
+            == "1"
+    };
+    let mut first = String::new();
+    for _ in 0..200 {
+        first = a.doorbell_address();
+        if !first.is_empty() && parked(first.clone()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        parked(first.clone()),
+        "the doorbell never parked on its user lock"
+    );
+    let token = first.split_once(':').unwrap().1.to_string();
+    let latch = server.sql(&format!("SELECT IS_USED_LOCK('tessera-bell-{token}')"));
+    let latch = latch.trim();
+    assert_ne!(latch, "NULL", "nobody holds the doorbell's lock");
+    assert_ne!(
+        latch,
+        first.split(':').next().unwrap(),
+        "the doorbell holds its own lock"
+    );
+    let lease = LeaseId::random();
+    let reg = Registration::new(lease);
+    a.set_waiting(lease, true);
+    server.sql(&format!("KILL CONNECTION {latch}"));
+    tokio::time::timeout(Duration::from_secs(10), reg.notified())
+        .await
+        .expect("the waiters were not woken when the latch died");
+    // A new address, parked on a lock held by a new latch, and rung like the first.
+    let mut second = String::new();
+    for _ in 0..200 {
+        second = a.doorbell_address();
+        if !second.is_empty() && second != first && parked(second.clone()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        second != first && parked(second.clone()),
+        "no new doorbell: {second}"
+    );
+    let token = second.split_once(':').unwrap().1.to_string();
+    let held = server.sql(&format!(
+        "SELECT IS_USED_LOCK('tessera-bell-{token}') IS NOT NULL"
+    ));
+    assert_eq!(held.trim(), "1", "the new doorbell's lock has no latch");
+    let reg = Registration::new(lease);
+    notify::ring_each(&ringer.pool, vec![second]);
+    tokio::time::timeout(Duration::from_secs(10), reg.notified())
+        .await
+        .expect("the new doorbell did not ring");
 }
 
 /// A ring that comes while the doorbell is between two parks (it was just rung, and is
@@ -282,7 +356,7 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
     for _ in 0..100 {
         parked = server.sql(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE USER = 'app' AND INFO LIKE 'SELECT SLEEP(%tessera doorbell%'",
+             WHERE USER = 'app' AND INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
         );
         if parked.trim() == "1" {
             break;
