@@ -205,13 +205,11 @@ async fn park_loop(
                     wake_all(&waiting);
                     break;
                 }
-                // Rung: `KILL QUERY` makes `SLEEP` return 1 (and a wait answer NULL on some
-                // servers).
-                Ok(Some(1)) | Ok(None) => wake_all(&waiting),
-                // Waited the whole time. A ring that found it parked just before the end
-                // sends its `KILL QUERY` to an idle connection, where it does nothing: let
-                // every waiter ask the store once, then park again.
-                Ok(Some(_)) => wake_all(&waiting),
+                // Rung (`KILL QUERY` makes `SLEEP` return 1, a `GET_LOCK` wait NULL on some
+                // servers), or waited the whole time: then a ring that found it parked just
+                // before the end sent its `KILL QUERY` to an idle connection, where it does
+                // nothing. Either way every waiter asks the store once; then park again.
+                Ok(_) => wake_all(&waiting),
                 // MariaDB answers the killed wait with "query execution was interrupted"
                 // (1317); the connection itself lives on.
                 Err(sqlx::Error::Database(db))
@@ -249,7 +247,7 @@ const RING_RETRIES: u32 = 8;
 
 /// Rings every doorbell at `addresses`, in the background (see the module docs).
 ///
-/// A doorbell is rung only while it is parked in its `SLEEP`: one that is connected but
+/// A doorbell is rung only while it is parked in its wait: one that is connected but
 /// between two parks is checked again, backed off, for about a quarter of a second
 /// ([`RING_RETRIES`]); a connection id that is gone, or that never parks with this token
 /// (reused by another client), is left alone.
