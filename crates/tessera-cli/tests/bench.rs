@@ -7,7 +7,7 @@ use std::process::Command;
 
 use tessera_testkit::harness::Harness;
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "workload",
     "clients",
     "capacity",
@@ -17,6 +17,7 @@ const FIELDS: [&str; 14] = [
     "p50_ms",
     "p99_ms",
     "max_ms",
+    "first_acquire_max_ms",
     "grants_per_client_min",
     "grants_per_client_max",
     "over_grants",
@@ -69,6 +70,7 @@ fn check(reports: &[serde_json::Value], rtt: bool) {
         assert_eq!(r["ops"], 40, "{r}");
         assert_eq!(r["over_grants"], 0, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["first_acquire_max_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["max_holders_seen"].as_i64().unwrap() <= capacity, "{r}");
         assert_eq!(r["rtt_per_sec"].is_number(), rtt, "{r}");
         assert_eq!(r["server_cpu_us_per_grant"].is_number(), rtt, "{r}");

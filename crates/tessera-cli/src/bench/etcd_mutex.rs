@@ -139,6 +139,7 @@ pub async fn run(store_url: &str, spec: &Spec) -> anyhow::Result<WorkloadReport>
         p50_ms: ms(all.value_at_quantile(0.50)),
         p99_ms: ms(all.value_at_quantile(0.99)),
         max_ms: ms(all.max()),
+        first_acquire_max_ms: None,
         grants_per_client_min: results.iter().map(|r| r.0).min().unwrap_or(0),
         grants_per_client_max: results.iter().map(|r| r.0).max().unwrap_or(0),
         max_holders_seen: results.iter().map(|r| r.2).max().unwrap_or(0),
