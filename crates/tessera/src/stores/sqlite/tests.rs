@@ -752,3 +752,71 @@ async fn the_wal_stays_bounded_under_a_stream_of_steps() {
         .len();
     assert!(wal < 12 << 20, "the WAL grew to {wal} bytes");
 }
+
+/// A backend checkpoints once per [`CHECKPOINT_PAGES`] of WAL growth, not after every commit
+/// while the WAL is long (two fsyncs each), and again as soon as the WAL has started over.
+#[test]
+fn a_long_wal_is_checkpointed_once_per_threshold_of_growth() {
+    let last = AtomicI32::new(0);
+    let due: Vec<i32> = (0..400)
+        .map(|i| 7 * i)
+        .filter(|&pages| checkpoint_due(&last, pages))
+        .collect();
+    // 1001 is the first length past the threshold; then one per 1,000 pages more.
+    assert_eq!(due, [1001, 2002]);
+    // The WAL started over: due again once it is past the threshold.
+    assert!(!checkpoint_due(&last, 700));
+    assert!(checkpoint_due(&last, 1_003));
+    assert!(!checkpoint_due(&last, 1_010));
+}
+
+/// While another connection keeps a read transaction open on an old snapshot, a PASSIVE
+/// checkpoint cannot copy back the frames after it and the WAL cannot start over: the steps
+/// go on (no fsync at every commit, see `checkpoint_due`), and once the reader ends, the
+/// WAL is checkpointed and starts over again, so it stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_starts_over_once_a_long_reader_ends() {
+    let (dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("wal-reader");
+    let cycle = |n: usize| {
+        let b = &b;
+        let s = &s;
+        async move {
+            for _ in 0..n {
+                let lease = LeaseId::random();
+                b.acquire(s, 2, &req(lease, 1, None)).await.unwrap();
+                assert!(b.release(s, lease).await.unwrap());
+            }
+        }
+    };
+    cycle(10).await;
+    let reader = rusqlite::Connection::open(dir.path().join("t.db")).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .unwrap();
+    cycle(600).await;
+    let wal = || {
+        std::fs::metadata(dir.path().join("t.db-wal"))
+            .unwrap()
+            .len()
+    };
+    let pinned = wal();
+    assert!(
+        pinned > 4 << 20,
+        "the reader pinned only {pinned} bytes of WAL"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    // The WAL file keeps its length when it starts over; what shows the restart is that
+    // another long run of steps (about 40 MB of frames) writes over it instead of growing
+    // it by more than the threshold's worth (4 MB) a backend may let it grow before its next
+    // checkpoint.
+    cycle(1500).await;
+    let after = wal();
+    assert!(
+        after < pinned + (8 << 20),
+        "the WAL grew from {pinned} to {after} bytes"
+    );
+}
