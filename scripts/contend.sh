@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
-trap "rm -rf /tmp/lastcontend; cp -r \"$dir\" /tmp/lastcontend; rm -rf \"$dir\"" EXIT
+trap 'rm -rf "$dir"' EXIT
 store=${1:-sqlite://$dir/contend.db}
 procs=${2:-8}
 permits=${3:-2}

@@ -576,10 +576,6 @@ pub async fn run_many(
     for url in cpu_nodes(store_url) {
         nodes.push(redis_conn(&url).await?);
     }
-    let mut cpu_before = Vec::with_capacity(nodes.len());
-    for n in nodes.iter_mut() {
-        cpu_before.push(server_cpu_us(n).await?);
-    }
     let sem_names: Vec<String> = (0..names)
         .map(|n| format!("tessera-bench-many-{run_id}-{n}"))
         .collect();
@@ -587,6 +583,10 @@ pub async fn run_many(
     for (store, name) in stores.iter().zip(&sem_names) {
         let h = warm_up(std::slice::from_ref(store), name, spec.capacity).await?;
         cold.add(&h).expect("same bounds");
+    }
+    let mut cpu_before = Vec::with_capacity(nodes.len());
+    for n in nodes.iter_mut() {
+        cpu_before.push(server_cpu_us(n).await?);
     }
     let progress = ProgressBar::with_draw_target(Some(spec.ops), ProgressDrawTarget::stderr());
     progress.set_prefix(spec.name);
