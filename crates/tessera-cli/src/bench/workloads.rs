@@ -281,7 +281,11 @@ pub async fn run(
         }
     }
 
-    let cold = warm_up(&stores, &sem_name, stored_capacity).await?;
+    let cold = warm_up(
+        stores.iter().map(|s| (s, sem_name.as_str())),
+        stored_capacity,
+    )
+    .await?;
 
     let rtt_before = match interleaved {
         Some(_) => None,
@@ -418,13 +422,12 @@ pub async fn run(
 /// hand-offs a workload measures. In a short run those first calls are a large share of the
 /// samples (one in 47 for W3 with 1,500 grants, which made them its p99). They are reported
 /// apart, as `first_acquire_max_ms`.
-async fn warm_up(
-    stores: &[tessera::Store],
-    name: &str,
+async fn warm_up<'a>(
+    clients: impl IntoIterator<Item = (&'a tessera::Store, &'a str)>,
     capacity: u32,
 ) -> anyhow::Result<Histogram<u64>> {
     let mut cold = histogram();
-    for store in stores {
+    for (store, name) in clients {
         let sem = store.semaphore(name, capacity)?;
         let t0 = Instant::now();
         let permit = sem.acquire().await.context("warming up a client")?;
@@ -579,11 +582,8 @@ pub async fn run_many(
     let sem_names: Vec<String> = (0..names)
         .map(|n| format!("tessera-bench-many-{run_id}-{n}"))
         .collect();
-    let mut cold = histogram();
-    for (store, name) in stores.iter().zip(&sem_names) {
-        let h = warm_up(std::slice::from_ref(store), name, spec.capacity).await?;
-        cold.add(&h).expect("same bounds");
-    }
+    let clients = stores.iter().zip(sem_names.iter().map(String::as_str));
+    let cold = warm_up(clients, spec.capacity).await?;
     let mut cpu_before = Vec::with_capacity(nodes.len());
     for n in nodes.iter_mut() {
         cpu_before.push(server_cpu_us(n).await?);
