@@ -40,6 +40,19 @@ async fn backend(server: &PostgresServer, schema: &str) -> PostgresBackend {
         .unwrap()
 }
 
+/// The URL of a client that stands for another process: it connects as another role, so its
+/// backends share a listener (and a client id, a wake-up channel) of their own.
+fn peer_url(server: &PostgresServer, schema: &str) -> String {
+    server.psql(
+        "DO $$ BEGIN CREATE ROLE peer SUPERUSER LOGIN; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    );
+    format!(
+        "postgres://peer@127.0.0.1:{}/postgres?schema={schema}",
+        server.port()
+    )
+}
+
 /// Polls `f` every 20 ms until it holds, for at most `secs`.
 async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
@@ -55,7 +68,8 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 /// The test kit's differential test against the reference model, and after every step: the
 /// counters of every semaphore row equal what its holder and waiter rows sum to, and its
 /// `purge_at` is at or before every holder's and waiter's expiry (a step skips the purge
-/// before it).
+/// before it), and `head_seq` at or below every waiter's seq and at most `next_seq` (the
+/// hand-off looks for the queue head from it up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = PostgresServer::start();
@@ -72,7 +86,9 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
                  OR s.queued <> (SELECT count(*) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
                  OR (s.used = 0 AND s.queued = 0) \
                  OR s.purge_at > (SELECT min(h.expires_at) FROM {schema}.tessera_holders h WHERE h.name = s.name) \
-                 OR s.purge_at > (SELECT min(w.expires_at) FROM {schema}.tessera_waiters w WHERE w.name = s.name)"
+                 OR s.purge_at > (SELECT min(w.expires_at) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
+                 OR s.head_seq > s.next_seq \
+                 OR s.head_seq > (SELECT min(w.seq) FROM {schema}.tessera_waiters w WHERE w.name = s.name)"
             ));
             assert_eq!(
                 wrong, "0",
@@ -134,7 +150,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4"
+        "1,2,3,4,5"
     );
 }
 
@@ -146,7 +162,12 @@ async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
     let url = server.url_with_schema("wake");
     let store = Store::connect(&url).await.unwrap();
     let sem = Semaphore::new(&store, "w", 1, SemaphoreOptions::default()).unwrap();
-    let held = sem.acquire().await.unwrap();
+    let peer = Store::connect(&peer_url(&server, "wake")).await.unwrap();
+    let held = Semaphore::new(&peer, "w", 1, SemaphoreOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let waiter = {
         let sem = sem.clone();
         tokio::spawn(async move { sem.acquire().await })
@@ -156,6 +177,122 @@ async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     held.release().await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+    store.close().await.unwrap();
+}
+
+/// What reaches a waiter's wake-up channel up to a marker sent after the step under test:
+/// notifications of different sessions arrive in commit order, so whatever the step
+/// notified comes before the marker.
+async fn heard_until_marker(
+    server: &PostgresServer,
+    channel: &mut sqlx::postgres::PgListener,
+    name: &str,
+) -> Vec<String> {
+    server.psql(&format!("SELECT pg_notify('{name}', 'marker')"));
+    let mut heard = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), channel.recv())
+            .await
+            .expect("the marker arrives")
+            .unwrap();
+        if n.payload() == "marker" {
+            return heard;
+        }
+        heard.push(n.payload().to_string());
+    }
+}
+
+/// A release that grants a waiter of its own process hands the grant back in its reply and
+/// wakes the waiter from it: nothing goes out on the waiter's channel. A release by another
+/// process notifies the waiter on its channel, as does the two-argument release that builds
+/// before migration 5 call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("local");
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "l", 1, opts).unwrap();
+    let queued = |n: &'static str| {
+        let server = &server;
+        async move {
+            eventually(30, "the waiter is queued", || {
+                server.psql("SELECT count(*) FROM local.tessera_waiters") == n
+            })
+            .await
+        }
+    };
+
+    // Same process: the grant travels in the release's reply.
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    queued("1").await;
+    let channel_name = format!(
+        "tessera_w{}",
+        server.psql("SELECT client FROM local.tessera_waiters")
+    );
+    let mut channel = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    channel.listen(&channel_name).await.unwrap();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter was granted (its heartbeat is 20 minutes away)")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        heard_until_marker(&server, &mut channel, &channel_name).await,
+        Vec::<String>::new(),
+        "a grant to a waiter of the releasing process went out as a NOTIFY"
+    );
+
+    // Another process releases: the grant is notified on the waiter's channel.
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    queued("1").await;
+    let lease = server.psql("SELECT lease_id FROM local.tessera_waiters");
+    let peer = PostgresBackend::connect(&peer_url(&server, "local"))
+        .await
+        .unwrap();
+    assert!(peer.release(&name("l"), got.lease_id()).await.unwrap());
+    let heard = heard_until_marker(&server, &mut channel, &channel_name).await;
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert!(heard[0].starts_with(&format!("{lease}\t")), "{heard:?}");
+    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+
+    // The release of older builds: every grant is notified.
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    queued("1").await;
+    let lease = server.psql("SELECT lease_id FROM local.tessera_waiters");
+    assert_eq!(
+        server.psql(&format!(
+            "SET search_path TO local; SELECT tessera_release('l', '{}')",
+            got.lease_id()
+        )),
+        "t"
+    );
+    let heard = heard_until_marker(&server, &mut channel, &channel_name).await;
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert!(heard[0].starts_with(&format!("{lease}\t")), "{heard:?}");
+    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
         .await
         .expect("the waiter was granted")
         .unwrap()
@@ -437,7 +574,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -448,7 +585,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -460,13 +597,69 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
 }
 
-/// A schema at version 3 holding live state gains migration 4 (the `purge_at` bound) at the
-/// next connect: rows written before it get a bound of 0, so the first step purges what has
+/// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
+/// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
+/// lease or of the queue head may use them), and the waiters' unique key leads with the
+/// lease id (so `name = …` alone leaves the queue head only the primary key). Checked on the
+/// plans PostgreSQL makes for those lookups while the tables are empty, as a session of the
+/// store makes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_by_lease_and_queue_head_plan_on_their_own_keys() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "plans").await;
+    let n = name("p");
+    let (a, w) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    // Plans as a store session makes them (its options), after an ANALYZE of nearly empty
+    // tables, generic (as PL/pgSQL's cached plans become).
+    let plan = |sql: &str| {
+        server.psql(&format!(
+            "SET search_path TO plans; SET enable_seqscan = off; ANALYZE; \
+             SET plan_cache_mode = force_generic_plan; PREPARE q AS {sql}; \
+             EXPLAIN (COSTS OFF) EXECUTE q('p', '{a}')"
+        ))
+    };
+    let holder = plan("SELECT * FROM tessera_holders WHERE name = $1 AND lease_id = $2");
+    assert!(holder.contains("using tessera_holders_pkey"), "{holder}");
+    let waiter = plan(
+        "UPDATE tessera_waiters SET expires_at = expires_at WHERE name = $1 AND lease_id = $2",
+    );
+    assert!(
+        waiter.contains("using tessera_waiters_lease_key"),
+        "{waiter}"
+    );
+    let head = plan(
+        "SELECT seq FROM tessera_waiters WHERE name = $1 AND seq >= length($2) \
+         ORDER BY seq LIMIT 1",
+    );
+    assert!(head.contains("using tessera_waiters_pkey"), "{head}");
+    assert!(!head.contains("Sort"), "{head}");
+    // The purge still finds expired rows through the expiry index.
+    let purge = plan(
+        "SELECT lease_id FROM tessera_holders WHERE name = $1 AND expires_at <= length($2) \
+         ORDER BY expires_at LIMIT 256",
+    );
+    assert!(purge.contains("using tessera_holders_by_expiry"), "{purge}");
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(pg.release(&n, w).await.unwrap());
+}
+
+/// A schema at version 3 holding live state gains migrations 4 (the `purge_at` bound) and 5
+/// (grants in a release's reply) at the next connect: rows written before it get a bound of 0, so the first step purges what has
 /// expired since (here: a holder whose lease ran out, whose permit the queue head then gets),
-/// and the migration runs again over itself harmlessly.
+/// and the migrations run again over themselves harmlessly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     let server = PostgresServer::start();
@@ -490,15 +683,16 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // What a build before migration 4 left: no bound, and (since) a lease that ran out.
     server.psql(
         "ALTER TABLE v3.tessera_semaphores DROP COLUMN purge_at; \
-         ALTER TYPE v3.tessera_step DROP ATTRIBUTE purge_at; \
-         DELETE FROM v3.tessera_migrations WHERE version = 4",
+         ALTER TYPE v3.tessera_step DROP ATTRIBUTE purge_at, DROP ATTRIBUTE local_client, \
+             DROP ATTRIBUTE local_grants; \
+         DELETE FROM v3.tessera_migrations WHERE version >= 4",
     );
     server.psql(&format!(
         "UPDATE v3.tessera_holders SET expires_at = 1 WHERE lease_id = '{a}'"
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -508,10 +702,10 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
         other => panic!("{other:?}"),
     }
     assert!(!pg.release(&n, a).await.unwrap());
-    // Migration 4 forgotten, its column kept: it runs again over itself.
-    server.psql("DELETE FROM v3.tessera_migrations WHERE version = 4");
+    // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
+    server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -782,7 +976,13 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
     let store = Store::connect(&url).await.unwrap();
     let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
     let sem = Semaphore::new(&store, "h", 1, opts).unwrap();
-    let held = sem.acquire().await.unwrap();
+    // Released by another process: the grant comes through the rebuilt listener.
+    let peer = Store::connect(&peer_url(&server, "half")).await.unwrap();
+    let held = Semaphore::new(&peer, "h", 1, SemaphoreOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let waiter = {
         let sem = sem.clone();
         tokio::spawn(async move { sem.acquire().await })

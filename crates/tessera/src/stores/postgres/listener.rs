@@ -150,15 +150,15 @@ impl Listener {
     }
 
     /// Wakes every waiter queued through this process: each asks the store itself.
-    fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         let leases: Vec<LeaseId> = self.waiting.lock().unwrap().iter().copied().collect();
         for lease in leases {
             wake::notify(lease);
         }
     }
 
-    /// Routes one notification.
-    fn route(&self, payload: &str) {
+    /// Routes one notification, or one wake-up payload of a release's reply.
+    pub(crate) fn route(&self, payload: &str) {
         if let Some(n) = payload.strip_prefix(PING) {
             if let Ok(n) = n.parse::<u64>() {
                 self.pinged.fetch_max(n, Ordering::Relaxed);

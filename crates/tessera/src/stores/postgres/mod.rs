@@ -44,6 +44,15 @@
 //!   skips the purge while the clock is before it, which is what the purge would find anyway.
 //!   So the common steps run few statements: an acquire of an idle semaphore 5, a release 4,
 //!   an enqueue 4, a release that hands off 5 and its `NOTIFY` (`sql/common.sql`, "Cost").
+//! - **Plans.** Every connection of the store sets `enable_seqscan=off`. The functions'
+//!   statements are planned once per session and cached, while tessera's tables are tiny;
+//!   the tables then fill with dead row versions (every grant and release deletes a row)
+//!   until VACUUM removes them, which a long transaction anywhere in the database holds
+//!   back. A cached sequential scan walks every dead version on each call (measured: 4,000
+//!   pages per lookup of a holder, W2 hand-offs down from 1,100/s to 290/s within 30 s of a
+//!   transaction left open); an index scan of a lease's key reads a few pages whatever the
+//!   table holds. The queue head is found from `head_seq` up for the same reason
+//!   (migration 5, `sql/schema_5.sql`).
 //! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
 //!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
 //!   at once run each migration exactly once; a schema newer than this build is refused. A
@@ -102,6 +111,7 @@ const MIGRATIONS: &[&[&[&str]]] = &[
     rate::MIGRATION_2,
     rate::MIGRATION_3,
     ops::MIGRATION_4,
+    ops::MIGRATION_5,
 ];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
@@ -442,10 +452,24 @@ impl Backend for PostgresBackend {
             .row(
                 sqlx::query(ops::RELEASE)
                     .bind(name.as_str())
-                    .bind(lease.to_string()),
+                    .bind(lease.to_string())
+                    .bind(self.listener.client_id()),
             )
-            .await?;
-        scalar(&row)
+            .await;
+        let (held, grants) = match row.and_then(|row| ops::parse_release(&row)) {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The call may have committed a grant to a waiter of this process, whose
+                // wake-up was in the reply that is lost: every waiter here asks the store.
+                self.listener.wake_all();
+                return Err(e);
+            }
+        };
+        // Grants to this process's waiters come in the reply, read after the commit.
+        for payload in &grants {
+            self.listener.route(payload);
+        }
+        Ok(held)
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {

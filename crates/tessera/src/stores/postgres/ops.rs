@@ -29,13 +29,17 @@ pub(crate) const MIGRATION_1: &[&[&str]] = &[&[include_str!("sql/schema.sql")], 
 /// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step again.
 pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")], STEP];
 
+/// Migration 5: grants to the releasing process's waiters in the release's reply
+/// (`sql/schema_5.sql`: two fields of the step's state), then the step again.
+pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")], STEP];
+
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
 pub(crate) const CANCEL: &str = "SELECT tessera_cancel($1, $2)";
-pub(crate) const RELEASE: &str = "SELECT tessera_release($1, $2)";
+pub(crate) const RELEASE: &str = "SELECT held, grants FROM tessera_release($1, $2, $3)";
 pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
 pub(crate) const STATUS: &str = "SELECT tessera_status($1)";
 pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
@@ -177,6 +181,14 @@ pub(crate) fn parse_cancel(reply: &str) -> Result<CancelReply> {
         "not_found" => Ok(CancelReply::NotFound),
         other => Err(corrupt(format!("cancel outcome {other:?}"))),
     }
+}
+
+/// A release's reply: whether the lease was held, and the wake-up payloads of the grants it
+/// made to waiters of this process (read by the listener's router, as a NOTIFY would be).
+pub(crate) fn parse_release(row: &PgRow) -> Result<(bool, Vec<String>)> {
+    let held = get::<bool>(row, "held")?;
+    let grants = opt::<Vec<String>>(row, "grants")?.unwrap_or_default();
+    Ok((held, grants))
 }
 
 pub(crate) fn parse_renew(row: &PgRow) -> Result<RenewReply> {

@@ -18,7 +18,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 4);
+    assert_eq!(MIGRATIONS.len(), 5);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -62,6 +62,28 @@ fn the_lean_step_comes_fourth_and_runs_again_harmlessly() {
     }
     for line in lean.lines().filter(|l| l.starts_with("DROP ")) {
         assert!(line.starts_with("DROP FUNCTION IF EXISTS "), "{line}");
+    }
+}
+
+/// Migration 5 alters what migrations 1 and 4 created, idempotently, and creates the step
+/// again.
+#[test]
+fn the_head_bound_and_local_grants_come_fifth_and_run_again_harmlessly() {
+    let fifth = MIGRATIONS[4].concat().concat();
+    assert!(fifth.starts_with("-- tessera PostgreSQL store, migration 5"));
+    assert!(fifth.contains("ADD COLUMN IF NOT EXISTS head_seq"));
+    assert!(fifth.contains(
+        "CREATE OR REPLACE FUNCTION tessera_release(p_name text, p_lease text, p_client text)"
+    ));
+    for line in fifth.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(
+            line.starts_with("CREATE OR REPLACE FUNCTION ")
+                || line.starts_with("CREATE INDEX IF NOT EXISTS "),
+            "{line}"
+        );
+    }
+    for line in fifth.lines().filter(|l| l.starts_with("DROP ")) {
+        assert!(line.starts_with("DROP INDEX IF EXISTS "), "{line}");
     }
 }
 

@@ -138,7 +138,11 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     if let Some(cert) = root_cert {
         options = options.ssl_root_cert(cert);
     }
-    let mut session = vec![("search_path", format!("\"{schema}\""))];
+    // Index scans only (see the module docs of `mod.rs`, "Plans").
+    let mut session = vec![
+        ("search_path", format!("\"{schema}\"")),
+        ("enable_seqscan", "off".to_string()),
+    ];
     if async_commit {
         session.push(("synchronous_commit", "off".to_string()));
     }
@@ -199,6 +203,8 @@ mod tests {
         assert_eq!(c.options.get_username(), "app");
         assert_eq!(c.options.get_database(), Some("orders"));
         assert!(matches!(c.options.get_ssl_mode(), PgSslMode::Require));
+        let session = c.options.get_options().unwrap_or_default();
+        assert!(session.contains("enable_seqscan=off"), "{session}");
         assert_eq!(
             c.redacted,
             "postgres://app:***@127.0.0.1:6543/orders?schema=team_a&sslmode=require&synchronous_commit=off"

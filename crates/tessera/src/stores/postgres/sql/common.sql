@@ -8,7 +8,8 @@
 -- weights and `queued` the number of waiters; seats at or above `seat_high` are free, seats
 -- returned below it are rows of tessera_free_seats; a fence is max(last_fence + 1, now in
 -- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
--- every holder's and waiter's expiry is at or after `purge_at`. Every value read is checked:
+-- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
+-- above `head_seq`, which is at most next_seq. Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
 -- Cost: each statement a step runs costs a few µs of executor work and each PL/pgSQL
@@ -143,9 +144,10 @@ BEGIN
     END IF;
     IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.queued IS NULL OR r.queued < 0
        OR r.last_fence IS NULL OR r.last_fence < 0 OR r.next_seq IS NULL OR r.next_seq < 0
-       OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000 THEN
-        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s) is out of range',
-            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high));
+       OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000
+       OR r.head_seq IS NULL OR r.head_seq < 0 OR r.head_seq > r.next_seq THEN
+        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s) is out of range',
+            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq));
     END IF;
     st.found := true;
     st.capacity := r.capacity;
@@ -153,6 +155,7 @@ BEGIN
     st.queued := r.queued;
     st.last_fence := r.last_fence;
     st.next_seq := r.next_seq;
+    st.head_seq := r.head_seq;
     st.seat_high := r.seat_high;
     st.purge_at := r.purge_at;
     st.hwm := 0;
@@ -198,7 +201,8 @@ BEGIN
         UPDATE tessera_semaphores
         SET capacity = st.capacity, used = st.used, queued = st.queued,
             last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
-            purge_at = coalesce(st.purge_at, 0)
+            purge_at = coalesce(st.purge_at, 0),
+            head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END
         WHERE name = st.name;
     END IF;
 END $$;
@@ -261,11 +265,15 @@ BEGIN
 END $$;
 
 -- Strict FIFO: grants the queue head while it fits (at most 1,024 per step); a head that does
--- not fit blocks everyone behind it. Each granted waiter gets a wake-up on its client's
--- channel carrying its grant, so the waiter needs no round trip to learn it:
+-- not fit blocks everyone behind it. The head is the first waiter from `head_seq` up (a lower
+-- bound of every waiter's seq, raised past each waiter granted here and to next_seq whenever
+-- the queue empties, `tessera__finish`). Each granted waiter gets a wake-up carrying its grant, so
+-- the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
--- now). A payload that would not fit NOTIFY's 8,000 bytes goes out as the bare lease id; the
--- waiter then asks with a heartbeat.
+-- now). A waiter of `st.local_client` (the process that called the step) gets it in
+-- `st.local_grants`, which the step returns to its caller; any other on its client's channel
+-- (pg_notify, sent at commit), where a payload that would not fit NOTIFY's 8,000 bytes goes
+-- out as the bare lease id and the waiter then asks with a heartbeat.
 CREATE OR REPLACE FUNCTION tessera__hand_off(st tessera_step) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -276,11 +284,13 @@ BEGIN
     WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
         DELETE FROM tessera_waiters
         WHERE name = st.name
-          AND seq = (SELECT min(seq) FROM tessera_waiters WHERE name = st.name)
+          AND seq = (SELECT seq FROM tessera_waiters
+                     WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
           AND weight <= st.capacity - st.used
-        RETURNING lease_id, weight, holder, client, ttl INTO h;
+        RETURNING seq, lease_id, weight, holder, client, ttl INTO h;
         EXIT WHEN NOT FOUND;
         st.queued := st.queued - 1;
+        st.head_seq := h.seq + 1;
         IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
             PERFORM tessera__check_lease(h.lease_id);
         END IF;
@@ -293,10 +303,14 @@ BEGIN
         IF h.client ~ '^[0-9a-f]{1,32}$' THEN
             payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + h.ttl,
                                  array_to_string(st.seats, ','), h.holder);
-            IF octet_length(payload) > 7000 THEN
-                payload := h.lease_id;
+            IF h.client = st.local_client THEN
+                st.local_grants := st.local_grants || payload;
+            ELSE
+                IF octet_length(payload) > 7000 THEN
+                    payload := h.lease_id;
+                END IF;
+                PERFORM pg_notify('tessera_w' || h.client, payload);
             END IF;
-            PERFORM pg_notify('tessera_w' || h.client, payload);
         END IF;
         grants := grants + 1;
     END LOOP;
