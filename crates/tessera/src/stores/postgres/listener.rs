@@ -9,7 +9,10 @@
 //! `pg_notify` on the channel of that lease's client with the lease id as payload, so every
 //! notification reaches exactly one listening backend (before PostgreSQL 19 every commit
 //! that notifies signals every listening backend: one channel per process keeps that to
-//! one listener per process). The listener calls [`crate::wake::notify`] for each.
+//! one listener per process). The listener calls [`crate::wake::notify`] for each. A release
+//! is the exception: it returns the grants to waiters of its own process in its reply
+//! (`tessera_release`), which goes through [`Listener::route`] as a notification would, so
+//! hand-offs within one process send no NOTIFY at all.
 //!
 //! # What can go wrong, and what catches it
 //!

@@ -49,16 +49,19 @@
 //!   the tables then fill with dead row versions (every grant and release deletes a row)
 //!   until VACUUM removes them, which a long transaction anywhere in the database holds
 //!   back. A cached sequential scan walks every dead version on each call (measured: 4,000
-//!   pages per lookup of a holder, W2 hand-offs down from 1,100/s to 290/s within 30 s of a
-//!   transaction left open); an index scan of a lease's key reads a few pages whatever the
-//!   table holds. The queue head is found from `head_seq` up for the same reason
-//!   (migration 5, `sql/schema_5.sql`).
+//!   pages per lookup of a holder, W2 hand-offs down from about 1,100/s to about 300/s
+//!   within 20 s of a transaction left open); an index scan of a lease's key reads a few
+//!   pages whatever the table holds. For the same reason the expiry indexes are partial, the
+//!   waiters' unique key leads with the lease id and the queue head is found from `head_seq`
+//!   up (migration 5, `sql/schema_5.sql`).
 //! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
 //!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
 //!   at once run each migration exactly once; a schema newer than this build is refused. A
 //!   user without `CREATE` rights can use a schema that an administrator migrated (connect
 //!   once with the owner's URL).
-//! - **Waking**: see `listener.rs`: `pg_notify` to the granted client's own channel, one
+//! - **Waking**: a release returns the grants it made to waiters of this process in its
+//!   reply, which wakes them; any other grant is pushed as in `listener.rs`: `pg_notify` to
+//!   the granted client's own channel, one
 //!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
 //!   a self-NOTIFY watchdog against half-open connections; waiters keep their heartbeat as
 //!   the safety net.

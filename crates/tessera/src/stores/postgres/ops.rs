@@ -29,8 +29,9 @@ pub(crate) const MIGRATION_1: &[&[&str]] = &[&[include_str!("sql/schema.sql")], 
 /// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step again.
 pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")], STEP];
 
-/// Migration 5: grants to the releasing process's waiters in the release's reply
-/// (`sql/schema_5.sql`: two fields of the step's state), then the step again.
+/// Migration 5 (`sql/schema_5.sql`): the queue head's bound `head_seq`, indexes that lookups
+/// by lease or seq cannot mistake for their own, and grants to the releasing process's
+/// waiters in the release's reply; then the step again.
 pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")], STEP];
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
