@@ -40,6 +40,38 @@ async fn backend(server: &PostgresServer, schema: &str) -> PostgresBackend {
         .unwrap()
 }
 
+/// An acquire of `sem` in a task of its own: a waiter while the permit is held.
+fn queue_one(sem: &Semaphore) -> tokio::task::JoinHandle<Result<Permit>> {
+    let sem = sem.clone();
+    tokio::spawn(async move { sem.acquire().await })
+}
+
+/// The permit of a waiter started by [`queue_one`], once it is granted (within a minute).
+async fn granted(waiter: tokio::task::JoinHandle<Result<Permit>>, why: &str) -> Permit {
+    tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not granted: {why}"))
+        .unwrap()
+        .unwrap()
+}
+
+/// A holder of the only permit of `n` (capacity 1) and a waiter queued behind it, both with
+/// hour-long TTLs.
+async fn hold_and_queue(pg: &PostgresBackend, n: &Name) -> (LeaseId, LeaseId) {
+    let (a, w) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        pg.acquire(n, 1, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(matches!(
+        pg.acquire(n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    (a, w)
+}
+
 /// The URL of a client that stands for another process: it connects as another role, so its
 /// backends share a listener (and a client id, a wake-up channel) of their own.
 fn peer_url(server: &PostgresServer, schema: &str) -> String {
@@ -168,10 +200,7 @@ async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
         .acquire()
         .await
         .unwrap();
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(server.terminate("tessera-listener") >= 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -230,10 +259,7 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
 
     // Same process: the grant travels in the release's reply.
     let held = sem.acquire().await.unwrap();
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     queued("1").await;
     let channel_name = format!(
         "tessera_w{}",
@@ -244,11 +270,7 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
         .unwrap();
     channel.listen(&channel_name).await.unwrap();
     held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .expect("the waiter was granted (its heartbeat is 20 minutes away)")
-        .unwrap()
-        .unwrap();
+    let got = granted(waiter, "its heartbeat is 20 minutes away").await;
     assert_eq!(
         heard_until_marker(&server, &mut channel, &channel_name).await,
         Vec::<String>::new(),
@@ -256,10 +278,7 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
     );
 
     // Another process releases: the grant is notified on the waiter's channel.
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     queued("1").await;
     let lease = server.psql("SELECT lease_id FROM local.tessera_waiters");
     let peer = PostgresBackend::connect(&peer_url(&server, "local"))
@@ -269,17 +288,10 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
     let heard = heard_until_marker(&server, &mut channel, &channel_name).await;
     assert_eq!(heard.len(), 1, "{heard:?}");
     assert!(heard[0].starts_with(&format!("{lease}\t")), "{heard:?}");
-    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .expect("the waiter was granted")
-        .unwrap()
-        .unwrap();
+    let got = granted(waiter, "notified by another process").await;
 
     // The release of older builds: every grant is notified.
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     queued("1").await;
     let lease = server.psql("SELECT lease_id FROM local.tessera_waiters");
     assert_eq!(
@@ -292,11 +304,7 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
     let heard = heard_until_marker(&server, &mut channel, &channel_name).await;
     assert_eq!(heard.len(), 1, "{heard:?}");
     assert!(heard[0].starts_with(&format!("{lease}\t")), "{heard:?}");
-    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .expect("the waiter was granted")
-        .unwrap()
-        .unwrap();
+    let got = granted(waiter, "notified by the two-argument release").await;
     got.release().await.unwrap();
     store.close().await.unwrap();
 }
@@ -311,10 +319,7 @@ async fn holders_and_waiters_survive_killed_backends() {
     let opts = SemaphoreOptions::default().ttl(Duration::from_secs(1));
     let sem = Semaphore::new(&store, "k", 1, opts).unwrap();
     let held = sem.acquire().await.unwrap();
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(400)).await;
         server.terminate("tessera");
@@ -452,18 +457,7 @@ async fn garbage_in_the_rows_is_corrupt_never_a_panic_or_an_over_grant() {
         pg.delete(&n).await.unwrap();
         server.psql("INSERT INTO bad.tessera_meta VALUES ('fence_hwm', 0) ON CONFLICT DO NOTHING");
         server.psql("UPDATE bad.tessera_meta SET value = greatest(value, 0)");
-        let a = LeaseId::random();
-        let w = LeaseId::random();
-        assert!(matches!(
-            pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
-            AcquireReply::Granted(_)
-        ));
-        assert!(matches!(
-            pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
-                .await
-                .unwrap(),
-            AcquireReply::Queued { .. }
-        ));
+        let (a, w) = hold_and_queue(&pg, &n).await;
         server.psql(sql);
         let mut granted = 0;
         for op in 0..4 {
@@ -611,17 +605,7 @@ async fn lookups_by_lease_and_queue_head_plan_on_their_own_keys() {
     let server = PostgresServer::start();
     let pg = backend(&server, "plans").await;
     let n = name("p");
-    let (a, w) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        pg.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert!(matches!(
-        pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { .. }
-    ));
+    let (a, w) = hold_and_queue(&pg, &n).await;
     // Plans as a store session makes them (its options), after an ANALYZE of nearly empty
     // tables, generic (as PL/pgSQL's cached plans become).
     let plan = |sql: &str| {
@@ -983,10 +967,7 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
         .acquire()
         .await
         .unwrap();
-    let waiter = {
-        let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire().await })
-    };
+    let waiter = queue_one(&sem);
     eventually(30, "the waiter is queued", || {
         server.psql("SELECT count(*) FROM half.tessera_waiters") == "1"
     })
