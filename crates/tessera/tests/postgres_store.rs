@@ -85,6 +85,18 @@ fn peer_url(server: &PostgresServer, schema: &str) -> String {
     )
 }
 
+/// The only permit of semaphore `name` (capacity 1), held by a client of another process
+/// ([`peer_url`]); the store is returned to keep it connected.
+async fn peer_holder(server: &PostgresServer, schema: &str, name: &str) -> (Store, Permit) {
+    let peer = Store::connect(&peer_url(server, schema)).await.unwrap();
+    let held = Semaphore::new(&peer, name, 1, SemaphoreOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    (peer, held)
+}
+
 /// Polls `f` every 20 ms until it holds, for at most `secs`.
 async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
@@ -194,12 +206,7 @@ async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
     let url = server.url_with_schema("wake");
     let store = Store::connect(&url).await.unwrap();
     let sem = Semaphore::new(&store, "w", 1, SemaphoreOptions::default()).unwrap();
-    let peer = Store::connect(&peer_url(&server, "wake")).await.unwrap();
-    let held = Semaphore::new(&peer, "w", 1, SemaphoreOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let (_peer, held) = peer_holder(&server, "wake", "w").await;
     let waiter = queue_one(&sem);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(server.terminate("tessera-listener") >= 1);
@@ -961,12 +968,7 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
     let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
     let sem = Semaphore::new(&store, "h", 1, opts).unwrap();
     // Released by another process: the grant comes through the rebuilt listener.
-    let peer = Store::connect(&peer_url(&server, "half")).await.unwrap();
-    let held = Semaphore::new(&peer, "h", 1, SemaphoreOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let (_peer, held) = peer_holder(&server, "half", "h").await;
     let waiter = queue_one(&sem);
     eventually(30, "the waiter is queued", || {
         server.psql("SELECT count(*) FROM half.tessera_waiters") == "1"
