@@ -177,6 +177,9 @@ impl MariaDbServer {
             .arg(format!("--socket={}", d.join("s").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("err.log").display()))
+            // Its own temp dir: at start-up a server deletes every `#sql*` file in its tmpdir,
+            // which in a shared /tmp are the live temp tables of the other servers running.
+            .arg(format!("--tmpdir={}", d.display()))
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
             .args([
@@ -293,6 +296,7 @@ fn template() -> PathBuf {
             "--datadir={}",
             building.path().join("data").display()
         ))
+        .arg(format!("--tmpdir={}", building.path().display()))
         .output()
         .unwrap_or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
