@@ -23,8 +23,9 @@
 //! - [`DiffClock::Shared`]: the store takes an injected [`ManualClock`] (SQLite), which the
 //!   model shares. TTLs are short and random, the clock moves in whole tenths of a second (so
 //!   expiries often fall exactly on `now`), and replies and statuses must be *equal*.
-//! - [`DiffClock::Server`]: the store keeps its own time (Redis). TTLs are an hour and the
-//!   clock never moves, so nothing expires; times and fences are left out of the comparison.
+//! - [`DiffClock::Server`]: the store keeps its own time (Redis). TTLs are one to two hours
+//!   and the walk takes seconds, so nothing expires; times and fences are left out of the
+//!   comparison.
 //!
 //! On both, after every step, the store's own status must hold the invariants no model can
 //! hide: seats distinct and as many as `used`, fences ascending in grant order, and no fence
@@ -132,7 +133,9 @@ impl<'a> Differential<'a> {
             if shared {
                 Duration::from_millis(100 * rng.random_range(lo..hi))
             } else {
-                LONG
+                // Past the hour by a few minutes to one: nothing expires during the walk, yet
+                // a later grant or enqueue may expire before an earlier one, as in use.
+                LONG + Duration::from_secs(60 * rng.random_range(lo..hi))
             }
         };
         let n = rng.random_range(0..self.names.len());

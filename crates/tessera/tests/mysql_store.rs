@@ -144,6 +144,54 @@ fn assert_no_rows_left(server: &MariaDbServer, db: &str) {
     }
 }
 
+/// Names are compared byte for byte, as on every other store: `Case` and `case` are two
+/// semaphores on the procedures' path too, whose parameters are `ascii_general_ci` (the
+/// columns' `ascii_bin` wins each comparison).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_differ_only_in_case_are_two_semaphores() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("c")).await.unwrap();
+    let (upper, lower) = (name("Case"), name("case"));
+    let (a, b, c, d) = (
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+    );
+    let wait = Some((LONG, 10));
+    for (n, id) in [(&upper, a), (&lower, b)] {
+        let AcquireReply::Granted(g) = db.acquire(n, 1, &req(id, 1, LONG, None)).await.unwrap()
+        else {
+            panic!("{n} not granted: the other name's holder counted against it")
+        };
+        assert_eq!(g.lease.seats, vec![0]);
+    }
+    for (n, id) in [(&upper, c), (&lower, d)] {
+        let queued = db.acquire(n, 1, &req(id, 1, LONG, wait)).await.unwrap();
+        assert_eq!(queued, AcquireReply::Queued { position: 0 }, "{n}");
+    }
+    // Releasing Case hands its permit to Case's waiter, never to case's.
+    assert!(db.release(&upper, a).await.unwrap());
+    assert!(matches!(
+        db.heartbeat(&upper, c, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+    assert_eq!(
+        db.heartbeat(&lower, d, LONG).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert!(!db.release(&lower, a).await.unwrap());
+    assert!(db.release(&lower, b).await.unwrap());
+    assert!(matches!(
+        db.heartbeat(&lower, d, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+    for (n, id) in [(&upper, c), (&lower, d)] {
+        assert!(db.release(n, id).await.unwrap());
+    }
+    assert_no_rows_left(&server, "c");
+}
+
 fn calls(server: &MariaDbServer) -> u64 {
     let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
     out.split_whitespace().last().unwrap().parse().unwrap()
