@@ -17,8 +17,6 @@ declare -A NEED=(
   [initdb]=postgresql
   [etcd]=etcd-server
   [etcdctl]=etcd-client
-  # Not a server: the etcd store's gRPC code is generated at build time.
-  [protoc]=protobuf-compiler
   [redis-sentinel]=redis-sentinel
   [curl]=curl
   [python3]=python3

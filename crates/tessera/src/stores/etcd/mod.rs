@@ -17,7 +17,8 @@
 //!   certificates (default: none, so give it), `cert` and `key` a client certificate for
 //!   etcd's `--client-cert-auth`, `domain` the name the certificates are checked against.
 //!
-//! Cargo feature `etcd`; building it needs `protoc` (Debian: `protobuf-compiler`).
+//! Cargo feature `etcd`; building it needs `protoc` (Debian: `protobuf-compiler`), which this
+//! repository brings itself (`scripts/protoc`, see `.cargo/config.toml`).
 //!
 //! # Implementation details
 //!
