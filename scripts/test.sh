@@ -15,6 +15,7 @@ declare -A NEED=(
   [openssl]=openssl
   [faketime]=faketime
   [initdb]=postgresql
+  [pgbouncer]=pgbouncer
   [etcd]=etcd-server
   [etcdctl]=etcd-client
   [redis-sentinel]=redis-sentinel
@@ -33,6 +34,7 @@ for prog in "${!NEED[@]}"; do
   command -v "$prog" >/dev/null 2>&1 && continue
   # Debian puts PostgreSQL's server programs in /usr/lib/postgresql/<version>/bin, off PATH.
   [[ $prog == initdb ]] && compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && continue
+  [[ $prog == pgbouncer && -x /usr/sbin/pgbouncer ]] && continue
   missing+=("${NEED[$prog]}")
 done
 if ((${#missing[@]})); then

@@ -21,6 +21,7 @@ use tessera::Store;
 use crate::faults::{Faults, FaultyBackend};
 use crate::servers::etcd::EtcdCluster;
 use crate::servers::mysql::MariaDbServer;
+use crate::servers::pgbouncer::PgBouncer;
 use crate::servers::postgres::{PostgresServer, Shutdown};
 use crate::servers::redis::RedisServer;
 use crate::servers::redis_cluster::RedisCluster;
@@ -241,6 +242,8 @@ pub struct Harness {
     traits: StoreTraits,
     redis: Option<RedisServer>,
     postgres: Option<PostgresServer>,
+    /// A pooler between the clients and `postgres` ([`Harness::postgres_pgbouncer`]).
+    pgbouncer: Option<PgBouncer>,
     mariadb: Option<MariaDbServer>,
     sqlite_file: Option<PathBuf>,
     _guard: Box<dyn Any + Send + Sync>,
@@ -261,6 +264,7 @@ impl Harness {
             traits,
             redis: None,
             postgres: None,
+            pgbouncer: None,
             mariadb: None,
             sqlite_file: None,
             _guard: guard,
@@ -321,6 +325,19 @@ impl Harness {
         let url = server.url_with_schema(&format!("t{:08x}", rand::random::<u32>()));
         let mut h = Harness::new("postgres://", url, StoreTraits::OWN_POSTGRES, Box::new(()));
         h.postgres = Some(server);
+        h
+    }
+
+    /// A throwaway PostgreSQL server behind a throwaway PgBouncer in session pooling mode
+    /// with its stock settings; the clients connect to the pooler. Faults act on the server
+    /// (restarts, killed backends), the fault proxy sits between the clients and the pooler.
+    pub fn postgres_pgbouncer() -> Self {
+        let server = PostgresServer::start();
+        let pooler = PgBouncer::start(server.port());
+        let url = format!("{}?schema=t{:08x}", pooler.url(), rand::random::<u32>());
+        let mut h = Harness::new("postgres://", url, StoreTraits::OWN_POSTGRES, Box::new(()));
+        h.postgres = Some(server);
+        h.pgbouncer = Some(pooler);
         h
     }
 
@@ -463,6 +480,9 @@ impl Harness {
 
     /// The loopback port of the server the harness owns ([`StoreTraits::proxyable`]).
     pub fn server_port(&self) -> Option<u16> {
+        if let Some(p) = &self.pgbouncer {
+            return Some(p.port());
+        }
         if let Some(s) = &self.redis {
             return Some(s.port());
         }

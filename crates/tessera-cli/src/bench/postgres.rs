@@ -55,7 +55,11 @@ fn options(url: &str) -> anyhow::Result<(PgConnectOptions, bool)> {
         u.query_pairs_mut().extend_pairs(keep);
     }
     let o: PgConnectOptions = u.as_str().parse().context("store URL")?;
-    Ok((o.application_name("tessera-bench-baseline"), async_commit))
+    // Like tessera's own connections, nothing a pooler (PgBouncer) would refuse at startup.
+    let o = o
+        .application_name("tessera-bench-baseline")
+        .extra_float_digits(None);
+    Ok((o, async_commit))
 }
 
 async fn connect(o: &PgConnectOptions) -> anyhow::Result<PgConnection> {

@@ -4,6 +4,7 @@
 
 pub mod etcd;
 pub mod mysql;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;

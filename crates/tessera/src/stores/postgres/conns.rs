@@ -25,8 +25,21 @@ const STALE_AFTER: Duration = Duration::from_secs(30);
 /// How long that ping may take.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A new connection with tessera's session settings (`url::session_sql`): connect, then one
+/// simple-protocol batch of `SET`s. Settings sent as the startup parameter `options` instead
+/// would be refused by PgBouncer.
+pub(crate) async fn open(options: &PgConnectOptions, session: &str) -> sqlx::Result<PgConnection> {
+    let mut conn = options.connect().await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(session.to_string()))
+        .execute(&mut conn)
+        .await?;
+    Ok(conn)
+}
+
 pub(crate) struct Conns {
     options: PgConnectOptions,
+    /// The session's settings, run on each new connection ([`open`]).
+    session: String,
     idle: Mutex<Vec<(PgConnection, Instant)>>,
     slots: Semaphore,
     connect_timeout: Duration,
@@ -40,9 +53,15 @@ pub(crate) struct Lent<'a> {
 }
 
 impl Conns {
-    pub(crate) fn new(options: PgConnectOptions, size: usize, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        options: PgConnectOptions,
+        session: String,
+        size: usize,
+        connect_timeout: Duration,
+    ) -> Self {
         Conns {
             options,
+            session,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(size),
             connect_timeout,
@@ -80,7 +99,7 @@ impl Conns {
                 });
             }
         }
-        let conn = tokio::time::timeout(self.connect_timeout, self.options.connect())
+        let conn = tokio::time::timeout(self.connect_timeout, open(&self.options, &self.session))
             .await
             .map_err(|_| timeout())?
             .map_err(map_err)?;

@@ -69,6 +69,15 @@
 //!   PL/pgSQL function per step as well (`sql/rate_*.sql`), the decision of
 //!   `rate/engine.rs` line by line: the limiter's row is locked with `SELECT … FOR UPDATE`
 //!   first, `clock_timestamp()` read once after the lock.
+//! - **Poolers.** A connection sends no startup parameter beyond user, database and
+//!   `application_name`, and sets its session (`search_path`, `enable_seqscan`,
+//!   `synchronous_commit`) with one batch of `SET`s after connecting (`conns::open`): a
+//!   stock PgBouncer refuses any other startup parameter. Through PgBouncer, tessera needs
+//!   *session* pooling (`pool_mode = session`, or `pool_mode=session` on the database entry
+//!   tessera connects to): its sessions carry those settings and sqlx's prepared statements,
+//!   and the listener's `LISTEN` lives in its session. Transaction pooling is not supported
+//!   (a call fails, e.g. with "prepared statement … already exists"); the conformance suite
+//!   runs through a session-pooling PgBouncer as well as directly.
 //! - **Faults**: every call has a [`RESPONSE_TIMEOUT`]; a connection that timed out is
 //!   closed, not reused. A read-only database (SQLSTATE `25006`) and a full disk or other
 //!   exhausted resource (class `53`) are [`StoreErrorKind::Busy`]: nothing was written, and
@@ -91,7 +100,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{Connection, Row};
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
@@ -152,10 +161,13 @@ impl PostgresBackend {
             // unless the application already chose one.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, config.options.connect())
-            .await
-            .map_err(|_| connect_timeout(&config))?
-            .map_err(|e| in_context(map_err(e), &config))?;
+        let mut conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            conns::open(&config.options, &config.session),
+        )
+        .await
+        .map_err(|_| connect_timeout(&config))?
+        .map_err(|e| in_context(map_err(e), &config))?;
         let migrated = tokio::time::timeout(RESPONSE_TIMEOUT * 4, migrate(&mut conn, &config))
             .await
             .map_err(|_| connect_timeout(&config))
@@ -164,6 +176,7 @@ impl PostgresBackend {
         migrated?;
         let conns = Arc::new(Conns::new(
             config.options.clone(),
+            config.session.clone(),
             POOL_SIZE,
             CONNECT_TIMEOUT,
         ));

@@ -25,6 +25,9 @@ pub(crate) struct Config {
     /// `synchronous_commit=off` was asked for (see the module docs: what it risks).
     #[cfg_attr(not(test), allow(dead_code))]
     pub async_commit: bool,
+    /// The `SET` statements every new connection runs before its first call (see
+    /// [`session_sql`]).
+    pub session: String,
 }
 
 /// Parses a `postgres://` or `postgresql://` URL (see the module docs). Nothing connects.
@@ -138,21 +141,30 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     if let Some(cert) = root_cert {
         options = options.ssl_root_cert(cert);
     }
-    // Index scans only (see the module docs of `mod.rs`, "Plans").
-    let mut session = vec![
-        ("search_path", format!("\"{schema}\"")),
-        ("enable_seqscan", "off".to_string()),
-    ];
-    if async_commit {
-        session.push(("synchronous_commit", "off".to_string()));
-    }
-    options = options.options(session);
+    // No startup parameter beyond the ones every pooler passes on: PgBouncer refuses a
+    // connection that sends one it does not know (`extra_float_digits`, which sqlx sends by
+    // default and tessera does not need; `options`).
+    options = options.extra_float_digits(None);
+    let session = session_sql(&schema, async_commit);
     Ok(Config {
         options,
         redacted,
         schema,
         async_commit,
+        session,
     })
+}
+
+/// The settings of tessera's sessions, as `SET` statements a new connection runs (one round
+/// trip) rather than as the startup parameter `options`, which PgBouncer refuses: the schema
+/// (`search_path`), index scans only (see the module docs of `mod.rs`, "Plans") and, if asked
+/// for, asynchronous commits. `schema` is a checked identifier (no quote).
+pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
+    let mut sql = format!("SET search_path TO \"{schema}\"; SET enable_seqscan TO off");
+    if async_commit {
+        sql.push_str("; SET synchronous_commit TO off");
+    }
+    sql
 }
 
 /// Percent-decodes a URL component; `None` if it is not valid UTF-8 afterwards.
@@ -203,8 +215,12 @@ mod tests {
         assert_eq!(c.options.get_username(), "app");
         assert_eq!(c.options.get_database(), Some("orders"));
         assert!(matches!(c.options.get_ssl_mode(), PgSslMode::Require));
-        let session = c.options.get_options().unwrap_or_default();
-        assert!(session.contains("enable_seqscan=off"), "{session}");
+        // Nothing a pooler would refuse at startup; the settings are SET after connecting.
+        assert_eq!(c.options.get_options(), None);
+        assert_eq!(
+            c.session,
+            "SET search_path TO \"team_a\"; SET enable_seqscan TO off; SET synchronous_commit TO off"
+        );
         assert_eq!(
             c.redacted,
             "postgres://app:***@127.0.0.1:6543/orders?schema=team_a&sslmode=require&synchronous_commit=off"
@@ -212,6 +228,7 @@ mod tests {
         let c = parse_url("postgresql://u@db.internal/x").unwrap();
         assert_eq!(c.schema, DEFAULT_SCHEMA);
         assert!(!c.async_commit);
+        assert!(!c.session.contains("synchronous_commit"), "{}", c.session);
         assert_eq!(c.options.get_port(), 5432);
         let c = parse_url("postgres://u:p%40ss%2Fw@h/d%20b").unwrap();
         assert_eq!(c.options.get_database(), Some("d b"));
