@@ -629,6 +629,19 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 "25006" => StoreErrorKind::Busy,
                 c if c.starts_with("53") => StoreErrorKind::Busy,
                 "57014" => StoreErrorKind::Timeout,
+                // A prepared statement that exists twice or not at all: the session under
+                // this connection changed between statements, as behind a pooler in
+                // transaction mode (see the module docs, "Poolers").
+                "42P05" | "26000" => {
+                    return Error::store(
+                        StoreErrorKind::Other,
+                        format!(
+                            "PostgreSQL: {e} (tessera's sessions hold prepared statements and \
+                             settings: a pooler in front of PostgreSQL must use session \
+                             pooling, e.g. PgBouncer's pool_mode = session)"
+                        ),
+                    )
+                }
                 _ => StoreErrorKind::Other,
             }
         }
