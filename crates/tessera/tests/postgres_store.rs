@@ -1287,3 +1287,104 @@ async fn garbage_in_the_rate_rows_is_corrupt_and_delete_clears_it() {
         ));
     }
 }
+
+/// WAL writes (`pg_stat_wal.wal_write`) made by `url`'s clients in `pairs` acquire + release
+/// pairs: a synchronous commit writes its WAL before it returns (measured: about one write
+/// per pair on one session), an asynchronous one leaves it to the WAL writer (a write per
+/// 200 ms). Every handle of the store is dropped and its backends gone before the count is
+/// read: a backend reports its WAL statistics when it exits. (They do exit: the listener's
+/// connection used to outlive the store.)
+async fn wal_writes(server: &PostgresServer, url: &str, pairs: usize) -> i64 {
+    let writes = || -> i64 {
+        server
+            .psql("SELECT wal_write FROM pg_stat_wal")
+            .parse()
+            .unwrap()
+    };
+    let gone = || {
+        server.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tessera%'")
+            == "0"
+    };
+    let before = writes();
+    let store = Store::connect(url).await.unwrap();
+    let sem = Semaphore::new(&store, "wal", 1, SemaphoreOptions::default()).unwrap();
+    for _ in 0..pairs {
+        sem.acquire().await.unwrap().release().await.unwrap();
+    }
+    drop((sem, store));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !gone() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tessera's backends did not exit: {}",
+            server.psql(
+                "SELECT application_name, state, query FROM pg_stat_activity \
+                 WHERE application_name LIKE 'tessera%'"
+            )
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writes() - before
+}
+
+/// Administrators set defaults for a whole database or role; two of them would break the
+/// contract if tessera's sessions inherited them. `default_transaction_isolation =
+/// serializable`: the functions lock the semaphore's row, then read what was committed
+/// before the lock, which only `READ COMMITTED` sees (under `SERIALIZABLE` every contended
+/// step failed with "could not serialize access"). `synchronous_commit = off`: tessera's
+/// grants would no longer be durable. tessera's sessions run `READ COMMITTED` and commit
+/// synchronously whatever the defaults say: 8 tasks on 2 permits see no error and never
+/// more than 2 holders, and each commit writes its WAL before it returns, as it does not
+/// with the URL's `synchronous_commit=off` (the same count, which shows the difference).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_defaulting_to_serializable_and_async_commit_changes_neither_the_step_nor_durability(
+) {
+    let server = PostgresServer::start();
+    server.psql(
+        "ALTER DATABASE postgres SET default_transaction_isolation = 'serializable'; \
+         ALTER DATABASE postgres SET synchronous_commit = off",
+    );
+    assert_eq!(
+        server.psql("SHOW default_transaction_isolation"),
+        "serializable"
+    );
+    let store = Store::connect(&server.url_with_schema("dflt"))
+        .await
+        .unwrap();
+    let sem = Semaphore::new(&store, "iso", 2, SemaphoreOptions::default()).unwrap();
+    let holders = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (sem, holders) = (sem.clone(), holders.clone());
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let permit = sem.acquire().await?;
+                    let now = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    assert!(now <= 2, "{now} holders of 2 permits");
+                    tokio::task::yield_now().await;
+                    holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    permit.release().await?;
+                }
+                Ok::<_, Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await
+            .unwrap()
+            .expect("every acquire and release succeeded");
+    }
+    drop((sem, store));
+
+    let durable = wal_writes(&server, &server.url_with_schema("dflt"), 50).await;
+    let url = format!("{}&synchronous_commit=off", server.url_with_schema("dflt"));
+    let asynchronous = wal_writes(&server, &url, 50).await;
+    assert!(
+        durable >= 40,
+        "50 pairs of synchronous commits made {durable} WAL writes (asynchronous: {asynchronous})"
+    );
+    assert!(
+        asynchronous < 20,
+        "50 pairs of asynchronous commits made {asynchronous} WAL writes"
+    );
+}

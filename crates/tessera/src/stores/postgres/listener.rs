@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Result;
 use crate::model::{Grant, Lease, LeaseId, StoreTime};
@@ -241,7 +242,10 @@ async fn watchdog(
     options: PgConnectOptions,
     ping_pool: PgPool,
 ) {
-    let mut recv = tokio::spawn(receive(owner.clone(), first));
+    // The receiving task owns the listener's connection: it ends with the watchdog (aborted
+    // when the last handle of the store drops the `Listener`), or the connection would stay
+    // open, idle in `try_recv`, for the life of the process.
+    let mut recv = AbortOnDropHandle::new(tokio::spawn(receive(owner.clone(), first)));
     let mut seq: u64 = 0;
     let mut backoff = Duration::from_millis(20);
     loop {
@@ -285,7 +289,7 @@ async fn watchdog(
         match connect(&channel, &options).await {
             Ok(pg) => {
                 backoff = Duration::from_millis(20);
-                recv = tokio::spawn(receive(owner.clone(), pg));
+                recv = AbortOnDropHandle::new(tokio::spawn(receive(owner.clone(), pg)));
                 let Some(l) = owner.upgrade() else { return };
                 l.reconnects.fetch_add(1, Ordering::Relaxed);
                 l.wake_all();
@@ -295,7 +299,7 @@ async fn watchdog(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 // Loop with a finished task: reconnect again without a ping.
-                recv = tokio::spawn(async {});
+                recv = AbortOnDropHandle::new(tokio::spawn(async {}));
             }
         }
     }

@@ -155,15 +155,28 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     })
 }
 
-/// The settings of tessera's sessions, as `SET` statements a new connection runs (one round
-/// trip) rather than as the startup parameter `options`, which PgBouncer refuses: the schema
-/// (`search_path`), index scans only (see the module docs of `mod.rs`, "Plans") and, if asked
-/// for, asynchronous commits. `schema` is a checked identifier (no quote).
+/// The settings of tessera's sessions, as statements a new connection runs (one round trip)
+/// rather than as the startup parameter `options`, which PgBouncer refuses: the schema
+/// (`search_path`), index scans only (see the module docs of `mod.rs`, "Plans"), `READ
+/// COMMITTED` whatever the database's or role's default isolation (the functions lock the
+/// semaphore's row and then read what was committed before the lock; under `REPEATABLE READ`
+/// or `SERIALIZABLE` every contended step would fail with a serialization error), and the
+/// commit mode: asynchronous if asked for, otherwise at least `on` (a database or role whose
+/// default is `off` does not make tessera's grants non-durable; `local`, `remote_write` and
+/// `remote_apply` stay as the administrator chose). Both are set in the session, so a later
+/// reload of the server's configuration changes neither. `schema` is a checked identifier
+/// (no quote).
 pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
-    let mut sql = format!("SET search_path TO \"{schema}\"; SET enable_seqscan TO off");
-    if async_commit {
-        sql.push_str("; SET synchronous_commit TO off");
-    }
+    let mut sql = format!(
+        "SET search_path TO \"{schema}\"; SET enable_seqscan TO off; \
+         SET default_transaction_isolation TO 'read committed'; "
+    );
+    sql.push_str(if async_commit {
+        "SET synchronous_commit TO off"
+    } else {
+        "SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+         WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
+    });
     sql
 }
 
@@ -219,7 +232,8 @@ mod tests {
         assert_eq!(c.options.get_options(), None);
         assert_eq!(
             c.session,
-            "SET search_path TO \"team_a\"; SET enable_seqscan TO off; SET synchronous_commit TO off"
+            "SET search_path TO \"team_a\"; SET enable_seqscan TO off; \
+             SET default_transaction_isolation TO 'read committed'; SET synchronous_commit TO off"
         );
         assert_eq!(
             c.redacted,
@@ -228,7 +242,13 @@ mod tests {
         let c = parse_url("postgresql://u@db.internal/x").unwrap();
         assert_eq!(c.schema, DEFAULT_SCHEMA);
         assert!(!c.async_commit);
-        assert!(!c.session.contains("synchronous_commit"), "{}", c.session);
+        assert!(
+            c.session.ends_with(
+                "WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
+            ),
+            "{}",
+            c.session
+        );
         assert_eq!(c.options.get_port(), 5432);
         let c = parse_url("postgres://u:p%40ss%2Fw@h/d%20b").unwrap();
         assert_eq!(c.options.get_database(), Some("d b"));
