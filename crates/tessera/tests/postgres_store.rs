@@ -1388,3 +1388,58 @@ async fn a_database_defaulting_to_serializable_and_async_commit_changes_neither_
         "50 pairs of asynchronous commits made {asynchronous} WAL writes"
     );
 }
+
+/// A server that ends idle sessions (`idle_session_timeout`, PostgreSQL 14 and later, set
+/// for the database by an administrator, here 300 ms). tessera's connections are idle
+/// between a lease's renewals, between calls, and the listener's between two pings; none is
+/// ended: the listener keeps its backend, a holder keeps its permit across renewals, a call
+/// after a pause succeeds, and a waiter of another process is woken by the push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_ending_idle_sessions_ends_none_of_tesseras() {
+    let server = PostgresServer::start();
+    server.psql("ALTER DATABASE postgres SET idle_session_timeout = '300ms'");
+    let pg = backend(&server, "idle").await;
+    eventually(30, "the listener's backend is known", || {
+        pg.listener_pid() != 0
+    })
+    .await;
+    let (pid, reconnects) = (pg.listener_pid(), pg.listener_reconnects());
+
+    let store = Store::connect(&server.url_with_schema("idle"))
+        .await
+        .unwrap();
+    let opts = SemaphoreOptions::default()
+        .ttl(Duration::from_secs(1))
+        .waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "i", 1, opts).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    // Renewals every ≈ 333 ms, each after more than the server's idle timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!permit.is_lost(), "the holder kept its permit");
+    assert!(
+        permit.release().await.unwrap(),
+        "the release found the lease"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Held by another process; this waiter's heartbeat is 20 minutes away.
+    let (_peer, held) = peer_holder(&server, "idle", "i").await;
+    let waiter = queue_one(&sem);
+    eventually(30, "the waiter is queued", || {
+        server.psql("SELECT count(*) FROM idle.tessera_waiters") == "1"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter was woken by the push")
+        .unwrap()
+        .expect("no error reached the waiter");
+    got.release().await.unwrap();
+    assert_eq!(
+        (pg.listener_pid(), pg.listener_reconnects()),
+        (pid, reconnects),
+        "the listener kept its connection"
+    );
+}

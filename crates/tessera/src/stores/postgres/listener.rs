@@ -114,7 +114,7 @@ impl Listener {
         let first = connect(&listener.channel, &options)
             .await
             .map_err(super::map_err)?;
-        let ping_pool = PgPoolOptions::new()
+        let ping_pool = keep_idle(PgPoolOptions::new())
             .max_connections(1)
             .min_connections(0)
             .acquire_timeout(CONNECT_TIMEOUT)
@@ -186,10 +186,21 @@ impl Drop for Listener {
     }
 }
 
+/// Pool options whose connections run [`super::url::KEEP_IDLE`] first: a server's
+/// `idle_session_timeout` would otherwise end the listener's connection between two pings.
+fn keep_idle(options: PgPoolOptions) -> PgPoolOptions {
+    options.after_connect(|conn, _| {
+        Box::pin(async move {
+            sqlx::raw_sql(super::url::KEEP_IDLE).execute(conn).await?;
+            Ok(())
+        })
+    })
+}
+
 /// A listener connection of its own (a one-connection pool, not the operations' pool), with
 /// `LISTEN` on `channel` confirmed.
 async fn connect(channel: &str, options: &PgConnectOptions) -> sqlx::Result<PgListener> {
-    let pool = PgPoolOptions::new()
+    let pool = keep_idle(PgPoolOptions::new())
         .max_connections(1)
         .min_connections(0)
         .max_lifetime(None)

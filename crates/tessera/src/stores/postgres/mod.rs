@@ -70,8 +70,10 @@
 //!   `rate/engine.rs` line by line: the limiter's row is locked with `SELECT … FOR UPDATE`
 //!   first, `clock_timestamp()` read once after the lock.
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
-//!   `application_name`, and sets its session (`search_path`, `enable_seqscan`,
-//!   `synchronous_commit`) with one batch of `SET`s after connecting (`conns::open`): a
+//!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
+//!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
+//!   whatever the database's or role's defaults) with one batch after connecting
+//!   (`conns::open`): a
 //!   stock PgBouncer refuses any other startup parameter. Through PgBouncer, tessera needs
 //!   *session* pooling (`pool_mode = session`, or `pool_mode=session` on the database entry
 //!   tessera connects to): its sessions carry those settings and sqlx's prepared statements,
@@ -623,7 +625,10 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                     return Error::Corrupt(format!("PostgreSQL: {}", db.message()))
                 }
                 c if c.starts_with("08") => StoreErrorKind::Connection,
-                "57P01" | "57P02" | "57P03" | "53300" => StoreErrorKind::Connection,
+                // 57P: the server ended the session (shutdown, crash, a dropped database,
+                // `idle_session_timeout`); the next call takes another connection.
+                c if c.starts_with("57P") => StoreErrorKind::Connection,
+                "53300" => StoreErrorKind::Connection,
                 "40001" | "40P01" | "55P03" => StoreErrorKind::Busy,
                 // Nothing was written; writable again (space freed), the call succeeds.
                 "25006" => StoreErrorKind::Busy,

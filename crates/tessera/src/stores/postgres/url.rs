@@ -155,6 +155,14 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     })
 }
 
+/// Turns `idle_session_timeout` (PostgreSQL 14 and later; nothing before) off for this
+/// session: tessera keeps its few connections open between calls on purpose (a lease's
+/// renewal comes every TTL / 3, a listener waits for `NOTIFY`), and a server that ends them
+/// while idle would fail the next call on each, or drop the listener's wake-ups until the
+/// watchdog notices. The listener's connections run it too (`listener.rs`).
+pub(crate) const KEEP_IDLE: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
+     WHERE name = 'idle_session_timeout'";
+
 /// The settings of tessera's sessions, as statements a new connection runs (one round trip)
 /// rather than as the startup parameter `options`, which PgBouncer refuses: the schema
 /// (`search_path`), index scans only (see the module docs of `mod.rs`, "Plans"), `READ
@@ -163,14 +171,16 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
 /// or `SERIALIZABLE` every contended step would fail with a serialization error), and the
 /// commit mode: asynchronous if asked for, otherwise at least `on` (a database or role whose
 /// default is `off` does not make tessera's grants non-durable; `local`, `remote_write` and
-/// `remote_apply` stay as the administrator chose). Both are set in the session, so a later
-/// reload of the server's configuration changes neither. `schema` is a checked identifier
-/// (no quote).
+/// `remote_apply` stay as the administrator chose), and no idle-session timeout
+/// ([`KEEP_IDLE`]). All are set in the session, so a later reload of the server's
+/// configuration changes none of them. `schema` is a checked identifier (no quote).
 pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
     let mut sql = format!(
         "SET search_path TO \"{schema}\"; SET enable_seqscan TO off; \
          SET default_transaction_isolation TO 'read committed'; "
     );
+    sql.push_str(KEEP_IDLE);
+    sql.push_str("; ");
     sql.push_str(if async_commit {
         "SET synchronous_commit TO off"
     } else {
@@ -233,7 +243,8 @@ mod tests {
         assert_eq!(
             c.session,
             "SET search_path TO \"team_a\"; SET enable_seqscan TO off; \
-             SET default_transaction_isolation TO 'read committed'; SET synchronous_commit TO off"
+             SET default_transaction_isolation TO 'read committed'; SELECT set_config(name, '0', \
+             false) FROM pg_settings WHERE name = 'idle_session_timeout'; SET synchronous_commit TO off"
         );
         assert_eq!(
             c.redacted,
