@@ -1443,3 +1443,23 @@ async fn a_server_ending_idle_sessions_ends_none_of_tesseras() {
         "the listener kept its connection"
     );
 }
+
+/// A server's refusal reads as the server's message and SQLSTATE, under the redacted URL:
+/// no password, and none of the client library's wrapping or the server's C source line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_says_why_in_the_servers_words() {
+    let server = PostgresServer::start();
+    let url = format!(
+        "postgres://postgres:hunter2@127.0.0.1:{}/nope?schema=x",
+        server.port()
+    );
+    let e = Store::connect(&url).await.unwrap_err().to_string();
+    assert!(
+        e.ends_with(&format!(
+            "postgres://postgres:***@127.0.0.1:{}/nope?schema=x: PostgreSQL: database \"nope\" \
+             does not exist (SQLSTATE 3D000)",
+            server.port()
+        )),
+        "{e}"
+    );
+}

@@ -641,9 +641,10 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                     return Error::store(
                         StoreErrorKind::Other,
                         format!(
-                            "PostgreSQL: {e} (tessera's sessions hold prepared statements and \
+                            "{} (tessera's sessions hold prepared statements and \
                              settings: a pooler in front of PostgreSQL must use session \
-                             pooling, e.g. PgBouncer's pool_mode = session)"
+                             pooling, e.g. PgBouncer's pool_mode = session)",
+                            describe(&e)
                         ),
                     )
                 }
@@ -663,7 +664,20 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
         _ => StoreErrorKind::Other,
     };
-    Error::store(kind, format!("PostgreSQL: {e}"))
+    Error::store(kind, describe(&e))
+}
+
+/// The message of an error for people: a server's error as its message and SQLSTATE
+/// (`PostgreSQL: database "x" does not exist (SQLSTATE 3D000)`), without sqlx's prefix and
+/// the server's C source line; any other error as sqlx words it.
+fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("PostgreSQL: {} (SQLSTATE {code})", db.message()),
+            None => format!("PostgreSQL: {}", db.message()),
+        },
+        _ => format!("PostgreSQL: {e}"),
+    }
 }
 
 #[cfg(test)]
