@@ -536,3 +536,45 @@ async fn holder_labels_are_data_never_sql() {
     let meta = server.sql("SELECT GROUP_CONCAT(meta_key ORDER BY meta_key) FROM t.tessera_meta");
     assert_eq!(meta.trim(), "fence_hwm,routines_version,schema_version");
 }
+
+/// A server that closes idle connections (`wait_timeout`, here 1 s; deployments lower it to
+/// reap forgotten clients) closes none of tessera's: its pooled connections are idle between
+/// a lease's renewals and between calls, and the doorbell's latch for its whole life. The
+/// holder keeps its permit across renewals, its release finds the lease, a waiter of another
+/// client is granted, a call after a pause succeeds, and the server's log shows no
+/// connection it closed for its idle timeout ("Got timeout reading communication packets").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_closing_idle_connections_closes_none_of_tesseras() {
+    let server = MariaDbServer::start_with(&["--wait-timeout=1"]);
+    let url = server.url("idle");
+    let timed_out = || {
+        server
+            .log()
+            .lines()
+            .filter(|l| l.contains("Got timeout reading communication packets"))
+            .count()
+    };
+    let a = Store::connect(&url).await.unwrap();
+    let b = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().ttl(Duration::from_secs(4));
+    let sem_a = Semaphore::new(&a, "i", 1, opts.clone()).unwrap();
+    let sem_b = Semaphore::new(&b, "i", 1, opts).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    // Renewals every ≈ 1.3 s, each after more than the server's idle timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!held.is_lost(), "the holder kept its permit");
+    let waiter = tokio::spawn(async move { sem_b.acquire().await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(held.release().await.unwrap(), "the release found the lease");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .expect("no error reached the waiter");
+    next.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sem_a.acquire().await.unwrap().release().await.unwrap();
+    assert_eq!(timed_out(), 0, "closed by the server:\n{}", server.log());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -226,8 +226,13 @@ impl MariaDbServer {
         }
     }
 
+    /// The server's error log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("err.log")).unwrap_or_default()
+    }
+
     fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("err.log")).unwrap_or_default();
+        let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(8)..].join("\n")
     }

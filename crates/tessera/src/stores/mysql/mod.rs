@@ -184,6 +184,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The session settings of every pooled connection (see the module docs).
 const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
+/// Lifts the server's `wait_timeout` (often set to a minute or less to reap forgotten
+/// clients) for tessera's own connections, to the largest value the server takes: they are
+/// idle between a lease's renewals on purpose, and the doorbell's latch is idle for its
+/// whole life. A connection the server closed while idle failed the next call on it (a
+/// release then left the permit to expire by its TTL).
+pub(crate) const KEEP_IDLE: &str = "SET SESSION wait_timeout = 31536000";
+
 /// The MySQL / MariaDB backend. Cheap to share behind an `Arc`; holds a small connection
 /// pool and one doorbell connection.
 pub struct MysqlBackend {
@@ -240,6 +247,7 @@ impl MysqlBackend {
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute(SESSION).await?;
+                    conn.execute(KEEP_IDLE).await?;
                     let lock_wait =
                         format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}");
                     conn.execute(sqlx::AssertSqlSafe(lock_wait)).await?;

@@ -131,6 +131,10 @@ impl Parked {
 /// address.
 async fn connect(options: &MySqlConnectOptions) -> Option<Parked> {
     let mut conn = options.connect().await.ok()?;
+    sqlx::raw_sql(super::KEEP_IDLE)
+        .execute(&mut conn)
+        .await
+        .ok()?;
     let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
         .fetch_one(&mut conn)
         .await
@@ -139,6 +143,8 @@ async fn connect(options: &MySqlConnectOptions) -> Option<Parked> {
     let lock = format!("tessera-bell-{token}");
     let latch = match options.connect().await {
         Ok(mut latch) => {
+            // The latch is idle for its whole life: a server's `wait_timeout` would end it.
+            let _ = sqlx::raw_sql(super::KEEP_IDLE).execute(&mut latch).await;
             let taken: Option<Option<i64>> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
                 .bind(&lock)
                 .fetch_one(&mut latch)
