@@ -100,7 +100,7 @@ pub use model::{
     Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter, MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN,
     MAX_QUEUE_CAP, MAX_TTL, MIN_TTL,
 };
-pub use permit::Permit;
+pub use permit::{Permit, RELEASE_RETRY};
 pub use rate::{
     LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
     DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN, MAX_RATE_PERIOD,

@@ -135,8 +135,10 @@ impl Permit {
     }
 
     /// Releases the lease now; `true` if the store still held it (`false` after a loss, or
-    /// after [`crate::Store::close`] released it). On error the lease expires by its TTL (no
-    /// renewal happens any more).
+    /// after [`crate::Store::close`] released it). A transient fault (a connection the
+    /// store's restart closed, a busy store) is retried for up to [`RELEASE_RETRY`] (a
+    /// release is idempotent; if a failed attempt did reach the store, the retry answers
+    /// `false`). On error the lease expires by its TTL (no renewal happens any more).
     pub async fn release(self) -> Result<bool> {
         let h = &self.held;
         if !h.claim_release() {
@@ -144,9 +146,15 @@ impl Permit {
         }
         h.stop();
         let backend = h.store.backend();
-        match backend.release_now(&h.config.name, h.lease.lease_id) {
+        let first = match backend.release_now(&h.config.name, h.lease.lease_id) {
             Some(r) => r,
             None => backend.release(&h.config.name, h.lease.lease_id).await,
+        };
+        match first {
+            Err(e) if e.is_transient() => {
+                release_retried(&**backend, &h.config.name, h.lease.lease_id, e).await
+            }
+            other => other,
         }
     }
 
@@ -187,4 +195,31 @@ impl Drop for Permit {
             },
         );
     }
+}
+
+/// How long a release that met a transient fault is tried again before it fails.
+pub const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Tries a release again after the transient fault `e`, backing off from 10 to 250 ms, until
+/// an answer, another kind of error, or [`RELEASE_RETRY`]; each attempt bounded by what is
+/// left of it. The last error if none answered.
+pub(crate) async fn release_retried(
+    backend: &dyn crate::seam::Backend,
+    name: &crate::model::Name,
+    lease: crate::model::LeaseId,
+    mut e: crate::Error,
+) -> Result<bool> {
+    let deadline = Instant::now() + RELEASE_RETRY;
+    let mut backoff = std::time::Duration::from_millis(10);
+    while e.is_transient() && Instant::now() + backoff < deadline {
+        tracing::debug!(%name, %lease, error = %e, "release failed; retrying");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_millis(250));
+        match tokio::time::timeout_at(deadline, backend.release(name, lease)).await {
+            Ok(Err(next)) => e = next,
+            Ok(answer) => return answer,
+            Err(_) => break,
+        }
+    }
+    Err(e)
 }

@@ -217,8 +217,15 @@ impl Store {
                 h.lose(LossReason::Closed);
                 h.stop();
                 let (name, lease) = (&h.config.name, h.lease.lease_id);
-                match tokio::time::timeout(CLOSE_TIMEOUT, self.backend().release(name, lease)).await
-                {
+                let release = async {
+                    match self.backend().release(name, lease).await {
+                        Err(e) if e.is_transient() => {
+                            crate::permit::release_retried(&**self.backend(), name, lease, e).await
+                        }
+                        other => other,
+                    }
+                };
+                match tokio::time::timeout(CLOSE_TIMEOUT, release).await {
                     Ok(r) => r.map(drop),
                     Err(_) => Err(Error::store(
                         StoreErrorKind::Timeout,

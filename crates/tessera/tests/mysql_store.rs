@@ -578,3 +578,23 @@ async fn a_server_closing_idle_connections_closes_none_of_tesseras() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// A release right after the server restarted (killed and started again): the pooled
+/// connection it first takes is dead, and the release is tried again on a new one rather
+/// than failing and leaving the permit to its TTL (an hour here). The next acquire gets the
+/// permit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_a_restart_frees_the_permit() {
+    let mut server = MariaDbServer::start();
+    let store = Store::connect(&server.url("rr")).await.unwrap();
+    let sem = Semaphore::new(&store, "rr", 1, SemaphoreOptions::default().ttl(LONG)).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    server.restart();
+    permit
+        .release()
+        .await
+        .expect("the release reached the store");
+    let next = sem.try_acquire().await.unwrap();
+    assert!(next.is_some(), "the permit was free again");
+    next.unwrap().release().await.unwrap();
+}

@@ -1463,3 +1463,28 @@ async fn a_refused_connection_says_why_in_the_servers_words() {
         "{e}"
     );
 }
+
+/// A release right after the server restarted: the pooled connection it first takes is
+/// dead, and the release is tried again on a new one rather than failing and leaving the
+/// permit to its TTL (an hour here). The next acquire gets the permit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_a_restart_frees_the_permit() {
+    let mut server = PostgresServer::start();
+    let store = Store::connect(&server.url_with_schema("rr")).await.unwrap();
+    let opts = SemaphoreOptions::default().ttl(LONG);
+    let sem = Semaphore::new(&store, "rr", 1, opts).unwrap();
+    for mode in [Shutdown::Fast, Shutdown::Immediate] {
+        let permit = sem.acquire().await.unwrap();
+        server.restart_with(mode);
+        assert!(
+            permit
+                .release()
+                .await
+                .expect("the release reached the store"),
+            "{mode:?}: the release found the lease"
+        );
+        let next = sem.try_acquire().await.unwrap();
+        assert!(next.is_some(), "{mode:?}: the permit was free again");
+        next.unwrap().release().await.unwrap();
+    }
+}

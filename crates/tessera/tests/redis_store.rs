@@ -645,3 +645,23 @@ async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
         "{e}"
     );
 }
+
+/// A release right after the server restarted: the connection it first uses is dead, and
+/// the release is tried again on a new one rather than failing (the restarted server kept
+/// nothing, so it answers "not held").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_a_restart_reaches_the_store() {
+    let mut server = RedisServer::start();
+    let store = Store::connect(&server.url()).await.unwrap();
+    let opts = SemaphoreOptions::default().ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "rr", 1, opts).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    server.restart();
+    assert!(!permit
+        .release()
+        .await
+        .expect("the release reached the store"));
+    let next = sem.try_acquire().await.unwrap();
+    assert!(next.is_some(), "the permit is free");
+    next.unwrap().release().await.unwrap();
+}
