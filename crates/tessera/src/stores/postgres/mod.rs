@@ -73,13 +73,13 @@
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
 //!   whatever the database's or role's defaults) with one batch after connecting
-//!   (`conns::open`): a
-//!   stock PgBouncer refuses any other startup parameter. Through PgBouncer, tessera needs
-//!   *session* pooling (`pool_mode = session`, or `pool_mode=session` on the database entry
-//!   tessera connects to): its sessions carry those settings and sqlx's prepared statements,
-//!   and the listener's `LISTEN` lives in its session. Transaction pooling is not supported
-//!   (a call fails, e.g. with "prepared statement … already exists"); the conformance suite
-//!   runs through a session-pooling PgBouncer as well as directly.
+//!   (`conns::open`): a stock PgBouncer refuses any other startup parameter. Through
+//!   PgBouncer, tessera needs *session* pooling (`pool_mode = session`, or
+//!   `pool_mode=session` on the database entry tessera connects to): its sessions carry
+//!   those settings and sqlx's prepared statements, and the listener's `LISTEN` lives in its
+//!   session. Transaction pooling is not supported (a call fails, e.g. with "prepared
+//!   statement … already exists"); the conformance suite runs through a session-pooling
+//!   PgBouncer as well as directly.
 //! - **Faults**: every call has a [`RESPONSE_TIMEOUT`]; a connection that timed out is
 //!   closed, not reused. A read-only database (SQLSTATE `25006`) and a full disk or other
 //!   exhausted resource (class `53`) are [`StoreErrorKind::Busy`]: nothing was written, and
