@@ -59,8 +59,8 @@ Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
-    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, rediss://..., mysql://host/db
-    /// or memory://
+    /// Store URL: sqlite:///absolute/path.db, redis://host:6379, redis+sentinel://...,
+    /// redis+cluster://..., postgres://host/db, mysql://host/db, etcd://host:2379 or memory://
     /// (see tessera --help; passwords are never printed)
     #[arg(
         long,

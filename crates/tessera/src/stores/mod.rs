@@ -26,6 +26,17 @@ use crate::error::{redact_url, Error, InvalidInput, Result};
 use crate::seam::Backend;
 use crate::store::Store;
 
+/// Why `url::Url::parse` refused a store URL, with the usual cause: a user name or password
+/// holding `#`, `/`, `?`, `@` or `:` unencoded (a `#` starts a fragment, so the port reads as
+/// garbage).
+#[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
+pub(crate) fn not_a_url(e: url::ParseError) -> String {
+    format!(
+        "not a URL ({e}); characters such as # / ? @ : in a user name or password must be \
+         percent-encoded (# as %23, / as %2F, ? as %3F, @ as %40, : as %3A)"
+    )
+}
+
 /// Whether opening a store may create it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Open {

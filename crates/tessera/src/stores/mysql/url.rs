@@ -45,7 +45,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
         .into()
     };
-    let url = url::Url::parse(raw).map_err(|e| bad(format!("not a URL ({e})")))?;
+    let url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
     if !matches!(url.scheme(), "mysql" | "mariadb") {
         return Err(bad("expected mysql:// or mariadb://".into()));
     }

@@ -40,7 +40,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
         .into()
     };
-    let url = url::Url::parse(raw).map_err(|e| bad(format!("not a URL ({e})")))?;
+    let url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return Err(bad("expected postgres:// or postgresql://".into()));
     }
@@ -273,6 +273,8 @@ mod tests {
         assert!(reason("postgres://u:hunter2@h/db?schema=pg_catalog").contains("schema"));
         assert!(reason("postgres://u:hunter2@h/db?schema=").contains("schema"));
         assert!(reason("postgres://u:hunter2@h/db?sslmode=maybe").contains("sslmode"));
+        // An unencoded # in the password: the rest reads as a fragment, the port as garbage.
+        assert!(reason("postgres://u:hunter2#@h:5432/db").contains("# as %23"));
         assert!(reason("postgres://u:hunter2@h/db?synchronous_commit=local")
             .contains("synchronous_commit"));
         assert!(reason("postgres://u:hunter2@h/db?pool=9").contains("unknown option"));

@@ -155,7 +155,7 @@ fn parse_single(raw: &str, redacted: String) -> Result<Config> {
         }
         .into()
     };
-    let mut url = url::Url::parse(raw).map_err(|e| bad(format!("not a URL ({e})")))?;
+    let mut url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
     let tls = match url.scheme() {
         "redis" => false,
         "rediss" => true,
