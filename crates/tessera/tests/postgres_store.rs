@@ -1431,11 +1431,7 @@ async fn a_server_ending_idle_sessions_ends_none_of_tesseras() {
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .expect("the waiter was woken by the push")
-        .unwrap()
-        .expect("no error reached the waiter");
+    let got = granted(waiter, "woken by the push, with no error").await;
     got.release().await.unwrap();
     assert_eq!(
         (pg.listener_pid(), pg.listener_reconnects()),
