@@ -144,11 +144,14 @@ impl Run {
         let id = format!("w{}", self.spawned);
         let args = self.worker_args(&id);
         self.spawned += 1;
+        // Its stderr is kept, so a worker that fails by itself says why (see `finish`).
+        let stderr = std::fs::File::create(self.logs.path().join(format!("{id}.stderr")))
+            .context("creating a worker's stderr file")?;
         let child = Command::new(sibling_binary("tessera-worker")?)
             .args(args.to_args())
             .envs(self.worker_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .context("starting tessera-worker")?;
         self.workers.push(WorkerProc { id, child });
@@ -254,9 +257,16 @@ impl Run {
                         // Killed workers end by a signal; a worker that failed by itself is
                         // worth a look.
                         if status.code().is_some_and(|c| c != 0) {
+                            let id = &self.workers[i].id;
+                            let err = std::fs::read_to_string(
+                                self.logs.path().join(format!("{id}.stderr")),
+                            )
+                            .unwrap_or_default();
+                            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+                            let tail: Vec<&str> = tail.into_iter().rev().collect();
                             self.violations.push(format!(
-                                "worker {} exited with {status}",
-                                self.workers[i].id
+                                "worker {id} exited with {status}: {}",
+                                tail.join(" | ")
                             ));
                         }
                         break;
