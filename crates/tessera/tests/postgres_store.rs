@@ -519,9 +519,25 @@ async fn a_black_holed_connection_times_out_and_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ok, "renewals work again after the black hole");
-    // The listener was black-holed too: its watchdog noticed (no ping came back) or it still
-    // works; either way a grant wakes a waiter again.
-    eventually(15, "the listener is alive", || true).await;
+    // The listener was black-holed too (a store of this process on the same URL shares it):
+    // it noticed (a ping went unanswered) and was rebuilt, or it still works; either way a
+    // grant by another process wakes a waiter whose heartbeat is 20 minutes away.
+    let store = Store::connect(&url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "w", 1, opts).unwrap();
+    let (_peer, held) = peer_holder(&server, "hole", "w").await;
+    let waiter = queue_one(&sem);
+    eventually(30, "the waiter is queued", || {
+        server.psql("SELECT count(*) FROM hole.tessera_waiters") == "1"
+    })
+    .await;
+    held.release().await.unwrap();
+    granted(waiter, "woken through the listener after the black hole")
+        .await
+        .release()
+        .await
+        .unwrap();
+    store.close().await.unwrap();
 }
 
 /// Drops the rate functions of migration 3 from `schema` (what a schema migrated by a build
@@ -938,10 +954,10 @@ impl Drop for Stopped {
 }
 
 /// A half-open listener connection: its server backend frozen (`SIGSTOP`), so the TCP
-/// connection stays open but says nothing. The watchdog's self-NOTIFY does not come back,
-/// so the listener is rebuilt on a new backend; a waiter that queues afterwards is woken by
-/// the push of the grant. Its waiter TTL is an hour, so its first heartbeat would come after
-/// 20 minutes: a grant seen before that came by the push.
+/// connection stays open but says nothing. The listener's ping of its own connection goes
+/// unanswered, so the listener is rebuilt on a new backend; a waiter that queues afterwards
+/// is woken by the push of the grant. Its waiter TTL is an hour, so its first heartbeat would
+/// come after 20 minutes: a grant seen before that came by the push.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
     let server = PostgresServer::start();
@@ -982,6 +998,45 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
         .unwrap();
     got.release().await.unwrap();
     store.close().await.unwrap();
+}
+
+/// The listener checks its connection with a query of its own, not a `NOTIFY`: before
+/// PostgreSQL 19 each `NOTIFY` signals every listening backend of the database, so N idle
+/// processes pinging themselves every 2 s cost the server N²/2 wake-ups a second. An idle
+/// store sends nothing on its channel over 2.5 ping periods, while its listener's backend
+/// keeps answering pings (its last query and state change move on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_checks_its_listener_without_notifying_anyone() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "quiet").await;
+    eventually(30, "the listener's backend is known", || {
+        pg.listener_pid() != 0
+    })
+    .await;
+    let channel_name = format!("tessera_w{}", pg.client_id());
+    let mut channel = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    channel.listen(&channel_name).await.unwrap();
+    let activity = || {
+        server.psql(&format!(
+            "SELECT query || ' @ ' || state_change FROM pg_stat_activity WHERE pid = {}",
+            pg.listener_pid()
+        ))
+    };
+    let before = activity();
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    assert_eq!(
+        heard_until_marker(&server, &mut channel, &channel_name).await,
+        Vec::<String>::new(),
+        "an idle store notified its own channel"
+    );
+    let after = activity();
+    assert!(
+        after.starts_with("SELECT pg_backend_pid() @ ") && after != before,
+        "the listener did not ping its connection: {before:?} then {after:?}"
+    );
+    assert_eq!(pg.listener_reconnects(), 0);
 }
 
 /// A small deterministic generator (xorshift), so a failing sequence repeats by its seed.

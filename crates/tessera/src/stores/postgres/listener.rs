@@ -22,11 +22,14 @@
 //!    store at once ([`Listener::wake_all`]), instead of at its next heartbeat.
 //! 2. **The connection is half-open** (the server or the path vanished without a FIN or RST;
 //!    `PgListener` sets no TCP keepalive, sqlx issue 3062): `try_recv` would wait forever.
-//!    Every [`PING_EVERY`] a watchdog sends a NOTIFY to our own channel through a separate
-//!    connection; if the listener has not seen it within [`PING_TIMEOUT`], the watchdog drops
-//!    the listener, connects a new one (with backoff while the server is unreachable), and
-//!    wakes every waiter as in 1. A ping that cannot be *sent* proves nothing about the
-//!    listener and changes nothing.
+//!    Every [`PING_EVERY`] the receiving task asks its own connection for its backend's pid
+//!    (`SELECT pg_backend_pid()`, a query `PgListener` runs between notifications, which it
+//!    keeps); with no answer within [`PING_TIMEOUT`] the connection is dropped, a new one is
+//!    connected (with backoff while the server is unreachable), and every waiter is woken as
+//!    in 1. A pid that changed means `PgListener` reconnected by itself: every waiter is woken
+//!    then too. The ping is a query, not a `NOTIFY` to our own channel: before PostgreSQL 19
+//!    every `NOTIFY` signals every listening backend of the database, so a self-`NOTIFY` from
+//!    each of N idle processes every 2 s cost the server N²/2 wake-ups a second.
 //! 3. **A wake-up is lost anyway** (the server crashed after the commit but before sending
 //!    it): the waiter's periodic heartbeat finds the grant. Wake-ups are the mechanism,
 //!    heartbeats the safety net.
@@ -39,22 +42,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Result;
 use crate::model::{Grant, Lease, LeaseId, StoreTime};
 use crate::wake;
 
-/// How often the watchdog pings the listener through its own channel.
+/// How often the receiving task pings its connection.
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(2);
-/// How long a ping may take to come back before the listener is rebuilt.
+/// How long a ping may take to be answered before the listener is rebuilt.
 pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connect timeout of the listener and the ping connection.
+/// Connect timeout of the listener's connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The payload prefix of a watchdog ping (lease ids are 32 hex digits: never this).
-const PING: &str = "ping:";
 
 /// The shared listener of one server and database (see the module docs).
 pub(crate) struct Listener {
@@ -62,8 +62,6 @@ pub(crate) struct Listener {
     channel: String,
     /// Lease ids queued through this process, woken after a reconnect.
     waiting: Mutex<HashSet<LeaseId>>,
-    /// The highest ping the listener has seen.
-    pinged: AtomicU64,
     /// Times the listener connection was rebuilt or reconnected (for tests and logs).
     reconnects: AtomicU64,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -105,7 +103,6 @@ impl Listener {
             channel: format!("tessera_w{client_id}"),
             client_id,
             waiting: Mutex::default(),
-            pinged: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             tasks: Mutex::default(),
             pid: AtomicU64::new(0),
@@ -114,13 +111,8 @@ impl Listener {
         let first = connect(&listener.channel, &options)
             .await
             .map_err(super::map_err)?;
-        let ping_pool = keep_idle(PgPoolOptions::new())
-            .max_connections(1)
-            .min_connections(0)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options.clone().application_name("tessera-ping"));
         let weak = Arc::downgrade(&listener);
-        let watchdog = tokio::spawn(watchdog(weak, first, options, ping_pool));
+        let watchdog = tokio::spawn(watchdog(weak, first, options));
         listener.tasks.lock().unwrap().push(watchdog);
         registry()
             .lock()
@@ -163,11 +155,7 @@ impl Listener {
 
     /// Routes one notification, or one wake-up payload of a release's reply.
     pub(crate) fn route(&self, payload: &str) {
-        if let Some(n) = payload.strip_prefix(PING) {
-            if let Ok(n) = n.parse::<u64>() {
-                self.pinged.fetch_max(n, Ordering::Relaxed);
-            }
-        } else if let Some(grant) = parse_grant(payload) {
+        if let Some(grant) = parse_grant(payload) {
             self.waiting.lock().unwrap().remove(&grant.lease.lease_id);
             wake::notify_grant(grant);
         } else if let Ok(lease) = payload.split('\t').next().unwrap_or("").parse::<LeaseId>() {
@@ -186,21 +174,17 @@ impl Drop for Listener {
     }
 }
 
-/// Pool options whose connections run [`super::url::KEEP_IDLE`] first: a server's
-/// `idle_session_timeout` would otherwise end the listener's connection between two pings.
-fn keep_idle(options: PgPoolOptions) -> PgPoolOptions {
-    options.after_connect(|conn, _| {
-        Box::pin(async move {
-            sqlx::raw_sql(super::url::KEEP_IDLE).execute(conn).await?;
-            Ok(())
-        })
-    })
-}
-
 /// A listener connection of its own (a one-connection pool, not the operations' pool), with
-/// `LISTEN` on `channel` confirmed.
+/// `LISTEN` on `channel` confirmed. Its connections run [`super::url::KEEP_IDLE`] first: a
+/// server's `idle_session_timeout` would otherwise end it between two pings.
 async fn connect(channel: &str, options: &PgConnectOptions) -> sqlx::Result<PgListener> {
-    let pool = keep_idle(PgPoolOptions::new())
+    let pool = PgPoolOptions::new()
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(super::url::KEEP_IDLE).execute(conn).await?;
+                Ok(())
+            })
+        })
         .max_connections(1)
         .min_connections(0)
         .max_lifetime(None)
@@ -214,87 +198,74 @@ async fn connect(channel: &str, options: &PgConnectOptions) -> sqlx::Result<PgLi
     Ok(listener)
 }
 
-/// Receives notifications until the connection fails in a way `PgListener` does not mend.
-/// Never cancelled while it owns a half-read message, except by the watchdog, which then
-/// drops the whole connection.
+/// Receives notifications, and pings its own connection every [`PING_EVERY`], until the
+/// connection fails in a way `PgListener` does not mend or a ping goes unanswered for
+/// [`PING_TIMEOUT`] (a half-open connection): then it returns, dropping the connection, and
+/// the watchdog connects a new one. `try_recv` is cancel-safe (sqlx reads a message only
+/// once it is whole), so a ping may interrupt it; a notification that arrives during a ping
+/// is buffered by `PgListener` and returned by the next `try_recv`.
 async fn receive(owner: Weak<Listener>, mut pg: PgListener) {
-    if let Some(l) = owner.upgrade() {
-        if let Ok(pid) = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-            .fetch_one(&mut pg)
-            .await
-        {
-            l.pid.store(pid as u64, Ordering::Relaxed);
-        }
-    }
+    let mut pid: Option<i32> = None;
+    let mut tick = tokio::time::interval(PING_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let msg = pg.try_recv().await;
+        let msg = tokio::select! {
+            msg = pg.try_recv() => Some(msg),
+            _ = tick.tick() => None,
+        };
         let Some(l) = owner.upgrade() else { return };
         match msg {
-            Ok(Some(n)) => l.route(n.payload()),
-            Ok(None) => {
+            Some(Ok(Some(n))) => l.route(n.payload()),
+            Some(Ok(None)) => {
                 // Reconnected and listening again (eager reconnect): what was notified in
                 // between is lost, so every waiter asks the store now.
                 l.reconnects.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(channel = %l.channel, "tessera postgres listener reconnected");
                 l.wake_all();
+                pid = None;
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::warn!(channel = %l.channel, error = %e, "tessera postgres listener failed");
                 return;
+            }
+            None => {
+                let ping =
+                    sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&mut pg);
+                match tokio::time::timeout(PING_TIMEOUT, ping).await {
+                    Ok(Ok(now)) => {
+                        l.pid.store(now as u64, Ordering::Relaxed);
+                        if pid.is_some_and(|before| before != now) {
+                            // `PgListener` reconnected inside the ping (the connection it
+                            // had was lost while `try_recv` was interrupted): as above.
+                            l.reconnects.fetch_add(1, Ordering::Relaxed);
+                            l.wake_all();
+                        }
+                        pid = Some(now);
+                    }
+                    // A failed query (the backend was terminated, the server restarts): the
+                    // next `try_recv` meets the lost connection and reconnects, or reports
+                    // what it cannot mend.
+                    Ok(Err(_)) => {}
+                    Err(_) => {
+                        tracing::warn!(channel = %l.channel, "tessera postgres listener silent; reconnecting");
+                        return;
+                    }
+                }
             }
         }
     }
 }
 
-/// Owns the receiving task: pings it, and replaces it when it stops or stops answering.
-async fn watchdog(
-    owner: Weak<Listener>,
-    first: PgListener,
-    options: PgConnectOptions,
-    ping_pool: PgPool,
-) {
+/// Owns the receiving task, and replaces it (and its connection) whenever it returns.
+async fn watchdog(owner: Weak<Listener>, first: PgListener, options: PgConnectOptions) {
     // The receiving task owns the listener's connection: it ends with the watchdog (aborted
     // when the last handle of the store drops the `Listener`), or the connection would stay
     // open, idle in `try_recv`, for the life of the process.
     let mut recv = AbortOnDropHandle::new(tokio::spawn(receive(owner.clone(), first)));
-    let mut seq: u64 = 0;
     let mut backoff = Duration::from_millis(20);
     loop {
-        let healthy = if recv.is_finished() {
-            false
-        } else {
-            tokio::time::sleep(PING_EVERY).await;
-            let Some(l) = owner.upgrade() else {
-                recv.abort();
-                return;
-            };
-            seq += 1;
-            let sent = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(&l.channel)
-                .bind(format!("{PING}{seq}"))
-                .execute(&ping_pool);
-            match tokio::time::timeout(PING_TIMEOUT, sent).await {
-                Ok(Ok(_)) => {
-                    let deadline = tokio::time::Instant::now() + PING_TIMEOUT;
-                    while l.pinged.load(Ordering::Relaxed) < seq
-                        && tokio::time::Instant::now() < deadline
-                        && !recv.is_finished()
-                    {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    l.pinged.load(Ordering::Relaxed) >= seq
-                }
-                // The ping did not go out: the server is unreachable from here, which says
-                // nothing about the listener; it reports its own failure.
-                _ => !recv.is_finished(),
-            }
-        };
-        if healthy {
-            continue;
-        }
-        recv.abort();
+        let _ = (&mut recv).await;
         let Some(l) = owner.upgrade() else { return };
-        tracing::warn!(channel = %l.channel, "tessera postgres listener silent; reconnecting");
         let channel = l.channel.clone();
         drop(l);
         match connect(&channel, &options).await {
@@ -309,7 +280,7 @@ async fn watchdog(
                 tracing::warn!(%channel, error = %e, "tessera postgres listener: reconnect failed");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
-                // Loop with a finished task: reconnect again without a ping.
+                // Loop with a finished task: reconnect again at once.
                 recv = AbortOnDropHandle::new(tokio::spawn(async {}));
             }
         }
@@ -367,6 +338,5 @@ mod tests {
         assert!(parse_grant(&format!("{id}\t100\t7\t200\t2,0\th")).is_none());
         assert!(parse_grant(&format!("{id}\t100\t7\t50\t0\th")).is_none());
         assert!(parse_grant(&format!("{id}\tx\t7\t200\t0\th")).is_none());
-        assert!(parse_grant("ping:3").is_none());
     }
 }

@@ -63,7 +63,8 @@
 //!   reply, which wakes them; any other grant is pushed as in `listener.rs`: `pg_notify` to
 //!   the granted client's own channel, one
 //!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
-//!   a self-NOTIFY watchdog against half-open connections; waiters keep their heartbeat as
+//!   a periodic query on the listener's own connection against half-open connections (no
+//!   self-`NOTIFY`: each would wake every listening backend); waiters keep their heartbeat as
 //!   the safety net.
 //! - **Rate limiters** (`rate.rs`; tables in migration 2, functions in migration 3) run one
 //!   PL/pgSQL function per step as well (`sql/rate_*.sql`), the decision of

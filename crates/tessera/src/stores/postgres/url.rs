@@ -159,7 +159,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
 /// session: tessera keeps its few connections open between calls on purpose (a lease's
 /// renewal comes every TTL / 3, a listener waits for `NOTIFY`), and a server that ends them
 /// while idle would fail the next call on each, or drop the listener's wake-ups until the
-/// watchdog notices. The listener's connections run it too (`listener.rs`).
+/// listener's next ping notices. The listener's connections run it too (`listener.rs`).
 pub(crate) const KEEP_IDLE: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
      WHERE name = 'idle_session_timeout'";
 
