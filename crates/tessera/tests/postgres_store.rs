@@ -1382,6 +1382,73 @@ async fn wal_writes(server: &PostgresServer, url: &str, pairs: usize) -> i64 {
     writes() - before
 }
 
+/// A role whose defaults cancel statements that wait for a lock or run long (`lock_timeout =
+/// '1ms'`, `statement_timeout = '100ms'`, set for an application's queries) cancels none of
+/// tessera's steps: a step that waits up to 2 s for its semaphore's row lock, held by another
+/// session, completes once the lock is free (before, the server cancelled it after 1 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_with_short_lock_and_statement_timeouts_cancels_none_of_tesseras_steps() {
+    let server = PostgresServer::start();
+    server.psql(
+        "CREATE ROLE hurried SUPERUSER LOGIN; \
+         ALTER ROLE hurried SET lock_timeout = '1ms'; \
+         ALTER ROLE hurried SET statement_timeout = '100ms'",
+    );
+    let url = format!(
+        "postgres://hurried@127.0.0.1:{}/postgres?schema=hurry",
+        server.port()
+    );
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("h");
+    let a = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 2, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    // Another session holds the semaphore's row lock for 2 s.
+    let locker = {
+        let port = server.port();
+        std::thread::spawn(move || {
+            let out = std::process::Command::new(
+                tessera_testkit::servers::postgres::bin_dir()
+                    .unwrap()
+                    .join("psql"),
+            )
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+            .args(["-d", "postgres", "-Atq", "-c"])
+            .arg(
+                "BEGIN; SELECT 1 FROM hurry.tessera_semaphores WHERE name = 'h' FOR UPDATE; \
+                 SELECT pg_sleep(2); COMMIT",
+            )
+            .output()
+            .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        })
+    };
+    eventually(30, "the other session holds the row lock", || {
+        server.psql(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE '%pg_sleep(2)%' AND pid <> pg_backend_pid()",
+        ) == "1"
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let b = LeaseId::random();
+    let reply = pg.acquire(&n, 2, &req(b, 1, LONG, None)).await;
+    assert!(
+        matches!(reply, Ok(AcquireReply::Granted(_))),
+        "the step that waited for the row lock: {reply:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the step did not wait for the row lock ({:?})",
+        started.elapsed()
+    );
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(pg.release(&n, b).await.unwrap());
+    locker.join().unwrap();
+}
+
 /// Administrators set defaults for a whole database or role; two of them would break the
 /// contract if tessera's sessions inherited them. `default_transaction_isolation =
 /// serializable`: the functions lock the semaphore's row, then read what was committed

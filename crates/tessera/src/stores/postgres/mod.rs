@@ -305,6 +305,12 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
         return Ok(());
     }
     let mut tx = conn.begin().await.map_err(map_err)?;
+    // The wait for another process's migration and the migration itself are bounded by the
+    // client (above), not by the session's statement limit of one call (`url::limits`).
+    sqlx::raw_sql("SET LOCAL statement_timeout TO 0")
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("tessera:migrate:{}", config.schema))
         .execute(&mut *tx)

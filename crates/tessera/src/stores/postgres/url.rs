@@ -155,6 +155,22 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     })
 }
 
+/// tessera's own statement limits, whatever the database's or role's defaults (often set for
+/// an application's queries, e.g. `lock_timeout = '50ms'`): no `lock_timeout` and no
+/// `transaction_timeout` (PostgreSQL 17 and later), and a `statement_timeout` equal to the
+/// client's [`super::RESPONSE_TIMEOUT`], so the server gives a call up when the client does.
+/// A step waits for its semaphore's row lock while other steps, one statement each, hold it;
+/// a short `lock_timeout` cancelled those waits under contention, and every cancelled step
+/// was sent again (a W3 bench at `lock_timeout = '2ms'` made half the grants a second, with
+/// waits of a second and tens of thousands of errors in the server's log).
+fn limits() -> String {
+    format!(
+        "SELECT set_config(name, CASE name WHEN 'statement_timeout' THEN '{}' ELSE '0' END, false) \
+         FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout', 'transaction_timeout')",
+        super::RESPONSE_TIMEOUT.as_millis()
+    )
+}
+
 /// Turns `idle_session_timeout` (PostgreSQL 14 and later; nothing before) off for this
 /// session: tessera keeps its few connections open between calls on purpose (a lease's
 /// renewal comes every TTL / 3, a listener waits for `NOTIFY`), and a server that ends them
@@ -171,8 +187,8 @@ pub(crate) const KEEP_IDLE: &str = "SELECT set_config(name, '0', false) FROM pg_
 /// or `SERIALIZABLE` every contended step would fail with a serialization error), and the
 /// commit mode: asynchronous if asked for, otherwise at least `on` (a database or role whose
 /// default is `off` does not make tessera's grants non-durable; `local`, `remote_write` and
-/// `remote_apply` stay as the administrator chose), and no idle-session timeout
-/// ([`KEEP_IDLE`]). All are set in the session, so a later reload of the server's
+/// `remote_apply` stay as the administrator chose), no idle-session timeout ([`KEEP_IDLE`])
+/// and tessera's own statement limits ([`limits`]). All are set in the session, so a later reload of the server's
 /// configuration changes none of them. `schema` is a checked identifier (no quote).
 pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
     let mut sql = format!(
@@ -180,6 +196,8 @@ pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
          SET default_transaction_isolation TO 'read committed'; "
     );
     sql.push_str(KEEP_IDLE);
+    sql.push_str("; ");
+    sql.push_str(&limits());
     sql.push_str("; ");
     sql.push_str(if async_commit {
         "SET synchronous_commit TO off"
