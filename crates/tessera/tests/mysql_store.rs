@@ -579,6 +579,34 @@ async fn a_server_closing_idle_connections_closes_none_of_tesseras() {
     b.close().await.unwrap();
 }
 
+/// A server that limits statement time (`max_statement_time`, here 0.2 s; also set per user
+/// with `MAX_STATEMENT_TIME`) does not cut the doorbell's park short: it stays in one wait of
+/// its user lock for more than a second (before, the server ended it every 0.2 s and each
+/// end woke every waiter of the client to ask the store), and calls work as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_limiting_statement_time_does_not_cut_the_doorbells_park_short() {
+    let server = MariaDbServer::start_with(&["--max-statement-time=0.2"]);
+    assert_eq!(
+        server.sql("SELECT @@global.max_statement_time").trim(),
+        "0.200000"
+    );
+    let store = Store::connect(&server.url("limit")).await.unwrap();
+    let sem = Semaphore::new(&store, "l", 1, SemaphoreOptions::default()).unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let parked_ms = server.sql(
+        "SELECT MAX(TIME_MS) FROM information_schema.PROCESSLIST \
+         WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
+    );
+    let parked_ms: f64 = parked_ms.trim().parse().unwrap_or(0.0);
+    assert!(
+        parked_ms >= 1000.0,
+        "the doorbell's current park began {parked_ms} ms ago"
+    );
+    sem.acquire().await.unwrap().release().await.unwrap();
+    store.close().await.unwrap();
+}
+
 /// A release right after the server restarted (killed and started again): the pooled
 /// connection it first takes is dead, and the release is tried again on a new one rather
 /// than failing and leaving the permit to its TTL (an hour here). The next acquire gets the

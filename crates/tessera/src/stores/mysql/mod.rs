@@ -191,6 +191,22 @@ const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 /// release then left the permit to expire by its TTL).
 pub(crate) const KEEP_IDLE: &str = "SET SESSION wait_timeout = 31536000";
 
+/// Lifts a statement time limit for tessera's own connections: MariaDB's `max_statement_time`
+/// (a server default, or a user's `MAX_STATEMENT_TIME`) and MySQL's `max_execution_time` (for
+/// `SELECT`s). The doorbell parks in a 60 s wait on purpose, and such a limit cut every park
+/// short: each cut woke every waiter of the process to ask the store, and a ring sent
+/// between two parks had to look for the doorbell again. A step's own time is bounded by the
+/// client and by `innodb_lock_wait_timeout`. Each server knows one of the two names and
+/// answers "unknown system variable" to the other, which is ignored.
+pub(crate) async fn lift_statement_limit(conn: &mut sqlx::MySqlConnection) {
+    for sql in [
+        "SET SESSION max_statement_time = 0",
+        "SET SESSION max_execution_time = 0",
+    ] {
+        let _ = sqlx::raw_sql(sql).execute(&mut *conn).await;
+    }
+}
+
 /// The MySQL / MariaDB backend. Cheap to share behind an `Arc`; holds a small connection
 /// pool and one doorbell connection.
 pub struct MysqlBackend {
@@ -248,6 +264,7 @@ impl MysqlBackend {
                 Box::pin(async move {
                     conn.execute(SESSION).await?;
                     conn.execute(KEEP_IDLE).await?;
+                    lift_statement_limit(conn).await;
                     let lock_wait =
                         format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}");
                     conn.execute(sqlx::AssertSqlSafe(lock_wait)).await?;

@@ -135,6 +135,7 @@ async fn connect(options: &MySqlConnectOptions) -> Option<Parked> {
         .execute(&mut conn)
         .await
         .ok()?;
+    super::lift_statement_limit(&mut conn).await;
     let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
         .fetch_one(&mut conn)
         .await
