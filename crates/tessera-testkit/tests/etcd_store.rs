@@ -55,6 +55,67 @@ async fn ttls_etcd_cannot_keep_are_typed_errors() {
     assert!(c.store.list().await.unwrap().is_empty());
 }
 
+/// etcd refuses a transaction of more than 128 compares or operations (`--max-txn-ops`),
+/// and a grant compares every seat it takes: a weight above the store's limit is a typed
+/// error that changes nothing (before, etcd's "too many operations in txn request" came
+/// back as a store error), and the limit itself is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_above_what_one_transaction_can_grant_is_a_typed_error() {
+    let h = Harness::etcd();
+    let c = h.client().await;
+    let max = c.store.backend().capabilities().max_weight;
+    assert_eq!(max, 122);
+    let name = unique("heavy");
+    let sem = Semaphore::new(&c.store, &name, 300, o(TTL)).unwrap();
+    let e = sem.acquire_many(max + 1).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidInput(InvalidInput::WeightAboveStoreLimit {
+                weight: 123,
+                max: 122
+            })
+        ),
+        "{e}"
+    );
+    assert!(c.store.list().await.unwrap().is_empty(), "nothing changed");
+    let p = sem.acquire_many(max).await.unwrap();
+    assert_eq!(p.seats(), (0..max).collect::<Vec<_>>());
+    p.release().await.unwrap();
+}
+
+/// A release whose hand-off would not fit one transaction: the releaser frees seats 50–149
+/// while the head of the queue takes seats 0–99, so the transaction would delete 50 seats
+/// and write 100 (152 operations, above etcd's 128). The grant is ended alone and the head
+/// grants itself; before, the release failed and the permits waited for the lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_too_large_to_hand_off_in_its_transaction_still_frees_and_hands_off() {
+    let h = Harness::etcd();
+    let c = h.client().await;
+    let name = unique("large");
+    let ttl = Duration::from_secs(30);
+    let sem = Semaphore::new(&c.store, &name, 250, o(ttl)).unwrap();
+    let d = sem.acquire_many(50).await.unwrap();
+    let a = sem.acquire_many(100).await.unwrap();
+    let b = sem.acquire_many(100).await.unwrap();
+    assert_eq!((d.seats()[0], a.seats()[0], b.seats()[0]), (0, 50, 150));
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire_many(100).await })
+    };
+    wait_queued(&c.store, &name, 1).await;
+    d.release().await.unwrap();
+    assert!(a.release().await.unwrap(), "the release found its lease");
+    let got = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the head was granted within a third of the TTL")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.seats(), (0..100).collect::<Vec<_>>());
+    got.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_never_appears_in_errors() {
     let h = Harness::etcd();

@@ -23,6 +23,10 @@ pub enum InvalidInput {
     /// Weight must be between 1 and the semaphore's capacity.
     #[error("invalid weight {weight}: must be between 1 and the capacity {capacity}")]
     Weight { weight: u32, capacity: u32 },
+    /// Weight above what the store grants to one lease (`Capabilities::max_weight`; etcd:
+    /// one transaction per grant, which compares every seat it takes).
+    #[error("invalid weight {weight}: this store grants at most {max} permits to one lease")]
+    WeightAboveStoreLimit { weight: u32, max: u32 },
     /// A lease TTL outside the supported range.
     #[error(
         "invalid lease TTL {}: must be between {} and {}",

@@ -121,6 +121,9 @@ pub struct Capabilities {
     pub fence: FenceSource,
     /// When a release's permits reach the queue.
     pub hand_off: HandOff,
+    /// The most permits one lease may take on this store ([`crate::MAX_CAPACITY`] where any
+    /// weight up to the capacity works; etcd grants in one transaction of bounded size).
+    pub max_weight: u32,
 }
 
 impl Capabilities {
@@ -133,6 +136,7 @@ impl Capabilities {
             ttl_granularity: Duration::from_micros(1),
             fence: FenceSource::StoreTimeFloor,
             hand_off: HandOff::SameStep,
+            max_weight: crate::MAX_CAPACITY,
         }
     }
 

@@ -310,6 +310,10 @@ impl Semaphore {
         if weight == 0 || weight > capacity {
             return Err(InvalidInput::Weight { weight, capacity }.into());
         }
+        let max = self.backend().capabilities().max_weight;
+        if weight > max {
+            return Err(InvalidInput::WeightAboveStoreLimit { weight, max }.into());
+        }
         Ok(weight)
     }
 

@@ -646,6 +646,11 @@ impl EtcdBackend {
                     w.record.hl,
                 )?);
             }
+            // A release and a hand-off of two heavy leases may not fit one transaction: the
+            // grant is then ended alone, and the head grants itself when its watch fires.
+            if when.len() > MAX_TXN_OPS || ops.len() > MAX_TXN_OPS {
+                break;
+            }
             let txn = Txn::new().when(when).and_then(ops);
             match self
                 .call(|mut c| {
@@ -1480,14 +1485,27 @@ pub const RATE_UNSUPPORTED: &str = "etcd has no clock that a transaction can rea
     their skew over-admit. Use a Redis, SQLite, MySQL/MariaDB or memory store for rate \
     limits";
 
+/// etcd's default `--max-txn-ops`: it refuses a transaction with more compares, or more
+/// operations in either branch ("too many operations in txn request").
+const MAX_TXN_OPS: usize = 128;
+
+/// The most permits one lease takes on etcd. An acquire's first transaction compares the
+/// capacity, the queue, the cancel marker and each of the W seats it would take (W + 3
+/// compares), and carries in its other branch a transaction of 3 compares that writes the
+/// waiting record, which etcd counts against what the outer one leaves: W + 6 <= 128.
+/// A heavier request is refused before it reaches the store.
+pub const MAX_WEIGHT: u32 = MAX_TXN_OPS as u32 - 6;
+
 /// What the etcd store declares: watch wake-ups, whole-second leases of at least 2 s,
-/// revision fences, the hand-off in the waiter's next step.
+/// revision fences, the hand-off in the waiter's next step, at most [`MAX_WEIGHT`] permits
+/// per lease.
 pub const CAPABILITIES: Capabilities = Capabilities {
     waking: Waking::Push,
     min_ttl: Duration::from_secs(MIN_LEASE_SECS as u64),
     ttl_granularity: Duration::from_secs(1),
     fence: FenceSource::Revision,
     hand_off: HandOff::NextStep,
+    max_weight: MAX_WEIGHT,
 };
 
 fn not_found(name: &Name) -> Error {

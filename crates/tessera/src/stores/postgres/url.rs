@@ -262,7 +262,10 @@ mod tests {
             c.session,
             "SET search_path TO \"team_a\"; SET enable_seqscan TO off; \
              SET default_transaction_isolation TO 'read committed'; SELECT set_config(name, '0', \
-             false) FROM pg_settings WHERE name = 'idle_session_timeout'; SET synchronous_commit TO off"
+             false) FROM pg_settings WHERE name = 'idle_session_timeout'; SELECT set_config(name, \
+             CASE name WHEN 'statement_timeout' THEN '5000' ELSE '0' END, false) FROM pg_settings \
+             WHERE name IN ('lock_timeout', 'statement_timeout', 'transaction_timeout'); \
+             SET synchronous_commit TO off"
         );
         assert_eq!(
             c.redacted,
