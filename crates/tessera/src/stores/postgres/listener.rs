@@ -229,9 +229,13 @@ async fn receive(owner: Weak<Listener>, mut pg: PgListener) {
                 return;
             }
             None => {
+                // Not held across the ping: a store dropped meanwhile ends this task at once.
+                drop(l);
                 let ping =
                     sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&mut pg);
-                match tokio::time::timeout(PING_TIMEOUT, ping).await {
+                let answer = tokio::time::timeout(PING_TIMEOUT, ping).await;
+                let Some(l) = owner.upgrade() else { return };
+                match answer {
                     Ok(Ok(now)) => {
                         l.pid.store(now as u64, Ordering::Relaxed);
                         if pid.is_some_and(|before| before != now) {
