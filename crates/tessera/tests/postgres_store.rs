@@ -97,6 +97,33 @@ async fn peer_holder(server: &PostgresServer, schema: &str, name: &str) -> (Stor
     (peer, held)
 }
 
+/// A waiter of a new store on `url` is granted after a client of another process releases
+/// the only permit of a semaphore in `schema`: the grant reaches it through this process's
+/// listener, since its waiter TTL is an hour and its first heartbeat 20 minutes away.
+async fn a_peers_release_wakes_a_waiter(
+    server: &PostgresServer,
+    url: &str,
+    schema: &str,
+    when: &str,
+) {
+    let store = Store::connect(url).await.unwrap();
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
+    let sem = Semaphore::new(&store, "woken", 1, opts).unwrap();
+    let (_peer, held) = peer_holder(server, schema, "woken").await;
+    let waiter = queue_one(&sem);
+    eventually(30, "the waiter is queued", || {
+        server.psql(&format!("SELECT count(*) FROM {schema}.tessera_waiters")) == "1"
+    })
+    .await;
+    held.release().await.unwrap();
+    granted(waiter, &format!("woken by the push {when}"))
+        .await
+        .release()
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+}
+
 /// Polls `f` every 20 ms until it holds, for at most `secs`.
 async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
@@ -522,22 +549,7 @@ async fn a_black_holed_connection_times_out_and_recovers() {
     // The listener was black-holed too (a store of this process on the same URL shares it):
     // it noticed (a ping went unanswered) and was rebuilt, or it still works; either way a
     // grant by another process wakes a waiter whose heartbeat is 20 minutes away.
-    let store = Store::connect(&url).await.unwrap();
-    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
-    let sem = Semaphore::new(&store, "w", 1, opts).unwrap();
-    let (_peer, held) = peer_holder(&server, "hole", "w").await;
-    let waiter = queue_one(&sem);
-    eventually(30, "the waiter is queued", || {
-        server.psql("SELECT count(*) FROM hole.tessera_waiters") == "1"
-    })
-    .await;
-    held.release().await.unwrap();
-    granted(waiter, "woken through the listener after the black hole")
-        .await
-        .release()
-        .await
-        .unwrap();
-    store.close().await.unwrap();
+    a_peers_release_wakes_a_waiter(&server, &url, "hole", "after the black hole").await;
 }
 
 /// Drops the rate functions of migration 3 from `schema` (what a schema migrated by a build
@@ -980,24 +992,8 @@ async fn a_half_open_listener_is_detected_rebuilt_and_still_wakes_waiters() {
         pg.listener_reconnects() > before && pg.listener_pid() != frozen
     })
     .await;
-    let store = Store::connect(&url).await.unwrap();
-    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3600));
-    let sem = Semaphore::new(&store, "h", 1, opts).unwrap();
     // Released by another process: the grant comes through the rebuilt listener.
-    let (_peer, held) = peer_holder(&server, "half", "h").await;
-    let waiter = queue_one(&sem);
-    eventually(30, "the waiter is queued", || {
-        server.psql("SELECT count(*) FROM half.tessera_waiters") == "1"
-    })
-    .await;
-    held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(120), waiter)
-        .await
-        .expect("the waiter was woken by the push (its heartbeat is 20 minutes away)")
-        .unwrap()
-        .unwrap();
-    got.release().await.unwrap();
-    store.close().await.unwrap();
+    a_peers_release_wakes_a_waiter(&server, &url, "half", "after the listener was rebuilt").await;
 }
 
 /// The listener checks its connection with a query of its own, not a `NOTIFY`: before
