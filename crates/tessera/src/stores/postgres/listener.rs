@@ -23,8 +23,8 @@
 //! 2. **The connection is half-open** (the server or the path vanished without a FIN or RST;
 //!    `PgListener` sets no TCP keepalive, sqlx issue 3062): `try_recv` would wait forever.
 //!    Every [`PING_EVERY`] the receiving task asks its own connection for its backend's pid
-//!    (`SELECT pg_backend_pid()`, a query `PgListener` runs between notifications, which it
-//!    keeps); with no answer within [`PING_TIMEOUT`] the connection is dropped, a new one is
+//!    (`SELECT pg_backend_pid()`, run between notifications; `PgListener` keeps any that
+//!    arrive meanwhile); with no answer within [`PING_TIMEOUT`] the connection is dropped, a new one is
 //!    connected (with backoff while the server is unreachable), and every waiter is woken as
 //!    in 1. A pid that changed means `PgListener` reconnected by itself: every waiter is woken
 //!    then too. The ping is a query, not a `NOTIFY` to our own channel: before PostgreSQL 19
