@@ -558,6 +558,52 @@ async fn user_password_auth_and_a_wrong_password() {
     assert!(e.is_auth(), "{e}");
 }
 
+/// etcd's auth tokens expire: a simple token `--auth-token-ttl` after its last use (300 s by
+/// default), so a process that calls nothing for five minutes holds a dead token. A store left
+/// idle past it, a holder that renews across it and a waiter that waits across it all go on:
+/// the client authenticates again, and the caller never sees "invalid auth token".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_auth_token_is_renewed_not_reported() {
+    let cluster = EtcdCluster::start_args(1, &["--auth-token-ttl", "2"]);
+    cluster.ctl(&["user", "add", "root:Tok-pw-7", "--interactive=false"]);
+    cluster.ctl(&["user", "grant-role", "root", "root"]);
+    cluster.ctl(&["auth", "enable"]);
+    let url = format!(
+        "{}/t{:08x}",
+        cluster.url().replace("etcd://", "etcd://root:Tok-pw-7@"),
+        rand::random::<u32>()
+    );
+    let expire = Duration::from_secs(4);
+    let store = Store::connect(&url).await.unwrap();
+    let name = unique("token");
+    let sem = Semaphore::new(&store, &name, 1, o(TTL)).unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+
+    // Idle past the token's TTL, then every kind of call.
+    tokio::time::sleep(expire).await;
+    assert!(store.list().await.unwrap().is_empty());
+    tokio::time::sleep(expire).await;
+    let p = sem.acquire().await.unwrap();
+    tokio::time::sleep(expire).await;
+    assert!(sem.try_acquire().await.unwrap().is_none());
+
+    // A waiter of another store waits across its token's expiry while the holder renews.
+    let other = Store::connect(&url).await.unwrap();
+    let sem2 = Semaphore::new(&other, &name, 1, o(TTL)).unwrap();
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    wait_queued(&store, &name, 1).await;
+    tokio::time::sleep(expire).await;
+    assert!(p.release().await.unwrap(), "the holder's lease was lost");
+    let q = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not served after its token expired")
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(expire).await;
+    assert!(q.release().await.unwrap(), "the waiter's lease was lost");
+    assert_drained(&store, &name).await;
+}
+
 /// No rate limiter on etcd: a typed `Unsupported` error that says why (no clock readable in
 /// a transaction), through the fault-injecting wrapper too; nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

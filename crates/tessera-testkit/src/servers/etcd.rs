@@ -42,6 +42,7 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial_cluster: String,
     tls: Option<EtcdTls>,
+    extra: Vec<String>,
 }
 
 /// PEM files for a cluster that serves clients over TLS and asks them for a certificate
@@ -133,20 +134,26 @@ impl EtcdCluster {
     /// Starts `n` members and waits until the cluster has a leader and every member is
     /// healthy. Panics (failing the test) with the install line if `etcd` is missing.
     pub fn start(n: usize) -> EtcdCluster {
-        EtcdCluster::start_with(n, None)
+        EtcdCluster::start_with(n, None, &[])
+    }
+
+    /// Like [`EtcdCluster::start`], with more command-line options for every member (e.g.
+    /// `--auth-token-ttl 2`).
+    pub fn start_args(n: usize, extra: &[&str]) -> EtcdCluster {
+        EtcdCluster::start_with(n, None, extra)
     }
 
     /// Starts `n` members that serve clients over TLS only (`--cert-file`, `--key-file`,
     /// `--client-cert-auth`, `--trusted-ca-file`): [`EtcdCluster::url`] is then an
     /// `etcds://` URL with the CA and the client certificate.
     pub fn start_tls(n: usize, tls: &EtcdTls) -> EtcdCluster {
-        EtcdCluster::start_with(n, Some(tls))
+        EtcdCluster::start_with(n, Some(tls), &[])
     }
 
-    fn start_with(n: usize, tls: Option<&EtcdTls>) -> EtcdCluster {
+    fn start_with(n: usize, tls: Option<&EtcdTls>, extra: &[&str]) -> EtcdCluster {
         let mut last = String::new();
         for _ in 0..5 {
-            match EtcdCluster::try_start(n, tls) {
+            match EtcdCluster::try_start(n, tls, extra) {
                 Ok(c) => return c,
                 Err(e) if e == INSTALL => panic!("{e}"),
                 Err(e) => last = e,
@@ -155,7 +162,7 @@ impl EtcdCluster {
         panic!("etcd did not start: {last}");
     }
 
-    fn try_start(n: usize, tls: Option<&EtcdTls>) -> Result<EtcdCluster, String> {
+    fn try_start(n: usize, tls: Option<&EtcdTls>, extra: &[&str]) -> Result<EtcdCluster, String> {
         let dir = tempfile::tempdir().expect("temp dir for etcd");
         let token = format!("t{:08x}", rand::random::<u32>());
         let members: Vec<Member> = (0..n)
@@ -177,6 +184,7 @@ impl EtcdCluster {
             members,
             initial_cluster: format!("{initial_cluster}|{token}"),
             tls: tls.cloned(),
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..n {
             cluster.spawn(i)?;
@@ -220,6 +228,7 @@ impl EtcdCluster {
             .args(["--heartbeat-interval", "50"])
             .args(["--election-timeout", &ELECTION_TIMEOUT_MS.to_string()])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

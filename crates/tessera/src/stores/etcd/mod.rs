@@ -10,7 +10,8 @@
 //!   on through the loss of a member, or of its own connection to one. The port defaults
 //!   to 2379.
 //! - `user:password` (percent-encoded) authenticates with etcd's auth; the password never
-//!   appears in a message.
+//!   appears in a message. An expired token (idle past `--auth-token-ttl`, or a JWT's end)
+//!   is renewed on the request that finds it refused.
 //! - `prefix` (default `tessera`; `A-Z a-z 0-9 . _ -` and inner `/`) roots every key, so
 //!   tenants sharing a cluster are isolated (with etcd roles granting `prefix/` only).
 //! - `etcds://`: TLS (rustls). `ca` is the PEM file of the CA that signed the members'
@@ -285,7 +286,12 @@ impl EtcdBackend {
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &config.user {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's auth tokens expire (a simple token `--auth-token-ttl` after its last
+            // use, 300 s by default; a JWT at a fixed time): a request refused for an
+            // expired token authenticates again and is sent once more.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if let Some(tls) = &config.tls {
             let mut t = etcd_client::TlsOptions::new();
