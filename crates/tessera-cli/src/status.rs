@@ -117,7 +117,7 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
     match &args.name {
         Some(name) => {
             let status = store.status(name).await?;
-            let rate = store.rate_status(name).await?;
+            let rate = rate_status(store, name).await?;
             let code = if status.is_some() || rate.is_some() {
                 exit::OK
             } else {
@@ -152,8 +152,8 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 }
             }
             let mut rates = Vec::new();
-            for name in store.rate_list().await? {
-                if let Some(r) = store.rate_status(&name).await? {
+            for name in rate_list(store).await? {
+                if let Some(r) = rate_status(store, &name).await? {
                     rates.push(r);
                 }
             }
@@ -177,6 +177,23 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
             };
             Ok((text, exit::OK))
         }
+    }
+}
+
+/// The rate limiter named `name`; none on a store without rate limiting (etcd), whose
+/// semaphores `status` still shows.
+async fn rate_status(store: &Store, name: &str) -> tessera::Result<Option<RateStatus>> {
+    match store.rate_status(name).await {
+        Err(tessera::Error::Unsupported(_)) => Ok(None),
+        other => other,
+    }
+}
+
+/// The rate limiters' names; none on a store without rate limiting.
+async fn rate_list(store: &Store) -> tessera::Result<Vec<String>> {
+    match store.rate_list().await {
+        Err(tessera::Error::Unsupported(_)) => Ok(Vec::new()),
+        other => other,
     }
 }
 
