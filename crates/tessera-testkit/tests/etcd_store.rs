@@ -604,6 +604,59 @@ async fn an_expired_auth_token_is_renewed_not_reported() {
     assert_drained(&store, &name).await;
 }
 
+/// etcd over its space quota (`--quota-backend-bytes`, alarm NOSPACE) refuses every put
+/// until an operator frees space and disarms the alarm. An acquire then fails at once with a
+/// store error that says so (it used to wait out its whole wait and report "no permit", as
+/// if the semaphore were taken); a holder still gives its permit back; once space is freed
+/// and the alarm disarmed, acquires work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_out_of_space_is_a_plain_error_not_a_taken_semaphore() {
+    let cluster = EtcdCluster::start_args(1, &["--quota-backend-bytes", "2000000"]);
+    let url = format!("{}/t{:08x}", cluster.url(), rand::random::<u32>());
+    let store = Store::connect(&url).await.unwrap();
+    let name = unique("nospace");
+    let sem = Semaphore::new(&store, &name, 1, o(TTL)).unwrap();
+    let held = sem.acquire().await.unwrap();
+
+    let value = "x".repeat(100_000);
+    let full = (0..100).any(|i| {
+        cluster
+            .try_ctl(&["put", &format!("fill{i}"), &value])
+            .is_err()
+    });
+    assert!(full, "the cluster never filled");
+    assert!(cluster.ctl(&["alarm", "list"]).contains("NOSPACE"));
+
+    let other = Semaphore::new(&store, &unique("nospace"), 1, o(TTL)).unwrap();
+    let e = timeout(
+        Duration::from_secs(10),
+        other.acquire_many_timeout(1, Duration::from_secs(60)),
+    )
+    .await
+    .expect("an acquire kept waiting on a full cluster")
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::Store { .. }) && !e.is_transient(),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("NOSPACE"), "{e}");
+    assert!(
+        held.release().await.unwrap(),
+        "the holder could not release"
+    );
+    assert_drained(&store, &name).await;
+
+    cluster.ctl(&["del", "fill", "--prefix"]);
+    cluster.compact();
+    cluster.ctl(&["defrag"]);
+    cluster.ctl(&["alarm", "disarm"]);
+    let p = timeout(Duration::from_secs(10), other.acquire())
+        .await
+        .expect("no grant after the alarm was disarmed")
+        .unwrap();
+    assert!(p.release().await.unwrap());
+}
+
 /// No rate limiter on etcd: a typed `Unsupported` error that says why (no clock readable in
 /// a transaction), through the fault-injecting wrapper too; nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -325,6 +325,12 @@ impl EtcdCluster {
 
     /// Runs `etcdctl` against the running members and returns its stdout.
     pub fn ctl(&self, args: &[&str]) -> String {
+        self.try_ctl(args)
+            .unwrap_or_else(|e| panic!("etcdctl {args:?}: {e}"))
+    }
+
+    /// Runs `etcdctl` like [`EtcdCluster::ctl`]; a refusal is its stderr as the error.
+    pub fn try_ctl(&self, args: &[&str]) -> Result<String, String> {
         let out = self
             .etcdctl()
             .arg(format!("--endpoints={}", self.endpoints()))
@@ -334,12 +340,10 @@ impl EtcdCluster {
                 std::io::ErrorKind::NotFound => panic!("{INSTALL_CTL}"),
                 _ => panic!("etcdctl: {e}"),
             });
-        assert!(
-            out.status.success(),
-            "etcdctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// The index of the member that leads now (waits up to 10 s for one).

@@ -8,6 +8,18 @@ use crate::error::{Error, StoreErrorKind};
 /// Turns an etcd-client error into a tessera error; `secret` (the URL's password) never
 /// appears.
 pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
+    if is_out_of_space(&e) {
+        // Not `Busy`: nothing is written again until an operator frees space, so a waiter
+        // that retried would wait out its whole wait as if the semaphore were taken.
+        return Error::store(
+            StoreErrorKind::Other,
+            format!(
+                "etcd: {e}: the cluster is over its space quota (--quota-backend-bytes, alarm \
+                 NOSPACE) and refuses every write until an operator compacts, defragments and \
+                 runs `etcdctl alarm disarm`; releases still work"
+            ),
+        );
+    }
     let kind = match &e {
         EtcdError::TransportError(_) | EtcdError::IoError(_) => StoreErrorKind::Connection,
         // A keep-alive or watch stream that closed: the connection under it went away.
@@ -35,6 +47,12 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
         message = message.replace(s, "***");
     }
     Error::store(kind, format!("etcd: {message}"))
+}
+
+/// Whether etcd refused a write because the cluster is over its space quota (alarm NOSPACE:
+/// every put and lease grant is refused; deletes and reads still run).
+fn is_out_of_space(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::GRpcStatus(s) if s.message().contains("database space exceeded"))
 }
 
 /// Whether etcd said the lease does not exist (expired or revoked).
