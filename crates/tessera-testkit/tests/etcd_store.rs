@@ -617,6 +617,11 @@ async fn a_cluster_out_of_space_is_a_plain_error_not_a_taken_semaphore() {
     let name = unique("nospace");
     let sem = Semaphore::new(&store, &name, 1, o(TTL)).unwrap();
     let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    wait_queued(&store, &name, 1).await;
 
     let value = "x".repeat(100_000);
     let full = (0..100).any(|i| {
@@ -644,6 +649,12 @@ async fn a_cluster_out_of_space_is_a_plain_error_not_a_taken_semaphore() {
         held.release().await.unwrap(),
         "the holder could not release"
     );
+    let e = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter kept waiting on a full cluster")
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("NOSPACE"), "{e}");
     assert_drained(&store, &name).await;
 
     cluster.ctl(&["del", "fill", "--prefix"]);

@@ -51,7 +51,7 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
 
 /// Whether etcd refused a write because the cluster is over its space quota (alarm NOSPACE:
 /// every put and lease grant is refused; deletes and reads still run).
-fn is_out_of_space(e: &EtcdError) -> bool {
+pub(super) fn is_out_of_space(e: &EtcdError) -> bool {
     matches!(e, EtcdError::GRpcStatus(s) if s.message().contains("database space exceeded"))
 }
 

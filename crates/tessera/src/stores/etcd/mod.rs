@@ -153,7 +153,7 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, FenceSource, HandOff, Waking};
 use crate::wake;
 
-use error::{is_lease_not_found, is_unreachable, store_error};
+use error::{is_lease_not_found, is_out_of_space, is_unreachable, store_error};
 use members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use ops::{lease_secs, Entry, Keys, Place, Record, Snapshot};
 use watch::{Target, Watches};
@@ -669,6 +669,9 @@ impl EtcdBackend {
                 Ok(_) => continue,
                 // A grantee's session ended: end the grant alone.
                 Err(e) if is_lease_not_found(&e) => break,
+                // A cluster over its space quota refuses the grant's puts, not the deletes:
+                // end the grant alone; the head's own grant then meets the full cluster.
+                Err(e) if is_out_of_space(&e) => break,
                 Err(e) => return Err(self.err(e)),
             }
         }
