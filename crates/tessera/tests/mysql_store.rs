@@ -592,7 +592,12 @@ async fn a_server_limiting_statement_time_does_not_cut_the_doorbells_park_short(
     );
     let store = Store::connect(&server.url("limit")).await.unwrap();
     let sem = Semaphore::new(&store, "l", 1, SemaphoreOptions::default()).unwrap();
-    sem.acquire().await.unwrap().release().await.unwrap();
+    // A queued waiter keeps the doorbell open.
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let parked_ms = server.sql(
         "SELECT MAX(TIME_MS) FROM information_schema.PROCESSLIST \
@@ -603,6 +608,8 @@ async fn a_server_limiting_statement_time_does_not_cut_the_doorbells_park_short(
         parked_ms >= 1000.0,
         "the doorbell's current park began {parked_ms} ms ago"
     );
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
     sem.acquire().await.unwrap().release().await.unwrap();
     store.close().await.unwrap();
 }

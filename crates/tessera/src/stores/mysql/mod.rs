@@ -208,7 +208,7 @@ pub(crate) async fn lift_statement_limit(conn: &mut sqlx::MySqlConnection) {
 }
 
 /// The MySQL / MariaDB backend. Cheap to share behind an `Arc`; holds a small connection
-/// pool and one doorbell connection.
+/// pool and a doorbell (two connections while waiters of this client are queued).
 pub struct MysqlBackend {
     pool: MySqlPool,
     url: String,
@@ -230,7 +230,8 @@ impl fmt::Debug for MysqlBackend {
 
 impl MysqlBackend {
     /// Connects to a `mysql://` or `mariadb://` URL (see the module docs): parses it,
-    /// migrates the schema, opens the pool and parks the doorbell.
+    /// migrates the schema and opens the pool (lazily); the doorbell opens when a waiter is
+    /// first queued.
     pub async fn connect(raw: &str) -> Result<Self> {
         let config = parse_url(raw)?;
         let options = config.options.clone();
@@ -279,7 +280,7 @@ impl MysqlBackend {
             .connect_lazy_with(options.clone());
         let waiting: Waiting = Arc::default();
         let doorbell = match config.wake {
-            WakeMode::Doorbell => Some(Doorbell::start(options, Arc::clone(&waiting)).await),
+            WakeMode::Doorbell => Some(Doorbell::start(options, Arc::clone(&waiting))),
             WakeMode::Poll => None,
         };
         Ok(MysqlBackend {
@@ -315,6 +316,13 @@ impl MysqlBackend {
             set.insert(lease);
         } else {
             set.remove(&lease);
+        }
+        drop(set);
+        // A queued waiter opens a dormant doorbell (after it is in the set: see `notify.rs`).
+        if waiting {
+            if let Some(doorbell) = &self.doorbell {
+                doorbell.wake();
+            }
         }
     }
 }

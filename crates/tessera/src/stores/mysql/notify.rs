@@ -45,7 +45,15 @@
 //! connect as different users need `CONNECTION ADMIN` (MySQL 8) / `CONNECTION ADMIN` or
 //! `SUPER` (MariaDB) to ring each other, and `PROCESS` to see each other's threads in
 //! `PROCESSLIST`. Without them a ring finds nothing and waiters fall back to polling.
-//! `GET_LOCK` needs no privilege. A client uses two connections for its doorbell.
+//! `GET_LOCK` needs no privilege.
+//!
+//! **Only while waiters wait.** The doorbell's two connections are opened when a waiter of
+//! the client is first queued, not at connect, and closed again after a whole park (60 s)
+//! with no ring and no waiter queued. A client that only holds or tries (most `tessera run`
+//! processes) keeps just its pooled connection, so a server's `max_connections` serves about
+//! three times as many of them. A waiter queued while its client's doorbell is still
+//! connecting is written without an address; its first poll (20 ms later) moves it to the
+//! doorbell, as after any reconnect.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -80,7 +88,28 @@ pub(crate) type Waiting = Arc<Mutex<HashSet<LeaseId>>>;
 #[derive(Debug)]
 pub(crate) struct Doorbell {
     address: Arc<Mutex<String>>,
+    dormancy: Arc<Dormancy>,
     task: JoinHandle<()>,
+}
+
+/// Whether the doorbell is closed for want of waiters, and the signal that opens it.
+#[derive(Debug)]
+struct Dormancy {
+    dormant: Mutex<bool>,
+    wake: tokio::sync::Notify,
+}
+
+impl Dormancy {
+    /// Goes dormant if no waiter is queued. The check and the change happen under the
+    /// `dormant` lock, and [`Doorbell::wake`] takes it after its waiter was added to
+    /// `waiting`: a waiter queued meanwhile either is seen here or wakes the doorbell again.
+    fn sleep_if_idle(&self, waiting: &Waiting) -> bool {
+        let mut dormant = self.dormant.lock().unwrap();
+        if waiting.lock().unwrap().is_empty() {
+            *dormant = true;
+        }
+        *dormant
+    }
 }
 
 impl Drop for Doorbell {
@@ -91,15 +120,46 @@ impl Drop for Doorbell {
 }
 
 impl Doorbell {
-    /// Connects the doorbell and parks it; `None` if it cannot connect now (waiters then
-    /// poll; it keeps trying in the background).
-    pub(crate) async fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
+    /// The doorbell of a client, dormant (no connection) until [`Doorbell::wake`].
+    pub(crate) fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
+        Doorbell::start_parking(options, waiting, PARK_S)
+    }
+
+    /// Like [`Doorbell::start`], parking `park_s` seconds at a time (tests).
+    pub(crate) fn start_parking(
+        options: MySqlConnectOptions,
+        waiting: Waiting,
+        park_s: u32,
+    ) -> Doorbell {
         // The parked SLEEP is slow on purpose: not a statement to warn about.
         let options = options.disable_statement_logging();
         let address = Arc::new(Mutex::new(String::new()));
-        let first = connect(&options).await;
-        let task = tokio::spawn(park_loop(options, first, Arc::clone(&address), waiting));
-        Doorbell { address, task }
+        let dormancy = Arc::new(Dormancy {
+            dormant: Mutex::new(true),
+            wake: tokio::sync::Notify::new(),
+        });
+        let task = tokio::spawn(park_loop(
+            options,
+            park_s,
+            Arc::clone(&address),
+            Arc::clone(&dormancy),
+            waiting,
+        ));
+        Doorbell {
+            address,
+            dormancy,
+            task,
+        }
+    }
+
+    /// Opens a dormant doorbell (it connects and parks in the background); call it after
+    /// adding a waiter to `waiting`.
+    pub(crate) fn wake(&self) {
+        let mut dormant = self.dormancy.dormant.lock().unwrap();
+        if *dormant {
+            *dormant = false;
+            self.dormancy.wake.notify_one();
+        }
     }
 
     /// `<connection id>:<token>`, or `""` while the doorbell is not connected.
@@ -129,7 +189,7 @@ impl Parked {
 
 /// A fresh doorbell: its connection, its latch holding the user lock it parks on, and its
 /// address.
-async fn connect(options: &MySqlConnectOptions) -> Option<Parked> {
+async fn connect(options: &MySqlConnectOptions, park_s: u32) -> Option<Parked> {
     let mut conn = options.connect().await.ok()?;
     sqlx::raw_sql(super::KEEP_IDLE)
         .execute(&mut conn)
@@ -161,8 +221,8 @@ async fn connect(options: &MySqlConnectOptions) -> Option<Parked> {
         Err(_) => None,
     };
     let park = match latch {
-        Some(_) => format!("SELECT GET_LOCK('{lock}', {PARK_S}) /* tessera doorbell {token} */"),
-        None => format!("SELECT SLEEP({PARK_S}) /* tessera doorbell {token} */"),
+        Some(_) => format!("SELECT GET_LOCK('{lock}', {park_s}) /* tessera doorbell {token} */"),
+        None => format!("SELECT SLEEP({park_s}) /* tessera doorbell {token} */"),
     };
     Some(Parked {
         conn,
@@ -181,17 +241,18 @@ fn wake_all(waiting: &Waiting) {
 
 async fn park_loop(
     options: MySqlConnectOptions,
-    mut first: Option<Parked>,
+    park_s: u32,
     address: Arc<Mutex<String>>,
+    dormancy: Arc<Dormancy>,
     waiting: Waiting,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let parked = match first.take() {
-            Some(p) => Some(p),
-            None => connect(&options).await,
-        };
-        let Some(mut parked) = parked else {
+        // `notify_one` keeps a wake that comes before this wait starts.
+        while *dormancy.dormant.lock().unwrap() {
+            dormancy.wake.notified().await;
+        }
+        let Some(mut parked) = connect(&options, park_s).await else {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
@@ -212,10 +273,18 @@ async fn park_loop(
                     wake_all(&waiting);
                     break;
                 }
+                // Waited the whole time (both waits answer 0): a ring that found it parked
+                // just before the end sent its `KILL QUERY` to an idle connection, where it
+                // does nothing, so every waiter asks the store once. With none queued, the
+                // doorbell closes until the next one is.
+                Ok(Some(0)) => {
+                    wake_all(&waiting);
+                    if dormancy.sleep_if_idle(&waiting) {
+                        break;
+                    }
+                }
                 // Rung (`KILL QUERY` makes `SLEEP` return 1, a `GET_LOCK` wait NULL on some
-                // servers), or waited the whole time: then a ring that found it parked just
-                // before the end sent its `KILL QUERY` to an idle connection, where it does
-                // nothing. Either way every waiter asks the store once; then park again.
+                // servers): every waiter asks the store once; then park again.
                 Ok(_) => wake_all(&waiting),
                 // MariaDB answers the killed wait with "query execution was interrupted"
                 // (1317); the connection itself lives on.

@@ -17,7 +17,11 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
         MysqlBackend::connect(&url).await.unwrap(),
         MysqlBackend::connect(&url).await.unwrap(),
     );
-    // Wait until both doorbells are parked.
+    // A queued waiter opens each client's doorbell; wait until both are parked. (A doorbell
+    // that parks wakes its client's waiters once: the registrations come after.)
+    let (in_a, in_b) = (LeaseId::random(), LeaseId::random());
+    a.set_waiting(in_a, true);
+    b.set_waiting(in_b, true);
     let mut parked = 0;
     for _ in 0..100 {
         parked = server
@@ -34,10 +38,7 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(parked, 2);
-    let (in_a, in_b) = (LeaseId::random(), LeaseId::random());
     let (reg_a, reg_b) = (Registration::new(in_a), Registration::new(in_b));
-    a.set_waiting(in_a, true);
-    b.set_waiting(in_b, true);
     // B rings A: A's waiter wakes, B's does not.
     // Both clients are in this process, whose waiters every grant wakes directly: `ring`
     // leaves their doorbells alone.
@@ -94,6 +95,8 @@ async fn a_lost_latch_wakes_the_waiters_and_the_doorbell_parks_again_at_a_new_ad
             .trim()
             == "1"
     };
+    let lease = LeaseId::random();
+    a.set_waiting(lease, true);
     let mut first = String::new();
     for _ in 0..200 {
         first = a.doorbell_address();
@@ -115,9 +118,7 @@ async fn a_lost_latch_wakes_the_waiters_and_the_doorbell_parks_again_at_a_new_ad
         first.split(':').next().unwrap(),
         "the doorbell holds its own lock"
     );
-    let lease = LeaseId::random();
     let reg = Registration::new(lease);
-    a.set_waiting(lease, true);
     server.sql(&format!("KILL CONNECTION {latch}"));
     tokio::time::timeout(Duration::from_secs(10), reg.notified())
         .await
@@ -351,7 +352,9 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
     let reply = backend.acquire(&name, 1, &req).await.unwrap();
     assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
     assert!(backend.release(&name, req.lease_id).await.unwrap());
-    // The doorbell (a connection of its own, same user) is parked: it is encrypted too.
+    // The doorbell (a connection of its own, same user, opened for a waiter) is parked: it
+    // is encrypted too.
+    backend.set_waiting(LeaseId::random(), true);
     let mut parked = String::new();
     for _ in 0..100 {
         parked = server.sql(
@@ -634,6 +637,16 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
         b.acquire(&s, 1, &req(waiter, wait)).await.unwrap(),
         AcquireReply::Queued { position: 0 }
     );
+    // The waiter opened the doorbell; once it is parked, a heartbeat's full step moves the
+    // waiter to its address.
+    for _ in 0..250 {
+        if !b.doorbell_address().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!b.doorbell_address().is_empty(), "no doorbell");
+    b.heartbeat(&s, waiter, waiter_ttl).await.unwrap();
     let expiry = || server.sql("SELECT expires_at FROM t.tessera_waiters");
     let first = expiry();
     // Fresh: the probe answers, and a heartbeat leaves the expiry alone.
@@ -693,5 +706,114 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
     assert_eq!(
         b.heartbeat(&s, unknown, waiter_ttl).await.unwrap(),
         WaitReply::Gone
+    );
+}
+
+/// How many doorbells are parked on the server (any client's).
+fn parked_doorbells(server: &MariaDbServer) -> u32 {
+    server
+        .sql(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
+        )
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The doorbell's two connections exist only while its client has waiters queued: a client
+/// whose acquires are granted at once opens none, the first queued waiter opens them, and a
+/// whole park with no ring and no waiter closes them (latch and lock included) until the
+/// next waiter opens them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let (a, b) = (
+        MysqlBackend::connect(&url).await.unwrap(),
+        MysqlBackend::connect(&url).await.unwrap(),
+    );
+    let name = Name::new("lazy").unwrap();
+    let req = |wait| AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "lazy/1".into(),
+        wait,
+    };
+    let held = req(None);
+    let reply = a.acquire(&name, 1, &held).await.unwrap();
+    assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(parked_doorbells(&server), 0, "a holder opened a doorbell");
+    assert!(a.doorbell_address().is_empty());
+    let queued = req(Some(WaitSpec {
+        waiter_ttl: Duration::from_secs(30),
+        queue_cap: 16,
+    }));
+    let reply = b.acquire(&name, 1, &queued).await.unwrap();
+    assert!(matches!(reply, AcquireReply::Queued { .. }), "{reply:?}");
+    let mut parked = 0;
+    for _ in 0..250 {
+        parked = parked_doorbells(&server);
+        if parked == 1 && !b.doorbell_address().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(parked, 1, "the waiter's client opened no doorbell");
+    assert!(
+        a.doorbell_address().is_empty(),
+        "the holder's client opened one"
+    );
+    assert!(b.cancel(&name, queued.lease_id).await.is_ok());
+    assert!(a.release(&name, held.lease_id).await.unwrap());
+
+    // A doorbell that parks 1 s at a time: it stays through quiet parks while a waiter is
+    // queued, and closes after the first quiet park without one.
+    let config = parse_url(&url).unwrap();
+    let waiting: Waiting = Arc::default();
+    let bell = Doorbell::start_parking(config.options, Arc::clone(&waiting), 1);
+    let lease = LeaseId::random();
+    waiting.lock().unwrap().insert(lease);
+    bell.wake();
+    let mut first = String::new();
+    for _ in 0..250 {
+        first = bell.address();
+        if !first.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!first.is_empty(), "the doorbell did not open");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(bell.address(), first, "it closed with a waiter queued");
+    waiting.lock().unwrap().remove(&lease);
+    let token = first.split_once(':').unwrap().1.to_string();
+    let mut lock_held = String::new();
+    for _ in 0..250 {
+        lock_held = server.sql(&format!(
+            "SELECT IS_USED_LOCK('tessera-bell-{token}') IS NOT NULL"
+        ));
+        if bell.address().is_empty() && lock_held.trim() == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(bell.address().is_empty(), "the doorbell stayed open");
+    assert_eq!(lock_held.trim(), "0", "its latch still holds the lock");
+    waiting.lock().unwrap().insert(lease);
+    bell.wake();
+    let mut second = String::new();
+    for _ in 0..250 {
+        second = bell.address();
+        if !second.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !second.is_empty() && second != first,
+        "no new doorbell: {second}"
     );
 }
