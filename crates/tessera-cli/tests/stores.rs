@@ -146,3 +146,85 @@ fn admin_commands_on_mariadb() {
 fn admin_commands_on_etcd() {
     admin_walk(Harness::etcd().url(), false);
 }
+
+/// Two `tessera run` processes on one MariaDB lock: the holder's command ends, it releases
+/// (handing the lock to the waiting process in the same call) and exits at once. The ring
+/// that wakes the waiter's doorbell (`KILL QUERY`, counted by the server's `Com_kill`) is
+/// sent before the holder exits: it used to be left to a background task that died with the
+/// process, so every waiting process found its grant only at its next poll (20 processes
+/// handing a lock on took 15 s instead of 1).
+#[test]
+fn a_holder_that_exits_after_its_release_has_rung_the_waiting_process() {
+    let h = Harness::mariadb();
+    let server = h.mariadb_server().unwrap();
+    let kills = || -> u64 {
+        let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_kill'");
+        out.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    let home = tempfile::tempdir().unwrap();
+    let go = home.path().join("go");
+    let ran = home.path().join("ran");
+    let spawn = |script: String| {
+        tessera(home.path())
+            .args([
+                "--store",
+                h.url(),
+                "run",
+                "--name",
+                "rung",
+                "--permits",
+                "1",
+            ])
+            .args(["--ttl", "30s", "--wait", "60s", "--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // The holder runs until the file `go` exists.
+    let held = home.path().join("held");
+    let mut holder = spawn(format!(
+        "touch {held}; while [ ! -e {go} ]; do sleep 0.02; done",
+        held = held.display(),
+        go = go.display()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the holder never ran its command"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut waiter = spawn(format!("touch {}", ran.display()));
+    while server.sql("SELECT COUNT(*) FROM t.tessera_waiters").trim() != "1" {
+        assert!(Instant::now() < deadline, "the second process never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The waiting process's doorbell is parked before the holder lets go.
+    let parked = || {
+        server
+            .sql(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
+            )
+            .trim()
+            == "1"
+    };
+    while !parked() {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's doorbell never parked"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = kills();
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(30)), Some(0));
+    let after_holder = kills();
+    assert_eq!(wait_exit(&mut waiter, Duration::from_secs(30)), Some(0));
+    assert!(ran.exists(), "the waiter's command did not run");
+    assert!(
+        after_holder > before,
+        "the holder exited without ringing the waiter's doorbell (Com_kill {before} -> {after_holder})"
+    );
+}

@@ -99,7 +99,7 @@ macro_rules! step {
                             None => $crate::wake::notify(id),
                         }
                     }
-                    notify::ring(&$self.pool, rung, &doorbell);
+                    notify::ring(&$self.pool, rung, &doorbell).await;
                     break Ok::<_, Error>(reply);
                 }
                 Err(e) => {
@@ -362,7 +362,7 @@ impl MysqlBackend {
             // process is rung on its doorbell (never this process's own doorbells).
             crate::wake::notify_grant(grant);
             if !doorbell.is_empty() {
-                notify::ring(&self.pool, vec![doorbell], &self.doorbell_address());
+                notify::ring(&self.pool, vec![doorbell], &self.doorbell_address()).await;
             }
         }
         Ok(Fast::Done(released.held))

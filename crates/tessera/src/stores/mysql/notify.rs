@@ -30,8 +30,10 @@
 //! released, the doorbell's `GET_LOCK` returns 1, and both are opened again.
 //!
 //! The woken client then wakes every waiter it has queued (it does not know which lease was
-//! granted: one heartbeat each, only in that client). The ring runs in a task of its own,
-//! off the granting operation's path, on a pooled connection.
+//! granted: one heartbeat each, only in that client). The granting operation sends the ring
+//! after its commit, on a pooled connection, before it returns (so a process that exits
+//! right after a release has rung); only the look-again rounds for a doorbell between two
+//! parks run in a task of their own.
 //!
 //! A ring can still be lost: the doorbell was reconnecting, the server restarted, it stayed
 //! unparked longer than the ring looks for it, or the user may not kill its own threads. (A
@@ -305,14 +307,14 @@ async fn park_loop(
 }
 
 /// Rings the doorbells at `addresses` (but not `own`, nor any other doorbell of this
-/// process), in the background.
-pub(crate) fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
+/// process).
+pub(crate) async fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
     let local = LOCAL.lock().unwrap().clone();
     let remote = addresses
         .into_iter()
         .filter(|a| a != own && !local.contains(a))
         .collect();
-    ring_each(pool, remote);
+    ring_each(pool, remote).await;
 }
 
 /// How long a ring keeps looking for a doorbell that is connected but not parked: after
@@ -321,14 +323,17 @@ pub(crate) fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
 /// waiters would wait for their next poll). The checks are spaced 1, 2, 4, … ms apart.
 const RING_RETRIES: u32 = 8;
 
-/// Rings every doorbell at `addresses`, in the background (see the module docs).
+/// Rings every doorbell at `addresses` (see the module docs).
 ///
-/// A doorbell is rung only while it is parked in its wait: one that is connected but
-/// between two parks is checked again, backed off, for about a quarter of a second
+/// The first round runs before this returns, so a process that ends right after a release
+/// has rung the waiters it granted (a ring left to a background task died with a `tessera
+/// run` that exited at once, and each waiter in another process then found its grant only
+/// at its next poll, up to a second later). A doorbell that is connected but between two
+/// parks is checked again in the background, backed off, for about a quarter of a second
 /// ([`RING_RETRIES`]); a connection id that is gone, or that never parks with this token
 /// (reused by another client), is left alone.
-pub(crate) fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
-    let mut pending: Vec<(u64, String)> = addresses
+pub(crate) async fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
+    let pending: Vec<(u64, String)> = addresses
         .into_iter()
         .filter_map(|a| {
             let (id, token) = a.split_once(':')?;
@@ -339,46 +344,53 @@ pub(crate) fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
     if pending.is_empty() {
         return;
     }
+    let mut pending = ring_round(pool, pending).await;
+    if pending.is_empty() {
+        return;
+    }
     let pool = pool.clone();
     tokio::spawn(async move {
-        for attempt in 0..=RING_RETRIES {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(1 << (attempt - 1))).await;
-            }
-            // Taken per round, so that a ring backing off holds no pooled connection.
-            let Ok(mut conn) = pool.acquire().await else {
-                return;
-            };
-            let mut unparked = Vec::new();
-            for (id, token) in pending {
-                // NULL: no such connection; 0: connected, not parked (or not a doorbell of
-                // this token); 1: parked.
-                let parked: Option<Option<i64>> = sqlx::query_scalar(
-                    "SELECT INFO LIKE ? FROM information_schema.PROCESSLIST WHERE ID = ?",
-                )
-                .bind(format!("%tessera doorbell {token}%"))
-                .bind(id)
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap_or(None);
-                match parked {
-                    Some(Some(1)) => {
-                        let kill = format!("KILL QUERY {id}");
-                        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(kill))
-                            .execute(&mut *conn)
-                            .await
-                        {
-                            tracing::debug!(error = %e, "tessera MySQL doorbell: KILL QUERY failed");
-                        }
-                    }
-                    Some(_) => unparked.push((id, token)),
-                    None => {}
-                }
-            }
-            if unparked.is_empty() {
+        for attempt in 1..=RING_RETRIES {
+            tokio::time::sleep(Duration::from_millis(1 << (attempt - 1))).await;
+            pending = ring_round(&pool, pending).await;
+            if pending.is_empty() {
                 return;
             }
-            pending = unparked;
         }
     });
+}
+
+/// Rings each parked doorbell of `pending` once; returns those connected but not parked.
+/// The pooled connection is taken per round, so that a ring backing off holds none.
+async fn ring_round(pool: &MySqlPool, pending: Vec<(u64, String)>) -> Vec<(u64, String)> {
+    let Ok(mut conn) = pool.acquire().await else {
+        return Vec::new();
+    };
+    let mut unparked = Vec::new();
+    for (id, token) in pending {
+        // NULL: no such connection; 0: connected, not parked (or not a doorbell of this
+        // token); 1: parked.
+        let parked: Option<Option<i64>> = sqlx::query_scalar(
+            "SELECT INFO LIKE ? FROM information_schema.PROCESSLIST WHERE ID = ?",
+        )
+        .bind(format!("%tessera doorbell {token}%"))
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap_or(None);
+        match parked {
+            Some(Some(1)) => {
+                let kill = format!("KILL QUERY {id}");
+                if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(kill))
+                    .execute(&mut *conn)
+                    .await
+                {
+                    tracing::debug!(error = %e, "tessera MySQL doorbell: KILL QUERY failed");
+                }
+            }
+            Some(_) => unparked.push((id, token)),
+            None => {}
+        }
+    }
+    unparked
 }
