@@ -99,6 +99,9 @@ macro_rules! step {
                             None => $crate::wake::notify(id),
                         }
                     }
+                    // The connection goes back to the pool first: the ring takes one, and
+                    // steps that each held theirs while waiting for another could exhaust it.
+                    drop(tx);
                     notify::ring(&$self.pool, rung, &doorbell).await;
                     break Ok::<_, Error>(reply);
                 }

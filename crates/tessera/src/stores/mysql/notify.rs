@@ -323,6 +323,9 @@ pub(crate) async fn ring(pool: &MySqlPool, addresses: Vec<String>, own: &str) {
 /// waiters would wait for their next poll). The checks are spaced 1, 2, 4, … ms apart.
 const RING_RETRIES: u32 = 8;
 
+/// How long the granting call waits for its first round of rings.
+const RING_INLINE: Duration = Duration::from_secs(1);
+
 /// Rings every doorbell at `addresses` (see the module docs).
 ///
 /// The first round runs before this returns, so a process that ends right after a release
@@ -344,7 +347,11 @@ pub(crate) async fn ring_each(pool: &MySqlPool, addresses: Vec<String>) {
     if pending.is_empty() {
         return;
     }
-    let mut pending = ring_round(pool, pending).await;
+    // Bounded: a server gone silent after the commit must not hold the granting call (the
+    // waiters' polls then find their grants).
+    let Ok(mut pending) = tokio::time::timeout(RING_INLINE, ring_round(pool, pending)).await else {
+        return;
+    };
     if pending.is_empty() {
         return;
     }
