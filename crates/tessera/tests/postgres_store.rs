@@ -1602,3 +1602,62 @@ async fn a_release_right_after_a_restart_frees_the_permit() {
         next.unwrap().release().await.unwrap();
     }
 }
+
+/// The usual application role has no `CREATE` on the database. Its first connect to a schema
+/// nobody migrated fails with a message that says what to do; once an owner migrated the
+/// schema and granted what that message names, the role holds, waits, is handed the permit
+/// and rate-limits through the public API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
+    let server = PostgresServer::start();
+    server.psql("CREATE ROLE app LOGIN");
+    let url = |role: &str| {
+        format!(
+            "postgres://{role}@127.0.0.1:{}/postgres?schema=shared",
+            server.port()
+        )
+    };
+    let e = Store::connect(&url("app")).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("42501") && text.contains("GRANT this role"),
+        "{text}"
+    );
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'shared'"),
+        "0",
+        "the refused connect created something"
+    );
+
+    Store::connect(&url("postgres")).await.unwrap();
+    server.psql(
+        "GRANT USAGE ON SCHEMA shared TO app; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA shared TO app; \
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA shared TO app",
+    );
+    let store = Store::connect(&url("app")).await.unwrap();
+    let other = Store::connect(&url("app")).await.unwrap();
+    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    eventually(30, "the second client is queued", || {
+        server.psql("SELECT count(*) FROM shared.tessera_waiters") == "1"
+    })
+    .await;
+    assert!(held.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    let limiter = store
+        .rate_limiter("r", &[RateSpec::per_second(5).unwrap()])
+        .unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_admitted());
+    store.close().await.unwrap();
+    other.close().await.unwrap();
+}

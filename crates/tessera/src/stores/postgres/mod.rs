@@ -176,7 +176,7 @@ impl PostgresBackend {
             .map_err(|_| connect_timeout(&config))
             .and_then(|r| r);
         let _ = conn.close().await;
-        migrated?;
+        migrated.map_err(|e| migration_refused(e, &config.schema))?;
         let conns = Arc::new(Conns::new(
             config.options.clone(),
             config.session.clone(),
@@ -293,6 +293,24 @@ fn in_context(e: Error, config: &Config) -> Error {
 }
 
 /// Runs the migrations the schema lacks (see the module docs).
+/// A migration refused for want of privileges (SQLSTATE 42501: an application role without
+/// `CREATE` on the database, or not the schema's owner) says what to do about it.
+fn migration_refused(e: Error, schema: &str) -> Error {
+    match e {
+        Error::Store { kind, message } if message.contains("SQLSTATE 42501") => Error::Store {
+            kind,
+            message: format!(
+                "{message}; tessera creates and migrates its schema \"{schema}\" at connect: \
+                 connect once as a role that may (CREATE on the database, or the schema's \
+                 owner), then GRANT this role USAGE ON SCHEMA \"{schema}\", SELECT, INSERT, \
+                 UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" and EXECUTE ON ALL \
+                 FUNCTIONS IN SCHEMA \"{schema}\" (again after each tessera upgrade)"
+            ),
+        },
+        other => other,
+    }
+}
+
 async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
     let latest = MIGRATIONS.len() as i32;
     // Already up to date: nothing to lock or create (a user without CREATE rights gets here).
