@@ -633,3 +633,57 @@ async fn a_release_right_after_a_restart_frees_the_permit() {
     assert!(next.is_some(), "the permit was free again");
     next.unwrap().release().await.unwrap();
 }
+
+/// An application user with only `SELECT`, `INSERT`, `UPDATE`, `DELETE` and `EXECUTE` on the
+/// database: its first connect to a database nobody migrated fails with a message that says
+/// what to do; once a user with `CREATE` migrated it, the application user holds, waits, is
+/// handed the permit across clients (its procedures included) and rate-limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_only_row_rights_uses_tables_an_owner_migrated() {
+    let server = MariaDbServer::start();
+    let owner = server.url("shared");
+    server.sql(
+        "CREATE USER 'app'@'%' IDENTIFIED BY 'App-pw-1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON shared.* TO 'app'@'%'",
+    );
+    let app = owner.replace("root@", "app:App-pw-1@");
+    let e = Store::connect(&app).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("1142") && text.contains("connect once as a user"),
+        "{text}"
+    );
+    assert!(!text.contains("App-pw-1"), "{text}");
+
+    Store::connect(&owner).await.unwrap().close().await.unwrap();
+    let store = Store::connect(&app).await.unwrap();
+    let other = Store::connect(&app).await.unwrap();
+    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server
+        .sql("SELECT COUNT(*) FROM shared.tessera_waiters")
+        .trim()
+        != "1"
+    {
+        assert!(std::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(held.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    let limiter = store
+        .rate_limiter("r", &[RateSpec::per_second(5).unwrap()])
+        .unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_admitted());
+    store.close().await.unwrap();
+    other.close().await.unwrap();
+}

@@ -258,7 +258,7 @@ impl MysqlBackend {
             .map_err(|e| in_url(map_err(e)))?;
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
-        let routines = migrated.map_err(in_url)?;
+        let routines = migrated.map_err(migration_refused).map_err(in_url)?;
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_SIZE)
             .min_connections(0)
@@ -624,6 +624,27 @@ impl Backend for MysqlBackend {
 /// or refused connection (2002, 2006, 2013, 1053, 1927, 4031, I/O) is
 /// [`StoreErrorKind::Connection`]; a value of an unexpected type is [`Error::Corrupt`];
 /// anything else [`StoreErrorKind::Other`].
+/// A migration refused for want of privileges (1142: a command denied on a table, 1044: on
+/// the database) says what to do about it.
+fn migration_refused(e: Error) -> Error {
+    match e {
+        Error::Store { kind, message }
+            if message.contains(" 1142 (") || message.contains(" 1044 (") =>
+        {
+            Error::Store {
+                kind,
+                message: format!(
+                    "{message}; tessera creates and migrates its tables (tessera_*) at connect: \
+                     connect once as a user that may (CREATE and CREATE ROUTINE on the \
+                     database), then this user needs only SELECT, INSERT, UPDATE, DELETE and \
+                     EXECUTE there"
+                ),
+            }
+        }
+        other => other,
+    }
+}
+
 pub(crate) fn map_err(e: sqlx::Error) -> Error {
     let kind = match &e {
         sqlx::Error::Database(db) => {
