@@ -95,3 +95,68 @@ async fn a_cluster_client_follows_a_promoted_replica_and_fences_never_go_back() 
     let _held = sem.acquire().await.unwrap();
     assert!(store.list().await.unwrap().iter().any(|n| n == "held"));
 }
+
+/// Runs `redis-cli -p PORT ARGS…` (with `-a PASSWORD` when given) and returns its output.
+fn cli(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new("redis-cli");
+    cmd.args(["-p", &port.to_string()]);
+    if let Some(pw) = password {
+        cmd.args(["-a", pw, "--no-auth-warning"]);
+    }
+    let out = cmd.args(args).output().expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sentinels and servers behind one password (`requirepass` on the master, the replica and
+/// every sentinel; the sentinels given `auth-pass`), as production deployments run them: a
+/// `redis+sentinel://:PASSWORD@…` URL asks the sentinels with the URL's password (they
+/// answered NOAUTH, and connect failed), grants and hands off. A wrong password is an auth
+/// error that never shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_behind_a_password_are_asked_with_the_urls() {
+    const PW: &str = "Sent-pw-9";
+    let topo = SentinelTopology::start();
+    for s in topo.sentinel_ports() {
+        let name = tessera_testkit::servers::redis_sentinel::MASTER_NAME;
+        assert!(cli(s, None, &["SENTINEL", "SET", name, "auth-pass", PW]).contains("OK"));
+    }
+    for port in [topo.master().port(), topo.replica().port()] {
+        assert!(cli(port, None, &["CONFIG", "SET", "masterauth", PW]).contains("OK"));
+        assert!(cli(port, None, &["CONFIG", "SET", "requirepass", PW]).contains("OK"));
+    }
+    for s in topo.sentinel_ports() {
+        let set = format!(">{PW}");
+        assert!(cli(s, None, &["ACL", "SETUSER", "default", "on", &set]).contains("OK"));
+        assert!(
+            cli(s, None, &["PING"]).contains("NOAUTH"),
+            "sentinel {s} is open"
+        );
+        assert!(cli(s, Some(PW), &["PING"]).contains("PONG"));
+    }
+    let url = topo.url().replace("://", &format!("://:{PW}@"));
+    let store = Store::connect(&format!("{url}?prefix=pw")).await.unwrap();
+    let other = Store::connect(&format!("{url}?prefix=pw")).await.unwrap();
+    let sem = Semaphore::new(&store, "s", 1, opts()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(&other, "s", 1, opts()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sem.status().await.unwrap().queue.len() != 1 {
+        assert!(Instant::now() < deadline, "the second client never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(held.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+
+    let wrong = topo.url().replace("://", "://:Wrong-pw-1@");
+    let e = Store::connect(&wrong).await.unwrap_err();
+    assert!(e.is_auth(), "{e:?}");
+    assert!(!e.to_string().contains("Wrong-pw-1"), "{e}");
+}

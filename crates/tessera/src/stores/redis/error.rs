@@ -19,6 +19,12 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
         StoreErrorKind::Connection
     } else if e.code() == Some("BUSY") || e.code() == Some("LOADING") {
         StoreErrorKind::Busy
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+    {
+        // A wrong user or password, none given where one is required, or an ACL that
+        // refuses a command or key.
+        StoreErrorKind::Auth
     } else {
         StoreErrorKind::Other
     };

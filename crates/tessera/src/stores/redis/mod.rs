@@ -263,11 +263,24 @@ impl RedisBackend {
             Layout::Sentinel { sentinels, master } => {
                 let template = addr_template(&config.server_url);
                 let scheme = if config.tls { "rediss" } else { "redis" };
-                let sentinels = sentinels
-                    .iter()
-                    .map(|(h, p)| redis::Client::open(format!("{scheme}://{h}:{p}")))
-                    .collect::<redis::RedisResult<Vec<_>>>()
-                    .map_err(err)?;
+                let open = |prefix: &str| {
+                    sentinels
+                        .iter()
+                        .map(|(h, p)| redis::Client::open(format!("{prefix}{h}:{p}")))
+                        .collect::<redis::RedisResult<Vec<_>>>()
+                        .map_err(err)
+                };
+                let mut clients = open(&format!("{scheme}://"))?;
+                // Sentinels protected by a password (`requirepass` in sentinel.conf) answer
+                // NOAUTH: they are asked with the URL's user and password (the template's
+                // `scheme://user:password@`), as deployments usually give both the same.
+                let with_credentials = template.split("{addr}").next().unwrap_or_default();
+                if with_credentials.contains('@')
+                    && topology::sentinels_need_auth(&clients, master).await
+                {
+                    clients = open(with_credentials)?;
+                }
+                let sentinels = clients;
                 let topo = Topology::sentinel(sentinels, master.clone(), template, manager_config)
                     .await
                     .map_err(err)?;

@@ -12,7 +12,8 @@
 //! - At connect it asks the sentinels in order for the master's address
 //!   (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and checks with `ROLE` that the server there is a
 //!   master; a sentinel that does not answer or names a server that is not a master is
-//!   skipped.
+//!   skipped. If the first sentinel that answers says NOAUTH, every sentinel is asked with
+//!   the URL's user and password.
 //! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
 //!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
 //!   is down); when the sentinels name another master, it resolves again.
@@ -175,6 +176,19 @@ async fn ask_sentinel(client: &redis::Client, master: &str) -> RedisResult<Optio
         .query_async(&mut c)
         .await?;
     Ok(addr)
+}
+
+/// Whether the first sentinel that answers refuses to without a password (NOAUTH); `false`
+/// when none answers (the sentinels are then asked as they are, and fail as they will).
+pub(super) async fn sentinels_need_auth(sentinels: &[redis::Client], master: &str) -> bool {
+    for s in sentinels {
+        match ask_sentinel(s, master).await {
+            Ok(_) => return false,
+            Err(e) if e.code() == Some("NOAUTH") => return true,
+            Err(_) => continue,
+        }
+    }
+    false
 }
 
 /// Whether an error says the server is no (longer the) master or not reachable: the signs
