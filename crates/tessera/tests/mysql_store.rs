@@ -687,3 +687,44 @@ async fn a_user_with_only_row_rights_uses_tables_an_owner_migrated() {
     store.close().await.unwrap();
     other.close().await.unwrap();
 }
+
+/// `?socket=/path`: through the server's Unix socket (the URL's host and port are not used):
+/// holders, waiters and a hand-off work; a relative path is an invalid URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_url_connects_through_the_socket() {
+    let server = MariaDbServer::start();
+    server.sql("CREATE DATABASE sock");
+    // Port 1: nothing listens there, so only the socket can serve.
+    let url = format!(
+        "mysql://root@localhost:1/sock?socket={}",
+        server.socket().display()
+    );
+    let store = Store::connect(&url).await.unwrap();
+    let other = Store::connect(&url).await.unwrap();
+    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server
+        .sql("SELECT COUNT(*) FROM sock.tessera_waiters")
+        .trim()
+        != "1"
+    {
+        assert!(std::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(held.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    let e = Store::connect("mysql://root@localhost/sock?socket=rel/s")
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+}

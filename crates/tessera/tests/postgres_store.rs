@@ -1661,3 +1661,50 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
     store.close().await.unwrap();
     other.close().await.unwrap();
 }
+
+/// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
+/// with its wake-up listener: a waiter in another store is handed the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_url_connects_through_the_socket() {
+    let server = PostgresServer::start();
+    // The socket file is named after the port: `localhost:PORT` picks it, the `host`
+    // parameter says where it is.
+    assert!(server
+        .socket_dir()
+        .join(format!(".s.PGSQL.{}", server.port()))
+        .exists());
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?host={}&schema=sock",
+        server.port(),
+        server.socket_dir().display()
+    );
+    let store = Store::connect(&url).await.unwrap();
+    let other = Store::connect(&url).await.unwrap();
+    let via: String = server.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tessera%' \
+         AND client_port = -1",
+    );
+    assert_ne!(via.trim(), "0", "no tessera session on the socket");
+    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    eventually(30, "the second client is queued", || {
+        server.psql("SELECT count(*) FROM sock.tessera_waiters") == "1"
+    })
+    .await;
+    assert!(held.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    let tcp: String = server.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tessera%' \
+         AND client_port <> -1",
+    );
+    assert_eq!(tcp.trim(), "0", "a tessera session went over TCP");
+}

@@ -67,6 +67,11 @@ impl MariaDbServer {
     }
 
     /// The port.
+    /// The server's Unix socket.
+    pub fn socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("s")
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -204,6 +204,11 @@ impl PostgresServer {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    /// The directory of the server's Unix socket (`.s.PGSQL.<port>`).
+    pub fn socket_dir(&self) -> std::path::PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
     fn data(&self) -> String {
         self.dir.path().join("data").to_string_lossy().into_owned()
     }

@@ -2,7 +2,7 @@
 //! the database a team already shares.
 //!
 //! ```text
-//! mysql://[user[:password]@]host[:port]/database[?ssl-mode=…][&ssl-ca=/abs/ca.pem][&wake=doorbell|poll]
+//! mysql://[user[:password]@]host[:port]/database[?ssl-mode=…][&ssl-ca=/abs/ca.pem][&wake=doorbell|poll][&socket=/path]
 //! ```
 //!
 //! - `database` (required) holds tessera's tables (`tessera_*`), created and migrated at
@@ -19,6 +19,8 @@
 //!   (`tests.rs`): the pool and the doorbell connections are encrypted.
 //! - `wake` (`doorbell`, the default, or `poll`): how waiters in other processes learn of a
 //!   grant (`notify.rs`).
+//! - `socket=/path` connects through the server's Unix socket instead of the URL's host and
+//!   port (`mysql://app@localhost/jobs?socket=/run/mysqld/mysqld.sock`).
 //!
 //! Passwords are never shown: messages carry the URL with the password replaced by `***`.
 //! `mariadb://` is the same store; both speak to MariaDB and MySQL servers.

@@ -117,6 +117,15 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
                 }
                 ssl_ca = Some(path);
             }
+            "socket" => {
+                // The server's Unix socket (as the `mysql` client's `--socket`), instead of
+                // the URL's host and port.
+                let path = PathBuf::from(&*v);
+                if !path.is_absolute() {
+                    return Err(bad(format!("socket={v} must be an absolute path")));
+                }
+                options = options.socket(path);
+            }
             "wake" => {
                 wake = match &*v {
                     "doorbell" => WakeMode::Doorbell,
@@ -126,7 +135,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
             }
             _ => {
                 return Err(bad(format!(
-                    "unknown option {k:?}; known: ssl-mode, ssl-ca, wake"
+                    "unknown option {k:?}; known: ssl-mode, ssl-ca, wake, socket"
                 )))
             }
         }

@@ -5,8 +5,13 @@
 //! postgres://[user[:password]@]host[:port][/database][?schema=tessera]
 //!     [&sslmode=disable|allow|prefer|require|verify-ca|verify-full][&sslrootcert=/path/ca.pem]
 //!     [&synchronous_commit=on|off]
+//! postgres://[user[:password]@]localhost[:port]/database?host=/var/run/postgresql[&…]
+//! postgres:///database?host=/var/run/postgresql[&…]
 //! ```
 //!
+//! - `host=/dir` (an absolute path, as in libpq) connects through the server's Unix socket
+//!   in that directory (`.s.PGSQL.<port>`, the URL's port or 5432) instead of the URL's
+//!   host, which may then be left out.
 //! - `schema` (default `tessera`; `a-z 0-9 _`) holds tessera's tables and functions and
 //!   isolates tenants: every connection of the store sets `search_path` to it.
 //! - `sslmode` and `sslrootcert` as in libpq; TLS is rustls with the system's roots (or the
@@ -185,7 +190,10 @@ impl PostgresBackend {
         ));
         let o = &config.options;
         let key = format!(
-            "{}:{}/{}/{}",
+            "{}{}:{}/{}/{}",
+            o.get_socket()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
             o.get_host(),
             o.get_port(),
             o.get_database().unwrap_or(""),

@@ -44,10 +44,31 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return Err(bad("expected postgres:// or postgresql://".into()));
     }
-    let host = url
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| bad("missing host, e.g. postgres://user@127.0.0.1:5432/db".into()))?;
+    // `?host=/dir`: the server's Unix socket directory (as libpq reads it); the URL then
+    // needs no host of its own (`postgres:///db?host=/var/run/postgresql`).
+    let socket = url
+        .query_pairs()
+        .find(|(k, _)| k == "host")
+        .map(|(_, v)| v.into_owned());
+    if let Some(dir) = &socket {
+        if !dir.starts_with('/') {
+            return Err(bad(format!(
+                "host={dir} must be the absolute path of the server's socket directory, e.g. \
+                 host=/var/run/postgresql (a network host goes before the path)"
+            )));
+        }
+    }
+    let host = match url.host_str().filter(|h| !h.is_empty()) {
+        Some(h) => h,
+        None if socket.is_some() => "localhost",
+        None => {
+            return Err(bad(
+                "missing host, e.g. postgres://user@127.0.0.1:5432/db or \
+                 postgres:///db?host=/var/run/postgresql"
+                    .into(),
+            ))
+        }
+    };
     // `[::1]` arrives bracketed; sqlx wants the bare address.
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if url.fragment().is_some() {
@@ -57,6 +78,9 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         .host(host)
         .port(url.port().unwrap_or(5432))
         .application_name("tessera");
+    if let Some(dir) = &socket {
+        options = options.socket(dir);
+    }
     let decode = |s: &str, what: &str| -> Result<String> {
         percent_decode(s)
             .ok_or_else(|| bad(format!("the {what} is not valid percent-encoded UTF-8")))
@@ -82,6 +106,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     let mut root_cert = None;
     for (k, v) in url.query_pairs() {
         match &*k {
+            "host" => {}
             "schema" => {
                 let ok = !v.is_empty()
                     && v.len() <= MAX_SCHEMA_LEN
@@ -130,7 +155,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
             _ => {
                 return Err(bad(format!(
                     "unknown option {k:?}; known: schema, sslmode, sslrootcert, \
-                     synchronous_commit"
+                     synchronous_commit, host"
                 )))
             }
         }
@@ -284,11 +309,21 @@ mod tests {
         assert_eq!(c.options.get_port(), 5432);
         let c = parse_url("postgres://u:p%40ss%2Fw@h/d%20b").unwrap();
         assert_eq!(c.options.get_database(), Some("d b"));
+        let c = parse_url("postgres:///d?host=%2Fvar%2Frun%2Fpostgresql&schema=s").unwrap();
+        assert_eq!(
+            c.options.get_socket().map(|p| p.display().to_string()),
+            Some("/var/run/postgresql".into())
+        );
+        assert_eq!(
+            (c.schema.as_str(), c.options.get_database()),
+            ("s", Some("d"))
+        );
     }
 
     #[test]
     fn bad_urls_are_refused_without_echoing_the_password() {
         assert!(reason("postgres:///db").contains("missing host"));
+        assert!(reason("postgres:///db?host=relative/dir").contains("absolute path"));
         assert!(reason("postgres://u:hunter2@/db").contains("host"));
         assert!(reason("postgres://u:hunter2@h/db?schema=Bad").contains("schema"));
         assert!(reason("postgres://u:hunter2@h/db?schema=pg_catalog").contains("schema"));
