@@ -656,36 +656,7 @@ async fn a_user_with_only_row_rights_uses_tables_an_owner_migrated() {
     assert!(!text.contains("App-pw-1"), "{text}");
 
     Store::connect(&owner).await.unwrap().close().await.unwrap();
-    let store = Store::connect(&app).await.unwrap();
-    let other = Store::connect(&app).await.unwrap();
-    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiting = {
-        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
-        tokio::spawn(async move { sem.acquire().await })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while server
-        .sql("SELECT COUNT(*) FROM shared.tessera_waiters")
-        .trim()
-        != "1"
-    {
-        assert!(std::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(held.release().await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
-        .unwrap();
-    assert!(next.release().await.unwrap());
-    let limiter = store
-        .rate_limiter("r", &[RateSpec::per_second(5).unwrap()])
-        .unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_admitted());
-    store.close().await.unwrap();
-    other.close().await.unwrap();
+    tessera_testkit::conformance::serves_two_clients(&app).await;
 }
 
 /// `?socket=/path`: through the server's Unix socket (the URL's host and port are not used):
@@ -701,28 +672,7 @@ async fn a_unix_socket_url_connects_through_the_socket() {
     );
     let store = Store::connect(&url).await.unwrap();
     let other = Store::connect(&url).await.unwrap();
-    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiting = {
-        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
-        tokio::spawn(async move { sem.acquire().await })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while server
-        .sql("SELECT COUNT(*) FROM sock.tessera_waiters")
-        .trim()
-        != "1"
-    {
-        assert!(std::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(held.release().await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
-        .unwrap();
-    assert!(next.release().await.unwrap());
+    tessera_testkit::conformance::hand_off_between(&store, &other, "s").await;
     let e = Store::connect("mysql://root@localhost/sock?socket=rel/s")
         .await
         .unwrap_err();

@@ -1635,31 +1635,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
          GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA shared TO app; \
          GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA shared TO app",
     );
-    let store = Store::connect(&url("app")).await.unwrap();
-    let other = Store::connect(&url("app")).await.unwrap();
-    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiting = {
-        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
-        tokio::spawn(async move { sem.acquire().await })
-    };
-    eventually(30, "the second client is queued", || {
-        server.psql("SELECT count(*) FROM shared.tessera_waiters") == "1"
-    })
-    .await;
-    assert!(held.release().await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
-        .unwrap();
-    assert!(next.release().await.unwrap());
-    let limiter = store
-        .rate_limiter("r", &[RateSpec::per_second(5).unwrap()])
-        .unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_admitted());
-    store.close().await.unwrap();
-    other.close().await.unwrap();
+    tessera_testkit::conformance::serves_two_clients(&url("app")).await;
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
@@ -1685,23 +1661,7 @@ async fn a_unix_socket_url_connects_through_the_socket() {
          AND client_port = -1",
     );
     assert_ne!(via.trim(), "0", "no tessera session on the socket");
-    let sem = Semaphore::new(&store, "s", 1, SemaphoreOptions::default()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiting = {
-        let sem = Semaphore::new(&other, "s", 1, SemaphoreOptions::default()).unwrap();
-        tokio::spawn(async move { sem.acquire().await })
-    };
-    eventually(30, "the second client is queued", || {
-        server.psql("SELECT count(*) FROM sock.tessera_waiters") == "1"
-    })
-    .await;
-    assert!(held.release().await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
-        .unwrap();
-    assert!(next.release().await.unwrap());
+    tessera_testkit::conformance::hand_off_between(&store, &other, "s").await;
     let tcp: String = server.psql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tessera%' \
          AND client_port <> -1",

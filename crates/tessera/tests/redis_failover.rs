@@ -136,24 +136,7 @@ async fn sentinels_behind_a_password_are_asked_with_the_urls() {
     let url = topo.url().replace("://", &format!("://:{PW}@"));
     let store = Store::connect(&format!("{url}?prefix=pw")).await.unwrap();
     let other = Store::connect(&format!("{url}?prefix=pw")).await.unwrap();
-    let sem = Semaphore::new(&store, "s", 1, opts()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiting = {
-        let sem = Semaphore::new(&other, "s", 1, opts()).unwrap();
-        tokio::spawn(async move { sem.acquire().await })
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sem.status().await.unwrap().queue.len() != 1 {
-        assert!(Instant::now() < deadline, "the second client never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(held.release().await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
-        .unwrap();
-    assert!(next.release().await.unwrap());
+    tessera_testkit::conformance::hand_off_between(&store, &other, "s").await;
 
     let wrong = topo.url().replace("://", "://:Wrong-pw-1@");
     let e = Store::connect(&wrong).await.unwrap_err();

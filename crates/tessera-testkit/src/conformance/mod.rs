@@ -22,7 +22,7 @@ pub use semaphore::*;
 use std::future::Future;
 use std::time::Duration;
 
-use tessera::{SemaphoreOptions, SemaphoreStatus, Store};
+use tessera::{Semaphore, SemaphoreOptions, SemaphoreStatus, Store};
 
 /// A name no other test uses.
 pub fn unique(prefix: &str) -> String {
@@ -89,6 +89,40 @@ pub async fn wait_queued(store: &Store, name: &str, n: usize) {
         },
     )
     .await;
+}
+
+/// One permit of the lock `name` handed from a holder of store `a` to a waiter of store `b`:
+/// `a` acquires, `b` queues behind it, `a` releases, and `b` must be handed the permit within
+/// 10 s; both releases must find their lease. Panics (failing the test) otherwise.
+pub async fn hand_off_between(a: &Store, b: &Store, name: &str) {
+    let sem = Semaphore::new(a, name, 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiting = {
+        let sem = Semaphore::new(b, name, 1, SemaphoreOptions::default()).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    wait_queued(a, name, 1).await;
+    assert!(held.release().await.unwrap(), "the holder's lease was lost");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap(), "the waiter's lease was lost");
+}
+
+/// Two clients of the store at `url` work as an application's would: a permit handed from
+/// one to the other ([`hand_off_between`]) and a rate limiter's admission; then both close.
+pub async fn serves_two_clients(url: &str) {
+    let store = Store::connect(url).await.unwrap();
+    let other = Store::connect(url).await.unwrap();
+    hand_off_between(&store, &other, "two-clients").await;
+    let limiter = store
+        .rate_limiter("two-clients", &[tessera::RateSpec::per_second(5).unwrap()])
+        .unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_admitted());
+    store.close().await.unwrap();
+    other.close().await.unwrap();
 }
 
 /// Expands to one `#[tokio::test]` per conformance test, each with a fresh harness from
