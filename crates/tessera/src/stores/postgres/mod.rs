@@ -300,7 +300,6 @@ fn in_context(e: Error, config: &Config) -> Error {
     }
 }
 
-/// Runs the migrations the schema lacks (see the module docs).
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without
 /// `CREATE` on the database, or not the schema's owner) says what to do about it.
 fn migration_refused(e: Error, schema: &str) -> Error {
@@ -319,6 +318,7 @@ fn migration_refused(e: Error, schema: &str) -> Error {
     }
 }
 
+/// Runs the migrations the schema lacks (see the module docs).
 async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
     let latest = MIGRATIONS.len() as i32;
     // Already up to date: nothing to lock or create (a user without CREATE rights gets here).
