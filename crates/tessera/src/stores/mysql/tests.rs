@@ -721,6 +721,18 @@ fn parked_doorbells(server: &MariaDbServer) -> u32 {
         .unwrap()
 }
 
+/// The address of `bell` once it has one (up to 5 s; `""` if it never opens).
+async fn opened(bell: &Doorbell) -> String {
+    for _ in 0..250 {
+        let addr = bell.address();
+        if !addr.is_empty() {
+            return addr;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    String::new()
+}
+
 /// The doorbell's two connections exist only while its client has waiters queued: a client
 /// whose acquires are granted at once opens none, the first queued waiter opens them, and a
 /// whole park with no ring and no waiter closes them (latch and lock included) until the
@@ -777,14 +789,7 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
     let lease = LeaseId::random();
     waiting.lock().unwrap().insert(lease);
     bell.wake();
-    let mut first = String::new();
-    for _ in 0..250 {
-        first = bell.address();
-        if !first.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let first = opened(&bell).await;
     assert!(!first.is_empty(), "the doorbell did not open");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(bell.address(), first, "it closed with a waiter queued");
@@ -804,14 +809,7 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
     assert_eq!(lock_held.trim(), "0", "its latch still holds the lock");
     waiting.lock().unwrap().insert(lease);
     bell.wake();
-    let mut second = String::new();
-    for _ in 0..250 {
-        second = bell.address();
-        if !second.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let second = opened(&bell).await;
     assert!(
         !second.is_empty() && second != first,
         "no new doorbell: {second}"
