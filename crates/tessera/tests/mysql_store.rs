@@ -678,3 +678,51 @@ async fn a_unix_socket_url_connects_through_the_socket() {
         .unwrap_err();
     assert!(e.is_invalid_input(), "{e}");
 }
+
+/// A server made read-only (`SET GLOBAL read_only = 1`, as before a switchover; users with
+/// `READ_ONLY ADMIN`, such as root, are not held by it): an application user's calls fail
+/// with a typed transient error (they were "other", so `tessera run` gave up at once), nothing
+/// is granted, and a waiting acquire rides the episode out: once the server is writable
+/// again it is granted, and the holder from before releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_a_transient_fault_that_grants_nothing_and_passes() {
+    let server = MariaDbServer::start();
+    let owner = server.url("ro");
+    // The user owns the tables and procedures: procedures defined by root would run with
+    // root's `READ_ONLY ADMIN` and write anyway.
+    server.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'App-pw-2'; GRANT ALL ON ro.* TO 'app'@'%'");
+    let app = owner.replace("root@", "app:App-pw-2@");
+    let store = Store::connect(&app).await.unwrap();
+    let sem = Semaphore::new(&store, "ro", 1, SemaphoreOptions::default()).unwrap();
+    let held = sem.acquire().await.unwrap();
+
+    server.sql("SET GLOBAL read_only = 1");
+    let other = Semaphore::new(&store, "ro-other", 1, SemaphoreOptions::default()).unwrap();
+    let e = other.try_acquire().await.unwrap_err();
+    assert!(e.is_transient(), "{e:?}");
+    assert!(e.to_string().contains("read-only"), "{e}");
+    let waiting = {
+        let other = other.clone();
+        tokio::spawn(async move { other.acquire_many_timeout(1, Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiting acquire gave up on a read-only server"
+    );
+    assert_eq!(
+        server.sql("SELECT COUNT(*) FROM ro.tessera_holders").trim(),
+        "1",
+        "something was granted on a read-only server"
+    );
+    server.sql("SET GLOBAL read_only = 0");
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("no grant after the server became writable")
+        .unwrap()
+        .unwrap()
+        .expect("no permit within the wait");
+    assert!(got.release().await.unwrap());
+    assert!(held.release().await.unwrap());
+    store.close().await.unwrap();
+}

@@ -656,6 +656,10 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 .unwrap_or(0);
             match number {
                 1205 | 1213 | 1317 => StoreErrorKind::Busy,
+                // A server made read-only (`read_only`, `super_read_only`, a replica during a
+                // switchover: 1290, 1836, 1792) or out of disk (1021, 1114): nothing ran, and
+                // it passes without anything changed, as on PostgreSQL.
+                1290 | 1836 | 1792 | 1021 | 1114 => StoreErrorKind::Busy,
                 1040 | 1053 | 1927 | 2002 | 2006 | 2013 | 4031 => StoreErrorKind::Connection,
                 _ => StoreErrorKind::Other,
             }
