@@ -854,6 +854,48 @@ fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_wit
     );
 }
 
+/// A waiting `tessera run` killed outright, then handed the permit by the holder's release,
+/// holds it only until its queue entry would have expired (the waiter TTL, 5 s), not for
+/// its 60 s lease TTL: the next run gets it within seconds.
+#[test]
+fn a_killed_waiter_handed_the_permit_gives_it_back_within_its_waiter_ttl() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let go = home.path().join("go");
+    let long = ["--permits", "1", "--ttl", "60s", "--wait", "60s"];
+    let holder = spawn_arrived(
+        home.path(),
+        &store,
+        "holder",
+        &long,
+        &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+    );
+    let mut waiter = spawn_arrived(home.path(), &store, "doomed", &long, "true");
+    signal(&waiter, libc::SIGKILL);
+    waiter.wait().unwrap();
+    std::fs::write(&go, "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let status = status_json(home.path(), &store);
+    assert_eq!(
+        status["holders"][0]["holder"], "doomed",
+        "the release did not hand the permit to the killed waiter: {status}"
+    );
+    let released = Instant::now();
+    let out = tessera(home.path())
+        .args(["--store", &store, "run", "--name", "demo"])
+        .args(long)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    assert!(
+        released.elapsed() < Duration::from_secs(20),
+        "the killed waiter held the permit for {:?}",
+        released.elapsed()
+    );
+}
+
 #[test]
 fn wait_gives_up_with_75_while_another_holds() {
     let home = tmp();

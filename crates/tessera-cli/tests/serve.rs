@@ -232,6 +232,9 @@ async fn a_lease_is_acquired_renewed_inspected_and_released_over_http() {
     .await;
     let (st, granted) = waiter.await.unwrap();
     assert_eq!(st, 200, "{granted}");
+    // A lease of the whole TTL (30 s), not the provisional hand-off grant (its 5 s queue entry).
+    let ms = granted["expires_in_ms"].as_u64().unwrap();
+    assert!(ms > 15_000, "{granted}");
     assert!(granted["fence"].as_u64().unwrap() > first["fence"].as_u64().unwrap());
     assert!(first["fence"].as_u64().unwrap() > fence);
 

@@ -93,6 +93,9 @@ pub(crate) struct Held {
 struct HeldState {
     expires_at: StoreTime,
     valid_until: Instant,
+    /// The lease's length as the last grant or renewal gave it (`crate::permit`): the TTL,
+    /// or less for a provisional hand-off grant. Renewals and `lost()` are timed by it.
+    span: Duration,
     /// When the last acknowledged renewal was sent; at first, when the permit started.
     last_ok: Instant,
     /// The last renewal error, while renewals fail.
@@ -117,8 +120,14 @@ enum Stage {
 /// A queue entry: when it is due, and a sequence number that makes it unique.
 type Key = (Instant, u64);
 
-fn margin(ttl: Duration) -> Duration {
-    ttl / 50
+/// The span of a lease that the store says has `remaining` left: at most the TTL.
+fn span_of(remaining: Duration, ttl: Duration) -> Duration {
+    remaining.min(ttl)
+}
+
+/// The allowance for clock-rate drift between the two machines over `span`.
+fn margin(span: Duration) -> Duration {
+    span / 50
 }
 
 impl Held {
@@ -133,12 +142,14 @@ impl Held {
         sent: Instant,
     ) -> Arc<Held> {
         let remaining = grant.lease.expires_at.since(grant.now);
+        let span = span_of(remaining, config.ttl);
         // The request's send instant, not a fresh clock read: the first renewal comes a
         // little earlier, never later.
         let now = sent;
         let state = HeldState {
             expires_at: grant.lease.expires_at,
-            valid_until: sent + remaining.saturating_sub(margin(config.ttl)),
+            valid_until: sent + remaining.saturating_sub(margin(span)),
+            span,
             last_ok: now,
             failing: None,
             planned: now,
@@ -266,18 +277,18 @@ impl Held {
 
 impl HeldState {
     /// When the lease needs its next turn, `now` being the end of the last one: a renewal
-    /// every keep-alive interval, or earlier if less than half the TTL is certainly left; a
+    /// every keep-alive interval, or earlier if less than half the span is certainly left; a
     /// quick retry while renewals fail, or the moment `lost()` must fire if that is earlier.
     fn next_turn(&self, config: &SemaphoreConfig, now: Instant) -> Instant {
-        let (ttl, interval) = (config.ttl, config.keep_alive);
+        let (span, interval) = (self.span, config.keep_alive);
         let valid_until = self.valid_until;
         match self.failing {
             Some(_) => {
                 let retry = (interval / 8).max(Duration::from_millis(10));
-                (now + retry).min(valid_until.checked_sub(ttl / 3).unwrap_or(valid_until))
+                (now + retry).min(valid_until.checked_sub(span / 3).unwrap_or(valid_until))
             }
             None => (self.last_ok + interval)
-                .min(valid_until.checked_sub(ttl / 2).unwrap_or(valid_until)),
+                .min(valid_until.checked_sub(span / 2).unwrap_or(valid_until)),
         }
     }
 }
@@ -306,7 +317,7 @@ fn stalled(late: Duration, ttl: Duration) -> bool {
     late > (ttl / 10).max(STALL_MIN)
 }
 
-/// One turn of a lease: fires `lost()` if renewals have failed until `valid_until - TTL/3`,
+/// One turn of a lease: fires `lost()` if renewals have failed until `valid_until - span/3`,
 /// or renews once, bounded by that instant (by `valid_until` once past it). Ends early if the
 /// permit is released or dropped.
 async fn turn(held: Arc<Held>) -> Arc<Held> {
@@ -319,14 +330,14 @@ async fn take_turn(held: &Held) {
     let stopped = held.stop.notified();
     tokio::pin!(stopped);
     stopped.as_mut().enable();
-    let (valid_until, failing, planned) = {
+    let (valid_until, span, failing, planned) = {
         let st = held.state.lock().unwrap();
         if st.stage != Stage::InTurn {
             return;
         }
-        (st.valid_until, st.failing.clone(), st.planned)
+        (st.valid_until, st.span, st.failing.clone(), st.planned)
     };
-    let lost_at = valid_until.checked_sub(ttl / 3).unwrap_or(valid_until);
+    let lost_at = valid_until.checked_sub(span / 3).unwrap_or(valid_until);
     let now = Instant::now();
     // A turn that starts (or a timer that fires) long after it was due means this process
     // did not run meanwhile (SIGSTOP, suspend, CPU starvation): say so, rather than blaming
@@ -361,10 +372,12 @@ async fn take_turn(held: &Held) {
         Ok(RenewReply::Renewed { expires_at, now }) => {
             crate::telemetry::renewal("ok");
             let mut st = held.state.lock().unwrap();
+            let remaining = expires_at.since(now);
             st.expires_at = expires_at;
+            st.span = span_of(remaining, ttl);
             st.valid_until = st
                 .valid_until
-                .max(sent + expires_at.since(now).saturating_sub(margin(ttl)));
+                .max(sent + remaining.saturating_sub(margin(st.span)));
             st.last_ok = sent;
             st.failing = None;
         }

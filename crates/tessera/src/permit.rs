@@ -6,15 +6,23 @@
 //! store's `now` and the new `expires_at`; the lease is certainly valid until
 //! `sent + (expires_at - now) - margin`, where `sent` is the local monotonic time at which the
 //! renewal was *sent* (the store renewed it no earlier than that) and `margin` is 2% of the
-//! TTL for clock-rate drift between the two machines. That instant is [`Permit::valid_until`].
+//! lease's span for clock-rate drift between the two machines. That instant is
+//! [`Permit::valid_until`].
+//!
+//! The *span* is the lease's length as the last grant or renewal gave it,
+//! `min(expires_at - now, TTL)`: the TTL, except for a grant the store made by handing the
+//! permit to a queued waiter. Such a grant is provisional: it expires when the waiter's queue
+//! entry would have (its heartbeat expiry), so that a waiter that died in the queue does not
+//! hold the permit for a whole TTL. Its first renewal, at half its span, makes it a full
+//! lease.
 //!
 //! # When `lost()` fires
 //!
 //! - at once when the store says the lease is gone (expired, revoked, deleted, store state
 //!   lost): a renewal answers `Gone`, and revocations are also pushed to the holder;
-//! - when renewals have kept failing (errors or no answer) until `valid_until - TTL/3`, so a
-//!   holder that stops at `lost()` has a third of the TTL to stop before the lease could
-//!   expire and another holder could be granted it.
+//! - when renewals have kept failing (errors or no answer) until `valid_until - span/3`, so a
+//!   holder that stops at `lost()` has a third of the span (of the TTL, once renewed) to stop
+//!   before the lease could expire and another holder could be granted it.
 //!
 //! After `lost()` the keep-alive stops for good: a lost lease is never renewed or re-acquired
 //! silently, even if the store would still accept it.

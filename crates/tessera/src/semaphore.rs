@@ -532,12 +532,15 @@ impl Semaphore {
             // last request (the waiter record existed), so that request's send instant is
             // an earlier bound of the grant, and the lease is certainly valid until `sent`
             // plus its remaining time. Used only if most of that is still ahead; otherwise
-            // the heartbeat below fetches the grant with a fresh bound.
+            // the heartbeat below fetches the grant with a fresh bound. A hand-off grant
+            // runs until our queue entry would have expired (`crate::permit`), at least two
+            // thirds of the waiter TTL after our last heartbeat, unless that is behind.
             if let Some(grant) = registration.take_grant() {
                 let remaining = grant.lease.expires_at.since(grant.now);
+                let full = self.config.ttl.min(self.config.waiter_ttl);
                 if grant.lease.lease_id == lease
                     && sent + remaining / 2 > Instant::now()
-                    && remaining >= self.config.ttl / 2
+                    && remaining >= full / 2
                 {
                     pending.disarm();
                     return Ok(Attempt::Granted(self.permit(

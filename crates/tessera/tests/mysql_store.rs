@@ -124,14 +124,14 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(version.trim(), "2");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "1");
+    assert_eq!(routines.trim(), "2");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v1_acquire_one,tessera_v1_release"
+        "tessera_v2_acquire_one,tessera_v2_release"
     );
 }
 
@@ -247,7 +247,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build without routines leaves: no procedures, no routines_version.
     server.sql(
-        "DROP PROCEDURE old.tessera_v1_acquire_one; DROP PROCEDURE old.tessera_v1_release; \
+        "DROP PROCEDURE old.tessera_v2_acquire_one; DROP PROCEDURE old.tessera_v2_release; \
          DELETE FROM old.tessera_meta WHERE meta_key = 'routines_version'",
     );
     let n = name("carried");
@@ -272,7 +272,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "1");
+    assert_eq!(meta("routines_version").trim(), "2");
     assert_eq!(meta("schema_version").trim(), "2");
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -724,5 +724,76 @@ async fn a_read_only_server_is_a_transient_fault_that_grants_nothing_and_passes(
         .expect("no permit within the wait");
     assert!(got.release().await.unwrap());
     assert!(held.release().await.unwrap());
+    store.close().await.unwrap();
+}
+
+/// tessera's procedures run with the rights of the user that calls them (`SQL SECURITY
+/// INVOKER`): created by an admin whose account is then dropped, they still run for the
+/// application's user (a definer's procedure would fail every call, error 1449); created by
+/// root, an application user's call on a read-only server is refused and writes nothing
+/// (a definer's procedure would lend it root's `READ_ONLY ADMIN`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
+    let server = MariaDbServer::start();
+    server.sql(
+        "CREATE DATABASE inv; \
+         CREATE USER 'admin'@'%' IDENTIFIED BY 'Adm-pw-1'; GRANT ALL ON inv.* TO 'admin'@'%'; \
+         CREATE USER 'app'@'%' IDENTIFIED BY 'App-pw-3'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON inv.* TO 'app'@'%'",
+    );
+    let root = server.url("inv");
+    let admin = root.replace("root@", "admin:Adm-pw-1@");
+    let app = root.replace("root@", "app:App-pw-3@");
+    let definers = || {
+        server.sql(
+            "SELECT GROUP_CONCAT(DISTINCT DEFINER) FROM information_schema.ROUTINES \
+             WHERE ROUTINE_SCHEMA = 'inv'",
+        )
+    };
+
+    Store::connect(&admin).await.unwrap().close().await.unwrap();
+    assert_eq!(definers().trim(), "admin@%");
+    server.sql("DROP USER 'admin'@'%'");
+    let before = calls(&server);
+    tessera_testkit::conformance::serves_two_clients(&app).await;
+    assert!(
+        calls(&server) - before >= 3,
+        "the acquires and the release did not run as procedures"
+    );
+
+    // The same procedures created by root.
+    server.sql(
+        "DROP PROCEDURE inv.tessera_v2_acquire_one; DROP PROCEDURE inv.tessera_v2_release; \
+         DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
+    );
+    Store::connect(&root).await.unwrap().close().await.unwrap();
+    assert_eq!(definers().trim(), "root@localhost");
+    let store = Store::connect(&app).await.unwrap();
+    let sem = Semaphore::new(&store, "inv", 1, SemaphoreOptions::default()).unwrap();
+    server.sql("SET GLOBAL read_only = 1");
+    let before = calls(&server);
+    let e = sem.try_acquire().await.unwrap_err();
+    assert!(
+        e.is_transient() && e.to_string().contains("read-only"),
+        "{e}"
+    );
+    assert!(
+        calls(&server) > before,
+        "the acquire did not call the procedure"
+    );
+    assert_eq!(
+        server
+            .sql("SELECT COUNT(*) FROM inv.tessera_holders")
+            .trim(),
+        "0",
+        "a procedure wrote on a read-only server"
+    );
+    server.sql("SET GLOBAL read_only = 0");
+    let p = sem
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free once writable");
+    assert!(p.release().await.unwrap());
     store.close().await.unwrap();
 }

@@ -338,16 +338,31 @@ pub async fn acquire(
     if stream {
         return Ok(hold::hold(app, permit, ttl).into_response());
     }
-    let expires_in = permit
+    let mut expires_in = permit
         .valid_until()
         .saturating_duration_since(tokio::time::Instant::now());
-    let lease = permit.detach().ok_or_else(|| {
+    let gone = || {
         ApiError::new(
             StatusCode::GONE,
             "lease_gone",
             "the lease was lost as it was granted",
         )
-    })?;
+    };
+    let mut lease = permit.detach().ok_or_else(gone)?;
+    // A grant handed to this request while it waited in the queue is provisional: it expires
+    // with the queue entry unless renewed (`tessera::Permit`). The client gets a lease of its
+    // whole TTL, as from any other acquire.
+    if expires_in < ttl / 2 {
+        let (n, sent) = (name(&sem)?, tokio::time::Instant::now());
+        let renewal = app.store.backend().renew(&n, lease.lease_id, ttl);
+        match app.bounded("the renewal", renewal).await?? {
+            RenewReply::Renewed { expires_at, now } => {
+                lease.expires_at = expires_at;
+                expires_in = expires_at.since(now).saturating_sub(sent.elapsed());
+            }
+            RenewReply::Gone => return Err(gone()),
+        }
+    }
     Ok(Json(LeaseBody::new(&sem, &lease, ttl, expires_in)).into_response())
 }
 

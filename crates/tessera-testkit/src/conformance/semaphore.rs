@@ -759,6 +759,111 @@ pub async fn dead_waiter_leaves_the_queue_within_its_ttl(h: &Harness) {
     assert_drained(&client.store, &name).await;
 }
 
+/// A waiter that died in the queue and is then handed the permit holds it only until its
+/// queue entry would have expired, not for its lease TTL: the hand-off grant is provisional
+/// until renewed, so the next waiter is served within the dead one's waiter TTL.
+pub async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl(h: &Harness) {
+    let name = unique("deadhandoff");
+    let client = h.client().await;
+    let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let dead = LeaseId::random();
+    let nm = Name::new(&name).unwrap();
+    let waiter_ttl = Duration::from_secs(3);
+    let lease_ttl = Duration::from_secs(120);
+    let req = AcquireRequest {
+        lease_id: dead,
+        weight: 1,
+        ttl: lease_ttl,
+        holder: "dead".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl,
+            queue_cap: 10,
+        }),
+    };
+    let b = client.store.backend();
+    assert_eq!(
+        b.acquire(&nm, 1, &req).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    // Its heartbeats stop here. The release hands it the permit while its entry still lives.
+    assert!(held.release().await.unwrap());
+    let st = status(&client.store, &name)
+        .await
+        .expect("the semaphore is empty: the dead waiter was not handed the permit");
+    let lease = st
+        .holders
+        .iter()
+        .find(|l| l.lease_id == dead)
+        .expect("the dead waiter was not handed the permit");
+    assert!(
+        lease.expires_at <= lease.acquired_at.plus(waiter_ttl),
+        "a hand-off grant runs past its waiter's entry: acquired {}, expires {}",
+        lease.acquired_at,
+        lease.expires_at
+    );
+    // The next waiter is served once the entry's time is up, long before the lease TTL.
+    let other = h.client().await;
+    let next = Semaphore::new(&other.store, &name, 1, opts(5_000)).unwrap();
+    let p = timeout(waiter_ttl * 5, next.acquire())
+        .await
+        .expect("the permit stayed with the dead waiter past its waiter TTL")
+        .unwrap();
+    assert_eq!(
+        b.heartbeat(&nm, dead, waiter_ttl).await.unwrap(),
+        WaitReply::Gone
+    );
+    assert!(p.release().await.unwrap());
+    assert_drained(&client.store, &name).await;
+}
+
+/// A live waiter handed the permit keeps it past the provisional expiry of its grant: its
+/// keeper renews the lease before half of it is gone, into a lease of the full TTL.
+pub async fn a_handed_off_permit_is_kept_past_its_waiter_ttl(h: &Harness) {
+    let name = unique("provisional");
+    let (a, b) = (h.client().await, h.client().await);
+    let waiter_ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(30);
+    let o = move || SemaphoreOptions::default().ttl(ttl).waiter_ttl(waiter_ttl);
+    let sem = Semaphore::new(&a.store, &name, 1, o()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let sem = Semaphore::new(&b.store, &n, 1, o()).unwrap();
+        (sem.acquire().await.unwrap(), b)
+    });
+    wait_queued(&a.store, &name, 1).await;
+    assert!(held.release().await.unwrap());
+    let (p, _b) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap();
+    let acquired = p.lease().acquired_at;
+    assert!(
+        p.expires_at() <= acquired.plus(waiter_ttl),
+        "the hand-off grant is not provisional: acquired {acquired}, expires {}",
+        p.expires_at()
+    );
+    assert!(p.valid_until() <= Instant::now() + waiter_ttl);
+    // Held across two waiter TTLs: renewed before its provisional expiry, then kept.
+    tokio::time::sleep(waiter_ttl * 2).await;
+    assert!(!p.is_lost(), "lost: {:?}", p.lost().await);
+    let st = status(&a.store, &name).await.expect("the lease expired");
+    let lease = st
+        .holders
+        .iter()
+        .find(|l| l.lease_id == p.lease_id())
+        .expect("the handed-off lease expired");
+    assert!(
+        lease.expires_at >= acquired.plus(ttl / 2),
+        "not renewed to the full TTL: acquired {acquired}, expires {}",
+        lease.expires_at
+    );
+    assert!(p.valid_until() > Instant::now() + ttl / 2);
+    assert!(p.release().await.unwrap(), "the handed-off lease was lost");
+    assert_drained(&a.store, &name).await;
+}
+
 /// A release wakes the waiter at once; it does not sit until its next heartbeat (7.5 s with
 /// these options).
 pub async fn waiter_is_woken_without_waiting_for_its_heartbeat(h: &Harness) {

@@ -178,7 +178,9 @@ impl SemState {
             self.waiter_expiry
                 .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
             let w = qw.waiter;
-            let lease = self.grant(w.lease_id, w.weight, qw.ttl, &w.holder, now, hwm);
+            // Provisional until renewed: no longer than the waiter's entry would have lived.
+            let ttl = qw.ttl.min(w.expires_at.since(now));
+            let lease = self.grant(w.lease_id, w.weight, ttl, &w.holder, now, hwm);
             wakes.push(Wake::Granted(Grant { lease, now }));
         }
     }

@@ -26,9 +26,12 @@
 //! a build that knows only the tables (one of before the routines) still connects and runs
 //! every operation client side, beside clients that call the procedures, since both lock
 //! the semaphore's row first and keep the same invariants. Each routine version creates
-//! procedures under names of its own (`tessera_v1_…`) with `CREATE PROCEDURE IF NOT
+//! procedures under names of its own (`tessera_v2_…`) with `CREATE PROCEDURE IF NOT
 //! EXISTS`, and none is ever dropped or replaced, so clients of every version find the ones
-//! they call. A server that refuses them (a user without `CREATE ROUTINE`, a MySQL before
+//! they call where an earlier tessera created them. Only this build's version is created: a
+//! client of an earlier version that finds its procedures missing (a database first set up by
+//! this build) runs the client-side step, which it already does on "no such procedure". A
+//! server that refuses them (a user without `CREATE ROUTINE`, a MySQL before
 //! 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes on without them and
 //! every operation runs the client-side step.
 
@@ -44,11 +47,11 @@ const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("rate_sch
 /// The schema version this build reads and writes (the number of migrations).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The routine versions in order: version `i + 1` is `ROUTINES[i]` (see the module docs).
-const ROUTINES: &[&str] = &[include_str!("routines.sql")];
+/// This build's routines (see the module docs); version 1 is no longer created.
+const ROUTINES: &str = include_str!("routines.sql");
 
-/// The routine version this build calls (`tessera_v1_…`).
-pub const ROUTINES_VERSION: i64 = ROUTINES.len() as i64;
+/// The routine version this build calls (`tessera_v2_…`).
+pub const ROUTINES_VERSION: i64 = 2;
 
 /// How long a connect waits for another process's migration.
 const LOCK_WAIT_S: i64 = 30;
@@ -145,12 +148,8 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
             .try_get::<i64, _>(0)
             .map_err(|e| Error::Corrupt(format!("routines_version: {e}")))?,
     };
-    for (i, file) in ROUTINES.iter().enumerate() {
-        let to = i as i64 + 1;
-        if version >= to {
-            continue;
-        }
-        for statement in statements(file) {
+    if version < ROUTINES_VERSION {
+        for statement in statements(ROUTINES) {
             if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
                 .execute(&mut *conn)
                 .await
@@ -163,8 +162,8 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
                 return Ok(false);
             }
         }
-        record_version(conn, "routines_version", to).await?;
-        version = to;
+        record_version(conn, "routines_version", ROUTINES_VERSION).await?;
+        version = ROUTINES_VERSION;
     }
     Ok(version >= ROUTINES_VERSION)
 }
@@ -201,12 +200,17 @@ mod tests {
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
-        let routines: Vec<String> = ROUTINES.iter().flat_map(|m| statements(m)).collect();
+        let routines = statements(ROUTINES);
         assert_eq!(routines.len(), 2, "{routines:#?}");
+        let prefix = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         for s in &routines {
             assert!(
-                s.starts_with("CREATE PROCEDURE IF NOT EXISTS tessera_v1_"),
+                s.starts_with(&prefix),
                 "not idempotent or not versioned: {s}"
+            );
+            assert!(
+                s.contains("\nSQL SECURITY INVOKER\n"),
+                "runs with its creator's rights: {s}"
             );
         }
         for s in &all {

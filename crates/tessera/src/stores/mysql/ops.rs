@@ -115,7 +115,8 @@ const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = GREATEST(exp
 const HOLDER_EXPIRY: &str = "SELECT expires_at FROM tessera_holders \
      WHERE name = ? AND lease_id = ?";
 
-const HEAD: &str = "SELECT seq, lease_id, weight, holder, ttl, doorbell FROM tessera_waiters \
+const HEAD: &str =
+    "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at FROM tessera_waiters \
      WHERE name = ? ORDER BY seq LIMIT 1";
 const POP_HEAD: &str = "DELETE FROM tessera_waiters WHERE name = ? AND seq = ?";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
@@ -563,6 +564,7 @@ impl SemRows for MysqlRows<'_> {
             weight: int_at(row, 2)?,
             holder: text_at(row, 3)?,
             ttl: int_at(row, 4)?,
+            expires_at: int_at(row, 6)?,
         };
         if head.weight > available {
             return Ok(None);

@@ -37,8 +37,8 @@ pub(crate) struct Released {
     pub(crate) handed_off: Option<(Grant, String)>,
 }
 
-const ACQUIRE_ONE: &str = "CALL tessera_v1_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
-const RELEASE: &str = "CALL tessera_v1_release(?, ?)";
+const ACQUIRE_ONE: &str = "CALL tessera_v2_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE: &str = "CALL tessera_v2_release(?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -110,7 +110,7 @@ fn grant_of(row: &MySqlRow) -> Result<Grant> {
     })
 }
 
-/// The call that acquires one permit (`routines.sql`, `tessera_v1_acquire_one`); its row
+/// The call that acquires one permit (`routines.sql`, `tessera_v2_acquire_one`); its row
 /// is read by [`acquire_one_reply`].
 pub(crate) fn acquire_one_call(
     name: &str,
@@ -194,7 +194,7 @@ pub(crate) fn acquire_one_reply(
     Ok(Fast::Done(reply))
 }
 
-/// The call that releases `lease` (`routines.sql`, `tessera_v1_release`); its row is read
+/// The call that releases `lease` (`routines.sql`, `tessera_v2_release`); its row is read
 /// by [`release_reply`].
 pub(crate) fn release_call(name: &str, lease: &str) -> String {
     render(RELEASE, &[Lit::Text(name), Lit::Text(lease)])

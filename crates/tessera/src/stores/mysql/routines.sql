@@ -1,12 +1,17 @@
--- tessera MySQL / MariaDB routines, version 1: the hot path of the step (stores/sql/step.rs)
+-- tessera MySQL / MariaDB routines, version 2: the hot path of the step (stores/sql/step.rs)
 -- as stored procedures, so an acquire of one permit and a release, also one that hands the
 -- permit to the queue head, are one round trip each, with the semaphore's row locked only
 -- while the server runs the procedure (client-side steps hold it across two or three round
 -- trips). Run by migrate.rs (routines.rs calls them); statements are separated by a line
 -- holding only ';'. `CREATE PROCEDURE IF NOT EXISTS` (MariaDB 10.1.3, MySQL 8.0.29) makes
 -- every statement idempotent, and a procedure of one version is never changed or dropped: a
--- later version adds procedures under new names, so clients of every version keep calling
--- the ones they know.
+-- later version adds procedures under new names. A client whose version's procedures are
+-- missing (a database first set up by a later tessera) runs the client-side step instead.
+--
+-- Version 2 (version 1 is no longer created): the procedures run with the caller's rights
+-- (SQL SECURITY INVOKER), so an application user's call is refused on a read-only server
+-- whoever created them, and they keep working after their creator's account is dropped; and
+-- a hand-off grant expires with the waiter's queue entry until it is renewed (step.rs).
 --
 -- Each procedure runs its own transaction (START TRANSACTION … COMMIT, in the session's
 -- READ COMMITTED), locks the semaphore's row first (SELECT … FOR UPDATE) and reads the
@@ -40,7 +45,7 @@
 --   p_holder      the holder label       p_wait      1: queue if needed; 0: try only
 --   p_waiter_ttl  heartbeat TTL, µs      p_queue_cap longest queue the client joins
 --   p_doorbell    this client's doorbell address, written into its waiter row
-CREATE PROCEDURE IF NOT EXISTS tessera_v1_acquire_one(
+CREATE PROCEDURE IF NOT EXISTS tessera_v2_acquire_one(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_capacity BIGINT,
     IN p_lease VARCHAR(32) CHARACTER SET ascii,
@@ -51,6 +56,7 @@ CREATE PROCEDURE IF NOT EXISTS tessera_v1_acquire_one(
     IN p_queue_cap BIGINT,
     IN p_doorbell VARCHAR(80) CHARACTER SET ascii)
 MODIFIES SQL DATA
+SQL SECURITY INVOKER
 body: BEGIN
     DECLARE v_none INT DEFAULT 0;
     DECLARE v_capacity BIGINT DEFAULT NULL;
@@ -204,10 +210,11 @@ END
 ;
 -- Releases lease p_lease of semaphore p_name (stores/sql/step.rs `release`), handing the
 -- permit to the queue head when it fits, in the same transaction.
-CREATE PROCEDURE IF NOT EXISTS tessera_v1_release(
+CREATE PROCEDURE IF NOT EXISTS tessera_v2_release(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_lease VARCHAR(32) CHARACTER SET ascii)
 MODIFIES SQL DATA
+SQL SECURITY INVOKER
 body: BEGIN
     DECLARE v_none INT DEFAULT 0;
     DECLARE v_capacity BIGINT DEFAULT NULL;
@@ -216,7 +223,7 @@ body: BEGIN
     DECLARE v_holders_expire, v_waiters_expire BIGINT;
     DECLARE v_seats MEDIUMTEXT CHARACTER SET ascii;
     DECLARE v_grant INT DEFAULT 0;
-    DECLARE g_seq, g_weight, g_ttl, g_seat BIGINT;
+    DECLARE g_seq, g_weight, g_ttl, g_seat, g_expires BIGINT;
     DECLARE g_lease VARCHAR(64) CHARACTER SET ascii;
     DECLARE g_holder VARCHAR(256) CHARACTER SET utf8mb4;
     DECLARE g_doorbell VARCHAR(80) CHARACTER SET ascii;
@@ -285,8 +292,8 @@ body: BEGIN
     -- and no second hand-off due (else the full step).
     IF v_queued > 0 AND v_used < v_capacity THEN
         SET v_none = 0;
-        SELECT seq, lease_id, weight, holder, ttl, doorbell
-          INTO g_seq, g_lease, g_weight, g_holder, g_ttl, g_doorbell
+        SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at
+          INTO g_seq, g_lease, g_weight, g_holder, g_ttl, g_doorbell, g_expires
           FROM tessera_waiters WHERE name = p_name ORDER BY seq LIMIT 1;
         IF v_none = 1 OR g_weight IS NULL OR g_weight < 1 THEN
             ROLLBACK;
@@ -296,12 +303,15 @@ body: BEGIN
         IF g_weight <= v_capacity - v_used THEN
             IF g_weight <> 1 OR (v_capacity - v_used >= 2 AND v_queued >= 2)
                OR g_lease IS NULL OR g_lease NOT REGEXP '^[0-9a-f]{32}$'
-               OR g_ttl IS NULL OR g_ttl < 0 OR g_holder IS NULL OR g_doorbell IS NULL THEN
+               OR g_ttl IS NULL OR g_ttl < 0 OR g_holder IS NULL OR g_doorbell IS NULL
+               OR g_expires IS NULL OR g_expires <= v_now THEN
                 ROLLBACK;
                 SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
                 LEAVE body;
             END IF;
             SET v_grant = 1;
+            -- Provisional until renewed: no longer than the waiter's entry would have lived.
+            SET g_ttl = LEAST(g_ttl, g_expires - v_now);
         END IF;
     END IF;
     DELETE FROM tessera_holders WHERE name = p_name AND lease_id = p_lease;

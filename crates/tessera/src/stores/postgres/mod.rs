@@ -132,6 +132,7 @@ const MIGRATIONS: &[&[&[&str]]] = &[
     rate::MIGRATION_3,
     ops::MIGRATION_4,
     ops::MIGRATION_5,
+    ops::MIGRATION_6,
 ];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.

@@ -34,6 +34,10 @@ pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")]
 /// waiters in the release's reply; then the step again.
 pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")], STEP];
 
+/// Migration 6: a hand-off grant is provisional, expiring with the waiter's queue entry until
+/// it is renewed (`tessera__hand_off`); the step again.
+pub(crate) const MIGRATION_6: &[&[&str]] = &[STEP];
+
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";

@@ -108,6 +108,8 @@ pub(crate) struct HeadRow {
     pub weight: i64,
     pub holder: String,
     pub ttl: i64,
+    /// The waiter's heartbeat expiry: the hand-off grant's expiry until it is renewed.
+    pub expires_at: i64,
 }
 
 /// The row operations of one semaphore inside one locked transaction (see the module docs).

@@ -11,8 +11,9 @@
 //! 2. **purge** holders whose lease expired and waiters whose heartbeat expired (both
 //!    indexed by `(name, expires_at)`), returning their seats to the free set;
 //! 3. **hand off**: while the queue head fits in `capacity - used`, pop it and grant it
-//!    (lowest free seats, next fence, expiry = now + its TTL). A head that does not fit
-//!    blocks everyone behind it (strict FIFO);
+//!    (lowest free seats, next fence, expiry = `min(now + its TTL, its heartbeat expiry)`:
+//!    provisional until renewed, see `crate::permit`). A head that does not fit blocks
+//!    everyone behind it (strict FIFO);
 //! 4. **decide** the operation (acquire, heartbeat, cancel, release, renew, status, resize,
 //!    revoke; delete runs alone, without purging, as in the model);
 //! 5. **hand off again** when the operation freed permits or removed the head;

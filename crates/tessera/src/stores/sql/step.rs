@@ -188,7 +188,10 @@ impl<'r, R: SemRows> Step<'r, R> {
             let lease_id = lease_of(&head.lease_id)?;
             let weight = u32_of(head.weight, "weight")?;
             let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
-            self.grant(lease_id, weight, ttl, head.holder).await?;
+            // Provisional until renewed: no longer than the waiter's entry would have lived.
+            let entry = StoreTime(u64_of(head.expires_at, "waiter expires_at")?).since(self.now);
+            self.grant(lease_id, weight, ttl.min(entry), head.holder)
+                .await?;
             self.wakes.push(lease_id);
         }
         Ok(())

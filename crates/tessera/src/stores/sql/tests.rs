@@ -205,7 +205,7 @@ impl SemRows for NoReturning<'_> {
         Ok(self.lease_rows(sql, lease).await?.first().map(|r| r.get(0)))
     }
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let sql = "SELECT seq, lease_id, weight, holder, ttl FROM tessera_waiters \
+        let sql = "SELECT seq, lease_id, weight, holder, ttl, expires_at FROM tessera_waiters \
                    WHERE name = ?1 ORDER BY seq LIMIT 1";
         let Some(row) = self.rows(sql, &[]).await?.into_iter().next() else {
             return Ok(None);
@@ -215,6 +215,7 @@ impl SemRows for NoReturning<'_> {
             weight: row.get(2),
             holder: row.get(3),
             ttl: row.get(4),
+            expires_at: row.get(5),
         };
         if head.weight > available {
             return Ok(None);

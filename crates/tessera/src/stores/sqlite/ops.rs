@@ -53,7 +53,7 @@ const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_
 /// Pops the queue head if its weight is at most `?2` (the free permits).
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
      AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
-     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl, wake";
+     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl, wake, expires_at";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
@@ -347,6 +347,7 @@ impl SemRows for SqliteRows<'_> {
                 weight: int_at(row, 1)?,
                 holder: text_at(row, 2)?,
                 ttl: int_at(row, 3)?,
+                expires_at: int_at(row, 5)?,
             };
             Ok((head, wake))
         })?;

@@ -280,6 +280,7 @@ DECLARE
     h       record;
     grants  int := 0;
     payload text;
+    lasts   bigint;
 BEGIN
     WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
         DELETE FROM tessera_waiters
@@ -287,7 +288,7 @@ BEGIN
           AND seq = (SELECT seq FROM tessera_waiters
                      WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
           AND weight <= st.capacity - st.used
-        RETURNING seq, lease_id, weight, holder, client, ttl INTO h;
+        RETURNING seq, lease_id, weight, holder, client, ttl, expires_at INTO h;
         EXIT WHEN NOT FOUND;
         st.queued := st.queued - 1;
         st.head_seq := h.seq + 1;
@@ -297,11 +298,13 @@ BEGIN
         IF h.weight < 1 OR h.ttl < 0 THEN
             PERFORM tessera__corrupt(format('waiter weight %s / ttl %s is out of range', h.weight, h.ttl));
         END IF;
-        st := tessera__grant(st, h.lease_id, h.weight, h.ttl, h.holder, h.client);
+        -- Provisional until renewed: no longer than the waiter's entry would have lived.
+        lasts := least(h.ttl, h.expires_at - st.now_us);
+        st := tessera__grant(st, h.lease_id, h.weight, lasts, h.holder, h.client);
         -- A client id that is not 1 to 32 hex digits (damaged, or empty) gets no wake-up:
         -- its waiter's heartbeat finds the grant.
         IF h.client ~ '^[0-9a-f]{1,32}$' THEN
-            payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + h.ttl,
+            payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + lasts,
                                  array_to_string(st.seats, ','), h.holder);
             IF h.client = st.local_client THEN
                 st.local_grants := st.local_grants || payload;

@@ -438,7 +438,10 @@ local function hand_off()
       return
     end
     remove_waiter(head, encoded)
-    wake(w.client, head, grant(head, w.weight, w.ttl, w.holder, w.client))
+    -- Provisional until renewed: no longer than the waiter's entry would have lived.
+    local ttl = w.expires_at - now
+    if ttl > w.ttl then ttl = w.ttl end
+    wake(w.client, head, grant(head, w.weight, ttl, w.holder, w.client))
   end
 end
 
