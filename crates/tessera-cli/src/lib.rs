@@ -49,7 +49,7 @@ $XDG_STATE_HOME/tessera/tessera.db (default ~/.local/state/tessera/tessera.db).
                                no rate limits (etcd has no clock a transaction can read)
   memory://                    this process only (for trying things out)
 run and bench create a missing SQLite store; status, revoke, resize and delete never do.
-Logging: TESSERA_LOG=debug (an env filter; default warn), on stderr.
+Logging: TESSERA_LOG=debug (an env filter; default: tessera's warnings, other crates' errors), on stderr.
 
 ";
 
@@ -297,9 +297,12 @@ struct StatusCmd {
 
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
-    // The library logs a lost lease at `warn`; `run` reports it itself in one line.
-    let filter = EnvFilter::try_from_env("TESSERA_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("warn,tessera::permit=error"));
+    // The library logs a lost lease at `warn`; `run` reports it itself in one line. Other
+    // crates' warnings (a cluster client's failed node connect, a slow SQL statement) would
+    // only repeat, in their words, the one line tessera prints about the same fault.
+    let filter = EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| {
+        EnvFilter::new("error,tessera=warn,tessera_cli=warn,tessera::permit=error")
+    });
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)

@@ -132,6 +132,35 @@ fn admin_commands_on_redis_cluster() {
     admin_walk(Harness::redis_cluster(false).url(), true);
 }
 
+/// A Redis Cluster behind a password (`requirepass` and `masterauth` on every node), as
+/// managed clusters run: the walk with the password in the URL; without it, or with a wrong
+/// one, one line on stderr that says auth (it said "connection", under a warning of the
+/// cluster client's own) and never shows the password.
+#[test]
+fn admin_commands_on_a_redis_cluster_behind_a_password() {
+    const PW: &str = "Clu-pw-7";
+    let cluster = tessera_testkit::servers::redis_cluster::RedisCluster::start(false);
+    for node in cluster.nodes() {
+        assert!(node
+            .command(&["CONFIG", "SET", "masterauth", PW])
+            .starts_with("+OK"));
+        assert!(node
+            .command(&["CONFIG", "SET", "requirepass", PW])
+            .starts_with("+OK"));
+    }
+    let open = cluster.url();
+    admin_walk(&open.replace("://", &format!("://:{PW}@")), true);
+    let home = tempfile::tempdir().unwrap();
+    for url in [open.clone(), open.replace("://", "://:Wrong-pw-7@")] {
+        let out = run(home.path(), &url, &["status"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("tessera: store error (auth)"), "{err}");
+        assert!(!err.contains("pw-7"), "{err}");
+    }
+}
+
 #[test]
 fn admin_commands_on_postgres() {
     admin_walk(Harness::postgres().url(), true);

@@ -13,18 +13,16 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
         // A key of tessera's layout holds something else: written by someone else.
         return Error::Corrupt(format!("a tessera key holds another type: {e}"));
     }
-    let kind = if e.is_timeout() {
+    let kind = if is_auth(&e) {
+        // A wrong user or password, none given where one is required, or an ACL that
+        // refuses a command or key.
+        StoreErrorKind::Auth
+    } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreErrorKind::Connection
     } else if e.code() == Some("BUSY") || e.code() == Some("LOADING") {
         StoreErrorKind::Busy
-    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-    {
-        // A wrong user or password, none given where one is required, or an ACL that
-        // refuses a command or key.
-        StoreErrorKind::Auth
     } else {
         StoreErrorKind::Other
     };
@@ -33,4 +31,16 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
         message = message.replace(s, "***");
     }
     Error::store(kind, format!("redis: {message}"))
+}
+
+/// Whether the server refused the credentials (or their lack). A cluster client's first
+/// connect wraps the node's refusal in an I/O error ("Failed to create initial connections -
+/// Io: \"NOAUTH\": …"), so the refusal's code is looked for in the text as well.
+fn is_auth(e: &RedisError) -> bool {
+    const REFUSALS: [&str; 3] = ["NOAUTH", "WRONGPASS", "NOPERM"];
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code().is_some_and(|c| REFUSALS.contains(&c))
+        || REFUSALS
+            .iter()
+            .any(|r| e.to_string().contains(&format!("\"{r}\"")))
 }
