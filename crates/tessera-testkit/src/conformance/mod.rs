@@ -156,6 +156,7 @@ macro_rules! conformance_tests {
             dead_waiter_leaves_the_queue_within_its_ttl,
             a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl,
             a_handed_off_permit_is_kept_past_its_waiter_ttl,
+            lost_fires_before_a_hand_off_grant_expires_when_renewals_fail,
             waiter_rides_out_a_store_blip_shorter_than_its_ttl,
             acquire_is_retried_through_a_store_blip,
             waiter_is_woken_without_waiting_for_its_heartbeat,

@@ -864,6 +864,50 @@ pub async fn a_handed_off_permit_is_kept_past_its_waiter_ttl(h: &Harness) {
     assert_drained(&a.store, &name).await;
 }
 
+/// A hand-off grant whose renewals fail: `lost()` fires before its provisional expiry, while
+/// the store still has the lease, long before the lease TTL.
+pub async fn lost_fires_before_a_hand_off_grant_expires_when_renewals_fail(h: &Harness) {
+    let name = unique("provisional-lost");
+    let (a, b) = (h.client().await, h.client().await);
+    let waiter_ttl = Duration::from_secs(2);
+    let o = move || {
+        SemaphoreOptions::default()
+            .ttl(Duration::from_secs(30))
+            .waiter_ttl(waiter_ttl)
+    };
+    let sem = Semaphore::new(&a.store, &name, 1, o()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    b.faults.renew(Mode::Fail);
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let sem = Semaphore::new(&b.store, &n, 1, o()).unwrap();
+        (sem.acquire().await.unwrap(), b)
+    });
+    wait_queued(&a.store, &name, 1).await;
+    assert!(held.release().await.unwrap());
+    let (p, _b) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap();
+    let reason = timeout(waiter_ttl * 2, p.lost())
+        .await
+        .expect("lost() did not fire within the waiter TTL");
+    let fired = Instant::now();
+    assert!(
+        matches!(reason, LossReason::RenewalsFailing(_)),
+        "{reason:?}"
+    );
+    assert!(
+        fired < p.valid_until(),
+        "lost() fired after the lease could have expired"
+    );
+    let s = status(&a.store, &name)
+        .await
+        .expect("the lease had expired");
+    assert!(s.holders.iter().any(|l| l.lease_id == p.lease_id()));
+    drop(p);
+}
+
 /// A release wakes the waiter at once; it does not sit until its next heartbeat (7.5 s with
 /// these options).
 pub async fn waiter_is_woken_without_waiting_for_its_heartbeat(h: &Harness) {
