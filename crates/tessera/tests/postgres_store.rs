@@ -629,6 +629,56 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     assert_eq!(versions(&server, "old"), "1,2,3,4,5");
 }
 
+/// A schema whose step is older than this build's (a build of before step revisions: no
+/// `tessera__step_revision()`, the hand-off granting a whole TTL) gets this build's step at
+/// the next connect, without a migration: the tables' version stays where builds that know
+/// the same tables read it, so they keep connecting beside this one (rolling upgrades).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_step_is_created_again_without_a_migration() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("step");
+    drop(PostgresBackend::connect(&url).await.unwrap());
+    let revision = || server.psql("SELECT step.tessera__step_revision()");
+    let hand_off = || {
+        server.psql(
+            "SELECT prosrc LIKE '%lasts := least(h.ttl, h.expires_at - st.now_us)%' \
+             FROM pg_proc WHERE proname = 'tessera__hand_off'",
+        )
+    };
+    assert_eq!(revision(), "1");
+    assert_eq!(hand_off(), "t");
+    server.psql(
+        "DROP FUNCTION step.tessera__step_revision(); \
+         CREATE OR REPLACE FUNCTION step.tessera__hand_off(st step.tessera_step) \
+         RETURNS step.tessera_step LANGUAGE plpgsql AS $$ BEGIN RETURN st; END $$",
+    );
+    assert_eq!(hand_off(), "f");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(revision(), "1");
+    assert_eq!(hand_off(), "t");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5");
+    // The step works: a hand-off grant runs until the waiter's entry would have expired.
+    let n = name("again");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    let long = Duration::from_secs(60);
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, long, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let waiter_ttl = Duration::from_secs(5);
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(b, 1, long, Some((waiter_ttl, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    assert!(pg.release(&n, a).await.unwrap());
+    let WaitReply::Granted(g) = pg.heartbeat(&n, b, waiter_ttl).await.unwrap() else {
+        panic!("the waiter was not handed the permit")
+    };
+    assert!(g.lease.expires_at <= g.lease.acquired_at.plus(waiter_ttl));
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
 /// lease or of the queue head may use them), and the waiters' unique key leads with the

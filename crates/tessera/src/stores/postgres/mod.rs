@@ -61,9 +61,12 @@
 //!   up (migration 5, `sql/schema_5.sql`).
 //! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
 //!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
-//!   at once run each migration exactly once; a schema newer than this build is refused. A
-//!   user without `CREATE` rights can use a schema that an administrator migrated (connect
-//!   once with the owner's URL).
+//!   at once run each migration exactly once; a schema newer than this build is refused. The
+//!   step's functions carry a revision of their own (`ops::STEP_REVISION`): a build with a
+//!   newer step creates it again at connect, under the same lock, without a new migration,
+//!   so builds that know the same tables keep connecting side by side. A user without
+//!   `CREATE` rights can use a schema that an administrator migrated (connect once with the
+//!   owner's URL).
 //! - **Waking**: a release returns the grants it made to waiters of this process in its
 //!   reply, which wakes them; any other grant is pushed as in `listener.rs`: `pg_notify` to
 //!   the granted client's own channel, one
@@ -132,7 +135,6 @@ const MIGRATIONS: &[&[&[&str]]] = &[
     rate::MIGRATION_3,
     ops::MIGRATION_4,
     ops::MIGRATION_5,
-    ops::MIGRATION_6,
 ];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
@@ -328,7 +330,13 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
         .await
         .ok()
         .flatten();
-    if current == Some(latest) {
+    // The step's revision, once the tables are current (none before revisions existed).
+    let step_stale = current == Some(latest)
+        && sqlx::query_scalar::<_, i32>("SELECT tessera__step_revision()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_or(true, |r| r < ops::STEP_REVISION);
+    if current == Some(latest) && !step_stale {
         return Ok(());
     }
     let mut tx = conn.begin().await.map_err(map_err)?;
@@ -364,6 +372,16 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
              version {latest} (upgrade tessera)",
             config.schema
         )));
+    }
+    // Tables current, step older: the step again (idempotent, so another process having done
+    // it meanwhile changes nothing). A migration runs the step as well.
+    if current == latest && step_stale {
+        for sql in ops::STEP_AGAIN.iter().flat_map(|part| part.iter()) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
     }
     for (i, files) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         for sql in files.iter().flat_map(|part| part.iter()) {

@@ -34,9 +34,16 @@ pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")]
 /// waiters in the release's reply; then the step again.
 pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")], STEP];
 
-/// Migration 6: a hand-off grant is provisional, expiring with the waiter's queue entry until
-/// it is renewed (`tessera__hand_off`); the step again.
-pub(crate) const MIGRATION_6: &[&[&str]] = &[STEP];
+/// The step's revision, which `sql/common.sql` returns from `tessera__step_revision()`.
+/// Raised whenever the step's functions change while the tables stay as they are: a connect
+/// that finds a lower revision (or none) creates the step again, without a migration, so a
+/// build that knows only the tables' version still connects and calls the new functions
+/// (rolling upgrades). Revision 1: a hand-off grant expires with the waiter's queue entry
+/// until it is renewed (`tessera__hand_off`).
+pub(crate) const STEP_REVISION: i32 = 1;
+
+/// The step alone, for a connect that finds an older revision.
+pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \

@@ -18,7 +18,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 6);
+    assert_eq!(MIGRATIONS.len(), 5);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -87,16 +87,18 @@ fn the_head_bound_and_local_grants_come_fifth_and_run_again_harmlessly() {
     }
 }
 
-/// Migration 6 creates the step again, whose hand-off grants until the waiter's entry would
-/// have expired.
+/// The step says its revision, the one this build creates; the latest migration creates the
+/// step, so a fresh schema has it.
 #[test]
-fn the_provisional_hand_off_comes_sixth_as_the_step_alone() {
-    let sixth = MIGRATIONS[5].concat().concat();
-    assert!(sixth.contains("lasts := least(h.ttl, h.expires_at - st.now_us);"));
-    for line in sixth.lines().filter(|l| l.starts_with("CREATE ")) {
-        assert!(line.starts_with("CREATE OR REPLACE FUNCTION "), "{line}");
-    }
-    assert!(!sixth.lines().any(|l| l.starts_with("DROP ")));
+fn the_step_says_its_revision() {
+    let step = ops::STEP_AGAIN.concat().concat();
+    assert!(step.contains(&format!(
+        "CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int\n\
+         LANGUAGE sql IMMUTABLE AS 'SELECT {}';",
+        ops::STEP_REVISION
+    )));
+    assert!(step.contains("lasts := least(h.ttl, h.expires_at - st.now_us);"));
+    assert!(MIGRATIONS.last().unwrap().concat().concat().contains(&step));
 }
 
 #[test]

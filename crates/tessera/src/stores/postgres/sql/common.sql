@@ -18,6 +18,9 @@
 -- mark, holder, row), a release 4 (lock, holder, row, high-water mark), an enqueue 4 and a
 -- release that hands off 5 plus the NOTIFY; the purge runs only once `purge_at` has passed.
 --
+-- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
+-- lower one creates these functions again (see the PostgreSQL store's module docs).
+--
 -- Durability: a step commits asynchronously (`synchronous_commit` off for its transaction)
 -- unless it grants, renews, revokes or deletes: then the session's own setting (on by
 -- default) is restored before the commit (`tessera__grant`, `tessera__durable`). What an asynchronous commit
@@ -487,3 +490,7 @@ BEGIN
     RETURNING seq INTO seq_;
     RETURN seq_;
 END $$;
+
+-- The step's revision (see the header).
+CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
+LANGUAGE sql IMMUTABLE AS 'SELECT 1';
