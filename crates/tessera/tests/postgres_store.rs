@@ -1656,7 +1656,8 @@ async fn a_release_right_after_a_restart_frees_the_permit() {
 /// The usual application role has no `CREATE` on the database. Its first connect to a schema
 /// nobody migrated fails with a message that says what to do; once an owner migrated the
 /// schema and granted what that message names, the role holds, waits, is handed the permit
-/// and rate-limits through the public API.
+/// and rate-limits through the public API. A build with a newer step than the schema's
+/// connects with this role too, and uses the owner's step until the owner connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
     let server = PostgresServer::start();
@@ -1686,6 +1687,17 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
          GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA shared TO app",
     );
     tessera_testkit::conformance::serves_two_clients(&url("app")).await;
+
+    // A build whose step is newer than the schema's (here: a step from before revisions):
+    // the role may not replace it, so it goes on with the owner's, which works.
+    server.psql("DROP FUNCTION shared.tessera__step_revision()");
+    tessera_testkit::conformance::serves_two_clients(&url("app")).await;
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera__step_revision'"),
+        "0"
+    );
+    Store::connect(&url("postgres")).await.unwrap();
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "1");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -339,6 +339,38 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
     if current == Some(latest) && !step_stale {
         return Ok(());
     }
+    if current == Some(latest) {
+        // Only the step is older. A role that may not replace it keeps the step an owner
+        // created: every step revision works with the tables it was made for.
+        return match migrate_locked(conn, config, step_stale).await {
+            Err(e) if is_privilege_refusal(&e) => {
+                tracing::warn!(
+                    schema = %config.schema,
+                    error = %e,
+                    "tessera PostgreSQL: this role may not replace tessera's functions with \
+                     this build's; the schema's older ones stay in use until its owner connects"
+                );
+                Ok(())
+            }
+            r => r,
+        };
+    }
+    migrate_locked(conn, config, step_stale).await
+}
+
+/// A refusal for want of privileges (SQLSTATE 42501).
+fn is_privilege_refusal(e: &Error) -> bool {
+    matches!(e, Error::Store { message, .. } if message.contains("SQLSTATE 42501"))
+}
+
+/// Runs the migrations the schema lacks, and the step again if `step_stale`, in one
+/// transaction under the schema's advisory lock.
+async fn migrate_locked(
+    conn: &mut sqlx::PgConnection,
+    config: &Config,
+    step_stale: bool,
+) -> Result<()> {
+    let latest = MIGRATIONS.len() as i32;
     let mut tx = conn.begin().await.map_err(map_err)?;
     // The wait for another process's migration and the migration itself are bounded by the
     // client (above), not by the session's statement limit of one call (`url::limits`).
