@@ -70,6 +70,12 @@ const IDLE_LINGER: Duration = Duration::from_secs(1);
 /// The length below which the list of new leases is never compacted.
 const NEW_MIN: usize = 64;
 
+/// A lease granted for less than half its TTL (a hand-off grant, provisional until renewed:
+/// `crate::permit`) is first renewed this soon after it starts, so that it is a full lease
+/// by the time a store fault could meet its first renewal; a hold shorter than this (an
+/// acquire/release loop) ends before and costs no renewal.
+const PROVISIONAL_RENEWAL: Duration = Duration::from_millis(100);
+
 /// A turn later than this (and than a tenth of the TTL) means the process stalled.
 const STALL_MIN: Duration = Duration::from_millis(50);
 
@@ -157,7 +163,10 @@ impl Held {
             stage: Stage::Ended,
             poked: false,
         };
-        let first = state.next_turn(&config, now);
+        let mut first = state.next_turn(&config, now);
+        if span < config.ttl / 2 {
+            first = first.min(Instant::now() + PROVISIONAL_RENEWAL);
+        }
         let state = HeldState {
             stage: Stage::New(first),
             ..state

@@ -13,8 +13,8 @@
 //! `min(expires_at - now, TTL)`: the TTL, except for a grant the store made by handing the
 //! permit to a queued waiter. Such a grant is provisional: it expires when the waiter's queue
 //! entry would have (its heartbeat expiry), so that a waiter that died in the queue does not
-//! hold the permit for a whole TTL. Its first renewal, at half its span, makes it a full
-//! lease.
+//! hold the permit for a whole TTL. Its first renewal, 100 ms after the permit starts (a
+//! shorter hold ends before and renews nothing), makes it a full lease.
 //!
 //! # When `lost()` fires
 //!
