@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The W1 loop (1 client, capacity 10, acquire + release) of `tessera bench` beside the Node
 # library redis-semaphore (npm) on the same Redis, in one run, with the server's CPU per pair
-# (INFO cpu deltas) and its commands per pair (INFO commandstats). redis-semaphore and ioredis
+# (INFO cpu deltas around each program; for tessera also its loop alone, as `bench` reports
+# it) and its commands per pair (INFO commandstats). redis-semaphore and ioredis
 # are installed into a temporary folder at each run; nothing third-party is kept.
 #
 #   scripts/bench-redis-libs.sh PORT [PAIRS] [TESSERA_BIN...]
@@ -53,8 +54,13 @@ run() { # label, command...
   local out; out=$("$@")
   local c1; c1=$(cpu)
   local rate; rate=$(echo "$out" | tail -1 | sed -E 's/.*"(ops_per_sec|pairs_per_sec)":([0-9.]+).*/\2/')
-  printf '%-28s %8.0f pairs/s  %6.1f µs Redis CPU/pair  %5.1f commands/pair\n' "$label" "$rate" \
-    "$(echo "($c1 - $c0) * 1000000 / $pairs" | bc -l)" "$(echo "$(commands) / $pairs" | bc -l)"
+  # Per pair: the whole process's Redis CPU, and, where the program measures it itself
+  # (tessera: the loop alone, without its connects, warm-up and round-trip PINGs), that.
+  local whole; whole=$(echo "($c1 - $c0) * 1000000 / $pairs" | bc -l)
+  local own; own=$(echo "$out" | tail -1 | sed -nE 's/.*"server_cpu_us_per_grant":([0-9.]+).*/\1/p')
+  [[ -n $own ]] && own=$(printf '%.1f µs' "$own")
+  printf '%-28s %8.0f pairs/s  %6.1f µs Redis CPU/pair (loop alone: %s)  %5.1f commands/pair\n' \
+    "$label" "$rate" "$whole" "${own:--}" "$(echo "$(commands) / $pairs" | bc -l)"
 }
 for bin in "${bins[@]}"; do
   run "tessera ($(basename "$bin"))" "$bin" --store "redis://127.0.0.1:$port" bench --workload w1 \

@@ -17,7 +17,9 @@
 //! permit it just released is not a hand-off), grants per client (min, max), over-grants seen
 //! by an independent check (on Redis, a counter key on the same server that each holder
 //! increments on entry and decrements on exit; elsewhere an in-process counter), Redis CPU
-//! per grant (`INFO cpu` before and after), and, in the same run, the round-trip limit: one
+//! per grant (`INFO cpu` before and after; W1's without the `PING` slices below, read with
+//! `INFO cpu` around each; W2's and W3's with the check's two commands per grant), and, in
+//! the same run, the round-trip limit: one
 //! client's bare `PING`s per second on its own connection (null on other stores), with the
 //! ratio of W1 pairs per second to half of it. With one client the pings run in slices
 //! between its operations (their time is not counted as the workload's), so a machine whose

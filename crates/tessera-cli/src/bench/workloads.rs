@@ -184,6 +184,8 @@ struct Interleaved {
     slice: Duration,
     pings: u64,
     ping_time: Duration,
+    /// Redis CPU time the slices took (µs), which is not the workload's.
+    ping_cpu_us: f64,
 }
 
 /// Slices per workload.
@@ -191,6 +193,7 @@ const SLICES: u64 = 10;
 
 impl Interleaved {
     async fn slice(&mut self) -> anyhow::Result<()> {
+        let cpu_before = server_cpu_us(&mut self.conn).await?;
         let start = Instant::now();
         while start.elapsed() < self.slice {
             for _ in 0..20 {
@@ -199,6 +202,7 @@ impl Interleaved {
             self.pings += 20;
         }
         self.ping_time += start.elapsed();
+        self.ping_cpu_us += server_cpu_us(&mut self.conn).await? - cpu_before;
         Ok(())
     }
 }
@@ -266,6 +270,7 @@ pub async fn run(
                 slice: rtt_time / SLICES as u32,
                 pings: 0,
                 ping_time: Duration::ZERO,
+                ping_cpu_us: 0.0,
             })
         }
         _ => None,
@@ -331,10 +336,12 @@ pub async fn run(
     let hard = shared.deadline + Duration::from_millis(500);
     let results = join_clients(tasks, hard, &shared.errors).await;
     let mut paused = Duration::ZERO;
+    let mut paused_cpu_us = 0.0;
     let mut rtt_interleaved = None;
     for r in &results {
         if let Some(p) = &r.probe {
             paused += p.ping_time;
+            paused_cpu_us += p.ping_cpu_us;
             if p.pings > 0 {
                 rtt_interleaved = Some(p.pings as f64 / p.ping_time.as_secs_f64());
             }
@@ -399,8 +406,11 @@ pub async fn run(
             "in-process-counter"
         }
         .to_string(),
+        // Without the Redis time of W1's round-trip slices, which run inside the window.
         server_cpu_us_per_grant: match (cpu_before, cpu_after) {
-            (Some(a), Some(b)) if grants > 0 => Some((b - a) / grants as f64),
+            (Some(a), Some(b)) if grants > 0 => {
+                Some((b - a - paused_cpu_us).max(0.0) / grants as f64)
+            }
             _ => None,
         },
         rtt_per_sec,
