@@ -718,6 +718,30 @@ pub async fn queue_cap_is_enforced(h: &Harness) {
     assert_drained(&admin.store, &name).await;
 }
 
+/// Queues a waiter on `name` (a lock, held by someone else) that never heartbeats, as one
+/// that died right after it was queued; returns its lease id.
+async fn queue_dead_waiter(
+    store: &Store,
+    name: &Name,
+    ttl: Duration,
+    waiter_ttl: Duration,
+) -> LeaseId {
+    let dead = LeaseId::random();
+    let req = AcquireRequest {
+        lease_id: dead,
+        weight: 1,
+        ttl,
+        holder: "dead".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl,
+            queue_cap: 10,
+        }),
+    };
+    let r = store.backend().acquire(name, 1, &req).await.unwrap();
+    assert_eq!(r, AcquireReply::Queued { position: 0 });
+    dead
+}
+
 /// A waiter that stops heartbeating (it died) leaves the queue within its waiter TTL, and
 /// the permit goes to the next live waiter.
 pub async fn dead_waiter_leaves_the_queue_within_its_ttl(h: &Harness) {
@@ -725,20 +749,14 @@ pub async fn dead_waiter_leaves_the_queue_within_its_ttl(h: &Harness) {
     let client = h.client().await;
     let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
     let held = sem.acquire().await.unwrap();
-    let dead = LeaseId::random();
     let nm = Name::new(&name).unwrap();
-    let req = AcquireRequest {
-        lease_id: dead,
-        weight: 1,
-        ttl: Duration::from_secs(5),
-        holder: "dead".into(),
-        wait: Some(WaitSpec {
-            waiter_ttl: Duration::from_millis(300),
-            queue_cap: 10,
-        }),
-    };
-    let r = client.store.backend().acquire(&nm, 1, &req).await.unwrap();
-    assert_eq!(r, AcquireReply::Queued { position: 0 });
+    let dead = queue_dead_waiter(
+        &client.store,
+        &nm,
+        Duration::from_secs(5),
+        Duration::from_millis(300),
+    )
+    .await;
     let other = h.client().await;
     let n = name.clone();
     let live = tokio::spawn(async move {
@@ -771,25 +789,10 @@ pub async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl(h: &
     let client = h.client().await;
     let sem = Semaphore::new(&client.store, &name, 1, opts(5_000)).unwrap();
     let held = sem.acquire().await.unwrap();
-    let dead = LeaseId::random();
     let nm = Name::new(&name).unwrap();
     let waiter_ttl = Duration::from_secs(3);
-    let lease_ttl = Duration::from_secs(120);
-    let req = AcquireRequest {
-        lease_id: dead,
-        weight: 1,
-        ttl: lease_ttl,
-        holder: "dead".into(),
-        wait: Some(WaitSpec {
-            waiter_ttl,
-            queue_cap: 10,
-        }),
-    };
+    let dead = queue_dead_waiter(&client.store, &nm, Duration::from_secs(120), waiter_ttl).await;
     let b = client.store.backend();
-    assert_eq!(
-        b.acquire(&nm, 1, &req).await.unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
     // Its heartbeats stop here. The release hands it the permit while its entry still lives.
     assert!(held.release().await.unwrap());
     let st = status(&client.store, &name)
