@@ -294,6 +294,43 @@ impl fmt::Display for DurationText {
     }
 }
 
+/// Below this length a password is masked only where it stands as a whole token: a short one
+/// ("a", "pw") is also a piece of ordinary words, which masking every occurrence would garble.
+const SECRET_EVERYWHERE_LEN: usize = 8;
+
+/// `message` with the password `secret` replaced by `***`: every occurrence of a password of 8
+/// or more characters; for a shorter one, each occurrence that no letter or digit adjoins (as
+/// in `u:a@host`, `password 'ab'`), so a one-letter password does not mask that letter in
+/// every word.
+pub(crate) fn mask_secret(message: &str, secret: Option<&str>) -> String {
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        return message.to_string();
+    };
+    if secret.chars().count() >= SECRET_EVERYWHERE_LEN {
+        return message.replace(secret, "***");
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    let mut before: Option<char> = None;
+    while let Some(at) = rest.find(secret) {
+        let head = &rest[..at];
+        let prev = head.chars().next_back().or(before);
+        let tail = &rest[at + secret.len()..];
+        let next = tail.chars().next();
+        let token = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+        out.push_str(head);
+        if token(prev) || token(next) {
+            out.push_str(secret);
+        } else {
+            out.push_str("***");
+        }
+        before = secret.chars().next_back();
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Replaces the password of a URL-like string with `***`, for messages and logs.
 pub fn redact_url(raw: &str) -> String {
     match url::Url::parse(raw) {
@@ -318,6 +355,28 @@ pub fn redact_url(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_password_is_masked_where_it_stands_alone_and_a_long_one_everywhere() {
+        let msg = "auth failed at redis://app:a@host:6379 (a wrong password)";
+        assert_eq!(
+            mask_secret(msg, Some("a")),
+            "auth failed at redis://app:***@host:6379 (*** wrong password)"
+        );
+        assert_eq!(
+            mask_secret("user 'pw' refused: pw", Some("pw")),
+            "user '***' refused: ***"
+        );
+        // Inside a word a short password stays; a long one goes wherever it is.
+        assert_eq!(mask_secret("pwned", Some("pw")), "pwned");
+        assert_eq!(
+            mask_secret("xhunter2-pass hunter2-pass", Some("hunter2-pass")),
+            "x*** ***"
+        );
+        assert_eq!(mask_secret("no secret here", None), "no secret here");
+        assert_eq!(mask_secret("aa", Some("a")), "aa");
+        assert_eq!(mask_secret("a:a", Some("a")), "***:***");
+    }
 
     #[test]
     fn redact_hides_passwords() {

@@ -26,10 +26,7 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
     } else {
         StoreErrorKind::Other
     };
-    let mut message = e.to_string();
-    if let Some(s) = secret.filter(|s| !s.is_empty()) {
-        message = message.replace(s, "***");
-    }
+    let message = crate::error::mask_secret(&e.to_string(), secret);
     Error::store(kind, format!("redis: {message}"))
 }
 
