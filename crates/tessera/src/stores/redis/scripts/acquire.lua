@@ -63,8 +63,8 @@ local function decide()
     new_queue = true
   end
   rcall('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
-  rcall('ZADD', K_QUEUE, seq, lease_id)
-  rcall('ZADD', K_WEXP, waiter.expires_at, lease_id)
+  rcall('ZADD', K_QUEUE, int(seq), lease_id)
+  rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
   return {'queued', queued}

@@ -23,20 +23,34 @@ local now = 0
 -- now formatted with %d, once per call (see now_text).
 local now_s
 
+-- The seconds of the last TIME reply, as text and in µs: they change once a second, so a
+-- call parses only the microseconds (tonumber costs about as much as a redis.call).
+local sec_s, sec_us
+
 local function clock()
   if rcall == nil then
     rcall, string, math, table, tonumber, ipairs, pairs, unpack, error = globals()
   end
   local time = rcall('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  if time[1] ~= sec_s then
+    sec_s = time[1]
+    sec_us = tonumber(sec_s) * 1000000
+  end
+  now = sec_us + tonumber(time[2])
   now_s = nil
 end
 
--- Small integers (counters, weights, seats, capacities up to SMALL) and their text, both
--- ways: formatting (%d) and parsing (strtod) cost more than the table lookups. A function
--- library keeps them between calls (bounded: SMALL entries each); a script rebuilds them.
-local SMALL = 1024
-local TEXT_OF, NUM_OF = {}, {}
+-- Numbers and their text, both ways: formatting (%d) and parsing (strtod) each cost more
+-- than a redis.call, a table lookup a few percent of that. A function library keeps these
+-- between calls; a script rebuilds them.
+-- - TEXT_OF: the text of small integers (counters, weights, seats, capacities below SMALL);
+-- - NUM_OF: the number of every text parsed (TTLs, queue caps and counters repeat from call
+--   to call), emptied when it reaches NUM_MAX entries, so it stays bounded;
+-- - big_x, big_s: the last larger number formatted (an expiry is formatted for its record
+--   and again as purge_at or as its score).
+local SMALL, NUM_MAX = 1024, 2048
+local TEXT_OF, NUM_OF, num_n = {}, {}, 0
+local big_x, big_s
 
 local function int(x)
   if x >= 0 and x < SMALL then
@@ -47,13 +61,20 @@ local function int(x)
     end
     return s
   end
-  return string.format('%d', x)
+  if x == now then
+    if now_s == nil then now_s = string.format('%d', x) end
+    return now_s
+  end
+  if x ~= big_x then
+    big_x, big_s = x, string.format('%d', x)
+  end
+  return big_s
 end
 
 -- now as text (int(now)), formatted at most once per call.
 local function now_text()
   if now_s == nil then
-    now_s = int(now)
+    now_s = string.format('%d', now)
   end
   return now_s
 end
@@ -69,9 +90,10 @@ local function num(s, what)
   end
   n = tonumber(s)
   if n == nil then corrupt(what) end
-  -- Only the canonical text of a small integer is kept, so the table stays bounded.
-  if n >= 0 and n < SMALL and int(n) == s then
-    NUM_OF[s] = n
+  if num_n >= NUM_MAX then
+    NUM_OF, num_n = {}, 0
   end
+  NUM_OF[s] = n
+  num_n = num_n + 1
   return n
 end

@@ -62,8 +62,7 @@ local STATE_GRACE_MS = 10000
 
 -- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder,
 -- tab separated (holder labels never contain control characters, client ids never a tab, so
--- only the last field may hold one). One string.format per record.
-local LEASE_FMT = '%d\t%s\t%d\t%d\t%d\t%s\t%s'
+-- only the last field may hold one). Numbers are written as int writes them.
 local LEASE_PAT = '^(%d+)\t([%d,]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
 -- The weight and seats of a lease record (what removing it needs), checking its shape.
 local LEASE_HEAD = '^(%d+)\t([%d,]*)\t%d+\t%d+\t%d+\t'
@@ -80,9 +79,11 @@ local function seats_text(seats)
   return table.concat(out, ',')
 end
 
+-- (Joined from text in one concatenation: string.format costs a sprintf per number, and the
+-- numbers' text is mostly cached, see int.)
 local function encode_lease(l)
-  return string.format(LEASE_FMT, l.weight, seats_text(l.seats), l.fence, l.acquired_at,
-    l.expires_at, l.client, l.holder)
+  return int(l.weight) .. '\t' .. seats_text(l.seats) .. '\t' .. int(l.fence) .. '\t' ..
+    int(l.acquired_at) .. '\t' .. int(l.expires_at) .. '\t' .. l.client .. '\t' .. l.holder
 end
 
 -- Seats as written in a lease record: one number, or a comma-separated list.
@@ -107,12 +108,11 @@ local function decode_lease(s)
 end
 
 -- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder.
-local WAITER_FMT = '%d\t%d\t%d\t%d\t%s\t%s'
 local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
 
 local function encode_waiter(w)
-  return string.format(WAITER_FMT, w.weight, w.ttl, w.enqueued_at, w.expires_at, w.client,
-    w.holder)
+  return int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t' ..
+    int(w.expires_at) .. '\t' .. w.client .. '\t' .. w.holder
 end
 
 local function decode_waiter(s)
@@ -369,9 +369,12 @@ local function grant(id, weight, ttl, holder, client)
   fence_moved = true
   S.used = S.used + weight
   local expires_at = now + ttl
+  -- The record as encode_lease writes it, joined from text (one concatenation; the fence is
+  -- usually now, whose text the call has): string.format costs a sprintf per number.
+  local fence_text = int(f)
   local expires_text = int(expires_at)
-  local encoded = string.format('%d\t%s\t%d\t%s\t%s\t%s\t%s', weight, seats_text(seats), f,
-    now_text(), expires_text, client, holder)
+  local encoded = int(weight) .. '\t' .. seats_text(seats) .. '\t' .. fence_text .. '\t' ..
+    now_text() .. '\t' .. expires_text .. '\t' .. client .. '\t' .. holder
   rcall('HSET', K_LEASES, id, encoded)
   rcall('ZADD', K_HOLDERS, expires_text, id)
   wrote_expiry(expires_at)
@@ -407,18 +410,24 @@ local function remove_holder(id, last)
   return encoded
 end
 
--- Removes a queued waiter (`encoded` is its record if the caller already read it).
-local function remove_waiter(id, encoded)
-  encoded = encoded or rcall('HGET', K_WAITERS, id)
-  if not encoded then
-    return nil
-  end
+-- Takes a queued waiter's entries out of the queue.
+local function unqueue(id)
   rcall('HDEL', K_WAITERS, id)
   rcall('ZREM', K_QUEUE, id)
   rcall('ZREM', K_WEXP, id)
   S.qlen = S.qlen - 1
   dirty = true
-  return decode_waiter(encoded)
+end
+
+-- Removes a queued waiter; its record, or nil if it is not queued.
+local function remove_waiter(id)
+  local encoded = rcall('HGET', K_WAITERS, id)
+  if not encoded then
+    return nil
+  end
+  local w = decode_waiter(encoded)
+  unqueue(id)
+  return w
 end
 
 -- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
@@ -437,7 +446,7 @@ local function hand_off()
     if S.used + w.weight > S.cap then
       return
     end
-    remove_waiter(head, encoded)
+    unqueue(head)
     -- Provisional until renewed: no longer than the waiter's entry would have lived.
     local ttl = w.expires_at - now
     if ttl > w.ttl then ttl = w.ttl end

@@ -18,7 +18,7 @@ if encoded then
   if now + ttl > lease.expires_at then
     lease.expires_at = now + ttl
     rcall('HSET', K_LEASES, lease_id, encode_lease(lease))
-    rcall('ZADD', K_HOLDERS, lease.expires_at, lease_id)
+    rcall('ZADD', K_HOLDERS, int(lease.expires_at), lease_id)
     wrote_expiry(lease.expires_at)
   end
   reply = {'renewed', lease.expires_at, now}
