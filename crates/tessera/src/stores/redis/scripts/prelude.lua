@@ -304,6 +304,20 @@ local function take_seats(n)
     S.seat_high = S.seat_high + n
     return seats
   end
+  -- One seat and none in the set (a hand-off of the seat a release just gave back): the
+  -- lowest below the capacity in the pool, usually its only one.
+  if n == 1 and set_size() <= 0 then
+    local low
+    for seat in pairs(pool) do
+      if seat < S.cap and (low == nil or seat < low) then low = seat end
+    end
+    if low ~= nil then
+      pool[low] = nil
+      pool_n = pool_n - 1
+      seats[1] = low
+      return seats
+    end
+  end
   local free = {}
   if pool_n > 0 then
     for seat in pairs(pool) do
@@ -560,8 +574,9 @@ local function is_empty()
   return S.used <= 0 and S.qlen <= 0
 end
 
--- The changed meta fields and their values, for one HSET.
-local F, FN
+-- The changed meta fields and their values, for one HSET: F[1..FN] (the table is reused
+-- from call to call; entries past FN are stale).
+local F, FN = {}, 0
 local function put(field, value)
   F[FN + 1] = field
   F[FN + 2] = int(value)
@@ -599,7 +614,7 @@ local function finish()
             'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
             'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
         else
-          F, FN = {}, 0
+          FN = 0
           if S.cap ~= L_CAP then put('cap', S.cap) end
           if S.used ~= L_USED then put('used', S.used) end
           if fence_moved then put('fence', S.fence) end
