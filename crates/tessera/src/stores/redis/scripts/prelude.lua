@@ -34,7 +34,7 @@
 --   grace period does not cover, and otherwise sets it only on the keys it created (Redis
 --   deletes an emptied hash or set, so a key that reappears has no TTL).
 -- Time comes only from TIME. Numbers stay below 2^53 (µs since the epoch), so Lua doubles hold
--- them exactly; they are formatted with %d (int, or one string.format per record), never with
+-- them exactly; they are formatted with %d (by int, which keeps recent texts), never with
 -- tostring or `..` (which would print 1.7e+15), and never passed to redis.call as Lua numbers
 -- (Redis formats those as floating point, several times the cost of %d). Parsing and
 -- formatting are a large part of a step's own cost, so a step parses the counters it uses
