@@ -22,7 +22,10 @@ if load() == nil then
 end
 purge_and_hand_off()
 
-local function decide()
+-- The decision, in a block left with `break` at the first outcome (a nested function
+-- would cost a closure per call).
+local reply
+repeat
   -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and takes
   -- the capacity this client declares (as in the reference model).
   if is_empty() and S.cap ~= capacity then
@@ -30,30 +33,36 @@ local function decide()
     dirty = true
   end
   if S.cap ~= capacity then
-    return {'mismatch', S.cap}
+    reply = {'mismatch', S.cap}
+    break
   end
   -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
   -- created by this step holds nothing yet.)
   if not fresh then
     local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
     if held then
-      return {'granted', now, held}
+      reply = {'granted', now, held}
+      break
     end
     if wait and refresh_waiter(lease_id, now + waiter_ttl) then
-      return {'queued', rcall('ZRANK', K_QUEUE, lease_id)}
+      reply = {'queued', rcall('ZRANK', K_QUEUE, lease_id)}
+      break
     end
   end
   -- Only a request that finds nobody waiting may take free permits: neither a try nor a
   -- newcomer jumps the queue.
   local queued = S.qlen
   if queued == 0 and S.used + weight <= S.cap then
-    return {'granted', now, grant(lease_id, weight, ttl, holder, client)}
+    reply = {'granted', now, grant(lease_id, weight, ttl, holder, client)}
+    break
   end
   if not wait then
-    return {'nopermit', math.max(S.cap - S.used, 0), queued}
+    reply = {'nopermit', math.max(S.cap - S.used, 0), queued}
+    break
   end
   if queued >= queue_cap then
-    return {'queuefull'}
+    reply = {'queuefull'}
+    break
   end
   local seq = S.seq
   S.seq = seq + 1
@@ -67,9 +76,7 @@ local function decide()
   rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
-  return {'queued', queued}
-end
-
-local reply = decide()
+  reply = {'queued', queued}
+until true
 finish()
 return reply
