@@ -296,12 +296,14 @@ impl fmt::Display for DurationText {
 
 /// Below this length a password is masked only where it stands as a whole token: a short one
 /// ("a", "pw") is also a piece of ordinary words, which masking every occurrence would garble.
+#[cfg(any(feature = "redis", feature = "etcd", test))]
 const SECRET_EVERYWHERE_LEN: usize = 8;
 
 /// `message` with the password `secret` replaced by `***`: every occurrence of a password of 8
 /// or more characters; for a shorter one, each occurrence that no letter or digit adjoins (as
 /// in `u:a@host`, `password 'ab'`), so a one-letter password does not mask that letter in
 /// every word.
+#[cfg(any(feature = "redis", feature = "etcd", test))]
 pub(crate) fn mask_secret(message: &str, secret: Option<&str>) -> String {
     let Some(secret) = secret.filter(|s| !s.is_empty()) else {
         return message.to_string();
