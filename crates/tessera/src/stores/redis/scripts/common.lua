@@ -40,6 +40,14 @@ local function clock()
   now_s = nil
 end
 
+-- now as text (int(now)), formatted at most once per call.
+local function now_text()
+  if now_s == nil then
+    now_s = string.format('%d', now)
+  end
+  return now_s
+end
+
 -- Numbers and their text, both ways: formatting (%d) and parsing (strtod) each cost more
 -- than a redis.call, a table lookup a few percent of that. A function library keeps these
 -- between calls; a script rebuilds them.
@@ -63,21 +71,12 @@ local function int(x)
     return s
   end
   if x == now then
-    if now_s == nil then now_s = string.format('%d', x) end
-    return now_s
+    return now_text()
   end
   if x ~= big_x then
     big_x, big_s = x, string.format('%d', x)
   end
   return big_s
-end
-
--- now as text (int(now)), formatted at most once per call.
-local function now_text()
-  if now_s == nil then
-    now_s = string.format('%d', now)
-  end
-  return now_s
 end
 
 local function corrupt(what)
