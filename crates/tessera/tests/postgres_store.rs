@@ -383,6 +383,39 @@ async fn holders_and_waiters_survive_killed_backends() {
     got.release().await.unwrap();
 }
 
+/// Every session terminated at once (as `pg_terminate_backend` of them all, a restart or a
+/// network cut does): the first call meets a dead connection, and the idle ones are then
+/// pinged before use, so the next call gets a live one. Without that, each of the four idle
+/// connections failed one call in turn, which cost a renewing lease four retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_every_session_is_terminated_one_call_at_most_meets_a_dead_connection() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "cut").await;
+    let n = name("cut");
+    for round in 0..2 {
+        // Four calls at once leave four idle connections, the backend's limit.
+        let (a, b, c, d) = tokio::join!(pg.status(&n), pg.status(&n), pg.status(&n), pg.status(&n));
+        for r in [a, b, c, d] {
+            assert!(r.unwrap().is_none());
+        }
+        assert!(server.terminate("tessera") >= 4, "round {round}");
+        let mut failed = 0;
+        for _ in 0..4 {
+            match pg.status(&n).await {
+                Ok(s) => assert!(s.is_none()),
+                Err(e) => {
+                    assert!(e.is_transient(), "{e:?}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(
+            failed <= 1,
+            "round {round}: {failed} of 4 calls failed after the kill"
+        );
+    }
+}
+
 /// A restart (fast, then immediate: crash recovery) keeps every lease: PostgreSQL is durable,
 /// and the clients reconnect by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

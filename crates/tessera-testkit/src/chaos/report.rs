@@ -22,7 +22,7 @@ use tessera::LeaseId;
 
 use super::Run;
 use crate::grantlog::{
-    check_with_grace, read_logs, Event, EventKind, FaultPhase, LeaseInfo, Violation,
+    check_with_grace, read_logs, Event, EventKind, FaultPhase, LeaseInfo, Outcome, Violation,
 };
 
 /// Scheduling slack added to every timing bound: this runs on a shared 2-core machine.
@@ -139,6 +139,48 @@ impl ScenarioReport {
         }
         s
     }
+}
+
+/// One line per `lost()` notice: when, how long after its grant, how long the lease was
+/// certainly valid at the grant (a hand-off grant is provisional: shorter than the TTL), how
+/// many renewals were acknowledged before, and why.
+fn loss_notes(events: &[Event]) -> Vec<String> {
+    let mut granted: HashMap<LeaseId, (u64, u64, usize)> = HashMap::new();
+    let mut notes = vec![];
+    for e in events {
+        match &e.kind {
+            EventKind::AcquireReturned {
+                outcome:
+                    Outcome::Granted {
+                        lease_id,
+                        valid_until_ns,
+                        ..
+                    },
+                ..
+            } => {
+                granted.insert(*lease_id, (e.t_ns, *valid_until_ns, 0));
+            }
+            EventKind::Renewed { lease_id, .. } => {
+                if let Some(g) = granted.get_mut(lease_id) {
+                    g.2 += 1;
+                }
+            }
+            EventKind::Lost { lease_id, reason } => {
+                let ms = |ns: u64| ns / 1_000_000;
+                let at = format!("{}.{:03}s", e.t_ns / 1_000_000_000, ms(e.t_ns) % 1000);
+                notes.push(match granted.get(lease_id) {
+                    Some(&(t, valid_until, renewals)) => format!(
+                        "lost: lease {lease_id} at {at}, {} ms after its grant (certain for {} ms at the grant, {renewals} renewals since): {reason}",
+                        ms(e.t_ns.saturating_sub(t)),
+                        ms(valid_until.saturating_sub(t)),
+                    ),
+                    None => format!("lost: lease {lease_id} at {at}: {reason}"),
+                });
+            }
+            _ => {}
+        }
+    }
+    notes
 }
 
 /// What each scenario breaks on purpose. `forgotten` are the windows right after the store
@@ -280,6 +322,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
     if !timeline.is_empty() {
         r.notes.push(format!("faults: {}", timeline.join("; ")));
     }
+    r.notes.extend(loss_notes(&events).into_iter().take(MAX_WITNESSES));
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for v in &check.violations {
         let kind = match v {

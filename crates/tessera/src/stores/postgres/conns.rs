@@ -8,7 +8,12 @@
 //! that timed out, was cancelled or broke the connection drops it ([`Lent`] closes on drop
 //! unless [`Lent::put_back`] is called). A connection that sat idle longer than
 //! [`STALE_AFTER`] is pinged before use (a server restart or an idle timeout in between
-//! closed it), and replaced if the ping fails.
+//! closed it), and replaced if the ping fails. So is one that went idle before another
+//! connection was dropped unreturned: what broke one (a server restart, every session
+//! terminated, a network cut) most likely broke the idle ones too, and without the ping each
+//! of them would fail one operation in turn: after `pg_terminate_backend` of every session,
+//! a lease's renewals met up to [`POOL_SIZE`](super::POOL_SIZE) dead connections one retry
+//! apart before a new one was opened.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -40,9 +45,24 @@ pub(crate) struct Conns {
     options: PgConnectOptions,
     /// The session's settings, run on each new connection ([`open`]).
     session: String,
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    idle: Mutex<Idle>,
     slots: Semaphore,
     connect_timeout: Duration,
+}
+
+/// The idle connections, each with when it went idle, and when a connection was last dropped
+/// unreturned.
+#[derive(Default)]
+struct Idle {
+    conns: Vec<(PgConnection, Instant)>,
+    dropped_at: Option<Instant>,
+}
+
+impl Idle {
+    /// Whether an idle connection that went idle at `since` must be pinged before use.
+    fn suspect(&self, since: Instant) -> bool {
+        since.elapsed() >= STALE_AFTER || self.dropped_at.is_some_and(|d| since <= d)
+    }
 }
 
 /// A connection lent out; dropped without [`Lent::put_back`], it is closed.
@@ -62,7 +82,7 @@ impl Conns {
         Conns {
             options,
             session,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Idle::default()),
             slots: Semaphore::new(size),
             connect_timeout,
         }
@@ -82,11 +102,16 @@ impl Conns {
             .map_err(|_| timeout())?
             .map_err(|_| Error::store(StoreErrorKind::Connection, "the connections are closed"))?;
         loop {
-            let idle = self.idle.lock().unwrap().pop();
-            let Some((mut conn, since)) = idle else {
+            let (idle, suspect) = {
+                let mut idle = self.idle.lock().unwrap();
+                let conn = idle.conns.pop();
+                let suspect = conn.as_ref().is_some_and(|(_, since)| idle.suspect(*since));
+                (conn, suspect)
+            };
+            let Some((mut conn, _)) = idle else {
                 break;
             };
-            if since.elapsed() < STALE_AFTER
+            if !suspect
                 || matches!(
                     tokio::time::timeout(PING_TIMEOUT, conn.ping()).await,
                     Ok(Ok(()))
@@ -121,7 +146,20 @@ impl Lent<'_> {
     /// Returns the connection for reuse: only after a call that returned.
     pub(crate) fn put_back(mut self) {
         if let Some(conn) = self.conn.take() {
-            self.conns.idle.lock().unwrap().push((conn, Instant::now()));
+            self.conns
+                .idle
+                .lock()
+                .unwrap()
+                .conns
+                .push((conn, Instant::now()));
+        }
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            self.conns.idle.lock().unwrap().dropped_at = Some(Instant::now());
         }
     }
 }
