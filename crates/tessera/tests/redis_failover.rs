@@ -6,8 +6,9 @@
 use std::time::{Duration, Instant};
 
 use tessera::*;
+use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_cluster::RedisCluster;
-use tessera_testkit::servers::redis_sentinel::SentinelTopology;
+use tessera_testkit::servers::redis_sentinel::{Sentinel, SentinelTopology};
 
 fn opts() -> SemaphoreOptions {
     SemaphoreOptions::default().ttl(Duration::from_secs(5))
@@ -65,6 +66,45 @@ async fn through_sentinel_failovers(options: &str) {
             topo.wait_replica_in_sync();
         });
     }
+}
+
+/// A sentinel that has not yet heard of a failover names the old master, at an older
+/// configuration epoch; that server, restarted, says it is a master until a sentinel turns it
+/// into a replica, and has none of the new master's leases. Here a sentinel of its own names
+/// an empty master at epoch 0 and is listed first: the client takes the newest answer at
+/// connect and never follows the older one, through several rounds of the watcher's polls
+/// (it asks one sentinel every 500 ms in turn). It went to the empty server before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_naming_an_older_master_is_never_followed() {
+    let topo = SentinelTopology::start();
+    // The topology's sentinels move to epoch 1.
+    tokio::task::block_in_place(|| topo.failover());
+    let empty = RedisServer::start();
+    let stale = Sentinel::start(empty.port());
+    let url = topo.url().replacen(
+        "redis+sentinel://",
+        &format!("redis+sentinel://127.0.0.1:{},", stale.port()),
+        1,
+    );
+    let store = Store::connect(&format!("{url}?prefix=stale"))
+        .await
+        .unwrap();
+    let sem = Semaphore::new(&store, "s", 1, opts()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    for round in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let again = sem.try_acquire().await.unwrap();
+        assert!(
+            again.is_none(),
+            "round {round}: the permit was granted twice"
+        );
+    }
+    assert_eq!(
+        empty.command(&["DBSIZE"]),
+        ":0\r\n",
+        "the client wrote to the master of the stale sentinel"
+    );
+    assert!(held.release().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -322,7 +322,8 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
     if !timeline.is_empty() {
         r.notes.push(format!("faults: {}", timeline.join("; ")));
     }
-    r.notes.extend(loss_notes(&events).into_iter().take(MAX_WITNESSES));
+    r.notes
+        .extend(loss_notes(&events).into_iter().take(MAX_WITNESSES));
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for v in &check.violations {
         let kind = match v {

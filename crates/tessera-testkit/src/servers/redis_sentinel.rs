@@ -23,16 +23,19 @@ pub const MASTER_NAME: &str = "tessera";
 /// How long a master may not answer before the sentinels call it down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
-/// One `redis-sentinel` process, killed on drop.
+/// One `redis-sentinel` process monitoring a master as [`MASTER_NAME`], killed on drop. Alone,
+/// beside a [`SentinelTopology`], it is a sentinel that never heard of the topology's
+/// failovers: it names its own master at configuration epoch 0.
 #[derive(Debug)]
-struct Sentinel {
+pub struct Sentinel {
     port: u16,
     child: Child,
     _dir: tempfile::TempDir,
 }
 
 impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
+    /// Starts a sentinel that monitors the Redis on `master_port`.
+    pub fn start(master_port: u16) -> Sentinel {
         let mut last = String::new();
         for _ in 0..10 {
             let dir = tempfile::tempdir().expect("temp dir for redis-sentinel");
@@ -71,6 +74,13 @@ impl Sentinel {
             }
         }
         panic!("redis-sentinel did not start: {last}");
+    }
+}
+
+impl Sentinel {
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 }
 

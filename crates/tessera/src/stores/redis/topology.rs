@@ -9,14 +9,22 @@
 //! redis-rs resolves a master through Sentinel once and never again, so the topology does it
 //! itself:
 //!
-//! - At connect it asks the sentinels in order for the master's address
-//!   (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and checks with `ROLE` that the server there is a
-//!   master; a sentinel that does not answer or names a server that is not a master is
-//!   skipped. If the first sentinel that answers says NOAUTH, every sentinel is asked with
-//!   the URL's user and password.
+//! - At connect it asks every sentinel for the master's address and the configuration epoch
+//!   of that answer (`SENTINEL MASTER`: each failover raises the epoch) and takes the
+//!   answer of the highest epoch whose server says it is a master (`ROLE`); a sentinel that
+//!   does not answer or names a server that is not a master is skipped. If the first
+//!   sentinel that answers says NOAUTH, every sentinel is asked with the URL's user and
+//!   password.
 //! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
 //!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
-//!   is down); when the sentinels name another master, it resolves again.
+//!   is down); when a sentinel names another master at a higher epoch, it resolves again.
+//! - It never follows an answer of an epoch no higher than the master's it uses, unless that
+//!   master itself says it is no longer one. A sentinel learns of a failover from the others
+//!   up to seconds after it (their hello messages), and meanwhile names the old master; the
+//!   old master, restarted, says it is a master until a sentinel turns it into a replica, and
+//!   a client that went back to it would find it without the new master's leases and grant
+//!   them again (seen as an over-grant 2 s after a failover in the chaos runner's
+//!   `f2-sentinel-kill`).
 //! - A call that fails with `READONLY` (the old master was demoted while clients still reached
 //!   it), `LOADING`, or a connection error resolves again at once, and a call refused with
 //!   `READONLY` or `LOADING` (never run) is sent once more to the new master.
@@ -108,6 +116,8 @@ struct Current {
     /// Bumped each time the master changes.
     generation: u64,
     addr: (String, u16),
+    /// The configuration epoch of the sentinels' answer that named it (0 for one server).
+    epoch: u64,
     client: redis::Client,
     conn: ConnectionManager,
     /// Idle connections of their own, for calls followed by `WAIT`.
@@ -165,17 +175,45 @@ async fn is_master(client: &redis::Client) -> RedisResult<bool> {
     )
 }
 
-/// The address the sentinel behind `client` gives for `master`.
-async fn ask_sentinel(client: &redis::Client, master: &str) -> RedisResult<Option<(String, u16)>> {
+/// A master as one sentinel names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Named {
+    addr: (String, u16),
+    /// The sentinel's configuration epoch for the master: raised by every failover, so of
+    /// two answers the one of the higher epoch is the newer.
+    epoch: u64,
+}
+
+/// What the sentinel behind `client` says of `master` (`SENTINEL MASTER`); `None` if it does
+/// not know the name.
+async fn ask_sentinel(client: &redis::Client, master: &str) -> RedisResult<Option<Named>> {
     let mut c = client
         .get_multiplexed_async_connection_with_config(&probe_config())
         .await?;
-    let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-        .arg("GET-MASTER-ADDR-BY-NAME")
+    let fields: std::collections::HashMap<String, String> = match redis::cmd("SENTINEL")
+        .arg("MASTER")
         .arg(master)
         .query_async(&mut c)
-        .await?;
-    Ok(addr)
+        .await
+    {
+        Ok(f) => f,
+        Err(e) if e.to_string().contains("No such master") => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    named(&fields).map(Some).ok_or_else(|| {
+        RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "a sentinel's SENTINEL MASTER reply lacks ip, port or config-epoch",
+        ))
+    })
+}
+
+/// The address and epoch in a `SENTINEL MASTER` reply.
+fn named(fields: &std::collections::HashMap<String, String>) -> Option<Named> {
+    Some(Named {
+        addr: (fields.get("ip")?.clone(), fields.get("port")?.parse().ok()?),
+        epoch: fields.get("config-epoch")?.parse().ok()?,
+    })
 }
 
 /// Whether the first sentinel that answers refuses to without a password (NOAUTH); `false`
@@ -223,6 +261,7 @@ impl Topology {
         let current = Current {
             generation: 0,
             addr,
+            epoch: 0,
             client,
             conn,
             own: Arc::default(),
@@ -242,13 +281,14 @@ impl Topology {
         template: String,
         manager: ConnectionManagerConfig,
     ) -> RedisResult<Arc<Topology>> {
-        let (addr, client) = resolve(&sentinels, &master, &template, None).await?;
+        let (named, client) = resolve(&sentinels, &master, &template, None).await?;
         let conn = client
             .get_connection_manager_with_config(manager.clone())
             .await?;
         let current = Current {
             generation: 0,
-            addr,
+            addr: named.addr,
+            epoch: named.epoch,
             client,
             conn,
             own: Arc::default(),
@@ -389,14 +429,15 @@ impl Topology {
             return;
         };
         let _one = resolving.lock().await;
-        let addr = {
+        let (addr, epoch) = {
             let c = current.read().unwrap();
             if c.generation != seen {
                 return;
             }
-            c.addr.clone()
+            (c.addr.clone(), c.epoch)
         };
-        let (new_addr, client) = match resolve(sentinels, master, template, Some(&addr)).await {
+        let now = Named { addr, epoch };
+        let (named, client) = match resolve(sentinels, master, template, Some(&now)).await {
             Ok(found) => found,
             Err(e) => {
                 tracing::debug!(error = %e, "sentinel: no other master yet");
@@ -416,7 +457,8 @@ impl Topology {
         let generation = {
             let mut c = current.write().unwrap();
             c.generation += 1;
-            c.addr = new_addr.clone();
+            c.addr = named.addr.clone();
+            c.epoch = named.epoch;
             c.client = client;
             c.conn = conn;
             c.own = Arc::default();
@@ -424,39 +466,58 @@ impl Topology {
         };
         tracing::info!(
             master = %master,
-            from = %format!("{}:{}", addr.0, addr.1),
-            to = %format!("{}:{}", new_addr.0, new_addr.1),
+            from = %format!("{}:{}", now.addr.0, now.addr.1),
+            to = %format!("{}:{}", named.addr.0, named.addr.1),
+            epoch = named.epoch,
             "sentinel: following the failover to the new master"
         );
         self.generation.send_replace(generation);
     }
 }
 
-/// Asks the sentinels in order for `master`'s address; the first that names a server which
-/// says it is a master (and is not `not`, the one in use) wins.
+/// Asks every sentinel about `master` and takes the answer of the highest epoch whose server
+/// says it is a master. With `now` (the master in use), an answer that names it is skipped,
+/// and so is one of an epoch no higher than its, unless the server of `now` says it is no
+/// longer a master (see the module docs: a lagging sentinel names the old master).
 async fn resolve(
     sentinels: &[redis::Client],
     master: &str,
     template: &str,
-    not: Option<&(String, u16)>,
-) -> RedisResult<((String, u16), redis::Client)> {
+    now: Option<&Named>,
+) -> RedisResult<(Named, redis::Client)> {
+    let client_of = |addr: &(String, u16)| {
+        let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
+        redis::Client::open(url.as_str())
+    };
     let mut last: Option<RedisError> = None;
+    let mut answers: Vec<Named> = Vec::new();
     for s in sentinels {
-        let addr = match ask_sentinel(s, master).await {
-            Ok(Some(a)) => a,
-            Ok(None) => continue,
-            Err(e) => {
-                last = Some(e);
+        match ask_sentinel(s, master).await {
+            Ok(Some(n)) if !answers.contains(&n) => answers.push(n),
+            Ok(_) => {}
+            Err(e) => last = Some(e),
+        }
+    }
+    answers.sort_by(|a, b| b.epoch.cmp(&a.epoch));
+    // Asked only if an older answer is left to try: whether the master in use was demoted.
+    let mut demoted: Option<bool> = None;
+    for n in answers {
+        if let Some(now) = now {
+            if n.addr == now.addr {
                 continue;
             }
-        };
-        if Some(&addr) == not {
-            continue;
+            if n.epoch <= now.epoch {
+                if demoted.is_none() {
+                    demoted = Some(matches!(is_master(&client_of(&now.addr)?).await, Ok(false)));
+                }
+                if demoted == Some(false) {
+                    continue;
+                }
+            }
         }
-        let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
-        let client = redis::Client::open(url.as_str())?;
+        let client = client_of(&n.addr)?;
         match is_master(&client).await {
-            Ok(true) => return Ok((addr, client)),
+            Ok(true) => return Ok((n, client)),
             Ok(false) => continue,
             Err(e) => last = Some(e),
         }
@@ -503,15 +564,16 @@ async fn watch_sentinels(topo: std::sync::Weak<Topology>) {
         else {
             return;
         };
-        let (seen, addr) = {
+        let (seen, addr, epoch) = {
             let c = current.read().unwrap();
-            (c.generation, c.addr.clone())
+            (c.generation, c.addr.clone(), c.epoch)
         };
         let changed = if switched {
             true
         } else {
             next = (next + 1) % sentinels.len();
-            matches!(ask_sentinel(&sentinels[next], master).await, Ok(Some(a)) if a != addr)
+            matches!(ask_sentinel(&sentinels[next], master).await,
+                Ok(Some(n)) if n.addr != addr && n.epoch > epoch)
         };
         if changed {
             t.resolve_again(seen).await;
