@@ -68,6 +68,8 @@ use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 /// How often the Sentinel watcher asks a sentinel which server is the master, besides
 /// listening for `+switch-master`.
 pub(super) const SENTINEL_POLL: Duration = Duration::from_millis(500);
+/// How long a resolution waits for the other sentinels once a majority has answered.
+const ANSWER_GRACE: Duration = Duration::from_millis(200);
 /// How long a state-changing call waits for `?wait=N` replicas before it fails.
 pub(super) const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -491,14 +493,36 @@ async fn resolve(
     };
     let mut last: Option<RedisError> = None;
     let mut answers: Vec<Named> = Vec::new();
-    for s in sentinels {
-        match ask_sentinel(s, master).await {
-            Ok(Some(n)) if !answers.contains(&n) => answers.push(n),
-            Ok(_) => {}
+    // All at once; once a majority has answered, the rest get [`ANSWER_GRACE`] more, so a
+    // sentinel that does not answer (its host cut off) delays a resolution by no more.
+    let mut asks: futures::stream::FuturesUnordered<_> =
+        sentinels.iter().map(|s| ask_sentinel(s, master)).collect();
+    let (mut answered, majority) = (0, sentinels.len() / 2 + 1);
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    loop {
+        let reply = tokio::select! {
+            r = asks.next() => r,
+            _ = &mut grace => None,
+        };
+        let Some(reply) = reply else { break };
+        match reply {
+            Ok(named) => {
+                answered += 1;
+                if answered == majority {
+                    grace
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + ANSWER_GRACE);
+                }
+                match named {
+                    Some(n) if !answers.contains(&n) => answers.push(n),
+                    _ => {}
+                }
+            }
             Err(e) => last = Some(e),
         }
     }
-    answers.sort_by(|a, b| b.epoch.cmp(&a.epoch));
+    answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     // Asked only if an older answer is left to try: whether the master in use was demoted.
     let mut demoted: Option<bool> = None;
     for n in answers {
