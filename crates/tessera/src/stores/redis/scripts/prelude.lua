@@ -79,11 +79,16 @@ local function seats_text(seats)
   return table.concat(out, ',')
 end
 
--- (Joined from text in one concatenation: string.format costs a sprintf per number, and the
--- numbers' text is mostly cached, see int.)
+-- A lease record from its fields, joined from text in one concatenation: string.format costs
+-- a sprintf per number, and the numbers' text is mostly cached (see int; a grant's fence and
+-- start are usually now).
+local function lease_text(weight, seats, fence, acquired_at, expires_at, client, holder)
+  return int(weight) .. '\t' .. seats_text(seats) .. '\t' .. int(fence) .. '\t' ..
+    int(acquired_at) .. '\t' .. int(expires_at) .. '\t' .. client .. '\t' .. holder
+end
+
 local function encode_lease(l)
-  return int(l.weight) .. '\t' .. seats_text(l.seats) .. '\t' .. int(l.fence) .. '\t' ..
-    int(l.acquired_at) .. '\t' .. int(l.expires_at) .. '\t' .. l.client .. '\t' .. l.holder
+  return lease_text(l.weight, l.seats, l.fence, l.acquired_at, l.expires_at, l.client, l.holder)
 end
 
 -- Seats as written in a lease record: one number, or a comma-separated list.
@@ -383,14 +388,10 @@ local function grant(id, weight, ttl, holder, client)
   fence_moved = true
   S.used = S.used + weight
   local expires_at = now + ttl
-  -- The record as encode_lease writes it, joined from text (one concatenation; the fence is
-  -- usually now, whose text the call has): string.format costs a sprintf per number.
-  local fence_text = int(f)
-  local expires_text = int(expires_at)
-  local encoded = int(weight) .. '\t' .. seats_text(seats) .. '\t' .. fence_text .. '\t' ..
-    now_text() .. '\t' .. expires_text .. '\t' .. client .. '\t' .. holder
+  local encoded = lease_text(weight, seats, f, now, expires_at, client, holder)
   rcall('HSET', K_LEASES, id, encoded)
-  rcall('ZADD', K_HOLDERS, expires_text, id)
+  -- (int keeps the text of the last large number: the expiry just written.)
+  rcall('ZADD', K_HOLDERS, int(expires_at), id)
   wrote_expiry(expires_at)
   return encoded
 end
