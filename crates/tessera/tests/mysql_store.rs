@@ -124,18 +124,17 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(version.trim(), "2");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "2");
+    assert_eq!(routines.trim(), "3");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v2_acquire_one,tessera_v2_release"
+        "tessera_v2_acquire_one,tessera_v2_release,tessera_v3_heartbeat,tessera_v3_renew"
     );
 }
 
-/// The server's count of procedure calls.
 /// Every semaphore table of database `db` is empty: nothing outlives its semaphore.
 fn assert_no_rows_left(server: &MariaDbServer, db: &str) {
     for table in ["semaphores", "holders", "waiters", "free_seats"] {
@@ -192,14 +191,16 @@ async fn names_that_differ_only_in_case_are_two_semaphores() {
     assert_no_rows_left(&server, "c");
 }
 
+/// The server's count of procedure calls.
 fn calls(server: &MariaDbServer) -> u64 {
     let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
     out.split_whitespace().last().unwrap().parse().unwrap()
 }
 
-/// An acquire of one permit and a release, also one that hands the permit to the queue
-/// head, are each one procedure call; the grant handed off carries the next fence and the
-/// freed seat.
+/// An acquire of one permit, a release, also one that hands the permit to the queue head,
+/// a waiter's heartbeat and a renewal are each one procedure call; the grant handed off
+/// carries the next fence and the freed seat, and its renewal makes it a lease of the full
+/// TTL from the server's time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hot_path_is_one_procedure_call_per_operation() {
     let server = MariaDbServer::start();
@@ -216,20 +217,51 @@ async fn the_hot_path_is_one_procedure_call_per_operation() {
             .unwrap(),
         AcquireReply::Queued { position: 0 }
     );
+    assert_eq!(calls(&server) - before, 2);
+    // A heartbeat that the read-only probe cannot answer (the entry has less than half of
+    // the heartbeat's TTL left) is one call, which renews the entry and its doorbell.
+    let before = calls(&server);
+    assert_eq!(
+        db.heartbeat(&n, b, LONG * 4).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(calls(&server) - before, 1, "the heartbeat ran client side");
+    let st = db.status(&n).await.unwrap().unwrap();
+    assert_eq!(st.queue.len(), 1);
+    assert!(st.queue[0].expires_at >= st.now.plus(LONG * 3));
+    let before = calls(&server);
     assert!(db.release(&n, a).await.unwrap());
-    assert_eq!(calls(&server) - before, 3);
+    assert_eq!(calls(&server) - before, 1);
     // B was granted by that release, in the same call.
     let WaitReply::Granted(gb) = db.heartbeat(&n, b, LONG).await.unwrap() else {
         panic!("B not granted by the release")
     };
     assert_eq!(gb.lease.seats, vec![0]);
     assert!(gb.lease.fence > ga.lease.fence);
-    // A retried acquire of B answers its grant; a retried release of A changes nothing.
+    let before = calls(&server);
+    let RenewReply::Renewed { expires_at, now } = db.renew(&n, b, LONG).await.unwrap() else {
+        panic!("B's renewal found it gone")
+    };
+    assert_eq!(expires_at, now.plus(LONG));
+    assert!(now >= gb.now);
+    assert_eq!(db.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
+    assert_eq!(calls(&server) - before, 2, "a renewal ran client side");
+    let st = db.status(&n).await.unwrap().unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].expires_at, expires_at);
+    // A retried acquire of B answers its grant (as renewed); a retried release of A changes
+    // nothing.
     let AcquireReply::Granted(again) = db.acquire(&n, 1, &req(b, 1, LONG, None)).await.unwrap()
     else {
         panic!("B's retry not granted")
     };
-    assert_eq!(again.lease, gb.lease);
+    assert_eq!(
+        again.lease,
+        Lease {
+            expires_at,
+            ..gb.lease.clone()
+        }
+    );
     assert!(!db.release(&n, a).await.unwrap());
     assert!(db.release(&n, b).await.unwrap());
     assert!(db.status(&n).await.unwrap().is_none());
@@ -272,7 +304,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "2");
+    assert_eq!(meta("routines_version").trim(), "3");
     assert_eq!(meta("schema_version").trim(), "2");
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -764,6 +796,7 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
     // The same procedures created by root.
     server.sql(
         "DROP PROCEDURE inv.tessera_v2_acquire_one; DROP PROCEDURE inv.tessera_v2_release; \
+         DROP PROCEDURE inv.tessera_v3_renew; DROP PROCEDURE inv.tessera_v3_heartbeat; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();

@@ -26,14 +26,18 @@
 //! a build that knows only the tables (one of before the routines) still connects and runs
 //! every operation client side, beside clients that call the procedures, since both lock
 //! the semaphore's row first and keep the same invariants. Each routine version creates
-//! procedures under names of its own (`tessera_v2_…`) with `CREATE PROCEDURE IF NOT
-//! EXISTS`, and none is ever dropped or replaced, so clients of every version find the ones
-//! they call where an earlier tessera created them. Only this build's version is created: a
-//! client of an earlier version that finds its procedures missing (a database first set up by
-//! this build) runs the client-side step, which it already does on "no such procedure". A
-//! server that refuses them (a user without `CREATE ROUTINE`, a MySQL before
-//! 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes on without them and
-//! every operation runs the client-side step.
+//! procedures under names of its own (`tessera_v2_…`, `tessera_v3_…`) with `CREATE PROCEDURE
+//! IF NOT EXISTS`, and none is ever dropped or replaced, so clients of every version find the
+//! ones they call where an earlier tessera created them. This build creates version 3:
+//! version 2's procedures as they were, plus `tessera_v3_renew` and `tessera_v3_heartbeat`.
+//! Version 1 is no longer created: a client of that version that finds its procedures
+//! missing (a database first set up by a later build) runs the client-side step, which it
+//! already does on "no such procedure". A server that refuses them (a user without `CREATE
+//! ROUTINE`, a MySQL before 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes
+//! on with the version recorded before, or without any, and every operation they do not
+//! cover runs the client-side step (an application user on a database an owner set up with
+//! version 2 keeps its one-call acquires and releases, and renews and heartbeats client side
+//! until the owner connects).
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
@@ -50,8 +54,9 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// This build's routines (see the module docs); version 1 is no longer created.
 const ROUTINES: &str = include_str!("routines.sql");
 
-/// The routine version this build calls (`tessera_v2_…`).
-pub const ROUTINES_VERSION: i64 = 2;
+/// The routine version this build installs; it calls `tessera_v2_…` from version 2 on and
+/// `tessera_v3_…` (renewals, heartbeats) from version 3 on.
+pub const ROUTINES_VERSION: i64 = 3;
 
 /// How long a connect waits for another process's migration.
 const LOCK_WAIT_S: i64 = 30;
@@ -72,9 +77,9 @@ fn statements(file: &str) -> Vec<String> {
 }
 
 /// Brings the database's schema to [`SCHEMA_VERSION`] and its routines to at least
-/// [`ROUTINES_VERSION`] (see the module docs). `Ok(true)` when this build's routines are
-/// installed; `Ok(false)` when the server refused them.
-pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<bool> {
+/// [`ROUTINES_VERSION`] (see the module docs). Returns the routine version the database
+/// holds afterwards: below [`ROUTINES_VERSION`] when the server refused this build's.
+pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<i64> {
     let locked: Option<i64> =
         sqlx::query_scalar("SELECT GET_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64), ?)")
             .bind(LOCK_WAIT_S)
@@ -133,16 +138,16 @@ async fn record_version(conn: &mut MySqlConnection, key: &str, to: i64) -> Resul
     Ok(())
 }
 
-/// Installs the routine versions above the recorded one; whether this build's routines are
-/// there afterwards. A statement the server refuses stops the installation, logged, and
-/// leaves the recorded version where it was.
-async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
+/// Installs the routine versions above the recorded one; the version there afterwards. A
+/// statement the server refuses stops the installation, logged, and leaves the recorded
+/// version where it was.
+async fn install_routines(conn: &mut MySqlConnection) -> Result<i64> {
     let row =
         sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'routines_version'")
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;
-    let mut version = match row {
+    let version = match row {
         None => 0,
         Some(row) => row
             .try_get::<i64, _>(0)
@@ -156,16 +161,17 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<bool> {
             {
                 tracing::warn!(
                     error = %e,
-                    "tessera MySQL: stored procedures not installed; every operation runs \
-                     client side (about 2-3 round trips instead of 1)"
+                    version,
+                    "tessera MySQL: stored procedures not installed; the operations they \
+                     would run take 2-3 round trips client side instead of 1"
                 );
-                return Ok(false);
+                return Ok(version);
             }
         }
         record_version(conn, "routines_version", ROUTINES_VERSION).await?;
-        version = ROUTINES_VERSION;
+        return Ok(ROUTINES_VERSION);
     }
-    Ok(version >= ROUTINES_VERSION)
+    Ok(version)
 }
 
 /// The recorded version; 0 when tessera's tables do not exist yet.
@@ -201,11 +207,12 @@ mod tests {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
         let routines = statements(ROUTINES);
-        assert_eq!(routines.len(), 2, "{routines:#?}");
-        let prefix = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
+        assert_eq!(routines.len(), 4, "{routines:#?}");
         for s in &routines {
             assert!(
-                s.starts_with(&prefix),
+                (2..=ROUTINES_VERSION).any(
+                    |v| s.starts_with(&format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{v}_"))
+                ),
                 "not idempotent or not versioned: {s}"
             );
             assert!(

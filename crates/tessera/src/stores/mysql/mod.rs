@@ -221,8 +221,9 @@ pub struct MysqlBackend {
     doorbell: Option<Doorbell>,
     /// Lease ids queued through this backend, woken when its doorbell rings.
     waiting: Waiting,
-    /// Whether the stored procedures of the hot path are installed (`routines.rs`).
-    routines: bool,
+    /// The version of the hot path's stored procedures the database holds (`routines.rs`):
+    /// acquires and releases call them from 2 on, renewals and heartbeats from 3 on; 0: none.
+    routines: i64,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -342,7 +343,7 @@ impl MysqlBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<Fast<Result<AcquireReply>>> {
-        if !self.routines || req.weight != 1 {
+        if self.routines < 2 || req.weight != 1 {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();
@@ -354,7 +355,7 @@ impl MysqlBackend {
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
     /// in the same call; wakes that waiter after the commit as a step does.
     async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
-        if !self.routines {
+        if self.routines < 2 {
             return Ok(Fast::Fallback);
         }
         let call = routines::release_call(name.as_str(), &lease.to_string());
@@ -371,6 +372,39 @@ impl MysqlBackend {
             }
         }
         Ok(Fast::Done(released.held))
+    }
+
+    /// A renewal in one round trip (`routines.rs`), so that a holder process frozen in the
+    /// middle of one cannot keep the semaphore's row locked (a client-side renewal holds it
+    /// across three round trips, until the server ends the idle transaction).
+    async fn renew_fast(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> Result<Fast<RenewReply>> {
+        if self.routines < 3 {
+            return Ok(Fast::Fallback);
+        }
+        let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl);
+        routines::renew_reply(self.call_routine(call).await?)
+    }
+
+    /// A waiter's heartbeat in one round trip (`routines.rs`), for the same reason as
+    /// [`MysqlBackend::renew_fast`].
+    async fn heartbeat_fast(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<Fast<WaitReply>> {
+        if self.routines < 3 {
+            return Ok(Fast::Fallback);
+        }
+        let doorbell = self.doorbell_address();
+        let call =
+            routines::heartbeat_call(name.as_str(), &lease.to_string(), waiter_ttl, &doorbell);
+        routines::heartbeat_reply(self.call_routine(call).await?, lease)
     }
 
     /// Runs one procedure call on a pooled connection; its result row (`None`: the
@@ -562,7 +596,12 @@ impl Backend for MysqlBackend {
     ) -> Result<WaitReply> {
         let reply = match self.probe_heartbeat(name, lease, waiter_ttl).await? {
             Some(reply) => reply,
-            None => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?,
+            None => match self.heartbeat_fast(name, lease, waiter_ttl).await? {
+                Fast::Done(reply) => reply,
+                Fast::Fallback => {
+                    step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?
+                }
+            },
         };
         self.set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)
@@ -581,7 +620,10 @@ impl Backend for MysqlBackend {
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        step!(self, name, |rows| sql::renew(rows, lease, ttl))
+        match self.renew_fast(name, lease, ttl).await? {
+            Fast::Done(reply) => Ok(reply),
+            Fast::Fallback => step!(self, name, |rows| sql::renew(rows, lease, ttl)),
+        }
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {

@@ -1,15 +1,19 @@
 //! The hot path in one round trip: the stored procedures of `routines.sql`.
 //!
-//! An acquire of one permit ([`acquire_one`]) and a release ([`release`]), also one that
-//! hands the permit to the queue head, are each one `CALL`: the procedure locks the
-//! semaphore's row, reads the clock, decides, writes and commits on the server, so the row
-//! lock is held for the procedure's own run instead of across the two or three client round
-//! trips of the client-side step (`ops.rs`). Every other operation, and any case the
+//! An acquire of one permit ([`acquire_one_call`]), a release ([`release_call`]), also one
+//! that hands the permit to the queue head, a renewal ([`renew_call`]) and a waiter's
+//! heartbeat that the read-only probe could not answer ([`heartbeat_call`]) are each one
+//! `CALL`: the procedure locks the semaphore's row, reads the clock, decides, writes and
+//! commits on the server, so the row lock is held for the procedure's own run instead of
+//! across the two or three client round trips of the client-side step (`ops.rs`), and a
+//! client frozen in the middle of a call holds no lock. Every other operation, and any case the
 //! procedures leave out (they answer [`Fast::Fallback`], having changed nothing), runs the
 //! client-side step, which is the reference: see the header of `routines.sql` for the cases.
 //!
 //! Every value a procedure returns is checked here as the client-side step checks the rows
 //! it reads (a lease that does not decode is [`crate::Error::Corrupt`]).
+
+use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
@@ -17,7 +21,9 @@ use sqlx::Row;
 use super::map_err;
 use super::ops::{render, Lit};
 use crate::error::{Error, Result};
-use crate::model::{AcquireReply, AcquireRequest, Grant, StoreTime};
+use crate::model::{
+    AcquireReply, AcquireRequest, Grant, LeaseId, RenewReply, StoreTime, WaitReply,
+};
 use crate::stores::sql::lease_of_row;
 
 /// What a procedure answered.
@@ -39,6 +45,8 @@ pub(crate) struct Released {
 
 const ACQUIRE_ONE: &str = "CALL tessera_v2_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v2_release(?, ?)";
+const RENEW: &str = "CALL tessera_v3_renew(?, ?, ?)";
+const HEARTBEAT: &str = "CALL tessera_v3_heartbeat(?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -118,7 +126,6 @@ pub(crate) fn acquire_one_call(
     req: &AcquireRequest,
     doorbell: &str,
 ) -> String {
-    let micros = |d: std::time::Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
     let lease = req.lease_id.to_string();
     let (wait, waiter_ttl, queue_cap) = match req.wait {
         Some(w) => (1, micros(w.waiter_ttl), i64::from(w.queue_cap)),
@@ -222,6 +229,86 @@ pub(crate) fn release_reply(row: Option<MySqlRow>) -> Result<Fast<Released>> {
                 held: true,
                 handed_off,
             }))
+        }
+        other => Err(corrupt(format!("unknown procedure outcome {other:?}"))),
+    }
+}
+
+/// A duration in µs, as the procedures take TTLs.
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v3_renew`); its row is
+/// read by [`renew_reply`].
+pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration) -> String {
+    render(
+        RENEW,
+        &[Lit::Text(name), Lit::Text(lease), Lit::Int(micros(ttl))],
+    )
+}
+
+/// What [`renew_call`] answered (`None`: the procedure is missing), or [`Fast::Fallback`].
+pub(crate) fn renew_reply(row: Option<MySqlRow>) -> Result<Fast<RenewReply>> {
+    let Some(row) = row else {
+        return Ok(Fast::Fallback);
+    };
+    let outcome = text(&row, 0)?;
+    match outcome.as_str() {
+        "fallback" => Ok(Fast::Fallback),
+        "gone" => Ok(Fast::Done(RenewReply::Gone)),
+        "renewed" => {
+            let now = now_of(&row)?;
+            let expires_at = need_int(&row, 2)?;
+            let expires_at = u64::try_from(expires_at)
+                .ok()
+                .filter(|&e| e >= now.0)
+                .ok_or_else(|| corrupt(format!("renewed until {expires_at}, before now")))?;
+            Ok(Fast::Done(RenewReply::Renewed {
+                expires_at: StoreTime(expires_at),
+                now,
+            }))
+        }
+        other => Err(corrupt(format!("unknown procedure outcome {other:?}"))),
+    }
+}
+
+/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v3_heartbeat`);
+/// its row is read by [`heartbeat_reply`].
+pub(crate) fn heartbeat_call(
+    name: &str,
+    lease: &str,
+    waiter_ttl: Duration,
+    doorbell: &str,
+) -> String {
+    render(
+        HEARTBEAT,
+        &[
+            Lit::Text(name),
+            Lit::Text(lease),
+            Lit::Int(micros(waiter_ttl)),
+            Lit::Text(doorbell),
+        ],
+    )
+}
+
+/// What [`heartbeat_call`] for `lease` answered (`None`: the procedure is missing), or
+/// [`Fast::Fallback`].
+pub(crate) fn heartbeat_reply(row: Option<MySqlRow>, lease: LeaseId) -> Result<Fast<WaitReply>> {
+    let Some(row) = row else {
+        return Ok(Fast::Fallback);
+    };
+    let outcome = text(&row, 0)?;
+    match outcome.as_str() {
+        "fallback" => Ok(Fast::Fallback),
+        "gone" => Ok(Fast::Done(WaitReply::Gone)),
+        "waiting" => Ok(Fast::Done(WaitReply::Waiting)),
+        "granted" => {
+            let grant = grant_of(&row)?;
+            if grant.lease.lease_id != lease {
+                return Err(corrupt("the procedure answered another lease id"));
+            }
+            Ok(Fast::Done(WaitReply::Granted(grant)))
         }
         other => Err(corrupt(format!("unknown procedure outcome {other:?}"))),
     }

@@ -1,17 +1,22 @@
--- tessera MySQL / MariaDB routines, version 2: the hot path of the step (stores/sql/step.rs)
--- as stored procedures, so an acquire of one permit and a release, also one that hands the
--- permit to the queue head, are one round trip each, with the semaphore's row locked only
--- while the server runs the procedure (client-side steps hold it across two or three round
--- trips). Run by migrate.rs (routines.rs calls them); statements are separated by a line
--- holding only ';'. `CREATE PROCEDURE IF NOT EXISTS` (MariaDB 10.1.3, MySQL 8.0.29) makes
--- every statement idempotent, and a procedure of one version is never changed or dropped: a
--- later version adds procedures under new names. A client whose version's procedures are
--- missing (a database first set up by a later tessera) runs the client-side step instead.
+-- tessera MySQL / MariaDB routines, version 3: the hot path of the step (stores/sql/step.rs)
+-- as stored procedures, so an acquire of one permit, a release, also one that hands the permit
+-- to the queue head, a renewal and a waiter's heartbeat are one round trip each, with the
+-- semaphore's row locked only while the server runs the procedure (client-side steps hold it
+-- across two or three round trips). Run by migrate.rs (routines.rs calls them); statements are
+-- separated by a line holding only ';'. `CREATE PROCEDURE IF NOT EXISTS` (MariaDB 10.1.3,
+-- MySQL 8.0.29) makes every statement idempotent, and a procedure of one version is never
+-- changed or dropped: a later version adds procedures under new names. A client whose
+-- version's procedures are missing (a database first set up by a later tessera) runs the
+-- client-side step instead.
 --
 -- Version 2 (version 1 is no longer created): the procedures run with the caller's rights
 -- (SQL SECURITY INVOKER), so an application user's call is refused on a read-only server
 -- whoever created them, and they keep working after their creator's account is dropped; and
 -- a hand-off grant expires with the waiter's queue entry until it is renewed (step.rs).
+--
+-- Version 3 adds a renewal (`tessera_v3_renew`) and a waiter's heartbeat
+-- (`tessera_v3_heartbeat`), and creates version 2's procedures as they were: a version-3
+-- database serves clients of both versions.
 --
 -- Each procedure runs its own transaction (START TRANSACTION … COMMIT, in the session's
 -- READ COMMITTED), locks the semaphore's row first (SELECT … FOR UPDATE) and reads the
@@ -31,13 +36,15 @@
 -- Result: one row, always the same columns:
 --   outcome   'granted' (a new grant), 'held' (the lease already held: a retried acquire),
 --             'queued', 'no_permit', 'mismatch', 'queue_full' (acquire); 'released',
---             'not_held' (release); 'fallback' (either)
+--             'not_held' (release); 'renewed', 'gone' (renew); 'granted', 'waiting',
+--             'gone' (heartbeat); 'fallback' (any)
 --   now_us    the clock read after the lock (NULL for 'fallback' and a release without row)
 --   n1, n2    'queued': position; 'no_permit': available, queued; 'mismatch': stored
---             capacity; 'queue_full': nothing
+--             capacity; 'queue_full': nothing; 'renewed': the lease's expiry
 --   then the lease granted or held ('granted', 'held', and 'released' when the release
---   handed the permit to the queue head): lease_id, weight, seats, fence, holder,
---   acquired_at, expires_at, and the granted waiter's doorbell ('released' only).
+--   handed the permit to the queue head; a heartbeat's 'granted'): lease_id, weight, seats,
+--   fence, holder, acquired_at, expires_at, and the granted waiter's doorbell ('released'
+--   only).
 
 -- Acquires one permit of semaphore p_name (stores/sql/step.rs `acquire` with weight 1).
 --   p_name        the semaphore          p_capacity  the capacity the client declares
@@ -381,4 +388,166 @@ body: BEGIN
     ELSE
         SELECT 'released', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
     END IF;
+END
+
+;
+-- Renews lease p_lease of semaphore p_name (stores/sql/step.rs `renew`, version 3): its
+-- expiry becomes at least now + p_ttl. A holder's keeper renews every third of its TTL; as a
+-- client-side step a renewal held the semaphore's row across three round trips, and a holder
+-- process frozen (SIGSTOP, a paused VM) in the middle of one kept every other client of the
+-- semaphore waiting until the server ended its idle transaction, 3 s later.
+--   p_name  the semaphore    p_lease  the lease id    p_ttl  lease TTL, µs
+-- Result: 'renewed' (n1: the lease's expiry), 'gone' (not held), or 'fallback'.
+CREATE PROCEDURE IF NOT EXISTS tessera_v3_renew(
+    IN p_name VARCHAR(128) CHARACTER SET ascii,
+    IN p_lease VARCHAR(32) CHARACTER SET ascii,
+    IN p_ttl BIGINT)
+MODIFIES SQL DATA
+SQL SECURITY INVOKER
+body: BEGIN
+    DECLARE v_none INT DEFAULT 0;
+    DECLARE v_capacity BIGINT DEFAULT NULL;
+    DECLARE v_used, v_queued, v_last_fence, v_next_seq, v_seat_high BIGINT;
+    DECLARE v_hwm, v_now, v_expires BIGINT;
+    DECLARE v_holders_expire, v_waiters_expire BIGINT;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_none = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+
+    START TRANSACTION;
+    -- Locks the row and reads, in the same statement, the high-water mark, the earliest
+    -- holder and waiter expiries, this lease's expiry, and the clock (read when the row is
+    -- produced, once the lock is held).
+    SELECT capacity, used, queued, last_fence, next_seq, seat_high,
+           (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
+           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
+           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
+           TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
+      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
+           v_holders_expire, v_waiters_expire, v_expires, v_now
+      FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    IF v_none = 1 THEN
+        -- No row: nothing held, nothing to change.
+        COMMIT;
+        SELECT 'gone', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
+       OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
+       OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
+       OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
+       OR v_seat_high < 0 OR v_seat_high > 4294967295
+       OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
+       OR p_ttl IS NULL OR p_ttl < 0 OR p_ttl > 9000000000000000000 - v_now
+       -- An idle row (the step drops it), anything to purge, or a head that fits (after a
+       -- resize): the full step.
+       OR (v_used = 0 AND v_queued = 0)
+       OR (v_used > 0 AND v_holders_expire <= v_now)
+       OR (v_queued > 0 AND v_waiters_expire <= v_now)
+       OR (v_queued > 0 AND v_used < v_capacity) THEN
+        ROLLBACK;
+        SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    IF v_expires IS NULL THEN
+        COMMIT;
+        SELECT 'gone', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    IF v_expires < v_now + p_ttl THEN
+        SET v_expires = v_now + p_ttl;
+        UPDATE tessera_holders SET expires_at = v_expires
+         WHERE name = p_name AND lease_id = p_lease;
+    END IF;
+    COMMIT;
+    SELECT 'renewed', v_now, v_expires, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+END
+
+;
+-- A waiter's heartbeat (stores/sql/step.rs `heartbeat`, version 3), when the read-only probe
+-- of mod.rs could not answer it: the grant if p_lease holds permits, else the waiter's entry
+-- renewed to at least now + p_waiter_ttl with this client's doorbell. Without it the
+-- heartbeat was a client-side step across three round trips, which a waiter process frozen in
+-- the middle of held the semaphore's row for, as a renewal did.
+--   p_name  the semaphore    p_lease  the lease id    p_waiter_ttl  heartbeat TTL, µs
+--   p_doorbell  this client's doorbell address
+-- Result: 'granted' (the lease in the lease columns), 'waiting', 'gone', or 'fallback'.
+CREATE PROCEDURE IF NOT EXISTS tessera_v3_heartbeat(
+    IN p_name VARCHAR(128) CHARACTER SET ascii,
+    IN p_lease VARCHAR(32) CHARACTER SET ascii,
+    IN p_waiter_ttl BIGINT,
+    IN p_doorbell VARCHAR(80) CHARACTER SET ascii)
+MODIFIES SQL DATA
+SQL SECURITY INVOKER
+body: BEGIN
+    DECLARE v_none INT DEFAULT 0;
+    DECLARE v_capacity BIGINT DEFAULT NULL;
+    DECLARE v_used, v_queued, v_last_fence, v_next_seq, v_seat_high BIGINT;
+    DECLARE v_hwm, v_now, v_waiting BIGINT;
+    DECLARE v_holders_expire, v_waiters_expire BIGINT;
+    DECLARE h_weight, h_fence, h_acquired, h_expires BIGINT;
+    DECLARE h_seats MEDIUMTEXT CHARACTER SET ascii;
+    DECLARE h_holder VARCHAR(256) CHARACTER SET utf8mb4;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_none = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+
+    START TRANSACTION;
+    -- Locks the row and reads, in the same statement, the high-water mark, the earliest
+    -- holder and waiter expiries, this lease's waiter expiry, and the clock (read when the
+    -- row is produced, once the lock is held).
+    SELECT capacity, used, queued, last_fence, next_seq, seat_high,
+           (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
+           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
+           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
+           TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
+      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
+           v_holders_expire, v_waiters_expire, v_waiting, v_now
+      FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    IF v_none = 1 THEN
+        -- No row: neither held nor queued, nothing to change.
+        COMMIT;
+        SELECT 'gone', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
+       OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
+       OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
+       OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
+       OR v_seat_high < 0 OR v_seat_high > 4294967295
+       OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
+       OR p_waiter_ttl IS NULL OR p_waiter_ttl < 0
+       OR p_waiter_ttl > 9000000000000000000 - v_now
+       -- An idle row (the step drops it), anything to purge, or a head that fits (after a
+       -- resize): the full step.
+       OR (v_used = 0 AND v_queued = 0)
+       OR (v_used > 0 AND v_holders_expire <= v_now)
+       OR (v_queued > 0 AND v_waiters_expire <= v_now)
+       OR (v_queued > 0 AND v_used < v_capacity) THEN
+        ROLLBACK;
+        SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    -- Held already (granted by a release while it waited): its grant.
+    IF v_used > 0 THEN
+        SELECT weight, seats, fence, holder, acquired_at, expires_at
+          INTO h_weight, h_seats, h_fence, h_holder, h_acquired, h_expires
+          FROM tessera_holders WHERE name = p_name AND lease_id = p_lease;
+        IF v_none = 0 THEN
+            COMMIT;
+            SELECT 'granted', v_now, NULL, NULL, p_lease, h_weight, h_seats, h_fence, h_holder,
+                   h_acquired, h_expires, NULL;
+            LEAVE body;
+        END IF;
+    END IF;
+    IF v_queued = 0 OR v_waiting IS NULL THEN
+        COMMIT;
+        SELECT 'gone', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
+    UPDATE tessera_waiters
+       SET expires_at = GREATEST(expires_at, v_now + p_waiter_ttl), doorbell = p_doorbell
+     WHERE name = p_name AND lease_id = p_lease;
+    COMMIT;
+    SELECT 'waiting', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 END
