@@ -348,7 +348,7 @@ impl MysqlBackend {
         }
         let doorbell = self.doorbell_address();
         let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell);
-        let row = self.call_routine(call).await?;
+        let row = self.call_routine(call, false).await?;
         routines::acquire_one_reply(row, name.as_str(), capacity, req)
     }
 
@@ -359,7 +359,7 @@ impl MysqlBackend {
             return Ok(Fast::Fallback);
         }
         let call = routines::release_call(name.as_str(), &lease.to_string());
-        let row = self.call_routine(call).await?;
+        let row = self.call_routine(call, false).await?;
         let Fast::Done(released) = routines::release_reply(row)? else {
             return Ok(Fast::Fallback);
         };
@@ -387,7 +387,7 @@ impl MysqlBackend {
             return Ok(Fast::Fallback);
         }
         let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl);
-        routines::renew_reply(self.call_routine(call).await?)
+        routines::renew_reply(self.call_routine(call, true).await?)
     }
 
     /// A waiter's heartbeat in one round trip (`routines.rs`), for the same reason as
@@ -404,15 +404,24 @@ impl MysqlBackend {
         let doorbell = self.doorbell_address();
         let call =
             routines::heartbeat_call(name.as_str(), &lease.to_string(), waiter_ttl, &doorbell);
-        routines::heartbeat_reply(self.call_routine(call).await?, lease)
+        routines::heartbeat_reply(self.call_routine(call, true).await?, lease)
     }
 
     /// Runs one procedure call on a pooled connection; its result row (`None`: the
     /// procedure is missing). A deadlock or lock wait timeout (the procedure rolled back)
-    /// runs it again, as `step!` does; a connection lost during the call is not retried
-    /// here (the call may have committed: the caller retries the operation, idempotently).
-    /// A connection whose call did not end cleanly is closed, not returned to the pool.
-    async fn call_routine(&self, call: String) -> Result<Option<sqlx::mysql::MySqlRow>> {
+    /// runs it again, as `step!` does. A connection lost during the call is tried again on
+    /// another one, as `step!` does before its commit, only for an `idempotent` call (a
+    /// renewal, a heartbeat: running one twice changes nothing more): another call may have
+    /// committed, and its caller retries the operation itself. Without that, after `KILL
+    /// CONNECTION` of a client's connections its renewals failed on the dead pooled ones
+    /// until a hand-off grant (renewed first 100 ms after it) was reported lost (chaos
+    /// s9-client-kill). A connection whose call did not end cleanly is closed, not returned to
+    /// the pool.
+    async fn call_routine(
+        &self,
+        call: String,
+        idempotent: bool,
+    ) -> Result<Option<sqlx::mysql::MySqlRow>> {
         let mut attempt = 0u32;
         loop {
             let mut tx = self.transaction().await?;
@@ -426,7 +435,7 @@ impl MysqlBackend {
                 tx.rollback().await;
             }
             match outcome {
-                Err(e) if is_retryable(&e, true, attempt) => {
+                Err(e) if is_retryable(&e, !idempotent, attempt) => {
                     attempt += 1;
                     tokio::time::sleep(retry_pause(attempt)).await;
                 }
@@ -594,7 +603,16 @@ impl Backend for MysqlBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let reply = match self.probe_heartbeat(name, lease, waiter_ttl).await? {
+        let probed = match self.probe_heartbeat(name, lease, waiter_ttl).await {
+            // A dead pooled connection (the server closed it): the full step, which tries
+            // the next ones.
+            Err(Error::Store {
+                kind: StoreErrorKind::Connection,
+                ..
+            }) => None,
+            other => other?,
+        };
+        let reply = match probed {
             Some(reply) => reply,
             None => match self.heartbeat_fast(name, lease, waiter_ttl).await? {
                 Fast::Done(reply) => reply,
