@@ -11,6 +11,7 @@ use tessera::backend::stores::MysqlBackend;
 use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::mysql::MariaDbServer;
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -131,7 +132,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v2_acquire_one,tessera_v2_release,tessera_v3_heartbeat,tessera_v3_renew"
+        "tessera_v2_acquire_one,tessera_v2_release,tessera_v3_keep_alive"
     );
 }
 
@@ -191,6 +192,21 @@ async fn names_that_differ_only_in_case_are_two_semaphores() {
     assert_no_rows_left(&server, "c");
 }
 
+/// Lease A holds the one permit of `n` and lease B waits behind it: their ids, A's grant.
+async fn held_and_queued(db: &MysqlBackend, n: &Name) -> (LeaseId, LeaseId, Grant) {
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    let AcquireReply::Granted(ga) = db.acquire(n, 1, &req(a, 1, LONG, None)).await.unwrap() else {
+        panic!("A not granted")
+    };
+    assert_eq!(
+        db.acquire(n, 1, &req(b, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    (a, b, ga)
+}
+
 /// The server's count of procedure calls.
 fn calls(server: &MariaDbServer) -> u64 {
     let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
@@ -206,17 +222,8 @@ async fn the_hot_path_is_one_procedure_call_per_operation() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
     let n = name("hot");
-    let (a, b) = (LeaseId::random(), LeaseId::random());
     let before = calls(&server);
-    let AcquireReply::Granted(ga) = db.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap() else {
-        panic!("A not granted")
-    };
-    assert_eq!(
-        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
+    let (a, b, ga) = held_and_queued(&db, &n).await;
     assert_eq!(calls(&server) - before, 2);
     // A heartbeat that the read-only probe cannot answer (the entry has less than half of
     // the heartbeat's TTL left) is one call, which renews the entry and its doorbell.
@@ -278,17 +285,7 @@ async fn renewals_and_heartbeats_get_past_every_dead_pooled_connection() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("cut")).await.unwrap();
     let n = name("cut");
-    let (a, b) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        db.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
+    let (a, b, _) = held_and_queued(&db, &n).await;
     let open = || {
         server
             .sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = 'cut'")
@@ -297,28 +294,23 @@ async fn renewals_and_heartbeats_get_past_every_dead_pooled_connection() {
             .unwrap()
     };
     for round in 0..2 {
-        // Calls at once leave idle connections in the pool (a call that ends before another
-        // starts lends its connection again: repeat until there are several).
-        for _ in 0..200 {
-            if open() >= 4 {
-                break;
-            }
-            let (w, x, y, z) =
-                tokio::join!(db.status(&n), db.status(&n), db.status(&n), db.status(&n));
+        let (db, n) = (&db, &n);
+        fill_pool(4, open, move || async move {
+            let (w, x, y, z) = tokio::join!(db.status(n), db.status(n), db.status(n), db.status(n));
             for r in [w, x, y, z] {
                 r.unwrap();
             }
-        }
-        assert!(open() >= 4, "round {round}: fewer than 4 connections open");
+        })
+        .await;
         server.cut_clients();
         let before = calls(&server);
-        let renewed = db.renew(&n, a, LONG).await;
+        let renewed = db.renew(n, a, LONG).await;
         assert!(
             matches!(renewed, Ok(RenewReply::Renewed { .. })),
             "round {round}: {renewed:?}"
         );
         // With less than half of the heartbeat's TTL left, the full heartbeat runs.
-        let beat = db.heartbeat(&n, b, LONG * 4).await;
+        let beat = db.heartbeat(n, b, LONG * 4).await;
         assert!(
             matches!(beat, Ok(WaitReply::Waiting)),
             "round {round}: {beat:?}"
@@ -347,18 +339,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
          DELETE FROM old.tessera_meta WHERE meta_key = 'routines_version'",
     );
     let n = name("carried");
-    let (a, b) = (LeaseId::random(), LeaseId::random());
     let before = calls(&server);
-    assert!(matches!(
-        old.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        old.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
+    let (a, b, _) = held_and_queued(&old, &n).await;
     // The calls failed (no procedure) and the client-side step answered.
     assert_eq!(calls(&server) - before, 2);
 
@@ -404,17 +386,7 @@ async fn a_user_without_create_routine_connects_and_works_client_side() {
         .sql("SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'limited'");
     assert_eq!(routines.trim(), "0");
     let n = name("plain");
-    let (a, b) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        db.acquire(&n, 1, &req(a, 1, LONG, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
+    let (a, b, _) = held_and_queued(&db, &n).await;
     assert!(db.release(&n, a).await.unwrap());
     assert!(matches!(
         db.heartbeat(&n, b, LONG).await.unwrap(),
@@ -860,7 +832,7 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
     // The same procedures created by root.
     server.sql(
         "DROP PROCEDURE inv.tessera_v2_acquire_one; DROP PROCEDURE inv.tessera_v2_release; \
-         DROP PROCEDURE inv.tessera_v3_renew; DROP PROCEDURE inv.tessera_v3_heartbeat; \
+         DROP PROCEDURE inv.tessera_v3_keep_alive; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();

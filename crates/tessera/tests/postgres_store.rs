@@ -13,6 +13,7 @@ use tessera::backend::stores::PostgresBackend;
 use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::postgres::{PostgresServer, Shutdown};
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -398,27 +399,20 @@ async fn after_every_session_is_terminated_one_call_at_most_meets_a_dead_connect
             .parse::<usize>()
             .unwrap()
     };
+    let (pg, n) = (&pg, &n);
     for round in 0..2 {
-        // Four calls at once open up to four connections, the backend's limit, which stay
-        // idle; a call that ends before the last one starts lends its connection again, so
-        // repeat until all four are open.
-        for _ in 0..200 {
-            if open() >= 4 {
-                break;
-            }
-            let (a, b, c, d) =
-                tokio::join!(pg.status(&n), pg.status(&n), pg.status(&n), pg.status(&n));
+        // Four calls at once leave up to four idle connections, the backend's limit.
+        fill_pool(4, open, move || async move {
+            let (a, b, c, d) = tokio::join!(pg.status(n), pg.status(n), pg.status(n), pg.status(n));
             for r in [a, b, c, d] {
                 assert!(r.unwrap().is_none());
             }
-        }
-        assert!(
-            server.terminate("tessera") >= 4,
-            "round {round}: fewer than 4 connections open"
-        );
+        })
+        .await;
+        assert!(server.terminate("tessera") >= 4, "round {round}");
         let mut failed = 0;
         for _ in 0..4 {
-            match pg.status(&n).await {
+            match pg.status(n).await {
                 Ok(s) => assert!(s.is_none()),
                 Err(e) => {
                     assert!(e.is_transient(), "{e:?}");

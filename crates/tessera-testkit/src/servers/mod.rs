@@ -9,3 +9,24 @@ pub mod postgres;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_sentinel;
+
+/// Runs `calls` (several calls of one client at once) until the server counts at least `n`
+/// sessions of that client (`sessions()`), at most 200 times; panics if it never does. One
+/// round may open fewer, since a call that ends before another starts lends its connection
+/// again. For tests that fill a client's pool with idle connections, then kill them all.
+pub async fn fill_pool<F, Fut>(n: usize, sessions: impl Fn() -> usize, mut calls: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..200 {
+        if sessions() >= n {
+            return;
+        }
+        calls().await;
+    }
+    assert!(
+        sessions() >= n,
+        "fewer than {n} connections open after 200 rounds"
+    );
+}

@@ -29,7 +29,8 @@
 //! procedures under names of its own (`tessera_v2_…`, `tessera_v3_…`) with `CREATE PROCEDURE
 //! IF NOT EXISTS`, and none is ever dropped or replaced, so clients of every version find the
 //! ones they call where an earlier tessera created them. This build creates version 3:
-//! version 2's procedures as they were, plus `tessera_v3_renew` and `tessera_v3_heartbeat`.
+//! version 2's procedures as they were, plus `tessera_v3_keep_alive` (renewals and waiters'
+//! heartbeats).
 //! Version 1 is no longer created: a client of that version that finds its procedures
 //! missing (a database first set up by a later build) runs the client-side step, which it
 //! already does on "no such procedure". A server that refuses them (a user without `CREATE
@@ -207,7 +208,7 @@ mod tests {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
         let routines = statements(ROUTINES);
-        assert_eq!(routines.len(), 4, "{routines:#?}");
+        assert_eq!(routines.len(), 3, "{routines:#?}");
         for s in &routines {
             assert!(
                 (2..=ROUTINES_VERSION).any(

@@ -45,8 +45,7 @@ pub(crate) struct Released {
 
 const ACQUIRE_ONE: &str = "CALL tessera_v2_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v2_release(?, ?)";
-const RENEW: &str = "CALL tessera_v3_renew(?, ?, ?)";
-const HEARTBEAT: &str = "CALL tessera_v3_heartbeat(?, ?, ?, ?)";
+const KEEP_ALIVE: &str = "CALL tessera_v3_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -239,12 +238,22 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v3_renew`); its row is
-/// read by [`renew_reply`].
+/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v3_keep_alive`); its row
+/// is read by [`renew_reply`].
 pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration) -> String {
+    keep_alive_call(name, lease, ttl, false, "")
+}
+
+fn keep_alive_call(name: &str, lease: &str, ttl: Duration, waiter: bool, doorbell: &str) -> String {
     render(
-        RENEW,
-        &[Lit::Text(name), Lit::Text(lease), Lit::Int(micros(ttl))],
+        KEEP_ALIVE,
+        &[
+            Lit::Text(name),
+            Lit::Text(lease),
+            Lit::Int(micros(ttl)),
+            Lit::Int(waiter.into()),
+            Lit::Text(doorbell),
+        ],
     )
 }
 
@@ -273,7 +282,7 @@ pub(crate) fn renew_reply(row: Option<MySqlRow>) -> Result<Fast<RenewReply>> {
     }
 }
 
-/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v3_heartbeat`);
+/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v3_keep_alive`);
 /// its row is read by [`heartbeat_reply`].
 pub(crate) fn heartbeat_call(
     name: &str,
@@ -281,15 +290,7 @@ pub(crate) fn heartbeat_call(
     waiter_ttl: Duration,
     doorbell: &str,
 ) -> String {
-    render(
-        HEARTBEAT,
-        &[
-            Lit::Text(name),
-            Lit::Text(lease),
-            Lit::Int(micros(waiter_ttl)),
-            Lit::Text(doorbell),
-        ],
-    )
+    keep_alive_call(name, lease, waiter_ttl, true, doorbell)
 }
 
 /// What [`heartbeat_call`] for `lease` answered (`None`: the procedure is missing), or

@@ -14,9 +14,9 @@
 -- whoever created them, and they keep working after their creator's account is dropped; and
 -- a hand-off grant expires with the waiter's queue entry until it is renewed (step.rs).
 --
--- Version 3 adds a renewal (`tessera_v3_renew`) and a waiter's heartbeat
--- (`tessera_v3_heartbeat`), and creates version 2's procedures as they were: a version-3
--- database serves clients of both versions.
+-- Version 3 adds a holder's renewal and a waiter's heartbeat (`tessera_v3_keep_alive`), and
+-- creates version 2's procedures as they were: a version-3 database serves clients of both
+-- versions.
 --
 -- Each procedure runs its own transaction (START TRANSACTION … COMMIT, in the session's
 -- READ COMMITTED), locks the semaphore's row first (SELECT … FOR UPDATE) and reads the
@@ -36,13 +36,13 @@
 -- Result: one row, always the same columns:
 --   outcome   'granted' (a new grant), 'held' (the lease already held: a retried acquire),
 --             'queued', 'no_permit', 'mismatch', 'queue_full' (acquire); 'released',
---             'not_held' (release); 'renewed', 'gone' (renew); 'granted', 'waiting',
---             'gone' (heartbeat); 'fallback' (any)
+--             'not_held' (release); 'renewed', 'granted', 'waiting', 'gone' (keep-alive);
+--             'fallback' (any)
 --   now_us    the clock read after the lock (NULL for 'fallback' and a release without row)
 --   n1, n2    'queued': position; 'no_permit': available, queued; 'mismatch': stored
 --             capacity; 'queue_full': nothing; 'renewed': the lease's expiry
 --   then the lease granted or held ('granted', 'held', and 'released' when the release
---   handed the permit to the queue head; a heartbeat's 'granted'): lease_id, weight, seats,
+--   handed the permit to the queue head; a keep-alive's 'granted'): lease_id, weight, seats,
 --   fence, holder, acquired_at, expires_at, and the granted waiter's doorbell ('released'
 --   only).
 
@@ -391,91 +391,24 @@ body: BEGIN
 END
 
 ;
--- Renews lease p_lease of semaphore p_name (stores/sql/step.rs `renew`, version 3): its
--- expiry becomes at least now + p_ttl. A holder's keeper renews every third of its TTL; as a
--- client-side step a renewal held the semaphore's row across three round trips, and a holder
--- process frozen (SIGSTOP, a paused VM) in the middle of one kept every other client of the
--- semaphore waiting until the server ended its idle transaction, 3 s later.
---   p_name  the semaphore    p_lease  the lease id    p_ttl  lease TTL, µs
--- Result: 'renewed' (n1: the lease's expiry), 'gone' (not held), or 'fallback'.
-CREATE PROCEDURE IF NOT EXISTS tessera_v3_renew(
+-- Keeps lease p_lease of semaphore p_name alive (version 3): a holder's renewal
+-- (stores/sql/step.rs `renew`, p_waiter = 0) or a waiter's heartbeat that the read-only probe
+-- of mod.rs could not answer (step.rs `heartbeat`, p_waiter = 1). A renewal makes the lease's
+-- expiry at least now + p_ttl; a heartbeat answers the grant if p_lease holds permits, else
+-- makes the waiter's entry expire no sooner than now + p_ttl and rings p_doorbell from then on.
+-- Holders renew every third of their TTL and waiters heartbeat as often; as client-side steps
+-- these held the semaphore's row across three round trips, and a process frozen (SIGSTOP, a
+-- paused VM) in the middle of one kept every other client of the semaphore waiting until the
+-- server ended its idle transaction, 3 s later.
+--   p_name      the semaphore         p_lease  the lease id     p_ttl  lease or heartbeat TTL, µs
+--   p_waiter    0: renewal; 1: heartbeat             p_doorbell  this client's doorbell address
+-- Result: 'renewed' (n1: the lease's expiry), 'granted' (a heartbeat's lease, in the lease
+-- columns), 'waiting', 'gone' (neither held nor queued), or 'fallback'.
+CREATE PROCEDURE IF NOT EXISTS tessera_v3_keep_alive(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_lease VARCHAR(32) CHARACTER SET ascii,
-    IN p_ttl BIGINT)
-MODIFIES SQL DATA
-SQL SECURITY INVOKER
-body: BEGIN
-    DECLARE v_none INT DEFAULT 0;
-    DECLARE v_capacity BIGINT DEFAULT NULL;
-    DECLARE v_used, v_queued, v_last_fence, v_next_seq, v_seat_high BIGINT;
-    DECLARE v_hwm, v_now, v_expires BIGINT;
-    DECLARE v_holders_expire, v_waiters_expire BIGINT;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_none = 1;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-
-    START TRANSACTION;
-    -- Locks the row and reads, in the same statement, the high-water mark, the earliest
-    -- holder and waiter expiries, this lease's expiry, and the clock (read when the row is
-    -- produced, once the lock is held).
-    SELECT capacity, used, queued, last_fence, next_seq, seat_high,
-           (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
-           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
-           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
-           (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
-           TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
-      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
-           v_holders_expire, v_waiters_expire, v_expires, v_now
-      FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
-    IF v_none = 1 THEN
-        -- No row: nothing held, nothing to change.
-        COMMIT;
-        SELECT 'gone', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-        LEAVE body;
-    END IF;
-    IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
-       OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
-       OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
-       OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
-       OR v_seat_high < 0 OR v_seat_high > 4294967295
-       OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
-       OR p_ttl IS NULL OR p_ttl < 0 OR p_ttl > 9000000000000000000 - v_now
-       -- An idle row (the step drops it), anything to purge, or a head that fits (after a
-       -- resize): the full step.
-       OR (v_used = 0 AND v_queued = 0)
-       OR (v_used > 0 AND v_holders_expire <= v_now)
-       OR (v_queued > 0 AND v_waiters_expire <= v_now)
-       OR (v_queued > 0 AND v_used < v_capacity) THEN
-        ROLLBACK;
-        SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-        LEAVE body;
-    END IF;
-    IF v_expires IS NULL THEN
-        COMMIT;
-        SELECT 'gone', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-        LEAVE body;
-    END IF;
-    IF v_expires < v_now + p_ttl THEN
-        SET v_expires = v_now + p_ttl;
-        UPDATE tessera_holders SET expires_at = v_expires
-         WHERE name = p_name AND lease_id = p_lease;
-    END IF;
-    COMMIT;
-    SELECT 'renewed', v_now, v_expires, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-END
-
-;
--- A waiter's heartbeat (stores/sql/step.rs `heartbeat`, version 3), when the read-only probe
--- of mod.rs could not answer it: the grant if p_lease holds permits, else the waiter's entry
--- renewed to at least now + p_waiter_ttl with this client's doorbell. Without it the
--- heartbeat was a client-side step across three round trips, which a waiter process frozen in
--- the middle of held the semaphore's row for, as a renewal did.
---   p_name  the semaphore    p_lease  the lease id    p_waiter_ttl  heartbeat TTL, µs
---   p_doorbell  this client's doorbell address
--- Result: 'granted' (the lease in the lease columns), 'waiting', 'gone', or 'fallback'.
-CREATE PROCEDURE IF NOT EXISTS tessera_v3_heartbeat(
-    IN p_name VARCHAR(128) CHARACTER SET ascii,
-    IN p_lease VARCHAR(32) CHARACTER SET ascii,
-    IN p_waiter_ttl BIGINT,
+    IN p_ttl BIGINT,
+    IN p_waiter INT,
     IN p_doorbell VARCHAR(80) CHARACTER SET ascii)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
@@ -483,9 +416,9 @@ body: BEGIN
     DECLARE v_none INT DEFAULT 0;
     DECLARE v_capacity BIGINT DEFAULT NULL;
     DECLARE v_used, v_queued, v_last_fence, v_next_seq, v_seat_high BIGINT;
-    DECLARE v_hwm, v_now, v_waiting BIGINT;
+    DECLARE v_hwm, v_now, v_held, v_waiting BIGINT;
     DECLARE v_holders_expire, v_waiters_expire BIGINT;
-    DECLARE h_weight, h_fence, h_acquired, h_expires BIGINT;
+    DECLARE h_weight, h_fence, h_acquired BIGINT;
     DECLARE h_seats MEDIUMTEXT CHARACTER SET ascii;
     DECLARE h_holder VARCHAR(256) CHARACTER SET utf8mb4;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_none = 1;
@@ -493,16 +426,17 @@ body: BEGIN
 
     START TRANSACTION;
     -- Locks the row and reads, in the same statement, the high-water mark, the earliest
-    -- holder and waiter expiries, this lease's waiter expiry, and the clock (read when the
-    -- row is produced, once the lock is held).
+    -- holder and waiter expiries, this lease's holder and waiter expiries, and the clock
+    -- (read when the row is produced, once the lock is held).
     SELECT capacity, used, queued, last_fence, next_seq, seat_high,
            (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
            (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
            (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
            (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
            TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
       INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
-           v_holders_expire, v_waiters_expire, v_waiting, v_now
+           v_holders_expire, v_waiters_expire, v_held, v_waiting, v_now
       FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
     IF v_none = 1 THEN
         -- No row: neither held nor queued, nothing to change.
@@ -516,8 +450,8 @@ body: BEGIN
        OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
        OR v_seat_high < 0 OR v_seat_high > 4294967295
        OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
-       OR p_waiter_ttl IS NULL OR p_waiter_ttl < 0
-       OR p_waiter_ttl > 9000000000000000000 - v_now
+       OR p_ttl IS NULL OR p_ttl < 0 OR p_ttl > 9000000000000000000 - v_now
+       OR p_waiter IS NULL OR p_waiter NOT IN (0, 1)
        -- An idle row (the step drops it), anything to purge, or a head that fits (after a
        -- resize): the full step.
        OR (v_used = 0 AND v_queued = 0)
@@ -528,25 +462,33 @@ body: BEGIN
         SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
-    -- Held already (granted by a release while it waited): its grant.
-    IF v_used > 0 THEN
-        SELECT weight, seats, fence, holder, acquired_at, expires_at
-          INTO h_weight, h_seats, h_fence, h_holder, h_acquired, h_expires
-          FROM tessera_holders WHERE name = p_name AND lease_id = p_lease;
-        IF v_none = 0 THEN
+    IF v_held IS NOT NULL THEN
+        IF p_waiter = 1 THEN
+            -- Held already (granted by a release while it waited): its grant.
+            SELECT weight, seats, fence, holder, acquired_at
+              INTO h_weight, h_seats, h_fence, h_holder, h_acquired
+              FROM tessera_holders WHERE name = p_name AND lease_id = p_lease;
             COMMIT;
             SELECT 'granted', v_now, NULL, NULL, p_lease, h_weight, h_seats, h_fence, h_holder,
-                   h_acquired, h_expires, NULL;
+                   h_acquired, v_held, NULL;
             LEAVE body;
         END IF;
+        IF v_held < v_now + p_ttl THEN
+            SET v_held = v_now + p_ttl;
+            UPDATE tessera_holders SET expires_at = v_held
+             WHERE name = p_name AND lease_id = p_lease;
+        END IF;
+        COMMIT;
+        SELECT 'renewed', v_now, v_held, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
     END IF;
-    IF v_queued = 0 OR v_waiting IS NULL THEN
+    IF p_waiter = 0 OR v_queued = 0 OR v_waiting IS NULL THEN
         COMMIT;
         SELECT 'gone', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
     UPDATE tessera_waiters
-       SET expires_at = GREATEST(expires_at, v_now + p_waiter_ttl), doorbell = p_doorbell
+       SET expires_at = GREATEST(expires_at, v_now + p_ttl), doorbell = p_doorbell
      WHERE name = p_name AND lease_id = p_lease;
     COMMIT;
     SELECT 'waiting', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
