@@ -276,6 +276,180 @@ async fn dead_waiter_leaves_the_queue_within_its_ttl() {
     assert_drained(&client.store, &name).await;
 }
 
+/// Lease TTL and waiter TTL of the hand-off tests: a waiter's queue entry lives far shorter
+/// than a lease.
+const LONG_TTL: Duration = Duration::from_secs(30);
+const WAITER_TTL: Duration = Duration::from_secs(2);
+
+fn long() -> SemaphoreOptions {
+    SemaphoreOptions::default()
+        .ttl(LONG_TTL)
+        .waiter_ttl(WAITER_TTL)
+}
+
+/// A waiter whose client died while it was queued (its sessions no longer kept alive) and
+/// that a release then hands the lock to holds it only until its queue entry would have
+/// ended, not for its 30 s lease TTL: the grant is provisional, on the etcd lease of the
+/// waiter's queue entry, and the next waiter is served within the waiter TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl() {
+    let h = Harness::etcd();
+    let name = unique("deadhandoff");
+    let nm = Name::new(&name).unwrap();
+    let a = h.client().await;
+    let sem = Semaphore::new(&a.store, &name, 1, long()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    // Queued through a client of its own that does nothing more: it died right after.
+    let dead_client = h.client().await;
+    let dead = LeaseId::random();
+    let req = AcquireRequest {
+        lease_id: dead,
+        weight: 1,
+        ttl: LONG_TTL,
+        holder: "dead".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: WAITER_TTL,
+            queue_cap: 10,
+        }),
+    };
+    let r = dead_client.store.backend().acquire(&nm, 1, &req).await;
+    assert_eq!(r.unwrap(), AcquireReply::Queued { position: 0 });
+    assert!(held.release().await.unwrap());
+    let released = Instant::now();
+    let st = status(&a.store, &name)
+        .await
+        .expect("the dead waiter was not handed the permit");
+    let grant = st
+        .holders
+        .iter()
+        .find(|l| l.lease_id == dead)
+        .expect("the dead waiter was not handed the permit");
+    assert!(
+        grant.expires_at <= st.now.plus(WAITER_TTL),
+        "the hand-off grant outlives its waiter's queue entry: now {}, expires {}",
+        st.now,
+        grant.expires_at
+    );
+    let b = h.client().await;
+    let next = Semaphore::new(&b.store, &name, 1, long()).unwrap();
+    let p = timeout(WAITER_TTL + Duration::from_secs(5), next.acquire())
+        .await
+        .expect("the permit stayed with the dead waiter past its waiter TTL")
+        .unwrap();
+    assert!(
+        released.elapsed() < LONG_TTL / 2,
+        "served {:?} after the release",
+        released.elapsed()
+    );
+    assert!(p.fence() > grant.fence);
+    assert!(p.release().await.unwrap());
+    assert_drained(&a.store, &name).await;
+}
+
+/// A live waiter handed the lock keeps it past its waiter TTL: its first renewal moves the
+/// grant to its session of the lease TTL, keeping the fence. After the move the grant is
+/// still one: a revoke by another client ends it and its holder hears of it, the next grant
+/// gets a higher fence, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_permit_is_kept_past_its_waiter_ttl_with_its_fence() {
+    let h = Harness::etcd();
+    let name = unique("provisional");
+    let (a, b) = (h.client().await, h.client().await);
+    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let sem = Semaphore::new(&b.store, &n, 1, long()).unwrap();
+        (sem.acquire().await.unwrap(), b)
+    });
+    wait_queued(&a.store, &name, 1).await;
+    let first = held.fence();
+    assert!(held.release().await.unwrap());
+    let (p, _b) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the lock")
+        .unwrap();
+    let fence = p.fence();
+    assert!(fence > first);
+    assert!(
+        p.lease().expires_at
+            <= p.lease()
+                .acquired_at
+                .plus(WAITER_TTL + Duration::from_secs(1)),
+        "the hand-off grant is not provisional: {:?}",
+        p.lease()
+    );
+    tokio::time::sleep(WAITER_TTL * 2).await;
+    assert!(!p.is_lost(), "lost: {:?}", p.lost().await);
+    let st = status(&a.store, &name).await.expect("the lease ended");
+    let lease = st
+        .holders
+        .iter()
+        .find(|l| l.lease_id == p.lease_id())
+        .expect("the handed-off lease ended");
+    assert_eq!(lease.fence, fence, "the move changed the fence");
+    assert!(
+        lease.expires_at >= st.now.plus(LONG_TTL / 2),
+        "not moved to the lease TTL: now {}, expires {}",
+        st.now,
+        lease.expires_at
+    );
+    assert!(p.valid_until() > Instant::now() + LONG_TTL / 2);
+    // Ended by another client after the move: the holder is told, the lock is free.
+    assert!(a
+        .store
+        .revoke(&name, &p.lease_id().to_string())
+        .await
+        .unwrap());
+    let reason = timeout(LONG_TTL / 3 + Duration::from_secs(5), p.lost())
+        .await
+        .expect("the revoked holder was not told");
+    assert_eq!(reason, LossReason::Gone);
+    let again = sem_a.acquire().await.unwrap();
+    assert!(again.fence() > fence);
+    assert!(again.release().await.unwrap());
+    assert_drained(&a.store, &name).await;
+}
+
+/// A hand-off grant whose renewals fail is never moved to the lease TTL: `lost()` fires
+/// before its provisional expiry, while etcd still has the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_before_a_hand_off_grant_expires_when_renewals_fail() {
+    let h = Harness::etcd();
+    let name = unique("provisional-lost");
+    let (a, b) = (h.client().await, h.client().await);
+    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    b.faults.renew(Mode::Fail);
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let sem = Semaphore::new(&b.store, &n, 1, long()).unwrap();
+        (sem.acquire().await.unwrap(), b)
+    });
+    wait_queued(&a.store, &name, 1).await;
+    assert!(held.release().await.unwrap());
+    let (p, _b) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not handed the lock")
+        .unwrap();
+    let reason = timeout(WAITER_TTL * 2, p.lost())
+        .await
+        .expect("lost() did not fire before the provisional grant could end");
+    assert!(
+        matches!(reason, LossReason::RenewalsFailing(_)),
+        "{reason:?}"
+    );
+    assert!(Instant::now() < p.valid_until());
+    let st = status(&a.store, &name).await.expect("the lease had ended");
+    assert!(st.holders.iter().any(|l| l.lease_id == p.lease_id()));
+    // Nobody renews it: the lock is free again within the waiter TTL, not the lease TTL.
+    let again = timeout(WAITER_TTL + Duration::from_secs(5), sem_a.acquire())
+        .await
+        .expect("the provisional grant outlived its waiter TTL")
+        .unwrap();
+    assert!(again.release().await.unwrap());
+}
+
 /// Once every lease expired, the semaphore is idle and takes the next client's capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_semaphore_takes_the_capacity_of_the_next_client() {

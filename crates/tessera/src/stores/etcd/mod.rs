@@ -53,10 +53,21 @@
 //!   A resize changes the capacity value, so a grant decided on the old one fails.
 //! - **Hand-off.** An uncontended acquire is granted in its first transaction (which
 //!   compares that no `q/` record exists at all). A release reads the semaphore and, in one
-//!   transaction, deletes its record and seats and grants the head of the queue if it fits,
-//!   on the head's own session (named in its record). Permits freed without a release (a
-//!   session that ended, a waiter that left) reach the queue in the *next* step: the woken
-//!   head grants itself ([`HandOff::NextStep`] is what the store declares).
+//!   transaction, deletes its record and seats and grants the head of the queue if it fits.
+//!   Permits freed without a release (a session that ended, a waiter that left) reach the
+//!   queue in the *next* step: the woken head grants itself ([`HandOff::NextStep`] is what
+//!   the store declares).
+//! - **A hand-off grant is provisional** (the contract's rule, as on every store): the
+//!   release puts it, record and seats, on the etcd lease the head's queue entry is on, its
+//!   client's session of the *waiter* TTL, so a waiter whose process died in the queue gives
+//!   the permits back when that session ends, within its waiter TTL, not its lease TTL. The
+//!   holder's first renewal (its keeper's, 100 ms after the grant) moves record and seats,
+//!   in one transaction compared on the record's mod revision, to its session of the lease
+//!   TTL. The move writes the record again, so it keeps the grant's revision, the fence, in
+//!   the record (`ops::Granted::f`); every step that ends a grant knows it by that fence and
+//!   compares the mod revision it just read. A waiter whose waiter TTL is not below its
+//!   lease TTL, or whose record was written by a client before this (no `wt`), is granted
+//!   on its client's session of the lease TTL (named in its record), as before.
 //! - **Waking.** Each waiter watches only what can let it in: the head watches deletions of
 //!   `q/` records and the capacity; every other waiter the waiter just ahead of it (its grant
 //!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
@@ -74,7 +85,10 @@
 //!   a read of the record in the same round trip: the reply says `expires_at - now` = the
 //!   TTL, so the keeper's "certainly valid until the send time + TTL − margin" holds. Every
 //!   grant is preceded by a keep-alive of its session sent after the caller's request, so
-//!   the first bound holds too. A revoked, deleted or expired grant answers `Gone`.
+//!   the first bound holds too (for a provisional grant, the waiter session's keep-alive by
+//!   the waiter's last heartbeat). A revoked, deleted or expired grant answers `Gone`. The
+//!   first renewal of a provisional grant is its move (above), on a session kept alive after
+//!   the renewal was sent.
 //! - **Member loss.** Requests go to one member named in the URL at a time (`members.rs`);
 //!   one that cannot reach its member, or gets no answer within 2 s, is sent again on the
 //!   next member, which every operation allows: writes are transactions whose compares fail
@@ -90,7 +104,7 @@
 //! | `heartbeat` | read and keep-alives in one round trip; a grant transaction if it fits |
 //! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
 //! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
-//! | `renew` | keep-alive + read of the record |
+//! | `renew` | keep-alive + read of the record; a provisional grant: read, keep-alive, one transaction that moves it |
 //! | `status` | one read, one time-to-live per record's lease |
 //! | `resize` | put the capacity, compared on its mod revision (wakes the head) |
 //! | `delete` | delete every key of the semaphore (records, seats, capacity) |
@@ -106,9 +120,10 @@
 //! - **Waiter TTL** is per client: all waiters of one client share one session, so a client
 //!   that dies loses them all within the waiter TTL; one waiter that stops heartbeating in a
 //!   live client is removed by that client's next operation after its TTL.
-//! - **Hand-off**: a head waiter whose client froze is still granted by a release (on its
-//!   session, which then runs out); one whose session already ended is skipped by the
-//!   release and blocks the queue until its record goes with that session.
+//! - **Hand-off**: a head waiter whose client froze or died is still granted by a release,
+//!   provisionally, on the session of its queue entry, which then runs out within the
+//!   waiter TTL; a grant whose move is still to come lives on that session for as long as
+//!   its client keeps the session alive for other waiters.
 //! - **Leader changes**: a new leader restarts every lease at its full TTL, so a crashed
 //!   holder's permit can come back up to one TTL (plus the election) later than its TTL
 //!   after the crash. The bound is 2 × TTL + 3 × election timeout from the crash. Measured
@@ -193,10 +208,12 @@ type KeepAliveSlot = Arc<tokio::sync::Mutex<Option<(usize, LeaseKeeper, LeaseKee
 /// A lease held through this backend, as granted.
 #[derive(Debug, Clone)]
 pub(super) struct HeldHere {
+    /// The etcd lease the record and its seats are on.
     pub(super) session: EtcdLease,
-    /// The grant's revision: the record's mod revision while it holds.
+    /// The grant's revision ([`Entry::fence`]).
     pub(super) fence: i64,
-    pub(super) seats: Vec<u32>,
+    /// A provisional grant, on the waiter's session until its first renewal moves it.
+    pub(super) provisional: bool,
     /// The expiry the last grant or renewal reported (what `status` shows).
     pub(super) expires_at: StoreTime,
     pub(super) keys: Keys,
@@ -204,6 +221,33 @@ pub(super) struct HeldHere {
     /// lease any more (its permit was abandoned in a process that lives on), and the next
     /// operation of this backend ends the grant, since other leases keep the session alive.
     pub(super) deadline: Instant,
+}
+
+impl HeldHere {
+    /// The grant of `entry` (as written or read), found `now`, with the session it is on
+    /// kept alive after the request that learns of it was sent: certainly held until that
+    /// send plus the session's TTL.
+    pub(super) fn new(keys: &Keys, entry: &Entry, now: StoreTime) -> (HeldHere, Grant) {
+        let ttl = entry.record.session_ttl();
+        let span = Duration::from_secs(ttl.max(0) as u64);
+        let expires_at = now.plus(span);
+        let held = HeldHere {
+            session: EtcdLease {
+                id: entry.lease,
+                ttl,
+            },
+            fence: entry.fence(),
+            provisional: entry.record.is_provisional(),
+            expires_at,
+            keys: keys.clone(),
+            deadline: Instant::now() + span,
+        };
+        let grant = Grant {
+            lease: entry.lease(expires_at),
+            now,
+        };
+        (held, grant)
+    }
 }
 
 /// The leases held through one backend, shared with its watches (which learn of grants a
@@ -215,8 +259,8 @@ pub(super) type HeldMap = Arc<Mutex<HashMap<LeaseId, HeldHere>>>;
 struct WaitHere {
     /// The holder and waiter TTLs, seconds.
     ttls: (i64, i64),
-    /// The etcd lease its record is on.
-    lease: i64,
+    /// The mod revision of its waiting record (a grant writes the record again).
+    rev: i64,
     keys: Keys,
     /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
     deadline: Instant,
@@ -597,17 +641,20 @@ impl EtcdBackend {
     }
 
     /// Ends a grant and hands its permits to the head of the queue in the same transaction
-    /// (see the module docs): `true` if the record of `id` was still the grant of revision
-    /// `fence`. Each waiter granted here gets its grant on its own client's session lease,
-    /// named in its record; if that lease ended meanwhile, the grant is ended alone, and
-    /// the waiter grants itself when its watch fires.
-    async fn end_grant(&self, keys: &Keys, id: LeaseId, fence: i64, seats: &[u32]) -> Result<bool> {
+    /// (see the module docs): `true` if the record of `id` was still the grant of `fence`.
+    /// Each waiter granted here gets its grant on its own client's session
+    /// ([`Entry::hand_off_lease`]: provisionally the one of its queue entry); if that lease
+    /// ended meanwhile, the grant is ended alone, and the waiter grants itself when its
+    /// watch fires.
+    async fn end_grant(&self, keys: &Keys, id: LeaseId, fence: i64) -> Result<bool> {
+        let mut seen = None;
         for _ in 0..HAND_OFF_ROUNDS {
             let snap = self.read(keys).await?;
-            match snap.entry(id) {
-                Some(e) if e.mod_rev == fence && e.is_holder() => {}
+            let rev = match snap.entry(id) {
+                Some(e) if e.fence() == fence && e.is_holder() => e.mod_rev,
                 _ => return Ok(false),
-            }
+            };
+            seen = Some((rev, snap.seats_of(id)));
             // One grant per transaction: its revision is its fence, so two grants in one
             // would share a fence. Waiters behind it that also fit grant themselves when
             // their watch sees this grant.
@@ -619,7 +666,7 @@ impl EtcdBackend {
             let Some(cap) = snap.capacity() else { break };
             let now = StoreTime::host_now();
             let mut when = vec![
-                Compare::mod_revision(keys.lease(id), CompareOp::Equal, fence),
+                Compare::mod_revision(keys.lease(id), CompareOp::Equal, rev),
                 keys.capacity_is(cap),
             ];
             let freed = snap.seats_of(id);
@@ -648,8 +695,8 @@ impl EtcdBackend {
                 when.extend(keys.seats_free(&others));
                 ops.extend(keys.grant_ops(
                     w.id,
-                    &w.record.granted(seats.clone(), now),
-                    w.record.hl,
+                    &w.record.handed_off(seats.clone(), now),
+                    w.hand_off_lease(),
                 )?);
             }
             // A release and a hand-off of two heavy leases may not fit one transaction: the
@@ -675,28 +722,125 @@ impl EtcdBackend {
                 Err(e) => return Err(self.err(e)),
             }
         }
-        self.end_grant_alone(keys, id, fence, seats).await
+        self.end_grant_alone(keys, id, fence, seen).await
     }
 
     /// Ends a grant without a hand-off: `true` if the record was still the grant of
-    /// revision `fence`.
+    /// `fence`. `seen`: its mod revision and seats as just read, if it was.
     async fn end_grant_alone(
         &self,
         keys: &Keys,
         id: LeaseId,
         fence: i64,
-        seats: &[u32],
+        mut seen: Option<(i64, Vec<u32>)>,
     ) -> Result<bool> {
-        let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
-        ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                keys.lease(id),
-                CompareOp::Equal,
-                fence,
-            )])
-            .and_then(ops);
-        Ok(self.txn(txn).await?.succeeded())
+        for _ in 0..HAND_OFF_ROUNDS {
+            let (rev, seats) = match seen.take() {
+                Some(s) => s,
+                None => match self.read_one(keys, id).await? {
+                    Some(e) if e.fence() == fence && e.is_holder() => {
+                        (e.mod_rev, e.record.seats().to_vec())
+                    }
+                    _ => return Ok(false),
+                },
+            };
+            let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
+            ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
+            let txn = Txn::new()
+                .when([Compare::mod_revision(keys.lease(id), CompareOp::Equal, rev)])
+                .and_then(ops);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(true);
+            }
+            // Changed since the read (a provisional grant moved): read again.
+        }
+        Ok(false)
+    }
+
+    /// A renewal of a grant on `session` (not provisional): the keep-alive restarts the
+    /// session's TTL, and the read in the same round trip proves the grant is still there,
+    /// the same (a revoke or a delete removes it; the session may live on).
+    async fn renew_on(
+        &self,
+        keys: &Keys,
+        id: LeaseId,
+        session: EtcdLease,
+        fence: i64,
+    ) -> Result<RenewReply> {
+        let attempt = renewal_attempt(session.ttl);
+        let (alive, entry) = tokio::join!(
+            self.keep_alive_within(session.id, attempt),
+            self.read_one_within(keys, id, attempt)
+        );
+        let now = StoreTime::host_now();
+        let (alive, entry) = (alive?, entry?);
+        if !alive {
+            self.drop_session(session).await;
+        }
+        if !alive || entry.is_none_or(|e| e.fence() != fence || e.lease != session.id) {
+            self.held.lock().unwrap().remove(&id);
+            return Ok(RenewReply::Gone);
+        }
+        let expires_at = now.plus(Duration::from_secs(session.ttl as u64));
+        if let Some(h) = self.held.lock().unwrap().get_mut(&id) {
+            h.expires_at = expires_at;
+            h.deadline = Instant::now() + Duration::from_secs(session.ttl as u64);
+        }
+        Ok(RenewReply::Renewed { expires_at, now })
+    }
+
+    /// The first renewal of a provisional grant (see [`ops::Granted::p`]): one transaction
+    /// moves the record and its seats from the waiter's session to this backend's session
+    /// of the lease TTL, kept alive after this call began, and keeps the fence in the
+    /// record (the move is the record's new mod revision). `Gone` if the grant ended
+    /// meanwhile: its waiter's session ran out, or a revoke.
+    async fn settle(&self, keys: &Keys, id: LeaseId, fence: i64) -> Result<RenewReply> {
+        for _ in 0..MAX_ROUNDS {
+            let entry = match self.read_one(keys, id).await? {
+                Some(e) if e.is_holder() && e.fence() == fence => e,
+                _ => {
+                    self.held.lock().unwrap().remove(&id);
+                    return Ok(RenewReply::Gone);
+                }
+            };
+            if !entry.record.is_provisional() {
+                // Moved meanwhile, by a renewal through another backend.
+                let session = EtcdLease {
+                    id: entry.lease,
+                    ttl: entry.record.ttl,
+                };
+                return self.renew_on(keys, id, session, fence).await;
+            }
+            let holder = self.session(entry.record.ttl).await?;
+            let record = entry.record.settled(fence);
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    keys.lease(id),
+                    CompareOp::Equal,
+                    entry.mod_rev,
+                )])
+                .and_then(keys.grant_ops(id, &record, holder.id)?);
+            let Some(resp) = self.txn_on(txn, &[holder]).await? else {
+                continue;
+            };
+            if !resp.succeeded() {
+                continue;
+            }
+            let now = StoreTime::host_now();
+            let moved = Entry::written(id, record, revision(resp.header()), holder.id);
+            let (held, grant) = HeldHere::new(keys, &moved, now);
+            if let Some(h) = self.held.lock().unwrap().get_mut(&id) {
+                *h = held;
+            }
+            return Ok(RenewReply::Renewed {
+                expires_at: grant.lease.expires_at,
+                now,
+            });
+        }
+        Err(Error::store(
+            StoreErrorKind::Busy,
+            "etcd: a hand-off grant's first renewal kept conflicting with other clients",
+        ))
     }
 
     /// The grant transaction: `entry` (waiting, seen in `snap`) takes the lowest free seats,
@@ -730,82 +874,40 @@ impl EtcdBackend {
         }
         Ok(Some(self.granted(
             keys,
-            entry.id,
-            &record,
-            revision(resp.header()),
-            holder,
+            &Entry::written(entry.id, record, revision(resp.header()), holder.id),
             now,
         )))
     }
 
-    /// A grant made now: noted as held through this backend, its waiting ended.
-    fn granted(
-        &self,
-        keys: &Keys,
-        id: LeaseId,
-        record: &Record,
-        fence: i64,
-        holder: EtcdLease,
-        now: StoreTime,
-    ) -> Grant {
-        let expires_at = now.plus(Duration::from_secs(holder.ttl as u64));
-        self.held.lock().unwrap().insert(
-            id,
-            HeldHere {
-                session: holder,
-                fence,
-                seats: record.seats().to_vec(),
-                expires_at,
-                keys: keys.clone(),
-                deadline: Instant::now() + Duration::from_secs(holder.ttl as u64),
-            },
-        );
-        self.end_wait(id);
-        let entry = Entry {
-            id,
-            record: record.clone(),
-            create_rev: 0,
-            mod_rev: fence,
-            lease: holder.id,
-        };
-        Grant {
-            lease: entry.lease(expires_at),
-            now,
-        }
+    /// A grant made or found now, its session kept alive after the caller's request was
+    /// sent: noted as held through this backend, its waiting ended.
+    fn granted(&self, keys: &Keys, entry: &Entry, now: StoreTime) -> Grant {
+        let (held, grant) = HeldHere::new(keys, entry, now);
+        self.held.lock().unwrap().insert(entry.id, held);
+        self.end_wait(entry.id);
+        grant
     }
 
     /// The grant of a key that already holds (a retried acquire or a heartbeat after a
     /// grant whose reply was lost): its lease is kept alive first, so the reply's TTL runs
     /// from after the caller's request was sent. `None` if the lease just ended.
     async fn existing_grant(&self, keys: &Keys, entry: &Entry) -> Result<Option<Grant>> {
-        self.existing_grant_after(keys, entry, None).await
+        self.existing_grant_after(keys, entry, &[]).await
     }
 
-    /// [`EtcdBackend::existing_grant`], sparing the keep-alive when `renewed` (a session
-    /// this call already kept alive) is the lease the record is on.
+    /// [`EtcdBackend::existing_grant`], sparing the keep-alive when one of `renewed` (the
+    /// sessions this call already kept alive) is the lease the record is on.
     async fn existing_grant_after(
         &self,
         keys: &Keys,
         entry: &Entry,
-        renewed: Option<EtcdLease>,
+        renewed: &[EtcdLease],
     ) -> Result<Option<Grant>> {
-        let fresh = renewed.is_some_and(|l| l.id == entry.lease);
+        let fresh = renewed.iter().any(|l| l.id == entry.lease);
         if !fresh && !self.keep_alive(entry.lease).await? {
             return Ok(None);
         }
-        let holder = EtcdLease {
-            id: entry.lease,
-            ttl: entry.record.ttl,
-        };
-        let now = StoreTime::host_now();
-        Ok(Some(self.granted(
-            keys,
-            entry.id,
-            &entry.record,
-            entry.mod_rev,
-            holder,
-            now,
-        )))
+        Ok(Some(self.granted(keys, entry, StoreTime::host_now())))
     }
 
     /// Watches what can let `id` in (see the module docs), from after `snap`.
@@ -820,14 +922,15 @@ impl EtcdBackend {
         self.watches.set(id, target, keys, snap.revision + 1);
     }
 
-    /// Notes (or renews) a waiter of this backend after a heartbeat or its acquire.
-    fn note_waiting(&self, id: LeaseId, keys: &Keys, ttls: (i64, i64), lease: i64) {
+    /// Notes (or renews) a waiter of this backend, `entry` as its heartbeat or acquire read
+    /// it.
+    fn note_waiting(&self, entry: &Entry, keys: &Keys, ttls: (i64, i64)) {
         let deadline = Instant::now() + Duration::from_secs(ttls.1 as u64);
         self.waiting.lock().unwrap().insert(
-            id,
+            entry.id,
             WaitHere {
                 ttls,
-                lease,
+                rev: entry.mod_rev,
                 keys: keys.clone(),
                 deadline,
             },
@@ -869,14 +972,16 @@ impl EtcdBackend {
         };
         for (id, h) in held {
             tracing::debug!(lease = %id, "etcd: ending a grant nobody renewed");
-            self.end_grant(&h.keys, id, h.fence, &h.seats).await?;
+            self.end_grant(&h.keys, id, h.fence).await?;
         }
         for (id, w) in waits {
             tracing::debug!(lease = %id, "etcd: removing a waiter that stopped heartbeating");
             self.watches.stop(id);
+            // Only while it still waits: a grant (a provisional one stays on the waiter's
+            // session) wrote the record again.
             let key = w.keys.lease(id);
             let txn = Txn::new()
-                .when([Compare::lease(key.clone(), CompareOp::Equal, w.lease)])
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, w.rev)])
                 .and_then([TxnOp::delete(key, None)]);
             self.txn(txn).await?;
         }
@@ -934,7 +1039,7 @@ impl EtcdBackend {
             None => None,
             Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
             Some(_) => {
-                self.note_waiting(id, keys, (holder.ttl, waiter_ttl), entry.lease);
+                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl));
                 self.watch(keys, snap, ahead, id);
                 return Ok(Some(AcquireReply::Queued { position }));
             }
@@ -976,6 +1081,7 @@ impl EtcdBackend {
             ttl: lease_secs(req.ttl),
             e: now.0,
             hl: 0,
+            wt: 0,
             g: None,
         };
         let waiter_ttl = req.wait.map(|w| lease_secs(w.waiter_ttl));
@@ -996,6 +1102,8 @@ impl EtcdBackend {
                 }
             };
             record.hl = holder.id;
+            // Only a record that waits (on the waiter's session) is handed a grant.
+            record.wt = if waiter_ttl.is_some() { waiter.ttl } else { 0 };
             let granted = record.granted(first_seats.clone(), now);
             // Granted at once if nobody holds or waits; otherwise (same capacity, record
             // not written yet) the record is written and the semaphore read, in one step.
@@ -1029,9 +1137,11 @@ impl EtcdBackend {
             };
             if resp.succeeded() {
                 let fence = revision(resp.header());
-                return Ok(AcquireReply::Granted(
-                    self.granted(&keys, id, &granted, fence, holder, now),
-                ));
+                return Ok(AcquireReply::Granted(self.granted(
+                    &keys,
+                    &Entry::written(id, granted.clone(), fence, holder.id),
+                    now,
+                )));
             }
             let (written, read) = txn_read(&resp)
                 .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
@@ -1066,7 +1176,7 @@ impl EtcdBackend {
                     Place::Waiting {
                         position, ahead, ..
                     } => {
-                        self.note_waiting(id, &keys, (record.ttl, waiter.ttl), entry.lease);
+                        self.note_waiting(entry, &keys, (record.ttl, waiter.ttl));
                         self.watch(&keys, &snap, ahead, id);
                         return Ok(AcquireReply::Queued { position });
                     }
@@ -1098,9 +1208,11 @@ impl EtcdBackend {
                     if let Some(resp) = self.txn_on(txn, &[holder]).await? {
                         if resp.succeeded() {
                             let fence = revision(resp.header());
-                            return Ok(AcquireReply::Granted(
-                                self.granted(&keys, id, &granted, fence, holder, now),
-                            ));
+                            return Ok(AcquireReply::Granted(self.granted(
+                                &keys,
+                                &Entry::written(id, granted.clone(), fence, holder.id),
+                                now,
+                            )));
                         }
                     }
                 }
@@ -1181,9 +1293,9 @@ impl Backend for EtcdBackend {
             match snap.place(lease) {
                 Place::Absent => unreachable!("the entry exists"),
                 Place::Holder => {
-                    let renewed = sessions.map(|(h, _)| h);
+                    let renewed: Vec<EtcdLease> = sessions.map_or(vec![], |(h, w)| vec![h, w]);
                     return Ok(
-                        match self.existing_grant_after(&keys, entry, renewed).await? {
+                        match self.existing_grant_after(&keys, entry, &renewed).await? {
                             Some(grant) => WaitReply::Granted(grant),
                             None => {
                                 self.end_wait(lease);
@@ -1216,7 +1328,7 @@ impl Backend for EtcdBackend {
                         return Ok(WaitReply::Gone);
                     }
                     let ws = known.map_or(lease_secs(waiter_ttl), |(_, ws)| ws);
-                    self.note_waiting(lease, &keys, (entry.record.ttl, ws), entry.lease);
+                    self.note_waiting(entry, &keys, (entry.record.ttl, ws));
                     self.watch(&keys, &snap, ahead, lease);
                     return Ok(WaitReply::Waiting);
                 }
@@ -1264,10 +1376,7 @@ impl Backend for EtcdBackend {
                 return Ok(CancelReply::NotFound);
             };
             if entry.is_holder() {
-                if self
-                    .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
-                    .await?
-                {
+                if self.end_grant(&keys, lease, entry.fence()).await? {
                     return Ok(CancelReply::Released);
                 }
             } else if self.dequeue(&keys, &entry).await? {
@@ -1285,15 +1394,12 @@ impl Backend for EtcdBackend {
         let keys = self.keys(name);
         let known = self.held.lock().unwrap().remove(&lease);
         if let Some(h) = known {
-            return self.end_grant(&keys, lease, h.fence, &h.seats).await;
+            return self.end_grant(&keys, lease, h.fence).await;
         }
         for _ in 0..MAX_ROUNDS {
             match self.read_one(&keys, lease).await? {
                 Some(e) if e.is_holder() => {
-                    if self
-                        .end_grant(&keys, lease, e.mod_rev, e.record.seats())
-                        .await?
-                    {
+                    if self.end_grant(&keys, lease, e.fence()).await? {
                         return Ok(true);
                     }
                 }
@@ -1308,40 +1414,23 @@ impl Backend for EtcdBackend {
         let keys = self.keys(name);
         let known = self.held.lock().unwrap().get(&lease).cloned();
         let (session, fence) = match known {
+            Some(h) if h.provisional => return self.settle(&keys, lease, h.fence).await,
             Some(h) => (h.session, h.fence),
             None => match self.read_one(&keys, lease).await? {
+                Some(e) if e.record.is_provisional() => {
+                    return self.settle(&keys, lease, e.fence()).await
+                }
                 Some(e) if e.is_holder() => (
                     EtcdLease {
                         id: e.lease,
                         ttl: e.record.ttl,
                     },
-                    e.mod_rev,
+                    e.fence(),
                 ),
                 _ => return Ok(RenewReply::Gone),
             },
         };
-        // The keep-alive restarts the session's TTL; the read proves the grant is still
-        // there, unchanged (a revoke or a delete removes it; the session may live on).
-        let attempt = renewal_attempt(session.ttl);
-        let (alive, entry) = tokio::join!(
-            self.keep_alive_within(session.id, attempt),
-            self.read_one_within(&keys, lease, attempt)
-        );
-        let now = StoreTime::host_now();
-        let (alive, entry) = (alive?, entry?);
-        if !alive {
-            self.drop_session(session).await;
-        }
-        if !alive || entry.is_none_or(|e| e.mod_rev != fence || e.lease != session.id) {
-            self.held.lock().unwrap().remove(&lease);
-            return Ok(RenewReply::Gone);
-        }
-        let expires_at = now.plus(Duration::from_secs(session.ttl as u64));
-        if let Some(h) = self.held.lock().unwrap().get_mut(&lease) {
-            h.expires_at = expires_at;
-            h.deadline = Instant::now() + Duration::from_secs(session.ttl as u64);
-        }
-        Ok(RenewReply::Renewed { expires_at, now })
+        self.renew_on(&keys, lease, session, fence).await
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
@@ -1364,7 +1453,7 @@ impl Backend for EtcdBackend {
         for (e, ttl) in snap.entries.iter().zip(ttls) {
             // Exact for the leases this backend renews; otherwise etcd's whole seconds left.
             let expires_at = match known.get(&e.id) {
-                Some(h) if h.fence == e.mod_rev => h.expires_at,
+                Some(h) if h.fence == e.fence() => h.expires_at,
                 _ => now.plus(Duration::from_secs(ttl as u64)),
             };
             if e.is_holder() {
@@ -1443,10 +1532,7 @@ impl Backend for EtcdBackend {
             if !entry.is_holder() {
                 return Ok(false);
             }
-            if self
-                .end_grant(&keys, lease, entry.mod_rev, entry.record.seats())
-                .await?
-            {
+            if self.end_grant(&keys, lease, entry.fence()).await? {
                 // A holder in this process hears of it at once; others at their next
                 // renewal, which finds the grant gone.
                 wake::notify(lease);

@@ -17,7 +17,8 @@
 //!
 //! Names never contain `#`, so `P/sem/NAME#` is a prefix of exactly one semaphore's keys.
 //! A `q/` key is created once per lease id, so its create revision is the arrival order;
-//! putting it again (a waiter moving to its holder lease at the grant) keeps it.
+//! putting it again (a waiter moving to its holder lease at the grant, a provisional grant
+//! moving to it at its first renewal) keeps it.
 
 use std::collections::BTreeSet;
 
@@ -127,9 +128,16 @@ pub(crate) struct Record {
     /// When it was enqueued, µs on the enqueuing client's clock (shown only).
     pub(crate) e: u64,
     /// The session lease (of TTL `ttl`) of the waiter's client, on which a releaser that
-    /// hands it the permits puts its grant (0: none; it then grants itself).
+    /// hands it the permits puts its grant (0: none; it then grants itself), unless the
+    /// grant is provisional (see `wt`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) hl: i64,
+    /// The waiter TTL of its queue entry, whole seconds (0: not recorded, as by clients
+    /// before provisional hand-offs). A release hands a waiter whose `wt` is below `ttl` a
+    /// provisional grant: on the etcd lease its waiting record is on, so that it ends when
+    /// the queue entry would have, until the holder's first renewal moves it to `ttl`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) wt: i64,
     /// The grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) g: Option<Granted>,
@@ -146,6 +154,14 @@ pub(crate) struct Granted {
     pub(crate) s: Vec<u32>,
     /// When it was granted, µs on the granting client's clock (shown only).
     pub(crate) a: u64,
+    /// Provisional: a release put it on the waiter's session of the waiter TTL, where it
+    /// stays until the holder's first renewal moves it to its session of the lease TTL.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) p: bool,
+    /// The fence, once the grant was moved: the record's mod revision is then the move's,
+    /// no longer the grant's. `None`: the mod revision is the fence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) f: Option<i64>,
 }
 
 impl Record {
@@ -162,11 +178,50 @@ impl Record {
         self.g.as_ref().map_or(&[], |g| &g.s)
     }
 
-    /// This record granted `seats` at `now`.
+    /// This record granted `seats` at `now`, for the lease TTL.
     pub(crate) fn granted(&self, seats: Vec<u32>, now: StoreTime) -> Record {
         Record {
-            g: Some(Granted { s: seats, a: now.0 }),
+            g: Some(Granted {
+                s: seats,
+                a: now.0,
+                p: false,
+                f: None,
+            }),
             ..self.clone()
+        }
+    }
+
+    /// This waiting record handed `seats` at `now` by a release: provisional when its
+    /// queue entry's TTL is below the lease TTL.
+    pub(crate) fn handed_off(&self, seats: Vec<u32>, now: StoreTime) -> Record {
+        let mut r = self.granted(seats, now);
+        if let Some(g) = &mut r.g {
+            g.p = self.wt > 0 && self.wt < self.ttl;
+        }
+        r
+    }
+
+    /// A provisional grant moved to the holder's session: `fence` kept in the record.
+    pub(crate) fn settled(&self, fence: i64) -> Record {
+        let mut r = self.clone();
+        if let Some(g) = &mut r.g {
+            g.p = false;
+            g.f = Some(fence);
+        }
+        r
+    }
+
+    /// A grant still on the waiter's session (see [`Granted::p`]).
+    pub(crate) fn is_provisional(&self) -> bool {
+        self.g.as_ref().is_some_and(|g| g.p)
+    }
+
+    /// The TTL, whole seconds, of the etcd lease a grant of this record is on.
+    pub(crate) fn session_ttl(&self) -> i64 {
+        if self.is_provisional() {
+            self.wt
+        } else {
+            self.ttl
         }
     }
 }
@@ -183,19 +238,51 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// `record` as a transaction of revision `rev` wrote it on the etcd lease `lease`.
+    pub(crate) fn written(id: LeaseId, record: Record, rev: i64, lease: i64) -> Entry {
+        Entry {
+            id,
+            record,
+            create_rev: 0,
+            mod_rev: rev,
+            lease,
+        }
+    }
+
     pub(crate) fn is_holder(&self) -> bool {
         self.record.g.is_some()
     }
 
-    /// The lease as `status` and grants show it; the fence is the revision of the grant
-    /// (the key is never written again once granted).
+    /// The grant's fence: the revision of the grant, which is the record's mod revision
+    /// until a provisional grant is moved to its holder's session (once, by its first
+    /// renewal), and is kept in the record from then on.
+    pub(crate) fn fence(&self) -> i64 {
+        self.record
+            .g
+            .as_ref()
+            .and_then(|g| g.f)
+            .unwrap_or(self.mod_rev)
+    }
+
+    /// The etcd lease a release that hands this waiter the permits puts the grant on: the
+    /// one its waiting record is on for a provisional grant, else the session of the lease
+    /// TTL its record names (0: none).
+    pub(crate) fn hand_off_lease(&self) -> i64 {
+        if self.record.wt > 0 && self.record.wt < self.record.ttl {
+            self.lease
+        } else {
+            self.record.hl
+        }
+    }
+
+    /// The lease as `status` and grants show it.
     pub(crate) fn lease(&self, expires_at: StoreTime) -> Lease {
         let g = self.record.g.as_ref();
         Lease {
             lease_id: self.id,
             weight: self.record.w,
             seats: g.map(|g| g.s.clone()).unwrap_or_default(),
-            fence: self.mod_rev as u64,
+            fence: self.fence() as u64,
             holder: self.record.h.clone(),
             acquired_at: StoreTime(g.map_or(0, |g| g.a)),
             expires_at,
@@ -360,13 +447,10 @@ impl Snapshot {
             let fits = matches!(rest.place(w.id), Place::Waiting { fits: true, .. });
             let seats = rest.free_seats(w.record.w);
             match (fits, seats) {
-                (true, Some(seats)) if w.record.hl != 0 => {
+                (true, Some(seats)) if w.hand_off_lease() != 0 => {
                     rest.seats.extend(seats.iter().copied());
                     if let Some(e) = rest.entries.iter_mut().find(|e| e.id == w.id) {
-                        e.record.g = Some(Granted {
-                            s: seats.clone(),
-                            a: 0,
-                        });
+                        e.record = e.record.granted(seats.clone(), StoreTime(0));
                     }
                     out.push((w, seats));
                 }
@@ -405,7 +489,8 @@ mod tests {
             ttl: 2,
             e: 0,
             hl: 0,
-            g: holder.then(|| Granted { s: vec![], a: 0 }),
+            wt: 0,
+            g: holder.then(|| grant(vec![])),
         };
         Entry {
             id: LeaseId::from_u128(n),
@@ -413,6 +498,15 @@ mod tests {
             create_rev: rev,
             mod_rev: rev,
             lease: 1,
+        }
+    }
+
+    fn grant(s: Vec<u32>) -> Granted {
+        Granted {
+            s,
+            a: 0,
+            p: false,
+            f: None,
         }
     }
 
@@ -492,13 +586,10 @@ mod tests {
             e
         };
         let mut h = entry(1, 2, true, 1);
-        h.record.g = Some(Granted {
-            s: vec![0, 1],
-            a: 0,
-        });
+        h.record.g = Some(grant(vec![0, 1]));
         // capacity 3: holder of 2 (seats 0, 1) and one of 1 (seat 2); waiters 1, 1, 3, 1.
         let mut h2 = entry(2, 1, true, 2);
-        h2.record.g = Some(Granted { s: vec![2], a: 0 });
+        h2.record.g = Some(grant(vec![2]));
         let s = snap(
             3,
             vec![
@@ -547,5 +638,55 @@ mod tests {
         assert_eq!(Keys::name_of("p/x", keys.cap.as_bytes()), None);
         assert_eq!(Keys::name_of("p/x", keys.seat(3).as_bytes()), None);
         assert_eq!(Keys::name_of("p", q.as_bytes()), None);
+    }
+
+    /// A waiter whose queue entry's TTL is below its lease TTL is handed a provisional grant
+    /// on the etcd lease its entry is on; its move keeps the fence; a record of a client
+    /// before provisional hand-offs (no `wt`) is granted on its session of the lease TTL.
+    #[test]
+    fn a_hand_off_is_provisional_on_the_waiters_entry_lease_until_settled() {
+        let mut w = entry(3, 1, false, 40);
+        w.lease = 7;
+        w.record.hl = 9;
+        w.record.ttl = 30;
+        assert_eq!(w.hand_off_lease(), 9, "no waiter TTL recorded: as before");
+        w.record.wt = 5;
+        assert_eq!(w.hand_off_lease(), 7);
+        let handed = w.record.handed_off(vec![0], StoreTime(1));
+        assert!(handed.is_provisional());
+        assert_eq!(handed.session_ttl(), 5);
+        let granted = Entry {
+            record: handed,
+            mod_rev: 41,
+            ..w.clone()
+        };
+        assert_eq!(granted.fence(), 41);
+        let settled = Entry {
+            record: granted.record.settled(granted.fence()),
+            mod_rev: 57,
+            ..granted.clone()
+        };
+        assert!(!settled.record.is_provisional());
+        assert_eq!(settled.record.session_ttl(), 30);
+        assert_eq!(settled.fence(), 41, "the move kept the grant's fence");
+        assert_eq!(settled.lease(StoreTime(0)).fence, 41);
+        let back = Record::decode(settled.record.encode().unwrap().as_bytes()).unwrap();
+        assert_eq!(back, settled.record);
+        // A waiter TTL not below the lease TTL: a full grant on the lease TTL's session.
+        w.record.wt = 30;
+        assert_eq!(w.hand_off_lease(), 9);
+        assert!(!w.record.handed_off(vec![0], StoreTime(1)).is_provisional());
+    }
+
+    /// Records written by clients before provisional hand-offs read as full grants whose
+    /// fence is the mod revision, and a full grant is written as before (no new fields).
+    #[test]
+    fn records_without_the_new_fields_read_as_before() {
+        let old = br#"{"w":1,"h":"h","ttl":30,"e":0,"hl":9,"g":{"s":[0],"a":5}}"#;
+        let r = Record::decode(old).unwrap();
+        assert_eq!(r.wt, 0);
+        assert!(!r.is_provisional());
+        assert_eq!(r.g.as_ref().unwrap().f, None);
+        assert_eq!(std::str::from_utf8(old).unwrap(), r.encode().unwrap());
     }
 }

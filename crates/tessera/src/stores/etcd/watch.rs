@@ -20,12 +20,11 @@ use std::time::Duration;
 
 use etcd_client::{EventType, WatchFilterType, WatchOptions};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use super::ops::{Entry, Keys, Record};
-use super::{EtcdLease, HeldHere, HeldMap};
-use crate::model::{Grant, LeaseId, StoreTime};
+use super::{HeldHere, HeldMap};
+use crate::model::{LeaseId, StoreTime};
 use crate::wake;
 
 /// What a waiter watches.
@@ -257,9 +256,10 @@ async fn watch_once(
 impl Watches {
     /// A put of `id`'s own record seen by its watch: if it is a grant (a release handed it
     /// the permits), noted as held and pushed to the waiter with the wake-up, sparing it
-    /// the round trip that would ask. The grant is on this client's session for that TTL,
-    /// which this client kept alive after the waiter's last request was sent, so the
-    /// waiter's bound (that send time + TTL) holds.
+    /// the round trip that would ask. The grant is on this client's session of the lease
+    /// TTL, or, provisional, of the waiter TTL (the one its queue entry was on); this client
+    /// kept either alive after the waiter's last request was sent, so the waiter's bound
+    /// (that send time + the session's TTL) holds.
     fn pushed_grant(&self, id: LeaseId, keys: &Keys, kv: &etcd_client::KeyValue) -> bool {
         let Ok(record) = Record::decode(kv.value()) else {
             return false;
@@ -267,13 +267,6 @@ impl Watches {
         if record.g.is_none() {
             return false;
         }
-        let session = EtcdLease {
-            id: kv.lease(),
-            ttl: record.ttl,
-        };
-        let now = StoreTime::host_now();
-        let ttl = Duration::from_secs(record.ttl.max(0) as u64);
-        let expires_at = now.plus(ttl);
         let entry = Entry {
             id,
             record,
@@ -281,21 +274,9 @@ impl Watches {
             mod_rev: kv.mod_revision(),
             lease: kv.lease(),
         };
-        self.held.lock().unwrap().insert(
-            id,
-            HeldHere {
-                session,
-                fence: entry.mod_rev,
-                seats: entry.record.seats().to_vec(),
-                expires_at,
-                keys: keys.clone(),
-                deadline: Instant::now() + ttl,
-            },
-        );
-        wake::notify_grant(Grant {
-            lease: entry.lease(expires_at),
-            now,
-        });
+        let (held, grant) = HeldHere::new(keys, &entry, StoreTime::host_now());
+        self.held.lock().unwrap().insert(id, held);
+        wake::notify_grant(grant);
         true
     }
 }
