@@ -450,6 +450,44 @@ async fn lost_fires_before_a_hand_off_grant_expires_when_renewals_fail() {
     assert!(again.release().await.unwrap());
 }
 
+/// Four clients pass a lock on to each other 200 times, with heartbeats 7.5 s apart: every
+/// waiter is woken by its watch, none waits for its heartbeat. A watch opened after the
+/// snapshot its waiter read misses what happened in between unless the waiter reads again
+/// (`watch.rs`); without that, a hand-off in the gap left its waiter asleep until the next
+/// heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_lock_wakes_every_waiter_without_its_heartbeat() {
+    let h = Harness::etcd();
+    let name = unique("busy");
+    let slow_beats = || {
+        SemaphoreOptions::default()
+            .ttl(LONG_TTL)
+            .waiter_ttl(LONG_TTL)
+    };
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let c = h.client().await;
+        let n = name.clone();
+        clients.push(tokio::spawn(async move {
+            let sem = Semaphore::new(&c.store, &n, 1, slow_beats()).unwrap();
+            for i in 0..50 {
+                let p = sem
+                    .acquire_many_timeout(1, Duration::from_secs(5))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("acquire {i} waited for its heartbeat"));
+                assert!(p.release().await.unwrap());
+            }
+            c
+        }));
+    }
+    let mut last = None;
+    for c in clients {
+        last = Some(c.await.unwrap());
+    }
+    assert_drained(&last.unwrap().store, &name).await;
+}
+
 /// Once every lease expired, the semaphore is idle and takes the next client's capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_semaphore_takes_the_capacity_of_the_next_client() {
