@@ -262,11 +262,9 @@ impl Run {
                                 self.logs.path().join(format!("{id}.stderr")),
                             )
                             .unwrap_or_default();
-                            let tail: Vec<&str> = err.lines().rev().take(5).collect();
-                            let tail: Vec<&str> = tail.into_iter().rev().collect();
                             self.violations.push(format!(
                                 "worker {id} exited with {status}: {}",
-                                tail.join(" | ")
+                                why_it_failed(&err)
                             ));
                         }
                         break;
@@ -327,5 +325,44 @@ impl Drop for Run {
             let _ = w.child.kill();
             let _ = w.child.wait();
         }
+    }
+}
+
+/// What a worker's stderr says about its failure: the panic's location and message, or the
+/// error it returned (a backtrace after either would bury them), else its last lines.
+fn why_it_failed(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let first = lines
+        .iter()
+        .position(|l| l.contains("panicked at") || l.starts_with("Error: "));
+    let picked: Vec<&str> = match first {
+        Some(i) => lines[i..]
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .copied()
+            .collect(),
+        None => lines[lines.len().saturating_sub(5)..].to_vec(),
+    };
+    picked.join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why_it_failed;
+
+    #[test]
+    fn a_panicking_worker_is_reported_by_its_panic_not_its_backtrace() {
+        let err = "starting\nthread 'main' panicked at src/worker.rs:10:5:\nrelease: store error\nstack backtrace:\n   0: f\n   1: g\n   2: h\n   3: i\n   4: _start";
+        assert_eq!(
+            why_it_failed(err),
+            "thread 'main' panicked at src/worker.rs:10:5: | release: store error | stack backtrace:"
+        );
+        let err = "Error: the fenced resource closed\n\nCaused by:\n    reset\n\nStack backtrace:\n   0: f";
+        assert_eq!(
+            why_it_failed(err),
+            "Error: the fenced resource closed | Caused by: |     reset"
+        );
+        assert_eq!(why_it_failed("a\nb\nc\nd\ne\nf"), "b | c | d | e | f");
     }
 }
