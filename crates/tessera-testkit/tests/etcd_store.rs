@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tessera::backend::*;
 use tessera::*;
-use tessera_testkit::conformance::{assert_drained, opts, status, unique, wait_queued};
+use tessera_testkit::conformance::{assert_drained, handed_off, opts, status, unique, wait_queued};
 use tessera_testkit::faults::Mode;
 use tessera_testkit::harness::{Harness, StoreTraits};
 use tessera_testkit::proxy::{Mode as ProxyMode, Proxy};
@@ -355,22 +355,8 @@ async fn a_handed_off_permit_is_kept_past_its_waiter_ttl_with_its_fence() {
     let h = Harness::etcd();
     let name = unique("provisional");
     let (a, b) = (h.client().await, h.client().await);
-    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
-    let held = sem_a.acquire().await.unwrap();
-    let n = name.clone();
-    let waiting = tokio::spawn(async move {
-        let sem = Semaphore::new(&b.store, &n, 1, long()).unwrap();
-        (sem.acquire().await.unwrap(), b)
-    });
-    wait_queued(&a.store, &name, 1).await;
-    let first = held.fence();
-    assert!(held.release().await.unwrap());
-    let (p, _b) = timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the lock")
-        .unwrap();
+    let (p, _b) = handed_off(&a, b, &name, long).await;
     let fence = p.fence();
-    assert!(fence > first);
     assert!(
         p.lease().expires_at
             <= p.lease()
@@ -405,6 +391,7 @@ async fn a_handed_off_permit_is_kept_past_its_waiter_ttl_with_its_fence() {
         .await
         .expect("the revoked holder was not told");
     assert_eq!(reason, LossReason::Gone);
+    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
     let again = sem_a.acquire().await.unwrap();
     assert!(again.fence() > fence);
     assert!(again.release().await.unwrap());
@@ -418,20 +405,9 @@ async fn lost_fires_before_a_hand_off_grant_expires_when_renewals_fail() {
     let h = Harness::etcd();
     let name = unique("provisional-lost");
     let (a, b) = (h.client().await, h.client().await);
-    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
-    let held = sem_a.acquire().await.unwrap();
     b.faults.renew(Mode::Fail);
-    let n = name.clone();
-    let waiting = tokio::spawn(async move {
-        let sem = Semaphore::new(&b.store, &n, 1, long()).unwrap();
-        (sem.acquire().await.unwrap(), b)
-    });
-    wait_queued(&a.store, &name, 1).await;
-    assert!(held.release().await.unwrap());
-    let (p, _b) = timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the lock")
-        .unwrap();
+    let (p, _b) = handed_off(&a, b, &name, long).await;
+    let sem_a = Semaphore::new(&a.store, &name, 1, long()).unwrap();
     let reason = timeout(WAITER_TTL * 2, p.lost())
         .await
         .expect("lost() did not fire before the provisional grant could end");

@@ -826,7 +826,7 @@ pub async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl(h: &
 
 /// Client `a` holds the one permit of `name` and releases it to client `b`, which waited
 /// for it; returns `b`'s permit (handed off while `b` waited) and `b`.
-async fn handed_off(
+pub async fn handed_off(
     a: &crate::harness::Client,
     b: crate::harness::Client,
     name: &str,
