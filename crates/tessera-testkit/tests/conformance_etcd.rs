@@ -2,7 +2,7 @@
 //!
 //! etcd leases are whole seconds, at least 2 s ([`tessera::backend::Capabilities`] of the
 //! store), so the tests whose TTLs are shorter or fractional (they check expiry bounds at
-//! the 100 ms scale) cannot run here as written; `crates/tessera/tests/etcd_store.rs` checks
+//! the 100 ms scale) cannot run here as written; `crates/tessera-testkit/tests/etcd_store.rs` checks
 //! the same properties with whole-second TTLs.
 tessera_testkit::conformance_tests!(@each tessera_testkit::harness::Harness::etcd();
     never_over_grants_under_concurrency_and_cancellation,

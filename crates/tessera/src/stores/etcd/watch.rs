@@ -238,7 +238,7 @@ async fn watch_once(
             Err(e) => return Ended::Broken(e),
         };
         if resp.canceled() || resp.compact_revision() > 0 {
-            // Cancelled by the server, or our start revision is compacted: re-read.
+            // Cancelled by the server (or, as a server may still report, compacted): re-read.
             return Ended::Reread;
         }
         // A watcher created: it starts after the reply's revision. Anything between the

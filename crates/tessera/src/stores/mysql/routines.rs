@@ -244,6 +244,8 @@ pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration) -> String {
     keep_alive_call(name, lease, ttl, false, "")
 }
 
+/// The one `tessera_v3_keep_alive` call behind [`renew_call`] (`waiter` 0) and
+/// [`heartbeat_call`] (`waiter` 1, with the waiter's doorbell address).
 fn keep_alive_call(name: &str, lease: &str, ttl: Duration, waiter: bool, doorbell: &str) -> String {
     render(
         KEEP_ALIVE,
