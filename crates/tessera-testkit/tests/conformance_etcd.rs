@@ -14,6 +14,7 @@ tessera_testkit::conformance_tests!(@each tessera_testkit::harness::Harness::etc
     release_renew_and_acquire_retries_are_idempotent,
     dropped_and_timed_out_acquires_leak_nothing,
     grant_racing_with_cancellation_is_given_back,
+    racing_ends_of_one_lease_free_its_permit_once,
     capacity_mismatch_is_refused_and_changes_nothing,
     resize_grows_to_the_queue_and_shrinks_without_revoking,
     fences_increase_and_seats_are_distinct,

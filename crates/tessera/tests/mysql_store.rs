@@ -125,14 +125,14 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(version.trim(), "2");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "3");
+    assert_eq!(routines.trim(), "4");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v2_acquire_one,tessera_v2_release,tessera_v3_keep_alive"
+        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release"
     );
 }
 
@@ -324,19 +324,25 @@ async fn renewals_and_heartbeats_get_past_every_dead_pooled_connection() {
     assert!(db.release(&n, b).await.unwrap());
 }
 
-/// A database migrated by a build without the procedures, holding a holder and a waiter,
-/// gets them at the next connect; the schema version stays where older builds read it, a
-/// client that finds the procedures gone runs the client-side step, and the state carries
-/// over: the waiter queued before is granted by a release through a procedure.
+/// A database migrated by a build of routine version 3, holding a holder and a waiter, gets
+/// version 4's procedures at the next connect and loses the earlier ones (they could read
+/// rows from before the step they waited for); the schema version stays where older builds
+/// read it, a client that finds the procedures gone runs the client-side step, and the
+/// state carries over: the waiter queued before is granted by a release through a procedure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_working() {
     let server = MariaDbServer::start();
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
-    // What a build without routines leaves: no procedures, no routines_version.
+    // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
+    // none of version 4, routines_version 3.
     server.sql(
-        "DROP PROCEDURE old.tessera_v2_acquire_one; DROP PROCEDURE old.tessera_v2_release; \
-         DELETE FROM old.tessera_meta WHERE meta_key = 'routines_version'",
+        "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
+         DROP PROCEDURE old.tessera_v4_keep_alive; \
+         CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
+         CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
+         CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
+         UPDATE old.tessera_meta SET meta_value = 3 WHERE meta_key = 'routines_version'",
     );
     let n = name("carried");
     let before = calls(&server);
@@ -350,8 +356,17 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "3");
+    assert_eq!(meta("routines_version").trim(), "4");
     assert_eq!(meta("schema_version").trim(), "2");
+    assert_eq!(
+        server
+            .sql(
+                "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) \
+                 FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'old'"
+            )
+            .trim(),
+        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release"
+    );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
     assert_eq!(calls(&server) - before, 1);
@@ -831,8 +846,8 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
 
     // The same procedures created by root.
     server.sql(
-        "DROP PROCEDURE inv.tessera_v2_acquire_one; DROP PROCEDURE inv.tessera_v2_release; \
-         DROP PROCEDURE inv.tessera_v3_keep_alive; \
+        "DROP PROCEDURE inv.tessera_v4_acquire_one; DROP PROCEDURE inv.tessera_v4_release; \
+         DROP PROCEDURE inv.tessera_v4_keep_alive; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();

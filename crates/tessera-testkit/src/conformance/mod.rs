@@ -146,6 +146,7 @@ macro_rules! conformance_tests {
             release_renew_and_acquire_retries_are_idempotent,
             dropped_and_timed_out_acquires_leak_nothing,
             grant_racing_with_cancellation_is_given_back,
+            racing_ends_of_one_lease_free_its_permit_once,
             capacity_mismatch_is_refused_and_changes_nothing,
             idle_semaphore_takes_the_capacity_of_the_next_client,
             resize_grows_to_the_queue_and_shrinks_without_revoking,

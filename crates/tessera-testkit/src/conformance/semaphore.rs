@@ -494,6 +494,74 @@ pub async fn grant_racing_with_cancellation_is_given_back(h: &Harness) {
     }
 }
 
+/// Two operations that end the same lease at once (its release and a revoke, or the same
+/// release sent twice, from two clients) free its permit once: afterwards the semaphore
+/// counts only the other holder, and exactly one more permit can be taken. A step that read
+/// the lease as held from before the other operation committed would free it twice, and the
+/// next two acquires would both be granted beside the other holder.
+pub async fn racing_ends_of_one_lease_free_its_permit_once(h: &Harness) {
+    let name = Name::new(unique("ends")).unwrap();
+    let first = h.client().await;
+    let second = h.client().await;
+    let sem = Semaphore::new(&first.store, name.as_str(), 2, opts(5_000)).unwrap();
+    let other = sem.acquire().await.unwrap();
+    let ttl = Duration::from_secs(5);
+    for round in 0..48u64 {
+        let lease = LeaseId::random();
+        let req = AcquireRequest {
+            lease_id: lease,
+            weight: 1,
+            ttl,
+            holder: "raced".into(),
+            wait: None,
+        };
+        let granted = first.store.backend().acquire(&name, 2, &req).await.unwrap();
+        assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
+        // Either end may start first, by 0 to 1.5 ms.
+        let pause = Duration::from_micros((round / 4 % 6) * 300);
+        let (release_pause, other_pause) = if round / 2 % 2 == 0 {
+            (Duration::ZERO, pause)
+        } else {
+            (pause, Duration::ZERO)
+        };
+        let release = async {
+            tokio::time::sleep(release_pause).await;
+            first.store.backend().release(&name, lease).await.unwrap()
+        };
+        let other_end = async {
+            tokio::time::sleep(other_pause).await;
+            if round % 2 == 0 {
+                second
+                    .store
+                    .revoke(name.as_str(), &lease.to_string())
+                    .await
+                    .unwrap()
+            } else {
+                second.store.backend().release(&name, lease).await.unwrap()
+            }
+        };
+        let ended = tokio::join!(release, other_end);
+        assert!(
+            ended.0 != ended.1,
+            "round {round}: exactly one end finds the lease held: {ended:?}"
+        );
+        let s = status(&first.store, name.as_str()).await.unwrap();
+        assert_eq!(
+            (s.used, s.holders.len()),
+            (1, 1),
+            "round {round}: after both ends: {s:?}"
+        );
+        let one = sem.try_acquire().await.unwrap().expect("a permit is free");
+        assert!(
+            sem.try_acquire().await.unwrap().is_none(),
+            "round {round}: a third permit of two was granted"
+        );
+        one.release().await.unwrap();
+    }
+    other.release().await.unwrap();
+    assert_drained(&first.store, name.as_str()).await;
+}
+
 /// A client that declares another capacity than the stored one gets a clear error; nothing
 /// changes.
 pub async fn capacity_mismatch_is_refused_and_changes_nothing(h: &Harness) {

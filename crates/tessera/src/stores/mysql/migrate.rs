@@ -26,19 +26,16 @@
 //! a build that knows only the tables (one of before the routines) still connects and runs
 //! every operation client side, beside clients that call the procedures, since both lock
 //! the semaphore's row first and keep the same invariants. Each routine version creates
-//! procedures under names of its own (`tessera_v2_…`, `tessera_v3_…`) with `CREATE PROCEDURE
-//! IF NOT EXISTS`, and none is ever dropped or replaced, so clients of every version find the
-//! ones they call where an earlier tessera created them. This build creates version 3:
-//! version 2's procedures as they were, plus `tessera_v3_keep_alive` (renewals and waiters'
-//! heartbeats).
-//! Version 1 is no longer created: a client of that version that finds its procedures
-//! missing (a database first set up by a later build) runs the client-side step, which it
-//! already does on "no such procedure". A server that refuses them (a user without `CREATE
+//! procedures under names of its own (`tessera_v4_…`) with `CREATE PROCEDURE IF NOT EXISTS`
+//! and never replaces one. This build creates version 4 and drops the procedures of versions
+//! 1 to 3, which could decide on rows read before the step they waited for had committed
+//! (see the header of `routines.sql`): a client of those versions finds its procedures
+//! missing and runs its client-side step, which it already does on "no such procedure", and
+//! this build calls only version 4's. A server that refuses them (a user without `CREATE
 //! ROUTINE`, a MySQL before 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes
-//! on with the version recorded before, or without any, and every operation they do not
-//! cover runs the client-side step (an application user on a database an owner set up with
-//! version 2 keeps its one-call acquires and releases, and renews and heartbeats client side
-//! until the owner connects).
+//! on with the version recorded before, or without any, and a client that finds a version
+//! below 4 runs every operation client side (an application user on a database an owner set
+//! up with an earlier version does so until the owner connects with this build).
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
@@ -55,9 +52,8 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// This build's routines (see the module docs); version 1 is no longer created.
 const ROUTINES: &str = include_str!("routines.sql");
 
-/// The routine version this build installs; it calls `tessera_v2_…` from version 2 on and
-/// `tessera_v3_…` (renewals, heartbeats) from version 3 on.
-pub const ROUTINES_VERSION: i64 = 3;
+/// The routine version this build installs and calls (`tessera_v4_…`).
+pub const ROUTINES_VERSION: i64 = super::routines::VERSION;
 
 /// How long a connect waits for another process's migration.
 const LOCK_WAIT_S: i64 = 30;
@@ -208,17 +204,28 @@ mod tests {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
         let routines = statements(ROUTINES);
-        assert_eq!(routines.len(), 3, "{routines:#?}");
-        for s in &routines {
+        assert_eq!(routines.len(), 8, "{routines:#?}");
+        let (created, dropped): (Vec<_>, Vec<_>) = routines
+            .iter()
+            .partition(|s| s.starts_with("CREATE PROCEDURE IF NOT EXISTS "));
+        assert_eq!(created.len(), 3);
+        for s in created {
             assert!(
-                (2..=ROUTINES_VERSION).any(
-                    |v| s.starts_with(&format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{v}_"))
-                ),
-                "not idempotent or not versioned: {s}"
+                s.starts_with(&format!(
+                    "CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_"
+                )),
+                "not versioned: {s}"
             );
             assert!(
                 s.contains("\nSQL SECURITY INVOKER\n"),
                 "runs with its creator's rights: {s}"
+            );
+        }
+        for s in dropped {
+            assert!(
+                (1..ROUTINES_VERSION)
+                    .any(|v| s.starts_with(&format!("DROP PROCEDURE IF EXISTS tessera_v{v}_"))),
+                "neither a versioned creation nor an idempotent drop of an earlier version: {s}"
             );
         }
         for s in &all {

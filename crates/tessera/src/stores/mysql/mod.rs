@@ -222,7 +222,9 @@ pub struct MysqlBackend {
     /// Lease ids queued through this backend, woken when its doorbell rings.
     waiting: Waiting,
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
-    /// acquires and releases call them from 2 on, renewals and heartbeats from 3 on; 0: none.
+    /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
+    /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
+    /// can read rows from before the step they waited for (`routines.sql`).
     routines: i64,
 }
 
@@ -343,7 +345,7 @@ impl MysqlBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<Fast<Result<AcquireReply>>> {
-        if self.routines < 2 || req.weight != 1 {
+        if self.routines < routines::VERSION || req.weight != 1 {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();
@@ -355,7 +357,7 @@ impl MysqlBackend {
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
     /// in the same call; wakes that waiter after the commit as a step does.
     async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
-        if self.routines < 2 {
+        if self.routines < routines::VERSION {
             return Ok(Fast::Fallback);
         }
         let call = routines::release_call(name.as_str(), &lease.to_string());
@@ -383,7 +385,7 @@ impl MysqlBackend {
         lease: LeaseId,
         ttl: Duration,
     ) -> Result<Fast<RenewReply>> {
-        if self.routines < 3 {
+        if self.routines < routines::VERSION {
             return Ok(Fast::Fallback);
         }
         let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl);
@@ -398,7 +400,7 @@ impl MysqlBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<Fast<WaitReply>> {
-        if self.routines < 3 {
+        if self.routines < routines::VERSION {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();

@@ -43,9 +43,13 @@ pub(crate) struct Released {
     pub(crate) handed_off: Option<(Grant, String)>,
 }
 
-const ACQUIRE_ONE: &str = "CALL tessera_v2_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
-const RELEASE: &str = "CALL tessera_v2_release(?, ?)";
-const KEEP_ALIVE: &str = "CALL tessera_v3_keep_alive(?, ?, ?, ?, ?)";
+/// The routine version whose procedures this build calls (`routines.sql`); a database that
+/// records a lower one runs every operation client side.
+pub(crate) const VERSION: i64 = 4;
+
+const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
+const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -117,7 +121,7 @@ fn grant_of(row: &MySqlRow) -> Result<Grant> {
     })
 }
 
-/// The call that acquires one permit (`routines.sql`, `tessera_v2_acquire_one`); its row
+/// The call that acquires one permit (`routines.sql`, `tessera_v4_acquire_one`); its row
 /// is read by [`acquire_one_reply`].
 pub(crate) fn acquire_one_call(
     name: &str,
@@ -200,7 +204,7 @@ pub(crate) fn acquire_one_reply(
     Ok(Fast::Done(reply))
 }
 
-/// The call that releases `lease` (`routines.sql`, `tessera_v2_release`); its row is read
+/// The call that releases `lease` (`routines.sql`, `tessera_v4_release`); its row is read
 /// by [`release_reply`].
 pub(crate) fn release_call(name: &str, lease: &str) -> String {
     render(RELEASE, &[Lit::Text(name), Lit::Text(lease)])
@@ -238,13 +242,13 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v3_keep_alive`); its row
+/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v4_keep_alive`); its row
 /// is read by [`renew_reply`].
 pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration) -> String {
     keep_alive_call(name, lease, ttl, false, "")
 }
 
-/// The one `tessera_v3_keep_alive` call behind [`renew_call`] (`waiter` 0) and
+/// The one `tessera_v4_keep_alive` call behind [`renew_call`] (`waiter` 0) and
 /// [`heartbeat_call`] (`waiter` 1, with the waiter's doorbell address).
 fn keep_alive_call(name: &str, lease: &str, ttl: Duration, waiter: bool, doorbell: &str) -> String {
     render(
@@ -284,7 +288,7 @@ pub(crate) fn renew_reply(row: Option<MySqlRow>) -> Result<Fast<RenewReply>> {
     }
 }
 
-/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v3_keep_alive`);
+/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v4_keep_alive`);
 /// its row is read by [`heartbeat_reply`].
 pub(crate) fn heartbeat_call(
     name: &str,

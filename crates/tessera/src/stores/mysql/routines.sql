@@ -1,28 +1,40 @@
--- tessera MySQL / MariaDB routines, version 3: the hot path of the step (stores/sql/step.rs)
+-- tessera MySQL / MariaDB routines, version 4: the hot path of the step (stores/sql/step.rs)
 -- as stored procedures, so an acquire of one permit, a release, also one that hands the permit
 -- to the queue head, a renewal and a waiter's heartbeat are one round trip each, with the
 -- semaphore's row locked only while the server runs the procedure (client-side steps hold it
 -- across two or three round trips). Run by migrate.rs (routines.rs calls them); statements are
 -- separated by a line holding only ';'. `CREATE PROCEDURE IF NOT EXISTS` (MariaDB 10.1.3,
 -- MySQL 8.0.29) makes every statement idempotent, and a procedure of one version is never
--- changed or dropped: a later version adds procedures under new names. A client whose
--- version's procedures are missing (a database first set up by a later tessera) runs the
--- client-side step instead.
+-- changed: a later version adds procedures under new names. A client whose version's
+-- procedures are missing runs the client-side step instead.
 --
--- Version 2 (version 1 is no longer created): the procedures run with the caller's rights
--- (SQL SECURITY INVOKER), so an application user's call is refused on a read-only server
--- whoever created them, and they keep working after their creator's account is dropped; and
--- a hand-off grant expires with the waiter's queue entry until it is renewed (step.rs).
+-- Version 2: the procedures run with the caller's rights (SQL SECURITY INVOKER), so an
+-- application user's call is refused on a read-only server whoever created them, and they
+-- keep working after their creator's account is dropped; and a hand-off grant expires with
+-- the waiter's queue entry until it is renewed (step.rs). Version 3 added a holder's renewal
+-- and a waiter's heartbeat.
 --
--- Version 3 adds a holder's renewal and a waiter's heartbeat (`tessera_v3_keep_alive`), and
--- creates version 2's procedures as they were: a version-3 database serves clients of both
--- versions.
+-- Version 4 reads the other tables in a statement after the one that locks the row. Versions
+-- 1 to 3 read them in subqueries of the locking statement itself, and InnoDB evaluates those
+-- in the read view the statement opened when it started, before it waited for the lock: a
+-- procedure queued behind another step read that step's holders and waiters as they were
+-- before it committed. A renewal queued behind a revoke renewed the revoked lease; a
+-- heartbeat or a retried acquire queued behind the release that handed it the permit
+-- answered 'gone' or 'queued', and the waiter joined the queue again under a new lease id
+-- (which then failed with a capacity mismatch after a resize); a release queued behind a
+-- revoke freed the lease's seat a second time (refused by the free-seat key, but reported as
+-- an error). Under READ COMMITTED each statement opens its own read view, so one that starts
+-- once the row lock is held sees every step committed before it. Version 4 therefore drops
+-- the procedures of versions 1 to 3: a client of those versions then runs its client-side
+-- step, which reads each table in a statement of its own (the drops are at the end of this
+-- file, after version 4's procedures are created).
 --
 -- Each procedure runs its own transaction (START TRANSACTION … COMMIT, in the session's
 -- READ COMMITTED), locks the semaphore's row first (SELECT … FOR UPDATE) and reads the
 -- server's clock once after that lock (SYSDATE(6), never NOW()), exactly as the client-side
--- step. An error rolls the transaction back and reaches the client unchanged (a deadlock or
--- a lock wait timeout is retried there, as for client-side steps).
+-- step, and reads every other row in statements after that one. An error rolls the
+-- transaction back and reaches the client unchanged (a deadlock or a lock wait timeout is
+-- retried there, as for client-side steps).
 --
 -- The procedures cover the common case only and answer 'fallback' (after a ROLLBACK, so
 -- nothing changed) whenever the step would do more, or whenever a value read is not what a
@@ -52,7 +64,7 @@
 --   p_holder      the holder label       p_wait      1: queue if needed; 0: try only
 --   p_waiter_ttl  heartbeat TTL, µs      p_queue_cap longest queue the client joins
 --   p_doorbell    this client's doorbell address, written into its waiter row
-CREATE PROCEDURE IF NOT EXISTS tessera_v2_acquire_one(
+CREATE PROCEDURE IF NOT EXISTS tessera_v4_acquire_one(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_capacity BIGINT,
     IN p_lease VARCHAR(32) CHARACTER SET ascii,
@@ -78,23 +90,14 @@ body: BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 
     START TRANSACTION;
-    -- Locks the row and reads, in the same statement, what the step reads first: the
-    -- high-water mark, the earliest holder and waiter expiries, the queue head's weight,
-    -- this lease's holder row and waiter entry, and the clock, which the server reads when
-    -- it produces the row, once the lock is held. A missing row is created (a placeholder:
-    -- nothing used, fences from the high-water mark), locked and read again.
+    -- Locks the row and reads it and the clock, which the server reads when it produces the
+    -- row, once the lock is held. A missing row is created (a placeholder: nothing used,
+    -- fences from the high-water mark), locked and read again.
     lock_row: LOOP
         SET v_none = 0;
         SELECT capacity, used, queued, last_fence, next_seq, seat_high,
-               (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
-               (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
-               (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
-               (SELECT weight FROM tessera_waiters WHERE name = p_name ORDER BY seq LIMIT 1),
-               (SELECT seq FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
-               (SELECT COUNT(*) FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
                TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
-          INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
-               v_holders_expire, v_waiters_expire, v_head_weight, v_seq, v_held, v_now
+          INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_now
           FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
         IF v_none = 0 OR v_tries > 0 THEN
             LEAVE lock_row;
@@ -104,6 +107,18 @@ body: BEGIN
         SELECT p_name, p_capacity, 0, 0, meta_value, 0, 0 FROM tessera_meta WHERE meta_key = 'fence_hwm'
         ON DUPLICATE KEY UPDATE name = name;
     END LOOP;
+    -- Then, in a statement of its own (see the header), what the step reads first: the
+    -- high-water mark, the earliest holder and waiter expiries, the queue head's weight, and
+    -- this lease's holder row and waiter entry.
+    IF v_none = 0 THEN
+        SELECT (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
+               (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
+               (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+               (SELECT weight FROM tessera_waiters WHERE name = p_name ORDER BY seq LIMIT 1),
+               (SELECT seq FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
+               (SELECT COUNT(*) FROM tessera_holders WHERE name = p_name AND lease_id = p_lease)
+          INTO v_hwm, v_holders_expire, v_waiters_expire, v_head_weight, v_seq, v_held;
+    END IF;
     IF v_none = 1 OR v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
@@ -217,7 +232,7 @@ END
 ;
 -- Releases lease p_lease of semaphore p_name (stores/sql/step.rs `release`), handing the
 -- permit to the queue head when it fits, in the same transaction.
-CREATE PROCEDURE IF NOT EXISTS tessera_v2_release(
+CREATE PROCEDURE IF NOT EXISTS tessera_v4_release(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_lease VARCHAR(32) CHARACTER SET ascii)
 MODIFIES SQL DATA
@@ -238,18 +253,11 @@ body: BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 
     START TRANSACTION;
-    -- Locks the row and reads, in the same statement, the high-water mark, the earliest
-    -- holder and waiter expiries, this lease's holder row, and the clock (read when the row
-    -- is produced, once the lock is held).
+    -- Locks the row and reads it and the clock (read when the row is produced, once the
+    -- lock is held).
     SELECT capacity, used, queued, last_fence, next_seq, seat_high,
-           (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
-           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
-           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
-           (SELECT weight FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
-           (SELECT seats FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
            TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
-      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
-           v_holders_expire, v_waiters_expire, v_weight, v_seats, v_now
+      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_now
       FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
     IF v_none = 1 THEN
         -- No row: nothing held, nothing to change.
@@ -257,6 +265,14 @@ body: BEGIN
         SELECT 'not_held', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
+    -- Then, in a statement of its own (see the header), the high-water mark, the earliest
+    -- holder and waiter expiries, and this lease's holder row.
+    SELECT (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
+           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
+           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT weight FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
+           (SELECT seats FROM tessera_holders WHERE name = p_name AND lease_id = p_lease)
+      INTO v_hwm, v_holders_expire, v_waiters_expire, v_weight, v_seats;
     IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
@@ -391,7 +407,7 @@ body: BEGIN
 END
 
 ;
--- Keeps lease p_lease of semaphore p_name alive (version 3): a holder's renewal
+-- Keeps lease p_lease of semaphore p_name alive: a holder's renewal
 -- (stores/sql/step.rs `renew`, p_waiter = 0) or a waiter's heartbeat that the read-only probe
 -- of mod.rs could not answer (step.rs `heartbeat`, p_waiter = 1). A renewal makes the lease's
 -- expiry at least now + p_ttl; a heartbeat answers the grant if p_lease holds permits, else
@@ -404,7 +420,7 @@ END
 --   p_waiter    0: renewal; 1: heartbeat             p_doorbell  this client's doorbell address
 -- Result: 'renewed' (n1: the lease's expiry), 'granted' (a heartbeat's lease, in the lease
 -- columns), 'waiting', 'gone' (neither held nor queued), or 'fallback'.
-CREATE PROCEDURE IF NOT EXISTS tessera_v3_keep_alive(
+CREATE PROCEDURE IF NOT EXISTS tessera_v4_keep_alive(
     IN p_name VARCHAR(128) CHARACTER SET ascii,
     IN p_lease VARCHAR(32) CHARACTER SET ascii,
     IN p_ttl BIGINT,
@@ -425,18 +441,11 @@ body: BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 
     START TRANSACTION;
-    -- Locks the row and reads, in the same statement, the high-water mark, the earliest
-    -- holder and waiter expiries, this lease's holder and waiter expiries, and the clock
-    -- (read when the row is produced, once the lock is held).
+    -- Locks the row and reads it and the clock (read when the row is produced, once the
+    -- lock is held).
     SELECT capacity, used, queued, last_fence, next_seq, seat_high,
-           (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
-           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
-           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
-           (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
-           (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
            TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
-      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_hwm,
-           v_holders_expire, v_waiters_expire, v_held, v_waiting, v_now
+      INTO v_capacity, v_used, v_queued, v_last_fence, v_next_seq, v_seat_high, v_now
       FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
     IF v_none = 1 THEN
         -- No row: neither held nor queued, nothing to change.
@@ -444,6 +453,14 @@ body: BEGIN
         SELECT 'gone', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
+    -- Then, in a statement of its own (see the header), the high-water mark, the earliest
+    -- holder and waiter expiries, and this lease's holder and waiter expiries.
+    SELECT (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
+           (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
+           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
+           (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease)
+      INTO v_hwm, v_holders_expire, v_waiters_expire, v_held, v_waiting;
     IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_last_fence IS NULL
@@ -493,3 +510,14 @@ body: BEGIN
     COMMIT;
     SELECT 'waiting', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 END
+;
+-- Versions 1 to 3 (see the header).
+DROP PROCEDURE IF EXISTS tessera_v1_acquire_one
+;
+DROP PROCEDURE IF EXISTS tessera_v1_release
+;
+DROP PROCEDURE IF EXISTS tessera_v2_acquire_one
+;
+DROP PROCEDURE IF EXISTS tessera_v2_release
+;
+DROP PROCEDURE IF EXISTS tessera_v3_keep_alive

@@ -815,3 +815,207 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
         "no new doorbell: {second}"
     );
 }
+
+/// A procedure queued behind another transaction's lock on the semaphore's row decides on
+/// what that transaction committed. A statement that locks the row and reads the other
+/// tables in subqueries reads them as they were when it started, before its lock wait, so
+/// each race below is forced: a session outside tessera holds the row, an operation that
+/// ends or grants a lease queues behind it, then the procedure under test; the session
+/// commits and the two run in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_committed() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let (a, b) = (
+        Arc::new(MysqlBackend::connect(&url).await.unwrap()),
+        Arc::new(MysqlBackend::connect(&url).await.unwrap()),
+    );
+    let s = Name::new("behind").unwrap();
+    let ttl = Duration::from_secs(60);
+    let waiter_ttl = Duration::from_secs(60);
+    let req = |lease, wait: bool| AcquireRequest {
+        lease_id: lease,
+        weight: 1,
+        ttl,
+        holder: "behind/1".into(),
+        wait: wait.then_some(crate::model::WaitSpec {
+            waiter_ttl,
+            queue_cap: 100,
+        }),
+    };
+    let grant = |r: AcquireReply| match r {
+        AcquireReply::Granted(g) => g,
+        other => panic!("not granted: {other:?}"),
+    };
+    let used = || {
+        server
+            .sql("SELECT used FROM t.tessera_semaphores")
+            .trim()
+            .to_string()
+    };
+    // Holds the row until the returned sender fires, once both operations queued behind it.
+    let hold_row = || {
+        let url = url.clone();
+        let (go, release) = tokio::sync::oneshot::channel::<()>();
+        let (locked, is_locked) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut c = sqlx::mysql::MySqlConnection::connect(&url).await.unwrap();
+            sqlx::raw_sql(
+                "START TRANSACTION; \
+                 SELECT name FROM tessera_semaphores WHERE name = 'behind' FOR UPDATE",
+            )
+            .execute(&mut c)
+            .await
+            .unwrap();
+            locked.send(()).unwrap();
+            release.await.unwrap();
+            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        });
+        (go, is_locked, task)
+    };
+    // Waits until `n` operations wait for the row lock: they queue in order.
+    let behind = |n: u32| {
+        let server = &server;
+        async move {
+            for _ in 0..500 {
+                // A statement waiting for the lock (a procedure's shows as its own).
+                let waiting = server.sql(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE INFO LIKE '%FROM tessera_semaphores WHERE name =%FOR UPDATE'",
+                );
+                if waiting.trim().parse::<u32>().unwrap() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{n} operations did not queue behind the row lock");
+        }
+    };
+
+    // 1. A revoke, then the holder's own release: the release finds nothing to free,
+    //    whichever seat the lease has (the other holder's is below or above it).
+    let mut other = grant(
+        a.acquire(&s, 2, &req(LeaseId::random(), false))
+            .await
+            .unwrap(),
+    );
+    for raced_first in [false, true] {
+        let mut raced = grant(
+            a.acquire(&s, 2, &req(LeaseId::random(), false))
+                .await
+                .unwrap(),
+        );
+        if raced_first {
+            std::mem::swap(&mut raced, &mut other);
+        }
+        let lease = raced.lease.lease_id;
+        let (go, locked, holder) = hold_row();
+        locked.await.unwrap();
+        let revoke = tokio::spawn({
+            let (b, s) = (b.clone(), s.clone());
+            async move { b.revoke(&s, lease).await.unwrap() }
+        });
+        behind(1).await;
+        let release = tokio::spawn({
+            let (a, s) = (a.clone(), s.clone());
+            async move { a.release(&s, lease).await }
+        });
+        behind(2).await;
+        go.send(()).unwrap();
+        holder.await.unwrap();
+        assert!(
+            revoke.await.unwrap(),
+            "the revoke ran first and found the lease"
+        );
+        let released = release.await.unwrap();
+        assert!(
+            matches!(released, Ok(false)),
+            "a release after the revoke answered {released:?} (seat {:?})",
+            raced.lease.seats
+        );
+        assert_eq!(used(), "1", "one holder left");
+    }
+
+    // 2. A revoke, then the lease's renewal: the renewal finds it gone.
+    let raced = grant(
+        a.acquire(&s, 2, &req(LeaseId::random(), false))
+            .await
+            .unwrap(),
+    );
+    let lease = raced.lease.lease_id;
+    let (go, locked, holder) = hold_row();
+    locked.await.unwrap();
+    let revoke = tokio::spawn({
+        let (b, s) = (b.clone(), s.clone());
+        async move { b.revoke(&s, lease).await.unwrap() }
+    });
+    behind(1).await;
+    let renew = tokio::spawn({
+        let (a, s) = (a.clone(), s.clone());
+        async move { a.renew(&s, lease, ttl).await.unwrap() }
+    });
+    behind(2).await;
+    go.send(()).unwrap();
+    holder.await.unwrap();
+    assert!(revoke.await.unwrap());
+    assert_eq!(
+        renew.await.unwrap(),
+        RenewReply::Gone,
+        "a revoked lease was renewed"
+    );
+    assert_eq!(used(), "1");
+
+    // 3. A release that hands the permit to the queue head, then the head's heartbeat (the
+    //    procedure, not the read-only probe) or a retry of its acquire: both answer its
+    //    grant.
+    for retry_acquire in [false, true] {
+        let full = grant(
+            a.acquire(&s, 2, &req(LeaseId::random(), false))
+                .await
+                .unwrap(),
+        );
+        let waiter = LeaseId::random();
+        assert!(matches!(
+            b.acquire(&s, 2, &req(waiter, true)).await.unwrap(),
+            AcquireReply::Queued { .. }
+        ));
+        let (go, locked, holder) = hold_row();
+        locked.await.unwrap();
+        let release = tokio::spawn({
+            let (a, s) = (a.clone(), s.clone());
+            async move { a.release(&s, full.lease.lease_id).await.unwrap() }
+        });
+        behind(1).await;
+        let answer = tokio::spawn({
+            let (b, s) = (b.clone(), s.clone());
+            let request = req(waiter, true);
+            async move {
+                if retry_acquire {
+                    match b.acquire(&s, 2, &request).await.unwrap() {
+                        AcquireReply::Granted(g) => WaitReply::Granted(g),
+                        AcquireReply::Queued { .. } => WaitReply::Waiting,
+                        other => panic!("{other:?}"),
+                    }
+                } else {
+                    match b.heartbeat_fast(&s, waiter, waiter_ttl).await.unwrap() {
+                        Fast::Done(reply) => reply,
+                        Fast::Fallback => panic!("the procedure left the heartbeat to the step"),
+                    }
+                }
+            }
+        });
+        behind(2).await;
+        go.send(()).unwrap();
+        holder.await.unwrap();
+        assert!(release.await.unwrap());
+        let answer = answer.await.unwrap();
+        assert!(
+            matches!(&answer, WaitReply::Granted(g) if g.lease.lease_id == waiter),
+            "the waiter handed the permit was told {answer:?} (retried acquire: {retry_acquire})"
+        );
+        assert!(b.release(&s, waiter).await.unwrap());
+        assert_eq!(used(), "1");
+    }
+    assert!(a.release(&s, other.lease.lease_id).await.unwrap());
+    assert_eq!(used(), "");
+}
