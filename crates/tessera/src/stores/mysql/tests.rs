@@ -816,12 +816,56 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
     );
 }
 
+/// Runs `first`, then `second`, each queued behind a session outside tessera that holds
+/// semaphore `name`'s row, and lets them go only once both wait for that lock: they then run
+/// in that order, and `second` starts before `first` commits.
+async fn queued_in_order<A, B>(
+    server: &MariaDbServer,
+    url: &str,
+    name: &str,
+    first: A,
+    second: B,
+) -> (A::Output, B::Output)
+where
+    A: std::future::Future + Send + 'static,
+    A::Output: Send,
+    B: std::future::Future + Send + 'static,
+    B::Output: Send,
+{
+    let mut c = sqlx::mysql::MySqlConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT name FROM tessera_semaphores WHERE name = '{name}' FOR UPDATE"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+    // A statement waiting for the lock (a procedure's shows as its own).
+    let queued = |n: u32| async move {
+        for _ in 0..500 {
+            let waiting = server.sql(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE '%FROM tessera_semaphores WHERE name =%FOR UPDATE'",
+            );
+            if waiting.trim().parse::<u32>().unwrap() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{n} operations did not queue behind the row lock");
+    };
+    let first = tokio::spawn(first);
+    queued(1).await;
+    let second = tokio::spawn(second);
+    queued(2).await;
+    sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+    (first.await.unwrap(), second.await.unwrap())
+}
+
 /// A procedure queued behind another transaction's lock on the semaphore's row decides on
 /// what that transaction committed. A statement that locks the row and reads the other
 /// tables in subqueries reads them as they were when it started, before its lock wait, so
-/// each race below is forced: a session outside tessera holds the row, an operation that
-/// ends or grants a lease queues behind it, then the procedure under test; the session
-/// commits and the two run in that order.
+/// each race below is forced ([`queued_in_order`]): an operation that ends or grants a lease,
+/// then the procedure under test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_committed() {
     let server = MariaDbServer::start();
@@ -843,9 +887,18 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
             queue_cap: 100,
         }),
     };
-    let grant = |r: AcquireReply| match r {
-        AcquireReply::Granted(g) => g,
-        other => panic!("not granted: {other:?}"),
+    let acquired = |b: &Arc<MysqlBackend>| {
+        let (b, s) = (b.clone(), s.clone());
+        async move {
+            match b
+                .acquire(&s, 2, &req(LeaseId::random(), false))
+                .await
+                .unwrap()
+            {
+                AcquireReply::Granted(g) => g,
+                other => panic!("not granted: {other:?}"),
+            }
+        }
     };
     let used = || {
         server
@@ -853,81 +906,27 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
             .trim()
             .to_string()
     };
-    // Holds the row until the returned sender fires, once both operations queued behind it.
-    let hold_row = || {
-        let url = url.clone();
-        let (go, release) = tokio::sync::oneshot::channel::<()>();
-        let (locked, is_locked) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let mut c = sqlx::mysql::MySqlConnection::connect(&url).await.unwrap();
-            sqlx::raw_sql(
-                "START TRANSACTION; \
-                 SELECT name FROM tessera_semaphores WHERE name = 'behind' FOR UPDATE",
-            )
-            .execute(&mut c)
-            .await
-            .unwrap();
-            locked.send(()).unwrap();
-            release.await.unwrap();
-            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
-        });
-        (go, is_locked, task)
-    };
-    // Waits until `n` operations wait for the row lock: they queue in order.
-    let behind = |n: u32| {
-        let server = &server;
-        async move {
-            for _ in 0..500 {
-                // A statement waiting for the lock (a procedure's shows as its own).
-                let waiting = server.sql(
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                     WHERE INFO LIKE '%FROM tessera_semaphores WHERE name =%FOR UPDATE'",
-                );
-                if waiting.trim().parse::<u32>().unwrap() >= n {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            panic!("{n} operations did not queue behind the row lock");
-        }
+    let revoke = |lease| {
+        let (b, s) = (b.clone(), s.clone());
+        async move { b.revoke(&s, lease).await.unwrap() }
     };
 
     // 1. A revoke, then the holder's own release: the release finds nothing to free,
     //    whichever seat the lease has (the other holder's is below or above it).
-    let mut other = grant(
-        a.acquire(&s, 2, &req(LeaseId::random(), false))
-            .await
-            .unwrap(),
-    );
+    let mut other = acquired(&a).await;
     for raced_first in [false, true] {
-        let mut raced = grant(
-            a.acquire(&s, 2, &req(LeaseId::random(), false))
-                .await
-                .unwrap(),
-        );
+        let mut raced = acquired(&a).await;
         if raced_first {
             std::mem::swap(&mut raced, &mut other);
         }
         let lease = raced.lease.lease_id;
-        let (go, locked, holder) = hold_row();
-        locked.await.unwrap();
-        let revoke = tokio::spawn({
-            let (b, s) = (b.clone(), s.clone());
-            async move { b.revoke(&s, lease).await.unwrap() }
-        });
-        behind(1).await;
-        let release = tokio::spawn({
+        let release = {
             let (a, s) = (a.clone(), s.clone());
             async move { a.release(&s, lease).await }
-        });
-        behind(2).await;
-        go.send(()).unwrap();
-        holder.await.unwrap();
-        assert!(
-            revoke.await.unwrap(),
-            "the revoke ran first and found the lease"
-        );
-        let released = release.await.unwrap();
+        };
+        let (revoked, released) =
+            queued_in_order(&server, &url, "behind", revoke(lease), release).await;
+        assert!(revoked, "the revoke ran first and found the lease");
         assert!(
             matches!(released, Ok(false)),
             "a release after the revoke answered {released:?} (seat {:?})",
@@ -937,56 +936,31 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
     }
 
     // 2. A revoke, then the lease's renewal: the renewal finds it gone.
-    let raced = grant(
-        a.acquire(&s, 2, &req(LeaseId::random(), false))
-            .await
-            .unwrap(),
-    );
-    let lease = raced.lease.lease_id;
-    let (go, locked, holder) = hold_row();
-    locked.await.unwrap();
-    let revoke = tokio::spawn({
-        let (b, s) = (b.clone(), s.clone());
-        async move { b.revoke(&s, lease).await.unwrap() }
-    });
-    behind(1).await;
-    let renew = tokio::spawn({
+    let lease = acquired(&a).await.lease.lease_id;
+    let renew = {
         let (a, s) = (a.clone(), s.clone());
         async move { a.renew(&s, lease, ttl).await.unwrap() }
-    });
-    behind(2).await;
-    go.send(()).unwrap();
-    holder.await.unwrap();
-    assert!(revoke.await.unwrap());
-    assert_eq!(
-        renew.await.unwrap(),
-        RenewReply::Gone,
-        "a revoked lease was renewed"
-    );
+    };
+    let (revoked, renewed) = queued_in_order(&server, &url, "behind", revoke(lease), renew).await;
+    assert!(revoked);
+    assert_eq!(renewed, RenewReply::Gone, "a revoked lease was renewed");
     assert_eq!(used(), "1");
 
     // 3. A release that hands the permit to the queue head, then the head's heartbeat (the
     //    procedure, not the read-only probe) or a retry of its acquire: both answer its
     //    grant.
     for retry_acquire in [false, true] {
-        let full = grant(
-            a.acquire(&s, 2, &req(LeaseId::random(), false))
-                .await
-                .unwrap(),
-        );
+        let full = acquired(&a).await.lease.lease_id;
         let waiter = LeaseId::random();
         assert!(matches!(
             b.acquire(&s, 2, &req(waiter, true)).await.unwrap(),
             AcquireReply::Queued { .. }
         ));
-        let (go, locked, holder) = hold_row();
-        locked.await.unwrap();
-        let release = tokio::spawn({
+        let release = {
             let (a, s) = (a.clone(), s.clone());
-            async move { a.release(&s, full.lease.lease_id).await.unwrap() }
-        });
-        behind(1).await;
-        let answer = tokio::spawn({
+            async move { a.release(&s, full).await.unwrap() }
+        };
+        let answer = {
             let (b, s) = (b.clone(), s.clone());
             let request = req(waiter, true);
             async move {
@@ -1003,12 +977,9 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
                     }
                 }
             }
-        });
-        behind(2).await;
-        go.send(()).unwrap();
-        holder.await.unwrap();
-        assert!(release.await.unwrap());
-        let answer = answer.await.unwrap();
+        };
+        let (released, answer) = queued_in_order(&server, &url, "behind", release, answer).await;
+        assert!(released);
         assert!(
             matches!(&answer, WaitReply::Granted(g) if g.lease.lease_id == waiter),
             "the waiter handed the permit was told {answer:?} (retried acquire: {retry_acquire})"
