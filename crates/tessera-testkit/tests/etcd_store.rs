@@ -922,3 +922,95 @@ async fn a_killed_holder_and_leader_give_the_permit_back_within_the_documented_b
     p.release().await.unwrap();
     assert_drained(&b.store, &name).await;
 }
+
+/// The bytes etcd has sent to its gRPC clients (its `/metrics`, on the client port).
+fn grpc_bytes_sent(cluster: &EtcdCluster) -> u64 {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            &format!("http://127.0.0.1:{}/metrics", cluster.client_port(0)),
+        ])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "etcd's /metrics did not answer");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("etcd_network_client_grpc_sent_bytes_total "))
+        .expect("etcd_network_client_grpc_sent_bytes_total in /metrics");
+    line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+}
+
+/// Waiters that nothing can let in (a lock held, nobody leaving) heartbeat without reading
+/// the queue: a waiter's place improves only through an event its watch reports, so while
+/// its watch is quiet a heartbeat keeps the sessions alive and reads its own record. Before,
+/// every heartbeat read every record of the semaphore, so N waiters in one process cost N²
+/// records read per heartbeat interval: 100 waiters with a heartbeat a second read about
+/// 10,000 records a second. Then the lock is released and every waiter is served in order,
+/// woken by its watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_waiters_heartbeat_without_reading_the_queue() {
+    const WAITERS: usize = 100;
+    let mut h = Harness::etcd_with(1);
+    let name = unique("quiet");
+    let c = h.client().await;
+    // Waiter TTL 3 s: a heartbeat every second.
+    let beats = || {
+        SemaphoreOptions::default()
+            .ttl(Duration::from_secs(6))
+            .waiter_ttl(Duration::from_secs(3))
+    };
+    let sem = Semaphore::new(&c.store, &name, 1, beats()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let sem = Semaphore::new(&c.store, &name, 1, beats()).unwrap();
+        let served = served.clone();
+        waiters.push(tokio::spawn(async move {
+            let p = sem.acquire().await.unwrap();
+            served.lock().unwrap().push(i);
+            assert!(p.release().await.unwrap());
+        }));
+        // In this order: each one queued before the next is sent.
+        wait_queued(&c.store, &name, i + 1).await;
+    }
+    // Every waiter has had its first (full) heartbeat; then five more each.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    let before = grpc_bytes_sent(cluster);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let sent = grpc_bytes_sent(cluster) - before;
+    // A full read of the queue is over 10 kB here, so full reads would send about
+    // 100 × 5 × 10 kB = 5 MB; a heartbeat on its own record, a few hundred bytes.
+    let full_read = {
+        let b = c.store.backend();
+        let before = grpc_bytes_sent(cluster);
+        b.heartbeat(
+            &Name::new(&name).unwrap(),
+            LeaseId::random(),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+        grpc_bytes_sent(cluster) - before
+    };
+    assert!(
+        full_read > 10_000,
+        "a full read sent only {full_read} bytes"
+    );
+    assert!(
+        sent < 500 * full_read / 10,
+        "{WAITERS} quiet waiters made etcd send {sent} bytes in 5 s (a full read: {full_read})"
+    );
+    assert_eq!(status(&c.store, &name).await.unwrap().queue.len(), WAITERS);
+    held.release().await.unwrap();
+    for w in waiters {
+        timeout(Duration::from_secs(60), w)
+            .await
+            .expect("a waiter was not served")
+            .unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    assert_drained(&c.store, &name).await;
+}

@@ -101,7 +101,7 @@
 //! | operation | etcd |
 //! |---|---|
 //! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the semaphore; then a grant transaction if it fits |
-//! | `heartbeat` | read and keep-alives in one round trip; a grant transaction if it fits |
+//! | `heartbeat` | while its watch is quiet (`watch.rs`), keep-alives and a read of its own record in one round trip; otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
 //! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
 //! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
 //! | `renew` | keep-alive + read of the record; a provisional grant: read, keep-alive, one transaction that moves it |
@@ -264,6 +264,10 @@ struct WaitHere {
     keys: Keys,
     /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
     deadline: Instant,
+    /// The wake-up stamp ([`Watches::now`]) taken before the read that noted it last (0:
+    /// an acquire's read): its watch has been quiet since then, or the heartbeat reads again
+    /// (see [`EtcdBackend::heartbeat`]).
+    read_at: u64,
 }
 
 /// How long a cancel's marker (see [`EtcdBackend::cancel`]) outlives the request it stops.
@@ -924,7 +928,7 @@ impl EtcdBackend {
 
     /// Notes (or renews) a waiter of this backend, `entry` as its heartbeat or acquire read
     /// it.
-    fn note_waiting(&self, entry: &Entry, keys: &Keys, ttls: (i64, i64)) {
+    fn note_waiting(&self, entry: &Entry, keys: &Keys, ttls: (i64, i64), read_at: u64) {
         let deadline = Instant::now() + Duration::from_secs(ttls.1 as u64);
         self.waiting.lock().unwrap().insert(
             entry.id,
@@ -933,6 +937,7 @@ impl EtcdBackend {
                 rev: entry.mod_rev,
                 keys: keys.clone(),
                 deadline,
+                read_at,
             },
         );
     }
@@ -1039,7 +1044,7 @@ impl EtcdBackend {
             None => None,
             Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
             Some(_) => {
-                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl));
+                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl), 0);
                 self.watch(keys, snap, ahead, id);
                 return Ok(Some(AcquireReply::Queued { position }));
             }
@@ -1176,7 +1181,7 @@ impl EtcdBackend {
                     Place::Waiting {
                         position, ahead, ..
                     } => {
-                        self.note_waiting(entry, &keys, (record.ttl, waiter.ttl));
+                        self.note_waiting(entry, &keys, (record.ttl, waiter.ttl), 0);
                         self.watch(&keys, &snap, ahead, id);
                         return Ok(AcquireReply::Queued { position });
                     }
@@ -1273,8 +1278,34 @@ impl Backend for EtcdBackend {
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
         let keys = self.keys(name);
-        let known = self.waiting.lock().unwrap().get(&lease).map(|w| w.ttls);
+        let (known, quiet) = {
+            let waiting = self.waiting.lock().unwrap();
+            let w = waiting.get(&lease);
+            let quiet = w
+                .filter(|w| self.watches.quiet_since(lease, w.read_at))
+                .map(|w| w.rev);
+            (w.map(|w| w.ttls), quiet)
+        };
+        if let (Some((hs, ws)), Some(rev)) = (known, quiet) {
+            // Nothing that can let it in happened since the last read (its watch is quiet):
+            // the sessions kept alive and its own record read, in one round trip. A record
+            // still waiting, unchanged and on the waiter session just kept alive waits on;
+            // anything else takes the full read below.
+            let (entry, h, w) = tokio::join!(
+                self.read_one(&keys, lease),
+                self.session(hs),
+                self.session(ws)
+            );
+            let (entry, w) = (entry?, (h?, w?).1);
+            if entry.is_some_and(|e| !e.is_holder() && e.mod_rev == rev && e.lease == w.id) {
+                if let Some(here) = self.waiting.lock().unwrap().get_mut(&lease) {
+                    here.deadline = Instant::now() + Duration::from_secs(ws as u64);
+                }
+                return Ok(WaitReply::Waiting);
+            }
+        }
         for _ in 0..MAX_ROUNDS {
+            let read_at = self.watches.now();
             // The read, and this backend's sessions kept alive, in one round trip: the
             // waiter session (the heartbeat renews the waiting record) and the holder session
             // (a grant below runs on it).
@@ -1328,7 +1359,7 @@ impl Backend for EtcdBackend {
                         return Ok(WaitReply::Gone);
                     }
                     let ws = known.map_or(lease_secs(waiter_ttl), |(_, ws)| ws);
-                    self.note_waiting(entry, &keys, (entry.record.ttl, ws));
+                    self.note_waiting(entry, &keys, (entry.record.ttl, ws), read_at);
                     self.watch(&keys, &snap, ahead, lease);
                     return Ok(WaitReply::Waiting);
                 }

@@ -20,8 +20,18 @@
 //! again). When the server cancels a watch, or no member answers, the waiter is woken, and
 //! its heartbeat reads the semaphore afresh and sets a new watch from that read. A gap
 //! therefore costs one extra read, never a lost wake-up.
+//!
+//! **Quiet watches.** Every such wake-up (an event, a watcher created after a gap, a watch
+//! that ended) is stamped from one counter per backend ([`Watches::now`]). A waiter's place
+//! can improve only through something its watch reports, so a heartbeat whose waiter's
+//! watch is in sync and has stamped nothing since the heartbeat's last full read began
+//! ([`Watches::quiet_since`]) needs no new read of the semaphore: it keeps the sessions
+//! alive and checks that its own record is unchanged (`EtcdBackend::heartbeat`). Without
+//! this, every heartbeat of every waiter read the whole semaphore, so one process with
+//! 10,000 waiters sent 10,000 reads of 10,000 records every second.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use std::time::Duration;
@@ -50,6 +60,17 @@ struct Watch {
     target: Target,
     generation: u64,
     task: JoinHandle<()>,
+    state: Arc<WatchState>,
+}
+
+/// What a running watch has seen (see "Quiet watches" in the module docs).
+#[derive(Default)]
+struct WatchState {
+    /// Every watcher of the current stream was created with nothing missed since the
+    /// snapshot it covers.
+    in_sync: AtomicBool,
+    /// The stamp of its last wake-up (0: none).
+    woke: AtomicU64,
 }
 
 /// The watches of one backend's waiters, by lease id.
@@ -57,6 +78,8 @@ pub(super) struct Watches {
     members: Arc<Members>,
     held: HeldMap,
     map: Mutex<(u64, HashMap<LeaseId, Watch>)>,
+    /// Stamps wake-ups; only ever grows.
+    clock: Arc<AtomicU64>,
 }
 
 impl Watches {
@@ -65,6 +88,25 @@ impl Watches {
             members,
             held,
             map: Mutex::new((0, HashMap::new())),
+            clock: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// The stamp of the latest wake-up: taken before a full read, it is what
+    /// [`Watches::quiet_since`] compares.
+    pub(super) fn now(&self) -> u64 {
+        self.clock.load(Ordering::SeqCst)
+    }
+
+    /// Whether `id`'s watch is running, in sync, and has woken it for nothing since stamp
+    /// `since` (from [`Watches::now`] before the read that set or kept it): nothing that can
+    /// let `id` in happened after that read.
+    pub(super) fn quiet_since(&self, id: LeaseId, since: u64) -> bool {
+        let map = self.map.lock().unwrap();
+        map.1.get(&id).is_some_and(|w| {
+            !w.task.is_finished()
+                && w.state.in_sync.load(Ordering::SeqCst)
+                && w.state.woke.load(Ordering::SeqCst) <= since
         })
     }
 
@@ -80,13 +122,14 @@ impl Watches {
         }
         map.0 += 1;
         let generation = map.0;
+        let state = Arc::new(WatchState::default());
         let task = tokio::spawn(run(
             Arc::downgrade(self),
             Arc::clone(&self.members),
             id,
             (target.clone(), keys.clone()),
             from,
-            generation,
+            (generation, Arc::clone(&state), Arc::clone(&self.clock)),
         ));
         map.1.insert(
             id,
@@ -94,6 +137,7 @@ impl Watches {
                 target,
                 generation,
                 task,
+                state,
             },
         );
     }
@@ -124,13 +168,21 @@ enum Ended {
     Broken(etcd_client::Error),
 }
 
+/// Wakes waiter `id`, stamped on its watch's state.
+fn wake(id: LeaseId, state: &WatchState, clock: &AtomicU64) {
+    state
+        .woke
+        .store(clock.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+    wake::notify(id);
+}
+
 async fn run(
     watches: Weak<Watches>,
     members: Arc<Members>,
     id: LeaseId,
     (target, keys): (Target, Keys),
     from: i64,
-    generation: u64,
+    (generation, state, clock): (u64, Arc<WatchState>, Arc<AtomicU64>),
 ) {
     let mut changes = members.changes();
     let mut failures = 0;
@@ -147,6 +199,7 @@ async fn run(
             id,
             (&target, &keys),
             from,
+            (&state, &clock),
             &mut changes,
         )
         .await
@@ -179,7 +232,7 @@ async fn run(
         }
     }
     if !granted {
-        wake::notify(id);
+        wake(id, &state, &clock);
     }
 }
 
@@ -192,8 +245,15 @@ async fn watch_once(
     id: LeaseId,
     (target, keys): (&Target, &Keys),
     from: i64,
+    (state, clock): (&WatchState, &AtomicU64),
     changes: &mut tokio::sync::watch::Receiver<u64>,
 ) -> Ended {
+    // In sync again only once every watcher of this stream is created.
+    state.in_sync.store(false, Ordering::SeqCst);
+    let mut to_create = match target {
+        Target::Head { .. } => 3,
+        Target::Behind(_) => 2,
+    };
     let own = keys.lease(id);
     let open = async {
         let mut client = members.client(member).await?;
@@ -243,8 +303,14 @@ async fn watch_once(
         }
         // A watcher created: it starts after the reply's revision. Anything between the
         // waiter's snapshot and that is not in it: the waiter reads again.
-        if resp.created() && resp.header().is_some_and(|h| h.revision() >= from) {
-            wake::notify(id);
+        if resp.created() {
+            if resp.header().is_some_and(|h| h.revision() >= from) {
+                wake(id, state, clock);
+            }
+            to_create -= 1;
+            if to_create == 0 {
+                state.in_sync.store(true, Ordering::SeqCst);
+            }
         }
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
@@ -257,7 +323,7 @@ async fn watch_once(
             }
         }
         if !resp.events().is_empty() {
-            wake::notify(id);
+            wake(id, state, clock);
         }
     }
 }
