@@ -198,8 +198,7 @@ async fn run(
             member,
             id,
             (&target, &keys),
-            from,
-            (&state, &clock),
+            (from, &state, &clock),
             &mut changes,
         )
         .await
@@ -244,8 +243,7 @@ async fn watch_once(
     member: usize,
     id: LeaseId,
     (target, keys): (&Target, &Keys),
-    from: i64,
-    (state, clock): (&WatchState, &AtomicU64),
+    (from, state, clock): (i64, &WatchState, &AtomicU64),
     changes: &mut tokio::sync::watch::Receiver<u64>,
 ) -> Ended {
     // In sync again only once every watcher of this stream is created.
