@@ -427,6 +427,68 @@ async fn after_every_session_is_terminated_one_call_at_most_meets_a_dead_connect
     }
 }
 
+/// Keep-alives have connections of their own: with every operation connection of a backend
+/// waiting on a semaphore's row lock (and more operations queued for one), a holder's renewal
+/// and a waiter's heartbeat on another semaphore still go through at once. Before, they
+/// queued behind the operations: a process that queued thousands of acquires at once delayed
+/// its own waiters' heartbeats past their TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_pass_operations_waiting_for_connections() {
+    use sqlx::Connection;
+    let server = PostgresServer::start();
+    let pg = std::sync::Arc::new(backend(&server, "keep").await);
+    let (kept, busy) = (name("kept"), name("busy"));
+    let (holder, waiter) = hold_and_queue(&pg, &kept).await;
+    hold_and_queue(&pg, &busy).await;
+    let mut blocker = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT * FROM keep.tessera_semaphores WHERE name = 'busy' FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let blocked: Vec<_> = (0..6)
+        .map(|_| {
+            let (pg, busy) = (pg.clone(), busy.clone());
+            tokio::spawn(async move {
+                pg.acquire(&busy, 1, &req(LeaseId::random(), 1, LONG, None))
+                    .await
+            })
+        })
+        .collect();
+    let waiting = || {
+        server.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tessera' \
+             AND wait_event_type = 'Lock'",
+        )
+    };
+    eventually(20, "four operations waiting on the row lock", || {
+        waiting() == "4"
+    })
+    .await;
+    let beat = tokio::time::timeout(Duration::from_secs(4), async {
+        (
+            pg.renew(&kept, holder, LONG).await,
+            pg.heartbeat(&kept, waiter, LONG).await,
+        )
+    })
+    .await
+    .expect("the keep-alives waited behind the blocked operations");
+    assert!(
+        matches!(beat.0, Ok(RenewReply::Renewed { .. })),
+        "{:?}",
+        beat.0
+    );
+    assert_eq!(beat.1.unwrap(), WaitReply::Waiting);
+    assert_eq!(waiting(), "4", "the operations were not blocked throughout");
+    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+    // The blocked tries end refused (or, on a machine slow enough, timed out): never granted.
+    for op in blocked {
+        match op.await.unwrap() {
+            Ok(reply) => assert!(matches!(reply, AcquireReply::NoPermit { .. }), "{reply:?}"),
+            Err(e) => assert!(e.is_transient(), "{e:?}"),
+        }
+    }
+}
+
 /// A restart (fast, then immediate: crash recovery) keeps every lease: PostgreSQL is durable,
 /// and the clients reconnect by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -673,6 +735,93 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     assert_eq!(versions(&server, "old"), "1,2,3,4,5");
 }
 
+/// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
+/// few calls (`tessera_heartbeat_many`), and each waiter gets what a heartbeat of its own
+/// gets: the holder its lease, a waiter `Waiting` with its queue entry renewed by its own
+/// waiter TTL, an unknown lease `Gone`; on another semaphore, its own answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "beats").await;
+    let (n, other) = (name("many"), name("other"));
+    let holder = LeaseId::random();
+    let AcquireReply::Granted(held) = pg
+        .acquire(&n, 1, &req(holder, 1, LONG, None))
+        .await
+        .unwrap()
+    else {
+        panic!("the first acquire was not granted")
+    };
+    let short = Duration::from_secs(5);
+    let mut waiters = vec![];
+    for _ in 0..60 {
+        let w = LeaseId::random();
+        assert!(matches!(
+            pg.acquire(&n, 1, &req(w, 1, LONG, Some((short, 100))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { .. }
+        ));
+        waiters.push(w);
+    }
+    let (other_holder, other_waiter) = hold_and_queue(&pg, &other).await;
+    let unknown = LeaseId::random();
+    // Even waiters ask for an hour, odd ones for 5 s again.
+    let ttl = |i: usize| if i % 2 == 0 { LONG } else { short };
+    let before = pg.heartbeat_calls();
+    let beats = waiters
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (n.clone(), w, ttl(i)))
+        .chain([
+            (n.clone(), holder, short),
+            (n.clone(), unknown, short),
+            (n.clone(), other_waiter, short),
+            (other.clone(), other_holder, short),
+            (other.clone(), other_waiter, short),
+        ])
+        .collect::<Vec<_>>();
+    let replies = futures::future::join_all(
+        beats
+            .iter()
+            .map(|(name, lease, ttl)| pg.heartbeat(name, *lease, *ttl)),
+    )
+    .await;
+    let calls = pg.heartbeat_calls() - before;
+    assert!(calls <= 10, "{} heartbeats took {calls} calls", beats.len());
+    let replies: Vec<WaitReply> = replies.into_iter().map(|r| r.unwrap()).collect();
+    for (i, reply) in replies[..60].iter().enumerate() {
+        assert_eq!(*reply, WaitReply::Waiting, "waiter {i}");
+    }
+    let WaitReply::Granted(g) = &replies[60] else {
+        panic!("the holder's heartbeat answered {:?}", replies[60])
+    };
+    assert_eq!(g.lease, held.lease);
+    // An unknown lease and a waiter of another semaphore; that semaphore's holder and waiter.
+    assert_eq!(replies[61..63], [WaitReply::Gone, WaitReply::Gone][..]);
+    assert!(
+        matches!(&replies[63], WaitReply::Granted(g) if g.lease.lease_id == other_holder),
+        "{:?}",
+        replies[63]
+    );
+    assert_eq!(replies[64], WaitReply::Waiting);
+    // Each entry was renewed by its own waiter TTL (enqueued with 5 s).
+    let renewed = |long: bool| {
+        server.psql(&format!(
+            "SELECT count(*) FROM beats.tessera_waiters WHERE name = 'many' \
+             AND (expires_at - enqueued_at > 600000000) = {long}"
+        ))
+    };
+    assert_eq!((renewed(true), renewed(false)), ("30".into(), "30".into()));
+    // One lone heartbeat is a call of its own, sent at once.
+    let before = pg.heartbeat_calls();
+    assert_eq!(
+        pg.heartbeat(&n, waiters[0], short).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(pg.heartbeat_calls() - before, 1);
+}
+
 /// A schema whose step is older than this build's (a build of before step revisions: no
 /// `tessera__step_revision()`, the hand-off granting a whole TTL) gets this build's step at
 /// the next connect, without a migration: the tables' version stays where builds that know
@@ -689,7 +838,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
              FROM pg_proc WHERE proname = 'tessera__hand_off'",
         )
     };
-    assert_eq!(revision(), "1");
+    assert_eq!(revision(), "2");
     assert_eq!(hand_off(), "t");
     server.psql(
         "DROP FUNCTION step.tessera__step_revision(); \
@@ -698,7 +847,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
     );
     assert_eq!(hand_off(), "f");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "1");
+    assert_eq!(revision(), "2");
     assert_eq!(hand_off(), "t");
     assert_eq!(versions(&server, "step"), "1,2,3,4,5");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
@@ -1732,16 +1881,27 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
     );
     tessera_testkit::conformance::serves_two_clients(&url("app")).await;
 
-    // A build whose step is newer than the schema's (here: a step from before revisions):
-    // the role may not replace it, so it goes on with the owner's, which works.
-    server.psql("DROP FUNCTION shared.tessera__step_revision()");
+    // A build whose step is newer than the schema's (here: a step from before revisions,
+    // without the heartbeats of several waiters in one call): the role may not replace it,
+    // so it goes on with the owner's, which works, heartbeats included.
+    server.psql(
+        "DROP FUNCTION shared.tessera__step_revision(); \
+         DROP FUNCTION shared.tessera_heartbeat_many(text, text[], bigint[])",
+    );
     tessera_testkit::conformance::serves_two_clients(&url("app")).await;
+    let app = PostgresBackend::connect(&url("app")).await.unwrap();
+    let (_, w) = hold_and_queue(&app, &name("old-step")).await;
+    assert_eq!(
+        app.heartbeat(&name("old-step"), w, LONG).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(app.heartbeat_calls(), 0);
     assert_eq!(
         server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera__step_revision'"),
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "1");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "2");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

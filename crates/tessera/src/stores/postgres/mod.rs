@@ -99,6 +99,7 @@
 //!   raise SQLSTATE `TS001`; the client checks every value again).
 
 mod conns;
+mod heartbeats;
 mod listener;
 pub(crate) mod ops;
 mod rate;
@@ -118,6 +119,7 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities};
 
 use conns::Conns;
+use heartbeats::Heartbeats;
 use listener::Listener;
 use ops::micros;
 use url::{parse_url, Config};
@@ -125,8 +127,14 @@ use url::{parse_url, Config};
 /// How long one call may take before it fails with [`StoreErrorKind::Timeout`].
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections per backend: operations plus the lease keepers' renewals.
+/// Connections per backend for operations.
 const POOL_SIZE: usize = 4;
+/// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats), apart
+/// from the operations' so that no burst of operations delays a keep-alive past its TTL: one
+/// process that queued 10,000 acquires at once kept its 4 connections busy for seconds, the
+/// heartbeats of its first waiters waited behind them, and those waiters expired, were
+/// purged and queued again (`tessera-chaos --scenario s10-reclaim`).
+const KEEP_POOL_SIZE: usize = 2;
 /// The migrations, in order (each runs its files in order); the schema records the last one
 /// it ran.
 const MIGRATIONS: &[&[&[&str]]] = &[
@@ -143,9 +151,15 @@ type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>
 /// The PostgreSQL backend. Cheap to share behind an `Arc`.
 pub struct PostgresBackend {
     conns: Arc<Conns>,
+    /// See [`KEEP_POOL_SIZE`].
+    keep: Arc<Conns>,
     /// See [`PostgresBackend::settle`].
     inflight: Inflight,
     listener: Arc<Listener>,
+    /// Waiters' heartbeats gathered per semaphore (`heartbeats.rs`); `None` while the
+    /// schema's step predates `tessera_heartbeat_many` (step revision 2: a role that may not
+    /// replace the functions, until the owner connects), which heartbeats one call each.
+    heartbeats: Option<Arc<Heartbeats>>,
     url: String,
     schema: String,
 }
@@ -183,14 +197,22 @@ impl PostgresBackend {
             .await
             .map_err(|_| connect_timeout(&config))
             .and_then(|r| r);
+        let revision = if migrated.is_ok() {
+            step_revision(&mut conn).await
+        } else {
+            0
+        };
         let _ = conn.close().await;
         migrated.map_err(|e| migration_refused(e, &config.schema))?;
-        let conns = Arc::new(Conns::new(
-            config.options.clone(),
-            config.session.clone(),
-            POOL_SIZE,
-            CONNECT_TIMEOUT,
-        ));
+        let pool = |size| {
+            Arc::new(Conns::new(
+                config.options.clone(),
+                config.session.clone(),
+                size,
+                CONNECT_TIMEOUT,
+            ))
+        };
+        let (conns, keep) = (pool(POOL_SIZE), pool(KEEP_POOL_SIZE));
         let o = &config.options;
         let key = format!(
             "{}{}:{}/{}/{}",
@@ -207,8 +229,10 @@ impl PostgresBackend {
             .map_err(|e| in_context(e, &config))?;
         Ok(PostgresBackend {
             conns,
+            keep,
             inflight: Inflight::default(),
             listener,
+            heartbeats: (revision >= 2).then(Arc::default),
             url: config.redacted,
             schema: config.schema,
         })
@@ -229,6 +253,13 @@ impl PostgresBackend {
     #[doc(hidden)]
     pub fn listener_reconnects(&self) -> u64 {
         self.listener.reconnects()
+    }
+
+    /// How many calls carried waiters' heartbeats, several waiters of one semaphore per call
+    /// (`heartbeats.rs`); 0 while the schema's step predates those calls (for tests).
+    #[doc(hidden)]
+    pub fn heartbeat_calls(&self) -> u64 {
+        self.heartbeats.as_ref().map_or(0, |h| h.calls())
     }
 
     /// The schema of tessera's tables and functions.
@@ -257,18 +288,31 @@ impl PostgresBackend {
     }
 }
 
-/// Runs one statement and returns its one row, within [`RESPONSE_TIMEOUT`]; a connection that
-/// timed out is closed rather than reused.
+/// Runs one statement and returns its one row (see [`run_rows`]).
 async fn run_row(
     conns: &Conns,
     url: &str,
     query: sqlx::query::Query<'_, Postgres, PgArguments>,
 ) -> Result<PgRow> {
+    run_rows(conns, url, query)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Corrupt("a tessera function answered no row".into()))
+}
+
+/// Runs one statement and returns its rows, within [`RESPONSE_TIMEOUT`]; a connection that
+/// timed out is closed rather than reused.
+async fn run_rows(
+    conns: &Conns,
+    url: &str,
+    query: sqlx::query::Query<'_, Postgres, PgArguments>,
+) -> Result<Vec<PgRow>> {
     let mut conn = conns.take().await?;
-    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_one(conn.conn())).await {
-        Ok(Ok(row)) => {
+    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_all(conn.conn())).await {
+        Ok(Ok(rows)) => {
             conn.put_back();
-            Ok(row)
+            Ok(rows)
         }
         Ok(Err(e)) => {
             // A session started while the database was read-only keeps that default for
@@ -331,11 +375,7 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
         .ok()
         .flatten();
     // The step's revision, once the tables are current (none before revisions existed).
-    let step_stale = current == Some(latest)
-        && sqlx::query_scalar::<_, i32>("SELECT tessera__step_revision()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_or(true, |r| r < ops::STEP_REVISION);
+    let step_stale = current == Some(latest) && step_revision(conn).await < ops::STEP_REVISION;
     if current == Some(latest) && !step_stale {
         return Ok(());
     }
@@ -356,6 +396,16 @@ async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
         };
     }
     migrate_locked(conn, config, step_stale).await
+}
+
+/// The schema's step revision (0 before revisions existed, or when it cannot be read).
+async fn step_revision(conn: &mut sqlx::PgConnection) -> i32 {
+    tokio::time::timeout(
+        RESPONSE_TIMEOUT,
+        sqlx::query_scalar::<_, i32>("SELECT tessera__step_revision()").fetch_one(conn),
+    )
+    .await
+    .map_or(0, |r| r.unwrap_or(0))
 }
 
 /// A refusal for want of privileges (SQLSTATE 42501).
@@ -521,15 +571,26 @@ impl Backend for PostgresBackend {
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
         self.settle(lease).await;
-        let row = self
-            .row(
-                sqlx::query(ops::HEARTBEAT)
-                    .bind(name.as_str())
-                    .bind(lease.to_string())
-                    .bind(micros(waiter_ttl).max(1)),
-            )
-            .await?;
-        let reply = ops::parse_heartbeat(&row, lease)?;
+        let ttl_us = micros(waiter_ttl).max(1);
+        let reply = match &self.heartbeats {
+            Some(batches) => {
+                batches
+                    .send(&self.keep, &self.url, name.as_str(), lease, ttl_us)
+                    .await?
+            }
+            None => {
+                let row = run_row(
+                    &self.keep,
+                    &self.url,
+                    sqlx::query(ops::HEARTBEAT)
+                        .bind(name.as_str())
+                        .bind(lease.to_string())
+                        .bind(ttl_us),
+                )
+                .await?;
+                ops::parse_heartbeat(&row, lease)?
+            }
+        };
         self.listener
             .set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)
@@ -576,14 +637,15 @@ impl Backend for PostgresBackend {
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         self.settle(lease).await;
-        let row = self
-            .row(
-                sqlx::query(ops::RENEW)
-                    .bind(name.as_str())
-                    .bind(lease.to_string())
-                    .bind(micros(ttl)),
-            )
-            .await?;
+        let row = run_row(
+            &self.keep,
+            &self.url,
+            sqlx::query(ops::RENEW)
+                .bind(name.as_str())
+                .bind(lease.to_string())
+                .bind(micros(ttl)),
+        )
+        .await?;
         ops::parse_renew(&row)
     }
 

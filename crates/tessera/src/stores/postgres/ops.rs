@@ -14,6 +14,7 @@ const STEP: &[&str] = &[
     include_str!("sql/common.sql"),
     include_str!("sql/acquire.sql"),
     include_str!("sql/heartbeat.sql"),
+    include_str!("sql/heartbeat_many.sql"),
     include_str!("sql/cancel.sql"),
     include_str!("sql/release.sql"),
     include_str!("sql/renew.sql"),
@@ -39,8 +40,9 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// that finds a lower revision (or none) creates the step again, without a migration, so a
 /// build that knows only the tables' version still connects and calls the new functions
 /// (rolling upgrades). Revision 1: a hand-off grant expires with the waiter's queue entry
-/// until it is renewed (`tessera__hand_off`).
-pub(crate) const STEP_REVISION: i32 = 1;
+/// until it is renewed (`tessera__hand_off`). Revision 2: `tessera_heartbeat_many`, the
+/// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`).
+pub(crate) const STEP_REVISION: i32 = 2;
 
 /// The step alone, for a connect that finds an older revision.
 pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
@@ -50,6 +52,8 @@ pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, 
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
+pub(crate) const HEARTBEAT_MANY: &str = "SELECT lease_id, outcome, now_us, weight, seats, fence, \
+     holder, acquired_at, expires_at FROM tessera_heartbeat_many($1, $2, $3)";
 pub(crate) const CANCEL: &str = "SELECT tessera_cancel($1, $2)";
 pub(crate) const RELEASE: &str = "SELECT held, grants FROM tessera_release($1, $2, $3)";
 pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
