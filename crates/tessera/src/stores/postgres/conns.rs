@@ -118,6 +118,24 @@ impl Conns {
                 Err(_) => return Err(timeout()),
             }
         };
+        self.lend(slot).await
+    }
+
+    /// A connection if one is free now (an idle one, or a slot to open one), without
+    /// waiting for another call to return one; `None` when every slot is in use.
+    pub(crate) async fn take_free(&self) -> Option<Result<Lent<'_>>> {
+        let slot = self.slots.try_acquire().ok()?;
+        Some(self.lend(slot).await)
+    }
+
+    /// An idle connection (pinged first if it is suspect), or a new one, for `slot`.
+    async fn lend<'a>(&'a self, slot: SemaphorePermit<'a>) -> Result<Lent<'a>> {
+        let timeout = || {
+            Error::store(
+                StoreErrorKind::Timeout,
+                format!("no connection within {:?}", self.connect_timeout),
+            )
+        };
         loop {
             let (idle, suspect) = {
                 let mut idle = self.idle.lock().unwrap();

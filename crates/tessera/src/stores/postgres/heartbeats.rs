@@ -3,8 +3,11 @@
 //! Every waiter heartbeats once per third of its waiter TTL. One call per heartbeat locks the
 //! semaphore's row once per waiter, so one process with 10,000 waiters on one semaphore (3 s
 //! waiter TTL) sent 10,000 calls a second through its [`POOL_SIZE`](super::POOL_SIZE)
-//! connections, all queued on that row: the pool saturated at about 1,800 waiters, and the
-//! process's other operations (the enqueues themselves) waited behind the heartbeats.
+//! connections, all queued on that row, behind the enqueues still being sent: heartbeats
+//! came late, their waiters expired and queued again, and 90 s after the process started
+//! only 4,001 of its 10,000 waiters were in the queue (`tessera-chaos --store postgres
+//! --scenario s10-reclaim`). Heartbeats now also take a connection of their own when the
+//! operations' are all busy (`super::KEEP_POOL_SIZE`).
 //!
 //! Here the heartbeats of one semaphore go through one queue. The first heartbeat that finds
 //! no call of its semaphore running starts a task that sends the queue as one call (at most
@@ -25,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use sqlx::postgres::PgRow;
 use tokio::sync::oneshot;
 
-use super::{ops, run_rows, Conns};
+use super::{keep_alive_conn, ops, run_rows, Conns};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{LeaseId, WaitReply};
 
@@ -57,6 +60,7 @@ impl Heartbeats {
     pub(crate) async fn send(
         self: &Arc<Self>,
         conns: &Arc<Conns>,
+        keep: &Arc<Conns>,
         url: &str,
         name: &str,
         lease: LeaseId,
@@ -82,50 +86,79 @@ impl Heartbeats {
             }
         };
         if start {
-            let (me, conns, url, name) = (
-                self.clone(),
-                conns.clone(),
-                url.to_string(),
-                name.to_string(),
-            );
-            tokio::spawn(async move { me.drain(&conns, &url, &name).await });
+            let (me, conns, keep) = (self.clone(), conns.clone(), keep.clone());
+            let (url, name) = (url.to_string(), name.to_string());
+            tokio::spawn(async move {
+                let mut guard = Draining {
+                    heartbeats: &me,
+                    name: &name,
+                    done: false,
+                };
+                guard.run(&conns, &keep, &url).await
+            });
         }
         rx.await.unwrap_or_else(|_| {
             Err(Error::store(
-                StoreErrorKind::Other,
-                "the heartbeat task ended without a reply",
+                StoreErrorKind::Connection,
+                "the heartbeat task ended without a reply (its runtime shut down)",
             ))
         })
     }
+}
 
-    /// Sends the queue of `name` until it is empty, then removes it (under the lock, so a
-    /// heartbeat queued after the last call starts a new task).
-    async fn drain(&self, conns: &Conns, url: &str, name: &str) {
+/// The task that sends the queue of one semaphore. Dropped before the queue is empty (its
+/// runtime shut down), it removes the queue, so that the heartbeats waiting in it fail
+/// rather than wait forever, and the next heartbeat starts a new task.
+struct Draining<'a> {
+    heartbeats: &'a Heartbeats,
+    name: &'a str,
+    /// The task removed the queue itself (another task may own a new one by now).
+    done: bool,
+}
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Ok(mut queues) = self.heartbeats.queues.lock() {
+                queues.remove(self.name);
+            }
+        }
+    }
+}
+
+impl Draining<'_> {
+    /// Sends the queue until it is empty, then removes it (under the lock, so a heartbeat
+    /// queued after the last call starts a new task).
+    async fn run(&mut self, conns: &Conns, keep: &Conns, url: &str) {
+        let (name, heartbeats) = (self.name, self.heartbeats);
         loop {
             let batch: Vec<Pending> = {
-                let mut queues = self.queues.lock().unwrap();
+                let mut queues = heartbeats.queues.lock().unwrap();
                 let Some(queue) = queues.get_mut(name) else {
+                    self.done = true;
                     return;
                 };
                 if queue.is_empty() {
                     queues.remove(name);
+                    self.done = true;
                     return;
                 }
                 let n = queue.len().min(MAX_BATCH);
                 queue.drain(..n).collect()
             };
-            self.calls.fetch_add(1, Ordering::Relaxed);
+            heartbeats.calls.fetch_add(1, Ordering::Relaxed);
             let leases: Vec<String> = batch.iter().map(|p| p.lease.to_string()).collect();
             let ttls: Vec<i64> = batch.iter().map(|p| p.ttl_us).collect();
-            let rows = run_rows(
-                conns,
-                url,
-                sqlx::query(ops::HEARTBEAT_MANY)
-                    .bind(name)
-                    .bind(&leases)
-                    .bind(&ttls),
-            )
-            .await;
+            let rows = match keep_alive_conn(conns, keep).await {
+                Ok(conn) => {
+                    let query = sqlx::query(ops::HEARTBEAT_MANY)
+                        .bind(name)
+                        .bind(&leases)
+                        .bind(&ttls);
+                    run_rows(conn, url, query).await
+                }
+                Err(e) => Err(e),
+            };
             match rows {
                 Ok(rows) if rows.len() == batch.len() => {
                     for (p, row) in batch.into_iter().zip(rows.iter()) {

@@ -74,6 +74,11 @@
 //!   a periodic query on the listener's own connection against half-open connections (no
 //!   self-`NOTIFY`: each would wake every listening backend); waiters keep their heartbeat as
 //!   the safety net.
+//! - **Keep-alives**: the heartbeats of a process's waiters on one semaphore that arrive
+//!   while one of them is being sent go together in the next call (`heartbeats.rs`,
+//!   `sql/heartbeat_many.sql`), and renewals and heartbeats take a connection of their own
+//!   ([`KEEP_POOL_SIZE`]) when every operation connection is busy: a burst of operations
+//!   never delays a keep-alive past its TTL.
 //! - **Rate limiters** (`rate.rs`; tables in migration 2, functions in migration 3) run one
 //!   PL/pgSQL function per step as well (`sql/rate_*.sql`), the decision of
 //!   `rate/engine.rs` line by line: the limiter's row is locked with `SELECT … FOR UPDATE`
@@ -129,8 +134,9 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per backend for operations.
 const POOL_SIZE: usize = 4;
-/// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats), apart
-/// from the operations' so that no burst of operations delays a keep-alive past its TTL: one
+/// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats) when
+/// none of the operations' is free, so that no burst of operations delays a keep-alive past
+/// its TTL: one
 /// process that queued 10,000 acquires at once kept its 4 connections busy for seconds, the
 /// heartbeats of its first waiters waited behind them, and those waiters expired, were
 /// purged and queued again (`tessera-chaos --scenario s10-reclaim`).
@@ -269,7 +275,7 @@ impl PostgresBackend {
 
     /// Runs one statement and returns its one row (see [`run_row`]).
     async fn row(&self, query: sqlx::query::Query<'_, Postgres, PgArguments>) -> Result<PgRow> {
-        run_row(&self.conns, &self.url, query).await
+        run_row(self.conns.take().await?, &self.url, query).await
     }
 
     /// Waits until an acquire of `lease` that is still running on the server has its reply.
@@ -288,27 +294,36 @@ impl PostgresBackend {
     }
 }
 
-/// Runs one statement and returns its one row (see [`run_rows`]).
+/// A connection for a keep-alive (a renewal, waiters' heartbeats): one of the operations'
+/// stack if one is free now, so that a process that only holds a lease keeps one
+/// connection, else one of the keep-alives' own ([`KEEP_POOL_SIZE`]).
+async fn keep_alive_conn<'a>(ops: &'a Conns, keep: &'a Conns) -> Result<conns::Lent<'a>> {
+    match ops.take_free().await {
+        Some(conn) => conn,
+        None => keep.take().await,
+    }
+}
+
+/// Runs one statement on `conn` and returns its one row (see [`run_rows`]).
 async fn run_row(
-    conns: &Conns,
+    conn: conns::Lent<'_>,
     url: &str,
     query: sqlx::query::Query<'_, Postgres, PgArguments>,
 ) -> Result<PgRow> {
-    run_rows(conns, url, query)
+    run_rows(conn, url, query)
         .await?
         .into_iter()
         .next()
         .ok_or_else(|| Error::Corrupt("a tessera function answered no row".into()))
 }
 
-/// Runs one statement and returns its rows, within [`RESPONSE_TIMEOUT`]; a connection that
-/// timed out is closed rather than reused.
+/// Runs one statement on `conn` and returns its rows, within [`RESPONSE_TIMEOUT`]; a
+/// connection that timed out is closed rather than reused.
 async fn run_rows(
-    conns: &Conns,
+    mut conn: conns::Lent<'_>,
     url: &str,
     query: sqlx::query::Query<'_, Postgres, PgArguments>,
 ) -> Result<Vec<PgRow>> {
-    let mut conn = conns.take().await?;
     match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_all(conn.conn())).await {
         Ok(Ok(rows)) => {
             conn.put_back();
@@ -529,7 +544,7 @@ impl Backend for PostgresBackend {
         let task = tokio::spawn(async move {
             let (name, capacity, lease, weight, ttl, holder, client) = args;
             let row = run_row(
-                &conns,
+                conns.take().await?,
                 &url,
                 sqlx::query(ops::ACQUIRE)
                     .bind(name)
@@ -575,12 +590,19 @@ impl Backend for PostgresBackend {
         let reply = match &self.heartbeats {
             Some(batches) => {
                 batches
-                    .send(&self.keep, &self.url, name.as_str(), lease, ttl_us)
+                    .send(
+                        &self.conns,
+                        &self.keep,
+                        &self.url,
+                        name.as_str(),
+                        lease,
+                        ttl_us,
+                    )
                     .await?
             }
             None => {
                 let row = run_row(
-                    &self.keep,
+                    keep_alive_conn(&self.conns, &self.keep).await?,
                     &self.url,
                     sqlx::query(ops::HEARTBEAT)
                         .bind(name.as_str())
@@ -638,7 +660,7 @@ impl Backend for PostgresBackend {
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         self.settle(lease).await;
         let row = run_row(
-            &self.keep,
+            keep_alive_conn(&self.conns, &self.keep).await?,
             &self.url,
             sqlx::query(ops::RENEW)
                 .bind(name.as_str())
