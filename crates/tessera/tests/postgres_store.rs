@@ -767,7 +767,7 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     let (other_holder, other_waiter) = hold_and_queue(&pg, &other).await;
     let unknown = LeaseId::random();
     // Even waiters ask for an hour, odd ones for 5 s again.
-    let ttl = |i: usize| if i % 2 == 0 { LONG } else { short };
+    let ttl = |i: usize| if i.is_multiple_of(2) { LONG } else { short };
     let before = pg.heartbeat_calls();
     let beats = waiters
         .iter()
