@@ -278,6 +278,15 @@ impl PostgresBackend {
         run_row(self.conns.take().await?, &self.url, query).await
     }
 
+    /// Runs a keep-alive's statement (see [`keep_alive_conn`]) and returns its one row.
+    async fn keep_alive_row(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, PgArguments>,
+    ) -> Result<PgRow> {
+        let conn = keep_alive_conn(&self.conns, &self.keep).await?;
+        run_row(conn, &self.url, query).await
+    }
+
     /// Waits until an acquire of `lease` that is still running on the server has its reply.
     ///
     /// The race: an acquire future dropped by its caller (a timeout, a cancelled task) drops
@@ -601,15 +610,14 @@ impl Backend for PostgresBackend {
                     .await?
             }
             None => {
-                let row = run_row(
-                    keep_alive_conn(&self.conns, &self.keep).await?,
-                    &self.url,
-                    sqlx::query(ops::HEARTBEAT)
-                        .bind(name.as_str())
-                        .bind(lease.to_string())
-                        .bind(ttl_us),
-                )
-                .await?;
+                let row = self
+                    .keep_alive_row(
+                        sqlx::query(ops::HEARTBEAT)
+                            .bind(name.as_str())
+                            .bind(lease.to_string())
+                            .bind(ttl_us),
+                    )
+                    .await?;
                 ops::parse_heartbeat(&row, lease)?
             }
         };
@@ -659,15 +667,14 @@ impl Backend for PostgresBackend {
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         self.settle(lease).await;
-        let row = run_row(
-            keep_alive_conn(&self.conns, &self.keep).await?,
-            &self.url,
-            sqlx::query(ops::RENEW)
-                .bind(name.as_str())
-                .bind(lease.to_string())
-                .bind(micros(ttl)),
-        )
-        .await?;
+        let row = self
+            .keep_alive_row(
+                sqlx::query(ops::RENEW)
+                    .bind(name.as_str())
+                    .bind(lease.to_string())
+                    .bind(micros(ttl)),
+            )
+            .await?;
         ops::parse_renew(&row)
     }
 
