@@ -101,21 +101,18 @@ impl Conns {
     /// the server answered every call within milliseconds. Opening a connection is bounded
     /// by the connect timeout.
     pub(crate) async fn take(&self) -> Result<Lent<'_>> {
-        let timeout = || {
-            Error::store(
-                StoreErrorKind::Timeout,
-                format!("no connection within {:?}", self.connect_timeout),
-            )
-        };
+        // One wait, kept across the checks, so the caller keeps its place in the line.
+        let acquire = self.slots.acquire();
+        tokio::pin!(acquire);
         let slot = loop {
-            match tokio::time::timeout(self.connect_timeout, self.slots.acquire()).await {
+            match tokio::time::timeout(self.connect_timeout, acquire.as_mut()).await {
                 Ok(slot) => {
                     break slot.map_err(|_| {
                         Error::store(StoreErrorKind::Connection, "the connections are closed")
                     })?
                 }
                 Err(_) if self.returned_within(self.connect_timeout) => continue,
-                Err(_) => return Err(timeout()),
+                Err(_) => return Err(self.timed_out()),
             }
         };
         self.lend(slot).await
@@ -128,14 +125,21 @@ impl Conns {
         Some(self.lend(slot).await)
     }
 
+    /// Whether a call returned on a connection of this stack within `span`.
+    fn returned_within(&self, span: Duration) -> bool {
+        let idle = self.idle.lock().unwrap();
+        idle.returned_at.is_some_and(|at| at.elapsed() < span)
+    }
+
+    fn timed_out(&self) -> Error {
+        Error::store(
+            StoreErrorKind::Timeout,
+            format!("no connection within {:?}", self.connect_timeout),
+        )
+    }
+
     /// An idle connection (pinged first if it is suspect), or a new one, for `slot`.
     async fn lend<'a>(&'a self, slot: SemaphorePermit<'a>) -> Result<Lent<'a>> {
-        let timeout = || {
-            Error::store(
-                StoreErrorKind::Timeout,
-                format!("no connection within {:?}", self.connect_timeout),
-            )
-        };
         loop {
             let (idle, suspect) = {
                 let mut idle = self.idle.lock().unwrap();
@@ -161,21 +165,13 @@ impl Conns {
         }
         let conn = tokio::time::timeout(self.connect_timeout, open(&self.options, &self.session))
             .await
-            .map_err(|_| timeout())?
+            .map_err(|_| self.timed_out())?
             .map_err(map_err)?;
         Ok(Lent {
             conn: Some(conn),
             conns: self,
             _slot: slot,
         })
-    }
-}
-
-impl Conns {
-    /// Whether a call returned on a connection of this stack within `span`.
-    fn returned_within(&self, span: Duration) -> bool {
-        let idle = self.idle.lock().unwrap();
-        idle.returned_at.is_some_and(|at| at.elapsed() < span)
     }
 }
 

@@ -136,10 +136,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POOL_SIZE: usize = 4;
 /// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats) when
 /// none of the operations' is free, so that no burst of operations delays a keep-alive past
-/// its TTL: one
-/// process that queued 10,000 acquires at once kept its 4 connections busy for seconds, the
-/// heartbeats of its first waiters waited behind them, and those waiters expired, were
-/// purged and queued again (`tessera-chaos --scenario s10-reclaim`).
+/// its TTL: one process that queued 10,000 acquires at once kept its 4 connections busy for
+/// seconds, the heartbeats of its first waiters waited behind them, and those waiters
+/// expired, were purged and queued again (`tessera-chaos --scenario s10-reclaim`).
 const KEEP_POOL_SIZE: usize = 2;
 /// The migrations, in order (each runs its files in order); the schema records the last one
 /// it ran.
