@@ -125,14 +125,15 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(version.trim(), "2");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "4");
+    assert_eq!(routines.trim(), "5");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release"
+        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
+         tessera_v5_heartbeat_many"
     );
 }
 
@@ -211,6 +212,126 @@ async fn held_and_queued(db: &MysqlBackend, n: &Name) -> (LeaseId, LeaseId, Gran
 fn calls(server: &MariaDbServer) -> u64 {
     let out = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
     out.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
+/// few calls (`tessera_v5_heartbeat_many`), and each waiter gets what a heartbeat of its own
+/// gets: a waiter `Waiting` with its queue entry renewed by its own waiter TTL, the holder
+/// its lease, an unknown lease `Gone`; on another semaphore, its own answers. An expired
+/// waiter is purged by the gathered call, as by the step; with a permit free (a head that
+/// could fit), each heartbeat runs alone, and the answers are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("beats")).await.unwrap();
+    let (n, other) = (name("many"), name("other"));
+    let holder = LeaseId::random();
+    let AcquireReply::Granted(held) = db.acquire(&n, 1, &req(holder, 1, LONG, None)).await.unwrap()
+    else {
+        panic!("the first acquire was not granted")
+    };
+    let short = Duration::from_secs(5);
+    let mut waiters = vec![];
+    for _ in 0..60 {
+        let w = LeaseId::random();
+        assert!(matches!(
+            db.acquire(&n, 1, &req(w, 1, LONG, Some((short, 100))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { .. }
+        ));
+        waiters.push(w);
+    }
+    let (other_holder, other_waiter, _) = held_and_queued(&db, &other).await;
+    let unknown = LeaseId::random();
+    // Even waiters ask for an hour, odd ones for 5 s again.
+    let ttl = |i: usize| if i.is_multiple_of(2) { LONG } else { short };
+    let beats = waiters
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (n.clone(), w, ttl(i)))
+        .chain([
+            (n.clone(), holder, short),
+            (n.clone(), unknown, short),
+            (n.clone(), other_waiter, short),
+            (other.clone(), other_holder, short),
+            (other.clone(), other_waiter, short),
+        ])
+        .collect::<Vec<_>>();
+    let send_all = || {
+        futures::future::join_all(
+            beats
+                .iter()
+                .map(|(name, lease, ttl)| db.heartbeat(name, *lease, *ttl)),
+        )
+    };
+    let (before, calls_before) = (db.heartbeat_calls(), calls(&server));
+    let replies = send_all().await;
+    let gathered = db.heartbeat_calls() - before;
+    assert!(gathered <= 10, "{} heartbeats took {gathered} calls", beats.len());
+    // The gathered calls, plus one call alone for each lease they left alone (the holder,
+    // the unknown lease, the other semaphore's).
+    let procedure_calls = calls(&server) - calls_before;
+    assert!(procedure_calls <= 15, "{procedure_calls} procedure calls");
+    let check = |replies: Vec<Result<WaitReply>>| {
+        let replies: Vec<WaitReply> = replies.into_iter().map(|r| r.unwrap()).collect();
+        for (i, reply) in replies[..60].iter().enumerate() {
+            assert_eq!(*reply, WaitReply::Waiting, "waiter {i}");
+        }
+        let WaitReply::Granted(g) = &replies[60] else {
+            panic!("the holder's heartbeat answered {:?}", replies[60])
+        };
+        assert_eq!(g.lease, held.lease);
+        // An unknown lease and a waiter of another semaphore; that semaphore's holder and
+        // waiter.
+        assert_eq!(replies[61..63], [WaitReply::Gone, WaitReply::Gone][..]);
+        assert!(
+            matches!(&replies[63], WaitReply::Granted(g) if g.lease.lease_id == other_holder),
+            "{:?}",
+            replies[63]
+        );
+        assert_eq!(replies[64], WaitReply::Waiting);
+    };
+    check(replies);
+    // Each entry was renewed by its own waiter TTL (enqueued with 5 s).
+    let renewed = |long: bool| {
+        server
+            .sql(&format!(
+                "SELECT COUNT(*) FROM beats.tessera_waiters WHERE name = 'many' \
+                 AND (expires_at - enqueued_at > 600000000) = {long}"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!((renewed(true), renewed(false)), ("30".into(), "30".into()));
+
+    // A waiter whose entry expires: the gathered call purges it.
+    let brief = LeaseId::random();
+    assert!(matches!(
+        db.acquire(&n, 1, &req(brief, 1, LONG, Some((Duration::from_millis(300), 100))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check(send_all().await);
+    assert_eq!(db.heartbeat(&n, brief, short).await.unwrap(), WaitReply::Gone);
+    assert_eq!(
+        server
+            .sql("SELECT COUNT(*) FROM beats.tessera_waiters WHERE name = 'many'")
+            .trim(),
+        "60"
+    );
+
+    // One lone heartbeat goes alone, as before: its entry is fresh, so it is one read and no
+    // procedure call.
+    let (before, calls_before) = (db.heartbeat_calls(), calls(&server));
+    assert_eq!(
+        db.heartbeat(&n, waiters[0], LONG).await.unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(db.heartbeat_calls() - before, 1);
+    assert_eq!(calls(&server) - calls_before, 0);
 }
 
 /// An acquire of one permit, a release, also one that hands the permit to the queue head,
@@ -335,10 +456,10 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
-    // none of version 4, routines_version 3.
+    // none of versions 4 and 5, routines_version 3.
     server.sql(
         "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
-         DROP PROCEDURE old.tessera_v4_keep_alive; \
+         DROP PROCEDURE old.tessera_v4_keep_alive; DROP PROCEDURE old.tessera_v5_heartbeat_many; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -356,7 +477,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "4");
+    assert_eq!(meta("routines_version").trim(), "5");
     assert_eq!(meta("schema_version").trim(), "2");
     assert_eq!(
         server
@@ -365,7 +486,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
                  FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'old'"
             )
             .trim(),
-        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release"
+        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
+         tessera_v5_heartbeat_many"
     );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -847,7 +969,7 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
     // The same procedures created by root.
     server.sql(
         "DROP PROCEDURE inv.tessera_v4_acquire_one; DROP PROCEDURE inv.tessera_v4_release; \
-         DROP PROCEDURE inv.tessera_v4_keep_alive; \
+         DROP PROCEDURE inv.tessera_v4_keep_alive; DROP PROCEDURE inv.tessera_v5_heartbeat_many; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();

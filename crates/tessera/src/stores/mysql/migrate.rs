@@ -35,7 +35,10 @@
 //! ROUTINE`, a MySQL before 8.0.29 without `IF NOT EXISTS`) is not an error: the connect goes
 //! on with the version recorded before, or without any, and a client that finds a version
 //! below 4 runs every operation client side (an application user on a database an owner set
-//! up with an earlier version does so until the owner connects with this build).
+//! up with an earlier version does so until the owner connects with this build). Version 5
+//! (`routines_v5.sql`) adds one procedure, the heartbeats of many waiters in one call, and
+//! is installed and recorded after version 4, so a server that refuses it (it needs
+//! `JSON_TABLE`) keeps version 4.
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
@@ -49,11 +52,20 @@ const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("rate_sch
 /// The schema version this build reads and writes (the number of migrations).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// This build's routines (see the module docs); version 1 is no longer created.
-const ROUTINES: &str = include_str!("routines.sql");
+/// This build's routines by version, in order (see the module docs); versions 1 to 3 are
+/// no longer created.
+const ROUTINES: &[(i64, &str)] = &[
+    (super::routines::VERSION, include_str!("routines.sql")),
+    (
+        super::routines::HEARTBEAT_MANY_VERSION,
+        include_str!("routines_v5.sql"),
+    ),
+];
 
-/// The routine version this build installs and calls (`tessera_v4_…`).
-pub const ROUTINES_VERSION: i64 = super::routines::VERSION;
+/// The routine version this build installs (the test checks it is the last file's): version 4's procedures for the operations
+/// (`tessera_v4_…`), version 5's for waiters' heartbeats gathered in one call.
+#[cfg_attr(not(test), allow(dead_code))]
+pub const ROUTINES_VERSION: i64 = ROUTINES[ROUTINES.len() - 1].0;
 
 /// How long a connect waits for another process's migration.
 const LOCK_WAIT_S: i64 = 30;
@@ -135,23 +147,27 @@ async fn record_version(conn: &mut MySqlConnection, key: &str, to: i64) -> Resul
     Ok(())
 }
 
-/// Installs the routine versions above the recorded one; the version there afterwards. A
-/// statement the server refuses stops the installation, logged, and leaves the recorded
-/// version where it was.
+/// Installs the routine versions above the recorded one, recording each; the version there
+/// afterwards. A statement the server refuses stops the installation, logged, and leaves the
+/// recorded version at the last one installed whole (version 5 needs `JSON_TABLE`: a server
+/// without it still gets version 4).
 async fn install_routines(conn: &mut MySqlConnection) -> Result<i64> {
     let row =
         sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'routines_version'")
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;
-    let version = match row {
+    let mut version = match row {
         None => 0,
         Some(row) => row
             .try_get::<i64, _>(0)
             .map_err(|e| Error::Corrupt(format!("routines_version: {e}")))?,
     };
-    if version < ROUTINES_VERSION {
-        for statement in statements(ROUTINES) {
+    for &(to, file) in ROUTINES {
+        if version >= to {
+            continue;
+        }
+        for statement in statements(file) {
             if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
                 .execute(&mut *conn)
                 .await
@@ -159,14 +175,14 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<i64> {
                 tracing::warn!(
                     error = %e,
                     version,
-                    "tessera MySQL: stored procedures not installed; the operations they \
-                     would run take 2-3 round trips client side instead of 1"
+                    "tessera MySQL: stored procedures of version {to} not installed; the \
+                     operations they would run take more round trips instead"
                 );
                 return Ok(version);
             }
         }
-        record_version(conn, "routines_version", ROUTINES_VERSION).await?;
-        return Ok(ROUTINES_VERSION);
+        record_version(conn, "routines_version", to).await?;
+        version = to;
     }
     Ok(version)
 }
@@ -203,31 +219,36 @@ mod tests {
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
         assert_eq!(all.len(), 8, "{all:#?}");
-        let routines = statements(ROUTINES);
-        assert_eq!(routines.len(), 8, "{routines:#?}");
-        let (created, dropped): (Vec<_>, Vec<_>) = routines
-            .iter()
-            .partition(|s| s.starts_with("CREATE PROCEDURE IF NOT EXISTS "));
-        assert_eq!(created.len(), 3);
-        for s in created {
-            assert!(
-                s.starts_with(&format!(
-                    "CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_"
-                )),
-                "not versioned: {s}"
-            );
-            assert!(
-                s.contains("\nSQL SECURITY INVOKER\n"),
-                "runs with its creator's rights: {s}"
-            );
+        let mut created_all = Vec::new();
+        for &(version, file) in ROUTINES {
+            let routines = statements(file);
+            let (created, dropped): (Vec<_>, Vec<_>) = routines
+                .iter()
+                .partition(|s| s.starts_with("CREATE PROCEDURE IF NOT EXISTS "));
+            for s in &created {
+                assert!(
+                    s.starts_with(&format!(
+                        "CREATE PROCEDURE IF NOT EXISTS tessera_v{version}_"
+                    )),
+                    "not versioned: {s}"
+                );
+                assert!(
+                    s.contains("\nSQL SECURITY INVOKER\n"),
+                    "runs with its creator's rights: {s}"
+                );
+            }
+            for s in dropped {
+                assert!(
+                    (1..version)
+                        .any(|v| s.starts_with(&format!("DROP PROCEDURE IF EXISTS tessera_v{v}_"))),
+                    "neither a versioned creation nor an idempotent drop of an earlier version: {s}"
+                );
+            }
+            created_all.extend(created.into_iter().cloned());
         }
-        for s in dropped {
-            assert!(
-                (1..ROUTINES_VERSION)
-                    .any(|v| s.starts_with(&format!("DROP PROCEDURE IF EXISTS tessera_v{v}_"))),
-                "neither a versioned creation nor an idempotent drop of an earlier version: {s}"
-            );
-        }
+        assert_eq!(created_all.len(), 4, "{created_all:#?}");
+        let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
+        assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {
             assert!(!s.contains("--"), "{s}");
             assert!(

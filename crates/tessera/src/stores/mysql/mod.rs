@@ -62,6 +62,12 @@
 //!   and frees the row; others wait at most `innodb_lock_wait_timeout` =
 //!   [`LOCK_WAIT_TIMEOUT_S`] s per try. MySQL 8 has no idle-transaction timeout: there a
 //!   frozen client blocks its semaphore until its connection dies.
+//! - **Keep-alives and connections** (`conns.rs`): operations share 8 connections;
+//!   renewals and heartbeats take a free one of those, else one of 2 of their own, so they never wait behind a burst of acquires. A
+//!   caller's wait for a connection fails only when no call has come back for 5 s, not when
+//!   the line is long. The heartbeats of a client's waiters on one semaphore that arrive
+//!   while one call of them runs go together in the next (`heartbeats.rs`, routine version
+//!   5).
 //! - **Waking**: a grant made in this process wakes the waiting task at once
 //!   ([`crate::wake::notify`]); waiters in other processes are rung on their doorbell
 //!   connection (`notify.rs`), and poll as the safety net.
@@ -104,7 +110,7 @@ macro_rules! step {
                     // The connection goes back to the pool first: the ring takes one, and
                     // steps that each held theirs while waiting for another could exhaust it.
                     drop(tx);
-                    notify::ring(&$self.pool, rung, &doorbell).await;
+                    notify::ring(&$self.conns.pool, rung, &doorbell).await;
                     break Ok::<_, Error>(reply);
                 }
                 Err(e) => {
@@ -149,6 +155,8 @@ macro_rules! step {
     }};
 }
 
+mod conns;
+mod heartbeats;
 mod migrate;
 mod notify;
 pub(crate) mod ops;
@@ -161,8 +169,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Connection, Executor};
+use sqlx::{ConnectOptions, Connection};
 
 #[cfg(doc)]
 use ops::MysqlRows;
@@ -172,6 +179,8 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, Waking};
 use crate::stores::sql;
 
+use conns::{pool_options, Conns, Returned, KEEP_POOL_SIZE, POOL_SIZE};
+use heartbeats::{HeartbeatMany, Heartbeats};
 use notify::{Doorbell, Waiting};
 use routines::Fast;
 use url::{parse_url, WakeMode};
@@ -182,8 +191,6 @@ pub const STEP_RETRIES: u32 = 20;
 pub const LOCK_WAIT_TIMEOUT_S: u32 = 5;
 /// `idle_transaction_timeout` of tessera's sessions (MariaDB), seconds.
 pub const IDLE_TRANSACTION_TIMEOUT_S: u32 = 3;
-/// Connections per backend (besides the doorbell).
-const POOL_SIZE: u32 = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The session settings of every pooled connection (see the module docs).
@@ -215,7 +222,7 @@ pub(crate) async fn lift_statement_limit(conn: &mut sqlx::MySqlConnection) {
 /// The MySQL / MariaDB backend. Cheap to share behind an `Arc`; holds a small connection
 /// pool and a doorbell (two connections while waiters of this client are queued).
 pub struct MysqlBackend {
-    pool: MySqlPool,
+    conns: Conns,
     url: String,
     /// `None` with `wake=poll`.
     doorbell: Option<Doorbell>,
@@ -224,8 +231,11 @@ pub struct MysqlBackend {
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
     /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
     /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
-    /// can read rows from before the step they waited for (`routines.sql`).
+    /// can read rows from before the step they waited for (`routines.sql`); from 5 on,
+    /// waiters' heartbeats of one semaphore go together (`heartbeats.rs`).
     routines: i64,
+    /// Waiters' heartbeats gathered per semaphore; `None` below routine version 5.
+    heartbeats: Option<Arc<Heartbeats>>,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -264,39 +274,31 @@ impl MysqlBackend {
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
         let routines = migrated.map_err(migration_refused).map_err(in_url)?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .min_connections(0)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute(SESSION).await?;
-                    conn.execute(KEEP_IDLE).await?;
-                    lift_statement_limit(conn).await;
-                    let lock_wait =
-                        format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}");
-                    conn.execute(sqlx::AssertSqlSafe(lock_wait)).await?;
-                    // MariaDB only; MySQL answers "unknown system variable": ignored.
-                    let idle = format!(
-                        "SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT_S}"
-                    );
-                    let _ = conn.execute(sqlx::AssertSqlSafe(idle)).await;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options.clone());
+        let returned = Arc::new(Returned::default());
+        let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
+        let conns = Conns {
+            pool: pool(POOL_SIZE),
+            keep: pool(KEEP_POOL_SIZE),
+            returned: returned.clone(),
+        };
         let waiting: Waiting = Arc::default();
         let doorbell = match config.wake {
             WakeMode::Doorbell => Some(Doorbell::start(options, Arc::clone(&waiting))),
             WakeMode::Poll => None,
         };
+        let heartbeats = (routines >= routines::HEARTBEAT_MANY_VERSION).then(|| {
+            Heartbeats::new(HeartbeatMany {
+                conns: conns.clone(),
+                doorbell: doorbell.as_ref().map(Doorbell::address_cell),
+            })
+        });
         Ok(MysqlBackend {
-            pool,
+            conns,
             url: config.redacted,
             doorbell,
             waiting,
             routines,
+            heartbeats,
         })
     }
 
@@ -314,8 +316,17 @@ impl MysqlBackend {
 
     /// A pooled connection for one step's transaction (see [`Tx`]).
     async fn transaction(&self) -> Result<Tx> {
-        let conn = self.pool.acquire().await.map_err(map_err)?;
-        Ok(Tx { conn, open: true })
+        Ok(Tx {
+            conn: self.conns.ops().await?,
+            open: true,
+        })
+    }
+
+    /// How many calls carried several waiters' heartbeats of one semaphore (`heartbeats.rs`);
+    /// 0 below routine version 5 (for tests).
+    #[doc(hidden)]
+    pub fn heartbeat_calls(&self) -> u64 {
+        self.heartbeats.as_ref().map_or(0, |h| h.calls())
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -350,7 +361,7 @@ impl MysqlBackend {
         }
         let doorbell = self.doorbell_address();
         let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell);
-        let row = self.call_routine(call, false).await?;
+        let row = self.conns.call_one(call, false).await?;
         routines::acquire_one_reply(row, name.as_str(), capacity, req)
     }
 
@@ -361,7 +372,7 @@ impl MysqlBackend {
             return Ok(Fast::Fallback);
         }
         let call = routines::release_call(name.as_str(), &lease.to_string());
-        let row = self.call_routine(call, false).await?;
+        let row = self.conns.call_one(call, false).await?;
         let Fast::Done(released) = routines::release_reply(row)? else {
             return Ok(Fast::Fallback);
         };
@@ -370,7 +381,7 @@ impl MysqlBackend {
             // process is rung on its doorbell (never this process's own doorbells).
             crate::wake::notify_grant(grant);
             if !doorbell.is_empty() {
-                notify::ring(&self.pool, vec![doorbell], &self.doorbell_address()).await;
+                notify::ring(&self.conns.pool, vec![doorbell], &self.doorbell_address()).await;
             }
         }
         Ok(Fast::Done(released.held))
@@ -389,119 +400,61 @@ impl MysqlBackend {
             return Ok(Fast::Fallback);
         }
         let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl);
-        routines::renew_reply(self.call_routine(call, true).await?)
+        routines::renew_reply(self.conns.call_one(call, true).await?)
     }
 
     /// A waiter's heartbeat in one round trip (`routines.rs`), for the same reason as
-    /// [`MysqlBackend::renew_fast`].
+    /// [`MysqlBackend::renew_fast`] (see [`heartbeats::fast`]; for tests).
+    #[cfg(test)]
     async fn heartbeat_fast(
         &self,
         name: &Name,
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<Fast<WaitReply>> {
-        if self.routines < routines::VERSION {
-            return Ok(Fast::Fallback);
-        }
         let doorbell = self.doorbell_address();
-        let call =
-            routines::heartbeat_call(name.as_str(), &lease.to_string(), waiter_ttl, &doorbell);
-        routines::heartbeat_reply(self.call_routine(call, true).await?, lease)
-    }
-
-    /// Runs one procedure call on a pooled connection; its result row (`None`: the
-    /// procedure is missing). A deadlock or lock wait timeout (the procedure rolled back)
-    /// runs it again, as `step!` does. A connection lost during the call is tried again on
-    /// another one, as `step!` does before its commit, only for an `idempotent` call (a
-    /// renewal, a heartbeat: running one twice changes nothing more): another call may have
-    /// committed, and its caller retries the operation itself. Without that, after `KILL
-    /// CONNECTION` of a client's connections its renewals failed on the dead pooled ones
-    /// until a hand-off grant (renewed first 100 ms after it) was reported lost (chaos
-    /// s9-client-kill). A connection whose call did not end cleanly is closed, not returned to
-    /// the pool.
-    async fn call_routine(
-        &self,
-        call: String,
-        idempotent: bool,
-    ) -> Result<Option<sqlx::mysql::MySqlRow>> {
-        let mut attempt = 0u32;
-        loop {
-            let mut tx = self.transaction().await?;
-            let outcome = routines::call(&mut tx.conn, call.clone()).await;
-            if outcome.is_ok() {
-                // The procedure ran to its end: committed or rolled back.
-                tx.open = false;
-            } else {
-                // It rolled back before returning its error, unless it was interrupted
-                // (`KILL QUERY`) in the middle: roll back here, or close the connection.
-                tx.rollback().await;
-            }
-            match outcome {
-                Err(e) if is_retryable(&e, !idempotent, attempt) => {
-                    attempt += 1;
-                    tokio::time::sleep(retry_pause(attempt)).await;
-                }
-                other => return other,
-            }
-        }
+        heartbeats::fast(&self.conns, &doorbell, self.routines, name.as_str(), lease, waiter_ttl)
+            .await
     }
 }
 
-/// See [`MysqlBackend::probe_heartbeat`].
-const HEARTBEAT_PROBE: &str = include_str!("heartbeat_probe.sql");
-
 impl MysqlBackend {
-    /// The read-only part of a heartbeat, one statement outside any transaction:
-    /// `Some(Waiting)` when a full step would change nothing but this waiter's expiry (the
-    /// waiter is queued with this client's current doorbell, no holder or waiter of the
-    /// semaphore has expired, the queue head does not fit, so no hand-off is due) and that
-    /// expiry still has at least half of `waiter_ttl` to run; `Some(Granted)` when the lease
-    /// is no longer queued because it holds unexpired permits (one more read, see
-    /// [`sql::read_grant`]). Otherwise `None`: run the full step.
-    ///
-    /// The probe reads the latest committed rows in one consistent read (`READ COMMITTED`,
-    /// one statement) without the row lock; a grant committed just after it is seen at the
-    /// next poll, exactly as if this heartbeat had run just before that grant.
+    /// The read-only part of a heartbeat ([`heartbeats::probe`]; for tests).
+    #[cfg(test)]
     async fn probe_heartbeat(
         &self,
         name: &Name,
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<Option<WaitReply>> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let lease_text = lease.to_string();
-        let row = sqlx::query(HEARTBEAT_PROBE)
-            .bind(name.as_str())
-            .bind(name.as_str())
-            .bind(name.as_str())
-            .bind(name.as_str())
-            .bind(&lease_text)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        use sqlx::Row;
-        let int = |i| row.try_get::<Option<i64>, _>(i).ok().flatten();
-        let Some(now) = int(0).filter(|&t| t >= 0) else {
-            return Ok(None);
-        };
-        let now = StoreTime(now as u64);
-        let Some(expires_at) = int(1) else {
-            // Not queued: granted, or the full step decides.
-            let doorbell = self.doorbell_address();
-            let rows = &mut ops::MysqlRows::new(&mut conn, name.as_str(), &doorbell, false);
-            let grant = sql::read_grant(rows, lease, now).await?;
-            return Ok(grant.map(WaitReply::Granted));
-        };
-        let doorbell: Option<String> = row.try_get(2).ok();
-        if doorbell.as_deref() != Some(self.doorbell_address().as_str()) {
-            // The doorbell reconnected: the full step moves the waiter to the new one.
-            return Ok(None);
+        let doorbell = self.doorbell_address();
+        heartbeats::probe(&self.conns, &doorbell, name.as_str(), lease, waiter_ttl).await
+    }
+}
+
+impl MysqlBackend {
+    /// One heartbeat alone ([`heartbeats::alone`]), or the client-side step when the
+    /// procedure leaves the case to it.
+    async fn heartbeat_alone(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        waiter_ttl: Duration,
+    ) -> Result<WaitReply> {
+        let doorbell = self.doorbell_address();
+        let answered = heartbeats::alone(
+            &self.conns,
+            &doorbell,
+            self.routines,
+            name.as_str(),
+            lease,
+            waiter_ttl,
+        )
+        .await?;
+        match answered {
+            Some(reply) => Ok(reply),
+            None => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl)),
         }
-        let (Some(0), Some(0), Some(1)) = (int(3), int(4), int(5)) else {
-            return Ok(None);
-        };
-        let fresh_until = now.plus(waiter_ttl / 2).0;
-        Ok((expires_at >= 0 && expires_at as u64 >= fresh_until).then_some(WaitReply::Waiting))
     }
 }
 
@@ -593,35 +546,26 @@ impl Backend for MysqlBackend {
         Ok(reply)
     }
 
-    /// Answered by a read-only probe (`MysqlBackend::probe_heartbeat`) when nothing but
-    /// the waiter's own expiry would change and that expiry has at least `waiter_ttl / 2`
-    /// left, or when the lease already holds its grant: polls then cost one read, not a
-    /// transaction that locks the semaphore's row and waits for a durable commit. The queue
-    /// entry therefore lives at least `waiter_ttl / 2` after the last heartbeat (instead of
-    /// `waiter_ttl`); waiters heartbeat at least every `waiter_ttl / 3`.
+    /// Gathered with the other heartbeats of this client's waiters on `name` that arrive
+    /// while one call of them runs (`heartbeats.rs`), from routine version 5 on; a
+    /// heartbeat that call leaves alone, or that goes alone, is
+    /// [`MysqlBackend::heartbeat_alone`].
     async fn heartbeat(
         &self,
         name: &Name,
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let probed = match self.probe_heartbeat(name, lease, waiter_ttl).await {
-            // A dead pooled connection (the server closed it): the full step, which tries
-            // the next ones.
-            Err(Error::Store {
-                kind: StoreErrorKind::Connection,
-                ..
-            }) => None,
-            other => other?,
+        let gathered = match &self.heartbeats {
+            Some(batcher) => {
+                let ttl = i64::try_from(waiter_ttl.as_micros()).unwrap_or(i64::MAX);
+                batcher.send(name.as_str(), (lease, ttl)).await?
+            }
+            None => None,
         };
-        let reply = match probed {
+        let reply = match gathered {
             Some(reply) => reply,
-            None => match self.heartbeat_fast(name, lease, waiter_ttl).await? {
-                Fast::Done(reply) => reply,
-                Fast::Fallback => {
-                    step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?
-                }
-            },
+            None => self.heartbeat_alone(name, lease, waiter_ttl).await?,
         };
         self.set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)
@@ -651,7 +595,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn list(&self) -> Result<Vec<String>> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut conn = self.conns.ops().await?;
         ops::list(&mut conn).await
     }
 

@@ -168,6 +168,11 @@ impl Doorbell {
     pub(crate) fn address(&self) -> String {
         self.address.lock().unwrap().clone()
     }
+
+    /// Where [`Doorbell::address`] is kept, for a task that reads it later.
+    pub(crate) fn address_cell(&self) -> Arc<Mutex<String>> {
+        self.address.clone()
+    }
 }
 
 /// A doorbell's connections: the parked one, its latch, its address and its park query.

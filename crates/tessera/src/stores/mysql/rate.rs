@@ -261,7 +261,7 @@ impl RateBackend for MysqlBackend {
     }
 
     async fn rate_list(&self) -> Result<Vec<String>> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut conn = self.conns.ops().await?;
         sqlx::query_scalar(LIST)
             .fetch_all(&mut *conn)
             .await

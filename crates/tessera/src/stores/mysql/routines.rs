@@ -47,6 +47,10 @@ pub(crate) struct Released {
 /// records a lower one runs every operation client side.
 pub(crate) const VERSION: i64 = 4;
 
+/// The routine version that adds `tessera_v5_heartbeat_many` (`routines_v5.sql`,
+/// `heartbeats.rs`); the procedures of [`VERSION`] stay the ones called for the rest.
+pub(crate) const HEARTBEAT_MANY_VERSION: i64 = 5;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
@@ -60,19 +64,15 @@ fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }
 
-/// Runs one `CALL` and returns its result row; `None` when the procedure is missing or
+/// Runs one `CALL` and returns its result rows; `None` when the procedure is missing or
 /// this user may not run it.
-pub(crate) async fn call(conn: &mut MySqlConnection, sql: String) -> Result<Option<MySqlRow>> {
+pub(crate) async fn call(conn: &mut MySqlConnection, sql: String) -> Result<Option<Vec<MySqlRow>>> {
     use futures::TryStreamExt;
-    let mut first = None;
+    let mut rows = Vec::new();
     let mut stream = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).fetch_many(&mut *conn);
     loop {
         match stream.try_next().await {
-            Ok(Some(sqlx::Either::Right(row))) => {
-                if first.is_none() {
-                    first = Some(row);
-                }
-            }
+            Ok(Some(sqlx::Either::Right(row))) => rows.push(row),
             Ok(Some(sqlx::Either::Left(_))) => {}
             Ok(None) => break,
             Err(sqlx::Error::Database(db))
@@ -85,9 +85,7 @@ pub(crate) async fn call(conn: &mut MySqlConnection, sql: String) -> Result<Opti
             Err(e) => return Err(map_err(e)),
         }
     }
-    first
-        .map(Some)
-        .ok_or_else(|| corrupt("a tessera procedure returned no row"))
+    Ok(Some(rows))
 }
 
 fn int(row: &MySqlRow, i: usize) -> Result<Option<i64>> {

@@ -42,10 +42,10 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
     // B rings A: A's waiter wakes, B's does not.
     // Both clients are in this process, whose waiters every grant wakes directly: `ring`
     // leaves their doorbells alone.
-    notify::ring(&b.pool, vec![a.doorbell_address()], &b.doorbell_address()).await;
+    notify::ring(&b.conns.pool, vec![a.doorbell_address()], &b.doorbell_address()).await;
     let woke_a = tokio::time::timeout(Duration::from_millis(300), reg_a.notified()).await;
     assert!(woke_a.is_err(), "a doorbell of this process was rung");
-    notify::ring_each(&b.pool, vec![a.doorbell_address()]).await;
+    notify::ring_each(&b.conns.pool, vec![a.doorbell_address()]).await;
     tokio::time::timeout(Duration::from_secs(10), reg_a.notified())
         .await
         .expect("A's waiter woken by the ring");
@@ -57,13 +57,13 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
         b.doorbell_address().split(':').next().unwrap(),
         7u64
     );
-    notify::ring_each(&a.pool, vec![stale]).await;
+    notify::ring_each(&a.conns.pool, vec![stale]).await;
     let woke_b = tokio::time::timeout(Duration::from_millis(300), reg_b.notified()).await;
     assert!(woke_b.is_err(), "a stale address rang B");
     // After the ring A's doorbell parks again and can be rung again.
     let again = Arc::new(reg_a);
     for _ in 0..50 {
-        notify::ring_each(&b.pool, vec![a.doorbell_address()]).await;
+        notify::ring_each(&b.conns.pool, vec![a.doorbell_address()]).await;
         if tokio::time::timeout(Duration::from_millis(200), again.notified())
             .await
             .is_ok()
@@ -142,7 +142,7 @@ async fn a_lost_latch_wakes_the_waiters_and_the_doorbell_parks_again_at_a_new_ad
     ));
     assert_eq!(held.trim(), "1", "the new doorbell's lock has no latch");
     let reg = Registration::new(lease);
-    notify::ring_each(&ringer.pool, vec![second]).await;
+    notify::ring_each(&ringer.conns.pool, vec![second]).await;
     tokio::time::timeout(Duration::from_secs(10), reg.notified())
         .await
         .expect("the new doorbell did not ring");
@@ -164,7 +164,7 @@ async fn a_ring_that_finds_the_doorbell_between_parks_rings_it_once_it_parks() {
         .await
         .unwrap();
     let token = format!("{:016x}", 0xbe11u64);
-    notify::ring_each(&ringer.pool, vec![format!("{id}:{token}")]).await;
+    notify::ring_each(&ringer.conns.pool, vec![format!("{id}:{token}")]).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     // Parked for 30 s: only a ring ends it before the 20 s bound.
     let park = format!("SELECT SLEEP(30) /* tessera doorbell {token} */");
@@ -329,7 +329,7 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
     let backend = MysqlBackend::connect(&url).await.expect("TLS with the CA");
     assert!(!format!("{backend:?}").contains(PASSWORD));
     assert!(!backend.url().contains(PASSWORD));
-    let mut conn = backend.pool.acquire().await.unwrap();
+    let mut conn = backend.conns.pool.acquire().await.unwrap();
     let (_, cipher): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
         .fetch_one(&mut *conn)
         .await

@@ -124,7 +124,7 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities};
 
 use conns::Conns;
-use heartbeats::Heartbeats;
+use heartbeats::{HeartbeatMany, Heartbeats};
 use listener::Listener;
 use ops::micros;
 use url::{parse_url, Config};
@@ -232,12 +232,19 @@ impl PostgresBackend {
         let listener = Listener::shared(&key, &config.options)
             .await
             .map_err(|e| in_context(e, &config))?;
+        let heartbeats = (revision >= 2).then(|| {
+            Heartbeats::new(HeartbeatMany {
+                conns: conns.clone(),
+                keep: keep.clone(),
+                url: config.redacted.clone(),
+            })
+        });
         Ok(PostgresBackend {
             conns,
             keep,
             inflight: Inflight::default(),
             listener,
-            heartbeats: (revision >= 2).then(Arc::default),
+            heartbeats,
             url: config.redacted,
             schema: config.schema,
         })
@@ -597,16 +604,7 @@ impl Backend for PostgresBackend {
         let ttl_us = micros(waiter_ttl).max(1);
         let reply = match &self.heartbeats {
             Some(batches) => {
-                batches
-                    .send(
-                        &self.conns,
-                        &self.keep,
-                        &self.url,
-                        name.as_str(),
-                        lease,
-                        ttl_us,
-                    )
-                    .await?
+                batches.send(name.as_str(), (lease, ttl_us)).await?
             }
             None => {
                 let row = self

@@ -1,0 +1,185 @@
+//! The backend's connections: the operations' pool, the keep-alives' own, and how a caller
+//! waits for one.
+//!
+//! - **Operations** (acquires, releases, every step) share [`POOL_SIZE`] connections.
+//! - **Keep-alives** (holders' renewals, waiters' heartbeats) take a free operation
+//!   connection if one is free at that moment, else one of [`KEEP_POOL_SIZE`] of their own.
+//!   A process that queued 10,000 acquires at once sends them one `CALL` each, a durable
+//!   commit each, for seconds; keep-alives queued behind them came after their waiters'
+//!   entries expired, and those waiters queued again. A process that only holds a lease
+//!   still uses one connection.
+//! - **A long line is not a server fault.** sqlx gives up on a caller after
+//!   [`CONNECT_TIMEOUT`] in line. A caller here waits again as long as connections keep
+//!   coming back to the pools (a call returned within that time), so a burst of acquires
+//!   is served in turn instead of failing its last ones with a timeout the application
+//!   sees; a hung server (no call returns) or an unreachable one still fails the wait after
+//!   [`CONNECT_TIMEOUT`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, MySql};
+
+use super::{
+    is_retryable, lift_statement_limit, map_err, retry_pause, routines, Tx, CONNECT_TIMEOUT,
+    IDLE_TRANSACTION_TIMEOUT_S, KEEP_IDLE, LOCK_WAIT_TIMEOUT_S, SESSION,
+};
+use crate::error::Result;
+
+/// Connections per backend for operations (besides the doorbell).
+pub(crate) const POOL_SIZE: u32 = 8;
+/// Connections per backend for keep-alives, used when the operations' are all busy.
+pub(crate) const KEEP_POOL_SIZE: u32 = 2;
+
+/// When a connection last came back to a pool.
+#[derive(Debug)]
+pub(crate) struct Returned {
+    epoch: Instant,
+    /// Milliseconds after `epoch`.
+    at_ms: AtomicU64,
+}
+
+impl Default for Returned {
+    fn default() -> Self {
+        Returned {
+            epoch: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Returned {
+    fn mark(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.at_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Whether a connection came back at or after `t`.
+    fn since(&self, t: Instant) -> bool {
+        let ms = t.saturating_duration_since(self.epoch).as_millis() as u64;
+        self.at_ms.load(Ordering::Relaxed) >= ms
+    }
+}
+
+/// The pool settings of every pooled connection (see the module docs of `mod.rs`).
+pub(crate) fn pool_options(size: u32, returned: &Arc<Returned>) -> MySqlPoolOptions {
+    let returned = returned.clone();
+    MySqlPoolOptions::new()
+        .max_connections(size)
+        .min_connections(0)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .test_before_acquire(false)
+        .after_release(move |_, _| {
+            returned.mark();
+            Box::pin(async { Ok(true) })
+        })
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute(SESSION).await?;
+                conn.execute(KEEP_IDLE).await?;
+                lift_statement_limit(conn).await;
+                let lock_wait =
+                    format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}");
+                conn.execute(sqlx::AssertSqlSafe(lock_wait)).await?;
+                // MariaDB only; MySQL answers "unknown system variable": ignored.
+                let idle =
+                    format!("SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT_S}");
+                let _ = conn.execute(sqlx::AssertSqlSafe(idle)).await;
+                Ok(())
+            })
+        })
+}
+
+/// The operations' pool and the keep-alives' (see the module docs). Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Conns {
+    pub(crate) pool: MySqlPool,
+    pub(crate) keep: MySqlPool,
+    pub(crate) returned: Arc<Returned>,
+}
+
+impl Conns {
+    /// A connection for an operation.
+    pub(crate) async fn ops(&self) -> Result<PoolConnection<MySql>> {
+        self.wait(&self.pool).await
+    }
+
+    /// A connection for a keep-alive: a free operation connection, else a keep-alive one.
+    pub(crate) async fn keep_alive(&self) -> Result<PoolConnection<MySql>> {
+        match self.pool.try_acquire() {
+            Some(conn) => Ok(conn),
+            None => self.wait(&self.keep).await,
+        }
+    }
+
+    /// Waits for a connection of `pool` while connections keep coming back.
+    async fn wait(&self, pool: &MySqlPool) -> Result<PoolConnection<MySql>> {
+        loop {
+            let asked = Instant::now();
+            match pool.acquire().await {
+                Ok(conn) => return Ok(conn),
+                Err(sqlx::Error::PoolTimedOut) if self.returned.since(asked) => {
+                    tracing::debug!("tessera MySQL: still in line for a connection");
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+    }
+
+    /// Runs one procedure call and returns its result rows (`None`: the procedure is
+    /// missing), on an operation connection, or on a keep-alive one for a `keep_alive` call.
+    /// A deadlock or lock wait timeout (the procedure rolled back) runs it again, as `step!`
+    /// does. A connection lost during the call is tried again on another one, as `step!`
+    /// does before its commit, only for a keep-alive (a renewal, a heartbeat: running one
+    /// twice changes nothing more): another call may have committed, and its caller retries
+    /// the operation itself. Without that, after `KILL CONNECTION` of a client's connections
+    /// its renewals failed on the dead pooled ones until a hand-off grant (renewed first 100
+    /// ms after it) was reported lost (chaos s9-client-kill). A connection whose call did not
+    /// end cleanly is closed, not returned to the pool.
+    pub(crate) async fn call(
+        &self,
+        call: String,
+        keep_alive: bool,
+    ) -> Result<Option<Vec<MySqlRow>>> {
+        let mut attempt = 0u32;
+        loop {
+            let conn = if keep_alive {
+                self.keep_alive().await?
+            } else {
+                self.ops().await?
+            };
+            let mut tx = Tx { conn, open: true };
+            let outcome = routines::call(&mut tx.conn, call.clone()).await;
+            if outcome.is_ok() {
+                // The procedure ran to its end: committed or rolled back.
+                tx.open = false;
+            } else {
+                // It rolled back before returning its error, unless it was interrupted
+                // (`KILL QUERY`) in the middle: roll back here, or close the connection.
+                tx.rollback().await;
+            }
+            match outcome {
+                Err(e) if is_retryable(&e, !keep_alive, attempt) => {
+                    attempt += 1;
+                    tokio::time::sleep(retry_pause(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Conns::call`] of a procedure that answers one row.
+    pub(crate) async fn call_one(&self, call: String, keep_alive: bool) -> Result<Option<MySqlRow>> {
+        match self.call(call, keep_alive).await? {
+            None => Ok(None),
+            Some(rows) => rows
+                .into_iter()
+                .next()
+                .map(Some)
+                .ok_or_else(|| crate::Error::Corrupt("a tessera procedure returned no row".into())),
+        }
+    }
+}
