@@ -58,9 +58,10 @@ pub struct Params {
     /// Seeds; each scenario runs once per seed.
     pub seeds: Vec<u64>,
     /// Waiters killed at once in the dead-waiters scenario, on a store that pushes
-    /// wake-ups ([`tessera::backend::Waking::Push`]).
+    /// wake-ups ([`tessera::backend::Waking::Push`]), and on MariaDB, whose waiters' polls
+    /// go to the server gathered per semaphore.
     pub dead_waiters_push: u32,
-    /// Same, on a store whose waiters also poll it (SQLite: every waiter polls the file).
+    /// Same, on a store whose waiters each poll it (SQLite: every waiter polls the file).
     pub dead_waiters_polling: u32,
     /// How many times each fault is repeated in a scenario.
     pub rounds: u32,

@@ -363,8 +363,11 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     }
 
     // (b) N waiters in one process, SIGKILLed at once, leave the queue within the waiter TTL.
+    // MariaDB's waiters poll too, but their heartbeats and polls go to the server gathered
+    // per semaphore, so it takes the count of the stores that push.
     let n = match run.store.backend().capabilities().waking {
         Waking::Push => p.dead_waiters_push,
+        _ if matches!(spec, StoreSpec::Mariadb) => p.dead_waiters_push,
         _ => p.dead_waiters_polling,
     };
     let waiter_ttl = Duration::from_secs(3);
