@@ -226,7 +226,10 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     let db = MysqlBackend::connect(&server.url("beats")).await.unwrap();
     let (n, other) = (name("many"), name("other"));
     let holder = LeaseId::random();
-    let AcquireReply::Granted(held) = db.acquire(&n, 1, &req(holder, 1, LONG, None)).await.unwrap()
+    let AcquireReply::Granted(held) = db
+        .acquire(&n, 1, &req(holder, 1, LONG, None))
+        .await
+        .unwrap()
     else {
         panic!("the first acquire was not granted")
     };
@@ -268,7 +271,11 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     let (before, calls_before) = (db.heartbeat_calls(), calls(&server));
     let replies = send_all().await;
     let gathered = db.heartbeat_calls() - before;
-    assert!(gathered <= 10, "{} heartbeats took {gathered} calls", beats.len());
+    assert!(
+        gathered <= 10,
+        "{} heartbeats took {gathered} calls",
+        beats.len()
+    );
     // The gathered calls, plus one call alone for each lease they left alone (the holder,
     // the unknown lease, the other semaphore's).
     let procedure_calls = calls(&server) - calls_before;
@@ -308,14 +315,21 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     // A waiter whose entry expires: the gathered call purges it.
     let brief = LeaseId::random();
     assert!(matches!(
-        db.acquire(&n, 1, &req(brief, 1, LONG, Some((Duration::from_millis(300), 100))))
-            .await
-            .unwrap(),
+        db.acquire(
+            &n,
+            1,
+            &req(brief, 1, LONG, Some((Duration::from_millis(300), 100)))
+        )
+        .await
+        .unwrap(),
         AcquireReply::Queued { .. }
     ));
     tokio::time::sleep(Duration::from_millis(500)).await;
     check(send_all().await);
-    assert_eq!(db.heartbeat(&n, brief, short).await.unwrap(), WaitReply::Gone);
+    assert_eq!(
+        db.heartbeat(&n, brief, short).await.unwrap(),
+        WaitReply::Gone
+    );
     assert_eq!(
         server
             .sql("SELECT COUNT(*) FROM beats.tessera_waiters WHERE name = 'many'")

@@ -172,14 +172,18 @@ impl Conns {
     }
 
     /// [`Conns::call`] of a procedure that answers one row.
-    pub(crate) async fn call_one(&self, call: String, keep_alive: bool) -> Result<Option<MySqlRow>> {
+    pub(crate) async fn call_one(
+        &self,
+        call: String,
+        keep_alive: bool,
+    ) -> Result<Option<MySqlRow>> {
         match self.call(call, keep_alive).await? {
             None => Ok(None),
-            Some(rows) => rows
-                .into_iter()
-                .next()
-                .map(Some)
-                .ok_or_else(|| crate::Error::Corrupt("a tessera procedure returned no row".into())),
+            Some(rows) => {
+                rows.into_iter().next().map(Some).ok_or_else(|| {
+                    crate::Error::Corrupt("a tessera procedure returned no row".into())
+                })
+            }
         }
     }
 }

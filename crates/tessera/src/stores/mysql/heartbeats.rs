@@ -27,13 +27,13 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::conns::Conns;
+use super::map_err;
 use super::ops::{render, Lit, MysqlRows};
 use super::routines::{self, Fast};
-use super::map_err;
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{LeaseId, StoreTime, WaitReply};
-use crate::stores::sql::batch::{BatchCall, Batcher};
 use crate::stores::sql;
+use crate::stores::sql::batch::{BatchCall, Batcher};
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;
@@ -140,10 +140,12 @@ pub(crate) async fn alone(
     if probed.is_some() {
         return Ok(probed);
     }
-    Ok(match fast(conns, doorbell, routines, name, lease, waiter_ttl).await? {
-        Fast::Done(reply) => Some(reply),
-        Fast::Fallback => None,
-    })
+    Ok(
+        match fast(conns, doorbell, routines, name, lease, waiter_ttl).await? {
+            Fast::Done(reply) => Some(reply),
+            Fast::Fallback => None,
+        },
+    )
 }
 
 /// A waiter's heartbeat in one round trip (`routines.sql`, `tessera_v4_keep_alive`);

@@ -413,8 +413,15 @@ impl MysqlBackend {
         waiter_ttl: Duration,
     ) -> Result<Fast<WaitReply>> {
         let doorbell = self.doorbell_address();
-        heartbeats::fast(&self.conns, &doorbell, self.routines, name.as_str(), lease, waiter_ttl)
-            .await
+        heartbeats::fast(
+            &self.conns,
+            &doorbell,
+            self.routines,
+            name.as_str(),
+            lease,
+            waiter_ttl,
+        )
+        .await
     }
 }
 
@@ -547,9 +554,10 @@ impl Backend for MysqlBackend {
     }
 
     /// Gathered with the other heartbeats of this client's waiters on `name` that arrive
-    /// while one call of them runs (`heartbeats.rs`), from routine version 5 on; a
-    /// heartbeat that call leaves alone, or that goes alone, is
-    /// [`MysqlBackend::heartbeat_alone`].
+    /// while one call of them runs (`heartbeats.rs`), from routine version 5 on. A
+    /// heartbeat alone (a lone one, or one that call leaves alone) is a read-only probe when
+    /// the waiter's entry is fresh and nothing else is due, else one procedure call, else
+    /// the client-side step.
     async fn heartbeat(
         &self,
         name: &Name,

@@ -42,7 +42,12 @@ async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
     // B rings A: A's waiter wakes, B's does not.
     // Both clients are in this process, whose waiters every grant wakes directly: `ring`
     // leaves their doorbells alone.
-    notify::ring(&b.conns.pool, vec![a.doorbell_address()], &b.doorbell_address()).await;
+    notify::ring(
+        &b.conns.pool,
+        vec![a.doorbell_address()],
+        &b.doorbell_address(),
+    )
+    .await;
     let woke_a = tokio::time::timeout(Duration::from_millis(300), reg_a.notified()).await;
     assert!(woke_a.is_err(), "a doorbell of this process was rung");
     notify::ring_each(&b.conns.pool, vec![a.doorbell_address()]).await;

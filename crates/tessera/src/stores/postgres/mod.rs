@@ -603,9 +603,7 @@ impl Backend for PostgresBackend {
         self.settle(lease).await;
         let ttl_us = micros(waiter_ttl).max(1);
         let reply = match &self.heartbeats {
-            Some(batches) => {
-                batches.send(name.as_str(), (lease, ttl_us)).await?
-            }
+            Some(batches) => batches.send(name.as_str(), (lease, ttl_us)).await?,
             None => {
                 let row = self
                     .keep_alive_row(

@@ -221,7 +221,11 @@ mod tests {
         }
         let sizes = echo.0.lock().unwrap().clone();
         assert_eq!(sizes.iter().sum::<usize>(), 50, "{sizes:?}");
-        assert!(sizes.len() <= 5, "50 items in {} calls: {sizes:?}", sizes.len());
+        assert!(
+            sizes.len() <= 5,
+            "50 items in {} calls: {sizes:?}",
+            sizes.len()
+        );
         assert_eq!(batcher.calls(), sizes.len() as u64);
         // A lone item is one call of one, and the queue is gone once answered.
         assert_eq!(batcher.send("b", 7).await.unwrap(), 70);
@@ -241,8 +245,20 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let (zero, two) = tokio::join!(batcher.send("k", 0), batcher.send("k", 2));
         assert_eq!(first.await.unwrap().unwrap(), 10);
-        assert!(matches!(zero, Err(Error::Store { kind: StoreErrorKind::Busy, .. })));
-        assert!(matches!(two, Err(Error::Store { kind: StoreErrorKind::Busy, .. })));
+        assert!(matches!(
+            zero,
+            Err(Error::Store {
+                kind: StoreErrorKind::Busy,
+                ..
+            })
+        ));
+        assert!(matches!(
+            two,
+            Err(Error::Store {
+                kind: StoreErrorKind::Busy,
+                ..
+            })
+        ));
         assert_eq!(*echo.0.lock().unwrap(), vec![1, 2]);
     }
 
