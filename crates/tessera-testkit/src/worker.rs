@@ -10,7 +10,10 @@
 //! logged with whether it was certain.
 //!
 //! With `--waiters N` the process instead queues `N` acquires on a semaphore that someone
-//! else keeps full and waits to be killed (the chaos runner's dead-waiters scenario).
+//! else keeps full and waits to be killed (the chaos runner's dead-waiters scenario). Each
+//! acquire that returns before the kill prints one line on stdout, `GRANTED` or `FAILED
+//! <error>`: the semaphore stays full, so every such line is what the application would
+//! have seen go wrong.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -372,12 +375,23 @@ async fn hold_and_release(
     log.log(kind)
 }
 
-/// Queues `n` acquires and waits (at most `duration_ms`, default 10 minutes) to be killed.
+/// Queues `n` acquires and waits (at most `duration_ms`, default 10 minutes) to be killed;
+/// an acquire that returns meanwhile prints `GRANTED` (holding its permit) or `FAILED
+/// <error>`.
 async fn run_waiters(sem: &Semaphore, n: u32, args: &WorkerArgs) -> anyhow::Result<WorkerSummary> {
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let sem = sem.clone();
-            tokio::spawn(async move { sem.acquire().await })
+            tokio::spawn(async move {
+                match sem.acquire().await {
+                    Ok(permit) => {
+                        println!("GRANTED");
+                        std::future::pending::<()>().await;
+                        drop(permit);
+                    }
+                    Err(e) => println!("FAILED {e}"),
+                }
+            })
         })
         .collect();
     println!("WAITING {n}");

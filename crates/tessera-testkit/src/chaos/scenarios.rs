@@ -385,8 +385,24 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     args.duration_ms = Some(120_000);
     let mut child = std::process::Command::new(super::sibling_binary("tessera-worker")?)
         .args(args.to_args())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .spawn()?;
+    // What the worker's acquires returned before the kill (none should: the semaphore is
+    // full, and a store that cannot keep up must not fail them).
+    let returned = {
+        let out = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let (mut count, mut first) = (0u64, None);
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if line.starts_with("GRANTED") || line.starts_with("FAILED") {
+                    count += 1;
+                    first.get_or_insert(line);
+                }
+            }
+            (count, first)
+        })
+    };
     let queued_by = Instant::now() + Duration::from_secs(90);
     let mut queued = 0;
     while Instant::now() < queued_by {
@@ -404,6 +420,14 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     child.kill()?;
     child.wait()?;
     let killed = Instant::now();
+    let (returned, first) = returned.join().unwrap_or((0, None));
+    if returned > 0 {
+        run.violations.push(format!(
+            "{returned} of the {n} acquires returned before the kill, on a full semaphore; \
+             the first: {}",
+            first.unwrap_or_default()
+        ));
+    }
     if queued < n as usize {
         run.violations
             .push(format!("only {queued} of {n} waiters queued within 90 s"));
