@@ -2,12 +2,14 @@
 //! reference model that every store runs, per-store harnesses, fault
 //! injection at the store seam, holders in other processes, the grant-log checker with the
 //! worker process that writes grant logs, the chaos runner with its fault proxy, the rate-log
-//! checker, and throwaway servers on free loopback ports.
+//! checker, heartbeats of many waiters at once for the stores that gather them, and
+//! throwaway servers on free loopback ports.
 
 pub mod chaos;
 pub mod conformance;
 pub mod differential;
 pub mod faults;
+pub mod gathered;
 pub mod grantlog;
 pub mod harness;
 pub mod hold;

@@ -11,6 +11,7 @@ use tessera::backend::stores::MysqlBackend;
 use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::mysql::MariaDbServer;
 
@@ -216,90 +217,26 @@ fn calls(server: &MariaDbServer) -> u64 {
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
 /// few calls (`tessera_v5_heartbeat_many`), and each waiter gets what a heartbeat of its own
-/// gets: a waiter `Waiting` with its queue entry renewed by its own waiter TTL, the holder
-/// its lease, an unknown lease `Gone`; on another semaphore, its own answers. An expired
-/// waiter is purged by the gathered call, as by the step; with a permit free (a head that
-/// could fit), each heartbeat runs alone, and the answers are the same.
+/// gets (`tessera_testkit::gathered`), its queue entry renewed by its own waiter TTL. An
+/// expired waiter is purged by the gathered call, as by the step, and the answers are the
+/// same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("beats")).await.unwrap();
-    let (n, other) = (name("many"), name("other"));
-    let holder = LeaseId::random();
-    let AcquireReply::Granted(held) = db
-        .acquire(&n, 1, &req(holder, 1, LONG, None))
-        .await
-        .unwrap()
-    else {
-        panic!("the first acquire was not granted")
-    };
-    let short = Duration::from_secs(5);
-    let mut waiters = vec![];
-    for _ in 0..60 {
-        let w = LeaseId::random();
-        assert!(matches!(
-            db.acquire(&n, 1, &req(w, 1, LONG, Some((short, 100))))
-                .await
-                .unwrap(),
-            AcquireReply::Queued { .. }
-        ));
-        waiters.push(w);
-    }
-    let (other_holder, other_waiter, _) = held_and_queued(&db, &other).await;
-    let unknown = LeaseId::random();
-    // Even waiters ask for an hour, odd ones for 5 s again.
-    let ttl = |i: usize| if i.is_multiple_of(2) { LONG } else { short };
-    let beats = waiters
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| (n.clone(), w, ttl(i)))
-        .chain([
-            (n.clone(), holder, short),
-            (n.clone(), unknown, short),
-            (n.clone(), other_waiter, short),
-            (other.clone(), other_holder, short),
-            (other.clone(), other_waiter, short),
-        ])
-        .collect::<Vec<_>>();
-    let send_all = || {
-        futures::future::join_all(
-            beats
-                .iter()
-                .map(|(name, lease, ttl)| db.heartbeat(name, *lease, *ttl)),
-        )
-    };
+    let many = ManyWaiters::queue(&db).await;
     let (before, calls_before) = (db.heartbeat_calls(), calls(&server));
-    let replies = send_all().await;
+    many.heartbeat_all(&db).await;
     let gathered = db.heartbeat_calls() - before;
     assert!(
         gathered <= 10,
         "{} heartbeats took {gathered} calls",
-        beats.len()
+        many.beats()
     );
     // The gathered calls, plus one call alone for each lease they left alone (the holder,
     // the unknown lease, the other semaphore's).
     let procedure_calls = calls(&server) - calls_before;
     assert!(procedure_calls <= 15, "{procedure_calls} procedure calls");
-    let check = |replies: Vec<Result<WaitReply>>| {
-        let replies: Vec<WaitReply> = replies.into_iter().map(|r| r.unwrap()).collect();
-        for (i, reply) in replies[..60].iter().enumerate() {
-            assert_eq!(*reply, WaitReply::Waiting, "waiter {i}");
-        }
-        let WaitReply::Granted(g) = &replies[60] else {
-            panic!("the holder's heartbeat answered {:?}", replies[60])
-        };
-        assert_eq!(g.lease, held.lease);
-        // An unknown lease and a waiter of another semaphore; that semaphore's holder and
-        // waiter.
-        assert_eq!(replies[61..63], [WaitReply::Gone, WaitReply::Gone][..]);
-        assert!(
-            matches!(&replies[63], WaitReply::Granted(g) if g.lease.lease_id == other_holder),
-            "{:?}",
-            replies[63]
-        );
-        assert_eq!(replies[64], WaitReply::Waiting);
-    };
-    check(replies);
     // Each entry was renewed by its own waiter TTL (enqueued with 5 s).
     let renewed = |long: bool| {
         server
@@ -313,21 +250,11 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     assert_eq!((renewed(true), renewed(false)), ("30".into(), "30".into()));
 
     // A waiter whose entry expires: the gathered call purges it.
-    let brief = LeaseId::random();
-    assert!(matches!(
-        db.acquire(
-            &n,
-            1,
-            &req(brief, 1, LONG, Some((Duration::from_millis(300), 100)))
-        )
-        .await
-        .unwrap(),
-        AcquireReply::Queued { .. }
-    ));
+    let brief = many.queue_one(&db, Duration::from_millis(300)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    check(send_all().await);
+    many.heartbeat_all(&db).await;
     assert_eq!(
-        db.heartbeat(&n, brief, short).await.unwrap(),
+        db.heartbeat(&many.name, brief, SHORT).await.unwrap(),
         WaitReply::Gone
     );
     assert_eq!(
@@ -341,7 +268,9 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     // procedure call.
     let (before, calls_before) = (db.heartbeat_calls(), calls(&server));
     assert_eq!(
-        db.heartbeat(&n, waiters[0], LONG).await.unwrap(),
+        db.heartbeat(&many.name, many.waiters[0], LONG)
+            .await
+            .unwrap(),
         WaitReply::Waiting
     );
     assert_eq!(db.heartbeat_calls() - before, 1);

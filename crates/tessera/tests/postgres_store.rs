@@ -13,6 +13,7 @@ use tessera::backend::stores::PostgresBackend;
 use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::postgres::{PostgresServer, Shutdown};
 
@@ -737,74 +738,20 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
 /// few calls (`tessera_heartbeat_many`), and each waiter gets what a heartbeat of its own
-/// gets: the holder its lease, a waiter `Waiting` with its queue entry renewed by its own
-/// waiter TTL, an unknown lease `Gone`; on another semaphore, its own answers.
+/// gets (`tessera_testkit::gathered`), its queue entry renewed by its own waiter TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     let server = PostgresServer::start();
     let pg = backend(&server, "beats").await;
-    let (n, other) = (name("many"), name("other"));
-    let holder = LeaseId::random();
-    let AcquireReply::Granted(held) = pg
-        .acquire(&n, 1, &req(holder, 1, LONG, None))
-        .await
-        .unwrap()
-    else {
-        panic!("the first acquire was not granted")
-    };
-    let short = Duration::from_secs(5);
-    let mut waiters = vec![];
-    for _ in 0..60 {
-        let w = LeaseId::random();
-        assert!(matches!(
-            pg.acquire(&n, 1, &req(w, 1, LONG, Some((short, 100))))
-                .await
-                .unwrap(),
-            AcquireReply::Queued { .. }
-        ));
-        waiters.push(w);
-    }
-    let (other_holder, other_waiter) = hold_and_queue(&pg, &other).await;
-    let unknown = LeaseId::random();
-    // Even waiters ask for an hour, odd ones for 5 s again.
-    let ttl = |i: usize| if i.is_multiple_of(2) { LONG } else { short };
+    let many = ManyWaiters::queue(&pg).await;
     let before = pg.heartbeat_calls();
-    let beats = waiters
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| (n.clone(), w, ttl(i)))
-        .chain([
-            (n.clone(), holder, short),
-            (n.clone(), unknown, short),
-            (n.clone(), other_waiter, short),
-            (other.clone(), other_holder, short),
-            (other.clone(), other_waiter, short),
-        ])
-        .collect::<Vec<_>>();
-    let replies = futures::future::join_all(
-        beats
-            .iter()
-            .map(|(name, lease, ttl)| pg.heartbeat(name, *lease, *ttl)),
-    )
-    .await;
+    many.heartbeat_all(&pg).await;
     let calls = pg.heartbeat_calls() - before;
-    assert!(calls <= 10, "{} heartbeats took {calls} calls", beats.len());
-    let replies: Vec<WaitReply> = replies.into_iter().map(|r| r.unwrap()).collect();
-    for (i, reply) in replies[..60].iter().enumerate() {
-        assert_eq!(*reply, WaitReply::Waiting, "waiter {i}");
-    }
-    let WaitReply::Granted(g) = &replies[60] else {
-        panic!("the holder's heartbeat answered {:?}", replies[60])
-    };
-    assert_eq!(g.lease, held.lease);
-    // An unknown lease and a waiter of another semaphore; that semaphore's holder and waiter.
-    assert_eq!(replies[61..63], [WaitReply::Gone, WaitReply::Gone][..]);
     assert!(
-        matches!(&replies[63], WaitReply::Granted(g) if g.lease.lease_id == other_holder),
-        "{:?}",
-        replies[63]
+        calls <= 10,
+        "{} heartbeats took {calls} calls",
+        many.beats()
     );
-    assert_eq!(replies[64], WaitReply::Waiting);
     // Each entry was renewed by its own waiter TTL (enqueued with 5 s).
     let renewed = |long: bool| {
         server.psql(&format!(
@@ -816,7 +763,9 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     // One lone heartbeat is a call of its own, sent at once.
     let before = pg.heartbeat_calls();
     assert_eq!(
-        pg.heartbeat(&n, waiters[0], short).await.unwrap(),
+        pg.heartbeat(&many.name, many.waiters[0], SHORT)
+            .await
+            .unwrap(),
         WaitReply::Waiting
     );
     assert_eq!(pg.heartbeat_calls() - before, 1);

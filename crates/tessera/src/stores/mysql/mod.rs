@@ -63,9 +63,9 @@
 //!   [`LOCK_WAIT_TIMEOUT_S`] s per try. MySQL 8 has no idle-transaction timeout: there a
 //!   frozen client blocks its semaphore until its connection dies.
 //! - **Keep-alives and connections** (`conns.rs`): operations share 8 connections;
-//!   renewals and heartbeats take a free one of those, else one of 2 of their own, so they never wait behind a burst of acquires. A
-//!   caller's wait for a connection fails only when no call has come back for 5 s, not when
-//!   the line is long. The heartbeats of a client's waiters on one semaphore that arrive
+//!   renewals and heartbeats take a free one of those, else one of 2 of their own, so they
+//!   never wait behind a burst of acquires. A caller's wait for a connection fails only when
+//!   no call has come back for 5 s, not when the line is long. The heartbeats of a client's waiters on one semaphore that arrive
 //!   while one call of them runs go together in the next (`heartbeats.rs`, routine version
 //!   5).
 //! - **Waking**: a grant made in this process wakes the waiting task at once
@@ -423,9 +423,7 @@ impl MysqlBackend {
         )
         .await
     }
-}
 
-impl MysqlBackend {
     /// The read-only part of a heartbeat ([`heartbeats::probe`]; for tests).
     #[cfg(test)]
     async fn probe_heartbeat(
