@@ -249,7 +249,9 @@ async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
     };
     assert_eq!((renewed(true), renewed(false)), ("30".into(), "30".into()));
 
-    // A waiter whose entry expires: the gathered call purges it.
+    // A waiter whose entry expires: every answer stays the same, and it is gone (the
+    // gathered call purges it: `the_gathered_call_purges_expired_waiters_and_answers_the_rest`
+    // in the store's unit tests checks that call by call).
     let brief = many.queue_one(&db, Duration::from_millis(300)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     many.heartbeat_all(&db).await;

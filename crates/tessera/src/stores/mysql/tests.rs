@@ -995,3 +995,100 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
     assert!(a.release(&s, other.lease.lease_id).await.unwrap());
     assert_eq!(used(), "");
 }
+
+/// The gathered heartbeat call purges expired waiters itself, as the step does, and answers
+/// the others: leaving every heartbeat alone while any waiter had expired sent 10,000
+/// waiters' heartbeats one by one, the storm the call exists to avoid, and more waiters
+/// expired. With a permit free (a head that could fit), it still leaves every heartbeat
+/// alone, having changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
+    use crate::stores::sql::batch::BatchCall;
+    let server = MariaDbServer::start();
+    let b = MysqlBackend::connect(&server.url("g")).await.unwrap();
+    let req = |lease, weight, wait: Option<Duration>| AcquireRequest {
+        lease_id: lease,
+        weight,
+        ttl: Duration::from_secs(3600),
+        holder: "g/1".into(),
+        wait: wait.map(|waiter_ttl| crate::model::WaitSpec {
+            waiter_ttl,
+            queue_cap: 100,
+        }),
+    };
+    let call = heartbeats::HeartbeatMany {
+        conns: b.conns.clone(),
+        doorbell: b.doorbell.as_ref().map(Doorbell::address_cell),
+    };
+    let minute = Duration::from_secs(60);
+    let ttl = 60_000_000i64;
+
+    let s = Name::new("g").unwrap();
+    let (holder, brief, w1, w2) = (
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+    );
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let short = Some(Duration::from_millis(300));
+    for (lease, wait) in [(brief, short), (w1, Some(minute)), (w2, Some(minute))] {
+        let reply = b.acquire(&s, 1, &req(lease, 1, wait)).await.unwrap();
+        assert!(matches!(reply, AcquireReply::Queued { .. }), "{reply:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replies = call
+        .call(s.as_str(), &[(w1, ttl), (brief, ttl), (w2, ttl)])
+        .await
+        .unwrap();
+    let replies: Vec<_> = replies.into_iter().map(|r| r.unwrap()).collect();
+    // The expired waiter is gone (left to a heartbeat alone, which answers `Gone`).
+    assert_eq!(
+        replies,
+        [Some(WaitReply::Waiting), None, Some(WaitReply::Waiting)]
+    );
+    assert_eq!(
+        server.sql("SELECT COUNT(*) FROM g.tessera_waiters").trim(),
+        "2"
+    );
+    assert_eq!(
+        server.sql("SELECT queued FROM g.tessera_semaphores").trim(),
+        "2"
+    );
+    assert_eq!(
+        b.heartbeat(&s, brief, minute).await.unwrap(),
+        WaitReply::Gone
+    );
+
+    // Capacity 2, one permit held, a head of weight 2 that does not fit: a permit is free,
+    // so every heartbeat is left alone and nothing changes.
+    let f = Name::new("f").unwrap();
+    let (held, heavy, light) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        b.acquire(&f, 2, &req(held, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    for (lease, weight) in [(heavy, 2), (light, 1)] {
+        let reply = b
+            .acquire(&f, 2, &req(lease, weight, Some(minute)))
+            .await
+            .unwrap();
+        assert!(matches!(reply, AcquireReply::Queued { .. }), "{reply:?}");
+    }
+    let expiries = || {
+        server.sql(
+            "SELECT GROUP_CONCAT(expires_at ORDER BY seq) FROM g.tessera_waiters WHERE name = 'f'",
+        )
+    };
+    let before = expiries();
+    let replies = call
+        .call(f.as_str(), &[(heavy, ttl * 2), (light, ttl * 2)])
+        .await
+        .unwrap();
+    let replies: Vec<_> = replies.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(replies, [None, None]);
+    assert_eq!(expiries(), before);
+}
