@@ -40,8 +40,20 @@ pub(crate) type Heartbeats = Batcher<HeartbeatMany>;
 
 const HEARTBEAT_MANY: &str = "CALL tessera_v5_heartbeat_many(?, ?, ?)";
 
-/// One call of `tessera_v5_heartbeat_many`: items are a lease and its waiter TTL in µs; a
-/// reply `None` leaves that heartbeat to its caller, alone.
+/// What a gathered call answered for one heartbeat.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Answer {
+    /// The heartbeat's reply.
+    Reply(WaitReply),
+    /// Left to a heartbeat alone, which its caller sends ([`alone`], then the step if
+    /// needed).
+    Alone,
+    /// A heartbeat alone already ran and left the case to the client-side step, which its
+    /// caller runs.
+    Step,
+}
+
+/// One call of `tessera_v5_heartbeat_many`: items are a lease and its waiter TTL in µs.
 pub(crate) struct HeartbeatMany {
     pub(crate) conns: Conns,
     /// This client's doorbell address (`None` with `wake=poll`).
@@ -50,13 +62,9 @@ pub(crate) struct HeartbeatMany {
 
 impl BatchCall for HeartbeatMany {
     type Item = (LeaseId, i64);
-    type Reply = Option<WaitReply>;
+    type Reply = Answer;
 
-    async fn call(
-        &self,
-        name: &str,
-        items: &[(LeaseId, i64)],
-    ) -> Result<Vec<Result<Option<WaitReply>>>> {
+    async fn call(&self, name: &str, items: &[(LeaseId, i64)]) -> Result<Vec<Result<Answer>>> {
         let doorbell = self
             .doorbell
             .as_ref()
@@ -65,7 +73,7 @@ impl BatchCall for HeartbeatMany {
         if let [(lease, ttl_us)] = *items {
             let ttl = Duration::from_micros(ttl_us.max(0) as u64);
             let reply = alone(&self.conns, &doorbell, routines::VERSION, name, lease, ttl).await;
-            return Ok(vec![reply]);
+            return Ok(vec![reply.map(|r| r.map_or(Answer::Step, Answer::Reply))]);
         }
         let leases: Vec<String> = items
             .iter()
@@ -78,15 +86,9 @@ impl BatchCall for HeartbeatMany {
         );
         let Some(rows) = self.conns.call(call, true).await? else {
             // The procedure is gone (dropped by hand): each heartbeat alone.
-            return Ok(items.iter().map(|_| Ok(None)).collect());
+            return Ok(items.iter().map(|_| Ok(Answer::Alone)).collect());
         };
-        if rows.len() != items.len() {
-            return Err(Error::Corrupt(format!(
-                "tessera_v5_heartbeat_many answered {} rows for {} leases",
-                rows.len(),
-                items.len()
-            )));
-        }
+        // One answer per row: the batcher checks there is one per lease.
         Ok(rows
             .iter()
             .enumerate()
@@ -96,7 +98,7 @@ impl BatchCall for HeartbeatMany {
 }
 
 /// Row `i` of `tessera_v5_heartbeat_many`: `(ord, outcome)`, ord counting from 1.
-fn parse_row(row: &sqlx::mysql::MySqlRow, i: usize) -> Result<Option<WaitReply>> {
+fn parse_row(row: &sqlx::mysql::MySqlRow, i: usize) -> Result<Answer> {
     let ord: Option<i64> = row
         .try_get(0)
         .map_err(|e| Error::Corrupt(format!("tessera_v5_heartbeat_many column 0: {e}")))?;
@@ -110,8 +112,8 @@ fn parse_row(row: &sqlx::mysql::MySqlRow, i: usize) -> Result<Option<WaitReply>>
         .try_get(1)
         .map_err(|e| Error::Corrupt(format!("tessera_v5_heartbeat_many column 1: {e}")))?;
     match outcome.as_deref() {
-        Some("waiting") => Ok(Some(WaitReply::Waiting)),
-        Some("alone") => Ok(None),
+        Some("waiting") => Ok(Answer::Reply(WaitReply::Waiting)),
+        Some("alone") => Ok(Answer::Alone),
         other => Err(Error::Corrupt(format!(
             "tessera_v5_heartbeat_many answered {other:?}"
         ))),

@@ -180,7 +180,7 @@ use crate::seam::{Backend, Capabilities, Waking};
 use crate::stores::sql;
 
 use conns::{pool_options, Conns, Returned, KEEP_POOL_SIZE, POOL_SIZE};
-use heartbeats::{HeartbeatMany, Heartbeats};
+use heartbeats::{Answer, HeartbeatMany, Heartbeats};
 use notify::{Doorbell, Waiting};
 use routines::Fast;
 use url::{parse_url, WakeMode};
@@ -562,16 +562,17 @@ impl Backend for MysqlBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let gathered = match &self.heartbeats {
+        let answer = match &self.heartbeats {
             Some(batcher) => {
                 let ttl = i64::try_from(waiter_ttl.as_micros()).unwrap_or(i64::MAX);
                 batcher.send(name.as_str(), (lease, ttl)).await?
             }
-            None => None,
+            None => Answer::Alone,
         };
-        let reply = match gathered {
-            Some(reply) => reply,
-            None => self.heartbeat_alone(name, lease, waiter_ttl).await?,
+        let reply = match answer {
+            Answer::Reply(reply) => reply,
+            Answer::Alone => self.heartbeat_alone(name, lease, waiter_ttl).await?,
+            Answer::Step => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?,
         };
         self.set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)

@@ -1046,9 +1046,14 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         .unwrap();
     let replies: Vec<_> = replies.into_iter().map(|r| r.unwrap()).collect();
     // The expired waiter is gone (left to a heartbeat alone, which answers `Gone`).
+    let waiting = heartbeats::Answer::Reply(WaitReply::Waiting);
     assert_eq!(
         replies,
-        [Some(WaitReply::Waiting), None, Some(WaitReply::Waiting)]
+        [
+            waiting,
+            heartbeats::Answer::Alone,
+            heartbeats::Answer::Reply(WaitReply::Waiting)
+        ]
     );
     assert_eq!(
         server.sql("SELECT COUNT(*) FROM g.tessera_waiters").trim(),
@@ -1089,6 +1094,9 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         .await
         .unwrap();
     let replies: Vec<_> = replies.into_iter().map(|r| r.unwrap()).collect();
-    assert_eq!(replies, [None, None]);
+    assert_eq!(
+        replies,
+        [heartbeats::Answer::Alone, heartbeats::Answer::Alone]
+    );
     assert_eq!(expiries(), before);
 }
