@@ -6,9 +6,10 @@
 use std::time::{Duration, Instant};
 
 use tessera::*;
-use tessera_testkit::servers::redis::RedisServer;
+use tessera_testkit::proxy::{Mode, Proxy};
+use tessera_testkit::servers::redis::{command_at, RedisServer};
 use tessera_testkit::servers::redis_cluster::RedisCluster;
-use tessera_testkit::servers::redis_sentinel::{Sentinel, SentinelTopology};
+use tessera_testkit::servers::redis_sentinel::{Sentinel, SentinelTopology, MASTER_NAME};
 
 fn opts() -> SemaphoreOptions {
     SemaphoreOptions::default().ttl(Duration::from_secs(5))
@@ -105,6 +106,100 @@ async fn a_sentinel_naming_an_older_master_is_never_followed() {
         "the client wrote to the master of the stale sentinel"
     );
     assert!(held.release().await.unwrap());
+}
+
+/// A client cut off from its sentinels while its master is killed, replaced by a failover
+/// and restarted empty at its old address: the server there says it is a master (until the
+/// sentinels make it a replica, seconds later) and has none of the new master's leases. The
+/// client never sends to it, since a lost connection is made again only to a server the
+/// sentinels name; once it reaches them again it follows them to the new master. (It
+/// reconnected to the old address by itself before, and granted a permit held there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_from_its_sentinels_never_reconnects_to_the_old_master_alone() {
+    let mut topo = SentinelTopology::start();
+    let mut proxies = Vec::new();
+    for port in topo.sentinel_ports() {
+        proxies.push(
+            Proxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let cut = Store::connect(&format!(
+        "redis+sentinel://{}/{MASTER_NAME}?prefix=cut",
+        hosts.join(",")
+    ))
+    .await
+    .unwrap();
+    let cut_sem = Semaphore::new(&cut, "s", 1, opts()).unwrap();
+    assert!(cut_sem.acquire().await.unwrap().release().await.unwrap());
+
+    for p in &proxies {
+        p.set(Mode::Reset);
+    }
+    let old = topo.master_port();
+    tokio::task::block_in_place(|| {
+        topo.kill_master();
+        topo.restart_dead();
+    });
+    let role = |port: u16| {
+        command_at(port, &["ROLE"])
+            .unwrap_or_default()
+            .lines()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(role(old), "master", "the restarted server is a master");
+    let other = Store::connect(&format!("{}?prefix=cut", topo.url()))
+        .await
+        .unwrap();
+    let held = Semaphore::new(&other, "s", 1, opts())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut tries = 0;
+    while tries < 10 {
+        tries += 1;
+        if let Ok(Some(p)) = cut_sem.try_acquire().await {
+            panic!(
+                "try {tries}: the permit held on the new master was granted again (fence {})",
+                p.fence()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The window was there all along: the empty server still says it is a master.
+    assert_eq!(role(old), "master", "the sentinels demoted it too early");
+    assert_eq!(
+        command_at(old, &["DBSIZE"]).unwrap(),
+        ":0\r\n",
+        "the client wrote to the restarted server"
+    );
+
+    // Back in touch with its sentinels, it follows them to the new master.
+    for p in &proxies {
+        p.set(Mode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match cut_sem.try_acquire().await {
+            Ok(None) => break,
+            Ok(Some(p)) => panic!("granted twice after the heal (fence {})", p.fence()),
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer 30 s after the heal: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(held.release().await.unwrap());
+    let again = cut_sem.acquire().await.unwrap();
+    assert!(again.release().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

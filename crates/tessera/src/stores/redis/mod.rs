@@ -189,14 +189,18 @@ pub(crate) fn open_client(raw: &str) -> Result<(Config, Option<String>, redis::C
     Ok((config, secret, client))
 }
 
+/// The timeouts of a plain connection.
+fn connection_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+}
+
 /// One plain connection to `client`'s server: a wrong password or an unreachable server
 /// fails here at once; then the eviction check.
 async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) -> Result<()> {
-    let probe_config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_connection_timeout(Some(CONNECT_TIMEOUT));
     let mut probe = client
-        .get_multiplexed_async_connection_with_config(&probe_config)
+        .get_multiplexed_async_connection_with_config(&connection_config())
         .await
         .map_err(|e| store_error(e, secret))?;
     check_eviction(&mut probe, config, secret).await
@@ -281,7 +285,7 @@ impl RedisBackend {
                     clients = open(with_credentials)?;
                 }
                 let sentinels = clients;
-                let topo = Topology::sentinel(sentinels, master.clone(), template, manager_config)
+                let topo = Topology::sentinel(sentinels, master.clone(), template)
                     .await
                     .map_err(err)?;
                 probe(&topo.client().unwrap(), &config, secret.as_deref()).await?;

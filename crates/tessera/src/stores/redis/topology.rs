@@ -25,6 +25,15 @@
 //!   a client that went back to it would find it without the new master's leases and grant
 //!   them again (seen as an over-grant 2 s after a failover in the chaos runner's
 //!   `f2-sentinel-kill`).
+//! - It never connects to a server the sentinels did not just name. The master's connection
+//!   is a plain multiplexed connection, not a connection manager: a manager reconnects to
+//!   its address by itself, and after the master was killed, replaced by a failover and
+//!   restarted empty there, a client whose sentinels were out of reach (or whose watcher had
+//!   not yet heard of the failover) sent its calls to the empty server and granted permits
+//!   held on the new master. A lost connection is made again only by a resolution: to the
+//!   server the newest answer names (the same address after a plain restart), never to one
+//!   the sentinels are failing over (`o_down` or `failover_in_progress` in their flags: until
+//!   the switch they still name the old master in `SENTINEL MASTER`).
 //! - A call that fails with `READONLY` (the old master was demoted while clients still reached
 //!   it), `LOADING`, or a connection error resolves again at once, and a call refused with
 //!   `READONLY` or `LOADING` (never run) is sent once more to the new master.
@@ -63,7 +72,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::{connection_config, CONNECT_TIMEOUT};
 
 /// How often the Sentinel watcher asks a sentinel which server is the master, besides
 /// listening for `+switch-master`.
@@ -73,11 +82,14 @@ const ANSWER_GRACE: Duration = Duration::from_millis(200);
 /// How long a state-changing call waits for `?wait=N` replicas before it fails.
 pub(super) const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A connection of the topology: the shared one (a connection manager, or the cluster's), or
-/// one of a pool of connections of its own for calls followed by `WAIT`.
+/// A connection of the topology: the shared one (a connection manager to one server, the
+/// Sentinel master's connection, or the cluster's), or one of a pool of connections of its
+/// own for calls followed by `WAIT`.
 #[derive(Clone)]
 pub(super) enum Conn {
     Shared(ConnectionManager),
+    /// The Sentinel master's: never made again by itself (see the module docs).
+    Master(MultiplexedConnection),
     Cluster(ClusterConnection),
     Own(MultiplexedConnection),
 }
@@ -86,6 +98,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Master(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Own(c) => c.req_packed_command(cmd),
         }
@@ -99,6 +112,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Shared(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Master(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Own(c) => c.req_packed_commands(cmd, offset, count),
         }
@@ -107,6 +121,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Shared(c) => c.get_db(),
+            Conn::Master(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Own(c) => c.get_db(),
         }
@@ -121,7 +136,8 @@ struct Current {
     /// The configuration epoch of the sentinels' answer that named it (0 for one server).
     epoch: u64,
     client: redis::Client,
-    conn: ConnectionManager,
+    /// [`Conn::Shared`] to one server, [`Conn::Master`] on Sentinel.
+    conn: Conn,
     /// Idle connections of their own, for calls followed by `WAIT`.
     own: Arc<Mutex<Vec<MultiplexedConnection>>>,
 }
@@ -144,7 +160,6 @@ enum Kind {
         master: String,
         /// The master's URL with `{addr}` in place of `host:port`.
         template: String,
-        manager: ConnectionManagerConfig,
         /// One resolution at a time.
         resolving: tokio::sync::Mutex<()>,
     },
@@ -159,16 +174,10 @@ impl Drop for Topology {
     }
 }
 
-fn probe_config() -> redis::AsyncConnectionConfig {
-    redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-}
-
 /// Whether the server behind `client` says it is a master (`ROLE`).
 async fn is_master(client: &redis::Client) -> RedisResult<bool> {
     let mut c = client
-        .get_multiplexed_async_connection_with_config(&probe_config())
+        .get_multiplexed_async_connection_with_config(&connection_config())
         .await?;
     let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut c).await?;
     Ok(
@@ -184,13 +193,16 @@ struct Named {
     /// The sentinel's configuration epoch for the master: raised by every failover, so of
     /// two answers the one of the higher epoch is the newer.
     epoch: u64,
+    /// The sentinel calls it down (`o_down`) or is failing it over: no server to go to,
+    /// whatever it says of itself.
+    replacing: bool,
 }
 
 /// What the sentinel behind `client` says of `master` (`SENTINEL MASTER`); `None` if it does
 /// not know the name.
 async fn ask_sentinel(client: &redis::Client, master: &str) -> RedisResult<Option<Named>> {
     let mut c = client
-        .get_multiplexed_async_connection_with_config(&probe_config())
+        .get_multiplexed_async_connection_with_config(&connection_config())
         .await?;
     let fields: std::collections::HashMap<String, String> = match redis::cmd("SENTINEL")
         .arg("MASTER")
@@ -215,6 +227,10 @@ fn named(fields: &std::collections::HashMap<String, String>) -> Option<Named> {
     Some(Named {
         addr: (fields.get("ip")?.clone(), fields.get("port")?.parse().ok()?),
         epoch: fields.get("config-epoch")?.parse().ok()?,
+        replacing: fields.get("flags").is_some_and(|f| {
+            f.split(',')
+                .any(|flag| flag == "o_down" || flag == "failover_in_progress")
+        }),
     })
 }
 
@@ -259,7 +275,7 @@ impl Topology {
         addr: (String, u16),
         manager: ConnectionManagerConfig,
     ) -> RedisResult<Arc<Topology>> {
-        let conn = client.get_connection_manager_with_config(manager).await?;
+        let conn = Conn::Shared(client.get_connection_manager_with_config(manager).await?);
         let current = Current {
             generation: 0,
             addr,
@@ -281,12 +297,16 @@ impl Topology {
         sentinels: Vec<redis::Client>,
         master: String,
         template: String,
-        manager: ConnectionManagerConfig,
     ) -> RedisResult<Arc<Topology>> {
-        let (named, client) = resolve(&sentinels, &master, &template, None).await?;
-        let conn = client
-            .get_connection_manager_with_config(manager.clone())
-            .await?;
+        let (named, client) = match resolve(&sentinels, &master, &template, None).await? {
+            Resolved::Other(named, client) => (named, client),
+            Resolved::Same => unreachable!("no master in use to be the same"),
+        };
+        let conn = Conn::Master(
+            client
+                .get_multiplexed_async_connection_with_config(&connection_config())
+                .await?,
+        );
         let current = Current {
             generation: 0,
             addr: named.addr,
@@ -301,7 +321,6 @@ impl Topology {
                 sentinels,
                 master,
                 template,
-                manager,
                 resolving: tokio::sync::Mutex::new(()),
             },
             generation: watch::channel(0).0,
@@ -342,7 +361,7 @@ impl Topology {
     pub(super) fn conn(&self) -> Conn {
         match &self.kind {
             Kind::Cluster(c) => Conn::Cluster(c.clone()),
-            _ => Conn::Shared(self.current().unwrap().read().unwrap().conn.clone()),
+            _ => self.current().unwrap().read().unwrap().conn.clone(),
         }
     }
 
@@ -385,7 +404,7 @@ impl Topology {
             Some(c) => c,
             None => {
                 client
-                    .get_multiplexed_async_connection_with_config(&probe_config())
+                    .get_multiplexed_async_connection_with_config(&connection_config())
                     .await?
             }
         };
@@ -417,42 +436,61 @@ impl Topology {
     }
 
     /// Asks the sentinels again (unless someone did since `seen`) and switches to the master
-    /// they name if it is another server and says it is a master.
+    /// they name if it is another server and says it is a master. If they still name the
+    /// server in use, its connection is made again only if it no longer answers (the server
+    /// restarted there) and the server says it is a master.
     async fn resolve_again(&self, seen: u64) {
         let Kind::Sentinel {
             current,
             sentinels,
             master,
             template,
-            manager,
             resolving,
         } = &self.kind
         else {
             return;
         };
         let _one = resolving.lock().await;
-        let (addr, epoch) = {
+        let (now, conn) = {
             let c = current.read().unwrap();
             if c.generation != seen {
                 return;
             }
-            (c.addr.clone(), c.epoch)
+            let now = Named {
+                addr: c.addr.clone(),
+                epoch: c.epoch,
+                replacing: false,
+            };
+            (now, c.conn.clone())
         };
-        let now = Named { addr, epoch };
         let (named, client) = match resolve(sentinels, master, template, Some(&now)).await {
-            Ok(found) => found,
+            Ok(Resolved::Other(named, client)) => (named, client),
+            Ok(Resolved::Same) => {
+                if answers(conn).await {
+                    return;
+                }
+                let client = match client_of(template, &now.addr) {
+                    Ok(c) => c,
+                    Err(_) => return,
+                };
+                if !matches!(is_master(&client).await, Ok(true)) {
+                    tracing::debug!("sentinel: the master's connection is lost; no master yet");
+                    return;
+                }
+                (now.clone(), client)
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "sentinel: no other master yet");
                 return;
             }
         };
         let conn = match client
-            .get_connection_manager_with_config(manager.clone())
+            .get_multiplexed_async_connection_with_config(&connection_config())
             .await
         {
-            Ok(c) => c,
+            Ok(c) => Conn::Master(c),
             Err(e) => {
-                tracing::warn!(error = %e, "sentinel: could not connect to the new master");
+                tracing::warn!(error = %e, "sentinel: could not connect to the master");
                 return;
             }
         };
@@ -466,31 +504,60 @@ impl Topology {
             c.own = Arc::default();
             c.generation
         };
-        tracing::info!(
-            master = %master,
-            from = %format!("{}:{}", now.addr.0, now.addr.1),
-            to = %format!("{}:{}", named.addr.0, named.addr.1),
-            epoch = named.epoch,
-            "sentinel: following the failover to the new master"
-        );
+        if named.addr == now.addr {
+            tracing::info!(
+                master = %master,
+                at = %format!("{}:{}", now.addr.0, now.addr.1),
+                "sentinel: connected again to the master the sentinels name"
+            );
+        } else {
+            tracing::info!(
+                master = %master,
+                from = %format!("{}:{}", now.addr.0, now.addr.1),
+                to = %format!("{}:{}", named.addr.0, named.addr.1),
+                epoch = named.epoch,
+                "sentinel: following the failover to the new master"
+            );
+        }
         self.generation.send_replace(generation);
     }
 }
 
+/// Whether the master's connection still answers (`PING`); a timeout counts as an answer
+/// (a slow server is no restarted one).
+async fn answers(mut conn: Conn) -> bool {
+    match redis::cmd("PING").query_async::<Value>(&mut conn).await {
+        Ok(_) => true,
+        Err(e) => e.is_timeout() || !(e.is_io_error() || e.is_connection_dropped()),
+    }
+}
+
+/// A client of the server at `addr`, from the master's URL `template`.
+fn client_of(template: &str, addr: &(String, u16)) -> RedisResult<redis::Client> {
+    let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
+    redis::Client::open(url.as_str())
+}
+
+/// What a resolution found.
+enum Resolved {
+    /// Another server, which says it is a master.
+    Other(Named, redis::Client),
+    /// The newest answer names the server in use.
+    Same,
+}
+
 /// Asks every sentinel about `master` and takes the answer of the highest epoch whose server
-/// says it is a master. With `now` (the master in use), an answer that names it is skipped,
-/// and so is one of an epoch no higher than its, unless the server of `now` says it is no
-/// longer a master (see the module docs: a lagging sentinel names the old master).
+/// says it is a master, skipping a master the sentinels are failing over. With `now` (the
+/// master in use), an answer that names it gives [`Resolved::Same`] unless another is
+/// followed; an answer of an epoch no higher than `now`'s is skipped, unless the server of
+/// `now` says it is no longer a master (see the module docs: a lagging sentinel names the old
+/// master).
 async fn resolve(
     sentinels: &[redis::Client],
     master: &str,
     template: &str,
     now: Option<&Named>,
-) -> RedisResult<(Named, redis::Client)> {
-    let client_of = |addr: &(String, u16)| {
-        let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
-        redis::Client::open(url.as_str())
-    };
+) -> RedisResult<Resolved> {
     let mut last: Option<RedisError> = None;
     let mut answers: Vec<Named> = Vec::new();
     // All at once; once a majority has answered, the rest get [`ANSWER_GRACE`] more, so a
@@ -525,26 +592,37 @@ async fn resolve(
     answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     // Asked only if an older answer is left to try: whether the master in use was demoted.
     let mut demoted: Option<bool> = None;
+    let mut same = false;
     for n in answers {
+        if n.replacing {
+            continue;
+        }
         if let Some(now) = now {
             if n.addr == now.addr {
+                same = true;
                 continue;
             }
             if n.epoch <= now.epoch {
                 if demoted.is_none() {
-                    demoted = Some(matches!(is_master(&client_of(&now.addr)?).await, Ok(false)));
+                    demoted = Some(matches!(
+                        is_master(&client_of(template, &now.addr)?).await,
+                        Ok(false)
+                    ));
                 }
                 if demoted == Some(false) {
                     continue;
                 }
             }
         }
-        let client = client_of(&n.addr)?;
+        let client = client_of(template, &n.addr)?;
         match is_master(&client).await {
-            Ok(true) => return Ok((n, client)),
+            Ok(true) => return Ok(Resolved::Other(n, client)),
             Ok(false) => continue,
             Err(e) => last = Some(e),
         }
+    }
+    if same {
+        return Ok(Resolved::Same);
     }
     Err(last.unwrap_or_else(|| {
         RedisError::from((
