@@ -202,6 +202,30 @@ async fn a_client_cut_off_from_its_sentinels_never_reconnects_to_the_old_master_
     assert!(again.release().await.unwrap());
 }
 
+/// An idle client whose master restarted in place (back within the sentinels' down-after,
+/// so no failover) has its connection made again by its watcher, through the sentinels: its
+/// next call answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_client_answers_at_once_after_its_master_restarted_in_place() {
+    let mut topo = SentinelTopology::start();
+    let store = Store::connect(&format!("{}?prefix=idle", topo.url()))
+        .await
+        .unwrap();
+    let sem = Semaphore::new(&store, "s", 1, opts()).unwrap();
+    let first = sem.try_acquire().await.unwrap().expect("a free permit");
+    assert!(first.release().await.unwrap());
+    let port = topo.master_port();
+    tokio::task::block_in_place(|| topo.restart_master());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(topo.master_port(), port, "a restart, not a failover");
+    let again = sem
+        .try_acquire()
+        .await
+        .expect("the first call after the restart")
+        .expect("a free permit");
+    assert!(again.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_client_follows_failovers_and_fences_never_go_back() {
     through_sentinel_failovers("").await;

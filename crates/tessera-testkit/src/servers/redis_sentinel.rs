@@ -254,6 +254,12 @@ impl SentinelTopology {
         old
     }
 
+    /// Kills the master and starts it again at once (empty) on its port, well within the
+    /// sentinels' [`DOWN_AFTER`]: a restart, not a failover.
+    pub fn restart_master(&mut self) {
+        self.master_mut().restart();
+    }
+
     /// Starts a killed server again (empty) on its port; the sentinels make it a replica.
     pub fn restart_dead(&mut self) {
         let master = self.master_port();

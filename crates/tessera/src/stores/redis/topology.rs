@@ -18,6 +18,8 @@
 //! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
 //!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
 //!   is down); when a sentinel names another master at a higher epoch, it resolves again.
+//!   It pings the master's connection at the same pace and resolves again when it is lost,
+//!   so an idle client's next call finds it made again.
 //! - It never follows an answer of an epoch no higher than the master's it uses, unless that
 //!   master itself says it is no longer one. A sentinel learns of a failover from the others
 //!   up to seconds after it (their hello messages), and meanwhile names the old master; the
@@ -633,8 +635,9 @@ async fn resolve(
     }))
 }
 
-/// The Sentinel watcher: listens for `+switch-master` on every sentinel and polls one
-/// sentinel every [`SENTINEL_POLL`]; resolves again when the master seems to have changed.
+/// The Sentinel watcher: listens for `+switch-master` on every sentinel, and every
+/// [`SENTINEL_POLL`] asks one sentinel and pings the master's connection; resolves again when
+/// the master seems to have changed or its connection was lost.
 /// Ends when the topology is dropped.
 async fn watch_sentinels(topo: std::sync::Weak<Topology>) {
     let (switch_tx, mut switch_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -666,16 +669,23 @@ async fn watch_sentinels(topo: std::sync::Weak<Topology>) {
         else {
             return;
         };
-        let (seen, addr, epoch) = {
+        let (seen, addr, epoch, conn) = {
             let c = current.read().unwrap();
-            (c.generation, c.addr.clone(), c.epoch)
+            (c.generation, c.addr.clone(), c.epoch, c.conn.clone())
         };
         let changed = if switched {
             true
         } else {
             next = (next + 1) % sentinels.len();
-            matches!(ask_sentinel(&sentinels[next], master).await,
-                Ok(Some(n)) if n.addr != addr && n.epoch > epoch)
+            let moved = matches!(ask_sentinel(&sentinels[next], master).await,
+                Ok(Some(n)) if n.addr != addr && n.epoch > epoch);
+            // A lost master connection is made again here, through the sentinels, so the
+            // next call of an idle client finds it made (the poll bounds the wait: a slow
+            // answer counts as one).
+            moved
+                || !tokio::time::timeout(SENTINEL_POLL, answers(conn))
+                    .await
+                    .unwrap_or(true)
         };
         if changed {
             t.resolve_again(seen).await;
