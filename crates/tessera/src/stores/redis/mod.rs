@@ -88,7 +88,9 @@
 //! published before anyone listens. When the subscriber's connection drops, it reconnects
 //! and resubscribes with backoff, then wakes every waiter of this backend so each asks the
 //! store at once (a grant published during the gap is found by that heartbeat instead of the
-//! next periodic one). Commands go through a `ConnectionManager`, which reconnects by itself.
+//! next periodic one). On one server, commands go through a `ConnectionManager`, which
+//! reconnects by itself; on Sentinel, through the master's connection, which is made again
+//! only through the sentinels (as is the subscriber's, see `topology.rs`).
 
 mod call;
 mod error;

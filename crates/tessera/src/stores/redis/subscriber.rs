@@ -51,6 +51,10 @@ pub(super) async fn subscribe_loop(
     let mut backoff = Duration::from_millis(20);
     loop {
         // Watch first: a failover after this line is seen by `changes` below.
+        if ready.is_none() {
+            // Again after a loss: on Sentinel, to a server the sentinels name.
+            topo.ensure_master().await;
+        }
         let mut changes = topo.watch();
         changes.borrow_and_update();
         let client = topo.client().expect("a cluster has its own loop");

@@ -35,7 +35,9 @@
 //!   held on the new master. A lost connection is made again only by a resolution: to the
 //!   server the newest answer names (the same address after a plain restart), never to one
 //!   the sentinels are failing over (`o_down` or `failover_in_progress` in their flags: until
-//!   the switch they still name the old master in `SENTINEL MASTER`).
+//!   the switch they still name the old master in `SENTINEL MASTER`). A new connection of
+//!   the `WAIT` pool, and the wake-up subscriber's after a loss, first check that the
+//!   master's connection answers, and have the sentinels asked if it does not.
 //! - A call that fails with `READONLY` (the old master was demoted while clients still reached
 //!   it), `LOADING`, or a connection error resolves again at once, and a call refused with
 //!   `READONLY` or `LOADING` (never run) is sent once more to the new master.
@@ -393,6 +395,12 @@ impl Topology {
     /// A connection of its own to the server in use (from the pool, or new), for a call
     /// followed by `WAIT`; give it back with [`Topology::give_back`].
     pub(super) async fn own(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if self
+            .current()
+            .is_some_and(|c| c.read().unwrap().own.lock().unwrap().is_empty())
+        {
+            self.ensure_master().await;
+        }
         let (generation, client, pool) = {
             let c = self
                 .current()
@@ -411,6 +419,21 @@ impl Topology {
             }
         };
         Ok((generation, conn))
+    }
+
+    /// On Sentinel, before a new connection to the master: if the master's connection no
+    /// longer answers, the sentinels are asked first (see the module docs: a server restarted
+    /// at the master's address is no master until they name it).
+    pub(super) async fn ensure_master(&self) {
+        if let Kind::Sentinel { current, .. } = &self.kind {
+            let (seen, conn) = {
+                let c = current.read().unwrap();
+                (c.generation, c.conn.clone())
+            };
+            if !answers(conn).await {
+                self.resolve_again(seen).await;
+            }
+        }
     }
 
     /// Returns a connection of its own to the pool (unless the server changed meanwhile).
