@@ -563,7 +563,8 @@ fn client_of(template: &str, addr: &(String, u16)) -> RedisResult<redis::Client>
     redis::Client::open(url.as_str())
 }
 
-/// What a resolution found.
+/// What a resolution found (one per resolution: the size difference does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Resolved {
     /// Another server, which says it is a master.
     Other(Named, redis::Client),
