@@ -304,7 +304,7 @@ impl Topology {
     ) -> RedisResult<Arc<Topology>> {
         let (named, client) = match resolve(&sentinels, &master, &template, None).await? {
             Resolved::Other(named, client) => (named, client),
-            Resolved::Same => unreachable!("no master in use to be the same"),
+            Resolved::Same(_) => unreachable!("no master in use to be the same"),
         };
         let conn = Conn::Master(
             client
@@ -490,7 +490,7 @@ impl Topology {
         };
         let (named, client) = match resolve(sentinels, master, template, Some(&now)).await {
             Ok(Resolved::Other(named, client)) => (named, client),
-            Ok(Resolved::Same) => {
+            Ok(Resolved::Same(epoch)) => {
                 if answers(conn).await {
                     return;
                 }
@@ -502,7 +502,11 @@ impl Topology {
                     tracing::debug!("sentinel: the master's connection is lost; no master yet");
                     return;
                 }
-                (now.clone(), client)
+                let named = Named {
+                    epoch: epoch.max(now.epoch),
+                    ..now.clone()
+                };
+                (named, client)
             }
             Err(e) => {
                 tracing::debug!(error = %e, "sentinel: no other master yet");
@@ -568,8 +572,8 @@ fn client_of(template: &str, addr: &(String, u16)) -> RedisResult<redis::Client>
 enum Resolved {
     /// Another server, which says it is a master.
     Other(Named, redis::Client),
-    /// The newest answer names the server in use.
-    Same,
+    /// The newest answer names the server in use, at this epoch.
+    Same(u64),
 }
 
 /// Asks every sentinel about `master` and takes the answer of the highest epoch whose server
@@ -618,14 +622,14 @@ async fn resolve(
     answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     // Asked only if an older answer is left to try: whether the master in use was demoted.
     let mut demoted: Option<bool> = None;
-    let mut same = false;
+    let mut same: Option<u64> = None;
     for n in answers {
         if n.replacing {
             continue;
         }
         if let Some(now) = now {
             if n.addr == now.addr {
-                same = true;
+                same = same.max(Some(n.epoch));
                 continue;
             }
             if n.epoch <= now.epoch {
@@ -647,8 +651,8 @@ async fn resolve(
             Err(e) => last = Some(e),
         }
     }
-    if same {
-        return Ok(Resolved::Same);
+    if let Some(epoch) = same {
+        return Ok(Resolved::Same(epoch));
     }
     Err(last.unwrap_or_else(|| {
         RedisError::from((
