@@ -226,6 +226,57 @@ async fn an_idle_client_answers_at_once_after_its_master_restarted_in_place() {
     assert!(again.release().await.unwrap());
 }
 
+/// With `?wait=1`, a waiter learns of its grant only once a replica has it: a hand-off made
+/// while the replica is frozen reaches the master, and its release call fails after the
+/// `WAIT` timeout, but the waiter is not told until the replica runs again (a grant pushed
+/// with the wake-up, or read by a heartbeat whose own `WAIT` covered nothing it wrote, was
+/// believed at once before, and a failover then could forget it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_waiter_is_granted_only_what_a_replica_has() {
+    let topo = SentinelTopology::start();
+    let url = format!("{}?prefix=w&wait=1", topo.url());
+    let (a, b) = (
+        Store::connect(&url).await.unwrap(),
+        Store::connect(&url).await.unwrap(),
+    );
+    let sem_a = Semaphore::new(&a, "s", 1, opts()).unwrap();
+    let sem_b = Semaphore::new(&b, "s", 1, opts()).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    let waiter = tokio::spawn(async move { sem_b.acquire().await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sem_a.status().await.unwrap().queue.is_empty() {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    topo.replica().freeze();
+    let released = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
+    assert!(
+        matches!(released, Ok(Err(_))),
+        "the release answered without a replica: {released:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Still waiting, or failed (every call fails while no replica acknowledges): not granted.
+    let mut waiter = Some(waiter);
+    if waiter.as_ref().is_some_and(|w| w.is_finished()) {
+        if let Ok(p) = waiter.take().unwrap().await.unwrap() {
+            panic!(
+                "the waiter was granted what no replica has (fence {})",
+                p.fence()
+            );
+        }
+    }
+    topo.replica().thaw();
+    let sem_b = Semaphore::new(&b, "s", 1, opts()).unwrap();
+    let granted = match waiter {
+        Some(w) => tokio::time::timeout(Duration::from_secs(30), async { w.await.unwrap() }).await,
+        None => tokio::time::timeout(Duration::from_secs(30), sem_b.acquire()).await,
+    };
+    let granted = granted
+        .expect("no grant 30 s after the replica ran again")
+        .unwrap();
+    assert!(granted.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_client_follows_failovers_and_fences_never_go_back() {
     through_sentinel_failovers("").await;

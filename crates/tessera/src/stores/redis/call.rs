@@ -15,6 +15,10 @@ use super::RedisBackend;
 use crate::error::Result;
 use crate::model::Name;
 
+/// The channel (under the wake-up channels' prefix, which a restricted user may publish to)
+/// that [`RedisBackend::call_and_wait`] publishes to; no client id ends so.
+const WAIT_MARK: &str = "wait";
+
 impl RedisBackend {
     /// The names behind every key matching `pattern` (a `SCAN`, so Redis is never blocked),
     /// sorted and without duplicates; `name_of` maps a key to its name.
@@ -169,12 +173,21 @@ impl RedisBackend {
     }
 
     /// [`RedisBackend::call_on`] on a connection of its own, then `WAIT` for the replicas
-    /// the URL asks for: the answer comes only once they have the write.
+    /// the URL asks for: the answer comes only once they have the write, and everything the
+    /// master did before it. `WAIT` counts up to the last write *this connection* sent, and a
+    /// call that only read (a heartbeat that finds the hand-off another client's release
+    /// made) sent none, so a `PUBLISH` to a channel nobody listens on goes first: it is
+    /// replicated, and moves that mark to the master's present.
     async fn call_and_wait(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
         let (generation, own) = self.topo.own().await?;
         let mut conn = Conn::Own(own);
         let v = self.call_on(&mut conn, op, keys, args).await?;
-        let acked: i64 = redis::cmd("WAIT")
+        let (acked,): (i64,) = redis::pipe()
+            .cmd("PUBLISH")
+            .arg(format!("{}{}", self.wake_base, WAIT_MARK))
+            .arg("")
+            .ignore()
+            .cmd("WAIT")
             .arg(self.wait)
             .arg(topology::WAIT_TIMEOUT.as_millis() as u64)
             .query_async(&mut conn)

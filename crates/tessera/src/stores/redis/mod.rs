@@ -42,7 +42,8 @@
 //! ```
 //!
 //! The first line of commands is what the client sends (`config|get` is optional: without
-//! it the eviction check is skipped); the rest are the commands the semaphore and rate
+//! it the eviction check is skipped; with `?wait=N` it also sends `WAIT`, after a `PUBLISH`
+//! to `<prefix>:wake:wait`, so add `+wait`); the rest are the commands the semaphore and rate
 //! scripts call, which ACLs check inside scripts and functions too. Prefixes never contain
 //! `:`, so `~{acme:*` never matches another tenant's keys. With these rules a user connecting
 //! with another tenant's prefix is refused at connect (the wake channel) and on every
@@ -82,8 +83,9 @@
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
 //! [`crate::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
-//! to clients whose id ends with `.g`, as this one's does, so a woken waiter needs no round
-//! trip to learn it; older clients get the bare lease id). The
+//! to clients whose id ends with `.g`, as this one's does without `wait`, so a woken waiter
+//! needs no round trip to learn it; older clients, and clients with `wait`, get the bare
+//! lease id). The
 //! subscription is confirmed before `connect` returns, so no grant to this client is
 //! published before anyone listens. When the subscriber's connection drops, it reconnects
 //! and resubscribes with backoff, then wakes every waiter of this backend so each asks the
@@ -313,8 +315,15 @@ impl RedisBackend {
             }
         };
 
-        // The suffix asks the scripts to push grants with the wake-ups (ops::GRANT_PUSH).
-        let client_id = format!("{:032x}{}", rand::random::<u128>(), ops::GRANT_PUSH);
+        // The suffix asks the scripts to push grants with the wake-ups (ops::GRANT_PUSH);
+        // with `wait`, a grant must come from a call that waited for the replicas, so the
+        // wake-up carries the lease id alone and the woken waiter asks.
+        let push = if config.wait == 0 {
+            ops::GRANT_PUSH
+        } else {
+            ""
+        };
+        let client_id = format!("{:032x}{push}", rand::random::<u128>());
         let wake_base = format!("{}:wake:", config.prefix);
         let subscriber = match pushes {
             Some(pushes) => tokio::spawn(subscriber::cluster_loop(pushes, Arc::clone(&waiting))),
