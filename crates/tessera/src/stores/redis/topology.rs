@@ -54,6 +54,9 @@
 //! `WAIT N` (a blocking command, so never on the shared multiplexed connection), and
 //! answers only once N replicas have the write; if they do not within [`WAIT_TIMEOUT`], the
 //! call fails with a timeout (the step did run on the master; retries are idempotent).
+//! Wake-ups then carry no grant (a release's hand-off is published before its `WAIT`), so a
+//! waiter learns of its grant from a heartbeat of its own, which waits too (see
+//! `call.rs`, `call_and_wait`).
 //!
 //! # Cluster
 //!
