@@ -15,24 +15,6 @@ use super::RedisBackend;
 use crate::error::Result;
 use crate::model::Name;
 
-/// The `FCALL` of the library's function for `op`, sized up front (growing the buffer
-/// argument by argument cost more than the arguments themselves).
-fn fcall(library: &Library, op: Op, keys: &[String], args: &[&str]) -> redis::Cmd {
-    let function = library.function(op);
-    let data = 8
-        + function.len()
-        + keys.iter().map(String::len).sum::<usize>()
-        + args.iter().map(|a| a.len()).sum::<usize>();
-    let mut fcall = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
-    fcall
-        .arg("FCALL")
-        .arg(function)
-        .arg(keys.len())
-        .arg(keys)
-        .arg(args);
-    fcall
-}
-
 /// The channel (under the wake-up channels' prefix, which a restricted user may publish to)
 /// that [`RedisBackend::call_and_wait`] publishes to; no client id ends so.
 const WAIT_MARK: &str = "wait";
@@ -196,36 +178,20 @@ impl RedisBackend {
     /// call that only read (a heartbeat that finds the hand-off another client's release
     /// made) sent none, so a `PUBLISH` to a channel nobody listens on goes first: it is
     /// replicated, and moves that mark to the master's present.
-    ///
-    /// While the library is in use the three go in one round trip; a refused `FCALL` (the
-    /// library lost, functions unavailable: nothing ran) is sent again by
-    /// [`RedisBackend::call_on`], which handles those, followed by the other two.
     async fn call_and_wait(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
         let (generation, own) = self.topo.own().await?;
         let mut conn = Conn::Own(own);
-        let mut answered = None;
-        if self.functions_from.load(Ordering::Relaxed) == FUNCTIONS {
-            let mut all = redis::pipe();
-            all.add_command(fcall(Library::get(), op, keys, args));
-            self.and_wait(&mut all);
-            match all.query_async::<(Value, i64)>(&mut conn).await {
-                Ok(both) => answered = Some(both),
-                Err(e)
-                    if e.to_string().contains("Function not found")
-                        || functions_unavailable(&e) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let (v, acked) = match answered {
-            Some(both) => both,
-            None => {
-                let v = self.call_on(&mut conn, op, keys, args).await?;
-                let mut wait = redis::pipe();
-                self.and_wait(&mut wait);
-                let (acked,): (i64,) = wait.query_async(&mut conn).await?;
-                (v, acked)
-            }
-        };
+        let v = self.call_on(&mut conn, op, keys, args).await?;
+        let (acked,): (i64,) = redis::pipe()
+            .cmd("PUBLISH")
+            .arg(format!("{}{}", self.wake_base, WAIT_MARK))
+            .arg("")
+            .ignore()
+            .cmd("WAIT")
+            .arg(self.wait)
+            .arg(topology::WAIT_TIMEOUT.as_millis() as u64)
+            .query_async(&mut conn)
+            .await?;
         if let Conn::Own(own) = conn {
             self.topo.give_back(generation, own);
         }
@@ -243,18 +209,6 @@ impl RedisBackend {
         Ok(v)
     }
 
-    /// Adds to `pipe` the `PUBLISH` (its answer ignored) and the `WAIT` of
-    /// [`RedisBackend::call_and_wait`].
-    fn and_wait(&self, pipe: &mut redis::Pipeline) {
-        pipe.cmd("PUBLISH")
-            .arg(format!("{}{}", self.wake_base, WAIT_MARK))
-            .arg("")
-            .ignore()
-            .cmd("WAIT")
-            .arg(self.wait)
-            .arg(topology::WAIT_TIMEOUT.as_millis() as u64);
-    }
-
     /// One round trip: `FCALL` of the library's function for `op`, or `EVALSHA` of its
     /// script. A server that lost the library (restart, `FUNCTION FLUSH`, a promoted cluster
     /// replica) gets it again and the call is retried once, as redis-rs does for scripts
@@ -269,7 +223,20 @@ impl RedisBackend {
         let library = Library::get();
         let from = self.functions_from.load(Ordering::Relaxed);
         if from == FUNCTIONS || epoch_ms() >= from {
-            let fcall = fcall(library, op, keys, args);
+            // Sized up front: growing the buffer argument by argument cost more than the
+            // arguments themselves.
+            let function = library.function(op);
+            let data = 8
+                + function.len()
+                + keys.iter().map(String::len).sum::<usize>()
+                + args.iter().map(|a| a.len()).sum::<usize>();
+            let mut fcall = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+            fcall
+                .arg("FCALL")
+                .arg(function)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
             match fcall.query_async::<Value>(conn).await {
                 Ok(v) => {
                     if from != FUNCTIONS {
