@@ -33,7 +33,8 @@
 //!   restarted empty there, a client whose sentinels were out of reach (or whose watcher had
 //!   not yet heard of the failover) sent its calls to the empty server and granted permits
 //!   held on the new master. A lost connection is made again only by a resolution: to the
-//!   server the newest answer names (the same address after a plain restart), never to one
+//!   server the newest answer names (the same address after a plain restart only if every
+//!   sentinel answers and names it: a majority may still lag behind a failover), never to one
 //!   the sentinels are failing over (`o_down` or `failover_in_progress` in their flags: until
 //!   the switch they still name the old master in `SENTINEL MASTER`). A new connection of
 //!   the `WAIT` pool, and the wake-up subscriber's after a loss, first check that the
@@ -575,13 +576,16 @@ fn client_of(template: &str, addr: &(String, u16)) -> RedisResult<redis::Client>
 enum Resolved {
     /// Another server, which says it is a master.
     Other(Named, redis::Client),
-    /// The newest answer names the server in use, at this epoch.
+    /// Every sentinel answered and names the server in use, at this epoch. A lagging
+    /// sentinel names the old master for up to seconds after a failover, and so may a
+    /// majority: a lost connection to the old address is made again only when none says
+    /// otherwise (a restarted old master says it is one until the sentinels demote it).
     Same(u64),
 }
 
 /// Asks every sentinel about `master` and takes the answer of the highest epoch whose server
 /// says it is a master, skipping a master the sentinels are failing over. With `now` (the
-/// master in use), an answer that names it gives [`Resolved::Same`] unless another is
+/// master in use), answers that all name it give [`Resolved::Same`] unless another is
 /// followed; an answer of an epoch no higher than `now`'s is skipped, unless the server of
 /// `now` says it is no longer a master (see the module docs: a lagging sentinel names the old
 /// master).
@@ -622,6 +626,9 @@ async fn resolve(
             Err(e) => last = Some(e),
         }
     }
+    // Every sentinel answered, all alike, and none is failing the master over: only then is
+    // the master in use, whose connection was lost, connected to again (see `Resolved::Same`).
+    let unanimous = answered == sentinels.len() && answers.len() == 1 && !answers[0].replacing;
     answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     // Asked only if an older answer is left to try: whether the master in use was demoted.
     let mut demoted: Option<bool> = None;
@@ -654,8 +661,16 @@ async fn resolve(
             Err(e) => last = Some(e),
         }
     }
-    if let Some(epoch) = same {
-        return Ok(Resolved::Same(epoch));
+    match same {
+        Some(epoch) if unanimous => return Ok(Resolved::Same(epoch)),
+        Some(_) => {
+            last = Some(RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the sentinels do not all name the master in use yet",
+                format!("master {master:?}"),
+            )))
+        }
+        None => {}
     }
     Err(last.unwrap_or_else(|| {
         RedisError::from((
