@@ -277,6 +277,98 @@ async fn with_wait_a_waiter_is_granted_only_what_a_replica_has() {
     assert!(granted.release().await.unwrap());
 }
 
+/// Options whose waiter heartbeat (every min(waiter TTL / 3, TTL / 4)) comes only every 15 s,
+/// so a waiter that asks the store within a test's few seconds does so because it was woken.
+fn quiet_waiter_opts() -> SemaphoreOptions {
+    SemaphoreOptions::default()
+        .ttl(Duration::from_secs(60))
+        .waiter_ttl(Duration::from_secs(60))
+}
+
+/// Queues an acquire of `sem` behind `held` and waits until the store shows it.
+async fn queue_behind(
+    sem: Semaphore,
+    held_sem: &Semaphore,
+) -> tokio::task::JoinHandle<Result<Permit>> {
+    let waiter = tokio::spawn(async move { sem.acquire().await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held_sem.status().await.unwrap().queue.is_empty() {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiter
+}
+
+/// With `wait`, a hand-off reaches the waiter with its grant once the releasing call's `WAIT`
+/// counted the replicas: the woken waiter need not ask the store (and wait for the replicas
+/// again) before it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_hand_off_reaches_the_waiter_without_its_asking() {
+    let topo = SentinelTopology::start();
+    let url = format!("{}?prefix=r&wait=1", topo.url());
+    let (a, b) = (
+        Store::connect(&url).await.unwrap(),
+        Store::connect(&url).await.unwrap(),
+    );
+    let sem_a = Semaphore::new(&a, "s", 1, quiet_waiter_opts()).unwrap();
+    let sem_b = Semaphore::new(&b, "s", 1, quiet_waiter_opts()).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    let fence = held.fence();
+    let waiter = queue_behind(sem_b, &sem_a).await;
+    let master = topo.master();
+    master.command(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    master.command(&["CONFIG", "SET", "slowlog-max-len", "10000"]);
+    master.command(&["SLOWLOG", "RESET"]);
+    assert!(held.release().await.unwrap());
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not granted within 10 s")
+        .unwrap()
+        .unwrap();
+    assert!(granted.fence() > fence);
+    let log = master.command(&["SLOWLOG", "GET", "10000"]);
+    let heartbeats = log.lines().filter(|l| l.ends_with("_heartbeat")).count();
+    assert_eq!(heartbeats, 0, "the woken waiter asked the store:\n{log}");
+    assert!(granted.release().await.unwrap());
+}
+
+/// A client without `wait` that hands a permit to a waiter with `wait` sends the bare
+/// wake-up: the waiter is granted only once a replica has the hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_wait_never_hands_a_waiter_with_wait_what_no_replica_has() {
+    let topo = SentinelTopology::start();
+    let a = Store::connect(&format!("{}?prefix=m", topo.url()))
+        .await
+        .unwrap();
+    let b = Store::connect(&format!("{}?prefix=m&wait=1", topo.url()))
+        .await
+        .unwrap();
+    let sem_a = Semaphore::new(&a, "s", 1, quiet_waiter_opts()).unwrap();
+    let sem_b = Semaphore::new(&b, "s", 1, quiet_waiter_opts()).unwrap();
+    let held = sem_a.acquire().await.unwrap();
+    let waiter = queue_behind(sem_b, &sem_a).await;
+    topo.replica().freeze();
+    assert!(held.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    if waiter.is_finished() {
+        if let Ok(p) = waiter.await.unwrap() {
+            panic!(
+                "the waiter was granted what no replica has (fence {})",
+                p.fence()
+            );
+        }
+        topo.replica().thaw();
+        return;
+    }
+    topo.replica().thaw();
+    let granted = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("no grant 30 s after the replica ran again")
+        .unwrap()
+        .unwrap();
+    assert!(granted.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_client_follows_failovers_and_fences_never_go_back() {
     through_sentinel_failovers("").await;

@@ -156,7 +156,15 @@ impl RedisBackend {
                 self.call_and_wait(op, keys, args).await
             } else {
                 let mut conn = self.topo.conn();
-                self.call_on(&mut conn, op, keys, args).await
+                match self.call_on(&mut conn, op, keys, args).await {
+                    // Grants to a client with `wait`, made by a call that waited for no
+                    // replica: it gets the bare wake-up and asks.
+                    Ok(v) => match Relays::split(v) {
+                        (v, Some(relays)) => relays.publish(&mut conn, 0).await.map(|_| v),
+                        (v, None) => Ok(v),
+                    },
+                    Err(e) => Err(e),
+                }
             };
             match result {
                 Ok(v) => return Ok(v),
@@ -177,11 +185,13 @@ impl RedisBackend {
     /// master did before it. `WAIT` counts up to the last write *this connection* sent, and a
     /// call that only read (a heartbeat that finds the hand-off another client's release
     /// made) sent none, so a `PUBLISH` to a channel nobody listens on goes first: it is
-    /// replicated, and moves that mark to the master's present.
+    /// replicated, and moves that mark to the master's present. Grants the step made to
+    /// waiters with `wait` are published after the `WAIT`, with the grant to those who need
+    /// no more replicas than it counted (see [`Relays`]).
     async fn call_and_wait(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
         let (generation, own) = self.topo.own().await?;
         let mut conn = Conn::Own(own);
-        let v = self.call_on(&mut conn, op, keys, args).await?;
+        let (v, relays) = Relays::split(self.call_on(&mut conn, op, keys, args).await?);
         let (acked,): (i64,) = redis::pipe()
             .cmd("PUBLISH")
             .arg(format!("{}{}", self.wake_base, WAIT_MARK))
@@ -192,6 +202,9 @@ impl RedisBackend {
             .arg(topology::WAIT_TIMEOUT.as_millis() as u64)
             .query_async(&mut conn)
             .await?;
+        if let Some(relays) = relays {
+            relays.publish(&mut conn, acked).await?;
+        }
         if let Conn::Own(own) = conn {
             self.topo.give_back(generation, own);
         }
@@ -344,4 +357,53 @@ pub(super) fn epoch_ms() -> u64 {
 /// unknown command) or a user whose ACL allows neither `FCALL` nor `FUNCTION LOAD`.
 fn functions_unavailable(e: &RedisError) -> bool {
     e.code() == Some("NOPERM") || e.to_string().contains("unknown command")
+}
+
+/// Wake-ups a step left to its caller (`out()` in `prelude.lua`): hand-off grants to clients
+/// with `wait` (id ending `.r<N>`), who trust a grant only once N replicas have the step that
+/// made it. The step's reply comes wrapped: `['relay', reply, (channel, bare payload, payload
+/// with the grant, N)...]`.
+struct Relays(Vec<Value>);
+
+impl Relays {
+    /// The step's own reply, and the wake-ups it left, if any.
+    fn split(v: Value) -> (Value, Option<Relays>) {
+        match v {
+            Value::Array(mut items)
+                if items.len() >= 2
+                    && matches!(&items[0], Value::BulkString(b) if b == b"relay") =>
+            {
+                let rest = items.split_off(2);
+                let reply = items.pop().unwrap_or(Value::Nil);
+                (reply, Some(Relays(rest)))
+            }
+            v => (v, None),
+        }
+    }
+
+    /// Publishes each wake-up on `conn`: with the grant where `acked` replicas (what this
+    /// call's `WAIT` counted) are as many as its client needs, bare otherwise.
+    async fn publish(self, conn: &mut Conn, acked: i64) -> RedisResult<()> {
+        fn text(v: &Value) -> Option<&str> {
+            match v {
+                Value::BulkString(b) => std::str::from_utf8(b).ok(),
+                Value::SimpleString(s) => Some(s.as_str()),
+                _ => None,
+            }
+        }
+        let mut pipe = redis::pipe();
+        for relay in self.0.chunks_exact(4) {
+            let (Some(channel), Some(bare), Some(granted), Some(need)) = (
+                text(&relay[0]),
+                text(&relay[1]),
+                text(&relay[2]),
+                text(&relay[3]).and_then(|n| n.parse::<i64>().ok()),
+            ) else {
+                continue;
+            };
+            let payload = if acked >= need { granted } else { bare };
+            pipe.cmd("PUBLISH").arg(channel).arg(payload).ignore();
+        }
+        pipe.query_async::<()>(conn).await
+    }
 }

@@ -317,11 +317,12 @@ impl RedisBackend {
 
         // The suffix asks the scripts to push grants with the wake-ups (ops::GRANT_PUSH);
         // with `wait`, a grant must come from a call that waited for the replicas, so the
-        // wake-up carries the lease id alone and the woken waiter asks.
+        // scripts leave the wake-up to the caller, which publishes the grant once its own
+        // WAIT counted as many replicas (ops::GRANT_RELAY).
         let push = if config.wait == 0 {
-            ops::GRANT_PUSH
+            ops::GRANT_PUSH.to_string()
         } else {
-            ""
+            format!("{}{}", ops::GRANT_RELAY, config.wait)
         };
         let client_id = format!("{:032x}{push}", rand::random::<u128>());
         let wake_base = format!("{}:wake:", config.prefix);

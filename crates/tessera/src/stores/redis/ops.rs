@@ -224,6 +224,11 @@ pub(crate) fn name_of_meta_key(prefix: &str, key: &str) -> Option<Name> {
 /// `prelude.lua`).
 pub(crate) const GRANT_PUSH: &str = ".g";
 
+/// The client-id suffix, followed by the replicas of `?wait=N`, that asks the scripts to
+/// leave hand-off grants to the caller, who publishes them once its `WAIT` counted N
+/// replicas (`GRANT_RELAY` in `prelude.lua`).
+pub(crate) const GRANT_RELAY: &str = ".r";
+
 /// A wake-up payload: `<lease id>` or `<lease id>\t<now>\t<lease record>` (a grant); `None`
 /// if unreadable. A grant whose record cannot be read degrades to a plain wake-up, after
 /// which the waiter asks the store.

@@ -79,4 +79,4 @@ repeat
   reply = {'queued', queued}
 until true
 finish()
-return reply
+return out(reply)

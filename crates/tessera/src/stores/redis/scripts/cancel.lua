@@ -23,4 +23,4 @@ if reply[1] ~= 'notfound' then
   hand_off()
 end
 finish()
-return reply
+return out(reply)

@@ -21,4 +21,4 @@ delete_state()
 rcall('SET', K_FENCE, int(fence()), 'PX', FENCE_KEEP_MS)
 S = nil
 finish()
-return 1
+return out(1)

@@ -21,4 +21,4 @@ else
   reply = {'gone'}
 end
 finish()
-return reply
+return out(reply)

@@ -141,9 +141,16 @@ local full, fence_moved, deadline_moved
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
 -- until the first.
 local wakes
+-- Wake-ups left to the caller (see out()); nil until the first.
+local relays
 -- Clients whose id ends with this take the grant with the wake-up: the payload is
 -- `<lease id>\t<now>\t<lease record>` instead of `<lease id>` (revocations stay bare).
 local GRANT_PUSH = '.g'
+-- Clients whose id ends with `.r<N>` (`?wait=N`) trust a grant only once N replicas have the
+-- step that made it: finish() publishes nothing to them and hands the wake-up to the caller
+-- (see out()), which publishes the grant after its own WAIT counted N replicas, or the bare
+-- lease id if it did not (the waiter then asks, and waits for the replicas itself).
+local GRANT_RELAY = '%.r(%d+)$'
 -- What this step did, for finish(): whether the counters changed, whether it created the
 -- state, the latest expiry it wrote (µs), and which keys it may have created: meta, holders
 -- with leases, queue with waiters and wexp, seats.
@@ -164,7 +171,7 @@ local function begin(keys, argv)
   WAKE_BASE = argv[1]
   S, M = nil, nil
   full, fence_moved, deadline_moved = false, false, false
-  wakes = nil
+  wakes, relays = nil, nil
   dirty, fresh, latest = false, false, 0
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
   pool, pool_n = nil, 0
@@ -649,15 +656,39 @@ local function finish()
     end
   end
   if wakes ~= nil then
-    local cmd = string.byte(WAKE_BASE, 1) == 123 and 'SPUBLISH' or 'PUBLISH' -- 123: '{'
+    local sharded = string.byte(WAKE_BASE, 1) == 123 -- 123: '{'
+    local cmd = sharded and 'SPUBLISH' or 'PUBLISH'
     for _, w in ipairs(wakes) do
       local payload = w[2]
-      if w[3] and string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
-        payload = payload .. '\t' .. now_text() .. '\t' .. w[3]
+      local need = w[3] and not sharded and string.match(w[1], GRANT_RELAY)
+      if need then
+        -- The caller publishes it, once `need` replicas have this step (see out()).
+        if relays == nil then
+          relays = {'relay', false}
+        end
+        local n = #relays
+        relays[n + 1] = WAKE_BASE .. w[1]
+        relays[n + 2] = payload
+        relays[n + 3] = payload .. '\t' .. now_text() .. '\t' .. w[3]
+        relays[n + 4] = need
+      else
+        if w[3] and string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
+          payload = payload .. '\t' .. now_text() .. '\t' .. w[3]
+        end
+        rcall(cmd, WAKE_BASE .. w[1], payload)
       end
-      rcall(cmd, WAKE_BASE .. w[1], payload)
     end
   end
+end
+
+-- A step's reply, wrapped when finish() left grants for the caller to relay:
+-- {'relay', reply, channel, bare payload, payload with the grant, replicas needed, ...}.
+local function out(reply)
+  if relays == nil then
+    return reply
+  end
+  relays[2] = reply
+  return relays
 end
 
 -- Replies carry numbers as integers; a lease travels as its id plus its encoded record.

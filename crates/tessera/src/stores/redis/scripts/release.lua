@@ -14,6 +14,6 @@ local held = remove_holder(lease_id, true) ~= nil
 hand_off()
 finish()
 if held then
-  return 1
+  return out(1)
 end
-return 0
+return out(0)

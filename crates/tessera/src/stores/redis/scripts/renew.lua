@@ -24,4 +24,4 @@ if encoded then
   reply = {'renewed', lease.expires_at, now}
 end
 finish()
-return reply
+return out(reply)

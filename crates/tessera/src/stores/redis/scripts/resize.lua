@@ -19,4 +19,4 @@ if not is_empty() then
   hand_off()
 end
 finish()
-return reply
+return out(reply)

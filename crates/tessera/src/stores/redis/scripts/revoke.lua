@@ -17,6 +17,6 @@ if lease then
 end
 finish()
 if lease then
-  return 1
+  return out(1)
 end
-return 0
+return out(0)

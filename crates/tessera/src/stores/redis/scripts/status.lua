@@ -23,4 +23,4 @@ else
   reply = {'status', S.cap, S.used, now, leases, waiters}
 end
 finish()
-return reply
+return out(reply)
