@@ -84,8 +84,9 @@
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
 //! [`crate::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
 //! to clients whose id ends with `.g`, as this one's does without `wait`, so a woken waiter
-//! needs no round trip to learn it; older clients, and clients with `wait`, get the bare
-//! lease id). The
+//! needs no round trip to learn it; older clients get the bare lease id, and clients with
+//! `wait=N`, whose id ends with `.r<N>`, get the grant from the caller of the step once its
+//! `WAIT` counted N replicas, see [`topology`]). The
 //! subscription is confirmed before `connect` returns, so no grant to this client is
 //! published before anyone listens. When the subscriber's connection drops, it reconnects
 //! and resubscribes with backoff, then wakes every waiter of this backend so each asks the

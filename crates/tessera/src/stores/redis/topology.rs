@@ -55,9 +55,11 @@
 //! `WAIT N` (a blocking command, so never on the shared multiplexed connection), and
 //! answers only once N replicas have the write; if they do not within [`WAIT_TIMEOUT`], the
 //! call fails with a timeout (the step did run on the master; retries are idempotent).
-//! Wake-ups then carry no grant (a release's hand-off is published before its `WAIT`), so a
-//! waiter learns of its grant from a heartbeat of its own, which waits too (see
-//! `call.rs`, `call_and_wait`).
+//! A hand-off grant then reaches its waiter only after the `WAIT` of the call that made it:
+//! the step leaves the wake-up to its caller, which publishes it with the grant once its
+//! `WAIT` counted the waiter's N replicas, and bare otherwise (a client without `wait`, a
+//! `WAIT` that timed out), in which case the waiter asks with a heartbeat of its own, which
+//! waits too (see `call.rs`, `call_and_wait` and `Relays`).
 //!
 //! # Cluster
 //!
