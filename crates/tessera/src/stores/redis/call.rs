@@ -159,10 +159,13 @@ impl RedisBackend {
                 match self.call_on(&mut conn, op, keys, args).await {
                     // Grants to a client with `wait`, made by a call that waited for no
                     // replica: it gets the bare wake-up and asks.
-                    Ok(v) => match Relays::split(v) {
-                        (v, Some(relays)) => relays.publish(&mut conn, 0).await.map(|_| v),
-                        (v, None) => Ok(v),
-                    },
+                    Ok(v) => {
+                        let (v, relays) = Relays::split(v);
+                        if let Some(relays) = relays {
+                            relays.publish(&mut conn, 0).await;
+                        }
+                        Ok(v)
+                    }
                     Err(e) => Err(e),
                 }
             };
@@ -203,7 +206,7 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await?;
         if let Some(relays) = relays {
-            relays.publish(&mut conn, acked).await?;
+            relays.publish(&mut conn, acked).await;
         }
         if let Conn::Own(own) = conn {
             self.topo.give_back(generation, own);
@@ -382,8 +385,10 @@ impl Relays {
     }
 
     /// Publishes each wake-up on `conn`: with the grant where `acked` replicas (what this
-    /// call's `WAIT` counted) are as many as its client needs, bare otherwise.
-    async fn publish(self, conn: &mut Conn, acked: i64) -> RedisResult<()> {
+    /// call's `WAIT` counted) are as many as its client needs, bare otherwise. A wake-up
+    /// that cannot be sent is left to the waiter's heartbeat, as one lost in transit: the
+    /// step itself succeeded.
+    async fn publish(self, conn: &mut Conn, acked: i64) {
         fn text(v: &Value) -> Option<&str> {
             match v {
                 Value::BulkString(b) => std::str::from_utf8(b).ok(),
@@ -392,6 +397,7 @@ impl Relays {
             }
         }
         let mut pipe = redis::pipe();
+        let mut any = false;
         for relay in self.0.chunks_exact(4) {
             let (Some(channel), Some(bare), Some(granted), Some(need)) = (
                 text(&relay[0]),
@@ -403,7 +409,42 @@ impl Relays {
             };
             let payload = if acked >= need { granted } else { bare };
             pipe.cmd("PUBLISH").arg(channel).arg(payload).ignore();
+            any = true;
         }
-        pipe.query_async::<()>(conn).await
+        if !any {
+            return;
+        }
+        if let Err(e) = pipe.query_async::<()>(conn).await {
+            tracing::debug!(error = %e, "hand-off wake-ups not sent; the waiters' heartbeats find the grants");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_wrapped_reply_gives_the_step_reply_and_its_wake_ups() {
+        let wrapped = Value::Array(vec![
+            bulk("relay"),
+            Value::Int(1),
+            bulk("t:wake:c.r1"),
+            bulk("7"),
+            bulk("7\t1\trecord"),
+            bulk("1"),
+        ]);
+        let (reply, relays) = Relays::split(wrapped);
+        assert_eq!(reply, Value::Int(1));
+        assert_eq!(relays.unwrap().0.len(), 4);
+        let plain = Value::Array(vec![bulk("granted"), Value::Int(5), bulk("record")]);
+        let (reply, relays) = Relays::split(plain.clone());
+        assert_eq!(reply, plain);
+        assert!(relays.is_none());
+        assert!(Relays::split(Value::Int(0)).1.is_none());
     }
 }
