@@ -242,12 +242,7 @@ async fn with_wait_a_waiter_is_granted_only_what_a_replica_has() {
     let sem_a = Semaphore::new(&a, "s", 1, opts()).unwrap();
     let sem_b = Semaphore::new(&b, "s", 1, opts()).unwrap();
     let held = sem_a.acquire().await.unwrap();
-    let waiter = tokio::spawn(async move { sem_b.acquire().await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sem_a.status().await.unwrap().queue.is_empty() {
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiter = queue_behind(sem_b, &sem_a).await;
     topo.replica().freeze();
     let released = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
     assert!(
