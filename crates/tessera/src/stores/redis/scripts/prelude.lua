@@ -660,7 +660,14 @@ local function finish()
     local cmd = sharded and 'SPUBLISH' or 'PUBLISH'
     for _, w in ipairs(wakes) do
       local payload = w[2]
-      local need = w[3] and not sharded and string.match(w[1], GRANT_RELAY)
+      local need
+      if w[3] then
+        if string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
+          payload = payload .. '\t' .. now_text() .. '\t' .. w[3]
+        elseif not sharded then
+          need = string.match(w[1], GRANT_RELAY)
+        end
+      end
       if need then
         -- The caller publishes it, once `need` replicas have this step (see out()).
         if relays == nil then
@@ -672,9 +679,6 @@ local function finish()
         relays[n + 3] = payload .. '\t' .. now_text() .. '\t' .. w[3]
         relays[n + 4] = need
       else
-        if w[3] and string.sub(w[1], -#GRANT_PUSH) == GRANT_PUSH then
-          payload = payload .. '\t' .. now_text() .. '\t' .. w[3]
-        end
         rcall(cmd, WAKE_BASE .. w[1], payload)
       end
     end
