@@ -108,6 +108,90 @@ fn bench_runs_on_sqlite() {
     bench_all(&Harness::sqlite());
 }
 
+/// `tessera bench` on a SQL store, one workload, briefly, with the server's baselines on:
+/// every JSON line it printed.
+fn bench_sql(store: &str, workload: &str, baseline_flag: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .env("TESSERA_STORE", store)
+        .args([
+            "bench",
+            "--workload",
+            workload,
+            "--ops",
+            "40",
+            "--duration",
+            "20s",
+            baseline_flag,
+            "500ms",
+            "--baseline-poll",
+            "1ms",
+            "--json",
+        ])
+        .output()
+        .expect("run tessera bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tessera bench on {store} exited with {}: {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// A hand-written polling design's figures, measured: it granted, never over-granted, and
+/// its clients and capacity are the ones named.
+fn check_polling(f: &serde_json::Value, design: &str, clients: u64, capacity: u64) {
+    assert_eq!(f["design"], design, "{f}");
+    assert_eq!(f["clients"], clients, "{f}");
+    assert_eq!(f["capacity"], capacity, "{f}");
+    assert_eq!(f["poll_ms"], 1.0, "{f}");
+    assert_eq!(f["over_grants"], 0, "{f}");
+    assert!(f["grants_per_sec"].as_f64().unwrap() > 0.0, "{f}");
+    assert!(
+        f["wait_max_ms"].as_f64().unwrap() >= f["wait_p50_ms"].as_f64().unwrap(),
+        "{f}"
+    );
+    assert!(
+        f["grants_per_client_max"].as_u64().unwrap()
+            >= f["grants_per_client_min"].as_u64().unwrap(),
+        "{f}"
+    );
+    assert!(f["empty_polls_per_grant"].as_f64().unwrap() >= 0.0, "{f}");
+}
+
+#[test]
+fn bench_on_postgres_measures_a_skip_locked_semaphore_in_the_same_run() {
+    let h = Harness::postgres();
+    let lines = bench_sql(h.url(), "w3", "--pg-baseline");
+    assert_eq!(lines[0]["workload"], "w3", "{lines:?}");
+    assert_eq!(lines[0]["over_grants"], 0, "{lines:?}");
+    let b = &lines[1];
+    assert_eq!(b["workload"], "postgres-baseline", "{b}");
+    assert!(b["insert_commits_per_sec"].as_f64().unwrap() > 0.0, "{b}");
+    check_polling(&b["skip_locked"], "SKIP LOCKED semaphore", 32, 4);
+    // Its tables are dropped afterwards.
+    let left = h
+        .postgres_server()
+        .unwrap()
+        .psql("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tessera_bench%'");
+    assert_eq!(left.trim(), "0");
+}
+
+#[test]
+fn bench_on_mariadb_measures_a_lock_table_in_the_same_run() {
+    let h = Harness::mariadb();
+    let lines = bench_sql(h.url(), "w2", "--baseline-time");
+    assert_eq!(lines[0]["workload"], "w2", "{lines:?}");
+    assert_eq!(lines[0]["over_grants"], 0, "{lines:?}");
+    let b = &lines[1]["baselines"];
+    assert!(b["insert_commit_per_sec"].as_f64().unwrap() > 0.0, "{b}");
+    check_polling(&b["lock_table"], "lock table", 8, 1);
+}
+
 const RATE_FIELDS: [&str; 16] = [
     "workload",
     "clients",

@@ -35,16 +35,18 @@
 //!
 //! - on a `postgres://` store, after the semaphore workloads, the figures to compare with on
 //!   the same server (`--pg-baseline`, see [`postgres`]): advisory lock pairs and hand-offs,
-//!   and one session's INSERT+COMMIT rate.
+//!   one session's INSERT+COMMIT rate, and a hand-written `SKIP LOCKED` semaphore.
 //! - on a `mysql://` (or `mariadb://`) store, the run ends with the server's own figures in the
 //!   same run (`--baseline-time` each, see [`mysql`]): one client's durable INSERT+COMMIT
-//!   rate and 8 clients' `GET_LOCK` hand-offs.
+//!   rate, 8 clients' `GET_LOCK` hand-offs, and 8 clients on a hand-written lock table.
+//!   The two hand-written designs poll every `--baseline-poll` (see [`polling`]).
 //!
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
 mod etcd_mutex;
 mod mysql;
+mod polling;
 mod postgres;
 mod rate;
 mod report;
@@ -123,7 +125,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub preload: u32,
     /// On a `mysql://` store: how long each of the server's own baselines runs after the
-    /// workloads (one client's INSERT+COMMIT loop, 8 clients on GET_LOCK); 0 skips them.
+    /// workloads (one client's INSERT+COMMIT loop, 8 clients on GET_LOCK, 8 clients on a lock
+    /// table); 0 skips them.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     pub baseline_time: Duration,
     /// Semaphores of the many workload (names spread over a cluster's slots).
@@ -133,10 +136,15 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// On a `postgres://` store: also measure, on the same server in the same run, advisory
-    /// lock pairs (W1), advisory lock hand-offs among 8 sessions (W2) and one session's
-    /// INSERT+COMMIT rate, each for this long (0s: skip).
+    /// lock pairs (W1), advisory lock hand-offs among 8 sessions (W2), one session's
+    /// INSERT+COMMIT rate and a SKIP LOCKED semaphore of 32 sessions on 4 slots, each for this
+    /// long (0s: skip).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     pub pg_baseline: Duration,
+    /// How often the hand-written designs of the SQL baselines (PostgreSQL's SKIP LOCKED
+    /// semaphore, MySQL's lock table) ask again after finding nothing free.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2ms")]
+    pub baseline_poll: Duration,
     /// Runtime worker threads for the clients: 0 (the default) drives every client from one
     /// thread (tokio's current-thread runtime), which on a small machine shared with the
     /// server avoids cross-thread wake-ups on every reply; N > 0 uses a multi-thread runtime
@@ -213,7 +221,13 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
     }
     let is_pg = store_url.starts_with("postgres://") || store_url.starts_with("postgresql://");
     if is_pg && !args.pg_baseline.is_zero() {
-        let b = postgres::run(store_url, &redact(store_url), args.pg_baseline).await?;
+        let b = postgres::run(
+            store_url,
+            &redact(store_url),
+            args.pg_baseline,
+            args.baseline_poll,
+        )
+        .await?;
         if args.json {
             println!("{}", serde_json::to_string(&b)?);
         } else {
@@ -221,7 +235,7 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
         }
     }
     if mysql::is_mysql(store_url) && !args.baseline_time.is_zero() {
-        let b = mysql::baselines(store_url, args.baseline_time).await?;
+        let b = mysql::baselines(store_url, args.baseline_time, args.baseline_poll).await?;
         if args.json {
             println!("{}", serde_json::json!({ "baselines": b }));
         } else {

@@ -7,7 +7,12 @@
 //!   (the lock passed to a different session) per second and the longest wait;
 //! - **durable commits**: one session's `INSERT` + `COMMIT` of one row per second (the disk's
 //!   durable-commit limit, which a durable grant pays once; with `synchronous_commit=off` in
-//!   the store URL this session commits asynchronously too, like tessera's own).
+//!   the store URL this session commits asynchronously too, like tessera's own);
+//! - **SKIP LOCKED semaphore**: the hand-written semaphore tessera replaces, W3's shape (32
+//!   sessions, capacity 4; see [`super::polling`]): a table of 4 slot rows, a holder keeps
+//!   its slot locked (`SELECT … FOR UPDATE SKIP LOCKED`) in an open transaction until its
+//!   `COMMIT`; a session that finds every slot locked rolls back and polls again. Each grant
+//!   commits a row lock, durably unless the store URL turns `synchronous_commit` off.
 //!
 //! Each runs for `run` (a hard bound), on connections of its own.
 
@@ -19,6 +24,8 @@ use anyhow::Context;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
+
+use super::polling::{self, PollFigures, PollStats};
 
 /// The comparison figures (one JSON line, `"workload": "postgres-baseline"`).
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +42,8 @@ pub struct PgBaseline {
     pub insert_commits_per_sec: f64,
     /// Whether the commit session ran with `synchronous_commit=off` (as the store URL asks).
     pub synchronous_commit_off: bool,
+    /// The `SELECT … FOR UPDATE SKIP LOCKED` semaphore, 32 sessions on 4 slots.
+    pub skip_locked: PollFigures,
 }
 
 /// Connection options from a tessera `postgres://` URL: its server and credentials, without
@@ -66,8 +75,14 @@ async fn connect(o: &PgConnectOptions) -> anyhow::Result<PgConnection> {
     Ok(o.connect().await?)
 }
 
-/// Runs the three comparisons, each for at most `run`.
-pub async fn run(url: &str, redacted: &str, run: Duration) -> anyhow::Result<PgBaseline> {
+/// Runs the four comparisons, each for at most `run`; the SKIP LOCKED semaphore's sessions
+/// poll every `poll`.
+pub async fn run(
+    url: &str,
+    redacted: &str,
+    run: Duration,
+    poll: Duration,
+) -> anyhow::Result<PgBaseline> {
     let (o, async_commit) = options(url)?;
     let key: i64 = rand::random::<i64>() & 0x7fff_ffff_ffff;
 
@@ -165,6 +180,8 @@ pub async fn run(url: &str, redacted: &str, run: Duration) -> anyhow::Result<PgB
         .await?;
     c.close().await.ok();
 
+    let skip_locked = skip_locked(&o, async_commit, key, run, poll).await?;
+
     Ok(PgBaseline {
         workload: "postgres-baseline".into(),
         store: redacted.to_string(),
@@ -173,7 +190,82 @@ pub async fn run(url: &str, redacted: &str, run: Duration) -> anyhow::Result<PgB
         advisory_w2_max_wait_ms: w2_max,
         insert_commits_per_sec: commit_rate,
         synchronous_commit_off: async_commit,
+        skip_locked,
     })
+}
+
+/// Sessions and slots of the SKIP LOCKED semaphore (W3's shape).
+const SKIP_LOCKED_CLIENTS: usize = 32;
+const SKIP_LOCKED_SLOTS: u32 = 4;
+
+/// The `SELECT … FOR UPDATE SKIP LOCKED` semaphore for `run`, hold ≈ 0 (see the module docs).
+async fn skip_locked(
+    o: &PgConnectOptions,
+    async_commit: bool,
+    key: i64,
+    run: Duration,
+    poll: Duration,
+) -> anyhow::Result<PollFigures> {
+    let table = format!("tessera_bench_slots_{key:x}");
+    let mut c = connect(o).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (slot int PRIMARY KEY); \
+         INSERT INTO {table} SELECT generate_series(0, {})",
+        SKIP_LOCKED_SLOTS - 1
+    )))
+    .execute(&mut c)
+    .await?;
+    let mut conns = Vec::new();
+    for _ in 0..SKIP_LOCKED_CLIENTS {
+        let mut s = connect(o).await?;
+        if async_commit {
+            sqlx::query("SET synchronous_commit = off")
+                .execute(&mut s)
+                .await?;
+        }
+        conns.push(s);
+    }
+    let take = format!("SELECT slot FROM {table} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED");
+    let stats = Arc::new(PollStats::new(SKIP_LOCKED_CLIENTS, SKIP_LOCKED_SLOTS));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, mut s) in conns.into_iter().enumerate() {
+        let (stats, take) = (Arc::clone(&stats), take.clone());
+        tasks.push(tokio::spawn(async move {
+            'grants: while t0.elapsed() < run {
+                let asked = Instant::now();
+                loop {
+                    let mut tx = s.begin().await?;
+                    let slot: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(take.clone()))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    if slot.is_some() {
+                        stats.granted(i, asked.elapsed());
+                        stats.leaving();
+                        tx.commit().await?;
+                        break;
+                    }
+                    stats.polled();
+                    tx.rollback().await?;
+                    if t0.elapsed() >= run {
+                        break 'grants;
+                    }
+                    tokio::time::sleep(poll).await;
+                }
+            }
+            s.close().await.ok();
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(&mut c)
+        .await?;
+    c.close().await.ok();
+    Ok(stats.figures("SKIP LOCKED semaphore", poll, seconds))
 }
 
 /// The figures as lines under the workloads' table, with the issue's ratios.
@@ -203,6 +295,13 @@ pub fn table(b: &PgBaseline, reports: &[super::WorkloadReport]) -> String {
             "  tessera W2 hand-offs / commits = {:.2}; / advisory W2 = {:.2}\n",
             w2.handoffs_per_sec / b.insert_commits_per_sec,
             w2.handoffs_per_sec / b.advisory_w2_handoffs_per_sec
+        );
+    }
+    out += &format!("  {}", polling::line(&b.skip_locked));
+    if let Some(w3) = find("w3") {
+        out += &format!(
+            "  tessera W3 grants / SKIP LOCKED grants = {:.2}\n",
+            w3.ops_per_sec / b.skip_locked.grants_per_sec
         );
     }
     out
