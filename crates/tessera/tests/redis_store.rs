@@ -552,6 +552,10 @@ async fn dead_waiters_by_the_thousand_leave_in_bulk_batches() {
     let n = name("dead");
     const W: u64 = 5000;
     const STEP: u64 = 4096; // PURGE_WAITERS in prelude.lua
+    // Long enough that the first waiter is still queued when the last joins, on a machine
+    // busy enough to take seconds over the 5,000 acquires (a 1 s TTL let the later steps
+    // purge the first waiters before the count: 2,750 of 5,000 once in CI).
+    const WAITER_TTL: Duration = Duration::from_secs(10);
     let holder = LeaseId::random();
     redis
         .acquire(&n, 1, &req(holder, 1, LONG, None))
@@ -561,7 +565,7 @@ async fn dead_waiters_by_the_thousand_leave_in_bulk_batches() {
     for chunk in waiters.chunks(250) {
         let replies = futures::future::join_all(chunk.iter().map(|id| {
             let (redis, n) = (&redis, &n);
-            let r = req(*id, 1, LONG, Some((Duration::from_secs(1), W as u32)));
+            let r = req(*id, 1, LONG, Some((WAITER_TTL, W as u32)));
             async move { redis.acquire(n, 1, &r).await }
         }))
         .await;
@@ -575,7 +579,7 @@ async fn dead_waiters_by_the_thousand_leave_in_bulk_batches() {
     };
     assert_eq!(queued(), W);
     // Nobody heartbeats: every waiter is dead after its TTL.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(WAITER_TTL + Duration::from_millis(300)).await;
     let s = redis.status(&n).await.unwrap().unwrap();
     assert_eq!(queued(), W - STEP);
     assert_eq!(s.queue.len() as u64, W - STEP);
