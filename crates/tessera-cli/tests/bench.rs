@@ -25,21 +25,13 @@ const FIELDS: [&str; 15] = [
     "rtt_per_sec",
 ];
 
-fn bench(store: &str) -> Vec<serde_json::Value> {
+/// `tessera bench ARGS --json` on `store`: every JSON line it printed (it must succeed).
+fn bench_json(store: &str, args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .env("TESSERA_STORE", store)
-        .args([
-            "bench",
-            "--workload",
-            "all",
-            "--ops",
-            "40",
-            "--duration",
-            "20s",
-            "--rtt-time",
-            "50ms",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .output()
         .expect("run tessera bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -53,6 +45,22 @@ fn bench(store: &str) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
+}
+
+fn bench(store: &str) -> Vec<serde_json::Value> {
+    bench_json(
+        store,
+        &[
+            "--workload",
+            "all",
+            "--ops",
+            "40",
+            "--duration",
+            "20s",
+            "--rtt-time",
+            "50ms",
+        ],
+    )
 }
 
 fn check(reports: &[serde_json::Value], rtt: bool) {
@@ -111,10 +119,9 @@ fn bench_runs_on_sqlite() {
 /// `tessera bench` on a SQL store, one workload, briefly, with the server's baselines on:
 /// every JSON line it printed.
 fn bench_sql(store: &str, workload: &str, baseline_flag: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .env("TESSERA_STORE", store)
-        .args([
-            "bench",
+    bench_json(
+        store,
+        &[
             "--workload",
             workload,
             "--ops",
@@ -125,21 +132,8 @@ fn bench_sql(store: &str, workload: &str, baseline_flag: &str) -> Vec<serde_json
             "500ms",
             "--baseline-poll",
             "1ms",
-            "--json",
-        ])
-        .output()
-        .expect("run tessera bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tessera bench on {store} exited with {}: {stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+        ],
+    )
 }
 
 /// A hand-written polling design's figures, measured: it granted, never over-granted, and
