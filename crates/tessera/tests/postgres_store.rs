@@ -345,133 +345,6 @@ async fn a_release_hands_its_own_process_grants_in_the_reply_and_notifies_others
     store.close().await.unwrap();
 }
 
-/// Makes every durable commit of the server wait (a synchronous standby that never comes:
-/// the disk's flush as the clients see it), and returns once one does.
-async fn stall_durable_commits(server: &PostgresServer) {
-    use sqlx::Connection;
-    server.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
-    server.psql("SELECT pg_reload_conf()");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut probe = sqlx::PgConnection::connect(&server.url()).await.unwrap();
-        let commit =
-            sqlx::query("SELECT pg_logical_emit_message(true, 'probe', '')").execute(&mut probe);
-        if tokio::time::timeout(Duration::from_millis(300), commit)
-            .await
-            .is_err()
-        {
-            return; // The probe's commit waits; its connection is left to finish later.
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "commits never stalled"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A grant is told to no one before it is durable, and its step does not keep the
-/// semaphore's row locked while the disk catches up (the procedures of step revision 3).
-/// With every durable commit stalled, a release that hands the only permit to a waiter of
-/// another process commits its step (the waiter's row is gone) but does not return; the
-/// third client's try-acquire is answered (no permit): the row is free; the waiter's channel
-/// hears nothing and its heartbeat does not answer. Once commits flow
-/// again, the release returns, the waiter's channel carries the grant and its heartbeat
-/// answers `granted`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_is_told_only_once_durable_and_its_flush_leaves_the_row_free() {
-    let server = PostgresServer::start();
-    let n = name("flush");
-    let a = backend(&server, "flush").await;
-    let peer = PostgresBackend::connect(&peer_url(&server, "flush"))
-        .await
-        .unwrap();
-    let third = backend(&server, "flush").await;
-    let (held, w) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        a.acquire(&n, 1, &req(held, 1, LONG, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert!(matches!(
-        peer.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { .. }
-    ));
-    let channel_name = format!("tessera_w{}", peer.client_id());
-    let mut channel = sqlx::postgres::PgListener::connect(&server.url())
-        .await
-        .unwrap();
-    channel.listen(&channel_name).await.unwrap();
-
-    stall_durable_commits(&server).await;
-    let release = {
-        let n = n.clone();
-        tokio::spawn(async move { a.release(&n, held).await })
-    };
-    eventually(30, "the release's step is committed", || {
-        server.psql("SELECT count(*) FROM flush.tessera_waiters") == "0"
-    })
-    .await;
-    let try_req = req(LeaseId::random(), 1, LONG, None);
-    let try_acquire = third.acquire(&n, 1, &try_req);
-    assert!(
-        matches!(
-            tokio::time::timeout(Duration::from_secs(30), try_acquire)
-                .await
-                .expect("a try-acquire waited for the release's flush: the row stayed locked"),
-            Ok(AcquireReply::NoPermit { .. })
-        ),
-        "the permit was free to a third client"
-    );
-    // (A heartbeat that finds its grant makes its own commit durable, under the row lock:
-    // it is sent after the try-acquire.)
-    let heartbeat = {
-        let n = n.clone();
-        tokio::spawn(async move { peer.heartbeat(&n, w, LONG).await })
-    };
-    assert!(
-        tokio::time::timeout(Duration::from_secs(1), channel.recv())
-            .await
-            .is_err(),
-        "the waiter was notified of a grant not yet durable"
-    );
-    assert!(
-        !heartbeat.is_finished(),
-        "a heartbeat told of a grant not yet durable"
-    );
-    assert!(
-        !release.is_finished(),
-        "the release returned before its grant was durable"
-    );
-
-    server.psql("ALTER SYSTEM RESET synchronous_standby_names");
-    server.psql("SELECT pg_reload_conf()");
-    let wait = Duration::from_secs(30);
-    assert!(tokio::time::timeout(wait, release)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap());
-    let notified = tokio::time::timeout(wait, channel.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        notified.payload().starts_with(&format!("{w}\t")),
-        "{}",
-        notified.payload()
-    );
-    assert!(matches!(
-        tokio::time::timeout(wait, heartbeat)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap(),
-        WaitReply::Granted(_)
-    ));
-}
-
 /// Killing the pool's backends under a holder and a waiter: the holder keeps its lease (the
 /// keeper renews on a new connection), the waiter is still served, nothing is over-granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -914,7 +787,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
              FROM pg_proc WHERE proname = 'tessera__hand_off'",
         )
     };
-    assert_eq!(revision(), "3");
+    assert_eq!(revision(), "2");
     assert_eq!(hand_off(), "t");
     server.psql(
         "DROP FUNCTION step.tessera__step_revision(); \
@@ -923,7 +796,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
     );
     assert_eq!(hand_off(), "f");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "3");
+    assert_eq!(revision(), "2");
     assert_eq!(hand_off(), "t");
     assert_eq!(versions(&server, "step"), "1,2,3,4,5");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
@@ -1977,7 +1850,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "3");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "2");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

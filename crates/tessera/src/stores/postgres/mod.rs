@@ -31,14 +31,7 @@
 //!
 //! - **One statement per operation.** Each operation calls one PL/pgSQL function (`sql/`,
 //!   one file per operation; the step they share is `sql/common.sql`) as a single statement
-//!   in its own implicit transaction: one round trip. The acquire and the release are
-//!   `CALL`s of procedures (`sql/procedures.sql`, step revision 3) that run the same step,
-//!   commit it without waiting for the disk (which frees the semaphore's row at once), and
-//!   then wait for the flush in a second transaction of their own before the reply leaves
-//!   and before any wake-up is sent; a heartbeat or a retried acquire that finds its grant
-//!   makes its own commit durable first. So no one learns of a grant before it is on disk,
-//!   while the steps of one semaphore no longer queue behind each flush and the flushes of
-//!   concurrent steps share disk writes. The function locks the semaphore's row
+//!   in its own implicit transaction: one round trip. The function locks the semaphore's row
 //!   (`SELECT … FOR UPDATE`; an acquire creates it first), reads `clock_timestamp()` once the
 //!   lock is held (the server's clock, never the client's), and runs the step of
 //!   `stores/sql/step.rs` statement for statement: purge, hand-off to the queue head, decide,
@@ -172,10 +165,6 @@ pub struct PostgresBackend {
     /// schema's step predates `tessera_heartbeat_many` (step revision 2: a role that may not
     /// replace the functions, until the owner connects), which heartbeats one call each.
     heartbeats: Option<Arc<Heartbeats>>,
-    /// The acquire and release statements: the procedures of step revision 3
-    /// (`sql/procedures.sql`), or the functions of an older schema's step.
-    acquire_sql: &'static str,
-    release_sql: &'static str,
     url: String,
     schema: String,
 }
@@ -256,16 +245,6 @@ impl PostgresBackend {
             inflight: Inflight::default(),
             listener,
             heartbeats,
-            acquire_sql: if revision >= 3 {
-                ops::ACQUIRE_P
-            } else {
-                ops::ACQUIRE
-            },
-            release_sql: if revision >= 3 {
-                ops::RELEASE_P
-            } else {
-                ops::RELEASE
-            },
             url: config.redacted,
             schema: config.schema,
         })
@@ -563,11 +542,10 @@ impl Backend for PostgresBackend {
             .lock()
             .unwrap()
             .insert(req.lease_id, Arc::clone(&gate));
-        let (conns, url, inflight, sql) = (
+        let (conns, url, inflight) = (
             Arc::clone(&self.conns),
             self.url.clone(),
             Arc::clone(&self.inflight),
-            self.acquire_sql,
         );
         let args = (
             name.to_string(),
@@ -583,7 +561,7 @@ impl Backend for PostgresBackend {
             let row = run_row(
                 conns.take().await?,
                 &url,
-                sqlx::query(sql)
+                sqlx::query(ops::ACQUIRE)
                     .bind(name)
                     .bind(capacity)
                     .bind(lease.to_string())
@@ -660,7 +638,7 @@ impl Backend for PostgresBackend {
         self.settle(lease).await;
         let row = self
             .row(
-                sqlx::query(self.release_sql)
+                sqlx::query(ops::RELEASE)
                     .bind(name.as_str())
                     .bind(lease.to_string())
                     .bind(self.listener.client_id()),

@@ -22,7 +22,6 @@ const STEP: &[&str] = &[
     include_str!("sql/resize.sql"),
     include_str!("sql/revoke.sql"),
     include_str!("sql/delete.sql"),
-    include_str!("sql/procedures.sql"),
 ];
 
 /// Migration 1: the tables, then the step.
@@ -42,10 +41,8 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// build that knows only the tables' version still connects and calls the new functions
 /// (rolling upgrades). Revision 1: a hand-off grant expires with the waiter's queue entry
 /// until it is renewed (`tessera__hand_off`). Revision 2: `tessera_heartbeat_many`, the
-/// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`). Revision 3:
-/// the acquire and the release as procedures that wait for the disk after releasing the
-/// semaphore's row lock (`sql/procedures.sql`, [`ACQUIRE_P`], [`RELEASE_P`]).
-pub(crate) const STEP_REVISION: i32 = 3;
+/// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`).
+pub(crate) const STEP_REVISION: i32 = 2;
 
 /// The step alone, for a connect that finds an older revision.
 pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
@@ -53,10 +50,6 @@ pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-/// [`ACQUIRE`] and [`RELEASE`] from step revision 3: the same reply, the flush after the row
-/// lock (`sql/procedures.sql`). Never inside a transaction block.
-pub(crate) const ACQUIRE_P: &str = "CALL tessera_acquire_p($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-pub(crate) const RELEASE_P: &str = "CALL tessera_release_p($1, $2, $3)";
 pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
 pub(crate) const HEARTBEAT_MANY: &str = "SELECT lease_id, outcome, now_us, weight, seats, fence, \

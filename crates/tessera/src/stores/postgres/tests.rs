@@ -58,11 +58,7 @@ fn the_lean_step_comes_fourth_and_runs_again_harmlessly() {
     assert!(lean.contains("ADD COLUMN IF NOT EXISTS purge_at"));
     assert!(lean.contains("CREATE OR REPLACE FUNCTION tessera__load("));
     for line in lean.lines().filter(|l| l.starts_with("CREATE ")) {
-        assert!(
-            line.starts_with("CREATE OR REPLACE FUNCTION ")
-                || line.starts_with("CREATE OR REPLACE PROCEDURE "),
-            "{line}"
-        );
+        assert!(line.starts_with("CREATE OR REPLACE FUNCTION "), "{line}");
     }
     for line in lean.lines().filter(|l| l.starts_with("DROP ")) {
         assert!(line.starts_with("DROP FUNCTION IF EXISTS "), "{line}");
@@ -82,7 +78,6 @@ fn the_head_bound_and_local_grants_come_fifth_and_run_again_harmlessly() {
     for line in fifth.lines().filter(|l| l.starts_with("CREATE ")) {
         assert!(
             line.starts_with("CREATE OR REPLACE FUNCTION ")
-                || line.starts_with("CREATE OR REPLACE PROCEDURE ")
                 || line.starts_with("CREATE INDEX IF NOT EXISTS "),
             "{line}"
         );

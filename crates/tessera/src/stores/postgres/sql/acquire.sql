@@ -14,15 +14,13 @@
 -- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at),
 -- 'queued' (position), 'no_permit' (available, queued), 'mismatch' (stored_capacity) or
 -- 'queue_full'; now_us in every case. A mismatch or a full queue still commits the purge.
--- `tessera__acquire_step` also returns `grants`: the wake-ups that a procedure sends after
--- the flush (procedures.sql; empty unless `tessera.defer_notify` is on).
-CREATE OR REPLACE FUNCTION tessera__acquire_step(
+CREATE OR REPLACE FUNCTION tessera_acquire(
     p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
     p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint
 ) RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
     acquired_at bigint, expires_at bigint, "position" bigint, available bigint,
-    queued bigint, stored_capacity bigint, grants text[]
+    queued bigint, stored_capacity bigint
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -33,8 +31,6 @@ DECLARE
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
-    -- The purge's hand-offs are the only wake-ups an acquire makes.
-    grants := st.local_grants;
     -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
     -- takes the capacity this client declares (as in the reference model).
     IF st.used = 0 AND st.queued = 0 AND st.capacity <> p_capacity THEN
@@ -55,7 +51,6 @@ BEGIN
             outcome := 'granted';
             weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
             acquired_at := h.acquired_at; expires_at := h.expires_at;
-            PERFORM tessera__reveal(st);
             PERFORM tessera__finish(st);
             RETURN NEXT;
             RETURN;
@@ -123,18 +118,3 @@ BEGIN
     PERFORM tessera__finish(st);
     RETURN NEXT;
 END $$;
-
-CREATE OR REPLACE FUNCTION tessera_acquire(
-    p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
-    p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint
-) RETURNS TABLE (
-    outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
-    acquired_at bigint, expires_at bigint, "position" bigint, available bigint,
-    queued bigint, stored_capacity bigint
-)
-LANGUAGE sql AS $$
-    SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, expires_at, "position",
-           available, queued, stored_capacity
-    FROM tessera__acquire_step(p_name, p_capacity, p_lease, p_weight, p_ttl, p_holder,
-                               p_client, p_waiter_ttl, p_queue_cap)
-$$;

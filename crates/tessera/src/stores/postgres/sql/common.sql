@@ -30,10 +30,6 @@
 -- durable commit flushes every earlier one with it, so a durable grant is never ordered
 -- before a lost step it depends on. Without this every step would wait for the disk while
 -- holding the semaphore's row lock, and the enqueues of W2 would queue behind each flush.
--- The acquire and the release go further (procedures.sql): they commit even a grant
--- asynchronously, releasing the row lock at once, and then wait for the flush in a second
--- transaction before anyone learns of the grant (`tessera__reveal` for the steps that tell
--- a client it holds).
 --
 -- Bounded work: a step purges at most 256 expired holders and 4,096 expired waiters and
 -- grants at most 1,024 waiters; the rest is left to the next step (the queue head's own
@@ -88,28 +84,6 @@ BEGIN
             PERFORM tessera__corrupt(format('seats %s are not ascending', left(seats::text, 64)));
         END IF;
     END LOOP;
-END $$;
-
--- Makes the calling transaction's commit wait for the disk: it gets an xid and a WAL record
--- of its own (an empty transactional logical message; logical decoding hands it to output
--- plugins that ask for messages, with the prefix `tessera`). PostgreSQL skips the flush at
--- the commit of a transaction that wrote no WAL before it, even with an xid, so an xid alone
--- (txid_current()) would not do.
-CREATE OR REPLACE FUNCTION tessera__flush_mark() RETURNS void
-LANGUAGE sql AS $$ SELECT pg_logical_emit_message(true, 'tessera', '') $$;
-
--- This step tells a client that it holds a lease: a waiter's heartbeat, a retried acquire.
--- The step that granted it may have committed without waiting for the disk yet (the
--- procedures of procedures.sql flush after releasing the row lock), so this step's own commit
--- is made durable, with a WAL record of its own (`tessera__flush_mark`): its
--- commit comes later in the WAL, so when this reply leaves, the grant is on disk too.
-CREATE OR REPLACE FUNCTION tessera__reveal(st tessera_step) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF st.sync IS NOT NULL AND st.sync <> 'off' THEN
-        PERFORM set_config('synchronous_commit', st.sync, true);
-        PERFORM tessera__flush_mark();
-    END IF;
 END $$;
 
 -- Makes this step's commit durable: restores the session's synchronous_commit (see above).
@@ -302,9 +276,7 @@ END $$;
 -- now). A waiter of `st.local_client` (the process that called the step) gets it in
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
 -- (pg_notify, sent at commit), where a payload that would not fit NOTIFY's 8,000 bytes goes
--- out as the bare lease id and the waiter then asks with a heartbeat. Inside the procedures
--- of procedures.sql (`tessera.defer_notify` on), that wake-up goes into `st.local_grants` as
--- `>` client `\t` payload instead, and the procedure sends it once the step is on disk.
+-- out as the bare lease id and the waiter then asks with a heartbeat.
 CREATE OR REPLACE FUNCTION tessera__hand_off(st tessera_step) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -343,12 +315,7 @@ BEGIN
                 IF octet_length(payload) > 7000 THEN
                     payload := h.lease_id;
                 END IF;
-                IF current_setting('tessera.defer_notify', true) = 'on' THEN
-                    -- A procedure that sends it once the step is on disk (procedures.sql).
-                    st.local_grants := st.local_grants || ('>' || h.client || E'\t' || payload);
-                ELSE
-                    PERFORM pg_notify('tessera_w' || h.client, payload);
-                END IF;
+                PERFORM pg_notify('tessera_w' || h.client, payload);
             END IF;
         END IF;
         grants := grants + 1;
@@ -526,4 +493,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 3';
+LANGUAGE sql IMMUTABLE AS 'SELECT 2';

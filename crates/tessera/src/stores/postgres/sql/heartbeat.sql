@@ -29,7 +29,6 @@ BEGIN
             outcome := 'granted';
             weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
             acquired_at := h.acquired_at; expires_at := h.expires_at;
-            PERFORM tessera__reveal(st);
         END IF;
     END IF;
     IF outcome = 'gone' AND tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl) IS NOT NULL THEN

@@ -56,10 +56,5 @@ BEGIN
     LEFT JOIN held h ON h.lease = r.lease
     LEFT JOIN (SELECT DISTINCT m.lease FROM renewed m) n ON n.lease = r.lease
     ORDER BY r.i;
-    IF st.found AND st.used > 0 AND EXISTS (
-        SELECT 1 FROM tessera_holders h WHERE h.name = p_name AND h.lease_id = ANY (p_leases)
-    ) THEN
-        PERFORM tessera__reveal(st);
-    END IF;
     PERFORM tessera__finish(st);
 END $$;

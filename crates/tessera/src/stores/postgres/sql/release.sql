@@ -9,8 +9,7 @@
 -- freed permits go to the queue head in this same call: a waiter of `p_client` learns its
 -- grant from this reply, which the client reads only after the commit (so a crash can lose
 -- the reply, never make a grant seen that was not committed); any other waiter gets a
--- pg_notify on its client's channel, sent at commit (by `tessera_release_p`, after the
--- flush: procedures.sql).
+-- pg_notify on its client's channel, sent at commit.
 CREATE OR REPLACE FUNCTION tessera_release(p_name text, p_lease text, p_client text)
 RETURNS TABLE (held boolean, grants text[])
 LANGUAGE plpgsql AS $$
