@@ -551,10 +551,11 @@ async fn dead_waiters_by_the_thousand_leave_in_bulk_batches() {
     let redis = Arc::new(redis_backend(&server, "dead").await);
     let n = name("dead");
     const W: u64 = 5000;
-    const STEP: u64 = 4096; // PURGE_WAITERS in prelude.lua
-                            // Long enough that the first waiter is still queued when the last joins, on a machine
-                            // busy enough to take seconds over the 5,000 acquires (a 1 s TTL let the later steps
-                            // purge the first waiters before the count: 2,750 of 5,000 once in CI).
+    // PURGE_WAITERS in prelude.lua.
+    const STEP: u64 = 4096;
+    // Long enough that the first waiter is still queued when the last joins, on a machine
+    // busy enough to take seconds over the 5,000 acquires (a 1 s TTL let the later steps
+    // purge the first waiters before the count: 2,750 of 5,000 once in CI).
     const WAITER_TTL: Duration = Duration::from_secs(10);
     let holder = LeaseId::random();
     redis
