@@ -148,7 +148,29 @@ impl RedisBackend {
     /// an operation that may write, on a connection of its own followed by `WAIT N`. On
     /// Sentinel, a sign of a failover makes the topology resolve the master again, and a call
     /// the old master refused without running it (`READONLY`, `LOADING`) is sent once more.
+    /// Each call first takes its place in a line (see `line.rs`): keep-alives in their own.
     pub(super) async fn call(&self, op: Op, keys: &[String], args: &[&str]) -> Result<Value> {
+        let line = match op {
+            Op::Renew | Op::Heartbeat => &self.keep_alives,
+            _ => &self.operations,
+        };
+        let place = line.enter().await?;
+        let result = self.call_in_place(op, keys, args).await;
+        let answered = match &result {
+            Ok(_) => true,
+            Err(e) => !(e.is_timeout()
+                || e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()),
+        };
+        if answered {
+            place.answered();
+        }
+        result.map_err(|e| self.err(e))
+    }
+
+    /// [`RedisBackend::call`] once it has its place in the line.
+    async fn call_in_place(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
         let mut retried = false;
         loop {
             let generation = self.topo.generation();
@@ -177,7 +199,7 @@ impl RedisBackend {
                         retried = true;
                         continue;
                     }
-                    return Err(self.err(e));
+                    return Err(e);
                 }
             }
         }

@@ -93,11 +93,15 @@
 //! store at once (a grant published during the gap is found by that heartbeat instead of the
 //! next periodic one). On one server, commands go through a `ConnectionManager`, which
 //! reconnects by itself; on Sentinel, through the master's connection, which is made again
-//! only through the sentinels (as is the subscriber's, see `topology.rs`).
+//! only through the sentinels (as is the subscriber's, see `topology.rs`). At most 256 calls
+//! are in flight at once (64 with `wait`, each on a connection of its own), the rest wait
+//! their turn in a line, and keep-alives have a line of their own: the response timeout
+//! measures the server, not the length of the line (see `line.rs`).
 
 mod call;
 mod error;
 mod eviction;
+mod line;
 pub(crate) mod ops;
 pub(crate) mod rate;
 mod subscriber;
@@ -122,6 +126,7 @@ use call::FUNCTIONS;
 pub use call::FUNCTIONS_RETRY;
 use error::store_error;
 use eviction::check_eviction;
+use line::Line;
 use ops::{micros, Op};
 use subscriber::subscribe_loop;
 use topology::Topology;
@@ -140,6 +145,10 @@ pub struct RedisBackend {
     topo: Arc<Topology>,
     /// Replicas every state-changing call waits for (`?wait=N`).
     wait: u32,
+    /// The lines calls wait in before they go out (see `line.rs`): one for operations, one
+    /// for keep-alives (renewals, waiters' heartbeats).
+    operations: Line,
+    keep_alives: Line,
     /// Whether operations go to the function library (`FCALL`): [`FUNCTIONS`], or the
     /// instant (ms since [`epoch_ms`]'s origin) after which the library is tried again, once
     /// the server refused it (no functions, an ACL allowing neither `FCALL` nor `FUNCTION
@@ -363,9 +372,16 @@ impl RedisBackend {
                 subscriber
             }
         };
+        let in_flight = if config.wait == 0 {
+            line::SHARED_IN_FLIGHT
+        } else {
+            line::OWN_IN_FLIGHT
+        };
         Ok(RedisBackend {
             topo,
             wait: config.wait,
+            operations: Line::new(in_flight, RESPONSE_TIMEOUT),
+            keep_alives: Line::new(in_flight, RESPONSE_TIMEOUT),
             functions_from: AtomicU64::new(FUNCTIONS),
             functions_retry: FUNCTIONS_RETRY,
             prefix: config.prefix,
