@@ -12,6 +12,7 @@ use tessera::backend::stores::RedisBackend;
 use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
+use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::proxy::{Mode, Proxy};
 use tessera_testkit::servers::redis::RedisServer;
 
@@ -614,7 +615,10 @@ async fn a_line_longer_than_the_response_timeout_is_no_fault_and_keep_alives_pas
     let (held, crowd) = (name("held"), name("crowd"));
     let holder = LeaseId::random();
     assert!(matches!(
-        redis.acquire(&held, 1, &req(holder, 1, LONG, None)).await.unwrap(),
+        redis
+            .acquire(&held, 1, &req(holder, 1, LONG, None))
+            .await
+            .unwrap(),
         AcquireReply::Granted(_)
     ));
     proxy.set(Mode::Delay(50));
@@ -656,6 +660,53 @@ async fn a_line_longer_than_the_response_timeout_is_no_fault_and_keep_alives_pas
         answered_before < N / 2,
         "the renewal answered after {answered_before} of the {N} acquires ahead of it"
     );
+}
+
+/// Heartbeats of many waiters of one semaphore sent at once go to Redis gathered into a few
+/// calls of the heartbeat function, and each gets what a heartbeat alone gets
+/// (`tessera_testkit::gathered`), its queue entry renewed by its own waiter TTL; a lone
+/// heartbeat is one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_gathered_in_one_call_answer_as_each_alone() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "beats").await;
+    let many = ManyWaiters::queue(&redis).await;
+    let before = redis.heartbeat_calls();
+    many.heartbeat_all(&redis).await;
+    let calls = redis.heartbeat_calls() - before;
+    assert!(
+        calls <= 10,
+        "{} heartbeats took {calls} calls",
+        many.beats()
+    );
+    // Each entry was renewed by its own waiter TTL (queued with 5 s; even ones asked for an
+    // hour): the waiters' expiries, in µs, against the server's clock.
+    let time = server.command(&["TIME"]);
+    let now_s: u64 = time.lines().nth(2).unwrap().trim().parse().unwrap();
+    let beyond = (now_s + 600) * 1_000_000;
+    let count = |min: &str, max: &str| -> String {
+        server
+            .command(&["ZCOUNT", "{beats:many}:wexp", min, max])
+            .trim()
+            .trim_start_matches(':')
+            .to_string()
+    };
+    assert_eq!(
+        (
+            count(&beyond.to_string(), "+inf"),
+            count("-inf", &format!("({beyond}"))
+        ),
+        ("30".into(), "30".into())
+    );
+    let before = redis.heartbeat_calls();
+    assert_eq!(
+        redis
+            .heartbeat(&many.name, many.waiters[0], SHORT)
+            .await
+            .unwrap(),
+        WaitReply::Waiting
+    );
+    assert_eq!(redis.heartbeat_calls() - before, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

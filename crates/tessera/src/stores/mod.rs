@@ -5,6 +5,8 @@
 //! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
 //! (`store.rs`) imports nothing above it.
 
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
+pub(crate) mod batch;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "memory")]

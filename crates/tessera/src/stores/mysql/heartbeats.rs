@@ -32,8 +32,8 @@ use super::ops::{render, Lit, MysqlRows};
 use super::routines::{self, Fast};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{LeaseId, StoreTime, WaitReply};
+use crate::stores::batch::{BatchCall, Batcher};
 use crate::stores::sql;
-use crate::stores::sql::batch::{BatchCall, Batcher};
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;

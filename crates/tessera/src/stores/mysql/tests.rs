@@ -1003,7 +1003,7 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
 /// alone, having changed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
-    use crate::stores::sql::batch::BatchCall;
+    use crate::stores::batch::BatchCall;
     let server = MariaDbServer::start();
     let b = MysqlBackend::connect(&server.url("g")).await.unwrap();
     let req = |lease, weight, wait: Option<Duration>| AcquireRequest {

@@ -11,7 +11,7 @@
 //!
 //! The heartbeats of one semaphore go through one queue of a [`Batcher`]: a lone heartbeat is
 //! sent at once; under load, each call carries the heartbeats that arrived while the
-//! previous one ran, at most [`MAX_BATCH`](crate::stores::sql::batch::MAX_BATCH), and at
+//! previous one ran, at most [`MAX_BATCH`](crate::stores::batch::MAX_BATCH), and at
 //! most one call per semaphore is in flight.
 //!
 //! Each lease gets exactly the reply `tessera_heartbeat` gives it alone (checked by
@@ -24,7 +24,7 @@ use sqlx::postgres::PgRow;
 use super::{keep_alive_conn, ops, run_rows, Conns};
 use crate::error::{Error, Result};
 use crate::model::{LeaseId, WaitReply};
-use crate::stores::sql::batch::{BatchCall, Batcher};
+use crate::stores::batch::{BatchCall, Batcher};
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;

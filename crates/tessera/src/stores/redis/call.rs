@@ -11,15 +11,15 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::ops::{self, keys, Library, Op};
 use super::topology::{self, Conn};
-use super::RedisBackend;
+use super::{Caller, RedisBackend};
 use crate::error::Result;
 use crate::model::Name;
 
 /// The channel (under the wake-up channels' prefix, which a restricted user may publish to)
-/// that [`RedisBackend::call_and_wait`] publishes to; no client id ends so.
+/// that [`Caller::call_and_wait`] publishes to; no client id ends so.
 const WAIT_MARK: &str = "wait";
 
-impl RedisBackend {
+impl Caller {
     /// The names behind every key matching `pattern` (a `SCAN`, so Redis is never blocked),
     /// sorted and without duplicates; `name_of` maps a key to its name.
     pub(super) async fn scan_names(
@@ -144,7 +144,7 @@ impl RedisBackend {
         self.call(op, &keys, &all).await
     }
 
-    /// One step: [`RedisBackend::call_on`] on the shared connection, or, with `?wait=N` and
+    /// One step: [`Caller::call_on`] on the shared connection, or, with `?wait=N` and
     /// an operation that may write, on a connection of its own followed by `WAIT N`. On
     /// Sentinel, a sign of a failover makes the topology resolve the master again, and a call
     /// the old master refused without running it (`READONLY`, `LOADING`) is sent once more.
@@ -158,10 +158,12 @@ impl RedisBackend {
         let result = self.call_in_place(op, keys, args).await;
         let answered = match &result {
             Ok(_) => true,
-            Err(e) => !(e.is_timeout()
-                || e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()),
+            Err(e) => {
+                !(e.is_timeout()
+                    || e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal())
+            }
         };
         if answered {
             place.answered();
@@ -169,7 +171,7 @@ impl RedisBackend {
         result.map_err(|e| self.err(e))
     }
 
-    /// [`RedisBackend::call`] once it has its place in the line.
+    /// [`Caller::call`] once it has its place in the line.
     async fn call_in_place(&self, op: Op, keys: &[String], args: &[&str]) -> RedisResult<Value> {
         let mut retried = false;
         loop {
@@ -205,7 +207,7 @@ impl RedisBackend {
         }
     }
 
-    /// [`RedisBackend::call_on`] on a connection of its own, then `WAIT` for the replicas
+    /// [`Caller::call_on`] on a connection of its own, then `WAIT` for the replicas
     /// the URL asks for: the answer comes only once they have the write, and everything the
     /// master did before it. `WAIT` counts up to the last write *this connection* sent, and a
     /// call that only read (a heartbeat that finds the hand-off another client's release
@@ -334,12 +336,13 @@ impl RedisBackend {
     }
 
     fn use_scripts(&self, why: &RedisError) {
-        let retry_at = epoch_ms() + self.functions_retry.as_millis() as u64;
+        let retry_ms = self.functions_retry_ms.load(Ordering::Relaxed);
+        let retry_at = epoch_ms() + retry_ms;
         if self.functions_from.swap(retry_at, Ordering::Relaxed) == FUNCTIONS {
             tracing::info!(
                 url = %self.url,
                 reason = %self.err(why.clone()),
-                retry_in = ?self.functions_retry,
+                retry_in = ?Duration::from_millis(retry_ms),
                 "the tessera function library is not available; using EVALSHA scripts (load it once with a user allowed FUNCTION LOAD for faster calls)"
             );
         }
@@ -350,17 +353,21 @@ impl RedisBackend {
             tracing::info!(url = %self.url, "the tessera function library is available again; using FCALL");
         }
     }
+}
 
+impl RedisBackend {
     /// How long after the server refused the function library it is tried again (default
-    /// [`FUNCTIONS_RETRY`]); for tests.
+    /// [`FUNCTIONS_RETRY`]); for tests, right after connect.
     #[doc(hidden)]
-    pub fn with_functions_retry(mut self, after: Duration) -> Self {
-        self.functions_retry = after;
+    pub fn with_functions_retry(self, after: Duration) -> Self {
+        self.caller
+            .functions_retry_ms
+            .store(after.as_millis() as u64, Ordering::Relaxed);
         self
     }
 }
 
-/// [`RedisBackend::functions_from`] while the function library is in use.
+/// [`Caller::functions_from`] while the function library is in use.
 pub(super) const FUNCTIONS: u64 = 0;
 /// After the server refused the function library, operations run as scripts for this long,
 /// then the library is tried again: a refusal may pass (memory freed after OOM, a failover

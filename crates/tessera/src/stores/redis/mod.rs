@@ -101,6 +101,7 @@
 mod call;
 mod error;
 mod eviction;
+mod heartbeats;
 mod line;
 pub(crate) mod ops;
 pub(crate) mod rate;
@@ -121,11 +122,13 @@ use tokio::task::JoinHandle;
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities};
+use crate::stores::batch::Batcher;
 
 use call::FUNCTIONS;
 pub use call::FUNCTIONS_RETRY;
 use error::store_error;
 use eviction::check_eviction;
+use heartbeats::{HeartbeatMany, Heartbeats};
 use line::Line;
 use ops::{micros, Op};
 use subscriber::subscribe_loop;
@@ -141,6 +144,21 @@ const RECONNECT_ATTEMPTS: usize = 3;
 
 /// The Redis backend. Cheap to share behind an `Arc`; dropping it stops its subscriber.
 pub struct RedisBackend {
+    /// What sends the calls, shared with the task that sends gathered heartbeats.
+    caller: Arc<Caller>,
+    client_id: String,
+    /// Lease ids queued through this backend, woken after a resubscription.
+    waiting: Arc<Mutex<HashSet<LeaseId>>>,
+    /// On a cluster, the sharded wake channels this client listens on (one per name it
+    /// acquired on, kept for the client's life).
+    subscribed: Mutex<HashSet<String>>,
+    /// Waiters' heartbeats, gathered per semaphore (see `heartbeats.rs`).
+    heartbeats: Arc<Heartbeats>,
+    subscriber: JoinHandle<()>,
+}
+
+/// What every call needs (see `call.rs`): where it goes, how, and the lines it waits in.
+pub(super) struct Caller {
     /// Where commands go (one server, the Sentinel master, or a cluster).
     topo: Arc<Topology>,
     /// Replicas every state-changing call waits for (`?wait=N`).
@@ -154,27 +172,20 @@ pub struct RedisBackend {
     /// the server refused it (no functions, an ACL allowing neither `FCALL` nor `FUNCTION
     /// LOAD`, a load refused under OOM or on a read-only replica; see [`Library`]).
     functions_from: AtomicU64,
-    /// How long after a refusal the library is tried again.
-    functions_retry: Duration,
+    /// How long after a refusal the library is tried again, in ms.
+    functions_retry_ms: AtomicU64,
     prefix: String,
     /// `<prefix>:wake:`; this client's channel is `wake_base + client_id`.
     wake_base: String,
-    client_id: String,
     url: String,
     secret: Option<String>,
-    /// Lease ids queued through this backend, woken after a resubscription.
-    waiting: Arc<Mutex<HashSet<LeaseId>>>,
-    /// On a cluster, the sharded wake channels this client listens on (one per name it
-    /// acquired on, kept for the client's life).
-    subscribed: Mutex<HashSet<String>>,
-    subscriber: JoinHandle<()>,
 }
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.url)
-            .field("prefix", &self.prefix)
+            .field("url", &self.caller.url)
+            .field("prefix", &self.caller.prefix)
             .field("client_id", &self.client_id)
             .finish_non_exhaustive()
     }
@@ -231,6 +242,12 @@ fn addr_template(url: &str) -> String {
                 .replacen(&format!("{PLACEHOLDER}:1"), "{addr}", 1)
         }
         Err(_) => url.to_string(),
+    }
+}
+
+impl Caller {
+    fn err(&self, e: RedisError) -> Error {
+        store_error(e, self.secret.as_deref())
     }
 }
 
@@ -377,18 +394,22 @@ impl RedisBackend {
         } else {
             line::OWN_IN_FLIGHT
         };
-        Ok(RedisBackend {
+        let caller = Arc::new(Caller {
             topo,
             wait: config.wait,
             operations: Line::new(in_flight, RESPONSE_TIMEOUT),
             keep_alives: Line::new(in_flight, RESPONSE_TIMEOUT),
             functions_from: AtomicU64::new(FUNCTIONS),
-            functions_retry: FUNCTIONS_RETRY,
+            functions_retry_ms: AtomicU64::new(FUNCTIONS_RETRY.as_millis() as u64),
             prefix: config.prefix,
             wake_base,
-            client_id,
             url: config.redacted,
             secret,
+        });
+        Ok(RedisBackend {
+            heartbeats: Batcher::new(HeartbeatMany(Arc::clone(&caller))),
+            caller,
+            client_id,
             waiting,
             subscribed: Mutex::default(),
             subscriber,
@@ -402,31 +423,35 @@ impl RedisBackend {
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    fn err(&self, e: RedisError) -> Error {
-        store_error(e, self.secret.as_deref())
+        &self.caller.prefix
     }
 
     /// On a cluster, subscribes (`SSUBSCRIBE`) to this client's wake channel in `name`'s
     /// slot, once per name, before the first acquire on it: no grant to this client is
     /// published there before it listens.
     async fn listen_on(&self, name: &Name) -> Result<()> {
-        let Some(mut conn) = self.topo.cluster_conn() else {
+        let Some(mut conn) = self.caller.topo.cluster_conn() else {
             return Ok(());
         };
         let channel = format!(
             "{}{}",
-            ops::cluster_wake_base(&self.prefix, name),
+            ops::cluster_wake_base(&self.caller.prefix, name),
             self.client_id
         );
         if self.subscribed.lock().unwrap().contains(&channel) {
             return Ok(());
         }
-        conn.ssubscribe(&channel).await.map_err(|e| self.err(e))?;
+        conn.ssubscribe(&channel)
+            .await
+            .map_err(|e| self.caller.err(e))?;
         self.subscribed.lock().unwrap().insert(channel);
         Ok(())
+    }
+
+    /// How many gathered heartbeat calls this backend sent (for tests).
+    #[doc(hidden)]
+    pub fn heartbeat_calls(&self) -> u64 {
+        self.heartbeats.calls()
     }
 
     fn set_waiting(&self, lease: LeaseId, waiting: bool) {
@@ -454,6 +479,7 @@ impl Backend for RedisBackend {
         self.listen_on(name).await?;
         let lease = req.lease_id.to_string();
         let v = self
+            .caller
             .run(
                 Op::Acquire,
                 name,
@@ -480,64 +506,64 @@ impl Backend for RedisBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
-        let id = lease.to_string();
-        let v = self
-            .run(
-                Op::Heartbeat,
-                name,
-                &[id, micros(waiter_ttl).max(1).to_string()],
-            )
+        let reply = self
+            .heartbeats
+            .send(name.as_str(), (lease, micros(waiter_ttl).max(1)))
             .await?;
-        let reply = ops::parse_heartbeat(v, lease)?;
         self.set_waiting(lease, reply == WaitReply::Waiting);
         Ok(reply)
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         let id = lease.to_string();
-        let v = self.run(Op::Cancel, name, &[id]).await?;
+        let v = self.caller.run(Op::Cancel, name, &[id]).await?;
         self.set_waiting(lease, false);
         ops::parse_cancel(v)
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         let id = lease.to_string();
-        let v = self.run(Op::Release, name, &[id]).await?;
+        let v = self.caller.run(Op::Release, name, &[id]).await?;
         ops::parse_bool(v, "release")
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         let id = lease.to_string();
         let v = self
+            .caller
             .run(Op::Renew, name, &[id, micros(ttl).to_string()])
             .await?;
         ops::parse_renew(v)
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        let v = self.run(Op::Status, name, &[]).await?;
+        let v = self.caller.run(Op::Status, name, &[]).await?;
         ops::parse_status(v, name)
     }
 
     async fn list(&self) -> Result<Vec<String>> {
-        let pattern = ops::meta_pattern(&self.prefix);
-        self.scan_names(&pattern, |k| ops::name_of_meta_key(&self.prefix, k))
+        let pattern = ops::meta_pattern(&self.caller.prefix);
+        self.caller
+            .scan_names(&pattern, |k| ops::name_of_meta_key(&self.caller.prefix, k))
             .await
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
-        let v = self.run(Op::Resize, name, &[capacity.to_string()]).await?;
+        let v = self
+            .caller
+            .run(Op::Resize, name, &[capacity.to_string()])
+            .await?;
         ops::parse_resize(v, name)
     }
 
     async fn revoke(&self, name: &Name, lease: LeaseId) -> Result<bool> {
         let id = lease.to_string();
-        let v = self.run(Op::Revoke, name, &[id]).await?;
+        let v = self.caller.run(Op::Revoke, name, &[id]).await?;
         ops::parse_bool(v, "revoke")
     }
 
     async fn delete(&self, name: &Name) -> Result<bool> {
-        let v = self.run(Op::Delete, name, &[]).await?;
+        let v = self.caller.run(Op::Delete, name, &[]).await?;
         ops::parse_bool(v, "delete")
     }
 

@@ -147,7 +147,9 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> 
 impl RedisBackend {
     async fn run_rate(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.call(op, &keys(&self.prefix, name), &args).await
+        self.caller
+            .call(op, &keys(&self.caller.prefix, name), &args)
+            .await
     }
 }
 
@@ -206,11 +208,12 @@ impl RateBackend for RedisBackend {
     }
 
     async fn rate_list(&self) -> Result<Vec<String>> {
-        let pattern = format!("{{{}:*}}:rate", self.prefix);
-        let strip = format!("{{{}:", self.prefix);
-        self.scan_names(&pattern, |k| {
-            Name::new(k.strip_prefix(&strip)?.strip_suffix("}:rate")?).ok()
-        })
-        .await
+        let pattern = format!("{{{}:*}}:rate", self.caller.prefix);
+        let strip = format!("{{{}:", self.caller.prefix);
+        self.caller
+            .scan_names(&pattern, |k| {
+                Name::new(k.strip_prefix(&strip)?.strip_suffix("}:rate")?).ok()
+            })
+            .await
     }
 }

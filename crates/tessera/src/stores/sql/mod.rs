@@ -72,8 +72,6 @@
     allow(dead_code, unused_imports)
 )]
 
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(crate) mod batch;
 mod dialect;
 pub(crate) mod rate;
 mod step;

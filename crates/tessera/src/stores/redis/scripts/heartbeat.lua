@@ -1,24 +1,37 @@
--- heartbeat: a waiter renews its queue entry, or learns the hand-off granted it.
+-- heartbeat: waiters renew their queue entries, or learn the hand-off granted them; one step
+-- for any number of waiters (the client gathers the heartbeats of one semaphore that arrive
+-- while its previous call runs, at most 1,024, so the work stays bounded).
 -- KEYS: see prelude.lua.
--- ARGV[2] lease id    ARGV[3] waiter ttl (µs)
--- Reply: {'granted', now, lease record} | {'waiting'} | {'gone'}
+-- ARGV[2k] lease id    ARGV[2k+1] its waiter ttl (µs), for k = 1, 2, …
+-- Reply: one per lease, in order: {'granted', now, lease record} | {'waiting'} | {'gone'}
 
-local lease_id = ARGV[2]
-local waiter_ttl = num(ARGV[3], 'waiter ttl argument')
+if #ARGV < 3 or #ARGV % 2 ~= 1 then
+  corrupt('heartbeat arguments: lease id and waiter ttl pairs')
+end
+local ttls = {}
+for i = 3, #ARGV, 2 do
+  ttls[i] = num(ARGV[i], 'waiter ttl argument')
+end
 
+local replies = {}
 if load() == nil then
-  return {'gone'}
+  for i = 2, #ARGV, 2 do
+    replies[#replies + 1] = {'gone'}
+  end
+  return replies
 end
 purge_and_hand_off()
 
-local reply
-local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
-if held then
-  reply = {'granted', now, held}
-elseif refresh_waiter(lease_id, now + waiter_ttl) then
-  reply = {'waiting'}
-else
-  reply = {'gone'}
+for i = 2, #ARGV, 2 do
+  local lease_id = ARGV[i]
+  local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
+  if held then
+    replies[#replies + 1] = {'granted', now, held}
+  elseif refresh_waiter(lease_id, now + ttls[i + 1]) then
+    replies[#replies + 1] = {'waiting'}
+  else
+    replies[#replies + 1] = {'gone'}
+  end
 end
 finish()
-return out(reply)
+return out(replies)
