@@ -212,7 +212,10 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 /// Opens the store named by `url`. A malformed URL, an unknown scheme or one whose store is
 /// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
 /// matters to stores that create something on connect (SQLite's file).
-#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(unused_variables)
+)]
 // A build without any store feature has only the `unreachable!` arm below.
 #[cfg_attr(
     not(any(
@@ -239,7 +242,10 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
         "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
         | "rediss+cluster" => Arc::new(redis::RedisBackend::connect(url).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Arc::new(postgres::PostgresBackend::connect(url).await?),
+        "postgres" | "postgresql" => Arc::new(match open {
+            Open::CreateIfMissing => postgres::PostgresBackend::connect(url).await?,
+            Open::ExistingOnly => postgres::PostgresBackend::connect_existing(url).await?,
+        }),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Arc::new(mysql::MysqlBackend::connect(url).await?),
         #[cfg(feature = "etcd")]

@@ -182,6 +182,18 @@ impl PostgresBackend {
     /// Connects to a `postgres://` URL (see the module docs): runs the migrations the schema
     /// lacks, opens the pool, and starts (or joins) this process's wake-up listener.
     pub async fn connect(raw: &str) -> Result<Self> {
+        Self::open(raw, true).await
+    }
+
+    /// Connects only if the database holds tessera's schema (the URL's `schema`, at any
+    /// version); otherwise [`Error::NoStore`], and nothing is created. For the tools that
+    /// only read or change existing state, so a mistyped `?schema=` or database is reported
+    /// rather than set up as a new, empty store.
+    pub async fn connect_existing(raw: &str) -> Result<Self> {
+        Self::open(raw, false).await
+    }
+
+    async fn open(raw: &str, create: bool) -> Result<Self> {
         let config = parse_url(raw)?;
         if !matches!(
             config.options.get_ssl_mode(),
@@ -198,6 +210,17 @@ impl PostgresBackend {
         .await
         .map_err(|_| connect_timeout(&config))?
         .map_err(|e| in_context(map_err(e), &config))?;
+        if !create && !schema_exists(&mut conn, &config.schema).await? {
+            let _ = conn.close().await;
+            return Err(Error::NoStore {
+                url: config.redacted.clone(),
+                reason: format!(
+                    "the database holds no tessera schema \"{}\" (set up by the first \
+                     process that acquires; ?schema= names another)",
+                    config.schema
+                ),
+            });
+        }
         let migrated = tokio::time::timeout(RESPONSE_TIMEOUT * 4, migrate(&mut conn, &config))
             .await
             .map_err(|_| connect_timeout(&config))
@@ -395,6 +418,23 @@ fn migration_refused(e: Error, schema: &str) -> Error {
     }
 }
 
+/// Whether `schema` holds tessera's tables: its migrations table, which the first migration
+/// creates (the catalog is readable by every role, whatever its rights on the schema).
+async fn schema_exists(conn: &mut sqlx::PgConnection, schema: &str) -> Result<bool> {
+    tokio::time::timeout(
+        RESPONSE_TIMEOUT,
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
+             WHERE schemaname = $1 AND tablename = 'tessera_migrations')",
+        )
+        .bind(schema)
+        .fetch_one(conn),
+    )
+    .await
+    .map_err(|_| Error::store(StoreErrorKind::Timeout, "the schema check timed out"))?
+    .map_err(map_err)
+}
+
 /// Runs the migrations the schema lacks (see the module docs).
 async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
     let latest = MIGRATIONS.len() as i32;
@@ -463,11 +503,25 @@ async fn migrate_locked(
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
+    // `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the database even when the schema
+    // exists: only when it is missing, so the owner of a schema a DBA made can set it up.
+    let schema_missing: bool = sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)",
+    )
+    .bind(&config.schema)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_err)?;
     let setup = format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{0}\"; SET LOCAL search_path TO \"{0}\"; \
+        "{create}SET LOCAL search_path TO \"{0}\"; \
          CREATE TABLE IF NOT EXISTS tessera_migrations (version int PRIMARY KEY, \
          applied_at timestamptz NOT NULL DEFAULT now())",
-        config.schema
+        config.schema,
+        create = if schema_missing {
+            format!("CREATE SCHEMA IF NOT EXISTS \"{}\"; ", config.schema)
+        } else {
+            String::new()
+        }
     );
     sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
         .execute(&mut *tx)

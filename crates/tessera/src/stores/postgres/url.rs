@@ -40,7 +40,15 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
         .into()
     };
-    let url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
+    let url = match url::Url::parse(raw) {
+        // `postgres://user@/db?host=/dir`: a user for a socket connection, no network host
+        // (libpq's form, which the URL parser refuses as an empty host).
+        Err(url::ParseError::EmptyHost) if raw.contains("@/") && has_socket_dir(raw) => {
+            url::Url::parse(&raw.replacen("@/", "@localhost/", 1))
+        }
+        parsed => parsed,
+    }
+    .map_err(|e| bad(crate::stores::not_a_url(e)))?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return Err(bad("expected postgres:// or postgresql://".into()));
     }
@@ -87,6 +95,11 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     };
     if !url.username().is_empty() {
         options = options.username(&decode(url.username(), "user name")?);
+    } else if std::env::var_os("PGUSER").is_none() {
+        // As libpq: the role named like the operating-system user running the process.
+        if let Ok(user) = whoami::username() {
+            options = options.username(&user);
+        }
     }
     if let Some(password) = url.password() {
         options = options.password(&decode(password, "password")?);
@@ -104,7 +117,12 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     let mut async_commit = false;
     let mut ssl_mode = None;
     let mut root_cert = None;
+    let mut seen: Vec<String> = Vec::new();
     for (k, v) in url.query_pairs() {
+        if seen.iter().any(|s| *s == *k) {
+            return Err(bad(format!("the option {k:?} is given twice")));
+        }
+        seen.push(k.to_string());
         match &*k {
             "host" => {}
             "schema" => {
@@ -115,10 +133,11 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
                         .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
                     && v.bytes()
                         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-                if !ok || v.starts_with("pg_") {
+                if !ok || v.starts_with("pg_") || v == "information_schema" {
                     return Err(bad(format!(
                         "schema {v:?} must be 1-{MAX_SCHEMA_LEN} bytes of a-z 0-9 _, \
-                         starting with a letter or _, and not pg_…"
+                         starting with a letter or _, and not pg_… or information_schema \
+                         (the server's own)"
                     )));
                 }
                 schema = v.into_owned();
@@ -233,6 +252,15 @@ pub(crate) fn session_sql(schema: &str, async_commit: bool) -> String {
     sql
 }
 
+/// Whether the URL's query names a socket directory (`host=/…`).
+fn has_socket_dir(raw: &str) -> bool {
+    raw.split_once('?').is_some_and(|(_, q)| {
+        q.split('&').any(|kv| {
+            kv.starts_with("host=/") || kv.starts_with("host=%2F") || kv.starts_with("host=%2f")
+        })
+    })
+}
+
 /// Percent-decodes a URL component; `None` if it is not valid UTF-8 afterwards.
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
@@ -321,12 +349,44 @@ mod tests {
     }
 
     #[test]
+    fn a_url_without_a_user_connects_as_the_operating_system_user_as_libpq_does() {
+        // What `id -un` says, unless PGUSER names another role (which sqlx then takes).
+        let os_user = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap();
+        let os_user = String::from_utf8(os_user.stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+        let expected = std::env::var("PGUSER").unwrap_or(os_user);
+        for url in [
+            "postgres:///db?host=/var/run/postgresql",
+            "postgres://127.0.0.1:5432/db",
+        ] {
+            let c = parse_url(url).unwrap();
+            assert_eq!(c.options.get_username(), expected, "{url}");
+        }
+        // A user for a socket connection, with no network host (libpq's form).
+        let c = parse_url("postgres://app:hunter2@/db?host=/var/run/postgresql&schema=s").unwrap();
+        assert_eq!(c.options.get_username(), "app");
+        assert_eq!(c.options.get_database(), Some("db"));
+        assert_eq!(
+            c.options.get_socket().map(|p| p.display().to_string()),
+            Some("/var/run/postgresql".into())
+        );
+        assert!(!c.redacted.contains("hunter2"), "{}", c.redacted);
+    }
+
+    #[test]
     fn bad_urls_are_refused_without_echoing_the_password() {
         assert!(reason("postgres:///db").contains("missing host"));
         assert!(reason("postgres:///db?host=relative/dir").contains("absolute path"));
         assert!(reason("postgres://u:hunter2@/db").contains("host"));
         assert!(reason("postgres://u:hunter2@h/db?schema=Bad").contains("schema"));
         assert!(reason("postgres://u:hunter2@h/db?schema=pg_catalog").contains("schema"));
+        assert!(reason("postgres://u:hunter2@h/db?schema=information_schema").contains("schema"));
+        assert!(reason("postgres://u:hunter2@h/db?schema=a&schema=b").contains("twice"));
         assert!(reason("postgres://u:hunter2@h/db?schema=").contains("schema"));
         assert!(reason("postgres://u:hunter2@h/db?sslmode=maybe").contains("sslmode"));
         // An unencoded # in the password: the rest reads as a fragment, the port as garbage.
