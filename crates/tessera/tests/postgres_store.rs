@@ -1883,3 +1883,75 @@ async fn a_unix_socket_url_connects_through_the_socket() {
     );
     assert_eq!(tcp.trim(), "0", "a tessera session went over TCP");
 }
+
+/// The usual set-up of a DBA who gives each application a schema of its own and no right to
+/// create schemas: the schema's owner sets tessera up in it and uses it, although `CREATE
+/// SCHEMA IF NOT EXISTS` would be refused on that database even for an existing schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_of_a_schema_a_dba_made_sets_tessera_up_without_create_on_the_database() {
+    let server = PostgresServer::start();
+    server.psql(
+        "CREATE ROLE app LOGIN; REVOKE CREATE ON DATABASE postgres FROM PUBLIC; \
+         CREATE SCHEMA owned AUTHORIZATION app",
+    );
+    let url = format!(
+        "postgres://app@127.0.0.1:{}/postgres?schema=owned",
+        server.port()
+    );
+    tessera_testkit::conformance::serves_two_clients(&url).await;
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'owned' AND tablename = 'tessera_migrations'"),
+        "1"
+    );
+    // The same role still may not create a schema tessera lacks: refused, nothing made.
+    let other = url.replace("schema=owned", "schema=elsewhere");
+    let e = Store::connect(&other).await.unwrap_err();
+    assert!(e.to_string().contains("42501"), "{e}");
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'elsewhere'"),
+        "0"
+    );
+}
+
+/// `Store::connect_existing` (the CLI's `status`, `revoke`, `resize`, `delete`): a schema
+/// tessera never set up is "no store", and neither the schema nor a table is created; a
+/// set-up one opens and shows its state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_existing_creates_nothing_where_tessera_has_no_schema() {
+    let server = PostgresServer::start();
+    let typo = server.url_with_schema("typo_123");
+    let e = Store::connect_existing(&typo).await.unwrap_err();
+    assert!(e.is_no_store(), "{e}");
+    assert!(e.to_string().contains("typo_123"), "{e}");
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'typo_123'"),
+        "0",
+        "connect_existing created the schema"
+    );
+    // An empty schema of that name (made by someone else) is not a store either.
+    server.psql("CREATE SCHEMA typo_123");
+    assert!(Store::connect_existing(&typo)
+        .await
+        .unwrap_err()
+        .is_no_store());
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'typo_123'"),
+        "0",
+        "connect_existing created tables"
+    );
+
+    let url = server.url_with_schema("real");
+    let store = Store::connect(&url).await.unwrap();
+    let sem = store.semaphore("jobs", 2).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    let existing = Store::connect_existing(&url).await.unwrap();
+    let status = existing
+        .semaphore("jobs", 2)
+        .unwrap()
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(status.used, 1);
+    assert_eq!(status.holders[0].lease_id, permit.lease_id());
+    permit.release().await.unwrap();
+}

@@ -215,8 +215,8 @@ impl PostgresBackend {
             return Err(Error::NoStore {
                 url: config.redacted.clone(),
                 reason: format!(
-                    "the database holds no tessera schema \"{}\" (set up by the first \
-                     process that acquires; ?schema= names another)",
+                    "no tessera schema \"{}\" in this database; the first process that \
+                     acquires sets it up",
                     config.schema
                 ),
             });
