@@ -303,8 +303,12 @@ fn init_logging() {
     let filter = EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| {
         EnvFilter::new("error,tessera=warn,tessera_cli=warn,tessera::permit=error")
     });
+    // Colours only on a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_env_filter(filter)
         .init();
 }

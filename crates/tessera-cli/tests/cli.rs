@@ -95,6 +95,34 @@ fn every_command_has_help_with_an_example() {
     }
 }
 
+/// Logs written to a file or a pipe are plain text: no terminal colour codes.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .env("TESSERA_LOG", "debug")
+        .args([
+            "--store",
+            &sqlite(home.path()),
+            "run",
+            "--name",
+            "plain",
+            "--permits",
+            "1",
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let lines = stderr_lines(&out);
+    assert!(lines.iter().any(|l| l.contains("DEBUG")), "{lines:?}");
+    assert!(
+        !out.stderr.contains(&0x1b),
+        "escape codes in piped logs: {:?}",
+        lines.iter().find(|l| l.contains('\x1b'))
+    );
+}
+
 #[test]
 fn run_passes_the_exit_code_through() {
     let home = tmp();
