@@ -276,7 +276,7 @@ fn reaper_thread(mut rx: mpsc::UnboundedReceiver<Ticket>) {
                                             Some(s)
                                         }
                                         Err(e) => {
-                                            tracing::warn!(store = %store.url(), error = %e, "clean-up cannot reconnect; leases expire by their TTL");
+                                            tracing::warn!(store = %store.url(), error = %e, "clean-up cannot reconnect; what it was to give back (a lease, a queue place) expires by its TTL");
                                             None
                                         }
                                     },
@@ -291,7 +291,7 @@ fn reaper_thread(mut rx: mpsc::UnboundedReceiver<Ticket>) {
                         }
                     };
                     if tokio::time::timeout(REAPER_JOB_TIMEOUT, work).await.is_err() {
-                        tracing::warn!(store = %store.url(), "clean-up timed out; the lease expires by its TTL");
+                        tracing::warn!(store = %store.url(), "clean-up timed out; what it was to give back (a lease, a queue place) expires by its TTL");
                     }
                 }
                 ticket.finish();
