@@ -186,6 +186,8 @@ TESSERA_SEATS (comma-separated seat numbers) and TESSERA_NAME. SIGINT, SIGTERM, 
 SIGQUIT, SIGUSR1 and SIGUSR2 sent to tessera are forwarded to the command (a terminal's
 Ctrl-C already reaches it and is not sent twice). If the permit is lost, the command gets
 SIGTERM at once and SIGKILL just before the lease could expire, and tessera exits 74.
+If tessera is killed (kill -9), the command dies with it, and so does every process it
+started, unless stdin is a terminal (an interactive command shares tessera's process group).
 The permit is released when the command exits. With --rate, tessera reserves the earliest
 time every limit allows (in arrival order, no polling) and starts the command then; if that
 time is beyond --wait, nothing is charged and tessera exits 75.

@@ -7,9 +7,11 @@
 //! 2. Install the signal handlers, then connect and acquire. A signal that stops tessera while
 //!    it waits (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) cancels the wait: the library gives the
 //!    queue place (or a grant that raced with the cancel) back, and tessera exits `128 + N`.
-//! 3. Spawn the command with `TESSERA_LEASE_ID`, `TESSERA_FENCE`, `TESSERA_SEATS` and
-//!    `TESSERA_NAME` exported, then supervise it (below).
-//! 4. When it exits, release the permit, then exit with the command's code.
+//! 3. Start the guard of the command's process group (when it gets one, below), spawn the
+//!    command with `TESSERA_LEASE_ID`, `TESSERA_FENCE`, `TESSERA_SEATS` and `TESSERA_NAME`
+//!    exported, then supervise it (below).
+//! 4. When it exits, disarm the guard, release the permit, then exit with the command's
+//!    code.
 //!
 //! # Process groups and signals
 //!
@@ -26,9 +28,29 @@
 //! - **Otherwise** (scripts, services, CI): the command leads its own process group and
 //!   every forwarded signal goes to that group, so a shell script's children get it too.
 //!
-//! Signals the command itself sends to tessera are never bounced back to it. On Linux the
-//! command also gets `PR_SET_PDEATHSIG = SIGKILL`: if tessera is killed (`kill -9`), nobody
-//! renews the lease, and the command must not run on past it.
+//! Signals the command itself sends to tessera are never bounced back to it.
+//!
+//! If tessera dies without ending normally (`kill -9`, an OOM kill, a crash), nobody renews
+//! the lease, and nothing the command started may run on past it:
+//!
+//! - On Linux the command gets `PR_SET_PDEATHSIG = SIGKILL`, which reaches the command
+//!   itself, not the processes it started.
+//! - When the command leads its own process group, a guard ([`GroupGuard`], a `/bin/sh` of a
+//!   few lines in a group of its own, outside tessera's) SIGKILLs the whole group when
+//!   tessera dies: it reads a pipe whose only write end tessera holds, and the kernel closes
+//!   that end, whatever killed tessera. The command writes its group's id to the pipe before
+//!   it execs, so no process of the group can exist before the guard can name it; a guard
+//!   that cannot start fails the run (exit 71) before the command runs. When the command
+//!   has ended, tessera tells the guard to exit without killing, before it releases the
+//!   permit: on a normal end the group's remaining processes (a job the command left in the
+//!   background) are left alone, as without the guard, and a group id that the kernel may
+//!   hand out again is never signalled. (The guard kills only after tessera died; a pid is
+//!   reused only once the kernel has cycled through every other pid, not within the
+//!   milliseconds the guard takes.)
+//! - **Interactive**, the command shares tessera's process group with the shell's pipeline
+//!   (`tessera run … | tee log`), which no guard may kill: only the command dies with
+//!   tessera, and what it started in the background may outlive it. Run it with stdin
+//!   redirected (`</dev/null`) to get a group of its own and the guard.
 //!
 //! # Losing the permit
 //!
@@ -37,8 +59,10 @@
 //! runs, so it never outlives the lease. tessera then exits [`exit::LOST`] with one line.
 
 use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::fd::{AsRawFd as _, RawFd};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use tessera::{
@@ -196,9 +220,30 @@ async fn hold_and_run(
         ));
     }
     let group = !is_interactive();
-    let mut child = match spawn(&args.command, &args.name, permit.as_ref(), group) {
+    // Started before the command, so a guard that cannot start leaves nothing running.
+    let mut guard = match group.then(GroupGuard::start).transpose() {
+        Ok(guard) => guard,
+        Err(e) => {
+            if let Some(p) = permit {
+                release(p).await;
+            }
+            return Err(Failure::new(
+                exit::OS_ERROR,
+                format!("cannot start the guard of the command's process group: {e}"),
+            ));
+        }
+    };
+    let spawned = spawn(
+        &args.command,
+        &args.name,
+        permit.as_ref(),
+        group,
+        guard.as_ref().map(GroupGuard::fd),
+    );
+    let mut child = match spawned {
         Ok(child) => child,
         Err(failure) => {
+            drop(guard); // disarms it
             if let Some(p) = permit {
                 release(p).await;
             }
@@ -209,6 +254,11 @@ async fn hold_and_run(
     if supervised.is_err() {
         // Never release while the command may still run.
         let _ = child.kill().await;
+    }
+    // The command has ended (and is reaped): from here on tessera ends normally, leaving
+    // the group's other processes as they are.
+    if let Some(g) = guard.as_mut() {
+        g.disarm();
     }
     if let Some(p) = permit {
         release(p).await;
@@ -342,11 +392,14 @@ async fn acquire(
     }
 }
 
+/// Spawns the command. `guard`: the write end of a [`GroupGuard`]'s pipe, to which the
+/// command writes its pid (its process group's id) before it execs.
 fn spawn(
     command: &[OsString],
     name: &str,
     permit: Option<&Permit>,
     own_group: bool,
+    guard: Option<RawFd>,
 ) -> Result<Child, Failure> {
     let (program, args) = command
         .split_first()
@@ -368,11 +421,13 @@ fn spawn(
         cmd.process_group(0);
     }
     #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure calls only async-signal-safe functions (prctl, getppid).
-        unsafe {
-            cmd.pre_exec(move || {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure calls only async-signal-safe functions (prctl, getppid, getpid,
+    // signal, write) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -380,9 +435,14 @@ fn spawn(
                 if libc::getppid() != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
-                Ok(())
-            });
-        }
+            }
+            // After the process group was made (std does it before these closures) and
+            // before exec: no process of the group can exist that the guard cannot name.
+            if let Some(fd) = guard {
+                GroupGuard::announce(fd, libc::getpid())?;
+            }
+            Ok(())
+        });
     }
     // Spawned from the main thread (the runtime is current-thread): PDEATHSIG follows the
     // thread that forked, and the main thread lives as long as tessera.
@@ -396,6 +456,102 @@ fn spawn(
             _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {shown}: {e}")),
         }
     })
+}
+
+/// Kills the command's process group if tessera dies without ending normally (see "Process
+/// groups and signals" in the module docs).
+///
+/// A `/bin/sh` in a process group of its own, whose stdin is the read end of a pipe. The
+/// command, between its fork and its exec, writes its pid (the id of the group it leads) as
+/// the first line; tessera holds the only other write end (close-on-exec, so neither the
+/// guard nor the command keeps one). [`GroupGuard::disarm`] writes a second line and the
+/// guard exits; if tessera dies first, the kernel closes its end, the guard reads EOF instead
+/// and sends SIGKILL to the group.
+struct GroupGuard {
+    /// `None` once disarmed.
+    pipe: Option<std::io::PipeWriter>,
+    /// Never waited for: dropped, tokio reaps it in the background.
+    _process: Child,
+}
+
+/// The guard: the group's id, then a line (disarmed) or EOF (tessera died: kill the group).
+/// dash's `kill` takes `-s KILL -- -PGID`, not `-9 -- -PGID`. A first line that is not a
+/// pid (the command never got to exec: tessera's disarming line came first) kills nothing.
+const GUARD_SCRIPT: &str = r#"read -r pgid || exit 0
+case $pgid in ''|*[!0-9]*|0|1) exit 0 ;; esac
+read -r _ || kill -s KILL -- "-$pgid""#;
+
+impl GroupGuard {
+    fn start() -> std::io::Result<GroupGuard> {
+        let (read, write) = std::io::pipe()?; // both ends close-on-exec
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.args(["-c", GUARD_SCRIPT, "tessera-guard"])
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .current_dir("/")
+            // Out of tessera's group, which a CI runner or a terminal may signal as a whole
+            // (the very case the guard is for), and out of the command's, which tessera
+            // signals as a whole.
+            .process_group(0);
+        let process = cmd.spawn()?;
+        Ok(GroupGuard {
+            pipe: Some(write),
+            _process: process,
+        })
+    }
+
+    /// The write end, for the command's [`GroupGuard::announce`].
+    fn fd(&self) -> RawFd {
+        self.pipe.as_ref().map_or(-1, |p| p.as_raw_fd())
+    }
+
+    /// Writes `pid` and a newline to `fd`; called in the command between fork and exec, so
+    /// async-signal-safe: no allocation, no lock. SIGPIPE (reset to its default by std for
+    /// the child) is ignored around the write, so a dead guard fails the spawn instead of
+    /// killing the child unseen.
+    fn announce(fd: RawFd, pid: libc::pid_t) -> std::io::Result<()> {
+        let mut line = [0u8; 12];
+        let mut at = line.len() - 1;
+        line[at] = b'\n';
+        let mut n = pid.unsigned_abs();
+        loop {
+            at -= 1;
+            line[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let line = &line[at..];
+        // SAFETY: signal(2) and write(2) are async-signal-safe; `line` outlives the call.
+        let written = unsafe {
+            let before = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            let n = libc::write(fd, line.as_ptr().cast(), line.len());
+            libc::signal(libc::SIGPIPE, before);
+            n
+        };
+        match written {
+            n if n == line.len() as isize => Ok(()),
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+
+    /// Tells the guard to exit without killing. tessera ends normally from here on.
+    fn disarm(&mut self) {
+        if let Some(mut pipe) = self.pipe.take() {
+            // A guard already gone (EPIPE; tessera ignores SIGPIPE) has nothing to kill.
+            let _ = pipe.write_all(b"\n");
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    /// Only a tessera that dies never drops its guard: every way out of it disarms.
+    fn drop(&mut self) {
+        self.disarm();
+    }
 }
 
 /// How a supervised command ended.
@@ -549,7 +705,7 @@ mod tests {
         .unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sleep", "30"].map(OsString::from);
-        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true, None).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let started = Instant::now();
@@ -575,7 +731,7 @@ mod tests {
         let sem = Semaphore::new(&store, "kill", 1, SemaphoreOptions::default().ttl(ttl)).unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sh", "-c", "trap '' TERM; sleep 30"].map(OsString::from);
-        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true, None).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let admin = store.clone();
