@@ -10,8 +10,8 @@
 //! | `1` | admin and `status NAME`: no such semaphore, rate limiter or lease, or no store yet (nothing changed, nothing created) |
 //! | `2` | usage error: an unknown command or flag, a missing or unexpected argument (clap's usage errors) |
 //! | `64` | invalid value (`EX_USAGE`), whether unparseable (`--ttl soon`, `--rate 2/x`) or out of range (a capacity of 0, a weight above the capacity, a TTL out of range), an invalid name, lease id or store URL, or a capacity or rate limits that differ from the stored ones; nothing was touched |
-//! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`) |
-//! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers |
+//! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`); a waiting `run` rides out transient faults after the connect, and exits 69 only if `--wait` runs out during one |
+//! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers or starting `run`'s process-group guard |
 //! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
 //! | `75` | `run`: no permit or no turn within the rate limits within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |
 //! | `126` | `run`: the command was found but could not be executed |
@@ -59,7 +59,8 @@ Exit codes:
   64       invalid value, unparseable or out of range (--permits, --weight, --ttl,
            --wait, --rate, --cost, name, lease id, store URL), or a capacity or rate
            limits differing from the stored ones; nothing was touched
-  69       the store failed or could not be reached
+  69       the store failed or could not be reached (run: at the start; a waiting
+           run rides out outages until --wait runs out)
   71       an operating-system call failed
   74       run: the permit was lost while the command ran; the command was stopped
   75       run: no permit or no turn within the rate limits within --wait, or the

@@ -186,9 +186,15 @@ TESSERA_SEATS (comma-separated seat numbers) and TESSERA_NAME. SIGINT, SIGTERM, 
 SIGQUIT, SIGUSR1 and SIGUSR2 sent to tessera are forwarded to the command (a terminal's
 Ctrl-C already reaches it and is not sent twice). If the permit is lost, the command gets
 SIGTERM at once and SIGKILL just before the lease could expire, and tessera exits 74.
+If tessera is killed (kill -9), the command dies with it, and so does every process it
+started, unless stdin is a terminal (an interactive command shares tessera's process group).
 The permit is released when the command exits. With --rate, tessera reserves the earliest
 time every limit allows (in arrival order, no polling) and starts the command then; if that
 time is beyond --wait, nothing is charged and tessera exits 75.
+A wait outlasts store outages: if the store stops answering, tessera says so in one line,
+retries until it answers again (one more line), then waits again from the tail of the
+queue. Only a store unreachable at the start, an outage still on when --wait runs out, or
+a non-transient store error (e.g. refused credentials) ends the wait with exit 69.
 
 ";
 
@@ -247,7 +253,8 @@ struct RunCmd {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Give up (exit 75) if the permit (and the turn within --rate) does not come within
-    /// this time; default: wait as long as it takes. 0s: only if free now
+    /// this time; default: wait as long as it takes, store outages included. 0s: only if
+    /// free now
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
     /// Holder label shown by `tessera status` (default: hostname/pid)

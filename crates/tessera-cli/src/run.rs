@@ -7,9 +7,13 @@
 //! 2. Install the signal handlers, then connect and acquire. A signal that stops tessera while
 //!    it waits (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) cancels the wait: the library gives the
 //!    queue place (or a grant that raced with the cancel) back, and tessera exits `128 + N`.
-//! 3. Spawn the command with `TESSERA_LEASE_ID`, `TESSERA_FENCE`, `TESSERA_SEATS` and
-//!    `TESSERA_NAME` exported, then supervise it (below).
-//! 4. When it exits, release the permit, then exit with the command's code.
+//!    A store that cannot be reached at the connect fails at once (exit 69); once it has
+//!    answered, the wait rides out its outages (below).
+//! 3. Start the guard of the command's process group (when it gets one, below), spawn the
+//!    command with `TESSERA_LEASE_ID`, `TESSERA_FENCE`, `TESSERA_SEATS` and `TESSERA_NAME`
+//!    exported, then supervise it (below).
+//! 4. When it exits, disarm the guard, release the permit, then exit with the command's
+//!    code.
 //!
 //! # Process groups and signals
 //!
@@ -26,9 +30,45 @@
 //! - **Otherwise** (scripts, services, CI): the command leads its own process group and
 //!   every forwarded signal goes to that group, so a shell script's children get it too.
 //!
-//! Signals the command itself sends to tessera are never bounced back to it. On Linux the
-//! command also gets `PR_SET_PDEATHSIG = SIGKILL`: if tessera is killed (`kill -9`), nobody
-//! renews the lease, and the command must not run on past it.
+//! Signals the command itself sends to tessera are never bounced back to it.
+//!
+//! If tessera dies without ending normally (`kill -9`, an OOM kill, a crash), nobody renews
+//! the lease, and nothing the command started may run on past it:
+//!
+//! - On Linux the command gets `PR_SET_PDEATHSIG = SIGKILL`, which reaches the command
+//!   itself, not the processes it started.
+//! - When the command leads its own process group, a guard ([`GroupGuard`], a `/bin/sh` of a
+//!   few lines in a group of its own, outside tessera's) SIGKILLs the whole group when
+//!   tessera dies: it reads a pipe whose only write end tessera holds, and the kernel closes
+//!   that end, whatever killed tessera. The command writes its group's id to the pipe before
+//!   it execs, so no process of the group can exist before the guard can name it; a guard
+//!   that cannot start fails the run (exit 71) before the command runs. When the command
+//!   has ended, tessera tells the guard to exit without killing, before it releases the
+//!   permit: on a normal end the group's remaining processes (a job the command left in the
+//!   background) are left alone, as without the guard, and a group id that the kernel may
+//!   hand out again is never signalled. (The guard kills only after tessera died; a pid is
+//!   reused only once the kernel has cycled through every other pid, not within the
+//!   milliseconds the guard takes.)
+//! - **Interactive**, the command shares tessera's process group with the shell's pipeline
+//!   (`tessera run … | tee log`), which no guard may kill: only the command dies with
+//!   tessera, and what it started in the background may outlive it. Run it with stdin
+//!   redirected (`</dev/null`) to get a group of its own and the guard.
+//!
+//! # A store outage while waiting
+//!
+//! The library rides out a transient store fault (a dropped or refused connection, a
+//! timeout, a busy store) during an acquire for the waiter TTL (5 s), then returns it. A
+//! `tessera run` told to wait as long as it takes (no `--wait`), or whose `--wait` has not
+//! run out, keeps waiting instead ([`ride_out`]): one line on stderr, then it probes the
+//! store (250 ms, doubling up to 5 s, never past `--wait`); when the store answers, one more
+//! line, and it waits again **from the tail of the queue** (its place expired with the
+//! waiter TTL; a grant that raced with the fault is given back by the library). The same
+//! holds for the turn within `--rate` limits, as long as the permit taken first is not lost.
+//! If `--wait` runs out during the outage, tessera exits 69 with the store's error. Other
+//! errors (a capacity mismatch, refused credentials, …) end the wait at once with their
+//! codes, and so does a store that cannot be reached at the connect: [`Store::connect`]
+//! reaches every store before it returns, so a wrong URL fails at once instead of waiting
+//! for a store that will never answer.
 //!
 //! # Losing the permit
 //!
@@ -37,8 +77,10 @@
 //! runs, so it never outlives the lease. tessera then exits [`exit::LOST`] with one line.
 
 use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::fd::{AsRawFd as _, RawFd};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use tessera::{
@@ -168,11 +210,11 @@ async fn hold_and_run(
     // `--wait` bounds the whole wait: the permit, then the turn within the rate limits.
     let deadline = args.wait.map(|w| Instant::now() + w);
     let mut permit = match args.permits {
-        Some(permits) => Some(take_permit(store, args, permits, weight, caught).await?),
+        Some(permits) => Some(take_permit(store, args, permits, weight, deadline, caught).await?),
         None => None,
     };
     if !args.rates.is_empty() {
-        if let Err(failure) = take_turn(store, args, deadline, caught).await {
+        if let Err(failure) = take_turn(store, args, deadline, permit.as_ref(), caught).await {
             if let Some(p) = permit {
                 release(p).await;
             }
@@ -196,9 +238,30 @@ async fn hold_and_run(
         ));
     }
     let group = !is_interactive();
-    let mut child = match spawn(&args.command, &args.name, permit.as_ref(), group) {
+    // Started before the command, so a guard that cannot start leaves nothing running.
+    let mut guard = match group.then(GroupGuard::start).transpose() {
+        Ok(guard) => guard,
+        Err(e) => {
+            if let Some(p) = permit {
+                release(p).await;
+            }
+            return Err(Failure::new(
+                exit::OS_ERROR,
+                format!("cannot start the guard of the command's process group: {e}"),
+            ));
+        }
+    };
+    let spawned = spawn(
+        &args.command,
+        &args.name,
+        permit.as_ref(),
+        group,
+        guard.as_ref().map(GroupGuard::fd),
+    );
+    let mut child = match spawned {
         Ok(child) => child,
         Err(failure) => {
+            drop(guard); // disarms it
             if let Some(p) = permit {
                 release(p).await;
             }
@@ -209,6 +272,11 @@ async fn hold_and_run(
     if supervised.is_err() {
         // Never release while the command may still run.
         let _ = child.kill().await;
+    }
+    // The command has ended (and is reaped): from here on tessera ends normally, leaving
+    // the group's other processes as they are.
+    if let Some(g) = guard.as_mut() {
+        g.disarm();
     }
     if let Some(p) = permit {
         release(p).await;
@@ -228,16 +296,19 @@ async fn hold_and_run(
     Ok(exit_code(supervised.status))
 }
 
-/// Takes `weight` of `permits` within `--wait`, or fails with the documented exit code.
+/// Takes `weight` of `permits` by `deadline` (`--wait`), or fails with the documented exit
+/// code.
 async fn take_permit(
     store: &Store,
     args: &RunArgs,
     permits: u32,
     weight: u32,
+    deadline: Option<Instant>,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<Permit, Failure> {
     let sem = Semaphore::new(store, &args.name, permits, args.options())?;
-    match acquire(&sem, weight, args.wait, caught).await? {
+    let try_only = args.wait.is_some_and(|w| w.is_zero());
+    match acquire(store, &sem, weight, deadline, try_only, caught).await? {
         Acquired::Permit(p) => Ok(p),
         Acquired::TimedOut => Err(Failure::new(
             exit::TEMPFAIL,
@@ -266,20 +337,30 @@ fn interrupted(signal: libc::c_int, what: &str, name: &str) -> Failure {
 /// Reserves the earliest time every `--rate` limit admits `--cost` and sleeps until it
 /// (FIFO reservations, no polling): the library's `acquire_until` with `--wait`, beyond whose
 /// deadline nothing is charged and this fails with exit 75; without `--wait`, `acquire`, which
-/// waits as long as it takes.
+/// waits as long as it takes. A store outage is ridden out ([`ride_out`]) while `permit`
+/// (the one taken first, if any) is not lost.
 async fn take_turn(
     store: &Store,
     args: &RunArgs,
     deadline: Option<Instant>,
+    permit: Option<&Permit>,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<(), Failure> {
     let limiter = RateLimiter::new(store, &args.name, &args.rates, args.rate_options())?;
-    let attempt = async {
+    let waiting = Waiting {
+        store,
+        name: &args.name,
+        what: "a turn within the rate limits",
+        again: "with a new reservation",
+        deadline,
+        held: permit,
+    };
+    let attempt = ride_out(waiting, || async {
         match deadline {
             Some(deadline) => limiter.acquire_until(args.cost, deadline).await,
             None => (limiter.acquire(args.cost).await).map(|at| RateDecision::Admitted { at }),
         }
-    };
+    });
     tokio::pin!(attempt);
     let decision = loop {
         tokio::select! {
@@ -306,21 +387,32 @@ async fn take_turn(
     }
 }
 
-/// Acquires, giving up on a stopping signal. `--wait 0s` is a try-acquire (it never queues,
-/// and never jumps the queue either).
+/// Acquires by `deadline` (none: as long as it takes), riding out store outages
+/// ([`ride_out`]) and giving up on a stopping signal. `try_only` (`--wait 0s`) makes it a
+/// try-acquire (it never queues, and never jumps the queue either).
 async fn acquire(
+    store: &Store,
     sem: &Semaphore,
     weight: u32,
-    wait: Option<Duration>,
+    deadline: Option<Instant>,
+    try_only: bool,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<Acquired, Failure> {
-    let attempt = async {
-        match wait {
-            None => sem.acquire_many(weight).await.map(Some),
-            Some(d) if d.is_zero() => sem.try_acquire_many(weight).await,
-            Some(d) => sem.acquire_many_until(weight, Instant::now() + d).await,
-        }
+    let waiting = Waiting {
+        store,
+        name: sem.name(),
+        what: "a permit",
+        again: "from the tail of the queue",
+        deadline,
+        held: None,
     };
+    let attempt = ride_out(waiting, || async {
+        match deadline {
+            _ if try_only => sem.try_acquire_many(weight).await,
+            None => sem.acquire_many(weight).await.map(Some),
+            Some(d) => sem.acquire_many_until(weight, d).await,
+        }
+    });
     tokio::pin!(attempt);
     loop {
         tokio::select! {
@@ -342,11 +434,121 @@ async fn acquire(
     }
 }
 
+/// The first pause after a transient store fault ends an acquire; it doubles after every
+/// probe the store does not answer, up to [`OUTAGE_PAUSE_MAX`].
+const OUTAGE_PAUSE: Duration = Duration::from_millis(250);
+/// See [`OUTAGE_PAUSE`].
+const OUTAGE_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// What a [`ride_out`] waits for, for its lines and its bounds.
+struct Waiting<'a> {
+    store: &'a Store,
+    name: &'a str,
+    /// "a permit", "a turn within the rate limits".
+    what: &'a str,
+    /// How the wait starts over when the store answers again ("from the tail of the queue").
+    again: &'a str,
+    /// `--wait`'s end; `None`: as long as it takes.
+    deadline: Option<Instant>,
+    /// A permit held meanwhile (during the rate wait): its loss ends the wait.
+    held: Option<&'a Permit>,
+}
+
+/// Runs `attempt` (one acquire) until it ends other than with a transient store fault
+/// ([`tessera::Error::is_transient`]: a dropped or refused connection, a timeout, a busy
+/// store), which the library rides out by itself only for the waiter TTL (5 s).
+///
+/// After such a fault, while the deadline has not passed: one line on stderr, then the store
+/// is probed (a read of `name`'s status) after [`OUTAGE_PAUSE`], doubling up to
+/// [`OUTAGE_PAUSE_MAX`], never past the deadline; when it answers, one more line, and a new
+/// attempt, which joins the queue again at its tail (the old place expired with the waiter
+/// TTL, or is given up in the background). Cancel safe as `attempt` is: dropping it between
+/// attempts holds nothing.
+///
+/// Fails with the fault's code (69) if the deadline passes first, and with the code of any
+/// other error at once. The store answered once already: [`crate::store_url::connect`]
+/// reaches it (a store that cannot be reached then fails at once, so a wrong URL never
+/// hangs).
+async fn ride_out<T, F, Fut>(waiting: Waiting<'_>, mut attempt: F) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = tessera::Result<T>>,
+{
+    let Waiting {
+        store,
+        name,
+        what,
+        again,
+        deadline,
+        held,
+    } = waiting;
+    let passed = || deadline.is_some_and(|d| Instant::now() >= d);
+    let gave_up = |fault: tessera::Error| {
+        let mut failure = Failure::from(fault);
+        failure.message = format!(
+            "{}; --wait ran out during the store outage; nothing was run",
+            failure.message
+        );
+        failure
+    };
+    let mut outage = false;
+    loop {
+        let fault = match attempt().await {
+            Err(e) if e.is_transient() && passed() && outage => return Err(gave_up(e)),
+            Err(e) if e.is_transient() && !passed() => e,
+            other => return other.map_err(Failure::from),
+        };
+        outage = true;
+        eprintln!(
+            "tessera: {}; still waiting for {what} on {name}, until the store answers again{}",
+            exit::one_line(&fault.to_string()),
+            if deadline.is_some() {
+                " or --wait runs out"
+            } else {
+                ""
+            }
+        );
+        let mut last = fault;
+        let mut pause = OUTAGE_PAUSE;
+        loop {
+            let left = deadline.map_or(pause, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return Err(gave_up(last));
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(OUTAGE_PAUSE_MAX);
+            if held.is_some_and(Permit::is_lost) {
+                return Err(Failure::new(
+                    exit::LOST,
+                    format!("lost the permit on {name} before the command started (the store did not answer); nothing was run"),
+                ));
+            }
+            let probe = store.status(name);
+            let answer = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, probe).await {
+                    Ok(answer) => answer,
+                    Err(_) => return Err(gave_up(last)),
+                },
+                None => probe.await,
+            };
+            match answer {
+                Err(e) if e.is_transient() => last = e,
+                // Any other answer, even an error, is the store's: the next attempt tells.
+                _ => break,
+            }
+        }
+        eprintln!("tessera: the store answers again; waiting for {what} on {name} again, {again}");
+    }
+}
+
+/// Spawns the command. `guard`: the write end of a [`GroupGuard`]'s pipe, to which the
+/// command writes its pid (its process group's id) before it execs.
 fn spawn(
     command: &[OsString],
     name: &str,
     permit: Option<&Permit>,
     own_group: bool,
+    guard: Option<RawFd>,
 ) -> Result<Child, Failure> {
     let (program, args) = command
         .split_first()
@@ -368,11 +570,13 @@ fn spawn(
         cmd.process_group(0);
     }
     #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure calls only async-signal-safe functions (prctl, getppid).
-        unsafe {
-            cmd.pre_exec(move || {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure calls only async-signal-safe functions (prctl, getppid, getpid,
+    // signal, write) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -380,9 +584,14 @@ fn spawn(
                 if libc::getppid() != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
-                Ok(())
-            });
-        }
+            }
+            // After the process group was made (std does it before these closures) and
+            // before exec: no process of the group can exist that the guard cannot name.
+            if let Some(fd) = guard {
+                GroupGuard::announce(fd, libc::getpid())?;
+            }
+            Ok(())
+        });
     }
     // Spawned from the main thread (the runtime is current-thread): PDEATHSIG follows the
     // thread that forked, and the main thread lives as long as tessera.
@@ -396,6 +605,102 @@ fn spawn(
             _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {shown}: {e}")),
         }
     })
+}
+
+/// Kills the command's process group if tessera dies without ending normally (see "Process
+/// groups and signals" in the module docs).
+///
+/// A `/bin/sh` in a process group of its own, whose stdin is the read end of a pipe. The
+/// command, between its fork and its exec, writes its pid (the id of the group it leads) as
+/// the first line; tessera holds the only other write end (close-on-exec, so neither the
+/// guard nor the command keeps one). [`GroupGuard::disarm`] writes a second line and the
+/// guard exits; if tessera dies first, the kernel closes its end, the guard reads EOF instead
+/// and sends SIGKILL to the group.
+struct GroupGuard {
+    /// `None` once disarmed.
+    pipe: Option<std::io::PipeWriter>,
+    /// Never waited for: dropped, tokio reaps it in the background.
+    _process: Child,
+}
+
+/// The guard: the group's id, then a line (disarmed) or EOF (tessera died: kill the group).
+/// dash's `kill` takes `-s KILL -- -PGID`, not `-9 -- -PGID`. A first line that is not a
+/// pid (the command never got to exec: tessera's disarming line came first) kills nothing.
+const GUARD_SCRIPT: &str = r#"read -r pgid || exit 0
+case $pgid in ''|*[!0-9]*|0|1) exit 0 ;; esac
+read -r _ || kill -s KILL -- "-$pgid""#;
+
+impl GroupGuard {
+    fn start() -> std::io::Result<GroupGuard> {
+        let (read, write) = std::io::pipe()?; // both ends close-on-exec
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.args(["-c", GUARD_SCRIPT, "tessera-guard"])
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .current_dir("/")
+            // Out of tessera's group, which a CI runner or a terminal may signal as a whole
+            // (the very case the guard is for), and out of the command's, which tessera
+            // signals as a whole.
+            .process_group(0);
+        let process = cmd.spawn()?;
+        Ok(GroupGuard {
+            pipe: Some(write),
+            _process: process,
+        })
+    }
+
+    /// The write end, for the command's [`GroupGuard::announce`].
+    fn fd(&self) -> RawFd {
+        self.pipe.as_ref().map_or(-1, |p| p.as_raw_fd())
+    }
+
+    /// Writes `pid` and a newline to `fd`; called in the command between fork and exec, so
+    /// async-signal-safe: no allocation, no lock. SIGPIPE (reset to its default by std for
+    /// the child) is ignored around the write, so a dead guard fails the spawn instead of
+    /// killing the child unseen.
+    fn announce(fd: RawFd, pid: libc::pid_t) -> std::io::Result<()> {
+        let mut line = [0u8; 12];
+        let mut at = line.len() - 1;
+        line[at] = b'\n';
+        let mut n = pid.unsigned_abs();
+        loop {
+            at -= 1;
+            line[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let line = &line[at..];
+        // SAFETY: signal(2) and write(2) are async-signal-safe; `line` outlives the call.
+        let written = unsafe {
+            let before = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            let n = libc::write(fd, line.as_ptr().cast(), line.len());
+            libc::signal(libc::SIGPIPE, before);
+            n
+        };
+        match written {
+            n if n == line.len() as isize => Ok(()),
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+
+    /// Tells the guard to exit without killing. tessera ends normally from here on.
+    fn disarm(&mut self) {
+        if let Some(mut pipe) = self.pipe.take() {
+            // A guard already gone (EPIPE; tessera ignores SIGPIPE) has nothing to kill.
+            let _ = pipe.write_all(b"\n");
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    /// Only a tessera that dies never drops its guard: every way out of it disarms.
+    fn drop(&mut self) {
+        self.disarm();
+    }
 }
 
 /// How a supervised command ended.
@@ -549,7 +854,7 @@ mod tests {
         .unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sleep", "30"].map(OsString::from);
-        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true, None).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let started = Instant::now();
@@ -567,6 +872,85 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
+    fn refused() -> tessera::Error {
+        tessera::Error::Store {
+            kind: tessera::StoreErrorKind::Connection,
+            message: "Connection refused".into(),
+        }
+    }
+
+    fn waiting(store: &Store, deadline: Option<Instant>) -> Waiting<'_> {
+        Waiting {
+            store,
+            name: "outage",
+            what: "a permit",
+            again: "from the tail of the queue",
+            deadline,
+            held: None,
+        }
+    }
+
+    /// Faults the library gave up on are retried while the store answers (the memory
+    /// store's status always does) and no deadline passed.
+    #[tokio::test]
+    async fn transient_faults_do_not_end_a_wait_without_a_deadline() {
+        let store = Store::connect("memory://cli-ride-out").await.unwrap();
+        let mut attempts = 0;
+        let got = ride_out(waiting(&store, None), || {
+            attempts += 1;
+            let fail = attempts <= 2;
+            async move {
+                if fail {
+                    Err(refused())
+                } else {
+                    Ok(7)
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), 7);
+        assert_eq!(attempts, 3);
+    }
+
+    /// An outage still on when `--wait` runs out ends the wait with the store's code, then.
+    #[tokio::test]
+    async fn a_fault_outlasting_the_deadline_fails_with_the_store_error_at_the_deadline() {
+        let store = Store::connect("memory://cli-ride-out-deadline")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(150);
+        let got: Result<(), Failure> =
+            ride_out(waiting(&store, Some(deadline)), || async { Err(refused()) }).await;
+        let failure = got.unwrap_err();
+        assert_eq!(failure.code, exit::UNAVAILABLE);
+        assert!(failure.message.contains("--wait ran out"), "{failure}");
+        assert!(Instant::now() >= deadline);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// Other errors, and faults once the deadline passed (`--wait 0s`), end it at once.
+    #[tokio::test]
+    async fn other_errors_and_faults_past_the_deadline_end_the_wait_at_once() {
+        let store = Store::connect("memory://cli-ride-out-now").await.unwrap();
+        let mut attempts = 0;
+        let got: Result<(), Failure> = ride_out(waiting(&store, None), || {
+            attempts += 1;
+            async { Err(tessera::Error::NotFound("outage".into())) }
+        })
+        .await;
+        assert_eq!(got.unwrap_err().code, exit::NOT_FOUND);
+        assert_eq!(attempts, 1);
+        let mut attempts = 0;
+        let got: Result<(), Failure> = ride_out(waiting(&store, Some(Instant::now())), || {
+            attempts += 1;
+            async { Err(refused()) }
+        })
+        .await;
+        assert_eq!(got.unwrap_err().code, exit::UNAVAILABLE);
+        assert_eq!(attempts, 1);
+    }
+
     /// A command that ignores SIGTERM is killed before the lease could expire.
     #[tokio::test]
     async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
@@ -575,7 +959,7 @@ mod tests {
         let sem = Semaphore::new(&store, "kill", 1, SemaphoreOptions::default().ttl(ttl)).unwrap();
         let permit = sem.acquire().await.unwrap();
         let command = ["sh", "-c", "trap '' TERM; sleep 30"].map(OsString::from);
-        let mut child = spawn(&command, "t", Some(&permit), true).unwrap();
+        let mut child = spawn(&command, "t", Some(&permit), true, None).unwrap();
         let (_tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let lease = permit.lease_id().to_string();
         let admin = store.clone();

@@ -882,6 +882,47 @@ fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_wit
     );
 }
 
+/// PR_SET_PDEATHSIG reaches only the command itself; a background job it started must die
+/// with a killed tessera too (the guard kills the command's process group), or it would run
+/// on while the next holder has the permit.
+#[test]
+fn a_killed_holder_takes_the_commands_background_jobs_down_with_it() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let pid_file = home.path().join("pid");
+    let mut holder = spawn_run(
+        home.path(),
+        &store,
+        &["--permits", "1", "--ttl", "2s"],
+        &format!("sleep 30 & echo $! > {}; wait", pid_file.display()),
+    );
+    let job: libc::pid_t = wait_for_file(&pid_file, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    signal(&holder, libc::SIGKILL);
+    holder.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while running(job) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !running(job),
+        "the command's background job outlived its killed tessera"
+    );
+}
+
+/// Alive and not a zombie (an orphan is reaped by whoever adopts it, maybe late).
+fn running(pid: libc::pid_t) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => alive(pid),
+    }
+}
+
 /// A waiting `tessera run` killed outright, then handed the permit by the holder's release,
 /// holds it only until its queue entry would have expired (the waiter TTL, 5 s), not for
 /// its 60 s lease TTL: the next run gets it within seconds.

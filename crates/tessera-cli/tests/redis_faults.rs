@@ -11,6 +11,7 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::tessera;
+use tessera_testkit::proxy::{Mode, Proxy};
 use tessera_testkit::servers::redis::RedisServer;
 
 /// The command: writes `started` to `dir/started`, and on SIGTERM the wall-clock time in ns
@@ -186,4 +187,110 @@ fn client_kills_shorter_than_the_ttl_cost_a_holder_nothing() {
         .map(|v| v["used"].as_u64().unwrap_or(0))
         .unwrap_or(0);
     assert_eq!(held, 0, "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// A run waiting without `--wait` ("as long as it takes") rides out a store outage longer
+/// than the library's own retries (the waiter TTL, 5 s): it says so, rejoins the queue when
+/// the store answers again, and runs its command once the holder releases. The waiter
+/// reaches Redis through a proxy that resets every connection for 8 s; the holder connects
+/// directly and keeps its permit throughout.
+#[test]
+fn a_waiter_without_wait_rides_out_a_store_outage_and_runs_its_command() {
+    let home = tempfile::tempdir().unwrap();
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let proxy = rt
+        .block_on(Proxy::start(
+            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
+        ))
+        .unwrap();
+    let go = home.path().join("go");
+    let ran = home.path().join("ran");
+    let holder = tessera(home.path())
+        .args([
+            "--store",
+            &server.url(),
+            "run",
+            "--name",
+            "job",
+            "--permits",
+            "1",
+        ])
+        .args(["--holder", "holder", "--", "sh", "-c"])
+        .arg(format!(
+            "echo started > {}/started; while [ ! -e {} ]; do sleep 0.05; done",
+            home.path().display(),
+            go.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&home.path().join("started"), Duration::from_secs(20));
+    let mut waiter = tessera(home.path())
+        .args(["--store", &format!("redis://{}", proxy.addr())])
+        .args([
+            "run",
+            "--name",
+            "job",
+            "--permits",
+            "1",
+            "--holder",
+            "waiter",
+        ])
+        .args(["--", "sh", "-c"])
+        .arg(format!("echo ran > {}", ran.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let queued = Instant::now() + Duration::from_secs(20);
+    while !queue_has(&server, "waiter") {
+        assert!(Instant::now() < queued, "the waiter never queued");
+        assert!(waiter.try_wait().unwrap().is_none(), "the waiter exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    proxy.set(Mode::Reset);
+    std::thread::sleep(Duration::from_secs(8));
+    if let Some(status) = waiter.try_wait().unwrap() {
+        let (_, err, _) = finish(waiter, Duration::from_secs(1));
+        panic!("the waiter gave up during the outage ({status}): {err}");
+    }
+    proxy.set(Mode::Pass);
+
+    // Let the waiter rejoin before the holder leaves, so that the grant it gets is a
+    // hand-off, not a free permit found on its next try.
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(&go, "").unwrap();
+    let (status, err, _) = finish(holder, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "holder: {err}");
+    let (status, err, _) = finish(waiter, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "waiter: {err}");
+    assert!(ran.exists(), "the waiter's command did not run: {err}");
+    // tessera's own lines (the library also logs its reconnects, at warn).
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("tessera: ")).collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("tessera: store error") && lines[0].contains("still waiting"),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("answers again"), "{lines:?}");
+}
+
+/// Whether `label` waits in the queue of `job` (read with `tessera status`).
+fn queue_has(server: &RedisServer, label: &str) -> bool {
+    let home = tempfile::tempdir().unwrap();
+    let out = tessera(home.path())
+        .args(["--store", &server.url(), "status", "job", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .ok()
+        .and_then(|v| v["queue"].as_array().cloned())
+        .is_some_and(|q| q.iter().any(|w| w["holder"] == label))
 }
