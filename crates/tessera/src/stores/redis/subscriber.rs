@@ -49,6 +49,8 @@ pub(super) async fn subscribe_loop(
 ) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(20);
+    // Reconnects that failed since the connection was lost (see the warning below).
+    let mut failed: u32 = 0;
     loop {
         // Watch first: a failover after this line is seen by `changes` below.
         if ready.is_none() {
@@ -76,19 +78,27 @@ pub(super) async fn subscribe_loop(
                     let _ = tx.send(Err(e));
                     return;
                 }
-                tracing::warn!(%url, error = %e, "wake-up subscriber: reconnect failed; retrying");
+                // Once per outage: a retry a second for as long as the server is down
+                // would bury everything else a program logs.
+                if failed == 0 {
+                    tracing::warn!(%url, error = %e, "wake-up subscriber: reconnect failed; retrying until it succeeds");
+                } else {
+                    tracing::debug!(%url, error = %e, "wake-up subscriber: reconnect failed; retrying");
+                }
+                failed += 1;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         };
         backoff = Duration::from_millis(20);
+        let after = std::mem::take(&mut failed);
         match ready.take() {
             Some(tx) => {
                 let _ = tx.send(Ok(()));
             }
             None => {
-                tracing::info!(%url, "wake-up subscriber: resubscribed");
+                tracing::info!(%url, failed_attempts = after, "wake-up subscriber: resubscribed");
                 let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
                 for lease in leases {
                     wake::notify(lease);
