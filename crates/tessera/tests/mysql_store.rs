@@ -476,6 +476,36 @@ async fn a_user_without_create_routine_connects_and_works_client_side() {
     ));
 }
 
+/// `connect_existing` (the CLI's status, revoke, resize, delete) on a database without
+/// tessera's tables is `NoStore` and creates nothing there, neither tables nor procedures;
+/// once a normal connect has set the database up, it opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_existing_creates_nothing_and_opens_what_exists() {
+    let server = MariaDbServer::start();
+    let url = server.url("typo");
+    let objects = || {
+        server
+            .sql(
+                "SELECT (SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = 'typo') + (SELECT COUNT(*) FROM \
+                 information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'typo')",
+            )
+            .trim()
+            .to_string()
+    };
+    let err = MysqlBackend::connect_existing(&url).await.unwrap_err();
+    assert!(err.is_no_store(), "{err}");
+    assert!(err.to_string().contains("typo"), "{err}");
+    let err = Store::connect_existing(&url).await.unwrap_err();
+    assert!(err.is_no_store(), "{err}");
+    assert_eq!(objects(), "0", "connect_existing created something");
+
+    MysqlBackend::connect(&url).await.unwrap();
+    let existing = Store::connect_existing(&url).await.unwrap();
+    assert!(existing.status("nothing").await.unwrap().is_none());
+    existing.close().await.unwrap();
+}
+
 /// Tables written by a newer tessera are refused at connect, with nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused() {

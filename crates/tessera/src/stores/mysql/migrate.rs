@@ -187,16 +187,22 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<i64> {
     Ok(version)
 }
 
-/// The recorded version; 0 when tessera's tables do not exist yet.
-async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
-    let exists: i64 = sqlx::query_scalar(
+/// Whether the connection's database holds tessera's tables: its version table,
+/// `tessera_meta`, created first by migration 1. Reads the catalog only.
+pub(crate) async fn exists(conn: &mut MySqlConnection) -> Result<bool> {
+    let tables: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES \
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'tessera_meta'",
     )
     .fetch_one(&mut *conn)
     .await
     .map_err(map_err)?;
-    if exists == 0 {
+    Ok(tables > 0)
+}
+
+/// The recorded version; 0 when tessera's tables do not exist yet.
+async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
+    if !exists(conn).await? {
         return Ok(0);
     }
     let row = sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'schema_version'")

@@ -6,7 +6,9 @@
 //! ```
 //!
 //! - `database` (required) holds tessera's tables (`tessera_*`), created and migrated at
-//!   connect (`migrate.rs`); a database per tenant isolates tenants. The user needs `CREATE`,
+//!   connect (`migrate.rs`); [`MysqlBackend::connect_existing`] (the CLI's `status`,
+//!   `revoke`, `resize`, `delete`) creates nothing and answers [`Error::NoStore`] for a
+//!   database without them. A database per tenant isolates tenants. The user needs `CREATE`,
 //!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist),
 //!   and `EXECUTE` (`CREATE ROUTINE` until the procedures exist; without it operations run
 //!   client side).
@@ -19,6 +21,8 @@
 //!   (`tests.rs`): the pool and the doorbell connections are encrypted.
 //! - `wake` (`doorbell`, the default, or `poll`): how waiters in other processes learn of a
 //!   grant (`notify.rs`).
+//! - Each option at most once (`ssl-mode` and `sslmode` are one option): a URL that gives
+//!   one twice is refused.
 //! - `socket=/path` connects through the server's Unix socket instead of the URL's host and
 //!   port (`mysql://app@localhost/jobs?socket=/run/mysqld/mysqld.sock`).
 //!
@@ -251,6 +255,18 @@ impl MysqlBackend {
     /// migrates the schema and opens the pool (lazily); the doorbell opens when a waiter is
     /// first queued.
     pub async fn connect(raw: &str) -> Result<Self> {
+        Self::open(raw, true).await
+    }
+
+    /// Connects only if the URL's database holds tessera's tables (at any version: an older
+    /// schema is migrated as by [`MysqlBackend::connect`]); otherwise [`Error::NoStore`], and
+    /// nothing is created. For the tools that only read or change existing state, so a
+    /// mistyped database is reported rather than set up as a new, empty store.
+    pub async fn connect_existing(raw: &str) -> Result<Self> {
+        Self::open(raw, false).await
+    }
+
+    async fn open(raw: &str, create: bool) -> Result<Self> {
         let config = parse_url(raw)?;
         let options = config.options.clone();
         let in_url = |e: Error| match e {
@@ -271,6 +287,15 @@ impl MysqlBackend {
                 ))
             })?
             .map_err(|e| in_url(map_err(e)))?;
+        if !create && !migrate::exists(&mut first).await.map_err(in_url)? {
+            let _ = first.close().await;
+            return Err(Error::NoStore {
+                url: config.redacted.clone(),
+                reason: "the database holds no tessera tables (tessera_meta; they are created \
+                         by the first process that acquires)"
+                    .into(),
+            });
+        }
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
         let routines = migrated.map_err(migration_refused).map_err(in_url)?;
