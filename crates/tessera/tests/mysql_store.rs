@@ -109,7 +109,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "2");
+    assert_eq!(version.trim(), "3");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -123,7 +123,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "2");
+    assert_eq!(version.trim(), "3");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
     assert_eq!(routines.trim(), "5");
@@ -423,7 +423,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         ))
     };
     assert_eq!(meta("routines_version").trim(), "5");
-    assert_eq!(meta("schema_version").trim(), "2");
+    assert_eq!(meta("schema_version").trim(), "3");
     assert_eq!(
         server
             .sql(
@@ -474,6 +474,82 @@ async fn a_user_without_create_routine_connects_and_works_client_side() {
         db.heartbeat(&n, b, LONG).await.unwrap(),
         WaitReply::Granted(_)
     ));
+}
+
+/// `connect_existing` (the CLI's status, revoke, resize, delete) on a database without
+/// tessera's tables is `NoStore` and creates nothing there, neither tables nor procedures;
+/// once a normal connect has set the database up, it opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_existing_creates_nothing_and_opens_what_exists() {
+    let server = MariaDbServer::start();
+    let url = server.url("typo");
+    let objects = || {
+        server
+            .sql(
+                "SELECT (SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = 'typo') + (SELECT COUNT(*) FROM \
+                 information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'typo')",
+            )
+            .trim()
+            .to_string()
+    };
+    let err = MysqlBackend::connect_existing(&url).await.unwrap_err();
+    assert!(err.is_no_store(), "{err}");
+    assert!(err.to_string().contains("typo"), "{err}");
+    let err = Store::connect_existing(&url).await.unwrap_err();
+    assert!(err.is_no_store(), "{err}");
+    assert_eq!(objects(), "0", "connect_existing created something");
+
+    MysqlBackend::connect(&url).await.unwrap();
+    let existing = Store::connect_existing(&url).await.unwrap();
+    assert!(existing.status("nothing").await.unwrap().is_none());
+    existing.close().await.unwrap();
+}
+
+/// A database of schema version 2 (holder rows without a doorbell): a user who may not
+/// ALTER still connects and works on it (revokes then reach holders at renewal), and the
+/// schema stays at 2; a user who may adds the column, and the version becomes 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
+    let server = MariaDbServer::start();
+    let url = server.url("v2");
+    MysqlBackend::connect(&url).await.unwrap();
+    server.sql(
+        "ALTER TABLE v2.tessera_holders DROP COLUMN doorbell; \
+         UPDATE v2.tessera_meta SET meta_value = 2 WHERE meta_key = 'schema_version'; \
+         CREATE USER 'rows'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, EXECUTE ON v2.* TO 'rows'@'127.0.0.1'",
+    );
+    let version = || {
+        server
+            .sql("SELECT meta_value FROM v2.tessera_meta WHERE meta_key = 'schema_version'")
+            .trim()
+            .to_string()
+    };
+    let plain = MysqlBackend::connect(&format!("mysql://rows@127.0.0.1:{}/v2", server.port()))
+        .await
+        .unwrap();
+    assert_eq!(version(), "2");
+    let n = name("old");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        plain.acquire(&n, 2, &req(a, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(plain.revoke(&n, a).await.unwrap());
+    assert!(matches!(
+        plain.acquire(&n, 2, &req(b, 1, LONG, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(plain.delete(&n).await.unwrap());
+
+    MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(version(), "3");
+    let column = server.sql(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
+         AND TABLE_NAME = 'tessera_holders' AND COLUMN_NAME = 'doorbell'",
+    );
+    assert_eq!(column.trim(), "1");
 }
 
 /// Tables written by a newer tessera are refused at connect, with nothing changed.
@@ -947,4 +1023,115 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
         .expect("free once writable");
     assert!(p.release().await.unwrap());
     store.close().await.unwrap();
+}
+
+/// A revoke or a delete from another process reaches the holder at once, through its
+/// client's doorbell: its `lost()` fires within milliseconds, not at its next renewal (TTL/3
+/// = 10 s here), so no two processes run under one permit for long. (Within one process the
+/// revoking step wakes the holder directly: the holder must be in another process.)
+/// Covered: a permit granted at once (its client had no doorbell open) and one handed over
+/// by a release to a waiter that queued (its holder row written by the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_or_delete_from_another_process_fires_the_holders_lost_at_once() {
+    let server = MariaDbServer::start();
+    let url = server.url("rung");
+    let admin = Store::connect(&url).await.unwrap();
+    let soon = Duration::from_secs(3);
+
+    // Revoke of a permit granted at once.
+    let mut child = HolderProcess::spawn(&url).await;
+    let lease = child.held().await;
+    // Time for the holder's doorbell to open and its row to name it: the ring is tested,
+    // not the claim that finds the row gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(admin.revoke("rv", &lease).await.unwrap());
+    let after = child.lost(soon).await;
+    eprintln!("revoke: lost() fired {after:?} after the revoke");
+
+    // Delete of a permit handed over to a waiter by a release of another process.
+    let first = admin.semaphore("rv", 1).unwrap().acquire().await.unwrap();
+    let mut child = HolderProcess::spawn(&url).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    child.held().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(admin.delete("rv").await.unwrap());
+    let after = child.lost(soon).await;
+    eprintln!("delete: lost() fired {after:?} after the delete");
+    admin.close().await.unwrap();
+}
+
+/// This test binary run again as a holder of semaphore `rv` (30 s TTL) in a process of its
+/// own ([`holder_in_a_child_process`]).
+struct HolderProcess {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl HolderProcess {
+    async fn spawn(url: &str) -> HolderProcess {
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "holder_in_a_child_process", "--nocapture"])
+            .args(["--test-threads=1"])
+            .env("TESSERA_MYSQL_CHILD_URL", url)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        use tokio::io::AsyncBufReadExt;
+        let stdout = child.stdout.take().unwrap();
+        let lines = tokio::io::BufReader::new(stdout).lines();
+        HolderProcess { child, lines }
+    }
+
+    /// What the child prints after `prefix`, up to the end of that line.
+    async fn line(&mut self, prefix: &str, within: Duration) -> String {
+        let next = async {
+            loop {
+                match self.lines.next_line().await.unwrap() {
+                    // libtest's "test … " comes first, on the same line.
+                    Some(line) => match line.split_once(prefix) {
+                        Some((_, rest)) => break rest.to_string(),
+                        None => continue,
+                    },
+                    None => panic!("the holder process ended before printing {prefix:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(within, next)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the holder process printed no {prefix:?} within {within:?}")
+            })
+    }
+
+    /// The lease id, once the child holds its permit.
+    async fn held(&mut self) -> String {
+        self.line("HELD ", Duration::from_secs(20)).await
+    }
+
+    /// Waits for the child's `lost()` to fire (at most `within`); how long that took.
+    async fn lost(&mut self, within: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        let reason = self.line("LOST ", within).await;
+        assert_eq!(reason, "Gone");
+        let _ = self.child.wait().await;
+        started.elapsed()
+    }
+}
+
+/// The holder of [`HolderProcess`], when run as one (`TESSERA_MYSQL_CHILD_URL`); otherwise
+/// does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_in_a_child_process() {
+    let Ok(url) = std::env::var("TESSERA_MYSQL_CHILD_URL") else {
+        return;
+    };
+    let store = Store::connect(&url).await.unwrap();
+    let sem = store.semaphore("rv", 1).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    println!("HELD {}", permit.lease_id());
+    let reason = permit.lost().await;
+    println!("LOST {reason:?}");
+    drop(permit);
 }

@@ -213,7 +213,7 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 /// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
 /// matters to stores that create something on connect (SQLite's file).
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres")),
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(unused_variables)
 )]
 // A build without any store feature has only the `unreachable!` arm below.
@@ -247,7 +247,10 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
             Open::ExistingOnly => postgres::PostgresBackend::connect_existing(url).await?,
         }),
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Arc::new(mysql::MysqlBackend::connect(url).await?),
+        "mysql" | "mariadb" => Arc::new(match open {
+            Open::CreateIfMissing => mysql::MysqlBackend::connect(url).await?,
+            Open::ExistingOnly => mysql::MysqlBackend::connect_existing(url).await?,
+        }),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Arc::new(etcd::EtcdBackend::connect(url).await?),
         // `scheme_problem` let through only the schemes compiled in above.
@@ -263,8 +266,10 @@ impl Store {
     ///
     /// The URL forms are those of [`Store::connect`]. A SQLite file that does not exist is
     /// [`Error::NoStore`] (see [`Error::is_no_store`]) and neither the file nor its folder is
-    /// created; an existing file is opened as by `connect`. `memory://` and Redis create
-    /// nothing on connect, so for them this is the same as `connect`.
+    /// created; an existing file is opened as by `connect`. A PostgreSQL schema or a
+    /// MySQL / MariaDB database that holds no tessera tables is [`Error::NoStore`] too, and
+    /// nothing is created in it. `memory://` and Redis create nothing on connect, so for
+    /// them this is the same as `connect`.
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

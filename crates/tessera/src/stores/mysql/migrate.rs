@@ -14,7 +14,8 @@
 //! 4. releases the lock.
 //!
 //! Every statement of every migration is idempotent (`CREATE TABLE IF NOT EXISTS`,
-//! `INSERT IGNORE`), so a migration interrupted half way (a killed process) is simply run
+//! `INSERT IGNORE`, an `ALTER TABLE … ADD COLUMN` whose "duplicate column" error is taken as
+//! done: MySQL 8 has no `ADD COLUMN IF NOT EXISTS`), so a migration interrupted half way (a killed process) is simply run
 //! again by the next connect, and two processes running one concurrently (no `GET_LOCK`)
 //! end with the same tables.
 //!
@@ -47,7 +48,11 @@ use super::map_err;
 use crate::error::{Error, Result};
 
 /// The migrations in order: version `i + 1` is `MIGRATIONS[i]`.
-const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("rate_schema.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("schema.sql"),
+    include_str!("rate_schema.sql"),
+    include_str!("holders_doorbell.sql"),
+];
 
 /// The schema version this build reads and writes (the number of migrations).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -85,10 +90,19 @@ fn statements(file: &str) -> Vec<String> {
         .collect()
 }
 
+/// What the database holds after [`migrate`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migrated {
+    /// The schema version: below [`SCHEMA_VERSION`] when an optional migration was refused
+    /// ([`OPTIONAL_FROM`]).
+    pub(crate) schema: i64,
+    /// The routine version: below [`ROUTINES_VERSION`] when the server refused this build's.
+    pub(crate) routines: i64,
+}
+
 /// Brings the database's schema to [`SCHEMA_VERSION`] and its routines to at least
-/// [`ROUTINES_VERSION`] (see the module docs). Returns the routine version the database
-/// holds afterwards: below [`ROUTINES_VERSION`] when the server refused this build's.
-pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<i64> {
+/// [`ROUTINES_VERSION`] (see the module docs).
+pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<Migrated> {
     let locked: Option<i64> =
         sqlx::query_scalar("SELECT GET_LOCK(LEFT(CONCAT('tessera.migrate.', DATABASE()), 64), ?)")
             .bind(LOCK_WAIT_S)
@@ -96,7 +110,9 @@ pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<i64> {
             .await
             .unwrap_or(None);
     let result = match run(conn).await {
-        Ok(()) => install_routines(conn).await,
+        Ok(schema) => install_routines(conn)
+            .await
+            .map(|routines| Migrated { schema, routines }),
         Err(e) => Err(e),
     };
     if locked == Some(1) {
@@ -107,7 +123,39 @@ pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<i64> {
     result
 }
 
-async fn run(conn: &mut MySqlConnection) -> Result<()> {
+/// The first migration a user may lack the rights for (an `ALTER TABLE`): refused, the
+/// schema stays below it and the build runs without it (version 3: holders' doorbells; see
+/// `holders_doorbell.sql`).
+pub const OPTIONAL_FROM: i64 = 3;
+
+/// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
+fn added_column(statement: &str) -> Option<(String, String)> {
+    let words: Vec<&str> = statement.split_whitespace().take(6).collect();
+    match words[..] {
+        ["ALTER", "TABLE", table, "ADD", "COLUMN", column] => {
+            Some((table.to_string(), column.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `table` of the connection's database has `column`.
+async fn has_column(conn: &mut MySqlConnection, table: String, column: String) -> Result<bool> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+    )
+    .bind(table)
+    .bind(column)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(n > 0)
+}
+
+/// Brings the tables to [`SCHEMA_VERSION`], or stops below an optional migration the user
+/// may not run; the schema version reached.
+async fn run(conn: &mut MySqlConnection) -> Result<i64> {
     let mut version = stored_version(conn).await?;
     if version > SCHEMA_VERSION {
         return Err(Error::Corrupt(format!(
@@ -121,15 +169,48 @@ async fn run(conn: &mut MySqlConnection) -> Result<()> {
             continue;
         }
         for statement in statements(file) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            let added = added_column(&statement);
+            if let Some((table, column)) = added.clone() {
+                // MySQL 8 has no ADD COLUMN IF NOT EXISTS; tables created since carry it.
+                if has_column(conn, table, column).await? {
+                    continue;
+                }
+            }
+            match sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
                 .execute(&mut *conn)
                 .await
-                .map_err(map_err)?;
+            {
+                Ok(_) => {}
+                // Added meanwhile (a migration run concurrently without the lock).
+                Err(e) if added.is_some() && error_number(&e) == Some(1060) => {}
+                // A user who may not ALTER: the build runs without what it adds (see
+                // OPTIONAL_FROM); a user who may connects later and completes it.
+                Err(e) if to >= OPTIONAL_FROM && error_number(&e) == Some(1142) => {
+                    tracing::warn!(
+                        error = %e,
+                        "tessera MySQL: schema version {to} not applied (this user may not \
+                         ALTER tessera's tables); revokes and deletes reach holders in other \
+                         processes at their next renewal until a user who may connects"
+                    );
+                    return Ok(version);
+                }
+                Err(e) => return Err(map_err(e)),
+            }
         }
         record_version(conn, "schema_version", to).await?;
         version = to;
     }
-    Ok(())
+    Ok(version)
+}
+
+/// The server's error number of `e`, if it is a server error.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
 }
 
 /// Records that `key` (`schema_version` or `routines_version`) reached `to`; never lowers it.
@@ -187,16 +268,22 @@ async fn install_routines(conn: &mut MySqlConnection) -> Result<i64> {
     Ok(version)
 }
 
-/// The recorded version; 0 when tessera's tables do not exist yet.
-async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
-    let exists: i64 = sqlx::query_scalar(
+/// Whether the connection's database holds tessera's tables: its version table,
+/// `tessera_meta`, created first by migration 1. Reads the catalog only.
+pub(crate) async fn exists(conn: &mut MySqlConnection) -> Result<bool> {
+    let tables: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES \
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'tessera_meta'",
     )
     .fetch_one(&mut *conn)
     .await
     .map_err(map_err)?;
-    if exists == 0 {
+    Ok(tables > 0)
+}
+
+/// The recorded version; 0 when tessera's tables do not exist yet.
+async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
+    if !exists(conn).await? {
         return Ok(0);
     }
     let row = sqlx::query("SELECT meta_value FROM tessera_meta WHERE meta_key = 'schema_version'")
@@ -218,7 +305,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 8, "{all:#?}");
+        assert_eq!(all.len(), 9, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -251,8 +338,11 @@ mod tests {
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {
             assert!(!s.contains("--"), "{s}");
+            // An ADD COLUMN is made idempotent by `run` (error 1060 is taken as done).
             assert!(
-                s.starts_with("CREATE TABLE IF NOT EXISTS") || s.starts_with("INSERT IGNORE"),
+                s.starts_with("CREATE TABLE IF NOT EXISTS")
+                    || s.starts_with("INSERT IGNORE")
+                    || (s.starts_with("ALTER TABLE") && s.contains("ADD COLUMN")),
                 "not idempotent: {s}"
             );
         }

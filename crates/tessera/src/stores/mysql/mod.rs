@@ -6,9 +6,12 @@
 //! ```
 //!
 //! - `database` (required) holds tessera's tables (`tessera_*`), created and migrated at
-//!   connect (`migrate.rs`); a database per tenant isolates tenants. The user needs `CREATE`,
-//!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist),
-//!   and `EXECUTE` (`CREATE ROUTINE` until the procedures exist; without it operations run
+//!   connect (`migrate.rs`); [`MysqlBackend::connect_existing`] (the CLI's `status`,
+//!   `revoke`, `resize`, `delete`) creates nothing and answers [`Error::NoStore`] for a
+//!   database without them. A database per tenant isolates tenants. The user needs `CREATE`,
+//!   `SELECT`, `INSERT`, `UPDATE`, `DELETE` on it (`CREATE` only until the tables exist;
+//!   `ALTER` once, to bring tables of before schema version 3 up to it, without which that
+//!   client runs without holders' doorbells), and `EXECUTE` (`CREATE ROUTINE` until the procedures exist; without it operations run
 //!   client side).
 //! - `ssl-mode` (`disabled`, the default without `ssl-ca`; `preferred`, `required`,
 //!   `verify_ca`, `verify_identity`) and `ssl-ca` (a PEM file; alone it means
@@ -19,6 +22,8 @@
 //!   (`tests.rs`): the pool and the doorbell connections are encrypted.
 //! - `wake` (`doorbell`, the default, or `poll`): how waiters in other processes learn of a
 //!   grant (`notify.rs`).
+//! - Each option at most once (`ssl-mode` and `sslmode` are one option): a URL that gives
+//!   one twice is refused.
 //! - `socket=/path` connects through the server's Unix socket instead of the URL's host and
 //!   port (`mysql://app@localhost/jobs?socket=/run/mysqld/mysqld.sock`).
 //!
@@ -70,10 +75,16 @@
 //!   5).
 //! - **Waking**: a grant made in this process wakes the waiting task at once
 //!   ([`crate::wake::notify`]); waiters in other processes are rung on their doorbell
-//!   connection (`notify.rs`), and poll as the safety net.
+//!   connection (`notify.rs`), and poll as the safety net. A revoke or a delete rings the
+//!   doorbells of the holders and waiters it removes, so a holder in another process has
+//!   its `lost()` fired at once, not at its next renewal: a holder row names its client's
+//!   doorbell (schema version 3, `holders_doorbell.sql`), written by that client once it
+//!   holds the lease (`notify.rs`, "Holders are rung too"); a row that names none is found
+//!   gone at the holder's next renewal, as before.
 
 /// Runs one semaphore step in its own transaction, commits, then wakes the lease ids it
-/// granted or revoked in this process and rings the doorbells of waiters in others. A
+/// granted or revoked in this process and rings the doorbells of the granted waiters and
+/// of the revoked or deleted holders and waiters in others. A
 /// deadlock or lock wait timeout rolls back and runs the step again.
 ///
 /// `step!(self, name, |rows| op)` runs a step of the shared SQL layer with `rows` the MySQL
@@ -87,10 +98,19 @@ macro_rules! step {
             let mut tx = $self.transaction().await?;
             let mut committing = false;
             let outcome = async {
-                let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true);
+                let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true)
+                    .with_holder_doorbells($self.holder_doorbells);
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
-                let rung = rows.take_rung();
+                let mut rung = rows.take_rung();
+                // The holders and waiters the step removes and wakes (a revoke, a delete)
+                // are rung too: in another process their wake-up goes through the doorbell.
+                for (id, doorbell) in rows.take_removed() {
+                    let woken = wakes.iter().any(|w| w.to_string() == id);
+                    if woken && !doorbell.is_empty() && !rung.contains(&doorbell) {
+                        rung.push(doorbell);
+                    }
+                }
                 let granted = rows.take_granted();
                 let pending = rows.take_pending();
                 committing = true;
@@ -181,7 +201,7 @@ use crate::stores::sql;
 
 use conns::{pool_options, Conns, Returned, KEEP_POOL_SIZE, POOL_SIZE};
 use heartbeats::{Answer, HeartbeatMany, Heartbeats};
-use notify::{Doorbell, Waiting};
+use notify::{Doorbell, Holders, Waiting};
 use routines::Fast;
 use url::{parse_url, WakeMode};
 
@@ -228,6 +248,11 @@ pub struct MysqlBackend {
     doorbell: Option<Doorbell>,
     /// Lease ids queued through this backend, woken when its doorbell rings.
     waiting: Waiting,
+    /// Leases held through this backend, whose rows name its doorbell (`notify.rs`);
+    /// `None` with `wake=poll`.
+    holders: Option<Arc<Holders>>,
+    /// Whether the holders' table has the `doorbell` column (schema version 3).
+    holder_doorbells: bool,
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
     /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
     /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
@@ -251,6 +276,18 @@ impl MysqlBackend {
     /// migrates the schema and opens the pool (lazily); the doorbell opens when a waiter is
     /// first queued.
     pub async fn connect(raw: &str) -> Result<Self> {
+        Self::open(raw, true).await
+    }
+
+    /// Connects only if the URL's database holds tessera's tables (at any version: an older
+    /// schema is migrated as by [`MysqlBackend::connect`]); otherwise [`Error::NoStore`], and
+    /// nothing is created. For the tools that only read or change existing state, so a
+    /// mistyped database is reported rather than set up as a new, empty store.
+    pub async fn connect_existing(raw: &str) -> Result<Self> {
+        Self::open(raw, false).await
+    }
+
+    async fn open(raw: &str, create: bool) -> Result<Self> {
         let config = parse_url(raw)?;
         let options = config.options.clone();
         let in_url = |e: Error| match e {
@@ -271,9 +308,22 @@ impl MysqlBackend {
                 ))
             })?
             .map_err(|e| in_url(map_err(e)))?;
+        if !create && !migrate::exists(&mut first).await.map_err(in_url)? {
+            let _ = first.close().await;
+            return Err(Error::NoStore {
+                url: config.redacted.clone(),
+                reason: "the database holds no tessera tables (tessera_meta; they are created \
+                         by the first process that acquires)"
+                    .into(),
+            });
+        }
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
-        let routines = migrated.map_err(migration_refused).map_err(in_url)?;
+        let migrated = migrated.map_err(migration_refused).map_err(in_url)?;
+        let routines = migrated.routines;
+        // Holders' doorbells need the column of schema version 3 (refused to a user who may
+        // not ALTER: this client then leaves revokes to be found at renewal).
+        let holder_doorbells = migrated.schema >= migrate::OPTIONAL_FROM;
         let returned = Arc::new(Returned::default());
         let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
         let conns = Conns {
@@ -282,9 +332,21 @@ impl MysqlBackend {
             returned: returned.clone(),
         };
         let waiting: Waiting = Arc::default();
-        let doorbell = match config.wake {
-            WakeMode::Doorbell => Some(Doorbell::start(options, Arc::clone(&waiting))),
-            WakeMode::Poll => None,
+        let (doorbell, holders) = match config.wake {
+            WakeMode::Doorbell if holder_doorbells => {
+                let holders = Holders::new(conns.pool.clone());
+                let doorbell = Doorbell::start(options, Arc::clone(&waiting), holders.clone());
+                (Some(doorbell), Some(holders))
+            }
+            WakeMode::Doorbell => (
+                Some(Doorbell::start(
+                    options,
+                    Arc::clone(&waiting),
+                    Holders::new(conns.pool.clone()),
+                )),
+                None,
+            ),
+            WakeMode::Poll => (None, None),
         };
         let heartbeats = (routines >= routines::HEARTBEAT_MANY_VERSION).then(|| {
             Heartbeats::new(HeartbeatMany {
@@ -297,6 +359,8 @@ impl MysqlBackend {
             url: config.redacted,
             doorbell,
             waiting,
+            holders,
+            holder_doorbells,
             routines,
             heartbeats,
         })
@@ -342,6 +406,33 @@ impl MysqlBackend {
             if let Some(doorbell) = &self.doorbell {
                 doorbell.wake();
             }
+        }
+    }
+}
+
+impl MysqlBackend {
+    /// Notes a lease granted through this backend: its holder row is made to name this
+    /// client's doorbell, opened for it if dormant (`notify.rs`, "Holders"), so that a
+    /// revoke or delete in another process rings it.
+    fn hold(&self, name: &Name, lease: LeaseId) {
+        let (Some(holders), Some(doorbell)) = (&self.holders, &self.doorbell) else {
+            return;
+        };
+        holders.insert(name.as_str(), lease);
+        doorbell.wake();
+        // After the insert: a doorbell that parks meanwhile claims every held lease after
+        // it published its address, so one of the two claims this lease.
+        let address = doorbell.address();
+        if !address.is_empty() {
+            let leases = vec![(lease, name.as_str().to_string())];
+            tokio::spawn(Arc::clone(holders).claim(address, Some(leases)));
+        }
+    }
+
+    /// Forgets a lease this backend no longer holds.
+    fn unhold(&self, lease: LeaseId) {
+        if let Some(holders) = &self.holders {
+            holders.remove(lease);
         }
     }
 }
@@ -548,6 +639,9 @@ impl Backend for MysqlBackend {
             Fast::Fallback => step!(self, name, |rows| sql::acquire(rows, name, capacity, req))??,
         };
         self.set_waiting(req.lease_id, matches!(reply, AcquireReply::Queued { .. }));
+        if matches!(reply, AcquireReply::Granted(_)) {
+            self.hold(name, req.lease_id);
+        }
         Ok(reply)
     }
 
@@ -575,15 +669,20 @@ impl Backend for MysqlBackend {
             Answer::Step => step!(self, name, |rows| sql::heartbeat(rows, lease, waiter_ttl))?,
         };
         self.set_waiting(lease, reply == WaitReply::Waiting);
+        if matches!(reply, WaitReply::Granted(_)) {
+            self.hold(name, lease);
+        }
         Ok(reply)
     }
 
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         self.set_waiting(lease, false);
+        self.unhold(lease);
         step!(self, name, |rows| sql::cancel(rows, lease))
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
+        self.unhold(lease);
         match self.release_fast(name, lease).await? {
             Fast::Done(held) => Ok(held),
             Fast::Fallback => step!(self, name, |rows| sql::release(rows, lease)),
@@ -591,10 +690,14 @@ impl Backend for MysqlBackend {
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
-        match self.renew_fast(name, lease, ttl).await? {
-            Fast::Done(reply) => Ok(reply),
-            Fast::Fallback => step!(self, name, |rows| sql::renew(rows, lease, ttl)),
+        let reply = match self.renew_fast(name, lease, ttl).await? {
+            Fast::Done(reply) => reply,
+            Fast::Fallback => step!(self, name, |rows| sql::renew(rows, lease, ttl))?,
+        };
+        if reply == RenewReply::Gone {
+            self.unhold(lease);
         }
+        Ok(reply)
     }
 
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {

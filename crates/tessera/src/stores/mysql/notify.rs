@@ -49,15 +49,34 @@
 //! `PROCESSLIST`. Without them a ring finds nothing and waiters fall back to polling.
 //! `GET_LOCK` needs no privilege.
 //!
-//! **Only while waiters wait.** The doorbell's two connections are opened when a waiter of
-//! the client is first queued, not at connect, and closed again after a whole park (60 s)
-//! with no ring and no waiter queued. A client that only holds or tries (most `tessera run`
-//! processes) keeps just its pooled connection, so a server's `max_connections` serves about
-//! three times as many of them. A waiter queued while its client's doorbell is still
+//! **Holders are rung too.** A revoke or a delete rings the doorbell of every holder and
+//! waiter it removes, so a holder in another process has its `lost()` fired within
+//! milliseconds, as on the other stores, instead of at its next renewal (TTL/3 later: until
+//! then two processes would run under one permit). The invariant: *a holder row names the
+//! doorbell of its client whenever that client's doorbell is parked, or the client learns
+//! that the row is gone.* A holder row is written without one (by the procedures, which do
+//! not know the column, and by hand-offs to other clients); the client that holds the lease
+//! then opens its doorbell and writes the address into the row ([`Holders::claim`]), and
+//! again into every row it holds whenever the doorbell parks at a new address. A revoke or
+//! delete reads the doorbells with a lock (`ops.rs`), so a claim either comes first and is
+//! rung, or comes after the commit and finds the row gone, which fires the holder's `lost()`
+//! at once as a ring does. A rung client cannot tell why it was rung: beside waking its
+//! waiters it reads, in one statement, which of its held leases' rows are gone
+//! ([`Holders::check`]), and wakes their keepers, which renew, find them gone and fire
+//! `lost()`. A row that names no doorbell (written before schema version 3, by a client with
+//! `wake=poll`, or whose claim failed) and a ring that is lost (see above) leave the holder
+//! to learn of it at its next renewal, as before.
+//!
+//! **Only while waiters wait or holders hold.** The doorbell's two connections are opened
+//! when a waiter of the client is first queued or a lease is first granted to it, not at
+//! connect, and closed again after a whole park (60 s) with no ring, no waiter queued and
+//! no lease held. A client that only tries without getting a permit keeps just its pooled
+//! connection; one that holds a lease (most `tessera run` processes) uses three while it
+//! holds, so that a revoke reaches it. A waiter queued while its client's doorbell is still
 //! connecting is written without an address; its first poll (20 ms later) moves it to the
-//! doorbell, as after any reconnect.
+//! doorbell, as after any reconnect; a holder's row is claimed once the doorbell parks.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,6 +84,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::{ConnectOptions, Connection};
 use tokio::task::JoinHandle;
 
+use super::ops::{batch, render, text_at, Lit, Results};
 use crate::model::LeaseId;
 
 /// How long the doorbell sleeps per query before it parks again.
@@ -86,6 +106,133 @@ fn set_local(addr: &str, parked: bool) {
 /// The lease ids this client has queued, woken when its doorbell rings.
 pub(crate) type Waiting = Arc<Mutex<HashSet<LeaseId>>>;
 
+/// The leases this client holds, whose rows it makes name its doorbell (see the module
+/// docs, "Holders"), and the pool it writes and checks them through.
+#[derive(Debug)]
+pub(crate) struct Holders {
+    /// Lease id → semaphore name.
+    held: Mutex<HashMap<LeaseId, String>>,
+    pool: MySqlPool,
+}
+
+/// How many leases one claim or check sends in one round trip.
+const HOLDERS_PER_BATCH: usize = 256;
+
+impl Holders {
+    pub(crate) fn new(pool: MySqlPool) -> Arc<Holders> {
+        Arc::new(Holders {
+            held: Mutex::default(),
+            pool,
+        })
+    }
+
+    pub(crate) fn insert(&self, name: &str, lease: LeaseId) {
+        self.held.lock().unwrap().insert(lease, name.to_string());
+    }
+
+    pub(crate) fn remove(&self, lease: LeaseId) {
+        self.held.lock().unwrap().remove(&lease);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.lock().unwrap().is_empty()
+    }
+
+    fn all(&self) -> Vec<(LeaseId, String)> {
+        let held = self.held.lock().unwrap();
+        held.iter().map(|(l, n)| (*l, n.clone())).collect()
+    }
+
+    /// A lease whose row is gone (revoked, deleted, expired): its keeper is woken, renews
+    /// and finds it gone, and `lost()` fires; it is forgotten here.
+    fn gone(&self, lease: LeaseId) {
+        self.remove(lease);
+        crate::wake::notify(lease);
+    }
+
+    /// Writes `address` into the holder rows of `leases` (all held leases if `None`). A row
+    /// already gone is [`Holders::gone`]. The update waits for a step that holds the row
+    /// locked: a revoke or delete reads the doorbell with a lock (`ops.rs`), so it either
+    /// sees this address or committed before, and then this finds the row gone. A failed
+    /// claim (a lost connection) leaves the row without a doorbell: the holder then learns
+    /// of a revoke at its next renewal, as before.
+    pub(crate) async fn claim(
+        self: Arc<Self>,
+        address: String,
+        leases: Option<Vec<(LeaseId, String)>>,
+    ) {
+        let leases = leases.unwrap_or_else(|| self.all());
+        for chunk in leases.chunks(HOLDERS_PER_BATCH) {
+            let sql: Vec<String> = chunk
+                .iter()
+                .map(|(lease, name)| {
+                    let lease = lease.to_string();
+                    render(
+                        "UPDATE tessera_holders SET doorbell = ? WHERE name = ? AND lease_id = ?",
+                        &[Lit::Text(&address), Lit::Text(name), Lit::Text(&lease)],
+                    )
+                })
+                .collect();
+            let Some(results) = self.send(sql.join(";")).await else {
+                return;
+            };
+            // FOUND_ROWS is on: an UPDATE reports the rows it matched.
+            for ((lease, _), (_, matched)) in chunk.iter().zip(results) {
+                if matched == 0 {
+                    self.gone(*lease);
+                }
+            }
+        }
+    }
+
+    /// After a ring: the held leases whose rows are gone are [`Holders::gone`]. One read,
+    /// not a renewal per lease.
+    async fn check(self: Arc<Self>) {
+        let leases = self.all();
+        for chunk in leases.chunks(HOLDERS_PER_BATCH) {
+            let ids: Vec<String> = chunk.iter().map(|(l, _)| l.to_string()).collect();
+            let wheres: Vec<String> = chunk
+                .iter()
+                .zip(&ids)
+                .map(|((_, name), id)| {
+                    render(
+                        "(name = ? AND lease_id = ?)",
+                        &[Lit::Text(name), Lit::Text(id)],
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "SELECT lease_id FROM tessera_holders WHERE {}",
+                wheres.join(" OR ")
+            );
+            let Some(mut results) = self.send(sql).await else {
+                return;
+            };
+            let rows = results.pop().map(|(rows, _)| rows).unwrap_or_default();
+            let present: HashSet<String> = rows.iter().filter_map(|r| text_at(r, 0).ok()).collect();
+            for ((lease, _), id) in chunk.iter().zip(&ids) {
+                if !present.contains(id) {
+                    self.gone(*lease);
+                }
+            }
+        }
+    }
+
+    async fn send(&self, sql: String) -> Option<Results> {
+        let sent = async {
+            let mut conn = self.pool.acquire().await.map_err(super::map_err)?;
+            batch(&mut conn, sql).await
+        };
+        match sent.await {
+            Ok(results) => Some(results),
+            Err(e) => {
+                tracing::debug!(error = %e, "tessera MySQL doorbell: holder rows not reached");
+                None
+            }
+        }
+    }
+}
+
 /// One client's doorbell: the parked connection's task and its current address.
 #[derive(Debug)]
 pub(crate) struct Doorbell {
@@ -103,11 +250,12 @@ struct Dormancy {
 
 impl Dormancy {
     /// Goes dormant if no waiter is queued. The check and the change happen under the
-    /// `dormant` lock, and [`Doorbell::wake`] takes it after its waiter was added to
-    /// `waiting`: a waiter queued meanwhile either is seen here or wakes the doorbell again.
-    fn sleep_if_idle(&self, waiting: &Waiting) -> bool {
+    /// `dormant` lock, and [`Doorbell::wake`] takes it after its waiter (holder) was added to
+    /// `waiting` (`holders`): one added meanwhile either is seen here or wakes the doorbell
+    /// again.
+    fn sleep_if_idle(&self, waiting: &Waiting, holders: &Holders) -> bool {
         let mut dormant = self.dormant.lock().unwrap();
-        if waiting.lock().unwrap().is_empty() {
+        if waiting.lock().unwrap().is_empty() && holders.is_empty() {
             *dormant = true;
         }
         *dormant
@@ -123,14 +271,19 @@ impl Drop for Doorbell {
 
 impl Doorbell {
     /// The doorbell of a client, dormant (no connection) until [`Doorbell::wake`].
-    pub(crate) fn start(options: MySqlConnectOptions, waiting: Waiting) -> Doorbell {
-        Doorbell::start_parking(options, waiting, PARK_S)
+    pub(crate) fn start(
+        options: MySqlConnectOptions,
+        waiting: Waiting,
+        holders: Arc<Holders>,
+    ) -> Doorbell {
+        Doorbell::start_parking(options, waiting, holders, PARK_S)
     }
 
     /// Like [`Doorbell::start`], parking `park_s` seconds at a time (tests).
     pub(crate) fn start_parking(
         options: MySqlConnectOptions,
         waiting: Waiting,
+        holders: Arc<Holders>,
         park_s: u32,
     ) -> Doorbell {
         // The parked SLEEP is slow on purpose: not a statement to warn about.
@@ -146,6 +299,7 @@ impl Doorbell {
             Arc::clone(&address),
             Arc::clone(&dormancy),
             waiting,
+            holders,
         ));
         Doorbell {
             address,
@@ -155,7 +309,7 @@ impl Doorbell {
     }
 
     /// Opens a dormant doorbell (it connects and parks in the background); call it after
-    /// adding a waiter to `waiting`.
+    /// adding a waiter to `waiting` or a holder to `holders`.
     pub(crate) fn wake(&self) {
         let mut dormant = self.dormancy.dormant.lock().unwrap();
         if *dormant {
@@ -246,12 +400,22 @@ fn wake_all(waiting: &Waiting) {
     }
 }
 
+/// After a ring (or a whole park): every waiter asks the store once, and the holders whose
+/// rows are gone are told (one read for all of them).
+fn rung(waiting: &Waiting, holders: &Arc<Holders>) {
+    wake_all(waiting);
+    if !holders.is_empty() {
+        tokio::spawn(Arc::clone(holders).check());
+    }
+}
+
 async fn park_loop(
     options: MySqlConnectOptions,
     park_s: u32,
     address: Arc<Mutex<String>>,
     dormancy: Arc<Dormancy>,
     waiting: Waiting,
+    holders: Arc<Holders>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -267,8 +431,10 @@ async fn park_loop(
         backoff = Duration::from_millis(50);
         set_local(&parked.addr, true);
         *address.lock().unwrap() = parked.addr.clone();
-        // Rings sent to an older address were lost: let every waiter ask the store.
+        // Rings sent to an older address were lost: let every waiter ask the store, and
+        // move every holder row to this address (which finds those removed meanwhile).
         wake_all(&waiting);
+        tokio::spawn(Arc::clone(&holders).claim(parked.addr.clone(), None));
         let latched = parked.latch.is_some();
         loop {
             match sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(parked.park.clone()))
@@ -278,6 +444,7 @@ async fn park_loop(
                 // `GET_LOCK` took the lock: the latch's connection is gone. Open both again.
                 Ok(Some(1)) if latched => {
                     wake_all(&waiting);
+                    tokio::spawn(Arc::clone(&holders).check());
                     break;
                 }
                 // Waited the whole time (both waits answer 0): a ring that found it parked
@@ -285,14 +452,14 @@ async fn park_loop(
                 // does nothing, so every waiter asks the store once. With none queued, the
                 // doorbell closes until the next one is.
                 Ok(Some(0)) => {
-                    wake_all(&waiting);
-                    if dormancy.sleep_if_idle(&waiting) {
+                    rung(&waiting, &holders);
+                    if dormancy.sleep_if_idle(&waiting, &holders) {
                         break;
                     }
                 }
                 // Rung (`KILL QUERY` makes `SLEEP` return 1, a `GET_LOCK` wait NULL on some
                 // servers): every waiter asks the store once; then park again.
-                Ok(_) => wake_all(&waiting),
+                Ok(_) => rung(&waiting, &holders),
                 // MariaDB answers the killed wait with "query execution was interrupted"
                 // (1317); the connection itself lives on.
                 Err(sqlx::Error::Database(db))
@@ -300,7 +467,7 @@ async fn park_loop(
                         .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
                         .is_some_and(|e| e.number() == 1317) =>
                 {
-                    wake_all(&waiting)
+                    rung(&waiting, &holders)
                 }
                 Err(_) => break,
             }

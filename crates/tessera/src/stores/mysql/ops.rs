@@ -107,7 +107,13 @@ const ALL_HOLDERS: &str = "SELECT lease_id, weight, seats, fence, holder, acquir
 const INSERT_HOLDER: &str = "INSERT INTO tessera_holders \
      (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
-const HOLDER_FREES: &str = "SELECT weight, seats FROM tessera_holders \
+/// Also the holder's doorbell, read with a lock: a claim (`mod.rs`) that writes it
+/// concurrently comes either before (and is read here) or after this step (and finds the
+/// row gone).
+const HOLDER_FREES: &str = "SELECT weight, seats, doorbell FROM tessera_holders \
+     WHERE name = ? AND lease_id = ? FOR UPDATE";
+/// [`HOLDER_FREES`] on a schema below version 3 (no `doorbell` column).
+const HOLDER_FREES_V2: &str = "SELECT weight, seats, '' FROM tessera_holders \
      WHERE name = ? AND lease_id = ?";
 const REMOVE_HOLDER: &str = "DELETE FROM tessera_holders WHERE name = ? AND lease_id = ?";
 const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = GREATEST(expires_at, ?) \
@@ -142,9 +148,12 @@ const TOP_FREE_SEATS: &str = "SELECT seat FROM tessera_free_seats \
 /// Free seats inserted per statement.
 const SEAT_BATCH: i64 = 500;
 
-const HOLDER_IDS: &str = "SELECT lease_id FROM tessera_holders WHERE name = ?";
+/// Locking, as [`HOLDER_FREES`].
+const HOLDER_IDS: &str = "SELECT lease_id, doorbell FROM tessera_holders WHERE name = ? FOR UPDATE";
+/// [`HOLDER_IDS`] on a schema below version 3 (no `doorbell` column).
+const HOLDER_IDS_V2: &str = "SELECT lease_id, '' FROM tessera_holders WHERE name = ?";
 const DROP_HOLDERS: &str = "DELETE FROM tessera_holders WHERE name = ?";
-const WAITER_IDS: &str = "SELECT lease_id FROM tessera_waiters WHERE name = ?";
+const WAITER_IDS: &str = "SELECT lease_id, doorbell FROM tessera_waiters WHERE name = ?";
 const DROP_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?";
 const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
@@ -211,6 +220,11 @@ pub(crate) struct MysqlRows<'c> {
     doorbell: &'c str,
     /// The doorbells of the waiters this step granted, to ring after the commit.
     rung: Vec<String>,
+    /// The lease ids of the holders and waiters this step removed, with their doorbells
+    /// (`""`: none): those the step wakes (a revoke, a delete) are rung after the commit.
+    removed: Vec<(String, String)>,
+    /// Whether holder rows have a `doorbell` column (schema version 3); off by default.
+    holder_doorbells: bool,
     /// Statements not sent yet (see the module docs), each ending with `;`.
     pending: String,
     /// The holders that had expired when the lock was taken, read with it: `(now, rows)`.
@@ -242,6 +256,8 @@ impl<'c> MysqlRows<'c> {
             name,
             doorbell,
             rung: Vec::new(),
+            removed: Vec::new(),
+            holder_doorbells: false,
             pending: if begin {
                 "START TRANSACTION;".to_string()
             } else {
@@ -255,6 +271,12 @@ impl<'c> MysqlRows<'c> {
         }
     }
 
+    /// Reads the holders' doorbells (schema version 3 and above).
+    pub(crate) fn with_holder_doorbells(mut self, on: bool) -> Self {
+        self.holder_doorbells = on;
+        self
+    }
+
     /// The leases granted by this step (see [`MysqlRows::granted`]).
     pub(crate) fn take_granted(&mut self) -> Vec<Grant> {
         std::mem::take(&mut self.granted)
@@ -263,6 +285,12 @@ impl<'c> MysqlRows<'c> {
     /// The doorbells of the waiters granted so far (see [`MysqlRows::rung`]).
     pub(crate) fn take_rung(&mut self) -> Vec<String> {
         std::mem::take(&mut self.rung)
+    }
+
+    /// The holders and waiters removed so far, with their doorbells (see
+    /// [`MysqlRows::removed`]).
+    pub(crate) fn take_removed(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.removed)
     }
 
     /// The statements still held back, for the caller to send with its `COMMIT`.
@@ -307,15 +335,17 @@ impl<'c> MysqlRows<'c> {
         Ok(r.pop().map(|(_, n)| n).unwrap_or(0))
     }
 
-    /// Lease ids found by `select`, then `delete` (the shape without `RETURNING`).
+    /// Lease ids found by `select` (with their doorbells, kept in [`MysqlRows::removed`]),
+    /// then `delete` (the shape without `RETURNING`).
     async fn select_then_delete(&mut self, select: &str, delete: &str) -> Result<Vec<String>> {
         let name = self.name();
-        let ids: Vec<String> = self
-            .fetch(select, &[name])
-            .await?
-            .iter()
-            .filter_map(|r| text_at(r, 0).ok())
-            .collect();
+        let rows = self.fetch(select, &[name]).await?;
+        let ids: Vec<String> = rows.iter().filter_map(|r| text_at(r, 0).ok()).collect();
+        for row in &rows {
+            if let (Ok(id), Ok(doorbell)) = (text_at(row, 0), text_at(row, 1)) {
+                self.removed.push((id, doorbell));
+            }
+        }
         if !ids.is_empty() {
             self.defer(delete, &[name]);
         }
@@ -525,7 +555,14 @@ impl SemRows for MysqlRows<'_> {
         // hands them to it next (see `pop_head_if_fits`).
         let mut r = self
             .send(&[
-                render(HOLDER_FREES, &[name, Lit::Text(lease)]),
+                render(
+                    if self.holder_doorbells {
+                        HOLDER_FREES
+                    } else {
+                        HOLDER_FREES_V2
+                    },
+                    &[name, Lit::Text(lease)],
+                ),
                 render(HEAD, &[name]),
             ])
             .await?;
@@ -534,6 +571,9 @@ impl SemRows for MysqlRows<'_> {
         let Some(freed) = rows.first().map(freed_at).transpose()? else {
             return Ok(None);
         };
+        if let Ok(doorbell) = text_at(&rows[0], 2) {
+            self.removed.push((lease.to_string(), doorbell));
+        }
         self.defer(REMOVE_HOLDER, &[name, Lit::Text(lease)]);
         Ok(Some(freed))
     }
@@ -694,7 +734,12 @@ impl SemRows for MysqlRows<'_> {
     }
 
     async fn drop_holders(&mut self) -> Result<Vec<String>> {
-        self.select_then_delete(HOLDER_IDS, DROP_HOLDERS).await
+        let select = if self.holder_doorbells {
+            HOLDER_IDS
+        } else {
+            HOLDER_IDS_V2
+        };
+        self.select_then_delete(select, DROP_HOLDERS).await
     }
 
     async fn drop_waiters(&mut self) -> Result<Vec<String>> {

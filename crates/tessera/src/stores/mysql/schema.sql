@@ -33,7 +33,10 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
     seat_high  BIGINT NOT NULL
 ) ENGINE=InnoDB
 ;
--- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'.
+-- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'. doorbell: where to
+-- ring the holder's client when a revoke or delete removes it (see notify.rs; '' for none);
+-- added to existing tables by version 3 (holders_doorbell.sql), made here with the table so
+-- that a user who may CREATE but not ALTER sets up a new database whole.
 CREATE TABLE IF NOT EXISTS tessera_holders (
     name        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     lease_id    CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -43,6 +46,7 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
     holder      VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     acquired_at BIGINT NOT NULL,
     expires_at  BIGINT NOT NULL,
+    doorbell    VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
     PRIMARY KEY (name, lease_id),
     KEY tessera_holders_by_expiry (name, expires_at)
 ) ENGINE=InnoDB

@@ -738,12 +738,13 @@ async fn opened(bell: &Doorbell) -> String {
     String::new()
 }
 
-/// The doorbell's two connections exist only while its client has waiters queued: a client
-/// whose acquires are granted at once opens none, the first queued waiter opens them, and a
-/// whole park with no ring and no waiter closes them (latch and lock included) until the
-/// next waiter opens them again.
+/// The doorbell's two connections exist only while its client has waiters queued or holds
+/// leases: a client whose tries find no permit opens none, a holder's client opens them (so
+/// that a revoke reaches it), the first queued waiter of another client opens its own, and a
+/// whole park with no ring, no waiter and no holder closes them (latch and lock included)
+/// until the next waiter or holder opens them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
+async fn the_doorbell_opens_for_waiters_and_holders_and_closes_after_a_quiet_park() {
     let server = MariaDbServer::start();
     let url = server.url("t");
     let (a, b) = (
@@ -758,31 +759,51 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
         holder: "lazy/1".into(),
         wait,
     };
+    let parked_after = |want: u32| {
+        let server = &server;
+        async move {
+            let mut parked = 0;
+            for _ in 0..250 {
+                parked = parked_doorbells(server);
+                if parked == want {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            parked
+        }
+    };
     let held = req(None);
     let reply = a.acquire(&name, 1, &held).await.unwrap();
     assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
+    assert_eq!(
+        parked_after(1).await,
+        1,
+        "the holder's client opened no doorbell"
+    );
+    assert!(!a.doorbell_address().is_empty());
+    let tried = req(None);
+    let reply = b.acquire(&name, 1, &tried).await.unwrap();
+    assert!(matches!(reply, AcquireReply::NoPermit { .. }), "{reply:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(parked_doorbells(&server), 0, "a holder opened a doorbell");
-    assert!(a.doorbell_address().is_empty());
+    assert_eq!(
+        parked_doorbells(&server),
+        1,
+        "a try without a permit opened one"
+    );
+    assert!(b.doorbell_address().is_empty());
     let queued = req(Some(WaitSpec {
         waiter_ttl: Duration::from_secs(30),
         queue_cap: 16,
     }));
     let reply = b.acquire(&name, 1, &queued).await.unwrap();
     assert!(matches!(reply, AcquireReply::Queued { .. }), "{reply:?}");
-    let mut parked = 0;
-    for _ in 0..250 {
-        parked = parked_doorbells(&server);
-        if parked == 1 && !b.doorbell_address().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(parked, 1, "the waiter's client opened no doorbell");
-    assert!(
-        a.doorbell_address().is_empty(),
-        "the holder's client opened one"
+    assert_eq!(
+        parked_after(2).await,
+        2,
+        "the waiter's client opened no doorbell"
     );
+    assert!(!b.doorbell_address().is_empty());
     assert!(b.cancel(&name, queued.lease_id).await.is_ok());
     assert!(a.release(&name, held.lease_id).await.unwrap());
 
@@ -790,7 +811,8 @@ async fn the_doorbell_opens_for_waiters_and_closes_after_a_quiet_park() {
     // queued, and closes after the first quiet park without one.
     let config = parse_url(&url).unwrap();
     let waiting: Waiting = Arc::default();
-    let bell = Doorbell::start_parking(config.options, Arc::clone(&waiting), 1);
+    let holders = Holders::new(sqlx::MySqlPool::connect_lazy_with(config.options.clone()));
+    let bell = Doorbell::start_parking(config.options, Arc::clone(&waiting), holders, 1);
     let lease = LeaseId::random();
     waiting.lock().unwrap().insert(lease);
     bell.wake();

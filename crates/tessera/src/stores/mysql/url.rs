@@ -93,7 +93,24 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     let mut wake = WakeMode::Doorbell;
     let mut ssl_mode = None;
     let mut ssl_ca: Option<PathBuf> = None;
+    // Each option once, its two spellings one option: with two values, which one the user
+    // meant is a guess.
+    let mut seen: Vec<&str> = Vec::new();
     for (k, v) in url.query_pairs() {
+        let option = match &*k {
+            "sslmode" => "ssl-mode",
+            "sslca" => "ssl-ca",
+            other => other,
+        };
+        if seen.contains(&option) {
+            return Err(bad(format!("the option {option:?} is given twice")));
+        }
+        if let Some(known) = ["ssl-mode", "ssl-ca", "socket", "wake"]
+            .into_iter()
+            .find(|known| *known == option)
+        {
+            seen.push(known);
+        }
         match &*k {
             "ssl-mode" | "sslmode" => {
                 ssl_mode = Some(match v.to_ascii_lowercase().replace('-', "_").as_str() {
@@ -219,6 +236,8 @@ mod tests {
             "mysql://h/db?ssl-ca=relative.pem",
             "mysql://u:hunter2@h/db?ssl-ca=/nonexistent/ca.pem",
             "mysql://h/db?wake=shout",
+            "mysql://u:hunter2@h/db?wake=poll&wake=doorbell",
+            "mysql://h/db?ssl-mode=required&sslmode=disabled",
             "mysql://u:hunter2@h/db#x",
             "mysql://u:%ff%fe@h/db",
             "http://h/db",
@@ -229,5 +248,14 @@ mod tests {
             assert!(e.is_invalid_input(), "{bad}: {e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+        let e = parse_url("mysql://u:hunter2@h/db?wake=poll&wake=doorbell").unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::InvalidInput(InvalidInput::StoreUrl { reason, .. })
+                    if reason.contains("\"wake\" is given twice")
+            ),
+            "{e:?}"
+        );
     }
 }
