@@ -206,7 +206,8 @@ Examples:
   tessera status exports --json  # the same as JSON
   tessera status exports --watch 500ms
 
-status never creates a store: a SQLite file that does not exist yet shows as nothing yet.
+status never creates a store: a SQLite file that does not exist yet, or a PostgreSQL or MySQL
+database without tessera's tables (a mistyped ?schema=), shows as nothing yet.
 With --watch the screen is redrawn on a terminal; into a pipe or file, each refresh is
 printed after the previous one (with --json, one document per line).
 Exit codes: 0 shown (the list form also when the store is empty or does not exist yet:
