@@ -229,7 +229,8 @@ fn a_holder_that_exits_after_its_release_has_rung_the_waiting_process() {
         assert!(Instant::now() < deadline, "the second process never queued");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The waiting process's doorbell is parked before the holder lets go.
+    // The waiting process's doorbell is parked before the holder lets go (the holder parks
+    // one too: a revoke rings holders).
     let parked = || {
         server
             .sql(
@@ -237,7 +238,7 @@ fn a_holder_that_exits_after_its_release_has_rung_the_waiting_process() {
                  WHERE INFO LIKE 'SELECT GET_LOCK(%tessera doorbell%'",
             )
             .trim()
-            == "1"
+            == "2"
     };
     while !parked() {
         assert!(
