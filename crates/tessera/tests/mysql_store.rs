@@ -1135,3 +1135,31 @@ async fn holder_in_a_child_process() {
     println!("LOST {reason:?}");
     drop(permit);
 }
+
+/// A server that is gone: the error says the connection was refused, not only that the
+/// connection pool timed out (sqlx tries a refused connect again until its timeout and then
+/// reports the timeout alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_gone_is_reported_as_refused_not_as_a_pool_timeout() {
+    let mut server = MariaDbServer::start();
+    let my = MysqlBackend::connect(&server.url("gone")).await.unwrap();
+    let n = name("gone");
+    let id = LeaseId::random();
+    my.acquire(&n, 1, &req(id, 1, LONG, None)).await.unwrap();
+    server.kill();
+    // The first call may meet its dead pooled connection; the next finds the pool empty.
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let e = my.status(&n).await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        seen.push(e.to_string());
+        if seen.last().unwrap().contains("refused") {
+            break;
+        }
+    }
+    assert!(
+        seen.last().unwrap().contains("refused")
+            && seen.iter().all(|m| !m.contains("pool timed out")),
+        "{seen:?}"
+    );
+}

@@ -13,7 +13,8 @@
 //!   coming back to the pools (a call returned within that time), so a burst of acquires
 //!   is served in turn instead of failing its last ones with a timeout the application
 //!   sees; a hung server (no call returns) or an unreachable one still fails the wait after
-//!   [`CONNECT_TIMEOUT`].
+//!   [`CONNECT_TIMEOUT`], with the server's own answer to one more connect when no
+//!   connection is open (connection refused, access denied), not sqlx's bare pool timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use std::time::Instant;
 
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
-use sqlx::{Executor, MySql};
+use sqlx::{Connection as _, Executor, MySql};
 
 use super::{
     is_retryable, lift_statement_limit, map_err, retry_pause, routines, Tx, CONNECT_TIMEOUT,
@@ -61,6 +62,33 @@ impl Returned {
     fn since(&self, t: Instant) -> bool {
         let ms = t.saturating_duration_since(self.epoch).as_millis() as u64;
         self.at_ms.load(Ordering::Relaxed) >= ms
+    }
+}
+
+/// Why a pool that holds no connection timed out: sqlx tries a refused connect again until
+/// its timeout and then reports only the timeout ("pool timed out while waiting for an open
+/// connection"). One more connect, bounded, gets the server's own answer (connection
+/// refused, access denied, too many connections), so the error says what is wrong.
+async fn why_no_connection(pool: &MySqlPool) -> crate::Error {
+    let options = pool.connect_options();
+    let attempt = sqlx::mysql::MySqlConnection::connect_with(&*options);
+    match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+        Ok(Err(e)) => {
+            let e = map_err(e);
+            match e {
+                crate::Error::Store { kind, message } => crate::Error::store(
+                    kind,
+                    format!("no connection to the server could be opened: {message}"),
+                ),
+                other => other,
+            }
+        }
+        // It connects now, or hangs: the timeout it was.
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            map_err(sqlx::Error::PoolTimedOut)
+        }
+        Err(_) => map_err(sqlx::Error::PoolTimedOut),
     }
 }
 
@@ -123,6 +151,9 @@ impl Conns {
                 Ok(conn) => return Ok(conn),
                 Err(sqlx::Error::PoolTimedOut) if self.returned.since(asked) => {
                     tracing::debug!("tessera MySQL: still in line for a connection");
+                }
+                Err(sqlx::Error::PoolTimedOut) if pool.size() == 0 => {
+                    return Err(why_no_connection(pool).await)
                 }
                 Err(e) => return Err(map_err(e)),
             }
