@@ -10,7 +10,7 @@
 //! | `1` | admin and `status NAME`: no such semaphore, rate limiter or lease, or no store yet (nothing changed, nothing created) |
 //! | `2` | usage error: an unknown command or flag, a missing or unexpected argument (clap's usage errors) |
 //! | `64` | invalid value (`EX_USAGE`), whether unparseable (`--ttl soon`, `--rate 2/x`) or out of range (a capacity of 0, a weight above the capacity, a TTL out of range), an invalid name, lease id or store URL, or a capacity or rate limits that differ from the stored ones; nothing was touched |
-//! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`); a waiting `run` rides out transient faults after the connect, and exits 69 only if `--wait` runs out during one |
+//! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`); a waiting `run` rides out transient faults after the connect, and exits 69 only if `--wait` runs out during one, past its first 5 s (before: 75) |
 //! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers or starting `run`'s process-group guard |
 //! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
 //! | `75` | `run`: no permit or no turn within the rate limits within `--wait`, or the wait queue is full (`EX_TEMPFAIL`); try again later |

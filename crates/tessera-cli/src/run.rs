@@ -64,7 +64,9 @@
 //! line, and it waits again **from the tail of the queue** (its place expired with the
 //! waiter TTL; a grant that raced with the fault is given back by the library). The same
 //! holds for the turn within `--rate` limits, as long as the permit taken first is not lost.
-//! If `--wait` runs out during the outage, tessera exits 69 with the store's error. Other
+//! If `--wait` runs out during the outage, tessera exits 69 with the store's error, unless it
+//! ran out within the library's own retries (the first waiter TTL of the outage): that is a
+//! wait that ran out like any other, exit 75. Other
 //! errors (a capacity mismatch, refused credentials, …) end the wait at once with their
 //! codes, and so does a store that cannot be reached at the connect: [`Store::connect`]
 //! reaches every store before it returns, so a wrong URL fails at once instead of waiting

@@ -215,8 +215,8 @@ impl PostgresBackend {
             return Err(Error::NoStore {
                 url: config.redacted.clone(),
                 reason: format!(
-                    "no tessera schema \"{}\" in this database; the first process that \
-                     acquires sets it up",
+                    "no tessera tables in schema \"{}\" of this database; the first \
+                     process that acquires sets them up",
                     config.schema
                 ),
             });
