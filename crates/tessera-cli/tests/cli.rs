@@ -831,23 +831,37 @@ fn status_json_shows_holders_and_the_queue() {
     }
 }
 
-#[test]
-fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_with_it() {
-    let home = tmp();
-    let store = sqlite(home.path());
-    let pid_file = home.path().join("pid");
+/// Starts a `tessera run` holding the one permit of `demo` (TTL 2 s) whose command, made by
+/// `script` from the path of a pid file, writes a pid there; SIGKILLs tessera once the pid is
+/// written, and returns it.
+fn kill_a_holder_once_it_wrote(
+    home: &Path,
+    store: &str,
+    script: impl Fn(&str) -> String,
+) -> libc::pid_t {
+    let pid_file = home.join("pid");
     let mut holder = spawn_run(
-        home.path(),
-        &store,
+        home,
+        store,
         &["--permits", "1", "--ttl", "2s"],
-        &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
+        &script(&pid_file.display().to_string()),
     );
-    let command_pid: libc::pid_t = wait_for_file(&pid_file, Duration::from_secs(10))
+    let pid = wait_for_file(&pid_file, Duration::from_secs(10))
         .trim()
         .parse()
         .unwrap();
     signal(&holder, libc::SIGKILL);
     holder.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_with_it() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let command_pid = kill_a_holder_once_it_wrote(home.path(), &store, |pid_file| {
+        format!("echo $$ > {pid_file}; exec sleep 30")
+    });
     let killed_at = Instant::now();
     let out = tessera(home.path())
         .args([
@@ -889,19 +903,9 @@ fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_wit
 fn a_killed_holder_takes_the_commands_background_jobs_down_with_it() {
     let home = tmp();
     let store = sqlite(home.path());
-    let pid_file = home.path().join("pid");
-    let mut holder = spawn_run(
-        home.path(),
-        &store,
-        &["--permits", "1", "--ttl", "2s"],
-        &format!("sleep 30 & echo $! > {}; wait", pid_file.display()),
-    );
-    let job: libc::pid_t = wait_for_file(&pid_file, Duration::from_secs(10))
-        .trim()
-        .parse()
-        .unwrap();
-    signal(&holder, libc::SIGKILL);
-    holder.wait().unwrap();
+    let job = kill_a_holder_once_it_wrote(home.path(), &store, |pid_file| {
+        format!("sleep 30 & echo $! > {pid_file}; wait")
+    });
     let deadline = Instant::now() + Duration::from_secs(2);
     while running(job) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
