@@ -1029,8 +1029,9 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
 /// client's doorbell: its `lost()` fires within milliseconds, not at its next renewal (TTL/3
 /// = 10 s here), so no two processes run under one permit for long. (Within one process the
 /// revoking step wakes the holder directly: the holder must be in another process.)
-/// Covered: a permit granted at once (its client had no doorbell open) and one handed over
-/// by a release to a waiter that queued (its holder row written by the release).
+/// Covered: a permit granted at once (its client had no doorbell open), one handed over by
+/// a release to a waiter that queued (its holder row written by the release), and one
+/// handed over by a release of the holder's own process (delivered with the wake-up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoke_or_delete_from_another_process_fires_the_holders_lost_at_once() {
     let server = MariaDbServer::start();
@@ -1058,6 +1059,14 @@ async fn a_revoke_or_delete_from_another_process_fires_the_holders_lost_at_once(
     assert!(admin.delete("rv").await.unwrap());
     let after = child.lost(soon).await;
     eprintln!("delete: lost() fired {after:?} after the delete");
+
+    // Revoke of a permit handed over by a release within the holder's own process.
+    let mut child = HolderProcess::spawn_with(&url, true).await;
+    let lease = child.held().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(admin.revoke("rv", &lease).await.unwrap());
+    let after = child.lost(soon).await;
+    eprintln!("revoke after an in-process hand-off: lost() fired {after:?} after the revoke");
     admin.close().await.unwrap();
 }
 
@@ -1070,7 +1079,16 @@ struct HolderProcess {
 
 impl HolderProcess {
     async fn spawn(url: &str) -> HolderProcess {
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        Self::spawn_with(url, false).await
+    }
+
+    /// `handoff`: the child's permit is handed over by a release of its own process.
+    async fn spawn_with(url: &str, handoff: bool) -> HolderProcess {
+        let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
+        if handoff {
+            command.env("TESSERA_MYSQL_CHILD_HANDOFF", "1");
+        }
+        let mut child = command
             .args(["--exact", "holder_in_a_child_process", "--nocapture"])
             .args(["--test-threads=1"])
             .env("TESSERA_MYSQL_CHILD_URL", url)
@@ -1129,7 +1147,20 @@ async fn holder_in_a_child_process() {
     };
     let store = Store::connect(&url).await.unwrap();
     let sem = store.semaphore("rv", 1).unwrap();
-    let permit = sem.acquire().await.unwrap();
+    let permit = if std::env::var_os("TESSERA_MYSQL_CHILD_HANDOFF").is_some() {
+        // Handed over within this process: the release of its first permit grants the queued
+        // second one, delivered with the wake-up (the waiter asks the store nothing).
+        let first = sem.acquire().await.unwrap();
+        let queued = sem.clone();
+        let waiter = tokio::spawn(async move { queued.acquire().await });
+        while sem.status().await.unwrap().queue.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        first.release().await.unwrap();
+        waiter.await.unwrap().unwrap()
+    } else {
+        sem.acquire().await.unwrap()
+    };
     println!("HELD {}", permit.lease_id());
     let reason = permit.lost().await;
     println!("LOST {reason:?}");

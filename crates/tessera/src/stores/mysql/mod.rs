@@ -123,7 +123,10 @@ macro_rules! step {
                     // A waiter of this process gets its grant with the wake-up.
                     for &id in &wakes {
                         match granted.iter().position(|g| g.lease.lease_id == id) {
-                            Some(i) => $crate::wake::notify_grant(granted.swap_remove(i)),
+                            Some(i) => {
+                                $self.granted_here($name, id);
+                                $crate::wake::notify_grant(granted.swap_remove(i))
+                            }
                             None => $crate::wake::notify(id),
                         }
                     }
@@ -429,6 +432,16 @@ impl MysqlBackend {
         }
     }
 
+    /// A grant this process made to a waiter of its own and delivers with the wake-up, so
+    /// that no heartbeat of the waiter asks the store for it: from now on the lease is held
+    /// here ([`MysqlBackend::hold`]). A grant to another process's waiter changes nothing.
+    fn granted_here(&self, name: &Name, lease: LeaseId) {
+        let mine = self.waiting.lock().unwrap().remove(&lease);
+        if mine {
+            self.hold(name, lease);
+        }
+    }
+
     /// Forgets a lease this backend no longer holds.
     fn unhold(&self, lease: LeaseId) {
         if let Some(holders) = &self.holders {
@@ -470,6 +483,7 @@ impl MysqlBackend {
         if let Some((grant, doorbell)) = released.handed_off {
             // A waiter of this process gets its grant with the wake-up; one in another
             // process is rung on its doorbell (never this process's own doorbells).
+            self.granted_here(name, grant.lease.lease_id);
             crate::wake::notify_grant(grant);
             if !doorbell.is_empty() {
                 notify::ring(&self.conns.pool, vec![doorbell], &self.doorbell_address()).await;
