@@ -7,7 +7,7 @@ mod common;
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::tessera;
@@ -25,9 +25,15 @@ fn child_script(dir: &Path, secs: u32) -> String {
     )
 }
 
+/// `tessera --store URL run --name job --permits 1`, for the caller's options and command.
+fn run_job(home: &Path, url: &str) -> Command {
+    let mut command = tessera(home);
+    command.args(["--store", url, "run", "--name", "job", "--permits", "1"]);
+    command
+}
+
 fn spawn_holder(home: &Path, url: &str, ttl: &str, script: &str) -> Child {
-    tessera(home)
-        .args(["--store", url, "run", "--name", "job", "--permits", "1"])
+    run_job(home, url)
         .args(["--ttl", ttl, "--", "sh", "-c", script])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -142,16 +148,7 @@ fn a_holder_whose_redis_restarts_empty_is_told_at_its_next_renewal() {
         "the command got no SIGTERM"
     );
     // The restarted server forgot the lease: a new holder gets the permit at once.
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            &server.url(),
-            "run",
-            "--name",
-            "job",
-            "--permits",
-            "1",
-        ])
+    let out = run_job(home.path(), &server.url())
         .args(["--wait", "0s", "--", "true"])
         .output()
         .unwrap();
@@ -210,16 +207,7 @@ fn a_waiter_without_wait_rides_out_a_store_outage_and_runs_its_command() {
         .unwrap();
     let go = home.path().join("go");
     let ran = home.path().join("ran");
-    let holder = tessera(home.path())
-        .args([
-            "--store",
-            &server.url(),
-            "run",
-            "--name",
-            "job",
-            "--permits",
-            "1",
-        ])
+    let holder = run_job(home.path(), &server.url())
         .args(["--holder", "holder", "--", "sh", "-c"])
         .arg(format!(
             "echo started > {}/started; while [ ! -e {} ]; do sleep 0.05; done",
@@ -231,18 +219,8 @@ fn a_waiter_without_wait_rides_out_a_store_outage_and_runs_its_command() {
         .spawn()
         .unwrap();
     wait_for(&home.path().join("started"), Duration::from_secs(20));
-    let mut waiter = tessera(home.path())
-        .args(["--store", &format!("redis://{}", proxy.addr())])
-        .args([
-            "run",
-            "--name",
-            "job",
-            "--permits",
-            "1",
-            "--holder",
-            "waiter",
-        ])
-        .args(["--", "sh", "-c"])
+    let mut waiter = run_job(home.path(), &format!("redis://{}", proxy.addr()))
+        .args(["--holder", "waiter", "--", "sh", "-c"])
         .arg(format!("echo ran > {}", ran.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
