@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The W1 loop (1 client, capacity 10, acquire + release) of `tessera bench` beside the Node
-# library redis-semaphore (npm) on the same Redis, in one run, with the server's CPU per pair
+# The W1 loop (1 client, acquire + release) of `tessera bench` beside the Node library
+# redis-semaphore (npm) on the same Redis, in one run: a semaphore of capacity 10 beside its
+# `Semaphore`, then a lock (capacity 1) beside its `Mutex`; with the server's CPU per pair
 # (INFO cpu deltas around each program; for tessera also its loop alone, as `bench` reports
 # it) and its commands per pair (INFO commandstats). redis-semaphore and ioredis
 # are installed into a temporary folder at each run; nothing third-party is kept.
@@ -23,13 +24,15 @@ trap 'rm -rf "$dir"' EXIT
 (cd "$dir" && npm install --silent --no-audit --no-fund redis-semaphore ioredis >/dev/null)
 cat > "$dir/w1.js" <<'JS'
 const Redis = require('ioredis');
-const { Semaphore } = require('redis-semaphore');
-const [port, pairs] = [Number(process.argv[2]), Number(process.argv[3])];
+const { Semaphore, Mutex } = require('redis-semaphore');
+const [port, pairs, kind] = [Number(process.argv[2]), Number(process.argv[3]), process.argv[4]];
 (async () => {
   const client = new Redis({ port, host: '127.0.0.1' });
   const t0 = process.hrtime.bigint();
+  const opts = { lockTimeout: 30000, acquireTimeout: 10000 };
   for (let i = 0; i < pairs; i++) {
-    const s = new Semaphore(client, 'bench-w1', 10, { lockTimeout: 30000, acquireTimeout: 10000 });
+    const s = kind === 'mutex' ? new Mutex(client, 'bench-w1', opts)
+      : new Semaphore(client, 'bench-w1', 10, opts);
     await s.acquire();
     await s.release();
   }
@@ -62,8 +65,12 @@ run() { # label, command...
   printf '%-28s %8.0f pairs/s  %6.1f µs Redis CPU/pair (loop alone: %s)  %5.1f commands/pair\n' \
     "$label" "$rate" "$whole" "${own:--}" "$(echo "$(commands) / $pairs" | bc -l)"
 }
-for bin in "${bins[@]}"; do
-  run "tessera ($(basename "$bin"))" "$bin" --store "redis://127.0.0.1:$port" bench --workload w1 \
-    --ops "$pairs" --json
+for cap in 10 1; do
+  [[ $cap == 1 ]] && kind=mutex label="lock (capacity 1)" || kind=semaphore label="semaphore (capacity 10)"
+  echo "== $label"
+  for bin in "${bins[@]}"; do
+    run "tessera ($(basename "$bin"))" "$bin" --store "redis://127.0.0.1:$port" bench --workload w1 \
+      --capacity "$cap" --ops "$pairs" --json
+  done
+  run "redis-semaphore $kind (node)" node "$dir/w1.js" "$port" "$pairs" "$kind"
 done
-run "redis-semaphore (node)" node "$dir/w1.js" "$port" "$pairs"
