@@ -54,18 +54,22 @@ def main():
     lost = threading.Event()
 
     def watch():
-        for kind, data in stream:
-            if kind == "lost":
-                print(f"lost the slot: {data['reason']}", flush=True)
-                break
+        try:
+            for kind, data in stream:
+                if kind == "lost":
+                    print(f"lost the slot: {data['reason']}", flush=True)
+                    break
+        except (OSError, ValueError, AttributeError):
+            pass  # the connection broke, or main() closed it while this thread read
         lost.set()  # a `lost` event, or the stream ended
 
     threading.Thread(target=watch, daemon=True).start()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not lost.is_set():
         time.sleep(0.1)  # a slice of the export's work
+    stopped = lost.is_set()
     conn.close()  # releases the slot at once
-    print("done" if not lost.is_set() else "stopped", flush=True)
+    print("stopped" if stopped else "done", flush=True)
 
 
 if __name__ == "__main__":

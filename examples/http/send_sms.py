@@ -35,6 +35,8 @@ def turn(conn):
         if r.status == 200:
             return
         if r.status == 429:  # not within max_wait: nothing charged; wait as told
+            # The server closes connections idle for 10 s: reconnect after a long wait.
+            conn.close()
             time.sleep(body["retry_after_ms"] / 1000)
             continue
         raise RuntimeError(f"tessera answered {r.status}: {body['kind']}: {body['message']}")

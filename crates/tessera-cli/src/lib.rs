@@ -126,7 +126,8 @@ Examples:
 
 The API is under /v1 (OpenAPI document at /v1/openapi.json), Prometheus metrics at
 /metrics, a live dashboard at /. Without --tokens only a loopback address is accepted.
-The tokens file holds one \"TOKEN PREFIX\" per line (PREFIX * for every name); requests
+The tokens file holds one \"TOKEN PREFIX\" per line (PREFIX * for every name; a token is
+at least 16 printable characters, and each token is on one line only); requests
 send Authorization: Bearer TOKEN. The first line on stdout names the address bound.
 SIGTERM or SIGINT: stop accepting, release the leases held for event streams, finish the
 requests in flight (up to 10 s), exit 0.
@@ -165,8 +166,9 @@ Examples:
 
 Every client has its own connection; a progress bar shows on a terminal. Measured: ops/s,
 acquire latency p50/p99/max, hand-offs/s, grants per client, over-grants seen by an
-independent counter, the store's CPU per grant (Redis) and one client's bare round trips
-per second. Run it on a store no one else uses: it creates and deletes semaphores named
+independent counter, and on a single Redis server (redis://) its CPU per grant and one
+client's bare round trips per second (on redis+cluster://, --workload many reports the CPU
+per grant of each primary; the other stores and layouts leave these columns empty). Run it on a store no one else uses: it creates and deletes semaphores named
 tessera-bench-*.
 Exit codes: 0 clean; 1 an over-grant was seen; 2 errors or --duration reached; 64 bad input.";
 

@@ -147,6 +147,10 @@ impl Backend for FaultyBackend {
         }
         self.inner.release_now(name, lease)
     }
+    fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
+        self.inner.next_expiry(name)
+    }
+
     /// Rate steps pass through without faults.
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate()

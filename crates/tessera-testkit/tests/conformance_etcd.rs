@@ -23,6 +23,7 @@ tessera_testkit::conformance_tests!(@each tessera_testkit::harness::Harness::etc
     waiter_rides_out_a_store_blip_shorter_than_its_ttl,
     acquire_is_retried_through_a_store_blip,
     waiter_is_woken_without_waiting_for_its_heartbeat,
+    an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbeat,
     nothing_is_left_after_all_leases_end,
     close_releases_every_held_permit_and_tells_its_holder,
     lock_is_mutually_exclusive,

@@ -464,6 +464,65 @@ async fn a_busy_lock_wakes_every_waiter_without_its_heartbeat() {
     assert_drained(&last.unwrap().store, &name).await;
 }
 
+/// A cancel that did not finish (dropped at once here; in production, the clean-up's bound
+/// during an outage, after which `tessera run` rejoined the queue) left the waiting record on
+/// this client's waiter session, which the process's other waiter keeps alive: before, that
+/// record stayed at the head for good (granted by the release, held by nobody) and the other
+/// waiter never got in. The next call of the client finishes the cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_did_not_finish_leaves_no_ghost_at_the_head_of_the_queue() {
+    let h = Harness::etcd();
+    let name = unique("ghost");
+    let c = h.client().await;
+    let sem = Semaphore::new(&c.store, &name, 1, o(TTL)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let backend = c.store.backend();
+    let nm = Name::new(&name).unwrap();
+    let ghost = LeaseId::random();
+    let req = AcquireRequest {
+        lease_id: ghost,
+        weight: 1,
+        ttl: TTL,
+        holder: "ghost".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: TTL,
+            queue_cap: 100,
+        }),
+    };
+    let queued = backend.acquire(&nm, 1, &req).await.unwrap();
+    assert!(
+        matches!(queued, AcquireReply::Queued { position: 0 }),
+        "{queued:?}"
+    );
+    // The cancel is dropped at its first wait for the store.
+    let _ = timeout(Duration::ZERO, backend.cancel(&nm, ghost)).await;
+    let s2 = sem.clone();
+    let waiter =
+        tokio::spawn(async move { s2.acquire_many_timeout(1, Duration::from_secs(20)).await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !status(&c.store, &name)
+        .await
+        .is_some_and(|s| s.queue.iter().any(|w| w.lease_id != ghost))
+    {
+        assert!(Instant::now() < deadline, "the waiter did not queue");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let p = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter never got in behind the unfinished cancel's record");
+    let s = status(&c.store, &name).await.unwrap();
+    assert!(
+        s.holders.iter().all(|l| l.lease_id != ghost)
+            && s.queue.iter().all(|w| w.lease_id != ghost),
+        "{s:?}"
+    );
+    p.release().await.unwrap();
+    assert_drained(&c.store, &name).await;
+}
+
 /// Once every lease expired, the semaphore is idle and takes the next client's capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_semaphore_takes_the_capacity_of_the_next_client() {

@@ -241,6 +241,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// When a lease or queue entry of `name` may next expire, as this process last learned
+    /// it from the store (a step's reply, or the in-process state); `None` if unknown.
+    ///
+    /// A waiter wakes then as well as at its heartbeat, and asks the store (a heartbeat,
+    /// whose step purges and hands off): on a store where expiries are purged only by steps,
+    /// a permit freed by a holder that died reaches the queue when its lease expires, not up
+    /// to a heartbeat interval later. An instant that has passed means nothing. Local and
+    /// cheap: no I/O. Wrappers forward it.
+    fn next_expiry(&self, _name: &Name) -> Option<tokio::time::Instant> {
+        None
+    }
+
     /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
     /// Wrappers (fault injection) forward this.
     fn rate(&self) -> Option<&dyn RateBackend> {

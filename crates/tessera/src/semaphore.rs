@@ -515,7 +515,15 @@ impl Semaphore {
                     ))
                 }
             }
-            let wake_at = Instant::now() + poll;
+            // Also when a lease or queue entry may expire sooner (see `Backend::next_expiry`):
+            // a permit freed by a holder that died is handed on at its expiry.
+            let mut wake_at = Instant::now() + poll;
+            if let Some(expiry) = self.backend().next_expiry(name) {
+                let at = expiry + EXPIRY_SLACK;
+                if at > Instant::now() && at < wake_at {
+                    wake_at = at;
+                }
+            }
             let timed_out = tokio::select! {
                 _ = registration.notified() => false,
                 _ = tokio::time::sleep_until(wake_at) => false,
@@ -603,6 +611,11 @@ enum Attempt {
     /// deleted the semaphore): join again, at the tail, under a new lease id.
     Rejoin,
 }
+
+/// How long after an expiry the store is asked about it (see [`Backend::next_expiry`]): the
+/// hint is converted from the store's clock when its reply arrived, so the expiry is not
+/// ahead of it; the slack covers clock-rate drift over a few seconds and the timer's grain.
+const EXPIRY_SLACK: Duration = Duration::from_millis(5);
 
 /// How long a timed-out acquire waits for its cancel before leaving it to the background.
 const CANCEL_GRACE: Duration = Duration::from_millis(250);

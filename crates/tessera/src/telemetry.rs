@@ -402,6 +402,10 @@ impl Backend for Instrumented {
         )
     }
 
+    fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
+        self.inner.next_expiry(name)
+    }
+
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate().map(|_| self as &dyn RateBackend)
     }

@@ -381,9 +381,17 @@ async fn a_cluster_client_follows_a_promoted_replica_and_fences_never_go_back() 
         .await
         .unwrap();
     let (before, _) = grant_after(&store, "a").await;
-    tokio::task::block_in_place(|| cluster.kill_primary_for("{f:a}:meta"));
+    let killed = tokio::task::block_in_place(|| cluster.kill_primary_for("{f:a}:meta"));
     let (after, _) = grant_after(&store, "a").await;
     assert!(after > before, "fence {after} after {before}");
+    // A new client whose first seed is the dead node starts from the next one.
+    let seeds = cluster.url().replace("redis+cluster://", "");
+    let dead_first = format!("redis+cluster://127.0.0.1:{killed},{seeds}?prefix=f");
+    let late = Store::connect(&dead_first)
+        .await
+        .expect("a dead first seed stops a new client");
+    let (late_fence, _) = grant_after(&late, "a").await;
+    assert!(late_fence > after, "fence {late_fence} after {after}");
     // Names on every shard still work, and list() sees them all.
     for n in ["b", "c", "d", "e"] {
         grant_after(&store, n).await;

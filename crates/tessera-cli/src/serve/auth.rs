@@ -96,6 +96,7 @@ impl Tokens {
 
     pub fn parse(text: &str) -> Result<Tokens, String> {
         let mut entries = Vec::new();
+        let mut lines = std::collections::HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -112,6 +113,12 @@ impl Tokens {
             if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(format!(
                     "line {}: a token must be at least 16 printable characters",
+                    i + 1
+                ));
+            }
+            if let Some(first) = lines.insert(token, i + 1) {
+                return Err(format!(
+                    "line {}: the token of line {first} again; give each token one line (one prefix)",
                     i + 1
                 ));
             }
@@ -224,5 +231,11 @@ mod tests {
         let e = Tokens::parse("aaaaaaaaaaaaaaaa\n").unwrap_err();
         assert!(e.contains("line 1") && !e.contains("aaaa"), "{e}");
         assert!(Tokens::parse("# only a comment\n").is_err());
+        // A token given twice would keep only one prefix, silently.
+        let e = Tokens::parse("aaaaaaaaaaaaaaaa a-\n# b\naaaaaaaaaaaaaaaa b-\n").unwrap_err();
+        assert!(
+            e.contains("line 3") && e.contains("line 1") && !e.contains("aaaa"),
+            "{e}"
+        );
     }
 }

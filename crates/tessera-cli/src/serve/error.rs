@@ -34,7 +34,7 @@ use utoipa::ToSchema;
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// A stable, machine-readable class (see the table in the API's description).
+    /// A stable, machine-readable class (listed with its status in the API's description).
     #[schema(example = "invalid_input")]
     pub kind: &'static str,
     /// One line for a human; never contains a password or a token.

@@ -96,7 +96,7 @@ impl App {
 #[openapi(
     info(
         title = "tessera",
-        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.",
+        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.\n\nError kinds: `invalid_input` 400 (nothing changed), `unauthorized` 401, `forbidden` 403 (the token does not cover the name), `not_found` 404 (semaphore, limiter or route), `method_not_allowed` 405, `no_permit` 408, `capacity_mismatch` and `rate_mismatch` 409, `lease_gone` 410, `payload_too_large` 413, `unsupported_media_type` 415, `queue_full` and `limited` 429 (with `Retry-After` and `retry_after_ms`), `corrupt` and `internal` 500, `unsupported` 501, `store_unavailable` and `shutting_down` 503. A connection idle for 10 s between requests is closed.",
     ),
     modifiers(&BearerAuth),
     tags(

@@ -31,7 +31,7 @@ pub struct RateBody {
     pub limits: Vec<String>,
     /// The request's cost, charged to every limit (1..=the smallest N; default 1).
     #[serde(default)]
-    #[schema(example = 1)]
+    #[schema(example = 1, minimum = 1)]
     pub cost: Option<u32>,
     /// Acquire only: how long the caller is willing to wait (0s..5m; default 0s). The server
     /// reserves the earliest admissible time if it is within `max_wait` and answers at that
@@ -45,6 +45,7 @@ pub struct RateBody {
     pub mode: Option<String>,
     /// Smooth mode: units admitted at once after an idle period (default 1).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub burst: Option<u32>,
     /// Margin between admission and use (0s..1s, at most the shortest period; default 20ms
     /// in exact mode): the limits hold for calls made within it.

@@ -94,7 +94,8 @@ pub struct LeaseBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
-    /// The new TTL from now (100ms..24h; default 30s).
+    /// The new TTL from now (100ms..24h; default 30s). A renewal never shortens the lease: it
+    /// expires at the later of its current expiry and this TTL from now.
     #[serde(default)]
     #[schema(example = "30s")]
     pub ttl: Option<String>,
@@ -368,7 +369,7 @@ pub async fn acquire(
 
 /// Renew a lease.
 ///
-/// Extends the lease to `ttl` from now on the store's clock. `lease_gone` (410) if it
+/// Extends the lease to `ttl` from now on the store's clock (never shortening it). `lease_gone` (410) if it
 /// expired, was revoked or released: it cannot come back; acquire again.
 #[utoipa::path(
     post,

@@ -997,6 +997,39 @@ pub async fn waiter_is_woken_without_waiting_for_its_heartbeat(h: &Harness) {
     assert_drained(&admin.store, &name).await;
 }
 
+/// A permit freed by a lease that expired (its holder died) reaches the waiter at the
+/// expiry: the waiter does not sit until its next heartbeat (7.5 s with these options), which
+/// on a store that purges expiries only in steps used to be the only step after the expiry.
+pub async fn an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbeat(h: &Harness) {
+    let name = unique("expiry");
+    let client = h.client().await;
+    let ttl = Duration::from_secs(2);
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl,
+        holder: "dead".into(),
+        wait: None,
+    };
+    let nm = Name::new(&name).unwrap();
+    let AcquireReply::Granted(g) = client.store.backend().acquire(&nm, 1, &req).await.unwrap()
+    else {
+        panic!("not granted")
+    };
+    let o = SemaphoreOptions::default()
+        .ttl(Duration::from_secs(30))
+        .waiter_ttl(Duration::from_secs(30));
+    let sem = Semaphore::new(&client.store, &name, 1, o).unwrap();
+    let p = sem
+        .acquire_many_timeout(1, ttl + Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("the expired lease's permit did not reach the waiter before its heartbeat");
+    assert!(p.lease().acquired_at >= g.lease.expires_at);
+    p.release().await.unwrap();
+    assert_drained(&client.store, &name).await;
+}
+
 /// After every lease has ended and every waiter left, the store holds nothing for the name.
 pub async fn nothing_is_left_after_all_leases_end(h: &Harness) {
     let name = unique("empty");

@@ -107,10 +107,14 @@ impl FromStr for RateSpec {
             .trim()
             .split_once('/')
             .ok_or_else(|| bad("expected N/UNIT, e.g. 50/s, 1000/min, 10/500ms"))?;
-        let count: u32 = count
-            .trim()
-            .parse()
-            .map_err(|_| bad("the count before '/' must be a whole number"))?;
+        let count = count.trim();
+        let count: u32 = count.parse().map_err(|_| {
+            if !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) {
+                bad(&format!("the count must be between 1 and {MAX_RATE_COUNT}"))
+            } else {
+                bad("the count before '/' must be a whole number")
+            }
+        })?;
         let per = per.trim();
         let digits = per.bytes().take_while(u8::is_ascii_digit).count();
         let multiple: u64 = match digits {
@@ -380,6 +384,9 @@ mod tests {
             let e = bad.parse::<RateSpec>().unwrap_err();
             assert!(matches!(e, InvalidInput::Rate { .. }), "{bad}: {e:?}");
         }
+        // A count too large for any limit says so, not that it is no number.
+        let e = "99999999999/s".parse::<RateSpec>().unwrap_err().to_string();
+        assert!(e.contains("between 1 and"), "{e}");
     }
 
     #[test]

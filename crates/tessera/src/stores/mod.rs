@@ -9,6 +9,8 @@
 pub(crate) mod batch;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) mod expiries;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "mysql")]

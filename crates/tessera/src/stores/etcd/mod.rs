@@ -293,9 +293,18 @@ pub struct EtcdBackend {
     pending: Mutex<HashMap<LeaseId, ()>>,
     /// The holder and waiter TTLs (seconds) of this backend's waiters, for their heartbeats.
     waiting: Mutex<HashMap<LeaseId, WaitHere>>,
+    /// Cancels that did not finish (the store failed, or the caller dropped the call, as the
+    /// clean-up does past its bound during an outage), by lease id. Their records are on this
+    /// client's sessions, which the other waiters and holders of this process keep alive: left
+    /// alone, such a record would sit in the queue (or hold the permits a release handed it)
+    /// for as long as the process lives. Every acquire and heartbeat tries them again first.
+    unfinished: Mutex<HashMap<LeaseId, Name>>,
     keep_alives: Mutex<HashMap<i64, KeepAliveSlot>>,
     watches: Arc<Watches>,
 }
+
+/// Unfinished cancels tried again per acquire or heartbeat (see [`EtcdBackend::finish_cancels`]).
+const UNFINISHED_PER_CALL: usize = 16;
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -370,6 +379,7 @@ impl EtcdBackend {
             held,
             pending: Mutex::default(),
             waiting: Mutex::default(),
+            unfinished: Mutex::default(),
             keep_alives: Mutex::default(),
         };
         // One read: an unreachable cluster or a refused user fails here (after the
@@ -1071,6 +1081,76 @@ impl EtcdBackend {
 
 impl EtcdBackend {
     /// [`Backend::acquire`], once this call is noted as under way.
+    /// One attempt of [`Backend::cancel`].
+    async fn cancel_once(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
+        let keys = self.keys(name);
+        // Stays pending until the marker is written, so that a retry writes it.
+        let dropped = self.pending.lock().unwrap().contains_key(&lease);
+        if dropped {
+            let mut done = false;
+            for _ in 0..3 {
+                let marker_lease = self.session(MARKER_TTL).await?;
+                let put = Txn::new().and_then([TxnOp::put(
+                    keys.marker(lease),
+                    "",
+                    Some(PutOptions::new().with_lease(marker_lease.id)),
+                )]);
+                if self.txn_on(put, &[marker_lease]).await?.is_some() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                return Err(Error::store(
+                    StoreErrorKind::Connection,
+                    "etcd: could not write the cancel marker",
+                ));
+            }
+            self.pending.lock().unwrap().remove(&lease);
+        }
+        self.end_wait(lease);
+        self.held.lock().unwrap().remove(&lease);
+        for _ in 0..MAX_ROUNDS {
+            let Some(entry) = self.read_one(&keys, lease).await? else {
+                return Ok(CancelReply::NotFound);
+            };
+            if entry.is_holder() {
+                if self.end_grant(&keys, lease, entry.fence()).await? {
+                    return Ok(CancelReply::Released);
+                }
+            } else if self.dequeue(&keys, &entry).await? {
+                return Ok(CancelReply::Dequeued);
+            }
+            // Changed since the read (granted meanwhile): read again.
+        }
+        Err(Error::store(
+            StoreErrorKind::Busy,
+            format!("etcd: cancel on {name} kept conflicting with other clients"),
+        ))
+    }
+
+    /// Tries the cancels that did not finish again (see [`EtcdBackend::unfinished`]), a few
+    /// per call; one that fails again stays for the next call.
+    async fn finish_cancels(&self) {
+        let due: Vec<(LeaseId, Name)> = {
+            let unfinished = self.unfinished.lock().unwrap();
+            if unfinished.is_empty() {
+                return;
+            }
+            unfinished
+                .iter()
+                .take(UNFINISHED_PER_CALL)
+                .map(|(l, n)| (*l, n.clone()))
+                .collect()
+        };
+        for (lease, name) in due {
+            if let Err(e) = Backend::cancel(self, &name, lease).await {
+                tracing::debug!(%name, %lease, error = %e, "an unfinished cancel failed again");
+                return;
+            }
+        }
+    }
+
     async fn acquire_inner(
         &self,
         name: &Name,
@@ -1263,6 +1343,7 @@ impl Backend for EtcdBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
+        self.finish_cancels().await;
         let id = req.lease_id;
         self.pending.lock().unwrap().insert(id, ());
         let outcome = self.acquire_inner(name, capacity, req).await;
@@ -1277,6 +1358,7 @@ impl Backend for EtcdBackend {
         lease: LeaseId,
         waiter_ttl: Duration,
     ) -> Result<WaitReply> {
+        self.finish_cancels().await;
         let keys = self.keys(name);
         let (known, quiet) = {
             let waiting = self.waiting.lock().unwrap();
@@ -1377,48 +1459,13 @@ impl Backend for EtcdBackend {
     /// either landed before the marker (and the read below finds its record) or does
     /// nothing.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
-        let keys = self.keys(name);
-        let dropped = self.pending.lock().unwrap().remove(&lease).is_some();
-        if dropped {
-            let mut done = false;
-            for _ in 0..3 {
-                let marker_lease = self.session(MARKER_TTL).await?;
-                let put = Txn::new().and_then([TxnOp::put(
-                    keys.marker(lease),
-                    "",
-                    Some(PutOptions::new().with_lease(marker_lease.id)),
-                )]);
-                if self.txn_on(put, &[marker_lease]).await?.is_some() {
-                    done = true;
-                    break;
-                }
-            }
-            if !done {
-                return Err(Error::store(
-                    StoreErrorKind::Connection,
-                    "etcd: could not write the cancel marker",
-                ));
-            }
+        self.unfinished.lock().unwrap().insert(lease, name.clone());
+        let reply = self.cancel_once(name, lease).await;
+        // Not reached if the caller dropped this call: the entry stays, to be tried again.
+        if reply.is_ok() {
+            self.unfinished.lock().unwrap().remove(&lease);
         }
-        self.end_wait(lease);
-        self.held.lock().unwrap().remove(&lease);
-        for _ in 0..MAX_ROUNDS {
-            let Some(entry) = self.read_one(&keys, lease).await? else {
-                return Ok(CancelReply::NotFound);
-            };
-            if entry.is_holder() {
-                if self.end_grant(&keys, lease, entry.fence()).await? {
-                    return Ok(CancelReply::Released);
-                }
-            } else if self.dequeue(&keys, &entry).await? {
-                return Ok(CancelReply::Dequeued);
-            }
-            // Changed since the read (granted meanwhile): read again.
-        }
-        Err(Error::store(
-            StoreErrorKind::Busy,
-            format!("etcd: cancel on {name} kept conflicting with other clients"),
-        ))
+        reply
     }
 
     async fn release(&self, name: &Name, lease: LeaseId) -> Result<bool> {
@@ -1651,6 +1698,6 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 
 fn not_found(name: &Name) -> Error {
     Error::NotFound(format!(
-        "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+        "semaphore \"{name}\" has no holders or waiters (its capacity is set by the clients that use it)"
     ))
 }

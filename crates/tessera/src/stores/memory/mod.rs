@@ -161,6 +161,11 @@ impl Backend for MemoryBackend {
     fn release_now(&self, name: &Name, lease: LeaseId) -> Option<Result<bool>> {
         Some(Ok(self.run(|m, now, w| m.release(name, lease, now, w))))
     }
+    /// From the state itself: the earliest expiry, on this process's clock.
+    fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
+        let at = self.model.lock().unwrap().next_expiry(name)?;
+        Some(tokio::time::Instant::now() + at.since(self.clock.now()))
+    }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }

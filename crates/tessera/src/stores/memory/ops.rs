@@ -465,6 +465,17 @@ impl Model {
         }
     }
 
+    /// The earliest expiry of a lease or queue entry of `name`, if it has any.
+    pub(crate) fn next_expiry(&self, name: &Name) -> Option<StoreTime> {
+        let st = self.sems.get(name)?;
+        let holder = st.holder_expiry.first().map(|&(t, _)| t);
+        let waiter = st.waiter_expiry.first().map(|&(t, _)| t);
+        match (holder, waiter) {
+            (Some(h), Some(w)) => Some(h.min(w)),
+            (h, w) => h.or(w),
+        }
+    }
+
     pub(crate) fn heartbeat(
         &mut self,
         name: &Name,
@@ -620,7 +631,7 @@ impl Model {
 
 pub(crate) fn not_found(name: &Name) -> Error {
     Error::NotFound(format!(
-        "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+        "semaphore \"{name}\" has no holders or waiters (its capacity is set by the clients that use it)"
     ))
 }
 

@@ -23,8 +23,9 @@ use sqlx::postgres::PgRow;
 
 use super::{keep_alive_conn, ops, run_rows, Conns};
 use crate::error::{Error, Result};
-use crate::model::{LeaseId, WaitReply};
+use crate::model::{LeaseId, Name, WaitReply};
 use crate::stores::batch::{BatchCall, Batcher};
+use crate::stores::expiries::Expiries;
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;
@@ -34,6 +35,7 @@ pub(crate) struct HeartbeatMany {
     pub(crate) conns: Arc<Conns>,
     pub(crate) keep: Arc<Conns>,
     pub(crate) url: String,
+    pub(crate) expiries: Arc<Expiries>,
 }
 
 impl BatchCall for HeartbeatMany {
@@ -55,6 +57,12 @@ impl BatchCall for HeartbeatMany {
                 rows.len(),
                 items.len()
             )));
+        }
+        // One step answered them all: a `waiting` row says when it may next expire something.
+        if let Some(after) = rows.iter().find_map(ops::expiry_in) {
+            if let Ok(name) = Name::new(name) {
+                self.expiries.note(&name, after);
+            }
         }
         Ok(rows
             .iter()

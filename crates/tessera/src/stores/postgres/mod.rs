@@ -122,6 +122,7 @@ use sqlx::{Connection, Row};
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities};
+use crate::stores::expiries::Expiries;
 
 use conns::Conns;
 use heartbeats::{HeartbeatMany, Heartbeats};
@@ -165,6 +166,9 @@ pub struct PostgresBackend {
     /// schema's step predates `tessera_heartbeat_many` (step revision 2: a role that may not
     /// replace the functions, until the owner connects), which heartbeats one call each.
     heartbeats: Option<Arc<Heartbeats>>,
+    /// When each semaphore waited on may next expire something (`Backend::next_expiry`), as
+    /// the last `queued` or `waiting` row said; shared with the gathered heartbeats.
+    expiries: Arc<Expiries>,
     url: String,
     schema: String,
 }
@@ -255,11 +259,13 @@ impl PostgresBackend {
         let listener = Listener::shared(&key, &config.options)
             .await
             .map_err(|e| in_context(e, &config))?;
+        let expiries = Arc::new(Expiries::default());
         let heartbeats = (revision >= 2).then(|| {
             Heartbeats::new(HeartbeatMany {
                 conns: conns.clone(),
                 keep: keep.clone(),
                 url: config.redacted.clone(),
+                expiries: Arc::clone(&expiries),
             })
         });
         Ok(PostgresBackend {
@@ -268,6 +274,7 @@ impl PostgresBackend {
             inflight: Inflight::default(),
             listener,
             heartbeats,
+            expiries,
             url: config.redacted,
             schema: config.schema,
         })
@@ -640,7 +647,12 @@ impl Backend for PostgresBackend {
                 format!("acquire task failed: {e}"),
             ))
         });
-        let reply = row.and_then(|row| ops::parse_acquire(&row, name, capacity, req));
+        let reply = row.and_then(|row| {
+            if let Some(after) = ops::expiry_in(&row) {
+                self.expiries.note(name, after);
+            }
+            ops::parse_acquire(&row, name, capacity, req)
+        });
         let queued = matches!(reply, Ok(AcquireReply::Queued { .. }));
         if !queued && !matches!(reply, Err(ref e) if e.is_transient()) {
             self.listener.set_waiting(req.lease_id, false);
@@ -667,6 +679,9 @@ impl Backend for PostgresBackend {
                             .bind(ttl_us),
                     )
                     .await?;
+                if let Some(after) = ops::expiry_in(&row) {
+                    self.expiries.note(name, after);
+                }
                 ops::parse_heartbeat(&row, lease)?
             }
         };
@@ -769,7 +784,7 @@ impl Backend for PostgresBackend {
                 .filter(|c| (1..=MAX_CAPACITY).contains(c))
                 .ok_or_else(|| ops::corrupt(format!("capacity = {old} is out of range"))),
             None => Err(Error::NotFound(format!(
-                "semaphore {name:?} has no holders or waiters (its capacity is set by the \
+                "semaphore \"{name}\" has no holders or waiters (its capacity is set by the \
                  clients that use it)"
             ))),
         }
@@ -797,6 +812,10 @@ impl Backend for PostgresBackend {
         Capabilities::push()
     }
 
+    /// As the last `queued` or `waiting` row for `name` said.
+    fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
+        self.expiries.get(name)
+    }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }

@@ -2,6 +2,8 @@
 //! on the server, see `common.sql`), and the checks of what comes back. Every value read is
 //! checked; a wrong one is [`Error::Corrupt`], never a panic.
 
+use std::time::Duration;
+
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -41,8 +43,10 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// build that knows only the tables' version still connects and calls the new functions
 /// (rolling upgrades). Revision 1: a hand-off grant expires with the waiter's queue entry
 /// until it is renewed (`tessera__hand_off`). Revision 2: `tessera_heartbeat_many`, the
-/// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`).
-pub(crate) const STEP_REVISION: i32 = 2;
+/// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`). Revision 3:
+/// a `queued` acquire and a `waiting` heartbeat answer the semaphore's `purge_at` in
+/// `expires_at`, when an expiry may next free permits (`Backend::next_expiry`).
+pub(crate) const STEP_REVISION: i32 = 3;
 
 /// The step alone, for a connect that finds an older revision.
 pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
@@ -173,6 +177,19 @@ pub(crate) fn parse_acquire(
         }),
         other => Err(corrupt(format!("acquire outcome {other:?}"))),
     }
+}
+
+/// How long until an expiry may free permits, from a `queued` acquire or `waiting` heartbeat
+/// row (its `expires_at` holds the semaphore's `purge_at`, a lower bound of every expiry;
+/// NULL from a step of revision 2 or older).
+pub(crate) fn expiry_in(row: &PgRow) -> Option<Duration> {
+    let outcome: String = row.try_get("outcome").ok()?;
+    if outcome != "queued" && outcome != "waiting" {
+        return None;
+    }
+    let at: Option<i64> = row.try_get("expires_at").ok()?;
+    let now: i64 = row.try_get("now_us").ok()?;
+    Some(Duration::from_micros(at?.saturating_sub(now).max(0) as u64))
 }
 
 /// The reply of `tessera_heartbeat`.

@@ -19,14 +19,23 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
         StoreErrorKind::Auth
     } else if e.is_timeout() {
         StoreErrorKind::Timeout
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+    {
+        // The last: a cluster's node for the name's slot is down and no replica serves the
+        // slot yet (a failover under way), a fault to ride out like any lost connection.
         StoreErrorKind::Connection
     } else if e.code() == Some("BUSY") || e.code() == Some("LOADING") {
         StoreErrorKind::Busy
     } else {
         StoreErrorKind::Other
     };
-    let message = crate::error::mask_secret(&e.to_string(), secret);
+    let mut message = crate::error::mask_secret(&e.to_string(), secret);
+    if e.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+        message = format!("the cluster node of this name's slot does not answer ({message})");
+    }
     Error::store(kind, format!("redis: {message}"))
 }
 
@@ -40,4 +49,31 @@ fn is_auth(e: &RedisError) -> bool {
         || REFUSALS
             .iter()
             .any(|r| e.to_string().contains(&format!("\"{r}\"")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_node_that_is_gone_is_a_connection_fault_to_ride_out() {
+        let e = RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "Requested connection not found",
+            "127.0.0.1:7620".to_string(),
+        ));
+        let e = store_error(e, None);
+        assert!(
+            matches!(
+                &e,
+                Error::Store {
+                    kind: StoreErrorKind::Connection,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("cluster node"), "{e}");
+    }
 }

@@ -61,6 +61,11 @@ impl BatchCall for HeartbeatMany {
                 items.len()
             )));
         }
+        // One step answered them all: the first `waiting` reply says when it may next
+        // expire something.
+        if let Some(waiting) = replies.iter().find(|r| ops::expiry_in(r).is_some()) {
+            self.0.note_expiry(&name, waiting);
+        }
         Ok(replies
             .into_iter()
             .zip(items)

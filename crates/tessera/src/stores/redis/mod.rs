@@ -123,6 +123,7 @@ use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{Backend, Capabilities};
 use crate::stores::batch::Batcher;
+use crate::stores::expiries::Expiries;
 
 use call::FUNCTIONS;
 pub use call::FUNCTIONS_RETRY;
@@ -179,6 +180,9 @@ pub(super) struct Caller {
     wake_base: String,
     url: String,
     secret: Option<String>,
+    /// When each semaphore this client waits on may next expire something, as its last
+    /// `queued` or `waiting` reply said (see [`Backend::next_expiry`]).
+    expiries: Expiries,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -231,6 +235,67 @@ async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) ->
     check_eviction(&mut probe, config, secret).await
 }
 
+/// Warns once, at connect, when `?wait=N` asks for more replicas than the master has
+/// connected now: until more connect, every change waits for `WAIT`'s timeout and fails as a
+/// connection fault (which callers retry, so a replica that is down for a while is ridden
+/// out), and what the change did on the master stays until its TTL.
+async fn warn_if_short_of_replicas(client: &redis::Client, config: &Config) {
+    if config.wait == 0 {
+        return;
+    }
+    let Ok(mut conn) = client
+        .get_multiplexed_async_connection_with_config(&connection_config())
+        .await
+    else {
+        return;
+    };
+    let mut info = redis::cmd("INFO");
+    info.arg("replication");
+    let Ok(info) = info.query_async::<String>(&mut conn).await else {
+        return;
+    };
+    if let Some(connected) = short_of_replicas(&info, config.wait) {
+        tracing::warn!(
+            "{}: wait={} asks for {} replicas, but the master has {connected} connected: every \
+             change will wait {:?} and fail until more replicas connect",
+            config.redacted,
+            config.wait,
+            config.wait,
+            topology::WAIT_TIMEOUT,
+        );
+    }
+}
+
+/// The master's connected replicas (`INFO replication`), if fewer than `wait`.
+fn short_of_replicas(info: &str, wait: u32) -> Option<u32> {
+    let connected = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse::<u32>().ok())?;
+    (connected < wait).then_some(connected)
+}
+
+/// [`probe`] of a cluster's seed nodes, in the URL's order, until one answers: a seed that is
+/// down (a node that failed, the usual case during a failover) must not stop a client from
+/// starting while the others serve the cluster. A refusal that is not a connection fault (a
+/// wrong password, an eviction policy) ends it at once; if no seed answers, the first seed's
+/// error is returned.
+async fn probe_any_seed(urls: &[String], config: &Config, secret: Option<&str>) -> Result<()> {
+    let mut first = None;
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).map_err(|e| store_error(e, secret))?;
+        match probe(&client, config, secret).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                tracing::debug!(url = %config.redacted, error = %e, "a cluster seed did not answer; trying the next");
+                first.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(first.unwrap_or_else(|| Error::store(StoreErrorKind::Connection, "no seed node")))
+}
+
 /// `url` with `{addr}` in place of its `host:port` (credentials, database and options kept).
 fn addr_template(url: &str) -> String {
     const PLACEHOLDER: &str = "tessera-addr-placeholder";
@@ -248,6 +313,14 @@ fn addr_template(url: &str) -> String {
 impl Caller {
     fn err(&self, e: RedisError) -> Error {
         store_error(e, self.secret.as_deref())
+    }
+
+    /// Notes the expiry a `queued` or `waiting` reply for `name` announces, if it has one
+    /// (see [`ops::expiry_in`]); measured from now, when the reply has arrived.
+    fn note_expiry(&self, name: &Name, reply: &redis::Value) {
+        if let Some(after) = ops::expiry_in(reply) {
+            self.expiries.note(name, after);
+        }
     }
 }
 
@@ -280,6 +353,7 @@ impl RedisBackend {
                 // here at once, where the connection manager would retry with backoff for
                 // seconds.
                 probe(&client, &config, secret.as_deref()).await?;
+                warn_if_short_of_replicas(&client, &config).await;
                 let url = ::url::Url::parse(&config.server_url).ok();
                 let addr = url
                     .as_ref()
@@ -319,16 +393,18 @@ impl RedisBackend {
                 let topo = Topology::sentinel(sentinels, master.clone(), template)
                     .await
                     .map_err(err)?;
-                probe(&topo.client().unwrap(), &config, secret.as_deref()).await?;
+                let master = topo.client().unwrap();
+                probe(&master, &config, secret.as_deref()).await?;
+                warn_if_short_of_replicas(&master, &config).await;
                 (topo, None)
             }
             Layout::Cluster { nodes } => {
-                probe(&client, &config, secret.as_deref()).await?;
                 let template = addr_template(&config.server_url);
                 let urls: Vec<String> = nodes
                     .iter()
                     .map(|(h, p)| template.replace("{addr}", &format!("{h}:{p}")))
                     .collect();
+                probe_any_seed(&urls, &config, secret.as_deref()).await?;
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 let cluster = redis::cluster::ClusterClientBuilder::new(urls)
                     .use_protocol(redis::ProtocolVersion::RESP3)
@@ -405,6 +481,7 @@ impl RedisBackend {
             wake_base,
             url: config.redacted,
             secret,
+            expiries: Expiries::default(),
         });
         Ok(RedisBackend {
             heartbeats: Batcher::new(HeartbeatMany(Arc::clone(&caller))),
@@ -495,6 +572,7 @@ impl Backend for RedisBackend {
                 ],
             )
             .await?;
+        self.caller.note_expiry(name, &v);
         let reply = ops::parse_acquire(v, name, capacity, req)?;
         self.set_waiting(req.lease_id, matches!(reply, AcquireReply::Queued { .. }));
         Ok(reply)
@@ -571,7 +649,24 @@ impl Backend for RedisBackend {
         Capabilities::push()
     }
 
+    /// As the last `queued` or `waiting` reply for `name` announced it.
+    fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
+        self.caller.expiries.get(name)
+    }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_of_replicas;
+
+    #[test]
+    fn a_wait_above_the_connected_replicas_is_found_in_info_replication() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nslave0:ip=127.0.0.1\r\n";
+        assert_eq!(short_of_replicas(info, 2), Some(1));
+        assert_eq!(short_of_replicas(info, 1), None);
+        assert_eq!(short_of_replicas("role:master\r\n", 1), None);
     }
 }

@@ -415,6 +415,26 @@ pub(crate) fn parse_acquire(
     }
 }
 
+/// The `purge_at` of a state that can expire nothing (prelude.lua's `NEVER`).
+const NEVER: u64 = 9_007_199_254_740_991;
+
+/// How long until an expiry may free permits, from a `queued` (acquire) or `waiting`
+/// (heartbeat) reply: they carry the step's `now` and the state's `purge_at`, a lower bound of
+/// every lease and queue entry expiry (see `Backend::next_expiry`). `None` for other replies,
+/// or when nothing can expire.
+pub(crate) fn expiry_in(v: &Value) -> Option<Duration> {
+    const W: &str = "expiry";
+    let (tag, f) = tagged(v, W).ok()?;
+    let at = match tag {
+        "queued" => 1,
+        "waiting" => 0,
+        _ => return None,
+    };
+    let now = int(f.get(at)?, W).ok()?;
+    let purge_at = int(f.get(at + 1)?, W).ok()?;
+    (purge_at < NEVER).then(|| Duration::from_micros(purge_at.saturating_sub(now)))
+}
+
 pub(crate) fn parse_heartbeat(v: Value, lease: LeaseId) -> Result<WaitReply> {
     const W: &str = "heartbeat";
     let (tag, f) = tagged(&v, W)?;
@@ -502,7 +522,7 @@ pub(crate) fn parse_resize(v: Value, name: &Name) -> Result<u32> {
     match tag {
         "resized" => int_u32(field(f, 0, W)?, W),
         "notfound" => Err(Error::NotFound(format!(
-            "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+            "semaphore \"{name}\" has no holders or waiters (its capacity is set by the clients that use it)"
         ))),
         _ => Err(corrupt(W, &v)),
     }

@@ -569,7 +569,12 @@ async fn answers(mut conn: Conn) -> bool {
 
 /// A client of the server at `addr`, from the master's URL `template`.
 fn client_of(template: &str, addr: &(String, u16)) -> RedisResult<redis::Client> {
-    let url = template.replace("{addr}", &format!("{}:{}", addr.0, addr.1));
+    // Sentinels name an IPv6 master without brackets; a URL needs them.
+    let url = if addr.0.contains(':') && !addr.0.starts_with('[') {
+        template.replace("{addr}", &format!("[{}]:{}", addr.0, addr.1))
+    } else {
+        template.replace("{addr}", &format!("{}:{}", addr.0, addr.1))
+    };
     redis::Client::open(url.as_str())
 }
 

@@ -81,15 +81,34 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
     let default_port = if sentinel { SENTINEL_PORT } else { REDIS_PORT };
     let mut addrs = Vec::new();
     for h in hosts.split(',') {
-        let (host, port) = match h.rsplit_once(':') {
-            Some((host, port)) => (
-                host,
-                port.parse::<u16>()
-                    .map_err(|_| bad(format!("bad port in {h:?}")))?,
-            ),
-            None => (h, default_port),
+        // An IPv6 literal comes in brackets, kept in the address: `[::1]:26379`.
+        let (host, port, v6) = match h.strip_prefix('[').and_then(|v6| v6.split_once(']')) {
+            Some((ip, rest)) => {
+                if ip.parse::<std::net::Ipv6Addr>().is_err() {
+                    return Err(bad(format!(
+                        "{h:?}: the brackets must hold an IPv6 address"
+                    )));
+                }
+                let port = match rest.strip_prefix(':') {
+                    Some(port) => port
+                        .parse::<u16>()
+                        .map_err(|_| bad(format!("bad port in {h:?}")))?,
+                    None if rest.is_empty() => default_port,
+                    None => return Err(bad(format!("bad port in {h:?}"))),
+                };
+                (&h[..ip.len() + 2], port, true)
+            }
+            None => match h.rsplit_once(':') {
+                Some((host, port)) => (
+                    host,
+                    port.parse::<u16>()
+                        .map_err(|_| bad(format!("bad port in {h:?}")))?,
+                    false,
+                ),
+                None => (h, default_port, false),
+            },
         };
-        if host.is_empty() || host.contains(['@', '[', ']', ' ']) {
+        if host.is_empty() || (!v6 && host.contains(['@', '[', ']', ' '])) {
             return Err(bad(format!(
                 "expected host:port[,host:port…], e.g. {scheme}://127.0.0.1:{default_port}"
             )));
@@ -268,6 +287,10 @@ mod tests {
             "redis+cluster://h:1/3",
             "redis+cluster://u:hunter2@h:1?wait=1",
             "redis+cluster://u:hunter2@h:1,h:2?typo=1",
+            "redis+cluster://[not-v6]:7000",
+            "redis+cluster://[::1]x",
+            "redis+cluster://[::1]:x",
+            "redis+sentinel://[::1:1/m",
         ] {
             let e = parse_url(bad)
                 .err()
@@ -299,5 +322,22 @@ mod tests {
         );
         assert!(c.tls);
         assert_eq!(parse_url("redis://h").unwrap().layout, Layout::Single);
+        // IPv6 literals in brackets, with or without a port.
+        let c = parse_url("redis+sentinel://[::1]:7610,[fe80::2]/m").unwrap();
+        assert_eq!(
+            c.layout,
+            Layout::Sentinel {
+                sentinels: vec![("[::1]".into(), 7610), ("[fe80::2]".into(), 26379)],
+                master: "m".into(),
+            }
+        );
+        assert_eq!(c.server_url, "redis://[::1]:7610");
+        let c = parse_url("redis+cluster://[::1]:7000,h:7001").unwrap();
+        assert_eq!(
+            c.layout,
+            Layout::Cluster {
+                nodes: vec![("[::1]".into(), 7000), ("h".into(), 7001)],
+            }
+        );
     }
 }

@@ -609,7 +609,7 @@ pub(crate) async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
 
 fn not_found(name: &Name) -> Error {
     Error::NotFound(format!(
-        "semaphore {name:?} has no holders or waiters (its capacity is set by the clients that use it)"
+        "semaphore \"{name}\" has no holders or waiters (its capacity is set by the clients that use it)"
     ))
 }
 

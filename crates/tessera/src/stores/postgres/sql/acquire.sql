@@ -12,7 +12,8 @@
 -- p_queue_cap   the queue's cap (with p_waiter_ttl)
 --
 -- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at),
--- 'queued' (position), 'no_permit' (available, queued), 'mismatch' (stored_capacity) or
+-- 'queued' (position; expires_at: purge_at, a lower bound of every expiry of the semaphore,
+-- when an expiry may free permits), 'no_permit' (available, queued), 'mismatch' (stored_capacity) or
 -- 'queue_full'; now_us in every case. A mismatch or a full queue still commits the purge.
 CREATE OR REPLACE FUNCTION tessera_acquire(
     p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
@@ -62,6 +63,7 @@ BEGIN
         seq_ := tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl);
         IF seq_ IS NOT NULL THEN
             outcome := 'queued';
+            expires_at := st.purge_at;
             SELECT count(*) INTO "position" FROM tessera_waiters w
             WHERE w.name = p_name AND w.seq < seq_;
             PERFORM tessera__finish(st);
@@ -115,6 +117,7 @@ BEGIN
         SELECT count(*) INTO "position" FROM tessera_waiters w
         WHERE w.name = p_name AND w.seq < seq_;
     END IF;
+    expires_at := st.purge_at;
     PERFORM tessera__finish(st);
     RETURN NEXT;
 END $$;

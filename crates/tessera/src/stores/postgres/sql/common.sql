@@ -493,4 +493,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 2';
+LANGUAGE sql IMMUTABLE AS 'SELECT 3';

@@ -5,7 +5,8 @@
 -- p_waiter_ttl  renews the queue entry until now + p_waiter_ttl (µs)
 --
 -- One row: outcome 'granted' (the hand-off gave it the lease: weight, seats, fence, holder,
--- acquired_at, expires_at), 'waiting' (renewed) or 'gone'; now_us.
+-- acquired_at, expires_at), 'waiting' (renewed; expires_at: purge_at, as tessera_acquire's
+-- 'queued') or 'gone'; now_us.
 CREATE OR REPLACE FUNCTION tessera_heartbeat(p_name text, p_lease text, p_waiter_ttl bigint)
 RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
@@ -33,6 +34,7 @@ BEGIN
     END IF;
     IF outcome = 'gone' AND tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl) IS NOT NULL THEN
         outcome := 'waiting';
+        expires_at := st.purge_at;
     END IF;
     PERFORM tessera__finish(st);
     RETURN NEXT;

@@ -51,7 +51,9 @@ BEGIN
            CASE WHEN h.lease IS NOT NULL THEN 'granted'
                 WHEN n.lease IS NOT NULL THEN 'waiting'
                 ELSE 'gone' END,
-           st.now_us, h.weight, h.seats, h.fence, h.holder, h.acquired_at, h.expires_at
+           st.now_us, h.weight, h.seats, h.fence, h.holder, h.acquired_at,
+           CASE WHEN h.lease IS NULL AND n.lease IS NOT NULL THEN st.purge_at
+                ELSE h.expires_at END
     FROM req r
     LEFT JOIN held h ON h.lease = r.lease
     LEFT JOIN (SELECT DISTINCT m.lease FROM renewed m) n ON n.lease = r.lease

@@ -4,7 +4,8 @@
 -- ARGV[4] weight                             ARGV[5] lease ttl (µs)
 -- ARGV[6] holder label                       ARGV[7] client id (wake channel suffix)
 -- ARGV[8] waiter ttl (µs), 0 for a try       ARGV[9] queue cap the client accepts
--- Reply: {'granted', now, lease record} | {'queued', position} | {'nopermit', available, queued}
+-- Reply: {'granted', now, lease record} | {'queued', position, now, purge_at}
+--      | {'nopermit', available, queued}
 --      | {'mismatch', stored capacity} | {'queuefull'}
 
 local capacity = num(ARGV[2], 'capacity argument')
@@ -45,7 +46,7 @@ repeat
       break
     end
     if wait and refresh_waiter(lease_id, now + waiter_ttl) then
-      reply = {'queued', rcall('ZRANK', K_QUEUE, lease_id)}
+      reply = {'queued', rcall('ZRANK', K_QUEUE, lease_id), now_text(), int(S.purge_at)}
       break
     end
   end
@@ -76,7 +77,7 @@ repeat
   rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
-  reply = {'queued', queued}
+  reply = {'queued', queued, now_text(), int(S.purge_at)}
 until true
 finish()
 return out(reply)
