@@ -9,7 +9,7 @@
 //! | `0` | success (for `run`: the command exited 0) |
 //! | `1` | admin and `status NAME`: no such semaphore, rate limiter or lease, or no store yet (nothing changed, nothing created) |
 //! | `2` | usage error: an unknown command or flag, a missing or unexpected argument (clap's usage errors) |
-//! | `64` | invalid value (`EX_USAGE`), whether unparseable (`--ttl soon`, `--rate 2/x`) or out of range (a capacity of 0, a weight above the capacity, a TTL out of range), an invalid name, lease id or store URL, or a capacity or rate limits that differ from the stored ones; nothing was touched |
+//! | `64` | invalid value (`EX_USAGE`), whether unparseable (`--ttl soon`, `--rate 2/x`) or out of range (a capacity of 0, a weight above the capacity, a TTL out of range), an invalid name, lease id or store URL, or a capacity or rate limits that differ from the stored ones, or a feature the store lacks (rate limits on etcd); nothing was touched |
 //! | `69` | the store failed or could not be reached (`EX_UNAVAILABLE`); a waiting `run` rides out transient faults after the connect, and exits 69 only if `--wait` runs out during one, past its first 5 s (before: 75) |
 //! | `71` | an operating-system call failed (`EX_OSERR`), e.g. installing signal handlers or starting `run`'s process-group guard |
 //! | `74` | `run`: the permit was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL when the lease could expire) |
@@ -96,7 +96,11 @@ impl fmt::Display for Failure {
 
 /// The exit code for a library error, through its classifiers.
 pub fn code_for(error: &tessera::Error) -> u8 {
-    if error.is_invalid_input() || error.is_capacity_mismatch() || error.is_rate_mismatch() {
+    if error.is_invalid_input()
+        || error.is_capacity_mismatch()
+        || error.is_rate_mismatch()
+        || matches!(error, tessera::Error::Unsupported(_))
+    {
         USAGE
     } else if error.is_queue_full() {
         TEMPFAIL

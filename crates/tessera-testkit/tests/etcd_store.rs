@@ -32,17 +32,20 @@ async fn ttls_etcd_cannot_keep_are_typed_errors() {
     assert_eq!(caps.min_ttl, Duration::from_secs(2));
     assert_eq!(caps.fence, FenceSource::Revision);
     assert_eq!(caps.hand_off, HandOff::NextStep);
-    for ttl in [
-        Duration::from_millis(500),
-        Duration::from_secs(1),
-        Duration::from_millis(2_500),
-    ] {
+    for ttl in [Duration::from_millis(500), Duration::from_secs(1)] {
         let e = Semaphore::new(&c.store, "ttl", 1, o(ttl)).unwrap_err();
         assert!(
             matches!(e, Error::InvalidInput(InvalidInput::Ttl { .. })),
             "{e}"
         );
     }
+    // Within the range but not whole seconds: the message says why, not the range.
+    let e = Semaphore::new(&c.store, "ttl", 1, o(Duration::from_millis(2_500))).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidInput(InvalidInput::TtlStep { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("steps of 1s"), "{e}");
     let e = Semaphore::new(
         &c.store,
         "ttl",

@@ -39,6 +39,16 @@ pub enum InvalidInput {
         min: std::time::Duration,
         max: std::time::Duration,
     },
+    /// A lease TTL that is not a whole number of the store's steps (etcd: whole seconds).
+    #[error(
+        "invalid lease TTL {}: this store keeps TTLs in steps of {}",
+        DurationText(*ttl),
+        DurationText(*step)
+    )]
+    TtlStep {
+        ttl: std::time::Duration,
+        step: std::time::Duration,
+    },
     /// The keep-alive interval must be shorter than half the TTL.
     #[error(
         "invalid keep-alive interval {}: must be between 1ms and half the TTL ({})",

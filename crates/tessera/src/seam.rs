@@ -151,11 +151,17 @@ impl Capabilities {
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), crate::InvalidInput> {
         let min = self.min_ttl.max(MIN_TTL);
         let step = self.ttl_granularity.as_micros().max(1);
-        if ttl < min || ttl > MAX_TTL || !ttl.as_micros().is_multiple_of(step) {
+        if ttl < min || ttl > MAX_TTL {
             return Err(crate::InvalidInput::Ttl {
                 ttl,
                 min,
                 max: MAX_TTL,
+            });
+        }
+        if !ttl.as_micros().is_multiple_of(step) {
+            return Err(crate::InvalidInput::TtlStep {
+                ttl,
+                step: self.ttl_granularity,
             });
         }
         Ok(())

@@ -1670,7 +1670,7 @@ impl Backend for EtcdBackend {
 pub const RATE_UNSUPPORTED: &str = "etcd has no clock that a transaction can read, so \
     whether a request falls inside a window (\"never more than N in any window of length \
     L\") cannot be decided on the store's clock; deciding it on clients' clocks would let \
-    their skew over-admit. Use a Redis, SQLite, MySQL/MariaDB or memory store for rate \
+    their skew over-admit. Use a Redis, SQLite, PostgreSQL, MySQL/MariaDB or memory store for rate \
     limits";
 
 /// etcd's default `--max-txn-ops`: it refuses a transaction with more compares, or more

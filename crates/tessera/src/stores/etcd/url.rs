@@ -162,7 +162,9 @@ fn endpoint(host: &str, tls: bool) -> std::result::Result<String, String> {
         _ => (host, DEFAULT_PORT),
     };
     let ok = |b: u8| b.is_ascii_alphanumeric() || b".-_[]:".contains(&b);
-    if name.is_empty() || !name.bytes().all(ok) {
+    // A colon only inside an IPv6 literal's brackets: `h:1:2` is no host and port.
+    let v6 = name.starts_with('[') && name.ends_with(']');
+    if name.is_empty() || !name.bytes().all(ok) || (!v6 && name.contains([':', '[', ']'])) {
         return Err(format!("bad host {name:?}"));
     }
     let scheme = if tls { "https" } else { "http" };
@@ -177,6 +179,13 @@ fn check_prefix(p: &str) -> std::result::Result<(), String> {
         && !p.starts_with('/')
         && !p.ends_with('/')
         && !p.contains("//");
+    if ok && p.split('/').any(|segment| segment == "sem") {
+        // Keys are `PREFIX/sem/NAME` and names may hold '/': a prefix `a/sem/b` would share
+        // the keys of the names `b/sem/…` under the prefix `a`.
+        return Err(format!(
+            "prefix {p:?} may not have a segment \"sem\": its keys would be another prefix's"
+        ));
+    }
     if ok {
         Ok(())
     } else {
@@ -247,6 +256,9 @@ mod tests {
             "etcds://u:hunter2@h?cert=/x",
             "etcds://u:hunter2@h?typo=1",
             "etcd://h#frag",
+            "etcd://h:1:99",
+            "etcd://h/a/sem/b",
+            "etcd://h/sem",
             "etcd://:hunter2@h",
             "http://h",
         ] {
