@@ -82,8 +82,10 @@ pub struct LeaseBody {
     pub holder: String,
     /// The lease TTL in milliseconds (renewals extend it by this much).
     pub ttl_ms: u64,
-    /// Time left on the lease when the store answered, in milliseconds: renew before it
-    /// runs out (about every third of the TTL).
+    /// How long the lease is certainly valid from when this answer left, in milliseconds:
+    /// the time left on the store's clock, less the request's round trip and 2% for
+    /// clock-rate drift (as for a library holder). Renew before it runs out (about every
+    /// third of the TTL).
     pub expires_in_ms: u64,
     /// The expiry on the store's clock, in microseconds since the Unix epoch (for display:
     /// compute deadlines from `expires_in_ms`, on your own clock).
@@ -105,7 +107,8 @@ pub struct RenewBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RenewedBody {
     pub lease_id: String,
-    /// Time left on the lease, in milliseconds, when the store renewed it.
+    /// How long the lease is certainly valid from when this answer left, in milliseconds
+    /// (as in the acquire's answer: less the round trip and 2% for clock-rate drift).
     pub expires_in_ms: u64,
     /// The expiry on the store's clock (µs since the Unix epoch).
     pub expires_at_us: u64,
@@ -236,6 +239,12 @@ impl LeaseBody {
     }
 }
 
+/// What is certainly left of `remaining` on the store's clock, on a clock that may run up to
+/// 2% slower (`tessera::Permit::valid_until`'s margin).
+fn certain(remaining: Duration) -> Duration {
+    remaining - remaining / 50
+}
+
 fn name(text: &str) -> Result<Name, ApiError> {
     Ok(Name::new(text)?)
 }
@@ -359,7 +368,7 @@ pub async fn acquire(
         match app.bounded("the renewal", renewal).await?? {
             RenewReply::Renewed { expires_at, now } => {
                 lease.expires_at = expires_at;
-                expires_in = expires_at.since(now).saturating_sub(sent.elapsed());
+                expires_in = certain(expires_at.since(now)).saturating_sub(sent.elapsed());
             }
             RenewReply::Gone => return Err(gone()),
         }
@@ -396,13 +405,16 @@ pub async fn renew(
     let (n, id) = (name(&sem)?, lease_id(&lease)?);
     let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
     check_ttl(&app, ttl)?;
+    let sent = tokio::time::Instant::now();
     match app
         .bounded("the renewal", app.store.backend().renew(&n, id, ttl))
         .await??
     {
         RenewReply::Renewed { expires_at, now } => Ok(Json(RenewedBody {
             lease_id: id.to_string(),
-            expires_in_ms: expires_at.since(now).as_millis() as u64,
+            expires_in_ms: certain(expires_at.since(now))
+                .saturating_sub(sent.elapsed())
+                .as_millis() as u64,
             expires_at_us: expires_at.as_micros(),
         })),
         RenewReply::Gone => Err(ApiError::new(

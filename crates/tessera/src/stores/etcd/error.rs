@@ -34,7 +34,8 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
             // etcd answers a wrong user or password with InvalidArgument, and a user given
             // to a cluster without auth with FailedPrecondition.
             _ if s.message().contains("authentication")
-                || s.message().contains("permission denied") =>
+                || s.message().contains("permission denied")
+                || s.message().contains("user name is empty") =>
             {
                 StoreErrorKind::Auth
             }
@@ -42,7 +43,18 @@ pub(super) fn store_error(e: EtcdError, secret: Option<&str>) -> Error {
         },
         _ => StoreErrorKind::Other,
     };
-    let message = crate::error::mask_secret(&e.to_string(), secret);
+    let mut message = crate::error::mask_secret(&e.to_string(), secret);
+    // The usual causes, where etcd's words do not name them.
+    if message.contains("user name is empty") {
+        message.push_str(": the cluster has authentication on; give etcd://USER:PASSWORD@HOST");
+    } else if matches!(kind, StoreErrorKind::Connection)
+        && (message.contains("BrokenPipe") || message.contains("connection reset"))
+    {
+        message.push_str(
+            " (if the member speaks TLS, the URL's scheme is etcds://, with ?ca=FILE for a \
+             private CA)",
+        );
+    }
     Error::store(kind, format!("etcd: {message}"))
 }
 
@@ -73,5 +85,20 @@ pub(super) fn is_unreachable(e: &EtcdError) -> bool {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
         ),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_user_name_is_an_auth_error_that_says_what_to_give() {
+        let e = EtcdError::GRpcStatus(tonic::Status::invalid_argument(
+            "etcdserver: user name is empty",
+        ));
+        let e = store_error(e, None);
+        assert!(e.is_auth(), "{e:?}");
+        assert!(e.to_string().contains("etcd://USER:PASSWORD@HOST"), "{e}");
     }
 }
