@@ -55,7 +55,7 @@ mod tests {
         let at = e.get(&a).unwrap();
         assert!(at <= Instant::now() + Duration::from_secs(1), "{at:?}");
         for i in 1..KEPT {
-            e.note(&Name::new(&format!("n{i}")).unwrap(), Duration::ZERO);
+            e.note(&Name::new(format!("n{i}")).unwrap(), Duration::ZERO);
         }
         assert_eq!(e.0.lock().unwrap().len(), KEPT);
         // The map is full: the next note drops every entry that has passed.
