@@ -787,7 +787,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
              FROM pg_proc WHERE proname = 'tessera__hand_off'",
         )
     };
-    assert_eq!(revision(), "2");
+    assert_eq!(revision(), "3");
     assert_eq!(hand_off(), "t");
     server.psql(
         "DROP FUNCTION step.tessera__step_revision(); \
@@ -796,7 +796,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
     );
     assert_eq!(hand_off(), "f");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "2");
+    assert_eq!(revision(), "3");
     assert_eq!(hand_off(), "t");
     assert_eq!(versions(&server, "step"), "1,2,3,4,5");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
@@ -1850,7 +1850,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "2");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "3");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
