@@ -232,6 +232,20 @@ impl SentinelTopology {
         self.wait_new_master(old);
     }
 
+    /// The highest configuration epoch a sentinel reports for the master: each failover
+    /// raises it by one, so it counts the failovers the sentinels made, asked for or not.
+    pub fn config_epoch(&self) -> Option<u64> {
+        self.sentinels
+            .iter()
+            .filter_map(|s| {
+                let fields =
+                    bulk_strings(&command_full(s.port, &["SENTINEL", "MASTER", MASTER_NAME]));
+                let i = fields.iter().position(|f| f == "config-epoch")?;
+                fields.get(i + 1)?.parse().ok()
+            })
+            .max()
+    }
+
     /// SIGKILLs the master (it stays dead until [`SentinelTopology::restart_dead`]) and
     /// returns once the sentinels promoted the replica.
     pub fn kill_master(&mut self) {
