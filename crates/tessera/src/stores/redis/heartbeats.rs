@@ -63,8 +63,8 @@ impl BatchCall for HeartbeatMany {
         }
         // One step answered them all: the first `waiting` reply says when it may next
         // expire something.
-        if let Some(waiting) = replies.iter().find(|r| ops::expiry_in(r).is_some()) {
-            self.0.note_expiry(&name, waiting);
+        if let Some(after) = replies.iter().find_map(ops::expiry_in) {
+            self.0.expiries.note(&name, after);
         }
         Ok(replies
             .into_iter()
