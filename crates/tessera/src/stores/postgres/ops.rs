@@ -189,7 +189,10 @@ pub(crate) fn expiry_in(row: &PgRow) -> Option<Duration> {
     }
     let at: Option<i64> = row.try_get("expires_at").ok()?;
     let now: i64 = row.try_get("now_us").ok()?;
-    Some(Duration::from_micros(at?.saturating_sub(now).max(0) as u64))
+    // At or before `now`: expired entries are left to purge (in bounded batches), and the
+    // head of the queue was woken to go on; every waiter need not.
+    let after = at?.checked_sub(now).filter(|&d| d > 0)?;
+    Some(Duration::from_micros(after as u64))
 }
 
 /// The reply of `tessera_heartbeat`.

@@ -421,7 +421,7 @@ const NEVER: u64 = 9_007_199_254_740_991;
 /// How long until an expiry may free permits, from a `queued` (acquire) or `waiting`
 /// (heartbeat) reply: they carry the step's `now` and the state's `purge_at`, a lower bound of
 /// every lease and queue entry expiry (see `Backend::next_expiry`). `None` for other replies,
-/// or when nothing can expire.
+/// when nothing can expire, or when expired entries are still being purged.
 pub(crate) fn expiry_in(v: &Value) -> Option<Duration> {
     const W: &str = "expiry";
     let (tag, f) = tagged(v, W).ok()?;
@@ -432,7 +432,9 @@ pub(crate) fn expiry_in(v: &Value) -> Option<Duration> {
     };
     let now = int(f.get(at)?, W).ok()?;
     let purge_at = int(f.get(at + 1)?, W).ok()?;
-    (purge_at < NEVER).then(|| Duration::from_micros(purge_at.saturating_sub(now)))
+    // `purge_at` at or before `now`: the step left expired entries to purge (it purges in
+    // bounded batches) and woke the head of the queue to go on; every waiter need not.
+    (now < purge_at && purge_at < NEVER).then(|| Duration::from_micros(purge_at - now))
 }
 
 pub(crate) fn parse_heartbeat(v: Value, lease: LeaseId) -> Result<WaitReply> {
