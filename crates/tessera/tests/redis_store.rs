@@ -104,8 +104,9 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
             .unwrap(),
         AcquireReply::Queued { position: 1 }
     );
-    // Every key carries an expiry (bounded state).
-    for suffix in ["meta", "holders", "leases", "queue", "waiters", "wexp"] {
+    // Every key carries an expiry (bounded state). (A, the first holder, is the meta hash's
+    // inline lease: holders and leases do not exist.)
+    for suffix in ["meta", "queue", "waiters", "wexp"] {
         let ttl = server.command(&["PTTL", &format!("{{expiry:expiry}}:{suffix}")]);
         let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
         assert!(ms > 0, "{suffix} has no expiry: {ttl}");
@@ -120,9 +121,92 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
     assert_eq!(redis.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
     assert!(redis.release(&n, b).await.unwrap());
     assert!(redis.status(&n).await.unwrap().is_none());
-    // Only the fence key remains, and it expires too.
+    // Only the idle meta key remains (it keeps the fence), and it expires too: at least 10
+    // minutes from now, and no later than the expiry the longest lease (or waiter) had set
+    // it to (its TTL plus 10 s of grace and 10 s of slack).
     let keys = server.command(&["KEYS", "{expiry:*"]);
-    assert!(keys.contains("fence") && !keys.contains("meta"), "{keys}");
+    assert_eq!(bulk_strings(&keys), ["{expiry:expiry}:meta"], "{keys}");
+    let ttl = server.command(&["PTTL", "{expiry:expiry}:meta"]);
+    let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+    assert!(
+        (600_000..=LONG.as_millis() as i64 + 20_000).contains(&ms),
+        "{ttl}"
+    );
+    let idle = server.command(&["HMGET", "{expiry:expiry}:meta", "used", "qlen", "lid"]);
+    assert_eq!(bulk_strings(&idle), ["0", "0", ""], "{idle}");
+    assert!(redis.list().await.unwrap().is_empty());
+    assert!(
+        !redis.delete(&n).await.unwrap(),
+        "an idle state is nothing to delete"
+    );
+}
+
+/// The strings of a raw RESP array of bulk strings.
+fn bulk_strings(reply: &str) -> Vec<&str> {
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    lines
+        .iter()
+        .zip(&lines[1..])
+        .filter(|(len, _)| len.starts_with('$'))
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+/// The uncontended acquire and release (the W1 loop of `tessera bench`) touch the meta hash
+/// alone: the lease lives inline, and the released state stays idle instead of being deleted
+/// and created again. Every other operation on the same semaphore still sees the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_touch_only_the_meta_hash() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "lean").await;
+    let n = name("w1");
+    acquire_release_once(&redis, &n).await;
+    let before = server.command_calls();
+    for _ in 0..100 {
+        let id = LeaseId::random();
+        let r = redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
+        assert!(matches!(r, AcquireReply::Granted(_)), "{r:?}");
+        assert!(redis.release(&n, id).await.unwrap());
+    }
+    let after = server.command_calls();
+    let mut delta: Vec<(String, u64)> = after
+        .iter()
+        .map(|(c, n)| (c.clone(), n - before.get(c).unwrap_or(&0)))
+        .filter(|(c, n)| *n > 0 && c != "info")
+        .collect();
+    delta.sort();
+    // TIME, HMGET and HSET per call, and at most one PEXPIRE of the idle state a minute.
+    let expected = [("fcall", 200), ("hmget", 200), ("hset", 200), ("time", 200)];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(c, n)| (c.to_string(), *n)).collect();
+    let pexpire = delta.iter().position(|(c, _)| c == "pexpire");
+    if let Some(i) = pexpire {
+        assert!(delta[i].1 <= 1, "{delta:?}");
+        delta.remove(i);
+    }
+    assert_eq!(delta, expected);
+
+    // The inline lease is a lease like any other: status, renew, a second holder, revoke.
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    redis.acquire(&n, 2, &req(a, 1, LONG, None)).await.unwrap();
+    redis.acquire(&n, 2, &req(b, 1, LONG, None)).await.unwrap();
+    let status = redis.status(&n).await.unwrap().unwrap();
+    let mut ids: Vec<LeaseId> = status.holders.iter().map(|l| l.lease_id).collect();
+    ids.sort();
+    let mut both = vec![a, b];
+    both.sort();
+    assert_eq!(ids, both);
+    assert_eq!(
+        bulk_strings(&server.command(&["HGET", "{lean:w1}:meta", "lid"])),
+        [a.to_string()]
+    );
+    assert!(matches!(
+        redis.renew(&n, a, LONG).await.unwrap(),
+        RenewReply::Renewed { .. }
+    ));
+    assert!(redis.revoke(&n, a).await.unwrap());
+    assert_eq!(redis.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
+    assert!(redis.release(&n, b).await.unwrap());
+    assert!(redis.status(&n).await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,9 +285,10 @@ async fn operations_are_function_calls_and_survive_function_flush() {
     let after = server.command_calls();
     let delta = |c: &str| after.get(c).unwrap_or(&0) - before.get(c).unwrap_or(&0);
     // The release after the flush found no function, loaded the library once and was sent
-    // again; then every step was one FCALL and no script ran.
+    // again; then every step was one FCALL and no script ran (the list asked the status of
+    // the idle state it found).
     assert_eq!(delta("function|load"), 1, "{after:?}");
-    assert_eq!(delta("fcall"), 2 + 1 + 3, "{after:?}");
+    assert_eq!(delta("fcall"), 2 + 1 + 1 + 3, "{after:?}");
     assert_eq!(delta("evalsha") + delta("eval"), 0, "{after:?}");
 }
 
@@ -342,11 +427,35 @@ async fn foreign_data_under_a_tessera_key_is_corrupt_not_a_panic() {
     assert!(e.is_corrupt(), "{e}");
     server.command(&["DEL", "{foreign:odd}:meta"]);
     server.command(&["SET", "{foreign:odd}:holders", "not a zset"]);
-    let id = LeaseId::random();
-    redis.acquire(&n, 2, &req(id, 1, LONG, None)).await.unwrap();
-    server.command(&["HSET", "{foreign:odd}:leases", &id.to_string(), "garbage"]);
+    // The first lease lives inline in the meta hash, the second in the leases hash: garbage
+    // in either is corrupt.
+    let (first, second) = (LeaseId::random(), LeaseId::random());
+    redis
+        .acquire(&n, 2, &req(first, 1, LONG, None))
+        .await
+        .unwrap();
+    redis
+        .acquire(&n, 2, &req(second, 1, LONG, None))
+        .await
+        .unwrap();
+    server.command(&[
+        "HSET",
+        "{foreign:odd}:leases",
+        &second.to_string(),
+        "garbage",
+    ]);
     let e = redis.status(&n).await.unwrap_err();
     assert!(e.is_corrupt(), "{e}");
+    for (field, garbage) in [("lrec", "garbage"), ("lexp", "soon")] {
+        let n = name(field);
+        redis
+            .acquire(&n, 2, &req(LeaseId::random(), 1, LONG, None))
+            .await
+            .unwrap();
+        server.command(&["HSET", &format!("{{foreign:{field}}}:meta"), field, garbage]);
+        let e = redis.status(&n).await.unwrap_err();
+        assert!(e.is_corrupt(), "{field}: {e}");
+    }
 }
 
 fn patient() -> SemaphoreOptions {
@@ -513,9 +622,12 @@ async fn leases_expiring_by_the_thousand_are_purged_in_bounded_steps_that_keep_t
     let sem = Semaphore::new(&store, "mass", N, patient()).unwrap();
     let waiter = tokio::spawn(async move { sem.acquire_many(300).await });
     wait_until_queued(&store, "mass", 1).await;
+    // In the holders set, and the inline lease of the meta hash (the first grant's).
     let holders = || -> u64 {
         let reply = server.command(&["ZCARD", "{mass:mass}:holders"]);
-        reply.trim().trim_start_matches(':').parse().unwrap()
+        let set: u64 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let inline = server.command(&["HGET", "{mass:mass}:meta", "lid"]);
+        set + u64::from(bulk_strings(&inline).iter().any(|id| !id.is_empty()))
     };
     assert_eq!(holders(), N as u64);
 

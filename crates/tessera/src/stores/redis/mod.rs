@@ -80,6 +80,17 @@
 //! waiters (in bulk), so its work stays bounded when thousands of leases expire together; it
 //! then wakes the head of the queue, whose heartbeat purges the next batch, and so on.
 //!
+//! The uncontended acquire and release touch the meta hash alone: a lease granted at once
+//! while no other is kept there (the *inline* lease) lives in three of its fields, written with
+//! the counters in one `HSET`, and a semaphore left with nobody holding or waiting stays as an
+//! *idle* meta hash (kept at least 10 minutes, it keeps the fence) instead of being deleted and
+//! created again. Every other lease lives in the holders and leases keys. `status`, `list` and
+//! `delete` take an idle state for none. In a rolling upgrade from a version before the inline
+//! lease, clients of that version keep working on the same keys: they count the inline
+//! lease's permits as used (so nothing is over-granted), never list it in `status` and cannot
+//! `revoke` it; hand-offs never go inline, so their waiters are granted where they look, and
+//! this version's steps purge an inline lease at its expiry.
+//!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
 //! [`crate::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
@@ -619,11 +630,24 @@ impl Backend for RedisBackend {
         ops::parse_status(v, name)
     }
 
+    /// The names whose meta key holds a semaphore in use: an idle state (kept for its fence,
+    /// see `prelude.lua`) is no state, as for `status`.
     async fn list(&self) -> Result<Vec<String>> {
+        use futures::{StreamExt, TryStreamExt};
         let pattern = ops::meta_pattern(&self.caller.prefix);
-        self.caller
+        let names = self
+            .caller
             .scan_names(&pattern, |k| ops::name_of_meta_key(&self.caller.prefix, k))
-            .await
+            .await?;
+        let in_use: Vec<Option<String>> = futures::stream::iter(names)
+            .map(|n| async move {
+                let name = Name::new(&n)?;
+                Ok::<_, Error>(self.status(&name).await?.map(|_| n))
+            })
+            .buffered(16)
+            .try_collect()
+            .await?;
+        Ok(in_use.into_iter().flatten().collect())
     }
 
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {

@@ -40,7 +40,7 @@ repeat
   -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
   -- created by this step holds nothing yet.)
   if not fresh then
-    local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
+    local held = lease_get(lease_id)
     if held then
       reply = {'granted', now, held}
       break
@@ -54,7 +54,7 @@ repeat
   -- newcomer jumps the queue.
   local queued = S.qlen
   if queued == 0 and S.used + weight <= S.cap then
-    reply = {'granted', now, grant(lease_id, weight, ttl, holder, client)}
+    reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true)}
     break
   end
   if not wait then

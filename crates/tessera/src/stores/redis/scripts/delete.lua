@@ -3,13 +3,13 @@
 -- stays, so fences never repeat.
 -- KEYS: see prelude.lua.
 -- ARGV: none of its own
--- Reply: 1 if the semaphore existed, 0 otherwise
+-- Reply: 1 if the semaphore existed, 0 otherwise (an idle state does not count, and stays)
 
-if load() == nil then
+if load() == nil or is_empty() then
   return 0
 end
 
-local leases = rcall('HGETALL', K_LEASES)
+local leases = lease_all()
 for i = 1, #leases, 2 do
   wake(decode_lease(leases[i + 1]).client, leases[i])
 end

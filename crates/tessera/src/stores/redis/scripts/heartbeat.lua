@@ -27,7 +27,7 @@ purge_and_hand_off()
 
 for i = 2, #ARGV, 2 do
   local lease_id = ARGV[i]
-  local held = S.used > 0 and rcall('HGET', K_LEASES, lease_id)
+  local held = lease_get(lease_id)
   if held then
     replies[#replies + 1] = {'granted', now, held}
   elseif refresh_waiter(lease_id, now + ttls[i + 1]) then

@@ -4,9 +4,11 @@
 -- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
 --   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
 --                           qlen (queue length), purge_at (µs, a lower bound of every holder and
---                           waiter expiry), deadline (ms since the epoch: every key expires then)
---   KEYS[2] holders  zset:  lease id, scored by lease expiry (µs)
---   KEYS[3] leases   hash:  lease id -> encoded lease (see encode_lease)
+--                           waiter expiry), deadline (ms since the epoch: every key expires then),
+--                           lid, lrec, lexp (the inline lease: its id, encoded record and expiry
+--                           in µs; lid is '' when there is none)
+--   KEYS[2] holders  zset:  lease id, scored by lease expiry (µs), for every lease but the inline one
+--   KEYS[3] leases   hash:  lease id -> encoded lease (see encode_lease), the same leases
 --   KEYS[4] queue    zset:  lease id, scored by arrival seq
 --   KEYS[5] waiters  hash:  lease id -> encoded waiter (see encode_waiter)
 --   KEYS[6] wexp     zset:  lease id, scored by waiter heartbeat expiry (µs)
@@ -20,8 +22,25 @@
 --           plain PUBLISH would be broadcast over the cluster bus)
 -- Every script's own ARGV start at ARGV[2].
 --
--- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store, expire or
--- delete the state; publish wake-ups).
+-- One step is: load -> purge -> hand off -> decide -> hand off -> finish (store and expire
+-- the state, or leave it idle; publish wake-ups).
+--
+-- The inline lease and the idle state spare an uncontended acquire and release every key but
+-- meta:
+-- - An acquire granted at once, while no other lease is inline, keeps its lease in meta's
+--   lid, lrec and lexp, written with the counters in one HSET. Every other lease (a second
+--   holder, a hand-off) goes to holders and leases. Every step that reads a lease looks at the
+--   inline one first, and at the sets only when they hold some (used above the inline weight).
+--   Hand-offs never go inline, so a waiter of a client from before the inline lease (which
+--   reads only the sets) is never granted one it cannot see; such a client sees the inline
+--   lease's permits as used, never free, and a step of this version purges it at its expiry
+--   (lexp is checked besides purge_at, which an older step computes from the sets alone).
+-- - A state left with nobody holding or waiting stays as meta alone, idle (used and qlen 0,
+--   seat_high 0, no inline lease), for at least FENCE_KEEP_MS: it keeps the fence, as the
+--   fence key did for a deleted state, and the next acquire finds it instead of creating the
+--   state again. Every reader takes an idle state for no state at all (status, list, delete,
+--   and the capacity rule of an idle semaphore). The other keys are gone by then (Redis
+--   deletes an emptied hash or set; finish() deletes what the step left in them).
 --
 -- Most steps touch little, and each redis.call costs about a microsecond, so the counters in
 -- meta spare the calls that would only confirm nothing is to be done:
@@ -42,11 +61,12 @@
 -- changed, and passes on strings it read (the fence to the fence key) as they are.
 --
 -- The common steps, in commands (TIME and the HMGET of the counters included):
--- - acquire of a free permit with nobody waiting, the semaphore idle (deleted): 10 (DEL of
---   leftovers, GET of the fence, HSET and ZADD of the lease, HSET of the counters, PEXPIRE of
---   the three keys it created); on a semaphore in use: 6;
--- - release of the last lease, nobody waiting: 5 (HGET of the lease; DEL of the state, SET
---   of the fence: the lease's own HDEL and ZREM would be deleted with it);
+-- - acquire of a free permit with nobody waiting, the semaphore idle: 3 (the HSET of the
+--   counters carries the inline lease; a PEXPIRE of meta at most once a minute); with the state
+--   deleted (never used, or idle for FENCE_KEEP_MS): 6 (DEL of leftovers, GET of the fence, the
+--   HSET, PEXPIRE of meta); beside another holder: 6 (HSET and ZADD of the lease);
+-- - release of the inline lease, nobody else holding or waiting: 3 (the HSET leaves the state
+--   idle); of another lease: 5 or more (HGET, HDEL and ZREM of the lease);
 -- - release that hands the permit to the head of the queue: 13, plus the PUBLISH of the
 --   wake-up; an acquire that joins the queue: 7 to 8 (9 to 11 when the queue was empty).
 -- A step reads the earliest holder and waiter expiry (ZRANGE 0 0) only once purge_at has
@@ -56,8 +76,11 @@
 local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
 local WAKE_BASE
 
--- How long the fence key outlives the state, and how long the state outlives its last expiry.
+-- How long an idle state (or the fence key of a deleted one) keeps the fence, and how long
+-- the state outlives its last expiry. An idle state's expiry is pushed back by a minute at
+-- a time, so a stream of acquires and releases moves it once a minute.
 local FENCE_KEEP_MS = 600000
+local IDLE_SLACK_MS = 60000
 local STATE_GRACE_MS = 10000
 
 -- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder,
@@ -132,12 +155,14 @@ end
 local NEVER = 9007199254740991
 
 -- The semaphore's counters, or nil if it does not exist. S.fence and S.deadline are nil
--- until fence() and deadline() parse them from M, the meta fields as loaded.
+-- until fence() and deadline() parse them from M, the meta fields as loaded. The inline
+-- lease, if any: S.lid, S.lrec, S.lexp (µs) and S.lw (its weight).
 local S, M
 -- The counters as loaded, to write back only what changed; `full`: write every field (a
--- new state, or one written by a version without qlen, purge_at and deadline).
+-- new state, or one written by a version without qlen, purge_at and deadline);
+-- `inline_moved`: the inline lease changed (granted, renewed or removed).
 local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT
-local full, fence_moved, deadline_moved
+local full, fence_moved, deadline_moved, inline_moved
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
 -- until the first.
 local wakes
@@ -159,8 +184,9 @@ local new_meta, new_holders, new_queue, new_seats
 -- Seats returned in this step, not yet in the seats set (see return_seats); pool is nil
 -- until a seat comes back.
 local pool, pool_n
--- A holder removed by remove_holder(id, true) whose keys finish() still has to clean.
-local removed
+-- A holder removed by remove_holder(id, true) whose keys finish() still has to clean, and
+-- whether the step left leases in the sets of a state it empties (finish() deletes them).
+local removed, drop_sets
 
 -- Starts a call: reads the clock and resets every per-call value. A function library keeps
 -- these locals between calls, so each operation begins with begin(KEYS, ARGV).
@@ -170,12 +196,12 @@ local function begin(keys, argv)
   K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
   WAKE_BASE = argv[1]
   S, M = nil, nil
-  full, fence_moved, deadline_moved = false, false, false
+  full, fence_moved, deadline_moved, inline_moved = false, false, false, false
   wakes, relays = nil, nil
   dirty, fresh, latest = false, false, 0
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
   pool, pool_n = nil, 0
-  removed = nil
+  removed, drop_sets = nil, false
 end
 
 -- Queues a wake-up for finish().
@@ -188,7 +214,7 @@ end
 
 local function load()
   local m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
-    'purge_at', 'deadline')
+    'purge_at', 'deadline', 'lid', 'lrec', 'lexp')
   if not m[1] then
     return nil
   end
@@ -196,6 +222,13 @@ local function load()
   S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
     seat_high = num(m[5], 'seat_high')}
   if not m[3] then corrupt('fence') end
+  if m[9] and m[9] ~= '' then
+    local lw = m[10] and string.match(m[10], LEASE_HEAD)
+    -- (An expiry never repeats: parsed without num's cache.)
+    local lexp = m[11] and tonumber(m[11])
+    if not lw or not lexp then corrupt('inline lease') end
+    S.lid, S.lrec, S.lexp, S.lw = m[9], m[10], lexp, num(lw, 'lease weight')
+  end
   if m[6] and m[7] and m[8] then
     S.qlen = num(m[6], 'qlen')
     S.purge_at = num(m[7], 'purge_at')
@@ -249,6 +282,50 @@ local function create(cap)
   full = true
   new_meta = true
   return S
+end
+
+-- The weight of the leases in the holders and leases sets (every lease but the inline one):
+-- the sets are read only when it is above 0.
+local function set_used()
+  if S.lid then
+    return S.used - S.lw
+  end
+  return S.used
+end
+
+-- A held lease's encoded record, or nil.
+local function lease_get(id)
+  if S.lid == id then
+    return S.lrec
+  end
+  if set_used() > 0 then
+    return rcall('HGET', K_LEASES, id)
+  end
+  return nil
+end
+
+-- Stores a lease's record and expiry where it lives (a renewal).
+local function lease_put(id, encoded, expires_at)
+  if S.lid == id then
+    S.lrec, S.lexp = encoded, expires_at
+    inline_moved = true
+  else
+    rcall('HSET', K_LEASES, id, encoded)
+    rcall('ZADD', K_HOLDERS, int(expires_at), id)
+  end
+end
+
+-- The holders' leases as {id, encoded record, ...}, the inline one last.
+local function lease_all()
+  local all = {}
+  if set_used() > 0 then
+    all = rcall('HGETALL', K_LEASES)
+  end
+  if S.lid then
+    all[#all + 1] = S.lid
+    all[#all + 1] = S.lrec
+  end
+  return all
 end
 
 -- Records an expiry written in this step.
@@ -383,22 +460,28 @@ local function flush_pool()
   pool, pool_n = nil, 0
 end
 
--- Grants a lease; returns its encoded record.
-local function grant(id, weight, ttl, holder, client)
-  if S.used == 0 and removed == nil then
-    new_holders = true
-  end
+-- Grants a lease; returns its encoded record. `inline`: it may be the inline lease (an
+-- acquire's own grant, see the top of this file), if no other is.
+local function grant(id, weight, ttl, holder, client, inline)
   local seats = take_seats(weight)
   local f = fence() + 1
   if now > f then f = now end
   S.fence = f
   fence_moved = true
-  S.used = S.used + weight
   local expires_at = now + ttl
   local encoded = lease_text(weight, seats, f, now, expires_at, client, holder)
-  rcall('HSET', K_LEASES, id, encoded)
-  -- (int keeps the text of the last large number: the expiry just written.)
-  rcall('ZADD', K_HOLDERS, int(expires_at), id)
+  if inline and S.lid == nil then
+    S.lid, S.lrec, S.lexp, S.lw = id, encoded, expires_at, weight
+    inline_moved = true
+  else
+    if set_used() == 0 and removed == nil then
+      new_holders = true
+    end
+    rcall('HSET', K_LEASES, id, encoded)
+    -- (int keeps the text of the last large number: the expiry just written.)
+    rcall('ZADD', K_HOLDERS, int(expires_at), id)
+  end
+  S.used = S.used + weight
   wrote_expiry(expires_at)
   return encoded
 end
@@ -408,7 +491,20 @@ end
 -- nobody holding or waiting, finish() deletes the whole state and the lease's own writes are
 -- skipped.
 local function remove_holder(id, last)
-  local encoded = rcall('HGET', K_LEASES, id)
+  if S.lid == id then
+    local encoded = S.lrec
+    S.used = S.used - S.lw
+    S.lid = nil
+    inline_moved = true
+    dirty = true
+    -- Left empty, finish() leaves the state idle, seats and all.
+    if not (last and S.used <= 0 and S.qlen <= 0) then
+      local _, seats = string.match(encoded, LEASE_HEAD)
+      return_seats(parse_seats(seats))
+    end
+    return encoded
+  end
+  local encoded = set_used() > 0 and rcall('HGET', K_LEASES, id)
   if not encoded then
     return nil
   end
@@ -418,6 +514,7 @@ local function remove_holder(id, last)
   dirty = true
   if last then
     if S.used <= 0 and S.qlen <= 0 then
+      drop_sets = true
       return encoded
     end
     -- Its HDEL and ZREM wait for finish(), after the hand-off: a lease handed on in this
@@ -505,16 +602,40 @@ end
 -- expire or waiters die together (a crashed process); the rest stay counted until the next
 -- steps purge them, and purge_at stays at now so that any next step goes on.
 local PURGE_HOLDERS, PURGE_WAITERS = 256, 4096
+
+-- The earliest holder expiry (µs), or NEVER.
+local function first_holding()
+  local first = NEVER
+  if S.lid then
+    first = S.lexp
+  end
+  if set_used() > 0 then
+    local e = earliest(K_HOLDERS, 'holder expiry')
+    if e < first then first = e end
+  end
+  return first
+end
+
 local function purge()
-  if now < S.purge_at then
+  local inline_due = S.lid ~= nil and S.lexp <= now
+  if now < S.purge_at and not inline_due then
     return
   end
   dirty = true
   local more = false
+  -- The earliest holder expiry left, or nil where holders were dropped (read again below).
   local first_holder = NEVER
-  if S.used > 0 then
-    first_holder = earliest(K_HOLDERS, 'holder expiry')
-    if first_holder <= now then
+  if S.lid then
+    if inline_due then
+      remove_holder(S.lid)
+      first_holder = nil
+    else
+      first_holder = S.lexp
+    end
+  end
+  if set_used() > 0 then
+    local e = earliest(K_HOLDERS, 'holder expiry')
+    if e <= now then
       local expired = rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_text(), 'LIMIT', 0,
         PURGE_HOLDERS)
       for _, id in ipairs(expired) do
@@ -522,6 +643,8 @@ local function purge()
       end
       more = #expired == PURGE_HOLDERS
       first_holder = nil
+    elseif first_holder ~= nil and e < first_holder then
+      first_holder = e
     end
   end
   local first_waiter = NEVER
@@ -549,7 +672,7 @@ local function purge()
     return
   end
   -- Where entries were dropped, the earliest expiry left is read again.
-  first_holder = first_holder or earliest(K_HOLDERS, 'holder expiry')
+  first_holder = first_holder or first_holding()
   first_waiter = first_waiter or earliest(K_WEXP, 'waiter expiry')
   S.purge_at = math.min(first_holder, first_waiter)
 end
@@ -585,10 +708,68 @@ end
 -- The changed meta fields and their values, for one HSET: F[1..FN] (the table is reused
 -- from call to call; entries past FN are stale).
 local F, FN = {}, 0
-local function put(field, value)
+local function put_text(field, text)
   F[FN + 1] = field
-  F[FN + 2] = int(value)
+  F[FN + 2] = text
   FN = FN + 2
+end
+local function put(field, value)
+  put_text(field, int(value))
+end
+
+-- Puts the meta fields that changed since load() (all of them when `full`).
+local function put_changed()
+  FN = 0
+  if full or S.cap ~= L_CAP then put('cap', S.cap) end
+  if full or S.used ~= L_USED then put('used', S.used) end
+  if full then
+    put('fence', fence())
+  elseif fence_moved then
+    put('fence', S.fence)
+  end
+  if full or S.seq ~= L_SEQ then put('seq', S.seq) end
+  if full or S.seat_high ~= L_SEAT_HIGH then put('seat_high', S.seat_high) end
+  if full or S.qlen ~= L_QLEN then put('qlen', S.qlen) end
+  if full or S.purge_at ~= L_PURGE_AT then put('purge_at', S.purge_at) end
+  if full or deadline_moved then put('deadline', S.deadline) end
+  if full or inline_moved then
+    if S.lid then
+      put_text('lid', S.lid)
+      put_text('lrec', S.lrec)
+      put('lexp', S.lexp)
+    else
+      put_text('lid', '')
+      put_text('lrec', '')
+      put_text('lexp', '')
+    end
+  end
+  if FN > 0 then
+    rcall('HSET', K_META, unpack(F, 1, FN))
+  end
+end
+
+-- Leaves the state idle (see the top of this file): meta alone, its fence kept for at least
+-- FENCE_KEEP_MS.
+local function leave_idle()
+  -- Leases left in the sets by remove_holder(id, true), and free seats in the seats set
+  -- (the set held seat_high - used of them when loaded; a new state has none).
+  if drop_sets or (not fresh and L_SEAT_HIGH > L_USED) then
+    rcall('DEL', K_HOLDERS, K_LEASES, K_SEATS)
+  end
+  pool, pool_n = nil, 0
+  S.seat_high = 0
+  S.purge_at = NEVER
+  local now_ms = math.floor(now / 1000)
+  local d = deadline()
+  local move = d < now_ms + FENCE_KEEP_MS
+  if move then
+    S.deadline = now_ms + FENCE_KEEP_MS + IDLE_SLACK_MS
+    deadline_moved = true
+  end
+  put_changed()
+  if move or new_meta then
+    rcall('PEXPIRE', K_META, int(S.deadline - now_ms))
+  end
 end
 
 -- Stores the counters and makes every key outlive the latest lease or waiter expiry by at
@@ -597,9 +778,7 @@ end
 local function finish()
   if S ~= nil then
     if is_empty() then
-      delete_state()
-      -- The fence as loaded when this step issued none.
-      rcall('SET', K_FENCE, S.fence and int(S.fence) or M[3], 'PX', FENCE_KEEP_MS)
+      leave_idle()
     else
       if removed ~= nil then
         rcall('HDEL', K_LEASES, removed)
@@ -617,30 +796,13 @@ local function finish()
           deadline_moved = true
           all = true
         end
-        if full then
-          rcall('HSET', K_META, 'cap', int(S.cap), 'used', int(S.used), 'fence', int(fence()),
-            'seq', int(S.seq), 'seat_high', int(S.seat_high), 'qlen', int(S.qlen),
-            'purge_at', int(S.purge_at), 'deadline', int(S.deadline))
-        else
-          FN = 0
-          if S.cap ~= L_CAP then put('cap', S.cap) end
-          if S.used ~= L_USED then put('used', S.used) end
-          if fence_moved then put('fence', S.fence) end
-          if S.seq ~= L_SEQ then put('seq', S.seq) end
-          if S.seat_high ~= L_SEAT_HIGH then put('seat_high', S.seat_high) end
-          if S.qlen ~= L_QLEN then put('qlen', S.qlen) end
-          if S.purge_at ~= L_PURGE_AT then put('purge_at', S.purge_at) end
-          if deadline_moved then put('deadline', S.deadline) end
-          if FN > 0 then
-            rcall('HSET', K_META, unpack(F, 1, FN))
-          end
-        end
+        put_changed()
         -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
         local ttl_ms = int(S.deadline - math.floor(now / 1000))
         if all or new_meta then
           rcall('PEXPIRE', K_META, ttl_ms)
         end
-        if S.used > 0 and (all or new_holders) then
+        if set_used() > 0 and (all or new_holders) then
           rcall('PEXPIRE', K_HOLDERS, ttl_ms)
           rcall('PEXPIRE', K_LEASES, ttl_ms)
         end

@@ -12,13 +12,12 @@ end
 purge_and_hand_off()
 
 local reply = {'gone'}
-local encoded = rcall('HGET', K_LEASES, lease_id)
+local encoded = lease_get(lease_id)
 if encoded then
   local lease = decode_lease(encoded)
   if now + ttl > lease.expires_at then
     lease.expires_at = now + ttl
-    rcall('HSET', K_LEASES, lease_id, encode_lease(lease))
-    rcall('ZADD', K_HOLDERS, int(lease.expires_at), lease_id)
+    lease_put(lease_id, encode_lease(lease), lease.expires_at)
     wrote_expiry(lease.expires_at)
   end
   reply = {'renewed', lease.expires_at, now}

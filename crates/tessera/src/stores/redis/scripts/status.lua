@@ -13,7 +13,7 @@ local reply
 if is_empty() then
   reply = {'none'}
 else
-  local leases = rcall('HGETALL', K_LEASES)
+  local leases = lease_all()
   local queue = rcall('ZRANGE', K_QUEUE, 0, -1)
   local waiters = {}
   for i, id in ipairs(queue) do
