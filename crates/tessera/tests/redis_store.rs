@@ -139,6 +139,16 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
         !redis.delete(&n).await.unwrap(),
         "an idle state is nothing to delete"
     );
+    // Reads of an idle state leave its expiry alone: polling status or list never keeps it.
+    // (Its recorded deadline is set back too, as if it were due to move.)
+    server.command(&["HSET", "{expiry:expiry}:meta", "deadline", "1"]);
+    server.command(&["PEXPIRE", "{expiry:expiry}:meta", "5000"]);
+    assert!(redis.status(&n).await.unwrap().is_none());
+    assert!(redis.list().await.unwrap().is_empty());
+    assert!(!redis.release(&n, b).await.unwrap());
+    let ttl = server.command(&["PTTL", "{expiry:expiry}:meta"]);
+    let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+    assert!((0..=5000).contains(&ms), "{ttl}");
 }
 
 /// The strings of a raw RESP array of bulk strings.

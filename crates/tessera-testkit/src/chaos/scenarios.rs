@@ -664,8 +664,9 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
         sleep(p.ttl).await;
         run.fault(round, FaultPhase::Start, None);
         if let Some(server) = run.env.mariadb_server() {
-            // One statement per round, so the garbage lands at once.
-            server.sql(if round == "garbage-fields" {
+            // One statement per round, so the garbage lands at once. (An operator's
+            // statements may deadlock with the workers' steps, and are sent again then.)
+            server.sql_retrying(if round == "garbage-fields" {
                 "UPDATE t.tessera_holders SET seats = 'garbage', lease_id = CONCAT('zz', \
                  LEFT(lease_id, 30)) WHERE name = 'chaos'"
             } else {
@@ -674,7 +675,7 @@ async fn garbage(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
             });
             sleep(p.ttl).await;
             run.fault(round, FaultPhase::Heal, None);
-            server.sql(
+            server.sql_retrying(
                 "DELETE FROM t.tessera_holders WHERE name = 'chaos'; \
                  DELETE FROM t.tessera_waiters WHERE name = 'chaos'; \
                  DELETE FROM t.tessera_semaphores WHERE name = 'chaos'; \

@@ -89,6 +89,23 @@ impl MariaDbServer {
             .unwrap_or_else(|e| panic!("mariadb -e {sql:?}: {e}"))
     }
 
+    /// Like [`MariaDbServer::sql`] for an operator's statements that race tessera's own
+    /// transactions: sent again (up to 50 times, 100 ms apart) while the server answers a
+    /// deadlock (1213) or a lock wait timeout (1205), as an operator would. The statements
+    /// must be safe to run again.
+    pub fn sql_retrying(&self, sql: &str) -> String {
+        for _ in 0..50 {
+            match self.try_sql(sql) {
+                Ok(out) => return out,
+                Err(e) if e.contains("ERROR 1213") || e.contains("ERROR 1205") => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("mariadb -e {sql:?}: {e}"),
+            }
+        }
+        panic!("mariadb -e {sql:?}: still deadlocked after 50 attempts")
+    }
+
     /// Like [`MariaDbServer::sql`], returning the error text instead of panicking.
     pub fn try_sql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new("mariadb")

@@ -749,8 +749,12 @@ local function put_changed()
 end
 
 -- Leaves the state idle (see the top of this file): meta alone, its fence kept for at least
--- FENCE_KEEP_MS.
+-- FENCE_KEEP_MS after the last step that changed it. (A step that found it idle and left it
+-- so, a status or a late release, writes nothing: reads never keep an idle state alive.)
 local function leave_idle()
+  if not dirty then
+    return
+  end
   -- Leases left in the sets by remove_holder(id, true), and free seats in the seats set
   -- (the set held seat_high - used of them when loaded; a new state has none).
   if drop_sets or (not fresh and L_SEAT_HIGH > L_USED) then
