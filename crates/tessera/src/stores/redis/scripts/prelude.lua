@@ -488,8 +488,8 @@ end
 
 -- Removes a holder; its lease record, or nil if it holds nothing. `last`: nothing but
 -- hand-offs and finish() follow in this step (release, cancel, revoke), so when it leaves
--- nobody holding or waiting, finish() deletes the whole state and the lease's own writes are
--- skipped.
+-- nobody holding or waiting, finish() leaves the state idle (deleting the sets at once) and
+-- the lease's own writes and its seats' return are skipped.
 local function remove_holder(id, last)
   if S.lid == id then
     local encoded = S.lrec
