@@ -911,3 +911,26 @@ async fn a_release_right_after_a_restart_reaches_the_store() {
     assert!(next.is_some(), "the permit is free");
     next.unwrap().release().await.unwrap();
 }
+
+/// Two mistakes in a URL that only the server reveals: a database number it does not have
+/// is an invalid URL (nothing to retry), and `rediss://` against a plain port says that TLS
+/// was expected, where redis-rs only times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_mistakes_the_server_reveals_get_a_clear_error() {
+    let server = RedisServer::start();
+    let e = Store::connect(&format!("{}/99", server.url()))
+        .await
+        .err()
+        .expect("database 99 does not exist");
+    assert!(
+        matches!(e, Error::InvalidInput(InvalidInput::StoreUrl { .. })),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("no database of that number"), "{e}");
+    let tls = server.url().replacen("redis://", "rediss://", 1);
+    let e = Store::connect(&tls)
+        .await
+        .err()
+        .expect("no TLS on this port");
+    assert!(e.to_string().contains("expects TLS on this port"), "{e}");
+}

@@ -31,4 +31,10 @@ async fn rediss_connects_with_rustls_and_wakes_waiters() {
         .unwrap();
     assert_eq!(permit.seats(), &[0]);
     drop(permit);
+
+    // Plain text to the TLS port: the server closes the connection, and the error says
+    // that the port may want rediss://.
+    let plain = server.tls_url().replacen("rediss://", "redis://", 1);
+    let e = Store::connect(&plain).await.err().expect("TLS-only port");
+    assert!(e.to_string().contains("use rediss://"), "{e}");
 }

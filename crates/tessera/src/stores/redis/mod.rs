@@ -242,8 +242,40 @@ async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) ->
     let mut probe = client
         .get_multiplexed_async_connection_with_config(&connection_config())
         .await
-        .map_err(|e| store_error(e, secret))?;
+        .map_err(|e| probe_error(e, config, secret))?;
     check_eviction(&mut probe, config, secret).await
+}
+
+/// A first connection's error, saying what the URL may have got wrong: a database the server
+/// does not have is an invalid URL (no retry helps); TLS against a plain port (the handshake
+/// waits for an answer that never comes) or plain text against a TLS port (the server closes
+/// the connection) gets a hint.
+fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
+    if e.to_string().contains("DB index is out of range") {
+        return InvalidInput::StoreUrl {
+            url: config.redacted.clone(),
+            reason: "the server has no database of that number (Redis has 16, 0 to 15, unless \
+                     its `databases` setting says otherwise)"
+                .to_string(),
+        }
+        .into();
+    }
+    let hint = if config.tls
+        && !e.is_connection_refusal()
+        && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+    {
+        Some("rediss:// expects TLS on this port; a server without TLS takes redis://")
+    } else if !config.tls && e.is_connection_dropped() {
+        Some("the server closed the connection; if it serves TLS on this port, use rediss://")
+    } else {
+        None
+    };
+    match (store_error(e, secret), hint) {
+        (Error::Store { kind, message }, Some(hint)) => {
+            Error::store(kind, format!("{message} ({hint})"))
+        }
+        (other, _) => other,
+    }
 }
 
 /// Warns once, at connect, when `?wait=N` asks for more replicas than the master has
