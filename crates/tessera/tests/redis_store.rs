@@ -920,17 +920,13 @@ async fn url_mistakes_the_server_reveals_get_a_clear_error() {
     let server = RedisServer::start();
     let e = Store::connect(&format!("{}/99", server.url()))
         .await
-        .err()
-        .expect("database 99 does not exist");
+        .expect_err("database 99 does not exist");
     assert!(
         matches!(e, Error::InvalidInput(InvalidInput::StoreUrl { .. })),
         "{e:?}"
     );
     assert!(e.to_string().contains("no database of that number"), "{e}");
     let tls = server.url().replacen("redis://", "rediss://", 1);
-    let e = Store::connect(&tls)
-        .await
-        .err()
-        .expect("no TLS on this port");
+    let e = Store::connect(&tls).await.expect_err("no TLS on this port");
     assert!(e.to_string().contains("expects TLS on this port"), "{e}");
 }

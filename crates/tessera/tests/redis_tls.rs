@@ -35,6 +35,6 @@ async fn rediss_connects_with_rustls_and_wakes_waiters() {
     // Plain text to the TLS port: the server closes the connection, and the error says
     // that the port may want rediss://.
     let plain = server.tls_url().replacen("rediss://", "redis://", 1);
-    let e = Store::connect(&plain).await.err().expect("TLS-only port");
+    let e = Store::connect(&plain).await.expect_err("TLS-only port");
     assert!(e.to_string().contains("use rediss://"), "{e}");
 }
