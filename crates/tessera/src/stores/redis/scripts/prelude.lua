@@ -777,7 +777,7 @@ local function leave_idle()
 end
 
 -- Stores the counters and makes every key outlive the latest lease or waiter expiry by at
--- least the grace period, or deletes the state if nobody holds or waits; then publishes
+-- least the grace period, or leaves the state idle if nobody holds or waits; then publishes
 -- wake-ups.
 local function finish()
   if S ~= nil then
