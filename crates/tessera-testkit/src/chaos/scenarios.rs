@@ -317,6 +317,16 @@ async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Resu
     Ok(r)
 }
 
+/// How often S10 counts the queue while its waiters join. A count is a `status`, which on
+/// the SQL stores is a step: it locks the semaphore's row and reads every entry. Counted every
+/// 100 ms on MariaDB (debug build, two busy loops beside the test on 2 cores), the counts kept
+/// the row locked often enough that heartbeats came late: the queue reached 8,026, then
+/// thousands of waiters expired at once and queued again, and it stayed between 240 and 1,400
+/// until the 90 s ran out. Counted every second, all 10,000 were queued after 25 s (34 s with
+/// three busy loops). Once the waiters are dead nothing competes: the queue is then counted
+/// every 100 ms.
+const QUEUE_COUNT_EVERY: Duration = Duration::from_secs(1);
+
 /// S10: abandoned leases come back, dead waiters leave the queue, the queue cap holds.
 async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let env = harness(spec, "s10-reclaim", seed, &[]);
@@ -414,7 +424,7 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
         if queued >= n as usize {
             break;
         }
-        sleep(Duration::from_millis(100)).await;
+        sleep(QUEUE_COUNT_EVERY).await;
     }
     let enqueue_ms = t0.elapsed().as_millis();
     child.kill()?;
