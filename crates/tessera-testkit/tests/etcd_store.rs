@@ -567,6 +567,69 @@ async fn idle_semaphore_takes_the_capacity_of_the_next_client() {
     p.release().await.unwrap();
 }
 
+/// The keys of semaphore `name` in the cluster (every key whose path holds `/sem/NAME#`).
+fn keys_of(h: &mut Harness, name: &str) -> Vec<String> {
+    let out = h
+        .etcd_cluster()
+        .unwrap()
+        .ctl(&["get", "", "--prefix", "--keys-only"]);
+    let tag = format!("/sem/{name}#");
+    out.lines()
+        .filter(|k| k.contains(&tag))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Bounded state: a semaphore whose leases and waiters all end through a release, a cancel
+/// (a timed-out wait) or a revoke leaves no key, its capacity key included; while any lease
+/// or waiter is left, the capacity key stays, and the next acquire of the idle name may
+/// declare another capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_nobody_holds_or_waits_on_leaves_no_key() {
+    let mut h = Harness::etcd();
+    let client = h.client().await;
+    let name = unique("bounded");
+    let sem = Semaphore::new(&client.store, &name, 2, o(TTL)).unwrap();
+
+    // Two holders: the first release keeps the capacity, the second leaves nothing.
+    let a = sem.acquire().await.unwrap();
+    let b = sem.acquire().await.unwrap();
+    a.release().await.unwrap();
+    let left = keys_of(&mut h, &name);
+    assert!(left.iter().any(|k| k.ends_with("#cap")), "{left:?}");
+    b.release().await.unwrap();
+    assert_eq!(keys_of(&mut h, &name), Vec::<String>::new());
+    assert!(status(&client.store, &name).await.is_none());
+
+    // A waiter that times out behind a holder, then the holder's release.
+    let held = sem.acquire_many(2).await.unwrap();
+    assert!(sem
+        .acquire_many_timeout(1, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    held.release().await.unwrap();
+    assert_eq!(keys_of(&mut h, &name), Vec::<String>::new());
+
+    // A revoked holder, and the idle name taking another capacity.
+    let held = sem.acquire().await.unwrap();
+    assert!(client
+        .store
+        .revoke(&name, &held.lease_id().to_string())
+        .await
+        .unwrap());
+    assert_eq!(keys_of(&mut h, &name), Vec::<String>::new());
+    let five = Semaphore::new(&client.store, &name, 5, o(TTL)).unwrap();
+    let p = five
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("an idle name takes a new capacity");
+    assert_eq!(status(&client.store, &name).await.unwrap().capacity, 5);
+    p.release().await.unwrap();
+    assert_eq!(keys_of(&mut h, &name), Vec::<String>::new());
+}
+
 /// Kills the leader while a holder holds and a waiter waits: the holder's release (retried
 /// through the election) hands the lock to the waiter, fences keep increasing, nobody
 /// overlaps, and the semaphore keeps granting on the two members left.

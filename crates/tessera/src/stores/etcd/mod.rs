@@ -115,8 +115,12 @@
 //!   waiters created before it), so it is exact for that acquire.
 //! - **Capacity**: the capacity key has no lease (it must outlive any one client); an idle
 //!   semaphore (no `q/` record) takes the capacity of the next acquire, as on every store,
-//!   in a transaction that compares the queue empty. The key of a semaphore that was used and
-//!   went idle stays (a few bytes per name) until `delete`.
+//!   in a transaction that compares the queue empty. A release, cancel, revoke or purge that
+//!   removes the last record deletes the capacity key in the same transaction (a nested one
+//!   that compares the rest of the queue empty, `Keys::drop_capacity_if_last`), so a
+//!   semaphore nobody holds or waits on leaves no key. When the last record goes by expiry
+//!   instead (its client died), the key (a few bytes) stays until the name's next lease
+//!   ends, or `delete`.
 //! - **Waiter TTL** is per client: all waiters of one client share one session, so a client
 //!   that dies loses them all within the waiter TTL; one waiter that stops heartbeating in a
 //!   live client is removed by that client's next operation after its TTL.
@@ -760,6 +764,7 @@ impl EtcdBackend {
             };
             let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
             ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
+            ops.push(keys.drop_capacity_if_last(id));
             let txn = Txn::new()
                 .when([Compare::mod_revision(keys.lease(id), CompareOp::Equal, rev)])
                 .and_then(ops);
@@ -997,7 +1002,7 @@ impl EtcdBackend {
             let key = w.keys.lease(id);
             let txn = Txn::new()
                 .when([Compare::mod_revision(key.clone(), CompareOp::Equal, w.rev)])
-                .and_then([TxnOp::delete(key, None)]);
+                .and_then([TxnOp::delete(key, None), w.keys.drop_capacity_if_last(id)]);
             self.txn(txn).await?;
         }
         Ok(())
@@ -1017,7 +1022,10 @@ impl EtcdBackend {
                 CompareOp::Equal,
                 entry.mod_rev,
             )])
-            .and_then([TxnOp::delete(keys.lease(entry.id), None)]);
+            .and_then([
+                TxnOp::delete(keys.lease(entry.id), None),
+                keys.drop_capacity_if_last(entry.id),
+            ]);
         Ok(self.txn(txn).await?.succeeded())
     }
 
@@ -1654,7 +1662,9 @@ impl Backend for EtcdBackend {
         for e in &snap.entries {
             wake::notify(e.id);
         }
-        Ok(!snap.entries.is_empty() || snap.capacity.is_some())
+        // A capacity key alone (its last lease expired) is an idle semaphore: none, as on
+        // every store; it is deleted all the same.
+        Ok(!snap.entries.is_empty())
     }
 
     fn capabilities(&self) -> Capabilities {

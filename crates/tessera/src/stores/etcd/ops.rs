@@ -7,7 +7,8 @@
 //! # Keys of one semaphore `NAME` under prefix `P`
 //!
 //! ```text
-//! P/sem/NAME#cap            capacity, decimal; no lease (removed by delete)
+//! P/sem/NAME#cap            capacity, decimal; no lease (removed with the last record by a
+//!                           release, cancel, revoke or purge, and by delete)
 //! P/sem/NAME#q/<lease id>   one per acquire: a Record (JSON), attached to its etcd lease
 //! P/sem/NAME#s/<seat>       one per held seat (10 digits): the lease id, attached to the
 //!                           holder's etcd lease
@@ -22,7 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -84,6 +85,32 @@ impl Keys {
     /// key of a range, and an empty range as one absent key: version 0).
     pub(crate) fn queue_is_empty(&self) -> Compare {
         Compare::version(self.queue.clone(), CompareOp::Equal, 0).with_prefix()
+    }
+
+    /// A transaction to nest in one that deletes `id`'s record: it deletes the capacity key
+    /// when no other `q/` key is left at commit, so a semaphore whose last lease or waiter
+    /// leaves through a release, a cancel, a revoke or a purge leaves no key behind. (Two
+    /// range compares, before and after the record's own key, which the outer transaction
+    /// deletes: the compares see the keys as they were before it.) An acquire meanwhile
+    /// compares the capacity's value or revision, so it fails and reads again rather than
+    /// grant on a capacity deleted under it.
+    pub(crate) fn drop_capacity_if_last(&self, id: LeaseId) -> TxnOp {
+        let own = self.lease(id);
+        let mut after = own.clone().into_bytes();
+        after.push(0);
+        let mut end = self.queue.clone().into_bytes();
+        // `…#q/` → `…#q0`: the end of the queue's range.
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        TxnOp::txn(
+            Txn::new()
+                .when([
+                    Compare::version(self.queue.clone(), CompareOp::Equal, 0).with_range(own),
+                    Compare::version(after, CompareOp::Equal, 0).with_range(end),
+                ])
+                .and_then([TxnOp::delete(self.cap.clone(), None)]),
+        )
     }
 
     /// Compares that hold while the stored capacity is `cap`.
