@@ -1058,6 +1058,86 @@ fn schemathesis_finds_no_server_error_from_the_openapi_document() {
     let _ = s.port();
 }
 
+/// The answers the server's layers give before a handler runs are in the document, for every
+/// operation, as a client generated from it sees them: on a server with `--tokens`, every
+/// operation without a token answers 401, and every operation that takes a body answers 413
+/// to a body above the limit and 415 to one that is not JSON; each status is one the
+/// operation lists, with the one error shape.
+#[tokio::test]
+async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "admin-token-0123456789abc *\n").unwrap();
+    let s = Server::start("memory://", &["--tokens", tokens.to_str().unwrap()]);
+    let c = client();
+    let doc: Value = c
+        .get(s.url("/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lease = "0123456789abcdef0123456789abcdef";
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let url = s.url(
+            &path
+                .replace("{name}", "doc-check")
+                .replace("{lease_id}", lease),
+        );
+        for (method, op) in item.as_object().unwrap() {
+            let documented = |status: StatusCode| {
+                op["responses"]
+                    .as_object()
+                    .unwrap()
+                    .contains_key(status.as_str())
+            };
+            let method: reqwest::Method = method.to_uppercase().parse().unwrap();
+            let send = |token: bool, body: Option<(&'static str, String)>| {
+                let mut req = c.request(method.clone(), &url);
+                if token {
+                    req = req.bearer_auth("admin-token-0123456789abc");
+                }
+                if let Some((kind, text)) = body {
+                    req = req.header("content-type", kind).body(text);
+                }
+                async move {
+                    let r = req.send().await.unwrap();
+                    let status = r.status();
+                    (status, r.json::<Value>().await.unwrap())
+                }
+            };
+            let mut answers = vec![("no token", send(false, None).await)];
+            if op.get("requestBody").is_some() {
+                let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(70 * 1024));
+                answers.push((
+                    "a body of 70 KiB",
+                    send(true, Some(("application/json", big))).await,
+                ));
+                let text = "capacity=1".to_string();
+                answers.push((
+                    "a text/plain body",
+                    send(true, Some(("text/plain", text))).await,
+                ));
+            }
+            for (what, (status, body)) in answers {
+                assert!(
+                    documented(status),
+                    "{method} {path} answered {status} to {what}, which its operation does not list"
+                );
+                assert!(
+                    body["kind"].is_string() && body["message"].is_string(),
+                    "{method} {path}, {what}: {body}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    // 13 operations, 5 of them with a body.
+    assert_eq!(checked, 13 + 5 * 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The examples in examples/http (the README's)
 // ---------------------------------------------------------------------------------------------

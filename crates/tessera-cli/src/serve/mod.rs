@@ -120,7 +120,7 @@ impl utoipa::Modify for BearerAuth {
 
 /// The `/v1` API with its OpenAPI document.
 fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(semaphores::acquire))
         .routes(routes!(semaphores::renew))
         .routes(routes!(semaphores::release))
@@ -132,7 +132,59 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(rates::try_acquire))
         .routes(routes!(rates::status, rates::delete))
         .routes(routes!(rates::list))
-        .split_for_parts()
+        .split_for_parts();
+    (router, with_common_errors(doc))
+}
+
+/// Adds to every operation of `doc` the answers the server's layers give before a handler
+/// runs, in the one error shape: 401 where the operation takes a bearer token (any operation
+/// of a server started with `--tokens`), 413 and 415 where it takes a body (above
+/// [`BODY_LIMIT`], or not JSON). (A 405 belongs to a path and a method the document does
+/// not list, so no operation can name it; the error table in the description does.)
+fn with_common_errors(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let error = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+    };
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in operations.into_iter().flatten() {
+            let answers = &mut op.responses.responses;
+            if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+                answers.entry("401".into()).or_insert_with(|| {
+                    error("`unauthorized`: with `--tokens`, no bearer token or an unknown one")
+                        .into()
+                });
+            }
+            if op.request_body.is_some() {
+                answers.entry("413".into()).or_insert_with(|| {
+                    let what = format!(
+                        "`payload_too_large`: the body is above {} KiB",
+                        BODY_LIMIT / 1024
+                    );
+                    error(&what).into()
+                });
+                answers.entry("415".into()).or_insert_with(|| {
+                    error("`unsupported_media_type`: the body is not `application/json`").into()
+                });
+            }
+        }
+    }
+    doc
 }
 
 /// The OpenAPI document, as served at `/v1/openapi.json`.
