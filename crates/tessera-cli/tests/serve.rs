@@ -1070,14 +1070,8 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
     std::fs::write(&tokens, "admin-token-0123456789abc *\n").unwrap();
     let s = Server::start("memory://", &["--tokens", tokens.to_str().unwrap()]);
     let c = client();
-    let doc: Value = c
-        .get(s.url("/v1/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, doc) = get(&c, &s.url("/v1/openapi.json")).await;
+    assert_eq!(status, 200);
     let lease = "0123456789abcdef0123456789abcdef";
     let mut checked = 0;
     for (path, item) in doc["paths"].as_object().unwrap() {
