@@ -15,7 +15,8 @@
 //! connections) or any `?…` is [`InvalidInput::StoreUrl`], and nothing is created.
 //!
 //! Beside `file.db` live SQLite's `file.db-wal` and `file.db-shm`, and tessera's wake-up
-//! folder `file.db.wake/` (one Unix socket per connected process, see `notify.rs`).
+//! folder `file.db.wake/` (one Unix socket per connected process, see `notify.rs`) and
+//! write gate `file.db.lock` (an empty file that processes `flock`, see `gate.rs`).
 //!
 //! # How it runs
 //!
@@ -29,7 +30,10 @@
 //!   steps run on the backend's own connection ([`Writer`]), whose prepared statements are
 //!   kept from step to step; its `BEGIN IMMEDIATE` first asks for the write lock without
 //!   waiting, on the caller's thread, and only waits (in the busy handler, on a blocking
-//!   thread) while another process holds it.
+//!   thread) while another process holds it. Processes wait for each other's write
+//!   transactions on the write gate (`gate.rs`), a `flock` that the kernel hands on the
+//!   moment the holder commits, rather than in SQLite's busy handler, which can only sleep
+//!   and try again.
 //! - **WAL**, set once: when a connection finds the file in another journal mode (a new
 //!   file), it switches it to WAL, which is then a property of the file. Readers never block
 //!   the writer. `synchronous=NORMAL`: a commit is durable against a process crash, and only
@@ -70,7 +74,9 @@
 /// (`stores/sql`) with `rows` the SQLite row operations (`ops.rs`) of semaphore `name`, on
 /// the backend's own connection ([`Writer`]); `step!(self, |conn, now| op)` runs a rate step
 /// of `rate.rs` on a pooled sqlx connection. Both hold the writer's mutex, so this
-/// process's write transactions never meet each other in SQLite's busy handler.
+/// process's write transactions never meet each other in SQLite's busy handler, and the
+/// write gate (`gate.rs`), so other processes' ones meet there only with connections
+/// without it.
 macro_rules! step {
     ($self:ident, $name:expr, |$rows:ident| $op:expr) => {{
         let mut tx = $self.begin().await?;
@@ -104,6 +110,7 @@ macro_rules! step {
     }};
     ($self:ident, |$conn:ident, $now:ident| $op:expr) => {{
         let serial = $self.write.lock().await;
+        let gate = $self.take_gate().await?;
         let mut tx = $self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -114,6 +121,7 @@ macro_rules! step {
         let $conn: &mut SqliteConnection = &mut tx;
         let (reply, wakes) = $op.await?;
         tx.commit().await.map_err(map_err)?;
+        drop(gate);
         drop(serial);
         for &id in &wakes {
             $crate::wake::notify(id);
@@ -125,6 +133,7 @@ macro_rules! step {
     }};
 }
 
+mod gate;
 mod notify;
 pub(crate) mod ops;
 pub(crate) mod rate;
@@ -197,6 +206,8 @@ pub struct SqliteBackend {
     exact_heartbeats: bool,
     /// The WAL's length in pages when this backend last checkpointed it ([`checkpoint_due`]).
     checkpointed_at: AtomicI32,
+    /// The write gate every step takes (`None`: its file could not be opened).
+    gate: Option<gate::Gate>,
 }
 
 impl fmt::Debug for SqliteBackend {
@@ -310,6 +321,7 @@ impl SqliteBackend {
             notifier: notify::Notifier::start(&path),
             write: tokio::sync::Mutex::new(Some(open_own(&path)?)),
             reader: std::sync::Mutex::new(None),
+            gate: gate::Gate::open(&path),
             path,
             exact_heartbeats: false,
             checkpointed_at: AtomicI32::new(0),
@@ -364,46 +376,101 @@ impl SqliteBackend {
     }
 
     /// Opens a `BEGIN IMMEDIATE` transaction on the writer connection, under the writer's
-    /// mutex. It first asks for SQLite's write lock without waiting, on this thread; only
-    /// when another process holds it does it wait, on a blocking thread, in the busy handler
-    /// (up to [`BUSY_TIMEOUT`], then [`StoreErrorKind::Busy`]).
+    /// mutex and the write gate ([`gate`]). When the gate is free it asks for SQLite's write
+    /// lock without waiting, on this thread. Otherwise it waits for the gate on a blocking
+    /// thread and begins there; and when SQLite's lock is taken by a connection without the
+    /// gate, it waits on a blocking thread in the busy handler. Either wait ends after
+    /// [`BUSY_TIMEOUT`] with [`StoreErrorKind::Busy`].
     ///
-    /// Cancelled during that wait, the connection goes with the blocking thread, which
-    /// closes it once `BEGIN` returns (rolling back); the next step opens a new one.
+    /// Cancelled during a wait, or past its bound, the connection and the gate go with the
+    /// blocking thread, which closes the one (rolling back) and releases the other once its
+    /// wait ends; the next step opens a new connection.
     async fn begin(&self) -> Result<WriteTx<'_>> {
         let mut slot = self.write.lock().await;
         let db = match slot.take() {
             Some(db) => db,
             None => open_own(&self.path)?,
         };
-        let db = match no_wait(|| exec_cached(&db, "BEGIN IMMEDIATE")) {
-            Ok(()) => db,
+        let held = match &self.gate {
+            Some(gate) => match gate.try_take() {
+                Some(held) => Some(held),
+                None => return self.begin_waiting(slot, db, Some(gate.clone())).await,
+            },
+            None => None,
+        };
+        match no_wait(|| exec_cached(&db, "BEGIN IMMEDIATE")) {
+            Ok(()) => Ok(WriteTx {
+                slot,
+                db: Some(db),
+                gate: held,
+            }),
             Err(e) if is_busy(&e) => {
-                let waited = tokio::task::spawn_blocking(move || {
-                    let began = exec_cached(&db, "BEGIN IMMEDIATE");
-                    (db, began)
-                })
-                .await;
-                match waited {
-                    Ok((db, Ok(()))) => db,
-                    Ok((db, Err(e))) => {
-                        *slot = Some(db);
-                        return Err(ops::rq_err(e));
-                    }
-                    Err(e) => {
-                        return Err(Error::store(
-                            StoreErrorKind::Other,
-                            format!("waiting for the SQLite write lock failed: {e}"),
-                        ))
-                    }
-                }
+                drop(held);
+                self.begin_waiting(slot, db, self.gate.clone()).await
             }
             Err(e) => {
                 *slot = Some(db);
-                return Err(ops::rq_err(e));
+                Err(ops::rq_err(e))
             }
+        }
+    }
+
+    /// The waiting half of [`SqliteBackend::begin`], on a blocking thread: takes `gate` (if
+    /// any), then `BEGIN IMMEDIATE` in the busy handler, within [`BUSY_TIMEOUT`] in all.
+    async fn begin_waiting<'a>(
+        &'a self,
+        mut slot: tokio::sync::MutexGuard<'a, Writer>,
+        db: rusqlite::Connection,
+        gate: Option<gate::Gate>,
+    ) -> Result<WriteTx<'a>> {
+        let waited = tokio::task::spawn_blocking(move || {
+            let held = gate.as_ref().and_then(gate::Gate::take);
+            let began = exec_cached(&db, "BEGIN IMMEDIATE");
+            (db, held, began)
+        });
+        match tokio::time::timeout(BUSY_TIMEOUT, waited).await {
+            Ok(Ok((db, held, Ok(())))) => Ok(WriteTx {
+                slot,
+                db: Some(db),
+                gate: held,
+            }),
+            Ok(Ok((db, held, Err(e)))) => {
+                drop(held);
+                *slot = Some(db);
+                Err(ops::rq_err(e))
+            }
+            Ok(Err(e)) => Err(Error::store(
+                StoreErrorKind::Other,
+                format!("waiting for the SQLite write lock failed: {e}"),
+            )),
+            Err(_) => Err(busy_past_timeout()),
+        }
+    }
+
+    /// The write gate for a step on a pooled connection (the rate steps): taken at once if
+    /// free, else waited for on a blocking thread, up to [`BUSY_TIMEOUT`]. `None` without a
+    /// gate file.
+    async fn take_gate(&self) -> Result<Option<gate::GateHeld>> {
+        let Some(gate) = &self.gate else {
+            return Ok(None);
         };
-        Ok(WriteTx { slot, db: Some(db) })
+        if let Some(held) = gate.try_take() {
+            return Ok(Some(held));
+        }
+        let gate = gate.clone();
+        match tokio::time::timeout(
+            BUSY_TIMEOUT,
+            tokio::task::spawn_blocking(move || gate.take()),
+        )
+        .await
+        {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(e)) => Err(Error::store(
+                StoreErrorKind::Other,
+                format!("waiting for the SQLite write gate failed: {e}"),
+            )),
+            Err(_) => Err(busy_past_timeout()),
+        }
     }
 
     /// [`SqliteBackend::probe_heartbeat`] on the backend's own reader connection, without
@@ -739,6 +806,17 @@ fn exec_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
     db.prepare_cached(sql)?.execute([]).map(drop)
 }
 
+/// The error of a step that waited [`BUSY_TIMEOUT`] for the write lock or gate.
+fn busy_past_timeout() -> Error {
+    Error::store(
+        StoreErrorKind::Busy,
+        format!(
+            "the SQLite write lock stayed taken for {} s",
+            BUSY_TIMEOUT.as_secs()
+        ),
+    )
+}
+
 /// Whether `e` is SQLITE_BUSY: another connection holds the lock.
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == 5)
@@ -769,6 +847,8 @@ fn no_wait<T>(f: impl FnOnce() -> T) -> T {
 struct WriteTx<'a> {
     slot: tokio::sync::MutexGuard<'a, Writer>,
     db: Writer,
+    /// The write gate, released right after COMMIT, or after the rollback of a dropped one.
+    gate: Option<gate::GateHeld>,
 }
 
 impl WriteTx<'_> {
@@ -784,6 +864,7 @@ impl WriteTx<'_> {
         let db = self.db();
         WAL_PAGES.set(0);
         no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)?;
+        self.gate = None;
         Ok(WAL_PAGES.get())
     }
 }

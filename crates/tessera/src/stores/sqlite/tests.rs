@@ -814,3 +814,39 @@ async fn the_wal_starts_over_once_a_long_reader_ends() {
         "the WAL grew from {pinned} to {after} bytes"
     );
 }
+
+/// Another process holding the write gate (stopped in the middle of a step, say) holds up
+/// this process's steps no longer than the busy timeout: the step fails as busy (a transient
+/// error, which callers retry) and changes nothing; once the gate is free, steps run again.
+#[tokio::test]
+async fn a_write_gate_held_past_the_busy_timeout_fails_the_step_as_busy_and_changes_nothing() {
+    let (dir, url) = temp_db();
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let s = name("gated");
+    let other = gate::Gate::open(&dir.path().join("t.db")).unwrap();
+    let held = other.try_take().expect("the gate is free between steps");
+    let err = b
+        .acquire(&s, 2, &req(LeaseId::random(), 1, None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Store {
+                kind: StoreErrorKind::Busy,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_transient(), "{err:?}");
+    drop(held);
+    assert_eq!(b.status(&s).await.unwrap(), None);
+    let lease = LeaseId::random();
+    assert!(matches!(
+        b.acquire(&s, 2, &req(lease, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    // Between steps the gate is free again: the step released it with its commit.
+    assert!(other.try_take().is_some(), "the step kept the gate");
+}
