@@ -28,6 +28,11 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub(crate) struct Gate {
     file: Arc<File>,
+    /// Held by the thread waiting in [`Gate::take`]. A blocked `flock` cannot be called off:
+    /// a step that gave up waiting leaves its thread blocked until the gate comes free, and
+    /// while it is, the next steps go without the gate (into the busy handler, which gives up
+    /// by itself) instead of blocking one more thread each.
+    waiting: Arc<std::sync::Mutex<()>>,
 }
 
 /// The gate, held; released when dropped.
@@ -55,6 +60,7 @@ impl Gate {
         {
             Ok(file) => Some(Gate {
                 file: Arc::new(file),
+                waiting: Arc::default(),
             }),
             Err(e) => {
                 tracing::debug!(path = %path.display(), error = %e, "no SQLite write gate; waits for the write lock poll");
@@ -68,9 +74,11 @@ impl Gate {
         self.lock(libc::LOCK_EX | libc::LOCK_NB)
     }
 
-    /// Waits for the gate (on a blocking thread only). `None` if `flock` fails for a reason
+    /// Waits for the gate (on a blocking thread only). `None` at once if an earlier wait on
+    /// this gate is still blocked (see [`Gate::waiting`]), or if `flock` fails for a reason
     /// other than an interruption: the caller then goes on without it.
     pub(crate) fn take(&self) -> Option<GateHeld> {
+        let _waiting = self.waiting.try_lock().ok()?;
         self.lock(libc::LOCK_EX)
     }
 
@@ -120,5 +128,22 @@ mod tests {
             "the waiter never got the released gate"
         );
         assert!(a.try_take().is_some(), "the waiter's gate was not released");
+    }
+
+    #[test]
+    fn a_second_wait_while_one_is_blocked_goes_on_without_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("g.db");
+        let (a, b) = (Gate::open(&db).unwrap(), Gate::open(&db).unwrap());
+        let held = a.try_take().unwrap();
+        // What a thread blocked in `take` holds while it waits.
+        let blocked = b.waiting.lock().unwrap();
+        assert!(b.clone().take().is_none(), "a second wait blocked too");
+        drop(blocked);
+        drop(held);
+        assert!(
+            b.take().is_some(),
+            "the gate stayed unusable after the blocked wait"
+        );
     }
 }
