@@ -48,16 +48,19 @@ impl Gate {
         PathBuf::from(p)
     }
 
-    /// Opens the gate of `db`; `None` (logged) if its file cannot be opened.
+    /// Opens the gate of `db`; `None` (logged) if its file cannot be opened. A file another
+    /// user created, which this one may only read, still serves: `flock` needs no write
+    /// access.
     pub(crate) fn open(db: &Path) -> Option<Gate> {
         let path = Gate::path(db);
-        match std::fs::OpenOptions::new()
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
-        {
+            .or_else(|_| File::open(&path));
+        match opened {
             Ok(file) => Some(Gate {
                 file: Arc::new(file),
                 waiting: Arc::default(),
