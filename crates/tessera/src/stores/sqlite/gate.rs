@@ -1,6 +1,6 @@
 //! The write gate: an exclusive `flock` on `<file>.lock`, taken around every step's write
-//! transaction (semaphore and rate steps), so that a process waiting for SQLite's write lock sleeps in the kernel
-//! and wakes the moment the holder commits.
+//! transaction (semaphore and rate steps), so that a process waiting for SQLite's write lock
+//! sleeps in the kernel and wakes the moment the holder commits.
 //!
 //! SQLite itself offers no waiting on its lock: a connection that finds it taken calls the
 //! busy handler, which can only sleep and try again. Short sleeps burn the two cores that 8
@@ -13,10 +13,10 @@
 //! The gate only orders the processes that use it; SQLite's own lock stays the one that
 //! keeps the data consistent. A connection without the gate (an older build, the `sqlite3`
 //! shell, the schema check at connect) still meets the gated ones in the busy handler, as
-//! before. The
-//! gate is released right after COMMIT (or with the rollback of a failed step), and by the
-//! kernel when its process dies. A file that cannot be opened or locked (a read-only folder,
-//! a file system without `flock`) leaves the backend without a gate, as before it existed.
+//! before. The gate is released right after COMMIT (or with the rollback of a failed step),
+//! and by the kernel when its process dies. A file that cannot be opened or locked (a
+//! read-only folder, a file system without `flock`) leaves the backend without a gate, as
+//! before it existed.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -141,9 +141,15 @@ mod tests {
         let held = a.try_take().unwrap();
         // What a thread blocked in `take` holds while it waits.
         let blocked = b.waiting.lock().unwrap();
-        assert!(b.clone().take().is_none(), "a second wait blocked too");
+        // (On a thread, so that a second wait that does block fails the test, not hangs it.)
+        let second = b.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || tx.send(second.take().is_none()).unwrap());
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
         drop(blocked);
         drop(held);
+        waiter.join().unwrap();
+        assert_eq!(answer, Ok(true), "a second wait blocked too");
         assert!(
             b.take().is_some(),
             "the gate stayed unusable after the blocked wait"
