@@ -41,7 +41,7 @@ pub(crate) struct GateHeld {
 }
 
 impl Gate {
-    /// The gate file beside `db` (`<db>.lock`), created if missing.
+    /// The gate file beside `db` (`<db>.lock`; [`Gate::open`] creates it if missing).
     pub(crate) fn path(db: &Path) -> PathBuf {
         let mut p = db.as_os_str().to_owned();
         p.push(".lock");
