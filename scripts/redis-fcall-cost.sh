@@ -98,7 +98,7 @@ open(sys.argv[2], 'w').write(code)
 PY
 "${r[@]}" -x FUNCTION LOAD REPLACE < "$dir/cost.lua" >/dev/null
 
-keys="{fc}:m {fc}:h {fc}:l {fc}:q {fc}:w {fc}:x {fc}:s {fc}:f"
+keys="{fc}:meta {fc}:holders {fc}:leases {fc}:queue {fc}:waiters {fc}:wexp {fc}:seats {fc}:fence"
 per_call() { # label, divisor, FCALL arguments... → µs per FCALL / divisor
   local label=$1 div=$2; shift 2
   "${r[@]}" DEL $keys >/dev/null
@@ -108,10 +108,10 @@ per_call() { # label, divisor, FCALL arguments... → µs per FCALL / divisor
     awk -F'[=,]' -v l="$label" -v d="$div" '/^cmdstat_fcall:/ {printf "%-26s %7.2f µs\n", l, $4 / $2 / d}'
 }
 echo "Redis time per FCALL, per pair in the loops (INFO commandstats), N=$n:"
-per_call "pair, loop" "$n" "${r[@]}" FCALL tcost_pair 8 $keys "{fc}:wake:" "$n"
-per_call "commands, loop" "$n" "${r[@]}" FCALL tcost_commands 8 $keys "{fc}:wake:" "$n"
+per_call "pair, loop" "$n" "${r[@]}" FCALL tcost_pair 1 "{fc}:meta" "{fc}:wake:" "$n"
+per_call "commands, loop" "$n" "${r[@]}" FCALL tcost_commands 1 "{fc}:meta" "{fc}:wake:" "$n"
 for f in pair commands call empty; do
   per_call "$f, 1 per call" 1 redis-benchmark -p "$port" -c 1 -n "$n" -q \
-    FCALL "tcost_$f" 8 $keys "{fc}:wake:" 1
+    FCALL "tcost_$f" 1 "{fc}:meta" "{fc}:wake:" 1
 done
 "${r[@]}" DEL $keys >/dev/null

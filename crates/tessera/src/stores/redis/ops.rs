@@ -178,26 +178,18 @@ impl Library {
     }
 }
 
-/// The key suffixes, in the one order every script receives them (see `prelude.lua`).
-const KEY_SUFFIXES: [&str; 8] = [
-    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
-];
-
-/// The keys of one semaphore, all under the hash tag `{<prefix>:<name>}`.
-pub(crate) fn keys(prefix: &str, name: &Name) -> [String; 8] {
+/// The one key every semaphore script is called with: `{<prefix>:<name>}:meta`. The scripts
+/// derive the state's other keys from it (`prelude.lua`), all under the same hash tag.
+pub(crate) fn meta_key(prefix: &str, name: &Name) -> String {
     // Built by hand: this runs twice per acquire+release pair, and `format!` (which grows
     // its buffer step by step) was a fifth of the client's instructions in `bench w1`.
-    let tag_len = prefix.len() + name.as_str().len() + 4;
-    KEY_SUFFIXES.map(|s| {
-        let mut key = String::with_capacity(tag_len + s.len());
-        key.push('{');
-        key.push_str(prefix);
-        key.push(':');
-        key.push_str(name.as_str());
-        key.push_str("}:");
-        key.push_str(s);
-        key
-    })
+    let mut key = String::with_capacity(prefix.len() + name.as_str().len() + 8);
+    key.push('{');
+    key.push_str(prefix);
+    key.push(':');
+    key.push_str(name.as_str());
+    key.push_str("}:meta");
+    key
 }
 
 /// The wake channel base on a cluster: `{<prefix>:<name>}:wake:`, in the semaphore's slot,
@@ -595,13 +587,10 @@ mod tests {
     }
 
     #[test]
-    fn keys_share_one_hash_tag() {
-        let k = keys("tessera", &Name::new("jobs/a:b").unwrap());
-        assert!(k.iter().all(|k| k.starts_with("{tessera:jobs/a:b}:")));
-        assert_eq!(
-            name_of_meta_key("tessera", &k[0]).unwrap().as_str(),
-            "jobs/a:b"
-        );
-        assert!(name_of_meta_key("other", &k[0]).is_none());
+    fn the_meta_key_carries_the_hash_tag_and_gives_the_name_back() {
+        let k = meta_key("tessera", &Name::new("jobs/a:b").unwrap());
+        assert_eq!(k, "{tessera:jobs/a:b}:meta");
+        assert_eq!(name_of_meta_key("tessera", &k).unwrap().as_str(), "jobs/a:b");
+        assert!(name_of_meta_key("other", &k).is_none());
     }
 }

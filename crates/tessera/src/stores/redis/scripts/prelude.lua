@@ -1,19 +1,22 @@
 -- tessera prelude: shared by every semaphore script (in front of each one, after common.lua,
 -- which defines now, clock, int, corrupt and num). Every operation starts with begin().
 --
--- KEYS (one order for every script; all share the hash tag {<prefix>:<name>}):
---   KEYS[1] meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
---                           qlen (queue length), purge_at (µs, a lower bound of every holder and
---                           waiter expiry), deadline (ms since the epoch: every key expires then),
---                           lid, lrec, lexp (the inline lease: its id, encoded record and expiry
---                           in µs; lid is '' when there is none)
---   KEYS[2] holders  zset:  lease id, scored by lease expiry (µs), for every lease but the inline one
---   KEYS[3] leases   hash:  lease id -> encoded lease (see encode_lease), the same leases
---   KEYS[4] queue    zset:  lease id, scored by arrival seq
---   KEYS[5] waiters  hash:  lease id -> encoded waiter (see encode_waiter)
---   KEYS[6] wexp     zset:  lease id, scored by waiter heartbeat expiry (µs)
---   KEYS[7] seats    zset:  free seats below seat_high, scored by seat number
---   KEYS[8] fence    string: last fence issued, kept for a while after the state is deleted
+-- KEYS: one key, KEYS[1] = "{<prefix>:<name>}:meta"; the step derives the others from it
+-- (see begin()), all under the same hash tag, so every key of a semaphore is in one Cluster
+-- slot. (Each key an FCALL names costs Redis about 1,000 instructions per call, more than a
+-- step's average command; deriving them costs nothing while a function library keeps them.)
+--   meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
+--                   qlen (queue length), purge_at (µs, a lower bound of every holder and
+--                   waiter expiry), deadline (ms since the epoch: every key expires then),
+--                   lid, lrec, lexp (the inline lease: its id, encoded record and expiry
+--                   in µs; lid is '' when there is none)
+--   holders  zset:  lease id, scored by lease expiry (µs), for every lease but the inline one
+--   leases   hash:  lease id -> encoded lease (see encode_lease), the same leases
+--   queue    zset:  lease id, scored by arrival seq
+--   waiters  hash:  lease id -> encoded waiter (see encode_waiter)
+--   wexp     zset:  lease id, scored by waiter heartbeat expiry (µs)
+--   seats    zset:  free seats below seat_high, scored by seat number
+--   fence    string: last fence issued, kept for a while after the state is deleted
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
 --           (with the grant for clients that take it, see GRANT_PUSH). On a Redis Cluster the
@@ -72,7 +75,9 @@
 -- A step reads the earliest holder and waiter expiry (ZRANGE 0 0) only once purge_at has
 -- passed, and scans for expired entries only when that earliest one has expired.
 
--- The call's keys and wake channel base, set by begin().
+-- The call's keys and wake channel base, set by begin(). The keys other than meta are
+-- derived from it, and kept while the calls name the same meta key (a library keeps them
+-- between calls; Lua strings are interned, so the comparison costs nothing).
 local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
 local WAKE_BASE
 
@@ -192,8 +197,18 @@ local removed, drop_sets
 -- these locals between calls, so each operation begins with begin(KEYS, ARGV).
 local function begin(keys, argv)
   clock()
-  K_META, K_HOLDERS, K_LEASES, K_QUEUE = keys[1], keys[2], keys[3], keys[4]
-  K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
+  local meta = keys[1]
+  if meta ~= K_META then
+    -- '{<prefix>:<name>}:meta' without 'meta'.
+    local base = string.sub(meta, 1, -5)
+    if string.sub(meta, -5) ~= ':meta' or #keys ~= 1 then
+      corrupt('keys: one key, the meta key')
+    end
+    K_META = meta
+    K_HOLDERS, K_LEASES, K_QUEUE = base .. 'holders', base .. 'leases', base .. 'queue'
+    K_WAITERS, K_WEXP, K_SEATS = base .. 'waiters', base .. 'wexp', base .. 'seats'
+    K_FENCE = base .. 'fence'
+  end
   WAKE_BASE = argv[1]
   S, M = nil, nil
   full, fence_moved, deadline_moved, inline_moved = false, false, false, false
@@ -219,8 +234,11 @@ local function load()
     return nil
   end
   M = m
+  -- Every field a step may set is named here, the unknown ones as nil: a table constructor
+  -- sizes the table for the fields it names, so the step never grows (rehashes) it.
   S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
-    seat_high = num(m[5], 'seat_high')}
+    seat_high = num(m[5], 'seat_high'), qlen = nil, purge_at = nil, fence = nil,
+    deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil}
   if not m[3] then corrupt('fence') end
   if m[9] and m[9] ~= '' then
     local lw = m[10] and string.match(m[10], LEASE_HEAD)
@@ -276,7 +294,7 @@ local function create(cap)
   delete_state()
   local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
-    deadline = 0}
+    deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil}
   dirty = true
   fresh = true
   full = true
