@@ -9,7 +9,7 @@ use redis::{RedisError, RedisResult, Value};
 
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::ops::{self, meta_key, Library, Op};
+use super::ops::{self, keys, Library, Op};
 use super::topology::{self, Conn};
 use super::{Caller, RedisBackend};
 use crate::error::Result;
@@ -127,10 +127,10 @@ impl Caller {
         Ok(primaries)
     }
 
-    /// Runs `op` on the state of `name` (its meta key, from which the script derives the
-    /// others) with the shared first argument and `args`.
+    /// Runs `op` on the keys of `name` (the meta key alone, every key on a cluster: see
+    /// [`keys`]) with the shared first argument and `args`.
     pub(super) async fn run(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
-        let keys = [meta_key(&self.prefix, name)];
+        let keys = keys(&self.prefix, name, self.topo.is_cluster());
         let mut all = Vec::with_capacity(args.len() + 1);
         // On a cluster, wake-ups go out on sharded pub/sub in the semaphore's own slot.
         let cluster_base;

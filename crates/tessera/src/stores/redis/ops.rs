@@ -178,18 +178,38 @@ impl Library {
     }
 }
 
-/// The one key every semaphore script is called with: `{<prefix>:<name>}:meta`. The scripts
-/// derive the state's other keys from it (`prelude.lua`), all under the same hash tag.
-pub(crate) fn meta_key(prefix: &str, name: &Name) -> String {
+/// The key suffixes of one semaphore's state, in the order a script receives them on a
+/// cluster (see `prelude.lua`).
+const KEY_SUFFIXES: [&str; 8] = [
+    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+];
+
+/// The keys a semaphore script is called with, all under the hash tag `{<prefix>:<name>}`:
+/// the meta key alone, from which the script derives the others (each key an `FCALL` names
+/// costs Redis more than one of the step's commands), or, with `all` (a cluster), every key
+/// of the state, so that Redis refuses the call whole while the slot migrates.
+pub(crate) fn keys(prefix: &str, name: &Name, all: bool) -> Vec<String> {
     // Built by hand: this runs twice per acquire+release pair, and `format!` (which grows
     // its buffer step by step) was a fifth of the client's instructions in `bench w1`.
-    let mut key = String::with_capacity(prefix.len() + name.as_str().len() + 8);
-    key.push('{');
-    key.push_str(prefix);
-    key.push(':');
-    key.push_str(name.as_str());
-    key.push_str("}:meta");
-    key
+    let tag_len = prefix.len() + name.as_str().len() + 4;
+    let suffixes = if all {
+        &KEY_SUFFIXES[..]
+    } else {
+        &KEY_SUFFIXES[..1]
+    };
+    suffixes
+        .iter()
+        .map(|s| {
+            let mut key = String::with_capacity(tag_len + s.len());
+            key.push('{');
+            key.push_str(prefix);
+            key.push(':');
+            key.push_str(name.as_str());
+            key.push_str("}:");
+            key.push_str(s);
+            key
+        })
+        .collect()
 }
 
 /// The wake channel base on a cluster: `{<prefix>:<name>}:wake:`, in the semaphore's slot,
@@ -587,10 +607,17 @@ mod tests {
     }
 
     #[test]
-    fn the_meta_key_carries_the_hash_tag_and_gives_the_name_back() {
-        let k = meta_key("tessera", &Name::new("jobs/a:b").unwrap());
-        assert_eq!(k, "{tessera:jobs/a:b}:meta");
-        assert_eq!(name_of_meta_key("tessera", &k).unwrap().as_str(), "jobs/a:b");
-        assert!(name_of_meta_key("other", &k).is_none());
+    fn keys_share_one_hash_tag_and_the_meta_key_comes_first() {
+        let name = Name::new("jobs/a:b").unwrap();
+        let all = keys("tessera", &name, true);
+        assert_eq!(all.len(), 8);
+        assert!(all.iter().all(|k| k.starts_with("{tessera:jobs/a:b}:")));
+        assert_eq!(keys("tessera", &name, false), ["{tessera:jobs/a:b}:meta"]);
+        assert_eq!(all[0], "{tessera:jobs/a:b}:meta");
+        assert_eq!(
+            name_of_meta_key("tessera", &all[0]).unwrap().as_str(),
+            "jobs/a:b"
+        );
+        assert!(name_of_meta_key("other", &all[0]).is_none());
     }
 }

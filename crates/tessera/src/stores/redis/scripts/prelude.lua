@@ -1,10 +1,12 @@
 -- tessera prelude: shared by every semaphore script (in front of each one, after common.lua,
 -- which defines now, clock, int, corrupt and num). Every operation starts with begin().
 --
--- KEYS: one key, KEYS[1] = "{<prefix>:<name>}:meta"; the step derives the others from it
--- (see begin()), all under the same hash tag, so every key of a semaphore is in one Cluster
--- slot. (Each key an FCALL names costs Redis about 1,000 instructions per call, more than a
--- step's average command; deriving them costs nothing while a function library keeps them.)
+-- KEYS: KEYS[1] = "{<prefix>:<name>}:meta", alone, and the step derives the other keys from
+-- it (see begin()); on a Redis Cluster every key below, in this order, so that Redis refuses
+-- the call whole (TRYAGAIN, ASK) while the slot migrates with some keys moved, instead of a
+-- step failing half-way at a key already gone. All share the hash tag, hence one slot.
+-- (Each key an FCALL names costs Redis about 1,000 instructions per call, more than one of
+-- a step's average commands; derived keys cost nothing while a library keeps them.)
 --   meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
 --                   qlen (queue length), purge_at (µs, a lower bound of every holder and
 --                   waiter expiry), deadline (ms since the epoch: every key expires then),
@@ -198,12 +200,15 @@ local removed, drop_sets
 local function begin(keys, argv)
   clock()
   local meta = keys[1]
-  if meta ~= K_META then
+  if keys[2] then
+    K_META, K_HOLDERS, K_LEASES, K_QUEUE = meta, keys[2], keys[3], keys[4]
+    K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
+  elseif meta ~= K_META then
+    if string.sub(meta, -5) ~= ':meta' then
+      corrupt('keys: the meta key first')
+    end
     -- '{<prefix>:<name>}:meta' without 'meta'.
     local base = string.sub(meta, 1, -5)
-    if string.sub(meta, -5) ~= ':meta' or #keys ~= 1 then
-      corrupt('keys: one key, the meta key')
-    end
     K_META = meta
     K_HOLDERS, K_LEASES, K_QUEUE = base .. 'holders', base .. 'leases', base .. 'queue'
     K_WAITERS, K_WEXP, K_SEATS = base .. 'waiters', base .. 'wexp', base .. 'seats'
