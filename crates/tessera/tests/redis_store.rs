@@ -930,3 +930,26 @@ async fn url_mistakes_the_server_reveals_get_a_clear_error() {
     let e = Store::connect(&tls).await.expect_err("no TLS on this port");
     assert!(e.to_string().contains("expects TLS on this port"), "{e}");
 }
+
+/// A port where nothing listens: a connection error that names the URL, password masked,
+/// and asks whether the server runs there; no TLS hint, which is for a server that closed
+/// the connection (redis-rs counts a refusal as a dropped connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_names_the_url_and_gives_no_tls_hint() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // (The listener is closed again here: nothing listens on the port.)
+    for scheme in ["redis", "rediss"] {
+        let url = format!("{scheme}://:hunter2-secret@127.0.0.1:{port}");
+        let e = Store::connect(&url).await.expect_err("nothing listens");
+        let text = e.to_string();
+        assert!(e.is_connection(), "{e:?}");
+        assert!(text.contains("nothing accepts connections at"), "{text}");
+        assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+        assert!(!text.contains("hunter2-secret"), "{text}");
+        assert!(!text.contains("TLS"), "{text}");
+    }
+}

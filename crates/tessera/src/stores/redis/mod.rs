@@ -254,9 +254,10 @@ async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) ->
 }
 
 /// A first connection's error, saying what the URL may have got wrong: a database the server
-/// does not have is an invalid URL (no retry helps); TLS against a plain port (the handshake
-/// waits for an answer that never comes) or plain text against a TLS port (the server closes
-/// the connection) gets a hint.
+/// does not have is an invalid URL (no retry helps); a port where nothing listens names the
+/// URL (password masked); TLS against a plain port (the handshake waits for an answer that
+/// never comes) or plain text against a TLS port (the server closes the connection) gets a
+/// hint.
 fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
     if e.to_string().contains("DB index is out of range") {
         return InvalidInput::StoreUrl {
@@ -267,13 +268,18 @@ fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
         }
         .into();
     }
-    let hint = if config.tls
-        && !e.is_connection_refusal()
-        && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
-    {
-        Some("rediss:// expects TLS on this port; a server without TLS takes redis://")
+    // (redis-rs counts a refused connection as a dropped one too: refusal is asked first.)
+    let hint = if e.is_connection_refusal() {
+        Some(format!(
+            "nothing accepts connections at {}: is the server running, on this host and port?",
+            config.redacted
+        ))
+    } else if config.tls && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped()) {
+        Some("rediss:// expects TLS on this port; a server without TLS takes redis://".into())
     } else if !config.tls && e.is_connection_dropped() {
-        Some("the server closed the connection; if it serves TLS on this port, use rediss://")
+        Some(
+            "the server closed the connection; if it serves TLS on this port, use rediss://".into(),
+        )
     } else {
         None
     };
