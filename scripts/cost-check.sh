@@ -21,7 +21,7 @@
 # `calls` are counts, the steadiest signal; `ratio` catches a call that does the same commands
 # with more work around them (a bigger prelude, more parsing, more arguments).
 #
-# Environment: TESSERA_BIN (default target/release/tessera, built if missing), RUNS (3),
+# Environment: TESSERA_BIN (default target/release/tessera, built first), RUNS (3),
 # TOLERANCE (0.25). Takes about 30 s on 2 cores once the binary is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,10 +38,12 @@ declare -A OPS=([w1]=4000 [w2]=2000 [w3]=4000)
 for prog in redis-server redis-cli redis-benchmark python3; do
   command -v "$prog" >/dev/null || { echo "cost-check: $prog not found (apt-get install redis-server redis-tools python3)" >&2; exit 1; }
 done
-if [[ ! -x $bin ]]; then
-  echo "cost-check: building $bin" >&2
-  cargo build --release -p tessera-cli --locked >&2
+# Without TESSERA_BIN, the working tree's build (cargo does nothing when it is up to date), so
+# a change is never judged by a stale binary.
+if [[ -z ${TESSERA_BIN:-} ]]; then
+  cargo build --release -p tessera-cli --locked --quiet >&2
 fi
+[[ -x $bin ]] || { echo "cost-check: no $bin" >&2; exit 1; }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
