@@ -8,7 +8,7 @@
 #    decisions/s on the same server (`tessera bench --workload rate`, 8 clients);
 # 3. semaphore acquire+release pairs over HTTP on Redis, 1 connection, next to the library's
 #    W1 pairs/s (`tessera bench --workload w1`) on the same server.
-# Targets (issue 14): 1. >= 20,000/s with p99 <= 5 ms; 2. >= 60% of the library;
+# Targets (docs/performance.md): 1. >= 20,000/s with p99 <= 5 ms; 2. >= 60% of the library;
 # 3. >= 50% of the library's W1. Uses the release build (built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,6 +20,7 @@ declare -A NEED=(
   [etcdctl]=etcd-client
   [redis-sentinel]=redis-sentinel
   [curl]=curl
+  [script]=bsdutils
   [python3]=python3
   [pip3]=python3-pip
   [chromium]=chromium

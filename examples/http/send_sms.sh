@@ -14,6 +14,7 @@ auth=${TESSERA_TOKEN:+Authorization: Bearer $TESSERA_TOKEN}
 turn() {
   while :; do
     code=$(curl -s -o /dev/null -w '%{http_code}' ${auth:+-H "$auth"} \
+      -H 'Content-Type: application/json' \
       -d '{"limits": ["50/s", "1000/min"], "max_wait": "5s"}' \
       "$url/v1/rates/sms-api/acquire")
     case $code in

@@ -121,10 +121,7 @@ impl From<tessera::Error> for Failure {
                 name,
                 stored,
                 declared,
-            } => format!(
-                "rate limiter {name:?} has limits {stored} in the store, but --rate declared \
-                 {declared}; add --update-rates to replace the stored limits"
-            ),
+            } => rate_mismatch(name, stored, declared, "--rate", "add --update-rates"),
             // Library messages carry no password (store URLs are redacted inside the library).
             _ => error.to_string(),
         };
@@ -138,6 +135,41 @@ impl From<tessera::InvalidInput> for Failure {
     }
 }
 
+/// The message of a rate mismatch, with the limits as a user writes them (`2/s, 5/min`),
+/// the mode and margin named only where they differ, who declared the others (`--rate`, "this
+/// request") and how to replace the stored ones. `stored` and `declared` are the library's
+/// encoded configurations; one that does not decode is shown as it is.
+pub fn rate_mismatch(name: &str, stored: &str, declared: &str, who: &str, update: &str) -> String {
+    use tessera::backend::RateConfig;
+    let (stored, declared) = match (RateConfig::decode(stored), RateConfig::decode(declared)) {
+        (Some(s), Some(d)) => {
+            let text = |c: &RateConfig| {
+                let limits: Vec<String> = c.limits().iter().map(ToString::to_string).collect();
+                let mut notes = Vec::new();
+                if s.mode() != d.mode() {
+                    notes.push(match c.mode() {
+                        tessera::RateMode::Smooth { burst } => format!("smooth, burst {burst}"),
+                        _ => "exact".to_string(),
+                    });
+                }
+                if s.margin() != d.margin() {
+                    notes.push(format!("margin {}", humantime::format_duration(c.margin())));
+                }
+                match notes.is_empty() {
+                    true => limits.join(", "),
+                    false => format!("{} ({})", limits.join(", "), notes.join(", ")),
+                }
+            };
+            (text(&s), text(&d))
+        }
+        _ => (stored.to_string(), declared.to_string()),
+    };
+    format!(
+        "rate limiter {name:?} has limits {stored} in the store, but {who} declared {declared}; \
+         {update} to replace the stored limits"
+    )
+}
+
 /// Collapses a message to one line, so every failure prints exactly one line.
 pub fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -145,3 +177,56 @@ pub fn one_line(message: &str) -> String {
 
 /// The result every command returns: its exit code on success.
 pub type Outcome = Result<u8, Failure>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_mismatch_shows_the_limits_as_written_and_how_to_replace_them() {
+        let m = rate_mismatch(
+            "sms",
+            "exact+20ms|2/s,5/min",
+            "exact+20ms|7/s",
+            "this request",
+            "send \"update\": true",
+        );
+        assert_eq!(
+            m,
+            "rate limiter \"sms\" has limits 2/s, 5/min in the store, but this request declared \
+             7/s; send \"update\": true to replace the stored limits"
+        );
+        // Only what differs besides the limits is named.
+        let m = rate_mismatch(
+            "sms",
+            "exact+20ms|2/s",
+            "exact+50ms|2/s",
+            "--rate",
+            "add --update-rates",
+        );
+        assert!(
+            m.contains(
+                "limits 2/s (margin 20ms) in the store, but --rate declared 2/s (margin 50ms)"
+            ),
+            "{m}"
+        );
+        let m = rate_mismatch(
+            "sms",
+            "smooth:2|2/s",
+            "exact|2/s",
+            "--rate",
+            "add --update-rates",
+        );
+        assert!(m.contains("2/s (smooth, burst 2) in the store"), "{m}");
+        assert!(m.contains("declared 2/s (exact)"), "{m}");
+        // A configuration this build cannot read is shown as stored.
+        let m = rate_mismatch(
+            "sms",
+            "future|x",
+            "exact|2/s",
+            "--rate",
+            "add --update-rates",
+        );
+        assert!(m.contains("limits future|x in the store"), "{m}");
+    }
+}

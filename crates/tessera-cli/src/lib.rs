@@ -10,6 +10,7 @@
 mod admin;
 mod bench;
 mod exit;
+mod progress;
 mod run;
 mod serve;
 mod signals;
@@ -20,7 +21,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 
 const ROOT_HELP: &str = "\
 Examples:
@@ -53,11 +54,18 @@ Logging: TESSERA_LOG=debug (an env filter; default: tessera's warnings, other cr
 
 ";
 
+/// `tessera --version`: the version and the stores this build takes (the `tessera` features
+/// in this crate's Cargo.toml; `--store` with any other scheme is refused).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (stores: memory, sqlite, redis, postgres, mysql, etcd)"
+);
+
 /// Distributed semaphores, locks and rate limits: run commands while holding permits, or
 /// within rate limits, shared by every process on the same store, and inspect or administer
 /// them.
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
+#[command(name = "tessera", version = VERSION, arg_required_else_help = true, after_help = format!("{ROOT_HELP}{}", exit::HELP_TABLE))]
 struct Cli {
     /// Store URL: sqlite:///absolute/path.db, redis://host:6379, redis+sentinel://...,
     /// redis+cluster://..., postgres://host/db, mysql://host/db, etcd://host:2379 or memory://
@@ -113,18 +121,55 @@ enum Command {
     /// dashboard
     #[command(after_help = SERVE_HELP)]
     Serve(ServeCmd),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell to complete in
+        shell: clap_complete::Shell,
+    },
+    /// Print tessera's manual page (roff) to stdout, or write every page into a folder
+    #[command(after_help = MAN_HELP)]
+    Man {
+        /// Print the page of this command, tessera-COMMAND(1), instead of tessera(1)
+        #[arg(value_name = "COMMAND")]
+        command: Option<String>,
+        /// Write every page (tessera.1, tessera-run.1, ...) into DIR instead of printing one
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  tessera completions bash > ~/.local/share/bash-completion/completions/tessera
+  tessera completions zsh > \"${fpath[1]}/_tessera\"
+  tessera completions fish > ~/.config/fish/completions/tessera.fish
+
+The script completes subcommands, flags and fixed values; it is generated from this build's
+command line, so regenerate it after an upgrade.";
+
+const MAN_HELP: &str = "\
+Examples:
+  tessera man --dir ~/.local/share/man/man1 && man tessera   # every page
+  tessera man run | man -l -                                 # one page, tessera-run(1)
+
+The pages are generated from this build's command line: the commands, flags and examples of
+tessera --help and tessera COMMAND --help.
+Exit codes: 0 printed or written; 64 no such command; 71 cannot write.";
 
 const SERVE_HELP: &str = "\
 Examples:
   tessera --store redis://127.0.0.1:6379 serve --listen 127.0.0.1:8080
   tessera serve --listen 0.0.0.0:8443 --tokens /etc/tessera/tokens \\
       --tls-cert cert.pem --tls-key key.pem
-  curl -s -d '{\"capacity\": 4, \"wait\": \"10s\"}' http://127.0.0.1:8080/v1/semaphores/exports/acquire
-  curl -s -d '{\"limits\": [\"50/s\", \"1000/min\"], \"max_wait\": \"5s\"}' \\
+  curl -s -H 'Content-Type: application/json' -d '{\"capacity\": 4, \"wait\": \"10s\"}' \\
+      http://127.0.0.1:8080/v1/semaphores/exports/acquire
+  curl -s -H 'Content-Type: application/json' \\
+      -d '{\"limits\": [\"50/s\", \"1000/min\"], \"max_wait\": \"5s\"}' \\
       http://127.0.0.1:8080/v1/rates/sms-api/acquire
 
-The API is under /v1 (OpenAPI document at /v1/openapi.json), Prometheus metrics at
+The API is under /v1 (OpenAPI document at /v1/openapi.json); request bodies are JSON, sent
+with Content-Type: application/json (any other type is refused, 415). Prometheus metrics at
 /metrics, a live dashboard at /. Without --tokens only a loopback address is accepted.
 The tokens file holds one \"TOKEN PREFIX\" per line (PREFIX * for every name; a token is
 at least 16 printable characters, and each token is on one line only); requests
@@ -281,6 +326,11 @@ struct RunCmd {
     /// client of NAME must declare the same (or use --update-rates)
     #[arg(long, value_name = "DURATION", requires = "rate", value_parser = humantime::parse_duration)]
     rate_margin: Option<Duration>,
+    /// Draw no waiting line on the terminal (the line shows what the wait is for, the place
+    /// in the queue, the time waited and the deadline; never drawn when stderr is not a
+    /// terminal)
+    #[arg(long, short = 'q')]
+    quiet: bool,
     /// The command and its arguments; put them after -- if the command starts with -
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -338,6 +388,7 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 cost: r.cost,
                 update_rates: r.update_rates,
                 rate_margin: r.rate_margin,
+                quiet: r.quiet,
                 command: r.command,
             };
             run::run(store, args).await
@@ -350,6 +401,12 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
             };
             status::status(store, args).await
         }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tessera", &mut script);
+            print_or_fail(&script)
+        }
+        Command::Man { command, dir } => man(command.as_deref(), dir.as_deref()),
         Command::Revoke { name, lease_id } => admin::revoke(store, &name, &lease_id).await,
         Command::Resize { name, capacity } => admin::resize(store, &name, capacity).await,
         Command::Delete { name } => admin::delete(store, &name).await,
@@ -381,6 +438,77 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 )),
             }
         }
+    }
+}
+
+/// The manual pages, tessera(1) first, then tessera-COMMAND(1) for each command: (file
+/// name, roff text).
+fn man_pages() -> Vec<(String, Vec<u8>)> {
+    let mut root = Cli::command().disable_help_subcommand(true);
+    root.build();
+    let source = format!("tessera {}", env!("CARGO_PKG_VERSION"));
+    let mut pages = Vec::new();
+    for cmd in std::iter::once(&root).chain(root.get_subcommands()) {
+        let man = clap_mangen::Man::new(cmd.clone()).source(source.clone());
+        let mut page = Vec::new();
+        // Rendering into memory cannot fail.
+        let _ = man.render(&mut page);
+        pages.push((man.get_filename(), page));
+    }
+    pages
+}
+
+/// `tessera man [COMMAND] [--dir DIR]`.
+fn man(command: Option<&str>, dir: Option<&std::path::Path>) -> exit::Outcome {
+    let pages = man_pages();
+    if let Some(dir) = dir {
+        for (file, page) in &pages {
+            let path = dir.join(file);
+            std::fs::write(&path, page).map_err(|e| {
+                exit::Failure::new(
+                    exit::OS_ERROR,
+                    format!("cannot write {}: {e}", path.display()),
+                )
+            })?;
+        }
+        return Ok(exit::OK);
+    }
+    let wanted = match command {
+        None => "tessera.1".to_string(),
+        Some(c) => format!("tessera-{c}.1"),
+    };
+    match pages.iter().find(|(file, _)| *file == wanted) {
+        Some((_, page)) => print_or_fail(page),
+        None => {
+            let names: Vec<&str> = pages
+                .iter()
+                .skip(1)
+                .filter_map(|(file, _)| file.strip_prefix("tessera-")?.strip_suffix(".1"))
+                .collect();
+            Err(exit::Failure::new(
+                exit::USAGE,
+                format!(
+                    "no command {:?}: tessera man takes one of {}",
+                    command.unwrap_or_default(),
+                    names.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// Writes `bytes` to stdout: exit 0, or 71 naming the failure. A reader that
+/// closed the pipe early (`tessera man | head`) is not a failure.
+fn print_or_fail(bytes: &[u8]) -> exit::Outcome {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(exit::OK),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(exit::OK),
+        Err(e) => Err(exit::Failure::new(
+            exit::OS_ERROR,
+            format!("cannot write to stdout: {e}"),
+        )),
     }
 }
 

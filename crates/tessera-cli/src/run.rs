@@ -94,6 +94,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use crate::exit::{self, Failure, Outcome};
+use crate::progress::{Wait, WaitLine};
 use crate::signals::{self, Caught};
 
 /// SIGKILL goes out this long before the lease could expire, so it lands while the lease is
@@ -129,6 +130,8 @@ pub struct RunArgs {
     pub update_rates: bool,
     /// The margin between a turn's admission and its use (`None`: the library's default).
     pub rate_margin: Option<Duration>,
+    /// No waiting line on the terminal (see `crate::progress`).
+    pub quiet: bool,
     pub command: Vec<OsString>,
 }
 
@@ -310,7 +313,21 @@ async fn take_permit(
 ) -> Result<Permit, Failure> {
     let sem = Semaphore::new(store, &args.name, permits, args.options())?;
     let try_only = args.wait.is_some_and(|w| w.is_zero());
-    match acquire(store, &sem, weight, deadline, try_only, caught).await? {
+    let line = Wait {
+        store,
+        name: &args.name,
+        what: "a permit",
+        holder: Some(
+            args.holder
+                .clone()
+                .unwrap_or_else(tessera::backend::default_holder),
+        ),
+        deadline,
+    };
+    let waiting_line = WaitLine::start(line, args.quiet || try_only);
+    let acquired = acquire(store, &sem, weight, deadline, try_only, caught).await;
+    drop(waiting_line);
+    match acquired? {
         Acquired::Permit(p) => Ok(p),
         Acquired::TimedOut => Err(Failure::new(
             exit::TEMPFAIL,
@@ -349,6 +366,17 @@ async fn take_turn(
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Result<(), Failure> {
     let limiter = RateLimiter::new(store, &args.name, &args.rates, args.rate_options())?;
+    let line = Wait {
+        store,
+        name: &args.name,
+        what: "a turn within the rate limits",
+        holder: None,
+        deadline,
+    };
+    let _line = WaitLine::start(
+        line,
+        args.quiet || deadline.is_some_and(|d| d <= Instant::now()),
+    );
     let waiting = Waiting {
         store,
         name: &args.name,

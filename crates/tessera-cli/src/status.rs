@@ -1,5 +1,13 @@
 //! `tessera status`: capacity, holders and queue of one semaphore and the usage of the rate
 //! limiter of the same name, or a line per semaphore and per limiter.
+//!
+//! A store keeps a semaphore only while it is held or waited for: the last release (or the
+//! expiry of the last lease) removes it, and the next client declares its capacity again. So
+//! a released semaphore has nothing to show, unlike a rate limiter, whose history is kept for
+//! its longest window; the output says so rather than leaving the semaphores out silently. A
+//! semaphore the store still lists but whose every lease has run out (a holder killed, its
+//! TTL past, nobody else using the name since) shows once as expired: reading its status
+//! removes it.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::time::Duration;
@@ -131,9 +139,12 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
             } else {
                 let mut text = match &status {
                     Some(s) => detail(s),
-                    None if rate.is_none() => {
-                        format!("{name}: no holders and no waiters in {}\n", store.url())
-                    }
+                    None if rate.is_none() => format!(
+                        "{name}: not held or waited for in {}; {KEPT_WHILE_USED}, so a \
+                         semaphore released or whose leases expired leaves nothing (and a rate \
+                         limiter idle past its longest window)\n",
+                        store.url()
+                    ),
                     None => String::new(),
                 };
                 if let Some(r) = &rate {
@@ -145,10 +156,13 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
         }
         None => {
             let mut all = Vec::new();
+            let mut expired = Vec::new();
             for name in store.list().await? {
-                // A semaphore can disappear between list and status (expired, deleted).
-                if let Some(s) = store.status(&name).await? {
-                    all.push(s);
+                // Listed, but no status: every lease ran out before this look (which removed
+                // it), or it was released or deleted in between.
+                match store.status(&name).await? {
+                    Some(s) => all.push(s),
+                    None => expired.push(name),
                 }
             }
             let mut rates = Vec::new();
@@ -167,12 +181,10 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 }
                 format!("{}\n", to_json(&items)?)
             } else {
-                match (all.is_empty(), rates.is_empty()) {
-                    (_, true) => summary(&all, store.url()),
-                    (true, false) => rate_summary(&rates),
-                    (false, false) => {
-                        format!("{}\n{}", summary(&all, store.url()), rate_summary(&rates))
-                    }
+                let semaphores = summary(&all, &expired, store.url());
+                match rates.is_empty() {
+                    true => semaphores,
+                    false => format!("{semaphores}\n{}", rate_summary(&rates)),
                 }
             };
             Ok((text, exit::OK))
@@ -306,23 +318,49 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
     })
 }
 
-fn summary(all: &[SemaphoreStatus], url: &str) -> String {
-    if all.is_empty() {
-        return format!("no semaphores in {url}\n");
+/// Why a released semaphore is not listed.
+const KEPT_WHILE_USED: &str = "a store keeps a semaphore only while it is held or waited for";
+
+/// The semaphores' table: one line per semaphore held or waited for, then one per semaphore
+/// found with every lease expired; a line saying there is none otherwise.
+fn summary(all: &[SemaphoreStatus], expired: &[String], url: &str) -> String {
+    if all.is_empty() && expired.is_empty() {
+        return format!(
+            "no semaphore is held or waited for in {url} ({KEPT_WHILE_USED}: a released one \
+             leaves nothing)\n"
+        );
     }
-    let width = all.iter().map(|s| s.name.len()).max().unwrap_or(4).max(4);
+    let width = all
+        .iter()
+        .map(|s| s.name.len())
+        .chain(expired.iter().map(String::len))
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut out = format!(
-        "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}\n",
+        "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}  STATE\n",
         "NAME", "CAPACITY", "AVAILABLE", "HOLDERS", "QUEUED"
     );
     for s in all {
+        let state = match (s.available, s.queue.is_empty()) {
+            (0, true) => "full",
+            (0, false) => "full, waiters",
+            (_, true) => "in use",
+            (_, false) => "in use, waiters",
+        };
         out += &format!(
-            "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}\n",
+            "{:<width$}  {:>8}  {:>9}  {:>7}  {:>6}  {state}\n",
             s.name,
             s.capacity,
             s.available,
             s.holders.len(),
             s.queue.len()
+        );
+    }
+    for name in expired {
+        out += &format!(
+            "{name:<width$}  {:>8}  {:>9}  {:>7}  {:>6}  expired: every lease ran out, now removed\n",
+            "-", "-", 0, 0
         );
     }
     out
@@ -498,12 +536,70 @@ mod tests {
         assert!(
             summary
                 .lines()
-                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["demo", "3", "0", "2", "1"]),
+                .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["demo", "3", "0", "2", "1", "full,", "waiters"]),
             "{summary}"
         );
         pa.release().await.unwrap();
         pb.release().await.unwrap();
         waiter.await.unwrap().unwrap();
+    }
+
+    /// A semaphore whose every lease ran out while nobody looked is still listed by the store
+    /// (SQLite keeps its row, memory its state, until the next step on it): the list shows it
+    /// once as expired instead of leaving it out; held ones show their capacity and state.
+    #[tokio::test]
+    async fn the_list_shows_a_semaphore_whose_leases_expired_as_expired() {
+        for url in ["memory://cli-status-expired", "sqlite"] {
+            let dir = tempfile::tempdir().unwrap();
+            let url = match url {
+                "sqlite" => format!("sqlite://{}", dir.path().join("t.db").display()),
+                other => other.to_string(),
+            };
+            let store = Store::connect(&url).await.unwrap();
+            let opts = tessera::SemaphoreOptions::default().ttl(Duration::from_millis(200));
+            let held = tessera::Semaphore::new(&store, "held", 4, opts.clone()).unwrap();
+            let _permit = held.acquire().await.unwrap();
+            // A holder that stops renewing: its lease runs out after the TTL.
+            let gone = tessera::Semaphore::new(&store, "gone", 3, opts).unwrap();
+            assert!(gone.acquire().await.unwrap().detach().is_some());
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let args = StatusArgs {
+                name: None,
+                json: false,
+                watch: None,
+            };
+            loop {
+                // Past the TTL (store time), without a step on "gone" before the list.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if store.list().await.unwrap().contains(&"gone".to_string()) {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{url}: gone not listed"
+                );
+            }
+            let (text, code) = render(&store, &args).await.unwrap();
+            assert_eq!(code, exit::OK);
+            let rows: Vec<Vec<&str>> = text
+                .lines()
+                .map(|l| l.split_whitespace().collect())
+                .collect();
+            assert!(
+                rows.iter()
+                    .any(|r| r[..6] == ["held", "4", "3", "1", "0", "in"]),
+                "{url}: {text}"
+            );
+            assert!(
+                rows.iter()
+                    .any(|r| r[..6] == ["gone", "-", "-", "0", "0", "expired:"]),
+                "{url}: {text}"
+            );
+            // Shown once: reading it removed it.
+            let (text, _) = render(&store, &args).await.unwrap();
+            assert!(!text.contains("gone"), "{url}: {text}");
+        }
     }
 
     /// The list line of a limiter shows the reserved turns, not only the admitted ones.

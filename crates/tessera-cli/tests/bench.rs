@@ -206,10 +206,9 @@ const RATE_FIELDS: [&str; 16] = [
 /// `tessera bench --workload rate` in both modes, briefly, on `store`.
 fn bench_rate(store: &str) {
     for mode in ["decisions", "reserve"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .env("TESSERA_STORE", store)
-            .args([
-                "bench",
+        let lines = bench_json(
+            store,
+            &[
                 "--workload",
                 "rate",
                 "--rate-mode",
@@ -222,20 +221,10 @@ fn bench_rate(store: &str) {
                 "1s",
                 "--duration",
                 "5s",
-                "--json",
-            ])
-            .output()
-            .expect("run tessera bench");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "tessera bench --workload rate on {store} exited with {}: {stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
+            ],
         );
-        let lines: Vec<&str> = stdout.lines().collect();
-        assert_eq!(lines.len(), 1, "{stdout}");
-        let r: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let r = &lines[0];
         for f in RATE_FIELDS {
             assert!(r.get(f).is_some(), "{f} missing in {r}");
         }
@@ -274,10 +263,9 @@ fn bench_rate_on_redis_without_window_violations() {
 #[test]
 fn bench_many_spreads_over_a_cluster_without_over_grants() {
     let h = Harness::redis_cluster(false);
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .env("TESSERA_STORE", h.url())
-        .args([
-            "bench",
+    let lines = bench_json(
+        h.url(),
+        &[
             "--workload",
             "many",
             "--names",
@@ -288,18 +276,10 @@ fn bench_many_spreads_over_a_cluster_without_over_grants() {
             "200",
             "--duration",
             "30s",
-            "--json",
-        ])
-        .output()
-        .expect("run tessera bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tessera bench exited with {}: {stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let r = &lines[0];
     assert_eq!(r["workload"], "manyx8", "{r}");
     assert_eq!(r["clients"], 16, "{r}");
     assert_eq!(r["over_grants"], 0, "{r}");

@@ -8,7 +8,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::tessera;
+use common::{tessera, tessera_run};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
@@ -76,6 +76,8 @@ fn every_command_has_help_with_an_example() {
         &["revoke", "--help"],
         &["resize", "--help"],
         &["delete", "--help"],
+        &["completions", "--help"],
+        &["man", "--help"],
     ] {
         let out = tessera(home.path()).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(0), "{args:?}");
@@ -127,20 +129,12 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
 fn run_passes_the_exit_code_through() {
     let home = tmp();
     for (script, code) in [("exit 0", 0), ("exit 7", 7), ("exit 255", 255)] {
-        let out = tessera(home.path())
-            .args([
-                "--store",
-                "memory://",
-                "run",
-                "--name",
-                "demo",
-                "--permits",
-                "1",
-                "--",
-            ])
-            .args(["sh", "-c", script])
-            .output()
-            .unwrap();
+        let out = tessera_run(
+            home.path(),
+            "memory://",
+            "demo",
+            &["--permits", "1", "--", "sh", "-c", script],
+        );
         assert_eq!(out.status.code(), Some(code), "{script}");
         assert!(
             out.stderr.is_empty(),
@@ -153,46 +147,33 @@ fn run_passes_the_exit_code_through() {
 #[test]
 fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
     let home = tmp();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            "memory://",
-            "run",
-            "--name",
-            "demo",
-            "--permits",
-            "1",
-            "--",
-        ])
-        .args(["sh", "-c", "kill -KILL $$"])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "demo",
+        &["--permits", "1", "--", "sh", "-c", "kill -KILL $$"],
+    );
     assert_eq!(out.status.code(), Some(128 + libc::SIGKILL));
 }
 
 #[test]
 fn run_exports_the_lease_to_the_command() {
     let home = tmp();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            "memory://",
-            "run",
-            "--name",
-            "gpus",
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "gpus",
+        &[
             "--permits",
             "3",
             "--weight",
             "2",
             "--",
-        ])
-        .args([
             "sh",
             "-c",
             "echo \"$TESSERA_LEASE_ID|$TESSERA_FENCE|$TESSERA_SEATS|$TESSERA_NAME\"",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let fields: Vec<&str> = stdout.trim().split('|').collect();
@@ -462,6 +443,52 @@ fn the_store_comes_from_tessera_store_and_passwords_are_never_printed() {
     assert!(!String::from_utf8_lossy(&help.stdout).contains("hunter2"));
 }
 
+/// A server store where nothing listens: one line in the same words on every store, what
+/// failed, the URL with its password masked, the plain cause and whether the server runs
+/// there (etcd printed a debug dump of its gRPC layers and no URL); exit 69.
+#[test]
+fn a_store_where_nothing_listens_says_so_with_the_url_on_every_server_store() {
+    let home = tmp();
+    let port = tessera_testkit::servers::free_port();
+    // (The listener is closed again here: nothing listens on the port.)
+    for (url, what) in [
+        (format!("redis://u:Hunter2-pw@127.0.0.1:{port}"), "redis"),
+        (
+            format!("postgres://u:Hunter2-pw@127.0.0.1:{port}/db"),
+            "PostgreSQL",
+        ),
+        (format!("mysql://u:Hunter2-pw@127.0.0.1:{port}/db"), "MySQL"),
+        (format!("etcd://u:Hunter2-pw@127.0.0.1:{port}"), "etcd"),
+    ] {
+        let out = tessera_run(
+            home.path(),
+            &url,
+            "x",
+            &["--permits", "1", "--wait", "5s", "--", "echo", "ok"],
+        );
+        let line = assert_fails_with_one_line(&out, 69);
+        assert!(out.stdout.is_empty(), "the command ran: {line}");
+        let masked = url.replace("Hunter2-pw", "***");
+        assert!(
+            line.starts_with(&format!("tessera: store error (connection): {what}: ")),
+            "{line}"
+        );
+        assert!(line.contains("Connection refused"), "{line}");
+        assert!(
+            line.ends_with(&format!(
+                "(nothing accepts connections at {masked}: is the server running, on this \
+                 host and port?)"
+            )),
+            "{line}"
+        );
+        assert!(!line.contains("Hunter2"), "password printed: {line}");
+        assert!(
+            !line.contains("source:") && !line.contains("tonic"),
+            "a debug dump: {line}"
+        );
+    }
+}
+
 #[test]
 fn the_default_store_lives_in_the_state_directory() {
     let home = tmp();
@@ -534,18 +561,21 @@ fn read_only_and_admin_commands_never_create_a_store() {
     }
     // Once `run` has made the store, status shows it.
     let store = sqlite(home.path());
-    let out = tessera(home.path())
-        .args(["--store", &store, "run", "--name", "demo", "--permits", "1"])
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "demo",
+        &["--permits", "1", "--", "true"],
+    );
     assert!(out.status.success(), "{:?}", stderr_lines(&out));
     let out = tessera(home.path())
         .args(["--store", &store, "status"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no semaphores in"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("no semaphore is held or waited for in")
+    );
 }
 
 /// `sqlite://file.db` would be a different file in each working directory: refused (64)
@@ -600,6 +630,155 @@ fn the_top_level_help_names_rate_limits_and_every_store() {
             "--help does not mention {needle}: {help}"
         );
     }
+}
+
+/// `--version` names the stores this build takes, so a user can tell whether `--store`
+/// with their scheme will work before trying it.
+#[test]
+fn the_version_names_every_store_compiled_in() {
+    let home = tmp();
+    let out = tessera(home.path()).arg("--version").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let version = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        version.trim_end(),
+        format!(
+            "tessera {} (stores: memory, sqlite, redis, postgres, mysql, etcd)",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    // Every store the line names is one this build opens: its scheme is not refused as
+    // missing from the build (the address itself may be unreachable).
+    for url in [
+        "sqlite:///nonexistent-dir-for-tessera-version-test/t.db",
+        "redis://127.0.0.1:1",
+        "postgres://127.0.0.1:1/db",
+        "mysql://127.0.0.1:1/db",
+        "etcd://127.0.0.1:1",
+    ] {
+        let out = tessera(home.path())
+            .args(["--store", url, "status", "--json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("cargo feature") && !err.contains("unknown scheme"),
+            "{url}: {err}"
+        );
+    }
+}
+
+/// `tessera completions SHELL` prints a script generated from the command line: bash parses
+/// it, and it offers every subcommand.
+#[test]
+fn completion_scripts_name_the_subcommands_and_bash_parses_its_own() {
+    let home = tmp();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = tessera(home.path())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}: {out:?}");
+        assert!(out.stderr.is_empty(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        for sub in [
+            "run", "serve", "status", "revoke", "resize", "delete", "bench",
+        ] {
+            assert!(script.contains(sub), "{shell} script lacks {sub}: {script}");
+        }
+        for flag in ["store", "permits", "rate", "watch", "listen"] {
+            // fish spells a long flag `-l store`.
+            let spelled = match shell {
+                "fish" => format!("-l {flag}"),
+                _ => format!("--{flag}"),
+            };
+            assert!(script.contains(&spelled), "{shell} script lacks {spelled}");
+        }
+        if shell == "bash" {
+            let path = home.path().join("tessera.bash");
+            std::fs::write(&path, &script).unwrap();
+            let check = std::process::Command::new("bash")
+                .arg("-n")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(check.status.success(), "bash -n: {check:?}");
+        }
+    }
+    // An unknown shell is a usage error naming the choices, and prints no script.
+    let out = tessera(home.path())
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(line.contains("bash") && line.contains("zsh"), "{line}");
+    assert!(out.stdout.is_empty());
+}
+
+/// `tessera man` prints tessera(1), a roff page naming every command; `man COMMAND`
+/// prints that command's page and `--dir` writes them all.
+#[test]
+fn the_man_pages_are_roff_and_cover_every_command() {
+    let home = tmp();
+    let out = tessera(home.path()).arg("man").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.starts_with('.'), "not roff: {page}");
+    assert!(
+        page.lines().any(|l| l.starts_with(".TH tessera 1 ")),
+        "{page}"
+    );
+    let commands = [
+        "run",
+        "status",
+        "revoke",
+        "resize",
+        "delete",
+        "bench",
+        "serve",
+        "completions",
+        "man",
+    ];
+    for sub in commands {
+        assert!(
+            page.lines().any(|l| l == format!("tessera\\-{sub}(1)")),
+            "tessera(1) does not name {sub}: {page}"
+        );
+    }
+    assert!(!page.contains("tessera\\-help"), "{page}");
+    let out = tessera(home.path()).args(["man", "run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let run = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        run.lines().any(|l| l.starts_with(".TH tessera-run 1 ")),
+        "{run}"
+    );
+    assert!(run.contains("\\-\\-permits"), "{run}");
+    let dir = home.path().join("man1");
+    std::fs::create_dir(&dir).unwrap();
+    let out = tessera(home.path())
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tessera.1")).unwrap(),
+        page
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tessera-run.1")).unwrap(),
+        run
+    );
+    for sub in commands {
+        assert!(dir.join(format!("tessera-{sub}.1")).exists(), "{sub}");
+    }
+    let out = tessera(home.path()).args(["man", "nope"]).output().unwrap();
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(
+        line.contains("\"nope\"") && line.contains("serve"),
+        "{line}"
+    );
 }
 
 /// Each forwarded signal reaches the command, which decides the exit code.
@@ -667,6 +846,19 @@ fn spawn_run(home: &Path, store: &str, extra: &[&str], script: &str) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// [`spawn_run`] of a command that holds its permit for 30 s, once it holds it.
+fn spawn_holder(home: &Path, store: &str, extra: &[&str]) -> Child {
+    let ready = home.join("ready");
+    let holder = spawn_run(
+        home,
+        store,
+        extra,
+        &format!("echo ready > {}; sleep 30", ready.display()),
+    );
+    wait_for_file(&ready, Duration::from_secs(10));
+    holder
 }
 
 fn status_json(home: &Path, store: &str) -> serde_json::Value {
@@ -863,22 +1055,12 @@ fn a_killed_holder_gives_its_permit_back_within_the_ttl_and_its_command_dies_wit
         format!("echo $$ > {pid_file}; exec sleep 30")
     });
     let killed_at = Instant::now();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            &store,
-            "run",
-            "--name",
-            "demo",
-            "--permits",
-            "1",
-            "--wait",
-            "10s",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "demo",
+        &["--permits", "1", "--wait", "10s", "--", "true"],
+    );
     assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
     assert!(
         killed_at.elapsed() < Duration::from_millis(3000),
@@ -955,12 +1137,12 @@ fn a_killed_waiter_handed_the_permit_gives_it_back_within_its_waiter_ttl() {
         "the release did not hand the permit to the killed waiter: {status}"
     );
     let released = Instant::now();
-    let out = tessera(home.path())
-        .args(["--store", &store, "run", "--name", "demo"])
-        .args(long)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "demo",
+        &[&long[..], &["--", "true"]].concat(),
+    );
     assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
     assert!(
         released.elapsed() < Duration::from_secs(20),
@@ -973,32 +1155,23 @@ fn a_killed_waiter_handed_the_permit_gives_it_back_within_its_waiter_ttl() {
 fn wait_gives_up_with_75_while_another_holds() {
     let home = tmp();
     let store = sqlite(home.path());
-    let ready = home.path().join("ready");
-    let holder = spawn_run(
-        home.path(),
-        &store,
-        &["--permits", "1"],
-        &format!("echo ready > {}; sleep 30", ready.display()),
-    );
-    wait_for_file(&ready, Duration::from_secs(10));
+    let holder = spawn_holder(home.path(), &store, &["--permits", "1"]);
     let marker = home.path().join("ran");
     let started = Instant::now();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            &store,
-            "run",
-            "--name",
-            "demo",
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "demo",
+        &[
             "--permits",
             "1",
             "--wait",
             "200ms",
             "--",
-        ])
-        .args(["touch", marker.to_str().unwrap()])
-        .output()
-        .unwrap();
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+    );
     let line = assert_fails_with_one_line(&out, 75);
     assert!(line.contains("--wait"), "{line}");
     assert!(!marker.exists());
@@ -1016,14 +1189,7 @@ fn wait_gives_up_with_75_while_another_holds() {
 fn ctrl_c_while_waiting_leaves_the_queue_and_exits_130() {
     let home = tmp();
     let store = sqlite(home.path());
-    let ready = home.path().join("ready");
-    let holder = spawn_run(
-        home.path(),
-        &store,
-        &["--permits", "1"],
-        &format!("echo ready > {}; sleep 30", ready.display()),
-    );
-    wait_for_file(&ready, Duration::from_secs(10));
+    let holder = spawn_holder(home.path(), &store, &["--permits", "1"]);
     let marker = home.path().join("ran");
     let waiter = spawn_run(
         home.path(),
@@ -1089,14 +1255,7 @@ fn a_revoked_permit_stops_the_command_and_exits_74() {
 fn resize_and_delete_report_one_line() {
     let home = tmp();
     let store = sqlite(home.path());
-    let ready = home.path().join("ready");
-    let holder = spawn_run(
-        home.path(),
-        &store,
-        &["--permits", "1", "--ttl", "3s"],
-        &format!("echo ready > {}; sleep 30", ready.display()),
-    );
-    wait_for_file(&ready, Duration::from_secs(10));
+    let holder = spawn_holder(home.path(), &store, &["--permits", "1", "--ttl", "3s"]);
     let out = tessera(home.path())
         .args(["--store", &store, "resize", "demo", "3"])
         .output()
@@ -1195,19 +1354,12 @@ fn unparseable_and_out_of_range_values_both_exit_64() {
 #[test]
 fn the_ttl_range_is_named_in_one_unit_style() {
     let home = tmp();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            "memory://",
-            "run",
-            "--name",
-            "demo",
-            "--permits",
-            "1",
-        ])
-        .args(["--ttl", "30d", "--", "true"])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "demo",
+        &["--permits", "1", "--ttl", "30d", "--", "true"],
+    );
     let line = assert_fails_with_one_line(&out, 64);
     assert!(line.contains("between 100ms and 24h"), "{line}");
 }
@@ -1215,19 +1367,12 @@ fn the_ttl_range_is_named_in_one_unit_style() {
 #[test]
 fn the_command_may_follow_the_options_without_a_double_dash() {
     let home = tmp();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            "memory://",
-            "run",
-            "--name",
-            "demo",
-            "--permits",
-            "1",
-        ])
-        .args(["echo", "--name", "-x"])
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "demo",
+        &["--permits", "1", "echo", "--name", "-x"],
+    );
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "--name -x\n");
 }
@@ -1261,6 +1406,50 @@ fn status_watch_refreshes_until_ctrl_c() {
 }
 
 /// Into a pipe, `--watch` prints one frame after another, without clear-screen codes.
+/// After semaphores were used and released, the list still speaks of semaphores: it says
+/// that none is held and why (a store keeps one only while it is used), next to the rate
+/// limiter that is still kept; asked by name, a released one says the same.
+#[test]
+fn status_says_why_released_semaphores_are_not_listed() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    for name in ["alpha", "beta", "gamma"] {
+        let out = tessera_run(home.path(), &store, name, &["--permits", "2", "--", "true"]);
+        assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    }
+    let out = tessera_run(home.path(), &store, "sms", &["--rate", "5/s", "--", "true"]);
+    assert!(out.status.success(), "{:?}", stderr_lines(&out));
+    let out = tessera(home.path())
+        .args(["--store", &store, "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "no semaphore is held or waited for in {store} (a store keeps a semaphore only \
+             while it is held or waited for: a released one leaves nothing)\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("RATE LIMITER") && text.contains("sms"),
+        "{text}"
+    );
+    let out = tessera(home.path())
+        .args(["--store", &store, "status", "beta"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "beta: not held or waited for in {store}; a store keeps"
+        )) && text.contains("released or whose leases expired leaves nothing"),
+        "{text}"
+    );
+}
+
 #[test]
 fn status_watch_into_a_pipe_writes_no_escape_codes() {
     let home = tmp();
@@ -1276,7 +1465,9 @@ fn status_watch_into_a_pipe_writes_no_escape_codes() {
     assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains('\x1b'), "escape codes in a pipe: {text:?}");
-    let frames = text.matches("no semaphores in memory://").count();
+    let frames = text
+        .matches("no semaphore is held or waited for in memory://")
+        .count();
     assert!(frames >= 2, "{text:?}");
 }
 
@@ -1330,20 +1521,20 @@ fn rate_limited_runs_across_processes() {
     }
     // New limits replace the stored ones only when asked (history is kept: 2 of the last
     // second's admissions still count against 10/s, which leaves room).
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            &store,
-            "run",
-            "--name",
-            "api",
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "api",
+        &[
             "--rate",
             "10/s",
             "--update-rates",
-        ])
-        .args(["--wait", "5s", "--", "true"])
-        .output()
-        .unwrap();
+            "--wait",
+            "5s",
+            "--",
+            "true",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
 
     // The next turn is a minute away: a short --wait gives up, charges nothing, exits 75.
@@ -1383,34 +1574,31 @@ fn bad_rate_input_is_refused() {
     let store = sqlite(home.path());
     let marker = home.path().join("ran");
     let touch = ["--", "touch", marker.to_str().unwrap()];
-    let out = tessera(home.path())
-        .args(["--store", &store, "run", "--name", "api", "--rate", "2/x"])
-        .args(touch)
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "api",
+        &[&["--rate", "2/x"][..], &touch].concat(),
+    );
     assert_fails_with_one_line(&out, 64);
-    let out = tessera(home.path())
-        .args([
-            "--store", &store, "run", "--name", "api", "--rate", "2/s", "--cost", "3",
-        ])
-        .args(touch)
-        .output()
-        .unwrap();
+    let rate = ["--rate", "2/s", "--cost", "3"];
+    let out = tessera_run(home.path(), &store, "api", &[&rate[..], &touch].concat());
     assert_fails_with_one_line(&out, 64);
-    let ok = tessera(home.path())
-        .args([
-            "--store", &store, "run", "--name", "api", "--rate", "2/s", "--", "true",
-        ])
-        .output()
-        .unwrap();
+    let ok = tessera_run(home.path(), &store, "api", &["--rate", "2/s", "--", "true"]);
     assert!(ok.status.success());
-    let out = tessera(home.path())
-        .args(["--store", &store, "run", "--name", "api", "--rate", "3/s"])
-        .args(touch)
-        .output()
-        .unwrap();
+    let out = tessera_run(
+        home.path(),
+        &store,
+        "api",
+        &[&["--rate", "3/s"][..], &touch].concat(),
+    );
     let line = assert_fails_with_one_line(&out, 64);
     assert!(line.contains("add --update-rates"), "{line}");
+    // The limits as written on the command line, not the stored encoding.
+    assert!(
+        line.contains("has limits 2/s in the store, but --rate declared 3/s;"),
+        "{line}"
+    );
     assert!(!marker.exists(), "a refused run ran its command");
 }
 
@@ -1419,21 +1607,23 @@ fn bad_rate_input_is_refused() {
 #[test]
 fn permit_then_rate() {
     let home = tmp();
-    let out = tessera(home.path())
-        .args([
-            "--store",
-            "memory://",
-            "run",
-            "--name",
-            "job",
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "job",
+        &[
             "--permits",
             "2",
             "--weight",
             "2",
-        ])
-        .args(["--rate", "10/s", "--", "sh", "-c", "echo $TESSERA_SEATS"])
-        .output()
-        .unwrap();
+            "--rate",
+            "10/s",
+            "--",
+            "sh",
+            "-c",
+            "echo $TESSERA_SEATS",
+        ],
+    );
     assert!(out.status.success(), "{:?}", stderr_lines(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0,1");
 }
@@ -1445,11 +1635,12 @@ fn delete_removes_the_rate_limiter_and_says_which() {
     let home = tmp();
     let store = sqlite(home.path());
     let run_minutely = |wait: &str| {
-        tessera(home.path())
-            .args(["--store", &store, "run", "--name", "minutely"])
-            .args(["--rate", "1/min", "--wait", wait, "--", "true"])
-            .output()
-            .unwrap()
+        tessera_run(
+            home.path(),
+            &store,
+            "minutely",
+            &["--rate", "1/min", "--wait", wait, "--", "true"],
+        )
     };
     assert!(run_minutely("1s").status.success());
     assert_fails_with_one_line(&run_minutely("200ms"), 75);
@@ -1468,14 +1659,11 @@ fn delete_removes_the_rate_limiter_and_says_which() {
     assert!(run_minutely("200ms").status.success());
 
     // A semaphore with a holder and a rate limiter under one name: both go.
-    let ready = home.path().join("ready");
-    let holder = spawn_run(
+    let holder = spawn_holder(
         home.path(),
         &store,
         &["--permits", "1", "--ttl", "3s", "--rate", "1/min"],
-        &format!("echo ready > {}; sleep 30", ready.display()),
     );
-    wait_for_file(&ready, Duration::from_secs(10));
     let out = tessera(home.path())
         .args(["--store", &store, "delete", "demo"])
         .output()
@@ -1503,11 +1691,12 @@ fn rate_margin_is_stored_with_the_limits() {
     let home = tmp();
     let store = sqlite(home.path());
     let run = |margin: &str| {
-        tessera(home.path())
-            .args(["--store", &store, "run", "--name", "api", "--rate", "5/s"])
-            .args(["--rate-margin", margin, "--", "true"])
-            .output()
-            .unwrap()
+        tessera_run(
+            home.path(),
+            &store,
+            "api",
+            &["--rate", "5/s", "--rate-margin", margin, "--", "true"],
+        )
     };
     let ok = run("50ms");
     assert!(ok.status.success(), "{:?}", stderr_lines(&ok));

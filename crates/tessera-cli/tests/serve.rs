@@ -116,6 +116,11 @@ async fn get(c: &reqwest::Client, url: &str) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// The body of a GET as text (a page, the metrics).
+async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 async fn delete(c: &reqwest::Client, url: &str) -> (StatusCode, Value) {
     let r = c.delete(url).send().await.unwrap();
     let status = r.status();
@@ -313,7 +318,13 @@ async fn bad_input_gets_one_error_shape_and_changes_nothing() {
         assert_eq!(st, 400, "{what}: {body}");
         assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");
     }
-    let r = c.post(&acquire).body("{not json").send().await.unwrap();
+    let r = c
+        .post(&acquire)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     // The server answers before reading the whole body and closes that connection: a
     // client of its own, so the pooled connection of `c` is not the one closed.
@@ -379,6 +390,109 @@ async fn bad_input_gets_one_error_shape_and_changes_nothing() {
     assert_eq!(names, json!({"names": []}));
     let (_, names) = get(&c, &s.url("/v1/rates")).await;
     assert_eq!(names, json!({"names": []}));
+}
+
+/// A body is JSON only with a JSON content type: `text/plain` or a form (what a web page may
+/// send to another origin without asking), or a body with no content type, gets 415 in the
+/// one error shape and changes nothing. An empty body needs no content type.
+#[tokio::test]
+async fn a_body_not_sent_as_json_is_refused_with_415_and_changes_nothing() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let acquire = s.url("/v1/semaphores/jobs/acquire");
+    let body = r#"{"capacity": 2}"#;
+    for content_type in [
+        Some("text/plain"),
+        Some("text/plain;charset=UTF-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        let mut req = c.post(&acquire).body(body);
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
+        }
+        let r = req.send().await.unwrap();
+        let st = r.status();
+        let e: Value = r.json().await.unwrap();
+        assert_error(
+            st,
+            &e,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains("application/json"), "{message}");
+        match content_type {
+            Some(t) => assert!(message.contains(t), "{message}"),
+            None => assert!(message.contains("no Content-Type"), "{message}"),
+        }
+    }
+    let (st, e) = get(&c, &s.url("/v1/semaphores/jobs")).await;
+    assert_error(st, &e, StatusCode::NOT_FOUND, "not_found");
+    let (st, e) = post(&c, &s.url("/v1/rates/sms/try"), json!({"limits": ["5/s"]})).await;
+    assert_eq!(st, 200, "{e}");
+    let r = c
+        .post(s.url("/v1/rates/sms/try"))
+        .header("content-type", "text/plain")
+        .body(r#"{"limits": ["5/s"]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (_, status) = get(&c, &s.url("/v1/rates/sms")).await;
+    assert_eq!(status["limits"][0]["used"], 1, "{status}");
+    // JSON with parameters is JSON.
+    let r = c
+        .post(&acquire)
+        .header("content-type", "application/json; charset=utf-8")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let lease: Value = r.json().await.unwrap();
+    // No body and no content type: the fields' defaults (a renew of the default TTL).
+    let r = c
+        .post(s.url(&format!(
+            "/v1/semaphores/jobs/leases/{}/renew",
+            lease["lease_id"].as_str().unwrap()
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+}
+
+/// A rate mismatch says which limits the store holds and which the request declared, as
+/// written (`3/s, 100/min`), and names the body field that replaces them.
+#[tokio::test]
+async fn a_rate_mismatch_names_the_limits_as_written_and_the_update_field() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let try_url = s.url("/v1/rates/sms/try");
+    let (st, d) = post(&c, &try_url, json!({"limits": ["100/min", "3/s"]})).await;
+    assert_eq!(st, 200, "{d}");
+    let (st, e) = post(&c, &try_url, json!({"limits": ["5/s"]})).await;
+    assert_error(st, &e, StatusCode::CONFLICT, "rate_mismatch");
+    assert_eq!(
+        e["message"],
+        "rate limiter \"sms\" has limits 3/s, 100/min in the store, but this request declared \
+         5/s; send \"update\": true to replace the stored limits"
+    );
+    let (st, e) = post(
+        &c,
+        &try_url,
+        json!({"limits": ["3/s", "100/min"], "margin": "50ms"}),
+    )
+    .await;
+    assert_error(st, &e, StatusCode::CONFLICT, "rate_mismatch");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("limits 3/s, 100/min (margin 20ms) in the store")
+            && message.contains("declared 3/s, 100/min (margin 50ms)"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -589,6 +703,8 @@ fn it_serves_tls_with_http2_and_cleartext_http2() {
         .args([
             "-w",
             "\\n%{http_version} %{http_code}",
+            "-H",
+            "Content-Type: application/json",
             "-d",
             r#"{"capacity": 2}"#,
         ])
@@ -628,12 +744,22 @@ fn it_serves_tls_with_http2_and_cleartext_http2() {
 /// A `curl` process holding a permit through an event stream; its output goes to `out`.
 fn hold_with_curl(s: &Server, name: &str, body: &str, out: &Path) -> Child {
     Command::new(program("curl"))
-        .args(["-sN", "-H", "Accept: text/event-stream", "-d", body])
+        .args(["-sN", "-H", "Accept: text/event-stream"])
+        .args(["-H", "Content-Type: application/json", "-d", body])
         .arg(s.url(&format!("/v1/semaphores/{name}/acquire")))
         .stdout(std::fs::File::create(out).unwrap())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
+}
+
+/// [`hold_with_curl`], then waits for the grant event: the holder and the grant's data.
+fn hold_until_granted(s: &Server, name: &str, body: &str, out: &Path) -> (Child, Value) {
+    let holder = hold_with_curl(s, name, body, out);
+    let text = wait_for_text(out, "event: grant", Duration::from_secs(10));
+    let grant =
+        serde_json::from_str(text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+    (holder, grant)
 }
 
 fn wait_for_text(path: &Path, needle: &str, within: Duration) -> String {
@@ -654,10 +780,8 @@ async fn a_client_killed_while_holding_through_a_stream_gives_its_permit_back_at
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("stream");
     // A TTL of a minute: the permit can only come back this soon because the stream closed.
-    let mut holder = hold_with_curl(&s, "gpu", r#"{"capacity": 1, "ttl": "60s"}"#, &out);
-    let text = wait_for_text(&out, "event: grant", Duration::from_secs(10));
-    let grant: Value =
-        serde_json::from_str(text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+    let (mut holder, grant) =
+        hold_until_granted(&s, "gpu", r#"{"capacity": 1, "ttl": "60s"}"#, &out);
     assert_eq!(grant["seats"], json!([0]));
     let c = client();
     let (_, status) = get(&c, &s.url("/v1/semaphores/gpu")).await;
@@ -693,10 +817,8 @@ async fn a_revoked_stream_holder_gets_a_lost_event() {
     let s = Server::start("memory://", &[]);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("stream");
-    let mut holder = hold_with_curl(&s, "lock", r#"{"capacity": 1, "ttl": "10s"}"#, &out);
-    let text = wait_for_text(&out, "event: grant", Duration::from_secs(10));
-    let grant: Value =
-        serde_json::from_str(text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+    let (mut holder, grant) =
+        hold_until_granted(&s, "lock", r#"{"capacity": 1, "ttl": "10s"}"#, &out);
     let id = grant["lease_id"].as_str().unwrap();
     let c = client();
     let (st, _) = post(
@@ -827,6 +949,33 @@ fn many_processes_through_http_never_exceed_a_rate_window() {
 // Metrics, dashboard
 // ---------------------------------------------------------------------------------------------
 
+/// A fresh server's `/metrics` already lists the series whose labels are known, at zero, with
+/// their help, and the build's version.
+#[tokio::test]
+async fn a_fresh_servers_metrics_list_the_series_and_the_version() {
+    let s = Server::start("memory://", &[]);
+    let metrics = get_text(&client(), &s.url("/metrics")).await;
+    let build = format!(
+        "tessera_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    for needle in [
+        build.as_str(),
+        "tessera_renewals_total{outcome=\"ok\"} 0",
+        "tessera_renewals_total{outcome=\"error\"} 0",
+        "tessera_losses_total{reason=\"gone\"} 0",
+        "tessera_losses_total{reason=\"renewals_failing\"} 0",
+        "tessera_serve_streams_holding 0",
+        "# HELP tessera_renewals_total ",
+        "# TYPE tessera_build_info gauge",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(needle)),
+            "no {needle} in\n{metrics}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
     let s = Server::start("memory://", &[]);
@@ -854,14 +1003,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
     .await;
     post(&c, &s.url("/v1/rates/sms/try"), json!({"limits": ["50/s"]})).await;
 
-    let page = c
-        .get(s.url("/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(&c, &s.url("/")).await;
     let id = lease["lease_id"].as_str().unwrap();
     for needle in [
         id,
@@ -884,14 +1026,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
         .unwrap();
     assert_eq!(snap["semaphores"][0]["queue"][0]["holder"], "late-job");
 
-    let metrics = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &s.url("/metrics")).await;
     for needle in [
         "tessera_grants_total{name=\"reports\"} 1",
         "tessera_waits_total{name=\"reports\"} 1",
@@ -1133,7 +1268,7 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The examples in examples/http (the README's)
+// The examples in examples/http (docs/http.md's)
 // ---------------------------------------------------------------------------------------------
 
 fn example(name: &str) -> PathBuf {

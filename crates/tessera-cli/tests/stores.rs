@@ -4,21 +4,12 @@
 //! where the store has rate limits (on etcd, a typed refusal). Each test starts its own
 //! throwaway server.
 
-use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::tessera;
+use common::{tessera, tessera_on};
 use tessera_testkit::harness::Harness;
-
-fn run(home: &Path, url: &str, args: &[&str]) -> Output {
-    tessera(home)
-        .args(["--store", url])
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 #[track_caller]
 fn stdout_of(out: &Output, code: i32) -> String {
@@ -71,41 +62,47 @@ fn admin_walk(url: &str, rate: bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let detail = stdout_of(&run(home.path(), url, &["status", &name]), 0);
+    let detail = stdout_of(&tessera_on(home.path(), url, &["status", &name]), 0);
     assert!(detail.contains("capacity 2, used 1"), "{detail}");
-    let summary = stdout_of(&run(home.path(), url, &["status"]), 0);
+    let summary = stdout_of(&tessera_on(home.path(), url, &["status"]), 0);
     assert!(summary.contains(&name), "{summary}");
-    let json = stdout_of(&run(home.path(), url, &["status", "--json", &name]), 0);
+    let json = stdout_of(
+        &tessera_on(home.path(), url, &["status", "--json", &name]),
+        0,
+    );
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(json["used"], 1, "{json}");
     let lease = json["holders"][0]["lease_id"].as_str().unwrap().to_string();
     assert!(detail.contains(&lease), "{detail}");
 
-    stdout_of(&run(home.path(), url, &["resize", &name, "3"]), 0);
-    let json = stdout_of(&run(home.path(), url, &["status", "--json", &name]), 0);
+    stdout_of(&tessera_on(home.path(), url, &["resize", &name, "3"]), 0);
+    let json = stdout_of(
+        &tessera_on(home.path(), url, &["status", "--json", &name]),
+        0,
+    );
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(json["capacity"], 3, "{json}");
 
-    stdout_of(&run(home.path(), url, &["revoke", &name, &lease]), 0);
+    stdout_of(&tessera_on(home.path(), url, &["revoke", &name, &lease]), 0);
     // The holder learns at its next renewal (at most a third of the TTL) and stops its command.
     let code = wait_exit(&mut holder, Duration::from_secs(15));
     assert_eq!(code, Some(74), "the revoked holder's exit code");
-    let gone = run(home.path(), url, &["status", &name]);
+    let gone = tessera_on(home.path(), url, &["status", &name]);
     assert_eq!(gone.status.code(), Some(1), "{gone:?}");
 
     let limiter = format!("{name}-rate");
-    let out = run(
+    let out = tessera_on(
         home.path(),
         url,
         &["run", "--name", &limiter, "--rate", "5/s", "--", "true"],
     );
     if rate {
         stdout_of(&out, 0);
-        let shown = stdout_of(&run(home.path(), url, &["status", &limiter]), 0);
+        let shown = stdout_of(&tessera_on(home.path(), url, &["status", &limiter]), 0);
         assert!(shown.contains("rate limiter"), "{shown}");
-        let listed = stdout_of(&run(home.path(), url, &["status"]), 0);
+        let listed = stdout_of(&tessera_on(home.path(), url, &["status"]), 0);
         assert!(listed.contains(&limiter), "{listed}");
-        stdout_of(&run(home.path(), url, &["delete", &limiter]), 0);
+        stdout_of(&tessera_on(home.path(), url, &["delete", &limiter]), 0);
     } else {
         // A feature the store lacks is a usage error (64), not a store fault (69).
         assert_eq!(out.status.code(), Some(64), "{out:?}");
@@ -114,7 +111,7 @@ fn admin_walk(url: &str, rate: bool) {
             "{out:?}"
         );
     }
-    let gone = run(home.path(), url, &["status", &limiter]);
+    let gone = tessera_on(home.path(), url, &["status", &limiter]);
     assert_eq!(gone.status.code(), Some(1), "{gone:?}");
 }
 
@@ -153,11 +150,52 @@ fn admin_commands_on_a_redis_cluster_behind_a_password() {
     admin_walk(&open.replace("://", &format!("://:{PW}@")), true);
     let home = tempfile::tempdir().unwrap();
     for url in [open.clone(), open.replace("://", "://:Wrong-pw-7@")] {
-        let out = run(home.path(), &url, &["status"]);
+        let out = tessera_on(home.path(), &url, &["status"]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(69), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with("tessera: store error (auth)"), "{err}");
+        assert!(!err.contains("pw-7"), "{err}");
+    }
+}
+
+/// A wrong password on PostgreSQL and MariaDB: one line that says auth, as on Redis, with
+/// the server's words and the URL (password masked); exit 69, as for Redis. (It said
+/// "other".)
+#[test]
+fn a_wrong_password_is_an_auth_error_on_postgres_and_mariadb() {
+    let pg = tessera_testkit::servers::postgres::PostgresServer::start();
+    pg.psql("CREATE ROLE app LOGIN PASSWORD 'Right-pw-7'");
+    pg.require_password("app");
+    let maria = tessera_testkit::servers::mysql::MariaDbServer::start();
+    let maria_url = maria.url("pw");
+    maria.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'Right-pw-7'; GRANT ALL ON pw.* TO 'app'@'%'");
+    let home = tempfile::tempdir().unwrap();
+    for (url, says) in [
+        (
+            format!("postgres://app:Wrong-pw-7@127.0.0.1:{}/postgres", pg.port()),
+            "PostgreSQL: password authentication failed for user \"app\" (SQLSTATE 28P01)",
+        ),
+        (
+            maria_url.replace("root@", "app:Wrong-pw-7@"),
+            "MySQL: error 1045: Access denied for user 'app'@",
+        ),
+    ] {
+        let out = tessera_on(home.path(), &url, &["status"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("tessera: store error (auth): {says}")),
+            "{err}"
+        );
+        assert!(
+            err.trim_end().ends_with(&format!(
+                "(the server refused the credentials: check the user and password of {})",
+                url.replace("Wrong-pw-7", "***")
+            )),
+            "{err}"
+        );
         assert!(!err.contains("pw-7"), "{err}");
     }
 }

@@ -43,8 +43,7 @@ use tessera::backend::{AcquireReply, AcquireRequest, Backend, Clock, ManualClock
 use tessera::backend::{WaitReply, WaitSpec};
 use tessera::{LeaseId, Result, SemaphoreStatus};
 
-/// The TTL of every lease and waiter on a store with its own clock.
-const LONG: Duration = Duration::from_secs(3600);
+use crate::seam::LONG;
 
 /// Every kind of answer the random walk must reach, or it proves little.
 const ANSWERS: [&str; 11] = [

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tessera::backend::{AcquireReply, AcquireRequest, Backend, Grant, Name, WaitReply, WaitSpec};
 use tessera::LeaseId;
 
-const LONG: Duration = Duration::from_secs(3600);
+use crate::seam::LONG;
 
 /// The waiter TTL the waiters queue with, and that odd ones heartbeat with.
 pub const SHORT: Duration = Duration::from_secs(5);

@@ -15,6 +15,7 @@ pub mod harness;
 pub mod hold;
 pub mod proxy;
 pub mod ratelog;
+pub mod seam;
 pub mod servers;
 pub mod window;
 pub mod worker;

@@ -136,6 +136,33 @@ async fn a_password_never_appears_in_errors() {
     );
 }
 
+/// A port where nothing listens: a connection error in the shape of every server store (as
+/// Redis words it), naming the URL with its password masked, in words: it was a debug dump
+/// of the gRPC layers (`source: tonic::transport::Error(Transport, ConnectError(…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_names_the_url_and_asks_whether_the_server_runs() {
+    let port = tessera_testkit::servers::free_port();
+    // (The listener is closed again here: nothing listens on the port.)
+    for url in [
+        format!("etcd://127.0.0.1:{port}"),
+        format!("etcd://app:hunter2-secret@127.0.0.1:{port}/x"),
+    ] {
+        let e = Store::connect(&url).await.unwrap_err();
+        assert!(e.is_connection(), "{e:?}");
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            format!(
+                "store error (connection): etcd: tcp connect error: Connection refused (os \
+                 error 111) (nothing accepts connections at {}: is the server running, on \
+                 this host and port?)",
+                url.replace("hunter2-secret", "***")
+            )
+        );
+        assert!(!format!("{e:?}").contains("hunter2-secret"), "{e:?}");
+    }
+}
+
 /// A lease nobody renews comes back by its (whole-second) TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_lease_comes_back_within_its_ttl() {
@@ -432,7 +459,7 @@ async fn lost_fires_before_a_hand_off_grant_expires_when_renewals_fail() {
 /// Four clients pass a lock on to each other 200 times, with heartbeats 7.5 s apart: every
 /// waiter is woken by its watch, none waits for its heartbeat. A watch opened after the
 /// snapshot its waiter read misses what happened in between unless the waiter reads again
-/// (`watch.rs`); without that, a hand-off in the gap left its waiter asleep until the next
+/// (`notify.rs`); without that, a hand-off in the gap left its waiter asleep until the next
 /// heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_lock_wakes_every_waiter_without_its_heartbeat() {
@@ -863,7 +890,15 @@ async fn user_password_auth_and_a_wrong_password() {
         for text in [e.to_string(), format!("{e:?}")] {
             assert!(!text.contains(secret), "{text}");
         }
-        eprintln!("wrong password: {e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "store error (auth): etcd: etcdserver: authentication failed, invalid user ID \
+                 or password (the server refused the credentials: check the user and password \
+                 of {})",
+                bad.replace(secret, "***")
+            )
+        );
     }
     let e = Store::connect(&base.replace("etcd://", "etcd://nobody:x@"))
         .await

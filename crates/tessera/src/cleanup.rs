@@ -48,9 +48,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::conn::Conn;
 use crate::model::{LeaseId, Name, StoreTime};
 use crate::seam::Backend;
-use crate::store::Store;
+use crate::stores::Open;
 
 /// How long a normal process exit waits for clean-ups still under way.
 pub const EXIT_GRACE: Duration = Duration::from_secs(3);
@@ -75,7 +76,7 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs the job once: `Err` when the store gave no answer (or an error).
-    async fn run(&self, backend: &dyn Backend) -> crate::Result<()> {
+    async fn run(&self, backend: &dyn Backend) -> crate::error::Result<()> {
         match self {
             Job::Release { name, lease } => backend.release(name, *lease).await.map(drop),
             Job::Cancel { name, lease } => backend.cancel(name, *lease).await.map(drop),
@@ -91,7 +92,7 @@ impl Job {
     }
 
     /// Logs that the job is given up: what is left behind expires by itself.
-    fn given_up(&self, e: &crate::Error) {
+    fn given_up(&self, e: &crate::error::Error) {
         match self {
             Job::Release { name, lease } => {
                 tracing::warn!(%name, %lease, error = %e, "release on drop failed; the lease expires by its TTL")
@@ -106,9 +107,9 @@ impl Job {
     }
 }
 
-/// Runs `job` against `store` in the background (see the module docs). Never blocks.
-pub(crate) fn spawn(store: &Store, job: Job) {
-    let ticket = Ticket::new(store.clone(), job);
+/// Runs `job` against `conn` in the background (see the module docs). Never blocks.
+pub(crate) fn spawn(conn: &Conn, job: Job) {
+    let ticket = Ticket::new(conn.clone(), job);
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             rt.spawn(async move {
@@ -136,7 +137,7 @@ static ALL_DONE: Condvar = Condvar::new();
 
 /// A clean-up under way. Dropped unfinished, it passes itself to the reaper.
 struct Ticket {
-    inner: Option<(Store, Job)>,
+    inner: Option<(Conn, Job)>,
 }
 
 /// Makes sure the exit handler runs at a normal process exit. Cheap after the first call.
@@ -149,25 +150,25 @@ pub(crate) fn arm_exit() {
 }
 
 /// Runs `job` on the reaper thread (at exit, when no runtime may run it).
-pub(crate) fn reap(store: &Store, job: Job) {
-    reaper().send(Ticket::new(store.clone(), job));
+pub(crate) fn reap(conn: &Conn, job: Job) {
+    reaper().send(Ticket::new(conn.clone(), job));
 }
 
 impl Ticket {
-    fn new(store: Store, job: Job) -> Ticket {
+    fn new(conn: Conn, job: Job) -> Ticket {
         arm_exit();
         *UNDER_WAY.lock().unwrap() += 1;
-        store.cleanups().send_modify(|n| *n += 1);
+        conn.cleanups().send_modify(|n| *n += 1);
         Ticket {
-            inner: Some((store, job)),
+            inner: Some((conn, job)),
         }
     }
 
     fn finish(&mut self) {
-        let Some((store, _)) = self.inner.take() else {
+        let Some((conn, _)) = self.inner.take() else {
             return;
         };
-        store.cleanups().send_modify(|n| *n = n.saturating_sub(1));
+        conn.cleanups().send_modify(|n| *n = n.saturating_sub(1));
         let mut n = UNDER_WAY.lock().unwrap();
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -185,12 +186,26 @@ impl Drop for Ticket {
     }
 }
 
+/// At a normal exit: hands every lease still held, through every connection, to the reaper
+/// as a release; their owner is about to vanish, and nobody would renew them.
+fn release_all_at_exit() {
+    for conn in Conn::live() {
+        for (name, lease) in conn
+            .drain_held()
+            .iter()
+            .filter_map(|h| h.take_for_release(None))
+        {
+            reap(&conn, Job::Release { name, lease });
+        }
+    }
+}
+
 /// At a normal exit: releases the permits still held (their owner is about to vanish, and
 /// nobody would renew them), then waits for every clean-up under way.
 extern "C" fn at_exit() {
     // Never unwind into C.
     let _ = std::panic::catch_unwind(|| {
-        crate::store::release_all_at_exit();
+        release_all_at_exit();
         wait_for_clean_ups();
     });
 }
@@ -258,7 +273,7 @@ fn reaper_thread(mut rx: mpsc::UnboundedReceiver<Ticket>) {
     };
     rt.block_on(async move {
         // Fresh connections by URL, shared by the jobs of one store.
-        let connections: std::sync::Arc<tokio::sync::Mutex<HashMap<String, Store>>> =
+        let connections: std::sync::Arc<tokio::sync::Mutex<HashMap<String, Conn>>> =
             Default::default();
         while let Some(mut ticket) = rx.recv().await {
             let connections = std::sync::Arc::clone(&connections);
@@ -270,7 +285,7 @@ fn reaper_thread(mut rx: mpsc::UnboundedReceiver<Ticket>) {
                                 let mut open = connections.lock().await;
                                 match open.get(url) {
                                     Some(s) => Some(s.clone()),
-                                    None => match Store::connect(url).await {
+                                    None => match Conn::open(url, Open::CreateIfMissing).await {
                                         Ok(s) => {
                                             open.insert(url.to_string(), s.clone());
                                             Some(s)

@@ -1,10 +1,12 @@
 //! One error type for every store, with classifiers so callers never match on strings.
 //!
-//! "No permit free" and "limited" are *answers* (`Ok(None)`, `Ok(Outcome::Limited)`), not
+//! "No permit free" and "limited" are *answers* (`Ok(None)`, `RateDecision::Limited`), not
 //! errors. Errors are for impossible requests (caught before the store is touched) and faults.
 //! No variant ever carries a password: store URLs are redacted before they are stored here.
 
 use std::fmt;
+
+use crate::limits::{MAX_CAPACITY, MAX_QUEUE_CAP};
 
 /// Result alias used across tessera.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -18,7 +20,7 @@ pub enum InvalidInput {
     #[error("invalid name {name:?}: {reason}")]
     Name { name: String, reason: &'static str },
     /// Capacity must be between 1 and [`crate::MAX_CAPACITY`].
-    #[error("invalid capacity {0}: must be between 1 and {max}", max = crate::MAX_CAPACITY)]
+    #[error("invalid capacity {0}: must be between 1 and {max}", max = MAX_CAPACITY)]
     Capacity(u32),
     /// Weight must be between 1 and the semaphore's capacity.
     #[error("invalid weight {weight}: must be between 1 and the capacity {capacity}")]
@@ -60,7 +62,7 @@ pub enum InvalidInput {
         ttl: std::time::Duration,
     },
     /// Queue cap must be between 1 and [`crate::MAX_QUEUE_CAP`].
-    #[error("invalid queue cap {0}: must be between 1 and {max}", max = crate::MAX_QUEUE_CAP)]
+    #[error("invalid queue cap {0}: must be between 1 and {max}", max = MAX_QUEUE_CAP)]
     QueueCap(u64),
     /// The holder label is too long or contains control characters.
     #[error("invalid holder label: {0}")]
@@ -343,6 +345,79 @@ pub(crate) fn mask_secret(message: &str, secret: Option<&str>) -> String {
     out
 }
 
+/// The hint of a first connection that nothing accepted: every server store words it alike,
+/// as `<store>: <cause> (<hint>)`, naming the URL (password masked).
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "postgres",
+    feature = "mysql"
+))]
+pub(crate) fn refused_hint(redacted_url: &str) -> String {
+    format!(
+        "nothing accepts connections at {redacted_url}: is the server running, on this host and \
+         port?"
+    )
+}
+
+/// The hint of a first connection whose credentials the server refused ([`StoreErrorKind::Auth`]),
+/// in the shape of [`refused_hint`].
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "postgres",
+    feature = "mysql"
+))]
+pub(crate) fn auth_hint(redacted_url: &str) -> String {
+    format!("the server refused the credentials: check the user and password of {redacted_url}")
+}
+
+/// A first connection that nothing accepted, worded as every server store words it:
+/// `<store>: <cause> (<refused_hint>)`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn refused_connection(
+    store: &str,
+    cause: &dyn fmt::Display,
+    redacted_url: &str,
+) -> Error {
+    Error::store(
+        StoreErrorKind::Connection,
+        format!("{store}: {cause} ({})", refused_hint(redacted_url)),
+    )
+}
+
+/// A first connection's error with [`auth_hint`] added when the server refused the
+/// credentials; any other error as it is.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) fn with_auth_hint(e: Error, redacted_url: &str) -> Error {
+    match e {
+        Error::Store {
+            kind: StoreErrorKind::Auth,
+            message,
+        } => Error::store(
+            StoreErrorKind::Auth,
+            format!("{message} ({})", auth_hint(redacted_url)),
+        ),
+        other => other,
+    }
+}
+
+/// Whether `e` or one of its sources is an I/O error of a refused connection (nothing
+/// listens on that host and port).
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "mysql"))]
+pub(crate) fn is_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// Replaces the password of a URL-like string with `***`, for messages and logs.
 pub fn redact_url(raw: &str) -> String {
     match url::Url::parse(raw) {
@@ -401,8 +476,8 @@ mod tests {
     fn ttl_range_is_named_in_one_unit_style() {
         let err = InvalidInput::Ttl {
             ttl: std::time::Duration::from_secs(30 * 86_400),
-            min: crate::MIN_TTL,
-            max: crate::MAX_TTL,
+            min: crate::limits::MIN_TTL,
+            max: crate::limits::MAX_TTL,
         };
         assert_eq!(
             err.to_string(),

@@ -11,7 +11,7 @@ use crate::error::Result;
 #[cfg(feature = "redis")]
 use crate::model::*;
 #[cfg(feature = "redis")]
-use crate::rate::RateStatus;
+use crate::rate::seam::RateStatus;
 #[cfg(feature = "redis")]
 use crate::seam::{RateConfig, RateReply};
 
@@ -57,7 +57,7 @@ pub fn store_url(url: &str) -> Result<StoreUrl> {
         }),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(StoreUrl::Sqlite {
-            path: crate::stores::sqlite::parse_url(url)?,
+            path: crate::stores::sqlite::url::parse_url(url)?,
         }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => {

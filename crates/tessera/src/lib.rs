@@ -75,16 +75,32 @@
 //! `docs/contract.md` in the repository for the guarantees every store keeps, and the
 //! `examples/` folder for whole programs.
 
+// How the library is layered, bottom first (`tests/layers.rs` enforces it: no file names a
+// file above it, and no code path goes through the crate root):
+//
+// - the core, what every store and the façade build on: `limits`, `error`, `model`,
+//   `clock`, `wake`, the rate spec and seam (`rate/spec.rs`, `rate/seam.rs`), the store seam
+//   (`seam.rs`), the rate engine (`rate/engine.rs`), and the shared store parts (`stores/`
+//   `batch.rs`, `expiries.rs`, `url.rs`, and the SQL step `stores/sql/`);
+// - the stores, one folder each under `stores/`, which import the core and their own folder
+//   only; then `stores/mod.rs`, which picks a store by URL scheme;
+// - the façade: `telemetry` (wraps a backend), `conn` (the connection engine: one opened
+//   backend, its URL, the leases held through it), `cleanup` (background releases and
+//   cancels), `lease/` (the permit and its keeper), `store` (the `Store` handle users
+//   connect with), then the handles built on it, each adding its constructor to `Store` in
+//   an `impl Store` block of its own file: `semaphore/`, `rate/limiter.rs`, `lock`.
+
 mod cleanup;
 mod clock;
+mod conn;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod keeper;
+mod lease;
+mod limits;
 mod lock;
 mod model;
-mod permit;
 mod rate;
 mod seam;
 mod semaphore;
@@ -95,12 +111,10 @@ mod wake;
 
 pub use cleanup::EXIT_GRACE;
 pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
+pub use lease::permit::{Permit, RELEASE_RETRY};
+pub use limits::{MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_QUEUE_CAP, MAX_TTL, MIN_TTL};
 pub use lock::Lock;
-pub use model::{
-    Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter, MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN,
-    MAX_QUEUE_CAP, MAX_TTL, MIN_TTL,
-};
-pub use permit::{Permit, RELEASE_RETRY};
+pub use model::{Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter};
 pub use rate::{
     LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
     DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN, MAX_RATE_PERIOD,

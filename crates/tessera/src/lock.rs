@@ -5,8 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::Result;
+use crate::lease::permit::Permit;
 use crate::model::SemaphoreStatus;
-use crate::permit::Permit;
 use crate::semaphore::{Semaphore, SemaphoreOptions};
 use crate::store::Store;
 
@@ -29,6 +29,13 @@ use crate::store::Store;
 #[derive(Debug, Clone)]
 pub struct Lock {
     sem: Semaphore,
+}
+
+impl Store {
+    /// A lock (a semaphore of capacity 1) with default options.
+    pub fn lock(&self, name: &str) -> Result<Lock> {
+        Lock::new(self, name, SemaphoreOptions::default())
+    }
 }
 
 impl Lock {

@@ -8,19 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{InvalidInput, Result};
-
-/// Largest capacity a semaphore may have.
-pub const MAX_CAPACITY: u32 = 1_000_000;
-/// Largest wait-queue cap.
-pub const MAX_QUEUE_CAP: u32 = 1_000_000;
-/// Longest name, in bytes.
-pub const MAX_NAME_LEN: usize = 128;
-/// Longest holder label, in bytes.
-pub const MAX_HOLDER_LEN: usize = 256;
-/// Shortest lease TTL.
-pub const MIN_TTL: Duration = Duration::from_millis(100);
-/// Longest lease TTL.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) use crate::limits::*;
 
 /// A validated semaphore, lock or limiter name: 1–128 bytes of `A-Z a-z 0-9 . _ - : / @`,
 /// starting with a letter or digit. Names never contain braces, so they are safe inside a
@@ -387,20 +375,6 @@ pub(crate) fn validate_capacity(c: u32) -> Result<u32, InvalidInput> {
         return Err(InvalidInput::Capacity(c));
     }
     Ok(c)
-}
-
-/// A semaphore's validated configuration, shared by the semaphore handle, its waits and its
-/// permits (the lease keeper reads the name, TTL and keep-alive interval).
-#[derive(Debug)]
-pub(crate) struct SemaphoreConfig {
-    pub(crate) name: Name,
-    pub(crate) ttl: Duration,
-    pub(crate) keep_alive: Duration,
-    pub(crate) holder: String,
-    pub(crate) queue_cap: u32,
-    pub(crate) waiter_ttl: Duration,
-    /// Its metric handles (`crate::telemetry`).
-    pub(crate) metrics: crate::telemetry::SemMetrics,
 }
 
 #[cfg(test)]

@@ -69,7 +69,7 @@ use crate::error::Result;
 use crate::model::*;
 
 pub use crate::rate::seam::{RateBackend, RateReply, RateRequest};
-pub use crate::rate::RateConfig;
+pub use crate::rate::spec::RateConfig;
 
 /// How waiters learn about grants on this store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +136,7 @@ impl Capabilities {
             ttl_granularity: Duration::from_micros(1),
             fence: FenceSource::StoreTimeFloor,
             hand_off: HandOff::SameStep,
-            max_weight: crate::MAX_CAPACITY,
+            max_weight: MAX_CAPACITY,
         }
     }
 
@@ -148,18 +148,18 @@ impl Capabilities {
 
     /// Checks a lease or waiter TTL against the store's limits (after the client's own
     /// range, [`MIN_TTL`]..=[`MAX_TTL`]).
-    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), crate::InvalidInput> {
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), crate::error::InvalidInput> {
         let min = self.min_ttl.max(MIN_TTL);
         let step = self.ttl_granularity.as_micros().max(1);
         if ttl < min || ttl > MAX_TTL {
-            return Err(crate::InvalidInput::Ttl {
+            return Err(crate::error::InvalidInput::Ttl {
                 ttl,
                 min,
                 max: MAX_TTL,
             });
         }
         if !ttl.as_micros().is_multiple_of(step) {
-            return Err(crate::InvalidInput::TtlStep {
+            return Err(crate::error::InvalidInput::TtlStep {
                 ttl,
                 step: self.ttl_granularity,
             });
@@ -272,4 +272,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn rate_unsupported(&self) -> Option<&'static str> {
         None
     }
+}
+
+/// The [`Error::Unsupported`](crate::Error::Unsupported) a rate limiter gets on the store at
+/// `url` (redacted) whose `backend` has no rate limiting, with the store's reason if it gives
+/// one.
+pub(crate) fn unsupported_rate(url: &str, backend: &dyn Backend) -> crate::error::Error {
+    let mut message = format!("rate limiting is not available on {url}");
+    if let Some(why) = backend.rate_unsupported() {
+        message.push_str(": ");
+        message.push_str(why);
+    }
+    crate::error::Error::Unsupported(message)
 }

@@ -2,15 +2,16 @@
 //! seam every store implements in `crate::seam`.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-
-use crate::error::{redact_url, Error, LossReason, Result, StoreErrorKind};
-use crate::keeper::Held;
+use crate::conn::Conn;
+use crate::error::{Error, LossReason, Result, StoreErrorKind};
+use crate::lease::permit::release_retried;
 use crate::model::*;
-use crate::seam::{Backend, RateBackend};
+use crate::rate::seam::{RateBackend, RateStatus};
+use crate::seam::{unsupported_rate as unsupported, Backend};
+use crate::stores::Open;
 
 /// A connection to one store, chosen by URL. Cheap to clone; clones share the connection.
 ///
@@ -22,93 +23,17 @@ use crate::seam::{Backend, RateBackend};
 /// outright leaves its leases to expire by their TTL.
 #[derive(Clone)]
 pub struct Store {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    backend: Arc<dyn Backend>,
-    /// The URL with any password replaced by `***`: the only form ever shown.
-    url: String,
-    /// The URL as given (password included) for the clean-up thread to reconnect with;
-    /// `None` for a store built from a backend. Never printed.
-    reconnect: Option<String>,
-    /// The permits held through this store, for [`Store::close`].
-    permits: Mutex<Tracked>,
-    /// Background clean-ups under way for this store (see `crate::cleanup`).
-    cleanups: watch::Sender<usize>,
+    conn: Conn,
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store")
-            .field("url", &self.shared.url)
-            .finish()
-    }
-}
-
-/// The permits of a store: a list of weak references, pushed at grant and never searched. A
-/// released permit stays until the list is compacted (when it has doubled since the last
-/// time), and is skipped at [`Store::close`] because its release was already claimed; so a
-/// release costs nothing here.
-#[derive(Default)]
-struct Tracked {
-    held: Vec<Weak<Held>>,
-    limit: usize,
-}
-
-/// The length below which [`Tracked`] is never compacted.
-const TRACKED_MIN: usize = 64;
-
-impl Tracked {
-    fn push(&mut self, held: &Arc<Held>) {
-        if self.held.len() >= self.limit.max(TRACKED_MIN) {
-            self.held.retain(|h| h.strong_count() > 0);
-            self.limit = 2 * self.held.len();
-        }
-        self.held.push(Arc::downgrade(held));
-    }
-
-    /// Every permit still alive, emptying the list.
-    fn drain(&mut self) -> Vec<Arc<Held>> {
-        self.limit = 0;
-        self.held.drain(..).filter_map(|h| h.upgrade()).collect()
+        f.debug_struct("Store").field("url", &self.url()).finish()
     }
 }
 
 /// How long [`Store::close`] gives each release, and the clean-ups under way, to finish.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Every store of the process, for the exit handler.
-static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-
-/// At a normal process exit: hands every permit still held, in every store, to the clean-up
-/// thread as a release (see `crate::cleanup`).
-pub(crate) fn release_all_at_exit() {
-    let stores: Vec<Store> = match LIVE.lock() {
-        Ok(live) => live
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|shared| Store { shared })
-            .collect(),
-        Err(_) => return,
-    };
-    for store in stores {
-        let held: Vec<Arc<Held>> = match store.shared.permits.lock() {
-            Ok(mut permits) => permits.drain(),
-            Err(_) => continue,
-        };
-        for h in held.iter().filter(|h| h.claim_release()) {
-            h.stop();
-            crate::cleanup::reap(
-                &store,
-                crate::cleanup::Job::Release {
-                    name: h.config.name.clone(),
-                    lease: h.lease.lease_id,
-                },
-            );
-        }
-    }
-}
 
 impl Store {
     /// Connects to the store named by `url`, creating it if it does not exist yet:
@@ -146,57 +71,55 @@ impl Store {
     /// #     tokio::runtime::Runtime::new().unwrap().block_on(f) }
     /// ```
     pub async fn connect(url: &str) -> Result<Store> {
-        let backend = crate::stores::open(url, crate::stores::Open::CreateIfMissing).await?;
-        Ok(Store::build(backend, url, Some(url.to_string())))
+        Ok(Store::wrap(Conn::open(url, Open::CreateIfMissing).await?))
+    }
+
+    /// Opens a store that already exists, creating nothing: for tools that only read or
+    /// change existing state (inspection, revoke, resize, delete), so a mistyped path is
+    /// reported instead of becoming a new, empty store.
+    ///
+    /// The URL forms are those of [`Store::connect`]. A SQLite file that does not exist is
+    /// [`Error::NoStore`] (see [`Error::is_no_store`]) and neither the file nor its folder is
+    /// created; an existing file is opened as by `connect`. A PostgreSQL schema or a
+    /// MySQL / MariaDB database that holds no tessera tables is [`Error::NoStore`] too, and
+    /// nothing is created in it. `memory://` and Redis create nothing on connect, so for
+    /// them this is the same as `connect`.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let url = format!("sqlite://{}/typo.db", dir.path().display());
+    /// let err = tessera::Store::connect_existing(&url).await.unwrap_err();
+    /// assert!(err.is_no_store());
+    /// assert!(!dir.path().join("typo.db").exists());
+    /// # });
+    /// ```
+    pub async fn connect_existing(url: &str) -> Result<Store> {
+        Ok(Store::wrap(Conn::open(url, Open::ExistingOnly).await?))
     }
 
     /// Wraps a backend (for tests and fault injection).
     pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
-        Store::build(backend, url, None)
+        Store::wrap(Conn::build(backend, url, None))
     }
 
-    pub(crate) fn build(backend: Arc<dyn Backend>, url: &str, reconnect: Option<String>) -> Store {
-        // A store opened from a URL reports its calls (see `crate::telemetry`); one built from
-        // a backend is the caller's, who may wrap it (tests wrap a URL-opened one in faults).
-        let backend: Arc<dyn Backend> = match reconnect {
-            Some(_) => Arc::new(crate::telemetry::Instrumented::new(backend)),
-            None => backend,
-        };
-        let shared = Arc::new(Shared {
-            backend,
-            url: redact_url(url),
-            reconnect,
-            permits: Mutex::new(Tracked::default()),
-            cleanups: watch::Sender::new(0),
-        });
-        let mut live = LIVE.lock().unwrap();
-        live.retain(|s| s.strong_count() > 0);
-        live.push(Arc::downgrade(&shared));
-        Store { shared }
+    fn wrap(conn: Conn) -> Store {
+        Store { conn }
+    }
+
+    /// The connection engine under this handle, for what the façade builds on it.
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.conn
     }
 
     /// The store's URL with any password replaced by `***`.
     pub fn url(&self) -> &str {
-        &self.shared.url
+        self.conn.url()
     }
 
     /// The backend behind this store.
     pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.shared.backend
-    }
-
-    pub(crate) fn reconnect_url(&self) -> Option<&str> {
-        self.shared.reconnect.as_deref()
-    }
-
-    pub(crate) fn cleanups(&self) -> &watch::Sender<usize> {
-        &self.shared.cleanups
-    }
-
-    /// Notes a permit held through this store, for [`Store::close`] and the exit handler.
-    pub(crate) fn track(&self, held: &Arc<Held>) {
-        crate::cleanup::arm_exit();
-        self.shared.permits.lock().unwrap().push(held);
+        self.conn.backend()
     }
 
     /// Releases every permit still held through this store (clones included) and waits for
@@ -209,18 +132,16 @@ impl Store {
     /// by its TTL. On error (the first failed release) every other permit was still released.
     /// The store stays usable afterwards.
     pub async fn close(&self) -> Result<()> {
-        let held: Vec<Arc<Held>> = { self.shared.permits.lock().unwrap().drain() };
-        let releases = held
-            .iter()
-            .filter(|h| h.claim_release())
-            .map(|h| async move {
-                h.lose(LossReason::Closed);
-                h.stop();
-                let (name, lease) = (&h.config.name, h.lease.lease_id);
+        let releases = self
+            .conn
+            .drain_held()
+            .into_iter()
+            .filter_map(|h| h.take_for_release(Some(LossReason::Closed)))
+            .map(|(name, lease)| async move {
                 let release = async {
-                    match self.backend().release(name, lease).await {
+                    match self.backend().release(&name, lease).await {
                         Err(e) if e.is_transient() => {
-                            crate::permit::release_retried(&**self.backend(), name, lease, e).await
+                            release_retried(&**self.backend(), &name, lease, e).await
                         }
                         other => other,
                     }
@@ -236,7 +157,7 @@ impl Store {
                 }
             });
         let outcomes = futures::future::join_all(releases).await;
-        let mut under_way = self.shared.cleanups.subscribe();
+        let mut under_way = self.conn.cleanups().subscribe();
         if tokio::time::timeout(CLOSE_TIMEOUT, under_way.wait_for(|n| *n == 0))
             .await
             .is_err()
@@ -244,16 +165,6 @@ impl Store {
             tracing::warn!(store = %self.url(), "clean-ups still under way after {CLOSE_TIMEOUT:?}");
         }
         outcomes.into_iter().collect::<Result<Vec<()>>>().map(drop)
-    }
-
-    /// A semaphore of `capacity` permits with default options.
-    pub fn semaphore(&self, name: &str, capacity: u32) -> Result<crate::Semaphore> {
-        crate::Semaphore::new(self, name, capacity, crate::SemaphoreOptions::default())
-    }
-
-    /// A lock (a semaphore of capacity 1) with default options.
-    pub fn lock(&self, name: &str) -> Result<crate::Lock> {
-        crate::Lock::new(self, name, crate::SemaphoreOptions::default())
     }
 
     /// A snapshot of a semaphore, or `None` if the store holds nothing for it.
@@ -266,19 +177,9 @@ impl Store {
         self.backend().list().await
     }
 
-    /// A rate limiter with `limits` in exact mode (at most N in any window of L) and default
-    /// options; see [`crate::RateLimiter`].
-    pub fn rate_limiter(
-        &self,
-        name: &str,
-        limits: &[crate::RateSpec],
-    ) -> Result<crate::RateLimiter> {
-        crate::RateLimiter::new(self, name, limits, crate::RateOptions::default())
-    }
-
     /// A snapshot of a rate limiter (usage per limit, next free time), or `None` if the store
     /// holds no state for it. [`Error::Unsupported`] on a store without rate limiting.
-    pub async fn rate_status(&self, name: &str) -> Result<Option<crate::RateStatus>> {
+    pub async fn rate_status(&self, name: &str) -> Result<Option<RateStatus>> {
         let name = Name::new(name)?;
         self.rate_backend()?.rate_status(&name).await
     }
@@ -299,7 +200,7 @@ impl Store {
     fn rate_backend(&self) -> Result<&dyn RateBackend> {
         self.backend()
             .rate()
-            .ok_or_else(|| crate::rate::unsupported(self))
+            .ok_or_else(|| unsupported(self.url(), &**self.backend()))
     }
 
     /// Changes a semaphore's capacity (admin); returns the old capacity. Growing hands the

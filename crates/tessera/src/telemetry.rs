@@ -450,7 +450,7 @@ impl RateBackend for Instrumented {
         .await
     }
 
-    async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::RateStatus>> {
+    async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::seam::RateStatus>> {
         call(
             self.latency(const { op_index("rate_status") }),
             "rate_status",

@@ -19,7 +19,7 @@
 //!
 //! Once granted, the waiter's registration passes to the permit, which keeps it while it
 //! holds the lease: a later wake-up for that lease id (a revocation) goes to the lease keeper
-//! through a [`Hook`] (see `crate::keeper`), not to a waiting task. A lease granted without
+//! through a [`Hook`] (see `crate::lease::keeper`), not to a waiting task. A lease granted without
 //! a wait registers only its hook ([`HookRegistration`]).
 
 use std::collections::{HashMap, VecDeque};

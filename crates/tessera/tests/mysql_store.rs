@@ -12,27 +12,9 @@ use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
+use tessera_testkit::seam::{name, req, LONG};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::mysql::MariaDbServer;
-
-const LONG: Duration = Duration::from_secs(3600);
-
-fn name(s: &str) -> Name {
-    Name::new(s).unwrap()
-}
-
-fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
-    AcquireRequest {
-        lease_id: id,
-        weight,
-        ttl,
-        holder: format!("test/{weight}"),
-        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
-            waiter_ttl,
-            queue_cap,
-        }),
-    }
-}
 
 /// The test kit's differential test against the reference model; after every step, no row
 /// of a semaphore without holders or waiters is left behind.
@@ -736,6 +718,69 @@ async fn bad_urls_are_refused_without_the_password() {
         .unwrap_err();
     assert!(err.is_connection(), "{err}");
     assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+/// Refused credentials (error 1045) are an auth error in the shape of every server store:
+/// the server's words, then a hint naming the URL with its password masked; the password
+/// never shows. (It was an "other" fault, which reads as a fault of the server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_auth_error_naming_the_url() {
+    let server = MariaDbServer::start();
+    let root = server.url("pw");
+    server.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'Right-pw-42'; GRANT ALL ON pw.* TO 'app'@'%'");
+    Store::connect(&root.replace("root@", "app:Right-pw-42@"))
+        .await
+        .expect("the right password")
+        .close()
+        .await
+        .unwrap();
+    for user in ["app:Wrong-pw-42", "nobody:Wrong-pw-42"] {
+        let e = Store::connect(&root.replace("root", user))
+            .await
+            .unwrap_err();
+        assert!(e.is_auth(), "{e:?}");
+        let name = user.split(':').next().unwrap();
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "store error (auth): MySQL: error 1045: Access denied for user '{name}'@"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(&format!(
+                "(the server refused the credentials: check the user and password of \
+                 mysql://{name}:***@127.0.0.1:{}/pw)",
+                server.port()
+            )),
+            "{text}"
+        );
+        assert!(!format!("{text} {e:?}").contains("Wrong-pw-42"), "{e:?}");
+    }
+}
+
+/// A port where nothing listens: a connection error in the shape of every server store (as
+/// Redis words it), naming the URL with its password masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_names_the_url_and_asks_whether_the_server_runs() {
+    let port = tessera_testkit::servers::free_port();
+    // (The listener is closed again here: nothing listens on the port.)
+    let url = format!("mariadb://app:hunter2-secret@127.0.0.1:{port}/db");
+    let e = Store::connect(&url).await.unwrap_err();
+    assert!(e.is_connection(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("store error (connection): MySQL: Connection refused"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(&format!(
+            "(nothing accepts connections at mariadb://app:***@127.0.0.1:{port}/db: is the \
+             server running, on this host and port?)"
+        )),
+        "{text}"
+    );
+    assert!(!format!("{text} {e:?}").contains("hunter2-secret"), "{e:?}");
 }
 
 /// Statements carry their values inlined as hexadecimal literals: a holder label with

@@ -14,27 +14,9 @@ use tessera::backend::*;
 use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
+use tessera_testkit::seam::{name, req, LONG};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::postgres::{PostgresServer, Shutdown};
-
-const LONG: Duration = Duration::from_secs(3600);
-
-fn name(s: &str) -> Name {
-    Name::new(s).unwrap()
-}
-
-fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
-    AcquireRequest {
-        lease_id: id,
-        weight,
-        ttl,
-        holder: format!("test/{weight}"),
-        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
-            waiter_ttl,
-            queue_cap,
-        }),
-    }
-}
 
 async fn backend(server: &PostgresServer, schema: &str) -> PostgresBackend {
     PostgresBackend::connect(&server.url_with_schema(schema))
@@ -1768,6 +1750,73 @@ async fn a_refused_connection_says_why_in_the_servers_words() {
         )),
         "{e}"
     );
+}
+
+/// Refused credentials are an auth error in the shape of every server store: the server's
+/// words, then a hint naming the URL with its password masked; the password never shows. A
+/// wrong password is SQLSTATE 28P01, a role the server does not know 28000 (both were
+/// "other" faults, which read as a fault of the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_or_an_unknown_role_is_an_auth_error_naming_the_url() {
+    let server = PostgresServer::start();
+    server.psql(
+        "CREATE ROLE app LOGIN PASSWORD 'Right-pw-42'; GRANT CREATE ON DATABASE postgres TO app",
+    );
+    server.require_password("app");
+    let port = server.port();
+    let url = |user: &str| format!("postgres://{user}@127.0.0.1:{port}/postgres?schema=pw");
+    Store::connect(&url("app:Right-pw-42"))
+        .await
+        .expect("the right password")
+        .close()
+        .await
+        .unwrap();
+    for (user, says) in [
+        (
+            "app:Wrong-pw-42",
+            "password authentication failed for user \"app\" (SQLSTATE 28P01)",
+        ),
+        (
+            "nobody:Wrong-pw-42",
+            "role \"nobody\" does not exist (SQLSTATE 28000)",
+        ),
+    ] {
+        let e = Store::connect(&url(user)).await.unwrap_err();
+        assert!(e.is_auth(), "{e:?}");
+        let masked = url(user).replace("Wrong-pw-42", "***");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "store error (auth): PostgreSQL: {says} (the server refused the credentials: \
+                 check the user and password of {masked})"
+            )
+        );
+        assert!(!format!("{e:?}").contains("Wrong-pw-42"), "{e:?}");
+    }
+}
+
+/// A port where nothing listens: a connection error in the shape of every server store (as
+/// Redis words it), naming the URL with its password masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_names_the_url_and_asks_whether_the_server_runs() {
+    let port = tessera_testkit::servers::free_port();
+    // (The listener is closed again here: nothing listens on the port.)
+    let url = format!("postgres://app:hunter2-secret@127.0.0.1:{port}/postgres");
+    let e = Store::connect(&url).await.unwrap_err();
+    assert!(e.is_connection(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("store error (connection): PostgreSQL: Connection refused"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(&format!(
+            "(nothing accepts connections at postgres://app:***@127.0.0.1:{port}/postgres: is \
+             the server running, on this host and port?)"
+        )),
+        "{text}"
+    );
+    assert!(!format!("{text} {e:?}").contains("hunter2-secret"), "{e:?}");
 }
 
 /// A release right after the server restarted: the pooled connection it first takes is

@@ -14,26 +14,8 @@ use tessera::*;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::proxy::{Mode, Proxy};
+use tessera_testkit::seam::{name, req, LONG};
 use tessera_testkit::servers::redis::RedisServer;
-
-const LONG: Duration = Duration::from_secs(3600);
-
-fn name(s: &str) -> Name {
-    Name::new(s).unwrap()
-}
-
-fn req(id: LeaseId, weight: u32, ttl: Duration, wait: Option<(Duration, u32)>) -> AcquireRequest {
-    AcquireRequest {
-        lease_id: id,
-        weight,
-        ttl,
-        holder: format!("test/{weight}"),
-        wait: wait.map(|(waiter_ttl, queue_cap)| WaitSpec {
-            waiter_ttl,
-            queue_cap,
-        }),
-    }
-}
 
 async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
     RedisBackend::connect(&format!("{}?prefix={prefix}", server.url()))
@@ -936,11 +918,7 @@ async fn url_mistakes_the_server_reveals_get_a_clear_error() {
 /// the connection (redis-rs counts a refusal as a dropped connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_names_the_url_and_gives_no_tls_hint() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tessera_testkit::servers::free_port();
     // (The listener is closed again here: nothing listens on the port.)
     for scheme in ["redis", "rediss"] {
         let url = format!("{scheme}://:hunter2-secret@127.0.0.1:{port}");
@@ -951,5 +929,34 @@ async fn a_refused_connection_names_the_url_and_gives_no_tls_hint() {
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(!text.contains("hunter2-secret"), "{text}");
         assert!(!text.contains("TLS"), "{text}");
+    }
+}
+
+/// Refused credentials: an auth error in the shape of a refused connection, the server's
+/// words and a hint naming the URL with its password masked (it named no URL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_auth_error_naming_the_url() {
+    let server = RedisServer::start();
+    let reply = server.command(&["CONFIG", "SET", "requirepass", "Right-pw-42"]);
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let port = server.port();
+    let right = format!("redis://:Right-pw-42@127.0.0.1:{port}");
+    Store::connect(&right).await.expect("the right password");
+    for url in [
+        format!("redis://:Wrong-pw-42@127.0.0.1:{port}"),
+        format!("redis://app:Wrong-pw-42@127.0.0.1:{port}"),
+    ] {
+        let e = Store::connect(&url).await.unwrap_err();
+        assert!(e.is_auth(), "{e:?}");
+        let text = e.to_string();
+        assert!(text.starts_with("store error (auth): redis: "), "{text}");
+        let masked = url.replace("Wrong-pw-42", "***");
+        assert!(
+            text.ends_with(&format!(
+                "(the server refused the credentials: check the user and password of {masked})"
+            )),
+            "{text}"
+        );
+        assert!(!format!("{text} {e:?}").contains("Wrong-pw-42"), "{e:?}");
     }
 }

@@ -269,7 +269,7 @@ async fn skip_locked(
 }
 
 /// The figures as lines under the workloads' table, with the issue's ratios.
-pub fn table(b: &PgBaseline, reports: &[super::WorkloadReport]) -> String {
+pub fn table(b: &PgBaseline, reports: &[super::report::WorkloadReport]) -> String {
     let find = |w: &str| reports.iter().find(|r| r.workload == w);
     let mut out = format!(
         "postgres, same server, same run: advisory W1 {:.0} pairs/s; advisory W2 {:.0} \

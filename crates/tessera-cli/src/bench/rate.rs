@@ -47,6 +47,8 @@ use serde::Serialize;
 use tessera::{RateDecision, RateSpec};
 use tokio::time::Instant;
 
+use super::clients::{histogram, join_clients};
+
 /// How the clients ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -172,10 +174,6 @@ struct ClientResult {
     latency: Histogram<u64>,
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
-}
-
 /// How long clients keep asking past `T` (the first admission comes a moment after they
 /// start, and the run is counted from it).
 const GRACE: Duration = Duration::from_millis(250);
@@ -216,7 +214,7 @@ pub async fn run(store_url: &str, spec: &RateSpecBench) -> anyhow::Result<RateRe
         .map(|rl| tokio::spawn(client(rl, Arc::clone(&shared), spec.clients > 1)))
         .collect();
     let hard = deadline + Duration::from_millis(500);
-    let results = super::workloads::join_clients(tasks, hard, &shared.errors).await;
+    let results = join_clients(tasks, hard, &shared.errors).await;
     let elapsed = start.elapsed().as_secs_f64().max(1e-9);
     progress.finish_and_clear();
 
@@ -313,6 +311,38 @@ async fn client(rl: tessera::RateLimiter, s: Arc<Shared>, yield_between: bool) -
         }
     }
     r
+}
+
+/// The summary of a `rate` run.
+pub fn table(r: &RateReport) -> String {
+    let mode = match r.mode {
+        RateBenchMode::Decisions => "decisions",
+        RateBenchMode::Reserve => "reserve",
+    };
+    format!(
+        "rate ({mode}): {} clients on {} over {:.1}s\n\
+         decisions     {} ({:.0}/s)\n\
+         admitted      {} ({:.1}/s; limit {:.1}/s)\n\
+         ratio         {:.4} (of at most {} in the run)\n\
+         latency ms    p50 {:.3}  p99 {:.3}  max {:.3}\n\
+         violations    {}\n\
+         errors        {}\n",
+        r.clients,
+        r.limits.join(" + "),
+        r.duration_s,
+        r.decisions,
+        r.decisions_per_sec,
+        r.admitted,
+        r.admitted_per_sec,
+        r.limit_per_sec,
+        r.admitted_ratio,
+        r.max_allowed,
+        r.p50_ms,
+        r.p99_ms,
+        r.max_ms,
+        r.window_violations,
+        r.errors,
+    )
 }
 
 #[cfg(test)]

@@ -127,35 +127,3 @@ pub fn table(reports: &[WorkloadReport]) -> String {
     }
     out
 }
-
-/// The summary of a `rate` run.
-pub fn rate_table(r: &super::rate::RateReport) -> String {
-    let mode = match r.mode {
-        super::RateBenchMode::Decisions => "decisions",
-        super::RateBenchMode::Reserve => "reserve",
-    };
-    format!(
-        "rate ({mode}): {} clients on {} over {:.1}s\n\
-         decisions     {} ({:.0}/s)\n\
-         admitted      {} ({:.1}/s; limit {:.1}/s)\n\
-         ratio         {:.4} (of at most {} in the run)\n\
-         latency ms    p50 {:.3}  p99 {:.3}  max {:.3}\n\
-         violations    {}\n\
-         errors        {}\n",
-        r.clients,
-        r.limits.join(" + "),
-        r.duration_s,
-        r.decisions,
-        r.decisions_per_sec,
-        r.admitted,
-        r.admitted_per_sec,
-        r.limit_per_sec,
-        r.admitted_ratio,
-        r.max_allowed,
-        r.p50_ms,
-        r.p99_ms,
-        r.max_ms,
-        r.window_violations,
-        r.errors,
-    )
-}

@@ -10,8 +10,9 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
+use super::args::{BenchArgs, Workload};
+use super::clients::{histogram, join_clients};
 use super::report::WorkloadReport;
-use super::{BenchArgs, Workload};
 
 /// One workload, its defaults overridden by the command line.
 #[derive(Debug, Clone)]
@@ -36,7 +37,7 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The workload's defaults (PRODUCT.md) with the overrides of `args`.
+    /// The workload's defaults (docs/performance.md) with the overrides of `args`.
     pub fn new(w: Workload, args: &BenchArgs) -> Spec {
         let (name, clients, capacity) = match w {
             Workload::W1 => ("w1", 1, 10),
@@ -127,10 +128,6 @@ struct ClientResult {
     latency: Histogram<u64>,
     max_holders: i64,
     over_grants: u64,
-}
-
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
 /// The redis-rs URL of a tessera `redis://` URL (tessera's own options removed), or `None`
@@ -543,31 +540,6 @@ async fn client(
         }
     }
     r
-}
-
-/// Waits for every client task until `hard`, then aborts what still runs. A client that
-/// panicked or had to be aborted counts as one error in `errors`.
-pub(super) async fn join_clients<T>(
-    tasks: Vec<tokio::task::JoinHandle<T>>,
-    hard: Instant,
-    errors: &AtomicU64,
-) -> Vec<T> {
-    let mut results = Vec::new();
-    for t in tasks {
-        let abort = t.abort_handle();
-        match tokio::time::timeout_at(hard, t).await {
-            Ok(Ok(r)) => results.push(r),
-            Ok(Err(e)) => {
-                errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "bench client panicked");
-            }
-            Err(_) => {
-                abort.abort();
-                errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-    results
 }
 
 /// The servers whose CPU the many workload reads: the one of a `redis://` URL, or every node

@@ -11,10 +11,10 @@
 //! | `not_found` | 404 | no such semaphore, limiter, route |
 //! | `method_not_allowed` | 405 | the route exists, not with this method |
 //! | `no_permit` | 408 | no permit came within `wait` (or none was free, with no `wait`) |
-//! | `capacity_mismatch`, `rate_mismatch` | 409 | the stored capacity or limits differ; resize or `update` |
+//! | `capacity_mismatch`, `rate_mismatch` | 409 | the stored capacity or limits differ; resize, or send `"update": true` |
 //! | `lease_gone` | 410 | the lease expired, was revoked or released: renew cannot bring it back |
 //! | `payload_too_large` | 413 | the body is above the server's limit |
-//! | `unsupported_media_type` | 415 | the body is not `application/json` |
+//! | `unsupported_media_type` | 415 | a body without `Content-Type: application/json` |
 //! | `queue_full`, `limited` | 429 | with `Retry-After` (seconds, rounded up) and `retry_after_ms` |
 //! | `store_unavailable` | 503 | the store failed or did not answer within the request timeout |
 //! | `shutting_down` | 503 | the server is stopping |
@@ -109,7 +109,22 @@ impl From<tessera::Error> for ApiError {
             E::CapacityMismatch { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "capacity_mismatch", message)
             }
-            E::RateMismatch { .. } => ApiError::new(StatusCode::CONFLICT, "rate_mismatch", message),
+            // The library names its API (`RateOptions::update`); here the body field does it.
+            E::RateMismatch {
+                name,
+                stored,
+                declared,
+            } => ApiError::new(
+                StatusCode::CONFLICT,
+                "rate_mismatch",
+                crate::exit::rate_mismatch(
+                    name,
+                    stored,
+                    declared,
+                    "this request",
+                    "send \"update\": true",
+                ),
+            ),
             // No estimate of when a place frees up: one second, as a hint.
             E::QueueFull { .. } => {
                 ApiError::too_many("queue_full", message, Duration::from_secs(1))

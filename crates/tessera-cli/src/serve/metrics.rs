@@ -29,6 +29,7 @@ pub fn install() -> Option<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), BUCKETS)
         .ok()?;
     let handle = builder.install_recorder().ok()?;
+    register_at_start();
     // Histograms are summarised lazily; keep their memory bounded between scrapes.
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -38,6 +39,70 @@ pub fn install() -> Option<PrometheusHandle> {
         }
     });
     Some(handle)
+}
+
+/// Describes every series (Prometheus `# HELP`), and registers at their starting value those
+/// whose labels are known before the first call, so a fresh server's `/metrics` already lists
+/// them: the renewal and loss counters per outcome and reason, the streams gauge, and
+/// `tessera_build_info{version}`. Series labelled by a semaphore or limiter `name`, or by a
+/// store call, appear with their first event.
+fn register_at_start() {
+    use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+    describe_counter!(
+        "tessera_grants_total",
+        "Leases granted (acquire and try-acquire), per semaphore"
+    );
+    describe_histogram!(
+        "tessera_acquire_wait_seconds",
+        Unit::Seconds,
+        "From an acquire's call to its grant, per semaphore"
+    );
+    describe_counter!(
+        "tessera_acquire_outcomes_total",
+        "Acquires by outcome: granted, no_permit (try), timed_out, error"
+    );
+    describe_counter!("tessera_waits_total", "Acquires that joined the queue");
+    describe_gauge!(
+        "tessera_queue_length",
+        "The queue length the last waiter found when it joined (its position + 1)"
+    );
+    describe_counter!(
+        "tessera_renewals_total",
+        "Keep-alive renewals by outcome: ok, gone, error"
+    );
+    describe_counter!(
+        "tessera_losses_total",
+        "Leases lost by reason: gone, renewals_failing, stalled, closed"
+    );
+    describe_histogram!(
+        "tessera_store_call_seconds",
+        Unit::Seconds,
+        "Latency of each call to the store, per operation"
+    );
+    describe_counter!(
+        "tessera_store_errors_total",
+        "Store calls that failed, per operation and kind"
+    );
+    describe_counter!(
+        "tessera_rate_decisions_total",
+        "Rate requests admitted or limited, per limiter"
+    );
+    describe_gauge!(
+        "tessera_serve_streams_holding",
+        "Leases this server holds for open event streams"
+    );
+    describe_gauge!(
+        "tessera_build_info",
+        "Always 1; the version of the tessera serving, as a label"
+    );
+    for outcome in ["ok", "gone", "error"] {
+        counter!("tessera_renewals_total", "outcome" => outcome).increment(0);
+    }
+    for reason in ["gone", "renewals_failing", "stalled", "closed"] {
+        counter!("tessera_losses_total", "reason" => reason).increment(0);
+    }
+    gauge!("tessera_serve_streams_holding").increment(0.0);
+    gauge!("tessera_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 pub fn routes() -> Router<Arc<App>> {

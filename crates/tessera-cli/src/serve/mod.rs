@@ -139,7 +139,7 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 /// Adds to every operation of `doc` the answers the server's layers give before a handler
 /// runs, in the one error shape: 401 where the operation takes a bearer token (any operation
 /// of a server started with `--tokens`), 413 and 415 where it takes a body (above
-/// [`BODY_LIMIT`], or not JSON). (A 405 belongs to a path and a method the document does
+/// [`BODY_LIMIT`], or not sent as JSON). (A 405 belongs to a path and a method the document does
 /// not list, so no operation can name it; the error table in the description does.)
 fn with_common_errors(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
@@ -179,7 +179,11 @@ fn with_common_errors(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::Ope
                     error(&what).into()
                 });
                 answers.entry("415".into()).or_insert_with(|| {
-                    error("`unsupported_media_type`: the body is not `application/json`").into()
+                    error(
+                        "`unsupported_media_type`: a body without `Content-Type: \
+                         application/json` (or another JSON type)",
+                    )
+                    .into()
                 });
             }
         }

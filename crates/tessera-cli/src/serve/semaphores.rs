@@ -26,7 +26,8 @@ use utoipa::ToSchema;
 use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{duration_or, JsonBody, PathArgs};
-use super::{hold, App};
+use super::hold::{self, LeaseBody};
+use super::App;
 
 /// The default lease TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -61,35 +62,6 @@ pub struct AcquireBody {
     #[serde(default)]
     #[schema(example = "billing-worker-3")]
     pub holder: Option<String>,
-}
-
-/// A granted lease.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct LeaseBody {
-    /// The semaphore.
-    pub name: String,
-    /// The lease id: renew and release name it.
-    #[schema(example = "5f0c3f4e9b0a4d21a3c1e2f3a4b5c6d7")]
-    pub lease_id: String,
-    /// Permits held.
-    pub weight: u32,
-    /// The seats held: `weight` distinct numbers in `0..capacity`.
-    pub seats: Vec<u32>,
-    /// Fence token: strictly increasing per semaphore, never reused. Pass it to the protected
-    /// resource so it can refuse a stale holder.
-    pub fence: u64,
-    /// Holder label.
-    pub holder: String,
-    /// The lease TTL in milliseconds (renewals extend it by this much).
-    pub ttl_ms: u64,
-    /// How long the lease is certainly valid from when this answer left, in milliseconds:
-    /// the time left on the store's clock, less the request's round trip and 2% for
-    /// clock-rate drift (as for a library holder). Renew before it runs out (about every
-    /// third of the TTL).
-    pub expires_in_ms: u64,
-    /// The expiry on the store's clock, in microseconds since the Unix epoch (for display:
-    /// compute deadlines from `expires_in_ms`, on your own clock).
-    pub expires_at_us: u64,
 }
 
 /// A renewal.
@@ -219,22 +191,6 @@ impl StatusBody {
                     enqueued_at_us: w.enqueued_at.as_micros(),
                 })
                 .collect(),
-        }
-    }
-}
-
-impl LeaseBody {
-    pub fn new(name: &str, lease: &tessera::Lease, ttl: Duration, expires_in: Duration) -> Self {
-        LeaseBody {
-            name: name.to_string(),
-            lease_id: lease.lease_id.to_string(),
-            weight: lease.weight,
-            seats: lease.seats.clone(),
-            fence: lease.fence,
-            holder: lease.holder.clone(),
-            ttl_ms: ttl.as_millis() as u64,
-            expires_in_ms: expires_in.as_millis() as u64,
-            expires_at_us: lease.expires_at.as_micros(),
         }
     }
 }

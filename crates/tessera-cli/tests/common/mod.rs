@@ -1,7 +1,7 @@
 //! What the CLI tests share.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 /// The binary, isolated from the caller's environment: no inherited store or log filter, and
 /// a state directory inside `home` so the default store never touches the real one.
@@ -13,4 +13,20 @@ pub fn tessera(home: &Path) -> Command {
         .env("HOME", home)
         .stdin(Stdio::null());
     cmd
+}
+
+/// `tessera --store <store> <args…>` in `home`, run to its end.
+#[allow(dead_code)] // not every test file names a store
+pub fn tessera_on(home: &Path, store: &str, args: &[&str]) -> Output {
+    tessera(home)
+        .args(["--store", store])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `tessera --store <store> run --name <name> <args…>` in `home`, run to its end.
+#[allow(dead_code)] // not every test file runs a command under a semaphore
+pub fn tessera_run(home: &Path, store: &str, name: &str, args: &[&str]) -> Output {
+    tessera_on(home, store, &[&["run", "--name", name][..], args].concat())
 }

@@ -1,6 +1,6 @@
 //! The fenced resource: a small loopback server standing for whatever a semaphore protects
 //! (a file, a database row, a GPU slot). It remembers the highest fence accepted per seat and
-//! rejects a write carrying a lower one, as PRODUCT.md asks a protected resource to do.
+//! rejects a write carrying a lower one, as a protected resource should (docs/contract.md).
 //!
 //! Protocol, one line each way: `W <seat> <fence>\n` → `OK\n` or `STALE <highest>\n`.
 //!

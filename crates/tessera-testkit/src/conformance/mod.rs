@@ -1,4 +1,4 @@
-//! The conformance suite: the contract of PRODUCT.md as tests, written once and run against
+//! The conformance suite: the contract (docs/contract.md) as tests, written once and run against
 //! every store through a [`Harness`](crate::harness::Harness). A store plugs in with
 //!
 //! ```text

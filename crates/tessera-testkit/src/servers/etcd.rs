@@ -13,10 +13,14 @@
 //! compaction) goes through `etcdctl`.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::process::{
+    free_port, openssl, poll_until, restart_retrying, start_retrying, ServerProcess, EC_KEY,
+};
 
 const INSTALL: &str =
     "etcd is not installed (or not on PATH): install it with `apt-get install -y etcd-server`";
@@ -32,7 +36,7 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     data: PathBuf,
-    child: Option<Child>,
+    process: Option<ServerProcess>,
 }
 
 /// A cluster of `etcd` members on `127.0.0.1`, killed on drop.
@@ -62,27 +66,8 @@ impl EtcdTls {
     /// Makes a CA, a server and a client certificate with `openssl` in `dir`. Panics
     /// (failing the test) with the install line if `openssl` is missing or fails.
     pub fn generate(dir: &std::path::Path) -> EtcdTls {
-        let run = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run openssl (install it with `apt-get install -y openssl`): {e}")
-                });
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
+        let run = |args: &[&str]| openssl(dir, args);
+        let ec = EC_KEY;
         let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=tessera test CA"];
         ca.extend(ec);
         ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
@@ -151,15 +136,7 @@ impl EtcdCluster {
     }
 
     fn start_with(n: usize, tls: Option<&EtcdTls>, extra: &[&str]) -> EtcdCluster {
-        let mut last = String::new();
-        for _ in 0..5 {
-            match EtcdCluster::try_start(n, tls, extra) {
-                Ok(c) => return c,
-                Err(e) if e == INSTALL => panic!("{e}"),
-                Err(e) => last = e,
-            }
-        }
-        panic!("etcd did not start: {last}");
+        start_retrying("etcd", 5, || EtcdCluster::try_start(n, tls, extra))
     }
 
     fn try_start(n: usize, tls: Option<&EtcdTls>, extra: &[&str]) -> Result<EtcdCluster, String> {
@@ -171,7 +148,7 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 data: dir.path().join(format!("m{i}")),
-                child: None,
+                process: None,
             })
             .collect();
         let initial_cluster = members
@@ -202,8 +179,7 @@ impl EtcdCluster {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
-            .map_err(|e| e.to_string())?;
+        let log = self.dir.path().join(format!("{}.log", m.name));
         let mut command = Command::new("etcd");
         if let Some(tls) = &self.tls {
             command
@@ -215,7 +191,7 @@ impl EtcdCluster {
                 .arg("--trusted-ca-file")
                 .arg(&tls.ca);
         }
-        let child = command
+        command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.data)
@@ -228,42 +204,40 @@ impl EtcdCluster {
             .args(["--heartbeat-interval", "50"])
             .args(["--election-timeout", &ELECTION_TIMEOUT_MS.to_string()])
             .args(["--logger", "zap", "--log-level", "warn"])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => INSTALL.to_string(),
-                _ => format!("could not start etcd: {e}"),
-            })?;
-        m.child = Some(child);
+            .args(&self.extra);
+        let name = format!("etcd {}", m.name);
+        m.process = Some(ServerProcess::spawn(&name, command, &log, INSTALL)?);
         Ok(())
     }
 
     /// Waits until every running member answers `/health` with a leader.
     fn wait_healthy(&mut self, limit: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        loop {
+        let tls = &self.tls;
+        let members = &mut self.members;
+        poll_until(limit, || {
             let mut all = true;
-            for m in &mut self.members {
-                if let Some(child) = m.child.as_mut() {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        return Err(format!("etcd {} exited with {status}", m.name));
-                    }
-                    all &= match &self.tls {
+            for m in members.iter_mut() {
+                if let Some(process) = m.process.as_mut() {
+                    process.check_running()?;
+                    all &= match tls {
                         None => healthy(m.client_port),
                         Some(tls) => healthy_tls(m.client_port, tls),
                     };
                 }
             }
-            if all {
-                return Ok(());
+            Ok(all)
+        })
+        .map_err(|e| {
+            if e.contains("; log: ") {
+                return e;
             }
-            if Instant::now() > deadline {
-                return Err(format!("not healthy within {limit:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            let tails: Vec<String> = members
+                .iter()
+                .filter_map(|m| m.process.as_ref())
+                .map(|p| p.log_tail())
+                .collect();
+            format!("etcd: {e}; log: {}", tails.join("\n"))
+        })
     }
 
     /// `etcd://127.0.0.1:P1,127.0.0.1:P2,…` (every member).
@@ -317,7 +291,7 @@ impl EtcdCluster {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
-            .filter(|m| m.child.is_some())
+            .filter(|m| m.process.is_some())
             .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect::<Vec<_>>()
             .join(",")
@@ -351,7 +325,7 @@ impl EtcdCluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             for (i, m) in self.members.iter().enumerate() {
-                if m.child.is_none() {
+                if m.process.is_none() {
                     continue;
                 }
                 let out = Command::new("etcdctl")
@@ -398,9 +372,8 @@ impl EtcdCluster {
 
     /// Kills member `i` (SIGKILL).
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.members[i].process.take() {
+            process.kill();
         }
     }
 
@@ -408,19 +381,11 @@ impl EtcdCluster {
     /// the cluster is healthy.
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            self.spawn(i).unwrap_or_else(|e| panic!("{e}"));
-            match self.wait_healthy(Duration::from_secs(10)) {
-                Ok(()) => return,
-                Err(e) if Instant::now() > deadline => panic!("etcd did not restart: {e}"),
-                Err(_) => {
-                    // The port may still be in TIME_WAIT: try again shortly.
-                    self.kill(i);
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
+        restart_retrying("etcd", Duration::from_secs(20), || {
+            self.spawn(i)?;
+            self.wait_healthy(Duration::from_secs(10))
+                .inspect_err(|_| self.kill(i))
+        });
     }
 
     /// Freezes member `i` (SIGSTOP) until [`EtcdCluster::thaw`].
@@ -434,9 +399,8 @@ impl EtcdCluster {
     }
 
     fn signal(&self, i: usize, sig: libc::c_int) {
-        if let Some(child) = &self.members[i].child {
-            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        if let Some(process) = &self.members[i].process {
+            process.signal(sig);
         }
     }
 }
@@ -448,13 +412,6 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// `etcdctl endpoint health` over TLS succeeds once the member has a leader.

@@ -6,9 +6,12 @@ pub mod etcd;
 pub mod mysql;
 pub mod pgbouncer;
 pub mod postgres;
+pub mod process;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_sentinel;
+
+pub use process::free_port;
 
 /// Runs `calls` (several calls of one client at once) until the server counts at least `n`
 /// sessions of that client (`sessions()`), at most 200 times; panics if it never does. One

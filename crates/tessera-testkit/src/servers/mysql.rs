@@ -18,10 +18,12 @@
 //! parent-death signal), also when a test panics or a static holds it.
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use super::process::{free_port, restart_retrying, start_retrying, ServerProcess};
 
 const INSTALL: &str = "mariadbd / mariadb-install-db are not installed (or not on PATH): \
      install them with `apt-get install -y mariadb-server`";
@@ -30,8 +32,8 @@ const INSTALL: &str = "mariadbd / mariadb-install-db are not installed (or not o
 #[derive(Debug)]
 pub struct MariaDbServer {
     port: u16,
+    process: Option<ServerProcess>,
     dir: tempfile::TempDir,
-    child: Option<Child>,
     extra: Vec<String>,
 }
 
@@ -50,31 +52,23 @@ impl MariaDbServer {
         copy_dir(&template, &dir.path().join("data")).expect("copy the MariaDB template");
         let mut server = MariaDbServer {
             port: 0,
+            process: None,
             dir,
-            child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        let mut last = String::new();
-        for _ in 0..10 {
+        start_retrying("mariadbd", 10, || {
             server.port = free_port();
-            server.spawn();
-            match server.wait_ready() {
-                Ok(()) => return server,
-                Err(e) => {
-                    last = e;
-                    server.kill();
-                }
-            }
-        }
-        panic!("mariadbd did not start: {last}; log: {}", server.log_tail());
+            server.spawn()
+        });
+        server
     }
 
-    /// The port.
     /// The server's Unix socket.
     pub fn socket(&self) -> std::path::PathBuf {
         self.dir.path().join("s")
     }
 
+    /// The port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -135,20 +129,7 @@ impl MariaDbServer {
     /// and data directory: committed data survives (InnoDB recovery), connections do not.
     pub fn restart(&mut self) {
         self.kill();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            self.spawn();
-            match self.wait_ready() {
-                Ok(()) => return,
-                Err(e) if Instant::now() > deadline => {
-                    panic!("mariadbd did not restart: {e}; log: {}", self.log_tail())
-                }
-                Err(_) => {
-                    self.kill();
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
+        restart_retrying("mariadbd", Duration::from_secs(30), || self.spawn());
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers until
@@ -180,20 +161,19 @@ impl MariaDbServer {
 
     /// Kills the server now.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill();
         }
     }
 
     fn signal(&self, sig: libc::c_int) {
-        if let Some(child) = &self.child {
-            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        if let Some(process) = &self.process {
+            process.signal(sig);
         }
     }
 
-    fn spawn(&mut self) {
+    /// Starts `mariadbd` on [`MariaDbServer::port`] and waits until it greets.
+    fn spawn(&mut self) -> Result<(), String> {
         let d = self.dir.path();
         let mut cmd = Command::new("mariadbd");
         cmd.arg("--no-defaults")
@@ -215,9 +195,7 @@ impl MariaDbServer {
                 "--max-connections=2000",
                 "--performance-schema=OFF",
             ])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .args(&self.extra);
         // SAFETY: prctl in the child before exec; async-signal-safe.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -226,46 +204,16 @@ impl MariaDbServer {
                 Ok(())
             });
         }
-        let child = cmd.spawn().unwrap_or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
-            _ => panic!("could not start mariadbd: {e}"),
-        });
-        self.child = Some(child);
-    }
-
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("mariadbd exited with {status}"));
-                }
-            }
-            if greets(self.port) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no greeting within 30 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut process = ServerProcess::spawn("mariadbd", cmd, &d.join("err.log"), INSTALL)?;
+        let port = self.port;
+        process.wait_ready(Duration::from_secs(30), || greets(port))?;
+        self.process = Some(process);
+        Ok(())
     }
 
     /// The server's error log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("err.log")).unwrap_or_default()
-    }
-
-    fn log_tail(&self) -> String {
-        let log = self.log();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(8)..].join("\n")
-    }
-}
-
-impl Drop for MariaDbServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -279,13 +227,6 @@ fn greets(port: u16) -> bool {
     let mut buf = [0u8; 64];
     // Packet header (4 bytes), then protocol version 10.
     matches!(s.read(&mut buf), Ok(n) if n > 5 && buf[4] == 10)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// The template data directory for this machine's MariaDB version, built once.

@@ -16,12 +16,14 @@
 //! `postgres` user, like the server. The binary comes from Debian's `pgbouncer` package
 //! (`/usr/sbin/pgbouncer`) or PATH.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use super::process::{free_port, start_retrying, ServerProcess};
 
 const INSTALL: &str =
     "PgBouncer is not installed (no pgbouncer in /usr/sbin or on PATH): install it with \
@@ -31,7 +33,7 @@ const INSTALL: &str =
 #[derive(Debug)]
 pub struct PgBouncer {
     port: u16,
-    child: Child,
+    _process: ServerProcess,
     dir: tempfile::TempDir,
 }
 
@@ -41,11 +43,10 @@ impl PgBouncer {
     /// install line if PgBouncer is missing.
     pub fn start(upstream: u16) -> PgBouncer {
         let bin = binary().unwrap_or_else(|| panic!("{INSTALL}"));
-        let dir = tempfile::tempdir().expect("temp dir for pgbouncer");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
-            .expect("chmod temp dir");
-        let mut last = String::new();
-        for _ in 0..10 {
+        start_retrying("pgbouncer", 10, || {
+            let dir = tempfile::tempdir().expect("temp dir for pgbouncer");
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+                .expect("chmod temp dir");
             let port = free_port();
             let ini = dir.path().join("pgbouncer.ini");
             let users = dir.path().join("users.txt");
@@ -71,34 +72,22 @@ impl PgBouncer {
             )
             .expect("write pgbouncer.ini");
             let mut cmd = Command::new(&bin);
-            cmd.arg(&ini)
-                .current_dir("/")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+            cmd.arg(&ini).current_dir("/");
             if let Some((uid, gid)) = postgres_ids() {
                 cmd.uid(uid).gid(gid);
             }
-            let mut child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("{}: {e}; {INSTALL}", bin.display()));
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return PgBouncer { port, child, dir };
-                }
-                if let Ok(Some(status)) = child.try_wait() {
-                    last = format!("pgbouncer exited with {status}");
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.path().join("pgbouncer.log")).unwrap_or_default();
-            last = format!("{last}; log: {log}");
-        }
-        panic!("pgbouncer did not start: {last}");
+            // Its stderr carries the lines of `logfile` and what fails before it is open.
+            let out = dir.path().join("pgbouncer.out");
+            let mut process = ServerProcess::spawn("pgbouncer", cmd, &out, INSTALL)?;
+            process.wait_ready(Duration::from_secs(10), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            })?;
+            Ok(PgBouncer {
+                port,
+                _process: process,
+                dir,
+            })
+        })
     }
 
     /// The port.
@@ -114,13 +103,6 @@ impl PgBouncer {
     /// What the pooler logged so far (refused clients, server connections).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for PgBouncer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -153,11 +135,4 @@ fn postgres_ids() -> Option<(u32, u32)> {
     );
     // SAFETY: `pw` is non-null and points to a valid passwd record.
     unsafe { Some(((*pw).pw_uid, (*pw).pw_gid)) }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }

@@ -14,11 +14,12 @@
 //! each server copies it, which takes a fraction of `initdb`'s time. Servers run with
 //! `fsync=off` unless started with [`PostgresServer::start_durable`] (benchmarks).
 
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use super::process::{free_port, log_tail, poll_until, start_retrying};
 
 const INSTALL: &str = "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb and no \
      initdb on PATH): install it with `apt-get install -y postgresql`";
@@ -75,15 +76,11 @@ impl PostgresServer {
             durable,
             running: false,
         };
-        let mut last = String::new();
-        for _ in 0..10 {
+        start_retrying("postgres", 10, || {
             server.port = free_port();
-            match server.pg_ctl_start() {
-                Ok(()) => return server,
-                Err(e) => last = e,
-            }
-        }
-        panic!("postgres did not start: {last}");
+            server.pg_ctl_start()
+        });
+        server
     }
 
     /// The port.
@@ -143,6 +140,11 @@ impl PostgresServer {
 
     /// Like [`PostgresServer::psql`], returning psql's error instead of panicking.
     pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        self.try_psql_as("postgres", sql)
+    }
+
+    /// [`PostgresServer::try_psql`] as `role`, never asking for a password.
+    fn try_psql_as(&self, role: &str, sql: &str) -> Result<String, String> {
         let port = self.port.to_string();
         let out = Command::new(self.bin.join("psql"))
             .args([
@@ -156,8 +158,9 @@ impl PostgresServer {
                 "127.0.0.1",
                 "-p",
                 &port,
+                "-w",
                 "-U",
-                "postgres",
+                role,
                 "-d",
                 "postgres",
                 "-c",
@@ -204,6 +207,27 @@ impl PostgresServer {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    /// Makes `role` log in over TCP with its password (`scram-sha-256`), where every other
+    /// role keeps trust authentication: a line for it at the top of `pg_hba.conf`, then a
+    /// reload. Give the role a password first (`CREATE ROLE r LOGIN PASSWORD '…'`).
+    pub fn require_password(&self, role: &str) {
+        let hba = self.dir.path().join("data").join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+        let line = format!("host all \"{role}\" 127.0.0.1/32 scram-sha-256\n");
+        std::fs::write(&hba, format!("{line}{rest}")).expect("write pg_hba.conf");
+        assert_eq!(self.psql("SELECT pg_reload_conf()"), "t");
+        // The reload reaches the postmaster by signal: done once the role, without its
+        // password, is asked for one.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.try_psql_as(role, "SELECT 1") {
+                Err(e) if e.contains("password") => return,
+                _ if Instant::now() > deadline => panic!("pg_hba.conf was not reloaded"),
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
     /// The directory of the server's Unix socket (`.s.PGSQL.<port>`).
     pub fn socket_dir(&self) -> std::path::PathBuf {
         self.dir.path().to_path_buf()
@@ -245,14 +269,15 @@ impl PostgresServer {
         }
         self.running = true;
         // pg_ctl -w waits for the socket; wait for TCP too.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.try_psql("SELECT 1").is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err("postgres started but does not answer on TCP".into())
+        poll_until(Duration::from_secs(10), || {
+            Ok(self.try_psql("SELECT 1").is_ok())
+        })
+        .map_err(|e| {
+            format!(
+                "postgres started but does not answer on TCP ({e}); log: {}",
+                log_tail(&log, 8)
+            )
+        })
     }
 
     /// Runs a server binary, as the `postgres` user when we are root.
@@ -351,13 +376,6 @@ fn template(bin: &Path) -> PathBuf {
         panic!("could not put the initdb template at {}", path.display());
     }
     path
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 fn text(out: &Output) -> String {

@@ -7,10 +7,11 @@
 //! ```
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use super::process::{free_port, openssl, restart_retrying, start_retrying, ServerProcess, EC_KEY};
 
 const INSTALL: &str = "redis-server is not installed (or not on PATH): install it with `apt-get install -y redis-server`";
 
@@ -18,8 +19,8 @@ const INSTALL: &str = "redis-server is not installed (or not on PATH): install i
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    process: Option<ServerProcess>,
     dir: tempfile::TempDir,
-    child: Option<Child>,
     extra: Vec<String>,
     /// The TLS port and the directory holding the test CA and certificate.
     tls: Option<(u16, tempfile::TempDir)>,
@@ -40,34 +41,18 @@ impl RedisServer {
     /// Like [`RedisServer::start_with`], on a port that `pick` chooses (tried again with
     /// another on failure).
     pub(crate) fn start_on(extra: &[&str], pick: fn() -> u16) -> RedisServer {
-        let mut dir = tempfile::tempdir().expect("temp dir for redis-server");
-        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut last_error = String::new();
-        for _ in 0..10 {
-            let port = pick();
-            match spawn(port, dir.path(), &extra) {
-                Ok(child) => {
-                    let mut server = RedisServer {
-                        port,
-                        dir,
-                        child: Some(child),
-                        extra,
-                        tls: None,
-                    };
-                    match server.wait_ready() {
-                        Ok(()) => return server,
-                        Err(e) => {
-                            last_error = e;
-                            server.kill();
-                            dir = server.take_dir();
-                            extra = std::mem::take(&mut server.extra);
-                        }
-                    }
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        panic!("redis-server did not start: {last_error}");
+        let mut server = RedisServer {
+            port: 0,
+            process: None,
+            dir: tempfile::tempdir().expect("temp dir for redis-server"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: None,
+        };
+        start_retrying("redis-server", 10, || {
+            server.port = pick();
+            server.spawn()
+        });
+        server
     }
 
     /// Starts a server that also serves TLS on a second free port, with a fresh test CA
@@ -77,32 +62,13 @@ impl RedisServer {
     pub fn start_tls() -> RedisServer {
         let certs = tempfile::tempdir().expect("temp dir for certificates");
         let d = certs.path();
-        let run = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(d)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("openssl ({e}): install it with `apt-get install -y openssl`")
-                });
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let run = |args: &[&str]| openssl(d, args);
         std::fs::write(
             d.join("leaf.ext"),
             "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
         )
         .expect("write leaf.ext");
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
+        let ec = EC_KEY;
         run(&[
             &["req", "-x509"][..],
             &ec,
@@ -196,21 +162,7 @@ impl RedisServer {
     /// without persistence, so it comes back empty.
     pub fn restart(&mut self) {
         self.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let child =
-                spawn(self.port, self.dir.path(), &self.extra).unwrap_or_else(|e| panic!("{e}"));
-            self.child = Some(child);
-            match self.wait_ready() {
-                Ok(()) => return,
-                Err(e) if Instant::now() > deadline => panic!("redis-server did not restart: {e}"),
-                Err(_) => {
-                    // The port may still be in TIME_WAIT or taken: try again shortly.
-                    self.kill();
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
+        restart_retrying("redis-server", Duration::from_secs(10), || self.spawn());
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers until
@@ -225,9 +177,8 @@ impl RedisServer {
     }
 
     fn signal(&self, sig: libc::c_int) {
-        if let Some(child) = &self.child {
-            // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        if let Some(process) = &self.process {
+            process.signal(sig);
         }
     }
 
@@ -241,9 +192,8 @@ impl RedisServer {
 
     /// Kills the server now.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill();
         }
     }
 
@@ -271,64 +221,30 @@ impl RedisServer {
             .collect()
     }
 
-    fn take_dir(&mut self) -> tempfile::TempDir {
-        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
+    /// Starts `redis-server` on [`RedisServer::port`] and waits until it answers `PING`.
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut command = Command::new("redis-server");
+        command
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra);
+        let log = self.dir.path().join("redis.log");
+        let mut process = ServerProcess::spawn("redis-server", command, &log, INSTALL)?;
+        let port = self.port;
+        process.wait_ready(Duration::from_secs(10), || ping(port))?;
+        self.process = Some(process);
+        Ok(())
     }
-
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("redis-server exited with {status}"));
-                }
-            }
-            if ping(self.port) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no PONG within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
-    Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => INSTALL.to_string(),
-            _ => format!("could not start redis-server: {e}"),
-        })
-}
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 pub(crate) fn ping(port: u16) -> bool {

@@ -12,9 +12,10 @@
 //! long after its primary stops answering.
 
 use std::net::TcpListener;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::redis::{free_port, ping, RedisServer};
+use super::process::{free_port, wait_for};
+use super::redis::{ping, RedisServer};
 use super::redis_sentinel::bulk_strings;
 
 /// How long a node may not answer before the cluster fails it over.
@@ -171,14 +172,11 @@ impl RedisCluster {
     }
 
     fn wait_until(&self, what: &str, ok: impl Fn(&RedisCluster) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ok(self) {
-            assert!(
-                Instant::now() < deadline,
-                "redis cluster: no {what} in 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(
+            &format!("redis cluster: no {what}"),
+            Duration::from_secs(60),
+            || ok(self),
+        );
     }
 }
 

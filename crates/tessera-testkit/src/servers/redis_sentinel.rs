@@ -11,10 +11,11 @@
 //! The servers run with `--repl-diskless-sync-delay 0` (a replica syncs in about 75 ms, not
 //! 5 s) and the sentinels with `down-after-milliseconds` [`DOWN_AFTER`], quorum 2.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use super::redis::{command_full, free_port, ping, RedisServer};
+use super::process::{free_port, start_retrying, wait_for, ServerProcess};
+use super::redis::{command_full, ping, RedisServer};
 
 const INSTALL: &str = "redis-sentinel is not installed (or not on PATH): install it with `apt-get install -y redis-sentinel`";
 
@@ -29,15 +30,14 @@ pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 #[derive(Debug)]
 pub struct Sentinel {
     port: u16,
-    child: Child,
+    _process: ServerProcess,
     _dir: tempfile::TempDir,
 }
 
 impl Sentinel {
     /// Starts a sentinel that monitors the Redis on `master_port`.
     pub fn start(master_port: u16) -> Sentinel {
-        let mut last = String::new();
-        for _ in 0..10 {
+        start_retrying("redis-sentinel", 10, || {
             let dir = tempfile::tempdir().expect("temp dir for redis-sentinel");
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
@@ -54,56 +54,22 @@ impl Sentinel {
                 ),
             )
             .expect("write sentinel.conf");
-            let child = Command::new("redis-sentinel")
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
-                    _ => panic!("could not start redis-sentinel: {e}"),
-                });
-            let mut s = Sentinel {
+            let mut command = Command::new("redis-sentinel");
+            command.arg(&conf);
+            let log = dir.path().join("sentinel.log");
+            let mut process = ServerProcess::spawn("redis-sentinel", command, &log, INSTALL)?;
+            process.wait_ready(Duration::from_secs(10), || ping(port))?;
+            Ok(Sentinel {
                 port,
-                child,
+                _process: process,
                 _dir: dir,
-            };
-            match wait_ping(port, &mut s.child) {
-                Ok(()) => return s,
-                Err(e) => last = e,
-            }
-        }
-        panic!("redis-sentinel did not start: {last}");
+            })
+        })
     }
-}
 
-impl Sentinel {
     /// Its port.
     pub fn port(&self) -> u16 {
         self.port
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_ping(port: u16, child: &mut Child) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("exited with {status}"));
-        }
-        if ping(port) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err("no PONG within 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -304,13 +270,10 @@ impl SentinelTopology {
     }
 
     fn wait_until(&self, what: &str, ok: impl Fn(&SentinelTopology) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ok(self) {
-            assert!(
-                Instant::now() < deadline,
-                "sentinel topology: no {what} in 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(
+            &format!("sentinel topology: no {what}"),
+            Duration::from_secs(60),
+            || ok(self),
+        );
     }
 }

@@ -38,6 +38,7 @@ use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
+use crate::rate::seam::{LimitUsage, RateStatus};
 #[cfg(any(
     feature = "memory",
     feature = "sqlite",
@@ -45,7 +46,7 @@ use crate::model::{Name, StoreTime};
     feature = "postgres"
 ))]
 use crate::rate::seam::{RateReply, RateRequest};
-use crate::rate::{LimitUsage, RateConfig, RateMode, RateStatus};
+use crate::rate::spec::{RateConfig, RateMode};
 
 /// One limiter's state (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,6 +8,7 @@ use super::seam::{LimitUsage, RateBackend, RateReply, RateRequest, RateStatus};
 use super::spec::{RateConfig, RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_RATE_WAIT};
 use crate::error::{InvalidInput, Result};
 use crate::model::{Name, StoreTime};
+use crate::seam::unsupported_rate;
 use crate::store::Store;
 
 /// Options of a [`RateLimiter`].
@@ -118,6 +119,14 @@ enum Attempt {
     Limited(RateDecision),
 }
 
+impl Store {
+    /// A rate limiter with `limits` in exact mode (at most N in any window of L) and default
+    /// options; see [`RateLimiter`].
+    pub fn rate_limiter(&self, name: &str, limits: &[RateSpec]) -> Result<RateLimiter> {
+        RateLimiter::new(self, name, limits, RateOptions::default())
+    }
+}
+
 impl RateLimiter {
     /// A limiter named `name` with `limits`. Checks the inputs only (typed errors, nothing
     /// sent): the store compares the limits (and margin) at the first request. A store
@@ -136,7 +145,7 @@ impl RateLimiter {
         });
         let config = config.with_margin(margin)?;
         if store.backend().rate().is_none() {
-            return Err(super::unsupported(store));
+            return Err(unsupported_rate(store.url(), &**store.backend()));
         }
         Ok(RateLimiter {
             store: store.clone(),
@@ -381,7 +390,7 @@ impl Drop for Reserved {
             return;
         }
         crate::cleanup::spawn(
-            &self.store,
+            self.store.conn(),
             crate::cleanup::Job::RateCancel {
                 name: self.name.clone(),
                 reservation: self.reservation,

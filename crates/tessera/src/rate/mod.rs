@@ -97,22 +97,11 @@
 pub(crate) mod engine;
 mod limiter;
 pub(crate) mod seam;
-mod spec;
+pub(crate) mod spec;
 
 pub use limiter::{RateDecision, RateLimiter, RateOptions};
 pub use seam::{LimitUsage, RateStatus};
 pub use spec::{
-    RateConfig, RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT,
-    MAX_RATE_MARGIN, MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
+    RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,
+    MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
-
-/// The [`crate::Error::Unsupported`] of a rate limiter on a store without rate limiting,
-/// with the store's reason if it gives one ([`crate::backend::Backend::rate_unsupported`]).
-pub(crate) fn unsupported(store: &crate::Store) -> crate::Error {
-    let mut message = format!("rate limiting is not available on {}", store.url());
-    if let Some(why) = store.backend().rate_unsupported() {
-        message.push_str(": ");
-        message.push_str(why);
-    }
-    crate::Error::Unsupported(message)
-}

@@ -1,9 +1,15 @@
-//! One folder per store, each with the same file names: `mod.rs` (URL, connection and the
-//! [`crate::seam::Backend`] glue) and `ops.rs` (the atomic operations). The SQL stores
-//! share one step (`sql/`) and supply only their statements (their `ops.rs`).
+//! One folder per store, each file one role and the same role under the same name in every
+//! store that has it: `mod.rs` is the [`crate::seam::Backend`] glue (and the store's docs),
+//! and no file below it imports it; `url.rs` parses the URL; `error.rs` maps the driver's
+//! errors to [`Error`]; `conns.rs` connects and holds the connections; `migrate.rs` creates
+//! and migrates the schema; `ops.rs` holds the atomic operations; `notify.rs` is the wake
+//! path (how a waiter in another process learns of a grant); `heartbeats.rs` batches
+//! waiters' heartbeats; `rate.rs` is the rate limiter. A store adds files for roles of its
+//! own (etcd's `session.rs`, Redis's `topology.rs`, …). The SQL stores share one step
+//! (`sql/`) and supply only their statements (their `ops.rs`).
 //!
-//! This module also chooses the store from a URL's scheme ([`open`]), so that the seam
-//! (`store.rs`) imports nothing above it.
+//! This module also chooses the store from a URL's scheme ([`open`]), so that neither the
+//! seam (`crate::seam`) nor the connection engine (`crate::conn`) names a store.
 
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
 pub(crate) mod batch;
@@ -23,23 +29,18 @@ pub mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "etcd"
+))]
+pub(crate) mod url;
 
 use std::sync::Arc;
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
 use crate::seam::Backend;
-use crate::store::Store;
-
-/// Why `url::Url::parse` refused a store URL, with the usual cause: a user name or password
-/// holding `#`, `/`, `?`, `@` or `:` unencoded (a `#` starts a fragment, so the port reads as
-/// garbage).
-#[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
-pub(crate) fn not_a_url(e: url::ParseError) -> String {
-    format!(
-        "not a URL ({e}); characters such as # / ? @ : in a user name or password must be \
-         percent-encoded (# as %23, / as %2F, ? as %3F, @ as %40, : as %3A)"
-    )
-}
 
 /// Whether opening a store may create it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,36 +262,10 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
     Ok(backend)
 }
 
-impl Store {
-    /// Opens a store that already exists, creating nothing: for tools that only read or
-    /// change existing state (inspection, revoke, resize, delete), so a mistyped path is
-    /// reported instead of becoming a new, empty store.
-    ///
-    /// The URL forms are those of [`Store::connect`]. A SQLite file that does not exist is
-    /// [`Error::NoStore`] (see [`Error::is_no_store`]) and neither the file nor its folder is
-    /// created; an existing file is opened as by `connect`. A PostgreSQL schema or a
-    /// MySQL / MariaDB database that holds no tessera tables is [`Error::NoStore`] too, and
-    /// nothing is created in it. `memory://` and Redis create nothing on connect, so for
-    /// them this is the same as `connect`.
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let url = format!("sqlite://{}/typo.db", dir.path().display());
-    /// let err = tessera::Store::connect_existing(&url).await.unwrap_err();
-    /// assert!(err.is_no_store());
-    /// assert!(!dir.path().join("typo.db").exists());
-    /// # });
-    /// ```
-    pub async fn connect_existing(url: &str) -> Result<Store> {
-        let backend = open(url, Open::ExistingOnly).await?;
-        Ok(Store::build(backend, url, Some(url.to_string())))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     /// A build of exactly `features`.
     fn build(features: &'static [&'static str]) -> impl Fn(&str) -> bool {

@@ -14,7 +14,7 @@
 //!   an exchange fails or times out;
 //! - watches follow the current member: a failover ([`Members::changes`]) makes every watch
 //!   reopen on the new member from the revision after the last one it saw, so no event is
-//!   missed (see `watch.rs`).
+//!   missed (see `notify.rs`).
 //!
 //! Members are tried in the URL's order, round and round; the first reachable one is kept
 //! until it fails.

@@ -499,10 +499,14 @@ impl Snapshot {
     }
 }
 
+/// etcd's shortest lease TTL (its default `--min-lease-ttl`... a new lease shorter than
+/// this is raised to it silently by the server).
+pub(crate) const MIN_LEASE_SECS: i64 = 2;
+
 /// Whole seconds of an etcd lease for `ttl`: rounded up, at least etcd's minimum.
 pub(crate) fn lease_secs(ttl: std::time::Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    (secs as i64).max(super::MIN_LEASE_SECS)
+    (secs as i64).max(MIN_LEASE_SECS)
 }
 
 #[cfg(test)]

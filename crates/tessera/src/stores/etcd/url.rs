@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::stores::url::percent_decode;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tessera";
@@ -193,23 +194,6 @@ fn check_prefix(p: &str) -> std::result::Result<(), String> {
             "prefix {p:?} must be 1-{MAX_PREFIX_LEN} bytes of A-Z a-z 0-9 . _ - and inner /"
         ))
     }
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use super::MemoryBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, LogView, RateState, VecLog};
-use crate::rate::RateStatus;
+use crate::rate::seam::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// Every rate limiter of one memory store.
@@ -129,7 +129,7 @@ impl RateModel {
         if !engine::cancel(&mut l.state, &config, reservation, at, now) {
             return Ok(false);
         }
-        if let crate::RateMode::Exact = config.mode() {
+        if let crate::rate::spec::RateMode::Exact = config.mode() {
             l.log.0.pop_back();
             l.state.p = l.log.0.back().map_or(l.state.base, |&(_, p)| p);
         }

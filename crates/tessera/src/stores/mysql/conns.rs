@@ -18,17 +18,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor, MySql};
 
-use super::{
-    is_retryable, lift_statement_limit, map_err, retry_pause, routines, Tx, CONNECT_TIMEOUT,
-    IDLE_TRANSACTION_TIMEOUT_S, KEEP_IDLE, LOCK_WAIT_TIMEOUT_S, SESSION,
-};
-use crate::error::Result;
+use crate::error::{Error, Result, StoreErrorKind};
+
+use super::error::map_err;
+use super::{ops, routines};
 
 /// Connections per backend for operations (besides the doorbell).
 pub(crate) const POOL_SIZE: u32 = 8;
@@ -69,14 +68,14 @@ impl Returned {
 /// its timeout and then reports only the timeout ("pool timed out while waiting for an open
 /// connection"). One more connect, bounded, gets the server's own answer (connection
 /// refused, access denied, too many connections), so the error says what is wrong.
-async fn why_no_connection(pool: &MySqlPool) -> crate::Error {
+async fn why_no_connection(pool: &MySqlPool) -> crate::error::Error {
     let options = pool.connect_options();
     let attempt = sqlx::mysql::MySqlConnection::connect_with(&*options);
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Err(e)) => {
             let e = map_err(e);
             match e {
-                crate::Error::Store { kind, message } => crate::Error::store(
+                crate::error::Error::Store { kind, message } => crate::error::Error::store(
                     kind,
                     format!("no connection to the server could be opened: {message}"),
                 ),
@@ -210,11 +209,110 @@ impl Conns {
     ) -> Result<Option<MySqlRow>> {
         match self.call(call, keep_alive).await? {
             None => Ok(None),
-            Some(rows) => {
-                rows.into_iter().next().map(Some).ok_or_else(|| {
-                    crate::Error::Corrupt("a tessera procedure returned no row".into())
-                })
-            }
+            Some(rows) => rows.into_iter().next().map(Some).ok_or_else(|| {
+                crate::error::Error::Corrupt("a tessera procedure returned no row".into())
+            }),
         }
     }
+}
+
+/// How many times a step that hit a deadlock or a lock wait timeout is run again.
+pub const STEP_RETRIES: u32 = 20;
+
+/// `innodb_lock_wait_timeout` of tessera's sessions, seconds.
+pub const LOCK_WAIT_TIMEOUT_S: u32 = 5;
+
+/// `idle_transaction_timeout` of tessera's sessions (MariaDB), seconds.
+pub const IDLE_TRANSACTION_TIMEOUT_S: u32 = 3;
+
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The session settings of every pooled connection (see the module docs).
+pub(super) const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// Lifts the server's `wait_timeout` (often set to a minute or less to reap forgotten
+/// clients) for tessera's own connections, to the largest value the server takes: they are
+/// idle between a lease's renewals on purpose, and the doorbell's latch is idle for its
+/// whole life. A connection the server closed while idle failed the next call on it (a
+/// release then left the permit to expire by its TTL).
+pub(crate) const KEEP_IDLE: &str = "SET SESSION wait_timeout = 31536000";
+
+/// Lifts a statement time limit for tessera's own connections: MariaDB's `max_statement_time`
+/// (a server default, or a user's `MAX_STATEMENT_TIME`) and MySQL's `max_execution_time` (for
+/// `SELECT`s). The doorbell parks in a 60 s wait on purpose, and such a limit cut every park
+/// short: each cut woke every waiter of the process to ask the store, and a ring sent
+/// between two parks had to look for the doorbell again. A step's own time is bounded by the
+/// client and by `innodb_lock_wait_timeout`. Each server knows one of the two names and
+/// answers "unknown system variable" to the other, which is ignored.
+pub(crate) async fn lift_statement_limit(conn: &mut sqlx::MySqlConnection) {
+    for sql in [
+        "SET SESSION max_statement_time = 0",
+        "SET SESSION max_execution_time = 0",
+    ] {
+        let _ = sqlx::raw_sql(sql).execute(&mut *conn).await;
+    }
+}
+
+/// One step's transaction on a pooled connection, opened by the step's first batch
+/// (`START TRANSACTION` goes with it) and ended by [`Tx::commit`] or [`Tx::rollback`]. A
+/// transaction dropped open (a cancelled step, a failed rollback) closes its connection
+/// instead of returning it to the pool, so the server rolls it back and no other step ever
+/// runs inside it.
+pub(super) struct Tx {
+    pub(super) conn: sqlx::pool::PoolConnection<sqlx::MySql>,
+    pub(super) open: bool,
+}
+
+impl Tx {
+    /// Sends the writes still held back and `COMMIT`, in one round trip.
+    pub(super) async fn commit(&mut self, mut pending: String) -> Result<()> {
+        pending.push_str("COMMIT");
+        ops::batch(&mut self.conn, pending).await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Rolls back after an error; a connection that cannot is closed (see [`Tx`]).
+    pub(super) async fn rollback(&mut self) {
+        if self.open && ops::batch(&mut self.conn, "ROLLBACK".into()).await.is_ok() {
+            self.open = false;
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Whether a failed step rolled back and may simply run again: a deadlock (1213), a lock
+/// wait timeout (1205), or a query interrupted by a misdirected doorbell ring (1317); before
+/// the commit was sent, also a lost connection (nothing was committed: the server rolls back
+/// the transaction of a connection that dies, e.g. one that died idle in the pool across a
+/// server restart). A connection lost while the commit was under way is not retried here:
+/// the step may have committed, and the caller retries it idempotently.
+///
+/// `attempt` counts the runs so far: at most [`STEP_RETRIES`] in all, and after a lost
+/// connection at most one per pooled connection (each stale one is closed as it fails).
+pub(super) fn is_retryable(e: &Error, committing: bool, attempt: u32) -> bool {
+    match e {
+        Error::Store {
+            kind: StoreErrorKind::Busy,
+            ..
+        } => attempt < STEP_RETRIES,
+        Error::Store {
+            kind: StoreErrorKind::Connection,
+            ..
+        } => !committing && attempt < POOL_SIZE,
+        _ => false,
+    }
+}
+
+/// A short random pause before running a step again, growing with the attempt.
+pub(super) fn retry_pause(attempt: u32) -> Duration {
+    let cap = 200u64.min(1 << attempt.min(7));
+    Duration::from_micros(rand::random_range(0..cap * 1_000))
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::conns::Conns;
-use super::map_err;
+use super::error::map_err;
 use super::ops::{render, Lit, MysqlRows};
 use super::routines::{self, Fast};
 use crate::error::{Error, Result, StoreErrorKind};

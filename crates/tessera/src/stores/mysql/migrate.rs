@@ -44,8 +44,9 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use super::map_err;
 use crate::error::{Error, Result};
+
+use super::error::map_err;
 
 /// The migrations in order: version `i + 1` is `MIGRATIONS[i]`.
 const MIGRATIONS: &[&str] = &[
@@ -295,6 +296,27 @@ async fn stored_version(conn: &mut MySqlConnection) -> Result<i64> {
         Some(row) => row
             .try_get::<i64, _>(0)
             .map_err(|e| Error::Corrupt(format!("schema_version: {e}"))),
+    }
+}
+
+/// A migration refused for want of privileges (1142: a command denied on a table, 1044: on
+/// the database) says what to do about it.
+pub(super) fn migration_refused(e: Error) -> Error {
+    match e {
+        Error::Store { kind, message }
+            if message.contains(" 1142 (") || message.contains(" 1044 (") =>
+        {
+            Error::Store {
+                kind,
+                message: format!(
+                    "{message}; tessera creates and migrates its tables (tessera_*) at connect: \
+                     connect once as a user that may (CREATE and CREATE ROUTINE on the \
+                     database), then this user needs only SELECT, INSERT, UPDATE, DELETE and \
+                     EXECUTE there"
+                ),
+            }
+        }
+        other => other,
     }
 }
 

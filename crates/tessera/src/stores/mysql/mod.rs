@@ -55,10 +55,9 @@
 //!   does not read ride with the next statement or the `COMMIT` (`ops.rs`): an acquire of a
 //!   free permit is two round trips, a release three (also one that hands the permit to a
 //!   waiter), a waiter's heartbeat one read when nothing is due (see
-//!   [`MysqlBackend::heartbeat`]); see the closing note of issue 11 for the measured
-//!   figures. Deadlocks (1213) and lock wait timeouts (1205) roll the whole
-//!   transaction back and the step is run again ([`STEP_RETRIES`] times), so neither is
-//!   ever seen as an answer.
+//!   [`MysqlBackend::heartbeat`]); docs/performance.md has the measured figures.
+//!   Deadlocks (1213) and lock wait timeouts (1205) roll the whole transaction back and the
+//!   step is run again ([`STEP_RETRIES`] times), so neither is ever seen as an answer.
 //! - **Durability** is the server's: with `innodb_flush_log_at_trx_commit=1` (the default)
 //!   every grant and release is one durable commit.
 //! - **Frozen clients.** A client stopped in the middle of a step holds the semaphore's row
@@ -179,6 +178,7 @@ macro_rules! step {
 }
 
 mod conns;
+mod error;
 mod heartbeats;
 mod migrate;
 mod notify;
@@ -202,45 +202,16 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, Waking};
 use crate::stores::sql;
 
-use conns::{pool_options, Conns, Returned, KEEP_POOL_SIZE, POOL_SIZE};
+use conns::{
+    is_retryable, pool_options, retry_pause, Conns, Returned, Tx, CONNECT_TIMEOUT, KEEP_POOL_SIZE,
+    POOL_SIZE,
+};
+use error::connect_error;
 use heartbeats::{Answer, HeartbeatMany, Heartbeats};
+use migrate::migration_refused;
 use notify::{Doorbell, Holders, Waiting};
 use routines::Fast;
 use url::{parse_url, WakeMode};
-
-/// How many times a step that hit a deadlock or a lock wait timeout is run again.
-pub const STEP_RETRIES: u32 = 20;
-/// `innodb_lock_wait_timeout` of tessera's sessions, seconds.
-pub const LOCK_WAIT_TIMEOUT_S: u32 = 5;
-/// `idle_transaction_timeout` of tessera's sessions (MariaDB), seconds.
-pub const IDLE_TRANSACTION_TIMEOUT_S: u32 = 3;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The session settings of every pooled connection (see the module docs).
-const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
-
-/// Lifts the server's `wait_timeout` (often set to a minute or less to reap forgotten
-/// clients) for tessera's own connections, to the largest value the server takes: they are
-/// idle between a lease's renewals on purpose, and the doorbell's latch is idle for its
-/// whole life. A connection the server closed while idle failed the next call on it (a
-/// release then left the permit to expire by its TTL).
-pub(crate) const KEEP_IDLE: &str = "SET SESSION wait_timeout = 31536000";
-
-/// Lifts a statement time limit for tessera's own connections: MariaDB's `max_statement_time`
-/// (a server default, or a user's `MAX_STATEMENT_TIME`) and MySQL's `max_execution_time` (for
-/// `SELECT`s). The doorbell parks in a 60 s wait on purpose, and such a limit cut every park
-/// short: each cut woke every waiter of the process to ask the store, and a ring sent
-/// between two parks had to look for the doorbell again. A step's own time is bounded by the
-/// client and by `innodb_lock_wait_timeout`. Each server knows one of the two names and
-/// answers "unknown system variable" to the other, which is ignored.
-pub(crate) async fn lift_statement_limit(conn: &mut sqlx::MySqlConnection) {
-    for sql in [
-        "SET SESSION max_statement_time = 0",
-        "SET SESSION max_execution_time = 0",
-    ] {
-        let _ = sqlx::raw_sql(sql).execute(&mut *conn).await;
-    }
-}
 
 /// The MySQL / MariaDB backend. Cheap to share behind an `Arc`; holds a small connection
 /// pool and a doorbell (two connections while waiters of this client are queued).
@@ -310,7 +281,7 @@ impl MysqlBackend {
                     format!("no connection within {CONNECT_TIMEOUT:?}"),
                 ))
             })?
-            .map_err(|e| in_url(map_err(e)))?;
+            .map_err(|e| connect_error(e, &config.redacted))?;
         if !create && !migrate::exists(&mut first).await.map_err(in_url)? {
             let _ = first.close().await;
             return Err(Error::NoStore {
@@ -568,70 +539,6 @@ impl MysqlBackend {
     }
 }
 
-/// One step's transaction on a pooled connection, opened by the step's first batch
-/// (`START TRANSACTION` goes with it) and ended by [`Tx::commit`] or [`Tx::rollback`]. A
-/// transaction dropped open (a cancelled step, a failed rollback) closes its connection
-/// instead of returning it to the pool, so the server rolls it back and no other step ever
-/// runs inside it.
-struct Tx {
-    conn: sqlx::pool::PoolConnection<sqlx::MySql>,
-    open: bool,
-}
-
-impl Tx {
-    /// Sends the writes still held back and `COMMIT`, in one round trip.
-    async fn commit(&mut self, mut pending: String) -> Result<()> {
-        pending.push_str("COMMIT");
-        ops::batch(&mut self.conn, pending).await?;
-        self.open = false;
-        Ok(())
-    }
-
-    /// Rolls back after an error; a connection that cannot is closed (see [`Tx`]).
-    async fn rollback(&mut self) {
-        if self.open && ops::batch(&mut self.conn, "ROLLBACK".into()).await.is_ok() {
-            self.open = false;
-        }
-    }
-}
-
-impl Drop for Tx {
-    fn drop(&mut self) {
-        if self.open {
-            self.conn.close_on_drop();
-        }
-    }
-}
-
-/// Whether a failed step rolled back and may simply run again: a deadlock (1213), a lock
-/// wait timeout (1205), or a query interrupted by a misdirected doorbell ring (1317); before
-/// the commit was sent, also a lost connection (nothing was committed: the server rolls back
-/// the transaction of a connection that dies, e.g. one that died idle in the pool across a
-/// server restart). A connection lost while the commit was under way is not retried here:
-/// the step may have committed, and the caller retries it idempotently.
-///
-/// `attempt` counts the runs so far: at most [`STEP_RETRIES`] in all, and after a lost
-/// connection at most one per pooled connection (each stale one is closed as it fails).
-fn is_retryable(e: &Error, committing: bool, attempt: u32) -> bool {
-    match e {
-        Error::Store {
-            kind: StoreErrorKind::Busy,
-            ..
-        } => attempt < STEP_RETRIES,
-        Error::Store {
-            kind: StoreErrorKind::Connection,
-            ..
-        } => !committing && attempt < POOL_SIZE,
-        _ => false,
-    }
-}
-
-/// A short random pause before running a step again, growing with the attempt.
-fn retry_pause(attempt: u32) -> Duration {
-    let cap = 200u64.min(1 << attempt.min(7));
-    Duration::from_micros(rand::random_range(0..cap * 1_000))
-}
-
 #[async_trait]
 impl Backend for MysqlBackend {
     async fn acquire(
@@ -749,83 +656,6 @@ impl Backend for MysqlBackend {
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
     }
-}
-
-/// Classifies an sqlx error: a deadlock (1213), a lock wait timeout (1205) or an interrupted
-/// query (1317) is [`StoreErrorKind::Busy`] (the step rolled back; it is run again); a lost
-/// or refused connection (2002, 2006, 2013, 1053, 1927, 4031, I/O) is
-/// [`StoreErrorKind::Connection`]; a value of an unexpected type is [`Error::Corrupt`];
-/// anything else [`StoreErrorKind::Other`].
-/// A migration refused for want of privileges (1142: a command denied on a table, 1044: on
-/// the database) says what to do about it.
-fn migration_refused(e: Error) -> Error {
-    match e {
-        Error::Store { kind, message }
-            if message.contains(" 1142 (") || message.contains(" 1044 (") =>
-        {
-            Error::Store {
-                kind,
-                message: format!(
-                    "{message}; tessera creates and migrates its tables (tessera_*) at connect: \
-                     connect once as a user that may (CREATE and CREATE ROUTINE on the \
-                     database), then this user needs only SELECT, INSERT, UPDATE, DELETE and \
-                     EXECUTE there"
-                ),
-            }
-        }
-        other => other,
-    }
-}
-
-pub(crate) fn map_err(e: sqlx::Error) -> Error {
-    let kind = match &e {
-        sqlx::Error::Database(db) => {
-            let number = db
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .map(|m| m.number())
-                .unwrap_or(0);
-            match number {
-                1205 | 1213 | 1317 => StoreErrorKind::Busy,
-                // A server made read-only (`read_only`, `super_read_only`, a replica during a
-                // switchover: 1290, 1836, 1792) or out of disk (1021, 1114): nothing ran, and
-                // it passes without anything changed, as on PostgreSQL.
-                1290 | 1836 | 1792 | 1021 | 1114 => StoreErrorKind::Busy,
-                1040 | 1053 | 1927 | 2002 | 2006 | 2013 | 4031 => StoreErrorKind::Connection,
-                _ => StoreErrorKind::Other,
-            }
-        }
-        sqlx::Error::Tls(_) => {
-            return Error::store(
-                StoreErrorKind::Connection,
-                format!("TLS handshake failed (check ssl-ca and ssl-mode): {e}"),
-            )
-        }
-        // rustls reports a rejected certificate as an I/O error of the handshake.
-        sqlx::Error::Io(io) if io.get_ref().is_some_and(is_tls_error) => {
-            return Error::store(
-                StoreErrorKind::Connection,
-                format!("TLS handshake failed (check ssl-ca and ssl-mode): {io}"),
-            )
-        }
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => StoreErrorKind::Connection,
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
-    };
-    Error::store(kind, e.to_string())
-}
-
-/// Whether the source of an I/O error is rustls refusing the handshake (an unknown CA, a
-/// certificate for another name, an expired one).
-fn is_tls_error(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
-    inner.downcast_ref::<rustls::Error>().is_some()
 }
 
 #[cfg(test)]

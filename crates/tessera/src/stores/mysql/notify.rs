@@ -220,7 +220,7 @@ impl Holders {
 
     async fn send(&self, sql: String) -> Option<Results> {
         let sent = async {
-            let mut conn = self.pool.acquire().await.map_err(super::map_err)?;
+            let mut conn = self.pool.acquire().await.map_err(super::error::map_err)?;
             batch(&mut conn, sql).await
         };
         match sent.await {
@@ -352,11 +352,11 @@ impl Parked {
 /// address.
 async fn connect(options: &MySqlConnectOptions, park_s: u32) -> Option<Parked> {
     let mut conn = options.connect().await.ok()?;
-    sqlx::raw_sql(super::KEEP_IDLE)
+    sqlx::raw_sql(super::conns::KEEP_IDLE)
         .execute(&mut conn)
         .await
         .ok()?;
-    super::lift_statement_limit(&mut conn).await;
+    super::conns::lift_statement_limit(&mut conn).await;
     let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
         .fetch_one(&mut conn)
         .await
@@ -366,7 +366,9 @@ async fn connect(options: &MySqlConnectOptions, park_s: u32) -> Option<Parked> {
     let latch = match options.connect().await {
         Ok(mut latch) => {
             // The latch is idle for its whole life: a server's `wait_timeout` would end it.
-            let _ = sqlx::raw_sql(super::KEEP_IDLE).execute(&mut latch).await;
+            let _ = sqlx::raw_sql(super::conns::KEEP_IDLE)
+                .execute(&mut latch)
+                .await;
             let taken: Option<Option<i64>> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
                 .bind(&lock)
                 .fetch_one(&mut latch)

@@ -40,7 +40,7 @@
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
 
-use super::map_err;
+use super::error::map_err;
 use crate::error::{Error, Result};
 use crate::model::{Grant, Lease, StoreTime};
 use crate::stores::sql::{

@@ -18,15 +18,17 @@
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
+use super::conns::{is_retryable, retry_pause};
+use super::error::map_err;
 use super::ops::{int_at, now_us, text_at, time_at};
-use super::{is_retryable, map_err, retry_pause, MysqlBackend};
+use super::MysqlBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::RateState;
-use crate::rate::RateStatus;
+use crate::rate::seam::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use crate::stores::sql::rate::{
-    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows,
+    self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
 };
 
 const LOCK: &str = "INSERT INTO tessera_rate_limiters \
@@ -42,17 +44,10 @@ const SAVE: &str = "UPDATE tessera_rate_limiters SET config = ?, seq = ?, tail =
 const INSERT: &str = "INSERT INTO tessera_rate_limiters \
      (config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at, name) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?";
-const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?";
 const EXPIRED: &str = "SELECT name FROM tessera_rate_limiters \
      WHERE expires_at <= ? AND name <> ? ORDER BY expires_at LIMIT 16 FOR UPDATE SKIP LOCKED";
 const PRUNED_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t <= ?";
 const PRUNE: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND t <= ?";
-const FIRST_AT_LEAST: &str = "SELECT t FROM tessera_rate_log WHERE name = ? AND p >= ? \
-     ORDER BY p LIMIT 1";
-const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?, ?, ?)";
-const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND p = ?";
-const LAST_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ?";
 const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ? ORDER BY p";
 const LIST: &str = concat!(
     "SELECT name FROM tessera_rate_limiters WHERE expires_at > ",
@@ -81,6 +76,8 @@ fn u64_at(row: &MySqlRow, i: usize, what: &str) -> Result<u64> {
 }
 
 impl RateRows for MysqlRateRows<'_> {
+    shared_rate_rows!();
+
     /// Locks the row (creating the placeholder, expired at birth) and reads it with the
     /// server's clock in the statement after the lock.
     async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
@@ -106,17 +103,6 @@ impl RateRows for MysqlRateRows<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .map_err(map_err)
-    }
-
-    async fn drop_state(&mut self, name: &str) -> Result<()> {
-        for q in [DROP_LOG, DROP_LIMITER] {
-            sqlx::query(q)
-                .bind(name)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_err)?;
-        }
-        Ok(())
     }
 
     /// The row exists (locked by `load`, or deleted by the step as expired and then
@@ -168,44 +154,6 @@ impl RateRows for MysqlRateRows<'_> {
                 .map_err(map_err)?;
         }
         Ok(gone)
-    }
-
-    async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
-        sqlx::query_scalar(FIRST_AT_LEAST)
-            .bind(self.name)
-            .bind(db(p))
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)
-    }
-
-    async fn append(&mut self, p: u64, t: u64) -> Result<()> {
-        sqlx::query(APPEND)
-            .bind(self.name)
-            .bind(db(p))
-            .bind(db(t))
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn remove_entry(&mut self, p: u64) -> Result<()> {
-        sqlx::query(REMOVE_ENTRY)
-            .bind(self.name)
-            .bind(db(p))
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn last_total(&mut self) -> Result<Option<i64>> {
-        sqlx::query_scalar(LAST_TOTAL)
-            .bind(self.name)
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(map_err)
     }
 
     async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
 
-use super::map_err;
+use super::error::map_err;
 use super::ops::{render, Lit};
 use crate::error::{Error, Result};
 use crate::model::{

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tessera_testkit::servers::mysql::MariaDbServer;
 
+use super::conns::LOCK_WAIT_TIMEOUT_S;
 use super::*;
 use crate::wake::Registration;
 

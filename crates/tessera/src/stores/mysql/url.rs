@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::stores::url::{not_a_url, percent_decode};
 
 /// The default MySQL / MariaDB port.
 pub(crate) const DEFAULT_PORT: u16 = 3306;
@@ -45,7 +46,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
         .into()
     };
-    let url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
+    let url = url::Url::parse(raw).map_err(|e| bad(not_a_url(e)))?;
     if !matches!(url.scheme(), "mysql" | "mariadb") {
         return Err(bad("expected mysql:// or mariadb://".into()));
     }
@@ -180,24 +181,6 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         redacted,
         wake,
     })
-}
-
-/// Percent-decodes a URL component; `None` if the bytes are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 3 <= bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! A backend's connections, in two stacks: at most [`POOL_SIZE`](super::POOL_SIZE) for
-//! operations and [`KEEP_POOL_SIZE`](super::KEEP_POOL_SIZE) for keep-alives, each reused
+//! A backend's connections, in two stacks: at most [`POOL_SIZE`](POOL_SIZE) for
+//! operations and [`KEEP_POOL_SIZE`](KEEP_POOL_SIZE) for keep-alives, each reused
 //! last in, first out.
 //!
 //! sqlx's pool sends a `Sync` and waits for its `ReadyForQuery` on every connection it takes
@@ -13,18 +13,22 @@
 //! connection was dropped unreturned: what broke one (a server restart, every session
 //! terminated, a network cut) most likely broke the idle ones too, and without the ping each
 //! of them would fail one operation in turn: after `pg_terminate_backend` of every session,
-//! a lease's renewals met up to [`POOL_SIZE`](super::POOL_SIZE) dead connections one retry
+//! a lease's renewals met up to [`POOL_SIZE`](POOL_SIZE) dead connections one retry
 //! apart before a new one was opened.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgRow, Postgres};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::map_err;
 use crate::error::{Error, Result, StoreErrorKind};
+
+use super::error::{map_err, reusable_after};
+
+/// How long one call may take before it fails with [`StoreErrorKind::Timeout`].
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An idle connection older than this is pinged before it is used.
 const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -198,5 +202,66 @@ impl Drop for Lent<'_> {
         if self.conn.is_some() {
             self.conns.idle.lock().unwrap().dropped_at = Some(Instant::now());
         }
+    }
+}
+
+/// Connections per backend for operations.
+pub(super) const POOL_SIZE: usize = 4;
+
+/// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats) when
+/// none of the operations' is free, so that no burst of operations delays a keep-alive past
+/// its TTL: one process that queued 10,000 acquires at once kept its 4 connections busy for
+/// seconds, the heartbeats of its first waiters waited behind them, and those waiters
+/// expired, were purged and queued again (`tessera-chaos --scenario s10-reclaim`).
+pub(super) const KEEP_POOL_SIZE: usize = 2;
+
+/// A connection for a keep-alive (a renewal, waiters' heartbeats): one of the operations'
+/// stack if one is free now, so that a process that only holds a lease keeps one
+/// connection, else one of the keep-alives' own ([`KEEP_POOL_SIZE`]).
+pub(super) async fn keep_alive_conn<'a>(ops: &'a Conns, keep: &'a Conns) -> Result<Lent<'a>> {
+    match ops.take_free().await {
+        Some(conn) => conn,
+        None => keep.take().await,
+    }
+}
+
+/// Runs one statement on `conn` and returns its one row (see [`run_rows`]).
+pub(super) async fn run_row(
+    conn: Lent<'_>,
+    url: &str,
+    query: sqlx::query::Query<'_, Postgres, PgArguments>,
+) -> Result<PgRow> {
+    run_rows(conn, url, query)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Corrupt("a tessera function answered no row".into()))
+}
+
+/// Runs one statement on `conn` and returns its rows, within [`RESPONSE_TIMEOUT`]; a
+/// connection that timed out is closed rather than reused.
+pub(super) async fn run_rows(
+    mut conn: Lent<'_>,
+    url: &str,
+    query: sqlx::query::Query<'_, Postgres, PgArguments>,
+) -> Result<Vec<PgRow>> {
+    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_all(conn.conn())).await {
+        Ok(Ok(rows)) => {
+            conn.put_back();
+            Ok(rows)
+        }
+        Ok(Err(e)) => {
+            // A session started while the database was read-only keeps that default for
+            // its life: close it, so the next session sees the fault lifted; a broken
+            // connection is closed too.
+            if reusable_after(&e) {
+                conn.put_back();
+            }
+            Err(map_err(e))
+        }
+        Err(_) => Err(Error::store(
+            StoreErrorKind::Timeout,
+            format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
+        )),
     }
 }

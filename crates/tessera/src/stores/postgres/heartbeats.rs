@@ -2,12 +2,12 @@
 //!
 //! Every waiter heartbeats once per third of its waiter TTL. One call per heartbeat locked
 //! the semaphore's row once per waiter, so one process with 10,000 waiters on one semaphore
-//! (3 s waiter TTL) sent 10,000 calls a second through its [`POOL_SIZE`](super::POOL_SIZE)
+//! (3 s waiter TTL) sent 10,000 calls a second through its [`POOL_SIZE`](super::conns::POOL_SIZE)
 //! connections, all queued on that row, behind the enqueues still being sent: heartbeats
 //! came late, their waiters expired and queued again, and 90 s after the process started
 //! only 4,001 of its 10,000 waiters were in the queue (`tessera-chaos --store postgres
 //! --scenario s10-reclaim`). Heartbeats now also take a connection of their own when the
-//! operations' are all busy (`super::KEEP_POOL_SIZE`).
+//! operations' are all busy (`conns::KEEP_POOL_SIZE`).
 //!
 //! The heartbeats of one semaphore go through one queue of a [`Batcher`]: a lone heartbeat is
 //! sent at once; under load, each call carries the heartbeats that arrived while the
@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgRow;
 
-use super::{keep_alive_conn, ops, run_rows, Conns};
+use super::conns::{keep_alive_conn, run_rows, Conns};
+use super::ops;
 use crate::error::{Error, Result};
 use crate::model::{LeaseId, Name, WaitReply};
 use crate::stores::batch::{BatchCall, Batcher};

@@ -25,7 +25,7 @@
 //!   may give the same permit to someone else — for at most the lease's TTL, and only after
 //!   a server crash. Fences stay monotonic (floored at server time). Keep the default (`on`)
 //!   unless an over-grant right after a database crash is acceptable; off, hand-offs no
-//!   longer wait for the disk (see the README's figures).
+//!   longer wait for the disk (see docs/performance.md for figures).
 //!
 //! # How it runs
 //!
@@ -68,7 +68,7 @@
 //!   `CREATE` rights can use a schema that an administrator migrated (connect once with the
 //!   owner's URL).
 //! - **Waking**: a release returns the grants it made to waiters of this process in its
-//!   reply, which wakes them; any other grant is pushed as in `listener.rs`: `pg_notify` to
+//!   reply, which wakes them; any other grant is pushed as in `notify.rs`: `pg_notify` to
 //!   the granted client's own channel, one
 //!   `LISTEN` connection per process and server, re-check of every waiter after a reconnect,
 //!   a periodic query on the listener's own connection against half-open connections (no
@@ -104,8 +104,10 @@
 //!   raise SQLSTATE `TS001`; the client checks every value again).
 
 mod conns;
+mod error;
 mod heartbeats;
-mod listener;
+mod migrate;
+mod notify;
 pub(crate) mod ops;
 mod rate;
 pub(crate) mod url;
@@ -124,32 +126,16 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities};
 use crate::stores::expiries::Expiries;
 
-use conns::Conns;
+pub use conns::RESPONSE_TIMEOUT;
+use conns::{keep_alive_conn, run_row, Conns, KEEP_POOL_SIZE, POOL_SIZE};
+use error::{connect_error, connect_timeout, in_context, map_err};
 use heartbeats::{HeartbeatMany, Heartbeats};
-use listener::Listener;
+use migrate::{migrate, migration_refused, schema_exists, step_revision};
+use notify::Listener;
 use ops::micros;
-use url::{parse_url, Config};
+use url::parse_url;
 
-/// How long one call may take before it fails with [`StoreErrorKind::Timeout`].
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections per backend for operations.
-const POOL_SIZE: usize = 4;
-/// Connections per backend for keep-alives (holders' renewals, waiters' heartbeats) when
-/// none of the operations' is free, so that no burst of operations delays a keep-alive past
-/// its TTL: one process that queued 10,000 acquires at once kept its 4 connections busy for
-/// seconds, the heartbeats of its first waiters waited behind them, and those waiters
-/// expired, were purged and queued again (`tessera-chaos --scenario s10-reclaim`).
-const KEEP_POOL_SIZE: usize = 2;
-/// The migrations, in order (each runs its files in order); the schema records the last one
-/// it ran.
-const MIGRATIONS: &[&[&[&str]]] = &[
-    ops::MIGRATION_1,
-    rate::MIGRATION_2,
-    rate::MIGRATION_3,
-    ops::MIGRATION_4,
-    ops::MIGRATION_5,
-];
 
 /// Acquires still running on the server, by lease id: the gate is held until the reply is in.
 type Inflight = Arc<std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>>;
@@ -213,7 +199,7 @@ impl PostgresBackend {
         )
         .await
         .map_err(|_| connect_timeout(&config))?
-        .map_err(|e| in_context(map_err(e), &config))?;
+        .map_err(|e| connect_error(e, &config))?;
         if !create && !schema_exists(&mut conn, &config.schema).await? {
             let _ = conn.close().await;
             return Err(Error::NoStore {
@@ -337,239 +323,6 @@ impl PostgresBackend {
             let _passed = gate.lock().await;
         }
     }
-}
-
-/// A connection for a keep-alive (a renewal, waiters' heartbeats): one of the operations'
-/// stack if one is free now, so that a process that only holds a lease keeps one
-/// connection, else one of the keep-alives' own ([`KEEP_POOL_SIZE`]).
-async fn keep_alive_conn<'a>(ops: &'a Conns, keep: &'a Conns) -> Result<conns::Lent<'a>> {
-    match ops.take_free().await {
-        Some(conn) => conn,
-        None => keep.take().await,
-    }
-}
-
-/// Runs one statement on `conn` and returns its one row (see [`run_rows`]).
-async fn run_row(
-    conn: conns::Lent<'_>,
-    url: &str,
-    query: sqlx::query::Query<'_, Postgres, PgArguments>,
-) -> Result<PgRow> {
-    run_rows(conn, url, query)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Corrupt("a tessera function answered no row".into()))
-}
-
-/// Runs one statement on `conn` and returns its rows, within [`RESPONSE_TIMEOUT`]; a
-/// connection that timed out is closed rather than reused.
-async fn run_rows(
-    mut conn: conns::Lent<'_>,
-    url: &str,
-    query: sqlx::query::Query<'_, Postgres, PgArguments>,
-) -> Result<Vec<PgRow>> {
-    match tokio::time::timeout(RESPONSE_TIMEOUT, query.fetch_all(conn.conn())).await {
-        Ok(Ok(rows)) => {
-            conn.put_back();
-            Ok(rows)
-        }
-        Ok(Err(e)) => {
-            // A session started while the database was read-only keeps that default for
-            // its life: close it, so the next session sees the fault lifted; a broken
-            // connection is closed too.
-            if reusable_after(&e) {
-                conn.put_back();
-            }
-            Err(map_err(e))
-        }
-        Err(_) => Err(Error::store(
-            StoreErrorKind::Timeout,
-            format!("{url} did not answer within {RESPONSE_TIMEOUT:?}"),
-        )),
-    }
-}
-
-fn connect_timeout(config: &Config) -> Error {
-    Error::store(
-        StoreErrorKind::Timeout,
-        format!("could not connect to {} in time", config.redacted),
-    )
-}
-
-/// Names the (redacted) URL in a store error.
-fn in_context(e: Error, config: &Config) -> Error {
-    match e {
-        Error::Store { kind, message } => {
-            Error::store(kind, format!("{}: {message}", config.redacted))
-        }
-        other => other,
-    }
-}
-
-/// A migration refused for want of privileges (SQLSTATE 42501: an application role without
-/// `CREATE` on the database, or not the schema's owner) says what to do about it.
-fn migration_refused(e: Error, schema: &str) -> Error {
-    match e {
-        Error::Store { kind, message } if message.contains("SQLSTATE 42501") => Error::Store {
-            kind,
-            message: format!(
-                "{message}; tessera creates and migrates its schema \"{schema}\" at connect: \
-                 connect once as a role that may (CREATE on the database, or the schema's \
-                 owner), then GRANT this role USAGE ON SCHEMA \"{schema}\", SELECT, INSERT, \
-                 UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" and EXECUTE ON ALL \
-                 FUNCTIONS IN SCHEMA \"{schema}\" (again after each tessera upgrade)"
-            ),
-        },
-        other => other,
-    }
-}
-
-/// Whether `schema` holds tessera's tables: its migrations table, which the first migration
-/// creates (the catalog is readable by every role, whatever its rights on the schema).
-async fn schema_exists(conn: &mut sqlx::PgConnection, schema: &str) -> Result<bool> {
-    tokio::time::timeout(
-        RESPONSE_TIMEOUT,
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
-             WHERE schemaname = $1 AND tablename = 'tessera_migrations')",
-        )
-        .bind(schema)
-        .fetch_one(conn),
-    )
-    .await
-    .map_err(|_| Error::store(StoreErrorKind::Timeout, "the schema check timed out"))?
-    .map_err(map_err)
-}
-
-/// Runs the migrations the schema lacks (see the module docs).
-async fn migrate(conn: &mut sqlx::PgConnection, config: &Config) -> Result<()> {
-    let latest = MIGRATIONS.len() as i32;
-    // Already up to date: nothing to lock or create (a user without CREATE rights gets here).
-    let current: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM tessera_migrations")
-        .fetch_one(&mut *conn)
-        .await
-        .ok()
-        .flatten();
-    // The step's revision, once the tables are current (none before revisions existed).
-    let step_stale = current == Some(latest) && step_revision(conn).await < ops::STEP_REVISION;
-    if current == Some(latest) && !step_stale {
-        return Ok(());
-    }
-    if current == Some(latest) {
-        // Only the step is older. A role that may not replace it keeps the step an owner
-        // created: every step revision works with the tables it was made for.
-        return match migrate_locked(conn, config, step_stale).await {
-            Err(e) if is_privilege_refusal(&e) => {
-                tracing::warn!(
-                    schema = %config.schema,
-                    error = %e,
-                    "tessera PostgreSQL: this role may not replace tessera's functions with \
-                     this build's; the schema's older ones stay in use until its owner connects"
-                );
-                Ok(())
-            }
-            r => r,
-        };
-    }
-    migrate_locked(conn, config, step_stale).await
-}
-
-/// The schema's step revision (0 before revisions existed, or when it cannot be read).
-async fn step_revision(conn: &mut sqlx::PgConnection) -> i32 {
-    tokio::time::timeout(
-        RESPONSE_TIMEOUT,
-        sqlx::query_scalar::<_, i32>("SELECT tessera__step_revision()").fetch_one(conn),
-    )
-    .await
-    .map_or(0, |r| r.unwrap_or(0))
-}
-
-/// A refusal for want of privileges (SQLSTATE 42501).
-fn is_privilege_refusal(e: &Error) -> bool {
-    matches!(e, Error::Store { message, .. } if message.contains("SQLSTATE 42501"))
-}
-
-/// Runs the migrations the schema lacks, and the step again if `step_stale`, in one
-/// transaction under the schema's advisory lock.
-async fn migrate_locked(
-    conn: &mut sqlx::PgConnection,
-    config: &Config,
-    step_stale: bool,
-) -> Result<()> {
-    let latest = MIGRATIONS.len() as i32;
-    let mut tx = conn.begin().await.map_err(map_err)?;
-    // The wait for another process's migration and the migration itself are bounded by the
-    // client (above), not by the session's statement limit of one call (`url::limits`).
-    sqlx::raw_sql("SET LOCAL statement_timeout TO 0")
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("tessera:migrate:{}", config.schema))
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    // `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the database even when the schema
-    // exists: only when it is missing, so the owner of a schema a DBA made can set it up.
-    let schema_missing: bool = sqlx::query_scalar(
-        "SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)",
-    )
-    .bind(&config.schema)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    let setup = format!(
-        "{create}SET LOCAL search_path TO \"{0}\"; \
-         CREATE TABLE IF NOT EXISTS tessera_migrations (version int PRIMARY KEY, \
-         applied_at timestamptz NOT NULL DEFAULT now())",
-        config.schema,
-        create = if schema_missing {
-            format!("CREATE SCHEMA IF NOT EXISTS \"{}\"; ", config.schema)
-        } else {
-            String::new()
-        }
-    );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let current: i32 =
-        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM tessera_migrations")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    if current > latest {
-        return Err(Error::Corrupt(format!(
-            "the tessera schema \"{}\" is at version {current}; this build knows up to \
-             version {latest} (upgrade tessera)",
-            config.schema
-        )));
-    }
-    // Tables current, step older: the step again (idempotent, so another process having done
-    // it meanwhile changes nothing). A migration runs the step as well.
-    if current == latest && step_stale {
-        for sql in ops::STEP_AGAIN.iter().flat_map(|part| part.iter()) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-    }
-    for (i, files) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-        for sql in files.iter().flat_map(|part| part.iter()) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        sqlx::query("INSERT INTO tessera_migrations (version) VALUES ($1)")
-            .bind(i as i32 + 1)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    }
-    tx.commit().await.map_err(map_err)
 }
 
 #[async_trait]
@@ -829,98 +582,6 @@ where
     row.try_get::<Option<T>, _>(0)
         .map_err(|e| ops::corrupt(e.to_string()))?
         .ok_or_else(|| ops::corrupt("a function returned NULL"))
-}
-
-/// The database refused a write because the session is read-only (SQLSTATE `25006`).
-fn is_read_only(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
-}
-
-/// Classifies an sqlx error: tessera's own `TS001` and undecodable values are
-/// [`Error::Corrupt`]; connection failures, a server shutting down or starting up are
-/// [`StoreErrorKind::Connection`]; lock and serialization conflicts, a read-only database
-/// (`25006`) and insufficient resources (class `53`: disk full, out of memory) are
-/// [`StoreErrorKind::Busy`], faults that pass without anything changed; a cancelled
-/// statement is [`StoreErrorKind::Timeout`]; anything else (missing rights) is
-/// [`StoreErrorKind::Other`] with PostgreSQL's message.
-/// Whether a connection whose call failed with `e` may serve another call: only after an
-/// error the server reported for the statement alone, on a session that is still fine (not
-/// a read-only default, which a session keeps for its life, nor a shutdown or a lost
-/// connection).
-pub(crate) fn reusable_after(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => {
-            let code = db.code().unwrap_or_default();
-            !(code.starts_with("08") || code.starts_with("57P") || is_read_only(e))
-        }
-        _ => false,
-    }
-}
-
-pub(crate) fn map_err(e: sqlx::Error) -> Error {
-    let kind = match &e {
-        sqlx::Error::Database(db) => {
-            let code = db.code().unwrap_or_default();
-            match &*code {
-                "TS001" => return Error::Corrupt(db.message().to_string()),
-                // 22P02 invalid text, 22003 out of range: a row tessera reads is damaged.
-                "22P02" | "22003" | "XX001" | "XX002" => {
-                    return Error::Corrupt(format!("PostgreSQL: {}", db.message()))
-                }
-                c if c.starts_with("08") => StoreErrorKind::Connection,
-                // 57P: the server ended the session (shutdown, crash, a dropped database,
-                // `idle_session_timeout`); the next call takes another connection.
-                c if c.starts_with("57P") => StoreErrorKind::Connection,
-                "53300" => StoreErrorKind::Connection,
-                "40001" | "40P01" | "55P03" => StoreErrorKind::Busy,
-                // Nothing was written; writable again (space freed), the call succeeds.
-                "25006" => StoreErrorKind::Busy,
-                c if c.starts_with("53") => StoreErrorKind::Busy,
-                "57014" => StoreErrorKind::Timeout,
-                // A prepared statement that exists twice or not at all: the session under
-                // this connection changed between statements, as behind a pooler in
-                // transaction mode (see the module docs, "Poolers").
-                "42P05" | "26000" => {
-                    return Error::store(
-                        StoreErrorKind::Other,
-                        format!(
-                            "{} (tessera's sessions hold prepared statements and \
-                             settings: a pooler in front of PostgreSQL must use session \
-                             pooling, e.g. PgBouncer's pool_mode = session)",
-                            describe(&e)
-                        ),
-                    )
-                }
-                _ => StoreErrorKind::Other,
-            }
-        }
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StoreErrorKind::Connection,
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
-    };
-    Error::store(kind, describe(&e))
-}
-
-/// The message of an error for people: a server's error as its message and SQLSTATE
-/// (`PostgreSQL: database "x" does not exist (SQLSTATE 3D000)`), without sqlx's prefix and
-/// the server's C source line; any other error as sqlx words it.
-fn describe(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("PostgreSQL: {} (SQLSTATE {code})", db.message()),
-            None => format!("PostgreSQL: {}", db.message()),
-        },
-        _ => format!("PostgreSQL: {e}"),
-    }
 }
 
 #[cfg(test)]

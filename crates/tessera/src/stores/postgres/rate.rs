@@ -34,12 +34,15 @@ use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
+use super::conns::RESPONSE_TIMEOUT;
+use super::error::{map_err, reusable_after};
 use super::ops::micros;
-use super::{map_err, reusable_after, PostgresBackend, RESPONSE_TIMEOUT};
+use super::PostgresBackend;
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::{RateMode, RateStatus};
+use crate::rate::seam::RateStatus;
+use crate::rate::spec::RateMode;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use crate::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
 

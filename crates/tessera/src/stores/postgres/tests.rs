@@ -1,6 +1,7 @@
 //! Unit tests of the PostgreSQL store that need no server (the server tests are in
 //! `tests/postgres_store.rs` and the test kit's conformance suite).
 
+use super::migrate::MIGRATIONS;
 use super::*;
 
 #[test]

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::stores::url::{not_a_url, percent_decode};
 
 /// The schema tessera's tables and functions live in unless `?schema=` says otherwise.
 pub(crate) const DEFAULT_SCHEMA: &str = "tessera";
@@ -48,7 +49,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
         }
         parsed => parsed,
     }
-    .map_err(|e| bad(crate::stores::not_a_url(e)))?;
+    .map_err(|e| bad(not_a_url(e)))?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return Err(bad("expected postgres:// or postgresql://".into()));
     }
@@ -202,7 +203,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
 /// tessera's own statement limits, whatever the database's or role's defaults (often set for
 /// an application's queries, e.g. `lock_timeout = '50ms'`): no `lock_timeout` and no
 /// `transaction_timeout` (PostgreSQL 17 and later), and a `statement_timeout` equal to the
-/// client's [`super::RESPONSE_TIMEOUT`], so the server gives a call up when the client does.
+/// client's [`super::conns::RESPONSE_TIMEOUT`], so the server gives a call up when the client does.
 /// A step waits for its semaphore's row lock while other steps, one statement each, hold it;
 /// a short `lock_timeout` cancelled those waits under contention, and every cancelled step
 /// was sent again (a W3 bench at `lock_timeout = '2ms'` made half the grants a second, with
@@ -211,7 +212,7 @@ fn limits() -> String {
     format!(
         "SELECT set_config(name, CASE name WHEN 'statement_timeout' THEN '{}' ELSE '0' END, false) \
          FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout', 'transaction_timeout')",
-        super::RESPONSE_TIMEOUT.as_millis()
+        super::conns::RESPONSE_TIMEOUT.as_millis()
     )
 }
 
@@ -219,7 +220,7 @@ fn limits() -> String {
 /// session: tessera keeps its few connections open between calls on purpose (a lease's
 /// renewal comes every TTL / 3, a listener waits for `NOTIFY`), and a server that ends them
 /// while idle would fail the next call on each, or drop the listener's wake-ups until the
-/// listener's next ping notices. The listener's connections run it too (`listener.rs`).
+/// listener's next ping notices. The listener's connections run it too (`notify.rs`).
 pub(crate) const KEEP_IDLE: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
      WHERE name = 'idle_session_timeout'";
 
@@ -259,25 +260,6 @@ fn has_socket_dir(raw: &str) -> bool {
             kv.starts_with("host=/") || kv.starts_with("host=%2F") || kv.starts_with("host=%2f")
         })
     })
-}
-
-/// Percent-decodes a URL component; `None` if it is not valid UTF-8 afterwards.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

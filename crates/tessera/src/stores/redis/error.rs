@@ -42,7 +42,7 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
 /// Whether the server refused the credentials (or their lack). A cluster client's first
 /// connect wraps the node's refusal in an I/O error ("Failed to create initial connections -
 /// Io: \"NOAUTH\": …"), so the refusal's code is looked for in the text as well.
-fn is_auth(e: &RedisError) -> bool {
+pub(super) fn is_auth(e: &RedisError) -> bool {
     const REFUSALS: [&str; 3] = ["NOAUTH", "WRONGPASS", "NOPERM"];
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || e.code().is_some_and(|c| REFUSALS.contains(&c))

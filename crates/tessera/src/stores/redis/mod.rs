@@ -121,9 +121,9 @@ mod error;
 mod eviction;
 mod heartbeats;
 mod line;
+mod notify;
 pub(crate) mod ops;
 pub(crate) mod rate;
-mod subscriber;
 mod topology;
 pub(crate) mod url;
 
@@ -149,8 +149,8 @@ use error::store_error;
 use eviction::check_eviction;
 use heartbeats::{HeartbeatMany, Heartbeats};
 use line::Line;
+use notify::subscribe_loop;
 use ops::{micros, Op};
-use subscriber::subscribe_loop;
 use topology::Topology;
 use url::{parse_url, Config, Layout};
 #[cfg(doc)]
@@ -254,10 +254,10 @@ async fn probe(client: &redis::Client, config: &Config, secret: Option<&str>) ->
 }
 
 /// A first connection's error, saying what the URL may have got wrong: a database the server
-/// does not have is an invalid URL (no retry helps); a port where nothing listens names the
-/// URL (password masked); TLS against a plain port (the handshake waits for an answer that
-/// never comes) or plain text against a TLS port (the server closes the connection) gets a
-/// hint.
+/// does not have is an invalid URL (no retry helps); a port where nothing listens and refused
+/// credentials name the URL (password masked); TLS against a plain port (the handshake waits
+/// for an answer that never comes) or plain text against a TLS port (the server closes the
+/// connection) gets a hint.
 fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
     if e.to_string().contains("DB index is out of range") {
         return InvalidInput::StoreUrl {
@@ -270,10 +270,9 @@ fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
     }
     // (redis-rs counts a refused connection as a dropped one too: refusal is asked first.)
     let hint = if e.is_connection_refusal() {
-        Some(format!(
-            "nothing accepts connections at {}: is the server running, on this host and port?",
-            config.redacted
-        ))
+        Some(crate::error::refused_hint(&config.redacted))
+    } else if error::is_auth(&e) {
+        Some(crate::error::auth_hint(&config.redacted))
     } else if config.tls && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped()) {
         Some("rediss:// expects TLS on this port; a server without TLS takes redis://".into())
     } else if !config.tls && e.is_connection_dropped() {
@@ -385,7 +384,11 @@ impl RedisBackend {
     /// the command connection, checks the eviction policy and starts the wake-up subscriber.
     pub async fn connect(raw: &str) -> Result<Self> {
         let (config, secret, client) = open_client(raw)?;
-        let err = |e: RedisError| store_error(e, secret.as_deref());
+        // Refused credentials name the URL (a sentinel's or a cluster node's refusal as well
+        // as the probe's: see `probe_error`).
+        let err = |e: RedisError| {
+            crate::error::with_auth_hint(store_error(e, secret.as_deref()), &config.redacted)
+        };
         if config.tls {
             // redis-rs builds its rustls config with the process-wide provider; install ring
             // unless the application already chose one.
@@ -486,7 +489,7 @@ impl RedisBackend {
         let client_id = format!("{:032x}{push}", rand::random::<u128>());
         let wake_base = format!("{}:wake:", config.prefix);
         let subscriber = match pushes {
-            Some(pushes) => tokio::spawn(subscriber::cluster_loop(pushes, Arc::clone(&waiting))),
+            Some(pushes) => tokio::spawn(notify::cluster_loop(pushes, Arc::clone(&waiting))),
             None => {
                 let channel = format!("{wake_base}{client_id}");
                 let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

@@ -25,8 +25,8 @@ use super::RedisBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::RateMode;
-use crate::rate::RateStatus;
+use crate::rate::seam::RateStatus;
+use crate::rate::spec::RateMode;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// The keys of one limiter, in the order of `rate_prelude.lua`.

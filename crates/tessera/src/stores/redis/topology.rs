@@ -68,7 +68,7 @@
 //! and `ASK`. `FUNCTION LOAD` goes to every primary; a primary without the library (a
 //! replica promoted before it had synced it, a node added later) answers "Function not
 //! found", and the library is loaded again on every primary (`REPLACE`: the same code, so
-//! harmless where it was present). Wake-ups travel on sharded pub/sub (see `subscriber.rs`).
+//! harmless where it was present). Wake-ups travel on sharded pub/sub (see `notify.rs`).
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;

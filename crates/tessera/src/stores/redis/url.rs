@@ -3,6 +3,7 @@
 //! options in them (`prefix`, `eviction`, `wait`; see the [store's docs](super)).
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
+use crate::stores::url::not_a_url;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tessera";
@@ -174,7 +175,7 @@ fn parse_single(raw: &str, redacted: String) -> Result<Config> {
         }
         .into()
     };
-    let mut url = url::Url::parse(raw).map_err(|e| bad(crate::stores::not_a_url(e)))?;
+    let mut url = url::Url::parse(raw).map_err(|e| bad(not_a_url(e)))?;
     let tls = match url.scheme() {
         "redis" => false,
         "rediss" => true,

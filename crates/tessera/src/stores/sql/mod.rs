@@ -12,7 +12,7 @@
 //!    indexed by `(name, expires_at)`), returning their seats to the free set;
 //! 3. **hand off**: while the queue head fits in `capacity - used`, pop it and grant it
 //!    (lowest free seats, next fence, expiry = `min(now + its TTL, its heartbeat expiry)`:
-//!    provisional until renewed, see `crate::permit`). A head that does not fit blocks
+//!    provisional until renewed, see `crate::lease::permit`). A head that does not fit blocks
 //!    everyone behind it (strict FIFO);
 //! 4. **decide** the operation (acquire, heartbeat, cancel, release, renew, status, resize,
 //!    revoke; delete runs alone, without purging, as in the model);
@@ -110,7 +110,7 @@ pub(crate) fn encode_seats(seats: &[u32]) -> String {
 /// Decodes [`encode_seats`]; the seats must be strictly ascending and number `weight`.
 pub(crate) fn decode_seats(text: &str, weight: u32) -> Result<Vec<u32>> {
     let bad = || corrupt(format!("seats {:?} for weight {weight}", truncate(text)));
-    if weight > crate::model::MAX_CAPACITY {
+    if weight > crate::limits::MAX_CAPACITY {
         return Err(bad());
     }
     let mut seats: Vec<u32> = Vec::new();

@@ -26,7 +26,8 @@ use std::future::Future;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::{RateMode, RateStatus};
+use crate::rate::seam::RateStatus;
+use crate::rate::spec::RateMode;
 use crate::seam::{RateConfig, RateReply, RateRequest};
 
 /// A limiter's stored row, as [`RateRows::load`] read it.
@@ -99,6 +100,79 @@ pub(crate) trait RateRows: Send {
     /// The whole log as `(t, p)`, ascending.
     fn whole_log(&mut self) -> impl Future<Output = Result<Vec<(i64, i64)>>> + Send;
 }
+
+/// The log statements every SQL dialect with `?` placeholders (SQLite, MySQL) writes alike;
+/// the limiter's name is always the first value bound.
+pub(crate) const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?";
+pub(crate) const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?";
+pub(crate) const FIRST_AT_LEAST: &str =
+    "SELECT t FROM tessera_rate_log WHERE name = ? AND p >= ? ORDER BY p LIMIT 1";
+pub(crate) const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?, ?, ?)";
+pub(crate) const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND p = ?";
+pub(crate) const LAST_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ?";
+
+/// The [`RateRows`] methods whose statements are the same in every dialect (see
+/// [`DROP_LIMITER`] and the others), written once and expanded inside a store's
+/// `impl RateRows` for its own sqlx connection type (sqlx's executor bounds differ per
+/// database, so a generic impl would say more than these). The store's value has fields
+/// `conn` (`&mut` its connection) and `name` (`&str`), and the store module has `map_err`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+macro_rules! shared_rate_rows {
+    () => {
+        async fn drop_state(&mut self, name: &str) -> $crate::error::Result<()> {
+            use $crate::stores::sql::rate::{DROP_LIMITER, DROP_LOG};
+            for q in [DROP_LOG, DROP_LIMITER] {
+                sqlx::query(q)
+                    .bind(name)
+                    .execute(&mut *self.conn)
+                    .await
+                    .map_err(map_err)?;
+            }
+            Ok(())
+        }
+
+        async fn first_at_least(&mut self, p: u64) -> $crate::error::Result<Option<i64>> {
+            sqlx::query_scalar($crate::stores::sql::rate::FIRST_AT_LEAST)
+                .bind(self.name)
+                .bind($crate::stores::sql::rate::db(p))
+                .fetch_optional(&mut *self.conn)
+                .await
+                .map_err(map_err)
+        }
+
+        async fn append(&mut self, p: u64, t: u64) -> $crate::error::Result<()> {
+            use $crate::stores::sql::rate::db;
+            sqlx::query($crate::stores::sql::rate::APPEND)
+                .bind(self.name)
+                .bind(db(p))
+                .bind(db(t))
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_err)?;
+            Ok(())
+        }
+
+        async fn remove_entry(&mut self, p: u64) -> $crate::error::Result<()> {
+            sqlx::query($crate::stores::sql::rate::REMOVE_ENTRY)
+                .bind(self.name)
+                .bind($crate::stores::sql::rate::db(p))
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_err)?;
+            Ok(())
+        }
+
+        async fn last_total(&mut self) -> $crate::error::Result<Option<i64>> {
+            sqlx::query_scalar($crate::stores::sql::rate::LAST_TOTAL)
+                .bind(self.name)
+                .fetch_one(&mut *self.conn)
+                .await
+                .map_err(map_err)
+        }
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use shared_rate_rows;
 
 pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())

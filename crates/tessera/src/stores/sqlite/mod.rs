@@ -133,10 +133,14 @@ macro_rules! step {
     }};
 }
 
+mod conns;
+mod error;
 mod gate;
+mod migrate;
 mod notify;
 pub(crate) mod ops;
 pub(crate) mod rate;
+pub(crate) mod url;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -146,9 +150,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
 use crate::clock::{boot_id, BootClock, Clock, SystemClock};
@@ -157,14 +159,16 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, Waking};
 use crate::stores::sql;
 
-/// The schema, created idempotently at every connect.
-const SCHEMA: &str = include_str!("schema.sql");
-/// The rate-limiter tables, additive to [`SCHEMA`] (see `rate_schema.sql`).
-const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
-/// The rate tables' version this code reads and writes.
-const RATE_SCHEMA_VERSION: i64 = 1;
-/// The schema version this code reads and writes.
-const SCHEMA_VERSION: i64 = 1;
+use conns::{
+    checkpoint_due, exec_cached, install_busy_handler, no_wait, open_own, WriteTx, Writer,
+};
+use error::{busy_past_timeout, is_busy, map_err, BUSY_TIMEOUT};
+use migrate::{ensure_schema, ensure_wal};
+// The rate limiter's unit tests create the schema through this path.
+#[cfg(test)]
+use migrate::SCHEMA;
+use url::parse_url;
+
 /// How far (µs) a fresh measurement of `wall now - boot now` may be from the kept one before
 /// it replaces it (a wall-clock step; see [`SqliteBackend::offset`]).
 const REANCHOR_US: i128 = 10_000;
@@ -173,8 +177,6 @@ const REANCHOR_US: i128 = 10_000;
 /// two connections of one process report are comparable to the µs (a reservation one client
 /// made at exactly the end of another's window does not appear a few µs inside it).
 static PROCESS_OFFSET: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
-/// How long a transaction waits for another connection's write lock.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections per backend: one writer at a time (the write mutex) plus readers for the
 /// heartbeat probe, `list` and the schema check.
 const POOL_SIZE: u32 = 4;
@@ -716,451 +718,6 @@ fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Gra
     grant.lease.acquired_at = wall(grant.lease.acquired_at);
     grant.lease.expires_at = wall(grant.lease.expires_at);
     grant
-}
-
-/// One of the backend's own SQLite connections, opened by rusqlite beside sqlx's pool, with
-/// the prepared statements of every step kept from one step to the next (`None`: not open,
-/// or lost with a step cancelled while it waited for the write lock; the next user opens a
-/// new one).
-///
-/// Compiling the dozen statements of a step again at every step was half of the
-/// instructions a grant cost; on its own connection a statement is compiled once. Its
-/// transactions start on the calling task's thread without waiting
-/// ([`SqliteBackend::begin`]), and only wait for another process's write lock on a blocking
-/// thread: a tokio worker never sleeps in the busy handler.
-type Writer = Option<rusqlite::Connection>;
-
-/// Prepared statements kept per connection: every statement of `ops.rs` and the probe.
-const STATEMENT_CACHE: usize = 64;
-
-/// Opens one of the backend's own connections ([`Writer`]) on the existing file.
-fn open_own(path: &Path) -> Result<rusqlite::Connection> {
-    use rusqlite::OpenFlags;
-    let db = rusqlite::Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(ops::rq_err)?;
-    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // As on the pooled connections: durable against a process crash (see the module docs).
-    db.execute_batch("PRAGMA synchronous = NORMAL")
-        .map_err(ops::rq_err)?;
-    // SAFETY: the handle is this open connection's own.
-    install_busy_handler(unsafe { db.handle() });
-    // SAFETY: as above; the hook is a plain function without user data.
-    unsafe {
-        libsqlite3_sys::sqlite3_wal_hook(db.handle(), Some(wal_hook), std::ptr::null_mut());
-    }
-    Ok(db)
-}
-
-/// WAL pages after which a step asks for a checkpoint: SQLite's own automatic threshold.
-const CHECKPOINT_PAGES: i32 = 1000;
-
-/// Whether a commit that left the WAL `pages` long should checkpoint it, `last` being the WAL's
-/// length when this backend last did (updated when due).
-///
-/// SQLite's own rule (and ours before) checkpoints after every commit while the WAL is past
-/// [`CHECKPOINT_PAGES`]. But a PASSIVE checkpoint copies back only the frames no reader still
-/// needs, and the WAL starts over from its beginning only once every frame is copied back and
-/// no reader is in it, which with several processes committing and polling often takes many
-/// commits. Meanwhile each of those commits ran a checkpoint of its last few pages, each two
-/// fsyncs: with 8 processes on one semaphore, about one checkpoint per grant (measured with
-/// strace: 1,012 database and 2,366 WAL fsyncs for 2,400 grants). So a backend checkpoints
-/// again only when the WAL has grown by another [`CHECKPOINT_PAGES`] since its last one, or
-/// has started over meanwhile (it is shorter than then).
-fn checkpoint_due(last: &AtomicI32, pages: i32) -> bool {
-    if pages < CHECKPOINT_PAGES {
-        return false;
-    }
-    let at = last.load(Ordering::Relaxed);
-    if pages < at || pages - at >= CHECKPOINT_PAGES {
-        last.store(pages, Ordering::Relaxed);
-        true
-    } else {
-        false
-    }
-}
-
-thread_local! {
-    /// The WAL's length in pages after the last commit on this thread's own connection.
-    static WAL_PAGES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
-}
-
-/// Replaces SQLite's automatic checkpoint on the backend's own connections: it only
-/// records the WAL's length, and the step runs the same checkpoint on the same connection
-/// once its wake-ups are sent ([`WriteTx::checkpoint`]). SQLite's own ran inside COMMIT,
-/// two fsyncs long, before the waiter granted by that commit could be told.
-extern "C" fn wal_hook(
-    _: *mut std::ffi::c_void,
-    _: *mut libsqlite3_sys::sqlite3,
-    _: *const std::ffi::c_char,
-    pages: std::ffi::c_int,
-) -> std::ffi::c_int {
-    WAL_PAGES.set(pages);
-    0
-}
-
-/// Runs `sql` (no parameters, no rows) through the connection's statement cache.
-fn exec_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
-    db.prepare_cached(sql)?.execute([]).map(drop)
-}
-
-/// The error of a step that waited [`BUSY_TIMEOUT`] for the write lock or gate.
-fn busy_past_timeout() -> Error {
-    Error::store(
-        StoreErrorKind::Busy,
-        format!(
-            "the SQLite write lock stayed taken for {} s",
-            BUSY_TIMEOUT.as_secs()
-        ),
-    )
-}
-
-/// Whether `e` is SQLITE_BUSY: another connection holds the lock.
-fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == 5)
-}
-
-thread_local! {
-    /// Set while [`no_wait`] runs: the busy handler then gives up at once (SQLITE_BUSY).
-    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with this thread's busy handler giving up at once: on a tokio worker a
-/// statement that would wait for another process's lock answers SQLITE_BUSY instead.
-fn no_wait<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            NO_WAIT.set(false);
-        }
-    }
-    NO_WAIT.set(true);
-    let _reset = Reset;
-    f()
-}
-
-/// An open `BEGIN IMMEDIATE` transaction on the backend's writer connection, holding the
-/// writer's mutex. Dropped without [`WriteTx::commit`] (an error, or a step that failed), it
-/// rolls back; a connection that cannot roll back is closed, which rolls back too.
-struct WriteTx<'a> {
-    slot: tokio::sync::MutexGuard<'a, Writer>,
-    db: Writer,
-    /// The write gate, released right after COMMIT, or after the rollback of a dropped one.
-    gate: Option<gate::GateHeld>,
-}
-
-impl WriteTx<'_> {
-    fn db(&mut self) -> &mut rusqlite::Connection {
-        self.db
-            .as_mut()
-            .expect("the connection stays until the transaction is dropped")
-    }
-
-    /// Commits; the WAL's length in pages after it. With the write lock held in WAL mode,
-    /// COMMIT waits for no lock: it runs without waiting, on the caller's thread.
-    fn commit(&mut self) -> Result<i32> {
-        let db = self.db();
-        WAL_PAGES.set(0);
-        no_wait(|| exec_cached(db, "COMMIT")).map_err(ops::rq_err)?;
-        self.gate = None;
-        Ok(WAL_PAGES.get())
-    }
-}
-
-impl WriteTx<'_> {
-    /// After the commit, checkpoints the WAL as SQLite's automatic checkpoint does (PASSIVE:
-    /// it waits for no lock and blocks no writer), on this connection before its next
-    /// transaction, so the WAL restarts from its beginning as often as it did. Failures are
-    /// left to the next commit past [`CHECKPOINT_PAGES`].
-    fn checkpoint(&mut self) {
-        let db = self.db();
-        let done = no_wait(|| db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())));
-        if let Err(e) = done {
-            tracing::debug!(error = %e, "SQLite checkpoint failed; the next commit asks again");
-        }
-    }
-}
-
-impl Drop for WriteTx<'_> {
-    fn drop(&mut self) {
-        let Some(db) = self.db.take() else { return };
-        if !db.is_autocommit() && no_wait(|| exec_cached(&db, "ROLLBACK")).is_err() {
-            // Closing the connection rolls its transaction back.
-            return;
-        }
-        *self.slot = Some(db);
-    }
-}
-
-/// Replaces SQLite's default busy handler, whose sleeps grow to 100 ms, with short ones.
-///
-/// Under contention between processes the write lock changes hands every few hundred
-/// microseconds; the default handler (1, 2, 5, 10, … 100 ms) left a waiting process asleep
-/// long after the lock was free, which made the tail of the wait, not the work, dominate.
-/// This one sleeps 50 µs doubling up to 1 ms, and gives up after [`BUSY_TIMEOUT`] in total;
-/// inside [`no_wait`] it gives up at once.
-fn install_busy_handler(db: *mut libsqlite3_sys::sqlite3) {
-    extern "C" fn busy(_: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
-        if NO_WAIT.get() {
-            return 0;
-        }
-        // 50, 100, 200, 400, 800 µs, then 1 ms per try.
-        let sleep_us: u64 = if tries < 5 { 50 << tries } else { 1_000 };
-        let slept_us: u64 = (0..tries.min(5) as u64).map(|t| 50 << t).sum::<u64>()
-            + (tries.max(5) as u64 - 5) * 1_000;
-        if slept_us >= BUSY_TIMEOUT.as_micros() as u64 {
-            return 0;
-        }
-        std::thread::sleep(Duration::from_micros(sleep_us));
-        1
-    }
-    // SAFETY: `db` is a live connection handle locked for this thread by sqlx's
-    // `lock_handle`; the callback has no user data and is a plain function.
-    unsafe {
-        libsqlite3_sys::sqlite3_busy_handler(db, Some(busy), std::ptr::null_mut());
-    }
-}
-
-/// Parses a `sqlite://` URL into a file path (see the module docs).
-pub(crate) fn parse_url(url: &str) -> Result<PathBuf> {
-    let bad = |reason: String| {
-        Error::from(InvalidInput::StoreUrl {
-            url: redact_url(url),
-            reason,
-        })
-    };
-    let rest = url
-        .strip_prefix("sqlite://")
-        .ok_or_else(|| bad("expected sqlite:///absolute/path.db".into()))?;
-    if let Some((_, query)) = rest.split_once('?') {
-        let key = query.split('&').next().unwrap_or("");
-        let key = key.split_once('=').map_or(key, |(k, _)| k);
-        return Err(bad(format!(
-            "unknown query parameter {key:?}: sqlite URLs take no parameters"
-        )));
-    }
-    if rest.contains('#') {
-        return Err(bad("sqlite URLs take no #fragment".into()));
-    }
-    if rest.is_empty() || rest == "/" {
-        return Err(bad(
-            "no file path; expected sqlite:///absolute/path.db".into()
-        ));
-    }
-    if rest.starts_with(':') {
-        return Err(bad(
-            "in-memory SQLite databases are not shared between connections; name a file".into(),
-        ));
-    }
-    if !rest.starts_with('/') && rest.contains('@') {
-        // `sqlite://user:password@host/…` reads as a URL with a password: never echo it
-        // (found by the `store_url` fuzz target).
-        return Err(bad(
-            "SQLite URLs take no user, password or host; write an absolute path with three \
-             slashes, e.g. sqlite:///absolute/path.db"
-                .into(),
-        ));
-    }
-    if !rest.starts_with('/') {
-        // Relative to the current directory, two processes started in different folders
-        // would silently use two files. Show the absolute URL that means this directory.
-        let base = match rest.strip_prefix("~/") {
-            Some(_) => std::env::var_os("HOME").map(PathBuf::from),
-            None => std::env::current_dir().ok(),
-        };
-        let here = match base {
-            Some(base) => {
-                let path: PathBuf = base
-                    .join(rest.strip_prefix("~/").unwrap_or(rest))
-                    .components()
-                    .collect();
-                format!("sqlite://{}", path.display())
-            }
-            None => "sqlite:///absolute/path.db".into(),
-        };
-        return Err(bad(format!(
-            "the path {rest:?} is relative, so each working directory would get its own \
-             store; write an absolute path with three slashes, e.g. {here}"
-        )));
-    }
-    if rest.ends_with('/') || Path::new(rest).is_dir() {
-        return Err(bad("the path names a folder, not a database file".into()));
-    }
-    Ok(PathBuf::from(rest))
-}
-
-/// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
-/// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
-/// wait for, so a race with another process creating the same file is retried here.
-async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
-    let mut last = None;
-    for _ in 0..100 {
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        if mode.eq_ignore_ascii_case("wal") {
-            return Ok(());
-        }
-        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
-            Ok(mode) => {
-                return Err(Error::store(
-                    StoreErrorKind::Other,
-                    format!("SQLite refused WAL journal mode (still {mode})"),
-                ))
-            }
-            Err(e) => {
-                let e = map_err(e);
-                if !e.is_transient() {
-                    return Err(e);
-                }
-                last = Some(e);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Err(last.unwrap_or_else(|| Error::store(StoreErrorKind::Busy, "cannot switch to WAL")))
-}
-
-/// Drops every lease, waiter and rate-limiter state, keeps the fence high-water mark.
-const DROP_BOOT_STATE: &str = "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
-     DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
-     DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters;";
-
-/// Makes the file's state belong to `boot` (see the module docs): state written under another
-/// boot id, or before the file recorded one, is on another boot clock and held by processes
-/// that cannot be alive, so it is dropped (the fence high-water mark stays). `None` (the
-/// kernel has no boot id): nothing is checked.
-async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
-    let Some(boot) = boot else { return Ok(()) };
-    let (hi, lo) = ((boot >> 64) as u64 as i64, boot as u64 as i64);
-    let stored: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT key, value FROM tessera_meta WHERE key IN ('boot_id_hi', 'boot_id_lo')",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_err)?;
-    let get = |k: &str| stored.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
-    if get("boot_id_hi") == Some(hi) && get("boot_id_lo") == Some(lo) {
-        return Ok(());
-    }
-    let held: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM tessera_semaphores) \
-         + (SELECT count(*) FROM tessera_rate_limiters)",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(map_err)?;
-    sqlx::raw_sql(DROP_BOOT_STATE)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    sqlx::query(
-        "INSERT INTO tessera_meta (key, value) VALUES ('boot_id_hi', ?1), ('boot_id_lo', ?2) \
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    )
-    .bind(hi)
-    .bind(lo)
-    .execute(&mut *conn)
-    .await
-    .map_err(map_err)?;
-    if held > 0 {
-        let old = match (get("boot_id_hi"), get("boot_id_lo")) {
-            (Some(h), Some(l)) => format!("{:032x}", (h as u64 as u128) << 64 | l as u64 as u128),
-            _ => "none recorded".into(),
-        };
-        tracing::warn!(
-            semaphores_and_rate_limiters = held,
-            old_boot = %old,
-            boot = %format!("{boot:032x}"),
-            "tessera SQLite store: state written under another boot dropped (no process of \
-             that boot can still hold it; fences keep rising)"
-        );
-    }
-    Ok(())
-}
-
-/// Creates the tables if missing, checks the schema version and the boot id.
-async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-    sqlx::raw_sql(SCHEMA)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let version: Option<i64> =
-        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    if version != Some(SCHEMA_VERSION) {
-        return Err(Error::Corrupt(format!(
-            "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
-        )));
-    }
-    // The waiters' wake-up socket, added to files made before it (see `schema.sql`).
-    let has_wake: bool = sqlx::query_scalar(
-        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'wake'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    if !has_wake {
-        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN wake TEXT")
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    }
-    sqlx::raw_sql(RATE_SCHEMA)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let rate_version: Option<i64> =
-        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'rate_schema_version'")
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    if rate_version != Some(RATE_SCHEMA_VERSION) {
-        return Err(Error::Corrupt(format!(
-            "tessera rate schema version {rate_version:?} in the file; this build reads version {RATE_SCHEMA_VERSION}"
-        )));
-    }
-    ensure_boot(&mut tx, boot).await?;
-    tx.commit().await.map_err(map_err)
-}
-
-/// Classifies an sqlx error: SQLITE_BUSY/LOCKED is [`StoreErrorKind::Busy`], I/O and "cannot
-/// open" are [`StoreErrorKind::Connection`], a damaged file or a value of an unexpected type
-/// is [`Error::Corrupt`], anything else [`StoreErrorKind::Other`].
-pub(crate) fn map_err(e: sqlx::Error) -> Error {
-    let kind = match &e {
-        sqlx::Error::Database(db) => {
-            // sqlx reports SQLite's extended result code; the primary code is its low byte.
-            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(-1);
-            match code & 0xff {
-                5 | 6 => StoreErrorKind::Busy,         // SQLITE_BUSY, SQLITE_LOCKED
-                10 | 14 => StoreErrorKind::Connection, // SQLITE_IOERR, SQLITE_CANTOPEN
-                11 | 26 => return Error::Corrupt(format!("SQLite: {}", db.message())), // CORRUPT, NOTADB
-                _ => StoreErrorKind::Other,
-            }
-        }
-        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
-            StoreErrorKind::Connection
-        }
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
-    };
-    Error::store(kind, e.to_string())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use sqlx::sqlite::{LockedSqliteHandle, SqliteConnection};
 use sqlx::Row;
 
-use super::map_err;
+use super::error::map_err;
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]

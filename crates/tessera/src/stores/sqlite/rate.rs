@@ -8,17 +8,18 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
-use super::{map_err, SqliteBackend};
+use super::error::map_err;
+use super::SqliteBackend;
 use crate::error::Result;
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::RateState;
-use crate::rate::RateStatus;
+use crate::rate::seam::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 // The fuzz targets' decoder of the `tat` columns (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub(crate) use crate::stores::sql::rate::decode_tat;
 use crate::stores::sql::rate::{
-    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows,
+    self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
 };
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
@@ -28,16 +29,9 @@ const SAVE: &str = "INSERT INTO tessera_rate_limiters \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
      ON CONFLICT (name) DO UPDATE SET config = ?2, seq = ?3, tail = ?4, last = ?5, \
      prev_last = ?6, p = ?7, base = ?8, tat = ?9, prev_tat = ?10, expires_at = ?11";
-const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?1";
-const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?1";
 const EXPIRED: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at <= ?1 \
      ORDER BY expires_at LIMIT 16";
 const PRUNE: &str = "DELETE FROM tessera_rate_log WHERE name = ?1 AND t <= ?2 RETURNING p";
-const FIRST_AT_LEAST: &str = "SELECT t FROM tessera_rate_log WHERE name = ?1 AND p >= ?2 \
-     ORDER BY p LIMIT 1";
-const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?1, ?2, ?3)";
-const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ?1 AND p = ?2";
-const LAST_TOTAL: &str = "SELECT max(p) FROM tessera_rate_log WHERE name = ?1";
 const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ?1 ORDER BY p";
 const LIST: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at > ?1 ORDER BY name";
 
@@ -67,6 +61,8 @@ fn u64_at(row: &SqliteRow, i: usize, what: &str) -> Result<u64> {
 }
 
 impl RateRows for SqliteRateRows<'_> {
+    shared_rate_rows!();
+
     async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
         let Some(row) = sqlx::query(LOAD)
             .bind(self.name)
@@ -90,17 +86,6 @@ impl RateRows for SqliteRateRows<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .map_err(map_err)
-    }
-
-    async fn drop_state(&mut self, name: &str) -> Result<()> {
-        for q in [DROP_LOG, DROP_LIMITER] {
-            sqlx::query(q)
-                .bind(name)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(map_err)?;
-        }
-        Ok(())
     }
 
     async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
@@ -130,44 +115,6 @@ impl RateRows for SqliteRateRows<'_> {
             .await
             .map_err(map_err)?;
         Ok(gone.into_iter().max())
-    }
-
-    async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
-        sqlx::query_scalar(FIRST_AT_LEAST)
-            .bind(self.name)
-            .bind(db(p))
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)
-    }
-
-    async fn append(&mut self, p: u64, t: u64) -> Result<()> {
-        sqlx::query(APPEND)
-            .bind(self.name)
-            .bind(db(p))
-            .bind(db(t))
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn remove_entry(&mut self, p: u64) -> Result<()> {
-        sqlx::query(REMOVE_ENTRY)
-            .bind(self.name)
-            .bind(db(p))
-            .execute(&mut *self.conn)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn last_total(&mut self) -> Result<Option<i64>> {
-        sqlx::query_scalar(LAST_TOTAL)
-            .bind(self.name)
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(map_err)
     }
 
     async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {

@@ -585,7 +585,7 @@ async fn a_grant_from_returned_seats_works_while_seats_above_capacity_are_held()
 
 #[tokio::test]
 async fn state_written_under_another_boot_is_dropped_and_fences_keep_rising() {
-    use crate::rate::{RateConfig, RateMode};
+    use crate::rate::spec::{RateConfig, RateMode};
     use crate::seam::{RateBackend, RateReply, RateRequest};
     let clock = Arc::new(ManualClock::new(T0));
     let (_dir, url) = temp_db();

@@ -28,7 +28,7 @@
 //! silently, even if the store would still accept it.
 //!
 //! The renewals of every permit of a runtime are run by one background task, the lease keeper
-//! (`crate::keeper`), so a grant spawns nothing.
+//! (`crate::lease::keeper`), so a grant spawns nothing.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,10 +37,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cleanup::{self, Job};
+use crate::conn::Conn;
 use crate::error::{LossReason, Result};
-use crate::keeper::Held;
+use crate::lease::keeper::Held;
+use crate::lease::SemaphoreConfig;
 use crate::model::*;
-use crate::store::Store;
 use crate::wake;
 
 /// A held lease on one or more permits. Released when dropped (in the background, see
@@ -66,14 +67,14 @@ impl Permit {
     /// Starts keeping a granted lease alive. `registration` is the acquire's wake-up
     /// registration on the lease id, if it had one; it passes to the permit.
     pub(crate) fn start(
-        store: &Store,
+        conn: &Conn,
         config: Arc<SemaphoreConfig>,
         grant: Grant,
         sent: Instant,
         registration: Option<wake::Registration>,
     ) -> Permit {
         let lease = grant.lease.lease_id;
-        let held = Held::start(store.clone(), config, grant, sent);
+        let held = Held::start(conn.clone(), config, grant, sent);
         let hook: Arc<dyn wake::Hook> = held.clone();
         let wake = match registration {
             // A revocation pushed between the grant and this hand-over only wakes the
@@ -153,7 +154,7 @@ impl Permit {
             return Ok(false);
         }
         h.stop();
-        let backend = h.store.backend();
+        let backend = h.conn.backend();
         let first = match backend.release_now(&h.config.name, h.lease.lease_id) {
             Some(r) => r,
             None => backend.release(&h.config.name, h.lease.lease_id).await,
@@ -196,7 +197,7 @@ impl Drop for Permit {
         }
         h.stop();
         cleanup::spawn(
-            &h.store,
+            &h.conn,
             Job::Release {
                 name: h.config.name.clone(),
                 lease: h.lease.lease_id,
@@ -213,9 +214,9 @@ pub const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(3)
 /// left of it. The last error if none answered.
 pub(crate) async fn release_retried(
     backend: &dyn crate::seam::Backend,
-    name: &crate::model::Name,
-    lease: crate::model::LeaseId,
-    mut e: crate::Error,
+    name: &Name,
+    lease: LeaseId,
+    mut e: crate::error::Error,
 ) -> Result<bool> {
     let deadline = Instant::now() + RELEASE_RETRY;
     let mut backoff = std::time::Duration::from_millis(10);

@@ -1,6 +1,4 @@
-//! The public semaphore: `tokio::sync::Semaphore` carried over the network.
-//!
-//! # Implementation details
+//! How an acquire waits: the engine under the [`Semaphore`] façade.
 //!
 //! An acquire picks a random lease id, registers for wake-ups on it ([`crate::wake`]), then
 //! sends one acquire-or-enqueue to the store. If queued, it sleeps until a wake-up (the store
@@ -14,234 +12,25 @@
 //! the cancellation, releases the lease. Retries of a request reuse the lease id, so the
 //! store answers them idempotently.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Semaphore;
 use crate::cleanup::{self, Job};
-use crate::error::{Error, InvalidInput, Result};
+use crate::error::{Error, Result};
+use crate::lease::permit::Permit;
+use crate::lease::SemaphoreConfig;
 use crate::model::*;
-use crate::permit::Permit;
-use crate::seam::{Backend, Waking};
+use crate::seam::Waking;
 use crate::store::Store;
 use crate::telemetry;
 use crate::wake;
 
-/// Options of a [`Semaphore`] or [`crate::Lock`].
-///
-/// ```
-/// use std::time::Duration;
-/// let opts = tessera::SemaphoreOptions::default()
-///     .ttl(Duration::from_secs(10))
-///     .holder("worker-7")
-///     .queue_cap(500);
-/// # let _ = opts;
-/// ```
-#[derive(Debug, Clone)]
-pub struct SemaphoreOptions {
-    pub(crate) ttl: Duration,
-    pub(crate) keep_alive: Option<Duration>,
-    pub(crate) holder: Option<String>,
-    pub(crate) queue_cap: u32,
-    pub(crate) waiter_ttl: Duration,
-}
-
-impl Default for SemaphoreOptions {
-    fn default() -> Self {
-        SemaphoreOptions {
-            ttl: Duration::from_secs(30),
-            keep_alive: None,
-            holder: None,
-            queue_cap: 10_000,
-            waiter_ttl: Duration::from_secs(5),
-        }
-    }
-}
-
-impl SemaphoreOptions {
-    /// Lease TTL (default 30 s, between 100 ms and 24 h): how long a permit outlives a
-    /// holder that crashed or froze.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-    /// Keep-alive interval (default TTL/3; must be below TTL/2).
-    pub fn keep_alive(mut self, interval: Duration) -> Self {
-        self.keep_alive = Some(interval);
-        self
-    }
-    /// Holder label shown by `status` (default `hostname/pid`).
-    pub fn holder(mut self, holder: impl Into<String>) -> Self {
-        self.holder = Some(holder.into());
-        self
-    }
-    /// Longest queue this client will join (default 10,000); beyond it acquire fails with
-    /// [`Error::QueueFull`].
-    pub fn queue_cap(mut self, cap: u32) -> Self {
-        self.queue_cap = cap;
-        self
-    }
-    /// How long a queued waiter stays in the queue without a heartbeat (default 5 s): a
-    /// waiter that died leaves the queue within this time.
-    pub fn waiter_ttl(mut self, ttl: Duration) -> Self {
-        self.waiter_ttl = ttl;
-        self
-    }
-
-    pub(crate) fn keep_alive_interval(&self) -> Duration {
-        self.keep_alive.unwrap_or(self.ttl / 3)
-    }
-}
-
-/// A semaphore of `capacity` permits shared by every process that opens the same name on the
-/// same store.
-///
-/// **Fairness.** Waiters are served in the order the store received their acquires, weighted
-/// head-of-line: a request for many permits at the head is not overtaken by smaller ones
-/// behind it. `try_acquire` never jumps the queue.
-///
-/// **Cancel safety.** Every acquire may be dropped or timed out at any point: no permit is
-/// leaked (a grant that raced with the cancellation is given back), but the waiter loses its
-/// place in the queue.
-///
-/// ```
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// // At most 4 heavy reports at once across every process sharing the store.
-/// let store = tessera::Store::connect("memory://").await?;
-/// let reports = store.semaphore("heavy-reports", 4)?;
-/// let permit = reports.acquire().await?;
-/// println!("seat {} fence {}", permit.seats()[0], permit.fence());
-/// permit.release().await?;
-/// # Ok::<(), tessera::Error>(()) }).unwrap();
-/// ```
-#[derive(Debug)]
-pub struct Semaphore {
-    store: Store,
-    /// The capacity this handle declares; [`Semaphore::resize`] changes it.
-    capacity: AtomicU32,
-    config: Arc<SemaphoreConfig>,
-}
-
-impl Clone for Semaphore {
-    fn clone(&self) -> Self {
-        Semaphore {
-            store: self.store.clone(),
-            capacity: AtomicU32::new(self.capacity()),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
 impl Semaphore {
-    /// Opens a semaphore. Nothing is written to the store until the first acquire.
-    ///
-    /// Errors (typed, nothing changed): an invalid name, a capacity of 0 or above
-    /// [`MAX_CAPACITY`], a TTL, keep-alive interval, waiter TTL, queue cap or holder label out
-    /// of range.
-    pub fn new(store: &Store, name: &str, capacity: u32, opts: SemaphoreOptions) -> Result<Self> {
-        let name = Name::new(name)?;
-        let capacity = validate_capacity(capacity)?;
-        // The client's range, and the store's own limits (e.g. whole seconds on etcd).
-        let caps = store.backend().capabilities();
-        caps.check_ttl(opts.ttl)?;
-        caps.check_ttl(opts.waiter_ttl)?;
-        let keep_alive = opts.keep_alive_interval();
-        if keep_alive < Duration::from_millis(1) || keep_alive >= opts.ttl / 2 {
-            return Err(InvalidInput::KeepAlive {
-                interval: keep_alive,
-                ttl: opts.ttl,
-            }
-            .into());
-        }
-        if opts.queue_cap == 0 || opts.queue_cap > MAX_QUEUE_CAP {
-            return Err(InvalidInput::QueueCap(opts.queue_cap as u64).into());
-        }
-        let holder = opts.holder.clone().unwrap_or_else(default_holder);
-        validate_holder(&holder)?;
-        Ok(Semaphore {
-            store: store.clone(),
-            capacity: AtomicU32::new(capacity),
-            config: Arc::new(SemaphoreConfig {
-                name,
-                ttl: opts.ttl,
-                keep_alive,
-                holder,
-                queue_cap: opts.queue_cap,
-                waiter_ttl: opts.waiter_ttl,
-                metrics: Default::default(),
-            }),
-        })
-    }
-
-    /// The name.
-    pub fn name(&self) -> &str {
-        self.config.name.as_str()
-    }
-
-    /// The capacity this client declared (or set with [`Semaphore::resize`]).
-    pub fn capacity(&self) -> u32 {
-        self.capacity.load(Ordering::Relaxed)
-    }
-
-    fn backend(&self) -> &Arc<dyn Backend> {
-        self.store.backend()
-    }
-
-    /// Waits for one permit. See [`Semaphore::acquire_many`].
-    pub async fn acquire(&self) -> Result<Permit> {
-        self.acquire_many(1).await
-    }
-
-    /// Waits for `weight` permits, as one lease.
-    ///
-    /// On success the permit is held and kept alive until the [`Permit`] is dropped or
-    /// released. Transient store faults (a dropped connection, a busy store) are retried under
-    /// the same lease id for up to the waiter TTL. On error no permit is held (a grant that
-    /// raced with the error is given back in the background). Fails at once with a typed error if `weight` is 0 or above the
-    /// capacity, if the store holds another capacity for this name, or if the queue is full.
-    pub async fn acquire_many(&self, weight: u32) -> Result<Permit> {
-        match self.acquire_inner(weight, None).await? {
-            Some(p) => Ok(p),
-            None => unreachable!("an acquire without a deadline returns a permit or an error"),
-        }
-    }
-
-    /// Waits for `weight` permits for at most `timeout`; `Ok(None)` if none came in time.
-    ///
-    /// On `Ok(None)` nothing is held and the place in the queue is given up: the cancel is sent
-    /// at the deadline and awaited for up to 250 ms (one round trip on a healthy store); a store
-    /// that has not answered by then is cancelled in the background, and until that lands the
-    /// stale queue entry can delay others by at most its waiter TTL.
-    pub async fn acquire_many_timeout(
-        &self,
-        weight: u32,
-        timeout: Duration,
-    ) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(Instant::now() + timeout))
-            .await
-    }
-
-    /// Waits for `weight` permits until `deadline`; `Ok(None)` if none came in time.
-    pub async fn acquire_many_until(
-        &self,
-        weight: u32,
-        deadline: Instant,
-    ) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(deadline)).await
-    }
-
-    /// Takes one permit if one is free and nobody is queued; `Ok(None)` otherwise. Never
-    /// waits and never jumps the queue.
-    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
-        self.try_acquire_many(1).await
-    }
-
-    /// Takes `weight` permits if they are free and nobody is queued; `Ok(None)` otherwise
-    /// (nothing changed in the store).
-    pub async fn try_acquire_many(&self, weight: u32) -> Result<Option<Permit>> {
-        let weight = self.check_weight(weight)?;
+    /// One try-acquire of `weight` (checked) permits: granted or not, never queued.
+    pub(super) async fn try_acquire_inner(&self, weight: u32) -> Result<Option<Permit>> {
         let lease = LeaseId::random();
         let request = self.request(lease, weight, false);
         let sent = Instant::now();
@@ -278,45 +67,6 @@ impl Semaphore {
         }
     }
 
-    /// A snapshot of this semaphore (an empty one if the store holds nothing for it).
-    pub async fn status(&self) -> Result<SemaphoreStatus> {
-        Ok(self
-            .backend()
-            .status(&self.config.name)
-            .await?
-            .unwrap_or_else(|| SemaphoreStatus {
-                name: self.config.name.to_string(),
-                capacity: self.capacity(),
-                used: 0,
-                available: self.capacity(),
-                now: StoreTime(0),
-                holders: vec![],
-                queue: vec![],
-            }))
-    }
-
-    /// Changes the capacity in the store and the capacity this handle declares (its clones
-    /// keep theirs); returns the old stored capacity. See [`Store::resize`]. On error nothing
-    /// changed.
-    pub async fn resize(&self, capacity: u32) -> Result<u32> {
-        let capacity = validate_capacity(capacity)?;
-        let old = self.backend().resize(&self.config.name, capacity).await?;
-        self.capacity.store(capacity, Ordering::Relaxed);
-        Ok(old)
-    }
-
-    fn check_weight(&self, weight: u32) -> Result<u32> {
-        let capacity = self.capacity();
-        if weight == 0 || weight > capacity {
-            return Err(InvalidInput::Weight { weight, capacity }.into());
-        }
-        let max = self.backend().capabilities().max_weight;
-        if weight > max {
-            return Err(InvalidInput::WeightAboveStoreLimit { weight, max }.into());
-        }
-        Ok(weight)
-    }
-
     fn request(&self, lease_id: LeaseId, weight: u32, wait: bool) -> AcquireRequest {
         AcquireRequest {
             lease_id,
@@ -337,7 +87,7 @@ impl Semaphore {
         registration: Option<wake::Registration>,
     ) -> Permit {
         Permit::start(
-            &self.store,
+            self.store.conn(),
             Arc::clone(&self.config),
             grant,
             sent,
@@ -345,7 +95,7 @@ impl Semaphore {
         )
     }
 
-    async fn acquire_inner(
+    pub(super) async fn acquire_inner(
         &self,
         weight: u32,
         deadline: Option<Instant>,
@@ -541,7 +291,7 @@ impl Semaphore {
             // an earlier bound of the grant, and the lease is certainly valid until `sent`
             // plus its remaining time. Used only if most of that is still ahead; otherwise
             // the heartbeat below fetches the grant with a fresh bound. A hand-off grant
-            // runs until our queue entry would have expired (`crate::permit`), at least two
+            // runs until our queue entry would have expired (`crate::lease::permit`), at least two
             // thirds of the waiter TTL after our last heartbeat, unless that is behind.
             if let Some(grant) = registration.take_grant() {
                 let remaining = grant.lease.expires_at.since(grant.now);
@@ -686,7 +436,7 @@ impl Drop for Pending {
             return;
         }
         cleanup::spawn(
-            &self.store,
+            self.store.conn(),
             Job::Cancel {
                 name: self.config.name.clone(),
                 lease: self.lease,

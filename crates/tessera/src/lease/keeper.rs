@@ -1,5 +1,5 @@
 //! The lease keeper: one background task per tokio runtime keeps every lease held in that
-//! runtime alive, following the rules of `crate::permit` (when to renew, until when a lease is
+//! runtime alive, following the rules of `crate::lease::permit` (when to renew, until when a lease is
 //! certainly valid, when `lost()` fires).
 //!
 //! # Implementation details
@@ -55,9 +55,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::conn::{Conn, Tracked};
 use crate::error::LossReason;
+use crate::lease::SemaphoreConfig;
 use crate::model::*;
-use crate::store::Store;
 use crate::wake;
 
 /// The log target of loss and renewal events: the permit's, where users (and the CLI's
@@ -71,7 +72,7 @@ const IDLE_LINGER: Duration = Duration::from_secs(1);
 const NEW_MIN: usize = 64;
 
 /// A lease granted for less than half its TTL (a hand-off grant, provisional until renewed:
-/// `crate::permit`) is first renewed this soon after it starts, so that it is a full lease
+/// `crate::lease::permit`) is first renewed this soon after it starts, so that it is a full lease
 /// by the time a store fault could meet its first renewal; a hold shorter than this (an
 /// acquire/release loop) ends before and costs no renewal.
 const PROVISIONAL_RENEWAL: Duration = Duration::from_millis(100);
@@ -82,7 +83,7 @@ const STALL_MIN: Duration = Duration::from_millis(50);
 /// A held lease: what the permit and the keeper share.
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) store: Store,
+    pub(crate) conn: Conn,
     pub(crate) config: Arc<SemaphoreConfig>,
     pub(crate) lease: Lease,
     keeper: Arc<Keeper>,
@@ -99,7 +100,7 @@ pub(crate) struct Held {
 struct HeldState {
     expires_at: StoreTime,
     valid_until: Instant,
-    /// The lease's length as the last grant or renewal gave it (`crate::permit`): the TTL,
+    /// The lease's length as the last grant or renewal gave it (`crate::lease::permit`): the TTL,
     /// or less for a provisional hand-off grant. Renewals and `lost()` are timed by it.
     span: Duration,
     /// When the last acknowledged renewal was sent; at first, when the permit started.
@@ -136,13 +137,26 @@ fn margin(span: Duration) -> Duration {
     span / 50
 }
 
+impl Tracked for Held {
+    fn take_for_release(&self, lost: Option<LossReason>) -> Option<(Name, LeaseId)> {
+        if !self.claim_release() {
+            return None;
+        }
+        if let Some(reason) = lost {
+            self.lose(reason);
+        }
+        self.stop();
+        Some((self.config.name.clone(), self.lease.lease_id))
+    }
+}
+
 impl Held {
-    /// A granted lease, entered in the keeper of the current runtime and noted by `store`
-    /// for [`Store::close`]. `sent` is when the request that got the grant was sent.
+    /// A granted lease, entered in the keeper of the current runtime and noted by `conn`
+    /// for `Store::close` and the exit handler. `sent` is when the request that got the grant was sent.
     ///
     /// Panics outside a tokio runtime.
     pub(crate) fn start(
-        store: Store,
+        conn: Conn,
         config: Arc<SemaphoreConfig>,
         grant: Grant,
         sent: Instant,
@@ -172,7 +186,7 @@ impl Held {
             ..state
         };
         let held = Arc::new(Held {
-            store,
+            conn,
             config,
             lease: grant.lease,
             keeper: Keeper::current(),
@@ -182,7 +196,9 @@ impl Held {
             released: AtomicBool::new(false),
         });
         held.keeper.enter_new(first, &held);
-        held.store.track(&held);
+        crate::cleanup::arm_exit();
+        let tracked: Weak<dyn Tracked> = Arc::downgrade(&held) as Weak<Held>;
+        held.conn.track(tracked);
         held
     }
 
@@ -375,7 +391,7 @@ async fn take_turn(held: &Held) {
             held.lose(loss(late.max(overshoot), failing));
             return;
         }
-        r = held.store.backend().renew(&held.config.name, held.lease.lease_id, ttl) => r,
+        r = held.conn.backend().renew(&held.config.name, held.lease.lease_id, ttl) => r,
     };
     match reply {
         Ok(RenewReply::Renewed { expires_at, now }) => {

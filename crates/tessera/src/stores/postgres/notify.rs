@@ -110,7 +110,7 @@ impl Listener {
         let options = options.clone().application_name("tessera-listener");
         let first = connect(&listener.channel, &options)
             .await
-            .map_err(super::map_err)?;
+            .map_err(super::error::map_err)?;
         let weak = Arc::downgrade(&listener);
         let watchdog = tokio::spawn(watchdog(weak, first, options));
         listener.tasks.lock().unwrap().push(watchdog);

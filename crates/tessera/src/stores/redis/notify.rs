@@ -110,17 +110,7 @@ pub(super) async fn subscribe_loop(
         loop {
             tokio::select! {
                 msg = stream.next() => match msg {
-                    Some(msg) => {
-                        let payload = std::str::from_utf8(msg.get_payload_bytes()).unwrap_or("");
-                        match ops::parse_wake(payload) {
-                            Some((_, Some(grant))) => {
-                                waiting.lock().unwrap().remove(&grant.lease.lease_id);
-                                wake::notify_grant(grant);
-                            }
-                            Some((lease, None)) => wake::notify(lease),
-                            None => {}
-                        }
-                    }
+                    Some(msg) => wake_from(msg.get_payload_bytes(), &waiting),
                     None => break,
                 },
                 _ = changes.changed() => {
@@ -152,15 +142,7 @@ pub(super) async fn cluster_loop(
                 let Some(Value::BulkString(payload)) = push.data.get(1) else {
                     continue;
                 };
-                let payload = std::str::from_utf8(payload).unwrap_or("");
-                match ops::parse_wake(payload) {
-                    Some((_, Some(grant))) => {
-                        waiting.lock().unwrap().remove(&grant.lease.lease_id);
-                        wake::notify_grant(grant);
-                    }
-                    Some((lease, None)) => wake::notify(lease),
-                    None => {}
-                }
+                wake_from(payload, &waiting);
             }
             redis::PushKind::Disconnection => {
                 let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
@@ -170,5 +152,20 @@ pub(super) async fn cluster_loop(
             }
             _ => {}
         }
+    }
+}
+
+/// Wakes whoever a wake-up message names: the granted waiter (with its grant, and no longer
+/// waited for here) or the holder of a revoked lease. A message that does not parse is
+/// dropped (the waiter's heartbeat is the safety net).
+fn wake_from(payload: &[u8], waiting: &Mutex<HashSet<LeaseId>>) {
+    let payload = std::str::from_utf8(payload).unwrap_or("");
+    match ops::parse_wake(payload) {
+        Some((_, Some(grant))) => {
+            waiting.lock().unwrap().remove(&grant.lease.lease_id);
+            wake::notify_grant(grant);
+        }
+        Some((lease, None)) => wake::notify(lease),
+        None => {}
     }
 }

@@ -39,9 +39,9 @@ use std::time::Duration;
 use etcd_client::{EventType, WatchFilterType, WatchOptions};
 use tokio::task::JoinHandle;
 
+use super::held::{HeldHere, HeldMap};
 use super::members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use super::ops::{Entry, Keys, Record};
-use super::{HeldHere, HeldMap};
 use crate::model::{LeaseId, StoreTime};
 use crate::wake;
 

@@ -1,0 +1,167 @@
+//! Creating the schema (idempotently, at every connect), the WAL journal mode, and the
+//! state that lives only as long as the host's boot.
+
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Connection;
+
+use crate::error::{Error, Result, StoreErrorKind};
+
+use super::error::map_err;
+
+/// The schema, created idempotently at every connect.
+pub(super) const SCHEMA: &str = include_str!("schema.sql");
+
+/// The rate-limiter tables, additive to [`SCHEMA`] (see `rate_schema.sql`).
+pub(super) const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
+
+/// The rate tables' version this code reads and writes.
+pub(super) const RATE_SCHEMA_VERSION: i64 = 1;
+
+/// The schema version this code reads and writes.
+pub(super) const SCHEMA_VERSION: i64 = 1;
+
+/// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
+/// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
+/// wait for, so a race with another process creating the same file is retried here.
+pub(super) async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
+    let mut last = None;
+    for _ in 0..100 {
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if mode.eq_ignore_ascii_case("wal") {
+            return Ok(());
+        }
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(Error::store(
+                    StoreErrorKind::Other,
+                    format!("SQLite refused WAL journal mode (still {mode})"),
+                ))
+            }
+            Err(e) => {
+                let e = map_err(e);
+                if !e.is_transient() {
+                    return Err(e);
+                }
+                last = Some(e);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(last.unwrap_or_else(|| Error::store(StoreErrorKind::Busy, "cannot switch to WAL")))
+}
+
+/// Drops every lease, waiter and rate-limiter state, keeps the fence high-water mark.
+pub(super) const DROP_BOOT_STATE: &str =
+    "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
+     DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
+     DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters;";
+
+/// Makes the file's state belong to `boot` (see the module docs): state written under another
+/// boot id, or before the file recorded one, is on another boot clock and held by processes
+/// that cannot be alive, so it is dropped (the fence high-water mark stays). `None` (the
+/// kernel has no boot id): nothing is checked.
+pub(super) async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
+    let Some(boot) = boot else { return Ok(()) };
+    let (hi, lo) = ((boot >> 64) as u64 as i64, boot as u64 as i64);
+    let stored: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, value FROM tessera_meta WHERE key IN ('boot_id_hi', 'boot_id_lo')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let get = |k: &str| stored.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
+    if get("boot_id_hi") == Some(hi) && get("boot_id_lo") == Some(lo) {
+        return Ok(());
+    }
+    let held: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM tessera_semaphores) \
+         + (SELECT count(*) FROM tessera_rate_limiters)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    sqlx::raw_sql(DROP_BOOT_STATE)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    sqlx::query(
+        "INSERT INTO tessera_meta (key, value) VALUES ('boot_id_hi', ?1), ('boot_id_lo', ?2) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )
+    .bind(hi)
+    .bind(lo)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    if held > 0 {
+        let old = match (get("boot_id_hi"), get("boot_id_lo")) {
+            (Some(h), Some(l)) => format!("{:032x}", (h as u64 as u128) << 64 | l as u64 as u128),
+            _ => "none recorded".into(),
+        };
+        tracing::warn!(
+            semaphores_and_rate_limiters = held,
+            old_boot = %old,
+            boot = %format!("{boot:032x}"),
+            "tessera SQLite store: state written under another boot dropped (no process of \
+             that boot can still hold it; fences keep rising)"
+        );
+    }
+    Ok(())
+}
+
+/// Creates the tables if missing, checks the schema version and the boot id.
+pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+    sqlx::raw_sql(SCHEMA)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    if version != Some(SCHEMA_VERSION) {
+        return Err(Error::Corrupt(format!(
+            "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
+        )));
+    }
+    // The waiters' wake-up socket, added to files made before it (see `schema.sql`).
+    let has_wake: bool = sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'wake'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    if !has_wake {
+        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN wake TEXT")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    }
+    sqlx::raw_sql(RATE_SCHEMA)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let rate_version: Option<i64> =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'rate_schema_version'")
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    if rate_version != Some(RATE_SCHEMA_VERSION) {
+        return Err(Error::Corrupt(format!(
+            "tessera rate schema version {rate_version:?} in the file; this build reads version {RATE_SCHEMA_VERSION}"
+        )));
+    }
+    ensure_boot(&mut tx, boot).await?;
+    tx.commit().await.map_err(map_err)
+}
