@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pairs=${1:-20000}
 command -v valgrind >/dev/null || { echo "install valgrind: sudo apt-get install -y valgrind" >&2; exit 1; }
-bin=$(cargo bench -p tessera --bench hot_path --no-run --message-format=json 2>/dev/null |
+bin=$(cargo bench -p tessera-locks --bench hot_path --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*hot_path[^"]*\)".*/\1/p' | tail -1)
 [[ -x $bin ]] || { echo "hot_path bench did not build" >&2; exit 1; }
 dir=$(mktemp -d)

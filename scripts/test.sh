@@ -67,12 +67,17 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # rate engine's Rust steps, say) must be gated on them, or a user's build with one store
 # warns. The clippy run above cannot see this: `--all-features` builds every store, and test
 # builds always have every store anyway (tessera-testkit, a dev-dependency, enables them
-# all). So these runs lint the library alone (`-p tessera`, no `--all-targets`), which also
+# all). So these runs lint the library alone (`-p tessera-locks`, no `--all-targets`), which also
 # keeps them cheap.
 for features in memory sqlite redis postgres mysql etcd "" memory,sqlite,redis,postgres,mysql,etcd; do
-  echo "== cargo clippy -p tessera --no-default-features --features '$features' -- -D warnings"
-  cargo clippy -p tessera --no-default-features --features "$features" --locked -- -D warnings
+  echo "== cargo clippy -p tessera-locks --no-default-features --features '$features' -- -D warnings"
+  cargo clippy -p tessera-locks --no-default-features --features "$features" --locked -- -D warnings
 done
+# What `cargo install tessera-cli` and `cargo add tessera-locks` will get: every published
+# crate packs with its metadata, README and licence files, and tessera-cli resolves the
+# library under its published name. (No build: the steps below build the same sources.)
+echo "== cargo publish --workspace --dry-run"
+cargo publish --workspace --dry-run --no-verify --locked --allow-dirty
 echo "== cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --locked
 if cargo nextest --version >/dev/null 2>&1; then

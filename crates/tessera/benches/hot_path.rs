@@ -2,7 +2,7 @@
 //! `valgrind --tool=callgrind` can count (instructions are repeatable on a busy machine,
 //! seconds are not). `scripts/callgrind.sh` runs it and prints instructions per pair.
 //!
-//! `cargo bench -p tessera --bench hot_path -- [memory|tokio] [PAIRS]` prints ns per pair;
+//! `cargo bench -p tessera-locks --bench hot_path -- [memory|tokio] [PAIRS]` prints ns per pair;
 //! `memory-contended` and `tokio-contended` share 4 permits among 32 tasks (PAIRS in all, on
 //! one thread, so callgrind counts the hand-offs too).
 

@@ -2,7 +2,7 @@
 //! - one task, uncontended acquire + release (capacity 10);
 //! - 32 tasks sharing 4 permits, each doing acquire + release in a loop.
 //!
-//! `cargo bench -p tessera --bench memory_vs_tokio`
+//! `cargo bench -p tessera-locks --bench memory_vs_tokio`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! ```sh
 //! # six jobs wanting 1 or 2 GPUs each, on one host
 //! for w in 1 2 1 2 1 2; do
-//!   cargo run -p tessera --example gpu_slots -- sqlite:///tmp/tessera-gpus.db $w 500ms &
+//!   cargo run -p tessera-locks --example gpu_slots -- sqlite:///tmp/tessera-gpus.db $w 500ms &
 //! done; wait
 //! ```
 //!

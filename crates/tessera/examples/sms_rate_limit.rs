@@ -5,10 +5,10 @@
 //! ```sh
 //! # four senders on one host, sharing the embedded store
 //! for i in 1 2 3 4; do
-//!   cargo run -p tessera --example sms_rate_limit -- sqlite:///tmp/tessera-sms.db 25 &
+//!   cargo run -p tessera-locks --example sms_rate_limit -- sqlite:///tmp/tessera-sms.db 25 &
 //! done; wait
 //! # the same across hosts: a Redis store
-//! cargo run -p tessera --features redis --example sms_rate_limit -- redis://127.0.0.1:6379 25
+//! cargo run -p tessera-locks --features redis --example sms_rate_limit -- redis://127.0.0.1:6379 25
 //! ```
 //!
 //! Arguments: STORE_URL [CALLS] [LIMIT...] (default limits: 50/s 1000/min). Prints one line

@@ -159,7 +159,7 @@ fn scheme_problem(scheme: &str, has_feature: &dyn Fn(&str) -> bool) -> Option<St
             ..
         }) => Some(format!(
             "this build of tessera lacks the `{feature}` cargo feature \
-             (tessera = {{ features = [\"{feature}\"] }})"
+             (tessera-locks = {{ version = \"0.1\", features = [\"{feature}\"] }})"
         )),
         Some(Scheme { feature: None, .. }) => Some(format!(
             "the {scheme}:// store is planned but not available in tessera yet; {}",
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(
             scheme_problem("memory", &sqlite_only).unwrap(),
             "this build of tessera lacks the `memory` cargo feature \
-             (tessera = { features = [\"memory\"] })"
+             (tessera-locks = { version = \"0.1\", features = [\"memory\"] })"
         );
         for scheme in ["redis", "rediss"] {
             let why = scheme_problem(scheme, &sqlite_only).unwrap();
@@ -321,7 +321,8 @@ mod tests {
         );
         assert_eq!(
             scheme_problem("etcd", &build(&["memory"])).unwrap(),
-            "this build of tessera lacks the `etcd` cargo feature (tessera = { features = [\"etcd\"] })"
+            "this build of tessera lacks the `etcd` cargo feature \
+             (tessera-locks = { version = \"0.1\", features = [\"etcd\"] })"
         );
     }
 
