@@ -155,6 +155,10 @@ impl Backend for FaultyBackend {
     fn rate(&self) -> Option<&dyn RateBackend> {
         self.inner.rate()
     }
+    /// Admission steps pass through without faults.
+    fn admission(&self) -> Option<&dyn tessera::backend::AdmissionBackend> {
+        self.inner.admission()
+    }
     fn rate_unsupported(&self) -> Option<&'static str> {
         self.inner.rate_unsupported()
     }

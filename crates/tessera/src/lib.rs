@@ -11,6 +11,7 @@
 //! | at most `C` jobs at once, and which of the `C` slots is yours | [`Semaphore`] → [`Permit`] |
 //! | one holder at a time | [`Lock`] |
 //! | at most `N` calls in any window of `L`, several limits at once | [`RateLimiter`] |
+//! | both in one atomic step: `C` in flight and `N` per window, queued in order | [`Admission`] → [`Admitted`] |
 //! | holders, queue, capacity; resize, revoke, delete | [`Store`] |
 //!
 //! ```
@@ -88,8 +89,10 @@
 //   backend, its URL, the leases held through it), `cleanup` (background releases and
 //   cancels), `lease/` (the permit and its keeper), `store` (the `Store` handle users
 //   connect with), then the handles built on it, each adding its constructor to `Store` in
-//   an `impl Store` block of its own file: `semaphore/`, `rate/limiter.rs`, `lock`.
+//   an `impl Store` block of its own file: `semaphore/`, `rate/limiter.rs`, `lock`, and
+//   `admission/` (its seam, `admission/seam.rs`, sits in the core beside the store seam).
 
+mod admission;
 mod cleanup;
 mod clock;
 mod conn;
@@ -109,6 +112,7 @@ mod stores;
 mod telemetry;
 mod wake;
 
+pub use admission::{Admission, AdmissionBuilder, Admitted};
 pub use cleanup::EXIT_GRACE;
 pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lease::permit::{Permit, RELEASE_RETRY};
@@ -140,8 +144,8 @@ pub mod backend {
         WaitReply, WaitSpec,
     };
     pub use crate::seam::{
-        Backend, Capabilities, FenceSource, HandOff, RateBackend, RateConfig, RateReply,
-        RateRequest, Waking,
+        AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, FenceSource, HandOff,
+        RateBackend, RateConfig, RateReply, RateRequest, Waking,
     };
     pub use crate::wake::{notify, notify_grant};
 

@@ -45,11 +45,11 @@
 //!
 //! Each of these is an addition to the step or to this seam, not a rewrite:
 //!
-//! - **A permit and rate windows in one admission** (all or nothing): a new operation whose
-//!   step runs the semaphore's *decide* and the limiter's charge under one atomic step; the
-//!   request carries both a weight and a [`RateConfig`] with a cost, the reply a grant and
-//!   an admit time. Stores whose rate state lives beside the semaphore's (one Redis hash
-//!   tag, one SQL transaction) do it in one call.
+//! - **A permit and rate windows in one admission** (all or nothing): built on the memory
+//!   store as [`AdmissionBackend`] ([`Backend::admission`]); its step runs the semaphore's
+//!   *decide* and the limiter's charge under one atomic step, and the hand-off stops at an
+//!   admission waiter. Stores whose rate state lives beside the semaphore's (one Redis hash
+//!   tag, one SQL transaction) can do it in one call.
 //! - **Fair shares per tenant inside a global cap**: a `tenant` field on the waiter and a
 //!   per-tenant `used` count; *hand off* picks the head of the least-served tenant instead
 //!   of the global head, still strictly FIFO within a tenant.
@@ -68,6 +68,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::model::*;
 
+pub use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
 pub use crate::rate::seam::{RateBackend, RateReply, RateRequest};
 pub use crate::rate::spec::RateConfig;
 
@@ -262,6 +263,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
     /// Wrappers (fault injection) forward this.
     fn rate(&self) -> Option<&dyn RateBackend> {
+        None
+    }
+
+    /// Admission, the semaphore and limiter of a name in one step (see
+    /// [`AdmissionBackend`]), if this store has it. Wrappers forward this.
+    fn admission(&self) -> Option<&dyn AdmissionBackend> {
         None
     }
 

@@ -126,6 +126,12 @@ pub(crate) fn lost(reason: &LossReason) {
     metrics::counter!("tessera_losses_total", "reason" => reason).increment(1);
 }
 
+/// An admission was given back unused, past its use-by instant (`crate::admission`).
+pub(crate) fn admission_expired(name: &Name) {
+    metrics::counter!("tessera_admissions_expired_total", "name" => name.as_str().to_string())
+        .increment(1);
+}
+
 /// A rate request was decided.
 pub(crate) fn rate_decision(name: &Name, admitted: bool) {
     let decision = if admitted { "admitted" } else { "limited" };
@@ -412,6 +418,11 @@ impl Backend for Instrumented {
 
     fn rate_unsupported(&self) -> Option<&'static str> {
         self.inner.rate_unsupported()
+    }
+
+    /// Admission steps are not timed apart yet: the inner store's, as they are.
+    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
+        self.inner.admission()
     }
 }
 

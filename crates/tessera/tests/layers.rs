@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["wake"],
     &["rate::spec"],
     &["rate::seam"],
+    &["admission::seam"],
     &["seam"],
     &["rate::engine"],
     &["stores::batch", "stores::expiries", "stores::url"],
@@ -44,7 +45,7 @@ const LAYERS: &[&[&str]] = &[
     &["lease"],
     &["store"],
     &["semaphore", "rate::limiter"],
-    &["lock", "rate"],
+    &["lock", "rate", "admission"],
     &["fuzzing", ""],
 ];
 

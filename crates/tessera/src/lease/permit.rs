@@ -92,6 +92,17 @@ impl Permit {
         Permit { held, _wake: wake }
     }
 
+    /// The semaphore's name, for a step on this lease outside the keeper
+    /// (`crate::admission`).
+    pub(crate) fn semaphore_name(&self) -> &crate::model::Name {
+        &self.held.config.name
+    }
+
+    /// The connection the lease was granted through.
+    pub(crate) fn conn(&self) -> &crate::conn::Conn {
+        &self.held.conn
+    }
+
     /// The lease id (shown by `status`, used by `revoke`).
     pub fn lease_id(&self) -> LeaseId {
         self.held.lease.lease_id

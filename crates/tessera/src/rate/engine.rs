@@ -302,7 +302,30 @@ pub(crate) fn cancel(
     at: StoreTime,
     now: StoreTime,
 ) -> bool {
-    if reservation == 0 || state.tail != reservation || state.last != at.0 || at.0 <= now.0 {
+    if at.0 <= now.0 {
+        return false;
+    }
+    undo_latest(state, config, reservation, at)
+}
+
+/// Undoes the latest admission (`reservation`, admitted at `at`), due or not: for an
+/// admission given back unused (`crate::admission`). `false`, changing nothing, if it is not
+/// the latest or was undone already. The exact-mode log entry is the caller's to drop. (A
+/// state expires only a horizon after its latest admission, and a give-back comes a margin
+/// after its own, so ids restarting with a fresh state cannot match here either.)
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
+pub(crate) fn undo_latest(
+    state: &mut RateState,
+    config: &RateConfig,
+    reservation: u64,
+    at: StoreTime,
+) -> bool {
+    if reservation == 0 || state.tail != reservation || state.last != at.0 {
         return false;
     }
     state.last = state.prev_last;

@@ -170,7 +170,17 @@ impl RateLimiter {
         self.backend.rate().expect("checked in RateLimiter::new")
     }
 
-    fn check_cost(&self, cost: u32) -> Result<()> {
+    /// The options it was made with.
+    pub(crate) fn options(&self) -> &RateOptions {
+        &self.opts
+    }
+
+    /// Whether requests replace differing stored limits ([`RateOptions::update`]).
+    pub(crate) fn updates(&self) -> bool {
+        self.opts.update
+    }
+
+    pub(crate) fn check_cost(&self, cost: u32) -> Result<()> {
         let max = self.config.max_cost();
         if cost == 0 || cost > max {
             return Err(InvalidInput::Cost { cost, max }.into());

@@ -95,7 +95,7 @@
     feature = "postgres"
 ))]
 pub(crate) mod engine;
-mod limiter;
+pub(crate) mod limiter;
 pub(crate) mod seam;
 pub(crate) mod spec;
 

@@ -15,6 +15,7 @@ use crate::model::*;
 use crate::seam::Backend;
 use crate::store::Store;
 
+pub(crate) mod admit;
 mod wait;
 
 /// Options of a [`Semaphore`] or [`crate::Lock`].
@@ -178,6 +179,11 @@ impl Semaphore {
     /// The capacity this client declared (or set with [`Semaphore::resize`]).
     pub fn capacity(&self) -> u32 {
         self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The store this handle was made on.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     fn backend(&self) -> &Arc<dyn Backend> {

@@ -67,7 +67,7 @@ impl Semaphore {
         }
     }
 
-    fn request(&self, lease_id: LeaseId, weight: u32, wait: bool) -> AcquireRequest {
+    pub(super) fn request(&self, lease_id: LeaseId, weight: u32, wait: bool) -> AcquireRequest {
         AcquireRequest {
             lease_id,
             weight,
@@ -80,7 +80,7 @@ impl Semaphore {
         }
     }
 
-    fn permit(
+    pub(super) fn permit(
         &self,
         grant: Grant,
         sent: Instant,
@@ -368,10 +368,10 @@ enum Attempt {
 const EXPIRY_SLACK: Duration = Duration::from_millis(5);
 
 /// How long a timed-out acquire waits for its cancel before leaving it to the background.
-const CANCEL_GRACE: Duration = Duration::from_millis(250);
+pub(super) const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
 /// `f`'s output, or `None` if `deadline` passes first.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     deadline: Option<Instant>,
     f: impl std::future::Future<Output = T>,
 ) -> Option<T> {
@@ -381,7 +381,7 @@ async fn bounded<T>(
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+pub(super) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -400,7 +400,7 @@ struct InQueue {
 
 /// Owns a lease id from the first request until a permit (or a definite "no") is returned;
 /// if dropped before, cancels the wait or releases a grant that raced with the drop.
-struct Pending {
+pub(super) struct Pending {
     store: Store,
     config: Arc<SemaphoreConfig>,
     lease: LeaseId,
@@ -408,7 +408,7 @@ struct Pending {
 }
 
 impl Pending {
-    fn new(sem: &Semaphore, lease: LeaseId) -> Self {
+    pub(super) fn new(sem: &Semaphore, lease: LeaseId) -> Self {
         Pending {
             store: sem.store.clone(),
             config: Arc::clone(&sem.config),
@@ -416,13 +416,13 @@ impl Pending {
             armed: true,
         }
     }
-    fn disarm(&mut self) {
+    pub(super) fn disarm(&mut self) {
         self.armed = false;
     }
 
     /// Cancels now if the store answers within `grace`; otherwise stays armed so the drop
     /// cancels in the background.
-    async fn cancel_within(&mut self, grace: Duration) {
+    pub(super) async fn cancel_within(&mut self, grace: Duration) {
         let cancel = self.store.backend().cancel(&self.config.name, self.lease);
         if let Ok(Ok(_)) = tokio::time::timeout(grace, cancel).await {
             self.disarm();

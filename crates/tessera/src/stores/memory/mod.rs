@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, InvalidInput, Result};
 use crate::model::*;
-use crate::seam::{Backend, Capabilities};
+use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig};
 use crate::wake;
 
 pub(crate) use ops::Model;
@@ -30,7 +30,8 @@ static RATE_INSTANCES: LazyLock<Mutex<HashMap<String, Arc<Mutex<rate::RateModel>
 #[derive(Debug, Clone)]
 pub struct MemoryBackend {
     model: Arc<Mutex<Model>>,
-    /// Rate limiters (`rate.rs`), separate from the semaphores: no step touches both.
+    /// Rate limiters (`rate.rs`), beside the semaphores: only an admission step touches
+    /// both, locking `model` first.
     rate: Arc<Mutex<rate::RateModel>>,
     clock: Arc<dyn Clock>,
 }
@@ -97,7 +98,7 @@ impl MemoryBackend {
         for w in wakes {
             match w {
                 ops::Wake::Granted(grant) => wake::notify_grant(grant),
-                ops::Wake::Ended(id) => wake::notify(id),
+                ops::Wake::Ended(id) | ops::Wake::Turn(id) => wake::notify(id),
             }
         }
         r
@@ -168,5 +169,40 @@ impl Backend for MemoryBackend {
     }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
+    }
+    fn admission(&self) -> Option<&dyn AdmissionBackend> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl AdmissionBackend for MemoryBackend {
+    async fn admit(
+        &self,
+        name: &Name,
+        capacity: u32,
+        config: &RateConfig,
+        req: &AdmitRequest,
+    ) -> Result<AdmitReply> {
+        self.run(|m, now, w| {
+            let mut rate = self.rate.lock().unwrap();
+            m.admit(&mut rate, name, capacity, config, req, now, w)
+        })
+    }
+    async fn give_back(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        reservation: u64,
+        at: StoreTime,
+    ) -> Result<bool> {
+        self.run(|m, now, w| {
+            let released = m.release(name, lease, now, w);
+            self.rate
+                .lock()
+                .unwrap()
+                .undo(name, reservation, at, now, true)?;
+            Ok(released)
+        })
     }
 }

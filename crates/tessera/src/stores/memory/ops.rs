@@ -22,8 +22,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::rate::RateModel;
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
 /// The map size below which idle states are never swept.
 const SWEEP_MIN: usize = 1024;
@@ -89,7 +91,15 @@ struct QueuedWaiter {
     waiter: Waiter,
     /// The TTL of the lease this waiter will be granted.
     ttl: Duration,
+    /// An admission waiter (`crate::admission`): the hand-off never grants it, its own step
+    /// does; the hand-off wakes it once its permits fit and the store time is at least this
+    /// (the instant its windows admit it, as last told), then sets it to the end of time
+    /// until the waiter steps again.
+    gate: Option<StoreTime>,
 }
+
+/// Queue sequence numbers start here, so a waiter can join in front of the head.
+const FIRST_SEQ: u64 = 1 << 62;
 
 #[derive(Debug)]
 struct SemState {
@@ -122,6 +132,8 @@ pub(crate) enum Wake {
     Granted(Grant),
     /// The lease or wait ended without a grant.
     Ended(LeaseId),
+    /// An admission waiter at the head whose permits fit: its own step decides.
+    Turn(LeaseId),
 }
 
 impl SemState {
@@ -136,7 +148,7 @@ impl SemState {
             queue: BTreeMap::new(),
             queue_index: LeaseIdMap::default(),
             waiter_expiry: BTreeSet::new(),
-            next_seq: 0,
+            next_seq: FIRST_SEQ,
             seat_high: 0,
             free_low: BTreeSet::new(),
         }
@@ -167,10 +179,20 @@ impl SemState {
         self.hand_off(now, hwm, wakes);
     }
 
-    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest,
+    /// and so does an admission waiter, which only its own step grants (woken here once it
+    /// fits).
     fn hand_off(&mut self, now: StoreTime, hwm: &mut u64, wakes: &mut Wakes) {
-        while let Some((_, head)) = self.queue.first_key_value() {
-            if self.used + head.waiter.weight > self.capacity {
+        while let Some(mut head) = self.queue.first_entry() {
+            if self.used + head.get().waiter.weight > self.capacity {
+                break;
+            }
+            let head = head.get_mut();
+            if let Some(wake_at) = &mut head.gate {
+                if now >= *wake_at {
+                    *wake_at = StoreTime(u64::MAX);
+                    wakes.push(Wake::Turn(head.waiter.lease_id));
+                }
                 break;
             }
             let (_, qw) = self.queue.pop_first().expect("head exists");
@@ -297,6 +319,63 @@ impl SemState {
         let qw = self.queue.remove(&seq).expect("indexed waiter exists");
         self.waiter_expiry.remove(&(qw.waiter.expires_at, id));
         Some(qw.waiter)
+    }
+
+    /// Queues `req` at the tail (or the head) with `gate` (see [`QueuedWaiter`]); its
+    /// position. [`Error::QueueFull`] if the queue has `wait.queue_cap` waiters.
+    fn enqueue(
+        &mut self,
+        name: &Name,
+        req: &AcquireRequest,
+        wait: WaitSpec,
+        now: StoreTime,
+        gate: Option<StoreTime>,
+        at_head: bool,
+    ) -> Result<u64> {
+        if self.queue.len() as u64 >= wait.queue_cap as u64 {
+            return Err(Error::QueueFull {
+                name: name.to_string(),
+                cap: wait.queue_cap,
+            });
+        }
+        let seq = match self.queue.first_key_value() {
+            Some((&first, _)) if at_head => first - 1,
+            _ => {
+                self.next_seq += 1;
+                self.next_seq - 1
+            }
+        };
+        let waiter = Waiter {
+            lease_id: req.lease_id,
+            weight: req.weight,
+            holder: req.holder.clone(),
+            enqueued_at: now,
+            expires_at: now.plus(wait.waiter_ttl),
+        };
+        self.waiter_expiry.insert((waiter.expires_at, req.lease_id));
+        self.queue_index.insert(req.lease_id, seq);
+        self.queue.insert(
+            seq,
+            QueuedWaiter {
+                waiter,
+                ttl: req.ttl,
+                gate,
+            },
+        );
+        Ok(if at_head {
+            0
+        } else {
+            self.queue.len() as u64 - 1
+        })
+    }
+
+    /// Sets an admission waiter's gate (see [`QueuedWaiter`]).
+    fn set_gate(&mut self, id: LeaseId, gate: StoreTime) {
+        if let Some(seq) = self.queue_index.get(&id) {
+            if let Some(qw) = self.queue.get_mut(seq) {
+                qw.gate = Some(gate);
+            }
+        }
     }
 
     fn refresh_waiter(&mut self, id: LeaseId, expires_at: StoreTime) -> bool {
@@ -435,34 +514,106 @@ impl Model {
                     queued: st.queue.len() as u64,
                 });
             };
-            if st.queue.len() as u64 >= wait.queue_cap as u64 {
-                return Err(Error::QueueFull {
-                    name: name.to_string(),
-                    cap: wait.queue_cap,
-                });
-            }
-            let seq = st.next_seq;
-            st.next_seq += 1;
-            let waiter = Waiter {
-                lease_id: req.lease_id,
-                weight: req.weight,
-                holder: req.holder.clone(),
-                enqueued_at: now,
-                expires_at: now.plus(wait.waiter_ttl),
-            };
-            st.waiter_expiry.insert((waiter.expires_at, req.lease_id));
-            st.queue_index.insert(req.lease_id, seq);
-            st.queue.insert(
-                seq,
-                QueuedWaiter {
-                    waiter,
-                    ttl: req.ttl,
-                },
-            );
-            Ok(AcquireReply::Queued {
-                position: st.queue.len() as u64 - 1,
-            })
+            let position = st.enqueue(name, req, wait, now, None, false)?;
+            Ok(AcquireReply::Queued { position })
         }
+    }
+
+    /// One admission step (see `crate::admission::seam`): the semaphore's and the
+    /// limiter's state under the two locks, taken in this order by every step that takes
+    /// both.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn admit(
+        &mut self,
+        rate: &mut RateModel,
+        name: &Name,
+        capacity: u32,
+        config: &RateConfig,
+        req: &AdmitRequest,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> Result<AdmitReply> {
+        if !self.sems.contains_key(name) {
+            self.sweep_idle();
+            self.sems
+                .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
+        }
+        let st = self.sems.get_mut(name).expect("state inserted above");
+        let hwm = &mut self.fence_hwm;
+        st.purge_and_hand_off(now, hwm, wakes);
+        if st.is_empty() {
+            st.capacity = capacity;
+        }
+        if st.capacity != capacity {
+            return Err(Error::CapacityMismatch {
+                name: name.to_string(),
+                stored: st.capacity,
+                declared: capacity,
+            });
+        }
+        let a = &req.acquire;
+        // A retry whose reply was lost: the grant stands (its charge id is not kept here, so
+        // a give-back of it releases the permits and leaves the windows charged).
+        if let Some(h) = st.holders.get(&a.lease_id) {
+            return Ok(AdmitReply::Granted {
+                grant: Grant {
+                    lease: h.lease(a.lease_id),
+                    now,
+                },
+                reservation: 0,
+            });
+        }
+        let queued_at = st.position(a.lease_id);
+        let turn = match queued_at {
+            Some(position) => position == 0,
+            // A request that gave back an admission it could not use goes first.
+            None => st.queue.is_empty() || req.at_head,
+        } && st.used + a.weight <= st.capacity;
+        let mut window_at = None;
+        if turn {
+            let ask = RateRequest {
+                cost: req.cost,
+                max_wait: None,
+                update: req.update,
+            };
+            match rate.acquire(name, config, &ask, now)? {
+                RateReply::Admitted { reservation, .. } => {
+                    st.remove_waiter(a.lease_id);
+                    let lease = st.grant(a.lease_id, a.weight, a.ttl, &a.holder, now, hwm);
+                    return Ok(AdmitReply::Granted {
+                        grant: Grant { lease, now },
+                        reservation,
+                    });
+                }
+                RateReply::Limited { retry_at, .. } => window_at = Some(retry_at),
+            }
+        }
+        let gate = window_at.unwrap_or(StoreTime(0));
+        if let Some(position) = queued_at {
+            if let Some(wait) = a.wait {
+                st.refresh_waiter(a.lease_id, now.plus(wait.waiter_ttl));
+            }
+            st.set_gate(a.lease_id, gate);
+            return Ok(AdmitReply::Queued {
+                position,
+                window_at,
+                now,
+            });
+        }
+        let Some(wait) = a.wait else {
+            return Ok(AdmitReply::Refused {
+                available: st.available(),
+                queued: st.queue.len() as u64,
+                window_at,
+                now,
+            });
+        };
+        let position = st.enqueue(name, a, wait, now, Some(gate), req.at_head)?;
+        Ok(AdmitReply::Queued {
+            position,
+            window_at,
+            now,
+        })
     }
 
     /// The earliest expiry of a lease or queue entry of `name`, if it has any.

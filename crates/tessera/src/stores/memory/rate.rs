@@ -121,12 +121,30 @@ impl RateModel {
         at: StoreTime,
         now: StoreTime,
     ) -> Result<bool> {
+        self.undo(name, reservation, at, now, false)
+    }
+
+    /// Undoes the latest admission (see `engine::cancel` and `engine::undo_latest`): only
+    /// before its time unless `due_too`.
+    pub(crate) fn undo(
+        &mut self,
+        name: &Name,
+        reservation: u64,
+        at: StoreTime,
+        now: StoreTime,
+        due_too: bool,
+    ) -> Result<bool> {
         self.expire(name, now);
         let Some(l) = self.limiters.get_mut(name) else {
             return Ok(false);
         };
         let config = stored_config(name, &l.state)?;
-        if !engine::cancel(&mut l.state, &config, reservation, at, now) {
+        let undone = if due_too {
+            engine::undo_latest(&mut l.state, &config, reservation, at)
+        } else {
+            engine::cancel(&mut l.state, &config, reservation, at, now)
+        };
+        if !undone {
             return Ok(false);
         }
         if let crate::rate::spec::RateMode::Exact = config.mode() {

@@ -1,0 +1,337 @@
+//! The façade: [`Admission`], permits and rate windows taken in one atomic step, and the
+//! [`Admitted`] ticket it returns. The design and its invariants are in `docs/admission.md`.
+//!
+//! An admission is granted only when, at one instant `t` of the store's clock, the permits are
+//! free and every window admits the cost; then the lease is written and every window charged
+//! at `t`, in the same step. A refusal, a timeout or a cancelled wait charges nothing and
+//! holds nothing. Waiters share the semaphore's FIFO queue with plain acquires; the head is
+//! granted as soon as both allow and sleeps to the instant its windows will allow when only
+//! they block it.
+//!
+//! **Use-by.** The windows are enforced with the limiter's margin `m`: a call that starts at
+//! most `m` after its admission counts inside the limits wherever the provider counts. An
+//! [`Admitted`] knows its use-by instant (the send instant of the granted request plus `m`,
+//! on this process's clock: never later than the store's `t + m`). `acquire` checks it right
+//! before it returns; a ticket past it is given back (the permits released, the charge
+//! returned while it is the limiter's latest) and the wait starts again at the head of the
+//! queue. A caller that does more before the call checks [`Admitted::is_fresh`] again, as
+//! `tessera run` does right before it starts the child ([`Admission::readmit_timeout`]).
+
+pub(crate) mod seam;
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{InvalidInput, Result};
+use crate::lease::permit::Permit;
+use crate::model::{LeaseId, StoreTime};
+use crate::rate::limiter::{RateLimiter, RateOptions};
+use crate::rate::spec::RateSpec;
+use crate::semaphore::admit::{Admit, Windows};
+use crate::semaphore::{Semaphore, SemaphoreOptions};
+use crate::store::Store;
+
+/// Permits of a semaphore and rate windows of the limiter of the same name, taken in one
+/// atomic step (see the module docs). Built with [`Store::admission`].
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tessera::Store;
+///
+/// let store = Store::connect("memory://").await?;
+/// let sms = store
+///     .admission("sms-api")
+///     .permits(4)                       // at most 4 calls in flight
+///     .rate("50/s".parse()?)            // and at most 50 per second
+///     .rate("1000/min".parse()?)?;      // and 1,000 per minute
+/// if let Some(ticket) = sms.acquire_timeout(Duration::from_secs(5)).await? {
+///     assert!(ticket.is_fresh());       // call the provider now, with ticket.fence()
+///     ticket.release().await?;
+/// }
+/// # Ok::<(), tessera::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Admission {
+    semaphore: Semaphore,
+    limiter: RateLimiter,
+    weight: u32,
+    cost: u32,
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("semaphore", &self.semaphore)
+            .field("limiter", &self.limiter)
+            .field("weight", &self.weight)
+            .field("cost", &self.cost)
+            .finish()
+    }
+}
+
+/// Collects an admission's parts; [`AdmissionBuilder::rate`] makes it an [`Admission`].
+#[derive(Debug, Clone)]
+pub struct AdmissionBuilder {
+    store: Store,
+    name: String,
+    capacity: u32,
+    sem_opts: SemaphoreOptions,
+    rate_opts: RateOptions,
+}
+
+impl Store {
+    /// An admission over the semaphore and the rate limiter named `name` (see [`Admission`]):
+    /// 1 permit unless [`AdmissionBuilder::permits`] says otherwise, and the limits given
+    /// to [`AdmissionBuilder::rate`].
+    pub fn admission(&self, name: &str) -> AdmissionBuilder {
+        AdmissionBuilder {
+            store: self.clone(),
+            name: name.to_string(),
+            capacity: 1,
+            sem_opts: SemaphoreOptions::default(),
+            rate_opts: RateOptions::default(),
+        }
+    }
+}
+
+impl AdmissionBuilder {
+    /// The semaphore's capacity: how many may hold an admission at once (default 1).
+    pub fn permits(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
+    }
+    /// The semaphore's options (lease TTL, holder label, queue cap, waiter TTL).
+    pub fn semaphore_options(mut self, opts: SemaphoreOptions) -> Self {
+        self.sem_opts = opts;
+        self
+    }
+    /// The limiter's options (mode, margin, update). The margin is also the admission's
+    /// use-by time.
+    pub fn rate_options(mut self, opts: RateOptions) -> Self {
+        self.rate_opts = opts;
+        self
+    }
+    /// The first limit; add more with [`Admission::rate`]. Checks every input (typed
+    /// errors, nothing sent); a store without admission fails with
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn rate(self, limit: RateSpec) -> Result<Admission> {
+        Admission::new(self, vec![limit])
+    }
+}
+
+impl Admission {
+    fn new(b: AdmissionBuilder, limits: Vec<RateSpec>) -> Result<Admission> {
+        let semaphore = Semaphore::new(&b.store, &b.name, b.capacity, b.sem_opts.clone())?;
+        semaphore.admission_backend()?;
+        let limiter = RateLimiter::new(&b.store, &b.name, &limits, b.rate_opts.clone())?;
+        Ok(Admission {
+            semaphore,
+            limiter,
+            weight: 1,
+            cost: 1,
+        })
+    }
+
+    /// Adds a limit (all of them must admit the cost; at most [`crate::MAX_LIMITS`]).
+    pub fn rate(self, limit: RateSpec) -> Result<Admission> {
+        let mut limits = self.limiter.config().limits().to_vec();
+        limits.push(limit);
+        let limiter = RateLimiter::new(
+            self.semaphore.store(),
+            self.semaphore.name(),
+            &limits,
+            self.limiter.options().clone(),
+        )?;
+        Ok(Admission { limiter, ..self })
+    }
+
+    /// Permits each admission takes (default 1; 1 ..= capacity).
+    pub fn weight(self, weight: u32) -> Result<Admission> {
+        if weight == 0 || weight > self.semaphore.capacity() {
+            return Err(InvalidInput::Weight {
+                weight,
+                capacity: self.semaphore.capacity(),
+            }
+            .into());
+        }
+        Ok(Admission { weight, ..self })
+    }
+
+    /// Cost each admission charges to every window (default 1).
+    pub fn cost(self, cost: u32) -> Result<Admission> {
+        self.limiter.check_cost(cost)?;
+        Ok(Admission { cost, ..self })
+    }
+
+    /// The name of the semaphore and of the limiter.
+    pub fn name(&self) -> &str {
+        self.semaphore.name()
+    }
+
+    /// The use-by time of every admission: the limiter's margin.
+    pub fn margin(&self) -> Duration {
+        self.limiter.config().margin()
+    }
+
+    /// Admits at once if the permits are free, nobody waits, and every window admits the
+    /// cost; `Ok(None)` otherwise, with nothing held and nothing charged.
+    pub async fn try_acquire(&self) -> Result<Option<Admitted>> {
+        match self.attempt(false, false, None).await? {
+            Admit::Granted {
+                permit,
+                reservation,
+                sent,
+            } => Ok(Some(self.ticket(permit, reservation, sent))),
+            Admit::Refused | Admit::TimedOut => Ok(None),
+        }
+    }
+
+    /// Waits in the queue until admitted.
+    pub async fn acquire(&self) -> Result<Admitted> {
+        match self.wait(None, false).await? {
+            Some(t) => Ok(t),
+            None => unreachable!("an admission without a deadline returns a ticket or an error"),
+        }
+    }
+
+    /// Waits at most `timeout`; `Ok(None)` if not admitted in time (nothing held, nothing
+    /// charged, the queue place given up).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Admitted>> {
+        self.wait(Some(Instant::now() + timeout), false).await
+    }
+
+    /// Gives back a ticket that was not used before its use-by instant (see the module docs)
+    /// and waits again, first in the queue, for at most `timeout`.
+    pub async fn readmit_timeout(
+        &self,
+        late: Admitted,
+        timeout: Duration,
+    ) -> Result<Option<Admitted>> {
+        let deadline = Instant::now() + timeout;
+        late.give_back().await?;
+        self.wait(Some(deadline), true).await
+    }
+
+    async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
+        let windows = Windows {
+            config: self.limiter.config(),
+            cost: self.cost,
+            update: self.limiter.updates(),
+        };
+        self.semaphore
+            .admit_inner(self.weight, &windows, wait, at_head, deadline)
+            .await
+    }
+
+    async fn wait(&self, deadline: Option<Instant>, mut at_head: bool) -> Result<Option<Admitted>> {
+        loop {
+            match self.attempt(true, at_head, deadline).await? {
+                Admit::Granted {
+                    permit,
+                    reservation,
+                    sent,
+                } => {
+                    let ticket = self.ticket(permit, reservation, sent);
+                    if ticket.is_fresh() {
+                        return Ok(Some(ticket));
+                    }
+                    tracing::debug!(name = %self.name(), "admission past its use-by instant; given back");
+                    ticket.give_back().await?;
+                    at_head = true;
+                }
+                Admit::TimedOut => return Ok(None),
+                Admit::Refused => {
+                    return Err(crate::error::Error::Corrupt(
+                        "the store refused a queued admission".to_string(),
+                    ))
+                }
+            }
+        }
+    }
+
+    fn ticket(&self, permit: Permit, reservation: u64, sent: Instant) -> Admitted {
+        Admitted {
+            at: permit.lease().acquired_at,
+            permit,
+            reservation,
+            use_by: sent + self.margin(),
+        }
+    }
+}
+
+/// An admission held: the permits (a [`Permit`], renewed in the background, released when
+/// dropped) and the proof that every window was charged at [`Admitted::admitted_at`]. Use it
+/// before [`Admitted::use_by`].
+#[derive(Debug)]
+pub struct Admitted {
+    permit: Permit,
+    at: StoreTime,
+    reservation: u64,
+    use_by: Instant,
+}
+
+impl Admitted {
+    /// The permit (fence, seats, `lost()`).
+    pub fn permit(&self) -> &Permit {
+        &self.permit
+    }
+    /// The permit alone; the admission's charge stands.
+    pub fn into_permit(self) -> Permit {
+        self.permit
+    }
+    /// The fence token of the lease.
+    pub fn fence(&self) -> u64 {
+        self.permit.fence()
+    }
+    /// The lease id.
+    pub fn lease_id(&self) -> LeaseId {
+        self.permit.lease_id()
+    }
+    /// The store instant at which the permits were granted and every window charged.
+    pub fn admitted_at(&self) -> StoreTime {
+        self.at
+    }
+    /// The last instant (this process's clock) at which a call still counts inside the
+    /// windows: the admission instant plus the limiter's margin, read conservatively.
+    pub fn use_by(&self) -> Instant {
+        self.use_by
+    }
+    /// Whether the use-by instant is still ahead.
+    pub fn is_fresh(&self) -> bool {
+        Instant::now() <= self.use_by
+    }
+    /// Releases the permits; the charge stands (the call was made).
+    pub async fn release(self) -> Result<bool> {
+        self.permit.release().await
+    }
+
+    /// Gives the admission back unused: the permits are released and, while it is the
+    /// limiter's latest charge, the charge is returned to every window. `true` if the lease
+    /// was still held.
+    pub async fn give_back(self) -> Result<bool> {
+        let fresh = self.is_fresh();
+        let name = self.permit.semaphore_name().clone();
+        let conn = self.permit.conn().clone();
+        let Some(lease) = self.permit.detach() else {
+            return Ok(false);
+        };
+        let backend = conn.backend();
+        let Some(admission) = backend.admission() else {
+            return backend.release(&name, lease.lease_id).await;
+        };
+        if !fresh {
+            crate::telemetry::admission_expired(&name);
+        }
+        match admission
+            .give_back(&name, lease.lease_id, self.reservation, self.at)
+            .await
+        {
+            Ok(held) => Ok(held),
+            // The charge stands; the permits must not wait for their TTL.
+            Err(_) => backend.release(&name, lease.lease_id).await,
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The admission seam: permits and rate windows in one atomic step (see `docs/admission.md`).
+//! Imports no façade and no store.
+//!
+//! A store that offers it ([`crate::seam::Backend::admission`]) keeps, per name, the
+//! semaphore's state and the limiter's state where one step reaches both, and runs
+//! [`AdmissionBackend::admit`] as one step on its clock:
+//!
+//! 1. purge and hand off, as every semaphore step (see [`crate::seam`]); the hand-off never
+//!    grants an **admission waiter**: a head that is one stops it (strict FIFO: nobody behind
+//!    it is granted), and, once its permits fit, the store wakes it so that its own step
+//!    decides;
+//! 2. a retry of a granted lease id answers the grant; a queued lease id renews its queue
+//!    entry;
+//! 3. the request's turn is when nobody waits (a newcomer) or it is the head (a waiter), and
+//!    its weight fits. On its turn the windows are asked for `cost` at the step's instant
+//!    `t`: if they admit it, the lease is written and every window charged at `t`, in this
+//!    step ([`AdmitReply::Granted`]); if not, nothing is charged and the reply says when the
+//!    windows will admit it (`window_at`);
+//! 4. otherwise a waiting request joins the queue as an admission waiter (at the tail, or at
+//!    the head for a request that gave back an admission it could not use in time), and a
+//!    try is refused. A refusal, a queue place and an error charge no window.
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{AcquireRequest, Grant, LeaseId, Name, StoreTime};
+use crate::rate::spec::RateConfig;
+
+/// One admission request: the semaphore's part (lease id, weight, TTL, holder, wait) and the
+/// windows' part (`cost` under the limiter's configuration).
+#[derive(Debug, Clone)]
+pub struct AdmitRequest {
+    /// The semaphore's part; `acquire.wait` set: queue if it is not this request's turn.
+    pub acquire: AcquireRequest,
+    /// The cost charged to every window (1 ..= [`RateConfig::max_cost`], checked by the
+    /// client).
+    pub cost: u32,
+    /// Replace stored limits that differ from the declared ones instead of failing with
+    /// [`Error::RateMismatch`](crate::Error::RateMismatch).
+    pub update: bool,
+    /// Join the queue at its head, not its tail: only for a request that has just given back
+    /// an admission it could not use before its use-by instant.
+    pub at_head: bool,
+}
+
+/// The store's answer to an admission step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmitReply {
+    /// The permits are held and every window was charged `cost` at `grant.now` (the lease's
+    /// `acquired_at`). `reservation` names the charge for [`AdmissionBackend::give_back`].
+    Granted { grant: Grant, reservation: u64 },
+    /// Waiting at `position` (0: the head). `window_at`: the head's permits fit but the
+    /// windows do not admit its cost before this store instant; `None` otherwise.
+    Queued {
+        position: u64,
+        window_at: Option<StoreTime>,
+        now: StoreTime,
+    },
+    /// A try only: not admitted, nothing changed. `window_at` as for `Queued`, when the
+    /// permits were free and only the windows refused.
+    Refused {
+        available: u32,
+        queued: u64,
+        window_at: Option<StoreTime>,
+        now: StoreTime,
+    },
+}
+
+/// Admission: one atomic step over a name's semaphore and limiter (see the module docs).
+/// The other operations on an admission's lease are the semaphore's: renew, release,
+/// cancel.
+#[async_trait]
+pub trait AdmissionBackend: Send + Sync + fmt::Debug {
+    /// Grants and charges, queues, or refuses, all or nothing (see the module docs). Fails
+    /// with [`Error::CapacityMismatch`](crate::Error::CapacityMismatch),
+    /// [`Error::RateMismatch`](crate::Error::RateMismatch) or
+    /// [`Error::QueueFull`](crate::Error::QueueFull) having changed nothing.
+    async fn admit(
+        &self,
+        name: &Name,
+        capacity: u32,
+        config: &RateConfig,
+        req: &AdmitRequest,
+    ) -> Result<AdmitReply>;
+
+    /// Gives back an admission that was not used: releases `lease` and, if its charge
+    /// (`reservation`, made at `at`) is still the limiter's latest, returns it to every
+    /// window; a later admission keeps it charged (the windows only count more than was
+    /// used, never less). `true` if the lease was still held.
+    async fn give_back(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        reservation: u64,
+        at: StoreTime,
+    ) -> Result<bool>;
+}

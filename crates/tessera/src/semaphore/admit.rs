@@ -1,0 +1,170 @@
+//! An admission's wait (the engine under `crate::admission`): the semaphore's queue, with
+//! permits and windows decided together in the store's step ([`AdmissionBackend::admit`]).
+//!
+//! The waiter registers for wake-ups, sends one admit-or-enqueue, and while queued sleeps
+//! until a wake-up (the hand-off found its permits free: its turn), the instant the store said
+//! its windows admit it, its heartbeat, or its deadline; each time it sends the same request
+//! again (same lease id), which renews its queue place and, on its turn, decides. Until it
+//! returns, a guard owns the lease id and cancels the wait if the future is dropped.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wait::{bounded, sleep_until_opt, Pending, CANCEL_GRACE};
+use super::Semaphore;
+use crate::error::{Error, Result};
+use crate::lease::permit::Permit;
+use crate::model::*;
+use crate::rate::spec::RateConfig;
+use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use crate::telemetry;
+use crate::wake;
+
+/// The windows' part of an admission.
+pub(crate) struct Windows<'a> {
+    pub config: &'a RateConfig,
+    pub cost: u32,
+    pub update: bool,
+}
+
+/// How one admission attempt ended.
+pub(crate) enum Admit {
+    /// Permits held, windows charged. `sent`: when the request that was granted left, an
+    /// instant at or before the store's admission instant.
+    Granted {
+        permit: Permit,
+        reservation: u64,
+        sent: Instant,
+    },
+    /// A try: not admitted, nothing charged.
+    Refused,
+    /// The deadline passed first; nothing is held and nobody waits in our name.
+    TimedOut,
+}
+
+impl Semaphore {
+    /// The store's admission seam, or the typed error of a store without it.
+    pub(crate) fn admission_backend(&self) -> Result<&dyn AdmissionBackend> {
+        self.backend().admission().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "admission (permits and rate windows in one step) is not available on {} yet; \
+                 use a Semaphore and a RateLimiter",
+                self.store.url()
+            ))
+        })
+    }
+
+    /// One admission of `weight` (checked) permits and `windows`: a try (`wait` false) or a
+    /// wait until `deadline`, joining the queue at its head if `at_head`.
+    pub(crate) async fn admit_inner(
+        &self,
+        weight: u32,
+        windows: &Windows<'_>,
+        wait: bool,
+        at_head: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Admit> {
+        let weight = self.check_weight(weight)?;
+        let admission = self.admission_backend()?;
+        let name = &self.config.name;
+        let lease = LeaseId::random();
+        let req = AdmitRequest {
+            acquire: self.request(lease, weight, wait),
+            cost: windows.cost,
+            update: windows.update,
+            at_head,
+        };
+        let registration = wake::Registration::new(lease);
+        let mut pending = Pending::new(self, lease);
+        let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
+        let called = Instant::now();
+        let mut failing_since: Option<Instant> = None;
+        let mut counted = false;
+        loop {
+            let sent = Instant::now();
+            let Some(reply) = bounded(
+                deadline,
+                admission.admit(name, self.capacity(), windows.config, &req),
+            )
+            .await
+            else {
+                // The pending guard cancels in the background.
+                return Ok(Admit::TimedOut);
+            };
+            let reply = match reply {
+                // A blip does not end the wait: the queue entry lives for the waiter TTL, and
+                // the same request answers the grant or place it may have made.
+                Err(e) if e.is_transient() => {
+                    let since = *failing_since.get_or_insert(sent);
+                    if since.elapsed() < self.config.waiter_ttl {
+                        tracing::debug!(%name, error = %e, "admission failed; retrying");
+                        if bounded(deadline, tokio::time::sleep(Duration::from_millis(50)))
+                            .await
+                            .is_none()
+                        {
+                            return Ok(Admit::TimedOut);
+                        }
+                        continue;
+                    }
+                    return Err(e);
+                }
+                other => {
+                    failing_since = None;
+                    other?
+                }
+            };
+            let (window_at, now) = match reply {
+                AdmitReply::Granted { grant, reservation } => {
+                    pending.disarm();
+                    telemetry::granted(&self.config.metrics, name, called.elapsed());
+                    let permit = self.permit(grant, sent, Some(registration));
+                    return Ok(Admit::Granted {
+                        permit,
+                        reservation,
+                        sent,
+                    });
+                }
+                AdmitReply::Refused { .. } => {
+                    pending.disarm();
+                    telemetry::not_granted(&self.config.metrics, name, "no_permit");
+                    return Ok(Admit::Refused);
+                }
+                AdmitReply::Queued {
+                    position,
+                    window_at,
+                    now,
+                } => {
+                    if !counted {
+                        telemetry::queued(&self.config.metrics, name, position);
+                        counted = true;
+                    }
+                    (window_at, now)
+                }
+            };
+            // Asked again at the next of: a wake-up (our turn), the instant the windows admit
+            // us (read from the reply's store time, so never early by more than the
+            // reply's trip), an expiry the store may hand on, the heartbeat.
+            let received = Instant::now();
+            let mut wake_at = received + heartbeat;
+            if let Some(t) = window_at {
+                wake_at = wake_at.min(received + t.since(now));
+            }
+            if let Some(expiry) = self.backend().next_expiry(name) {
+                if expiry > received && expiry < wake_at {
+                    wake_at = expiry;
+                }
+            }
+            let timed_out = tokio::select! {
+                _ = registration.notified() => false,
+                _ = tokio::time::sleep_until(wake_at) => false,
+                _ = sleep_until_opt(deadline) => true,
+            };
+            if timed_out {
+                pending.cancel_within(CANCEL_GRACE).await;
+                telemetry::not_granted(&self.config.metrics, name, "timed_out");
+                return Ok(Admit::TimedOut);
+            }
+        }
+    }
+}
