@@ -45,7 +45,7 @@ use crate::store::Store;
 /// let sms = store
 ///     .admission("sms-api")
 ///     .permits(4)                       // at most 4 calls in flight
-///     .rate("50/s".parse()?)            // and at most 50 per second
+///     .rate("50/s".parse()?)?           // and at most 50 per second
 ///     .rate("1000/min".parse()?)?;      // and 1,000 per minute
 /// if let Some(ticket) = sms.acquire_timeout(Duration::from_secs(5)).await? {
 ///     assert!(ticket.is_fresh());       // call the provider now, with ticket.fence()
@@ -241,6 +241,9 @@ impl Admission {
                     tracing::debug!(name = %self.name(), "admission past its use-by instant; given back");
                     ticket.give_back().await?;
                     at_head = true;
+                    // A store that answers at once (memory) must not keep this task from
+                    // yielding while it is late again and again.
+                    tokio::task::yield_now().await;
                 }
                 Admit::TimedOut => return Ok(None),
                 Admit::Refused => {
@@ -257,7 +260,7 @@ impl Admission {
             at: permit.lease().acquired_at,
             permit,
             reservation,
-            use_by: sent + self.margin(),
+            use_by: (!self.margin().is_zero()).then(|| sent + self.margin()),
         }
     }
 }
@@ -270,7 +273,7 @@ pub struct Admitted {
     permit: Permit,
     at: StoreTime,
     reservation: u64,
-    use_by: Instant,
+    use_by: Option<Instant>,
 }
 
 impl Admitted {
@@ -295,13 +298,16 @@ impl Admitted {
         self.at
     }
     /// The last instant (this process's clock) at which a call still counts inside the
-    /// windows: the admission instant plus the limiter's margin, read conservatively.
-    pub fn use_by(&self) -> Instant {
+    /// windows: the admission instant plus the limiter's margin, read conservatively; `None`
+    /// with a margin of 0.
+    pub fn use_by(&self) -> Option<Instant> {
         self.use_by
     }
-    /// Whether the use-by instant is still ahead.
+    /// Whether the use-by instant is still ahead (always, with a margin of 0: the limits
+    /// are then kept at the admission instant only, and any delay before the call is the
+    /// caller's to bound).
     pub fn is_fresh(&self) -> bool {
-        Instant::now() <= self.use_by
+        self.use_by.is_none_or(|t| Instant::now() <= t)
     }
     /// Releases the permits; the charge stands (the call was made).
     pub async fn release(self) -> Result<bool> {

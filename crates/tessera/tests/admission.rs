@@ -1,0 +1,283 @@
+//! Admission — permits and rate windows taken in one atomic step — on the memory store, the
+//! reference model (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the
+//! head told when its windows admit it, a cancelled wait charging nothing, give-back, and the
+//! guarantee where the user observes it: at the moment each call starts.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tessera::backend::stores::MemoryBackend;
+use tessera::backend::ManualClock;
+use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+
+/// A private memory store on a clock the test moves.
+fn manual_store() -> (Store, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(StoreTime(1_000_000_000_000)));
+    let backend = MemoryBackend::with_clock(clock.clone());
+    (Store::from_backend(Arc::new(backend), "memory://"), clock)
+}
+
+/// A private memory store on the host's clock.
+async fn real_store(name: &str) -> Store {
+    Store::connect(&format!("memory://admission-{name}-{}", std::process::id()))
+        .await
+        .unwrap()
+}
+
+async fn rate_used(store: &Store, name: &str) -> u64 {
+    match store.rate_status(name).await.unwrap() {
+        Some(s) => s.limits.iter().map(|l| l.used + l.reserved).max().unwrap(),
+        None => 0,
+    }
+}
+
+async fn held(store: &Store, name: &str) -> u32 {
+    store.status(name).await.unwrap().map_or(0, |s| s.used)
+}
+
+#[tokio::test]
+async fn a_refusal_for_permits_or_for_windows_charges_nothing_and_holds_nothing() {
+    let (store, clock) = manual_store();
+    let opts = RateOptions::default().margin(Duration::ZERO);
+    let adm = store
+        .admission("api")
+        .permits(2)
+        .rate_options(opts)
+        .rate("3/s".parse().unwrap())
+        .unwrap();
+
+    let a = adm.try_acquire().await.unwrap().expect("first admitted");
+    let b = adm.try_acquire().await.unwrap().expect("second admitted");
+    assert_eq!(rate_used(&store, "api").await, 2);
+    // No permit free: refused, and the windows are not charged for it.
+    assert!(adm.try_acquire().await.unwrap().is_none());
+    assert_eq!(rate_used(&store, "api").await, 2);
+    assert_eq!(held(&store, "api").await, 2);
+
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    let c = adm.try_acquire().await.unwrap().expect("third admitted");
+    c.release().await.unwrap();
+    assert_eq!(rate_used(&store, "api").await, 3);
+    // Permits free, windows full: refused, and no permit is held for it.
+    assert!(adm.try_acquire().await.unwrap().is_none());
+    assert_eq!(held(&store, "api").await, 0);
+    assert_eq!(rate_used(&store, "api").await, 3);
+
+    // A second later the window has room again.
+    clock.advance(Duration::from_millis(1_001));
+    let d = adm
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("admitted in the next window");
+    assert_eq!(d.admitted_at(), d.permit().lease().acquired_at);
+    d.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn every_limit_must_admit_and_a_mismatch_is_typed_and_changes_nothing() {
+    let (store, _clock) = manual_store();
+    let adm = store
+        .admission("two")
+        .permits(10)
+        .rate("5/s".parse().unwrap())
+        .unwrap()
+        .rate("2/min".parse().unwrap())
+        .unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..2 {
+        kept.push(
+            adm.try_acquire()
+                .await
+                .unwrap()
+                .expect("within both limits"),
+        );
+    }
+    // 5/s has room, 2/min does not.
+    assert!(adm.try_acquire().await.unwrap().is_none());
+    assert_eq!(held(&store, "two").await, 2);
+
+    let other = store
+        .admission("two")
+        .permits(10)
+        .rate("7/s".parse().unwrap())
+        .unwrap();
+    let err = other.try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::RateMismatch { .. }), "{err}");
+    assert_eq!(held(&store, "two").await, 2);
+    let wrong_capacity = store
+        .admission("two")
+        .permits(3)
+        .rate("5/s".parse().unwrap())
+        .unwrap()
+        .rate("2/min".parse().unwrap())
+        .unwrap();
+    let err = wrong_capacity.try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::CapacityMismatch { .. }), "{err}");
+    assert_eq!(rate_used(&store, "two").await, 2);
+}
+
+#[tokio::test]
+async fn a_given_back_admission_returns_its_charge_and_its_permits() {
+    let (store, _clock) = manual_store();
+    let adm = store
+        .admission("back")
+        .permits(1)
+        .rate("1/min".parse().unwrap())
+        .unwrap();
+    let t = adm.try_acquire().await.unwrap().expect("admitted");
+    assert_eq!(rate_used(&store, "back").await, 1);
+    assert!(t.give_back().await.unwrap());
+    assert_eq!(rate_used(&store, "back").await, 0);
+    assert_eq!(held(&store, "back").await, 0);
+    // The slot it gave back is usable at once.
+    let again = adm.try_acquire().await.unwrap().expect("the returned slot");
+    let next = adm.try_acquire().await.unwrap();
+    assert!(next.is_none(), "one permit, one call a minute");
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_head_waits_for_its_windows_and_nobody_behind_it_is_served_first() {
+    let store = real_store("fifo").await;
+    let opts = RateOptions::default().margin(Duration::ZERO);
+    let adm = store
+        .admission("fifo")
+        .permits(4)
+        .rate_options(opts)
+        .rate("2/s".parse().unwrap())
+        .unwrap();
+    let first = adm.try_acquire().await.unwrap().unwrap();
+    let first_at = first.admitted_at();
+    let second = adm.try_acquire().await.unwrap().unwrap();
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+
+    // The windows are full for about a second: an admission waits at the head.
+    let waiting = {
+        let adm = adm.clone();
+        tokio::spawn(async move {
+            let t = adm.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+            (t.expect("admitted once the window moves"), Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let status = store.status("fifo").await.unwrap().unwrap();
+    assert_eq!(status.queue.len(), 1, "the admission waits in the queue");
+    assert_eq!(status.used, 0, "and holds nothing while it waits");
+
+    // Permits are free, but a plain acquire neither jumps the queue nor is served behind a
+    // head that waits for its windows.
+    let sem = Semaphore::new(&store, "fifo", 4, SemaphoreOptions::default()).unwrap();
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    let plain = {
+        let sem = sem.clone();
+        tokio::spawn(async move {
+            let p = sem.acquire().await.unwrap();
+            (p, Instant::now())
+        })
+    };
+    let (ticket, admitted) = waiting.await.unwrap();
+    let (permit, served) = plain.await.unwrap();
+    assert!(
+        admitted <= served,
+        "the plain waiter behind the head was served first"
+    );
+    // Admitted no sooner than the window let it: a second after the first admission.
+    assert!(ticket.admitted_at().as_micros() >= first_at.as_micros() + 1_000_000);
+    ticket.release().await.unwrap();
+    permit.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_timed_out_admission_leaves_the_queue_and_charges_nothing() {
+    let store = real_store("timeout").await;
+    let adm = store
+        .admission("timeout")
+        .permits(1)
+        .rate("1/min".parse().unwrap())
+        .unwrap();
+    let t = adm.try_acquire().await.unwrap().unwrap();
+    t.release().await.unwrap();
+    let late = adm
+        .acquire_timeout(Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(late.is_none());
+    assert_eq!(rate_used(&store, "timeout").await, 1);
+    let status = store.status("timeout").await.unwrap();
+    assert!(status.is_none_or(|s| s.queue.is_empty() && s.used == 0));
+}
+
+#[tokio::test]
+async fn a_store_without_admission_says_so_with_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/a.db", dir.path().display());
+    let store = Store::connect(&url).await.unwrap();
+    let err = store
+        .admission("x")
+        .permits(2)
+        .rate("5/s".parse().unwrap())
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("admission"), "{err}");
+    store.close().await.unwrap();
+}
+
+/// The guarantee where the user observes it: tasks that start a call only while they hold a
+/// fresh admission never have more than `C` calls in flight nor more than `N` starts in any
+/// window of the limit's period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_started_under_admissions_keep_the_capacity_and_every_window() {
+    const CAPACITY: usize = 3;
+    const PER_WINDOW: usize = 10;
+    const WINDOW: Duration = Duration::from_millis(500);
+    let store = real_store("observed").await;
+    let adm = store
+        .admission("observed")
+        .permits(CAPACITY as u32)
+        .rate(format!("{PER_WINDOW}/500ms").parse().unwrap())
+        .unwrap();
+    let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (adm, starts, in_flight, most) = (
+            adm.clone(),
+            Arc::clone(&starts),
+            Arc::clone(&in_flight),
+            Arc::clone(&most),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..4 {
+                let t = adm.acquire().await.unwrap();
+                if !t.is_fresh() {
+                    t.give_back().await.unwrap();
+                    continue;
+                }
+                starts.lock().unwrap().push(Instant::now());
+                let now = in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                t.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut starts = starts.lock().unwrap().clone();
+    starts.sort();
+    assert!(starts.len() >= 30, "only {} calls started", starts.len());
+    assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= CAPACITY);
+    for (i, &s) in starts.iter().enumerate() {
+        let inside = starts[i..].iter().take_while(|&&t| t < s + WINDOW).count();
+        assert!(
+            inside <= PER_WINDOW,
+            "{inside} calls started within {WINDOW:?} of one another"
+        );
+    }
+}
