@@ -63,7 +63,10 @@
 //! store (250 ms, doubling up to 5 s, never past `--wait`); when the store answers, one more
 //! line, and it waits again **from the tail of the queue** (its place expired with the
 //! waiter TTL; a grant that raced with the fault is given back by the library). The same
-//! holds for the turn within `--rate` limits, as long as the permit taken first is not lost.
+//! holds for the turn within `--rate` limits, as long as the permit taken first is not lost,
+//! and for an admission of both at once (`--permits` with `--rate` on a store with
+//! admission: [`tessera::Admission`]; its ticket is checked against its use-by instant right
+//! before the command starts, and given back and taken again first in the queue if late).
 //! If `--wait` runs out during the outage, tessera exits 69 with the store's error, unless it
 //! ran out within the library's own retries (the first waiter TTL of the outage): that is a
 //! wait that ran out like any other, exit 75. Other
@@ -86,8 +89,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use tessera::{
-    LossReason, Permit, RateDecision, RateLimiter, RateOptions, RateSpec, Semaphore,
-    SemaphoreOptions, Store,
+    Admission, Admitted, LossReason, Permit, RateDecision, RateLimiter, RateOptions, RateSpec,
+    Semaphore, SemaphoreOptions, Store,
 };
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -212,13 +215,27 @@ async fn hold_and_run(
     weight: u32,
     caught: &mut UnboundedReceiver<Caught>,
 ) -> Outcome {
-    // `--wait` bounds the whole wait: the permit, then the turn within the rate limits.
+    // `--wait` bounds the whole wait: the permit, then the turn within the rate limits; or
+    // both at once, on a store with admission.
     let deadline = args.wait.map(|w| Instant::now() + w);
-    let mut permit = match args.permits {
-        Some(permits) => Some(take_permit(store, args, permits, weight, deadline, caught).await?),
-        None => None,
+    let admission = match args.permits {
+        Some(permits) if !args.rates.is_empty() && store.backend().admission().is_some() => {
+            Some(admission(store, args, permits, weight)?)
+        }
+        _ => None,
     };
-    if !args.rates.is_empty() {
+    let mut ticket = None;
+    let mut permit = match (&admission, args.permits) {
+        (Some(adm), _) => {
+            ticket = Some(take_admission(store, args, adm, deadline, caught).await?);
+            None
+        }
+        (None, Some(permits)) => {
+            Some(take_permit(store, args, permits, weight, deadline, caught).await?)
+        }
+        (None, None) => None,
+    };
+    if admission.is_none() && !args.rates.is_empty() {
         if let Err(failure) = take_turn(store, args, deadline, permit.as_ref(), caught).await {
             if let Some(p) = permit {
                 release(p).await;
@@ -229,18 +246,19 @@ async fn hold_and_run(
     if let Some(p) = &permit {
         tracing::info!(name = %args.name, lease = %p.lease_id(), fence = p.fence(), "permit acquired");
     }
+    if let Some(t) = &ticket {
+        tracing::info!(name = %args.name, lease = %t.lease_id(), fence = t.fence(), "admitted");
+    }
 
+    if let Some(t) = ticket.take_if(|t| t.permit().is_lost()) {
+        release(t.into_permit()).await;
+        return Err(lost_before_start(&args.name));
+    }
     if let Some(p) = permit.take_if(|p| p.is_lost()) {
         // Lost between the grant and now (revoked at once, or while waiting for the rate):
         // do not start the command.
         release(p).await;
-        return Err(Failure::new(
-            exit::LOST,
-            format!(
-                "lost the permit on {} before the command started; nothing was run",
-                args.name
-            ),
-        ));
+        return Err(lost_before_start(&args.name));
     }
     let group = !is_interactive();
     // Started before the command, so a guard that cannot start leaves nothing running.
@@ -256,6 +274,18 @@ async fn hold_and_run(
             ));
         }
     };
+    // An admission is used right now or given back: past its use-by instant (the rate
+    // margin after the store admitted it) the command's start might not count inside the
+    // windows, so the turn goes back and the wait starts again at the head of the queue.
+    if let (Some(adm), Some(t)) = (&admission, ticket.take()) {
+        match fresh_admission(args, adm, t, deadline, caught).await {
+            Ok(t) => permit = Some(t.into_permit()),
+            Err(failure) => {
+                drop(guard); // disarms it
+                return Err(failure);
+            }
+        }
+    }
     let spawned = spawn(
         &args.command,
         &args.name,
@@ -299,6 +329,139 @@ async fn hold_and_run(
         ));
     }
     Ok(exit_code(supervised.status))
+}
+
+fn lost_before_start(name: &str) -> Failure {
+    Failure::new(
+        exit::LOST,
+        format!("lost the permit on {name} before the command started; nothing was run"),
+    )
+}
+
+/// `--permits` and `--rate` as one admission (see `tessera::Admission`).
+fn admission(
+    store: &Store,
+    args: &RunArgs,
+    permits: u32,
+    weight: u32,
+) -> Result<Admission, Failure> {
+    let mut rates = args.rates.iter().copied();
+    let first = rates.next().expect("called with at least one --rate");
+    let mut adm = store
+        .admission(&args.name)
+        .permits(permits)
+        .semaphore_options(args.options())
+        .rate_options(args.rate_options())
+        .rate(first)?;
+    for r in rates {
+        adm = adm.rate(r)?;
+    }
+    Ok(adm.weight(weight)?.cost(args.cost)?)
+}
+
+/// Waits for an admission of `--permits` and `--rate` in one step by `deadline` (`--wait`;
+/// `--wait 0s`: a try), or fails with the documented exit code.
+async fn take_admission(
+    store: &Store,
+    args: &RunArgs,
+    adm: &Admission,
+    deadline: Option<Instant>,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<Admitted, Failure> {
+    let try_only = args.wait.is_some_and(|w| w.is_zero());
+    let what = "a permit within the rate limits";
+    let line = Wait {
+        store,
+        name: &args.name,
+        what,
+        holder: Some(
+            args.holder
+                .clone()
+                .unwrap_or_else(tessera::backend::default_holder),
+        ),
+        deadline,
+    };
+    let _line = WaitLine::start(line, args.quiet || try_only);
+    let waiting = Waiting {
+        store,
+        name: &args.name,
+        what,
+        again: "from the tail of the queue",
+        deadline,
+        held: None,
+    };
+    let attempt = ride_out(waiting, || async {
+        match deadline {
+            _ if try_only => adm.try_acquire().await,
+            None => adm.acquire().await.map(Some),
+            Some(d) => {
+                adm.acquire_timeout(d.saturating_duration_since(Instant::now()))
+                    .await
+            }
+        }
+    });
+    admitted_or_failure(args, attempt, what, caught).await
+}
+
+/// `ticket` if it is still within its use-by instant; else it is given back and the wait
+/// starts again, first in the queue, within `deadline`.
+async fn fresh_admission(
+    args: &RunArgs,
+    adm: &Admission,
+    mut ticket: Admitted,
+    deadline: Option<Instant>,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<Admitted, Failure> {
+    while !ticket.is_fresh() {
+        tracing::info!(name = %args.name, "admission past its use-by instant; given back");
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let again = async {
+            adm.readmit_timeout(ticket, left)
+                .await
+                .map_err(Failure::from)
+        };
+        ticket =
+            admitted_or_failure(args, again, "a permit within the rate limits", caught).await?;
+    }
+    Ok(ticket)
+}
+
+/// The end of an admission's wait: the ticket, or the exit code of a timeout or a signal.
+async fn admitted_or_failure(
+    args: &RunArgs,
+    attempt: impl std::future::Future<Output = Result<Option<Admitted>, Failure>>,
+    what: &str,
+    caught: &mut UnboundedReceiver<Caught>,
+) -> Result<Admitted, Failure> {
+    tokio::pin!(attempt);
+    loop {
+        tokio::select! {
+            reply = &mut attempt => {
+                return match reply? {
+                    Some(t) => Ok(t),
+                    None => Err(Failure::new(
+                        exit::TEMPFAIL,
+                        format!(
+                            "no permit within the rate limits of {} within --wait {}; nothing was run",
+                            args.name,
+                            args.wait
+                                .map(|w| humantime::format_duration(w).to_string())
+                                .unwrap_or_default()
+                        ),
+                    )),
+                };
+            }
+            Some(signal) = caught.recv() => {
+                if matches!(signal.signal, libc::SIGUSR1 | libc::SIGUSR2) {
+                    continue;
+                }
+                // Dropping `attempt` cancels the wait in the background.
+                return Err(interrupted(signal.signal, what, &args.name));
+            }
+        }
+    }
 }
 
 /// Takes `weight` of `permits` by `deadline` (`--wait`), or fails with the documented exit

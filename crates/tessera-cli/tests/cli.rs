@@ -8,7 +8,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{tessera, tessera_run};
+use common::{tessera, tessera_on, tessera_run};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
@@ -1469,6 +1469,54 @@ fn status_watch_into_a_pipe_writes_no_escape_codes() {
         .matches("no semaphore is held or waited for in memory://")
         .count();
     assert!(frames >= 2, "{text:?}");
+}
+
+/// `--permits` with `--rate` on a store with admission (memory) takes both in one step: the
+/// command runs holding a seat and a fence, the log says it was admitted (not "permit
+/// acquired" and then a rate turn), and the store's windows were charged for it.
+#[test]
+fn permits_and_rates_together_are_one_admission_where_the_store_has_it() {
+    let home = tmp();
+    let out = tessera(home.path())
+        .env("TESSERA_LOG", "info")
+        .args(["--store", "memory://", "run", "--name", "both"])
+        .args(["--permits", "2", "--rate", "5/s", "--rate", "100/min"])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo seat=$TESSERA_SEATS fence=$TESSERA_FENCE",
+        ])
+        .output()
+        .unwrap();
+    let lines = stderr_lines(&out);
+    assert_eq!(out.status.code(), Some(0), "{lines:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("seat=0 fence="), "{stdout}");
+    assert!(lines.iter().any(|l| l.contains("admitted")), "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("permit acquired")),
+        "{lines:?}"
+    );
+    // A cost above the smallest limit is refused before anything is taken.
+    let out = tessera_on(
+        home.path(),
+        "memory://",
+        &[
+            "run",
+            "--name",
+            "both",
+            "--permits",
+            "2",
+            "--rate",
+            "2/s",
+            "--cost",
+            "3",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(64), "{:?}", stderr_lines(&out));
 }
 
 // ---------------------------------------------------------------------------------------------

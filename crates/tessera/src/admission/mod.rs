@@ -197,10 +197,10 @@ impl Admission {
         }
     }
 
-    /// Waits at most `timeout`; `Ok(None)` if not admitted in time (nothing held, nothing
-    /// charged, the queue place given up).
+    /// Waits at most `timeout` (`Duration::MAX`: as long as it takes); `Ok(None)` if not
+    /// admitted in time (nothing held, nothing charged, the queue place given up).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Admitted>> {
-        self.wait(Some(Instant::now() + timeout), false).await
+        self.wait(Instant::now().checked_add(timeout), false).await
     }
 
     /// Gives back a ticket that was not used before its use-by instant (see the module docs)
@@ -210,9 +210,9 @@ impl Admission {
         late: Admitted,
         timeout: Duration,
     ) -> Result<Option<Admitted>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         late.give_back().await?;
-        self.wait(Some(deadline), true).await
+        self.wait(deadline, true).await
     }
 
     async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
