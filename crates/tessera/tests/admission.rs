@@ -1,7 +1,9 @@
-//! Admission — permits and rate windows taken in one atomic step — on the memory store, the
-//! reference model (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the
-//! head told when its windows admit it, a cancelled wait charging nothing, give-back, and the
-//! guarantee where the user observes it: at the moment each call starts.
+//! Admission — permits and rate windows taken in one atomic step — on the stores that have
+//! it: the memory store (the reference model, also on a clock the test moves) and SQLite
+//! (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
+//! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
+//! where the user observes it: at the moment each call starts. A store without admission
+//! answers `Error::Unsupported` (the server stores' tests).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,11 +19,20 @@ fn manual_store() -> (Store, Arc<ManualClock>) {
     (Store::from_backend(Arc::new(backend), "memory://"), clock)
 }
 
-/// A private memory store on the host's clock.
-async fn real_store(name: &str) -> Store {
-    Store::connect(&format!("memory://admission-{name}-{}", std::process::id()))
-        .await
-        .unwrap()
+/// The stores with admission, each private to the test: memory, and SQLite in a file of
+/// its own (the directory lives as long as the store is used).
+async fn stores(test: &str) -> Vec<(Store, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
+    vec![
+        (
+            Store::connect(&format!("memory://admission-{test}-{}", std::process::id()))
+                .await
+                .unwrap(),
+            None,
+        ),
+        (Store::connect(&sqlite).await.unwrap(), Some(dir)),
+    ]
 }
 
 async fn rate_used(store: &Store, name: &str) -> u64 {
@@ -140,7 +151,13 @@ async fn a_given_back_admission_returns_its_charge_and_its_permits() {
 
 #[tokio::test]
 async fn the_head_waits_for_its_windows_and_nobody_behind_it_is_served_first() {
-    let store = real_store("fifo").await;
+    for (store, _dir) in stores("fifo").await {
+        head_waits_for_its_windows(&store).await;
+        store.close().await.unwrap();
+    }
+}
+
+async fn head_waits_for_its_windows(store: &Store) {
     let opts = RateOptions::default().margin(Duration::ZERO);
     let adm = store
         .admission("fifo")
@@ -164,12 +181,17 @@ async fn the_head_waits_for_its_windows_and_nobody_behind_it_is_served_first() {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let status = store.status("fifo").await.unwrap().unwrap();
-    assert_eq!(status.queue.len(), 1, "the admission waits in the queue");
+    assert_eq!(
+        status.queue.len(),
+        1,
+        "the admission waits in the queue ({})",
+        store.url()
+    );
     assert_eq!(status.used, 0, "and holds nothing while it waits");
 
     // Permits are free, but a plain acquire neither jumps the queue nor is served behind a
     // head that waits for its windows.
-    let sem = Semaphore::new(&store, "fifo", 4, SemaphoreOptions::default()).unwrap();
+    let sem = Semaphore::new(store, "fifo", 4, SemaphoreOptions::default()).unwrap();
     assert!(sem.try_acquire().await.unwrap().is_none());
     let plain = {
         let sem = sem.clone();
@@ -192,7 +214,13 @@ async fn the_head_waits_for_its_windows_and_nobody_behind_it_is_served_first() {
 
 #[tokio::test]
 async fn a_timed_out_admission_leaves_the_queue_and_charges_nothing() {
-    let store = real_store("timeout").await;
+    for (store, _dir) in stores("timeout").await {
+        timed_out_admission_charges_nothing(&store).await;
+        store.close().await.unwrap();
+    }
+}
+
+async fn timed_out_admission_charges_nothing(store: &Store) {
     let adm = store
         .admission("timeout")
         .permits(1)
@@ -205,24 +233,37 @@ async fn a_timed_out_admission_leaves_the_queue_and_charges_nothing() {
         .await
         .unwrap();
     assert!(late.is_none());
-    assert_eq!(rate_used(&store, "timeout").await, 1);
+    assert_eq!(rate_used(store, "timeout").await, 1);
     let status = store.status("timeout").await.unwrap();
     assert!(status.is_none_or(|s| s.queue.is_empty() && s.used == 0));
 }
 
+/// The same on the stores with a real clock: minute windows, so the test's own pace cannot
+/// move them.
 #[tokio::test]
-async fn a_store_without_admission_says_so_with_a_typed_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/a.db", dir.path().display());
-    let store = Store::connect(&url).await.unwrap();
-    let err = store
-        .admission("x")
-        .permits(2)
-        .rate("5/s".parse().unwrap())
-        .unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err}");
-    assert!(err.to_string().contains("admission"), "{err}");
-    store.close().await.unwrap();
+async fn a_refusal_charges_nothing_and_a_give_back_returns_the_charge_on_every_store() {
+    for (store, _dir) in stores("refusal").await {
+        let adm = store
+            .admission("r")
+            .permits(2)
+            .rate("3/min".parse().unwrap())
+            .unwrap();
+        let a = adm.try_acquire().await.unwrap().expect("first");
+        let b = adm.try_acquire().await.unwrap().expect("second");
+        assert!(adm.try_acquire().await.unwrap().is_none(), "no permit free");
+        assert_eq!(rate_used(&store, "r").await, 2, "{}", store.url());
+        a.release().await.unwrap();
+        assert!(b.give_back().await.unwrap());
+        assert_eq!(rate_used(&store, "r").await, 1, "{}", store.url());
+        let c = adm.try_acquire().await.unwrap().expect("the returned slot");
+        let d = adm.try_acquire().await.unwrap().expect("the third");
+        c.release().await.unwrap();
+        d.release().await.unwrap();
+        assert!(adm.try_acquire().await.unwrap().is_none(), "windows full");
+        assert_eq!(held(&store, "r").await, 0, "{}", store.url());
+        assert_eq!(rate_used(&store, "r").await, 3, "{}", store.url());
+        store.close().await.unwrap();
+    }
 }
 
 /// The guarantee where the user observes it: tasks that start a call only while they hold a
@@ -230,10 +271,16 @@ async fn a_store_without_admission_says_so_with_a_typed_error() {
 /// window of the limit's period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_started_under_admissions_keep_the_capacity_and_every_window() {
+    for (store, _dir) in stores("observed").await {
+        calls_keep_capacity_and_windows(&store).await;
+        store.close().await.unwrap();
+    }
+}
+
+async fn calls_keep_capacity_and_windows(store: &Store) {
     const CAPACITY: usize = 3;
     const PER_WINDOW: usize = 10;
     const WINDOW: Duration = Duration::from_millis(500);
-    let store = real_store("observed").await;
     let adm = store
         .admission("observed")
         .permits(CAPACITY as u32)
@@ -271,7 +318,12 @@ async fn calls_started_under_admissions_keep_the_capacity_and_every_window() {
     }
     let mut starts = starts.lock().unwrap().clone();
     starts.sort();
-    assert!(starts.len() >= 30, "only {} calls started", starts.len());
+    assert!(
+        starts.len() >= 30,
+        "only {} calls started on {}",
+        starts.len(),
+        store.url()
+    );
     assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= CAPACITY);
     for (i, &s) in starts.iter().enumerate() {
         let inside = starts[i..].iter().take_while(|&&t| t < s + WINDOW).count();

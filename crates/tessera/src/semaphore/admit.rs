@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::lease::permit::Permit;
 use crate::model::*;
 use crate::rate::spec::RateConfig;
-use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Waking};
 use crate::telemetry;
 use crate::wake;
 
@@ -78,6 +78,14 @@ impl Semaphore {
         let registration = wake::Registration::new(lease);
         let mut pending = Pending::new(self, lease);
         let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
+        // A store whose pushes can be missed without a sign is also polled, as a plain
+        // waiter polls it (`wait.rs`).
+        let (mut poll, poll_max) = match self.backend().capabilities().waking {
+            Waking::Push => (heartbeat, heartbeat),
+            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
+                (min, max.min(heartbeat))
+            }
+        };
         let called = Instant::now();
         let mut failing_since: Option<Instant> = None;
         let mut counted = false;
@@ -144,9 +152,10 @@ impl Semaphore {
             };
             // Asked again at the next of: a wake-up (our turn), the instant the windows admit
             // us (read from the reply's store time, so never early by more than the
-            // reply's trip), an expiry the store may hand on, the heartbeat.
+            // reply's trip), an expiry the store may hand on, the poll or heartbeat.
             let received = Instant::now();
-            let mut wake_at = received + heartbeat;
+            let mut wake_at = received + poll;
+            poll = (poll * 2).min(poll_max);
             if let Some(t) = window_at {
                 wake_at = wake_at.min(received + t.since(now));
             }

@@ -99,6 +99,10 @@ pub(crate) struct NewWaiter<'a> {
     pub ttl: i64,
     pub enqueued_at: i64,
     pub expires_at: i64,
+    /// An admission waiter's gate (`crate::admission::seam`): the hand-off never pops it,
+    /// and wakes it once it fits and the store time is at least this. `None`: a plain
+    /// waiter. Only a dialect with admission is given `Some`.
+    pub gate: Option<i64>,
 }
 
 /// The queue head popped by a hand-off.
@@ -182,11 +186,44 @@ pub(crate) trait SemRows: Send {
     ) -> impl Future<Output = Result<Option<i64>>> + Send;
 
     /// Deletes and returns the queue head (lowest `seq`) if its weight is at most
-    /// `available`; `None` if the queue is empty or the head does not fit.
+    /// `available` and it is not an admission waiter (its gate is NULL); `None` if the queue
+    /// is empty or the head does not fit or is gated.
     fn pop_head_if_fits(
         &mut self,
         available: i64,
     ) -> impl Future<Output = Result<Option<HeadRow>>> + Send;
+
+    /// For a dialect with admission: if the queue head is an admission waiter whose weight
+    /// is at most `available` and whose gate is at most `now`, sets its gate to the end of
+    /// time (woken; its next step sets it again) and returns its lease id, to be woken after
+    /// the commit. The default (no admission waiters ever) returns `None` without a
+    /// statement.
+    fn wake_gated_head(
+        &mut self,
+        _available: i64,
+        _now: i64,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// For a dialect with admission: sets the gate of `lease`'s waiter row.
+    fn set_gate(&mut self, _lease: &str, _gate: i64) -> impl Future<Output = Result<()>> + Send {
+        async {
+            Err(super::step::corrupt(
+                "internal: admission waiters on a store without admission",
+            ))
+        }
+    }
+
+    /// For a dialect with admission: the queue head's `seq` (a waiter that joins at the head
+    /// takes the one below it).
+    fn head_seq(&mut self) -> impl Future<Output = Result<Option<i64>>> + Send {
+        async {
+            Err(super::step::corrupt(
+                "internal: admission waiters on a store without admission",
+            ))
+        }
+    }
 
     /// Inserts a waiter row.
     fn insert_waiter(&mut self, row: &NewWaiter<'_>) -> impl Future<Output = Result<()>> + Send;

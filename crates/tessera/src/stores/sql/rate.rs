@@ -300,6 +300,19 @@ pub(crate) async fn cancel<R: RateRows>(
     at: StoreTime,
     slack: u64,
 ) -> Result<bool> {
+    undo(rows, name, reservation, at, slack, false).await
+}
+
+/// [`cancel`], and with `due_too` also an admission whose time has come: an admission
+/// given back unused (`engine::undo_latest`).
+pub(crate) async fn undo<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    reservation: u64,
+    at: StoreTime,
+    slack: u64,
+    due_too: bool,
+) -> Result<bool> {
     let (now, state) = load(rows, name).await?;
     let Some(mut state) = state else {
         return Ok(false);
@@ -310,7 +323,11 @@ pub(crate) async fn cancel<R: RateRows>(
     };
     let config = stored_config(name, &state)?;
     let old_p = state.p;
-    if !engine::cancel(&mut state, &config, reservation, at, now) {
+    let undone = match due_too {
+        true => engine::undo_latest(&mut state, &config, reservation, at),
+        false => engine::cancel(&mut state, &config, reservation, at, now),
+    };
+    if !undone {
         return Ok(false);
     }
     if let RateMode::Exact = config.mode() {

@@ -5,9 +5,13 @@
 use std::time::Duration;
 
 use super::dialect::{HolderRow, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow};
+#[cfg(feature = "sqlite")]
+use super::rate::{self, RateRows};
 use super::{decode_seats, encode_seats, runs};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
+#[cfg(feature = "sqlite")]
+use crate::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
 /// Lease ids to wake after the commit (granted waiters, revoked or deleted holders).
 pub(crate) type Wakes = Vec<LeaseId>;
@@ -178,10 +182,17 @@ impl<'r, R: SemRows> Step<'r, R> {
         Ok(())
     }
 
-    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
+    /// Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest,
+    /// and so does an admission waiter, which only its own step grants (woken here once it
+    /// fits: `SemRows::wake_gated_head`).
     async fn hand_off(&mut self) -> Result<()> {
         while self.sem.queued > 0 && self.sem.used < self.sem.capacity {
-            let Some(head) = self.rows.pop_head_if_fits(self.available().into()).await? else {
+            let available = self.available().into();
+            let Some(head) = self.rows.pop_head_if_fits(available).await? else {
+                let now = self.now_db()?;
+                if let Some(lease) = self.rows.wake_gated_head(available, now).await? {
+                    self.wakes.push(lease_of(&lease)?);
+                }
                 break;
             };
             self.take_queued(1)?;
@@ -456,12 +467,158 @@ async fn decide_acquire<R: SemRows>(
             ttl: db_int(req.ttl.as_micros().min(u64::MAX as u128) as u64)?,
             enqueued_at: db_int(now.0)?,
             expires_at: db_int(now.plus(wait.waiter_ttl).0)?,
+            gate: None,
         })
         .await?;
     st.sem.next_seq = seq.saturating_add(1);
     st.sem.queued += 1;
     Ok(Ok(AcquireReply::Queued {
         position: st.sem.queued - 1,
+    }))
+}
+
+/// One admission step (`crate::admission::seam`), the semaphore's rows and the limiter's in
+/// one transaction: the dialect's rows are also its [`RateRows`], and the reference model is
+/// `Model::admit` in `stores/memory/ops.rs`.
+#[cfg(feature = "sqlite")]
+pub(crate) async fn admit<R: SemRows + RateRows>(
+    rows: &mut R,
+    name: &Name,
+    capacity: u32,
+    config: &RateConfig,
+    req: &AdmitRequest,
+) -> Result<Done<Result<AdmitReply>>> {
+    let mut st = Step::load(rows, Some(capacity))
+        .await?
+        .ok_or_else(|| corrupt("internal: semaphore not created"))?;
+    let reply = decide_admit(&mut st, name, capacity, config, req).await?;
+    Ok((reply, st.finish().await?))
+}
+
+#[cfg(feature = "sqlite")]
+async fn decide_admit<R: SemRows + RateRows>(
+    st: &mut Step<'_, R>,
+    name: &Name,
+    capacity: u32,
+    config: &RateConfig,
+    req: &AdmitRequest,
+) -> Result<Result<AdmitReply>> {
+    let now = st.now;
+    let a = &req.acquire;
+    if st.is_empty() {
+        st.sem.capacity = capacity;
+    }
+    if st.sem.capacity != capacity {
+        return Ok(Err(Error::CapacityMismatch {
+            name: name.to_string(),
+            stored: st.sem.capacity,
+            declared: capacity,
+        }));
+    }
+    // A retry whose reply was lost: the grant stands (its charge id is not kept, so a
+    // give-back of it releases the permits and leaves the windows charged).
+    if let Some(lease) = st.holder(a.lease_id).await? {
+        return Ok(Ok(AdmitReply::Granted {
+            grant: Grant { lease, now },
+            reservation: 0,
+        }));
+    }
+    let queued = match a.wait {
+        Some(wait) => {
+            st.refresh_waiter(a.lease_id, now.plus(wait.waiter_ttl))
+                .await?
+        }
+        None => false,
+    };
+    let position = match queued {
+        true => st.position(a.lease_id).await?,
+        false => 0,
+    };
+    let fits = st.sem.used as u64 + a.weight as u64 <= st.sem.capacity as u64;
+    // A request that gave back an admission it could not use goes first.
+    let turn = fits
+        && match queued {
+            true => position == 0,
+            false => st.sem.queued == 0 || req.at_head,
+        };
+    let mut window_at = None;
+    if turn {
+        let ask = RateRequest {
+            cost: req.cost,
+            max_wait: None,
+            update: req.update,
+        };
+        match rate::acquire(&mut *st.rows, name, config, &ask).await {
+            Ok(RateReply::Admitted { reservation, .. }) => {
+                if queued {
+                    st.remove_waiter(a.lease_id).await?;
+                }
+                let lease = st
+                    .grant(a.lease_id, a.weight, a.ttl, a.holder.clone())
+                    .await?;
+                return Ok(Ok(AdmitReply::Granted {
+                    grant: Grant { lease, now },
+                    reservation,
+                }));
+            }
+            Ok(RateReply::Limited { retry_at, .. }) => window_at = Some(retry_at),
+            Err(e @ Error::RateMismatch { .. }) => return Ok(Err(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    let gate = db_int(window_at.map_or(0, |t| t.0))?;
+    let lease_id = a.lease_id.to_string();
+    if queued {
+        st.rows.set_gate(&lease_id, gate).await?;
+        return Ok(Ok(AdmitReply::Queued {
+            position,
+            window_at,
+            now,
+        }));
+    }
+    let Some(wait) = a.wait else {
+        return Ok(Ok(AdmitReply::Refused {
+            available: st.available(),
+            queued: st.sem.queued,
+            window_at,
+            now,
+        }));
+    };
+    if st.sem.queued >= wait.queue_cap as u64 {
+        return Ok(Err(Error::QueueFull {
+            name: name.to_string(),
+            cap: wait.queue_cap,
+        }));
+    }
+    let head = match req.at_head && st.sem.queued > 0 {
+        true => st.rows.head_seq().await?,
+        false => None,
+    };
+    let seq = match head {
+        Some(head) => head - 1,
+        None => {
+            let seq = db_int(st.sem.next_seq)?;
+            st.sem.next_seq = st.sem.next_seq.saturating_add(1);
+            seq
+        }
+    };
+    st.rows
+        .insert_waiter(&NewWaiter {
+            seq,
+            lease_id: &lease_id,
+            weight: a.weight.into(),
+            holder: &a.holder,
+            ttl: db_int(a.ttl.as_micros().min(u64::MAX as u128) as u64)?,
+            enqueued_at: db_int(now.0)?,
+            expires_at: db_int(now.plus(wait.waiter_ttl).0)?,
+            gate: Some(gate),
+        })
+        .await?;
+    st.sem.queued += 1;
+    Ok(Ok(AdmitReply::Queued {
+        position: if head.is_some() { 0 } else { st.sem.queued - 1 },
+        window_at,
+        now,
     }))
 }
 

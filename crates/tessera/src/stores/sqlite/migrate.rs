@@ -148,6 +148,19 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             .await
             .map_err(map_err)?;
     }
+    // The admission waiters' gate, added likewise.
+    let has_gate: bool = sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'gate'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    if !has_gate {
+        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN gate INTEGER")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    }
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)
         .await

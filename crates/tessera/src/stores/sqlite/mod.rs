@@ -156,7 +156,9 @@ use sqlx::{ConnectOptions, Connection, Row};
 use crate::clock::{boot_id, BootClock, Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
-use crate::seam::{Backend, Capabilities, Waking};
+use crate::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Waking,
+};
 use crate::stores::sql;
 
 use conns::{
@@ -697,6 +699,83 @@ impl Backend for SqliteBackend {
 
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
+    }
+
+    fn admission(&self) -> Option<&dyn AdmissionBackend> {
+        Some(self)
+    }
+}
+
+/// Admission: the shared SQL step's `admit` with the limiter's rows on the same connection,
+/// in one `BEGIN IMMEDIATE` transaction (see `rate.rs`). Times leave the store as wall time.
+#[async_trait]
+impl AdmissionBackend for SqliteBackend {
+    async fn admit(
+        &self,
+        name: &Name,
+        capacity: u32,
+        config: &RateConfig,
+        req: &AdmitRequest,
+    ) -> Result<AdmitReply> {
+        if req.acquire.weight == 0 {
+            // The client checks 1 <= weight <= capacity; the schema relies on weight >= 1.
+            return Err(InvalidInput::Weight {
+                weight: 0,
+                capacity,
+            }
+            .into());
+        }
+        let reply = step!(self, name, |rows| sql::admit(
+            rows, name, capacity, config, req
+        ))?;
+        let wall = self.to_wall();
+        Ok(match reply {
+            AdmitReply::Granted { grant, reservation } => AdmitReply::Granted {
+                grant: grant_to_wall(grant, wall),
+                reservation,
+            },
+            AdmitReply::Queued {
+                position,
+                window_at,
+                now,
+            } => AdmitReply::Queued {
+                position,
+                window_at: window_at.map(&wall),
+                now: wall(now),
+            },
+            AdmitReply::Refused {
+                available,
+                queued,
+                window_at,
+                now,
+            } => AdmitReply::Refused {
+                available,
+                queued,
+                window_at: window_at.map(&wall),
+                now: wall(now),
+            },
+        })
+    }
+
+    /// The release and the return of the charge in one transaction. `at` comes back in wall
+    /// time, as for `rate_cancel`.
+    async fn give_back(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        reservation: u64,
+        at: StoreTime,
+    ) -> Result<bool> {
+        let at = self.wall_to_store(at);
+        let slack = match self.wall.is_some() {
+            true => rate::CANCEL_SLACK_US,
+            false => 0,
+        };
+        Ok(step!(self, name, |rows| async {
+            let (released, wakes) = sql::release(&mut *rows, lease).await?;
+            sql::rate::undo(&mut *rows, name, reservation, at, slack, true).await?;
+            Ok::<_, Error>((released, wakes))
+        }))
     }
 }
 

@@ -50,13 +50,23 @@ const REMOVE_HOLDER: &str = "DELETE FROM tessera_holders WHERE name = ?1 AND lea
 const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2 RETURNING expires_at";
 
-/// Pops the queue head if its weight is at most `?2` (the free permits).
+/// Pops the queue head if its weight is at most `?2` (the free permits) and it is not an
+/// admission waiter.
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
      AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
-     AND weight <= ?2 RETURNING lease_id, weight, holder, ttl, wake, expires_at";
+     AND weight <= ?2 AND gate IS NULL \
+     RETURNING lease_id, weight, holder, ttl, wake, expires_at";
+/// Marks woken the queue head if it is an admission waiter that fits in `?2` and whose gate
+/// is at most `?3` (see `SemRows::wake_gated_head`).
+const WAKE_GATED_HEAD: &str = "UPDATE tessera_waiters SET gate = 9223372036854775807 \
+     WHERE name = ?1 \
+     AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
+     AND weight <= ?2 AND gate <= ?3 RETURNING lease_id, wake";
+const SET_GATE: &str = "UPDATE tessera_waiters SET gate = ?3 WHERE name = ?1 AND lease_id = ?2";
+const HEAD_SEQ: &str = "SELECT min(seq) FROM tessera_waiters WHERE name = ?1";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
-     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake, gate) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
 const REMOVE_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2";
 const REFRESH_WAITER: &str = "UPDATE tessera_waiters SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2";
@@ -176,6 +186,16 @@ impl<'c> SqliteRows<'c> {
     /// The `(lease id, wake-up socket)` of the waiters granted so far that recorded one.
     pub(crate) fn take_woken(&mut self) -> Vec<(String, String)> {
         std::mem::take(&mut self.woken)
+    }
+
+    /// The semaphore's (and, for an admission, the limiter's) name.
+    pub(super) fn name(&self) -> &str {
+        self.name
+    }
+
+    /// The store's time of this step.
+    pub(super) fn now(&self) -> StoreTime {
+        self.now
     }
 
     /// The connection the statements run on.
@@ -371,10 +391,39 @@ impl SemRows for SqliteRows<'_> {
             w.ttl,
             w.enqueued_at,
             w.expires_at,
-            self.wake
+            self.wake,
+            w.gate
         ])
         .map_err(rq_err)
         .map(drop)
+    }
+
+    async fn wake_gated_head(&mut self, available: i64, now: i64) -> Result<Option<String>> {
+        let head = self.fetch(WAKE_GATED_HEAD, None, &[available, now], |row| {
+            let wake = row
+                .get::<_, Option<String>>(1)
+                .map_err(|e| corrupt(format!("column 1: {e}")))?;
+            Ok((text_at(row, 0)?, wake))
+        })?;
+        let Some((lease, wake)) = head.into_iter().next() else {
+            return Ok(None);
+        };
+        if let Some(wake) = wake {
+            self.woken.push((lease.clone(), wake));
+        }
+        Ok(Some(lease))
+    }
+
+    async fn set_gate(&mut self, lease: &str, gate: i64) -> Result<()> {
+        self.exec(SET_GATE, Some(lease), &[gate]).map(drop)
+    }
+
+    async fn head_seq(&mut self) -> Result<Option<i64>> {
+        let seq = self.fetch(HEAD_SEQ, None, &[], |row| {
+            row.get::<_, Option<i64>>(0)
+                .map_err(|e| corrupt(format!("column 0: {e}")))
+        })?;
+        Ok(seq.into_iter().next().flatten())
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
@@ -474,12 +523,12 @@ pub(crate) fn rq_err(e: rusqlite::Error) -> Error {
     Error::store(kind, e.to_string())
 }
 
-fn int_at(row: &rusqlite::Row<'_>, i: usize) -> Result<i64> {
+pub(super) fn int_at(row: &rusqlite::Row<'_>, i: usize) -> Result<i64> {
     row.get::<_, i64>(i)
         .map_err(|e| corrupt(format!("column {i}: {e}")))
 }
 
-fn text_at(row: &rusqlite::Row<'_>, i: usize) -> Result<String> {
+pub(super) fn text_at(row: &rusqlite::Row<'_>, i: usize) -> Result<String> {
     row.get::<_, String>(i)
         .map_err(|e| corrupt(format!("column {i}: {e}")))
 }

@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
 use super::error::map_err;
+use super::ops::{int_at, rq_err, text_at, SqliteRows};
 use super::SqliteBackend;
 use crate::error::Result;
 use crate::model::{Name, StoreTime};
@@ -126,9 +127,133 @@ impl RateRows for SqliteRateRows<'_> {
     }
 }
 
+/// [`RateRows`] on the semaphore step's own connection (rusqlite, see `ops.rs`), for an
+/// admission: the limiter's rows change in the same `BEGIN IMMEDIATE` transaction as the
+/// semaphore's, with the same statements as [`SqliteRateRows`] and the same `now`.
+impl RateRows for SqliteRows<'_> {
+    async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
+        let now = self.now();
+        let mut st = self.db().prepare_cached(LOAD).map_err(rq_err)?;
+        let mut rows = st.query([self.name()]).map_err(rq_err)?;
+        let Some(row) = rows.next().map_err(rq_err)? else {
+            return Ok((now, None));
+        };
+        let int = |i: usize, what: &str| non_negative(int_at(row, i)?, what);
+        let row = RateRow::from_columns(|i| text_at(row, i), int)?;
+        Ok((now, Some(row)))
+    }
+
+    async fn expired(&mut self, now: StoreTime) -> Result<Vec<String>> {
+        let mut st = self.db().prepare_cached(EXPIRED).map_err(rq_err)?;
+        let names = st
+            .query_map([db(now.0)], |r| r.get::<_, String>(0))
+            .map_err(rq_err)?;
+        names.map(|n| n.map_err(rq_err)).collect()
+    }
+
+    async fn drop_state(&mut self, name: &str) -> Result<()> {
+        use crate::stores::sql::rate::{DROP_LIMITER, DROP_LOG};
+        for q in [DROP_LOG, DROP_LIMITER] {
+            let mut st = self.db().prepare_cached(q).map_err(rq_err)?;
+            st.execute([name]).map_err(rq_err)?;
+        }
+        Ok(())
+    }
+
+    async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
+        let mut st = self.db().prepare_cached(SAVE).map_err(rq_err)?;
+        st.execute(rusqlite::params![
+            self.name(),
+            state.config,
+            db(state.seq),
+            db(state.tail),
+            db(state.last),
+            db(state.prev_last),
+            db(state.p),
+            db(state.base),
+            encode_tat(&state.tat),
+            encode_tat(&state.prev_tat),
+            db(expires_at)
+        ])
+        .map_err(rq_err)?;
+        Ok(())
+    }
+
+    async fn prune(&mut self, cutoff: u64) -> Result<Option<i64>> {
+        let mut st = self.db().prepare_cached(PRUNE).map_err(rq_err)?;
+        let gone = st
+            .query_map(rusqlite::params![self.name(), db(cutoff)], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(rq_err)?;
+        let mut max = None;
+        for p in gone {
+            let p = p.map_err(rq_err)?;
+            max = Some(max.map_or(p, |m: i64| m.max(p)));
+        }
+        Ok(max)
+    }
+
+    async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
+        self.one_int(crate::stores::sql::rate::FIRST_AT_LEAST, Some(db(p)))
+    }
+
+    async fn append(&mut self, p: u64, t: u64) -> Result<()> {
+        let mut st = self
+            .db()
+            .prepare_cached(crate::stores::sql::rate::APPEND)
+            .map_err(rq_err)?;
+        st.execute(rusqlite::params![self.name(), db(p), db(t)])
+            .map_err(rq_err)?;
+        Ok(())
+    }
+
+    async fn remove_entry(&mut self, p: u64) -> Result<()> {
+        let mut st = self
+            .db()
+            .prepare_cached(crate::stores::sql::rate::REMOVE_ENTRY)
+            .map_err(rq_err)?;
+        st.execute(rusqlite::params![self.name(), db(p)])
+            .map_err(rq_err)?;
+        Ok(())
+    }
+
+    async fn last_total(&mut self) -> Result<Option<i64>> {
+        self.one_int(crate::stores::sql::rate::LAST_TOTAL, None)
+    }
+
+    async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
+        let mut st = self.db().prepare_cached(WHOLE_LOG).map_err(rq_err)?;
+        let log = st
+            .query_map([self.name()], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(rq_err)?;
+        log.map(|e| e.map_err(rq_err)).collect()
+    }
+}
+
+impl SqliteRows<'_> {
+    /// The first column of the first row of `sql` (name, then `arg`), NULL as `None`.
+    fn one_int(&self, sql: &'static str, arg: Option<i64>) -> Result<Option<i64>> {
+        let mut st = self.db().prepare_cached(sql).map_err(rq_err)?;
+        let mut rows = match arg {
+            Some(a) => st.query(rusqlite::params![self.name(), a]),
+            None => st.query([self.name()]),
+        }
+        .map_err(rq_err)?;
+        match rows.next().map_err(rq_err)? {
+            Some(row) => row
+                .get::<_, Option<i64>>(0)
+                .map_err(|e| corrupt(format!("rate column 0: {e}"))),
+            None => Ok(None),
+        }
+    }
+}
+
 /// How far (µs) a reservation's time handed back to [`RateBackend::rate_cancel`] may be from
 /// the stored one: the wall clock's drift or step between the admission and the cancel.
-const CANCEL_SLACK_US: u64 = 5_000_000;
+pub(super) const CANCEL_SLACK_US: u64 = 5_000_000;
 
 #[async_trait]
 impl RateBackend for SqliteBackend {

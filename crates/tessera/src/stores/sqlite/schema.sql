@@ -46,8 +46,10 @@ CREATE INDEX IF NOT EXISTS tessera_holders_by_expiry ON tessera_holders (name, e
 
 -- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
 -- expires_at is the waiter's heartbeat expiry; wake is the waiting process's socket in the
--- wake-up folder (NULL: unknown, every process is told of its grant). Files made before
--- the wake column get it at connect (ALTER TABLE in mod.rs).
+-- wake-up folder (NULL: unknown, every process is told of its grant); gate is NULL for a
+-- plain waiter and set for an admission waiter (permits and rate windows in one step), which
+-- the hand-off never grants: it wakes it once it fits and the time is at least gate. Files
+-- made before the wake and gate columns get them at connect (ALTER TABLE in migrate.rs).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        TEXT    NOT NULL,
     seq         INTEGER NOT NULL,
@@ -58,6 +60,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     enqueued_at INTEGER NOT NULL,
     expires_at  INTEGER NOT NULL,
     wake        TEXT,
+    gate        INTEGER,
     PRIMARY KEY (name, seq)
 ) STRICT, WITHOUT ROWID;
 
