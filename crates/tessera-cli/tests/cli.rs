@@ -1523,6 +1523,77 @@ fn permits_and_rates_together_are_one_admission_where_the_store_has_it() {
 // Rate limits (--rate)
 // ---------------------------------------------------------------------------------------------
 
+/// Processes sharing `--permits` and `--rate` on the embedded SQLite store take both in one
+/// admission: measured where the user observes it, by the commands themselves (their start
+/// and end on the host clock), never more than the capacity run at once and never more than
+/// the limit start in any window of its period (the margin covers the start of `sh`).
+#[test]
+fn permits_and_rates_hold_at_the_commands_across_processes() {
+    const PERMITS: usize = 2;
+    const PER_SECOND: usize = 3;
+    let home = tmp();
+    let store = sqlite(home.path());
+    let out_dir = home.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            tessera(home.path())
+                .env("TESSERA_LOG", "info")
+                .args(["--store", &store, "run", "--name", "sms", "--wait", "60s"])
+                .args(["--permits", &PERMITS.to_string()])
+                .args([
+                    "--rate",
+                    &format!("{PER_SECOND}/s"),
+                    "--rate-margin",
+                    "250ms",
+                ])
+                .args([
+                    "--",
+                    "sh",
+                    "-c",
+                    &format!(
+                        "s=$(date +%s%N); sleep 0.3; echo \"$s $(date +%s%N)\" > {}/r{i}",
+                        out_dir.display()
+                    ),
+                ])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let lines = stderr_lines(&out);
+        assert_eq!(out.status.code(), Some(0), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("admitted")), "{lines:?}");
+    }
+    let mut runs: Vec<(u128, u128)> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|f| {
+            let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+            let mut it = text.split_whitespace().map(|n| n.parse::<u128>().unwrap());
+            (it.next().unwrap(), it.next().unwrap())
+        })
+        .collect();
+    assert_eq!(runs.len(), 8, "every run ran");
+    runs.sort();
+    for (i, &(start, _)) in runs.iter().enumerate() {
+        let running = runs[..=i].iter().filter(|&&(_, end)| end > start).count();
+        assert!(
+            running <= PERMITS,
+            "{running} commands ran at once: {runs:?}"
+        );
+        let in_a_second = runs[i..]
+            .iter()
+            .take_while(|&&(s, _)| s < start + 1_000_000_000)
+            .count();
+        assert!(
+            in_a_second <= PER_SECOND,
+            "{in_a_second} commands started within a second: {runs:?}"
+        );
+    }
+}
+
 /// Processes sharing `--rate` limits all run, and the store's log of admissions never holds
 /// more than a limit allows; a wait beyond `--wait` charges nothing and exits 75.
 #[test]

@@ -46,7 +46,7 @@
 //! Each of these is an addition to the step or to this seam, not a rewrite:
 //!
 //! - **A permit and rate windows in one admission** (all or nothing): built on the memory
-//!   store as [`AdmissionBackend`] ([`Backend::admission`]); its step runs the semaphore's
+//!   and SQLite stores as [`AdmissionBackend`] ([`Backend::admission`]); its step runs the semaphore's
 //!   *decide* and the limiter's charge under one atomic step, and the hand-off stops at an
 //!   admission waiter. Stores whose rate state lives beside the semaphore's (one Redis hash
 //!   tag, one SQL transaction) can do it in one call.
