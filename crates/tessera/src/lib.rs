@@ -66,7 +66,8 @@
 //! `tessera_queue_length`, `tessera_renewals_total` (`ok`, `gone`, `error`),
 //! `tessera_losses_total` (by reason), `tessera_store_call_seconds` and
 //! `tessera_store_errors_total` (by store operation), `tessera_rate_decisions_total`
-//! (`admitted`, `limited`); semaphore and limiter names are the `name` label. Every call to a
+//! (`admitted`, `limited`), `tessera_admissions_expired_total` (admissions given back past
+//! their use-by instant); semaphore and limiter names are the `name` label. Every call to a
 //! store opened with [`Store::connect`] runs in a `debug` [`tracing`](https://docs.rs/tracing)
 //! span `store_call` with the fields `op` and `name`.
 //!

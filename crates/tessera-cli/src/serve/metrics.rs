@@ -87,6 +87,10 @@ fn register_at_start() {
         "tessera_rate_decisions_total",
         "Rate requests admitted or limited, per limiter"
     );
+    describe_counter!(
+        "tessera_admissions_expired_total",
+        "Admissions given back unused past their use-by instant, per name"
+    );
     describe_gauge!(
         "tessera_serve_streams_holding",
         "Leases this server holds for open event streams"
