@@ -554,6 +554,82 @@ async fn a_rate_limit_answers_429_with_the_exact_wait_or_waits_within_max_wait()
     );
 }
 
+/// `/v1/admissions`: permits and windows in one step on the embedded store. A refusal holds
+/// nothing and charges nothing, the lease is an ordinary semaphore lease, and a give-back
+/// returns both the permits and the charge.
+#[tokio::test]
+async fn an_admission_takes_permits_and_windows_at_once_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&sqlite(dir.path()), &[]);
+    let c = client();
+    let acquire = s.url("/v1/admissions/sms/acquire");
+    let body = json!({"capacity": 2, "limits": ["2/min"]});
+    let used = |status: &Value| status["limits"][0]["used"].as_u64().unwrap();
+
+    let (st, first) = post(&c, &acquire, body.clone()).await;
+    assert_eq!(st, 200, "{first}");
+    assert_eq!(first["name"], "sms");
+    assert_eq!(first["seats"], json!([0]));
+    assert!(first["fence"].as_u64().unwrap() > 0, "{first}");
+    assert!(first["admitted_at_us"].as_u64().unwrap() > 0, "{first}");
+    assert!(first["use_by_ms"].as_u64().unwrap() <= 20, "{first}");
+    let (st, second) = post(&c, &acquire, body.clone()).await;
+    assert_eq!(st, 200, "{second}");
+    // No permit free: refused, and the windows are not charged for it.
+    let (st, e) = post(&c, &acquire, body.clone()).await;
+    assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "not_admitted");
+    let (_, rate) = get(&c, &s.url("/v1/rates/sms")).await;
+    assert_eq!(used(&rate), 2, "{rate}");
+
+    // The lease is a semaphore lease; a give-back returns permits and charge.
+    let release = s.url(&format!(
+        "/v1/semaphores/sms/leases/{}",
+        first["lease_id"].as_str().unwrap()
+    ));
+    assert_eq!(
+        delete(&c, &release).await,
+        (StatusCode::OK, json!({"done": true}))
+    );
+    let give_back = s.url(&format!(
+        "/v1/admissions/sms/leases/{}/give-back",
+        second["lease_id"].as_str().unwrap()
+    ));
+    let back =
+        json!({"reservation": second["reservation"], "admitted_at_us": second["admitted_at_us"]});
+    let (st, d) = post(&c, &give_back, back.clone()).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": true})));
+    let (_, rate) = get(&c, &s.url("/v1/rates/sms")).await;
+    assert_eq!(used(&rate), 1, "{rate}");
+    let (st, d) = post(&c, &give_back, back).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": false})));
+
+    // Permits free, windows full once the returned slot is taken: refused, nothing held.
+    let (st, third) = post(&c, &acquire, body.clone()).await;
+    assert_eq!(st, 200, "{third}");
+    let (st, e) = post(&c, &acquire, body.clone()).await;
+    assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "not_admitted");
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/sms")).await;
+    assert_eq!(sem["holders"].as_array().unwrap().len(), 1, "{sem}");
+
+    // Bad input: one error shape, nothing changed.
+    for bad in [
+        json!({"capacity": 2, "limits": []}),
+        json!({"capacity": 0, "limits": ["2/min"]}),
+        json!({"capacity": 2, "limits": ["2/min"], "weight": 3}),
+        json!({"capacity": 2, "limits": ["2/min"], "cost": 3}),
+        json!({"capacity": 2, "limits": ["2/x"]}),
+    ] {
+        let (st, e) = post(&c, &acquire, bad.clone()).await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    }
+    let (st, e) = post(&c, &acquire, json!({"capacity": 3, "limits": ["2/min"]})).await;
+    assert_error(st, &e, StatusCode::CONFLICT, "capacity_mismatch");
+    let (st, e) = post(&c, &acquire, json!({"capacity": 2, "limits": ["3/min"]})).await;
+    assert_error(st, &e, StatusCode::CONFLICT, "rate_mismatch");
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/sms")).await;
+    assert_eq!(sem["holders"].as_array().unwrap().len(), 1, "{sem}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Listening: loopback, tokens, TLS, HTTP/2
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 //! not the server's: they stay held, and the clients renew and release them through any
 //! server on the same store.
 
+mod admissions;
 mod auth;
 mod dashboard;
 mod error;
@@ -96,12 +97,13 @@ impl App {
 #[openapi(
     info(
         title = "tessera",
-        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.\n\nError kinds: `invalid_input` 400 (nothing changed), `unauthorized` 401, `forbidden` 403 (the token does not cover the name), `not_found` 404 (semaphore, limiter or route), `method_not_allowed` 405, `no_permit` 408, `capacity_mismatch` and `rate_mismatch` 409, `lease_gone` 410, `payload_too_large` 413, `unsupported_media_type` 415, `queue_full` and `limited` 429 (with `Retry-After` and `retry_after_ms`), `corrupt` and `internal` 500, `unsupported` 501, `store_unavailable` and `shutting_down` 503. A connection idle for 10 s between requests is closed.",
+        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.\n\nError kinds: `invalid_input` 400 (nothing changed), `unauthorized` 401, `forbidden` 403 (the token does not cover the name), `not_found` 404 (semaphore, limiter or route), `method_not_allowed` 405, `no_permit` and `not_admitted` 408, `capacity_mismatch` and `rate_mismatch` 409, `lease_gone` 410, `payload_too_large` 413, `unsupported_media_type` 415, `queue_full` and `limited` 429 (with `Retry-After` and `retry_after_ms`), `corrupt` and `internal` 500, `unsupported` 501, `store_unavailable` and `shutting_down` 503. A connection idle for 10 s between requests is closed.",
     ),
     modifiers(&BearerAuth),
     tags(
         (name = "semaphores", description = "Leases on permits: acquire, renew, release, status; admin: resize, revoke, delete"),
         (name = "rates", description = "Rate limits: acquire (waits up to max_wait), try, status, delete"),
+        (name = "admissions", description = "Permits and rate windows in one step: acquire (the lease is a semaphore lease: renew and release it there), give back one not used in time"),
     )
 )]
 struct ApiDoc;
@@ -132,6 +134,8 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(rates::try_acquire))
         .routes(routes!(rates::status, rates::delete))
         .routes(routes!(rates::list))
+        .routes(routes!(admissions::acquire))
+        .routes(routes!(admissions::give_back))
         .split_for_parts();
     (router, with_common_errors(doc))
 }

@@ -201,16 +201,16 @@ fn certain(remaining: Duration) -> Duration {
     remaining - remaining / 50
 }
 
-fn name(text: &str) -> Result<Name, ApiError> {
+pub(super) fn name(text: &str) -> Result<Name, ApiError> {
     Ok(Name::new(text)?)
 }
 
-fn lease_id(text: &str) -> Result<LeaseId, ApiError> {
+pub(super) fn lease_id(text: &str) -> Result<LeaseId, ApiError> {
     Ok(text.parse::<LeaseId>()?)
 }
 
 /// Whether the client asked for an event stream.
-fn wants_event_stream(headers: &HeaderMap) -> bool {
+pub(super) fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -304,6 +304,17 @@ pub async fn acquire(
     if stream {
         return Ok(hold::hold(app, permit, ttl).into_response());
     }
+    Ok(Json(hand_over(&app, &sem, permit, ttl).await?).into_response())
+}
+
+/// Hands a granted permit to the client that asked for it (see the module docs): the server
+/// keeps nothing, and the lease runs its whole TTL from here.
+pub(super) async fn hand_over(
+    app: &App,
+    sem: &str,
+    permit: tessera::Permit,
+    ttl: Duration,
+) -> Result<LeaseBody, ApiError> {
     let mut expires_in = permit
         .valid_until()
         .saturating_duration_since(tokio::time::Instant::now());
@@ -319,7 +330,7 @@ pub async fn acquire(
     // with the queue entry unless renewed (`tessera::Permit`). The client gets a lease of its
     // whole TTL, as from any other acquire.
     if expires_in < ttl / 2 {
-        let (n, sent) = (name(&sem)?, tokio::time::Instant::now());
+        let (n, sent) = (name(sem)?, tokio::time::Instant::now());
         let renewal = app.store.backend().renew(&n, lease.lease_id, ttl);
         match app.bounded("the renewal", renewal).await?? {
             RenewReply::Renewed { expires_at, now } => {
@@ -329,7 +340,7 @@ pub async fn acquire(
             RenewReply::Gone => return Err(gone()),
         }
     }
-    Ok(Json(LeaseBody::new(&sem, &lease, ttl, expires_in)).into_response())
+    Ok(LeaseBody::new(sem, &lease, ttl, expires_in))
 }
 
 /// Renew a lease.

@@ -293,6 +293,11 @@ impl Admitted {
     pub fn lease_id(&self) -> LeaseId {
         self.permit.lease_id()
     }
+    /// Names the windows' charge, for a give-back made elsewhere (`tessera serve`'s
+    /// `give-back` takes it with [`Admitted::admitted_at`]).
+    pub fn reservation(&self) -> u64 {
+        self.reservation
+    }
     /// The store instant at which the permits were granted and every window charged.
     pub fn admitted_at(&self) -> StoreTime {
         self.at

@@ -1,0 +1,282 @@
+//! `/v1/admissions`: permits of a semaphore and rate windows of the limiter of the same name,
+//! taken in one atomic step (`tessera::Admission`, `docs/admission.md`), and the give-back of
+//! an admission its client could not use before its use-by instant.
+//!
+//! A granted admission is a semaphore lease (renew and release it under
+//! `/v1/semaphores/{name}/leases/{lease_id}`) and a charge of every window made at the
+//! same store instant. The answer says how long the call still counts inside the windows
+//! (`use_by_ms`, from when the answer left): a client that cannot start its call within it
+//! gives the admission back (`give-back`) and asks again, instead of calling late.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use tessera::{Admission, Admitted, RateOptions, RateSpec, SemaphoreOptions, StoreTime};
+use utoipa::ToSchema;
+
+use super::auth::Principal;
+use super::error::{ApiError, ErrorBody};
+use super::extract::{duration, duration_or, JsonBody, PathArgs};
+use super::hold::{self, LeaseBody};
+use super::semaphores::{
+    hand_over, lease_id, name, wants_event_stream, DoneBody, DEFAULT_TTL, MAX_WAIT,
+};
+use super::App;
+
+/// An admission: `weight` permits of a semaphore of `capacity` and `cost` of every limit,
+/// all at once.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionBody {
+    /// The semaphore's capacity, as every client declares it (1..=1,000,000).
+    #[schema(example = 4, minimum = 1, maximum = 1_000_000)]
+    pub capacity: u32,
+    /// Permits to take as one lease (1..=capacity; default 1).
+    #[serde(default)]
+    #[schema(example = 1, minimum = 1, maximum = 1_000_000)]
+    pub weight: Option<u32>,
+    /// The limits, all charged at once (exact windows): `N/PERIOD` (`"50/s"`,
+    /// `"1000/min"`). Every client declares the same limits (else `rate_mismatch`, unless
+    /// `update`).
+    #[schema(example = json!(["50/s", "1000/min"]))]
+    pub limits: Vec<String>,
+    /// The cost charged to every limit (1..=the smallest N; default 1).
+    #[serde(default)]
+    #[schema(example = 1, minimum = 1)]
+    pub cost: Option<u32>,
+    /// Margin between admission and use (0s..1s, at most the shortest period; default
+    /// 20ms): the limits hold for calls started within it, the admission's use-by time.
+    #[serde(default)]
+    #[schema(example = "20ms")]
+    pub margin: Option<String>,
+    /// Replace the limits stored under this name if they differ (default false).
+    #[serde(default)]
+    pub update: Option<bool>,
+    /// Lease TTL (100ms..24h; default 30s).
+    #[serde(default)]
+    #[schema(example = "30s")]
+    pub ttl: Option<String>,
+    /// How long to wait in the semaphore's queue (0s..5m; default 0s: only if a permit is
+    /// free now, nobody waits and every window has room). `not_admitted` (408) when it runs
+    /// out; nothing is held or charged then.
+    #[serde(default)]
+    #[schema(example = "10s")]
+    pub wait: Option<String>,
+    /// Holder label (default `http:ADDRESS:PORT` of the client).
+    #[serde(default)]
+    #[schema(example = "billing-worker-3")]
+    pub holder: Option<String>,
+}
+
+/// A granted admission: the lease, and the charge of every window.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdmittedLeaseBody {
+    #[serde(flatten)]
+    pub lease: LeaseBody,
+    /// The store instant at which the permits were granted and every window charged (µs
+    /// since the Unix epoch).
+    pub admitted_at_us: u64,
+    /// How long from when this answer left a call still counts inside the windows, in
+    /// milliseconds (rounded down); absent with a margin of 0. Past it, give the admission
+    /// back and ask again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_by_ms: Option<u64>,
+    /// Names the charge for `give-back`.
+    pub reservation: u64,
+}
+
+/// A give-back of an admission not used in time.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GiveBackBody {
+    /// `reservation` of the admission.
+    pub reservation: u64,
+    /// `admitted_at_us` of the admission.
+    pub admitted_at_us: u64,
+}
+
+fn admission(
+    app: &App,
+    sem: &str,
+    body: &AdmissionBody,
+    holder: String,
+) -> Result<Admission, ApiError> {
+    let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
+    let mut limits = body.limits.iter().map(|l| l.parse::<RateSpec>());
+    let Some(first) = limits.next() else {
+        return Err(ApiError::invalid("limits: at least one limit, as \"50/s\""));
+    };
+    let mut rate_opts = RateOptions::default().update(body.update.unwrap_or(false));
+    if let Some(m) = &body.margin {
+        rate_opts = rate_opts.margin(duration("margin", m)?);
+    }
+    let mut adm = app
+        .store
+        .admission(sem)
+        .permits(body.capacity)
+        .semaphore_options(SemaphoreOptions::default().ttl(ttl).holder(holder))
+        .rate_options(rate_opts)
+        .rate(first?)?;
+    for l in limits {
+        adm = adm.rate(l?)?;
+    }
+    Ok(adm
+        .weight(body.weight.unwrap_or(1))?
+        .cost(body.cost.unwrap_or(1))?)
+}
+
+/// Acquire an admission: permits and rate windows in one step.
+///
+/// Waits up to `wait` in the semaphore's FIFO queue (shared with plain acquires) until, at
+/// one instant, the permits are free and every window has room; then the lease is written
+/// and every window charged together. Nothing is held while the windows are full, nothing
+/// charged while no permit is free. With `Accept: text/event-stream` the answer is a stream
+/// holding the lease, as for a semaphore acquire.
+#[utoipa::path(
+    post,
+    path = "/v1/admissions/{name}/acquire",
+    tag = "admissions",
+    params(("name" = String, Path, description = "Name of the semaphore and of the limiter")),
+    request_body = AdmissionBody,
+    responses(
+        (status = 200, description = "Admitted (JSON), or the event stream holding the lease", content(
+            (AdmittedLeaseBody = "application/json"),
+            (String = "text/event-stream", example = "event: grant\ndata: {\"lease_id\":\"...\"}\n\n")
+        )),
+        (status = 400, description = "Invalid input; nothing changed", body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 408, description = "Not admitted within `wait`; nothing is held, queued or charged", body = ErrorBody),
+        (status = 409, description = "The stored capacity or limits differ", body = ErrorBody),
+        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds"))),
+        (status = 501, description = "The store has no admission", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn acquire(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    PathArgs(sem): PathArgs<String>,
+    JsonBody(body): JsonBody<AdmissionBody>,
+) -> Result<Response, ApiError> {
+    principal.check(&sem)?;
+    let stream = wants_event_stream(&headers);
+    let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
+    let wait = duration_or("wait", body.wait.as_deref(), Duration::ZERO)?;
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid(format!(
+            "invalid wait {}: at most {} per request",
+            humantime::format_duration(wait),
+            humantime::format_duration(MAX_WAIT)
+        )));
+    }
+    let holder = body
+        .holder
+        .clone()
+        .unwrap_or_else(|| format!("http:{peer}"));
+    let adm = admission(&app, &sem, &body, holder)?;
+    let deadline = tokio::time::Instant::now() + wait;
+    // Bounded as a semaphore acquire is; dropping it gives the queue place (or a grant that
+    // raced with it) back.
+    let admit = async {
+        let mut ticket = match wait.is_zero() {
+            true => adm.try_acquire().await?,
+            false => adm.acquire_timeout(wait).await?,
+        };
+        // Used right now or given back: one that went stale on its way here is taken again,
+        // first in the queue, within what is left of the wait.
+        while let Some(t) = ticket.take_if(|t| !t.is_fresh()) {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            ticket = adm.readmit_timeout(t, left).await?;
+        }
+        Ok::<Option<Admitted>, tessera::Error>(ticket)
+    };
+    let ticket = tokio::select! {
+        r = tokio::time::timeout(wait + app.request_timeout, admit) => match r {
+            Ok(r) => r?,
+            Err(_) => return Err(ApiError::timeout("the admission", wait + app.request_timeout)),
+        },
+        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
+    };
+    let Some(ticket) = ticket else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "not_admitted",
+            format!(
+                "no admission to {sem:?} within {}: no permit free, others queued, or the windows full",
+                humantime::format_duration(wait)
+            ),
+        ));
+    };
+    let admitted_at_us = ticket.admitted_at().as_micros();
+    let use_by = ticket.use_by();
+    let reservation = ticket.reservation();
+    if stream {
+        return Ok(hold::hold(app, ticket.into_permit(), ttl).into_response());
+    }
+    let lease = hand_over(&app, &sem, ticket.into_permit(), ttl).await?;
+    let use_by_ms = use_by.map(|t| {
+        t.saturating_duration_since(tokio::time::Instant::now())
+            .as_millis() as u64
+    });
+    Ok(Json(AdmittedLeaseBody {
+        lease,
+        admitted_at_us,
+        use_by_ms,
+        reservation,
+    })
+    .into_response())
+}
+
+/// Give back an admission not used in time.
+///
+/// Releases the lease and, while the admission is still the limiter's latest charge,
+/// returns the charge to every window. `done: false` if the lease was not held any more.
+#[utoipa::path(
+    post,
+    path = "/v1/admissions/{name}/leases/{lease_id}/give-back",
+    tag = "admissions",
+    params(("name" = String, Path, description = "Name of the semaphore and of the limiter"), ("lease_id" = String, Path, description = "Lease id (32 hex digits)")),
+    request_body = GiveBackBody,
+    responses(
+        (status = 200, body = DoneBody),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 501, description = "The store has no admission", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn give_back(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, lease)): PathArgs<(String, String)>,
+    JsonBody(body): JsonBody<GiveBackBody>,
+) -> Result<Json<DoneBody>, ApiError> {
+    principal.check(&sem)?;
+    let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    let backend = app.store.backend();
+    let Some(admission) = backend.admission() else {
+        return Err(tessera::Error::Unsupported(format!(
+            "admission is not available on {} yet",
+            app.store.url()
+        ))
+        .into());
+    };
+    let at = StoreTime(body.admitted_at_us);
+    let done = app
+        .bounded(
+            "the give-back",
+            admission.give_back(&n, id, body.reservation, at),
+        )
+        .await??;
+    Ok(Json(DoneBody { done }))
+}
