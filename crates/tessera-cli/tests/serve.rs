@@ -1339,8 +1339,8 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
             }
         }
     }
-    // 13 operations, 5 of them with a body.
-    assert_eq!(checked, 13 + 5 * 2);
+    // 15 operations, 7 of them with a body.
+    assert_eq!(checked, 15 + 7 * 2);
 }
 
 // ---------------------------------------------------------------------------------------------
