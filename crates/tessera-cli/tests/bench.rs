@@ -291,3 +291,48 @@ fn bench_many_spreads_over_a_cluster_without_over_grants() {
         "{r}"
     );
 }
+
+/// `tessera bench --workload admission`, briefly, on a store with admission: both ways
+/// report, neither sees a window violation or more holders than the capacity, and only the
+/// separate way holds permits idle while it waits for a turn.
+fn bench_admission(store: &str) {
+    let lines = bench_json(
+        store,
+        &[
+            "--workload",
+            "admission",
+            "--rates",
+            "20/s",
+            "--clients",
+            "6",
+            "--capacity",
+            "2",
+            "--hold",
+            "20ms",
+            "--rate-run",
+            "1s",
+        ],
+    );
+    let ways: Vec<&str> = lines.iter().map(|r| r["way"].as_str().unwrap()).collect();
+    assert_eq!(ways, ["admission", "separate"], "{lines:?}");
+    for r in &lines {
+        assert_eq!(r["workload"], "admission", "{r}");
+        assert_eq!(r["window_violations"], 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["most_at_once"].as_u64().unwrap() <= 2, "{r}");
+        let admitted = r["admitted"].as_u64().unwrap();
+        assert!((1..=20).contains(&admitted), "{r}");
+        assert_eq!(r["max_allowed"], 20, "{r}");
+    }
+    assert_eq!(lines[0]["idle_permit_ms_per_call"], 0.0, "{}", lines[0]);
+}
+
+#[test]
+fn bench_admission_on_memory() {
+    bench_admission(Harness::memory().url());
+}
+
+#[test]
+fn bench_admission_on_sqlite() {
+    bench_admission(Harness::sqlite().url());
+}

@@ -20,6 +20,10 @@ pub enum Workload {
     Many,
     /// Clients on one rate limiter (see `--rate-mode`, `--rates`, `--rate-run`).
     Rate,
+    /// Clients that need a permit (`--capacity`, default 4) and a turn within `--rates` for
+    /// each call: one admission per call beside the permit-then-turn calls, each for
+    /// `--rate-run` (default clients: 8).
+    Admission,
     /// W2's shape with etcd's own mutex recipe (its lock API) on the same cluster, the
     /// comparison for `etcd://` (not part of `all`).
     EtcdMutex,

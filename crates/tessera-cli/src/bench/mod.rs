@@ -32,6 +32,11 @@
 //!   second, the admitted ratio against the most the limits allow (see [`rate`]), latency,
 //!   and window violations seen by the client. Not part of `all` (which stays the three
 //!   semaphore workloads of the performance targets); run it with `--workload rate`.
+//! - **admission**: clients (default 8) that need a permit (`--capacity`, default 4) and a
+//!   turn within `--rates` per call, with demand above the limits: one admission per call
+//!   beside the permit-then-turn calls, each way for `--rate-run` (see [`admission`]): calls
+//!   per second, the admitted ratio, the wait (p50, p99, max), the permit time spent idle
+//!   waiting for a turn, the most holding at once, window violations. Not part of `all`.
 //!
 //! - on a `postgres://` store, after the semaphore workloads, the figures to compare with on
 //!   the same server (`--pg-baseline`, see [`postgres`]): advisory lock pairs and hand-offs,
@@ -44,6 +49,7 @@
 //! The module is self-contained: the CLI wires [`BenchArgs`] under `tessera bench` and calls
 //! [`run`] with the store URL.
 
+mod admission;
 mod args;
 mod clients;
 mod etcd_mutex;
@@ -91,6 +97,35 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
         } else {
             0
         });
+    }
+    if args.workload == Workload::Admission {
+        let spec = admission::AdmissionSpec {
+            clients: args.clients.unwrap_or(8).max(1),
+            capacity: args.capacity.unwrap_or(4).max(1),
+            limits: args.rates.clone(),
+            hold: args.hold,
+            run: args.rate_run.min(args.duration),
+        };
+        let reports = admission::run(store_url, &spec).await?;
+        if args.json {
+            for r in &reports {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        } else {
+            print!("{}", admission::table(&reports));
+        }
+        return Ok(
+            if reports
+                .iter()
+                .any(|r| r.window_violations > 0 || r.most_at_once > r.capacity as usize)
+            {
+                1
+            } else if reports.iter().any(|r| r.errors > 0) {
+                2
+            } else {
+                0
+            },
+        );
     }
     if args.workload == Workload::EtcdMutex {
         let r = etcd_mutex::run(store_url, &Spec::new(Workload::W2, args)).await?;
