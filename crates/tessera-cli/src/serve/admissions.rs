@@ -10,7 +10,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -25,7 +24,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{duration, duration_or, JsonBody, PathArgs};
 use super::hold::{self, LeaseBody};
 use super::semaphores::{
-    hand_over, lease_id, name, wants_event_stream, DoneBody, DEFAULT_TTL, MAX_WAIT,
+    hand_over, lease_id, name, wait_of, wants_event_stream, within_wait, DoneBody, DEFAULT_TTL,
 };
 use super::App;
 
@@ -170,22 +169,13 @@ pub async fn acquire(
     principal.check(&sem)?;
     let stream = wants_event_stream(&headers);
     let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
-    let wait = duration_or("wait", body.wait.as_deref(), Duration::ZERO)?;
-    if wait > MAX_WAIT {
-        return Err(ApiError::invalid(format!(
-            "invalid wait {}: at most {} per request",
-            humantime::format_duration(wait),
-            humantime::format_duration(MAX_WAIT)
-        )));
-    }
+    let wait = wait_of(body.wait.as_deref())?;
     let holder = body
         .holder
         .clone()
         .unwrap_or_else(|| format!("http:{peer}"));
     let adm = admission(&app, &sem, &body, holder)?;
     let deadline = tokio::time::Instant::now() + wait;
-    // Bounded as a semaphore acquire is; dropping it gives the queue place (or a grant that
-    // raced with it) back.
     let admit = async {
         let mut ticket = match wait.is_zero() {
             true => adm.try_acquire().await?,
@@ -199,13 +189,7 @@ pub async fn acquire(
         }
         Ok::<Option<Admitted>, tessera::Error>(ticket)
     };
-    let ticket = tokio::select! {
-        r = tokio::time::timeout(wait + app.request_timeout, admit) => match r {
-            Ok(r) => r?,
-            Err(_) => return Err(ApiError::timeout("the admission", wait + app.request_timeout)),
-        },
-        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
-    };
+    let ticket = within_wait(&app, wait, "the admission", admit).await?;
     let Some(ticket) = ticket else {
         return Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,

@@ -209,6 +209,38 @@ pub(super) fn lease_id(text: &str) -> Result<LeaseId, ApiError> {
     Ok(text.parse::<LeaseId>()?)
 }
 
+/// A request's `wait` (default 0s), at most [`MAX_WAIT`].
+pub(super) fn wait_of(text: Option<&str>) -> Result<Duration, ApiError> {
+    let wait = duration_or("wait", text, Duration::ZERO)?;
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid(format!(
+            "invalid wait {}: at most {} per request",
+            humantime::format_duration(wait),
+            humantime::format_duration(MAX_WAIT)
+        )));
+    }
+    Ok(wait)
+}
+
+/// `f` (an acquire that waits up to `wait`), bounded by `wait` plus the request timeout for
+/// the store to answer, and ended by the server's shutdown. Dropping `f` at any point gives
+/// its queue place (or a grant that raced with it) back: the library's acquires are
+/// cancel-safe.
+pub(super) async fn within_wait<T>(
+    app: &App,
+    wait: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = tessera::Result<T>>,
+) -> Result<T, ApiError> {
+    tokio::select! {
+        r = tokio::time::timeout(wait + app.request_timeout, f) => match r {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(ApiError::timeout(what, wait + app.request_timeout)),
+        },
+        _ = app.shutdown.cancelled() => Err(ApiError::shutting_down()),
+    }
+}
+
 /// Whether the client asked for an event stream.
 pub(super) fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
@@ -256,14 +288,7 @@ pub async fn acquire(
     principal.check(&sem)?;
     let stream = wants_event_stream(&headers);
     let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
-    let wait = duration_or("wait", body.wait.as_deref(), Duration::ZERO)?;
-    if wait > MAX_WAIT {
-        return Err(ApiError::invalid(format!(
-            "invalid wait {}: at most {} per request",
-            humantime::format_duration(wait),
-            humantime::format_duration(MAX_WAIT)
-        )));
-    }
+    let wait = wait_of(body.wait.as_deref())?;
     let holder = body.holder.unwrap_or_else(|| format!("http:{peer}"));
     let opts = SemaphoreOptions::default().ttl(ttl).holder(holder);
     let semaphore = Semaphore::new(&app.store, &sem, body.capacity, opts)?;
@@ -279,13 +304,7 @@ pub async fn acquire(
             semaphore.acquire_many_timeout(weight, wait).await
         }
     };
-    let permit = tokio::select! {
-        r = tokio::time::timeout(wait + app.request_timeout, acquire) => match r {
-            Ok(r) => r?,
-            Err(_) => return Err(ApiError::timeout("the acquire", wait + app.request_timeout)),
-        },
-        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
-    };
+    let permit = within_wait(&app, wait, "the acquire", acquire).await?;
     let Some(permit) = permit else {
         let message = if wait.is_zero() {
             format!("no {weight} permit(s) of {sem:?} free now, or others are queued (set wait to queue)")

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::lease::permit::Permit;
 use crate::model::*;
 use crate::rate::spec::RateConfig;
-use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Waking};
+use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
 use crate::telemetry;
 use crate::wake;
 
@@ -77,15 +77,9 @@ impl Semaphore {
         };
         let registration = wake::Registration::new(lease);
         let mut pending = Pending::new(self, lease);
-        let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
         // A store whose pushes can be missed without a sign is also polled, as a plain
         // waiter polls it (`wait.rs`).
-        let (mut poll, poll_max) = match self.backend().capabilities().waking {
-            Waking::Push => (heartbeat, heartbeat),
-            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
-                (min, max.min(heartbeat))
-            }
-        };
+        let (mut poll, poll_max) = self.poll_bounds();
         let called = Instant::now();
         let mut failing_since: Option<Instant> = None;
         let mut counted = false;

@@ -240,13 +240,7 @@ impl Semaphore {
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
         // out well before its lease (which runs from the grant) could expire.
-        let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
-        let (mut poll, poll_max) = match self.backend().capabilities().waking {
-            Waking::Push => (heartbeat, heartbeat),
-            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
-                (min, max.min(heartbeat))
-            }
-        };
+        let (mut poll, poll_max) = self.poll_bounds();
         let mut failing_since: Option<Instant> = None;
         loop {
             match reply {
@@ -347,6 +341,22 @@ impl Semaphore {
                     return Ok(Attempt::Rejoin);
                 }
             };
+        }
+    }
+}
+
+impl Semaphore {
+    /// A waiter's first and longest pause between asks: its heartbeat on a store that
+    /// pushes every grant; from the store's polling bounds (never above the heartbeat) on
+    /// one whose pushes can be missed. The heartbeat keeps the queue entry alive, and lets a
+    /// granted waiter find out well before its lease (which runs from the grant) could expire.
+    pub(super) fn poll_bounds(&self) -> (Duration, Duration) {
+        let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
+        match self.backend().capabilities().waking {
+            Waking::Push => (heartbeat, heartbeat),
+            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
+                (min, max.min(heartbeat))
+            }
         }
     }
 }

@@ -158,6 +158,22 @@ impl SemState {
         self.holders.is_empty() && self.queue.is_empty()
     }
 
+    /// Checks the capacity a client declares: an idle semaphore (every lease and waiter
+    /// expired: as if it did not exist) takes it; a live one must hold the same.
+    fn declare(&mut self, name: &Name, capacity: u32) -> Result<()> {
+        if self.is_empty() {
+            self.capacity = capacity;
+        }
+        if self.capacity != capacity {
+            return Err(Error::CapacityMismatch {
+                name: name.to_string(),
+                stored: self.capacity,
+                declared: capacity,
+            });
+        }
+        Ok(())
+    }
+
     fn available(&self) -> u32 {
         self.capacity.saturating_sub(self.used)
     }
@@ -477,18 +493,7 @@ impl Model {
         now: StoreTime,
     ) -> Result<AcquireReply> {
         {
-            // Every lease and waiter expired: the semaphore is idle, as if it did not exist,
-            // and takes the capacity this client declares.
-            if st.is_empty() {
-                st.capacity = capacity;
-            }
-            if st.capacity != capacity {
-                return Err(Error::CapacityMismatch {
-                    name: name.to_string(),
-                    stored: st.capacity,
-                    declared: capacity,
-                });
-            }
+            st.declare(name, capacity)?;
             // A retry of an acquire whose reply was lost: report what it already has.
             if let Some(h) = st.holders.get(&req.lease_id) {
                 return Ok(AcquireReply::Granted(Grant {
@@ -541,16 +546,7 @@ impl Model {
         let st = self.sems.get_mut(name).expect("state inserted above");
         let hwm = &mut self.fence_hwm;
         st.purge_and_hand_off(now, hwm, wakes);
-        if st.is_empty() {
-            st.capacity = capacity;
-        }
-        if st.capacity != capacity {
-            return Err(Error::CapacityMismatch {
-                name: name.to_string(),
-                stored: st.capacity,
-                declared: capacity,
-            });
-        }
+        st.declare(name, capacity)?;
         let a = &req.acquire;
         // A retry whose reply was lost: the grant stands (its charge id is not kept here, so
         // a give-back of it releases the permits and leaves the windows charged).

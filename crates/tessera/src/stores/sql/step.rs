@@ -136,6 +136,23 @@ impl<'r, R: SemRows> Step<'r, R> {
         self.sem.used == 0 && self.sem.queued == 0
     }
 
+    /// Checks the capacity a client declares: an idle semaphore (every lease and waiter
+    /// expired: as if it did not exist) takes it, as in the reference model; a live one must
+    /// hold the same.
+    fn declare(&mut self, name: &Name, capacity: u32) -> Result<()> {
+        if self.is_empty() {
+            self.sem.capacity = capacity;
+        }
+        if self.sem.capacity != capacity {
+            return Err(Error::CapacityMismatch {
+                name: name.to_string(),
+                stored: self.sem.capacity,
+                declared: capacity,
+            });
+        }
+        Ok(())
+    }
+
     fn available(&self) -> u32 {
         self.sem.capacity.saturating_sub(self.sem.used)
     }
@@ -411,17 +428,8 @@ async fn decide_acquire<R: SemRows>(
     req: &AcquireRequest,
 ) -> Result<Result<AcquireReply>> {
     let now = st.now;
-    // Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
-    // takes the capacity this client declares (as in the reference model).
-    if st.is_empty() {
-        st.sem.capacity = capacity;
-    }
-    if st.sem.capacity != capacity {
-        return Ok(Err(Error::CapacityMismatch {
-            name: name.to_string(),
-            stored: st.sem.capacity,
-            declared: capacity,
-        }));
+    if let Err(e) = st.declare(name, capacity) {
+        return Ok(Err(e));
     }
     // A retry of an acquire whose reply was lost: report what it already has.
     if let Some(lease) = st.holder(req.lease_id).await? {
@@ -505,15 +513,8 @@ async fn decide_admit<R: SemRows + RateRows>(
 ) -> Result<Result<AdmitReply>> {
     let now = st.now;
     let a = &req.acquire;
-    if st.is_empty() {
-        st.sem.capacity = capacity;
-    }
-    if st.sem.capacity != capacity {
-        return Ok(Err(Error::CapacityMismatch {
-            name: name.to_string(),
-            stored: st.sem.capacity,
-            declared: capacity,
-        }));
+    if let Err(e) = st.declare(name, capacity) {
+        return Ok(Err(e));
     }
     // A retry whose reply was lost: the grant stands (its charge id is not kept, so a
     // give-back of it releases the permits and leaves the windows charged).

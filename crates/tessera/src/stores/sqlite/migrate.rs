@@ -135,31 +135,28 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
         )));
     }
-    // The waiters' wake-up socket, added to files made before it (see `schema.sql`).
-    let has_wake: bool = sqlx::query_scalar(
-        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'wake'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    if !has_wake {
-        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN wake TEXT")
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    }
-    // The admission waiters' gate, added likewise.
-    let has_gate: bool = sqlx::query_scalar(
-        "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = 'gate'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    if !has_gate {
-        sqlx::raw_sql("ALTER TABLE tessera_waiters ADD COLUMN gate INTEGER")
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+    // The waiters' wake-up socket and admission gate, added to files made before them (see
+    // `schema.sql`).
+    for (column, add) in [
+        ("wake", "ALTER TABLE tessera_waiters ADD COLUMN wake TEXT"),
+        (
+            "gate",
+            "ALTER TABLE tessera_waiters ADD COLUMN gate INTEGER",
+        ),
+    ] {
+        let has: bool = sqlx::query_scalar(
+            "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = ?1",
+        )
+        .bind(column)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if !has {
+            sqlx::raw_sql(add)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
     }
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)
