@@ -156,9 +156,9 @@ export class Admission {
    *   await ticket.release();
    * }
    */
-  acquire({ timeout, signal } = {}) {
+  async acquire({ timeout, signal } = {}) {
     const total = timeoutMs(timeout, "timeout", Infinity);
-    return untilGranted(
+    return await untilGranted(
       { timeout: total, cap: this.#cap, signal, Refusal: NotAdmitted, what: this.name },
       async (waitMs) => {
         const answer = await this.#transport.request(

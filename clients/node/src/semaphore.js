@@ -72,9 +72,9 @@ export class Semaphore {
    * console.log(`GPU ${lease.seats[0]}, fence ${lease.fence}`);
    * await lease.release();
    */
-  acquire({ timeout, signal } = {}) {
+  async acquire({ timeout, signal } = {}) {
     const total = timeoutMs(timeout, "timeout", Infinity);
-    return untilGranted(
+    return await untilGranted(
       { timeout: total, cap: this.#cap, signal, Refusal: NoPermit, what: this.name },
       async (waitMs) => {
         const answer = await this.#transport.request(

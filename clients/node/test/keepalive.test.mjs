@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Client, LeaseGone, LeaseLost } from "../src/index.js";
-import { aborted, cli, sleep, startServer, tempDir, waitForLine, worker } from "./support/server.mjs";
+import { aborted, cli, sleep, startServer, tempDir, waitForLine, worker } from "../testkit/server.mjs";
 
 let server;
 let client;

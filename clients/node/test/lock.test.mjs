@@ -4,8 +4,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Client, NoPermit } from "../src/index.js";
-import { intervals, maxOverlap } from "./support/check.mjs";
-import { readLog, runWorkers, sleep, startServer, tempDir } from "./support/server.mjs";
+import { intervals, maxOverlap } from "../testkit/check.mjs";
+import { readLog, runWorkers, sleep, startServer, tempDir } from "../testkit/server.mjs";
 
 let server;
 let client;

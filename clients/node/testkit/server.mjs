@@ -8,8 +8,8 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-/** The repository root: clients/node/test/support → four levels up. */
-export const REPO_ROOT = resolve(HERE, "../../../..");
+/** The repository root: clients/node/testkit → three levels up. */
+export const REPO_ROOT = resolve(HERE, "../../..");
 export const BIN = process.env.TESSERA_BIN ?? join(REPO_ROOT, "target/debug/tessera");
 export const WORKER = join(HERE, "worker.mjs");
 

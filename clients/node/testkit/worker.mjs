@@ -3,7 +3,7 @@
 // the host's monotonic clock.
 
 import { appendFileSync } from "node:fs";
-import { Client } from "../../src/index.js";
+import { Client } from "../src/index.js";
 
 const task = JSON.parse(process.argv[2]);
 const client = new Client(task.url);
