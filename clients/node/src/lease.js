@@ -152,12 +152,9 @@ export class Lease {
     return this.#transport;
   }
 
-  /** The lease's path under `/v1`, for subclasses. @protected */
-  get _path() {
-    return this.#path;
-  }
-
-  async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
+  /** `await using lease = await sem.acquire()` releases at the end of the block (Node
+   * defines `Symbol.asyncDispose` from 20.4; the syntax needs a compiler or a newer Node). */
+  async [Symbol.asyncDispose]() {
     await this.release();
   }
 

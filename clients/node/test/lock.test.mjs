@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Client, NoPermit } from "../src/index.js";
 import { intervals, maxOverlap } from "../testkit/check.mjs";
-import { readLog, runWorkers, sleep, startServer, tempDir } from "../testkit/server.mjs";
+import { readLog, runWorkers, startServer, tempDir, until } from "../testkit/server.mjs";
 
 let server;
 let client;
@@ -80,11 +80,14 @@ describe("a lock", () => {
   });
 
   test("a wait longer than one request's cap is asked again until granted", async () => {
-    const short = new Client(server.url, { maxWaitPerRequest: 100 });
+    let requests = 0;
+    const counting = (...args) => (requests++, fetch(...args));
+    const short = new Client(server.url, { maxWaitPerRequest: 100, fetch: counting });
     const held = await client.lock("long-wait").acquire();
     setTimeout(() => held.release(), 450);
     const lease = await short.lock("long-wait").acquire({ timeout: 10_000 });
     assert.equal(held.released, true);
+    assert.ok(requests >= 3, `${requests} requests for a wait of 4+ caps`);
     assert.equal(await lease.release(), true);
     // And gives up at the timeout, with nothing queued.
     const again = await client.lock("long-wait").acquire();
@@ -97,12 +100,11 @@ describe("a lock", () => {
     const held = await client.lock("abort").acquire();
     const ac = new AbortController();
     const waiting = client.lock("abort").acquire({ signal: ac.signal });
-    await sleep(200);
-    assert.equal((await client.lock("abort").status()).queue.length, 1);
+    await until(async () => (await client.lock("abort").status()).queue.length === 1, "queued");
     ac.abort(new Error("stop waiting"));
     await assert.rejects(waiting, /stop waiting/);
-    await sleep(200);
-    assert.deepEqual((await client.lock("abort").status()).queue, []);
+    await until(async () => (await client.lock("abort").status()).queue.length === 0, "the queue place given up");
+    assert.deepEqual((await client.lock("abort").status()).holders.map((h) => h.lease_id), [held.leaseId]);
     await held.release();
   });
 

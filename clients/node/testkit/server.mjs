@@ -159,3 +159,13 @@ export function aborted(signal, ms) {
     });
   });
 }
+
+/** Polls `check` (async, truthy when done) every 20 ms; rejects with `what` after `ms`. */
+export async function until(check, what, ms = 10_000) {
+  const end = performance.now() + ms;
+  for (;;) {
+    if (await check()) return;
+    if (performance.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
+    await sleep(20);
+  }
+}
