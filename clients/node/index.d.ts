@@ -11,7 +11,7 @@ export interface ClientOptions {
   /** Milliseconds a request may take beyond its queue wait before it fails with
    * `ConnectionFailed` (default 15 000). */
   requestTimeout?: number;
-  /** Milliseconds one request may wait in the server's queue (default and maximum
+  /** Milliseconds one request may wait in the server's queue (100..240 000, default
    * 240 000); longer waits are asked again. */
   maxWaitPerRequest?: number;
   /** The `fetch` to use (default the global one). */

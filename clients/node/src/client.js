@@ -2,6 +2,7 @@
 
 import { hostname } from "node:os";
 import { Admission } from "./admission.js";
+import { InvalidInput } from "./errors.js";
 import { RateLimiter } from "./rate.js";
 import { Semaphore } from "./semaphore.js";
 import { MAX_WAIT_PER_REQUEST_MS, Transport, timeoutMs } from "./transport.js";
@@ -13,7 +14,7 @@ import { MAX_WAIT_PER_REQUEST_MS, Transport, timeoutMs } from "./transport.js";
  * @property {number} [requestTimeout] ms a request may take beyond its queue wait before it
  *   fails with `ConnectionFailed` (default 15 000; the server's own store timeout is 10 s)
  * @property {number} [maxWaitPerRequest] ms one request may wait in the server's queue
- *   (default and maximum 240 000); longer waits are asked again
+ *   (100..240 000, default 240 000); longer waits are asked again
  * @property {typeof fetch} [fetch] the `fetch` to use (default the global one)
  */
 
@@ -42,6 +43,10 @@ export class Client {
       MAX_WAIT_PER_REQUEST_MS,
       timeoutMs(options.maxWaitPerRequest, "maxWaitPerRequest", MAX_WAIT_PER_REQUEST_MS),
     );
+    if (cap < 100) {
+      // Shorter waits would turn a long acquire into polling.
+      throw new InvalidInput(`invalid maxWaitPerRequest ${cap}: at least 100 ms`);
+    }
     this.#defaults = { holder: options.holder ?? `node:${hostname()}:${process.pid}`, cap };
   }
 

@@ -61,6 +61,7 @@ describe("invalid input", () => {
     assert.throws(() => client.rate("ok", [50]), InvalidInput);
     assert.throws(() => new Client("not a url"), InvalidInput);
     assert.throws(() => new Client("ftp://127.0.0.1"), InvalidInput);
+    assert.throws(() => new Client(server.url, { maxWaitPerRequest: 0 }), InvalidInput);
   });
 });
 
