@@ -28,6 +28,8 @@ declare -A NEED=(
   [mariadbd]=mariadb-server
   [mariadb-install-db]=mariadb-server
   [mariadb]=mariadb-client
+  [node]=nodejs
+  [npm]=npm
 )
 
 missing=()
@@ -57,6 +59,12 @@ if ! command -v schemathesis >/dev/null 2>&1; then
 fi
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found; install Rust from rustup" >&2; exit 1; }
+# The Node client needs Node 20.3 or newer (AbortSignal.any); Debian 12's own nodejs is 18.
+if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 3) ? 0 : 1)'; then
+  echo "test.sh: the Node client's tests need Node 20.3 or newer; found $(node --version)." >&2
+  echo "  install one (e.g. from https://deb.nodesource.com, or 'apt-get install nodejs' on Debian 13)" >&2
+  exit 1
+fi
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 echo "== cargo fmt --check"
@@ -89,3 +97,9 @@ else
   echo "== cargo test"
   cargo test --workspace --all-features --locked --no-fail-fast
 fi
+
+# The clients of `tessera serve`, each against servers of its own started from this build.
+cargo build --workspace --all-features --locked --bin tessera
+export TESSERA_BIN=$PWD/target/debug/tessera
+echo "== clients/node"
+bash clients/node/test.sh
