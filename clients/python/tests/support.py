@@ -55,11 +55,11 @@ class Server:
         self.url = ""
         self.start()
 
-    def start(self) -> None:
+    def start(self, listen: str = "127.0.0.1:0") -> None:
         out = open(os.path.join(self.dir, "serve.out"), "w")
         err = open(os.path.join(self.dir, "serve.err"), "w")
         self.proc = subprocess.Popen(
-            [self.bin, "--store", self.store, "serve", "--listen", "127.0.0.1:0", *self.extra],
+            [self.bin, "--store", self.store, "serve", "--listen", listen, *self.extra],
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,
