@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -204,3 +205,70 @@ def later(delay: float, fn: Any) -> threading.Thread:
     t = threading.Thread(target=lambda: (time.sleep(delay), fn()))
     t.start()
     return t
+
+
+class Proxy:
+    """A TCP proxy in front of a server that can cut the next request's connection: before
+    forwarding it (the server never sees it) or a while after (the server saw it; its answer
+    never arrives). ``requests`` counts the requests that came through or were cut."""
+
+    def __init__(self, upstream_url: str) -> None:
+        host, port = upstream_url.removeprefix("http://").rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.requests = 0
+        self.cuts = 0
+        self._plan: Optional[Tuple[str, float]] = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut_next(self, when: str = "before", delay: float = 0.0) -> None:
+        assert when in ("before", "after")
+        with self._lock:
+            self._plan = (when, delay)
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if requests:
+                    with self._lock:
+                        self.requests += 1
+                        plan, self._plan = self._plan, None
+                    if plan is not None:
+                        with self._lock:
+                            self.cuts += 1
+                        if plan[0] == "before":
+                            break
+                        dst.sendall(data)
+                        threading.Timer(plan[1], _cut, (src, dst)).start()
+                        continue
+                dst.sendall(data)
+        except OSError:
+            pass
+        _cut(src, dst)
+
+
+def _cut(*socks: socket.socket) -> None:
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
