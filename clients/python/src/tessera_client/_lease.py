@@ -16,9 +16,9 @@ The *span* is ``min(expires_in_ms, ttl)`` of the last grant or renewal.
 
 # Renewals and ``lost``
 
-A keep-alive thread per lease renews it when a third of the span has passed
-(``valid_until - 2/3 span``). A failed renewal (no answer, 5xx) is tried again every tenth of
-the span (50 ms to 1 s). ``lost`` is set:
+Each lease is renewed when a third of its span has passed (``valid_until - 2/3 span``). A
+failed renewal (no answer, 5xx) is tried again every tenth of the span (50 ms to 1 s).
+``lost`` is set:
 
 - at once when a renewal answers ``lease_gone`` (expired, revoked by an admin, semaphore
   deleted): a revocation is noticed at the next renewal, within a third of the TTL;
@@ -26,8 +26,26 @@ the span (50 ms to 1 s). ``lost`` is set:
   ``lost`` has a third of the TTL to stop before the lease could expire and be granted to
   another holder. A renewal in flight is cut off at that instant.
 
-After ``lost`` the keep-alive stops for good: a lost lease is never renewed again, even if the
-server would still accept it.
+After ``lost`` the lease is never renewed again, even if the server would still accept it.
+
+# Implementation details: the keeper
+
+One thread per process, the keeper (:class:`_Keeper`), keeps every lease alive. It holds a
+heap of (instant, lease): the lease's next renewal or, while a renewal is in flight, the
+instant ``lost`` must fire if that renewal has not succeeded by then. It sleeps until the
+earliest entry and takes a *turn* for each one due (:meth:`Lease._turn`): fire ``lost``, or
+start the renewal in a short-lived thread of its own, so that one hung renewal delays
+neither another lease's renewal nor its ``lost``. A finished renewal pushes its lease back
+at its next instant.
+
+A grant costs one heap push (and a wake-up of the keeper only if the new entry comes before
+its planned one: rare, as a lease is first due a third of its TTL later). A release pushes
+nothing and removes nothing: the keeper drops the entries of ended leases as it meets them,
+and rebuilds the heap without them when they are more than half of it, so an
+acquire/release loop does not grow it. Each lease keeps the instant of its valid entry; an
+entry for another instant is stale and ignored. The keeper thread ends after
+:data:`KEEPER_LINGER` with an empty heap and starts again with the next grant; a forked child
+starts with an empty keeper (the parent's leases are the parent's).
 
 # Release on every exit path
 
@@ -39,9 +57,12 @@ Leases still held when the interpreter exits normally are released by an ``atexi
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
+import os
 import threading
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from . import errors
 from ._transport import Transport, ms
@@ -50,6 +71,9 @@ GONE = "the server no longer holds the lease (expired, revoked or deleted)"
 
 #: The longest an ``atexit`` release may take per lease.
 EXIT_RELEASE_TIMEOUT = 2.0
+
+#: How long the keeper thread waits without leases before it ends.
+KEEPER_LINGER = 5.0
 
 # The leases held in this process, for the ``atexit`` hook and ``Client.close()``.
 _held_lock = threading.Lock()
@@ -69,6 +93,79 @@ def _release_at_exit() -> None:
             lease._release(timeout=EXIT_RELEASE_TIMEOUT)
         except Exception:
             pass  # the lease expires by its TTL
+
+
+class _Keeper:
+    """The one thread per process that renews every lease (see the module docs)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: List[Tuple[float, int, "Lease"]] = []
+        self._seq = itertools.count()
+        self._running = False
+        self._ended = 0  # entries in the heap whose lease has ended
+
+    def push(self, lease: "Lease", due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), lease))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="tessera-keeper", daemon=True).start()
+            elif self._heap[0][2] is lease:
+                self._cond.notify()  # due before the keeper's planned wake-up
+
+    def note_ended(self) -> None:
+        """A lease ended: its entries are garbage; rebuild when they are half the heap."""
+        with self._cond:
+            self._ended += 1
+            if self._ended > 32 and 2 * self._ended > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2]._stop.is_set()]
+                heapq.heapify(self._heap)
+                self._ended = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if not self._heap:
+                        self._ended = 0
+                        self._cond.wait(KEEPER_LINGER)
+                        if not self._heap:
+                            self._running = False
+                            return
+                        continue
+                    due, _, lease = self._heap[0]
+                    now = lease._transport.clock()
+                    if due <= now:
+                        heapq.heappop(self._heap)
+                        if lease._stop.is_set():
+                            self._ended = max(0, self._ended - 1)
+                        break
+                    self._cond.wait(due - now)
+            try:
+                lease._turn(due)
+            except Exception:  # a bug in a turn must not end the keeper of every lease
+                pass
+
+    def reset_after_fork(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap = []
+        self._running = False
+        self._ended = 0
+
+
+_keeper = _Keeper()
+
+
+def _after_fork_in_child() -> None:
+    _keeper.reset_after_fork()
+    global _held_lock
+    _held_lock = threading.Lock()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Lease:
@@ -113,9 +210,11 @@ class Lease:
         self._span = min(expires_in, self.ttl)
         self._releasing = False  # release() or a give-back was called: a 410 is no loss
         self._done = False  # released, given back or gone: nothing left on the server
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # set when the keeper has nothing more to do
         self._on_lost: List[Callable[[], None]] = []
-        self._thread: Optional[threading.Thread] = None
+        self._due = 0.0  # the instant of the lease's valid keeper entry
+        self._renewing = False  # a renewal is in flight
+        self._failing: Optional[errors.TesseraError] = None  # the last renewal's error
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "released" if self._done else "held"
@@ -145,14 +244,20 @@ class Lease:
     def _start(self) -> None:
         with _held_lock:
             _held[id(self)] = self
-        self._thread = threading.Thread(
-            target=self._keep_alive, name=f"tessera-keepalive-{self.lease_id[:8]}", daemon=True
-        )
-        self._thread.start()
+        with self._lock:
+            self._due = self._valid_until - 2 * self._span / 3
+            due = self._due
+        _keeper.push(self, due)
+
+    def _halt(self) -> None:
+        """Ends the keep-alive: the lease is never renewed again."""
+        if not self._stop.is_set():
+            self._stop.set()
+            _keeper.note_ended()
 
     def _stop_keeping(self) -> None:
-        """Stops the keep-alive and forgets the lease for the ``atexit`` hook."""
-        self._stop.set()
+        """Ends the keep-alive and forgets the lease for the ``atexit`` hook."""
+        self._halt()
         with _held_lock:
             _held.pop(id(self), None)
 
@@ -165,9 +270,10 @@ class Lease:
             self.lost_reason = reason
             self.lost.set()
             callbacks = list(self._on_lost)
-        self._stop.set()
         if gone:
             self._stop_keeping()
+        else:
+            self._halt()  # still released at exit, in case the server holds it yet
         for callback in callbacks:
             try:
                 callback()
@@ -181,31 +287,52 @@ class Lease:
                 return
         callback()
 
-    def _keep_alive(self) -> None:
+    def _turn(self, due: float) -> None:
+        """The keeper's turn for the entry at ``due``: fire ``lost`` if renewals have failed
+        for too long, else start a renewal (in a thread of its own)."""
         clock = self._transport.clock
+        with self._lock:
+            if self._stop.is_set():
+                return
+            lose_at = self._valid_until - self._span / 3
+            late = clock() >= lose_at
+            if not late and (self._renewing or due != self._due):
+                return  # a stale entry, or the renewal in flight will push the next one
+            if not late:
+                self._renewing = True
+                self._due = lose_at  # the entry that fires lost if this renewal hangs
+            failing = self._failing
+        if late:
+            why = f"renewals kept failing ({failing})" if failing else "the process did not run in time to renew"
+            self._mark_lost(f"{why}; the lease may expire", gone=False)
+            return
+        _keeper.push(self, lose_at)
+        threading.Thread(target=self._renewal, args=(lose_at,), name="tessera-renew", daemon=True).start()
+
+    def _renewal(self, lose_at: float) -> None:
         failing: Optional[errors.TesseraError] = None
-        while True:
+        try:
+            self._renew(deadline=lose_at)
+        except errors.LeaseGone:
             with self._lock:
-                valid_until, span = self._valid_until, self._span
-            lose_at = valid_until - span / 3
+                self._renewing = False
+            self._mark_lost(GONE, gone=True)
+            return
+        except errors.TesseraError as e:
+            failing = e
+        clock = self._transport.clock
+        with self._lock:
+            self._renewing = False
+            self._failing = failing
+            if self._stop.is_set():
+                return
             if failing is None:
-                due = valid_until - 2 * span / 3
+                due = self._valid_until - 2 * self._span / 3
             else:
-                due = clock() + min(1.0, max(0.05, span / 10))
-            if self._stop.wait(max(0.0, min(due, lose_at) - clock())):
-                return
-            if clock() >= lose_at:
-                why = f"renewals kept failing ({failing})" if failing else "the process did not run in time to renew"
-                self._mark_lost(f"{why}; the lease may expire", gone=False)
-                return
-            try:
-                self._renew(deadline=lose_at)
-                failing = None
-            except errors.LeaseGone:
-                self._mark_lost(GONE, gone=True)
-                return
-            except errors.TesseraError as e:
-                failing = e
+                due = clock() + min(1.0, max(0.05, self._span / 10))
+            self._due = min(due, self._valid_until - self._span / 3)
+            due = self._due
+        _keeper.push(self, due)
 
     def _renew(self, deadline: Optional[float] = None) -> float:
         answer = self._transport.call(
@@ -238,8 +365,8 @@ class Lease:
         Returns True if this call released it; False if it was not held any more (released
         before, revoked, expired). Retried after a dropped connection (a release is
         idempotent). The keep-alive stops first: if the release cannot reach the server it
-        raises :class:`Unavailable` and the lease expires by its TTL, unless a later
-        ``release()`` gets through.
+        raises :class:`Unavailable`, and the lease expires by its TTL unless a later
+        ``release()``, ``Client.close()`` or the ``atexit`` hook gets through.
         """
         return self._release()
 
@@ -247,7 +374,7 @@ class Lease:
         with self._lock:
             self._releasing = True
             done = self._done
-        self._stop.set()
+        self._halt()
         if done:
             self._stop_keeping()
             return False
