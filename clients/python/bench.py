@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE / "src"))
 import tessera_client  # noqa: E402
 
 
-def start_server(folder: str) -> "tuple[subprocess.Popen, str]":
+def start_server(folder: str) -> tuple[subprocess.Popen, str]:
     binary = os.environ.get("TESSERA_BIN") or str(HERE.parent.parent / "target" / "debug" / "tessera")
     out = os.path.join(folder, "serve.out")
     proc = subprocess.Popen(

@@ -22,8 +22,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE.parent  # clients/python
@@ -47,12 +48,12 @@ def binary() -> str:
 class Server:
     """A `tessera serve` of its own: SQLite in a temporary folder, a free loopback port."""
 
-    def __init__(self, *extra: str, store: Optional[str] = None) -> None:
+    def __init__(self, *extra: str, store: str | None = None) -> None:
         self.bin = binary()
         self.dir = tempfile.mkdtemp(prefix="tessera-py-")
         self.store = store or f"sqlite://{self.dir}/tessera.db"
         self.extra = extra
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.url = ""
         self.start()
 
@@ -108,14 +109,14 @@ class Server:
 
     # -- raw HTTP, beside the client under test --------------------------------------------
 
-    def get(self, path: str) -> Tuple[int, Dict[str, Any]]:
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
         try:
             with urllib.request.urlopen(self.url + path, timeout=15) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
-    def semaphore(self, name: str) -> Dict[str, Any]:
+    def semaphore(self, name: str) -> dict[str, Any]:
         """The semaphore's status, or an empty one when the server holds nothing for it."""
         status, body = self.get("/v1/semaphores/" + urllib.parse.quote(name, safe=""))
         if status == 404:
@@ -123,7 +124,7 @@ class Server:
         assert status == 200, body
         return body
 
-    def rate(self, name: str) -> Dict[str, Any]:
+    def rate(self, name: str) -> dict[str, Any]:
         status, body = self.get("/v1/rates/" + urllib.parse.quote(name, safe=""))
         if status == 404:
             return {"limits": []}
@@ -153,7 +154,7 @@ def spawn(url: str, *args: Any, **kwargs: Any) -> subprocess.Popen:
     )
 
 
-def run_all(url: str, commands: Sequence[Sequence[Any]], timeout: float = 60) -> List[str]:
+def run_all(url: str, commands: Sequence[Sequence[Any]], timeout: float = 60) -> list[str]:
     """Starts every worker at once, waits for all; returns their stdouts."""
     procs = [spawn(url, *c) for c in commands]
     outs = []
@@ -165,7 +166,7 @@ def run_all(url: str, commands: Sequence[Sequence[Any]], timeout: float = 60) ->
     return outs
 
 
-def read_log(path: str) -> List[List[str]]:
+def read_log(path: str) -> list[list[str]]:
     with open(path) as f:
         return [line.split() for line in f if line.strip()]
 
@@ -219,7 +220,7 @@ class Proxy:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.requests = 0
         self.cuts = 0
-        self._plan: Optional[Tuple[str, float]] = None
+        self._plan: tuple[str, float] | None = None
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 

@@ -103,7 +103,9 @@ class AdmissionTest(unittest.TestCase):
         self.assertEqual(self.used(), 0)
 
     def test_an_admission_is_a_semaphore_lease(self) -> None:
-        admission = self.client.admission(self.name, capacity=3, weight=2, limits=["5/s", "100/min"], ttl="1s")
+        admission = self.client.admission(
+            self.name, capacity=3, weight=2, limits=["5/s", "100/min"], ttl="1s"
+        )
         with admission.acquire(timeout=5) as ticket:
             self.assertEqual(len(ticket.seats), 2)
             self.assertIsNone(self.client.semaphore(self.name, capacity=3, weight=2).try_acquire())

@@ -61,10 +61,10 @@ class LockTest(unittest.TestCase):
         self.assertFalse(lease.lost.is_set())
 
     def test_the_context_manager_releases_when_the_block_raises(self) -> None:
-        with self.assertRaises(ZeroDivisionError):
+        with self.assertRaises(KeyError):
             with self.client.lock(self.name).acquire(timeout=5) as lease:
                 self.assertEqual(len(server.semaphore(self.name)["holders"]), 1)
-                1 / 0
+                raise KeyError("the block failed")
         self.assertTrue(lease.released)
         self.assertEqual(server.semaphore(self.name)["holders"], [])
 

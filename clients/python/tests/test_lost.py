@@ -98,5 +98,6 @@ class LostTest(unittest.TestCase):
         self.assertEqual([h["lease_id"] for h in own.semaphore(self.name)["holders"]], [lease.lease_id])
         self.assertTrue(lease.release())
 
+
 if __name__ == "__main__":
     unittest.main()

@@ -89,5 +89,6 @@ class RetryTest(unittest.TestCase):
         limits = server.rate(self.name)["limits"][0]
         self.assertEqual((limits["used"], limits["reserved"]), (1, 0))
 
+
 if __name__ == "__main__":
     unittest.main()

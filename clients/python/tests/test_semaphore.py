@@ -109,5 +109,6 @@ class SemaphoreTest(unittest.TestCase):
         self.assertEqual([o[0] for o in order], ["big", "small"])
         order[1][1].release()
 
+
 if __name__ == "__main__":
     unittest.main()

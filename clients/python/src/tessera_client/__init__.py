@@ -41,8 +41,8 @@ from .errors import (
     TesseraError,
     Unauthorized,
     Unavailable,
-    UnsupportedMediaType,
     Unsupported,
+    UnsupportedMediaType,
 )
 
 __all__ = [

@@ -62,7 +62,7 @@ import itertools
 import os
 import threading
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable
 
 from . import errors
 from ._transport import Transport, ms
@@ -77,10 +77,10 @@ KEEPER_LINGER = 5.0
 
 # The leases held in this process, for the ``atexit`` hook and ``Client.close()``.
 _held_lock = threading.Lock()
-_held: Dict[int, "Lease"] = {}
+_held: dict[int, Lease] = {}
 
 
-def held_leases(transport: Optional[Transport] = None) -> List["Lease"]:
+def held_leases(transport: Transport | None = None) -> list[Lease]:
     with _held_lock:
         leases = list(_held.values())
     return [lease for lease in leases if transport is None or lease._transport is transport]
@@ -100,12 +100,12 @@ class _Keeper:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._heap: List[Tuple[float, int, "Lease"]] = []
+        self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
         self._running = False
         self._ended = 0  # entries in the heap whose lease has ended
 
-    def push(self, lease: "Lease", due: float) -> None:
+    def push(self, lease: Lease, due: float) -> None:
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._seq), lease))
             if not self._running:
@@ -191,30 +191,32 @@ class Lease:
                 write(entry, fence=lease.fence)
     """
 
-    def __init__(self, transport: Transport, name: str, path: str, body: Dict[str, Any], start: float) -> None:
+    def __init__(
+        self, transport: Transport, name: str, path: str, body: dict[str, Any], start: float
+    ) -> None:
         self._transport = transport
         self._path = path  # /v1/semaphores/{quoted name}/leases/{lease_id}
         self.name: str = body.get("name", name)
         self.lease_id: str = body["lease_id"]
         self.fence: int = body["fence"]
-        self.seats: List[int] = list(body["seats"])
+        self.seats: list[int] = list(body["seats"])
         self.weight: int = body["weight"]
         self.holder: str = body["holder"]
         self.ttl: float = body["ttl_ms"] / 1000.0
         self.expires_at_us: int = body["expires_at_us"]
         self.lost: threading.Event = threading.Event()
-        self.lost_reason: Optional[str] = None
+        self.lost_reason: str | None = None
         expires_in = body["expires_in_ms"] / 1000.0
         self._lock = threading.Lock()
-        self._valid_until = start + expires_in
-        self._span = min(expires_in, self.ttl)
+        self._valid_until: float = start + expires_in
+        self._span: float = min(expires_in, self.ttl)
         self._releasing = False  # release() or a give-back was called: a 410 is no loss
         self._done = False  # released, given back or gone: nothing left on the server
         self._stop = threading.Event()  # set when the keeper has nothing more to do
-        self._on_lost: List[Callable[[], None]] = []
+        self._on_lost: list[Callable[[], None]] = []
         self._due = 0.0  # the instant of the lease's valid keeper entry
         self._renewing = False  # a renewal is in flight
-        self._failing: Optional[errors.TesseraError] = None  # the last renewal's error
+        self._failing: errors.TesseraError | None = None  # the last renewal's error
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "released" if self._done else "held"
@@ -303,14 +305,18 @@ class Lease:
                 self._due = lose_at  # the entry that fires lost if this renewal hangs
             failing = self._failing
         if late:
-            why = f"renewals kept failing ({failing})" if failing else "the process did not run in time to renew"
+            why = (
+                f"renewals kept failing ({failing})"
+                if failing
+                else "the process did not run in time to renew"
+            )
             self._mark_lost(f"{why}; the lease may expire", gone=False)
             return
         _keeper.push(self, lose_at)
         threading.Thread(target=self._renewal, args=(lose_at,), name="tessera-renew", daemon=True).start()
 
     def _renewal(self, lose_at: float) -> None:
-        failing: Optional[errors.TesseraError] = None
+        failing: errors.TesseraError | None = None
         try:
             self._renew(deadline=lose_at)
         except errors.LeaseGone:
@@ -320,6 +326,8 @@ class Lease:
             return
         except errors.TesseraError as e:
             failing = e
+        except Exception as e:  # an answer without the expected fields: a failed renewal
+            failing = errors.TesseraError(f"renewal: {type(e).__name__}: {e}", kind="bad_answer")
         clock = self._transport.clock
         with self._lock:
             self._renewing = False
@@ -334,11 +342,11 @@ class Lease:
             due = self._due
         _keeper.push(self, due)
 
-    def _renew(self, deadline: Optional[float] = None) -> float:
+    def _renew(self, deadline: float | None = None) -> float:
         answer = self._transport.call(
             "POST", self._path + "/renew", {"ttl": ms(self.ttl, up=True)}, retry=True, deadline=deadline
         )
-        expires_in = answer.body["expires_in_ms"] / 1000.0
+        expires_in: float = answer.body["expires_in_ms"] / 1000.0
         with self._lock:
             self._valid_until = max(self._valid_until, answer.sent + expires_in)
             self._span = min(expires_in, self.ttl)
@@ -370,7 +378,7 @@ class Lease:
         """
         return self._release()
 
-    def _release(self, timeout: Optional[float] = None) -> bool:
+    def _release(self, timeout: float | None = None) -> bool:
         with self._lock:
             self._releasing = True
             done = self._done
@@ -385,14 +393,14 @@ class Lease:
         self._stop_keeping()
         return first and bool(answer.body.get("done"))
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         try:
             self.release()
@@ -414,16 +422,18 @@ class AdmittedLease(Lease):
     before returning and never returns an admission past it.
     """
 
-    def __init__(self, transport: Transport, name: str, path: str, body: Dict[str, Any], start: float) -> None:
+    def __init__(
+        self, transport: Transport, name: str, path: str, body: dict[str, Any], start: float
+    ) -> None:
         super().__init__(transport, name, path, body, start)
         self.admitted_at_us: int = body["admitted_at_us"]
         self.reservation: int = body["reservation"]
         use_by_ms = body.get("use_by_ms")
         # Counted from the same instant as the lease's validity: the send time of a request
         # that did not wait, else the arrival time. None with a margin of 0: no use-by.
-        self.use_by: Optional[float] = None if use_by_ms is None else start + use_by_ms / 1000.0
+        self.use_by: float | None = None if use_by_ms is None else start + use_by_ms / 1000.0
 
-    def use_by_remaining(self) -> Optional[float]:
+    def use_by_remaining(self) -> float | None:
         """Seconds left before the use-by instant (negative once past), or None without a
         use-by (a margin of 0)."""
         if self.use_by is None:
@@ -450,5 +460,3 @@ class AdmittedLease(Lease):
         with self._lock:
             self._done = True
         return bool(answer.body.get("done"))
-
-

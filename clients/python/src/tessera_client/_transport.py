@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Union
 
 from . import errors
 
@@ -67,7 +67,7 @@ class Cancel:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._conn: http.client.HTTPConnection | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -93,12 +93,12 @@ class Cancel:
         if self._event.is_set():
             raise Cancelled()
 
-    def _attach(self, conn: Optional[http.client.HTTPConnection]) -> None:
+    def _attach(self, conn: http.client.HTTPConnection | None) -> None:
         with self._lock:
             self._conn = conn
 
 
-def pause(seconds: float, cancel: Optional[Cancel]) -> None:
+def pause(seconds: float, cancel: Cancel | None) -> None:
     if cancel is not None:
         cancel.sleep(seconds)
     elif seconds > 0:
@@ -131,7 +131,7 @@ class Answer:
     answer arrived."""
 
     status: int
-    body: Dict[str, Any]
+    body: dict[str, Any]
     sent: float
     arrived: float
 
@@ -142,10 +142,10 @@ class Transport:
     def __init__(
         self,
         url: str,
-        token: Optional[str] = None,
+        token: str | None = None,
         *,
         timeout: float = 15.0,
-        ssl_context: Optional[ssl.SSLContext] = None,
+        ssl_context: ssl.SSLContext | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -166,7 +166,7 @@ class Transport:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._lock = threading.Lock()
-        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
         self._closed = False
 
     def __repr__(self) -> str:  # never the token
@@ -209,13 +209,13 @@ class Transport:
         self,
         method: str,
         path: str,
-        body: Optional[Dict[str, Any]] = None,
+        body: dict[str, Any] | None = None,
         *,
         wait: float = 0.0,
         retry: bool = False,
-        deadline: Optional[float] = None,
-        timeout: Optional[float] = None,
-        cancel: Optional[Cancel] = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        cancel: Cancel | None = None,
     ) -> Answer:
         """Sends one request and returns its 2xx answer, or raises the error of its kind.
 
@@ -271,11 +271,13 @@ class Transport:
                 ):
                     what = "no answer" if sent_request else "cannot connect"
                     raise errors.ConnectionFailed(
-                        f"{method} {path}: {what} from {self._host}:{self._port} "
-                        f"({type(e).__name__}: {e})"
+                        f"{method} {path}: {what} from {self._host}:{self._port} ({type(e).__name__}: {e})"
                     ) from e
                 pause(pause_s, cancel)
                 continue
+            except BaseException:  # KeyboardInterrupt: the server drops what the request waited for
+                conn.close()
+                raise
             finally:
                 if cancel is not None:
                     cancel._attach(None)
@@ -284,7 +286,7 @@ class Transport:
             else:
                 self._checkin(conn)
             if resp.status >= 400:
-                raise errors.from_answer(resp.status, raw, resp.headers)
+                raise errors.from_answer(resp.status, raw, resp.headers.get("Retry-After"))
             try:
                 parsed = json.loads(raw) if raw else {}
             except ValueError:

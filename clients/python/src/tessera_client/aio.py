@@ -23,21 +23,30 @@ moment is released in the background. Nothing is held afterwards.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import threading
+from collections.abc import Awaitable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Dict, Generator, Generic, Iterable, List, Optional, Sequence, Type, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Generic,
+    TypeVar,
+)
 
-from . import _lease, client as _sync, errors
+from . import _lease, errors
+from . import client as _sync
 from ._transport import Cancel, Duration
 
 T = TypeVar("T")
+L = TypeVar("L", bound="Lease")
 
 
-def _in_thread(fn: Callable[[], T]) -> "asyncio.Future[T]":
+def _in_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
     """Runs ``fn`` in a new daemon thread; its result or exception lands in the future."""
     loop = asyncio.get_running_loop()
-    future: "asyncio.Future[T]" = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
 
     def settle(ok: bool, value: Any) -> None:
         if future.cancelled():
@@ -79,7 +88,7 @@ async def _cancellable(fn: Callable[[Cancel], T]) -> T:
         raise
 
 
-def _release_late(future: "asyncio.Future[Any]") -> None:
+def _release_late(future: asyncio.Future[Any]) -> None:
     if future.cancelled() or future.exception() is not None:
         return
     result = future.result()
@@ -94,25 +103,26 @@ def _quiet_release(lease: _lease.Lease) -> None:
         pass  # expires by its TTL
 
 
-class _Acquiring(Generic[T]):
+class _Acquiring(Generic[L]):
     """What ``acquire()`` returns: await it for the lease, or use it with ``async with``."""
 
-    def __init__(self, start: Callable[[], Awaitable[T]]) -> None:
+    def __init__(self, start: Callable[[], Awaitable[L]]) -> None:
         self._start = start
-        self._lease: Optional[Any] = None
+        self._lease: L | None = None
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[Any, None, L]:
         return self._start().__await__()
 
-    async def __aenter__(self) -> T:
-        self._lease = await self._start()
-        return self._lease  # type: ignore[return-value]
+    async def __aenter__(self) -> L:
+        lease = await self._start()
+        self._lease = lease
+        return lease
 
     async def __aexit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if self._lease is not None:
             await self._lease.__aexit__(exc_type, exc, tb)
@@ -153,7 +163,7 @@ class Lease:
         return self._lease.fence
 
     @property
-    def seats(self) -> List[int]:
+    def seats(self) -> list[int]:
         return self._lease.seats
 
     @property
@@ -173,7 +183,7 @@ class Lease:
         return self._lease.expires_at_us
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> str | None:
         return self._lease.lost_reason
 
     @property
@@ -196,14 +206,14 @@ class Lease:
         the release."""
         return await asyncio.shield(_in_thread(self._lease.release))
 
-    async def __aenter__(self) -> "Lease":
+    async def __aenter__(self) -> Lease:
         return self
 
     async def __aexit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         try:
             await self.release()
@@ -225,7 +235,7 @@ class AdmittedLease(Lease):
     def reservation(self) -> int:
         return self._lease.reservation
 
-    def use_by_remaining(self) -> Optional[float]:
+    def use_by_remaining(self) -> float | None:
         return self._lease.use_by_remaining()
 
     def use_by_passed(self) -> bool:
@@ -239,11 +249,11 @@ class Client:
     def __init__(
         self,
         url: str = "http://127.0.0.1:8080",
-        token: Optional[str] = None,
+        token: str | None = None,
         *,
         timeout: float = 15.0,
-        holder: Optional[str] = None,
-        ssl_context: Optional[ssl.SSLContext] = None,
+        holder: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._sync = _sync.Client(url, token, timeout=timeout, holder=holder, ssl_context=ssl_context)
 
@@ -255,25 +265,25 @@ class Client:
         return self._sync.url
 
     def semaphore(
-        self, name: str, capacity: int, *, weight: int = 1, ttl: Duration = 30.0, holder: Optional[str] = None
-    ) -> "Semaphore":
+        self, name: str, capacity: int, *, weight: int = 1, ttl: Duration = 30.0, holder: str | None = None
+    ) -> Semaphore:
         """See :meth:`tessera_client.Client.semaphore`."""
         return Semaphore(self._sync.semaphore(name, capacity, weight=weight, ttl=ttl, holder=holder))
 
-    def lock(self, name: str, *, ttl: Duration = 30.0, holder: Optional[str] = None) -> "Semaphore":
+    def lock(self, name: str, *, ttl: Duration = 30.0, holder: str | None = None) -> Semaphore:
         """A lock: the semaphore of capacity 1 under ``name``."""
         return Semaphore(self._sync.lock(name, ttl=ttl, holder=holder))
 
     def rate(
         self,
         name: str,
-        *limits: Union[str, Sequence[str]],
+        *limits: str | Sequence[str],
         cost: int = 1,
-        margin: Optional[Duration] = None,
-        mode: Optional[str] = None,
-        burst: Optional[int] = None,
+        margin: Duration | None = None,
+        mode: str | None = None,
+        burst: int | None = None,
         update: bool = False,
-    ) -> "RateLimiter":
+    ) -> RateLimiter:
         """See :meth:`tessera_client.Client.rate`."""
         return RateLimiter(
             self._sync.rate(name, *limits, cost=cost, margin=margin, mode=mode, burst=burst, update=update)
@@ -288,10 +298,10 @@ class Client:
         weight: int = 1,
         cost: int = 1,
         ttl: Duration = 30.0,
-        margin: Optional[Duration] = None,
-        holder: Optional[str] = None,
+        margin: Duration | None = None,
+        holder: str | None = None,
         update: bool = False,
-    ) -> "Admission":
+    ) -> Admission:
         """See :meth:`tessera_client.Client.admission`."""
         return Admission(
             self._sync.admission(
@@ -311,7 +321,7 @@ class Client:
         """Releases the leases still held through this client and closes idle connections."""
         await _in_thread(self._sync.close)
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -321,8 +331,8 @@ class Client:
 class Semaphore:
     """The asyncio twin of :class:`tessera_client.Semaphore`::
 
-        async with client.semaphore("gpu", capacity=4).acquire(timeout=10) as lease:
-            ...
+    async with client.semaphore("gpu", capacity=4).acquire(timeout=10) as lease:
+        ...
     """
 
     def __init__(self, semaphore: _sync.Semaphore) -> None:
@@ -334,7 +344,7 @@ class Semaphore:
     def __repr__(self) -> str:
         return repr(self._sync)
 
-    def acquire(self, timeout: Optional[float] = None) -> _Acquiring[Lease]:
+    def acquire(self, timeout: float | None = None) -> _Acquiring[Lease]:
         """See :meth:`tessera_client.Semaphore.acquire`; also cancel-safe (module docs)."""
 
         async def start() -> Lease:
@@ -343,14 +353,14 @@ class Semaphore:
 
         return _Acquiring(start)
 
-    async def try_acquire(self) -> Optional[Lease]:
+    async def try_acquire(self) -> Lease | None:
         """See :meth:`tessera_client.Semaphore.try_acquire`."""
         try:
             return await self.acquire(0)
         except errors.NoPermit:
             return None
 
-    async def status(self) -> Optional[Dict[str, Any]]:
+    async def status(self) -> dict[str, Any] | None:
         return await _in_thread(self._sync.status)
 
     async def revoke(self, lease_id: str) -> bool:
@@ -360,9 +370,9 @@ class Semaphore:
 class RateLimiter:
     """The asyncio twin of :class:`tessera_client.RateLimiter`::
 
-        sms = client.rate("sms-api", "50/s", "1000/min")
-        await sms.acquire()          # at the admitted moment
-        await send(message)
+    sms = client.rate("sms-api", "50/s", "1000/min")
+    await sms.acquire()          # at the admitted moment
+    await send(message)
     """
 
     def __init__(self, limiter: _sync.RateLimiter) -> None:
@@ -373,14 +383,14 @@ class RateLimiter:
     def __repr__(self) -> str:
         return repr(self._sync)
 
-    async def acquire(self, max_wait: Optional[float] = None) -> _sync.Decision:
+    async def acquire(self, max_wait: float | None = None) -> _sync.Decision:
         """See :meth:`tessera_client.RateLimiter.acquire`; cancelling gives up the reservation."""
         return await _cancellable(lambda cancel: self._sync._acquire(max_wait, cancel))
 
     async def try_acquire(self) -> _sync.Decision:
         return await _in_thread(self._sync.try_acquire)
 
-    async def status(self) -> Optional[Dict[str, Any]]:
+    async def status(self) -> dict[str, Any] | None:
         return await _in_thread(self._sync.status)
 
     async def reset(self) -> bool:
@@ -408,29 +418,29 @@ class Admission:
     def given_back(self) -> int:
         return self._sync.given_back
 
-    def acquire(self, timeout: Optional[float] = None) -> _Acquiring[AdmittedLease]:
+    def acquire(self, timeout: float | None = None) -> _Acquiring[AdmittedLease]:
         """See :meth:`tessera_client.Admission.acquire`."""
         return _Acquiring(lambda: self._acquire(timeout))
 
-    async def try_acquire(self) -> Optional[AdmittedLease]:
+    async def try_acquire(self) -> AdmittedLease | None:
         try:
             return await self._acquire(0)
         except errors.NotAdmitted:
             return None
 
-    async def _acquire(self, timeout: Optional[float]) -> AdmittedLease:
+    async def _acquire(self, timeout: float | None) -> AdmittedLease:
         clock = self._sync._t.clock
-        deadline = None if timeout is None else clock() + timeout
+        deadline = _sync._deadline(clock, timeout)
         while True:
             left = None if deadline is None else max(0.0, deadline - clock())
 
-            def call(cancel: Cancel, left: Optional[float] = left) -> _lease.AdmittedLease:
+            def call(cancel: Cancel, left: float | None = left) -> _lease.AdmittedLease:
                 return self._sync._acquire(left, cancel, check_use_by=False)
 
             lease = await _cancellable(call)
             if not self._sync.stale(lease):
                 return AdmittedLease(lease)
-            await asyncio.shield(_in_thread(lambda: self._sync.give_back(lease)))
+            await asyncio.shield(_in_thread(functools.partial(self._sync.give_back, lease)))
             if deadline is not None and deadline - clock() < _sync.EPSILON:
                 raise _sync._stale_error(self.name)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any
 
 from . import errors
 from ._lease import AdmittedLease, Lease, held_leases
@@ -28,7 +29,7 @@ def _default_holder() -> str:
     return f"py:{socket.gethostname()}:{os.getpid()}"
 
 
-def _deadline(clock: Clock, timeout: Optional[float]) -> Optional[float]:
+def _deadline(clock: Clock, timeout: float | None) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
@@ -36,7 +37,7 @@ def _deadline(clock: Clock, timeout: Optional[float]) -> Optional[float]:
     return clock() + timeout
 
 
-def _left(clock: Clock, deadline: Optional[float]) -> float:
+def _left(clock: Clock, deadline: float | None) -> float:
     """The next request's wait: what is left of the timeout, at most the server's 5 minutes."""
     if deadline is None:
         return MAX_WAIT
@@ -73,11 +74,11 @@ class Client:
     def __init__(
         self,
         url: str = "http://127.0.0.1:8080",
-        token: Optional[str] = None,
+        token: str | None = None,
         *,
         timeout: float = 15.0,
-        holder: Optional[str] = None,
-        ssl_context: Optional[ssl.SSLContext] = None,
+        holder: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._transport = Transport(url, token, timeout=timeout, ssl_context=ssl_context)
         self.holder = holder or _default_holder()
@@ -96,8 +97,8 @@ class Client:
         *,
         weight: int = 1,
         ttl: Duration = 30.0,
-        holder: Optional[str] = None,
-    ) -> "Semaphore":
+        holder: str | None = None,
+    ) -> Semaphore:
         """A semaphore of ``capacity`` permits under ``name``; each lease takes ``weight``.
 
         Every client declares the same capacity (else :class:`CapacityMismatch`). ``ttl``
@@ -105,20 +106,20 @@ class Client:
         """
         return Semaphore(self, name, capacity, weight=weight, ttl=ttl, holder=holder)
 
-    def lock(self, name: str, *, ttl: Duration = 30.0, holder: Optional[str] = None) -> "Semaphore":
+    def lock(self, name: str, *, ttl: Duration = 30.0, holder: str | None = None) -> Semaphore:
         """A lock: the semaphore of capacity 1 under ``name``."""
         return Semaphore(self, name, 1, weight=1, ttl=ttl, holder=holder)
 
     def rate(
         self,
         name: str,
-        *limits: Union[str, Sequence[str]],
+        *limits: str | Sequence[str],
         cost: int = 1,
-        margin: Optional[Duration] = None,
-        mode: Optional[str] = None,
-        burst: Optional[int] = None,
+        margin: Duration | None = None,
+        mode: str | None = None,
+        burst: int | None = None,
         update: bool = False,
-    ) -> "RateLimiter":
+    ) -> RateLimiter:
         """A rate limiter under ``name`` with every limit charged at once:
         ``client.rate("sms-api", "50/s", "1000/min")``.
 
@@ -127,7 +128,7 @@ class Client:
         client of a limiter declares the same limits, margin and mode (else
         :class:`RateMismatch`, unless ``update=True`` replaces them).
         """
-        flat: List[str] = []
+        flat: list[str] = []
         for limit in limits:
             flat.extend([limit] if isinstance(limit, str) else list(limit))
         return RateLimiter(self, name, flat, cost=cost, margin=margin, mode=mode, burst=burst, update=update)
@@ -141,10 +142,10 @@ class Client:
         weight: int = 1,
         cost: int = 1,
         ttl: Duration = 30.0,
-        margin: Optional[Duration] = None,
-        holder: Optional[str] = None,
+        margin: Duration | None = None,
+        holder: str | None = None,
         update: bool = False,
-    ) -> "Admission":
+    ) -> Admission:
         """Permits of the semaphore ``name`` and room in the windows of its rate limiter, taken
         in one step: ``client.admission("sms-api", capacity=4, limits=["50/s", "1000/min"])``.
 
@@ -164,7 +165,7 @@ class Client:
             update=update,
         )
 
-    def held(self) -> List[Lease]:
+    def held(self) -> list[Lease]:
         """The leases acquired through this client and not yet released or found gone."""
         return held_leases(self._transport)
 
@@ -178,7 +179,7 @@ class Client:
                 pass
         self._transport.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -204,7 +205,7 @@ class Semaphore:
         *,
         weight: int = 1,
         ttl: Duration = 30.0,
-        holder: Optional[str] = None,
+        holder: str | None = None,
     ) -> None:
         self._client = client
         self._t = client._transport
@@ -218,7 +219,7 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} capacity={self.capacity} weight={self.weight}>"
 
-    def acquire(self, timeout: Optional[float] = None) -> Lease:
+    def acquire(self, timeout: float | None = None) -> Lease:
         """Waits for ``weight`` permits and returns the lease, kept alive until released.
 
         ``timeout``: seconds to wait at most (None: for ever; 0: only if free now). Waiters
@@ -230,7 +231,7 @@ class Semaphore:
         """
         return self._acquire(timeout)
 
-    def try_acquire(self) -> Optional[Lease]:
+    def try_acquire(self) -> Lease | None:
         """The lease if ``weight`` permits are free now and nobody waits, else None. Never
         retried after its request was sent (see :class:`Client`)."""
         try:
@@ -238,7 +239,7 @@ class Semaphore:
         except errors.NoPermit:
             return None
 
-    def _acquire(self, timeout: Optional[float], cancel: Optional[Cancel] = None) -> Lease:
+    def _acquire(self, timeout: float | None, cancel: Cancel | None = None) -> Lease:
         clock = self._t.clock
         deadline = _deadline(clock, timeout)
         drops = 0
@@ -256,9 +257,11 @@ class Semaphore:
             except errors.NoPermit:
                 if deadline is not None and deadline - clock() < EPSILON:
                     raise
+                drops = 0
                 continue  # a wait longer than one request allows
             except errors.QueueFull as e:
                 _wait_out(e, clock, deadline, cancel)
+                drops = 0
                 continue
             except errors.ConnectionFailed:
                 drops += 1
@@ -266,11 +269,15 @@ class Semaphore:
                     raise
                 continue
             lease = Lease(
-                self._t, self.name, f"{self._path}/leases/{answer.body['lease_id']}", answer.body, _start(answer, wait)
+                self._t,
+                self.name,
+                f"{self._path}/leases/{answer.body['lease_id']}",
+                answer.body,
+                _start(answer, wait),
             )
             return _hand_over(lease, cancel)
 
-    def status(self) -> Optional[Dict[str, Any]]:
+    def status(self) -> dict[str, Any] | None:
         """The holders and queue (the server's status JSON), or None when the server holds
         nothing for this name. Retried after a dropped connection."""
         try:
@@ -281,7 +288,9 @@ class Semaphore:
     def revoke(self, lease_id: str) -> bool:
         """Revokes another holder's lease (admin); its holder's ``lost`` fires at its next
         renewal. True if the lease was there. Retried after a dropped connection."""
-        return bool(self._t.call("POST", f"{self._path}/leases/{quote(lease_id)}/revoke", retry=True).body.get("done"))
+        return bool(
+            self._t.call("POST", f"{self._path}/leases/{quote(lease_id)}/revoke", retry=True).body.get("done")
+        )
 
 
 def _start(answer: Answer, wait: float) -> float:
@@ -291,7 +300,7 @@ def _start(answer: Answer, wait: float) -> float:
     return answer.sent if wait <= 0 else answer.arrived
 
 
-def _hand_over(lease: Lease, cancel: Optional[Cancel]) -> Lease:
+def _hand_over(lease: Lease, cancel: Cancel | None) -> Lease:
     """Starts the keep-alive, unless the call was cancelled meanwhile: then the lease is
     released at once."""
     if cancel is not None and cancel.cancelled:
@@ -304,7 +313,7 @@ def _hand_over(lease: Lease, cancel: Optional[Cancel]) -> Lease:
     return lease
 
 
-def _wait_out(e: errors.TesseraError, clock: Clock, deadline: Optional[float], cancel: Optional[Cancel]) -> None:
+def _wait_out(e: errors.TesseraError, clock: Clock, deadline: float | None, cancel: Cancel | None) -> None:
     """Sleeps the ``retry_after`` of ``e``, or raises ``e`` if that passes the deadline."""
     delay = max(0.001, e.retry_after if e.retry_after is not None else 1.0)
     if deadline is not None and clock() + delay > deadline:
@@ -320,8 +329,8 @@ class Decision:
     admitted."""
 
     admitted: bool
-    admitted_at_us: Optional[int] = None
-    retry_after: Optional[float] = None
+    admitted_at_us: int | None = None
+    retry_after: float | None = None
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -346,12 +355,12 @@ class RateLimiter:
         self,
         client: Client,
         name: str,
-        limits: List[str],
+        limits: list[str],
         *,
         cost: int = 1,
-        margin: Optional[Duration] = None,
-        mode: Optional[str] = None,
-        burst: Optional[int] = None,
+        margin: Duration | None = None,
+        mode: str | None = None,
+        burst: int | None = None,
         update: bool = False,
     ) -> None:
         self._t = client._transport
@@ -359,7 +368,7 @@ class RateLimiter:
         self.limits = limits
         self.cost = cost
         self._path = f"/v1/rates/{quote(name)}"
-        self._body: Dict[str, Any] = {"limits": limits, "cost": cost}
+        self._body: dict[str, Any] = {"limits": limits, "cost": cost}
         if margin is not None:
             self._body["margin"] = ms(margin, up=False)
         if mode is not None:
@@ -372,7 +381,7 @@ class RateLimiter:
     def __repr__(self) -> str:
         return f"<RateLimiter {self.name!r} {' '.join(self.limits)} cost={self.cost}>"
 
-    def acquire(self, max_wait: Optional[float] = None) -> Decision:
+    def acquire(self, max_wait: float | None = None) -> Decision:
         """Waits for a turn and returns at its moment (the admitted ``Decision``): make the
         call at once.
 
@@ -384,7 +393,7 @@ class RateLimiter:
         """
         return self._acquire(max_wait)
 
-    def _acquire(self, max_wait: Optional[float], cancel: Optional[Cancel] = None) -> Decision:
+    def _acquire(self, max_wait: float | None, cancel: Cancel | None = None) -> Decision:
         clock = self._t.clock
         deadline = _deadline(clock, max_wait)
         drops = 0
@@ -395,6 +404,7 @@ class RateLimiter:
                 answer = self._t.call("POST", self._path + "/acquire", body, wait=wait, cancel=cancel)
             except errors.Limited as e:
                 _wait_out(e, clock, deadline, cancel)
+                drops = 0
                 continue
             except errors.ConnectionFailed:
                 drops += 1
@@ -409,9 +419,11 @@ class RateLimiter:
         """Admitted (and charged) now, or not with the wait; never waits. Never retried after
         its request was sent: a lost answer may have charged."""
         body = self._t.call("POST", self._path + "/try", self._body).body
-        return Decision(bool(body.get("admitted")), body.get("admitted_at_us"), _seconds(body.get("retry_after_ms")))
+        return Decision(
+            bool(body.get("admitted")), body.get("admitted_at_us"), _seconds(body.get("retry_after_ms"))
+        )
 
-    def status(self) -> Optional[Dict[str, Any]]:
+    def status(self) -> dict[str, Any] | None:
         """Usage per window and next free time (the server's JSON), or None when the server
         holds nothing for this name. Retried after a dropped connection."""
         try:
@@ -424,7 +436,7 @@ class RateLimiter:
         return bool(self._t.call("DELETE", self._path, retry=True).body.get("done"))
 
 
-def _seconds(value: Optional[int]) -> Optional[float]:
+def _seconds(value: int | None) -> float | None:
     return None if value is None else value / 1000.0
 
 
@@ -449,12 +461,12 @@ class Admission:
         name: str,
         *,
         capacity: int,
-        limits: List[str],
+        limits: list[str],
         weight: int = 1,
         cost: int = 1,
         ttl: Duration = 30.0,
-        margin: Optional[Duration] = None,
-        holder: Optional[str] = None,
+        margin: Duration | None = None,
+        holder: str | None = None,
         update: bool = False,
     ) -> None:
         self._t = client._transport
@@ -463,7 +475,7 @@ class Admission:
         self.limits = limits
         self._path = f"/v1/admissions/{quote(name)}"
         self._lease_path = f"/v1/semaphores/{quote(name)}/leases"
-        self._body: Dict[str, Any] = {
+        self._body: dict[str, Any] = {
             "capacity": capacity,
             "limits": limits,
             "weight": weight,
@@ -481,7 +493,7 @@ class Admission:
     def __repr__(self) -> str:
         return f"<Admission {self.name!r} capacity={self.capacity} {' '.join(self.limits)}>"
 
-    def acquire(self, timeout: Optional[float] = None) -> AdmittedLease:
+    def acquire(self, timeout: float | None = None) -> AdmittedLease:
         """Waits for an admission and returns its lease (a context manager, released on exit).
 
         ``timeout``: seconds (None: for ever; 0: only if admissible now). Admission waiters
@@ -497,7 +509,7 @@ class Admission:
         """
         return self._acquire(timeout, check_use_by=True)
 
-    def try_acquire(self) -> Optional[AdmittedLease]:
+    def try_acquire(self) -> AdmittedLease | None:
         """The admission if it can be granted now, else None (nothing held or charged)."""
         try:
             return self._acquire(0, check_use_by=True)
@@ -505,7 +517,7 @@ class Admission:
             return None
 
     def _acquire(
-        self, timeout: Optional[float], cancel: Optional[Cancel] = None, *, check_use_by: bool
+        self, timeout: float | None, cancel: Cancel | None = None, *, check_use_by: bool
     ) -> AdmittedLease:
         clock = self._t.clock
         deadline = _deadline(clock, timeout)
@@ -518,9 +530,11 @@ class Admission:
             except errors.NotAdmitted:
                 if deadline is not None and deadline - clock() < EPSILON:
                     raise
+                drops = 0
                 continue
             except errors.QueueFull as e:
                 _wait_out(e, clock, deadline, cancel)
+                drops = 0
                 continue
             except errors.ConnectionFailed:
                 drops += 1
@@ -528,7 +542,11 @@ class Admission:
                     raise
                 continue
             lease = AdmittedLease(
-                self._t, self.name, f"{self._lease_path}/{answer.body['lease_id']}", answer.body, _start(answer, wait)
+                self._t,
+                self.name,
+                f"{self._lease_path}/{answer.body['lease_id']}",
+                answer.body,
+                _start(answer, wait),
             )
             _hand_over(lease, cancel)
             if not check_use_by or not self.stale(lease):
@@ -550,7 +568,6 @@ class Admission:
         dropped connection (idempotent)."""
         self.given_back += 1
         return lease._give_back(self._path)
-
 
 
 def _stale_error(name: str) -> errors.NotAdmitted:

@@ -20,7 +20,6 @@ never a token) and ``retry_after`` (seconds, for ``queue_full`` and ``limited``,
 from __future__ import annotations
 
 import json
-from typing import Dict, Mapping, Optional, Type
 
 
 class TesseraError(Exception):
@@ -33,15 +32,15 @@ class TesseraError(Exception):
         self,
         message: str,
         *,
-        kind: Optional[str] = None,
-        status: Optional[int] = None,
-        retry_after: Optional[float] = None,
+        kind: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: str = kind if kind is not None else self.KIND
-        self.status: Optional[int] = status
+        self.status: int | None = status
         self.message: str = message
-        self.retry_after: Optional[float] = retry_after
+        self.retry_after: float | None = retry_after
 
     def __str__(self) -> str:
         where = f"{self.status} " if self.status is not None else ""
@@ -195,7 +194,7 @@ class ConnectionFailed(Unavailable):
     KIND = "connection_failed"
 
 
-KINDS: Dict[str, Type[TesseraError]] = {
+KINDS: dict[str, type[TesseraError]] = {
     cls.KIND: cls
     for cls in (
         InvalidInput,
@@ -221,16 +220,16 @@ KINDS: Dict[str, Type[TesseraError]] = {
 }
 
 
-def from_answer(status: int, body: bytes, headers: Mapping[str, str]) -> TesseraError:
+def from_answer(status: int, body: bytes, retry_after_header: str | None = None) -> TesseraError:
     """The error for an answer with a status of 400 or more.
 
     The class follows ``kind``; an unknown kind gives the base class (503 gives
     :class:`Unavailable`), and a body that is not the server's error JSON (a proxy's page)
     gives kind ``http_STATUS`` with the start of the body as message.
     """
-    kind: Optional[str] = None
+    kind: str | None = None
     message = ""
-    retry_after: Optional[float] = None
+    retry_after: float | None = None
     try:
         parsed = json.loads(body)
         if isinstance(parsed, dict):
@@ -244,10 +243,8 @@ def from_answer(status: int, body: bytes, headers: Mapping[str, str]) -> Tessera
     if kind is None:
         kind = f"http_{status}"
         message = body[:200].decode("utf-8", "replace").strip() or f"HTTP {status}"
-    if retry_after is None:
-        header = headers.get("Retry-After")
-        if header is not None and header.strip().isdigit():
-            retry_after = float(header.strip())
+    if retry_after is None and retry_after_header is not None and retry_after_header.strip().isdigit():
+        retry_after = float(retry_after_header.strip())
     cls = KINDS.get(kind)
     if cls is None:
         cls = Unavailable if status == 503 else TesseraError
