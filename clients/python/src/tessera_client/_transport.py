@@ -269,9 +269,9 @@ class Transport:
                     or pause_s is None
                     or (deadline is not None and self.clock() + pause_s >= deadline)
                 ):
-                    what = "no answer" if sent_request else "cannot connect"
+                    what = "no answer from" if sent_request else "cannot connect to"
                     raise errors.ConnectionFailed(
-                        f"{method} {path}: {what} from {self._host}:{self._port} ({type(e).__name__}: {e})"
+                        f"{method} {path}: {what} {self._host}:{self._port} ({type(e).__name__}: {e})"
                     ) from e
                 pause(pause_s, cancel)
                 continue

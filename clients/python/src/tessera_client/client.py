@@ -24,6 +24,12 @@ DROPS = 3
 #: A remaining wait shorter than this is no wait: the timeout has run out.
 EPSILON = 0.005
 
+#: The pause before a waiting request whose connection dropped is sent again: the server
+#: drops the first request's queue place or rate reservation when it notices the closed
+#: connection; a new request that came before would wait behind it (for a rate limiter, a
+#: reserved turn later than needed).
+REASK_PAUSE = 0.2
+
 
 def _default_holder() -> str:
     return f"py:{socket.gethostname()}:{os.getpid()}"
@@ -64,8 +70,9 @@ class Client:
 
     - renew, release, status and give-back: always (each is idempotent), 3 attempts;
     - a semaphore or admission acquire, and a rate acquire, only while they wait
-      (``timeout``/``max_wait`` above 0): the server drops a waiter, or its reservation, when
-      its connection closes, so the client asks again with the time left. If the grant was made
+      (``timeout``/``max_wait`` above 0), 3 times in a row: the server drops a waiter, or its
+      reservation, when its connection closes, so the client asks again with the time left,
+      200 ms later (so as not to queue behind its own dropped request). If the grant was made
       just as the connection broke, that lease is held until its TTL runs out;
     - ``try_acquire`` (no wait): never, since a lost answer may have granted or charged; it
       raises :class:`ConnectionFailed`.
@@ -267,6 +274,7 @@ class Semaphore:
                 drops += 1
                 if wait <= 0 or drops > DROPS:
                     raise
+                _after_drop(clock, deadline, cancel)
                 continue
             lease = Lease(
                 self._t,
@@ -311,6 +319,13 @@ def _hand_over(lease: Lease, cancel: Cancel | None) -> Lease:
         cancel.check()
     lease._start()
     return lease
+
+
+def _after_drop(clock: Clock, deadline: float | None, cancel: Cancel | None) -> None:
+    """Pauses :data:`REASK_PAUSE` (at most until the deadline) before a waiting request is
+    sent again after its connection dropped."""
+    left = REASK_PAUSE if deadline is None else min(REASK_PAUSE, deadline - clock())
+    pause(max(0.0, left), cancel)
 
 
 def _wait_out(e: errors.TesseraError, clock: Clock, deadline: float | None, cancel: Cancel | None) -> None:
@@ -410,6 +425,7 @@ class RateLimiter:
                 drops += 1
                 if wait <= 0 or drops > DROPS:
                     raise
+                _after_drop(clock, deadline, cancel)
                 continue
             if cancel is not None:
                 cancel.check()
@@ -540,6 +556,7 @@ class Admission:
                 drops += 1
                 if wait <= 0 or drops > DROPS:
                     raise
+                _after_drop(clock, deadline, cancel)
                 continue
             lease = AdmittedLease(
                 self._t,
