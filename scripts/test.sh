@@ -103,3 +103,5 @@ cargo build --workspace --all-features --locked --bin tessera
 export TESSERA_BIN=$PWD/target/debug/tessera
 echo "== clients/node"
 bash clients/node/test.sh
+echo "== clients/python"
+bash clients/python/test.sh

@@ -31,7 +31,7 @@ impl Name {
             return Err(bad("longer than 128 bytes"));
         }
         if !name.as_bytes()[0].is_ascii_alphanumeric() {
-            return Err(bad("must start with a letter or digit"));
+            return Err(bad("must start with an ASCII letter or digit"));
         }
         if !name
             .bytes()

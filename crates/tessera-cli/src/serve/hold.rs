@@ -44,7 +44,8 @@ pub struct LeaseBody {
     pub fence: u64,
     /// Holder label.
     pub holder: String,
-    /// The lease TTL in milliseconds (renewals extend it by this much).
+    /// The lease TTL asked for, in milliseconds. A renewal extends the lease by the `ttl` it
+    /// names (30s when it names none), so send this one to keep the same TTL.
     pub ttl_ms: u64,
     /// How long the lease is certainly valid from when this answer left, in milliseconds:
     /// the time left on the store's clock, less the request's round trip and 2% for
