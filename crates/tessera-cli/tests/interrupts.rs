@@ -1,7 +1,7 @@
 //! `tessera run` stopped while it waits — by SIGTERM, SIGINT or `--wait` running out, during
-//! the wait for a permit or for a turn within the rate limits — runs nothing and leaves
-//! nothing behind: no holder, no queue place, no rate reservation, checked with
-//! `tessera status` right after it exited.
+//! the wait for a permit, for a turn within the rate limits, or for an admission of both —
+//! runs nothing and leaves nothing behind: no holder, no queue place, no rate reservation,
+//! checked with `tessera status` right after it exited.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -94,8 +94,11 @@ fn a_signal_during_the_rate_wait_returns_the_reservation() {
     }
 }
 
+/// `--permits` with `--rate` on SQLite is one admission: while the windows are full the run
+/// waits in the queue holding no permit and reserving no turn, and a signal then leaves the
+/// queue with nothing charged.
 #[test]
-fn a_signal_during_the_rate_wait_after_the_permit_releases_both() {
+fn a_signal_during_an_admission_wait_leaves_the_queue_and_charges_nothing() {
     for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         let home = tempfile::tempdir().unwrap();
         let store = format!("sqlite://{}", home.path().join("t.db").display());
@@ -108,10 +111,16 @@ fn a_signal_during_the_rate_wait_after_the_permit_releases_both() {
             &["--permits", "2", "--rate", "1/2min"],
             &marker,
         );
-        wait_until("the run holds its permit and reserved its turn", || {
-            let s = status_json(home.path(), &store, "both");
-            s["used"] == 1 && s["rate"]["limits"][0]["reserved"] == 1
-        });
+        wait_until(
+            "the run waits in the queue, holding and reserving nothing",
+            || {
+                let s = status_json(home.path(), &store, "both");
+                count(&s, "queue") == 1
+                    && s["used"] == 0
+                    && s["rate"]["limits"][0]["used"] == 1
+                    && s["rate"]["limits"][0]["reserved"] == 0
+            },
+        );
         signal(&waiter, sig);
         let out = waiter.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(code), "{out:?}");

@@ -95,8 +95,10 @@ pub struct AdmittedLeaseBody {
 #[serde(deny_unknown_fields)]
 pub struct GiveBackBody {
     /// `reservation` of the admission.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub reservation: u64,
     /// `admitted_at_us` of the admission.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub admitted_at_us: u64,
 }
 
@@ -247,6 +249,18 @@ pub async fn give_back(
 ) -> Result<Json<DoneBody>, ApiError> {
     principal.check(&sem)?;
     let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    // Both come from an admission's answer, which never holds more than 2^63 - 1.
+    for (field, value) in [
+        ("reservation", body.reservation),
+        ("admitted_at_us", body.admitted_at_us),
+    ] {
+        if value > i64::MAX as u64 {
+            return Err(ApiError::invalid(format!(
+                "invalid {field} {value}: at most {}",
+                i64::MAX
+            )));
+        }
+    }
     let backend = app.store.backend();
     let Some(admission) = backend.admission() else {
         return Err(tessera::Error::Unsupported(format!(
