@@ -106,9 +106,9 @@ fn admission(
     app: &App,
     sem: &str,
     body: &AdmissionBody,
+    ttl: std::time::Duration,
     holder: String,
 ) -> Result<Admission, ApiError> {
-    let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
     let mut limits = body.limits.iter().map(|l| l.parse::<RateSpec>());
     let Some(first) = limits.next() else {
         return Err(ApiError::invalid("limits: at least one limit, as \"50/s\""));
@@ -176,7 +176,7 @@ pub async fn acquire(
         .holder
         .clone()
         .unwrap_or_else(|| format!("http:{peer}"));
-    let adm = admission(&app, &sem, &body, holder)?;
+    let adm = admission(&app, &sem, &body, ttl, holder)?;
     let deadline = tokio::time::Instant::now() + wait;
     let admit = async {
         let mut ticket = match wait.is_zero() {
