@@ -1,6 +1,6 @@
 //! Admission — permits and rate windows taken in one atomic step — on the stores that have
-//! it: the memory store (the reference model, also on a clock the test moves) and SQLite
-//! (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
+//! it: the memory store (the reference model, also on a clock the test moves), SQLite,
+//! Redis and a Redis Cluster (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
 //! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
 //! where the user observes it: at the moment each call starts. A store without admission
 //! answers `Error::Unsupported` (the server stores' tests).
@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use tessera::backend::stores::MemoryBackend;
 use tessera::backend::ManualClock;
 use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+use tessera_testkit::servers::redis::RedisServer;
+use tessera_testkit::servers::redis_cluster::RedisCluster;
 
 /// A private memory store on a clock the test moves.
 fn manual_store() -> (Store, Arc<ManualClock>) {
@@ -19,11 +21,20 @@ fn manual_store() -> (Store, Arc<ManualClock>) {
     (Store::from_backend(Arc::new(backend), "memory://"), clock)
 }
 
-/// The stores with admission, each private to the test: memory, and SQLite in a file of
-/// its own (the directory lives as long as the store is used).
-async fn stores(test: &str) -> Vec<(Store, Option<tempfile::TempDir>)> {
+/// What a store of [`stores`] needs kept alive while it is used: its file's directory, or
+/// its throwaway server.
+type Keep = Option<Box<dyn std::any::Any + Send>>;
+
+/// The stores with admission, each private to the test: memory, SQLite in a file of its
+/// own, a throwaway Redis and a throwaway Redis Cluster (three primaries; a semaphore and the
+/// limiter of its name share one slot).
+async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
+    let redis = RedisServer::start();
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(false))
+        .await
+        .unwrap();
     vec![
         (
             Store::connect(&format!("memory://admission-{test}-{}", std::process::id()))
@@ -31,7 +42,15 @@ async fn stores(test: &str) -> Vec<(Store, Option<tempfile::TempDir>)> {
                 .unwrap(),
             None,
         ),
-        (Store::connect(&sqlite).await.unwrap(), Some(dir)),
+        (Store::connect(&sqlite).await.unwrap(), Some(Box::new(dir))),
+        (
+            Store::connect(&redis.url()).await.unwrap(),
+            Some(Box::new(redis)),
+        ),
+        (
+            Store::connect(&cluster.url()).await.unwrap(),
+            Some(Box::new(cluster)),
+        ),
     ]
 }
 

@@ -963,24 +963,3 @@ async fn a_wrong_password_is_an_auth_error_naming_the_url() {
         assert!(!format!("{text} {e:?}").contains("Wrong-pw-42"), "{e:?}");
     }
 }
-
-/// Admission is not built on Redis yet: asking for one is a typed `Unsupported` that names
-/// what to use instead, before anything reaches the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_admission_is_unsupported_with_a_typed_error() {
-    let server = RedisServer::start();
-    let store = Store::connect(&server.url()).await.unwrap();
-    let err = store
-        .admission("sms")
-        .permits(2)
-        .rate("5/s".parse().unwrap())
-        .unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("admission") && text.contains("RateLimiter"),
-        "{text}"
-    );
-    assert!(store.list().await.unwrap().is_empty());
-    store.close().await.unwrap();
-}

@@ -131,6 +131,23 @@ impl Caller {
     /// [`keys`]) with the shared first argument and `args`.
     pub(super) async fn run(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {
         let keys = keys(&self.prefix, name, self.topo.is_cluster());
+        self.run_on(op, name, &keys, args).await
+    }
+
+    /// [`Caller::run`] for an admission step: the semaphore's keys, then the limiter's (see
+    /// `scripts/admission.lua`).
+    pub(super) async fn run_admission(
+        &self,
+        op: Op,
+        name: &Name,
+        args: &[String],
+    ) -> Result<Value> {
+        let mut keys = keys(&self.prefix, name, self.topo.is_cluster());
+        keys.extend(super::rate::keys(&self.prefix, name));
+        self.run_on(op, name, &keys, args).await
+    }
+
+    async fn run_on(&self, op: Op, name: &Name, keys: &[String], args: &[String]) -> Result<Value> {
         let mut all = Vec::with_capacity(args.len() + 1);
         // On a cluster, wake-ups go out on sharded pub/sub in the semaphore's own slot.
         let cluster_base;
@@ -142,7 +159,7 @@ impl Caller {
         };
         all.push(wake_base);
         all.extend(args.iter().map(String::as_str));
-        self.call(op, &keys, &all).await
+        self.call(op, keys, &all).await
     }
 
     /// One step: [`Caller::call_on`] on the shared connection, or, with `?wait=N` and

@@ -116,6 +116,7 @@
 //! their turn in a line, and keep-alives have a line of their own: the response timeout
 //! measures the server, not the length of the line (see `line.rs`).
 
+mod admission;
 mod call;
 mod error;
 mod eviction;
@@ -726,6 +727,9 @@ impl Backend for RedisBackend {
         self.caller.expiries.get(name)
     }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+        Some(self)
+    }
+    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
         Some(self)
     }
 }

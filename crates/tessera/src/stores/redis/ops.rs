@@ -18,6 +18,9 @@ use crate::model::*;
 const COMMON: &str = include_str!("scripts/common.lua");
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 const RATE_PRELUDE: &str = include_str!("scripts/rate_prelude.lua");
+/// The admission prelude (after the semaphore's), with the rate prelude in its place.
+static ADMISSION: LazyLock<String> =
+    LazyLock::new(|| include_str!("scripts/admission.lua").replace("@RATE_PRELUDE@", RATE_PRELUDE));
 
 /// One atomic step of the store: a script file run behind its prelude.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,10 +38,42 @@ pub(crate) enum Op {
     RateCancel,
     RateStatus,
     RateDelete,
+    Admit,
+    GiveBack,
+}
+
+/// The text in front of an operation's script, after common.lua.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prelude {
+    Semaphore,
+    Rate,
+    /// The semaphore's prelude and `admission.lua` (the rate prelude inside it).
+    Admission,
+}
+
+impl Prelude {
+    /// The library's blocks: the admission's sits in the semaphore's block, after it.
+    const BLOCKS: [&[Prelude]; 2] = [&[Prelude::Semaphore, Prelude::Admission], &[Prelude::Rate]];
+
+    fn text(self) -> &'static str {
+        match self {
+            Prelude::Semaphore => PRELUDE,
+            Prelude::Rate => RATE_PRELUDE,
+            Prelude::Admission => &ADMISSION,
+        }
+    }
+
+    /// How a script of this prelude starts.
+    fn begin(self) -> &'static str {
+        match self {
+            Prelude::Admission => "begin_admission(KEYS, ARGV)",
+            _ => "begin(KEYS, ARGV)",
+        }
+    }
 }
 
 impl Op {
-    const ALL: [Op; 13] = [
+    const ALL: [Op; 15] = [
         Op::Acquire,
         Op::Heartbeat,
         Op::Cancel,
@@ -52,6 +87,8 @@ impl Op {
         Op::RateCancel,
         Op::RateStatus,
         Op::RateDelete,
+        Op::Admit,
+        Op::GiveBack,
     ];
 
     /// The function's name suffix, and the script's body.
@@ -70,6 +107,8 @@ impl Op {
             Op::RateCancel => ("rate_cancel", include_str!("scripts/rate_cancel.lua")),
             Op::RateStatus => ("rate_status", include_str!("scripts/rate_status.lua")),
             Op::RateDelete => ("rate_delete", include_str!("scripts/rate_delete.lua")),
+            Op::Admit => ("admit", include_str!("scripts/admit.lua")),
+            Op::GiveBack => ("give_back", include_str!("scripts/give_back.lua")),
         }
     }
 
@@ -81,7 +120,7 @@ impl Op {
     /// under OOM, even when it would only delete; the `EVALSHA` fallback is refused only at a
     /// command that may grow memory.)
     fn allow_oom(self) -> bool {
-        !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire)
+        !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire | Op::Admit)
     }
 
     /// Whether the operation may change the state (everything but the status reads), so a
@@ -90,10 +129,11 @@ impl Op {
         !matches!(self, Op::Status | Op::RateStatus)
     }
 
-    fn prelude(self) -> &'static str {
+    fn prelude(self) -> Prelude {
         match self {
-            Op::RateAcquire | Op::RateCancel | Op::RateStatus | Op::RateDelete => RATE_PRELUDE,
-            _ => PRELUDE,
+            Op::RateAcquire | Op::RateCancel | Op::RateStatus | Op::RateDelete => Prelude::Rate,
+            Op::Admit | Op::GiveBack => Prelude::Admission,
+            _ => Prelude::Semaphore,
         }
     }
 }
@@ -123,18 +163,22 @@ pub(crate) struct Library {
 impl Library {
     fn build() -> Library {
         let mut body = String::from(COMMON);
-        for prelude in [PRELUDE, RATE_PRELUDE] {
-            // One block per prelude: the semaphore and rate helpers share names.
+        for block in Prelude::BLOCKS {
+            // One block per prelude: the semaphore and rate helpers share names. The
+            // admission's prelude extends the semaphore's, in its block.
             body.push_str("\ndo\n");
-            body.push_str(prelude);
-            for op in Op::ALL.into_iter().filter(|op| op.prelude() == prelude) {
-                let (suffix, script) = op.source();
-                let flags = if op.allow_oom() { "'allow-oom'" } else { "" };
-                body.push_str(&format!(
-                    "\nredis.register_function{{function_name = '@LIB@_{suffix}', \
-                     flags = {{{flags}}}, callback = function(KEYS, ARGV)\n\
-                     begin(KEYS, ARGV)\n{script}\nend}}\n"
-                ));
+            for &prelude in block {
+                body.push_str(prelude.text());
+                for op in Op::ALL.into_iter().filter(|op| op.prelude() == prelude) {
+                    let (suffix, script) = op.source();
+                    let flags = if op.allow_oom() { "'allow-oom'" } else { "" };
+                    let begin = prelude.begin();
+                    body.push_str(&format!(
+                        "\nredis.register_function{{function_name = '@LIB@_{suffix}', \
+                         flags = {{{flags}}}, callback = function(KEYS, ARGV)\n\
+                         {begin}\n{script}\nend}}\n"
+                    ));
+                }
             }
             body.push_str("end\n");
         }
@@ -149,9 +193,14 @@ impl Library {
             scripts: Op::ALL
                 .iter()
                 .map(|op| {
+                    let prelude = op.prelude();
+                    let text = match prelude {
+                        Prelude::Admission => format!("{PRELUDE}\n{}", prelude.text()),
+                        other => other.text().to_string(),
+                    };
                     redis::Script::new(&format!(
-                        "{COMMON}\n{}\nbegin(KEYS, ARGV)\n{}",
-                        op.prelude(),
+                        "{COMMON}\n{text}\n{}\n{}",
+                        prelude.begin(),
                         op.source().1
                     ))
                 })
@@ -371,10 +420,15 @@ pub(crate) fn decode_lease(id: LeaseId, record: &str) -> Result<Lease> {
     })
 }
 
-/// A waiter record: weight, lease ttl, enqueued_at, expires_at, client, holder (tabs).
+/// A waiter record: weight, lease ttl, enqueued_at, expires_at, client, holder, and an
+/// admission waiter's gate (tabs; see `prelude.lua`).
 pub(crate) fn decode_waiter(id: LeaseId, record: &str) -> Result<Waiter> {
-    let f: Vec<&str> = record.splitn(6, '\t').collect();
-    if f.len() != 6 {
+    let f: Vec<&str> = record.split('\t').collect();
+    let gate_ok = match f.get(6) {
+        None => true,
+        Some(gate) => gate.parse::<u64>().is_ok(),
+    };
+    if !(6..=7).contains(&f.len()) || !gate_ok {
         return Err(bad_record("waiter", record));
     }
     Ok(Waiter {
@@ -567,6 +621,12 @@ mod tests {
         let w = decode_waiter(id, "1\t5000\t10\t20\tc\th").unwrap();
         assert_eq!((w.weight, w.expires_at), (1, StoreTime(20)));
         assert!(decode_waiter(id, "").unwrap_err().is_corrupt());
+        // An admission waiter's gate follows its holder.
+        let w = decode_waiter(id, "2\t5000\t10\t20\tc\th/1\t99").unwrap();
+        assert_eq!((w.weight, w.holder.as_str()), (2, "h/1"));
+        assert!(decode_waiter(id, "1\t5000\t10\t20\tc\th\tx")
+            .unwrap_err()
+            .is_corrupt());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::rate::spec::RateMode;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// The keys of one limiter, in the order of `rate_prelude.lua`.
-fn keys(prefix: &str, name: &Name) -> [String; 2] {
+pub(super) fn keys(prefix: &str, name: &Name) -> [String; 2] {
     [
         format!("{{{prefix}:{name}}}:rate"),
         format!("{{{prefix}:{name}}}:rate:log"),
@@ -51,7 +51,7 @@ fn nums(s: &str, what: &str) -> Result<Vec<u64>> {
 
 /// `N,L,T` per limit, flat, as the scripts store them. `L` is the enforced window (period
 /// plus margin, [`RateConfig::window_us`]): the scripts never see the period alone.
-fn limits_arg(config: &RateConfig) -> String {
+pub(super) fn limits_arg(config: &RateConfig) -> String {
     let intervals = engine::emission_intervals(config);
     config
         .limits()
@@ -60,6 +60,14 @@ fn limits_arg(config: &RateConfig) -> String {
         .map(|(l, t)| format!("{},{},{t}", l.count(), config.window_us(l)))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The burst as the scripts take it: 0 in exact mode.
+pub(super) fn burst_arg(config: &RateConfig) -> u32 {
+    match config.mode() {
+        RateMode::Exact => 0,
+        RateMode::Smooth { burst } => burst,
+    }
 }
 
 /// The reply of `rate_acquire.lua`: `{admitted, at, now, reservation}`, `{limited,
@@ -161,10 +169,7 @@ impl RateBackend for RedisBackend {
         config: &RateConfig,
         req: &RateRequest,
     ) -> Result<RateReply> {
-        let burst = match config.mode() {
-            RateMode::Exact => 0,
-            RateMode::Smooth { burst } => burst,
-        };
+        let burst = burst_arg(config);
         let max_wait: i64 = match req.max_wait {
             None => -1,
             Some(w) => w.as_micros().min(i64::MAX as u128) as i64,

@@ -142,24 +142,37 @@ local function decode_lease(s)
     expires_at = tonumber(expires_at), client = client, holder = holder}
 end
 
--- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder.
-local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
+-- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder, and for an
+-- admission waiter (admit.lua) its gate: the store instant (µs) from which its windows admit
+-- it, 0 while that is unknown (it waits for permits), WOKEN once a hand-off woke it. A plain
+-- waiter's record has no gate field (holder labels never contain a tab), so plain waiters
+-- are written as by versions before admissions; a version before them reads a gated
+-- waiter's gate as part of its holder and would grant it without charging its windows, so
+-- every client of a Redis must run a version that knows gates before any of them admits.
+local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t([^\t]*)\t?(%d*)$'
 
 local function encode_waiter(w)
-  return int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t' ..
+  local s = int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t' ..
     int(w.expires_at) .. '\t' .. w.client .. '\t' .. w.holder
+  if w.gate ~= nil then
+    return s .. '\t' .. int(w.gate)
+  end
+  return s
 end
 
 local function decode_waiter(s)
-  local weight, ttl, enqueued_at, expires_at, client, holder = string.match(s, WAITER_PAT)
+  local weight, ttl, enqueued_at, expires_at, client, holder, gate = string.match(s, WAITER_PAT)
   if not weight then corrupt('waiter record') end
   return {weight = num(weight, 'waiter weight'), ttl = tonumber(ttl),
     enqueued_at = tonumber(enqueued_at), expires_at = tonumber(expires_at), client = client,
-    holder = holder}
+    holder = holder, gate = gate ~= '' and tonumber(gate) or nil}
 end
 
 -- Far in the future (µs), for purge_at when nothing can expire.
 local NEVER = 9007199254740991
+-- The gate of an admission waiter that a hand-off woke: not woken again until its own step
+-- sets its gate anew.
+local WOKEN = NEVER
 
 -- The semaphore's counters, or nil if it does not exist. S.fence and S.deadline are nil
 -- until fence() and deadline() parse them from M, the meta fields as loaded. The inline
@@ -572,8 +585,11 @@ local function remove_waiter(id)
   return w
 end
 
--- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest.
--- (Every waiter weighs at least 1, so nothing fits while used >= cap.)
+-- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest, and
+-- so does an admission waiter (a gate in its record), which only its own step grants, as its
+-- windows are charged there: once its permits fit and its gate's instant has come, it is
+-- woken (without a grant) to ask. (Every waiter weighs at least 1, so nothing fits while
+-- used >= cap.)
 local function hand_off()
   while S.qlen > 0 and S.used < S.cap do
     local head = rcall('ZRANGE', K_QUEUE, 0, 0)[1]
@@ -586,6 +602,14 @@ local function hand_off()
     end
     local w = decode_waiter(encoded)
     if S.used + w.weight > S.cap then
+      return
+    end
+    if w.gate ~= nil then
+      if w.gate <= now then
+        w.gate = WOKEN
+        rcall('HSET', K_WAITERS, head, encode_waiter(w))
+        wake(w.client, head)
+      end
       return
     end
     unqueue(head)

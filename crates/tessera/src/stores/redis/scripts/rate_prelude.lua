@@ -12,14 +12,18 @@
 -- Times are µs since the epoch from TIME; running totals and times stay below 2^53, so Lua
 -- doubles hold them exactly; they are formatted with %d, never with tostring.
 
--- The call's keys, set by begin().
+-- The call's keys, set by begin() (or, inside an admission's step, by use_keys()).
 local K_STATE, K_LOG
+
+local function use_keys(state, log)
+  K_STATE, K_LOG = state, log
+end
 
 -- Starts a call: reads the clock and takes the keys (a function library keeps these locals
 -- between calls).
 local function begin(keys)
   clock()
-  K_STATE, K_LOG = keys[1], keys[2]
+  use_keys(keys[1], keys[2])
 end
 -- How long the keys outlive the moment their state stops mattering.
 local GRACE_MS = 1000
@@ -136,4 +140,107 @@ local function lim_text(lim)
     flat[#flat + 1] = l.t
   end
   return join(flat)
+end
+
+-- The decision of rate_acquire.lua (and of an admission's windows, admit.lua): prune ->
+-- check the limits -> earliest admissible time -> admit, reserve or answer limited (all
+-- limits charged, or none). `max_wait` in µs, -1 for a try (admit only now).
+-- Returns {'admitted', at, now, reservation} | {'limited', retry_at, now} |
+-- {'mismatch', stored limits}.
+local function charge(cfg, lim_arg, burst, cost, max_wait, update)
+  local lim = limits(lim_arg)
+  local S = load()
+  local replaced = false
+  if S == nil then
+    S = {cfg = cfg, seq = 0, tail = 0, last = 0, prev_last = 0, p = 0, base = 0, tat = {},
+      prev_tat = {}}
+    for i = 1, #lim do S.tat[i] = 0; S.prev_tat[i] = 0 end
+  elseif S.cfg ~= cfg then
+    if not update then
+      return {'mismatch', S.cfg}
+    end
+    -- Exact history is kept (it is the true admission history); smooth pacing restarts.
+    local start = math.max(now, S.last)
+    S.cfg, S.tat, S.prev_tat, S.tail = cfg, {}, {}, 0
+    replaced = true
+    for i = 1, #lim do S.tat[i] = start; S.prev_tat[i] = start end
+  end
+  S.lim, S.lim_text, S.burst = lim, lim_arg, burst
+  local pruned = prune(S)
+
+  local t = math.max(now, S.last)
+  if burst == 0 then
+    for _, l in ipairs(lim) do
+      -- The first entry with P >= p - N + k binds: admissible from its time + L.
+      local x = S.p + cost - l.n
+      if x > S.base then
+        local e = rcall('ZRANGEBYSCORE', K_LOG, int(x), '+inf', 'LIMIT', 0, 1)[1]
+        if e == nil then corrupt('rate log has no entry at or above ' .. int(x)) end
+        local at = entry(e)
+        t = math.max(t, at + l.l)
+      end
+    end
+  else
+    local slack = math.max(burst - cost, 0)
+    for i, l in ipairs(lim) do
+      t = math.max(t, S.tat[i] - slack * l.t)
+    end
+  end
+
+  local wait = t - now
+  local admit
+  if max_wait < 0 then admit = wait == 0 else admit = wait <= max_wait end
+  if not admit then
+    -- Nothing charged. Entries that no longer change any answer may have been pruned: then
+    -- base must follow them (the state exists, or nothing could have been pruned); limits
+    -- replaced by update stay replaced, as in the reference model.
+    if pruned or replaced then save(S) end
+    return {'limited', t, now}
+  end
+
+  S.prev_last = S.last
+  S.last = t
+  S.seq = S.seq + 1
+  S.tail = S.seq
+  if burst == 0 then
+    S.p = S.p + cost
+    rcall('ZADD', K_LOG, int(S.p), int(t) .. ':' .. int(S.p))
+  else
+    for i, l in ipairs(lim) do
+      S.prev_tat[i] = S.tat[i]
+      S.tat[i] = math.max(S.tat[i], t) + cost * l.t
+    end
+  end
+  save(S)
+  return {'admitted', t, now, S.seq}
+end
+
+-- Returns the latest admission if it is the one named (`id`, admitted at `at`; ids restart
+-- with a fresh state, but a stale id's time has passed by then, so the pair never names a
+-- new reservation) and not yet due, or, with `due_too`, due or not (an admission given back
+-- unused: a state expires only a horizon after its latest admission, and a give-back comes a
+-- margin after its own, so a restarted id cannot match either). 1 if returned, 0 if not
+-- (nothing changed).
+local function undo(id, at, due_too)
+  local S = load()
+  if S == nil or id == 0 or S.tail ~= id or S.last ~= at or (at <= now and not due_too) then
+    return 0
+  end
+  S.lim_text = lim_text(S.lim)
+  S.last = S.prev_last
+  S.tail = 0
+  if S.burst == 0 then
+    rcall('ZREMRANGEBYSCORE', K_LOG, int(S.p), int(S.p))
+    local tail = rcall('ZRANGE', K_LOG, -1, -1)[1]
+    if tail == nil then
+      S.p = S.base
+    else
+      local _, p = entry(tail)
+      S.p = p
+    end
+  else
+    S.tat = S.prev_tat
+  end
+  save(S)
+  return 1
 end

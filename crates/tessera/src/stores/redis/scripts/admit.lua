@@ -1,0 +1,139 @@
+-- admit: permits and rate windows in one step (docs/admission.md): grant and charge every
+-- window, join the queue as an admission waiter, or refuse; all or nothing. The reference
+-- model is Model::admit (stores/memory/ops.rs); the SQL stores' is decide_admit
+-- (stores/sql/step.rs).
+-- KEYS: see admission.lua: the semaphore's (meta alone, or every key on a cluster), then the
+--       limiter's state and log (see rate_prelude.lua); all under one hash tag.
+-- ARGV[2..9] as acquire.lua (capacity, lease id, weight, lease ttl, holder, client id,
+--       waiter ttl or 0 for a try, queue cap)
+-- ARGV[10] canonical limits   ARGV[11] N,L,T per limit (flat)   ARGV[12] burst (0: exact)
+-- ARGV[13] cost               ARGV[14] update (1)               ARGV[15] at head (1)
+-- Reply: {'granted', now, lease record, reservation}
+--      | {'queued', position, now, purge_at, window_at}
+--      | {'nopermit', available, queued, now, window_at}
+--      | {'mismatch', stored capacity} | {'ratemismatch', stored limits} | {'queuefull'}
+-- window_at (µs): when the windows admit the cost, if the permits fit and only the windows
+-- refused; 0 otherwise.
+
+local capacity = num(ARGV[2], 'capacity argument')
+local lease_id = ARGV[3]
+local weight = num(ARGV[4], 'weight argument')
+local ttl = num(ARGV[5], 'ttl argument')
+local holder = ARGV[6]
+local client = ARGV[7]
+local waiter_ttl = num(ARGV[8], 'waiter ttl argument')
+local queue_cap = num(ARGV[9], 'queue cap argument')
+local cost = num(ARGV[13], 'cost argument')
+local at_head = ARGV[15] == '1'
+local wait = waiter_ttl > 0
+
+if load() == nil then
+  create(capacity)
+end
+purge_and_hand_off()
+
+local reply
+repeat
+  -- An idle semaphore takes the capacity this client declares (as acquire.lua).
+  if is_empty() and S.cap ~= capacity then
+    S.cap = capacity
+    dirty = true
+  end
+  if S.cap ~= capacity then
+    reply = {'mismatch', S.cap}
+    break
+  end
+  -- A retry whose reply was lost: the grant stands (its charge id is not kept, so a
+  -- give-back of it releases the permits and leaves the windows charged).
+  local w
+  if not fresh then
+    local held = lease_get(lease_id)
+    if held then
+      reply = {'granted', now, held, 0}
+      break
+    end
+    if wait and S.qlen > 0 then
+      local encoded = rcall('HGET', K_WAITERS, lease_id)
+      if encoded then
+        w = decode_waiter(encoded)
+      end
+    end
+  end
+  local position = 0
+  if w then
+    position = rcall('ZRANK', K_QUEUE, lease_id)
+  end
+  local fits = S.used + weight <= S.cap
+  -- A waiter's turn is at the head; a newcomer's when nobody waits, or first of all for one
+  -- that gave back an admission it could not use in time.
+  local turn
+  if w then
+    turn = fits and position == 0
+  else
+    turn = fits and (S.qlen == 0 or at_head)
+  end
+  local window_at = 0
+  if turn then
+    local r = rate_charge(ARGV[10], ARGV[11], num(ARGV[12], 'burst argument'), cost, -1,
+      ARGV[14] == '1')
+    if r[1] == 'admitted' then
+      if w then
+        unqueue(lease_id)
+      end
+      reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true), r[4]}
+      break
+    elseif r[1] == 'mismatch' then
+      reply = {'ratemismatch', r[2]}
+      break
+    end
+    window_at = r[2]
+  end
+  if w then
+    -- Queued: the entry lives on, and the gate says when a hand-off may wake it.
+    local until_us = now + waiter_ttl
+    if until_us > w.expires_at then
+      w.expires_at = until_us
+      rcall('ZADD', K_WEXP, int(until_us), lease_id)
+      wrote_expiry(until_us)
+    end
+    w.gate = window_at
+    rcall('HSET', K_WAITERS, lease_id, encode_waiter(w))
+    reply = {'queued', position, now_text(), int(S.purge_at), int(window_at)}
+    break
+  end
+  if not wait then
+    reply = {'nopermit', math.max(S.cap - S.used, 0), S.qlen, now_text(), int(window_at)}
+    break
+  end
+  if S.qlen >= queue_cap then
+    reply = {'queuefull'}
+    break
+  end
+  local seq
+  local first = at_head and S.qlen > 0
+  if first then
+    local head = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+    seq = num(head[2] or corrupt('queue length without a queue'), 'queue seq') - 1
+  else
+    seq = S.seq
+    S.seq = seq + 1
+  end
+  w = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
+    client = client, holder = holder, gate = window_at}
+  if S.qlen == 0 then
+    new_queue = true
+  end
+  rcall('HSET', K_WAITERS, lease_id, encode_waiter(w))
+  rcall('ZADD', K_QUEUE, int(seq), lease_id)
+  rcall('ZADD', K_WEXP, int(w.expires_at), lease_id)
+  if first then
+    position = 0
+  else
+    position = S.qlen
+  end
+  S.qlen = S.qlen + 1
+  wrote_expiry(w.expires_at)
+  reply = {'queued', position, now_text(), int(S.purge_at), int(window_at)}
+until true
+finish()
+return out(reply)
