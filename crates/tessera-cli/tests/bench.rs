@@ -336,3 +336,8 @@ fn bench_admission_on_memory() {
 fn bench_admission_on_sqlite() {
     bench_admission(Harness::sqlite().url());
 }
+
+#[test]
+fn bench_admission_on_redis() {
+    bench_admission(Harness::redis().url());
+}

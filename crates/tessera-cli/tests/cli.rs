@@ -1529,17 +1529,29 @@ fn permits_and_rates_together_are_one_admission_where_the_store_has_it() {
 /// the limit start in any window of its period (the margin covers the start of `sh`).
 #[test]
 fn permits_and_rates_hold_at_the_commands_across_processes() {
-    const PERMITS: usize = 2;
-    const PER_SECOND: usize = 3;
     let home = tmp();
     let store = sqlite(home.path());
-    let out_dir = home.path().join("out");
+    permits_and_rates_hold_at_the_commands(home.path(), &store);
+}
+
+/// The same on a throwaway Redis, where the admission is one `FCALL`.
+#[test]
+fn permits_and_rates_hold_at_the_commands_across_processes_on_redis() {
+    let home = tmp();
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    permits_and_rates_hold_at_the_commands(home.path(), &server.url());
+}
+
+fn permits_and_rates_hold_at_the_commands(home: &Path, store: &str) {
+    const PERMITS: usize = 2;
+    const PER_SECOND: usize = 3;
+    let out_dir = home.join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     let children: Vec<Child> = (0..8)
         .map(|i| {
-            tessera(home.path())
+            tessera(home)
                 .env("TESSERA_LOG", "info")
-                .args(["--store", &store, "run", "--name", "sms", "--wait", "60s"])
+                .args(["--store", store, "run", "--name", "sms", "--wait", "60s"])
                 .args(["--permits", &PERMITS.to_string()])
                 .args([
                     "--rate",

@@ -560,7 +560,18 @@ async fn a_rate_limit_answers_429_with_the_exact_wait_or_waits_within_max_wait()
 #[tokio::test]
 async fn an_admission_takes_permits_and_windows_at_once_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(&sqlite(dir.path()), &[]);
+    admission_over_http(&sqlite(dir.path())).await;
+}
+
+/// The same through a server on a throwaway Redis.
+#[tokio::test]
+async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {
+    let redis = tessera_testkit::servers::redis::RedisServer::start();
+    admission_over_http(&redis.url()).await;
+}
+
+async fn admission_over_http(store: &str) {
+    let s = Server::start(store, &[]);
     let c = client();
     let acquire = s.url("/v1/admissions/sms/acquire");
     let body = json!({"capacity": 2, "limits": ["2/min"]});

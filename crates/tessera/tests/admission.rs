@@ -352,3 +352,28 @@ async fn calls_keep_capacity_and_windows(store: &Store) {
         );
     }
 }
+
+/// A try whose ticket is past its use-by (a margin of 1 µs: every ticket is) is taken again
+/// once, first in the queue, by `readmit_timeout(.., 0)`; late again, it is given back too:
+/// nothing held, nothing charged, nobody queued.
+#[tokio::test]
+async fn a_late_ticket_readmitted_without_a_wait_is_tried_once_and_leaves_nothing() {
+    for (store, _keep) in stores("late").await {
+        let adm = store
+            .admission("late")
+            .permits(1)
+            .rate_options(RateOptions::default().margin(Duration::from_micros(1)))
+            .rate("5/min".parse().unwrap())
+            .unwrap();
+        let t = adm.try_acquire().await.unwrap().expect("admitted");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(!t.is_fresh());
+        let again = adm.readmit_timeout(t, Duration::ZERO).await.unwrap();
+        assert!(again.is_none(), "a late ticket came back ({})", store.url());
+        assert_eq!(held(&store, "late").await, 0, "{}", store.url());
+        assert_eq!(rate_used(&store, "late").await, 0, "{}", store.url());
+        let status = store.status("late").await.unwrap();
+        assert!(status.is_none_or(|s| s.queue.is_empty()), "{}", store.url());
+        store.close().await.unwrap();
+    }
+}

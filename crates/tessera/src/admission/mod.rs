@@ -204,7 +204,9 @@ impl Admission {
     }
 
     /// Gives back a ticket that was not used before its use-by instant (see the module docs)
-    /// and waits again, first in the queue, for at most `timeout`.
+    /// and waits again, first in the queue, for at most `timeout`. With a zero `timeout`
+    /// (a try whose ticket went stale on its way), one more try, first in the queue: a ticket
+    /// late again is given back too, and the answer is `Ok(None)`.
     pub async fn readmit_timeout(
         &self,
         late: Admitted,
@@ -212,7 +214,24 @@ impl Admission {
     ) -> Result<Option<Admitted>> {
         let deadline = Instant::now().checked_add(timeout);
         late.give_back().await?;
-        self.wait(deadline, true).await
+        if !timeout.is_zero() {
+            return self.wait(deadline, true).await;
+        }
+        match self.attempt(false, true, None).await? {
+            Admit::Granted {
+                permit,
+                reservation,
+                sent,
+            } => {
+                let ticket = self.ticket(permit, reservation, sent);
+                if ticket.is_fresh() {
+                    return Ok(Some(ticket));
+                }
+                ticket.give_back().await?;
+                Ok(None)
+            }
+            Admit::Refused | Admit::TimedOut => Ok(None),
+        }
     }
 
     async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
