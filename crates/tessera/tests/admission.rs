@@ -1,6 +1,6 @@
 //! Admission — permits and rate windows taken in one atomic step — on the stores that have
 //! it: the memory store (the reference model, also on a clock the test moves), SQLite,
-//! Redis and a Redis Cluster (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
+//! Redis, a Redis Cluster and MariaDB (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
 //! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
 //! where the user observes it: at the moment each call starts. A store without admission
 //! answers `Error::Unsupported` (the server stores' tests).
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tessera::backend::stores::MemoryBackend;
 use tessera::backend::ManualClock;
 use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+use tessera_testkit::servers::mysql::MariaDbServer;
 use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_cluster::RedisCluster;
 
@@ -26,13 +27,16 @@ fn manual_store() -> (Store, Arc<ManualClock>) {
 type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// The stores with admission, each private to the test: memory, SQLite in a file of its
-/// own, a throwaway Redis and a throwaway Redis Cluster (three primaries; a semaphore and the
-/// limiter of its name share one slot).
+/// own, a throwaway Redis, a throwaway Redis Cluster (three primaries; a semaphore and the
+/// limiter of its name share one slot) and a throwaway MariaDB.
 async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
     let redis = RedisServer::start();
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(false))
+        .await
+        .unwrap();
+    let mariadb = tokio::task::spawn_blocking(MariaDbServer::start)
         .await
         .unwrap();
     vec![
@@ -50,6 +54,10 @@ async fn stores(test: &str) -> Vec<(Store, Keep)> {
         (
             Store::connect(&cluster.url()).await.unwrap(),
             Some(Box::new(cluster)),
+        ),
+        (
+            Store::connect(&mariadb.url(test)).await.unwrap(),
+            Some(Box::new(mariadb)),
         ),
     ]
 }
@@ -374,6 +382,52 @@ async fn a_late_ticket_readmitted_without_a_wait_is_tried_once_and_leaves_nothin
         assert_eq!(rate_used(&store, "late").await, 0, "{}", store.url());
         let status = store.status("late").await.unwrap();
         assert!(status.is_none_or(|s| s.queue.is_empty()), "{}", store.url());
+        store.close().await.unwrap();
+    }
+}
+
+/// An admission that waits for permits behind a plain holder is granted by its own step
+/// once the holder releases, charging its windows then: the release (on MySQL a stored
+/// procedure, on Redis a script) wakes it and never grants it in its place, which would
+/// leave its windows uncharged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_an_admission_waiting_for_permits_and_its_own_step_charges() {
+    for (store, _keep) in stores("wake").await {
+        let adm = store
+            .admission("wake")
+            .permits(1)
+            .rate("10/min".parse().unwrap())
+            .unwrap();
+        let sem = Semaphore::new(&store, "wake", 1, SemaphoreOptions::default()).unwrap();
+        let plain = sem.acquire().await.unwrap();
+        let waiting = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.acquire_timeout(Duration::from_secs(20)).await })
+        };
+        let queued = async {
+            loop {
+                let s = store.status("wake").await.unwrap();
+                if s.is_some_and(|s| s.queue.len() == 1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), queued)
+            .await
+            .expect("the admission joins the queue");
+        assert_eq!(rate_used(&store, "wake").await, 0, "{}", store.url());
+        let plain_fence = plain.fence();
+        plain.release().await.unwrap();
+        let ticket = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("admitted once released");
+        assert!(ticket.fence() > plain_fence, "{}", store.url());
+        assert_eq!(held(&store, "wake").await, 1, "{}", store.url());
+        assert_eq!(rate_used(&store, "wake").await, 1, "{}", store.url());
+        ticket.release().await.unwrap();
         store.close().await.unwrap();
     }
 }
