@@ -570,6 +570,13 @@ async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {
     admission_over_http(&redis.url()).await;
 }
 
+/// The same through a server on a throwaway MariaDB.
+#[tokio::test]
+async fn an_admission_takes_permits_and_windows_at_once_over_http_on_mariadb() {
+    let mariadb = tessera_testkit::servers::mysql::MariaDbServer::start();
+    admission_over_http(&mariadb.url("admission")).await;
+}
+
 async fn admission_over_http(store: &str) {
     let s = Server::start(store, &[]);
     let c = client();
