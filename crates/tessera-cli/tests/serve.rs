@@ -554,6 +554,72 @@ async fn a_rate_limit_answers_429_with_the_exact_wait_or_waits_within_max_wait()
     );
 }
 
+/// Rate decisions carry the `RateLimit-Policy` field of draft-ietf-httpapi-ratelimit-headers
+/// (one policy per limit, named as written), and refusals the `RateLimit` field too (what
+/// each limit has left, and the seconds until it admits one more) beside `Retry-After`.
+#[tokio::test]
+async fn rate_decisions_carry_the_ratelimit_fields_of_the_ietf_draft() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&sqlite(dir.path()), &[]);
+    let c = client();
+    let body = json!({"limits": ["2/s", "3/min"]});
+    let policy = "\"2/s\";q=2;w=1, \"3/min\";q=3;w=60";
+    let send = |url: String, body: Value| {
+        let c = c.clone();
+        async move { c.post(url).json(&body).send().await.unwrap() }
+    };
+    let acquire = s.url("/v1/rates/api/acquire");
+    for left in [1, 0] {
+        let r = send(acquire.clone(), body.clone()).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["ratelimit-policy"], policy, "{left}");
+        // An admitted call is due at once: no snapshot is read before the answer.
+        assert!(r.headers().get("ratelimit").is_none());
+    }
+    let r = send(acquire.clone(), body.clone()).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["ratelimit-policy"], policy);
+    let limit = r.headers()["ratelimit"].to_str().unwrap().to_string();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The window is the period plus the margin (20 ms): one more frees in 1 to 2 s.
+    assert!(
+        ["1", "2"]
+            .iter()
+            .any(|t| limit == format!("\"2/s\";r=0;t={t}, \"3/min\";r=1;t=0")),
+        "{limit}"
+    );
+    assert!((1..=2).contains(&retry), "{retry}");
+    // A try not admitted carries both; the answer's body says so too.
+    let r = send(s.url("/v1/rates/api/try"), body.clone()).await;
+    assert_eq!(r.headers()["ratelimit-policy"], policy);
+    assert!(r.headers().get("ratelimit").is_some());
+    let d: Value = r.json().await.unwrap();
+    assert_eq!(d["admitted"], false, "{d}");
+    // Admissions: the policy of their windows.
+    let r = send(
+        s.url("/v1/admissions/sms/acquire"),
+        json!({"capacity": 1, "limits": ["1/min"]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["ratelimit-policy"], "\"1/min\";q=1;w=60");
+    let r = send(
+        s.url("/v1/admissions/sms/acquire"),
+        json!({"capacity": 2, "limits": ["1/min"]}),
+    )
+    .await;
+    assert_eq!(
+        r.status(),
+        409,
+        "a capacity mismatch is not a rate decision"
+    );
+    assert!(r.headers().get("ratelimit").is_none());
+}
+
 /// `/v1/admissions`: permits and windows in one step on the embedded store. A refusal holds
 /// nothing and charges nothing, the lease is an ordinary semaphore lease, and a give-back
 /// returns both the permits and the charge.

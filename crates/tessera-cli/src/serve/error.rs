@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
@@ -53,6 +53,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub message: String,
     pub retry_after: Option<Duration>,
+    /// More header fields of the answer (see [`ApiError::with_headers`]).
+    pub headers: HeaderMap,
 }
 
 impl ApiError {
@@ -62,7 +64,14 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
+            headers: HeaderMap::new(),
         }
+    }
+
+    /// Adds `headers` to the answer (the `RateLimit` fields of a rate decision).
+    pub fn with_headers(mut self, headers: HeaderMap) -> Self {
+        self.headers.extend(headers);
+        self
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -188,7 +197,7 @@ impl IntoResponse for ApiError {
             message: self.message,
             retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
         };
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status, self.headers, Json(body)).into_response();
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             response

@@ -25,6 +25,7 @@ mod extract;
 mod hold;
 mod listen;
 mod metrics;
+mod ratelimit;
 mod rates;
 mod semaphores;
 
