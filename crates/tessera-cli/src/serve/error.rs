@@ -53,8 +53,9 @@ pub struct ApiError {
     pub kind: &'static str,
     pub message: String,
     pub retry_after: Option<Duration>,
-    /// More header fields of the answer (see [`ApiError::with_headers`]).
-    pub headers: HeaderMap,
+    /// More header fields of the answer (see [`ApiError::with_headers`]); boxed, as most
+    /// errors have none.
+    pub headers: Option<Box<HeaderMap>>,
 }
 
 impl ApiError {
@@ -64,13 +65,13 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
-            headers: HeaderMap::new(),
+            headers: None,
         }
     }
 
     /// Adds `headers` to the answer (the `RateLimit` fields of a rate decision).
     pub fn with_headers(mut self, headers: HeaderMap) -> Self {
-        self.headers.extend(headers);
+        self.headers.get_or_insert_default().extend(headers);
         self
     }
 
@@ -197,7 +198,10 @@ impl IntoResponse for ApiError {
             message: self.message,
             retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
         };
-        let mut response = (self.status, self.headers, Json(body)).into_response();
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(headers) = self.headers {
+            response.headers_mut().extend(*headers);
+        }
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             response
