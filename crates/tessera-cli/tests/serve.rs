@@ -1503,3 +1503,80 @@ fn the_stream_holder_example_holds_a_seat_and_gives_it_back() {
     let errors = String::from_utf8_lossy(&out.stderr);
     assert!(errors.trim().is_empty(), "{errors}");
 }
+
+/// A store that stops answering (its network path black-holed) costs a client the store
+/// timeout, not its whole wait: a waiting acquire ends with 503 `store_unavailable` and
+/// `Retry-After`, `/healthz` answers 503 so a load balancer routes around the instance, a new
+/// request is refused at once, and all of it comes back once the store answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_store_answers_503_within_the_store_timeout_and_healthz_says_so() {
+    use tessera_testkit::proxy::{Mode, Proxy};
+    let redis = tessera_testkit::servers::redis::RedisServer::start();
+    let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let s = Server::start(
+        &format!("redis://{}", proxy.addr()),
+        &["--store-timeout", "1s"],
+    );
+    let c = client();
+    let health = |c: reqwest::Client, url: String| async move {
+        let r = c.get(url).send().await.unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    assert_eq!(health(c.clone(), s.url("/healthz")).await.0, 200);
+    let acquire = s.url("/v1/semaphores/job/acquire");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 1})).await;
+    assert_eq!(st, 200);
+    let waiting = {
+        let (c, acquire) = (c.clone(), acquire.clone());
+        tokio::spawn(async move {
+            let r = c
+                .post(acquire)
+                .json(&json!({"capacity": 1, "wait": "60s"}))
+                .send()
+                .await
+                .unwrap();
+            let retry = r.headers().get("retry-after").cloned();
+            (
+                Instant::now(),
+                r.status(),
+                retry,
+                r.json::<Value>().await.unwrap(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Mode::Blackhole);
+    let cut = Instant::now();
+    let (answered, st, retry, body) = waiting.await.unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+    );
+    assert!(retry.is_some(), "{body}");
+    // Well inside the 60 s it was willing to wait: the store timeout and a probe's pause.
+    assert!(
+        answered - cut < Duration::from_secs(20),
+        "{:?}",
+        answered - cut
+    );
+    let (st, text) = health(c.clone(), s.url("/healthz")).await;
+    assert_eq!(st, 503, "{text}");
+    assert!(text.starts_with("store down: "), "{text}");
+    let (st, e) = post(&c, &acquire, json!({"capacity": 1})).await;
+    assert_error(st, &e, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable");
+
+    proxy.set(Mode::Pass);
+    let back = async {
+        while health(c.clone(), s.url("/healthz")).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), back)
+        .await
+        .expect("healthz answers 200 again once the store does");
+    let (st, d) = get(&c, &s.url("/v1/semaphores/job")).await;
+    assert_eq!(st, 200, "{d}");
+}

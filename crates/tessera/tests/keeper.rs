@@ -178,9 +178,15 @@ async fn a_detached_lease_is_adopted_elsewhere_without_a_gap_or_a_second_grant()
             (adopted.lease_id(), adopted.fence(), adopted.seats()),
             (lease.lease_id, fence, &seats[..])
         );
-        assert!(sem(&c).try_acquire().await.unwrap().is_none(), "granted twice");
+        assert!(
+            sem(&c).try_acquire().await.unwrap().is_none(),
+            "granted twice"
+        );
         stays_renewed(&adopted, ttl).await;
-        assert!(sem(&c).try_acquire().await.unwrap().is_none(), "granted twice");
+        assert!(
+            sem(&c).try_acquire().await.unwrap().is_none(),
+            "granted twice"
+        );
         assert!(
             timeout(Duration::from_millis(10), lost).await.is_err(),
             "the old holder was told it lost the lease"

@@ -94,6 +94,20 @@ impl ApiError {
         )
     }
 
+    /// The store is taken as down (`health.rs`): 503 with `Retry-After`, at once.
+    pub fn store_down(what: &str, why: &str) -> Self {
+        ApiError {
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!(
+                    "{what} cannot reach the store: {why}; try another instance or again shortly"
+                ),
+            )
+        }
+    }
+
     pub fn shutting_down() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -218,12 +218,14 @@ pub async fn acquire(
     }
     let (limiter, cost) = limiter(&app, &name, &body)?;
     let bound = max_wait + app.request_timeout;
-    let decision = tokio::select! {
-        r = tokio::time::timeout(bound, limiter.acquire_within(cost, max_wait)) => match r {
-            Ok(r) => r?,
-            Err(_) => return Err(ApiError::timeout("the rate acquire", bound)),
-        },
-        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
+    let what = "the rate acquire";
+    let decision = match app
+        .bounded_for(what, bound, limiter.acquire_within(cost, max_wait))
+        .await
+    {
+        Ok(r) => r?,
+        Err(Some(e)) => return Err(e),
+        Err(None) => return Err(ApiError::timeout(what, bound)),
     };
     match decision {
         RateDecision::Admitted { at } => Ok((

@@ -262,7 +262,10 @@ impl Semaphore {
             .await?;
         match renewed {
             RenewReply::Renewed { expires_at, now } => {
-                let lease = Lease { expires_at, ..lease };
+                let lease = Lease {
+                    expires_at,
+                    ..lease
+                };
                 Ok(self.permit(Grant { lease, now }, sent, None))
             }
             RenewReply::Gone => Err(crate::error::Error::Lost(crate::error::LossReason::Gone)),
