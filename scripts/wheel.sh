@@ -106,28 +106,27 @@ echo "== pip install into a fresh virtualenv"
 python3 -m venv "$tmp/venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
 "$tmp/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index "$wheel"
 mkdir "$tmp/home"
-# A new user's shell: the virtualenv and the system's programs on PATH, nothing else.
-as_user() {
-  env -i HOME="$tmp/home" PATH="$tmp/venv/bin:/usr/bin:/bin" LANG=C.UTF-8 "$@"
-}
-found=$(as_user sh -c 'command -v tessera') || die "no tessera on the virtualenv's PATH"
+# A new user's shell: the virtualenv and the system's programs on PATH, nothing else. (A
+# command prefix, not a function: `env` execs the program, so `$!` below is the server itself.)
+as_user=(env -i HOME="$tmp/home" PATH="$tmp/venv/bin:/usr/bin:/bin" LANG=C.UTF-8)
+found=$("${as_user[@]}" sh -c 'command -v tessera') || die "no tessera on the virtualenv's PATH"
 [[ $found == "$tmp/venv/bin/tessera" ]] || die "tessera resolves to $found, not the virtualenv's"
 
 echo "== tessera --version"
-got=$(as_user tessera --version)
+got=$("${as_user[@]}" tessera --version)
 echo "$got"
 [[ $got == "tessera $version (stores: "* ]] || die "tessera --version printed '$got', expected 'tessera $version (stores: …)'"
 
 echo "== tessera run (the README's first command, on the embedded SQLite store)"
 # shellcheck disable=SC2016 # expanded by the child's shell
-got=$(as_user tessera run --name demo --permits 2 -- sh -c 'echo "seat $TESSERA_SEATS, fence $TESSERA_FENCE"')
+got=$("${as_user[@]}" tessera run --name demo --permits 2 -- sh -c 'echo "seat $TESSERA_SEATS, fence $TESSERA_FENCE"')
 echo "$got"
 [[ $got =~ ^seat\ [0-9,]+,\ fence\ [0-9]+$ ]] || die "tessera run printed '$got', expected 'seat N, fence N'"
 db=$tmp/home/.local/state/tessera/tessera.db
 [[ -s $db ]] || die "no SQLite store at $db after tessera run"
 
 echo "== tessera serve --listen 127.0.0.1:0"
-as_user tessera serve --listen 127.0.0.1:0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+"${as_user[@]}" tessera serve --listen 127.0.0.1:0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 server=$!
 url=
 for _ in $(seq 300); do
@@ -157,13 +156,20 @@ released=$(curl -fsS --max-time 10 -X DELETE "$url/v1/semaphores/wheel-check/lea
   die "the release answered $released, expected done: true"
 echo "DELETE /v1/semaphores/wheel-check/leases/$lease_id: $released"
 kill -TERM "$server"
+for _ in $(seq 300); do
+  kill -0 "$server" 2>/dev/null || break
+  sleep 0.1
+done
+kill -0 "$server" 2>/dev/null && die "tessera serve still running 30 s after SIGTERM"
 status=0
 wait "$server" || status=$?
 server=
 [[ $status == 0 ]] || die "tessera serve exited $status on SIGTERM, expected 0: $(cat "$tmp/serve.err")"
-echo "SIGTERM: tessera serve stopped (exit 0)"
+echo "SIGTERM: tessera serve stopped, exit 0 ($(tail -n 1 "$tmp/serve.err"))"
 
 size=$(du -h "$wheel" | cut -f1)
+tag=${wheel##*-}
+tag=${tag%.whl}
 echo "== ok: built in ${build_secs} s; installed and checked in a fresh virtualenv"
-echo "wheel: $wheel ($size)"
+echo "wheel: $wheel ($size; platform tag $tag)"
 echo "install: pip install $wheel"
