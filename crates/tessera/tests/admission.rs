@@ -33,12 +33,10 @@ async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
     let redis = RedisServer::start();
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(false))
-        .await
-        .unwrap();
-    let mariadb = tokio::task::spawn_blocking(MariaDbServer::start)
-        .await
-        .unwrap();
+    let cluster = RedisCluster::start(false);
+    // On this thread, which lives as long as the test: mariadbd dies with the thread that
+    // started it (see `MariaDbServer::start`), and a blocking-pool thread exits when idle.
+    let mariadb = MariaDbServer::start();
     vec![
         (
             Store::connect(&format!("memory://admission-{test}-{}", std::process::id()))

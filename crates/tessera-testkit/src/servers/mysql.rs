@@ -40,6 +40,11 @@ pub struct MariaDbServer {
 impl MariaDbServer {
     /// Starts a server on a free port and waits until it greets. Panics (failing the test)
     /// with the install line if the MariaDB programs are missing.
+    ///
+    /// The server is killed when the thread that started it exits (`PR_SET_PDEATHSIG`, which
+    /// Linux ties to the thread, not the process): start it on a thread that outlives its use,
+    /// such as the test's own, never in `tokio::task::spawn_blocking`, whose threads exit
+    /// after 10 s idle.
     pub fn start() -> MariaDbServer {
         MariaDbServer::start_with(&[])
     }

@@ -227,16 +227,25 @@ impl Admission {
                 permit,
                 reservation,
                 sent,
-            } => {
-                let ticket = self.ticket(permit, reservation, sent);
-                if ticket.is_fresh() {
-                    return Ok(Some(ticket));
-                }
-                ticket.give_back().await?;
-                Ok(None)
-            }
+            } => self.fresh(permit, reservation, sent).await,
             Admit::Refused | Admit::TimedOut => Ok(None),
         }
+    }
+
+    /// The ticket of a grant if it is still fresh; a late one is given back (`None`).
+    async fn fresh(
+        &self,
+        permit: Permit,
+        reservation: u64,
+        sent: Instant,
+    ) -> Result<Option<Admitted>> {
+        let ticket = self.ticket(permit, reservation, sent);
+        if ticket.is_fresh() {
+            return Ok(Some(ticket));
+        }
+        tracing::debug!(name = %self.name(), "admission past its use-by instant; given back");
+        ticket.give_back().await?;
+        Ok(None)
     }
 
     async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
@@ -258,12 +267,9 @@ impl Admission {
                     reservation,
                     sent,
                 } => {
-                    let ticket = self.ticket(permit, reservation, sent);
-                    if ticket.is_fresh() {
+                    if let Some(ticket) = self.fresh(permit, reservation, sent).await? {
                         return Ok(Some(ticket));
                     }
-                    tracing::debug!(name = %self.name(), "admission past its use-by instant; given back");
-                    ticket.give_back().await?;
                     at_head = true;
                     // A store that answers at once (memory) must not keep this task from
                     // yielding while it is late again and again.
