@@ -1,6 +1,7 @@
 //! Admission — permits and rate windows taken in one atomic step — on the stores that have
 //! it: the memory store (the reference model, also on a clock the test moves), SQLite,
-//! Redis and a Redis Cluster (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
+//! Redis, a Redis Cluster and PostgreSQL (`docs/admission.md`): all or nothing, strict FIFO
+//! with plain waiters, the head told when
 //! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
 //! where the user observes it: at the moment each call starts. A store without admission
 //! answers `Error::Unsupported` (the server stores' tests).
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use tessera::backend::stores::MemoryBackend;
 use tessera::backend::ManualClock;
 use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+use tessera_testkit::servers::postgres::PostgresServer;
 use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_cluster::RedisCluster;
 
@@ -26,13 +28,16 @@ fn manual_store() -> (Store, Arc<ManualClock>) {
 type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// The stores with admission, each private to the test: memory, SQLite in a file of its
-/// own, a throwaway Redis and a throwaway Redis Cluster (three primaries; a semaphore and the
-/// limiter of its name share one slot).
+/// own, a throwaway Redis, a throwaway Redis Cluster (three primaries; a semaphore and the
+/// limiter of its name share one slot) and a throwaway PostgreSQL.
 async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
     let redis = RedisServer::start();
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(false))
+        .await
+        .unwrap();
+    let postgres = tokio::task::spawn_blocking(PostgresServer::start)
         .await
         .unwrap();
     vec![
@@ -50,6 +55,12 @@ async fn stores(test: &str) -> Vec<(Store, Keep)> {
         (
             Store::connect(&cluster.url()).await.unwrap(),
             Some(Box::new(cluster)),
+        ),
+        (
+            Store::connect(&postgres.url_with_schema(test))
+                .await
+                .unwrap(),
+            Some(Box::new(postgres)),
         ),
     ]
 }
