@@ -341,3 +341,8 @@ fn bench_admission_on_sqlite() {
 fn bench_admission_on_redis() {
     bench_admission(Harness::redis().url());
 }
+
+#[test]
+fn bench_admission_on_postgres() {
+    bench_admission(Harness::postgres().url());
+}
