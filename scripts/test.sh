@@ -86,6 +86,10 @@ done
 # library under its published name. (No build: the steps below build the same sources.)
 echo "== cargo publish --workspace --dry-run"
 cargo publish --workspace --dry-run --no-verify --locked --allow-dirty
+# What `pip install` of the tool's wheel gets (scripts/wheel.sh builds and tries it; a release
+# build, so not here): its pyproject names maturin's binary bindings and the crate's version.
+echo "== scripts/wheel.sh --check-config"
+bash scripts/wheel.sh --check-config
 echo "== cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --locked
 if cargo nextest --version >/dev/null 2>&1; then

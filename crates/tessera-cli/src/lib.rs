@@ -198,6 +198,11 @@ struct ServeCmd {
     /// waits (acquire's wait, max_wait) come on top
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
+    /// How long the server's probe of the store may go unanswered before the store is taken
+    /// as down: /healthz then answers 503, and so does every request that needs the store,
+    /// at once, until a probe is answered again
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+    store_timeout: Duration,
     /// Print the OpenAPI document and exit
     #[arg(long)]
     openapi: bool,
@@ -422,6 +427,7 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 tls_cert: s.tls_cert,
                 tls_key: s.tls_key,
                 request_timeout: s.request_timeout,
+                store_timeout: s.store_timeout,
             };
             serve::serve(store, args).await
         }

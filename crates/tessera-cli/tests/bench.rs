@@ -343,6 +343,11 @@ fn bench_admission_on_redis() {
 }
 
 #[test]
+fn bench_admission_on_mariadb() {
+    bench_admission(Harness::mariadb().url());
+}
+
+#[test]
 fn bench_admission_on_postgres() {
     bench_admission(Harness::postgres().url());
 }

@@ -1542,6 +1542,14 @@ fn permits_and_rates_hold_at_the_commands_across_processes_on_redis() {
     permits_and_rates_hold_at_the_commands(home.path(), &server.url());
 }
 
+/// The same on a throwaway MariaDB.
+#[test]
+fn permits_and_rates_hold_at_the_commands_across_processes_on_mariadb() {
+    let home = tmp();
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    permits_and_rates_hold_at_the_commands(home.path(), &server.url("admission"));
+}
+
 /// The same on a throwaway PostgreSQL, where the admission is one function call.
 #[test]
 fn permits_and_rates_hold_at_the_commands_across_processes_on_postgres() {

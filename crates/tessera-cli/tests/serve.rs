@@ -554,6 +554,72 @@ async fn a_rate_limit_answers_429_with_the_exact_wait_or_waits_within_max_wait()
     );
 }
 
+/// Rate decisions carry the `RateLimit-Policy` field of draft-ietf-httpapi-ratelimit-headers
+/// (one policy per limit, named as written), and refusals the `RateLimit` field too (what
+/// each limit has left, and the seconds until it admits one more) beside `Retry-After`.
+#[tokio::test]
+async fn rate_decisions_carry_the_ratelimit_fields_of_the_ietf_draft() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&sqlite(dir.path()), &[]);
+    let c = client();
+    let body = json!({"limits": ["2/s", "3/min"]});
+    let policy = "\"2/s\";q=2;w=1, \"3/min\";q=3;w=60";
+    let send = |url: String, body: Value| {
+        let c = c.clone();
+        async move { c.post(url).json(&body).send().await.unwrap() }
+    };
+    let acquire = s.url("/v1/rates/api/acquire");
+    for left in [1, 0] {
+        let r = send(acquire.clone(), body.clone()).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["ratelimit-policy"], policy, "{left}");
+        // An admitted call is due at once: no snapshot is read before the answer.
+        assert!(r.headers().get("ratelimit").is_none());
+    }
+    let r = send(acquire.clone(), body.clone()).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["ratelimit-policy"], policy);
+    let limit = r.headers()["ratelimit"].to_str().unwrap().to_string();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The window is the period plus the margin (20 ms): one more frees in 1 to 2 s.
+    assert!(
+        ["1", "2"]
+            .iter()
+            .any(|t| limit == format!("\"2/s\";r=0;t={t}, \"3/min\";r=1;t=0")),
+        "{limit}"
+    );
+    assert!((1..=2).contains(&retry), "{retry}");
+    // A try not admitted carries both; the answer's body says so too.
+    let r = send(s.url("/v1/rates/api/try"), body.clone()).await;
+    assert_eq!(r.headers()["ratelimit-policy"], policy);
+    assert!(r.headers().get("ratelimit").is_some());
+    let d: Value = r.json().await.unwrap();
+    assert_eq!(d["admitted"], false, "{d}");
+    // Admissions: the policy of their windows.
+    let r = send(
+        s.url("/v1/admissions/sms/acquire"),
+        json!({"capacity": 1, "limits": ["1/min"]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["ratelimit-policy"], "\"1/min\";q=1;w=60");
+    let r = send(
+        s.url("/v1/admissions/sms/acquire"),
+        json!({"capacity": 2, "limits": ["1/min"]}),
+    )
+    .await;
+    assert_eq!(
+        r.status(),
+        409,
+        "a capacity mismatch is not a rate decision"
+    );
+    assert!(r.headers().get("ratelimit").is_none());
+}
+
 /// `/v1/admissions`: permits and windows in one step on the embedded store. A refusal holds
 /// nothing and charges nothing, the lease is an ordinary semaphore lease, and a give-back
 /// returns both the permits and the charge.
@@ -568,6 +634,13 @@ async fn an_admission_takes_permits_and_windows_at_once_over_http() {
 async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {
     let redis = tessera_testkit::servers::redis::RedisServer::start();
     admission_over_http(&redis.url()).await;
+}
+
+/// The same through a server on a throwaway MariaDB.
+#[tokio::test]
+async fn an_admission_takes_permits_and_windows_at_once_over_http_on_mariadb() {
+    let mariadb = tessera_testkit::servers::mysql::MariaDbServer::start();
+    admission_over_http(&mariadb.url("admission")).await;
 }
 
 /// The same through a server on a throwaway PostgreSQL.
@@ -1436,4 +1509,81 @@ fn the_stream_holder_example_holds_a_seat_and_gives_it_back() {
     // Closing the stream while the watcher thread reads it is the normal end, no traceback.
     let errors = String::from_utf8_lossy(&out.stderr);
     assert!(errors.trim().is_empty(), "{errors}");
+}
+
+/// A store that stops answering (its network path black-holed) costs a client the store
+/// timeout, not its whole wait: a waiting acquire ends with 503 `store_unavailable` and
+/// `Retry-After`, `/healthz` answers 503 so a load balancer routes around the instance, a new
+/// request is refused at once, and all of it comes back once the store answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_store_answers_503_within_the_store_timeout_and_healthz_says_so() {
+    use tessera_testkit::proxy::{Mode, Proxy};
+    let redis = tessera_testkit::servers::redis::RedisServer::start();
+    let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let s = Server::start(
+        &format!("redis://{}", proxy.addr()),
+        &["--store-timeout", "1s"],
+    );
+    let c = client();
+    let health = |c: reqwest::Client, url: String| async move {
+        let r = c.get(url).send().await.unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    assert_eq!(health(c.clone(), s.url("/healthz")).await.0, 200);
+    let acquire = s.url("/v1/semaphores/job/acquire");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 1})).await;
+    assert_eq!(st, 200);
+    let waiting = {
+        let (c, acquire) = (c.clone(), acquire.clone());
+        tokio::spawn(async move {
+            let r = c
+                .post(acquire)
+                .json(&json!({"capacity": 1, "wait": "60s"}))
+                .send()
+                .await
+                .unwrap();
+            let retry = r.headers().get("retry-after").cloned();
+            (
+                Instant::now(),
+                r.status(),
+                retry,
+                r.json::<Value>().await.unwrap(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Mode::Blackhole);
+    let cut = Instant::now();
+    let (answered, st, retry, body) = waiting.await.unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+    );
+    assert!(retry.is_some(), "{body}");
+    // Well inside the 60 s it was willing to wait: the store timeout and a probe's pause.
+    assert!(
+        answered - cut < Duration::from_secs(20),
+        "{:?}",
+        answered - cut
+    );
+    let (st, text) = health(c.clone(), s.url("/healthz")).await;
+    assert_eq!(st, 503, "{text}");
+    assert!(text.starts_with("store down: "), "{text}");
+    let (st, e) = post(&c, &acquire, json!({"capacity": 1})).await;
+    assert_error(st, &e, StatusCode::SERVICE_UNAVAILABLE, "store_unavailable");
+
+    proxy.set(Mode::Pass);
+    let back = async {
+        while health(c.clone(), s.url("/healthz")).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), back)
+        .await
+        .expect("healthz answers 200 again once the store does");
+    let (st, d) = get(&c, &s.url("/v1/semaphores/job")).await;
+    assert_eq!(st, 200, "{d}");
 }

@@ -1,7 +1,7 @@
 //! Admission — permits and rate windows taken in one atomic step — on the stores that have
 //! it: the memory store (the reference model, also on a clock the test moves), SQLite,
-//! Redis, a Redis Cluster and PostgreSQL (`docs/admission.md`): all or nothing, strict FIFO
-//! with plain waiters, the head told when
+//! Redis, a Redis Cluster, MariaDB and PostgreSQL (`docs/admission.md`): all or nothing,
+//! strict FIFO with plain waiters, the head told when
 //! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
 //! where the user observes it: at the moment each call starts. A store without admission
 //! answers `Error::Unsupported` (the server stores' tests).
@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera::backend::stores::MemoryBackend;
-use tessera::backend::ManualClock;
+use tessera::backend::{Clock, ManualClock};
 use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+use tessera_testkit::servers::mysql::MariaDbServer;
 use tessera_testkit::servers::postgres::PostgresServer;
 use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_cluster::RedisCluster;
@@ -29,12 +30,15 @@ type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// The stores with admission, each private to the test: memory, SQLite in a file of its
 /// own, a throwaway Redis, a throwaway Redis Cluster (three primaries; a semaphore and the
-/// limiter of its name share one slot) and a throwaway PostgreSQL.
+/// limiter of its name share one slot), a throwaway MariaDB and a throwaway PostgreSQL.
 async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
     let redis = RedisServer::start();
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(false))
+        .await
+        .unwrap();
+    let mariadb = tokio::task::spawn_blocking(MariaDbServer::start)
         .await
         .unwrap();
     let postgres = tokio::task::spawn_blocking(PostgresServer::start)
@@ -55,6 +59,10 @@ async fn stores(test: &str) -> Vec<(Store, Keep)> {
         (
             Store::connect(&cluster.url()).await.unwrap(),
             Some(Box::new(cluster)),
+        ),
+        (
+            Store::connect(&mariadb.url(test)).await.unwrap(),
+            Some(Box::new(mariadb)),
         ),
         (
             Store::connect(&postgres.url_with_schema(test))
@@ -386,5 +394,179 @@ async fn a_late_ticket_readmitted_without_a_wait_is_tried_once_and_leaves_nothin
         let status = store.status("late").await.unwrap();
         assert!(status.is_none_or(|s| s.queue.is_empty()), "{}", store.url());
         store.close().await.unwrap();
+    }
+}
+
+/// An admission that waits for permits behind a plain holder is granted by its own step
+/// once the holder releases, charging its windows then: the release (on MySQL a stored
+/// procedure, on Redis a script) wakes it and never grants it in its place, which would
+/// leave its windows uncharged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_an_admission_waiting_for_permits_and_its_own_step_charges() {
+    for (store, _keep) in stores("wake").await {
+        let adm = store
+            .admission("wake")
+            .permits(1)
+            .rate("10/min".parse().unwrap())
+            .unwrap();
+        let sem = Semaphore::new(&store, "wake", 1, SemaphoreOptions::default()).unwrap();
+        let plain = sem.acquire().await.unwrap();
+        let waiting = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.acquire_timeout(Duration::from_secs(20)).await })
+        };
+        let queued = async {
+            loop {
+                let s = store.status("wake").await.unwrap();
+                if s.is_some_and(|s| s.queue.len() == 1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), queued)
+            .await
+            .expect("the admission joins the queue");
+        assert_eq!(rate_used(&store, "wake").await, 0, "{}", store.url());
+        let plain_fence = plain.fence();
+        plain.release().await.unwrap();
+        let ticket = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("admitted once released");
+        assert!(ticket.fence() > plain_fence, "{}", store.url());
+        assert_eq!(held(&store, "wake").await, 1, "{}", store.url());
+        assert_eq!(rate_used(&store, "wake").await, 1, "{}", store.url());
+        ticket.release().await.unwrap();
+        store.close().await.unwrap();
+    }
+}
+
+/// What a run of [`admissions_follow_the_model`] does, one step at a time.
+#[derive(Debug, Clone)]
+enum Step {
+    /// A try of `weight` permits and `cost` in every window.
+    Try { weight: u32, cost: u32 },
+    /// Release the held ticket at this index (modulo how many are held).
+    Release(usize),
+    /// Give back the held ticket at this index (modulo how many are held).
+    GiveBack(usize),
+    /// Move the store's clock.
+    Advance(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (1..=3u32, 1..=2u32).prop_map(|(weight, cost)| Step::Try { weight, cost }),
+        2 => any::<usize>().prop_map(Step::Release),
+        1 => any::<usize>().prop_map(Step::GiveBack),
+        2 => (1..=1_500u64).prop_map(Step::Advance),
+        // Exactly a period, or half of one: a charge leaves its window at its time plus the
+        // period, not a microsecond later.
+        1 => prop_oneof![Just(500u64), Just(1_000)].prop_map(Step::Advance),
+    ]
+}
+
+/// The reference model of an admission with capacity 4 and the limits 3/s and 5/2s (margin
+/// 0, so each window is its period): a try is admitted exactly when the weight fits beside
+/// what is held and every window, counting the charges younger than its period, has room
+/// for the cost; a refusal charges nothing and holds nothing; a give-back releases and
+/// returns the charge only while it is the latest charge not yet returned.
+#[derive(Debug, Default)]
+struct Model {
+    held: Vec<(u32, u64)>,
+    /// (admitted at, cost, ticket id)
+    charges: Vec<(u64, u32, u64)>,
+    latest: Option<u64>,
+}
+
+const LIMITS: [(u32, u64); 2] = [(3, 1_000_000), (5, 2_000_000)];
+
+impl Model {
+    fn in_window(&self, now: u64, period: u64) -> u64 {
+        self.charges
+            .iter()
+            .filter(|(at, _, _)| at + period > now)
+            .map(|(_, cost, _)| u64::from(*cost))
+            .sum()
+    }
+
+    fn admits(&self, now: u64, weight: u32, cost: u32) -> bool {
+        let used: u32 = self.held.iter().map(|(w, _)| w).sum();
+        used + weight <= 4
+            && LIMITS
+                .iter()
+                .all(|&(n, p)| self.in_window(now, p) + u64::from(cost) <= u64::from(n))
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// All or nothing, on the reference model, step by step: every try's answer, what is
+    /// held and what every window counts match [`Model`].
+    #[test]
+    fn admissions_follow_the_model(steps in proptest::collection::vec(step(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (store, clock) = manual_store();
+            let adm = store
+                .admission("model")
+                .permits(4)
+                .semaphore_options(SemaphoreOptions::default().ttl(Duration::from_secs(86_400)))
+                .rate_options(RateOptions::default().margin(Duration::ZERO))
+                .rate("3/s".parse().unwrap())
+                .unwrap()
+                .rate("5/2s".parse().unwrap())
+                .unwrap();
+            let mut model = Model::default();
+            let mut tickets = Vec::new();
+            let mut next_id = 0u64;
+            for s in steps {
+                let now = clock.now().0;
+                match s {
+                    Step::Try { weight, cost } => {
+                        let expected = model.admits(now, weight, cost);
+                        let got = adm.clone().weight(weight).unwrap().cost(cost).unwrap()
+                            .try_acquire().await.unwrap();
+                        assert_eq!(got.is_some(), expected, "try {weight}/{cost} at {now}: {model:?}");
+                        if let Some(t) = got {
+                            next_id += 1;
+                            model.held.push((weight, next_id));
+                            model.charges.push((now, cost, next_id));
+                            model.latest = Some(next_id);
+                            tickets.push((t, next_id));
+                        }
+                    }
+                    Step::Release(i) | Step::GiveBack(i) if !tickets.is_empty() => {
+                        let (t, id) = tickets.remove(i % tickets.len());
+                        model.held.retain(|&(_, h)| h != id);
+                        if matches!(s, Step::GiveBack(_)) {
+                            assert!(t.give_back().await.unwrap());
+                            if model.latest == Some(id) {
+                                model.charges.retain(|&(_, _, c)| c != id);
+                                model.latest = None;
+                            }
+                        } else {
+                            assert!(t.release().await.unwrap());
+                        }
+                    }
+                    Step::Release(_) | Step::GiveBack(_) => {}
+                    Step::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                }
+                let now = clock.now().0;
+                let held_now: u32 = model.held.iter().map(|(w, _)| w).sum();
+                assert_eq!(held(&store, "model").await, held_now);
+                let status = store.rate_status("model").await.unwrap();
+                for (i, &(_, period)) in LIMITS.iter().enumerate() {
+                    let counted = status.as_ref().map_or(0, |s| s.limits[i].used + s.limits[i].reserved);
+                    assert_eq!(counted, model.in_window(now, period), "window {i} at {now}: {model:?}");
+                }
+            }
+            drop(tickets);
+            store.close().await.unwrap();
+        });
     }
 }

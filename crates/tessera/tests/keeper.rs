@@ -151,3 +151,52 @@ async fn a_holder_that_stalled_past_its_lease_is_told_it_stalled() {
     }
     assert!(reason.to_string().contains("did not run"), "{reason}");
 }
+
+/// A lease handed to another process ([`Permit::detach`], sent as JSON, then
+/// [`Semaphore::adopt`] on another store handle) keeps its id, fence and seats, is renewed
+/// from there across several TTLs, is never granted to anyone else meanwhile, and is released
+/// by its new holder; the old holder's `lost()` never fires. A lease the store no longer
+/// holds cannot be adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_lease_is_adopted_elsewhere_without_a_gap_or_a_second_grant() {
+    let redis = tessera_testkit::servers::redis::RedisServer::start();
+    for h in [Harness::sqlite(), Harness::redis_at(&redis.url(), "adopt")] {
+        let (a, b, c) = (h.client().await, h.client().await, h.client().await);
+        let name = unique("handed");
+        let ttl = Duration::from_millis(600);
+        let sem = |client: &tessera_testkit::harness::Client| {
+            Semaphore::new(&client.store, &name, 1, opts(600)).unwrap()
+        };
+        let held = sem(&a).acquire().await.unwrap();
+        let (fence, seats) = (held.fence(), held.seats().to_vec());
+        let lost = held.lost();
+        let wire = serde_json::to_string(&held.detach().expect("held")).unwrap();
+
+        let lease: Lease = serde_json::from_str(&wire).unwrap();
+        let adopted = sem(&b).adopt(lease.clone()).await.unwrap();
+        assert_eq!(
+            (adopted.lease_id(), adopted.fence(), adopted.seats()),
+            (lease.lease_id, fence, &seats[..])
+        );
+        assert!(
+            sem(&c).try_acquire().await.unwrap().is_none(),
+            "granted twice"
+        );
+        stays_renewed(&adopted, ttl).await;
+        assert!(
+            sem(&c).try_acquire().await.unwrap().is_none(),
+            "granted twice"
+        );
+        assert!(
+            timeout(Duration::from_millis(10), lost).await.is_err(),
+            "the old holder was told it lost the lease"
+        );
+
+        assert!(adopted.release().await.unwrap());
+        let next = sem(&c).try_acquire().await.unwrap().expect("released");
+        assert!(next.fence() > fence);
+        let err = sem(&b).adopt(lease).await.unwrap_err();
+        assert!(matches!(err, Error::Lost(LossReason::Gone)), "{err}");
+        next.release().await.unwrap();
+    }
+}

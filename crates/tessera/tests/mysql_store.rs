@@ -91,7 +91,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "3");
+    assert_eq!(version.trim(), "4");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -105,7 +105,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "3");
+    assert_eq!(version.trim(), "4");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
     assert_eq!(routines.trim(), "5");
@@ -405,7 +405,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         ))
     };
     assert_eq!(meta("routines_version").trim(), "5");
-    assert_eq!(meta("schema_version").trim(), "3");
+    assert_eq!(meta("schema_version").trim(), "4");
     assert_eq!(
         server
             .sql(
@@ -488,9 +488,10 @@ async fn connect_existing_creates_nothing_and_opens_what_exists() {
     existing.close().await.unwrap();
 }
 
-/// A database of schema version 2 (holder rows without a doorbell): a user who may not
-/// ALTER still connects and works on it (revokes then reach holders at renewal), and the
-/// schema stays at 2; a user who may adds the column, and the version becomes 3.
+/// A database of schema version 2 (holder rows without a doorbell, waiter rows without a
+/// gate): a user who may not ALTER still connects and works on it (revokes then reach
+/// holders at renewal; admissions answer Unsupported), and the schema stays at 2; a user who
+/// may adds both columns, and the version becomes 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     let server = MariaDbServer::start();
@@ -498,6 +499,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     MysqlBackend::connect(&url).await.unwrap();
     server.sql(
         "ALTER TABLE v2.tessera_holders DROP COLUMN doorbell; \
+         ALTER TABLE v2.tessera_waiters DROP COLUMN gate; \
          UPDATE v2.tessera_meta SET meta_value = 2 WHERE meta_key = 'schema_version'; \
          CREATE USER 'rows'@'127.0.0.1'; \
          GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, EXECUTE ON v2.* TO 'rows'@'127.0.0.1'",
@@ -512,6 +514,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
         .await
         .unwrap();
     assert_eq!(version(), "2");
+    assert!(plain.admission().is_none(), "admissions without gates");
     let n = name("old");
     let (a, b) = (LeaseId::random(), LeaseId::random());
     assert!(matches!(
@@ -525,13 +528,15 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     ));
     assert!(plain.delete(&n).await.unwrap());
 
-    MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "3");
-    let column = server.sql(
+    let owner = MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(version(), "4");
+    assert!(owner.admission().is_some());
+    let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
-         AND TABLE_NAME = 'tessera_holders' AND COLUMN_NAME = 'doorbell'",
+         AND (TABLE_NAME, COLUMN_NAME) IN (('tessera_holders', 'doorbell'), \
+         ('tessera_waiters', 'gate'))",
     );
-    assert_eq!(column.trim(), "1");
+    assert_eq!(columns.trim(), "2");
 }
 
 /// Tables written by a newer tessera are refused at connect, with nothing changed.

@@ -23,6 +23,7 @@ use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{duration, duration_or, JsonBody, PathArgs};
 use super::hold::{self, LeaseBody};
+use super::ratelimit;
 use super::semaphores::{
     hand_over, lease_id, name, wait_of, wants_event_stream, within_wait, DoneBody, DEFAULT_TTL,
 };
@@ -193,6 +194,7 @@ pub async fn acquire(
     };
     let ticket = within_wait(&app, wait, "the admission", admit).await?;
     let Some(ticket) = ticket else {
+        let fields = ratelimit::fields(adm.limiter()).await;
         return Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "not_admitted",
@@ -200,26 +202,31 @@ pub async fn acquire(
                 "no admission to {sem:?} within {}: no permit free, others queued, or the windows full",
                 humantime::format_duration(wait)
             ),
-        ));
+        )
+        .with_headers(fields));
     };
     let admitted_at_us = ticket.admitted_at().as_micros();
     let use_by = ticket.use_by();
     let reservation = ticket.reservation();
+    let policy = ratelimit::policy(adm.limiter());
     if stream {
-        return Ok(hold::hold(app, ticket.into_permit(), ttl).into_response());
+        return Ok((policy, hold::hold(app, ticket.into_permit(), ttl)).into_response());
     }
     let lease = hand_over(&app, &sem, ticket.into_permit(), ttl).await?;
     let use_by_ms = use_by.map(|t| {
         t.saturating_duration_since(tokio::time::Instant::now())
             .as_millis() as u64
     });
-    Ok(Json(AdmittedLeaseBody {
-        lease,
-        admitted_at_us,
-        use_by_ms,
-        reservation,
-    })
-    .into_response())
+    Ok((
+        policy,
+        Json(AdmittedLeaseBody {
+            lease,
+            admitted_at_us,
+            use_by_ms,
+            reservation,
+        }),
+    )
+        .into_response())
 }
 
 /// Give back an admission not used in time.

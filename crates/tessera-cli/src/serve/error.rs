@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
@@ -53,6 +53,9 @@ pub struct ApiError {
     pub kind: &'static str,
     pub message: String,
     pub retry_after: Option<Duration>,
+    /// More header fields of the answer (see [`ApiError::with_headers`]); boxed, as most
+    /// errors have none.
+    pub headers: Option<Box<HeaderMap>>,
 }
 
 impl ApiError {
@@ -62,7 +65,14 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
+            headers: None,
         }
+    }
+
+    /// Adds `headers` to the answer (the `RateLimit` fields of a rate decision).
+    pub fn with_headers(mut self, headers: HeaderMap) -> Self {
+        self.headers.get_or_insert_default().extend(headers);
+        self
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -82,6 +92,20 @@ impl ApiError {
                 humantime::format_duration(after)
             ),
         )
+    }
+
+    /// The store is taken as down (`health.rs`): 503 with `Retry-After`, at once.
+    pub fn store_down(what: &str, why: &str) -> Self {
+        ApiError {
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!(
+                    "{what} cannot reach the store: {why}; try another instance or again shortly"
+                ),
+            )
+        }
     }
 
     pub fn shutting_down() -> Self {
@@ -189,6 +213,9 @@ impl IntoResponse for ApiError {
             retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
         };
         let mut response = (self.status, Json(body)).into_response();
+        if let Some(headers) = self.headers {
+            response.headers_mut().extend(*headers);
+        }
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             response

@@ -22,9 +22,11 @@ mod auth;
 mod dashboard;
 mod error;
 mod extract;
+mod health;
 mod hold;
 mod listen;
 mod metrics;
+mod ratelimit;
 mod rates;
 mod semaphores;
 
@@ -62,6 +64,7 @@ pub struct ServeArgs {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub request_timeout: Duration,
+    pub store_timeout: Duration,
 }
 
 /// What every handler shares.
@@ -74,21 +77,39 @@ pub struct App {
     pub holds: TaskTracker,
     /// How long a store call may take before the request fails with `store_unavailable`.
     pub request_timeout: Duration,
+    /// Whether the store answers (`health.rs`).
+    pub health: Arc<health::Health>,
     pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl App {
-    /// Runs one store call bounded by the request timeout (and the stop).
+    /// Runs one store call bounded by the request timeout, the store going down (at once if
+    /// it is down) and the stop.
     pub async fn bounded<T>(
         &self,
         what: &str,
         f: impl Future<Output = tessera::Result<T>>,
     ) -> Result<tessera::Result<T>, ApiError> {
+        self.bounded_for(what, self.request_timeout, f)
+            .await
+            .map_err(|e| e.unwrap_or_else(|| ApiError::timeout(what, self.request_timeout)))
+    }
+
+    /// `f` bounded by `limit`, the store going down and the stop: `Err(None)` when `limit`
+    /// passed, `Err(Some(answer))` for the other two.
+    pub async fn bounded_for<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        f: impl Future<Output = T>,
+    ) -> Result<T, Option<ApiError>> {
+        if let Some(why) = self.health.down() {
+            return Err(Some(ApiError::store_down(what, &why)));
+        }
         tokio::select! {
-            r = tokio::time::timeout(self.request_timeout, f) => {
-                r.map_err(|_| ApiError::timeout(what, self.request_timeout))
-            }
-            _ = self.shutdown.cancelled() => Err(ApiError::shutting_down()),
+            r = tokio::time::timeout(limit, f) => r.map_err(|_| None),
+            why = self.health.gone_down() => Err(Some(ApiError::store_down(what, &why))),
+            _ = self.shutdown.cancelled() => Err(Some(ApiError::shutting_down())),
         }
     }
 }
@@ -200,6 +221,22 @@ pub fn openapi_json() -> String {
     api().1.to_pretty_json().unwrap_or_default()
 }
 
+/// `/healthz`: 200 `ok` while the store answers the server's probe, 503 with the reason
+/// while it does not (`health.rs`), so a load balancer routes around this instance.
+async fn health_answer(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+) -> axum::response::Response {
+    match app.health.down() {
+        None => "ok\n".into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "1")],
+            format!("store down: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// The whole application.
 fn router(app: Arc<App>) -> Router {
     let (api, doc) = api();
@@ -224,7 +261,10 @@ fn router(app: Arc<App>) -> Router {
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/healthz",
+            axum::routing::get(health_answer).with_state(Arc::clone(&app)),
+        )
         .merge(authenticated)
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
@@ -270,11 +310,13 @@ pub async fn serve(store_url: Option<&str>, args: ServeArgs) -> exit::Outcome {
             ))
         }
     };
-    if args.request_timeout.is_zero() {
-        return Err(Failure::new(
-            exit::USAGE,
-            "--request-timeout must be above 0",
-        ));
+    for (flag, d) in [
+        ("--request-timeout", args.request_timeout),
+        ("--store-timeout", args.store_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(Failure::new(exit::USAGE, format!("{flag} must be above 0")));
+        }
     }
     let prometheus = metrics::install();
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -289,12 +331,15 @@ pub async fn serve(store_url: Option<&str>, args: ServeArgs) -> exit::Outcome {
         .local_addr()
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot listen: {e}")))?;
     let store = crate::store_url::connect(store_url).await?;
+    let shutdown = CancellationToken::new();
+    let health = health::Health::start(store.clone(), args.store_timeout, shutdown.clone());
     let app = Arc::new(App {
         store: store.clone(),
         tokens,
-        shutdown: CancellationToken::new(),
+        shutdown,
         holds: TaskTracker::new(),
         request_timeout: args.request_timeout,
+        health,
         prometheus,
     });
     let scheme = if tls.is_some() { "https" } else { "http" };

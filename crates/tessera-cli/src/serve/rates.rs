@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use tessera::{RateDecision, RateLimiter, RateMode, RateOptions, RateSpec};
@@ -14,6 +15,7 @@ use utoipa::ToSchema;
 use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{duration, duration_or, JsonBody, PathArgs};
+use super::ratelimit;
 use super::semaphores::{DoneBody, NamesBody};
 use super::App;
 
@@ -204,7 +206,7 @@ pub async fn acquire(
     principal: Principal,
     PathArgs(name): PathArgs<String>,
     JsonBody(body): JsonBody<RateBody>,
-) -> Result<Json<AdmittedBody>, ApiError> {
+) -> Result<(HeaderMap, Json<AdmittedBody>), ApiError> {
     principal.check(&name)?;
     let max_wait = duration_or("max_wait", body.max_wait.as_deref(), Duration::ZERO)?;
     if max_wait > MAX_WAIT {
@@ -216,19 +218,27 @@ pub async fn acquire(
     }
     let (limiter, cost) = limiter(&app, &name, &body)?;
     let bound = max_wait + app.request_timeout;
-    let decision = tokio::select! {
-        r = tokio::time::timeout(bound, limiter.acquire_within(cost, max_wait)) => match r {
-            Ok(r) => r?,
-            Err(_) => return Err(ApiError::timeout("the rate acquire", bound)),
-        },
-        _ = app.shutdown.cancelled() => return Err(ApiError::shutting_down()),
+    let what = "the rate acquire";
+    let decision = match app
+        .bounded_for(what, bound, limiter.acquire_within(cost, max_wait))
+        .await
+    {
+        Ok(r) => r?,
+        Err(Some(e)) => return Err(e),
+        Err(None) => return Err(ApiError::timeout(what, bound)),
     };
     match decision {
-        RateDecision::Admitted { at } => Ok(Json(AdmittedBody {
-            admitted: true,
-            admitted_at_us: at.as_micros(),
-        })),
-        RateDecision::Limited { retry_after, .. } => Err(limited(&name, retry_after)),
+        RateDecision::Admitted { at } => Ok((
+            ratelimit::policy(&limiter),
+            Json(AdmittedBody {
+                admitted: true,
+                admitted_at_us: at.as_micros(),
+            }),
+        )),
+        RateDecision::Limited { retry_after, .. } => {
+            let fields = ratelimit::fields(&limiter).await;
+            Err(limited(&name, retry_after).with_headers(fields))
+        }
     }
 }
 
@@ -267,7 +277,7 @@ pub async fn try_acquire(
     principal: Principal,
     PathArgs(name): PathArgs<String>,
     JsonBody(body): JsonBody<RateBody>,
-) -> Result<Json<DecisionBody>, ApiError> {
+) -> Result<(HeaderMap, Json<DecisionBody>), ApiError> {
     principal.check(&name)?;
     if body.max_wait.is_some() {
         return Err(ApiError::invalid(
@@ -278,18 +288,25 @@ pub async fn try_acquire(
     let decision = app
         .bounded("the rate try", limiter.try_acquire(cost))
         .await??;
-    Ok(Json(match decision {
-        RateDecision::Admitted { at } => DecisionBody {
-            admitted: true,
-            admitted_at_us: Some(at.as_micros()),
-            retry_after_ms: None,
-        },
-        RateDecision::Limited { retry_after, .. } => DecisionBody {
-            admitted: false,
-            admitted_at_us: None,
-            retry_after_ms: Some(ceil_ms(retry_after)),
-        },
-    }))
+    let fields = match decision {
+        RateDecision::Admitted { .. } => ratelimit::policy(&limiter),
+        RateDecision::Limited { .. } => ratelimit::fields(&limiter).await,
+    };
+    Ok((
+        fields,
+        Json(match decision {
+            RateDecision::Admitted { at } => DecisionBody {
+                admitted: true,
+                admitted_at_us: Some(at.as_micros()),
+                retry_after_ms: None,
+            },
+            RateDecision::Limited { retry_after, .. } => DecisionBody {
+                admitted: false,
+                admitted_at_us: None,
+                retry_after_ms: Some(ceil_ms(retry_after)),
+            },
+        }),
+    ))
 }
 
 /// A limiter's usage per window and next free time.

@@ -223,21 +223,19 @@ pub(super) fn wait_of(text: Option<&str>) -> Result<Duration, ApiError> {
 }
 
 /// `f` (an acquire that waits up to `wait`), bounded by `wait` plus the request timeout for
-/// the store to answer, and ended by the server's shutdown. Dropping `f` at any point gives
-/// its queue place (or a grant that raced with it) back: the library's acquires are
-/// cancel-safe.
+/// the store to answer, and ended by the store going down or the server's shutdown.
+/// Dropping `f` at any point gives its queue place (or a grant that raced with it) back: the
+/// library's acquires are cancel-safe.
 pub(super) async fn within_wait<T>(
     app: &App,
     wait: Duration,
     what: &str,
     f: impl std::future::Future<Output = tessera::Result<T>>,
 ) -> Result<T, ApiError> {
-    tokio::select! {
-        r = tokio::time::timeout(wait + app.request_timeout, f) => match r {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(ApiError::timeout(what, wait + app.request_timeout)),
-        },
-        _ = app.shutdown.cancelled() => Err(ApiError::shutting_down()),
+    match app.bounded_for(what, wait + app.request_timeout, f).await {
+        Ok(r) => Ok(r?),
+        Err(Some(e)) => Err(e),
+        Err(None) => Err(ApiError::timeout(what, wait + app.request_timeout)),
     }
 }
 

@@ -171,6 +171,11 @@ impl Admission {
         self.semaphore.name()
     }
 
+    /// The limiter of the windows (its status shows what they count).
+    pub fn limiter(&self) -> &RateLimiter {
+        &self.limiter
+    }
+
     /// The use-by time of every admission: the limiter's margin.
     pub fn margin(&self) -> Duration {
         self.limiter.config().margin()

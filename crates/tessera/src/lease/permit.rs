@@ -181,8 +181,10 @@ impl Permit {
     /// Stops keeping the lease alive and hands it over without releasing it: the store keeps
     /// it until someone releases it by id, or until it expires at [`Lease::expires_at`]
     /// unless renewed by id. For a server that grants leases to remote clients who renew and
-    /// release them themselves (`tessera serve`). Returns the lease as last renewed, or
-    /// `None` (nothing handed over) if it was lost, released or dropped already.
+    /// release them themselves (`tessera serve`), and for handing a lease to another process,
+    /// which takes it over with [`crate::Semaphore::adopt`] before it expires. Returns the
+    /// lease as last renewed, or `None` (nothing handed over) if it was lost, released or
+    /// dropped already.
     ///
     /// After this call nobody watches the lease in this process: `lost()` never fires for it
     /// and [`crate::Store::close`] does not release it.

@@ -246,6 +246,32 @@ impl Semaphore {
         self.try_acquire_inner(weight).await
     }
 
+    /// Adopts a lease that another process handed over ([`Permit::detach`], sent as it is:
+    /// [`Lease`] is serializable): renews it by id at once, with this handle's TTL, and keeps
+    /// it alive from here as if this handle had acquired it. The lease keeps its id, fence
+    /// and seats, and the store never granted it twice; there is no gap as long as it arrives
+    /// before [`Lease::expires_at`]. The process that detached it watches it no more (its
+    /// `lost()` never fires, its guard is gone). Fails with
+    /// [`Error::Lost`](crate::Error::Lost) (`Gone`) if the store no longer holds it under
+    /// this name (it expired on the way, or was released or revoked), changing nothing.
+    pub async fn adopt(&self, lease: Lease) -> Result<Permit> {
+        let sent = Instant::now();
+        let renewed = self
+            .backend()
+            .renew(&self.config.name, lease.lease_id, self.config.ttl)
+            .await?;
+        match renewed {
+            RenewReply::Renewed { expires_at, now } => {
+                let lease = Lease {
+                    expires_at,
+                    ..lease
+                };
+                Ok(self.permit(Grant { lease, now }, sent, None))
+            }
+            RenewReply::Gone => Err(crate::error::Error::Lost(crate::error::LossReason::Gone)),
+        }
+    }
+
     /// A snapshot of this semaphore (an empty one if the store holds nothing for it).
     pub async fn status(&self) -> Result<SemaphoreStatus> {
         Ok(self

@@ -53,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema.sql"),
     include_str!("rate_schema.sql"),
     include_str!("holders_doorbell.sql"),
+    include_str!("waiters_gate.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -129,6 +130,10 @@ pub(crate) async fn migrate(conn: &mut MySqlConnection) -> Result<Migrated> {
 /// `holders_doorbell.sql`).
 pub const OPTIONAL_FROM: i64 = 3;
 
+/// The schema version with admission waiters' gates (`waiters_gate.sql`): below it, the
+/// store has no admissions.
+pub const GATES_FROM: i64 = 4;
+
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
     let words: Vec<&str> = statement.split_whitespace().take(6).collect();
@@ -190,8 +195,9 @@ async fn run(conn: &mut MySqlConnection) -> Result<i64> {
                     tracing::warn!(
                         error = %e,
                         "tessera MySQL: schema version {to} not applied (this user may not \
-                         ALTER tessera's tables); revokes and deletes reach holders in other \
-                         processes at their next renewal until a user who may connects"
+                         ALTER tessera's tables); until a user who may connects, revokes and \
+                         deletes reach holders in other processes at their next renewal \
+                         (below version 3) and admissions are unavailable (below version 4)"
                     );
                     return Ok(version);
                 }
@@ -327,7 +333,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 9, "{all:#?}");
+        assert_eq!(all.len(), 10, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);

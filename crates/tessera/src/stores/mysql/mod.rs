@@ -98,7 +98,8 @@ macro_rules! step {
             let mut committing = false;
             let outcome = async {
                 let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true)
-                    .with_holder_doorbells($self.holder_doorbells);
+                    .with_holder_doorbells($self.holder_doorbells)
+                    .with_gates($self.gates);
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -199,7 +200,9 @@ use ops::MysqlRows;
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
-use crate::seam::{Backend, Capabilities, Waking};
+use crate::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Waking,
+};
 use crate::stores::sql;
 
 use conns::{
@@ -227,6 +230,8 @@ pub struct MysqlBackend {
     holders: Option<Arc<Holders>>,
     /// Whether the holders' table has the `doorbell` column (schema version 3).
     holder_doorbells: bool,
+    /// Whether the waiters' table has the `gate` column (schema version 4): admissions.
+    gates: bool,
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
     /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
     /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
@@ -298,6 +303,8 @@ impl MysqlBackend {
         // Holders' doorbells need the column of schema version 3 (refused to a user who may
         // not ALTER: this client then leaves revokes to be found at renewal).
         let holder_doorbells = migrated.schema >= migrate::OPTIONAL_FROM;
+        // Admissions need the waiters' gates of schema version 4 (refused likewise).
+        let gates = migrated.schema >= migrate::GATES_FROM;
         let returned = Arc::new(Returned::default());
         let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
         let conns = Conns {
@@ -335,6 +342,7 @@ impl MysqlBackend {
             waiting,
             holders,
             holder_doorbells,
+            gates,
             routines,
             heartbeats,
         })
@@ -655,6 +663,60 @@ impl Backend for MysqlBackend {
 
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
         Some(self)
+    }
+
+    /// From schema version 4 on (`waiters_gate.sql`).
+    fn admission(&self) -> Option<&dyn AdmissionBackend> {
+        self.gates.then_some(self as &dyn AdmissionBackend)
+    }
+}
+
+/// Permits and rate windows in one step (`crate::admission::seam`): the shared SQL step's
+/// `admit` with the limiter's rows on the step's own transaction (`rate.rs`), the semaphore's
+/// row locked first. Always client side: the procedures of `routines.sql` leave an admission
+/// waiter at the head of the queue to the client-side step (see `waiters_gate.sql`).
+#[async_trait]
+impl AdmissionBackend for MysqlBackend {
+    async fn admit(
+        &self,
+        name: &Name,
+        capacity: u32,
+        config: &RateConfig,
+        req: &AdmitRequest,
+    ) -> Result<AdmitReply> {
+        let lease = req.acquire.lease_id;
+        if req.acquire.weight == 0 {
+            // The client checks 1 <= weight <= capacity; the schema relies on weight >= 1.
+            return Err(InvalidInput::Weight {
+                weight: 0,
+                capacity,
+            }
+            .into());
+        }
+        let reply = step!(self, name, |rows| sql::admit(
+            rows, name, capacity, config, req
+        ))??;
+        self.set_waiting(lease, matches!(reply, AdmitReply::Queued { .. }));
+        if matches!(reply, AdmitReply::Granted { .. }) {
+            self.hold(name, lease);
+        }
+        Ok(reply)
+    }
+
+    /// The release and the return of the charge in one transaction.
+    async fn give_back(
+        &self,
+        name: &Name,
+        lease: LeaseId,
+        reservation: u64,
+        at: StoreTime,
+    ) -> Result<bool> {
+        self.unhold(lease);
+        step!(self, name, |rows| async {
+            let (released, wakes) = sql::release(&mut *rows, lease).await?;
+            sql::rate::undo(&mut *rows, name, reservation, at, 0, true).await?;
+            Ok::<_, Error>((released, wakes))
+        })
     }
 }
 

@@ -124,6 +124,17 @@ const HOLDER_EXPIRY: &str = "SELECT expires_at FROM tessera_holders \
 const HEAD: &str =
     "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at FROM tessera_waiters \
      WHERE name = ? ORDER BY seq LIMIT 1";
+/// [`HEAD`] with the gate (schema version 4; NULL for a plain waiter).
+const HEAD_GATED: &str =
+    "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate FROM tessera_waiters \
+     WHERE name = ? ORDER BY seq LIMIT 1";
+/// A woken admission waiter's gate (see `waiters_gate.sql`).
+const WOKEN: i64 = i64::MAX;
+const SET_GATE: &str = "UPDATE tessera_waiters SET gate = ? WHERE name = ? AND lease_id = ?";
+const HEAD_SEQ: &str = "SELECT MIN(seq) FROM tessera_waiters WHERE name = ?";
+const INSERT_GATED_WAITER: &str = "INSERT INTO tessera_waiters \
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const POP_HEAD: &str = "DELETE FROM tessera_waiters WHERE name = ? AND seq = ?";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell) \
@@ -225,6 +236,11 @@ pub(crate) struct MysqlRows<'c> {
     removed: Vec<(String, String)>,
     /// Whether holder rows have a `doorbell` column (schema version 3); off by default.
     holder_doorbells: bool,
+    /// Whether waiter rows have a `gate` column (schema version 4); off by default.
+    gates: bool,
+    /// The step's clock reading, from [`SemRows::load`] (the limiter's rows of an
+    /// admission are decided on it).
+    now: StoreTime,
     /// Statements not sent yet (see the module docs), each ending with `;`.
     pending: String,
     /// The holders that had expired when the lock was taken, read with it: `(now, rows)`.
@@ -258,6 +274,8 @@ impl<'c> MysqlRows<'c> {
             rung: Vec::new(),
             removed: Vec::new(),
             holder_doorbells: false,
+            gates: false,
+            now: StoreTime(0),
             pending: if begin {
                 "START TRANSACTION;".to_string()
             } else {
@@ -275,6 +293,31 @@ impl<'c> MysqlRows<'c> {
     pub(crate) fn with_holder_doorbells(mut self, on: bool) -> Self {
         self.holder_doorbells = on;
         self
+    }
+
+    /// Reads and writes admission waiters' gates (schema version 4).
+    pub(crate) fn with_gates(mut self, on: bool) -> Self {
+        self.gates = on;
+        self
+    }
+
+    /// The step's clock reading (see [`MysqlRows::now`]).
+    pub(crate) fn now(&self) -> StoreTime {
+        self.now
+    }
+
+    /// The connection and the semaphore's name, for the limiter's rows of an admission.
+    pub(crate) fn conn_and_name(&mut self) -> (&mut MySqlConnection, &'c str) {
+        (self.conn, self.name)
+    }
+
+    /// The statement that reads the queue head.
+    fn head_sql(&self) -> &'static str {
+        if self.gates {
+            HEAD_GATED
+        } else {
+            HEAD
+        }
     }
 
     /// The leases granted by this step (see [`MysqlRows::granted`]).
@@ -384,6 +427,7 @@ impl SemRows for MysqlRows<'_> {
                 .next()
                 .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
             let now = time_at(&row, 1)?;
+            self.now = now;
             return Ok(Loaded {
                 now,
                 wall: now,
@@ -397,6 +441,7 @@ impl SemRows for MysqlRows<'_> {
             .map_err(|e| corrupt(format!("fence_hwm: {e}")))?
             .ok_or_else(|| corrupt("tessera_meta has no fence_hwm row"))?;
         let now = time_at(row, 7)?;
+        self.now = now;
         let expired = expired
             .iter()
             .map(|r| Ok((freed_at(r)?, int_at(r, 2)?)))
@@ -563,7 +608,7 @@ impl SemRows for MysqlRows<'_> {
                     },
                     &[name, Lit::Text(lease)],
                 ),
-                render(HEAD, &[name]),
+                render(self.head_sql(), &[name]),
             ])
             .await?;
         self.head = Some(r.pop().map(|(rows, _)| rows).unwrap_or_default());
@@ -594,11 +639,16 @@ impl SemRows for MysqlRows<'_> {
         let name = self.name();
         let rows = match self.head.take() {
             Some(rows) => rows,
-            None => self.fetch(HEAD, &[name]).await?,
+            None => self.fetch(self.head_sql(), &[name]).await?,
         };
         let Some(row) = rows.first() else {
             return Ok(None);
         };
+        if self.gates && gate_at(row)?.is_some() {
+            // An admission waiter: only its own step grants it (`wake_gated_head`).
+            self.head = Some(rows);
+            return Ok(None);
+        }
         let head = HeadRow {
             lease_id: text_at(row, 1)?,
             weight: int_at(row, 2)?,
@@ -607,6 +657,8 @@ impl SemRows for MysqlRows<'_> {
             expires_at: int_at(row, 6)?,
         };
         if head.weight > available {
+            // Kept for `wake_gated_head`, which then needs no round trip.
+            self.head = Some(rows);
             return Ok(None);
         }
         let seq = int_at(row, 0)?;
@@ -619,9 +671,58 @@ impl SemRows for MysqlRows<'_> {
         Ok(Some(head))
     }
 
+    async fn wake_gated_head(&mut self, available: i64, now: i64) -> Result<Option<String>> {
+        if !self.gates {
+            return Ok(None);
+        }
+        let name = self.name();
+        let rows = match self.head.take() {
+            Some(rows) => rows,
+            None => self.fetch(HEAD_GATED, &[name]).await?,
+        };
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let Some(gate) = gate_at(row)? else {
+            self.head = Some(rows);
+            return Ok(None);
+        };
+        if int_at(row, 2)? > available || gate > now {
+            self.head = Some(rows);
+            return Ok(None);
+        }
+        let lease = text_at(row, 1)?;
+        let doorbell = text_at(row, 5)?;
+        self.waiters_changed();
+        self.defer(SET_GATE, &[Lit::Int(WOKEN), name, Lit::Text(&lease)]);
+        if !doorbell.is_empty() && !self.rung.contains(&doorbell) {
+            self.rung.push(doorbell);
+        }
+        Ok(Some(lease))
+    }
+
+    async fn set_gate(&mut self, lease: &str, gate: i64) -> Result<()> {
+        let name = self.name();
+        self.waiters_changed();
+        self.defer(SET_GATE, &[Lit::Int(gate), name, Lit::Text(lease)]);
+        Ok(())
+    }
+
+    async fn head_seq(&mut self) -> Result<Option<i64>> {
+        let name = self.name();
+        let rows = self.fetch(HEAD_SEQ, &[name]).await?;
+        rows.first()
+            .map(|r| {
+                r.try_get::<Option<i64>, _>(0)
+                    .map_err(|e| corrupt(format!("head seq: {e}")))
+            })
+            .transpose()
+            .map(Option::flatten)
+    }
+
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
         let name = self.name();
-        let args = [
+        let mut args = vec![
             name,
             Lit::Int(w.seq),
             Lit::Text(w.lease_id),
@@ -633,7 +734,21 @@ impl SemRows for MysqlRows<'_> {
             Lit::Text(self.doorbell),
         ];
         self.waiters_changed();
-        self.defer(INSERT_WAITER, &args);
+        match w.gate {
+            None => self.defer(INSERT_WAITER, &args),
+            Some(gate) => {
+                if !self.gates {
+                    return Err(corrupt(
+                        "internal: an admission waiter on a schema without gates",
+                    ));
+                }
+                // Stored as -ttl - 1, so the procedures never hand it a permit (see
+                // `waiters_gate.sql`); only its own step grants it, with its own ttl.
+                args[5] = Lit::Int(-w.ttl - 1);
+                args.push(Lit::Int(gate));
+                self.defer(INSERT_GATED_WAITER, &args);
+            }
+        }
         Ok(())
     }
 
@@ -761,6 +876,12 @@ pub(crate) async fn list(conn: &mut MySqlConnection) -> Result<Vec<String>> {
 
 fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
+}
+
+/// The gate of a [`HEAD_GATED`] row (column 7).
+fn gate_at(row: &MySqlRow) -> Result<Option<i64>> {
+    row.try_get::<Option<i64>, _>(7)
+        .map_err(|e| corrupt(format!("waiter gate: {e}")))
 }
 
 pub(crate) fn int_at(row: &MySqlRow, i: usize) -> Result<i64> {

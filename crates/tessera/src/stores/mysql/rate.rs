@@ -20,7 +20,7 @@ use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use super::conns::{is_retryable, retry_pause};
 use super::error::map_err;
-use super::ops::{int_at, now_us, text_at, time_at};
+use super::ops::{int_at, now_us, text_at, time_at, MysqlRows};
 use super::MysqlBackend;
 use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
@@ -165,6 +165,63 @@ impl RateRows for MysqlRateRows<'_> {
         rows.iter()
             .map(|row| Ok((int_at(row, 0)?, int_at(row, 1)?)))
             .collect()
+    }
+}
+
+/// [`RateRows`] on a semaphore step's transaction, for an admission: the limiter's rows
+/// change in the same transaction as the semaphore's (locked after it, as every admission
+/// does, so it cannot deadlock with a plain rate step, which locks the limiter's row alone),
+/// with the statements of [`MysqlRateRows`] and decided on the step's own clock reading, so
+/// the windows are charged at the instant the lease is granted.
+impl RateRows for MysqlRows<'_> {
+    async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
+        let now = self.now();
+        let (_, row) = self.rate_rows().load().await?;
+        Ok((now, row))
+    }
+
+    async fn expired(&mut self, now: StoreTime) -> Result<Vec<String>> {
+        self.rate_rows().expired(now).await
+    }
+
+    async fn drop_state(&mut self, name: &str) -> Result<()> {
+        self.rate_rows().drop_state(name).await
+    }
+
+    async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
+        self.rate_rows().save(state, expires_at).await
+    }
+
+    async fn prune(&mut self, cutoff: u64) -> Result<Option<i64>> {
+        self.rate_rows().prune(cutoff).await
+    }
+
+    async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
+        self.rate_rows().first_at_least(p).await
+    }
+
+    async fn append(&mut self, p: u64, t: u64) -> Result<()> {
+        self.rate_rows().append(p, t).await
+    }
+
+    async fn remove_entry(&mut self, p: u64) -> Result<()> {
+        self.rate_rows().remove_entry(p).await
+    }
+
+    async fn last_total(&mut self) -> Result<Option<i64>> {
+        self.rate_rows().last_total().await
+    }
+
+    async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
+        self.rate_rows().whole_log().await
+    }
+}
+
+impl<'c> MysqlRows<'c> {
+    /// The limiter of the same name, on this step's connection.
+    fn rate_rows(&mut self) -> MysqlRateRows<'_> {
+        let (conn, name) = self.conn_and_name();
+        MysqlRateRows { conn, name }
     }
 }
 

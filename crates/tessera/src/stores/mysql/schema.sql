@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
 ;
 -- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
 -- expires_at is the waiter's heartbeat expiry; doorbell is where to ring its client when it
--- is granted (see notify.rs; '' for none).
+-- is granted (see notify.rs; '' for none); gate marks an admission waiter (waiters_gate.sql).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     seq         BIGINT NOT NULL,
@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     enqueued_at BIGINT NOT NULL,
     expires_at  BIGINT NOT NULL,
     doorbell    VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    gate        BIGINT NULL,
     PRIMARY KEY (name, seq),
     UNIQUE KEY tessera_waiters_by_lease (name, lease_id),
     KEY tessera_waiters_by_expiry (name, expires_at)

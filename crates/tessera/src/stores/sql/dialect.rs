@@ -101,8 +101,8 @@ pub(crate) struct NewWaiter<'a> {
     pub expires_at: i64,
     /// An admission waiter's gate (`crate::admission::seam`): the hand-off never pops it,
     /// and wakes it once it fits and the store time is at least this. `None`: a plain
-    /// waiter. Only a dialect with admission is given `Some` (SQLite; MySQL's rows ignore it).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    /// waiter. Only a dialect with admission is given `Some` (SQLite, MySQL).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub gate: Option<i64>,
 }
 
@@ -208,7 +208,7 @@ pub(crate) trait SemRows: Send {
     }
 
     /// For a dialect with admission: sets the gate of `lease`'s waiter row.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     fn set_gate(&mut self, _lease: &str, _gate: i64) -> impl Future<Output = Result<()>> + Send {
         async {
             Err(super::step::corrupt(
@@ -219,7 +219,7 @@ pub(crate) trait SemRows: Send {
 
     /// For a dialect with admission: the queue head's `seq` (a waiter that joins at the head
     /// takes the one below it).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     fn head_seq(&mut self) -> impl Future<Output = Result<Option<i64>>> + Send {
         async {
             Err(super::step::corrupt(

@@ -81,7 +81,7 @@ mod tests;
 pub(crate) use dialect::{
     Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
 };
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use step::admit;
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.
 #[cfg(feature = "mysql")]

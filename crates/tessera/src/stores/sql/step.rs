@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use super::dialect::{HolderRow, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow};
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use super::rate::{self, RateRows};
 use super::{decode_seats, encode_seats, runs};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
 /// Lease ids to wake after the commit (granted waiters, revoked or deleted holders).
@@ -488,7 +488,7 @@ async fn decide_acquire<R: SemRows>(
 /// One admission step (`crate::admission::seam`), the semaphore's rows and the limiter's in
 /// one transaction: the dialect's rows are also its [`RateRows`], and the reference model is
 /// `Model::admit` in `stores/memory/ops.rs`.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) async fn admit<R: SemRows + RateRows>(
     rows: &mut R,
     name: &Name,
@@ -503,7 +503,7 @@ pub(crate) async fn admit<R: SemRows + RateRows>(
     Ok((reply, st.finish().await?))
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 async fn decide_admit<R: SemRows + RateRows>(
     st: &mut Step<'_, R>,
     name: &Name,

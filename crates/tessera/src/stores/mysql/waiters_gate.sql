@@ -1,0 +1,14 @@
+-- tessera MySQL / MariaDB schema, version 4: an admission waiter's gate (docs/admission.md).
+--
+-- NULL for a plain waiter. An admission waiter (permits and rate windows taken in one step)
+-- holds the store instant (µs) from which its windows admit it, 0 while it waits for
+-- permits, or the largest BIGINT once a hand-off woke it; the hand-off never pops such a
+-- waiter (only its own step grants it, charging its windows) and wakes it once its permits
+-- fit and the instant has come (stores/sql/step.rs). Its `ttl` is stored as -ttl - 1, so the
+-- procedures of routines.sql, which leave a head with a negative ttl to the client-side
+-- step, never hand it a permit, and a client of a build before this version fails that step
+-- as corrupt instead of granting it without charging its windows.
+--
+-- Idempotent as every migration (see holders_doorbell.sql). A user who may not ALTER leaves
+-- the schema at version 3: that client has no admissions (they answer Unsupported).
+ALTER TABLE tessera_waiters ADD COLUMN gate BIGINT NULL
