@@ -37,7 +37,7 @@ export class Client {
   lock(name: string, options?: LockOptions): Semaphore;
   /** A rate limiter: at most N per PERIOD for every limit, across every client. */
   rate(name: string, limits: string | string[], options?: RateOptions): RateLimiter;
-  /** Permits and rate windows in one step (memory, SQLite, Redis and MySQL stores). */
+  /** Permits and rate windows in one step (memory, SQLite, Redis, MySQL and PostgreSQL stores). */
   admission(name: string, options: AdmissionOptions): Admission;
 }
 

@@ -90,7 +90,7 @@ export class Client {
   }
 
   /**
-   * Permits and rate windows in one step (memory, SQLite, Redis and MySQL stores).
+   * Permits and rate windows in one step (memory, SQLite, Redis, MySQL and PostgreSQL stores).
    * @param {string} name
    * @param {import("./admission.js").AdmissionOptions} options
    */

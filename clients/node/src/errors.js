@@ -101,7 +101,7 @@ export class Limited extends TesseraError {
 export class Internal extends TesseraError {
   static kind = "internal";
 }
-/** `unsupported` (501): the server's store lacks this operation (admissions on Redis). */
+/** `unsupported` (501): the server's store lacks this operation (admissions on etcd). */
 export class Unsupported extends TesseraError {
   static kind = "unsupported";
 }

@@ -346,3 +346,8 @@ fn bench_admission_on_redis() {
 fn bench_admission_on_mariadb() {
     bench_admission(Harness::mariadb().url());
 }
+
+#[test]
+fn bench_admission_on_postgres() {
+    bench_admission(Harness::postgres().url());
+}

@@ -1550,6 +1550,14 @@ fn permits_and_rates_hold_at_the_commands_across_processes_on_mariadb() {
     permits_and_rates_hold_at_the_commands(home.path(), &server.url("admission"));
 }
 
+/// The same on a throwaway PostgreSQL, where the admission is one function call.
+#[test]
+fn permits_and_rates_hold_at_the_commands_across_processes_on_postgres() {
+    let home = tmp();
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    permits_and_rates_hold_at_the_commands(home.path(), &server.url_with_schema("cli"));
+}
+
 fn permits_and_rates_hold_at_the_commands(home: &Path, store: &str) {
     const PERMITS: usize = 2;
     const PER_SECOND: usize = 3;

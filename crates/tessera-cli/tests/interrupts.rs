@@ -99,9 +99,24 @@ fn a_signal_during_the_rate_wait_returns_the_reservation() {
 /// queue with nothing charged.
 #[test]
 fn a_signal_during_an_admission_wait_leaves_the_queue_and_charges_nothing() {
+    a_signal_during_an_admission_wait(|home, _| {
+        format!("sqlite://{}", home.join("t.db").display())
+    });
+}
+
+/// The same on a throwaway PostgreSQL (a schema per signal), where the admission is one
+/// function call that runs to its end on the server even when the run is interrupted.
+#[test]
+fn a_signal_during_an_admission_wait_leaves_the_queue_and_charges_nothing_on_postgres() {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    a_signal_during_an_admission_wait(|_, sig| server.url_with_schema(&format!("sig{sig}")));
+}
+
+/// SIGTERM and SIGINT during an admission's wait, each on the store `store(home, signal)`.
+fn a_signal_during_an_admission_wait(store: impl Fn(&Path, i32) -> String) {
     for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         let home = tempfile::tempdir().unwrap();
-        let store = format!("sqlite://{}", home.path().join("t.db").display());
+        let store = store(home.path(), sig);
         use_up_the_rate(home.path(), &store, "both", &["--permits", "2"]);
         let marker = home.path().join("ran");
         let waiter = spawn_run(

@@ -643,6 +643,13 @@ async fn an_admission_takes_permits_and_windows_at_once_over_http_on_mariadb() {
     admission_over_http(&mariadb.url("admission")).await;
 }
 
+/// The same through a server on a throwaway PostgreSQL.
+#[tokio::test]
+async fn an_admission_takes_permits_and_windows_at_once_over_http_on_postgres() {
+    let postgres = tessera_testkit::servers::postgres::PostgresServer::start();
+    admission_over_http(&postgres.url_with_schema("http")).await;
+}
+
 async fn admission_over_http(store: &str) {
     let s = Server::start(store, &[]);
     let c = client();

@@ -45,11 +45,12 @@
 //!
 //! Each of these is an addition to the step or to this seam, not a rewrite:
 //!
-//! - **A permit and rate windows in one admission** (all or nothing): built on the memory
-//!   and SQLite stores as [`AdmissionBackend`] ([`Backend::admission`]); its step runs the semaphore's
-//!   *decide* and the limiter's charge under one atomic step, and the hand-off stops at an
-//!   admission waiter. Stores whose rate state lives beside the semaphore's (one Redis hash
-//!   tag, one SQL transaction) can do it in one call.
+//! - **A permit and rate windows in one admission** (all or nothing): built on the memory,
+//!   SQLite, Redis, MySQL and PostgreSQL stores as [`AdmissionBackend`]
+//!   ([`Backend::admission`]); its step runs the semaphore's *decide* and the limiter's
+//!   charge under one atomic step, and the hand-off stops at an admission waiter. Stores
+//!   whose rate state lives beside the semaphore's (one Redis hash tag, one SQL transaction)
+//!   can do it in one call.
 //! - **Fair shares per tenant inside a global cap**: a `tenant` field on the waiter and a
 //!   per-tenant `used` count; *hand off* picks the head of the least-served tenant instead
 //!   of the global head, still strictly FIFO within a tenant.

@@ -1,6 +1,7 @@
 //! Admission — permits and rate windows taken in one atomic step — on the stores that have
 //! it: the memory store (the reference model, also on a clock the test moves), SQLite,
-//! Redis, a Redis Cluster and MariaDB (`docs/admission.md`): all or nothing, strict FIFO with plain waiters, the head told when
+//! Redis, a Redis Cluster, MariaDB and PostgreSQL (`docs/admission.md`): all or nothing,
+//! strict FIFO with plain waiters, the head told when
 //! its windows admit it, a cancelled wait charging nothing, give-back, and the guarantee
 //! where the user observes it: at the moment each call starts. A store without admission
 //! answers `Error::Unsupported` (the server stores' tests).
@@ -12,6 +13,7 @@ use tessera::backend::stores::MemoryBackend;
 use tessera::backend::{Clock, ManualClock};
 use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
 use tessera_testkit::servers::mysql::MariaDbServer;
+use tessera_testkit::servers::postgres::PostgresServer;
 use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_cluster::RedisCluster;
 
@@ -28,15 +30,16 @@ type Keep = Option<Box<dyn std::any::Any + Send>>;
 
 /// The stores with admission, each private to the test: memory, SQLite in a file of its
 /// own, a throwaway Redis, a throwaway Redis Cluster (three primaries; a semaphore and the
-/// limiter of its name share one slot) and a throwaway MariaDB.
+/// limiter of its name share one slot), a throwaway MariaDB and a throwaway PostgreSQL.
 async fn stores(test: &str) -> Vec<(Store, Keep)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}/admission.db", dir.path().display());
     let redis = RedisServer::start();
-    let cluster = RedisCluster::start(false);
     // On this thread, which lives as long as the test: mariadbd dies with the thread that
     // started it (see `MariaDbServer::start`), and a blocking-pool thread exits when idle.
+    let cluster = RedisCluster::start(false);
     let mariadb = MariaDbServer::start();
+    let postgres = PostgresServer::start();
     vec![
         (
             Store::connect(&format!("memory://admission-{test}-{}", std::process::id()))
@@ -56,6 +59,12 @@ async fn stores(test: &str) -> Vec<(Store, Keep)> {
         (
             Store::connect(&mariadb.url(test)).await.unwrap(),
             Some(Box::new(mariadb)),
+        ),
+        (
+            Store::connect(&postgres.url_with_schema(test))
+                .await
+                .unwrap(),
+            Some(Box::new(postgres)),
         ),
     ]
 }

@@ -205,7 +205,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5"
+        "1,2,3,4,5,6"
     );
 }
 
@@ -692,7 +692,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -703,7 +703,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -715,7 +715,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -769,7 +769,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
              FROM pg_proc WHERE proname = 'tessera__hand_off'",
         )
     };
-    assert_eq!(revision(), "3");
+    assert_eq!(revision(), "4");
     assert_eq!(hand_off(), "t");
     server.psql(
         "DROP FUNCTION step.tessera__step_revision(); \
@@ -778,9 +778,9 @@ async fn an_older_step_is_created_again_without_a_migration() {
     );
     assert_eq!(hand_off(), "f");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "3");
+    assert_eq!(revision(), "4");
     assert_eq!(hand_off(), "t");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -885,7 +885,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -898,7 +898,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -1899,7 +1899,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "3");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "4");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
@@ -2003,4 +2003,180 @@ async fn connect_existing_creates_nothing_where_tessera_has_no_schema() {
     assert_eq!(status.used, 1);
     assert_eq!(status.holders[0].lease_id, permit.lease_id());
     permit.release().await.unwrap();
+}
+
+/// What the limiter of `name` counts (used and reserved, the largest over its limits).
+async fn rate_used(pg: &PostgresBackend, name: &Name) -> u64 {
+    pg.rate_status(name).await.unwrap().map_or(0, |s| {
+        s.limits.iter().map(|l| l.used + l.reserved).max().unwrap()
+    })
+}
+
+/// Admission through the seam, where the generic tests (`tests/admission.rs`) cannot look: an
+/// admission that joins at the head goes before the plain waiter queued first (the seq below
+/// the head's, with `head_seq` following it below 0); the release's hand-off stops at it and
+/// only marks it woken, handing nothing to the plain waiter behind it; the admission's own
+/// step charges its window and grants it (a retry answers the grant without its charge id);
+/// its give-back returns the charge and the permit, which goes on to the plain waiter. The
+/// semaphore row keeps the invariants the differential test checks at every step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_at_the_head_stops_the_hand_off_until_its_own_step_grants_it() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "gated").await;
+    let adm = pg.admission().expect("the PostgreSQL store admits");
+    let n = name("g");
+    let (a, w) = hold_and_queue(&pg, &n).await;
+    let config = RateConfig::new(&["5/min".parse().unwrap()], RateMode::Exact).unwrap();
+    let x = LeaseId::random();
+    let admit = AdmitRequest {
+        acquire: req(x, 1, LONG, Some((LONG, 10))),
+        cost: 1,
+        update: false,
+        at_head: true,
+    };
+    let consistent = || {
+        server.psql(
+            "SELECT count(*) FROM gated.tessera_semaphores s WHERE \
+             s.queued <> (SELECT count(*) FROM gated.tessera_waiters w WHERE w.name = s.name) \
+             OR s.head_seq > s.next_seq \
+             OR s.head_seq > (SELECT min(w.seq) FROM gated.tessera_waiters w WHERE w.name = s.name)",
+        ) == "0"
+    };
+    let gate = || {
+        server.psql(&format!(
+            "SELECT seq || ' ' || gate FROM gated.tessera_waiters WHERE lease_id = '{x}'"
+        ))
+    };
+    match adm.admit(&n, 1, &config, &admit).await.unwrap() {
+        AdmitReply::Queued {
+            position: 0,
+            window_at: None,
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(gate(), "-1 0", "first, waiting for permits");
+    assert_eq!(
+        server.psql("SELECT head_seq FROM gated.tessera_semaphores"),
+        "-1"
+    );
+    assert!(consistent());
+    let queue: Vec<LeaseId> = pg
+        .status(&n)
+        .await
+        .unwrap()
+        .unwrap()
+        .queue
+        .iter()
+        .map(|q| q.lease_id)
+        .collect();
+    assert_eq!(queue, [x, w]);
+
+    // The permit is freed: the hand-off wakes the admission and grants nobody.
+    assert!(pg.release(&n, a).await.unwrap());
+    assert_eq!(gate(), "-1 9223372036854775807", "woken");
+    assert_eq!(pg.heartbeat(&n, w, LONG).await.unwrap(), WaitReply::Waiting);
+    assert_eq!(rate_used(&pg, &n).await, 0);
+    assert!(consistent());
+
+    // Its own step charges the window and grants, at one instant.
+    let AdmitReply::Granted { grant, reservation } =
+        adm.admit(&n, 1, &config, &admit).await.unwrap()
+    else {
+        panic!("the woken admission was not granted")
+    };
+    assert!(reservation > 0);
+    assert_eq!(grant.lease.acquired_at, grant.now);
+    assert_eq!(rate_used(&pg, &n).await, 1);
+    assert_eq!(gate(), "", "no longer queued");
+    // A retry whose reply was lost: the same grant, without its charge id, charged once.
+    match adm.admit(&n, 1, &config, &admit).await.unwrap() {
+        AdmitReply::Granted {
+            grant: again,
+            reservation: 0,
+        } => assert_eq!(again.lease, grant.lease),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rate_used(&pg, &n).await, 1);
+    assert_eq!(pg.heartbeat(&n, w, LONG).await.unwrap(), WaitReply::Waiting);
+
+    // Given back: the charge (still the latest) and the permit, which the plain waiter gets.
+    assert!(adm
+        .give_back(&n, x, reservation, grant.lease.acquired_at)
+        .await
+        .unwrap());
+    assert_eq!(rate_used(&pg, &n).await, 0);
+    assert!(matches!(
+        pg.heartbeat(&n, w, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+    assert!(consistent());
+    // Given back twice: nothing held, nothing more returned.
+    assert!(!adm
+        .give_back(&n, x, reservation, grant.lease.acquired_at)
+        .await
+        .unwrap());
+    assert!(pg.release(&n, w).await.unwrap());
+}
+
+/// An admission waiter is woken without a grant once its permit is free, by a release in
+/// another process (a `NOTIFY` of its bare lease id on its process's channel) or in its own
+/// (the bare lease id in the release's reply), and then its own step charges and grants it.
+/// Every lease and waiter TTL is an hour, so its poll is 15 minutes away and no expiry comes
+/// sooner: only the wake-up can have reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_waiter_is_woken_by_a_release_in_another_process_or_its_own() {
+    let server = PostgresServer::start();
+    let store = Store::connect(&server.url_with_schema("woken"))
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    let opts = SemaphoreOptions::default().ttl(hour).waiter_ttl(hour);
+    let adm = store
+        .admission("woken")
+        .permits(1)
+        .semaphore_options(opts.clone())
+        .rate("10/min".parse().unwrap())
+        .unwrap();
+    let queued =
+        || server.psql("SELECT count(*) FROM woken.tessera_waiters WHERE gate IS NOT NULL") == "1";
+    let wait = |adm: &Admission| {
+        let adm = adm.clone();
+        tokio::spawn(async move { adm.acquire_timeout(Duration::from_secs(60)).await })
+    };
+
+    // Held by another process, for an hour too: no expiry it could be told of comes first.
+    let peer = Store::connect(&peer_url(&server, "woken")).await.unwrap();
+    let held = Semaphore::new(&peer, "woken", 1, opts.clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = wait(&adm);
+    eventually(30, "the admission is queued", queued).await;
+    held.release().await.unwrap();
+    let ticket = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("woken by the peer's release");
+    ticket.release().await.unwrap();
+
+    let sem = Semaphore::new(&store, "woken", 1, opts).unwrap();
+    let permit = sem.try_acquire().await.unwrap().expect("the free permit");
+    let waiting = wait(&adm);
+    eventually(30, "the admission is queued", queued).await;
+    permit.release().await.unwrap();
+    let ticket = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("woken by its own process's release");
+    assert_eq!(
+        store.rate_status("woken").await.unwrap().unwrap().limits[0].used,
+        2
+    );
+    ticket.release().await.unwrap();
+    store.close().await.unwrap();
+    peer.close().await.unwrap();
 }

@@ -164,7 +164,7 @@ class Internal(TesseraError):
 
 
 class Unsupported(TesseraError):
-    """501 ``unsupported``: the server's store lacks the feature (admissions on Redis, …)."""
+    """501 ``unsupported``: the server's store lacks the feature (admissions on etcd, …)."""
 
     KIND = "unsupported"
 

@@ -7,7 +7,7 @@ use crate::error::{Error, Result, StoreErrorKind};
 use super::conns::RESPONSE_TIMEOUT;
 use super::error::map_err;
 use super::url::Config;
-use super::{ops, rate};
+use super::{admission, ops, rate};
 
 /// The migrations, in order (each runs its files in order); the schema records the last one
 /// it ran.
@@ -17,6 +17,7 @@ pub(super) const MIGRATIONS: &[&[&[&str]]] = &[
     rate::MIGRATION_3,
     ops::MIGRATION_4,
     ops::MIGRATION_5,
+    admission::MIGRATION_6,
 ];
 
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without

@@ -83,6 +83,15 @@
 //!   PL/pgSQL function per step as well (`sql/rate_*.sql`), the decision of
 //!   `rate/engine.rs` line by line: the limiter's row is locked with `SELECT … FOR UPDATE`
 //!   first, `clock_timestamp()` read once after the lock.
+//! - **Admission** (`admission.rs`; migration 6, `sql/schema_6.sql`): permits and rate
+//!   windows in one function call, `tessera_admit` (`sql/admit.sql`) and `tessera_give_back`
+//!   (`sql/give_back.sql`), which lock the semaphore's row and then the limiter's of the same
+//!   name (the only order any function takes both in) and share the rate functions' decision
+//!   (`tessera__rate_step` in `sql/rate_common.sql`). An admission waiter's row carries a
+//!   `gate` that every hand-off stops at, waking the waiter without a grant once it fits and
+//!   its windows' instant has come; it then asks again and its own step charges and grants.
+//!   An admission runs to its end on the server even if its future is dropped, as an acquire
+//!   does (see `PostgresBackend::settle`).
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
@@ -103,6 +112,7 @@
 //!   logic above the seam handles it. Unreadable rows are [`Error::Corrupt`] (the functions
 //!   raise SQLSTATE `TS001`; the client checks every value again).
 
+mod admission;
 mod conns;
 mod error;
 mod heartbeats;
@@ -323,6 +333,46 @@ impl PostgresBackend {
             let _passed = gate.lock().await;
         }
     }
+
+    /// Runs `query`, a step that may grant or queue `lease` (an acquire, an admission), in a
+    /// task of its own that holds the lease's gate until its reply is in (see
+    /// [`PostgresBackend::settle`]): it runs on the server to the end even if this future is
+    /// dropped. Returns its one row.
+    async fn run_settled(
+        &self,
+        lease: LeaseId,
+        query: sqlx::query::Query<'static, Postgres, PgArguments>,
+    ) -> Result<PgRow> {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held = Arc::clone(&gate).lock_owned().await;
+        self.inflight
+            .lock()
+            .unwrap()
+            .insert(lease, Arc::clone(&gate));
+        let (conns, url, inflight) = (
+            Arc::clone(&self.conns),
+            self.url.clone(),
+            Arc::clone(&self.inflight),
+        );
+        let task = tokio::spawn(async move {
+            let row = match conns.take().await {
+                Ok(conn) => run_row(conn, &url, query).await,
+                Err(e) => Err(e),
+            };
+            let mut map = inflight.lock().unwrap();
+            if map.get(&lease).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
+                map.remove(&lease);
+            }
+            drop(held);
+            row
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(Error::store(
+                StoreErrorKind::Other,
+                format!("step task failed: {e}"),
+            ))
+        })
+    }
 }
 
 #[async_trait]
@@ -349,57 +399,21 @@ impl Backend for PostgresBackend {
         if waiter_ttl.is_some() {
             self.listener.set_waiting(req.lease_id, true);
         }
-        // Run on the server to the end even if this future is dropped (see `settle`).
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
-        let held = Arc::clone(&gate).lock_owned().await;
-        self.inflight
-            .lock()
-            .unwrap()
-            .insert(req.lease_id, Arc::clone(&gate));
-        let (conns, url, inflight) = (
-            Arc::clone(&self.conns),
-            self.url.clone(),
-            Arc::clone(&self.inflight),
-        );
-        let args = (
-            name.to_string(),
-            i64::from(capacity),
-            req.lease_id,
-            i64::from(req.weight),
-            micros(req.ttl),
-            req.holder.clone(),
-            self.listener.client_id().to_string(),
-        );
-        let task = tokio::spawn(async move {
-            let (name, capacity, lease, weight, ttl, holder, client) = args;
-            let row = run_row(
-                conns.take().await?,
-                &url,
+        let row = self
+            .run_settled(
+                req.lease_id,
                 sqlx::query(ops::ACQUIRE)
-                    .bind(name)
-                    .bind(capacity)
-                    .bind(lease.to_string())
-                    .bind(weight)
-                    .bind(ttl)
-                    .bind(holder)
-                    .bind(client)
+                    .bind(name.to_string())
+                    .bind(i64::from(capacity))
+                    .bind(req.lease_id.to_string())
+                    .bind(i64::from(req.weight))
+                    .bind(micros(req.ttl))
+                    .bind(req.holder.clone())
+                    .bind(self.listener.client_id().to_string())
                     .bind(waiter_ttl)
                     .bind(queue_cap),
             )
             .await;
-            let mut map = inflight.lock().unwrap();
-            if map.get(&lease).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
-                map.remove(&lease);
-            }
-            drop(held);
-            row
-        });
-        let row = task.await.unwrap_or_else(|e| {
-            Err(Error::store(
-                StoreErrorKind::Other,
-                format!("acquire task failed: {e}"),
-            ))
-        });
         let reply = row.and_then(|row| {
             if let Some(after) = ops::expiry_in(&row) {
                 self.expiries.note(name, after);
@@ -570,6 +584,10 @@ impl Backend for PostgresBackend {
         self.expiries.get(name)
     }
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+        Some(self)
+    }
+
+    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
         Some(self)
     }
 }

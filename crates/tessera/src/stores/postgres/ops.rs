@@ -7,12 +7,13 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
+use super::{admission, rate};
 use crate::error::{Error, Result};
 use crate::model::*;
 
 /// The step's helpers, then one function per operation: created by migration 1 and again by
 /// every migration that changes them (`CREATE OR REPLACE`).
-const STEP: &[&str] = &[
+pub(crate) const STEP: &[&str] = &[
     include_str!("sql/common.sql"),
     include_str!("sql/acquire.sql"),
     include_str!("sql/heartbeat.sql"),
@@ -45,11 +46,15 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// until it is renewed (`tessera__hand_off`). Revision 2: `tessera_heartbeat_many`, the
 /// heartbeats of several waiters of one semaphore in one call (`heartbeats.rs`). Revision 3:
 /// a `queued` acquire and a `waiting` heartbeat answer the semaphore's `purge_at` in
-/// `expires_at`, when an expiry may next free permits (`Backend::next_expiry`).
-pub(crate) const STEP_REVISION: i32 = 3;
+/// `expires_at`, when an expiry may next free permits (`Backend::next_expiry`). Revision 4
+/// (with migration 6, which adds the waiters' `gate`): the hand-off stops at an admission
+/// waiter and wakes it, and the admission's functions (`admission.rs`) with the rate step
+/// they share.
+pub(crate) const STEP_REVISION: i32 = 4;
 
-/// The step alone, for a connect that finds an older revision.
-pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP];
+/// The step alone, for a connect that finds an older revision: the semaphore's functions, the
+/// rate functions and the admission's, which call both.
+pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP, rate::FUNCTIONS, admission::FUNCTIONS];
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
@@ -72,7 +77,7 @@ pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
 }
 
 /// A column that must be there and not NULL.
-fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T>
+pub(crate) fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
@@ -81,7 +86,7 @@ where
         .ok_or_else(|| corrupt(format!("column {col} is NULL")))
 }
 
-fn opt<'r, T>(row: &'r PgRow, col: &str) -> Result<Option<T>>
+pub(crate) fn opt<'r, T>(row: &'r PgRow, col: &str) -> Result<Option<T>>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
@@ -89,15 +94,15 @@ where
         .map_err(|e| corrupt(format!("column {col}: {e}")))
 }
 
-fn u32_of(v: i64, what: &str) -> Result<u32> {
+pub(crate) fn u32_of(v: i64, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is out of range")))
 }
 
-fn u64_of(v: i64, what: &str) -> Result<u64> {
+pub(crate) fn u64_of(v: i64, what: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| corrupt(format!("{what} = {v} is negative")))
 }
 
-fn time_of(v: i64, what: &str) -> Result<StoreTime> {
+pub(crate) fn time_of(v: i64, what: &str) -> Result<StoreTime> {
     u64_of(v, what).map(StoreTime)
 }
 
@@ -127,8 +132,8 @@ fn lease_of(s: &str) -> Result<LeaseId> {
     })
 }
 
-/// The lease of a `granted` row (acquire, heartbeat).
-fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
+/// The lease of a `granted` row (acquire, heartbeat, admit).
+pub(crate) fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
     let weight = u32_of(get(row, "weight")?, "weight")?;
     if weight == 0 {
         return Err(corrupt("weight = 0"));

@@ -49,14 +49,19 @@ use crate::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
 /// Migration 2: the rate-limiter tables.
 pub(crate) const MIGRATION_2: &[&[&str]] = &[&[include_str!("sql/rate_schema.sql")]];
 
-/// Migration 3: the rate step as functions, helpers first.
-pub(crate) const MIGRATION_3: &[&[&str]] = &[&[
+/// The rate step as functions, helpers first (the decision and the undo in them are shared
+/// with the admission's functions): created by migration 3 and again by migration 6 and every
+/// newer step revision (`ops::STEP_AGAIN`).
+pub(crate) const FUNCTIONS: &[&str] = &[
     include_str!("sql/rate_common.sql"),
     include_str!("sql/rate_acquire.sql"),
     include_str!("sql/rate_cancel.sql"),
     include_str!("sql/rate_status.sql"),
     include_str!("sql/rate_delete.sql"),
-]];
+];
+
+/// Migration 3: the rate step as functions.
+pub(crate) const MIGRATION_3: &[&[&str]] = &[FUNCTIONS];
 
 const ACQUIRE: &str = "SELECT outcome, at_us, now_us, reservation, stored \
      FROM tessera_rate_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
@@ -136,7 +141,7 @@ fn u64_at(row: &PgRow, i: usize, what: &str) -> Result<u64> {
 
 /// The arguments describing the declared limits: N, enforced window and emission interval
 /// of each limit, and the burst (0 in exact mode).
-fn limit_args(config: &RateConfig) -> (Vec<i64>, Vec<i64>, Vec<i64>, i64) {
+pub(super) fn limit_args(config: &RateConfig) -> (Vec<i64>, Vec<i64>, Vec<i64>, i64) {
     let n = config
         .limits()
         .iter()

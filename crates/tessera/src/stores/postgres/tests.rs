@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 5);
+    assert_eq!(MIGRATIONS.len(), 6);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -88,6 +88,41 @@ fn the_head_bound_and_local_grants_come_fifth_and_run_again_harmlessly() {
     }
 }
 
+/// Migration 6 adds the waiters' `gate` idempotently, then creates the step (whose hand-off
+/// stops at gated waiters), the rate functions (the decision and the undo that the admission
+/// shares) and the admission's functions, each of them again harmlessly.
+#[test]
+fn admission_comes_sixth_and_runs_again_harmlessly() {
+    let sixth = MIGRATIONS[5].concat().concat();
+    assert!(sixth.starts_with("-- tessera PostgreSQL store, migration 6"));
+    assert!(sixth.contains("ALTER TABLE tessera_waiters ADD COLUMN IF NOT EXISTS gate bigint;"));
+    for f in [
+        "tessera__hand_off(",
+        "tessera__rate_step(",
+        "tessera__rate_undo(",
+        "tessera_rate_acquire(",
+        "tessera_admit(",
+        "tessera_give_back(",
+    ] {
+        assert!(
+            sixth.contains(&format!("CREATE OR REPLACE FUNCTION {f}")),
+            "{f}"
+        );
+    }
+    assert!(sixth.contains("AND gate IS NULL"));
+    for line in sixth.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(line.starts_with("CREATE OR REPLACE FUNCTION "), "{line}");
+    }
+    // The admission's functions come after what they call.
+    let at = |f: &str| {
+        sixth
+            .find(&format!("CREATE OR REPLACE FUNCTION {f}("))
+            .unwrap()
+    };
+    assert!(at("tessera__rate_step") < at("tessera_admit"));
+    assert!(at("tessera__rate_undo") < at("tessera_give_back"));
+}
+
 /// The step says its revision, the one this build creates; the latest migration creates the
 /// step, so a fresh schema has it.
 #[test]
@@ -115,6 +150,8 @@ fn operation_functions_are_created_by_the_migration() {
         "tessera_resize",
         "tessera_revoke",
         "tessera_delete",
+        "tessera_admit",
+        "tessera_give_back",
     ] {
         assert!(
             all.contains(&format!("CREATE OR REPLACE FUNCTION {f}(")),

@@ -9,7 +9,9 @@
 -- returned below it are rows of tessera_free_seats; a fence is max(last_fence + 1, now in
 -- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
--- above `head_seq`, which is at most next_seq. Every value read is checked:
+-- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
+-- the head, admit.sql); an admission waiter (`gate` not NULL, migration 6) is never granted
+-- by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
 -- Cost: each statement a step runs costs a few µs of executor work and each PL/pgSQL
@@ -148,7 +150,7 @@ BEGIN
     IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.queued IS NULL OR r.queued < 0
        OR r.last_fence IS NULL OR r.last_fence < 0 OR r.next_seq IS NULL OR r.next_seq < 0
        OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000
-       OR r.head_seq IS NULL OR r.head_seq < 0 OR r.head_seq > r.next_seq THEN
+       OR r.head_seq IS NULL OR r.head_seq > r.next_seq THEN
         PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s) is out of range',
             r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq));
     END IF;
@@ -277,6 +279,14 @@ END $$;
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
 -- (pg_notify, sent at commit), where a payload that would not fit NOTIFY's 8,000 bytes goes
 -- out as the bare lease id and the waiter then asks with a heartbeat.
+--
+-- An admission waiter (its row's `gate` is not NULL: admit.sql) blocks the queue too, and is
+-- never granted here, since its windows are charged only in its own step: once it fits and
+-- its gate's instant (when its windows admit it; 0 while it waited for permits) has come, it
+-- is woken without a grant, its bare lease id sent as above, and its gate set to the largest
+-- bigint so that later steps do not wake it again before its own step sets the gate anew.
+-- The head that does not pop costs one more indexed UPDATE (nothing else changes for plain
+-- waiters).
 CREATE OR REPLACE FUNCTION tessera__hand_off(st tessera_step) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -291,8 +301,28 @@ BEGIN
           AND seq = (SELECT seq FROM tessera_waiters
                      WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
           AND weight <= st.capacity - st.used
+          AND gate IS NULL
         RETURNING seq, lease_id, weight, holder, client, ttl, expires_at INTO h;
-        EXIT WHEN NOT FOUND;
+        IF NOT FOUND THEN
+            -- The head does not fit, or it is an admission waiter: wake the latter once it
+            -- fits and its windows' instant has come (a NULL gate never compares true).
+            UPDATE tessera_waiters
+            SET gate = 9223372036854775807
+            WHERE name = st.name
+              AND seq = (SELECT seq FROM tessera_waiters
+                         WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
+              AND weight <= st.capacity - st.used
+              AND gate <= st.now_us
+            RETURNING lease_id, client INTO h;
+            IF FOUND AND h.client ~ '^[0-9a-f]{1,32}$' THEN
+                IF h.client = st.local_client THEN
+                    st.local_grants := st.local_grants || h.lease_id;
+                ELSE
+                    PERFORM pg_notify('tessera_w' || h.client, h.lease_id);
+                END IF;
+            END IF;
+            EXIT;
+        END IF;
         st.queued := st.queued - 1;
         st.head_seq := h.seq + 1;
         IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
@@ -493,4 +523,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 3';
+LANGUAGE sql IMMUTABLE AS 'SELECT 4';

@@ -1,7 +1,9 @@
 -- tessera PostgreSQL store, migration 3: the rate step on the server. This file holds the
 -- helpers shared by the rate functions (rate_acquire.sql, rate_cancel.sql,
--- rate_status.sql, rate_delete.sql); none commits or decides anything itself. The decision
--- follows crates/tessera/src/rate/engine.rs line by line, as the Redis scripts do
+-- rate_status.sql, rate_delete.sql) and by the admission's (admit.sql, give_back.sql): the
+-- decision itself (tessera__rate_step) and the return of an admission (tessera__rate_undo);
+-- none commits or sets the commit's durability. The decision follows
+-- crates/tessera/src/rate/engine.rs line by line, as the Redis scripts do
 -- (stores/redis/scripts/rate_*.lua), over the tables of migration 2 (rate_schema.sql),
 -- which keep their meaning: a row written by a build that ran the step on the client reads
 -- the same here.
@@ -14,13 +16,18 @@
 --   inserted again (at most 8 times, then SQLSTATE 40001, which the client retries).
 -- - The clock (`clock_timestamp()`, the server's, never the client's) is read once, after
 --   the lock: every time of the step is that one.
+-- - Lock order: a step that takes a semaphore's row as well (tessera_admit,
+--   tessera_give_back) locks the semaphore's row first and the limiter's of the same name
+--   second; nothing locks them the other way round, and the sweep never waits, so the rate
+--   functions, the semaphore's and the admission's never deadlock one another.
 -- - Bounded work besides the limiter's own log: at most 16 other limiters whose state
 --   expired are swept per call, with `FOR UPDATE SKIP LOCKED`, so two steps never wait on
 --   each other's rows. Pruning drops only the log entries older than the longest window.
 -- - Every value read is checked; a wrong one raises SQLSTATE TS001 (Error::Corrupt).
 --
--- Runs inside the migration transaction (mod.rs `migrate`), after migration 2; every
--- statement is `CREATE OR REPLACE`, so running it again changes nothing.
+-- Runs inside the migration transaction (mod.rs `migrate`), after migration 2, and again
+-- with migration 6 and every newer step revision (ops.rs `STEP_AGAIN`); every statement is
+-- `CREATE OR REPLACE`, so running it again changes nothing.
 
 -- Locks limiter `p_name`'s row and returns it. Without a row: with `p_create`, inserts a
 -- placeholder and locks that; without, returns NULL (nothing to lock, nothing to change).
@@ -182,4 +189,198 @@ BEGIN
         DELETE FROM tessera_rate_log WHERE name = p_name AND t <= cutoff RETURNING p)
     SELECT max(g.p) INTO top FROM gone g;
     RETURN top;
+END $$;
+
+-- The rate step: locks limiter `p_name`'s row (a placeholder first if it has none), reads the
+-- clock once the lock is held, sweeps, prunes, and admits, reserves or answers limited, all
+-- limits charged or none: rate/engine.rs (`check_config`, `thresholds`, `earliest`,
+-- `decide`) line by line, as stores/redis/scripts/rate_acquire.lua. Arguments and outcome as
+-- tessera_rate_acquire's (rate_acquire.sql), whose step this is; tessera_admit (admit.sql)
+-- runs it too, on its turn, with the semaphore's row locked first and `p_max_wait` NULL (the
+-- windows are asked for now only). Leaves `synchronous_commit` to its caller.
+CREATE OR REPLACE FUNCTION tessera__rate_step(
+    p_name text, p_config text, p_n bigint[], p_l bigint[], p_t bigint[], p_burst bigint,
+    p_cost bigint, p_max_wait bigint, p_update boolean,
+    OUT outcome text, OUT at_us bigint, OUT now_us bigint, OUT reservation bigint,
+    OUT stored text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r         tessera_rate_limiters;
+    v_n       int := cardinality(p_n);
+    v_tat     bigint[];
+    v_prev    bigint[];
+    v_horizon bigint := 0;
+    v_replace boolean := false;
+    v_pruned  boolean := false;
+    v_t       bigint;
+    v_x       bigint;
+    v_at      bigint;
+    v_slack   bigint;
+    i         int;
+BEGIN
+    IF v_n IS NULL OR v_n = 0 OR cardinality(p_l) IS DISTINCT FROM v_n
+       OR cardinality(p_t) IS DISTINCT FROM v_n THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'tessera__rate_step: one N, L and T per limit';
+    END IF;
+    r := tessera__rate_lock(p_name, true);
+    -- The clock only now: clock_timestamp() in the locking statement could be read before
+    -- the wait for the lock ended.
+    now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    PERFORM tessera__rate_sweep(p_name, now_us);
+    PERFORM tessera__rate_check(r);
+    FOR i IN 1 .. v_n LOOP
+        v_horizon := greatest(v_horizon, p_l[i]);
+    END LOOP;
+
+    IF r.expires_at <= now_us THEN
+        -- No state: a placeholder, or a state that expired (its log goes). A fresh one.
+        DELETE FROM tessera_rate_log WHERE name = p_name;
+        r.config := p_config;
+        r.seq := 0; r.tail := 0; r.last := 0; r.prev_last := 0; r.p := 0; r.base := 0;
+        v_tat := array_fill(0::bigint, ARRAY[v_n]);
+        v_prev := v_tat;
+    ELSE
+        v_tat := tessera__rate_tat(r.tat);
+        v_prev := tessera__rate_tat(r.prev_tat);
+        IF r.config <> p_config THEN
+            IF NOT p_update THEN
+                outcome := 'mismatch';
+                stored := r.config;
+                RETURN;
+            END IF;
+            -- Exact history is kept (it is the true admission history); smooth pacing
+            -- restarts from max(now, last).
+            v_t := greatest(now_us, r.last);
+            r.config := p_config;
+            v_tat := array_fill(v_t, ARRAY[v_n]);
+            v_prev := v_tat;
+            r.tail := 0;
+            v_replace := true;
+        ELSIF coalesce(cardinality(v_tat), 0) <> v_n OR coalesce(cardinality(v_prev), 0) <> v_n THEN
+            PERFORM tessera__corrupt(format('rate limiter %L: %s pacing values for %s limits',
+                left(p_name, 64), coalesce(cardinality(v_tat), 0), v_n));
+        END IF;
+        IF p_burst = 0 THEN
+            v_x := tessera__rate_prune(p_name, now_us - v_horizon);
+            IF v_x IS NOT NULL THEN
+                r.base := v_x;
+                v_pruned := true;
+            END IF;
+        END IF;
+    END IF;
+
+    -- The earliest admissible time.
+    v_t := greatest(now_us, r.last);
+    IF p_burst = 0 THEN
+        FOR i IN 1 .. v_n LOOP
+            -- The first entry with P >= p - N + k binds: admissible from its time + L.
+            v_x := r.p + p_cost - p_n[i];
+            IF v_x > r.base THEN
+                SELECT l.t INTO v_at FROM tessera_rate_log l
+                WHERE l.name = p_name AND l.p >= v_x ORDER BY l.p LIMIT 1;
+                IF NOT FOUND THEN
+                    PERFORM tessera__corrupt(format(
+                        'rate log has no entry at or above running total %s (total %s)', v_x, r.p));
+                END IF;
+                v_t := greatest(v_t, greatest(v_at, 0) + p_l[i]);
+            END IF;
+        END LOOP;
+    ELSE
+        v_slack := greatest(p_burst - p_cost, 0);
+        FOR i IN 1 .. v_n LOOP
+            v_t := greatest(v_t, v_tat[i] - v_slack * p_t[i]);
+        END LOOP;
+    END IF;
+
+    IF (p_max_wait IS NULL AND v_t <> now_us) OR v_t - now_us > p_max_wait THEN
+        -- Nothing charged. Entries that no longer change any answer were pruned: base must
+        -- follow them; limits replaced by update stay replaced (as in the memory store).
+        IF v_pruned OR v_replace THEN
+            PERFORM tessera__rate_save(r, v_tat, v_prev,
+                tessera__rate_expiry(r.last, v_tat, p_burst, v_horizon));
+        END IF;
+        outcome := 'limited';
+        at_us := v_t;
+        RETURN;
+    END IF;
+
+    r.prev_last := r.last;
+    r.last := v_t;
+    r.seq := r.seq + 1;
+    r.tail := r.seq;
+    IF p_burst = 0 THEN
+        r.p := r.p + p_cost;
+        INSERT INTO tessera_rate_log (name, p, t) VALUES (p_name, r.p, v_t);
+    ELSE
+        v_prev := v_tat;
+        FOR i IN 1 .. v_n LOOP
+            v_tat[i] := greatest(v_tat[i], v_t) + p_cost * p_t[i];
+        END LOOP;
+    END IF;
+    PERFORM tessera__rate_save(r, v_tat, v_prev,
+        tessera__rate_expiry(r.last, v_tat, p_burst, v_horizon));
+    outcome := 'admitted';
+    at_us := v_t;
+    reservation := r.seq;
+END $$;
+
+-- Returns limiter `p_name`'s latest admission if it is the one named (`p_reservation`, made
+-- at `p_at`) and, unless `p_due_too`, not yet due: rate/engine.rs `cancel` (`p_due_too`
+-- false: tessera_rate_cancel, rate_cancel.sql) and `undo_latest` (`p_due_too` true: an
+-- admission given back unused, tessera_give_back), as `undo` in
+-- stores/redis/scripts/rate_prelude.lua. Locks the limiter's row and reads the clock once
+-- the lock is held. True if it was returned (last, and in exact mode the running total, roll
+-- back; in smooth mode the pacing values), false if not (nothing changed but the sweep, or an
+-- expired state dropped). A later admission keeps it charged: the windows may count more
+-- than was used, never less.
+CREATE OR REPLACE FUNCTION tessera__rate_undo(
+    p_name text, p_reservation bigint, p_at bigint, p_due_too boolean
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    r         tessera_rate_limiters;
+    v_now     bigint;
+    v_burst   bigint;
+    v_horizon bigint;
+    v_n       int;
+    v_tat     bigint[];
+    v_prev    bigint[];
+    v_top     bigint;
+BEGIN
+    r := tessera__rate_lock(p_name, false);
+    v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    PERFORM tessera__rate_sweep(p_name, v_now);
+    IF r.name IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM tessera__rate_check(r);
+    IF r.expires_at <= v_now THEN
+        PERFORM tessera__rate_drop(p_name);
+        RETURN false;
+    END IF;
+    SELECT l.burst, l.n, l.horizon INTO v_burst, v_n, v_horizon
+    FROM tessera__rate_limits(r.config) l;
+    v_tat := tessera__rate_tat(r.tat);
+    v_prev := tessera__rate_tat(r.prev_tat);
+    IF coalesce(cardinality(v_tat), 0) <> v_n OR coalesce(cardinality(v_prev), 0) <> v_n THEN
+        PERFORM tessera__corrupt(format('rate limiter %L: %s pacing values for %s limits',
+            left(p_name, 64), coalesce(cardinality(v_tat), 0), v_n));
+    END IF;
+    IF p_reservation = 0 OR r.tail <> p_reservation OR r.last <> p_at
+       OR (p_at <= v_now AND NOT p_due_too) THEN
+        RETURN false;
+    END IF;
+    r.last := r.prev_last;
+    r.tail := 0;
+    IF v_burst = 0 THEN
+        DELETE FROM tessera_rate_log WHERE name = p_name AND p = r.p;
+        SELECT max(l.p) INTO v_top FROM tessera_rate_log l WHERE l.name = p_name;
+        r.p := coalesce(greatest(v_top, 0), r.base);
+    ELSE
+        v_tat := v_prev;
+    END IF;
+    PERFORM tessera__rate_save(r, v_tat, v_prev,
+        tessera__rate_expiry(r.last, v_tat, v_burst, v_horizon));
+    RETURN true;
 END $$;

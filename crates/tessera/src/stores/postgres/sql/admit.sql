@@ -1,0 +1,175 @@
+-- tessera_admit: permits and rate windows in one step (docs/admission.md): grants and charges
+-- every window, queues as an admission waiter, or refuses; all or nothing. stores/sql/step.rs
+-- `admit` (`decide_admit`) in one call, as stores/redis/scripts/admit.lua; the reference
+-- model is Model::admit (stores/memory/ops.rs).
+--
+-- p_name .. p_queue_cap  as tessera_acquire (acquire.sql): the semaphore, the capacity the
+--                        client declares, lease id, weight, lease TTL (µs), holder label,
+--                        client id, waiter TTL (µs; NULL for a try, which never queues) and
+--                        the queue's cap
+-- p_config .. p_cost     the limiter of the same name and the cost, as tessera_rate_acquire
+--                        (rate_acquire.sql): canonical limits, N, enforced window and
+--                        emission interval of each limit, burst (0: exact mode), cost
+-- p_update               replace differing stored limits instead of answering 'ratemismatch'
+-- p_at_head              join the queue at its head, not its tail (a request that gave back
+--                        an admission it could not use before its use-by instant)
+--
+-- One row, now_us in every case: outcome 'granted' (the lease: weight, seats, fence, holder,
+-- acquired_at = now_us, expires_at; reservation, the windows' charge, 0 for a retry of a
+-- granted lease id whose charge is not kept), 'queued' ("position", 0 at the head;
+-- window_at; expires_at: purge_at, as tessera_acquire's 'queued'), 'refused' (available,
+-- queued; window_at), 'mismatch' (stored_capacity), 'ratemismatch' (stored_limits) or
+-- 'queue_full'. window_at: when the windows admit the cost, if the permits fit and only the
+-- windows refused; NULL otherwise. A refusal, a queue place and every error charge no window;
+-- they still commit the purge and hand-off (and a rate step's pruning, sweep or `p_update`).
+--
+-- Locks: the semaphore's row (tessera__load), then, on this request's turn only, the
+-- limiter's row of the same name (tessera__rate_step): the order of every step that takes
+-- both (rate_common.sql). The rate step reads the clock once it holds the limiter's row; the
+-- step goes on at that instant, so the lease and the charge carry the same one. Nobody can
+-- change the semaphore in between (its row is locked), and a lease that expired meanwhile
+-- still counts (the purge ran at the earlier reading): permits that fit then fit now.
+--
+-- An admission waiter's row carries `gate`: the instant its windows admit its cost (0 while
+-- it waits for permits), which every hand-off stops at and wakes it by (common.sql); only
+-- this step grants it, charging its windows.
+CREATE OR REPLACE FUNCTION tessera_admit(
+    p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
+    p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint,
+    p_config text, p_n bigint[], p_l bigint[], p_t bigint[], p_burst bigint, p_cost bigint,
+    p_update boolean, p_at_head boolean
+) RETURNS TABLE (
+    outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
+    acquired_at bigint, expires_at bigint, reservation bigint, "position" bigint,
+    window_at bigint, available bigint, queued bigint, stored_capacity bigint,
+    stored_limits text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    st    tessera_step;
+    h     tessera_holders;
+    seq_  bigint;
+    turn  boolean;
+    rate  record;
+BEGIN
+    st := tessera__load(p_name, p_capacity);
+    now_us := st.now_us;
+    -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
+    -- takes the capacity this client declares (as tessera_acquire).
+    IF st.used = 0 AND st.queued = 0 AND st.capacity <> p_capacity THEN
+        st.capacity := p_capacity;
+        st.dirty := true;
+    END IF;
+    IF st.capacity <> p_capacity THEN
+        outcome := 'mismatch';
+        stored_capacity := st.capacity;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- A retry whose reply was lost: the grant stands (its charge id is not kept, so a
+    -- give-back of it releases the permits and leaves the windows charged).
+    IF st.used > 0 THEN
+        SELECT * INTO h FROM tessera_holders t WHERE t.name = p_name AND t.lease_id = p_lease;
+        IF FOUND THEN
+            outcome := 'granted';
+            weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
+            acquired_at := h.acquired_at; expires_at := h.expires_at;
+            reservation := 0;
+            PERFORM tessera__finish(st);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    -- A queued lease id renews its entry (a try never has one).
+    IF p_waiter_ttl IS NOT NULL THEN
+        seq_ := tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl);
+    END IF;
+    "position" := 0;
+    IF seq_ IS NOT NULL THEN
+        SELECT count(*) INTO "position" FROM tessera_waiters w
+        WHERE w.name = p_name AND w.seq < seq_;
+    END IF;
+    -- A waiter's turn is at the head; a newcomer's when nobody waits, or first of all for one
+    -- that gave back an admission it could not use in time. Either way its weight must fit.
+    turn := st.used + p_weight <= st.capacity
+        AND CASE WHEN seq_ IS NOT NULL THEN "position" = 0
+                 ELSE st.queued = 0 OR p_at_head END;
+    IF turn THEN
+        -- The windows, asked for now only (a try: NULL max wait).
+        SELECT * INTO rate FROM tessera__rate_step(p_name, p_config, p_n, p_l, p_t, p_burst,
+                                                   p_cost, NULL, p_update);
+        st.now_us := rate.now_us;
+        now_us := st.now_us;
+        IF rate.outcome = 'admitted' THEN
+            IF seq_ IS NOT NULL THEN
+                st := tessera__remove_waiter(st, p_lease);
+            END IF;
+            st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
+            outcome := 'granted';
+            weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
+            acquired_at := st.now_us; expires_at := st.now_us + p_ttl;
+            reservation := rate.reservation;
+            PERFORM tessera__finish(st);
+            RETURN NEXT;
+            RETURN;
+        ELSIF rate.outcome = 'mismatch' THEN
+            outcome := 'ratemismatch';
+            stored_limits := rate.stored;
+            PERFORM tessera__finish(st);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        window_at := rate.at_us;
+    END IF;
+    IF seq_ IS NOT NULL THEN
+        -- Queued: the entry lives on, and its gate says when a hand-off may wake it.
+        UPDATE tessera_waiters w SET gate = coalesce(window_at, 0)
+        WHERE w.name = p_name AND w.lease_id = p_lease;
+        outcome := 'queued';
+        expires_at := st.purge_at;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_waiter_ttl IS NULL THEN
+        outcome := 'refused';
+        available := greatest(st.capacity - st.used, 0);
+        queued := st.queued;
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF st.queued >= p_queue_cap THEN
+        outcome := 'queue_full';
+        PERFORM tessera__finish(st);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_at_head AND st.queued > 0 THEN
+        -- First in the queue: the seq below the head's (head_seq, a lower bound of every
+        -- waiter's seq, follows it down).
+        SELECT w.seq - 1 INTO seq_ FROM tessera_waiters w
+        WHERE w.name = p_name AND w.seq >= st.head_seq ORDER BY w.seq LIMIT 1;
+        IF seq_ IS NULL THEN
+            PERFORM tessera__corrupt(format('queued %s without a waiter row', st.queued));
+        END IF;
+        st.head_seq := least(st.head_seq, seq_);
+        "position" := 0;
+    ELSE
+        seq_ := st.next_seq;
+        st.next_seq := st.next_seq + 1;
+        "position" := st.queued;
+    END IF;
+    INSERT INTO tessera_waiters
+        (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, gate)
+    VALUES (p_name, seq_, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
+            st.now_us + p_waiter_ttl, coalesce(window_at, 0));
+    st.queued := st.queued + 1;
+    st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);
+    st.dirty := true;
+    outcome := 'queued';
+    expires_at := st.purge_at;
+    PERFORM tessera__finish(st);
+    RETURN NEXT;
+END $$;

@@ -1,0 +1,40 @@
+-- tessera_give_back: an admission given back unused (docs/admission.md): releases the lease
+-- and returns its windows' charge while it is the limiter's latest, due or not, in one step:
+-- tessera_release and tessera__rate_undo(…, due_too = true) (rate_common.sql;
+-- rate/engine.rs `undo_latest`), as stores/redis/scripts/give_back.lua.
+--
+-- p_name         the semaphore and the limiter of that name
+-- p_lease        the admission's lease id
+-- p_reservation  its charge (tessera_admit's reservation; 0 returns nothing)
+-- p_at           its admission instant (acquired_at), µs
+-- p_client       the calling process's client id, or NULL
+--
+-- One row, as tessera_release's: `held`, whether the lease was still held, and `grants`, the
+-- wake-up payloads of the waiters of client `p_client` that the freed permits went to. The
+-- charge is returned whether or not the lease was still held; a later admission keeps it
+-- charged (the windows may count more than was used, never less). Locks the semaphore's row,
+-- then the limiter's (the order of every step that takes both, rate_common.sql).
+CREATE OR REPLACE FUNCTION tessera_give_back(
+    p_name text, p_lease text, p_reservation bigint, p_at bigint, p_client text
+) RETURNS TABLE (held boolean, grants text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    st tessera_step;
+BEGIN
+    st := tessera__load(p_name, NULL);
+    IF p_reservation <> 0 THEN
+        PERFORM tessera__rate_undo(p_name, p_reservation, p_at, true);
+    END IF;
+    IF NOT st.found THEN
+        held := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    st.local_client := p_client;
+    st := tessera__remove_holder(st, p_lease);
+    st := tessera__hand_off(st);
+    PERFORM tessera__finish(st);
+    held := st.hit;
+    grants := st.local_grants;
+    RETURN NEXT;
+END $$;

@@ -1,0 +1,19 @@
+-- tessera PostgreSQL store, migration 6: admission, permits and rate windows in one step
+-- (docs/admission.md; the functions tessera_admit, admit.sql, and tessera_give_back,
+-- give_back.sql).
+--
+-- `gate` on a waiter's row: NULL for a plain waiter (every row written before this
+-- migration), set for an admission waiter: the store instant (µs) from which its windows
+-- admit its cost, 0 while it waits for permits, the largest bigint once a hand-off woke it.
+-- Every hand-off stops at a gated head and wakes it, without a grant, once it fits and its
+-- gate's instant has come (tessera__hand_off in common.sql); only the waiter's own
+-- tessera_admit grants it, charging its windows in the same step.
+--
+-- The step (common.sql and every operation), the rate functions (rate_common.sql: the
+-- decision and the undo that the admission shares) and the admission's functions are created
+-- again after this file, with step revision 4. Functions live in the schema, so from this
+-- migration's commit every process of every build runs a hand-off that knows gates; a build
+-- that knows only versions up to 5 refuses to connect to a schema at version 6.
+--
+-- Idempotent, like migrations 4 and 5.
+ALTER TABLE tessera_waiters ADD COLUMN IF NOT EXISTS gate bigint;
