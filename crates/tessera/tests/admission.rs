@@ -229,16 +229,29 @@ async fn head_waits_for_its_windows(store: &Store) {
     assert!(sem.try_acquire().await.unwrap().is_none());
     let plain = {
         let sem = sem.clone();
-        tokio::spawn(async move {
-            let p = sem.acquire().await.unwrap();
-            (p, Instant::now())
-        })
+        tokio::spawn(async move { sem.acquire().await.unwrap() })
     };
-    let (ticket, admitted) = waiting.await.unwrap();
-    let (permit, served) = plain.await.unwrap();
+    let both_queued = async {
+        while store.status("fifo").await.unwrap().unwrap().queue.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), both_queued)
+        .await
+        .expect("the plain acquire queues behind the admission");
+    let (ticket, _) = waiting.await.unwrap();
+    let permit = plain.await.unwrap();
     assert!(
-        admitted <= served,
+        ticket.fence() < permit.fence(),
         "the plain waiter behind the head was served first"
+    );
+    // The step that granted the admission handed what still fits to the plain waiter behind
+    // it, at the same instant (not at that waiter's next poll).
+    assert_eq!(
+        permit.lease().acquired_at,
+        ticket.admitted_at(),
+        "the plain waiter was not served by the admission's step ({})",
+        store.url()
     );
     // Admitted no sooner than the window let it: a second after the first admission.
     assert!(ticket.admitted_at().as_micros() >= first_at.as_micros() + 1_000_000);

@@ -576,6 +576,8 @@ impl Model {
                 RateReply::Admitted { reservation, .. } => {
                     st.remove_waiter(a.lease_id);
                     let lease = st.grant(a.lease_id, a.weight, a.ttl, &a.holder, now, hwm);
+                    // The waiters behind a head that was an admission get what still fits.
+                    st.hand_off(now, hwm, wakes);
                     return Ok(AdmitReply::Granted {
                         grant: Grant { lease, now },
                         reservation,

@@ -557,6 +557,8 @@ async fn decide_admit<R: SemRows + RateRows>(
                 let lease = st
                     .grant(a.lease_id, a.weight, a.ttl, a.holder.clone())
                     .await?;
+                // The waiters behind a head that was an admission get what still fits.
+                st.hand_off().await?;
                 return Ok(Ok(AdmitReply::Granted {
                     grant: Grant { lease, now },
                     reservation,

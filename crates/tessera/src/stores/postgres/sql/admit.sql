@@ -109,6 +109,10 @@ BEGIN
             outcome := 'granted';
             weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
             acquired_at := st.now_us; expires_at := st.now_us + p_ttl;
+            -- The waiters behind a head that was an admission get what still fits.
+            IF st.queued > 0 AND st.used < st.capacity THEN
+                st := tessera__hand_off(st);
+            END IF;
             reservation := rate.reservation;
             PERFORM tessera__finish(st);
             RETURN NEXT;

@@ -81,6 +81,8 @@ repeat
         unqueue(lease_id)
       end
       reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true), r[4]}
+      -- The waiters behind a head that was an admission get what still fits.
+      hand_off()
       break
     elseif r[1] == 'mismatch' then
       reply = {'ratemismatch', r[2]}
