@@ -1564,6 +1564,7 @@ async fn a_black_holed_store_answers_503_within_the_store_timeout_and_healthz_sa
     );
     assert!(retry.is_some(), "{body}");
     // Well inside the 60 s it was willing to wait: the store timeout and a probe's pause.
+    eprintln!("503 came {:?} after the cut", answered - cut);
     assert!(
         answered - cut < Duration::from_secs(20),
         "{:?}",
