@@ -4,18 +4,21 @@
 
     python3 scripts/fake-provider.py [--port 0] [--report FILE]
 
-Every POST is one call, counted at its arrival (time.monotonic). The body may be JSON with
+Every POST is one call, counted at its arrival (time.monotonic): when its connection was
+accepted for the first call on a connection, else when its request line was read (so the
+start of a handler thread on a busy host delays no count). The body may be JSON with
 "sender", "message", "fence", "admitted_at_us" and "hold_ms"; the call stays in flight for
 hold_ms (or an X-Hold-Ms header; default 10) before its answer. With admitted_at_us (the
-admission instant on the store's clock, µs since the epoch: the same clock as this one when
-the store runs on this host) it measures each call's delay from admission to arrival. The
-first line on stdout names the address.
-GET /report answers the report as JSON; SIGTERM (or SIGINT) writes it to --report (else
-stdout) and exits: calls, accepted, refused, the most calls that arrived in any sliding 1 s
-and 60 s window (all calls, refused ones too), the most in flight at once, per sender, and
-the delays from admission to arrival (percentiles, and how many exceeded 20 ms, the default
-margin).
-Standard library only.
+admission instant on the store's clock, µs since the epoch: this clock when the store runs
+on this host) it measures each call's delay from admission to arrival. The first line on
+stdout names the address.
+
+GET /report answers the report as JSON, GET /calls every call; SIGTERM (or SIGINT) writes
+the report to --report (else stdout) and exits. The report: calls, accepted, refused, the
+most calls that arrived in any sliding 1 s and 60 s window (all calls, refused ones too),
+the most in flight at once, calls per sender, the delays from admission to arrival
+(percentiles, and how many exceeded 20 ms, the default margin) and the busiest second's
+calls. Standard library only.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Provider:
         self.senders: Counter[str] = Counter()
         self.fences: Counter[int] = Counter()
         self.delays: dict[str, list[float]] = {}  # per sender, ms from admission to arrival
+        self.calls: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -67,10 +71,13 @@ class Provider:
             self.in_flight -= 1
 
     def note(self, ok: bool, t: float, wall: float, body: dict) -> None:
+        call = {"at_s": round(t - self.started, 6), "wall": wall, "ok": ok}
+        call.update((k, body[k]) for k in ("sender", "message", "fence", "admitted_at_us") if k in body)
         with self.lock:
             if isinstance(body.get("admitted_at_us"), int):
-                delay = wall * 1000 - body["admitted_at_us"] / 1000
-                self.delays.setdefault(str(body.get("sender", "?")), []).append(delay)
+                call["delay_ms"] = round(wall * 1000 - body["admitted_at_us"] / 1000, 3)
+                self.delays.setdefault(str(body.get("sender", "?")), []).append(call["delay_ms"])
+            self.calls.append(call)
             self.senders[str(body.get("sender", "?"))] += 1
             if isinstance(body.get("fence"), int):
                 self.fences[body["fence"]] += 1
@@ -96,6 +103,7 @@ class Provider:
                 "first_refused": self.refused[:20],
             }
             delays = {sender: list(d) for sender, d in self.delays.items()}
+            calls = sorted(self.calls, key=lambda c: c["at_s"])
         if delays:
             out["delay_ms"] = summary([d for ds in delays.values() for d in ds])
             out["delay_ms_by_sender"] = {sender: summary(d) for sender, d in sorted(delays.items())}
@@ -106,8 +114,15 @@ class Provider:
                 if n > best:
                     best, at = n, t
             out[key] = best
-            out[key + "_at_s"] = round(at - self.started, 3)
+            out[key + "_at_s"] = round(at - self.started, 6)
+        # The busiest second's calls, to see where a surplus came from.
+        start = out["max_1s_at_s"]
+        out["max_1s_calls"] = [c for c in calls if start <= c["at_s"] < start + 1.0]
         return out
+
+    def all_calls(self) -> list[dict]:
+        with self.lock:
+            return sorted(self.calls, key=lambda c: c["at_s"])
 
 
 def summary(delays: list[float]) -> dict:
@@ -123,13 +138,32 @@ def summary(delays: list[float]) -> dict:
 
 
 PROVIDER = Provider()
+ACCEPTED: dict[int, tuple[float, float]] = {}  # a new connection's socket: when it was accepted
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def process_request(self, request, client_address) -> None:  # in the accepting thread
+        ACCEPTED[id(request)] = (time.monotonic(), time.time())
+        super().process_request(request, client_address)
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as fetch expects
 
+    def setup(self) -> None:
+        self.accepted_at = ACCEPTED.pop(id(self.request), None)
+        super().setup()
+
+    def parse_request(self) -> bool:
+        # The first request of a connection arrived when it was accepted; a later one when
+        # its request line was read (right before this).
+        self.arrived, self.accepted_at = self.accepted_at or (time.monotonic(), time.time()), None
+        return super().parse_request()
+
     def do_POST(self) -> None:
-        t, wall = time.monotonic(), time.time()  # the call counts now, whatever happens next
+        t, wall = self.arrived  # the call counts then, whatever happens next
         ok = PROVIDER.arrive(t)
         try:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -148,10 +182,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/report":
             self.answer(200, PROVIDER.report())
+        elif self.path == "/calls":
+            self.answer(200, PROVIDER.all_calls())
         else:
-            self.answer(404, {"error": "POST a call, or GET /report"})
+            self.answer(404, {"error": "POST a call, or GET /report or /calls"})
 
-    def answer(self, status: int, body: dict) -> None:
+    def answer(self, status: int, body: object) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -170,8 +206,7 @@ def main() -> None:
     parser.add_argument("--report", help="file for the report at SIGTERM (default stdout)")
     args = parser.parse_args()
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
+    server = Server((args.host, args.port), Handler)
     host, port = server.server_address[:2]
     print(f"listening on http://{host}:{port}", flush=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -17,7 +17,9 @@
 # Needs python3, node (20 or newer), curl and bash 5; the mariadb client to create the
 # database (else it must exist: tessera creates its tables in it). TESSERA_BIN (default
 # /work/bin/tessera) is waited for up to BIN_WAIT seconds (default 900). KEEP_LOGS=1 keeps the
-# logs (each sender's output, the servers', the provider's report) and prints where.
+# logs (each sender's output, the servers', the provider's report and calls) and says where.
+# Every sender takes the default margin, 20 ms; the provider measures each call's delay from
+# its admission (admitted_at_us, on the store's clock: this host's when the store is local).
 set -euo pipefail
 set -m # every background job in a process group of its own: stopped whole, children included
 
@@ -112,9 +114,11 @@ curl -fsS -o /dev/null -X DELETE "$A/v1/semaphores/sms-api" 2>/dev/null || true
 curl -fsS -o /dev/null -X DELETE "$A/v1/rates/sms-api" 2>/dev/null || true
 
 # --- the curl loop (one process per request, as the users had) -----------------------------
-# Takes an admission, checks its use-by (from the answer's arrival, which it counts as the
-# request's start plus curl's time to the first byte: no later than the true arrival), makes
-# the call, releases the lease. A late admission is given back and asked for again.
+# Takes an admission, checks its use-by, makes the call, releases the lease; a late admission
+# is given back and asked for again. The use-by counts from the answer's arrival, taken as
+# the instant before curl started plus curl's time to the first byte: never later than the
+# true arrival, and early by curl's own start, about what the provider call's curl will take
+# to start after the check.
 curl_sender() { # server count
     local url=$1 count=$2 i=0 given_back=0 tries=0 out code tst t0 late_ms
     local lease fence reservation at use_by start refused me=$BASHPID
@@ -230,6 +234,7 @@ curl -fsS "$A/v1/rates/sms-api" >"$tmp/rate.json" 2>/dev/null || echo '{}' >"$tm
 
 # --- the figures -----------------------------------------------------------------------------
 curl -fsS "$provider/report" >"$tmp/provider.json"
+curl -fsS "$provider/calls" >"$tmp/calls.json"
 for srv in A B; do
     url=$A
     [[ $srv == B ]] && url=$B
@@ -240,6 +245,7 @@ for s in "${senders[@]}"; do echo "${status_of[$s]}" >"$tmp/$s.status"; done
 
 python3 - "$tmp" "$elapsed" "${senders[@]}" <<'EOF'
 import json, os, re, sys
+MARGIN_MS = 20  # the default margin, which every sender here takes
 tmp, elapsed, senders = sys.argv[1], sys.argv[2], sys.argv[3:]
 r = json.load(open(f"{tmp}/provider.json"))
 print(f"provider after {elapsed} s: {r['calls']} calls, {r['accepted']} accepted, {r['refused']} refused; "
@@ -252,6 +258,25 @@ if d:
 used = {l["limit"]: l["used"] for l in json.load(open(f"{tmp}/rate.json")).get("limits", [])}
 print(f"the windows at the end: {used.get('50/s', '?')} used in 50/s, {used.get('1000/min', '?')} in 1000/min; "
       f"the provider accepted {r['accepted_last_60s']} in the last 60 s")
+# Where a call's delay from admission to the provider came from: before its sender started
+# it (the sender's log: the instant before the call) or after.
+started = {}
+for s in senders:
+    for line in open(f"{tmp}/{s}.out"):
+        f = line.split()
+        if len(f) > 6 and f[3] == "message":
+            started[int(f[6])] = float(f[0]) / (1000 if float(f[0]) > 1e11 else 1)
+late = [c for c in json.load(open(f"{tmp}/calls.json")) if c.get("delay_ms", 0) > MARGIN_MS and c.get("fence") in started]
+if late:
+    before = [(started[c["fence"]] - c["admitted_at_us"] / 1e6) * 1000 for c in late]
+    after = [c["delay_ms"] - b for c, b in zip(late, before)]
+    print(f"  {len(late)} calls came more than {MARGIN_MS} ms after their admission: {sum(b > MARGIN_MS for b in before)} "
+          f"of them started more than {MARGIN_MS} ms after it (at most {max(before):.1f} ms); from their start to "
+          f"the provider they took at most {max(after):.1f} ms")
+busy = [c for c in r["max_1s_calls"] if c.get("delay_ms", 0) > MARGIN_MS]
+if r["max_1s"] > 50 or busy:
+    print(f"  in the busiest second, {len(busy)} of {r['max_1s']} calls came more than {MARGIN_MS} ms after their admission: "
+          + ", ".join(f"{c['sender']} {c['delay_ms']:.1f} ms" for c in busy[:12]))
 for f in r["first_refused"]:
     print(f"  refused at {f['at_s']:.3f} s: {f['sender']} fence {f['fence']}")
 server = {"py1": "A", "py2": "A", "node1": "A", "py3": "B", "node2": "B", "curl": "B"}
