@@ -200,18 +200,6 @@ impl AdmissionBackend for PostgresBackend {
                     .bind(self.listener.client_id()),
             )
             .await;
-        let (held, grants) = match row.and_then(|row| ops::parse_release(&row)) {
-            Ok(reply) => reply,
-            Err(e) => {
-                // As for a release: a grant or wake-up to a waiter of this process may have
-                // been committed in the reply that is lost, so every waiter here asks.
-                self.listener.wake_all();
-                return Err(e);
-            }
-        };
-        for payload in &grants {
-            self.listener.route(payload);
-        }
-        Ok(held)
+        self.released(row)
     }
 }

@@ -310,6 +310,23 @@ impl PostgresBackend {
         run_row(self.conns.take().await?, &self.url, query).await
     }
 
+    /// Whether a release (or a give-back) found the lease held, from its reply; the grants it
+    /// made to this process's waiters come in the reply, read after the commit, and are
+    /// delivered here. A lost reply may have carried such a grant: every waiter here asks.
+    fn released(&self, row: Result<PgRow>) -> Result<bool> {
+        let (held, grants) = match row.and_then(|row| ops::parse_release(&row)) {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.listener.wake_all();
+                return Err(e);
+            }
+        };
+        for payload in &grants {
+            self.listener.route(payload);
+        }
+        Ok(held)
+    }
+
     /// Runs a keep-alive's statement (see [`keep_alive_conn`]) and returns its one row.
     async fn keep_alive_row(
         &self,
@@ -480,20 +497,7 @@ impl Backend for PostgresBackend {
                     .bind(self.listener.client_id()),
             )
             .await;
-        let (held, grants) = match row.and_then(|row| ops::parse_release(&row)) {
-            Ok(reply) => reply,
-            Err(e) => {
-                // The call may have committed a grant to a waiter of this process, whose
-                // wake-up was in the reply that is lost: every waiter here asks the store.
-                self.listener.wake_all();
-                return Err(e);
-            }
-        };
-        // Grants to this process's waiters come in the reply, read after the commit.
-        for payload in &grants {
-            self.listener.route(payload);
-        }
-        Ok(held)
+        self.released(row)
     }
 
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
