@@ -1,7 +1,12 @@
 //! The line `tessera run` keeps updated on a terminal while it waits: what for, its place in
-//! the queue, how long it has waited and when it gives up. Nothing is drawn when stderr is
-//! not a terminal or with `--quiet`, and nothing for a wait shorter than [`FIRST_DRAW`], so
-//! scripts, logs and quick grants see no change.
+//! the queue, an expected wait once the queue has moved, how long it has waited and when it
+//! gives up. Nothing is drawn when stderr is not a terminal or with `--quiet`, and nothing
+//! for a wait shorter than [`FIRST_DRAW`], so scripts, logs and quick grants see no change.
+//!
+//! The expected wait is the place in the queue divided by the pace at which this waiter's
+//! place went down over the last [`PACE_WINDOW`] (its own samples, one a redraw): the
+//! hand-offs it saw, not the store's own rate, so it says nothing until the place has moved
+//! once, and it follows a pace that changes within about half a minute.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -15,6 +20,8 @@ use tokio::time::Instant;
 const FIRST_DRAW: Duration = Duration::from_secs(1);
 /// How often the line is redrawn, and the queue read again (one status call each time).
 const REDRAW: Duration = Duration::from_secs(1);
+/// How far back the pace of the queue is measured.
+const PACE_WINDOW: Duration = Duration::from_secs(30);
 
 /// What a wait is for.
 pub struct Wait<'a> {
@@ -51,12 +58,21 @@ impl WaitLine {
             tokio::time::sleep(FIRST_DRAW).await;
             drawn.set_draw_target(ProgressDrawTarget::stderr());
             drawn.enable_steady_tick(Duration::from_millis(120));
+            let mut places = std::collections::VecDeque::new();
             loop {
                 let place = match &holder {
                     Some(h) => queue_place(&store, &name, h).await,
                     None => None,
                 };
-                drawn.set_message(line(what, &name, place, started.elapsed(), deadline));
+                let now = started.elapsed();
+                if let Some((at, _)) = place {
+                    places.push_back((now, at));
+                    while places.front().is_some_and(|&(t, _)| now - t > PACE_WINDOW) {
+                        places.pop_front();
+                    }
+                }
+                let expected = expected_wait(places.make_contiguous());
+                drawn.set_message(line(what, &name, place, expected, now, deadline));
                 tokio::time::sleep(REDRAW).await;
             }
         });
@@ -83,11 +99,24 @@ async fn queue_place(store: &Store, name: &str, holder: &str) -> Option<(usize, 
     Some((at + 1, status.queue.len()))
 }
 
+/// The expected wait from `(time, place)` samples, oldest first: the last place divided by
+/// the pace the place went down at from the first sample to the last; `None` until it has
+/// gone down.
+fn expected_wait(samples: &[(Duration, usize)]) -> Option<Duration> {
+    let (&(t0, first), &(t1, last)) = (samples.first()?, samples.last()?);
+    if last >= first || t1 <= t0 {
+        return None;
+    }
+    let per_place = (t1 - t0).as_secs_f64() / (first - last) as f64;
+    Some(Duration::from_secs_f64(per_place * last as f64))
+}
+
 /// The text of the line.
 fn line(
     what: &str,
     name: &str,
     place: Option<(usize, usize)>,
+    expected: Option<Duration>,
     waited: Duration,
     deadline: Option<Instant>,
 ) -> String {
@@ -95,6 +124,12 @@ fn line(
     let mut out = format!("waiting for {what} on {name}");
     if let Some((at, of)) = place {
         out.push_str(&format!(": {at} of {of} in the queue"));
+        if let Some(e) = expected {
+            out.push_str(&format!(
+                " (about {} to go)",
+                secs(e.max(Duration::from_secs(1)))
+            ));
+        }
     }
     out.push_str(&format!(", waited {}", secs(waited)));
     match deadline {
@@ -118,6 +153,7 @@ mod tests {
             "a permit",
             "exports",
             Some((3, 5)),
+            None,
             Duration::from_millis(2_400),
             deadline,
         );
@@ -132,12 +168,41 @@ mod tests {
             "a turn within the rate limits",
             "sms",
             None,
+            None,
             Duration::ZERO,
             None,
         );
         assert_eq!(
             text,
             "waiting for a turn within the rate limits on sms, waited 0s, no deadline"
+        );
+    }
+
+    #[test]
+    fn the_expected_wait_follows_the_pace_the_place_went_down_at() {
+        let s = |t: u64, place: usize| (Duration::from_secs(t), place);
+        assert_eq!(expected_wait(&[]), None);
+        assert_eq!(expected_wait(&[s(1, 5)]), None);
+        // Not moved, or moved back (a waiter ahead rejoined): no estimate.
+        assert_eq!(expected_wait(&[s(1, 5), s(4, 5)]), None);
+        assert_eq!(expected_wait(&[s(1, 4), s(2, 5)]), None);
+        // 6 places in 3 s: half a second a place, 4 places left.
+        assert_eq!(
+            expected_wait(&[s(1, 10), s(2, 8), s(4, 4)]),
+            Some(Duration::from_secs(2))
+        );
+        let text = line(
+            "a permit",
+            "exports",
+            Some((4, 9)),
+            Some(Duration::from_millis(2_500)),
+            Duration::from_secs(3),
+            None,
+        );
+        assert_eq!(
+            text,
+            "waiting for a permit on exports: 4 of 9 in the queue (about 2s to go), waited 3s, \
+             no deadline"
         );
     }
 
