@@ -81,6 +81,9 @@ pub enum InvalidInput {
     /// limit's count; in smooth mode, the burst).
     #[error("invalid cost {cost}: must be between 1 and {max}")]
     Cost { cost: u32, max: u32 },
+    /// A settled cost must be between 0 and [`crate::MAX_RATE_COUNT`].
+    #[error("invalid settled cost {actual}: must be between 0 and {max}")]
+    SettleCost { actual: u32, max: u32 },
     /// Any other malformed argument.
     #[error("{0}")]
     Other(String),

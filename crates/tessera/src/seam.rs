@@ -69,7 +69,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::model::*;
 
-pub use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+pub use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
 pub use crate::rate::seam::{RateBackend, RateReply, RateRequest};
 pub use crate::rate::spec::RateConfig;
 

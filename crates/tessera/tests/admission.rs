@@ -313,6 +313,93 @@ async fn a_refusal_charges_nothing_and_a_give_back_returns_the_charge_on_every_s
     }
 }
 
+/// Settle (`docs/admission.md`, invariant 6), on every store: a smaller actual cost gives the
+/// difference back to every window, a larger one charges the excess (a later admission
+/// waits for it), the permits are released in the same step, and a cost out of range is a
+/// typed error that changes nothing.
+#[tokio::test]
+async fn a_settled_admission_charges_what_the_call_cost_on_every_store() {
+    for (store, _keep) in stores("settle").await {
+        let url = store.url().to_string();
+        let adm = store
+            .admission("s")
+            .permits(2)
+            .rate("10/min".parse().unwrap())
+            .unwrap()
+            .rate("12/2min".parse().unwrap())
+            .unwrap()
+            .cost(4)
+            .unwrap();
+        let a = adm.try_acquire().await.unwrap().expect("first");
+        assert_eq!(a.cost(), 4);
+        assert_eq!(rate_used(&store, "s").await, 4, "{url}");
+        assert!(a.settle(1).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 1, "{url}: 3 given back");
+        assert_eq!(held(&store, "s").await, 0, "{url}: released by the settle");
+
+        let b = adm.try_acquire().await.unwrap().expect("second");
+        let err = adm
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("third")
+            .settle(tessera::MAX_RATE_COUNT + 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{url}: {err}");
+        assert_eq!(rate_used(&store, "s").await, 9, "{url}: nothing settled");
+        assert!(b.settle(5).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 10, "{url}: 1 more charged");
+        // The excess counts: the window is full, so a later admission waits for it.
+        let one = adm.clone().cost(1).unwrap();
+        assert!(one.try_acquire().await.unwrap().is_none(), "{url}: full");
+        assert_eq!(rate_used(&store, "s").await, 10, "{url}");
+        // Settling at the estimate changes nothing.
+        store.delete_rate_limiter("s").await.unwrap();
+        let c = adm.try_acquire().await.unwrap().expect("after the reset");
+        assert!(c.settle(4).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 4, "{url}");
+        // A settle of 0: the call cost nothing.
+        let d = adm.try_acquire().await.unwrap().expect("fourth");
+        assert!(d.settle(0).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 4, "{url}");
+        assert_eq!(held(&store, "s").await, 0, "{url}");
+        store.close().await.unwrap();
+    }
+}
+
+/// A settle whose lease was lost (expired) gives nothing back, so a settle sent twice or
+/// late never counts less than was used; its excess is still charged.
+#[tokio::test]
+async fn a_settle_after_the_lease_was_lost_gives_nothing_back_but_charges_an_excess() {
+    let (store, clock) = manual_store();
+    let adm = store
+        .admission("lost")
+        .permits(1)
+        .semaphore_options(SemaphoreOptions::default().ttl(Duration::from_secs(1)))
+        .rate("10/min".parse().unwrap())
+        .unwrap()
+        .cost(3)
+        .unwrap();
+    let a = adm.try_acquire().await.unwrap().expect("first");
+    let b_late = {
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(held(&store, "lost").await, 0, "expired");
+        a.settle(0).await.unwrap()
+    };
+    assert!(!b_late, "the lease was gone");
+    assert_eq!(rate_used(&store, "lost").await, 3, "nothing given back");
+    let b = adm.try_acquire().await.unwrap().expect("second");
+    clock.advance(Duration::from_secs(2));
+    assert!(!b.settle(5).await.unwrap());
+    assert_eq!(
+        rate_used(&store, "lost").await,
+        8,
+        "the excess of 2 is charged"
+    );
+    store.close().await.unwrap();
+}
+
 /// The guarantee where the user observes it: tasks that start a call only while they hold a
 /// fresh admission never have more than `C` calls in flight nor more than `N` starts in any
 /// window of the limit's period.
@@ -461,6 +548,8 @@ enum Step {
     Release(usize),
     /// Give back the held ticket at this index (modulo how many are held).
     GiveBack(usize),
+    /// Settle the held ticket at this index (modulo how many are held) at this cost.
+    Settle(usize, u32),
     /// Move the store's clock.
     Advance(u64),
 }
@@ -471,6 +560,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         4 => (1..=3u32, 1..=2u32).prop_map(|(weight, cost)| Step::Try { weight, cost }),
         2 => any::<usize>().prop_map(Step::Release),
         1 => any::<usize>().prop_map(Step::GiveBack),
+        2 => (any::<usize>(), 0..=4u32).prop_map(|(i, a)| Step::Settle(i, a)),
         2 => (1..=1_500u64).prop_map(Step::Advance),
         // Exactly a period, or half of one: a charge leaves its window at its time plus the
         // period, not a microsecond later.
@@ -482,7 +572,10 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 /// 0, so each window is its period): a try is admitted exactly when the weight fits beside
 /// what is held and every window, counting the charges younger than its period, has room
 /// for the cost; a refusal charges nothing and holds nothing; a give-back releases and
-/// returns the charge only while it is the latest charge not yet returned.
+/// returns the charge only while it is the latest charge not yet returned; a settle (the
+/// lease still held) makes the charge the actual cost: less, its own charge lowered; more,
+/// the excess charged at the settle's instant (while the limiter's state lives); either makes
+/// nothing undoable.
 #[derive(Debug, Default)]
 struct Model {
     held: Vec<(u32, u64)>,
@@ -562,7 +655,25 @@ proptest::proptest! {
                             assert!(t.release().await.unwrap());
                         }
                     }
-                    Step::Release(_) | Step::GiveBack(_) => {}
+                    Step::Settle(i, actual) if !tickets.is_empty() => {
+                        let (t, id) = tickets.remove(i % tickets.len());
+                        model.held.retain(|&(_, h)| h != id);
+                        let charged = t.cost();
+                        assert!(t.settle(actual).await.unwrap());
+                        // The limiter's state lives a horizon (2 s) past its latest
+                        // charge; once it has gone, no window that can still decide
+                        // holds the admission, and an excess is charged to none.
+                        let alive = model.charges.iter().any(|c| c.0 + 2_000_000 > now);
+                        if actual > charged && alive {
+                            model.charges.push((now, actual - charged, 0));
+                            model.latest = None;
+                        } else if actual < charged {
+                            let c = model.charges.iter_mut().find(|c| c.2 == id).unwrap();
+                            c.1 = actual;
+                            model.latest = None;
+                        }
+                    }
+                    Step::Release(_) | Step::GiveBack(_) | Step::Settle(..) => {}
                     Step::Advance(ms) => clock.advance(Duration::from_millis(ms)),
                 }
                 let now = clock.now().0;

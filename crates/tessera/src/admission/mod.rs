@@ -32,6 +32,7 @@ use crate::rate::spec::RateSpec;
 use crate::semaphore::admit::{Admit, Windows};
 use crate::semaphore::{Semaphore, SemaphoreOptions};
 use crate::store::Store;
+use seam::Settlement;
 
 /// Permits of a semaphore and rate windows of the limiter of the same name, taken in one
 /// atomic step (see the module docs). Built with [`Store::admission`].
@@ -290,6 +291,7 @@ impl Admission {
             at: permit.lease().acquired_at,
             permit,
             reservation,
+            cost: self.cost,
             use_by: (!self.margin().is_zero()).then(|| sent + self.margin()),
         }
     }
@@ -303,6 +305,7 @@ pub struct Admitted {
     permit: Permit,
     at: StoreTime,
     reservation: u64,
+    cost: u32,
     use_by: Option<Instant>,
 }
 
@@ -344,9 +347,61 @@ impl Admitted {
     pub fn is_fresh(&self) -> bool {
         self.use_by.is_none_or(|t| Instant::now() <= t)
     }
+    /// The cost charged to every window at [`Admitted::admitted_at`].
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
     /// Releases the permits; the charge stands (the call was made).
     pub async fn release(self) -> Result<bool> {
         self.permit.release().await
+    }
+
+    /// Releases the permits and settles the charge to what the call actually cost, in one
+    /// step (for costs known only afterwards: tokens of a reply, bytes sent). A larger
+    /// `actual` charges the excess to every window now (later admissions wait for it); a
+    /// smaller one gives the difference back, once, if the lease was still held (exact
+    /// mode; smooth mode only while this admission is the limiter's latest). The windows
+    /// never count less than was used. `true` if the lease was still held. `actual` may be
+    /// 0 (the call cost nothing) up to [`crate::MAX_RATE_COUNT`]; past that the answer is
+    /// [`InvalidInput::SettleCost`] with the permits released and the charge kept, as
+    /// [`Admitted::release`] does. A ticket dropped or released unsettled keeps its charge. Stores without admission settle nothing and
+    /// answer [`Error::Unsupported`](crate::Error::Unsupported) with the lease released.
+    pub async fn settle(self, actual: u32) -> Result<bool> {
+        if actual > crate::rate::spec::MAX_RATE_COUNT {
+            // As a release: the ticket is spent either way, so its permits go back now.
+            self.release().await?;
+            return Err(InvalidInput::SettleCost {
+                actual,
+                max: crate::rate::spec::MAX_RATE_COUNT,
+            }
+            .into());
+        }
+        let name = self.permit.semaphore_name().clone();
+        let conn = self.permit.conn().clone();
+        let Some(lease) = self.permit.detach() else {
+            return Ok(false);
+        };
+        let backend = conn.backend();
+        let settlement = Settlement {
+            reservation: self.reservation,
+            at: self.at,
+            charged: self.cost,
+            actual,
+        };
+        let settled = match backend.admission() {
+            Some(admission) => admission.settle(&name, lease.lease_id, &settlement).await,
+            None => Err(crate::error::Error::Unsupported(
+                "admissions on this store".to_string(),
+            )),
+        };
+        match settled {
+            Ok(held) => Ok(held),
+            // The permits must not wait for their TTL; the charge stands.
+            Err(e) => {
+                backend.release(&name, lease.lease_id).await?;
+                Err(e)
+            }
+        }
     }
 
     /// Gives the admission back unused: the permits are released and, while it is the

@@ -68,6 +68,20 @@ pub enum AdmitReply {
     },
 }
 
+/// What an admission actually cost, for [`AdmissionBackend::settle`]: the charge made at
+/// `at` (named by `reservation`) was `charged`; the call cost `actual`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// The admission's charge, as [`AdmitReply::Granted`] named it.
+    pub reservation: u64,
+    /// The store instant of the admission (the lease's `acquired_at`).
+    pub at: StoreTime,
+    /// The cost charged at `at`.
+    pub charged: u32,
+    /// The cost the call turned out to have.
+    pub actual: u32,
+}
+
 /// Admission: one atomic step over a name's semaphore and limiter (see the module docs).
 /// The other operations on an admission's lease are the semaphore's: renew, release,
 /// cancel.
@@ -96,4 +110,18 @@ pub trait AdmissionBackend: Send + Sync + fmt::Debug {
         reservation: u64,
         at: StoreTime,
     ) -> Result<bool>;
+
+    /// Releases `lease` and settles its admission's cost in one step (`docs/admission.md`,
+    /// invariant 6): an excess (`actual > charged`) is charged to every window at the step's
+    /// instant (or after the latest reservation), whether or not the lease was still held;
+    /// a smaller cost gives the difference back only if this step released the lease
+    /// (so a settle counts once), in exact mode from the log entries at the admission's
+    /// instant, in smooth mode only while the admission is the limiter's latest. The windows
+    /// never count less than was used. `true` if the lease was still held.
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        let _ = (name, lease, settlement);
+        Err(crate::error::Error::Unsupported(
+            "settling an admission's cost on this store".to_string(),
+        ))
+    }
 }

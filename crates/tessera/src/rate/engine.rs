@@ -336,12 +336,130 @@ pub(crate) fn undo_latest(
     true
 }
 
+/// What a settle does to the exact-mode log; the caller applies it in the same step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogChange {
+    /// Nothing (smooth mode, or no change).
+    None,
+    /// Append the entry `(t, P)` (an excess, charged like a forced admission).
+    Append { t: u64, p: u64 },
+    /// Give back `d` from the block of entries at `t` (running totals `before < P <= last`):
+    /// the block becomes one entry `(t, last - d)` (none when that equals `before`), and
+    /// every entry after `t` moves down by `d`.
+    Lower {
+        t: u64,
+        before: u64,
+        last: u64,
+        d: u64,
+    },
+}
+
+/// The block of exact-mode log entries a give-back of a settle lowers: the entries at the
+/// latest admit time at or before `at` (`at` less the store's slack when its times come
+/// back converted), as `(t, before, last)`: the running total before the block and at its
+/// end. `None`: no kept entry is at or before `at` (pruned, or the state started afresh).
+///
+/// A block before the admission's own is safe to lower: every window that can still decide
+/// and holds that earlier instant holds the admission's too, so none counts less than was
+/// used.
+#[cfg(feature = "memory")]
+pub(crate) fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64, u64, u64)> {
+    let (t, last) = log.last_at_or_before(at)?;
+    let before = t
+        .checked_sub(1)
+        .and_then(|b| log.total_at(b))
+        .unwrap_or(base);
+    (last > before).then_some((t, before, last))
+}
+
+/// Settles an admission's cost (`docs/admission.md`, invariant 6): `charged` was charged at
+/// `at`, the call cost `actual`.
+///
+/// - **More** (`actual > charged`): the excess `e` is charged at `max(now, last)` without a
+///   check, as a forced admission: smooth `tat = max(tat, t) + e·T`; exact, a new log entry.
+///   A window that can still decide and holds `at` holds that instant too, so the excess
+///   counts wherever the call did (and, in some windows, where it did not: more, never
+///   less).
+/// - **Less**, and only if `held` (this step released the lease, so a settle gives back
+///   once): exact, `d = charged - actual` (at most the block's own cost) is taken from
+///   `block` (see [`settle_block`]); smooth, only while the admission is the latest
+///   (`tail == reservation`, `last == at`): `tat = max(prev_tat, at) + actual·T` (a later
+///   admission's `tat` cannot be unwound exactly, so the estimate stands).
+///
+/// Any change makes `tail` 0: the log's last entry may no longer be one admission's alone,
+/// so nothing can be undone any more (a later give-back keeps its charge).
+#[allow(clippy::too_many_arguments)]
+#[cfg(any(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres"
+))]
+pub(crate) fn settle(
+    state: &mut RateState,
+    config: &RateConfig,
+    reservation: u64,
+    at: StoreTime,
+    charged: u32,
+    actual: u32,
+    held: bool,
+    now: StoreTime,
+    block: Option<(u64, u64, u64)>,
+) -> LogChange {
+    if actual > charged {
+        let e = (actual - charged) as u64;
+        let t = now.0.max(state.last);
+        state.last = t;
+        state.tail = 0;
+        return match config.mode() {
+            RateMode::Exact => {
+                state.p = state.p.saturating_add(e);
+                LogChange::Append { t, p: state.p }
+            }
+            RateMode::Smooth { .. } => {
+                for (tat, interval) in state.tat.iter_mut().zip(emission_intervals(config)) {
+                    *tat = (*tat).max(t).saturating_add(e.saturating_mul(interval));
+                }
+                LogChange::None
+            }
+        };
+    }
+    if actual == charged || !held {
+        return LogChange::None;
+    }
+    match config.mode() {
+        RateMode::Exact => {
+            let Some((t, before, last)) = block else {
+                return LogChange::None;
+            };
+            let d = ((charged - actual) as u64).min(last - before);
+            state.p -= d.min(state.p);
+            state.tail = 0;
+            LogChange::Lower { t, before, last, d }
+        }
+        RateMode::Smooth { .. } => {
+            if reservation == 0 || state.tail != reservation || state.last != at.0 {
+                return LogChange::None;
+            }
+            let intervals = emission_intervals(config);
+            for ((tat, prev), interval) in state.tat.iter_mut().zip(&state.prev_tat).zip(intervals)
+            {
+                *tat = (*prev).max(at.0) + actual as u64 * interval;
+            }
+            state.tail = 0;
+            LogChange::None
+        }
+    }
+}
+
 /// Reads of the log needed by a decision and a status.
 pub(crate) trait LogView {
     /// The admit time of the first entry with running total `>= x`.
     fn first_at_least(&self, x: u64) -> Option<u64>;
     /// The running total of the last entry at or before `t` (`None`: no kept entry is).
     fn total_at(&self, t: u64) -> Option<u64>;
+    /// The admit time and running total of the last entry at or before `t`.
+    fn last_at_or_before(&self, t: u64) -> Option<(u64, u64)>;
 }
 
 /// A log in memory: entries `(t, P)` in order.
@@ -371,8 +489,34 @@ impl LogView for VecLog {
         self.0.get(i).map(|&(t, _)| t)
     }
     fn total_at(&self, t: u64) -> Option<u64> {
+        self.last_at_or_before(t).map(|(_, p)| p)
+    }
+    fn last_at_or_before(&self, t: u64) -> Option<(u64, u64)> {
         let i = self.0.partition_point(|&(at, _)| at <= t);
-        i.checked_sub(1).map(|i| self.0[i].1)
+        i.checked_sub(1).map(|i| self.0[i])
+    }
+}
+
+// Only the memory store applies a settle to a `VecLog`; the SQL stores run the same
+// statements on their tables.
+#[cfg(feature = "memory")]
+impl VecLog {
+    /// Applies what [`settle`] decided.
+    pub fn apply(&mut self, change: LogChange) {
+        match change {
+            LogChange::None => {}
+            LogChange::Append { t, p } => self.0.push_back((t, p)),
+            LogChange::Lower { t, before, last, d } => {
+                self.0.retain(|&(at, _)| at != t);
+                for e in self.0.iter_mut().filter(|e| e.0 > t) {
+                    e.1 -= d;
+                }
+                if last - d > before {
+                    let i = self.0.partition_point(|&(at, _)| at < t);
+                    self.0.insert(i, (t, last - d));
+                }
+            }
+        }
     }
 }
 

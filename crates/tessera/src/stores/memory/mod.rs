@@ -16,7 +16,9 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, InvalidInput, Result};
 use crate::model::*;
-use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig};
+use crate::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
+};
 use crate::wake;
 
 pub(crate) use ops::Model;
@@ -202,6 +204,16 @@ impl AdmissionBackend for MemoryBackend {
                 .lock()
                 .unwrap()
                 .undo(name, reservation, at, now, true)?;
+            Ok(released)
+        })
+    }
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        self.run(|m, now, w| {
+            let released = m.release(name, lease, now, w);
+            self.rate
+                .lock()
+                .unwrap()
+                .settle(name, settlement, released, now)?;
             Ok(released)
         })
     }

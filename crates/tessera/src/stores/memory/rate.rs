@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::model::{Name, StoreTime};
 use crate::rate::engine::{self, LogView, RateState, VecLog};
 use crate::rate::seam::RateStatus;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, Settlement};
 
 /// Every rate limiter of one memory store.
 #[derive(Debug, Default)]
@@ -153,6 +153,37 @@ impl RateModel {
         }
         l.expires_at = l.state.expires_at(&config);
         Ok(true)
+    }
+
+    /// Settles an admission's cost (see `engine::settle`); `held`: the same step released
+    /// its lease.
+    pub(crate) fn settle(
+        &mut self,
+        name: &Name,
+        s: &Settlement,
+        held: bool,
+        now: StoreTime,
+    ) -> Result<()> {
+        self.expire(name, now);
+        let Some(l) = self.limiters.get_mut(name) else {
+            return Ok(());
+        };
+        let config = stored_config(name, &l.state)?;
+        let block = engine::settle_block(&l.log, l.state.base, s.at.0);
+        let change = engine::settle(
+            &mut l.state,
+            &config,
+            s.reservation,
+            s.at,
+            s.charged,
+            s.actual,
+            held,
+            now,
+            block,
+        );
+        l.log.apply(change);
+        l.expires_at = l.state.expires_at(&config);
+        Ok(())
     }
 
     pub(crate) fn status(&mut self, name: &Name, now: StoreTime) -> Result<Option<RateStatus>> {
