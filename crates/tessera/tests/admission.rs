@@ -668,9 +668,13 @@ proptest::proptest! {
                             model.charges.push((now, actual - charged, 0));
                             model.latest = None;
                         } else if actual < charged {
+                            // Given back only while the charge is in a window that can
+                            // still decide (younger than the horizon).
                             let c = model.charges.iter_mut().find(|c| c.2 == id).unwrap();
-                            c.1 = actual;
-                            model.latest = None;
+                            if c.0 + 2_000_000 > now {
+                                c.1 = actual;
+                                model.latest = None;
+                            }
                         }
                     }
                     Step::Release(_) | Step::GiveBack(_) | Step::Settle(..) => {}

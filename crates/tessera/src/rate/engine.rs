@@ -382,7 +382,8 @@ pub(crate) fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64
 ///   less).
 /// - **Less**, and only if `held` (this step released the lease, so a settle gives back
 ///   once): exact, `d = charged - actual` (at most the block's own cost) is taken from
-///   `block` (see [`settle_block`]); smooth, only while the admission is the latest
+///   `block` (see [`settle_block`]) unless it is at or before the pruning cutoff (in no
+///   window that can still decide); smooth, only while the admission is the latest
 ///   (`tail == reservation`, `last == at`): `tat = max(prev_tat, at) + actual·T` (a later
 ///   admission's `tat` cannot be unwound exactly, so the estimate stands).
 ///
@@ -429,7 +430,9 @@ pub(crate) fn settle(
     }
     match config.mode() {
         RateMode::Exact => {
-            let Some((t, before, last)) = block else {
+            // A block at or before the pruning cutoff is in no window that can still
+            // decide: nothing to give back (whether or not a step has pruned it yet).
+            let Some((t, before, last)) = block.filter(|b| b.0 > prune_cutoff(config, now)) else {
                 return LogChange::None;
             };
             let d = ((charged - actual) as u64).min(last - before);
