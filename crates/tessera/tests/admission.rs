@@ -364,6 +364,25 @@ async fn a_settled_admission_charges_what_the_call_cost_on_every_store() {
         assert!(d.settle(0).await.unwrap(), "{url}");
         assert_eq!(rate_used(&store, "s").await, 4, "{url}");
         assert_eq!(held(&store, "s").await, 0, "{url}");
+        // A give-back from an admission with later ones after it: theirs move down with it,
+        // and the windows then admit exactly what is left.
+        store.delete_rate_limiter("s").await.unwrap();
+        let e = adm.try_acquire().await.unwrap().expect("fifth");
+        let f = adm.try_acquire().await.unwrap().expect("sixth");
+        assert!(e.settle(1).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 5, "{url}");
+        assert!(f.settle(2).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "s").await, 3, "{url}");
+        let seven = adm.clone().cost(7).unwrap().try_acquire().await.unwrap();
+        let seven = seven.unwrap_or_else(|| panic!("{url}: 7 of 10 left"));
+        assert!(
+            one.try_acquire().await.unwrap().is_none(),
+            "{url}: full again"
+        );
+        seven.release().await.unwrap();
+        let status = store.rate_status("s").await.unwrap().unwrap();
+        let used: Vec<u64> = status.limits.iter().map(|l| l.used + l.reserved).collect();
+        assert_eq!(used, [10, 10], "{url}");
         store.close().await.unwrap();
     }
 }

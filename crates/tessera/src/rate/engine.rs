@@ -337,6 +337,7 @@ pub(crate) fn undo_latest(
 }
 
 /// What a settle does to the exact-mode log; the caller applies it in the same step.
+#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LogChange {
     /// Nothing (smooth mode, or no change).
@@ -389,13 +390,9 @@ pub(crate) fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64
 ///
 /// Any change makes `tail` 0: the log's last entry may no longer be one admission's alone,
 /// so nothing can be undone any more (a later give-back keeps its charge).
+// PostgreSQL and Redis run the same decision on the server (`tessera_settle`, `settle.lua`).
 #[allow(clippy::too_many_arguments)]
-#[cfg(any(
-    feature = "memory",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "postgres"
-))]
+#[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
 pub(crate) fn settle(
     state: &mut RateState,
     config: &RateConfig,

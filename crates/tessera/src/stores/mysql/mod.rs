@@ -201,7 +201,8 @@ use ops::MysqlRows;
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{
-    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Waking,
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
+    Waking,
 };
 use crate::stores::sql;
 
@@ -715,6 +716,16 @@ impl AdmissionBackend for MysqlBackend {
         step!(self, name, |rows| async {
             let (released, wakes) = sql::release(&mut *rows, lease).await?;
             sql::rate::undo(&mut *rows, name, reservation, at, 0, true).await?;
+            Ok::<_, Error>((released, wakes))
+        })
+    }
+
+    /// The release and the settle in one transaction.
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        self.unhold(lease);
+        step!(self, name, |rows| async {
+            let (released, wakes) = sql::release(&mut *rows, lease).await?;
+            sql::rate::settle(&mut *rows, name, settlement, released, 0).await?;
             Ok::<_, Error>((released, wakes))
         })
     }

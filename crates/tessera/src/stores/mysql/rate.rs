@@ -29,6 +29,7 @@ use crate::rate::seam::RateStatus;
 use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use crate::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
+    SettleRows,
 };
 
 const LOCK: &str = "INSERT INTO tessera_rate_limiters \
@@ -165,6 +166,66 @@ impl RateRows for MysqlRateRows<'_> {
         rows.iter()
             .map(|row| Ok((int_at(row, 0)?, int_at(row, 1)?)))
             .collect()
+    }
+}
+
+impl MysqlRateRows<'_> {
+    async fn last_at_or_before(&mut self, t: u64) -> Result<Option<(i64, i64)>> {
+        let row = sqlx::query(crate::stores::sql::rate::LAST_AT_OR_BEFORE)
+            .bind(self.name)
+            .bind(db(t))
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        row.map(|r| Ok((int_at(&r, 0)?, int_at(&r, 1)?)))
+            .transpose()
+    }
+
+    async fn total_before(&mut self, t: u64) -> Result<Option<i64>> {
+        sqlx::query_scalar(crate::stores::sql::rate::TOTAL_BEFORE)
+            .bind(self.name)
+            .bind(db(t))
+            .fetch_one(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn lower(&mut self, t: u64, d: u64, keep: Option<u64>) -> Result<()> {
+        let [delete, shift, flip] = crate::stores::sql::rate::LOWER;
+        sqlx::query(delete)
+            .bind(self.name)
+            .bind(db(t))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        sqlx::query(shift)
+            .bind(db(d))
+            .bind(self.name)
+            .bind(db(t))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        sqlx::query(flip)
+            .bind(self.name)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(map_err)?;
+        if let Some(p) = keep {
+            self.append(p, t).await?;
+        }
+        Ok(())
+    }
+}
+
+impl SettleRows for MysqlRows<'_> {
+    async fn last_at_or_before(&mut self, t: u64) -> Result<Option<(i64, i64)>> {
+        self.rate_rows().last_at_or_before(t).await
+    }
+    async fn total_before(&mut self, t: u64) -> Result<Option<i64>> {
+        self.rate_rows().total_before(t).await
+    }
+    async fn lower(&mut self, t: u64, d: u64, keep: Option<u64>) -> Result<()> {
+        self.rate_rows().lower(t, d, keep).await
     }
 }
 

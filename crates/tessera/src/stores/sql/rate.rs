@@ -101,6 +101,45 @@ pub(crate) trait RateRows: Send {
     fn whole_log(&mut self) -> impl Future<Output = Result<Vec<(i64, i64)>>> + Send;
 }
 
+/// The log reads and writes of a settle (`engine::settle`), on the rows of an admission's
+/// step (the semaphore's transaction): only that step settles.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) trait SettleRows: RateRows {
+    /// `(t, p)` of the last entry at or before `t`.
+    fn last_at_or_before(
+        &mut self,
+        t: u64,
+    ) -> impl Future<Output = Result<Option<(i64, i64)>>> + Send;
+    /// The largest `p` of the entries before `t`.
+    fn total_before(&mut self, t: u64) -> impl Future<Output = Result<Option<i64>>> + Send;
+    /// Runs [`LOWER`]: the entries at `t` become one entry of running total `keep` (none when
+    /// `None`) and every later entry's total moves down by `d`.
+    fn lower(
+        &mut self,
+        t: u64,
+        d: u64,
+        keep: Option<u64>,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A settle's give-back, in statements every dialect with `?` placeholders writes alike,
+/// bound as `(name, t)`, `(d, name, t)`, `(name)`: the block at `t` deleted, the later
+/// entries moved down by `d` through negative totals (the primary key `(name, p)` is checked
+/// row by row, so a total moved in place could meet one not yet moved; negative totals meet
+/// none), then made positive again. The block's one entry is appended afterwards.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) const LOWER: [&str; 3] = [
+    "DELETE FROM tessera_rate_log WHERE name = ? AND t = ?",
+    "UPDATE tessera_rate_log SET p = ? - p WHERE name = ? AND t > ?",
+    "UPDATE tessera_rate_log SET p = -p WHERE name = ? AND p < 0",
+];
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) const LAST_AT_OR_BEFORE: &str =
+    "SELECT t, p FROM tessera_rate_log WHERE name = ? AND t <= ? ORDER BY t DESC, p DESC LIMIT 1";
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) const TOTAL_BEFORE: &str =
+    "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t < ?";
+
 /// The log statements every SQL dialect with `?` placeholders (SQLite, MySQL) writes alike;
 /// the limiter's name is always the first value bound.
 pub(crate) const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?";
@@ -337,6 +376,84 @@ pub(crate) async fn undo<R: RateRows>(
     }
     save(rows, &state, &config).await?;
     Ok(true)
+}
+
+/// Settles an admission's cost on its limiter, inside the step that released its lease
+/// (`held`: it was still held). `engine::settle` decides; a limiter without state (expired,
+/// or never charged) settles nothing. For a store whose times come back converted, `slack`
+/// µs: the give-back's block is the entries exactly at `at`, or else at or before
+/// `at - slack` (never a later one, which would be unsafe; an earlier one is safe, see
+/// `engine::settle_block`); in smooth mode the latest admission's time within the slack of
+/// `at` counts as `at`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) async fn settle<R: SettleRows>(
+    rows: &mut R,
+    name: &Name,
+    s: &crate::seam::Settlement,
+    held: bool,
+    slack: u64,
+) -> Result<()> {
+    let (now, state) = load(rows, name).await?;
+    let Some(mut state) = state else {
+        return Ok(());
+    };
+    let config = stored_config(name, &state)?;
+    let block = match config.mode() {
+        RateMode::Exact if held && s.actual < s.charged => {
+            // The admission's own instant when an entry stands exactly there (times
+            // converted back by the process that converted them are exact), else at or
+            // before `at - slack`.
+            let at = s.at.0;
+            let found = match rows.last_at_or_before(at).await? {
+                Some((t, p)) if t == db(at) => Some((t, p)),
+                _ if slack > 0 => rows.last_at_or_before(at.saturating_sub(slack)).await?,
+                other => other,
+            };
+            match found {
+                None => None,
+                Some((t, last)) => {
+                    let t = non_negative(t, "t")?;
+                    let last = non_negative(last, "p")?;
+                    let before = match rows.total_before(t).await? {
+                        Some(p) => non_negative(p, "p")?,
+                        None => state.base,
+                    };
+                    (last > before).then_some((t, before, last))
+                }
+            }
+        }
+        _ => None,
+    };
+    // Smooth mode gives back only to the latest admission, named by its reservation: its
+    // time within the slack is its time.
+    let at = match state.last.abs_diff(s.at.0) <= slack {
+        true => StoreTime(state.last),
+        false => s.at,
+    };
+    let old = state.clone();
+    let change = engine::settle(
+        &mut state,
+        &config,
+        s.reservation,
+        at,
+        s.charged,
+        s.actual,
+        held,
+        now,
+        block,
+    );
+    match change {
+        engine::LogChange::None => {}
+        engine::LogChange::Append { t, p } => rows.append(p, t).await?,
+        engine::LogChange::Lower { t, before, last, d } => {
+            rows.lower(t, d, (last - d > before).then_some(last - d))
+                .await?
+        }
+    }
+    if state != old {
+        save(rows, &state, &config).await?;
+    }
+    Ok(())
 }
 
 /// Deletes the limiter's row and log; `true` if it had state that had not expired.

@@ -157,7 +157,8 @@ use crate::clock::{boot_id, BootClock, Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{
-    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Waking,
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
+    Waking,
 };
 use crate::stores::sql;
 
@@ -774,6 +775,23 @@ impl AdmissionBackend for SqliteBackend {
         Ok(step!(self, name, |rows| async {
             let (released, wakes) = sql::release(&mut *rows, lease).await?;
             sql::rate::undo(&mut *rows, name, reservation, at, slack, true).await?;
+            Ok::<_, Error>((released, wakes))
+        }))
+    }
+
+    /// The release and the settle in one transaction. `at` comes back in wall time; a
+    /// process converts with its own offset, which another process's differs from by less
+    /// than [`REANCHOR_US`] unless the wall clock was stepped, so that is the slack.
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        let mut s = *settlement;
+        s.at = self.wall_to_store(s.at);
+        let slack = match self.wall.is_some() {
+            true => REANCHOR_US as u64,
+            false => 0,
+        };
+        Ok(step!(self, name, |rows| async {
+            let (released, wakes) = sql::release(&mut *rows, lease).await?;
+            sql::rate::settle(&mut *rows, name, &s, released, slack).await?;
             Ok::<_, Error>((released, wakes))
         }))
     }

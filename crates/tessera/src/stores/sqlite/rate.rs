@@ -21,6 +21,7 @@ use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 pub(crate) use crate::stores::sql::rate::decode_tat;
 use crate::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
+    SettleRows,
 };
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
@@ -230,6 +231,44 @@ impl RateRows for SqliteRows<'_> {
             })
             .map_err(rq_err)?;
         log.map(|e| e.map_err(rq_err)).collect()
+    }
+}
+
+impl SettleRows for SqliteRows<'_> {
+    async fn last_at_or_before(&mut self, t: u64) -> Result<Option<(i64, i64)>> {
+        let mut st = self
+            .db()
+            .prepare_cached(crate::stores::sql::rate::LAST_AT_OR_BEFORE)
+            .map_err(rq_err)?;
+        let mut rows = st
+            .query(rusqlite::params![self.name(), db(t)])
+            .map_err(rq_err)?;
+        match rows.next().map_err(rq_err)? {
+            Some(row) => Ok(Some((int_at(row, 0)?, int_at(row, 1)?))),
+            None => Ok(None),
+        }
+    }
+
+    async fn total_before(&mut self, t: u64) -> Result<Option<i64>> {
+        self.one_int(crate::stores::sql::rate::TOTAL_BEFORE, Some(db(t)))
+    }
+
+    async fn lower(&mut self, t: u64, d: u64, keep: Option<u64>) -> Result<()> {
+        let [delete, shift, flip] = crate::stores::sql::rate::LOWER;
+        let db_ = self.db();
+        db_.prepare_cached(delete)
+            .and_then(|mut st| st.execute(rusqlite::params![self.name(), db(t)]))
+            .map_err(rq_err)?;
+        db_.prepare_cached(shift)
+            .and_then(|mut st| st.execute(rusqlite::params![db(d), self.name(), db(t)]))
+            .map_err(rq_err)?;
+        db_.prepare_cached(flip)
+            .and_then(|mut st| st.execute([self.name()]))
+            .map_err(rq_err)?;
+        if let Some(p) = keep {
+            self.append(p, t).await?;
+        }
+        Ok(())
     }
 }
 
