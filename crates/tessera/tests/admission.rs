@@ -387,6 +387,39 @@ async fn a_settled_admission_charges_what_the_call_cost_on_every_store() {
     }
 }
 
+/// Settle in smooth mode, on every store: a give-back only while the admission is the
+/// limiter's latest, an excess always (`used` counts the units still draining, 6 s each).
+#[tokio::test]
+async fn a_smooth_settle_gives_back_only_to_the_latest_admission_on_every_store() {
+    use tessera::RateMode;
+    for (store, _keep) in stores("smooth").await {
+        let url = store.url().to_string();
+        let adm = store
+            .admission("m")
+            .permits(3)
+            .rate_options(RateOptions::default().mode(RateMode::Smooth { burst: 4 }))
+            .rate("10/min".parse().unwrap())
+            .unwrap();
+        let cost = |c| adm.clone().cost(c).unwrap();
+        let a = cost(3).try_acquire().await.unwrap().expect("a");
+        assert_eq!(rate_used(&store, "m").await, 3, "{url}");
+        assert!(a.settle(1).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "m").await, 1, "{url}: the latest gives back");
+        let b = cost(2).try_acquire().await.unwrap().expect("b");
+        let c = cost(1).try_acquire().await.unwrap().expect("c");
+        assert_eq!(rate_used(&store, "m").await, 4, "{url}");
+        assert!(b.settle(0).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "m").await, 4, "{url}: b is not the latest");
+        assert!(c.settle(0).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "m").await, 3, "{url}: c is");
+        let d = cost(1).try_acquire().await.unwrap().expect("d");
+        assert!(d.settle(3).await.unwrap(), "{url}");
+        assert_eq!(rate_used(&store, "m").await, 6, "{url}: 2 more");
+        assert_eq!(held(&store, "m").await, 0, "{url}");
+        store.close().await.unwrap();
+    }
+}
+
 /// A settle whose lease was lost (expired) gives nothing back, so a settle sent twice or
 /// late never counts less than was used; its excess is still charged.
 #[tokio::test]
