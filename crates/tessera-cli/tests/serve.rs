@@ -719,6 +719,36 @@ async fn admission_over_http(store: &str) {
     assert_error(st, &e, StatusCode::CONFLICT, "rate_mismatch");
     let (_, sem) = get(&c, &s.url("/v1/semaphores/sms")).await;
     assert_eq!(sem["holders"].as_array().unwrap().len(), 1, "{sem}");
+
+    // Settle: a call that cost less than asked gives the difference back, once; a bad
+    // cost is refused and changes nothing.
+    let tokens = s.url("/v1/admissions/tokens/acquire");
+    let body = json!({"capacity": 2, "limits": ["10/min"], "cost": 4});
+    let (st, big) = post(&c, &tokens, body.clone()).await;
+    assert_eq!(st, 200, "{big}");
+    let settle = s.url(&format!(
+        "/v1/admissions/tokens/leases/{}/settle",
+        big["lease_id"].as_str().unwrap()
+    ));
+    let mut paid = json!({"reservation": big["reservation"], "admitted_at_us": big["admitted_at_us"], "cost": 4});
+    for bad in [1_000_001, 4_000_000_000u64] {
+        paid["actual"] = json!(bad);
+        let (st, e) = post(&c, &settle, paid.clone()).await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    }
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/tokens")).await;
+    assert_eq!(sem["holders"].as_array().unwrap().len(), 1, "{sem}");
+    paid["actual"] = json!(1);
+    let (st, d) = post(&c, &settle, paid.clone()).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": true})));
+    let (_, rate) = get(&c, &s.url("/v1/rates/tokens")).await;
+    assert_eq!(used(&rate), 1, "{rate}");
+    let (st, d) = post(&c, &settle, paid).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": false})));
+    let (_, rate) = get(&c, &s.url("/v1/rates/tokens")).await;
+    assert_eq!(used(&rate), 1, "{rate}: given back once");
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/tokens")).await;
+    assert!(sem["holders"].as_array().is_none_or(Vec::is_empty), "{sem}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -404,12 +404,20 @@ async fn a_smooth_settle_gives_back_only_to_the_latest_admission_on_every_store(
         let a = cost(3).try_acquire().await.unwrap().expect("a");
         assert_eq!(rate_used(&store, "m").await, 3, "{url}");
         assert!(a.settle(1).await.unwrap(), "{url}");
-        assert_eq!(rate_used(&store, "m").await, 1, "{url}: the latest gives back");
+        assert_eq!(
+            rate_used(&store, "m").await,
+            1,
+            "{url}: the latest gives back"
+        );
         let b = cost(2).try_acquire().await.unwrap().expect("b");
         let c = cost(1).try_acquire().await.unwrap().expect("c");
         assert_eq!(rate_used(&store, "m").await, 4, "{url}");
         assert!(b.settle(0).await.unwrap(), "{url}");
-        assert_eq!(rate_used(&store, "m").await, 4, "{url}: b is not the latest");
+        assert_eq!(
+            rate_used(&store, "m").await,
+            4,
+            "{url}: b is not the latest"
+        );
         assert!(c.settle(0).await.unwrap(), "{url}");
         assert_eq!(rate_used(&store, "m").await, 3, "{url}: c is");
         let d = cost(1).try_acquire().await.unwrap().expect("d");

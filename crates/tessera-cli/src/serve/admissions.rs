@@ -103,6 +103,25 @@ pub struct GiveBackBody {
     pub admitted_at_us: u64,
 }
 
+/// A settle: what the admitted call actually cost.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleBody {
+    /// `reservation` of the admission.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
+    pub reservation: u64,
+    /// `admitted_at_us` of the admission.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
+    pub admitted_at_us: u64,
+    /// The cost the admission asked for (its `cost`, default 1).
+    #[serde(default)]
+    #[schema(example = 4000, minimum = 1, maximum = 1_000_000)]
+    pub cost: Option<u32>,
+    /// What the call actually cost (0..=1,000,000).
+    #[schema(example = 1500, minimum = 0, maximum = 1_000_000)]
+    pub actual: u32,
+}
+
 fn admission(
     app: &App,
     sem: &str,
@@ -282,6 +301,83 @@ pub async fn give_back(
             "the give-back",
             admission.give_back(&n, id, body.reservation, at),
         )
+        .await??;
+    Ok(Json(DoneBody { done }))
+}
+
+/// Settle an admission's cost and release it.
+///
+/// For costs known only after the call (tokens of a reply, bytes sent): releases the lease
+/// and makes the admission's charge `actual` instead of `cost`, in one step. A larger cost
+/// charges the excess to every window now (later admissions wait for it); a smaller one
+/// gives the difference back if the lease was still held (so a settle sent twice gives
+/// back once). The windows never count less than was used. `done: false` if the lease was
+/// not held any more (an excess is charged all the same).
+#[utoipa::path(
+    post,
+    path = "/v1/admissions/{name}/leases/{lease_id}/settle",
+    tag = "admissions",
+    params(("name" = String, Path, description = "Name of the semaphore and of the limiter"), ("lease_id" = String, Path, description = "Lease id (32 hex digits)")),
+    request_body = SettleBody,
+    responses(
+        (status = 200, body = DoneBody),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 501, description = "The store has no admission", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn settle(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, lease)): PathArgs<(String, String)>,
+    JsonBody(body): JsonBody<SettleBody>,
+) -> Result<Json<DoneBody>, ApiError> {
+    principal.check(&sem)?;
+    let (n, id) = (name(&sem)?, lease_id(&lease)?);
+    for (field, value) in [
+        ("reservation", body.reservation),
+        ("admitted_at_us", body.admitted_at_us),
+    ] {
+        if value > i64::MAX as u64 {
+            return Err(ApiError::invalid(format!(
+                "invalid {field} {value}: at most {}",
+                i64::MAX
+            )));
+        }
+    }
+    let charged = body.cost.unwrap_or(1);
+    if charged == 0 || charged > tessera::MAX_RATE_COUNT {
+        return Err(tessera::Error::from(tessera::InvalidInput::Cost {
+            cost: charged,
+            max: tessera::MAX_RATE_COUNT,
+        })
+        .into());
+    }
+    if body.actual > tessera::MAX_RATE_COUNT {
+        return Err(tessera::Error::from(tessera::InvalidInput::SettleCost {
+            actual: body.actual,
+            max: tessera::MAX_RATE_COUNT,
+        })
+        .into());
+    }
+    let backend = app.store.backend();
+    let Some(admission) = backend.admission() else {
+        return Err(tessera::Error::Unsupported(format!(
+            "admission is not available on {} yet",
+            app.store.url()
+        ))
+        .into());
+    };
+    let settlement = tessera::backend::Settlement {
+        reservation: body.reservation,
+        at: StoreTime(body.admitted_at_us),
+        charged,
+        actual: body.actual,
+    };
+    let done = app
+        .bounded("the settle", admission.settle(&n, id, &settlement))
         .await??;
     Ok(Json(DoneBody { done }))
 }

@@ -124,7 +124,7 @@ impl App {
     tags(
         (name = "semaphores", description = "Leases on permits: acquire, renew, release, status; admin: resize, revoke, delete"),
         (name = "rates", description = "Rate limits: acquire (waits up to max_wait), try, status, delete"),
-        (name = "admissions", description = "Permits and rate windows in one step: acquire (the lease is a semaphore lease: renew and release it there), give back one not used in time"),
+        (name = "admissions", description = "Permits and rate windows in one step: acquire (the lease is a semaphore lease: renew and release it there), give back one not used in time, settle what a call cost"),
     )
 )]
 struct ApiDoc;
@@ -157,6 +157,7 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(rates::list))
         .routes(routes!(admissions::acquire))
         .routes(routes!(admissions::give_back))
+        .routes(routes!(admissions::settle))
         .split_for_parts();
     (router, with_common_errors(doc))
 }
