@@ -144,7 +144,7 @@ export interface AdmissionOptions {
   weight?: number;
   cost?: number;
   ttl?: Duration;
-  /** Allowed delay between admission and use (default 20 ms; 0 turns the use-by off). */
+  /** Allowed delay between admission and use (server default 100 ms; 0 turns the use-by off). */
   margin?: Duration;
   holder?: string;
   update?: boolean;

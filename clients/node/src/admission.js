@@ -73,8 +73,8 @@ export class Admitted extends Lease {
  * @property {number} [weight] permits per admission (default 1)
  * @property {number} [cost] charged to every limit per admission (default 1)
  * @property {number | string} [ttl] lease TTL (default 30 s)
- * @property {number | string} [margin] allowed delay between admission and use (default
- *   20 ms; 0 turns the use-by off)
+ * @property {number | string} [margin] allowed delay between admission and use (server
+ *   default 100 ms; 0 turns the use-by off)
  * @property {string} [holder] label shown by status
  * @property {boolean} [update] replace the stored limits if they differ
  */

@@ -325,7 +325,8 @@ struct RunCmd {
     #[arg(long, requires = "rate")]
     update_rates: bool,
     /// Margin between a --rate turn's admission and the command's start (0..1s, at most the
-    /// shortest PERIOD; default 20ms). The limits are enforced on windows of PERIOD + margin,
+    /// shortest PERIOD; default 20ms, and 100ms with --permits, where the permit and the
+    /// windows are one admission). The limits are enforced on windows of PERIOD + margin,
     /// so commands started within the margin of their admission never exceed N per PERIOD;
     /// it costs margin/(PERIOD + margin) of the throughput. Stored with the limits: every
     /// client of NAME must declare the same (or use --update-rates)

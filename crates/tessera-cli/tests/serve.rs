@@ -663,7 +663,7 @@ async fn admission_over_http(store: &str) {
     assert_eq!(first["seats"], json!([0]));
     assert!(first["fence"].as_u64().unwrap() > 0, "{first}");
     assert!(first["admitted_at_us"].as_u64().unwrap() > 0, "{first}");
-    assert!(first["use_by_ms"].as_u64().unwrap() <= 20, "{first}");
+    assert!(first["use_by_ms"].as_u64().unwrap() <= 100, "{first}");
     let (st, second) = post(&c, &acquire, body.clone()).await;
     assert_eq!(st, 200, "{second}");
     // No permit free: refused, and the windows are not charged for it.

@@ -51,9 +51,9 @@ pub struct AdmissionBody {
     #[schema(example = 1, minimum = 1)]
     pub cost: Option<u32>,
     /// Margin between admission and use (0s..1s, at most the shortest period; default
-    /// 20ms): the limits hold for calls started within it, the admission's use-by time.
+    /// 100ms): the limits hold for calls started within it, the admission's use-by time.
     #[serde(default)]
-    #[schema(example = "20ms")]
+    #[schema(example = "100ms")]
     pub margin: Option<String>,
     /// Replace the limits stored under this name if they differ (default false).
     #[serde(default)]

@@ -28,7 +28,7 @@ use crate::error::{InvalidInput, Result};
 use crate::lease::permit::Permit;
 use crate::model::{LeaseId, StoreTime};
 use crate::rate::limiter::{RateLimiter, RateOptions};
-use crate::rate::spec::RateSpec;
+use crate::rate::spec::{RateSpec, DEFAULT_ADMISSION_MARGIN};
 use crate::semaphore::admit::{Admit, Windows};
 use crate::semaphore::{Semaphore, SemaphoreOptions};
 use crate::store::Store;
@@ -93,7 +93,7 @@ impl Store {
             name: name.to_string(),
             capacity: 1,
             sem_opts: SemaphoreOptions::default(),
-            rate_opts: RateOptions::default(),
+            rate_opts: RateOptions::default().default_margin(DEFAULT_ADMISSION_MARGIN),
         }
     }
 }
@@ -110,9 +110,12 @@ impl AdmissionBuilder {
         self
     }
     /// The limiter's options (mode, margin, update). The margin is also the admission's
-    /// use-by time.
+    /// use-by time; unset, it is [`DEFAULT_ADMISSION_MARGIN`] (100 ms, or the shortest
+    /// period if that is shorter) in exact mode, not the plain limiter's 20 ms: a name that
+    /// an admission and a plain [`RateLimiter`] share needs one margin set on both (else
+    /// [`Error::RateMismatch`](crate::Error::RateMismatch) names the two).
     pub fn rate_options(mut self, opts: RateOptions) -> Self {
-        self.rate_opts = opts;
+        self.rate_opts = opts.default_margin(DEFAULT_ADMISSION_MARGIN);
         self
     }
     /// The first limit; add more with [`Admission::rate`]. Checks every input (typed

@@ -16,6 +16,8 @@ use crate::store::Store;
 pub struct RateOptions {
     mode: RateMode,
     margin: Option<Duration>,
+    /// The exact-mode margin when `margin` is not set (`None`: [`DEFAULT_RATE_MARGIN`]).
+    default_margin: Option<Duration>,
     update: bool,
 }
 
@@ -34,6 +36,12 @@ impl RateOptions {
     /// of the stored configuration: every client of a limiter must declare the same margin.
     pub fn margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
+        self
+    }
+    /// The exact-mode margin unless [`RateOptions::margin`] sets one: an admission's is
+    /// [`DEFAULT_ADMISSION_MARGIN`](crate::DEFAULT_ADMISSION_MARGIN).
+    pub(crate) fn default_margin(mut self, margin: Duration) -> Self {
+        self.default_margin = Some(margin);
         self
     }
     /// Replace the limits (and margin) stored under this name if they differ (default:
@@ -140,7 +148,10 @@ impl RateLimiter {
         let name = Name::new(name)?;
         let config = RateConfig::new(limits, opts.mode)?;
         let margin = opts.margin.unwrap_or(match opts.mode {
-            RateMode::Exact => DEFAULT_RATE_MARGIN.min(config.limits()[0].period()),
+            RateMode::Exact => opts
+                .default_margin
+                .unwrap_or(DEFAULT_RATE_MARGIN)
+                .min(config.limits()[0].period()),
             RateMode::Smooth { .. } => Duration::ZERO,
         });
         let config = config.with_margin(margin)?;

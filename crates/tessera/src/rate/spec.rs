@@ -24,6 +24,12 @@ pub const MAX_RATE_WAIT: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_RATE_MARGIN: Duration = Duration::from_secs(1);
 /// The margin of exact mode unless set ([`RateOptions::margin`](crate::RateOptions::margin)), at most the shortest period.
 pub const DEFAULT_RATE_MARGIN: Duration = Duration::from_millis(20);
+/// The margin of an admission's exact windows unless set (at most the shortest period): the
+/// delay from admission to the call measured through `tessera serve` on a busy 2-core host
+/// reached 51–81 ms at p99 and 85–168 ms at most (`docs/admission.md`); with 20 ms about as
+/// many admissions went stale and were given back as were used, with 100 ms none, and both
+/// windows were used whole.
+pub const DEFAULT_ADMISSION_MARGIN: Duration = Duration::from_millis(100);
 
 /// One limit: at most `count` per `period`. Parsed from `"50/s"`, `"1000/min"`, `"20000/h"`,
 /// or with a multiple of a unit, `"10/500ms"`, `"60/3s"`, `"100/5min"`, `"7/2d"`.
