@@ -174,8 +174,13 @@ export class Admitted extends Lease {
   readonly useByMs: number | null;
   /** Milliseconds left to start the call (Infinity without a use-by; negative once past). */
   useByRemainingMs(): number;
+  /** The cost charged to every window. */
+  readonly cost: number;
   /** Releases the lease and returns the charge while it is the limiter's latest. */
   giveBack(): Promise<boolean>;
+  /** Releases the lease and makes the charge `actual` (0 to 1,000,000): a smaller cost given
+   * back once while the lease is held, a larger one charged at once. */
+  settle(actual: number): Promise<boolean>;
 }
 
 export interface HolderStatus {

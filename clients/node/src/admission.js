@@ -19,8 +19,9 @@ import { durationText, segment, timeoutMs } from "./transport.js";
 
 /**
  * A granted admission: a `Lease` (renewed, `lost`, `fence`, `seats`) whose windows were
- * charged at `admittedAtUs`. Start the call before its use-by; `release()` when done, or
- * `giveBack()` if the call was not made.
+ * charged at `admittedAtUs`. Start the call before its use-by; `release()` when done,
+ * `giveBack()` if the call was not made, or `settle(actual)` when its cost is known only
+ * afterwards.
  */
 export class Admitted extends Lease {
   #useBy;
@@ -29,9 +30,12 @@ export class Admitted extends Lease {
    * @param {import("./transport.js").Transport} transport
    * @param {any} body the admission's answer
    * @param {number} arrivedAt
+   * @param {number} [cost] the cost charged to every window
    */
-  constructor(transport, body, arrivedAt) {
+  constructor(transport, body, arrivedAt, cost = 1) {
     super(transport, body, arrivedAt);
+    /** The cost charged to every window. @type {number} */
+    this.cost = cost;
     /** The instant permits were granted and windows charged (store clock, µs since the
      * epoch). @type {number} */
     this.admittedAtUs = body.admitted_at_us;
@@ -60,6 +64,36 @@ export class Admitted extends Lease {
         "POST",
         `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
         { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
+      );
+      return answer.body?.done === true;
+    });
+  }
+
+  /**
+   * Releases the lease and makes the admission's charge `actual` instead of `cost`, in one
+   * request: for a cost known after the call (tokens of a reply, bytes sent). A smaller cost
+   * is given back to every window once, and only while the lease is still held; a larger one
+   * is charged at once (later admissions wait for it). Ends the lease like `release()`.
+   * @param {number} actual what the call cost (a whole number, 0 to 1,000,000)
+   * @returns {Promise<boolean>} whether the lease was still held
+   * @throws {InvalidInput} `actual` out of range (the lease still held and renewed)
+   */
+  settle(actual) {
+    if (!Number.isSafeInteger(actual) || actual < 0 || actual > 1_000_000) {
+      return Promise.reject(
+        new InvalidInput(`invalid settled cost ${actual}: must be a whole number between 0 and 1000000`),
+      );
+    }
+    return this._end(async () => {
+      const answer = await this._transport.request(
+        "POST",
+        `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/settle`,
+        {
+          reservation: this.reservation,
+          admitted_at_us: this.admittedAtUs,
+          cost: this.cost,
+          actual,
+        },
       );
       return answer.body?.done === true;
     });
@@ -167,7 +201,7 @@ export class Admission {
           { ...this.#body, wait: `${Math.floor(waitMs)}ms` },
           { waitMs, signal },
         );
-        const ticket = new Admitted(this.#transport, answer.body, answer.arrivedAt);
+        const ticket = new Admitted(this.#transport, answer.body, answer.arrivedAt, this.#body.cost);
         if (ticket.useByRemainingMs() >= 0) return ticket;
         this.givenBack++;
         await ticket.giveBack();

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { Client, NotAdmitted } from "../src/index.js";
+import { Client, InvalidInput, NotAdmitted } from "../src/index.js";
 import { intervals, maxInWindow, maxOverlap } from "../testkit/check.mjs";
 import { readLog, runWorkers, sleep, startServer, tempDir } from "../testkit/server.mjs";
 
@@ -75,6 +75,27 @@ describe("an admission", () => {
     assert.deepEqual(sem.holders.map((h) => h.lease_id), [held.leaseId]);
     assert.deepEqual(sem.queue, []);
     await held.release();
+  });
+
+  test("a settle gives back what the call did not cost, once, and charges an excess", async () => {
+    const adm = client.admission("settle", { capacity: 2, limits: ["20/min"], cost: 4 });
+    const used = async () => (await client.rate("settle", "20/min").status()).limits[0].used;
+    const a = await adm.acquire({ timeout: 1_000 });
+    assert.equal(a.cost, 4);
+    assert.equal(await used(), 4);
+    assert.equal(await a.settle(1), true);
+    assert.equal(await used(), 1);
+    assert.equal(await a.settle(0), true, "ended already: the first settle's answer, nothing more");
+    assert.equal(await used(), 1);
+    const b = await adm.acquire({ timeout: 1_000 });
+    assert.equal(await b.settle(6), true);
+    assert.equal(await used(), 7, "the excess of 2 is charged");
+    const c = await adm.acquire({ timeout: 1_000 });
+    for (const bad of [-1, 1.5, 1_000_001]) await assert.rejects(c.settle(bad), InvalidInput);
+    assert.equal(await used(), 11);
+    const sem = await client.semaphore("settle", { capacity: 2 }).status();
+    assert.deepEqual(sem.holders.map((h) => h.lease_id), [c.leaseId]);
+    assert.equal(await c.release(), true);
   });
 
   test("a try refused by the windows holds and charges nothing", async () => {

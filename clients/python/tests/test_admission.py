@@ -113,6 +113,27 @@ class AdmissionTest(unittest.TestCase):
             self.assertTrue(ticket.lost.wait(1))
         self.assertEqual(self.used(), 1)
 
+    def test_a_settle_gives_back_what_the_call_did_not_cost_once(self) -> None:
+        admission = self.client.admission(self.name, capacity=2, limits=["20/min"], cost=4)
+        ticket = admission.acquire(timeout=5)
+        self.assertEqual(ticket.cost, 4)
+        self.assertEqual(self.used(), 4)
+        self.assertTrue(ticket.settle(1))
+        self.assertEqual(self.used(), 1)
+        self.assertFalse(ticket.settle(0), "settled already: nothing held, nothing given back")
+        self.assertEqual(self.used(), 1)
+        self.assertEqual(server.semaphore(self.name)["holders"], [])
+        more = admission.acquire(timeout=5)
+        self.assertTrue(more.settle(6))
+        self.assertEqual(self.used(), 7, "the excess of 2 is charged")
+        last = admission.acquire(timeout=5)
+        for bad in (1_000_001, -1, 2.5):
+            with self.assertRaises(tessera_client.InvalidInput):
+                last.settle(bad)  # type: ignore[arg-type]
+        self.assertEqual(self.used(), 11, "the refused settles changed nothing")
+        self.assertEqual([h["lease_id"] for h in server.semaphore(self.name)["holders"]], [last.lease_id])
+        self.assertTrue(last.release())
+
     def test_a_capacity_or_limits_differing_from_the_stored_ones_is_a_mismatch(self) -> None:
         # A semaphore nobody holds or waits for is forgotten, capacity included: hold one.
         with self.client.admission(self.name, capacity=2, limits=["5/s"]).acquire(timeout=5):

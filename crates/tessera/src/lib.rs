@@ -122,8 +122,8 @@ pub use lock::Lock;
 pub use model::{Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter};
 pub use rate::{
     LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
-    DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN, MAX_RATE_PERIOD,
-    MAX_RATE_WAIT, MIN_RATE_PERIOD,
+    DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,
+    MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
 pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use store::Store;

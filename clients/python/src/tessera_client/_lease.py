@@ -423,9 +423,19 @@ class AdmittedLease(Lease):
     """
 
     def __init__(
-        self, transport: Transport, name: str, path: str, body: dict[str, Any], start: float
+        self,
+        transport: Transport,
+        name: str,
+        path: str,
+        body: dict[str, Any],
+        start: float,
+        admission_path: str = "",
+        cost: int = 1,
     ) -> None:
         super().__init__(transport, name, path, body, start)
+        self._admission_path = admission_path
+        #: The cost charged to every window (the admission's ``cost``).
+        self.cost: int = cost
         self.admitted_at_us: int = body["admitted_at_us"]
         self.reservation: int = body["reservation"]
         use_by_ms = body.get("use_by_ms")
@@ -444,6 +454,42 @@ class AdmittedLease(Lease):
         """Whether a call started now would be past the admission's use-by instant."""
         left = self.use_by_remaining()
         return left is not None and left < 0
+
+    def settle(self, actual: int) -> bool:
+        """Releases the lease and makes the admission's charge ``actual`` instead of
+        ``cost``, in one step: for a cost known after the call (tokens of a reply, bytes
+        sent). A smaller cost is given back to every window once, and only while the lease is
+        still held; a larger one is charged at once (later admissions wait for it). True if
+        the lease was still held. Retried after a dropped connection: a repeated settle gives
+        nothing back again, though it may charge an excess twice (the windows count more,
+        never less). Raises :class:`InvalidInput` for ``actual`` outside 0..1,000,000, with
+        the lease still held and kept alive."""
+        if isinstance(actual, bool) or not isinstance(actual, int) or not 0 <= actual <= 1_000_000:
+            raise errors.InvalidInput(
+                f"invalid settled cost {actual!r}: must be a whole number between 0 and 1000000"
+            )
+        with self._lock:
+            self._releasing = True
+            done = self._done
+        self._halt()
+        if done:
+            self._stop_keeping()
+            return False
+        answer = self._transport.call(
+            "POST",
+            f"{self._admission_path}/leases/{self.lease_id}/settle",
+            {
+                "reservation": self.reservation,
+                "admitted_at_us": self.admitted_at_us,
+                "cost": self.cost,
+                "actual": actual,
+            },
+            retry=True,
+        )
+        with self._lock:
+            self._done = True
+        self._stop_keeping()
+        return bool(answer.body.get("done"))
 
     def _give_back(self, admission_path: str) -> bool:
         """Releases the lease and returns the window charge while it is the limiter's latest.

@@ -241,6 +241,15 @@ class AdmittedLease(Lease):
     def use_by_passed(self) -> bool:
         return self._lease.use_by_passed()
 
+    @property
+    def cost(self) -> int:
+        return self._lease.cost
+
+    async def settle(self, actual: int) -> bool:
+        """See :meth:`tessera_client.AdmittedLease.settle`; runs to its end even if the
+        awaiting task is cancelled."""
+        return await asyncio.shield(_in_thread(lambda: self._lease.settle(actual)))
+
 
 class Client:
     """The asyncio twin of :class:`tessera_client.Client` (same arguments, same retry rule);

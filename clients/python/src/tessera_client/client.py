@@ -467,8 +467,9 @@ class Admission:
 
     At one instant of the server, ``weight`` permits were free and every window admitted
     ``cost`` more; the lease was written and every window charged then. The windows hold for
-    calls started within the margin (default 20 ms) after that instant, the admission's
-    use-by; ``acquire`` checks it right before returning.
+    calls started within the margin (the server's default for an admission: 100 ms) after
+    that instant, the admission's use-by; ``acquire`` checks it right before returning. For a
+    cost known only after the call, ``ticket.settle(actual)`` releases and settles it.
     """
 
     def __init__(
@@ -564,6 +565,8 @@ class Admission:
                 f"{self._lease_path}/{answer.body['lease_id']}",
                 answer.body,
                 _start(answer, wait),
+                self._path,
+                self._body["cost"],
             )
             _hand_over(lease, cancel)
             if not check_use_by or not self.stale(lease):

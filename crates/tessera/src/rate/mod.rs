@@ -102,6 +102,6 @@ pub(crate) mod spec;
 pub use limiter::{RateDecision, RateLimiter, RateOptions};
 pub use seam::{LimitUsage, RateStatus};
 pub use spec::{
-    RateMode, RateSpec, DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,
-    MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
+    RateMode, RateSpec, DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT,
+    MAX_RATE_MARGIN, MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
