@@ -629,6 +629,59 @@ async fn an_admission_takes_permits_and_windows_at_once_over_http() {
     admission_over_http(&sqlite(dir.path())).await;
 }
 
+/// An acquire that gives back a late admission (`given_back`) waits first in the queue, ahead
+/// of a waiter that was there before it; a lease not held any more earns no such place.
+#[tokio::test]
+async fn an_acquire_giving_back_a_late_admission_keeps_the_head_of_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&sqlite(dir.path()), &[]);
+    let c = client();
+    let acquire = s.url("/v1/admissions/late/acquire");
+    let body = json!({"capacity": 2, "limits": ["1/min"]});
+    let (st, late) = post(&c, &acquire, body.clone()).await;
+    assert_eq!(st, 200, "{late}");
+    // A waiter for the window, queued before the late admission is given back.
+    let (c2, url2, body2) = (
+        c.clone(),
+        acquire.clone(),
+        json!({"capacity": 2, "limits": ["1/min"], "wait": "20s"}),
+    );
+    let waiter = tokio::spawn(async move { post(&c2, &url2, body2).await });
+    for _ in 0..100 {
+        let (_, sem) = get(&c, &s.url("/v1/semaphores/late")).await;
+        if sem["queue"].as_array().is_some_and(|q| q.len() == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let given_back = json!({
+        "lease_id": late["lease_id"],
+        "reservation": late["reservation"],
+        "admitted_at_us": late["admitted_at_us"],
+    });
+    let mut again = body.clone();
+    again["wait"] = json!("5s");
+    again["given_back"] = given_back.clone();
+    let (st, next) = post(&c, &acquire, again.clone()).await;
+    assert_eq!(st, 200, "{next}: first in the queue, the window given back");
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/late")).await;
+    assert_eq!(
+        sem["queue"].as_array().unwrap().len(),
+        1,
+        "{sem}: the waiter still waits"
+    );
+    // The same lease again: not held any more, so no head place; the window is full.
+    again["wait"] = json!("300ms");
+    let (st, e) = post(&c, &acquire, again).await;
+    assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "not_admitted");
+    // A malformed give-back changes nothing.
+    let mut bad = body.clone();
+    bad["given_back"] = json!({"lease_id": "nope", "reservation": 1, "admitted_at_us": 1});
+    let (st, e) = post(&c, &acquire, bad).await;
+    assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    waiter.abort();
+}
+
 /// The same through a server on a throwaway Redis.
 #[tokio::test]
 async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {

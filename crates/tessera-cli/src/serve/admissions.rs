@@ -72,6 +72,25 @@ pub struct AdmissionBody {
     #[serde(default)]
     #[schema(example = "billing-worker-3")]
     pub holder: Option<String>,
+    /// An admission of this name this client could not use before its use-by, given back in
+    /// the same request: if its lease was still held, this request waits first in the queue
+    /// (the place the late one had), else at the tail.
+    #[serde(default)]
+    pub given_back: Option<GivenBackLease>,
+}
+
+/// An admission given back by an acquire (`given_back`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GivenBackLease {
+    /// Its `lease_id`.
+    pub lease_id: String,
+    /// Its `reservation`.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
+    pub reservation: u64,
+    /// Its `admitted_at_us`.
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
+    pub admitted_at_us: u64,
 }
 
 /// A granted admission: the lease, and the charge of every window.
@@ -197,11 +216,23 @@ pub async fn acquire(
         .clone()
         .unwrap_or_else(|| format!("http:{peer}"));
     let adm = admission(&app, &sem, &body, ttl, holder)?;
+    let given_back = match &body.given_back {
+        None => None,
+        Some(g) => {
+            let id = lease_id(&g.lease_id)?;
+            check_charge(g.reservation, g.admitted_at_us)?;
+            Some((id, g.reservation, StoreTime(g.admitted_at_us)))
+        }
+    };
     let deadline = tokio::time::Instant::now() + wait;
     let admit = async {
-        let mut ticket = match wait.is_zero() {
-            true => adm.try_acquire().await?,
-            false => adm.acquire_timeout(wait).await?,
+        let mut ticket = match (given_back, wait.is_zero()) {
+            (Some((id, reservation, at)), _) => {
+                adm.give_back_and_readmit_timeout(id, reservation, at, wait)
+                    .await?
+            }
+            (None, true) => adm.try_acquire().await?,
+            (None, false) => adm.acquire_timeout(wait).await?,
         };
         // Used right now or given back: one that went stale on its way here is taken again,
         // first in the queue, within what is left of the wait.
@@ -275,18 +306,7 @@ pub async fn give_back(
 ) -> Result<Json<DoneBody>, ApiError> {
     principal.check(&sem)?;
     let (n, id) = (name(&sem)?, lease_id(&lease)?);
-    // Both come from an admission's answer, which never holds more than 2^63 - 1.
-    for (field, value) in [
-        ("reservation", body.reservation),
-        ("admitted_at_us", body.admitted_at_us),
-    ] {
-        if value > i64::MAX as u64 {
-            return Err(ApiError::invalid(format!(
-                "invalid {field} {value}: at most {}",
-                i64::MAX
-            )));
-        }
-    }
+    check_charge(body.reservation, body.admitted_at_us)?;
     let backend = app.store.backend();
     let Some(admission) = backend.admission() else {
         return Err(tessera::Error::Unsupported(format!(
@@ -336,17 +356,7 @@ pub async fn settle(
 ) -> Result<Json<DoneBody>, ApiError> {
     principal.check(&sem)?;
     let (n, id) = (name(&sem)?, lease_id(&lease)?);
-    for (field, value) in [
-        ("reservation", body.reservation),
-        ("admitted_at_us", body.admitted_at_us),
-    ] {
-        if value > i64::MAX as u64 {
-            return Err(ApiError::invalid(format!(
-                "invalid {field} {value}: at most {}",
-                i64::MAX
-            )));
-        }
-    }
+    check_charge(body.reservation, body.admitted_at_us)?;
     let charged = body.cost.unwrap_or(1);
     if charged == 0 || charged > tessera::MAX_RATE_COUNT {
         return Err(tessera::Error::from(tessera::InvalidInput::Cost {
@@ -380,4 +390,21 @@ pub async fn settle(
         .bounded("the settle", admission.settle(&n, id, &settlement))
         .await??;
     Ok(Json(DoneBody { done }))
+}
+
+/// A charge's `reservation` and `admitted_at_us` come from an admission's answer, which never
+/// holds more than 2^63 - 1.
+fn check_charge(reservation: u64, admitted_at_us: u64) -> Result<(), ApiError> {
+    for (field, value) in [
+        ("reservation", reservation),
+        ("admitted_at_us", admitted_at_us),
+    ] {
+        if value > i64::MAX as u64 {
+            return Err(ApiError::invalid(format!(
+                "invalid {field} {value}: at most {}",
+                i64::MAX
+            )));
+        }
+    }
+    Ok(())
 }

@@ -223,10 +223,42 @@ impl Admission {
     ) -> Result<Option<Admitted>> {
         let deadline = Instant::now().checked_add(timeout);
         late.give_back().await?;
-        if !timeout.is_zero() {
-            return self.wait(deadline, true).await;
+        self.again(true, deadline, timeout.is_zero()).await
+    }
+
+    /// [`Admission::readmit_timeout`] for an admission this process holds no ticket for: a
+    /// `tessera serve` client's, named by its lease id, reservation and admission instant.
+    /// Gives it back and waits again for at most `timeout`: first in the queue if its lease
+    /// was still held (the give-back earned the place), else at the tail.
+    pub async fn give_back_and_readmit_timeout(
+        &self,
+        lease: LeaseId,
+        reservation: u64,
+        at: StoreTime,
+        timeout: Duration,
+    ) -> Result<Option<Admitted>> {
+        let deadline = Instant::now().checked_add(timeout);
+        let held = self
+            .semaphore
+            .admission_backend()?
+            .give_back(self.semaphore.name_key(), lease, reservation, at)
+            .await?;
+        crate::telemetry::admission_expired(self.semaphore.name_key());
+        self.again(held, deadline, timeout.is_zero()).await
+    }
+
+    /// Waits again after a give-back (first in the queue with `at_head`); with `once`, one
+    /// try only, and a ticket late again is given back (`Ok(None)`).
+    async fn again(
+        &self,
+        at_head: bool,
+        deadline: Option<Instant>,
+        once: bool,
+    ) -> Result<Option<Admitted>> {
+        if !once {
+            return self.wait(deadline, at_head).await;
         }
-        match self.attempt(false, true, None).await? {
+        match self.attempt(false, at_head, None).await? {
             Admit::Granted {
                 permit,
                 reservation,

@@ -182,6 +182,11 @@ impl Semaphore {
     }
 
     /// The store this handle was made on.
+    /// The name, checked.
+    pub(crate) fn name_key(&self) -> &Name {
+        &self.config.name
+    }
+
     pub(crate) fn store(&self) -> &Store {
         &self.store
     }
