@@ -12,7 +12,7 @@
 // in one request — and the client asks again. So `acquire` never returns a ticket it knows to
 // be stale; the caller should start its call at once, or check `useByRemainingMs()`.
 
-import { InvalidInput, NotAdmitted } from "./errors.js";
+import { InvalidInput, NotAdmitted, QueueFull } from "./errors.js";
 import { Lease } from "./lease.js";
 import { untilGranted, withLease } from "./queue.js";
 import { durationText, segment, timeoutMs } from "./transport.js";
@@ -59,14 +59,26 @@ export class Admitted extends Lease {
    * @returns {Promise<boolean>} whether the lease was still held
    */
   giveBack() {
-    return this._end(async () => {
-      const answer = await this._transport.request(
-        "POST",
-        `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
-        { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
-      );
-      return answer.body?.done === true;
-    });
+    return this._end(() => this._sendGiveBack());
+  }
+
+  /** The give-back request alone. @protected */
+  async _sendGiveBack() {
+    const answer = await this._transport.request(
+      "POST",
+      `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
+      { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
+    );
+    return answer.body?.done === true;
+  }
+
+  /**
+   * Ends the lease here for a give-back that the next acquire carries (`given_back`): the
+   * keep-alive stops, the server releases it with that request. @protected
+   */
+  _handBack() {
+    this._end(async () => true);
+    return { lease_id: this.leaseId, reservation: this.reservation, admitted_at_us: this.admittedAtUs };
   }
 
   /**
@@ -192,22 +204,45 @@ export class Admission {
    */
   async acquire({ timeout, signal } = {}) {
     const total = timeoutMs(timeout, "timeout", Infinity);
-    return await untilGranted(
-      { timeout: total, cap: this.#cap, signal, Refusal: NotAdmitted, what: this.name },
-      async (waitMs) => {
-        const answer = await this.#transport.request(
-          "POST",
-          `${this.#path}/acquire`,
-          { ...this.#body, wait: `${Math.floor(waitMs)}ms` },
-          { waitMs, signal },
-        );
-        const ticket = new Admitted(this.#transport, answer.body, answer.arrivedAt, this.#body.cost);
-        if (ticket.useByRemainingMs() >= 0) return ticket;
-        this.givenBack++;
-        await ticket.giveBack();
-        return undefined;
-      },
-    );
+    // A ticket found past its use-by is given back by the next request (`given_back`), which
+    // the server then queues first, where the late one stood.
+    /** @type {Admitted | null} */
+    let late = null;
+    try {
+      return await untilGranted(
+        { timeout: total, cap: this.#cap, signal, Refusal: NotAdmitted, what: this.name },
+        async (waitMs) => {
+          const body = { ...this.#body, wait: `${Math.floor(waitMs)}ms` };
+          if (late) body.given_back = late._handBack();
+          let answer;
+          try {
+            answer = await this.#transport.request("POST", `${this.#path}/acquire`, body, {
+              waitMs,
+              signal,
+            });
+          } catch (err) {
+            // Refused or queue full: the server gave it back before it answered.
+            if (err instanceof NotAdmitted || err instanceof QueueFull) late = null;
+            throw err;
+          }
+          late = null;
+          const ticket = new Admitted(this.#transport, answer.body, answer.arrivedAt, this.#body.cost);
+          if (ticket.useByRemainingMs() >= 0) return ticket;
+          this.givenBack++;
+          late = ticket;
+          return undefined;
+        },
+      );
+    } finally {
+      // Not carried by a request that reached the server: sent alone (idempotent), else it
+      // expires by its TTL.
+      if (late) {
+        const pending = late;
+        late = null;
+        pending._handBack();
+        await pending._sendGiveBack().catch(() => {});
+      }
+    }
   }
 
   /**

@@ -491,6 +491,19 @@ class AdmittedLease(Lease):
         self._stop_keeping()
         return bool(answer.body.get("done"))
 
+    def _handed_back(self) -> dict[str, Any]:
+        """Ends the lease here for a give-back the next acquire carries (``given_back``):
+        the keep-alive stops; the server releases it with that request."""
+        with self._lock:
+            self._releasing = True
+            self._done = True
+        self._stop_keeping()
+        return {
+            "lease_id": self.lease_id,
+            "reservation": self.reservation,
+            "admitted_at_us": self.admitted_at_us,
+        }
+
     def _give_back(self, admission_path: str) -> bool:
         """Releases the lease and returns the window charge while it is the limiter's latest.
         Retried after a dropped connection (idempotent: a second give-back finds nothing)."""

@@ -440,18 +440,26 @@ class Admission:
     async def _acquire(self, timeout: float | None) -> AdmittedLease:
         clock = self._sync._t.clock
         deadline = _sync._deadline(clock, timeout)
+        late: _lease.AdmittedLease | None = None
         while True:
             left = None if deadline is None else max(0.0, deadline - clock())
 
-            def call(cancel: Cancel, left: float | None = left) -> _lease.AdmittedLease:
-                return self._sync._acquire(left, cancel, check_use_by=False)
+            def call(
+                cancel: Cancel,
+                left: float | None = left,
+                late: _lease.AdmittedLease | None = late,
+            ) -> _lease.AdmittedLease:
+                return self._sync._acquire(left, cancel, check_use_by=False, late=late)
 
             lease = await _cancellable(call)
             if not self._sync.stale(lease):
                 return AdmittedLease(lease)
-            await asyncio.shield(_in_thread(functools.partial(self._sync.give_back, lease)))
+            # Given back by the next request, which keeps this client's place in the queue.
+            self._sync.given_back += 1
             if deadline is not None and deadline - clock() < _sync.EPSILON:
+                await asyncio.shield(_in_thread(functools.partial(self._sync._give_back_quietly, lease)))
                 raise _sync._stale_error(self.name)
+            late = lease
 
 
 __all__ = ["Client", "Semaphore", "RateLimiter", "Admission", "Lease", "AdmittedLease"]

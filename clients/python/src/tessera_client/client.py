@@ -16,7 +16,18 @@ from typing import Any
 
 from . import errors
 from ._lease import AdmittedLease, Lease, held_leases
-from ._transport import MAX_WAIT, Answer, Cancel, Clock, Duration, Transport, ms, pause, quote
+from ._transport import (
+    MAX_WAIT,
+    Answer,
+    Cancel,
+    Cancelled,
+    Clock,
+    Duration,
+    Transport,
+    ms,
+    pause,
+    quote,
+)
 
 #: How many times in a row a waiting request is asked again after its connection dropped.
 DROPS = 3
@@ -534,16 +545,39 @@ class Admission:
             return None
 
     def _acquire(
-        self, timeout: float | None, cancel: Cancel | None = None, *, check_use_by: bool
+        self,
+        timeout: float | None,
+        cancel: Cancel | None = None,
+        *,
+        check_use_by: bool,
+        late: AdmittedLease | None = None,
     ) -> AdmittedLease:
+        """``late``: an admission found past its use-by; the first request gives it back
+        (``given_back``), and the server then queues this one first, where the late one was."""
         clock = self._t.clock
         deadline = _deadline(clock, timeout)
         drops = 0
+        given_back = None if late is None else late._handed_back()
         while True:
             wait = _left(clock, deadline)
             body = dict(self._body, wait=ms(wait, up=False))
+            if given_back is not None:
+                body["given_back"] = given_back
             try:
-                answer = self._t.call("POST", self._path + "/acquire", body, wait=wait, cancel=cancel)
+                try:
+                    answer = self._t.call(
+                        "POST", self._path + "/acquire", body, wait=wait, cancel=cancel
+                    )
+                except (errors.NotAdmitted, errors.QueueFull):
+                    given_back = None  # the server gave it back before it answered
+                    raise
+                except (errors.TesseraError, Cancelled):
+                    # It may not have reached the server: send it alone (idempotent).
+                    if late is not None and given_back is not None:
+                        given_back = None
+                        self._give_back_quietly(late)
+                    raise
+                given_back = None
             except errors.NotAdmitted:
                 if deadline is not None and deadline - clock() < EPSILON:
                     raise
@@ -573,14 +607,24 @@ class Admission:
                 return lease
             # Past its use-by: a call started now could fall outside the windows it was
             # counted in. Give it back and ask again (its charge is returned only while it is
-            # the limiter's latest; otherwise the windows keep counting it, which is safe).
-            self.give_back(lease)
+            # the limiter's latest; otherwise the windows keep counting it, which is safe):
+            # in one request, which keeps this client's place first in the queue.
+            self.given_back += 1
             if deadline is not None and deadline - clock() < EPSILON:
+                lease._give_back(self._path)
                 raise _stale_error(self.name)
+            late = lease
+            given_back = lease._handed_back()
 
     def stale(self, lease: AdmittedLease) -> bool:
         """Whether ``lease``'s use-by instant has passed (the check ``acquire`` makes)."""
         return lease.use_by_passed()
+
+    def _give_back_quietly(self, lease: AdmittedLease) -> None:
+        try:
+            lease._give_back(self._path)
+        except errors.TesseraError:
+            pass  # not reachable: the lease expires by its TTL
 
     def give_back(self, lease: AdmittedLease) -> bool:
         """Gives back an admission not used: releases its lease and returns its window charge
