@@ -170,6 +170,7 @@ impl<'a> Differential<'a> {
                     ttl: ttl(rng, 2, 60),
                     holder: format!("host/{}", rng.random_range(1..5)),
                     wait,
+                    tenant: None,
                 };
                 let s = store.acquire(&nm, cap, &r).await;
                 if let Ok(AcquireReply::Granted(g)) = &s {

@@ -38,6 +38,7 @@ fn req(id: LeaseId, wait: Option<Duration>) -> AcquireRequest {
             waiter_ttl,
             queue_cap: 100,
         }),
+        tenant: None,
     }
 }
 

@@ -31,5 +31,6 @@ pub fn req(
             waiter_ttl,
             queue_cap,
         }),
+        tenant: None,
     }
 }

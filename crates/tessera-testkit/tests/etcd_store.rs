@@ -175,6 +175,7 @@ async fn abandoned_lease_comes_back_within_its_ttl() {
         ttl: TTL,
         holder: "frozen".into(),
         wait: None,
+        tenant: None,
     };
     let nm = Name::new(&name).unwrap();
     let sent = Instant::now();
@@ -285,6 +286,7 @@ async fn dead_waiter_leaves_the_queue_within_its_ttl() {
             waiter_ttl: TTL,
             queue_cap: 10,
         }),
+        tenant: None,
     };
     let r = client.store.backend().acquire(&nm, 1, &req).await.unwrap();
     assert_eq!(r, AcquireReply::Queued { position: 0 });
@@ -341,6 +343,7 @@ async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl() {
             waiter_ttl: WAITER_TTL,
             queue_cap: 10,
         }),
+        tenant: None,
     };
     let r = dead_client.store.backend().acquire(&nm, 1, &req).await;
     assert_eq!(r.unwrap(), AcquireReply::Queued { position: 0 });
@@ -518,6 +521,7 @@ async fn a_cancel_that_did_not_finish_leaves_no_ghost_at_the_head_of_the_queue()
             waiter_ttl: TTL,
             queue_cap: 100,
         }),
+        tenant: None,
     };
     let queued = backend.acquire(&nm, 1, &req).await.unwrap();
     assert!(
@@ -566,6 +570,7 @@ async fn idle_semaphore_takes_the_capacity_of_the_next_client() {
         ttl: TTL,
         holder: "gone".into(),
         wait: None,
+        tenant: None,
     };
     assert!(matches!(
         client.store.backend().acquire(&nm, 2, &req).await.unwrap(),

@@ -119,7 +119,9 @@ pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lease::permit::{Permit, RELEASE_RETRY};
 pub use limits::{MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_QUEUE_CAP, MAX_TTL, MIN_TTL};
 pub use lock::Lock;
-pub use model::{Lease, LeaseId, SemaphoreStatus, StoreTime, Waiter};
+pub use model::{
+    Lease, LeaseId, SemaphoreStatus, StoreTime, Tenant, Waiter, MAX_SHARE, MAX_TENANT_LEN,
+};
 pub use rate::{
     LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
     DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,

@@ -283,6 +283,52 @@ pub struct AcquireRequest {
     pub holder: String,
     /// `None`: answer at once (try-acquire, never queues). `Some`: join the queue if needed.
     pub wait: Option<WaitSpec>,
+    /// The tenant whose share this request counts against (`docs/fair-shares.md`); `None`:
+    /// the tenant `""` with share 1, today's FIFO. Only a store whose
+    /// [`crate::backend::Capabilities::fair_shares`] is true is sent one.
+    pub tenant: Option<Tenant>,
+}
+
+/// A tenant and its share (`docs/fair-shares.md`): under contention, permits and window
+/// slots go to the waiting tenants in proportion to their shares.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tenant {
+    name: String,
+    share: u32,
+}
+
+/// The largest share a tenant may have.
+pub const MAX_SHARE: u32 = 1_000;
+/// The longest tenant name, in bytes.
+pub const MAX_TENANT_LEN: usize = 64;
+
+impl Tenant {
+    /// A tenant named `name` (1 to [`MAX_TENANT_LEN`] bytes, no control characters) with
+    /// `share` (1 to [`MAX_SHARE`]).
+    pub fn new(name: &str, share: u32) -> Result<Tenant, InvalidInput> {
+        if name.is_empty() || name.len() > MAX_TENANT_LEN || name.chars().any(char::is_control) {
+            return Err(InvalidInput::Other(format!(
+                "invalid tenant {name:?}: 1 to {MAX_TENANT_LEN} bytes, no control characters"
+            )));
+        }
+        if share == 0 || share > MAX_SHARE {
+            return Err(InvalidInput::Other(format!(
+                "invalid share {share}: must be between 1 and {MAX_SHARE}"
+            )));
+        }
+        Ok(Tenant {
+            name: name.to_string(),
+            share,
+        })
+    }
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The share.
+    pub fn share(&self) -> u32 {
+        self.share
+    }
 }
 
 /// How a queued acquire waits.

@@ -126,6 +126,9 @@ pub struct Capabilities {
     /// The most permits one lease may take on this store ([`crate::MAX_CAPACITY`] where any
     /// weight up to the capacity works; etcd grants in one transaction of bounded size).
     pub max_weight: u32,
+    /// Whether the store orders its queue by tenants' shares (`docs/fair-shares.md`); a
+    /// request that names a tenant on a store without is [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fair_shares: bool,
 }
 
 impl Capabilities {
@@ -139,7 +142,14 @@ impl Capabilities {
             fence: FenceSource::StoreTimeFloor,
             hand_off: HandOff::SameStep,
             max_weight: MAX_CAPACITY,
+            fair_shares: false,
         }
+    }
+
+    /// The same, ordering the queue by tenants' shares.
+    pub const fn with_fair_shares(mut self) -> Capabilities {
+        self.fair_shares = true;
+        self
     }
 
     /// The same with another way of waking.

@@ -218,6 +218,7 @@ pub async fn abandoned_lease_comes_back_within_its_ttl(h: &Harness) {
         ttl,
         holder: "frozen".into(),
         wait: None,
+        tenant: None,
     };
     let nm = Name::new(&name).unwrap();
     let AcquireReply::Granted(g) = backend.acquire(&nm, 2, &req).await.unwrap() else {
@@ -402,6 +403,7 @@ pub async fn release_renew_and_acquire_retries_are_idempotent(h: &Harness) {
             waiter_ttl: Duration::from_secs(2),
             queue_cap: 10,
         }),
+        tenant: None,
     };
     let AcquireReply::Granted(g1) = b.acquire(&name, 3, &req).await.unwrap() else {
         panic!()
@@ -514,6 +516,7 @@ pub async fn racing_ends_of_one_lease_free_its_permit_once(h: &Harness) {
             ttl,
             holder: "raced".into(),
             wait: None,
+            tenant: None,
         };
         let granted = first.store.backend().acquire(&name, 2, &req).await.unwrap();
         assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
@@ -804,6 +807,7 @@ async fn queue_dead_waiter(
             waiter_ttl,
             queue_cap: 10,
         }),
+        tenant: None,
     };
     let r = store.backend().acquire(name, 1, &req).await.unwrap();
     assert_eq!(r, AcquireReply::Queued { position: 0 });
@@ -1010,6 +1014,7 @@ pub async fn an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbe
         ttl,
         holder: "dead".into(),
         wait: None,
+        tenant: None,
     };
     let nm = Name::new(&name).unwrap();
     let AcquireReply::Granted(g) = client.store.backend().acquire(&nm, 1, &req).await.unwrap()
@@ -1108,6 +1113,7 @@ pub async fn idle_semaphore_takes_the_capacity_of_the_next_client(h: &Harness) {
         ttl: Duration::from_millis(200),
         holder: "gone".into(),
         wait: None,
+        tenant: None,
     };
     let r = client.store.backend().acquire(&nm, 2, &req).await.unwrap();
     assert!(matches!(r, AcquireReply::Granted(_)));

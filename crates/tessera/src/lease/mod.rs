@@ -20,6 +20,7 @@ pub(crate) struct SemaphoreConfig {
     pub(crate) holder: String,
     pub(crate) queue_cap: u32,
     pub(crate) waiter_ttl: Duration,
+    pub(crate) tenant: Option<crate::model::Tenant>,
     /// Its metric handles (`crate::telemetry`).
     pub(crate) metrics: SemMetrics,
 }

@@ -35,6 +35,7 @@ pub struct SemaphoreOptions {
     pub(crate) holder: Option<String>,
     pub(crate) queue_cap: u32,
     pub(crate) waiter_ttl: Duration,
+    pub(crate) tenant: Option<Tenant>,
 }
 
 impl Default for SemaphoreOptions {
@@ -45,6 +46,7 @@ impl Default for SemaphoreOptions {
             holder: None,
             queue_cap: 10_000,
             waiter_ttl: Duration::from_secs(5),
+            tenant: None,
         }
     }
 }
@@ -59,6 +61,15 @@ impl SemaphoreOptions {
     /// Keep-alive interval (default TTL/3; must be below TTL/2).
     pub fn keep_alive(mut self, interval: Duration) -> Self {
         self.keep_alive = Some(interval);
+        self
+    }
+    /// The tenant whose share this client's acquires count against (`docs/fair-shares.md`):
+    /// under contention, permits go to the waiting tenants in proportion to their shares,
+    /// FIFO within each. Default: none (the tenant `""` with share 1: plain FIFO). A store
+    /// that cannot order by shares fails [`Semaphore::new`] with
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = Some(tenant);
         self
     }
     /// Holder label shown by `status` (default `hostname/pid`).
@@ -156,6 +167,13 @@ impl Semaphore {
         }
         let holder = opts.holder.clone().unwrap_or_else(default_holder);
         validate_holder(&holder)?;
+        if opts.tenant.is_some() && !caps.fair_shares {
+            return Err(crate::error::Error::Unsupported(format!(
+                "fair shares between tenants are not available on {} yet \
+                 (docs/fair-shares.md)",
+                store.url()
+            )));
+        }
         Ok(Semaphore {
             store: store.clone(),
             capacity: AtomicU32::new(capacity),
@@ -166,6 +184,7 @@ impl Semaphore {
                 holder,
                 queue_cap: opts.queue_cap,
                 waiter_ttl: opts.waiter_ttl,
+                tenant: opts.tenant.clone(),
                 metrics: Default::default(),
             }),
         })

@@ -77,6 +77,7 @@ impl Semaphore {
                 waiter_ttl: self.config.waiter_ttl,
                 queue_cap: self.config.queue_cap,
             }),
+            tenant: self.config.tenant.clone(),
         }
     }
 

@@ -779,6 +779,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     fence: FenceSource::Revision,
     hand_off: HandOff::NextStep,
     max_weight: MAX_WEIGHT,
+    fair_shares: false,
 };
 
 fn not_found(name: &Name) -> Error {

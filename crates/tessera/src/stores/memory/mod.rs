@@ -150,7 +150,7 @@ impl Backend for MemoryBackend {
         Ok(self.run(|m, _, w| m.delete(name, w)))
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push()
+        Capabilities::push().with_fair_shares()
     }
     /// A step is a few map operations under a lock: run at once, without a boxed future.
     fn acquire_now(

@@ -6,8 +6,9 @@
 //! waiters plus the work it does (expired entries purged, grants made):
 //!
 //! - holders by lease id, and a set ordered by expiry for the purge;
-//! - the queue in a map ordered by arrival sequence, with indexes by lease id and by
-//!   heartbeat expiry;
+//! - the queue in a map ordered by start tag and arrival sequence (`docs/fair-shares.md`:
+//!   without tenants the tags grow with arrival, so the order is FIFO), with indexes by
+//!   lease id and by heartbeat expiry;
 //! - a running count `used` instead of summing holder weights;
 //! - free seats as "every seat at or above `seat_high`" plus a set of returned seats below
 //!   it, so the lowest free seats are found without scanning all `C`.
@@ -101,6 +102,12 @@ struct QueuedWaiter {
 /// Queue sequence numbers start here, so a waiter can join in front of the head.
 const FIRST_SEQ: u64 = 1 << 62;
 
+/// A waiter's place: its start tag (`docs/fair-shares.md`), then its arrival sequence.
+type QueueKey = (u64, u64);
+
+/// Tags count cost in these units, so a share divides it without losing much.
+const TAG_UNIT: u64 = 1_000;
+
 #[derive(Debug)]
 struct SemState {
     capacity: u32,
@@ -110,10 +117,14 @@ struct SemState {
     /// The holder label of the last grant, shared by the next grants that carry the same.
     last_holder: Option<Arc<str>>,
     holder_expiry: BTreeSet<(StoreTime, LeaseId)>,
-    queue: BTreeMap<u64, QueuedWaiter>,
-    queue_index: LeaseIdMap<u64>,
+    queue: BTreeMap<QueueKey, QueuedWaiter>,
+    queue_index: LeaseIdMap<QueueKey>,
     waiter_expiry: BTreeSet<(StoreTime, LeaseId)>,
     next_seq: u64,
+    /// Virtual time: the start tag of the latest grant.
+    vtime: u64,
+    /// Each tenant's latest finish tag (absent: at or below `vtime`).
+    finish: HashMap<Box<str>, u64>,
     /// Every seat `>= seat_high` is free.
     seat_high: u32,
     /// Free seats below `seat_high`.
@@ -149,6 +160,8 @@ impl SemState {
             queue_index: LeaseIdMap::default(),
             waiter_expiry: BTreeSet::new(),
             next_seq: FIRST_SEQ,
+            vtime: 0,
+            finish: HashMap::new(),
             seat_high: 0,
             free_low: BTreeSet::new(),
         }
@@ -163,6 +176,8 @@ impl SemState {
     fn declare(&mut self, name: &Name, capacity: u32) -> Result<()> {
         if self.is_empty() {
             self.capacity = capacity;
+            self.vtime = 0;
+            self.finish.clear();
         }
         if self.capacity != capacity {
             return Err(Error::CapacityMismatch {
@@ -211,7 +226,8 @@ impl SemState {
                 }
                 break;
             }
-            let (_, qw) = self.queue.pop_first().expect("head exists");
+            let ((start, _), qw) = self.queue.pop_first().expect("head exists");
+            self.vtime = self.vtime.max(start);
             self.queue_index.remove(&qw.waiter.lease_id);
             self.waiter_expiry
                 .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
@@ -337,8 +353,47 @@ impl SemState {
         Some(qw.waiter)
     }
 
-    /// Queues `req` at the tail (or the head) with `gate` (see [`QueuedWaiter`]); its
-    /// position. [`Error::QueueFull`] if the queue has `wait.queue_cap` waiters.
+    /// The start and finish tags a new request of `tenant` and `cost` would get (see
+    /// `docs/fair-shares.md`); nothing changes until [`SemState::take_tags`].
+    fn tags(&self, tenant: Option<&Tenant>, cost: u32) -> (u64, u64) {
+        let (name, share) = tenant.map_or(("", 1), |t| (t.name(), t.share()));
+        let start = self
+            .finish
+            .get(name)
+            .map_or(self.vtime, |&f| f.max(self.vtime));
+        (start, start + cost as u64 * TAG_UNIT / share as u64)
+    }
+
+    /// Records a request's finish tag, and, granted at once, moves the virtual time to its
+    /// start. Tenants whose finish tag the virtual time has passed are forgotten now and
+    /// then (they start at the virtual time either way).
+    fn take_tags(&mut self, tenant: Option<&Tenant>, (start, finish): (u64, u64), granted: bool) {
+        let name = tenant.map_or("", |t| t.name());
+        match self.finish.get_mut(name) {
+            Some(f) => *f = finish,
+            None => {
+                self.finish.insert(name.into(), finish);
+            }
+        }
+        if granted {
+            self.vtime = self.vtime.max(start);
+        }
+        if self.finish.len() > 2 * (self.queue.len() + self.holders.len()) + 16 {
+            let v = self.vtime;
+            self.finish.retain(|_, f| *f > v);
+        }
+    }
+
+    /// Whether a request with this start tag, arriving now, would be the head.
+    fn would_lead(&self, start: u64) -> bool {
+        self.queue
+            .first_key_value()
+            .is_none_or(|(&first, _)| (start, self.next_seq) < first)
+    }
+
+    /// Queues `req` with its start tag (or at the head) with `gate` (see [`QueuedWaiter`]);
+    /// its position. [`Error::QueueFull`] if the queue has `wait.queue_cap` waiters.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &mut self,
         name: &Name,
@@ -347,6 +402,7 @@ impl SemState {
         now: StoreTime,
         gate: Option<StoreTime>,
         at_head: bool,
+        tags: (u64, u64),
     ) -> Result<u64> {
         if self.queue.len() as u64 >= wait.queue_cap as u64 {
             return Err(Error::QueueFull {
@@ -354,11 +410,12 @@ impl SemState {
                 cap: wait.queue_cap,
             });
         }
+        self.take_tags(req.tenant.as_ref(), tags, false);
         let seq = match self.queue.first_key_value() {
-            Some((&first, _)) if at_head => first - 1,
+            Some((&(tag, first), _)) if at_head => (tag, first - 1),
             _ => {
                 self.next_seq += 1;
-                self.next_seq - 1
+                (tags.0, self.next_seq - 1)
             }
         };
         let waiter = Waiter {
@@ -378,11 +435,7 @@ impl SemState {
                 gate,
             },
         );
-        Ok(if at_head {
-            0
-        } else {
-            self.queue.len() as u64 - 1
-        })
+        Ok(self.queue.range(..seq).count() as u64)
     }
 
     /// Sets an admission waiter's gate (see [`QueuedWaiter`]).
@@ -507,9 +560,11 @@ impl Model {
                     return Ok(AcquireReply::Queued { position });
                 }
             }
-            // Only a request that finds nobody waiting may take free permits: neither a try
-            // nor a newcomer jumps the queue.
-            if st.queue.is_empty() && st.used + req.weight <= st.capacity {
+            // Only a request that would be the head may take free permits: without tenants,
+            // one that finds nobody waiting; neither a try nor a newcomer jumps the queue.
+            let tags = st.tags(req.tenant.as_ref(), req.weight);
+            if st.would_lead(tags.0) && st.used + req.weight <= st.capacity {
+                st.take_tags(req.tenant.as_ref(), tags, true);
                 let lease = st.grant(req.lease_id, req.weight, req.ttl, &req.holder, now, hwm);
                 return Ok(AcquireReply::Granted(Grant { lease, now }));
             }
@@ -519,7 +574,7 @@ impl Model {
                     queued: st.queue.len() as u64,
                 });
             };
-            let position = st.enqueue(name, req, wait, now, None, false)?;
+            let position = st.enqueue(name, req, wait, now, None, false, tags)?;
             Ok(AcquireReply::Queued { position })
         }
     }
@@ -560,10 +615,11 @@ impl Model {
             });
         }
         let queued_at = st.position(a.lease_id);
+        let tags = st.tags(a.tenant.as_ref(), req.cost);
         let turn = match queued_at {
             Some(position) => position == 0,
             // A request that gave back an admission it could not use goes first.
-            None => st.queue.is_empty() || req.at_head,
+            None => st.would_lead(tags.0) || req.at_head,
         } && st.used + a.weight <= st.capacity;
         let mut window_at = None;
         if turn {
@@ -574,6 +630,15 @@ impl Model {
             };
             match rate.acquire(name, config, &ask, now)? {
                 RateReply::Admitted { reservation, .. } => {
+                    match st.queue_index.get(&a.lease_id) {
+                        Some(&(start, _)) => st.vtime = st.vtime.max(start),
+                        // At the head by a give-back, the virtual time stays where the
+                        // head is.
+                        None => {
+                            let lead = st.would_lead(tags.0);
+                            st.take_tags(a.tenant.as_ref(), tags, lead)
+                        }
+                    }
                     st.remove_waiter(a.lease_id);
                     let lease = st.grant(a.lease_id, a.weight, a.ttl, &a.holder, now, hwm);
                     // The waiters behind a head that was an admission get what still fits.
@@ -606,7 +671,7 @@ impl Model {
                 now,
             });
         };
-        let position = st.enqueue(name, a, wait, now, Some(gate), req.at_head)?;
+        let position = st.enqueue(name, a, wait, now, Some(gate), req.at_head, tags)?;
         Ok(AdmitReply::Queued {
             position,
             window_at,
@@ -795,6 +860,7 @@ mod tests {
             ttl: Duration::from_secs(10),
             holder: "t".into(),
             wait: None,
+            tenant: None,
         }
     }
 

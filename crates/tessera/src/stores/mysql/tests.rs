@@ -354,6 +354,7 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
         ttl: Duration::from_secs(5),
         holder: "tls/1".into(),
         wait: None,
+        tenant: None,
     };
     let reply = backend.acquire(&name, 1, &req).await.unwrap();
     assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
@@ -631,6 +632,7 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
         ttl: Duration::from_secs(60),
         holder: "probe/1".into(),
         wait,
+        tenant: None,
     };
     let wait = Some(crate::model::WaitSpec {
         waiter_ttl,
@@ -760,6 +762,7 @@ async fn the_doorbell_opens_for_waiters_and_holders_and_closes_after_a_quiet_par
         ttl: Duration::from_secs(60),
         holder: "lazy/1".into(),
         wait,
+        tenant: None,
     };
     let parked_after = |want: u32| {
         let server = &server;
@@ -915,6 +918,7 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
             waiter_ttl,
             queue_cap: 100,
         }),
+        tenant: None,
     };
     let acquired = |b: &Arc<MysqlBackend>| {
         let (b, s) = (b.clone(), s.clone());
@@ -1039,6 +1043,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
             waiter_ttl,
             queue_cap: 100,
         }),
+        tenant: None,
     };
     let call = heartbeats::HeartbeatMany {
         conns: b.conns.clone(),

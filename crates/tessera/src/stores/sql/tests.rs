@@ -25,6 +25,7 @@ fn try_one(lease: LeaseId) -> AcquireRequest {
         ttl: Duration::from_secs(10),
         holder: "h/1".into(),
         wait: None,
+        tenant: None,
     }
 }
 
@@ -370,6 +371,7 @@ async fn a_dialect_without_returning_runs_the_same_steps() {
                     ttl: ms(&mut rng, 2, 60),
                     holder: "host/1".into(),
                     wait,
+                    tenant: None,
                 };
                 Op::Acquire(4, req)
             }

@@ -27,6 +27,7 @@ fn req(lease: LeaseId, weight: u32, wait: Option<WaitSpec>) -> AcquireRequest {
         ttl: Duration::from_secs(10),
         holder: "h/1".into(),
         wait,
+        tenant: None,
     }
 }
 

@@ -1,0 +1,189 @@
+//! Fair shares between tenants (`docs/fair-shares.md`) on the memory store, the reference
+//! model: the queue is ordered by start tags, so backlogged tenants are served in
+//! proportion to their shares, a light tenant does not wait behind another's backlog, one
+//! tenant stays FIFO, and a store that cannot order by shares refuses a tenant with a typed
+//! error.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tessera::backend::{AcquireReply, AcquireRequest, Backend, Name, WaitSpec};
+use tessera::{Error, LeaseId, SemaphoreOptions, Store, Tenant};
+
+const WAIT: WaitSpec = WaitSpec {
+    waiter_ttl: Duration::from_secs(3_600),
+    queue_cap: 100_000,
+};
+
+fn request(tenant: Option<(&str, u32)>, weight: u32) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight,
+        ttl: Duration::from_secs(3_600),
+        holder: tenant.map_or("-", |t| t.0).to_string(),
+        wait: Some(WAIT),
+        tenant: tenant.map(|(n, s)| Tenant::new(n, s).unwrap()),
+    }
+}
+
+/// Queues `req`; `true` if it was granted at once.
+async fn ask(b: &dyn Backend, name: &Name, capacity: u32, req: &AcquireRequest) -> bool {
+    match b.acquire(name, capacity, req).await.unwrap() {
+        AcquireReply::Granted(_) => true,
+        AcquireReply::Queued { .. } => false,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Releases every holder one at a time, `n` times, and returns the holder labels (tenants)
+/// in the order they were granted.
+async fn serve(b: &dyn Backend, name: &Name, n: usize) -> Vec<String> {
+    let mut order = Vec::new();
+    for _ in 0..n {
+        let status = b.status(name).await.unwrap().unwrap();
+        let h = status.holders.first().expect("a holder").clone();
+        assert!(b.release(name, h.lease_id).await.unwrap());
+        let status = b.status(name).await.unwrap().unwrap();
+        if let Some(next) = status.holders.first() {
+            order.push(next.holder.clone());
+        }
+    }
+    order
+}
+
+fn count(order: &[String]) -> HashMap<&str, usize> {
+    let mut c = HashMap::new();
+    for t in order {
+        *c.entry(t.as_str()).or_default() += 1;
+    }
+    c
+}
+
+#[tokio::test]
+async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
+    let store = Store::connect(&format!("memory://fair-{}", line!()))
+        .await
+        .unwrap();
+    let b = store.backend().as_ref();
+    let name = Name::new("shares").unwrap();
+    assert!(
+        ask(b, &name, 1, &request(None, 1)).await,
+        "the first holder"
+    );
+    for _ in 0..200 {
+        for (t, share) in [("a", 1), ("b", 2), ("c", 3)] {
+            assert!(!ask(b, &name, 1, &request(Some((t, share)), 1)).await);
+        }
+    }
+    let order = serve(b, &name, 600).await;
+    // Over every prefix of 60 grants the shares hold to within one request per tenant.
+    for end in (60..=300).step_by(60) {
+        let c = count(&order[..end]);
+        for (t, share) in [("a", 1), ("b", 2), ("c", 3)] {
+            let want = end * share / 6;
+            let got = c[t];
+            assert!(
+                got.abs_diff(want) <= 1,
+                "{t} got {got} of the first {end} grants, its share is {want}"
+            );
+        }
+    }
+    // Once a and b run out, c takes every grant (work-conserving).
+    let c = count(&order);
+    assert_eq!((c["a"], c["b"]), (200, 200), "{c:?}");
+    assert_eq!(c["c"], 200, "{c:?}");
+}
+
+#[tokio::test]
+async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
+    let store = Store::connect(&format!("memory://fair-{}", line!()))
+        .await
+        .unwrap();
+    let b = store.backend().as_ref();
+    let name = Name::new("flood").unwrap();
+    assert!(ask(b, &name, 1, &request(Some(("bulk", 1)), 1)).await);
+    for _ in 0..1_000 {
+        assert!(!ask(b, &name, 1, &request(Some(("bulk", 1)), 1)).await);
+    }
+    for round in 0..5 {
+        let light = request(Some(("alerts", 1)), 1);
+        assert!(!ask(b, &name, 1, &light).await);
+        let queue = b.status(&name).await.unwrap().unwrap().queue;
+        let place = queue
+            .iter()
+            .position(|w| w.lease_id == light.lease_id)
+            .unwrap();
+        assert!(
+            place <= 1,
+            "round {round}: place {place} of {}",
+            queue.len()
+        );
+        let order = serve(b, &name, 2).await;
+        assert!(order.contains(&"alerts".to_string()), "{order:?}");
+    }
+}
+
+#[tokio::test]
+async fn one_tenant_and_no_tenant_are_fifo() {
+    for (i, tenant) in [None, Some(("only", 3))].into_iter().enumerate() {
+        let store = Store::connect(&format!("memory://fair-{}", line!()))
+            .await
+            .unwrap();
+        let b = store.backend().as_ref();
+        let name = Name::new(format!("fifo-{i}")).unwrap();
+        assert!(ask(b, &name, 2, &request(tenant, 2)).await);
+        let mut ids = Vec::new();
+        for i in 0..50 {
+            let r = request(tenant, 1 + (i % 2));
+            assert!(!ask(b, &name, 2, &r).await);
+            ids.push(r.lease_id);
+        }
+        let queue = b.status(&name).await.unwrap().unwrap().queue;
+        let order: Vec<LeaseId> = queue.iter().map(|w| w.lease_id).collect();
+        assert_eq!(order, ids, "{tenant:?}: arrival order");
+    }
+}
+
+/// A tenant idle for a while competes from now: it gets no credit for the time it did not
+/// ask, so it does not take a run of grants when it comes back.
+#[tokio::test]
+async fn an_idle_tenant_banks_no_credit() {
+    let store = Store::connect(&format!("memory://fair-{}", line!()))
+        .await
+        .unwrap();
+    let b = store.backend().as_ref();
+    let name = Name::new("bank").unwrap();
+    assert!(ask(b, &name, 1, &request(Some(("a", 1)), 1)).await);
+    for _ in 0..100 {
+        assert!(!ask(b, &name, 1, &request(Some(("a", 1)), 1)).await);
+    }
+    serve(b, &name, 50).await;
+    for _ in 0..20 {
+        assert!(!ask(b, &name, 1, &request(Some(("b", 1)), 1)).await);
+    }
+    let order = serve(b, &name, 20).await;
+    let c = count(&order);
+    assert!(c["b"].abs_diff(10) <= 1, "{c:?}: b alternates with a");
+}
+
+#[tokio::test]
+async fn a_tenant_is_checked_and_refused_where_the_store_cannot_order_by_shares() {
+    for (name, share) in [("", 1), ("x", 0), ("x", 1_001)] {
+        let err = Tenant::new(name, share).unwrap_err();
+        assert!(err.to_string().contains("tenant") || err.to_string().contains("share"));
+    }
+    let store = Store::connect(&format!("memory://fair-{}", line!()))
+        .await
+        .unwrap();
+    let opts = SemaphoreOptions::default().tenant(Tenant::new("sms", 2).unwrap());
+    let sem = tessera::Semaphore::new(&store, "t", 2, opts.clone()).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    assert_eq!(store.status("t").await.unwrap().unwrap().used, 1);
+    permit.release().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Store::connect(&format!("sqlite://{}/t.db", dir.path().display()))
+        .await
+        .unwrap();
+    let err = tessera::Semaphore::new(&sqlite, "t", 2, opts).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+}
