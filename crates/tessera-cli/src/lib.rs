@@ -313,6 +313,14 @@ struct RunCmd {
     /// Holder label shown by `tessera status` (default: hostname/pid)
     #[arg(long, value_name = "LABEL")]
     holder: Option<String>,
+    /// The tenant this command's permit counts against: under contention, permits go to the
+    /// waiting tenants in proportion to their --share, FIFO within each (docs/fair-shares.md;
+    /// the memory store so far, others refuse it)
+    #[arg(long, value_name = "NAME", requires = "permits")]
+    tenant: Option<String>,
+    /// The tenant's share (1..=1000; default 1)
+    #[arg(long, value_name = "N", requires = "tenant", default_value_t = 1)]
+    share: u32,
     /// A rate limit N/PERIOD on NAME (e.g. 50/s, 1000/min, 20000/h); repeat for several,
     /// all charged at once. With --permits, the permit is taken first, then the rate
     #[arg(long, value_name = "N/PERIOD")]
@@ -390,6 +398,7 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
                 ttl: r.ttl,
                 wait: r.wait,
                 holder: r.holder,
+                tenant: r.tenant.map(|t| (t, r.share)),
                 rates: r.rate,
                 cost: r.cost,
                 update_rates: r.update_rates,

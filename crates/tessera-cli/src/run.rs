@@ -90,7 +90,7 @@ use std::time::Duration;
 
 use tessera::{
     Admission, Admitted, LossReason, Permit, RateDecision, RateLimiter, RateOptions, RateSpec,
-    Semaphore, SemaphoreOptions, Store,
+    Semaphore, SemaphoreOptions, Store, Tenant,
 };
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -126,6 +126,8 @@ pub struct RunArgs {
     /// `None`: wait as long as it takes.
     pub wait: Option<Duration>,
     pub holder: Option<String>,
+    /// The tenant and its share (`docs/fair-shares.md`).
+    pub tenant: Option<(String, u32)>,
     /// Rate limits on `name`, charged `cost` each, after the permit (if any) is held.
     pub rates: Vec<RateSpec>,
     pub cost: u32,
@@ -144,7 +146,17 @@ impl RunArgs {
         if let Some(h) = &self.holder {
             opts = opts.holder(h.clone());
         }
+        // Checked by `validate` first.
+        if let Some(Ok(t)) = self.tenant() {
+            opts = opts.tenant(t);
+        }
         opts
+    }
+
+    fn tenant(&self) -> Option<Result<Tenant, tessera::InvalidInput>> {
+        self.tenant
+            .as_ref()
+            .map(|(name, share)| Tenant::new(name, *share))
     }
 
     fn rate_options(&self) -> RateOptions {
@@ -159,6 +171,9 @@ impl RunArgs {
     /// in-process store: [`Semaphore::new`] writes nothing, and the real store (which may
     /// create a file on connect) is not touched.
     async fn validate(&self) -> Result<u32, Failure> {
+        if let Some(Err(e)) = self.tenant() {
+            return Err(e.into());
+        }
         let scratch = Store::connect("memory://tessera-cli-validation").await?;
         if !self.rates.is_empty() {
             let limiter = RateLimiter::new(&scratch, &self.name, &self.rates, self.rate_options())?;

@@ -144,6 +144,58 @@ fn run_passes_the_exit_code_through() {
     }
 }
 
+/// `--tenant` and `--share` (docs/fair-shares.md): taken on the memory store, checked before
+/// anything runs, and refused in one line by a store that cannot order by shares, with the
+/// command not run.
+#[test]
+fn a_tenant_is_taken_where_the_store_orders_by_shares_and_refused_elsewhere() {
+    let home = tmp();
+    let marker = home.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = tessera_run(
+        home.path(),
+        "memory://",
+        "tenants",
+        &[
+            "--permits",
+            "1",
+            "--tenant",
+            "billing",
+            "--share",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(marker.exists());
+    std::fs::remove_file(&marker).unwrap();
+    for (store, args, says) in [
+        (
+            "memory://".to_string(),
+            ["--tenant", "billing", "--share", "0"],
+            "share",
+        ),
+        (
+            sqlite(home.path()),
+            ["--tenant", "billing", "--share", "1"],
+            "fair shares",
+        ),
+    ] {
+        let out = tessera_run(
+            home.path(),
+            &store,
+            "tenants",
+            &[&["--permits", "1"][..], &args, &["--", "sh", "-c", &touch]].concat(),
+        );
+        let line = assert_fails_with_one_line(&out, 64);
+        assert!(line.contains(says), "{line}");
+        assert!(!marker.exists(), "{store}: the command ran");
+    }
+}
+
 #[test]
 fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
     let home = tmp();
