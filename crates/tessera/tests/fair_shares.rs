@@ -187,3 +187,126 @@ async fn a_tenant_is_checked_and_refused_where_the_store_cannot_order_by_shares(
     let err = tessera::Semaphore::new(&sqlite, "t", 2, opts).unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
 }
+
+/// One step of [`queue_order_follows_the_start_tag_model`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// A waiting acquire of tenant `t` (0 is "no tenant") with this weight.
+    Arrive { t: usize, weight: u32 },
+    /// Release the holder at this index (modulo how many hold).
+    Release(usize),
+    /// Cancel the waiter at this index (modulo how many wait).
+    Cancel(usize),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0..4usize, 1..=2u32).prop_map(|(t, weight)| Step::Arrive { t, weight }),
+        3 => any::<usize>().prop_map(Step::Release),
+        1 => any::<usize>().prop_map(Step::Cancel),
+    ]
+}
+
+/// The tenants of the property test: no tenant, then three with shares 1, 2 and 5.
+const TENANTS: [Option<(&str, u32)>; 4] = [None, Some(("a", 1)), Some(("b", 2)), Some(("c", 5))];
+
+/// `docs/fair-shares.md` written out plainly: tags, the queue sorted by `(S, arrival)`, strict
+/// hand-off from the head, a newcomer granted at once only if it would lead and fits, and
+/// everything forgotten when the semaphore is idle.
+#[derive(Debug, Default)]
+struct SfqModel {
+    vtime: u64,
+    finish: HashMap<&'static str, u64>,
+    /// (start tag, arrival, lease, weight)
+    queue: Vec<(u64, u64, LeaseId, u32)>,
+    holders: Vec<(LeaseId, u32)>,
+    arrivals: u64,
+}
+
+impl SfqModel {
+    const CAPACITY: u32 = 3;
+
+    fn used(&self) -> u32 {
+        self.holders.iter().map(|h| h.1).sum()
+    }
+
+    fn arrive(&mut self, t: usize, weight: u32, lease: LeaseId) {
+        if self.queue.is_empty() && self.holders.is_empty() {
+            self.vtime = 0;
+            self.finish.clear();
+        }
+        let (name, share) = TENANTS[t].unwrap_or(("", 1));
+        let start = self.finish.get(name).copied().unwrap_or(0).max(self.vtime);
+        self.finish
+            .insert(name, start + weight as u64 * 1_000 / share as u64);
+        self.arrivals += 1;
+        let key = (start, self.arrivals);
+        let leads = self.queue.first().is_none_or(|h| key < (h.0, h.1));
+        if leads && self.used() + weight <= Self::CAPACITY {
+            self.vtime = self.vtime.max(start);
+            self.holders.push((lease, weight));
+        } else {
+            self.queue.push((start, self.arrivals, lease, weight));
+            self.queue.sort();
+        }
+    }
+
+    fn hand_off(&mut self) {
+        while let Some(&(start, _, lease, weight)) = self.queue.first() {
+            if self.used() + weight > Self::CAPACITY {
+                break;
+            }
+            self.queue.remove(0);
+            self.vtime = self.vtime.max(start);
+            self.holders.push((lease, weight));
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Invariants 1 and 2 of `docs/fair-shares.md`: the memory store's holders and queue
+    /// order follow the start-tag model step by step, tenants or none.
+    #[test]
+    fn queue_order_follows_the_start_tag_model(steps in proptest::collection::vec(step(), 1..80)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let store = Store::connect(&format!("memory://fair-model-{}", LeaseId::random())).await.unwrap();
+            let b = store.backend().as_ref();
+            let name = Name::new("model").unwrap();
+            let mut model = SfqModel::default();
+            for s in steps {
+                match s {
+                    Step::Arrive { t, weight } => {
+                        let r = request(TENANTS[t], weight);
+                        ask(b, &name, SfqModel::CAPACITY, &r).await;
+                        model.arrive(t, weight, r.lease_id);
+                    }
+                    Step::Release(i) if !model.holders.is_empty() => {
+                        let (lease, _) = model.holders.remove(i % model.holders.len());
+                        assert!(b.release(&name, lease).await.unwrap());
+                        model.hand_off();
+                    }
+                    Step::Cancel(i) if !model.queue.is_empty() => {
+                        let (_, _, lease, _) = model.queue.remove(i % model.queue.len());
+                        b.cancel(&name, lease).await.unwrap();
+                        model.hand_off();
+                    }
+                    Step::Release(_) | Step::Cancel(_) => {}
+                }
+                let status = b.status(&name).await.unwrap();
+                let queue: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
+                let want: Vec<LeaseId> = model.queue.iter().map(|q| q.2).collect();
+                assert_eq!(queue, want, "queue order: {model:?}");
+                let mut held: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
+                let mut want: Vec<LeaseId> = model.holders.iter().map(|h| h.0).collect();
+                held.sort();
+                want.sort();
+                assert_eq!(held, want, "holders: {model:?}");
+            }
+            store.close().await.unwrap();
+        });
+    }
+}
