@@ -457,6 +457,16 @@ async fn a_settle_after_the_lease_was_lost_gives_nothing_back_but_charges_an_exc
         8,
         "the excess of 2 is charged"
     );
+    // A lease this process has seen revoked: its excess is charged all the same.
+    let c = adm.clone().cost(1).unwrap().try_acquire().await.unwrap();
+    let c = c.expect("third, of cost 1");
+    let id = c.lease_id().to_string();
+    assert!(store.revoke("lost", &id).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), c.permit().lost())
+        .await
+        .expect("the holder sees the revoke");
+    assert!(!c.settle(4).await.unwrap());
+    assert_eq!(rate_used(&store, "lost").await, 12, "1 charged, 4 settled");
     store.close().await.unwrap();
 }
 

@@ -24,6 +24,10 @@ pub enum Workload {
     /// each call: one admission per call beside the permit-then-turn calls, each for
     /// `--rate-run` (default clients: 8).
     Admission,
+    /// Fair shares against a flood and between backlogged tenants, beside plain FIFO in the
+    /// same run (`--capacity`, default 4; `--hold`, default 20 ms; `--rates`; `--flood`;
+    /// each case for `--rate-run`; docs/fair-shares.md).
+    Tenants,
     /// W2's shape with etcd's own mutex recipe (its lock API) on the same cluster, the
     /// comparison for `etcd://` (not part of `all`).
     EtcdMutex,
@@ -76,6 +80,9 @@ pub struct BenchArgs {
     /// table); 0 skips them.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     pub baseline_time: Duration,
+    /// How many requests the flooding tenant of the tenants workload asks at once.
+    #[arg(long, default_value_t = 2_000)]
+    pub flood: usize,
     /// Semaphores of the many workload (names spread over a cluster's slots).
     #[arg(long, default_value_t = 64)]
     pub names: usize,

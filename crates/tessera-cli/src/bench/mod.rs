@@ -58,6 +58,7 @@ mod polling;
 mod postgres;
 mod rate;
 mod report;
+mod tenants;
 mod workloads;
 
 use anyhow::Context;
@@ -126,6 +127,31 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
                 0
             },
         );
+    }
+    if args.workload == Workload::Tenants {
+        let spec = tenants::TenantsSpec {
+            capacity: args.capacity.unwrap_or(4).max(1),
+            hold: match args.hold.is_zero() {
+                true => std::time::Duration::from_millis(20),
+                false => args.hold,
+            },
+            limits: args.rates.clone(),
+            run: args.rate_run.min(args.duration),
+            flood: args.flood,
+        };
+        let reports = tenants::run(store_url, &spec).await?;
+        if args.json {
+            for r in &reports {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        } else {
+            print!("{}", tenants::table(&reports));
+        }
+        return Ok(if reports.iter().any(|r| r.errors > 0) {
+            2
+        } else {
+            0
+        });
     }
     if args.workload == Workload::EtcdMutex {
         let r = etcd_mutex::run(store_url, &Spec::new(Workload::W2, args)).await?;

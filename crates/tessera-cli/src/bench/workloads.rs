@@ -43,7 +43,11 @@ impl Spec {
             Workload::W1 => ("w1", 1, 10),
             Workload::W2 | Workload::EtcdMutex => ("w2", 8, 1),
             Workload::Many => ("many", 4, 1),
-            Workload::W3 | Workload::All | Workload::Rate | Workload::Admission => ("w3", 32, 4),
+            Workload::W3
+            | Workload::All
+            | Workload::Rate
+            | Workload::Admission
+            | Workload::Tenants => ("w3", 32, 4),
         };
         Spec {
             name,

@@ -413,9 +413,10 @@ impl Admitted {
         }
         let name = self.permit.semaphore_name().clone();
         let conn = self.permit.conn().clone();
-        let Some(lease) = self.permit.detach() else {
-            return Ok(false);
-        };
+        let id = self.permit.lease_id();
+        // A lease this process knows to be lost is settled all the same: the store gives
+        // nothing back for it, but an excess was used and is charged.
+        let lease_id = self.permit.detach().map_or(id, |l| l.lease_id);
         let backend = conn.backend();
         let settlement = Settlement {
             reservation: self.reservation,
@@ -424,7 +425,7 @@ impl Admitted {
             actual,
         };
         let settled = match backend.admission() {
-            Some(admission) => admission.settle(&name, lease.lease_id, &settlement).await,
+            Some(admission) => admission.settle(&name, lease_id, &settlement).await,
             None => Err(crate::error::Error::Unsupported(
                 "admissions on this store".to_string(),
             )),
@@ -433,7 +434,7 @@ impl Admitted {
             Ok(held) => Ok(held),
             // The permits must not wait for their TTL; the charge stands.
             Err(e) => {
-                backend.release(&name, lease.lease_id).await?;
+                backend.release(&name, lease_id).await?;
                 Err(e)
             }
         }
