@@ -769,17 +769,23 @@ async fn an_older_step_is_created_again_without_a_migration() {
              FROM pg_proc WHERE proname = 'tessera__hand_off'",
         )
     };
-    assert_eq!(revision(), "4");
+    let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
+    assert_eq!(revision(), "5");
     assert_eq!(hand_off(), "t");
+    assert_eq!(settle(), "1");
     server.psql(
         "DROP FUNCTION step.tessera__step_revision(); \
+         DROP FUNCTION step.tessera_settle(text, text, bigint, bigint, bigint, bigint, text); \
          CREATE OR REPLACE FUNCTION step.tessera__hand_off(st step.tessera_step) \
          RETURNS step.tessera_step LANGUAGE plpgsql AS $$ BEGIN RETURN st; END $$",
     );
     assert_eq!(hand_off(), "f");
+    assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "4");
+    assert_eq!(revision(), "5");
     assert_eq!(hand_off(), "t");
+    // Revision 5's function, created again with the step (a schema of revision 4 has none).
+    assert_eq!(settle(), "1");
     assert_eq!(versions(&server, "step"), "1,2,3,4,5,6");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
@@ -1880,13 +1886,29 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
     tessera_testkit::conformance::serves_two_clients(&url("app")).await;
 
     // A build whose step is newer than the schema's (here: a step from before revisions,
-    // without the heartbeats of several waiters in one call): the role may not replace it,
-    // so it goes on with the owner's, which works, heartbeats included.
+    // without the heartbeats of several waiters in one call, nor a settle): the role may not
+    // replace it, so it goes on with the owner's, which works, heartbeats included; a settle
+    // is Unsupported and releases the permits.
     server.psql(
         "DROP FUNCTION shared.tessera__step_revision(); \
-         DROP FUNCTION shared.tessera_heartbeat_many(text, text[], bigint[])",
+         DROP FUNCTION shared.tessera_heartbeat_many(text, text[], bigint[]); \
+         DROP FUNCTION shared.tessera_settle(text, text, bigint, bigint, bigint, bigint, text)",
     );
     tessera_testkit::conformance::serves_two_clients(&url("app")).await;
+    let store = Store::connect(&url("app")).await.unwrap();
+    let adm = store
+        .admission("old-settle")
+        .permits(1)
+        .rate("10/min".parse().unwrap())
+        .unwrap();
+    let ticket = adm.try_acquire().await.unwrap().expect("admitted");
+    let err = ticket.settle(0).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(
+        adm.try_acquire().await.unwrap().is_some(),
+        "the settle released the permit"
+    );
+    store.close().await.unwrap();
     let app = PostgresBackend::connect(&url("app")).await.unwrap();
     let (_, w) = hold_and_queue(&app, &name("old-step")).await;
     assert_eq!(
@@ -1899,7 +1921,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "4");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "5");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -1,7 +1,7 @@
 //! Admission in the PostgreSQL store: [`AdmissionBackend`] as one PL/pgSQL function call per
-//! step, `tessera_admit` (`sql/admit.sql`) and `tessera_give_back` (`sql/give_back.sql`),
-//! each one statement in its own implicit transaction like every other operation (see
-//! `docs/admission.md`).
+//! step, `tessera_admit` (`sql/admit.sql`), `tessera_give_back` (`sql/give_back.sql`) and
+//! `tessera_settle` (`sql/settle.sql`, step revision 5), each one statement in its own
+//! implicit transaction like every other operation (see `docs/admission.md`).
 //!
 //! A step locks the semaphore's row (`tessera__load` in `sql/common.sql`: purge, hand-off)
 //! and then, on the request's turn only, the limiter's row of the same name through the rate
@@ -29,17 +29,19 @@ use sqlx::postgres::PgRow;
 use super::ops::{self, get, opt, time_of, u32_of, u64_of};
 use super::rate::limit_args;
 use super::PostgresBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::{Grant, LeaseId, Name, StoreTime};
 use crate::rate::spec::RateConfig;
 use crate::stores::sql::rate::db;
 
 /// The admission's functions, created by migration 6 after the step and the rate functions
-/// they call, and again by every newer step revision (`ops::STEP_AGAIN`).
+/// they call, and again by every newer step revision (`ops::STEP_AGAIN`): `tessera_settle`
+/// came with revision 5, a function over the same tables, so no migration.
 pub(crate) const FUNCTIONS: &[&str] = &[
     include_str!("sql/admit.sql"),
     include_str!("sql/give_back.sql"),
+    include_str!("sql/settle.sql"),
 ];
 
 /// Migration 6 (`sql/schema_6.sql`): the waiters' `gate`, then the step (whose hand-off knows
@@ -57,6 +59,7 @@ const ADMIT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, acqui
      stored_limits \
      FROM tessera_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
 const GIVE_BACK: &str = "SELECT held, grants FROM tessera_give_back($1, $2, $3, $4, $5)";
+const SETTLE: &str = "SELECT held, grants FROM tessera_settle($1, $2, $3, $4, $5, $6, $7)";
 
 /// The reply of `tessera_admit` (see `admit.sql`); anything else is [`Error::Corrupt`].
 fn parse_admit(
@@ -201,5 +204,35 @@ impl AdmissionBackend for PostgresBackend {
             )
             .await;
         self.released(row)
+    }
+
+    /// The release and the settle of the charge in one call (`sql/settle.sql`); its grants to
+    /// this process's waiters come back in its reply, as a release's do. A schema whose
+    /// functions a role without the right to replace them keeps at an older revision has no
+    /// `tessera_settle` (SQLSTATE 42883): `Unsupported`, and `Admitted::settle` releases.
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        PostgresBackend::settle(self, lease).await;
+        let row = self
+            .row(
+                sqlx::query(SETTLE)
+                    .bind(name.as_str())
+                    .bind(lease.to_string())
+                    .bind(db(settlement.reservation))
+                    .bind(db(settlement.at.0))
+                    .bind(i64::from(settlement.charged))
+                    .bind(i64::from(settlement.actual))
+                    .bind(self.listener.client_id()),
+            )
+            .await;
+        match row {
+            Err(Error::Store { message, .. }) if message.contains("SQLSTATE 42883") => {
+                Err(Error::Unsupported(format!(
+                    "settling an admission's cost on this PostgreSQL schema: its functions \
+                     predate tessera_settle (connect once as the schema's owner to create \
+                     them): {message}"
+                )))
+            }
+            row => self.released(row),
+        }
     }
 }

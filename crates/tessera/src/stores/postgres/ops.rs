@@ -49,8 +49,9 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// `expires_at`, when an expiry may next free permits (`Backend::next_expiry`). Revision 4
 /// (with migration 6, which adds the waiters' `gate`): the hand-off stops at an admission
 /// waiter and wakes it, and the admission's functions (`admission.rs`) with the rate step
-/// they share.
-pub(crate) const STEP_REVISION: i32 = 4;
+/// they share. Revision 5: `tessera_settle` (`sql/settle.sql`), an admission's release and
+/// the settle of its cost in one call.
+pub(crate) const STEP_REVISION: i32 = 5;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.

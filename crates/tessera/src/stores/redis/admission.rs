@@ -1,7 +1,8 @@
 //! Admission in the Redis store: [`AdmissionBackend`] as one `FCALL` (or `EVALSHA`) per
-//! step, `scripts/admit.lua` and `scripts/give_back.lua` behind the semaphore's prelude and
-//! `scripts/admission.lua` (which holds the rate prelude), over the semaphore's keys and the
-//! limiter's of the same name: one hash tag, so one Cluster slot (see `docs/admission.md`).
+//! step, `scripts/admit.lua`, `scripts/give_back.lua` and `scripts/settle.lua` behind the
+//! semaphore's prelude and `scripts/admission.lua` (which holds the rate prelude and the
+//! settle's rate step), over the semaphore's keys and the limiter's of the same name: one
+//! hash tag, so one Cluster slot (see `docs/admission.md`).
 //!
 //! An admission waiter is a queue entry whose record carries a gate (see `prelude.lua`):
 //! every hand-off stops at it and wakes it, without a grant, once its permits fit and its
@@ -15,7 +16,7 @@ use redis::Value;
 use super::ops::{self, corrupt, int, items, micros, text, Op};
 use super::rate::{burst_arg, limits_arg};
 use super::RedisBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
 use crate::error::{Error, Result};
 use crate::model::{Grant, LeaseId, Name, StoreTime};
 use crate::rate::spec::RateConfig;
@@ -133,5 +134,23 @@ impl AdmissionBackend for RedisBackend {
             )
             .await?;
         ops::parse_bool(v, "give back")
+    }
+
+    async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
+        let v = self
+            .caller
+            .run_admission(
+                Op::Settle,
+                name,
+                &[
+                    lease.to_string(),
+                    settlement.reservation.to_string(),
+                    settlement.at.0.to_string(),
+                    settlement.charged.to_string(),
+                    settlement.actual.to_string(),
+                ],
+            )
+            .await?;
+        ops::parse_bool(v, "settle")
     }
 }

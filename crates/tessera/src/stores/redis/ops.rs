@@ -40,6 +40,7 @@ pub(crate) enum Op {
     RateDelete,
     Admit,
     GiveBack,
+    Settle,
 }
 
 /// The text in front of an operation's script, after common.lua.
@@ -73,7 +74,7 @@ impl Prelude {
 }
 
 impl Op {
-    const ALL: [Op; 15] = [
+    const ALL: [Op; 16] = [
         Op::Acquire,
         Op::Heartbeat,
         Op::Cancel,
@@ -89,6 +90,7 @@ impl Op {
         Op::RateDelete,
         Op::Admit,
         Op::GiveBack,
+        Op::Settle,
     ];
 
     /// The function's name suffix, and the script's body.
@@ -109,6 +111,7 @@ impl Op {
             Op::RateDelete => ("rate_delete", include_str!("scripts/rate_delete.lua")),
             Op::Admit => ("admit", include_str!("scripts/admit.lua")),
             Op::GiveBack => ("give_back", include_str!("scripts/give_back.lua")),
+            Op::Settle => ("settle", include_str!("scripts/settle.lua")),
         }
     }
 
@@ -118,7 +121,8 @@ impl Op {
     /// and can give them back; the ones that add state (acquire, resize, a rate charge) are
     /// refused by Redis with its `OOM` error. (A function without the flag is refused whole
     /// under OOM, even when it would only delete; the `EVALSHA` fallback is refused only at a
-    /// command that may grow memory.)
+    /// command that may grow memory.) A settle runs too: it releases a lease, and the excess
+    /// it may charge (one log entry) is a call already made, which the windows must count.
     fn allow_oom(self) -> bool {
         !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire | Op::Admit)
     }
@@ -132,7 +136,7 @@ impl Op {
     fn prelude(self) -> Prelude {
         match self {
             Op::RateAcquire | Op::RateCancel | Op::RateStatus | Op::RateDelete => Prelude::Rate,
-            Op::Admit | Op::GiveBack => Prelude::Admission,
+            Op::Admit | Op::GiveBack | Op::Settle => Prelude::Admission,
             _ => Prelude::Semaphore,
         }
     }
