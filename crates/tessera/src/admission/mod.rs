@@ -30,7 +30,8 @@ use crate::model::{LeaseId, StoreTime};
 use crate::rate::limiter::{RateLimiter, RateOptions};
 use crate::rate::spec::RateSpec;
 use crate::semaphore::admit::{Admit, Windows};
-use crate::semaphore::{Semaphore, SemaphoreOptions};
+use crate::semaphore::place::Watch;
+use crate::semaphore::{QueuePlace, Semaphore, SemaphoreOptions};
 use crate::store::Store;
 
 /// Permits of a semaphore and rate windows of the limiter of the same name, taken in one
@@ -184,7 +185,7 @@ impl Admission {
     /// Admits at once if the permits are free, nobody waits, and every window admits the
     /// cost; `Ok(None)` otherwise, with nothing held and nothing charged.
     pub async fn try_acquire(&self) -> Result<Option<Admitted>> {
-        match self.attempt(false, false, None).await? {
+        match self.attempt(false, false, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -196,7 +197,7 @@ impl Admission {
 
     /// Waits in the queue until admitted.
     pub async fn acquire(&self) -> Result<Admitted> {
-        match self.wait(None, false).await? {
+        match self.wait(None, false, None).await? {
             Some(t) => Ok(t),
             None => unreachable!("an admission without a deadline returns a ticket or an error"),
         }
@@ -205,7 +206,27 @@ impl Admission {
     /// Waits at most `timeout` (`Duration::MAX`: as long as it takes); `Ok(None)` if not
     /// admitted in time (nothing held, nothing charged, the queue place given up).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Admitted>> {
-        self.wait(Instant::now().checked_add(timeout), false).await
+        self.wait(Instant::now().checked_add(timeout), false, None)
+            .await
+    }
+
+    /// Waits at most `timeout`, as [`Admission::acquire_timeout`], and while queued
+    /// publishes its place and expected wait on `place` (see [`QueuePlace`]; the head
+    /// learns from its store when its windows admit it); `None` is published when the wait
+    /// ends. The place is read with one status call of the semaphore every
+    /// [`READ_EVERY`](crate::READ_EVERY) while it waits.
+    pub async fn acquire_watching(
+        &self,
+        timeout: Duration,
+        place: &tokio::sync::watch::Sender<Option<QueuePlace>>,
+    ) -> Result<Option<Admitted>> {
+        let watch = Watch::new(place);
+        let waited = tokio::select! {
+            r = self.wait(Instant::now().checked_add(timeout), false, Some(&watch)) => r,
+            never = watch.run(self.semaphore.store().backend().as_ref(), self.semaphore.config_name()) => match never {},
+        };
+        watch.done();
+        waited
     }
 
     /// Gives back a ticket that was not used before its use-by instant (see the module docs)
@@ -220,9 +241,9 @@ impl Admission {
         let deadline = Instant::now().checked_add(timeout);
         late.give_back().await?;
         if !timeout.is_zero() {
-            return self.wait(deadline, true).await;
+            return self.wait(deadline, true, None).await;
         }
-        match self.attempt(false, true, None).await? {
+        match self.attempt(false, true, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -248,20 +269,31 @@ impl Admission {
         Ok(None)
     }
 
-    async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
+    async fn attempt(
+        &self,
+        wait: bool,
+        at_head: bool,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Admit> {
         let windows = Windows {
             config: self.limiter.config(),
             cost: self.cost,
             update: self.limiter.updates(),
         };
         self.semaphore
-            .admit_inner(self.weight, &windows, wait, at_head, deadline)
+            .admit_inner(self.weight, &windows, wait, at_head, deadline, watch)
             .await
     }
 
-    async fn wait(&self, deadline: Option<Instant>, mut at_head: bool) -> Result<Option<Admitted>> {
+    async fn wait(
+        &self,
+        deadline: Option<Instant>,
+        mut at_head: bool,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Option<Admitted>> {
         loop {
-            match self.attempt(true, at_head, deadline).await? {
+            match self.attempt(true, at_head, deadline, watch).await? {
                 Admit::Granted {
                     permit,
                     reservation,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::place::Watch;
 use super::wait::{bounded, sleep_until_opt, Pending, CANCEL_GRACE};
 use super::Semaphore;
 use crate::error::{Error, Result};
@@ -64,11 +65,15 @@ impl Semaphore {
         wait: bool,
         at_head: bool,
         deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Admit> {
         let weight = self.check_weight(weight)?;
         let admission = self.admission_backend()?;
         let name = &self.config.name;
         let lease = LeaseId::random();
+        if let Some(w) = watch {
+            w.waiting_as(lease);
+        }
         let req = AdmitRequest {
             acquire: self.request(lease, weight, wait),
             cost: windows.cost,
@@ -152,6 +157,9 @@ impl Semaphore {
             poll = (poll * 2).min(poll_max);
             if let Some(t) = window_at {
                 wake_at = wake_at.min(received + t.since(now));
+            }
+            if let Some(w) = watch {
+                w.windows_at(window_at.map(|t| received + t.since(now)));
             }
             if let Some(expiry) = self.backend().next_expiry(name) {
                 if expiry > received && expiry < wake_at {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::place::Watch;
 use super::Semaphore;
 use crate::cleanup::{self, Job};
 use crate::error::{Error, Result};
@@ -99,14 +100,33 @@ impl Semaphore {
         &self,
         weight: u32,
         deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
+        let Some(watch) = watch else {
+            return self.acquire_checked(weight, deadline, None).await;
+        };
+        // The place is read beside the wait, which never waits for it.
+        let acquired = tokio::select! {
+            r = self.acquire_checked(weight, deadline, Some(watch)) => r,
+            never = watch.run(self.backend().as_ref(), &self.config.name) => match never {},
+        };
+        watch.done();
+        acquired
+    }
+
+    async fn acquire_checked(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Option<Permit>> {
         let called = Instant::now();
         let name = &self.config.name;
         let mut start = called;
         loop {
             // A fresh lease id per attempt, so a lease id is never granted twice.
-            match self.wait_in_queue(weight, deadline, start).await {
+            match self.wait_in_queue(weight, deadline, start, watch).await {
                 Ok(Attempt::Granted(permit)) => {
                     telemetry::granted(&self.config.metrics, name, called.elapsed());
                     return Ok(Some(permit));
@@ -131,8 +151,12 @@ impl Semaphore {
         weight: u32,
         deadline: Option<Instant>,
         start: Instant,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Attempt> {
         let lease = LeaseId::random();
+        if let Some(w) = watch {
+            w.waiting_as(lease);
+        }
         let request = self.request(lease, weight, true);
         let name = &self.config.name;
 
