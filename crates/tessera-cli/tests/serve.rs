@@ -1588,3 +1588,79 @@ async fn a_black_holed_store_answers_503_within_the_store_timeout_and_healthz_sa
     let (st, d) = get(&c, &s.url("/v1/semaphores/job")).await;
     assert_eq!(st, 200, "{d}");
 }
+
+/// A waiter told its place: a stream that asked for `waiting` events sees its position go
+/// down and an expected wait once it has moved, before its grant; a long poll that runs out
+/// says where it stood.
+#[tokio::test]
+async fn a_queued_acquire_reports_its_position_and_expected_wait() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let acquire = s.url("/v1/semaphores/q/acquire");
+    let (st, first) = post(&c, &acquire, json!({"capacity": 1, "ttl": "60s"})).await;
+    assert_eq!(st, 200, "{first}");
+    // The next in line: a long poll.
+    let next = tokio::spawn({
+        let (c, acquire) = (c.clone(), acquire.clone());
+        async move {
+            post(
+                &c,
+                &acquire,
+                json!({"capacity": 1, "ttl": "60s", "wait": "30s"}),
+            )
+            .await
+        }
+    });
+    let status_url = s.url("/v1/semaphores/q");
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    // Behind it: a stream with waiting events.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("stream");
+    let mut streamer = hold_with_curl(
+        &s,
+        "q",
+        r#"{"capacity": 1, "ttl": "60s", "wait": "60s", "waiting_events": true}"#,
+        &out,
+    );
+    wait_for_text(&out, "\"position\":1", Duration::from_secs(10));
+    // A long poll behind both runs out and says it was third (position 2).
+    let (st, body) = post(&c, &acquire, json!({"capacity": 1, "wait": "1500ms"})).await;
+    assert_error(st, &body, StatusCode::REQUEST_TIMEOUT, "no_permit");
+    assert_eq!(body["position"], 2, "{body}");
+
+    // The holder leaves: the long poll is granted, the stream moves to the head and, having
+    // moved once, is told an expected wait.
+    let id = first["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/q/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let (st, second) = next.await.unwrap();
+    assert_eq!(st, 200, "{second}");
+    let text = wait_for_text(&out, "expected_wait_ms", Duration::from_secs(10));
+    let waiting: Vec<Value> = text
+        .split("\n\n")
+        .filter(|e| e.contains("event: waiting"))
+        .map(|e| {
+            serde_json::from_str(e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap()
+        })
+        .collect();
+    assert_eq!(waiting[0]["position"], 1, "{text}");
+    let told = waiting.last().unwrap();
+    assert_eq!(told["position"], 0, "{text}");
+    let expected = told["expected_wait_ms"].as_u64().unwrap();
+    assert!(expected > 0 && expected < 60_000, "{text}");
+
+    // Then its grant comes after the waiting events.
+    let id = second["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/q/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let text = wait_for_text(&out, "event: grant", Duration::from_secs(10));
+    assert!(
+        text.rfind("event: waiting").unwrap() < text.find("event: grant").unwrap(),
+        "{text}"
+    );
+    streamer.kill().unwrap();
+    streamer.wait().unwrap();
+}

@@ -212,8 +212,8 @@ impl Admission {
 
     /// Waits at most `timeout`, as [`Admission::acquire_timeout`], and while queued
     /// publishes its place and expected wait on `place` (see [`QueuePlace`]; the head
-    /// learns from its store when its windows admit it); `None` is published when the wait
-    /// ends. The place is read with one status call of the semaphore every
+    /// learns from its store when its windows admit it). The last place published stays when
+    /// the wait ends (after a timeout: where it stood). The place is read with one status call of the semaphore every
     /// [`READ_EVERY`](crate::READ_EVERY) while it waits.
     pub async fn acquire_watching(
         &self,
@@ -221,12 +221,10 @@ impl Admission {
         place: &tokio::sync::watch::Sender<Option<QueuePlace>>,
     ) -> Result<Option<Admitted>> {
         let watch = Watch::new(place);
-        let waited = tokio::select! {
+        tokio::select! {
             r = self.wait(Instant::now().checked_add(timeout), false, Some(&watch)) => r,
             never = watch.run(self.semaphore.store().backend().as_ref(), self.semaphore.config_name()) => match never {},
-        };
-        watch.done();
-        waited
+        }
     }
 
     /// Gives back a ticket that was not used before its use-by instant (see the module docs)

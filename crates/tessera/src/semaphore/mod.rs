@@ -243,7 +243,8 @@ impl Semaphore {
 
     /// Waits for `weight` permits until `deadline` (`None`: as long as it takes), as
     /// [`Semaphore::acquire_many_until`], and while queued publishes its place and expected
-    /// wait on `place` (see [`QueuePlace`]); `None` is published when the wait ends.
+    /// wait on `place` (see [`QueuePlace`]). The last place published stays when the wait
+    /// ends (after a timeout: where it stood).
     ///
     /// The place is read with one status call of the semaphore every
     /// [`READ_EVERY`](place::READ_EVERY) while the acquire waits (a call whose cost grows

@@ -168,11 +168,6 @@ impl<'a> Watch<'a> {
             self.tx.send_replace(Some(place));
         }
     }
-
-    /// The wait ended: nothing to show.
-    pub(crate) fn done(&self) {
-        self.tx.send_replace(None);
-    }
 }
 
 #[cfg(test)]

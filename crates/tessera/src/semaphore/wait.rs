@@ -107,12 +107,10 @@ impl Semaphore {
             return self.acquire_checked(weight, deadline, None).await;
         };
         // The place is read beside the wait, which never waits for it.
-        let acquired = tokio::select! {
+        tokio::select! {
             r = self.acquire_checked(weight, deadline, Some(watch)) => r,
             never = watch.run(self.backend().as_ref(), &self.config.name) => match never {},
-        };
-        watch.done();
-        acquired
+        }
     }
 
     async fn acquire_checked(
