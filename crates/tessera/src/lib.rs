@@ -125,7 +125,7 @@ pub use rate::{
     DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN, MAX_RATE_PERIOD,
     MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
-pub use semaphore::place::{PACE_WINDOW, READ_EVERY};
+pub use semaphore::place::{windows_floor, PACE_WINDOW, READ_EVERY};
 pub use semaphore::{QueuePace, QueuePlace, Semaphore, SemaphoreOptions};
 pub use store::Store;
 

@@ -220,7 +220,7 @@ impl Admission {
         timeout: Duration,
         place: &tokio::sync::watch::Sender<Option<QueuePlace>>,
     ) -> Result<Option<Admitted>> {
-        let watch = Watch::new(place);
+        let watch = Watch::new(place).with_windows(self.cost);
         tokio::select! {
             r = self.wait(Instant::now().checked_add(timeout), false, Some(&watch)) => r,
             never = watch.run(self.semaphore.store().backend().as_ref(), self.semaphore.config_name()) => match never {},

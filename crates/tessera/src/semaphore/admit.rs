@@ -121,7 +121,7 @@ impl Semaphore {
                     other?
                 }
             };
-            let (window_at, now) = match reply {
+            let (position, window_at, now) = match reply {
                 AdmitReply::Granted { grant, reservation } => {
                     pending.disarm();
                     telemetry::granted(&self.config.metrics, name, called.elapsed());
@@ -146,7 +146,7 @@ impl Semaphore {
                         telemetry::queued(&self.config.metrics, name, position);
                         counted = true;
                     }
-                    (window_at, now)
+                    (position, window_at, now)
                 }
             };
             // Asked again at the next of: a wake-up (our turn), the instant the windows admit
@@ -159,7 +159,7 @@ impl Semaphore {
                 wake_at = wake_at.min(received + t.since(now));
             }
             if let Some(w) = watch {
-                w.windows_at(window_at.map(|t| received + t.since(now)));
+                w.queued(position, None, window_at.map(|t| received + t.since(now)));
             }
             if let Some(expiry) = self.backend().next_expiry(name) {
                 if expiry > received && expiry < wake_at {

@@ -11,11 +11,16 @@
 //! - the hand-offs still needed (the place, counted from 1 at the head) times the time one
 //!   took at that pace, and
 //! - the time until the rate windows next admit the head's cost, when the store said so
-//!   (an admission at the head whose permits fit: `window_at` of its queued reply).
+//!   (an admission at the head whose permits fit: `window_at` of its queued reply), and
+//! - for an admission, the least time its limits need to admit the cost of every waiter up
+//!   to this one ([`windows_floor`]: `N` per period `P` admit the `k`-th unit from now no
+//!   sooner than `⌊(k − 1) / N⌋ · P`), which a pace read over the first half second of a
+//!   burst would miss.
 //!
-//! Neither is known before the place has moved once or the store named the windows' instant:
-//! until then the expected wait is unknown (`None`), never a guess. [`QueuePace`] is the
-//! estimator, pure: it sees only the samples it is given.
+//! The first sample is the place the store gave when the waiter joined. Until the place has
+//! moved once, the store named the windows' instant, or the limits alone say more than
+//! nothing, the expected wait is unknown (`None`), never a guess. [`QueuePace`] and
+//! [`windows_floor`] are the estimator, pure: they see only what they are given.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -24,7 +29,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::model::LeaseId;
+use crate::model::{LeaseId, StoreTime};
+use crate::rate::seam::{LimitUsage, RateStatus};
 use crate::seam::Backend;
 
 /// How far back the pace of the queue is measured.
@@ -98,8 +104,41 @@ impl QueuePace {
     }
 }
 
-/// A wait being watched: the lease id of its current attempt, the windows' instant its
-/// store named, and where to publish.
+/// The least time the windows need, from `now`, to admit `units` more (the cost of every
+/// waiter up to and including this one), from a snapshot of their usage. For a limit of
+/// `N` per period `P` (enforced over `P` plus `margin`, the window `W`) that counts `u`
+/// (used and reserved), the `j`-th unit counted from the window's oldest passes once unit
+/// `j − N` has left the window: at once for `j ≤ N`; at the limit's next free instant at the
+/// earliest while `j − N ≤ u` (a unit already counted); else one `W` after unit `j − N`
+/// passed. A floor: the counted units are taken as leaving all at the first one's expiry.
+pub fn windows_floor(
+    units: u64,
+    usage: &[LimitUsage],
+    margin: Duration,
+    now: StoreTime,
+) -> Duration {
+    usage
+        .iter()
+        .map(|l| {
+            let n = u64::from(l.limit.count().max(1));
+            let counted = l.used + l.reserved;
+            let j = counted + units;
+            // Steps of one window back from unit j, until it is within the first N or
+            // behind a counted unit.
+            let steps = j.saturating_sub(n + counted).div_ceil(n);
+            let window =
+                (l.limit.period() + margin).saturating_mul(steps.min(u64::from(u32::MAX)) as u32);
+            match j - steps * n > n {
+                true => l.next_free.since(now) + window,
+                false => window,
+            }
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// A wait being watched: the lease id of its current attempt, its pace, the windows'
+/// instant its store named, and where to publish.
 pub(crate) struct Watch<'a> {
     tx: &'a watch::Sender<Option<QueuePlace>>,
     state: Mutex<State>,
@@ -108,7 +147,19 @@ pub(crate) struct Watch<'a> {
 #[derive(Default)]
 struct State {
     lease: Option<LeaseId>,
+    pace: QueuePace,
     windows_at: Option<Instant>,
+    /// An admission's cost, and its windows' last snapshot (for [`windows_floor`]).
+    windows: Option<(u32, Option<Windows>)>,
+}
+
+/// What the windows counted at `now`.
+struct Windows {
+    usage: Vec<LimitUsage>,
+    margin: Duration,
+    now: StoreTime,
+    /// When the snapshot was read, on this process's clock.
+    read: Instant,
 }
 
 impl<'a> Watch<'a> {
@@ -119,20 +170,67 @@ impl<'a> Watch<'a> {
         }
     }
 
-    /// The attempt now waits under `lease`.
+    /// A watch of an admission of `cost` under `limits`.
+    /// A watch of an admission of `cost`: the floor of its windows counts once their usage
+    /// has been read.
+    pub(crate) fn with_windows(self, cost: u32) -> Self {
+        self.lock().windows = Some((cost, None));
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The attempt now waits under `lease` (a new attempt starts its pace anew).
     pub(crate) fn waiting_as(&self, lease: LeaseId) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         s.lease = Some(lease);
+        s.pace = QueuePace::new();
         s.windows_at = None;
     }
 
-    /// The store said when the windows admit the head (this waiter), or that they do not
-    /// block it (`None`).
-    pub(crate) fn windows_at(&self, at: Option<Instant>) {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .windows_at = at;
+    /// The store answered that this waiter is at `position` of `queued` (`None`: the answer
+    /// does not say), and, for an admission at the head, when its windows admit it.
+    pub(crate) fn queued(&self, position: u64, queued: Option<u64>, windows_at: Option<Instant>) {
+        let mut s = self.lock();
+        s.windows_at = windows_at;
+        let queued = queued.or_else(|| {
+            let last = *self.tx.borrow();
+            last.map(|p| p.queued.max(position + 1))
+        });
+        self.publish(
+            &mut s,
+            Instant::now(),
+            position,
+            queued.unwrap_or(position + 1),
+        );
+    }
+
+    fn publish(&self, s: &mut State, now: Instant, position: u64, queued: u64) {
+        s.pace.record(now, position);
+        let windows_in = s.windows_at.map(|t| t.saturating_duration_since(now));
+        let paced = s.pace.expected_wait(windows_in);
+        let floor = s
+            .windows
+            .as_ref()
+            .and_then(|(cost, w)| Some((cost, w.as_ref()?)))
+            .map(|(cost, w)| {
+                let units = (position + 1) * u64::from(*cost);
+                windows_floor(units, &w.usage, w.margin, w.now)
+                    .saturating_sub(now.saturating_duration_since(w.read))
+            })
+            .filter(|f| !f.is_zero());
+        let place = QueuePlace {
+            position,
+            queued,
+            expected_wait: paced.max(floor),
+        };
+        self.tx.send_if_modified(|old| {
+            let changed = *old != Some(place);
+            *old = Some(place);
+            changed
+        });
     }
 
     /// Reads the place every [`READ_EVERY`] and publishes it; never returns (it is raced
@@ -142,30 +240,47 @@ impl<'a> Watch<'a> {
         backend: &dyn Backend,
         name: &crate::model::Name,
     ) -> std::convert::Infallible {
-        let mut pace = QueuePace::new();
         loop {
             tokio::time::sleep(READ_EVERY).await;
-            let (lease, windows_at) = {
-                let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                (s.lease, s.windows_at)
+            let Some(lease) = self.lock().lease else {
+                continue;
             };
-            let Some(lease) = lease else { continue };
             let Ok(Some(status)) = backend.status(name).await else {
                 continue;
             };
-            let now = Instant::now();
+            let admission = self.lock().windows.is_some();
+            let windows = match (admission, backend.rate()) {
+                (true, Some(rate)) => rate.rate_status(name).await.ok().flatten(),
+                _ => None,
+            };
             let Some(position) = status.queue.iter().position(|w| w.lease_id == lease) else {
                 // Granted, or between attempts: the wait says which.
                 continue;
             };
-            pace.record(now, position as u64);
-            let windows_in = windows_at.map(|t| t.saturating_duration_since(now));
-            let place = QueuePlace {
-                position: position as u64,
-                queued: status.queue.len() as u64,
-                expected_wait: pace.expected_wait(windows_in),
-            };
-            self.tx.send_replace(Some(place));
+            let mut s = self.lock();
+            if s.lease != Some(lease) {
+                continue;
+            }
+            if let (Some((_, w)), Some(r)) = (&mut s.windows, windows) {
+                let RateStatus {
+                    limits,
+                    margin,
+                    now,
+                    ..
+                } = r;
+                *w = Some(Windows {
+                    usage: limits,
+                    margin,
+                    now,
+                    read: Instant::now(),
+                });
+            }
+            self.publish(
+                &mut s,
+                Instant::now(),
+                position as u64,
+                status.queue.len() as u64,
+            );
         }
     }
 }
@@ -226,6 +341,41 @@ mod tests {
         assert_eq!(pace.expected_wait(None), None);
         pace.record(at(base, 4_000), 5);
         assert_eq!(pace.expected_wait(None), Some(Duration::from_secs(12)));
+    }
+
+    #[test]
+    fn the_windows_floor_waits_for_the_next_free_instant_then_whole_windows() {
+        let usage = |t: &str, used: u64, free_in_ms: u64| LimitUsage {
+            limit: t.parse().unwrap(),
+            used,
+            reserved: 0,
+            next_free: StoreTime(1_000_000 + free_in_ms * 1_000),
+        };
+        let now = StoreTime(1_000_000);
+        let floor = |units, u: &[LimitUsage]| windows_floor(units, u, Duration::ZERO, now);
+        // Room for them all: nothing to wait for.
+        assert_eq!(floor(10, &[usage("10/s", 0, 0)]), Duration::ZERO);
+        assert_eq!(floor(4, &[usage("10/s", 6, 0)]), Duration::ZERO);
+        // Full: the first waits for the next free instant, the 11th one window more.
+        assert_eq!(
+            floor(1, &[usage("10/s", 10, 300)]),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            floor(11, &[usage("10/s", 10, 300)]),
+            Duration::from_millis(1_300)
+        );
+        // Idle, and more than a window's worth: whole windows (with the margin).
+        assert_eq!(
+            windows_floor(26, &[usage("10/s", 0, 0)], Duration::from_millis(20), now),
+            Duration::from_millis(2_040)
+        );
+        // The slowest limit decides.
+        assert_eq!(
+            floor(26, &[usage("10/s", 0, 0), usage("20/min", 0, 0)]),
+            Duration::from_secs(60)
+        );
+        assert_eq!(floor(26, &[]), Duration::ZERO);
     }
 
     #[test]

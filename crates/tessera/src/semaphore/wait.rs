@@ -176,7 +176,7 @@ impl Semaphore {
                     sent: start,
                     reply,
                 };
-                return Box::pin(self.wait_for_grant(queued, deadline)).await;
+                return Box::pin(self.wait_for_grant(queued, deadline, watch)).await;
             }
             Some(Err(e)) if !e.is_transient() => return Err(e),
             Some(Err(_)) | None => {}
@@ -241,13 +241,18 @@ impl Semaphore {
                     sent,
                     reply,
                 };
-                Box::pin(self.wait_for_grant(queued, deadline)).await
+                Box::pin(self.wait_for_grant(queued, deadline, watch)).await
             }
         }
     }
 
     /// Waits in the queue after the acquire answered (see [`Semaphore::wait_in_queue`]).
-    async fn wait_for_grant(&self, queued: InQueue, deadline: Option<Instant>) -> Result<Attempt> {
+    async fn wait_for_grant(
+        &self,
+        queued: InQueue,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Attempt> {
         let InQueue {
             lease,
             registration,
@@ -258,6 +263,9 @@ impl Semaphore {
         let name = &self.config.name;
         if let AcquireReply::Queued { position } = reply {
             telemetry::queued(&self.config.metrics, name, position);
+            if let Some(w) = watch {
+                w.queued(position, None, None);
+            }
         }
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
