@@ -255,7 +255,7 @@ impl Semaphore {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = tessera::Store::connect("memory://").await?;
     /// let exports = store.semaphore("exports", 1)?;
-    /// let (place, mut seen) = tokio::sync::watch::channel(None);
+    /// let (place, mut seen) = tokio::sync::watch::channel::<Option<tessera::QueuePlace>>(None);
     /// tokio::spawn(async move {
     ///     while seen.changed().await.is_ok() {
     ///         if let Some(p) = *seen.borrow() {
