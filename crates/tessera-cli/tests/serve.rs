@@ -1664,3 +1664,37 @@ async fn a_queued_acquire_reports_its_position_and_expected_wait() {
     streamer.kill().unwrap();
     streamer.wait().unwrap();
 }
+
+/// An admission stream that asked for `waiting` events and is not admitted within its wait
+/// is told its place, then gets an `error` event with the 408's body, and its stream ends.
+#[tokio::test]
+async fn an_admission_stream_not_admitted_in_time_ends_with_an_error_event() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let body = json!({"capacity": 1, "limits": ["1/min"]});
+    let (st, first) = post(&c, &s.url("/v1/admissions/sms/acquire"), body).await;
+    assert_eq!(st, 200, "{first}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("stream");
+    let mut streamer = Command::new(program("curl"))
+        .args(["-sN", "-H", "Accept: text/event-stream"])
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"capacity": 1, "limits": ["1/min"], "wait": "1500ms", "waiting_events": true}"#)
+        .arg(s.url("/v1/admissions/sms/acquire"))
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&out, "event: error", Duration::from_secs(10));
+    let waiting = text.find("event: waiting").expect(&text);
+    assert!(waiting < text.find("event: error").unwrap(), "{text}");
+    assert!(text.contains("\"position\":0"), "{text}");
+    assert!(text.contains("\"kind\":\"not_admitted\""), "{text}");
+    assert!(!text.contains("event: grant"), "{text}");
+    // The stream ends after the error.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while streamer.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the stream did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
