@@ -3,16 +3,17 @@
 //! gives up. Nothing is drawn when stderr is not a terminal or with `--quiet`, and nothing
 //! for a wait shorter than [`FIRST_DRAW`], so scripts, logs and quick grants see no change.
 //!
-//! The expected wait is the place in the queue divided by the pace at which this waiter's
-//! place went down over the last [`PACE_WINDOW`] (its own samples, one a redraw): the
-//! hand-offs it saw, not the store's own rate, so it says nothing until the place has moved
-//! once, and it follows a pace that changes within about half a minute.
+//! The expected wait is the library's estimator ([`tessera::QueuePace`], the one a watched
+//! acquire and `tessera serve` use): the hand-offs left times the pace at which this
+//! waiter's place went down over the last [`tessera::PACE_WINDOW`] (its own samples, one a
+//! redraw), so it says nothing until the place has moved once, and it follows a pace that
+//! changes within about half a minute.
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tessera::Store;
+use tessera::{QueuePace, Store};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -20,8 +21,6 @@ use tokio::time::Instant;
 const FIRST_DRAW: Duration = Duration::from_secs(1);
 /// How often the line is redrawn, and the queue read again (one status call each time).
 const REDRAW: Duration = Duration::from_secs(1);
-/// How far back the pace of the queue is measured.
-const PACE_WINDOW: Duration = Duration::from_secs(30);
 
 /// What a wait is for.
 pub struct Wait<'a> {
@@ -58,21 +57,18 @@ impl WaitLine {
             tokio::time::sleep(FIRST_DRAW).await;
             drawn.set_draw_target(ProgressDrawTarget::stderr());
             drawn.enable_steady_tick(Duration::from_millis(120));
-            let mut places = std::collections::VecDeque::new();
+            let mut pace = QueuePace::new();
             loop {
                 let place = match &holder {
                     Some(h) => queue_place(&store, &name, h).await,
                     None => None,
                 };
-                let now = started.elapsed();
                 if let Some((at, _)) = place {
-                    places.push_back((now, at));
-                    while places.front().is_some_and(|&(t, _)| now - t > PACE_WINDOW) {
-                        places.pop_front();
-                    }
+                    pace.record(Instant::now(), at as u64 - 1);
                 }
-                let expected = expected_wait(places.make_contiguous());
-                drawn.set_message(line(what, &name, place, expected, now, deadline));
+                let expected = place.and(pace.expected_wait(None));
+                let waited = started.elapsed();
+                drawn.set_message(line(what, &name, place, expected, waited, deadline));
                 tokio::time::sleep(REDRAW).await;
             }
         });
@@ -97,18 +93,6 @@ async fn queue_place(store: &Store, name: &str, holder: &str) -> Option<(usize, 
     let status = store.status(name).await.ok()??;
     let at = status.queue.iter().position(|w| w.holder == holder)?;
     Some((at + 1, status.queue.len()))
-}
-
-/// The expected wait from `(time, place)` samples, oldest first: the last place divided by
-/// the pace the place went down at from the first sample to the last; `None` until it has
-/// gone down.
-fn expected_wait(samples: &[(Duration, usize)]) -> Option<Duration> {
-    let (&(t0, first), &(t1, last)) = (samples.first()?, samples.last()?);
-    if last >= first || t1 <= t0 {
-        return None;
-    }
-    let per_place = (t1 - t0).as_secs_f64() / (first - last) as f64;
-    Some(Duration::from_secs_f64(per_place * last as f64))
 }
 
 /// The text of the line.
@@ -179,18 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn the_expected_wait_follows_the_pace_the_place_went_down_at() {
-        let s = |t: u64, place: usize| (Duration::from_secs(t), place);
-        assert_eq!(expected_wait(&[]), None);
-        assert_eq!(expected_wait(&[s(1, 5)]), None);
-        // Not moved, or moved back (a waiter ahead rejoined): no estimate.
-        assert_eq!(expected_wait(&[s(1, 5), s(4, 5)]), None);
-        assert_eq!(expected_wait(&[s(1, 4), s(2, 5)]), None);
-        // 6 places in 3 s: half a second a place, 4 places left.
-        assert_eq!(
-            expected_wait(&[s(1, 10), s(2, 8), s(4, 4)]),
-            Some(Duration::from_secs(2))
-        );
+    fn the_line_shows_the_expected_wait_when_known() {
         let text = line(
             "a permit",
             "exports",

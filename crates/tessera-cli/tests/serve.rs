@@ -1671,3 +1671,113 @@ async fn a_black_holed_store_answers_503_within_the_store_timeout_and_healthz_sa
     let (st, d) = get(&c, &s.url("/v1/semaphores/job")).await;
     assert_eq!(st, 200, "{d}");
 }
+
+/// A waiter told its place: a stream that asked for `waiting` events sees its position go
+/// down and an expected wait once it has moved, before its grant; a long poll that runs out
+/// says where it stood.
+#[tokio::test]
+async fn a_queued_acquire_reports_its_position_and_expected_wait() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let acquire = s.url("/v1/semaphores/q/acquire");
+    let (st, first) = post(&c, &acquire, json!({"capacity": 1, "ttl": "60s"})).await;
+    assert_eq!(st, 200, "{first}");
+    // The next in line: a long poll.
+    let next = tokio::spawn({
+        let (c, acquire) = (c.clone(), acquire.clone());
+        async move {
+            post(
+                &c,
+                &acquire,
+                json!({"capacity": 1, "ttl": "60s", "wait": "30s"}),
+            )
+            .await
+        }
+    });
+    let status_url = s.url("/v1/semaphores/q");
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    // Behind it: a stream with waiting events.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("stream");
+    let mut streamer = hold_with_curl(
+        &s,
+        "q",
+        r#"{"capacity": 1, "ttl": "60s", "wait": "60s", "waiting_events": true}"#,
+        &out,
+    );
+    wait_for_text(&out, "\"position\":1", Duration::from_secs(10));
+    // A long poll behind both runs out and says it was third (position 2).
+    let (st, body) = post(&c, &acquire, json!({"capacity": 1, "wait": "1500ms"})).await;
+    assert_error(st, &body, StatusCode::REQUEST_TIMEOUT, "no_permit");
+    assert_eq!(body["position"], 2, "{body}");
+
+    // The holder leaves: the long poll is granted, the stream moves to the head and, having
+    // moved once, is told an expected wait.
+    let id = first["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/q/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let (st, second) = next.await.unwrap();
+    assert_eq!(st, 200, "{second}");
+    let text = wait_for_text(&out, "expected_wait_ms", Duration::from_secs(10));
+    let waiting: Vec<Value> = text
+        .split("\n\n")
+        .filter(|e| e.contains("event: waiting"))
+        .map(|e| {
+            serde_json::from_str(e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap()
+        })
+        .collect();
+    assert_eq!(waiting[0]["position"], 1, "{text}");
+    let told = waiting.last().unwrap();
+    assert_eq!(told["position"], 0, "{text}");
+    let expected = told["expected_wait_ms"].as_u64().unwrap();
+    assert!(expected > 0 && expected < 60_000, "{text}");
+
+    // Then its grant comes after the waiting events.
+    let id = second["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/q/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let text = wait_for_text(&out, "event: grant", Duration::from_secs(10));
+    assert!(
+        text.rfind("event: waiting").unwrap() < text.find("event: grant").unwrap(),
+        "{text}"
+    );
+    streamer.kill().unwrap();
+    streamer.wait().unwrap();
+}
+
+/// An admission stream that asked for `waiting` events and is not admitted within its wait
+/// is told its place, then gets an `error` event with the 408's body, and its stream ends.
+#[tokio::test]
+async fn an_admission_stream_not_admitted_in_time_ends_with_an_error_event() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let body = json!({"capacity": 1, "limits": ["1/min"]});
+    let (st, first) = post(&c, &s.url("/v1/admissions/sms/acquire"), body).await;
+    assert_eq!(st, 200, "{first}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("stream");
+    let mut streamer = Command::new(program("curl"))
+        .args(["-sN", "-H", "Accept: text/event-stream"])
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"capacity": 1, "limits": ["1/min"], "wait": "1500ms", "waiting_events": true}"#)
+        .arg(s.url("/v1/admissions/sms/acquire"))
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&out, "event: error", Duration::from_secs(10));
+    let waiting = text.find("event: waiting").expect(&text);
+    assert!(waiting < text.find("event: error").unwrap(), "{text}");
+    assert!(text.contains("\"position\":0"), "{text}");
+    assert!(text.contains("\"kind\":\"not_admitted\""), "{text}");
+    assert!(!text.contains("event: grant"), "{text}");
+    // The stream ends after the error.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while streamer.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the stream did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -127,7 +127,8 @@ pub use rate::{
     DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,
     MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };
-pub use semaphore::{Semaphore, SemaphoreOptions};
+pub use semaphore::place::{windows_floor, PACE_WINDOW, READ_EVERY};
+pub use semaphore::{QueuePace, QueuePlace, Semaphore, SemaphoreOptions};
 pub use store::Store;
 
 pub mod backend {

@@ -72,6 +72,10 @@ pub struct AdmissionBody {
     #[serde(default)]
     #[schema(example = "billing-worker-3")]
     pub holder: Option<String>,
+    /// With `Accept: text/event-stream` and a `wait`: `waiting` events before the `grant`,
+    /// and an `error` event for a wait that runs out (as for a semaphore's acquire).
+    #[serde(default)]
+    pub waiting_events: bool,
     /// An admission of this name this client could not use before its use-by, given back in
     /// the same request: if its lease was still held, this request waits first in the queue
     /// (the place the late one had), else at the tail.
@@ -225,36 +229,52 @@ pub async fn acquire(
         }
     };
     let deadline = tokio::time::Instant::now() + wait;
-    let admit = async {
-        let mut ticket = match (given_back, wait.is_zero()) {
-            (Some((id, reservation, at)), _) => {
-                adm.give_back_and_readmit_timeout(id, reservation, at, wait)
-                    .await?
+    // A wait publishes its place, which the error answer and `waiting` events carry.
+    let (place, places) = tokio::sync::watch::channel(None);
+    let admit = {
+        let (app, adm, sem) = (Arc::clone(&app), adm.clone(), sem.clone());
+        async move {
+            let waiting = async {
+                let mut ticket = match (given_back, wait.is_zero()) {
+                    (Some((id, reservation, at)), _) => {
+                        adm.give_back_and_readmit_timeout(id, reservation, at, wait)
+                            .await?
+                    }
+                    (None, true) => adm.try_acquire().await?,
+                    (None, false) => adm.acquire_watching(wait, &place).await?,
+                };
+                // Used right now or given back: one that went stale on its way here is taken
+                // again, first in the queue, within what is left of the wait.
+                while let Some(t) = ticket.take_if(|t| !t.is_fresh()) {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    ticket = adm.readmit_timeout(t, left).await?;
+                }
+                Ok::<Option<Admitted>, tessera::Error>(ticket)
+            };
+            match within_wait(&app, wait, "the admission", waiting).await? {
+                Some(ticket) => Ok(ticket),
+                None => {
+                    let fields = ratelimit::fields(adm.limiter()).await;
+                    Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "not_admitted",
+                        format!(
+                            "no admission to {sem:?} within {}: no permit free, others queued, or the windows full",
+                            humantime::format_duration(wait)
+                        ),
+                    )
+                    .with_headers(fields)
+                    .with_place(*place.borrow()))
+                }
             }
-            (None, true) => adm.try_acquire().await?,
-            (None, false) => adm.acquire_timeout(wait).await?,
-        };
-        // Used right now or given back: one that went stale on its way here is taken again,
-        // first in the queue, within what is left of the wait.
-        while let Some(t) = ticket.take_if(|t| !t.is_fresh()) {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            ticket = adm.readmit_timeout(t, left).await?;
         }
-        Ok::<Option<Admitted>, tessera::Error>(ticket)
     };
-    let ticket = within_wait(&app, wait, "the admission", admit).await?;
-    let Some(ticket) = ticket else {
-        let fields = ratelimit::fields(adm.limiter()).await;
-        return Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "not_admitted",
-            format!(
-                "no admission to {sem:?} within {}: no permit free, others queued, or the windows full",
-                humantime::format_duration(wait)
-            ),
-        )
-        .with_headers(fields));
-    };
+    if stream && body.waiting_events && !wait.is_zero() {
+        let policy = ratelimit::policy(adm.limiter());
+        let permit = async move { admit.await.map(Admitted::into_permit) };
+        return Ok((policy, hold::wait_then_hold(app, ttl, places, permit)).into_response());
+    }
+    let ticket = admit.await?;
     let admitted_at_us = ticket.admitted_at().as_micros();
     let use_by = ticket.use_by();
     let reservation = ticket.reservation();

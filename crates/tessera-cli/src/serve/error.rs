@@ -44,6 +44,14 @@ pub struct ErrorBody {
     /// (exact; the `Retry-After` header rounds it up to whole seconds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// For `no_permit` and `not_admitted` after a wait: the place in the queue when the wait
+    /// ran out (0: the head); absent if it was never read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// With `position`: the expected wait that was left then, in milliseconds; absent while
+    /// unknown (see `waiting` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_wait_ms: Option<u64>,
 }
 
 /// An error answer: a status, a kind, a message, and for 429 a retry-after.
@@ -56,6 +64,8 @@ pub struct ApiError {
     /// More header fields of the answer (see [`ApiError::with_headers`]); boxed, as most
     /// errors have none.
     pub headers: Option<Box<HeaderMap>>,
+    /// Where a wait stood when it ran out (see [`ApiError::with_place`]).
+    pub place: Option<tessera::QueuePlace>,
 }
 
 impl ApiError {
@@ -66,6 +76,27 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
             headers: None,
+            place: None,
+        }
+    }
+
+    /// Adds where the wait stood when it ran out (`position`, `expected_wait_ms`).
+    pub fn with_place(mut self, place: Option<tessera::QueuePlace>) -> Self {
+        self.place = place;
+        self
+    }
+
+    /// The body of the answer (also an event stream's `error` event).
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            kind: self.kind,
+            message: self.message.clone(),
+            retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
+            position: self.place.map(|p| p.position),
+            expected_wait_ms: self
+                .place
+                .and_then(|p| p.expected_wait)
+                .map(|d| d.as_millis() as u64),
         }
     }
 
@@ -207,11 +238,7 @@ impl From<QueryRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            kind: self.kind,
-            message: self.message,
-            retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
-        };
+        let body = self.body();
         let mut response = (self.status, Json(body)).into_response();
         if let Some(headers) = self.headers {
             response.headers_mut().extend(*headers);

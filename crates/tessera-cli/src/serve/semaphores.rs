@@ -62,6 +62,13 @@ pub struct AcquireBody {
     #[serde(default)]
     #[schema(example = "billing-worker-3")]
     pub holder: Option<String>,
+    /// With `Accept: text/event-stream` and a `wait`: open the stream at once and send a
+    /// `waiting` event (`position`, `queued`, `expected_wait_ms`) each time the place or the
+    /// expected wait changes, then `grant`; a wait that runs out (or any error) is an `error`
+    /// event with the error answer's body, then the end of the stream (default false: the
+    /// stream opens with `grant`, and errors are answers).
+    #[serde(default)]
+    pub waiting_events: bool,
 }
 
 /// A renewal.
@@ -294,34 +301,51 @@ pub async fn acquire(
 
     // Every store call is bounded: the wait, plus the request timeout for the store to
     // answer. Dropping the acquire at any point gives the place in the queue (or a grant
-    // that raced with it) back: the library's acquires are cancel-safe.
-    let acquire = async {
-        if wait.is_zero() {
-            semaphore.try_acquire_many(weight).await
-        } else {
-            semaphore.acquire_many_timeout(weight, wait).await
+    // that raced with it) back: the library's acquires are cancel-safe. A wait publishes its
+    // place, which an error answer and `waiting` events carry.
+    let (place, places) = tokio::sync::watch::channel(None);
+    let acquire = {
+        let (app, sem) = (Arc::clone(&app), sem.clone());
+        async move {
+            let permit = if wait.is_zero() {
+                within_wait(
+                    &app,
+                    wait,
+                    "the acquire",
+                    semaphore.try_acquire_many(weight),
+                )
+                .await?
+            } else {
+                let deadline = tokio::time::Instant::now() + wait;
+                let waiting = semaphore.acquire_many_watching(weight, Some(deadline), &place);
+                within_wait(&app, wait, "the acquire", waiting).await?
+            };
+            permit.ok_or_else(|| no_permit(&sem, weight, wait).with_place(*place.borrow()))
         }
     };
-    let permit = within_wait(&app, wait, "the acquire", acquire).await?;
-    let Some(permit) = permit else {
-        let message = if wait.is_zero() {
-            format!("no {weight} permit(s) of {sem:?} free now, or others are queued (set wait to queue)")
-        } else {
-            format!(
-                "no {weight} permit(s) of {sem:?} within {}",
-                humantime::format_duration(wait)
-            )
-        };
-        return Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "no_permit",
-            message,
-        ));
-    };
+    if stream && body.waiting_events && !wait.is_zero() {
+        return Ok(hold::wait_then_hold(app, ttl, places, acquire).into_response());
+    }
+    let permit = acquire.await?;
     if stream {
         return Ok(hold::hold(app, permit, ttl).into_response());
     }
     Ok(Json(hand_over(&app, &sem, permit, ttl).await?).into_response())
+}
+
+/// The 408 of an acquire that got no permit within its wait.
+fn no_permit(sem: &str, weight: u32, wait: Duration) -> ApiError {
+    let message = if wait.is_zero() {
+        format!(
+            "no {weight} permit(s) of {sem:?} free now, or others are queued (set wait to queue)"
+        )
+    } else {
+        format!(
+            "no {weight} permit(s) of {sem:?} within {}",
+            humantime::format_duration(wait)
+        )
+    };
+    ApiError::new(StatusCode::REQUEST_TIMEOUT, "no_permit", message)
 }
 
 /// Hands a granted permit to the client that asked for it (see the module docs): the server

@@ -30,7 +30,8 @@ use crate::model::{LeaseId, StoreTime};
 use crate::rate::limiter::{RateLimiter, RateOptions};
 use crate::rate::spec::{RateSpec, DEFAULT_ADMISSION_MARGIN};
 use crate::semaphore::admit::{Admit, Windows};
-use crate::semaphore::{Semaphore, SemaphoreOptions};
+use crate::semaphore::place::Watch;
+use crate::semaphore::{QueuePlace, Semaphore, SemaphoreOptions};
 use crate::store::Store;
 use seam::Settlement;
 
@@ -188,7 +189,7 @@ impl Admission {
     /// Admits at once if the permits are free, nobody waits, and every window admits the
     /// cost; `Ok(None)` otherwise, with nothing held and nothing charged.
     pub async fn try_acquire(&self) -> Result<Option<Admitted>> {
-        match self.attempt(false, false, None).await? {
+        match self.attempt(false, false, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -200,7 +201,7 @@ impl Admission {
 
     /// Waits in the queue until admitted.
     pub async fn acquire(&self) -> Result<Admitted> {
-        match self.wait(None, false).await? {
+        match self.wait(None, false, None).await? {
             Some(t) => Ok(t),
             None => unreachable!("an admission without a deadline returns a ticket or an error"),
         }
@@ -209,7 +210,25 @@ impl Admission {
     /// Waits at most `timeout` (`Duration::MAX`: as long as it takes); `Ok(None)` if not
     /// admitted in time (nothing held, nothing charged, the queue place given up).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Admitted>> {
-        self.wait(Instant::now().checked_add(timeout), false).await
+        self.wait(Instant::now().checked_add(timeout), false, None)
+            .await
+    }
+
+    /// Waits at most `timeout`, as [`Admission::acquire_timeout`], and while queued
+    /// publishes its place and expected wait on `place` (see [`QueuePlace`]; the head
+    /// learns from its store when its windows admit it). The last place published stays when
+    /// the wait ends (after a timeout: where it stood). The place is read with one status call of the semaphore every
+    /// [`READ_EVERY`](crate::READ_EVERY) while it waits.
+    pub async fn acquire_watching(
+        &self,
+        timeout: Duration,
+        place: &tokio::sync::watch::Sender<Option<QueuePlace>>,
+    ) -> Result<Option<Admitted>> {
+        let watch = Watch::new(place).with_windows(self.cost);
+        tokio::select! {
+            r = self.wait(Instant::now().checked_add(timeout), false, Some(&watch)) => r,
+            never = watch.run(self.semaphore.store().backend().as_ref(), self.semaphore.config_name()) => match never {},
+        }
     }
 
     /// Gives back a ticket that was not used before its use-by instant (see the module docs)
@@ -256,9 +275,9 @@ impl Admission {
         once: bool,
     ) -> Result<Option<Admitted>> {
         if !once {
-            return self.wait(deadline, at_head).await;
+            return self.wait(deadline, at_head, None).await;
         }
-        match self.attempt(false, at_head, None).await? {
+        match self.attempt(false, at_head, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -284,20 +303,31 @@ impl Admission {
         Ok(None)
     }
 
-    async fn attempt(&self, wait: bool, at_head: bool, deadline: Option<Instant>) -> Result<Admit> {
+    async fn attempt(
+        &self,
+        wait: bool,
+        at_head: bool,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Admit> {
         let windows = Windows {
             config: self.limiter.config(),
             cost: self.cost,
             update: self.limiter.updates(),
         };
         self.semaphore
-            .admit_inner(self.weight, &windows, wait, at_head, deadline)
+            .admit_inner(self.weight, &windows, wait, at_head, deadline, watch)
             .await
     }
 
-    async fn wait(&self, deadline: Option<Instant>, mut at_head: bool) -> Result<Option<Admitted>> {
+    async fn wait(
+        &self,
+        deadline: Option<Instant>,
+        mut at_head: bool,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Option<Admitted>> {
         loop {
-            match self.attempt(true, at_head, deadline).await? {
+            match self.attempt(true, at_head, deadline, watch).await? {
                 Admit::Granted {
                     permit,
                     reservation,

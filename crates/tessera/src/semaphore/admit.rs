@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::place::Watch;
 use super::wait::{bounded, sleep_until_opt, Pending, CANCEL_GRACE};
 use super::Semaphore;
 use crate::error::{Error, Result};
@@ -64,11 +65,15 @@ impl Semaphore {
         wait: bool,
         at_head: bool,
         deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Admit> {
         let weight = self.check_weight(weight)?;
         let admission = self.admission_backend()?;
         let name = &self.config.name;
         let lease = LeaseId::random();
+        if let Some(w) = watch {
+            w.waiting_as(lease);
+        }
         let req = AdmitRequest {
             acquire: self.request(lease, weight, wait),
             cost: windows.cost,
@@ -116,7 +121,7 @@ impl Semaphore {
                     other?
                 }
             };
-            let (window_at, now) = match reply {
+            let (position, window_at, now) = match reply {
                 AdmitReply::Granted { grant, reservation } => {
                     pending.disarm();
                     telemetry::granted(&self.config.metrics, name, called.elapsed());
@@ -141,7 +146,7 @@ impl Semaphore {
                         telemetry::queued(&self.config.metrics, name, position);
                         counted = true;
                     }
-                    (window_at, now)
+                    (position, window_at, now)
                 }
             };
             // Asked again at the next of: a wake-up (our turn), the instant the windows admit
@@ -152,6 +157,9 @@ impl Semaphore {
             poll = (poll * 2).min(poll_max);
             if let Some(t) = window_at {
                 wake_at = wake_at.min(received + t.since(now));
+            }
+            if let Some(w) = watch {
+                w.queued(position, None, window_at.map(|t| received + t.since(now)));
             }
             if let Some(expiry) = self.backend().next_expiry(name) {
                 if expiry > received && expiry < wake_at {

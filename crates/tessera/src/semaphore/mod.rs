@@ -16,7 +16,10 @@ use crate::seam::Backend;
 use crate::store::Store;
 
 pub(crate) mod admit;
+pub(crate) mod place;
 mod wait;
+
+pub use place::{QueuePace, QueuePlace};
 
 /// Options of a [`Semaphore`] or [`crate::Lock`].
 ///
@@ -200,6 +203,11 @@ impl Semaphore {
         self.capacity.load(Ordering::Relaxed)
     }
 
+    /// The name, as the seam takes it.
+    pub(crate) fn config_name(&self) -> &Name {
+        &self.config.name
+    }
+
     /// The store this handle was made on.
     /// The name, checked.
     pub(crate) fn name_key(&self) -> &Name {
@@ -227,7 +235,7 @@ impl Semaphore {
     /// raced with the error is given back in the background). Fails at once with a typed error if `weight` is 0 or above the
     /// capacity, if the store holds another capacity for this name, or if the queue is full.
     pub async fn acquire_many(&self, weight: u32) -> Result<Permit> {
-        match self.acquire_inner(weight, None).await? {
+        match self.acquire_inner(weight, None, None).await? {
             Some(p) => Ok(p),
             None => unreachable!("an acquire without a deadline returns a permit or an error"),
         }
@@ -244,7 +252,7 @@ impl Semaphore {
         weight: u32,
         timeout: Duration,
     ) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(Instant::now() + timeout))
+        self.acquire_inner(weight, Some(Instant::now() + timeout), None)
             .await
     }
 
@@ -254,7 +262,43 @@ impl Semaphore {
         weight: u32,
         deadline: Instant,
     ) -> Result<Option<Permit>> {
-        self.acquire_inner(weight, Some(deadline)).await
+        self.acquire_inner(weight, Some(deadline), None).await
+    }
+
+    /// Waits for `weight` permits until `deadline` (`None`: as long as it takes), as
+    /// [`Semaphore::acquire_many_until`], and while queued publishes its place and expected
+    /// wait on `place` (see [`QueuePlace`]). The last place published stays when the wait
+    /// ends (after a timeout: where it stood).
+    ///
+    /// The place is read with one status call of the semaphore every
+    /// [`READ_EVERY`](place::READ_EVERY) while the acquire waits (a call whose cost grows
+    /// with the queue); the expected wait is unknown until the place has moved once. Fairness,
+    /// cancel safety and every exit path are those of [`Semaphore::acquire_many_until`].
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = tessera::Store::connect("memory://").await?;
+    /// let exports = store.semaphore("exports", 1)?;
+    /// let (place, mut seen) = tokio::sync::watch::channel::<Option<tessera::QueuePlace>>(None);
+    /// tokio::spawn(async move {
+    ///     while seen.changed().await.is_ok() {
+    ///         if let Some(p) = *seen.borrow() {
+    ///             eprintln!("{} ahead, about {:?} to go", p.position, p.expected_wait);
+    ///         }
+    ///     }
+    /// });
+    /// let permit = exports.acquire_many_watching(1, None, &place).await?;
+    /// # drop(permit);
+    /// # Ok::<(), tessera::Error>(()) }).unwrap();
+    /// ```
+    pub async fn acquire_many_watching(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+        place: &tokio::sync::watch::Sender<Option<QueuePlace>>,
+    ) -> Result<Option<Permit>> {
+        let watch = place::Watch::new(place);
+        self.acquire_inner(weight, deadline, Some(&watch)).await
     }
 
     /// Takes one permit if one is free and nobody is queued; `Ok(None)` otherwise. Never

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::place::Watch;
 use super::Semaphore;
 use crate::cleanup::{self, Job};
 use crate::error::{Error, Result};
@@ -100,14 +101,31 @@ impl Semaphore {
         &self,
         weight: u32,
         deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Option<Permit>> {
         let weight = self.check_weight(weight)?;
+        let Some(watch) = watch else {
+            return self.acquire_checked(weight, deadline, None).await;
+        };
+        // The place is read beside the wait, which never waits for it.
+        tokio::select! {
+            r = self.acquire_checked(weight, deadline, Some(watch)) => r,
+            never = watch.run(self.backend().as_ref(), &self.config.name) => match never {},
+        }
+    }
+
+    async fn acquire_checked(
+        &self,
+        weight: u32,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Option<Permit>> {
         let called = Instant::now();
         let name = &self.config.name;
         let mut start = called;
         loop {
             // A fresh lease id per attempt, so a lease id is never granted twice.
-            match self.wait_in_queue(weight, deadline, start).await {
+            match self.wait_in_queue(weight, deadline, start, watch).await {
                 Ok(Attempt::Granted(permit)) => {
                     telemetry::granted(&self.config.metrics, name, called.elapsed());
                     return Ok(Some(permit));
@@ -132,8 +150,12 @@ impl Semaphore {
         weight: u32,
         deadline: Option<Instant>,
         start: Instant,
+        watch: Option<&Watch<'_>>,
     ) -> Result<Attempt> {
         let lease = LeaseId::random();
+        if let Some(w) = watch {
+            w.waiting_as(lease);
+        }
         let request = self.request(lease, weight, true);
         let name = &self.config.name;
 
@@ -155,7 +177,7 @@ impl Semaphore {
                     sent: start,
                     reply,
                 };
-                return Box::pin(self.wait_for_grant(queued, deadline)).await;
+                return Box::pin(self.wait_for_grant(queued, deadline, watch)).await;
             }
             Some(Err(e)) if !e.is_transient() => return Err(e),
             Some(Err(_)) | None => {}
@@ -220,13 +242,18 @@ impl Semaphore {
                     sent,
                     reply,
                 };
-                Box::pin(self.wait_for_grant(queued, deadline)).await
+                Box::pin(self.wait_for_grant(queued, deadline, watch)).await
             }
         }
     }
 
     /// Waits in the queue after the acquire answered (see [`Semaphore::wait_in_queue`]).
-    async fn wait_for_grant(&self, queued: InQueue, deadline: Option<Instant>) -> Result<Attempt> {
+    async fn wait_for_grant(
+        &self,
+        queued: InQueue,
+        deadline: Option<Instant>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Attempt> {
         let InQueue {
             lease,
             registration,
@@ -237,6 +264,9 @@ impl Semaphore {
         let name = &self.config.name;
         if let AcquireReply::Queued { position } = reply {
             telemetry::queued(&self.config.metrics, name, position);
+            if let Some(w) = watch {
+                w.queued(position, None, None);
+            }
         }
 
         // A lost wake-up costs at most one heartbeat interval; a granted waiter must also find
