@@ -60,6 +60,7 @@ export class Admitted extends Lease {
         "POST",
         `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
         { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
+        { idempotent: true },
       );
       return answer.body?.done === true;
     });
@@ -159,7 +160,14 @@ export class Admission {
   async acquire({ timeout, signal } = {}) {
     const total = timeoutMs(timeout, "timeout", Infinity);
     return await untilGranted(
-      { timeout: total, cap: this.#cap, signal, Refusal: NotAdmitted, what: this.name },
+      {
+        timeout: total,
+        cap: this.#cap,
+        signal,
+        Refusal: NotAdmitted,
+        what: this.name,
+        transport: this.#transport,
+      },
       async (waitMs) => {
         const answer = await this.#transport.request(
           "POST",
