@@ -160,9 +160,10 @@ export class Transport {
       const failsOver = this.failsOver(error);
       if (!failsOver) throw error;
       this.#moveOn(index);
-      if (sent && !opts.idempotent) throw error;
+      // Out of time (the instance did not answer within it), or not safe to send again.
+      if (timer.aborted || (sent && !opts.idempotent)) throw error;
       if (tried.size < this.#bases.length) continue;
-      if (round >= BACKOFF_MS.length || timer.aborted) throw error;
+      if (round >= BACKOFF_MS.length) throw error;
       try {
         await sleep(BACKOFF_MS[round], signal);
       } catch {

@@ -38,6 +38,20 @@ describe("several instances", () => {
     assert.throws(() => new Client([a.url, "ftp://x"]), InvalidInput);
   });
 
+  test("an instance that does not answer in time moves the client on by one, not round", async () => {
+    // A fetch that never answers: every request ends at its time limit.
+    const hang = (_url, { signal }) =>
+      new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)));
+    const client = new Client(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"], {
+      fetch: hang,
+      requestTimeout: 100,
+    });
+    const started = performance.now();
+    await assert.rejects(client.lock("slow").status(), ConnectionFailed);
+    assert.ok(performance.now() - started < 1_000);
+    assert.equal(client.currentUrl, "http://127.0.0.1:2");
+  });
+
   test("a lease taken through one instance is renewed and released through another", async () => {
     const lease = await new Client(a.url).lock("shared", { ttl: "5s" }).acquire({ timeout: 5_000 });
     const path = `/v1/semaphores/shared/leases/${lease.leaseId}`;
