@@ -694,7 +694,7 @@ impl Backend for RedisBackend {
         ops::parse_status(v, name)
     }
 
-    /// `PING` (see [`Caller::ping`]), not a status: that is a script call, and purges.
+    /// `PING` (see `Caller::ping`), not a status: that is a script call, and purges.
     async fn ping(&self) -> Result<()> {
         self.caller.ping().await
     }
