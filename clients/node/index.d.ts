@@ -28,9 +28,19 @@ export interface ClientOptions {
  * }, { timeout: 60_000 });
  */
 export class Client {
-  constructor(url: string, options?: ClientOptions);
-  /** The server's base URL. */
+  /**
+   * `url`: the server; or several instances on one store, as an array or one string joined by
+   * commas. Requests go to one instance until it fails (no connection, no answer, 503
+   * `store_unavailable` or `shutting_down`), then to the next; see the README for what is
+   * tried again.
+   */
+  constructor(url: string | string[], options?: ClientOptions);
+  /** The server's base URL; several instances' URLs joined by commas. */
   readonly url: string;
+  /** Every instance's base URL, in the order they are tried. */
+  readonly urls: string[];
+  /** The instance requests go to now (the last one that did not fail). */
+  readonly currentUrl: string;
   /** A semaphore of `capacity` permits. */
   semaphore(name: string, options: SemaphoreOptions): Semaphore;
   /** A lock: a semaphore of capacity 1. */

@@ -68,6 +68,7 @@ export class Admitted extends Lease {
       "POST",
       `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
       { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
+      { idempotent: true },
     );
     return answer.body?.done === true;
   }
@@ -210,7 +211,14 @@ export class Admission {
     let late = null;
     try {
       return await untilGranted(
-        { timeout: total, cap: this.#cap, signal, Refusal: NotAdmitted, what: this.name },
+        {
+          timeout: total,
+          cap: this.#cap,
+          signal,
+          Refusal: NotAdmitted,
+          what: this.name,
+          transport: this.#transport,
+        },
         async (waitMs) => {
           const body = { ...this.#body, wait: `${Math.floor(waitMs)}ms` };
           if (late) body.given_back = late._handBack();

@@ -34,7 +34,9 @@ export class Client {
   #defaults;
 
   /**
-   * @param {string} url the server, e.g. `http://127.0.0.1:8080`
+   * @param {string | string[]} url the server, e.g. `http://127.0.0.1:8080`; or several
+   *   instances on one store, as an array or joined by commas (see the README: calls move
+   *   to the next instance when one fails)
    * @param {ClientOptions} [options]
    */
   constructor(url, options = {}) {
@@ -50,8 +52,18 @@ export class Client {
     this.#defaults = { holder: options.holder ?? `node:${hostname()}:${process.pid}`, cap };
   }
 
-  /** The server's base URL. */
+  /** The server's base URL; several instances' URLs joined by commas. */
   get url() {
+    return this.#transport.bases.join(",");
+  }
+
+  /** Every instance's base URL, in the order they are tried. */
+  get urls() {
+    return this.#transport.bases;
+  }
+
+  /** The instance requests go to now (the last one that did not fail). */
+  get currentUrl() {
     return this.#transport.base;
   }
 

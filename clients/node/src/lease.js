@@ -137,6 +137,7 @@ export class Lease {
       try {
         const answer = await this.#transport.request("DELETE", this.#path, undefined, {
           timeout: Math.min(this.#transport.requestTimeout, 5_000),
+          idempotent: true,
         });
         return answer.body?.done === true;
       } catch (err) {
@@ -191,7 +192,10 @@ export class Lease {
         "POST",
         `${this.#path}/renew`,
         { ttl: `${this.ttlMs}ms` },
-        { timeout: Math.max(1, Math.min(this.#transport.requestTimeout, untilLost)) },
+        {
+          timeout: Math.max(1, Math.min(this.#transport.requestTimeout, untilLost)),
+          idempotent: true,
+        },
       );
       if (this.#done()) return;
       this.#lastError = undefined;

@@ -1,6 +1,7 @@
 // Rate limiters: a turn within every limit, reserved by the server.
 
 import { InvalidInput, Limited, NotFound } from "./errors.js";
+import { DROPS, REASK_PAUSE_MS } from "./queue.js";
 import { durationText, segment, sleep, timeoutMs } from "./transport.js";
 
 /**
@@ -81,6 +82,7 @@ export class RateLimiter {
     const total = timeoutMs(maxWait, "maxWait", Infinity);
     const start = performance.now();
     const body = cost === undefined ? this.#body : { ...this.#body, cost };
+    let drops = 0;
     for (;;) {
       const left = total - (performance.now() - start);
       const waitMs = Math.floor(Math.max(0, Math.min(left, this.#cap)));
@@ -93,7 +95,16 @@ export class RateLimiter {
         );
         return { admittedAtUs: answer.body.admitted_at_us };
       } catch (err) {
-        if (!(err instanceof Limited)) throw err;
+        if (!(err instanceof Limited)) {
+          // Its instance failed (see `untilGranted`): a waiting request asks the next one.
+          const leftNow = total - (performance.now() - start);
+          if (waitMs > 0 && this.#transport.failsOver(err) && ++drops <= DROPS && leftNow > REASK_PAUSE_MS) {
+            await sleep(REASK_PAUSE_MS, signal);
+            continue;
+          }
+          throw err;
+        }
+        drops = 0;
         // Not within `waitMs`. If the turn is within the time left (the wait was capped),
         // sleep until it is within the cap and ask again; otherwise waiting cannot help.
         const retryAfter = err.retryAfterMs ?? 1_000;
@@ -126,7 +137,8 @@ export class RateLimiter {
    */
   async status() {
     try {
-      return (await this.#transport.request("GET", this.#path)).body;
+      return (await this.#transport.request("GET", this.#path, undefined, { idempotent: true }))
+        .body;
     } catch (err) {
       if (err instanceof NotFound) return null;
       throw err;

@@ -75,7 +75,14 @@ export class Semaphore {
   async acquire({ timeout, signal } = {}) {
     const total = timeoutMs(timeout, "timeout", Infinity);
     return await untilGranted(
-      { timeout: total, cap: this.#cap, signal, Refusal: NoPermit, what: this.name },
+      {
+        timeout: total,
+        cap: this.#cap,
+        signal,
+        Refusal: NoPermit,
+        what: this.name,
+        transport: this.#transport,
+      },
       async (waitMs) => {
         const answer = await this.#transport.request(
           "POST",
@@ -125,7 +132,8 @@ export class Semaphore {
    */
   async status() {
     try {
-      return (await this.#transport.request("GET", this.#path)).body;
+      return (await this.#transport.request("GET", this.#path, undefined, { idempotent: true }))
+        .body;
     } catch (err) {
       if (err instanceof NotFound) return null;
       throw err;

@@ -198,9 +198,10 @@ struct ServeCmd {
     /// waits (acquire's wait, max_wait) come on top
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
-    /// How long the server's probe of the store may go unanswered before the store is taken
-    /// as down: /healthz then answers 503, and so does every request that needs the store,
-    /// at once, until a probe is answered again
+    /// How long the server's probes of the store may go unanswered (two in a row, each given
+    /// half of it) before the store is taken as down: /healthz then answers 503, and so does
+    /// every request that needs the store, at once, until a probe is answered again. The
+    /// embedded stores (memory, SQLite) are not probed
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
     store_timeout: Duration,
     /// Print the OpenAPI document and exit

@@ -113,6 +113,10 @@ impl Backend for FaultyBackend {
         self.gate(false).await?;
         self.inner.list().await
     }
+    async fn ping(&self) -> Result<()> {
+        self.gate(false).await?;
+        self.inner.ping().await
+    }
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
         self.gate(false).await?;
         self.inner.resize(name, capacity).await

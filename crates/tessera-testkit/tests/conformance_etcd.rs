@@ -25,6 +25,7 @@ tessera_testkit::conformance_tests!(@each tessera_testkit::harness::Harness::etc
     waiter_is_woken_without_waiting_for_its_heartbeat,
     an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbeat,
     nothing_is_left_after_all_leases_end,
+    ping_answers_and_changes_nothing,
     close_releases_every_held_permit_and_tells_its_holder,
     lock_is_mutually_exclusive,
     semaphore_of_one_is_mutually_exclusive,

@@ -149,7 +149,7 @@ pub mod backend {
     };
     pub use crate::seam::{
         AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, FenceSource, HandOff,
-        RateBackend, RateConfig, RateReply, RateRequest, Settlement, Waking,
+        RateBackend, RateConfig, RateReply, RateRequest, Settlement, Waking, PING_NAME,
     };
     pub use crate::wake::{notify, notify_grant};
 

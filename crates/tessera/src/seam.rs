@@ -223,6 +223,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Names of the semaphores the store currently holds state for.
     async fn list(&self) -> Result<Vec<String>>;
 
+    /// One round trip to the store that writes nothing and waits for no lock a step takes:
+    /// `Ok` once the store answered (see [`crate::Store::ping`]). A server's health probe
+    /// calls it twice a second, so it must cost the store next to nothing.
+    ///
+    /// The default reads the status of [`PING_NAME`], a name nobody uses; every store of this
+    /// crate overrides it with a cheaper read (a status is a whole step on some stores).
+    /// Wrappers forward it.
+    async fn ping(&self) -> Result<()> {
+        self.status(&Name::new(PING_NAME)?).await.map(drop)
+    }
+
     /// Changes the capacity; returns the old one. [`Error::NotFound`](crate::Error::NotFound) if the semaphore does
     /// not exist. Shrinking never revokes: holders keep their permits and no grant happens
     /// until `used` fits the new capacity.
@@ -291,6 +302,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 }
+
+/// The name [`Backend::ping`]'s default implementation reads (never written).
+pub const PING_NAME: &str = "tessera-ping";
 
 /// The [`Error::Unsupported`](crate::Error::Unsupported) a rate limiter gets on the store at
 /// `url` (redacted) whose `backend` has no rate limiting, with the store's reason if it gives

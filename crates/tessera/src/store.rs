@@ -172,6 +172,28 @@ impl Store {
         self.backend().status(&Name::new(name)?).await
     }
 
+    /// Whether the store answers: one round trip that writes nothing and waits for no lock a
+    /// grant or release takes, so it can run often (a server's health probe runs it twice a
+    /// second). `Ok` once the store answered; on error, the store's error (a connection error,
+    /// a timeout, a refused login), and nothing was changed either way.
+    ///
+    /// What each store does: Redis `PING` on the connection the steps use (on Sentinel, the
+    /// master's; on a cluster, the cluster connection's); PostgreSQL and MySQL / MariaDB `SELECT 1` on a
+    /// pooled connection; etcd a count-only read of one key, which goes through the leader
+    /// like every step (a member cut from its quorum does not answer it); SQLite a read of the
+    /// schema version on a pooled connection (a read in WAL mode: it never waits for a writer
+    /// and never takes the write gate); memory nothing at all, as there is nothing to reach.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = tessera::Store::connect("memory://").await?;
+    /// store.ping().await?;
+    /// # Ok::<(), tessera::Error>(()) }).unwrap();
+    /// ```
+    pub async fn ping(&self) -> Result<()> {
+        self.backend().ping().await
+    }
+
     /// Names of the semaphores that currently have holders or waiters.
     pub async fn list(&self) -> Result<Vec<String>> {
         self.backend().list().await

@@ -257,7 +257,7 @@ class Client:
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8080",
+        url: str | Sequence[str] = "http://127.0.0.1:8080",
         token: str | None = None,
         *,
         timeout: float = 15.0,
@@ -272,6 +272,14 @@ class Client:
     @property
     def url(self) -> str:
         return self._sync.url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self._sync.urls
+
+    @property
+    def current_url(self) -> str:
+        return self._sync.current_url
 
     def semaphore(
         self, name: str, capacity: int, *, weight: int = 1, ttl: Duration = 30.0, holder: str | None = None

@@ -87,11 +87,21 @@ class Client:
       just as the connection broke, that lease is held until its TTL runs out;
     - ``try_acquire`` (no wait): never, since a lost answer may have granted or charged; it
       raises :class:`ConnectionFailed`.
+
+    Several instances of the server on one store: pass their URLs as a list, or as one string
+    separated by commas (``"http://10.0.0.1:8080,http://10.0.0.2:8080"``). Calls go to one
+    instance until it fails (no connection, no answer, or 503 ``store_unavailable`` or
+    ``shutting_down``); then to the next one, and the failed call is tried there by the rules
+    above, within its own timeout: idempotent calls and waiting acquires move on, a try
+    moves on only if its request never left. A lease taken through one instance is renewed
+    and released through any other, as they share the store. When every instance fails, the
+    call raises the last error (:class:`ConnectionFailed`, :class:`StoreUnavailable`) after
+    three rounds over them.
     """
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8080",
+        url: str | Sequence[str] = "http://127.0.0.1:8080",
         token: str | None = None,
         *,
         timeout: float = 15.0,
@@ -106,7 +116,18 @@ class Client:
 
     @property
     def url(self) -> str:
+        """The server's URL; several instances' URLs joined by commas."""
         return self._transport.url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every instance's URL, in the order they are tried."""
+        return self._transport.urls
+
+    @property
+    def current_url(self) -> str:
+        """The instance calls go to now (the last one that did not fail)."""
+        return self._transport.current_url
 
     def semaphore(
         self,
@@ -281,9 +302,9 @@ class Semaphore:
                 _wait_out(e, clock, deadline, cancel)
                 drops = 0
                 continue
-            except errors.ConnectionFailed:
+            except errors.Unavailable as e:
                 drops += 1
-                if wait <= 0 or drops > DROPS:
+                if wait <= 0 or drops > DROPS or not self._t.fails_over(e):
                     raise
                 _after_drop(clock, deadline, cancel)
                 continue
@@ -432,9 +453,9 @@ class RateLimiter:
                 _wait_out(e, clock, deadline, cancel)
                 drops = 0
                 continue
-            except errors.ConnectionFailed:
+            except errors.Unavailable as e:
                 drops += 1
-                if wait <= 0 or drops > DROPS:
+                if wait <= 0 or drops > DROPS or not self._t.fails_over(e):
                     raise
                 _after_drop(clock, deadline, cancel)
                 continue
@@ -587,9 +608,9 @@ class Admission:
                 _wait_out(e, clock, deadline, cancel)
                 drops = 0
                 continue
-            except errors.ConnectionFailed:
+            except errors.Unavailable as e:
                 drops += 1
-                if wait <= 0 or drops > DROPS:
+                if wait <= 0 or drops > DROPS or not self._t.fails_over(e):
                     raise
                 _after_drop(clock, deadline, cancel)
                 continue

@@ -163,6 +163,7 @@ macro_rules! conformance_tests {
             waiter_is_woken_without_waiting_for_its_heartbeat,
             an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbeat,
             nothing_is_left_after_all_leases_end,
+            ping_answers_and_changes_nothing,
             close_releases_every_held_permit_and_tells_its_holder,
             nothing_is_left_behind_by_a_process_that_exits,
             lock_is_mutually_exclusive,

@@ -1053,6 +1053,57 @@ pub async fn nothing_is_left_after_all_leases_end(h: &Harness) {
     assert_drained(&client.store, &name).await;
 }
 
+/// `Store::ping` answers on a healthy store and changes nothing: the holders and the queue
+/// read the same before and after many pings, and no name appears. Cut off from the store
+/// (the harness's faults), it fails or does not answer.
+pub async fn ping_answers_and_changes_nothing(h: &Harness) {
+    let name = unique("ping");
+    // The holder and the waiter on a client of their own: the faults below are the pinging
+    // client's only (a waiter's heartbeat caught by `Hang` would never come back).
+    let admin = h.client().await;
+    let client = h.client().await;
+    let sem = Semaphore::new(&admin.store, &name, 1, opts(10_000)).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = Semaphore::new(&admin.store, &name, 1, opts(10_000)).unwrap();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    wait_queued(&client.store, &name, 1).await;
+    let before = status(&client.store, &name).await.unwrap();
+    let listed = client.store.list().await.unwrap();
+    for _ in 0..20 {
+        client.store.ping().await.unwrap();
+    }
+    let after = status(&client.store, &name).await.unwrap();
+    // Lease, fence and seats (the keep-alive may have moved the expiry meanwhile).
+    let holders = |s: &SemaphoreStatus| {
+        s.holders
+            .iter()
+            .map(|l| (l.lease_id, l.fence, l.seats.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(holders(&after), holders(&before));
+    assert_eq!(
+        after.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>(),
+        before.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>()
+    );
+    assert_eq!(client.store.list().await.unwrap(), listed);
+
+    client.faults.all(Mode::Fail);
+    let e = client.store.ping().await.unwrap_err();
+    assert!(e.is_connection(), "{e}");
+    client.faults.all(Mode::Hang);
+    let hung = tokio::time::timeout(Duration::from_millis(200), client.store.ping()).await;
+    assert!(hung.is_err(), "a black-holed store does not answer a ping");
+    client.faults.all(Mode::Normal);
+    client.store.ping().await.unwrap();
+
+    held.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    next.release().await.unwrap();
+    assert_drained(&admin.store, &name).await;
+}
+
 /// A waiter whose store calls fail for less than its waiter TTL keeps its place and is
 /// served; one whose calls keep failing past it gets the error (and holds nothing).
 pub async fn waiter_rides_out_a_store_blip_shorter_than_its_ttl(h: &Harness) {

@@ -662,6 +662,23 @@ impl Backend for EtcdBackend {
         }))
     }
 
+    /// One key name under the semaphores' prefix (keys only, at most one): a linearizable
+    /// read, so it goes through the leader like every step, and a member cut off from its
+    /// quorum does not answer it. It reads no values and writes nothing.
+    async fn ping(&self) -> Result<()> {
+        self.get(
+            Keys::sems(&self.root),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(1),
+            ),
+        )
+        .await
+        .map(drop)
+    }
+
     async fn list(&self) -> Result<Vec<String>> {
         let resp = self
             .get(

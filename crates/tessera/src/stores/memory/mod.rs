@@ -140,6 +140,10 @@ impl Backend for MemoryBackend {
     async fn list(&self) -> Result<Vec<String>> {
         Ok(self.model.lock().unwrap().list())
     }
+    /// In this process: nothing to reach.
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
         self.run(|m, now, w| m.resize(name, capacity, now, w))
     }

@@ -639,6 +639,12 @@ impl Backend for MysqlBackend {
         ops::list(&mut conn).await
     }
 
+    /// `SELECT 1` on a pooled connection: no transaction, no row lock (a status is a step).
+    async fn ping(&self) -> Result<()> {
+        let mut conn = self.conns.ops().await?;
+        ops::ping(&mut conn).await
+    }
+
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
         step!(self, name, |rows| sql::resize(rows, name, capacity))?
     }

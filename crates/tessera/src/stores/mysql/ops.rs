@@ -874,6 +874,15 @@ pub(crate) async fn list(conn: &mut MySqlConnection) -> Result<Vec<String>> {
         .collect()
 }
 
+/// [`crate::Store::ping`]: `SELECT 1`, touching no table.
+pub(crate) async fn ping(conn: &mut MySqlConnection) -> Result<()> {
+    sqlx::query("SELECT 1")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)
+        .map(drop)
+}
+
 fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }

@@ -523,6 +523,11 @@ impl Backend for PostgresBackend {
         json.map(|j| ops::parse_status(&j, name)).transpose()
     }
 
+    /// `SELECT 1` on a pooled connection: no function, no row lock.
+    async fn ping(&self) -> Result<()> {
+        self.row(sqlx::query("SELECT 1")).await.map(drop)
+    }
+
     async fn list(&self) -> Result<Vec<String>> {
         let names = tokio::time::timeout(RESPONSE_TIMEOUT, async {
             let mut conn = self.conns.take().await?;

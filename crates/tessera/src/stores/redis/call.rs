@@ -127,6 +127,22 @@ impl Caller {
         Ok(primaries)
     }
 
+    /// `PING` on the connection the steps use (the shared one, the Sentinel master's, or the
+    /// cluster's), outside the lines: it asks whether the server answers, not whether a step
+    /// would get its turn. On Sentinel a sign of a failover makes the topology resolve the
+    /// master again, as after a step.
+    pub(super) async fn ping(&self) -> Result<()> {
+        let generation = self.topo.generation();
+        let mut conn = self.topo.conn();
+        match redis::cmd("PING").query_async::<Value>(&mut conn).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.topo.after_error(generation, &e).await;
+                Err(self.err(e))
+            }
+        }
+    }
+
     /// Runs `op` on the keys of `name` (the meta key alone, every key on a cluster: see
     /// [`keys`]) with the shared first argument and `args`.
     pub(super) async fn run(&self, op: Op, name: &Name, args: &[String]) -> Result<Value> {

@@ -694,6 +694,11 @@ impl Backend for RedisBackend {
         ops::parse_status(v, name)
     }
 
+    /// `PING` (see `Caller::ping`), not a status: that is a script call, and purges.
+    async fn ping(&self) -> Result<()> {
+        self.caller.ping().await
+    }
+
     /// The names whose meta key holds a semaphore in use: an idle state (kept for its fence,
     /// see `prelude.lua`) is no state, as for `status`.
     async fn list(&self) -> Result<Vec<String>> {

@@ -673,6 +673,13 @@ impl Backend for SqliteBackend {
         ops::list(&mut conn).await
     }
 
+    /// A read of the file's schema version on a pooled connection: no write transaction, no
+    /// write gate, and in WAL mode no wait for a writer.
+    async fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        ops::ping(&mut conn).await
+    }
+
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32> {
         step!(self, name, |rows| sql::resize(rows, name, capacity))
     }

@@ -499,6 +499,15 @@ pub(crate) async fn list(conn: &mut SqliteConnection) -> Result<Vec<String>> {
         .collect()
 }
 
+/// [`crate::Store::ping`]: reads the schema version (the database header), writing nothing.
+pub(crate) async fn ping(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::query("PRAGMA schema_version")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)
+        .map(drop)
+}
+
 fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }

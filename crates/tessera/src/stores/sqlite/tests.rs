@@ -285,6 +285,33 @@ async fn fences_stay_monotonic_across_delete_reconnect_and_clock_jumps() {
     }
 }
 
+/// `ping` is a read: it answers while another process holds the write lock, which a status
+/// (a step, and so a write transaction) waits for.
+#[tokio::test]
+async fn ping_answers_while_another_process_holds_the_write_lock() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let other = sqlite_at(&url, &clock).await;
+    let mut writer = other.pool.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(1), b.ping())
+        .await
+        .expect("a ping does not wait for the writer")
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.status(&name("p")))
+            .await
+            .is_err(),
+        "a status is a step: it waits for the write lock"
+    );
+    sqlx::query("ROLLBACK").execute(&mut *writer).await.unwrap();
+    assert_eq!(b.status(&name("p")).await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
     let clock = Arc::new(ManualClock::new(T0));
