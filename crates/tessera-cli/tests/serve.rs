@@ -682,6 +682,71 @@ async fn an_acquire_giving_back_a_late_admission_keeps_the_head_of_the_queue() {
     waiter.abort();
 }
 
+/// `tenant` and `share` (docs/fair-shares.md): on the memory store a light tenant's waiter
+/// goes ahead of another tenant's backlog; bad values are refused; a store that cannot
+/// order by shares answers 501 with nothing queued.
+#[tokio::test]
+async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let acquire = s.url("/v1/semaphores/fair/acquire");
+    let bulk = json!({"capacity": 1, "tenant": "bulk", "wait": "20s"});
+    let (st, held) = post(&c, &acquire, json!({"capacity": 1, "tenant": "bulk"})).await;
+    assert_eq!(st, 200, "{held}");
+    let mut waiting = Vec::new();
+    for _ in 0..6 {
+        let (c2, url, body) = (c.clone(), acquire.clone(), bulk.clone());
+        waiting.push(tokio::spawn(async move { post(&c2, &url, body).await }));
+    }
+    let queued = |n: usize| {
+        let (c, url) = (c.clone(), s.url("/v1/semaphores/fair"));
+        async move {
+            for _ in 0..200 {
+                let (_, sem) = get(&c, &url).await;
+                if sem["queue"].as_array().is_some_and(|q| q.len() >= n) {
+                    return sem;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("{n} never queued");
+        }
+    };
+    queued(6).await;
+    let (c2, url) = (c.clone(), acquire.clone());
+    let light = tokio::spawn(async move {
+        post(&c2, &url, json!({"capacity": 1, "tenant": "alerts", "share": 2, "wait": "20s", "holder": "light"})).await
+    });
+    let sem = queued(7).await;
+    let place = sem["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|w| w["holder"] == "light")
+        .unwrap();
+    assert!(place <= 1, "{sem}");
+    for bad in [
+        json!({"capacity": 1, "tenant": "", "wait": "0s"}),
+        json!({"capacity": 1, "tenant": "x", "share": 0}),
+        json!({"capacity": 1, "share": 2}),
+    ] {
+        let (st, e) = post(&c, &acquire, bad).await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    }
+    light.abort();
+    for w in waiting {
+        w.abort();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Server::start(&sqlite(dir.path()), &[]);
+    let (st, e) = post(
+        &c,
+        &sqlite.url("/v1/semaphores/fair/acquire"),
+        json!({"capacity": 1, "tenant": "bulk"}),
+    )
+    .await;
+    assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
+}
+
 /// The same through a server on a throwaway Redis.
 #[tokio::test]
 async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {
@@ -1513,8 +1578,8 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
             }
         }
     }
-    // 15 operations, 7 of them with a body.
-    assert_eq!(checked, 15 + 7 * 2);
+    // 16 operations, 8 of them with a body.
+    assert_eq!(checked, 16 + 8 * 2);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ use super::extract::{duration, duration_or, JsonBody, PathArgs};
 use super::hold::{self, LeaseBody};
 use super::ratelimit;
 use super::semaphores::{
-    hand_over, lease_id, name, wait_of, wants_event_stream, within_wait, DoneBody, DEFAULT_TTL,
+    hand_over, lease_id, name, wait_of, wants_event_stream, with_tenant, within_wait, DoneBody,
+    DEFAULT_TTL,
 };
 use super::App;
 
@@ -81,6 +82,16 @@ pub struct AdmissionBody {
     /// (the place the late one had), else at the tail.
     #[serde(default)]
     pub given_back: Option<GivenBackLease>,
+    /// The tenant this acquire counts against (docs/fair-shares.md): under contention,
+    /// permits go to the waiting tenants in proportion to their `share`, FIFO within each.
+    /// A store that cannot order by shares answers 501 `unsupported`.
+    #[serde(default)]
+    #[schema(example = "billing")]
+    pub tenant: Option<String>,
+    /// The tenant's share (1..=1000; default 1); only with `tenant`.
+    #[serde(default)]
+    #[schema(example = 2, minimum = 1, maximum = 1000)]
+    pub share: Option<u32>,
 }
 
 /// An admission given back by an acquire (`given_back`).
@@ -164,7 +175,11 @@ fn admission(
         .store
         .admission(sem)
         .permits(body.capacity)
-        .semaphore_options(SemaphoreOptions::default().ttl(ttl).holder(holder))
+        .semaphore_options(with_tenant(
+            SemaphoreOptions::default().ttl(ttl).holder(holder),
+            body.tenant.as_deref(),
+            body.share,
+        )?)
         .rate_options(rate_opts)
         .rate(first?)?;
     for l in limits {

@@ -69,6 +69,16 @@ pub struct AcquireBody {
     /// stream opens with `grant`, and errors are answers).
     #[serde(default)]
     pub waiting_events: bool,
+    /// The tenant this acquire counts against (docs/fair-shares.md): under contention,
+    /// permits go to the waiting tenants in proportion to their `share`, FIFO within each.
+    /// A store that cannot order by shares answers 501 `unsupported`.
+    #[serde(default)]
+    #[schema(example = "billing")]
+    pub tenant: Option<String>,
+    /// The tenant's share (1..=1000; default 1); only with `tenant`.
+    #[serde(default)]
+    #[schema(example = 2, minimum = 1, maximum = 1000)]
+    pub share: Option<u32>,
 }
 
 /// A renewal.
@@ -295,7 +305,11 @@ pub async fn acquire(
     let ttl = duration_or("ttl", body.ttl.as_deref(), DEFAULT_TTL)?;
     let wait = wait_of(body.wait.as_deref())?;
     let holder = body.holder.unwrap_or_else(|| format!("http:{peer}"));
-    let opts = SemaphoreOptions::default().ttl(ttl).holder(holder);
+    let opts = with_tenant(
+        SemaphoreOptions::default().ttl(ttl).holder(holder),
+        body.tenant.as_deref(),
+        body.share,
+    )?;
     let semaphore = Semaphore::new(&app.store, &sem, body.capacity, opts)?;
     let weight = body.weight.unwrap_or(1);
 
@@ -590,4 +604,21 @@ pub async fn delete(
     principal.check(&sem)?;
     let done = app.bounded("the delete", app.store.delete(&sem)).await??;
     Ok(Json(DoneBody { done }))
+}
+
+/// `opts` with the request's tenant and share (`docs/fair-shares.md`); a share without a
+/// tenant is refused.
+pub(super) fn with_tenant(
+    opts: SemaphoreOptions,
+    tenant: Option<&str>,
+    share: Option<u32>,
+) -> Result<SemaphoreOptions, ApiError> {
+    match (tenant, share) {
+        (None, None) => Ok(opts),
+        (None, Some(_)) => Err(ApiError::invalid("share: only with a tenant")),
+        (Some(t), share) => {
+            Ok(opts
+                .tenant(tessera::Tenant::new(t, share.unwrap_or(1)).map_err(tessera::Error::from)?))
+        }
+    }
 }
