@@ -339,17 +339,14 @@ pub async fn give_back(
     PathArgs((sem, lease)): PathArgs<(String, String)>,
     JsonBody(body): JsonBody<GiveBackBody>,
 ) -> Result<Json<DoneBody>, ApiError> {
-    principal.check(&sem)?;
-    let (n, id) = (name(&sem)?, lease_id(&lease)?);
-    check_charge(body.reservation, body.admitted_at_us)?;
-    let backend = app.store.backend();
-    let Some(admission) = backend.admission() else {
-        return Err(tessera::Error::Unsupported(format!(
-            "admission is not available on {} yet",
-            app.store.url()
-        ))
-        .into());
-    };
+    let (n, id) = charge_of(
+        &principal,
+        &sem,
+        &lease,
+        body.reservation,
+        body.admitted_at_us,
+    )?;
+    let admission = admission_step(&app)?;
     let at = StoreTime(body.admitted_at_us);
     let done = app
         .bounded(
@@ -389,9 +386,13 @@ pub async fn settle(
     PathArgs((sem, lease)): PathArgs<(String, String)>,
     JsonBody(body): JsonBody<SettleBody>,
 ) -> Result<Json<DoneBody>, ApiError> {
-    principal.check(&sem)?;
-    let (n, id) = (name(&sem)?, lease_id(&lease)?);
-    check_charge(body.reservation, body.admitted_at_us)?;
+    let (n, id) = charge_of(
+        &principal,
+        &sem,
+        &lease,
+        body.reservation,
+        body.admitted_at_us,
+    )?;
     let charged = body.cost.unwrap_or(1);
     if charged == 0 || charged > tessera::MAX_RATE_COUNT {
         return Err(tessera::Error::from(tessera::InvalidInput::Cost {
@@ -407,14 +408,7 @@ pub async fn settle(
         })
         .into());
     }
-    let backend = app.store.backend();
-    let Some(admission) = backend.admission() else {
-        return Err(tessera::Error::Unsupported(format!(
-            "admission is not available on {} yet",
-            app.store.url()
-        ))
-        .into());
-    };
+    let admission = admission_step(&app)?;
     let settlement = tessera::backend::Settlement {
         reservation: body.reservation,
         at: StoreTime(body.admitted_at_us),
@@ -425,6 +419,31 @@ pub async fn settle(
         .bounded("the settle", admission.settle(&n, id, &settlement))
         .await??;
     Ok(Json(DoneBody { done }))
+}
+
+/// The name and lease id of a give-back or a settle, the caller allowed, its charge checked.
+fn charge_of(
+    principal: &Principal,
+    sem: &str,
+    lease: &str,
+    reservation: u64,
+    admitted_at_us: u64,
+) -> Result<(tessera::backend::Name, tessera::LeaseId), ApiError> {
+    principal.check(sem)?;
+    let (n, id) = (name(sem)?, lease_id(lease)?);
+    check_charge(reservation, admitted_at_us)?;
+    Ok((n, id))
+}
+
+/// The store's admission step; 501 `unsupported` where it has none.
+fn admission_step(app: &App) -> Result<&dyn tessera::backend::AdmissionBackend, ApiError> {
+    app.store.backend().admission().ok_or_else(|| {
+        tessera::Error::Unsupported(format!(
+            "admission is not available on {} yet",
+            app.store.url()
+        ))
+        .into()
+    })
 }
 
 /// A charge's `reservation` and `admitted_at_us` come from an admission's answer, which never
