@@ -59,8 +59,21 @@ fn keeps_its_data(name: &str, traits: &StoreTraits) -> Option<&'static str> {
     (name == "s4-restart" && traits.server && !traits.restartable && traits.durable_restart)
         .then_some(
             "keeps its committed data through a kill -9, so it never comes back empty \
-             (its kill -9 and restart is s4-restart-aof)",
+             (keeps its data: its kill -9 and restart is s4-restart-aof)",
         )
+}
+
+/// Why a fault of one server (`s4-restart`, `s4-restart-aof`, `s5-freeze`) does not run on a
+/// Redis topology, or `None`: there the kill -9 and the freeze of a server are failovers.
+fn one_server_fault_on_a_topology(name: &str, spec: &StoreSpec) -> Option<&'static str> {
+    let topology = matches!(
+        spec,
+        StoreSpec::RedisSentinel { .. } | StoreSpec::RedisCluster
+    );
+    (topology && matches!(name, "s4-restart" | "s4-restart-aof" | "s5-freeze")).then_some(
+        "is a topology: the kill -9 and the freeze of its master are the failover scenarios \
+         (f2-sentinel-kill, f3-sentinel-freeze, f4-cluster-kill) (see its failovers)",
+    )
 }
 
 /// What scenario `name` needs of the store beyond being shared by processes (which every
@@ -93,6 +106,7 @@ pub async fn run(
     let traits = spec.traits();
     if let Some(why) = topology_problem(name, spec)
         .or_else(|| keeps_its_data(name, &traits))
+        .or_else(|| one_server_fault_on_a_topology(name, spec))
         .or_else(|| needs(name, &traits).iter().find_map(|&n| traits.lacks(n)))
     {
         let why = format!("{kind} {why}");
