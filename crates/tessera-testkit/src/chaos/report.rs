@@ -856,6 +856,20 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_stretch_without_a_grant_counts_from_the_first_acquire() {
+        let mut log = Log::default();
+        assert_eq!(super::grant_gap(&log.0), None);
+        log.invoke(0, "w1", 1)
+            .grant(100, "w1", 1, 1, 0)
+            .invoke(150, "w2", 1)
+            .grant(1_400, "w2", 1, 2, 1)
+            .invoke(1_500, "w1", 2)
+            .grant(1_600, "w1", 2, 3, 0);
+        log.0.sort_by_key(|e| e.t_ns);
+        assert_eq!(super::grant_gap(&log.0), Some(1_300 * 1_000_000));
+    }
+
+    #[test]
     fn a_killed_holders_seat_granted_again_in_time_passes() {
         let mut log = killed_holder_and_a_waiter();
         log.grant(1100, "w2", 1, 2, 0);
