@@ -509,13 +509,24 @@ impl Harness {
         if let Some(s) = &mut self.mariadb {
             return s.restart();
         }
+        // etcd: member 0 is SIGKILLed and started again on its data directory.
+        if let Some(c) = self.etcd_cluster() {
+            return c.restart(0);
+        }
         self.own_redis_mut("restart").restart();
     }
 
-    /// Freezes the server ([`StoreTraits::freezable`]). Panics without one.
+    /// Freezes the server ([`StoreTraits::freezable`]): Redis, MariaDB, every process of
+    /// PostgreSQL, or etcd's member 0. Panics without one.
     pub fn freeze(&self) {
         if let Some(s) = &self.mariadb {
             return s.freeze();
+        }
+        if let Some(s) = &self.postgres {
+            return s.freeze();
+        }
+        if let Some(c) = self._guard.downcast_ref::<EtcdCluster>() {
+            return c.freeze(0);
         }
         self.own_redis("freeze").freeze();
     }
@@ -524,6 +535,12 @@ impl Harness {
     pub fn thaw(&self) {
         if let Some(s) = &self.mariadb {
             return s.thaw();
+        }
+        if let Some(s) = &self.postgres {
+            return s.thaw();
+        }
+        if let Some(c) = self._guard.downcast_ref::<EtcdCluster>() {
+            return c.thaw(0);
         }
         self.own_redis("thaw").thaw();
     }

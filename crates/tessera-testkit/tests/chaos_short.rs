@@ -69,6 +69,7 @@ async fn redis_survives_restarts_client_kills_and_reclaims_abandoned_permits() {
         &[
             "s4-restart",
             "s4-restart-aof",
+            "s5-freeze",
             "s9-client-kill",
             "s10-reclaim",
             "s7-eviction",
@@ -81,6 +82,7 @@ async fn redis_survives_restarts_client_kills_and_reclaims_abandoned_permits() {
     let s7 = get(&reports, "s7-eviction");
     assert!(!s7.expected.is_empty(), "{}", s7.summary());
     assert_eq!(get(&reports, "s4-restart-aof").over_grants, 0);
+    assert!(get(&reports, "s5-freeze").skipped.is_none());
 }
 
 #[test]
@@ -130,7 +132,7 @@ fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_survives_holder_faults_a_faulty_network_restarts_cuts_and_garbage() {
+async fn postgres_survives_holder_faults_a_faulty_network_crashes_freezes_cuts_and_garbage() {
     let reports = short(
         StoreSpec::Postgres,
         &[
@@ -139,6 +141,7 @@ async fn postgres_survives_holder_faults_a_faulty_network_restarts_cuts_and_garb
             "s2-stop",
             "s3-proxy",
             "s4-restart-aof",
+            "s5-freeze",
             "s9-client-kill",
             "s10-reclaim",
             "garbage",
@@ -152,6 +155,7 @@ async fn postgres_survives_holder_faults_a_faulty_network_restarts_cuts_and_garb
         "s1-kill",
         "s3-proxy",
         "s4-restart-aof",
+        "s5-freeze",
         "s10-reclaim",
         "garbage",
     ] {
@@ -161,7 +165,7 @@ async fn postgres_survives_holder_faults_a_faulty_network_restarts_cuts_and_garb
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
+async fn mariadb_survives_holder_faults_restarts_freezes_client_kills_and_garbage() {
     let reports = short(
         StoreSpec::Mariadb,
         &[
@@ -170,6 +174,7 @@ async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
             "s2-stop",
             "s3-proxy",
             "s4-restart-aof",
+            "s5-freeze",
             "s9-client-kill",
             "s10-reclaim",
             "garbage",
@@ -182,6 +187,7 @@ async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
         "s1-kill",
         "s3-proxy",
         "s4-restart-aof",
+        "s5-freeze",
         "s9-client-kill",
         "garbage",
     ] {
@@ -193,6 +199,8 @@ async fn mariadb_survives_holder_faults_restarts_client_kills_and_garbage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_survives_holder_faults() {
+    // s4-restart-aof and s5-freeze (11-14 s each, with etcd's 2 s TTL) are not here; run them
+    // with `tessera-chaos --store etcd --scenario s4-restart-aof,s5-freeze`.
     // s10-reclaim is not here: its 10,000 dead waiters cost etcd two leases and a watch
     // each, more than this profile's time allows on a shared 2-core machine (see the
     // store's notes); killed and frozen holders are covered by s1 and s2.

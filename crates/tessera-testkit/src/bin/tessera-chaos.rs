@@ -1,7 +1,7 @@
 //! `tessera-chaos`: runs the reliability scenarios against a store and checks the grant logs.
 //!
 //! ```text
-//! tessera-chaos --store sqlite|redis|sqlite:///path.db|redis://127.0.0.1:PORT \
+//! tessera-chaos --store sqlite|redis|postgres|mariadb|etcd|redis+sentinel|redis+cluster \
 //!               --profile short|long [--scenario NAME[,NAME…]] [--seed N] [--json]
 //! ```
 //!
@@ -17,10 +17,11 @@ use tessera_testkit::chaos::{self, Profile, RunConfig, StoreSpec};
     about = "Runs tessera's reliability scenarios (faults + grant-log checks) against a store"
 )]
 struct Args {
-    /// `sqlite`, `redis`, `redis+sentinel`, `redis+sentinel?wait=1` or `redis+cluster`
-    /// (throwaway stores and topologies the runner owns), or a `sqlite:///path.db` base
-    /// path, or a loopback `redis://127.0.0.1:PORT` (scenarios that restart or reconfigure the
-    /// server are then skipped).
+    /// `sqlite`, `redis`, `postgres`, `mariadb` (or `mysql`), `etcd`, `redis+sentinel`,
+    /// `redis+sentinel?wait=1` or `redis+cluster` (throwaway stores and topologies the runner
+    /// owns), or a `sqlite:///path.db` base path, or a loopback `redis://127.0.0.1:PORT` or
+    /// `etcd://127.0.0.1:PORT` (scenarios that restart or reconfigure the server are then
+    /// reported as n/a, with why).
     #[arg(long)]
     store: String,
     /// `short` (seconds per scenario) or `long` (longer, several seeds).

@@ -193,9 +193,21 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => StoreTraits::SQLITE,
             StoreSpec::Redis(None) => StoreTraits::OWN_REDIS,
             StoreSpec::Redis(Some(_)) => StoreTraits::FOREIGN_REDIS,
-            StoreSpec::Postgres => StoreTraits::OWN_POSTGRES,
+            // The runner freezes every process of its PostgreSQL server
+            // ([`crate::servers::postgres::PostgresServer::freeze`]).
+            StoreSpec::Postgres => StoreTraits {
+                freezable: true,
+                ..StoreTraits::OWN_POSTGRES
+            },
             StoreSpec::Mariadb => StoreTraits::OWN_MARIADB,
-            StoreSpec::Etcd(_) => StoreTraits::OWN_ETCD,
+            // Its own single member: SIGKILLed and started again on its data directory (a
+            // durable restart), or frozen.
+            StoreSpec::Etcd(None) => StoreTraits {
+                durable_restart: true,
+                freezable: true,
+                ..StoreTraits::OWN_ETCD
+            },
+            StoreSpec::Etcd(Some(_)) => StoreTraits::OWN_ETCD,
             StoreSpec::RedisSentinel { .. } | StoreSpec::RedisCluster => {
                 StoreTraits::REDIS_TOPOLOGY
             }

@@ -80,6 +80,12 @@ pub struct ScenarioReport {
     pub max_loss_notice_ms: Option<u64>,
     /// C7: the most a timed acquire overran its timeout, in ms.
     pub max_deadline_overrun_ms: u64,
+    /// The longest stretch without any grant while the workers ran (from the first acquire
+    /// invoked to the last acquire returned), in ms: how long the semaphore could not be had
+    /// at all. Compare with `baseline`'s, which is what holds of up to TTL/2 cost by
+    /// themselves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_grant_gap_ms: Option<u64>,
     /// Broken properties, with witnesses.
     pub violations: Vec<String>,
     /// Properties this scenario breaks on purpose, with witnesses (not failures).
@@ -107,7 +113,7 @@ impl ScenarioReport {
         }
         let ms = |x: Option<u64>| x.map_or("-".to_string(), |v| format!("{v}"));
         let mut s = format!(
-            "{:<16} {:<6} seed {} {:>6} ms: {} ops, {} grants, {} errors, {} faults | over-grants {}, stale accepts {} (rejects {}, belief overlaps {}), leaked {}, lost {}, reclaim max {} ms, loss notice max {} ms, deadline overrun max {} ms | {} violations, {} expected",
+            "{:<16} {:<6} seed {} {:>6} ms: {} ops, {} grants, {} errors, {} faults | over-grants {}, stale accepts {} (rejects {}, belief overlaps {}), leaked {}, lost {}, reclaim max {} ms, loss notice max {} ms, deadline overrun max {} ms, longest without a grant {} ms | {} violations, {} expected",
             self.scenario,
             self.store,
             self.seed,
@@ -125,6 +131,7 @@ impl ScenarioReport {
             ms(self.max_reclaim_ms),
             ms(self.max_loss_notice_ms),
             self.max_deadline_overrun_ms,
+            ms(self.max_grant_gap_ms),
             self.violations.len(),
             self.expected.len(),
         );
@@ -407,12 +414,46 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
             "errors the workers got (first distinct ones): {kinds:?}"
         ));
     }
+    r.max_grant_gap_ms = grant_gap(&events).map(|ns| ns / 1_000_000);
     let reclaims: Vec<u64> = run.reclaim_ms.iter().map(|ms| ms * 1_000_000).collect();
     check_faults(&events, &check.leases, ttl, &run.scenario, reclaims, &mut r);
     if r.stale_accepts > 0 && r.violations.is_empty() {
         r.violations.push("stale accepts".into());
     }
     Ok(r)
+}
+
+/// The longest stretch without a grant from the first acquire invoked to the last acquire
+/// returned, in ns; `None` without acquires.
+fn grant_gap(events: &[Event]) -> Option<u64> {
+    let first = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::AcquireInvoked { .. }))
+        .map(|e| e.t_ns)
+        .min()?;
+    let last = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::AcquireReturned { .. }))
+        .map(|e| e.t_ns)
+        .max()?;
+    let mut times: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::AcquireReturned {
+                    outcome: Outcome::Granted { .. },
+                    ..
+                }
+            )
+        })
+        .map(|e| e.t_ns)
+        .filter(|&t| t >= first && t <= last)
+        .collect();
+    times.push(first);
+    times.push(last);
+    times.sort_unstable();
+    times.windows(2).map(|w| w[1] - w[0]).max()
 }
 
 /// C5 and the loss notices, from the fault log: adds faults, reclaim and notice figures and
@@ -812,6 +853,20 @@ mod tests {
             .invoke(50, "w2", 1)
             .fault(100, "sigkill", FaultPhase::Instant, "w1");
         log
+    }
+
+    #[test]
+    fn the_longest_stretch_without_a_grant_counts_from_the_first_acquire() {
+        let mut log = Log::default();
+        assert_eq!(super::grant_gap(&log.0), None);
+        log.invoke(0, "w1", 1)
+            .grant(100, "w1", 1, 1, 0)
+            .invoke(150, "w2", 1)
+            .grant(1_400, "w2", 1, 2, 1)
+            .invoke(1_500, "w1", 2)
+            .grant(1_600, "w1", 2, 3, 0);
+        log.0.sort_by_key(|e| e.t_ns);
+        assert_eq!(super::grant_gap(&log.0), Some(1_300 * 1_000_000));
     }
 
     #[test]

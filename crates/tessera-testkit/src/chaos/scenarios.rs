@@ -23,6 +23,7 @@ pub fn names() -> Vec<&'static str> {
         "s3-proxy",
         "s4-restart",
         "s4-restart-aof",
+        "s5-freeze",
         "s9-client-kill",
         "s10-reclaim",
         "s7-eviction",
@@ -51,6 +52,30 @@ fn topology_problem(name: &str, spec: &StoreSpec) -> Option<&'static str> {
     }
 }
 
+/// Why `s4-restart` (a server that comes back *empty*) does not apply to a store whose
+/// server keeps its committed data through a kill -9 (a database: PostgreSQL, MariaDB,
+/// etcd), or `None`. Their kill -9 and restart is `s4-restart-aof`.
+fn keeps_its_data(name: &str, traits: &StoreTraits) -> Option<&'static str> {
+    (name == "s4-restart" && traits.server && !traits.restartable && traits.durable_restart)
+        .then_some(
+            "keeps its committed data through a kill -9, so it never comes back empty \
+             (keeps its data: its kill -9 and restart is s4-restart-aof)",
+        )
+}
+
+/// Why a fault of one server (`s4-restart`, `s4-restart-aof`, `s5-freeze`) does not run on a
+/// Redis topology, or `None`: there the kill -9 and the freeze of a server are failovers.
+fn one_server_fault_on_a_topology(name: &str, spec: &StoreSpec) -> Option<&'static str> {
+    let topology = matches!(
+        spec,
+        StoreSpec::RedisSentinel { .. } | StoreSpec::RedisCluster
+    );
+    (topology && matches!(name, "s4-restart" | "s4-restart-aof" | "s5-freeze")).then_some(
+        "is a topology: the kill -9 and the freeze of its master are the failover scenarios \
+         (f2-sentinel-kill, f3-sentinel-freeze, f4-cluster-kill) (see its failovers)",
+    )
+}
+
 /// What scenario `name` needs of the store beyond being shared by processes (which every
 /// store the runner takes is).
 pub fn needs(name: &str, traits: &StoreTraits) -> &'static [Need] {
@@ -59,6 +84,7 @@ pub fn needs(name: &str, traits: &StoreTraits) -> &'static [Need] {
         // A store without a server (a file) restarts by losing every client at once.
         "s4-restart" if traits.server => &[Need::Restart],
         "s4-restart-aof" => &[Need::DurableRestart],
+        "s5-freeze" => &[Need::Freeze],
         "s9-client-kill" => &[Need::CutClients],
         "s7-eviction" => &[Need::Eviction],
         // The scenario shifts the workers' wall clock; it means nothing to a store whose
@@ -79,6 +105,8 @@ pub async fn run(
     let kind = spec.kind();
     let traits = spec.traits();
     if let Some(why) = topology_problem(name, spec)
+        .or_else(|| keeps_its_data(name, &traits))
+        .or_else(|| one_server_fault_on_a_topology(name, spec))
         .or_else(|| needs(name, &traits).iter().find_map(|&n| traits.lacks(n)))
     {
         let why = format!("{kind} {why}");
@@ -93,6 +121,7 @@ pub async fn run(
         "s4-restart" if traits.server => s4_restart(spec, p, seed, false).await,
         "s4-restart" => s4_kill_every_client(spec, p, seed).await,
         "s4-restart-aof" => s4_restart(spec, p, seed, true).await,
+        "s5-freeze" => s5_freeze(spec, p, seed).await,
         "s9-client-kill" => s9_client_kill(spec, p, seed).await,
         "s10-reclaim" => s10_reclaim(spec, p, seed).await,
         "s7-eviction" => s7_eviction(spec, p, seed).await,
@@ -258,11 +287,42 @@ async fn s4_restart(
     for _ in 0..p.rounds {
         sleep(p.ttl * 2).await;
         run.fault("restart", FaultPhase::Start, None);
-        tokio::task::block_in_place(|| run.env.restart());
+        tokio::task::block_in_place(|| match run.env.postgres_server_mut() {
+            // A crash of every process, not `pg_ctl stop -m immediate`.
+            Some(pg) => pg.kill9_restart(),
+            None => run.env.restart(),
+        });
         run.fault("restart", FaultPhase::Heal, None);
         sleep(p.ttl).await;
     }
     run.run_out().await;
+    run.finish().await
+}
+
+/// S5: SIGSTOP the server (every process of it, on PostgreSQL; the only member, on etcd)
+/// for 2 TTL, past every lease's TTL, then SIGCONT. Connections stay open and nothing
+/// answers meanwhile. Nothing is forgotten (the server keeps its state), so no finding is
+/// excused: holders must stop believing before anyone else can be granted their seats, a
+/// timed acquire must return by its deadline although its calls hang, and service resumes
+/// within TTL + renewal interval of the thaw.
+async fn s5_freeze(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
+    let frozen = p.ttl * 2;
+    let duration = (p.ttl * 2 + frozen) * p.rounds + p.ttl * 2;
+    let mut run = start("s5-freeze", spec, p, seed, duration).await?;
+    for _ in 0..p.rounds {
+        sleep(p.ttl * 2).await;
+        run.fault("freeze", FaultPhase::Start, None);
+        run.env.freeze();
+        let began = Instant::now();
+        sleep(frozen).await;
+        run.env.thaw();
+        run.fault("freeze", FaultPhase::Heal, None);
+        run.notes
+            .push(format!("server frozen {} ms", began.elapsed().as_millis()));
+    }
+    run.run_out().await;
+    // A stopped server never answers the drain: make sure it runs (a no-op if it does).
+    run.env.thaw();
     run.finish().await
 }
 

@@ -128,6 +128,85 @@ impl PostgresServer {
             .unwrap_or_else(|e| panic!("postgres start on port {}: {e}", self.port));
     }
 
+    /// The postmaster's pid (the first line of `postmaster.pid`) and those of its children
+    /// (the backends and auxiliary processes), postmaster first.
+    fn processes(&self) -> Vec<libc::pid_t> {
+        let pidfile = self.dir.path().join("data").join("postmaster.pid");
+        let Some(pm) = std::fs::read_to_string(pidfile).ok().and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.trim().parse::<libc::pid_t>().ok())
+        }) else {
+            return vec![];
+        };
+        let mut pids = vec![pm];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid …: the comm may hold spaces, so read after its ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<libc::pid_t>().ok());
+            if ppid == Some(pm) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn signal_all(&self, sig: libc::c_int) {
+        for pid in self.processes() {
+            // SAFETY: kill(2) on the server's own processes, read from its pid file.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
+    /// Freezes the whole server (SIGSTOP to the postmaster and every backend): connections
+    /// stay open, nothing answers, no new session starts, until [`PostgresServer::thaw`].
+    pub fn freeze(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen server run again (SIGCONT to the postmaster and every backend).
+    pub fn thaw(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// SIGKILLs the postmaster and every backend at once (a crash: no shutdown, no
+    /// checkpoint) and starts the server again on the same port and data, which replays
+    /// the WAL: committed data survives, sessions do not.
+    pub fn kill9_restart(&mut self) {
+        let pids = self.processes();
+        for &pid in &pids {
+            // SAFETY: as in `signal_all`.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        // Gone, or zombies nobody reaps (the postmaster is pg_ctl's orphan): either way they
+        // hold no shared memory any more.
+        let gone = |pid: libc::pid_t| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
+                })
+                .unwrap_or(true)
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pids.iter().all(|&p| gone(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.running = false;
+        // A zombie postmaster's pid would still answer kill(pid, 0): the lock file goes, as
+        // after a reboot.
+        let _ = std::fs::remove_file(self.dir.path().join("data").join("postmaster.pid"));
+        super::process::restart_retrying("postgres", Duration::from_secs(30), || {
+            self.pg_ctl_start()
+        });
+    }
+
     /// Runs `sql` with psql as the superuser on database `postgres`; stdout (unaligned,
     /// tuples only). Panics if psql fails.
     pub fn psql(&self, sql: &str) -> String {
