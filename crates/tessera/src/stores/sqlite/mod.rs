@@ -788,7 +788,7 @@ impl AdmissionBackend for SqliteBackend {
 
     /// The release and the settle in one transaction. `at` comes back in wall time; a
     /// process converts with its own offset, which another process's differs from by less
-    /// than [`REANCHOR_US`] unless the wall clock was stepped, so that is the slack.
+    /// than `REANCHOR_US` unless the wall clock was stepped, so that is the slack.
     async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
         let mut s = *settlement;
         s.at = self.wall_to_store(s.at);
