@@ -123,8 +123,11 @@ struct SemState {
     next_seq: u64,
     /// Virtual time: the start tag of the latest grant.
     vtime: u64,
-    /// Each tenant's latest finish tag (absent: at or below `vtime`).
-    finish: HashMap<Box<str>, u64>,
+    /// The latest finish tag of requests that name no tenant (the tenant `""`), kept apart
+    /// so that an acquire without tenants hashes nothing.
+    finish_default: u64,
+    /// Each named tenant's latest finish tag (absent: at or below `vtime`).
+    finish: HashMap<Box<str>, u64, foldhash::fast::RandomState>,
     /// Every seat `>= seat_high` is free.
     seat_high: u32,
     /// Free seats below `seat_high`.
@@ -161,7 +164,8 @@ impl SemState {
             waiter_expiry: BTreeSet::new(),
             next_seq: FIRST_SEQ,
             vtime: 0,
-            finish: HashMap::new(),
+            finish_default: 0,
+            finish: HashMap::default(),
             seat_high: 0,
             free_low: BTreeSet::new(),
         }
@@ -177,6 +181,7 @@ impl SemState {
         if self.is_empty() {
             self.capacity = capacity;
             self.vtime = 0;
+            self.finish_default = 0;
             self.finish.clear();
         }
         if self.capacity != capacity {
@@ -356,11 +361,11 @@ impl SemState {
     /// The start and finish tags a new request of `tenant` and `cost` would get (see
     /// `docs/fair-shares.md`); nothing changes until [`SemState::take_tags`].
     fn tags(&self, tenant: Option<&Tenant>, cost: u32) -> (u64, u64) {
-        let (name, share) = tenant.map_or(("", 1), |t| (t.name(), t.share()));
-        let start = self
-            .finish
-            .get(name)
-            .map_or(self.vtime, |&f| f.max(self.vtime));
+        let (last, share) = match tenant {
+            None => (self.finish_default, 1),
+            Some(t) => (self.finish.get(t.name()).copied().unwrap_or(0), t.share()),
+        };
+        let start = last.max(self.vtime);
         (start, start + cost as u64 * TAG_UNIT / share as u64)
     }
 
@@ -368,12 +373,14 @@ impl SemState {
     /// start. Tenants whose finish tag the virtual time has passed are forgotten now and
     /// then (they start at the virtual time either way).
     fn take_tags(&mut self, tenant: Option<&Tenant>, (start, finish): (u64, u64), granted: bool) {
-        let name = tenant.map_or("", |t| t.name());
-        match self.finish.get_mut(name) {
-            Some(f) => *f = finish,
-            None => {
-                self.finish.insert(name.into(), finish);
-            }
+        match tenant {
+            None => self.finish_default = finish,
+            Some(t) => match self.finish.get_mut(t.name()) {
+                Some(f) => *f = finish,
+                None => {
+                    self.finish.insert(t.name().into(), finish);
+                }
+            },
         }
         if granted {
             self.vtime = self.vtime.max(start);
