@@ -64,10 +64,13 @@ export class Admitted extends Lease {
 
   /** The give-back request alone. @protected */
   async _sendGiveBack() {
+    const body = { reservation: this.reservation, admitted_at_us: this.admittedAtUs };
+    // Past its use-by: counted by the store (the limiter's `expired_unused`).
+    if (this.useByRemainingMs() < 0) body.expired = true;
     const answer = await this._transport.request(
       "POST",
       `/v1/admissions/${segment(this.name)}/leases/${this.leaseId}/give-back`,
-      { reservation: this.reservation, admitted_at_us: this.admittedAtUs },
+      body,
       { idempotent: true },
     );
     return answer.body?.done === true;

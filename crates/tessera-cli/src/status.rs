@@ -306,6 +306,13 @@ fn rate_detail(r: &RateStatus) -> String {
             until(l.next_free, r.now)
         );
     }
+    // Counted by the store in each give-back's step, since the limiter's state began.
+    if let Some(n) = r.expired_unused {
+        out += &format!(
+            "  expired unused: {n} admission{} given back past the use-by instant (margin)\n",
+            if n == 1 { "" } else { "s" }
+        );
+    }
     out
 }
 
@@ -621,6 +628,7 @@ mod tests {
             next_free: later,
             now,
             margin: tessera::DEFAULT_RATE_MARGIN,
+            expired_unused: None,
         };
         let text = rate_summary(&[status]);
         let line = text.lines().nth(1).unwrap();

@@ -670,16 +670,43 @@ async fn an_acquire_giving_back_a_late_admission_keeps_the_head_of_the_queue() {
         1,
         "{sem}: the waiter still waits"
     );
-    // The same lease again: not held any more, so no head place; the window is full.
+    // The store counted the late admission, in the give-back's step.
+    let expired = || async {
+        let (_, rate) = get(&c, &s.url("/v1/rates/late")).await;
+        rate["expired_unused"].clone()
+    };
+    assert_eq!(expired().await, json!(1));
+    // The same lease again: not held any more, so no head place (and no count); the window
+    // is full.
     again["wait"] = json!("300ms");
     let (st, e) = post(&c, &acquire, again).await;
     assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "not_admitted");
+    assert_eq!(expired().await, json!(1));
+    // A give-back that says the admission was late is counted; one that does not, is not.
+    let give_back = |lease: &serde_json::Value| {
+        s.url(&format!(
+            "/v1/admissions/late/leases/{}/give-back",
+            lease["lease_id"].as_str().unwrap()
+        ))
+    };
+    let back = json!({"reservation": next["reservation"],
+        "admitted_at_us": next["admitted_at_us"], "expired": true});
+    let (st, d) = post(&c, &give_back(&next), back).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": true})));
+    assert_eq!(expired().await, json!(2));
+    // The window it gave back goes to the waiter.
+    let (st, last) = waiter.await.unwrap();
+    assert_eq!(st, 200, "{last}: the window given back");
+    let back =
+        json!({"reservation": last["reservation"], "admitted_at_us": last["admitted_at_us"]});
+    let (st, d) = post(&c, &give_back(&last), back).await;
+    assert_eq!((st, d), (StatusCode::OK, json!({"done": true})));
+    assert_eq!(expired().await, json!(2));
     // A malformed give-back changes nothing.
     let mut bad = body.clone();
     bad["given_back"] = json!({"lease_id": "nope", "reservation": 1, "admitted_at_us": 1});
     let (st, e) = post(&c, &acquire, bad).await;
     assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
-    waiter.abort();
 }
 
 /// `tenant` and `share` (docs/fair-shares.md): on the memory store a light tenant's waiter

@@ -148,8 +148,8 @@ pub mod backend {
         WaitReply, WaitSpec,
     };
     pub use crate::seam::{
-        AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, FenceSource, HandOff,
-        RateBackend, RateConfig, RateReply, RateRequest, Settlement, Waking, PING_NAME,
+        AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, FenceSource, GiveBack,
+        HandOff, RateBackend, RateConfig, RateReply, RateRequest, Settlement, Waking, PING_NAME,
     };
     pub use crate::wake::{notify, notify_grant};
 

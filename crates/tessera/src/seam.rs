@@ -69,7 +69,9 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::model::*;
 
-pub use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
+pub use crate::admission::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement,
+};
 pub use crate::rate::seam::{RateBackend, RateReply, RateRequest};
 pub use crate::rate::spec::RateConfig;
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera::backend::stores::MemoryBackend;
-use tessera::backend::{Clock, ManualClock};
-use tessera::{Error, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
+use tessera::backend::{Clock, GiveBack, ManualClock, Name};
+use tessera::{Error, LeaseId, RateOptions, Semaphore, SemaphoreOptions, Store, StoreTime};
 use tessera_testkit::servers::mysql::MariaDbServer;
 use tessera_testkit::servers::postgres::PostgresServer;
 use tessera_testkit::servers::redis::RedisServer;
@@ -561,6 +561,115 @@ async fn a_late_ticket_readmitted_without_a_wait_is_tried_once_and_leaves_nothin
         assert!(status.is_none_or(|s| s.queue.is_empty()), "{}", store.url());
         store.close().await.unwrap();
     }
+}
+
+/// The store's count of admissions given back past their use-by instant.
+async fn expired_unused(store: &Store, name: &str) -> Option<u64> {
+    let status = store.rate_status(name).await.unwrap();
+    status.and_then(|s| s.expired_unused)
+}
+
+/// Admissions given back past their use-by instant are counted by the store, in the
+/// give-back's own step (`docs/admission.md`, "Use-by"), on every store with admission: a
+/// fresh give-back counts nothing; a late ticket readmitted once counts itself and the late
+/// ticket of the retry; a give-back of a lease no longer held (sent twice) counts nothing;
+/// and the count outlives a give-back of the limiter's only admission.
+#[tokio::test]
+async fn admissions_given_back_past_their_use_by_are_counted_by_the_store() {
+    for (store, _keep) in stores("expired").await {
+        let url = store.url().to_string();
+        let long = RateOptions::default().margin(Duration::from_secs(1));
+        let fresh = store
+            .admission("fresh")
+            .permits(2)
+            .rate_options(long)
+            .rate("5/min".parse().unwrap())
+            .unwrap();
+        let kept = fresh.try_acquire().await.unwrap().expect("admitted");
+        let t = fresh.try_acquire().await.unwrap().expect("admitted");
+        assert!(t.is_fresh(), "{url}");
+        assert!(t.give_back().await.unwrap());
+        assert_eq!(expired_unused(&store, "fresh").await, Some(0), "{url}");
+        kept.release().await.unwrap();
+
+        // A margin of 1 µs: every ticket is late. The readmit gives back the late ticket,
+        // tries once more, and gives back the retry's ticket, late too.
+        let late = store
+            .admission("expired")
+            .permits(1)
+            .rate_options(RateOptions::default().margin(Duration::from_micros(1)))
+            .rate("5/min".parse().unwrap())
+            .unwrap();
+        let t = late.try_acquire().await.unwrap().expect("admitted");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(!t.is_fresh());
+        let (lease, reservation, at) = (t.lease_id(), t.reservation(), t.admitted_at());
+        assert!(late
+            .readmit_timeout(t, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none());
+        assert_eq!(rate_used(&store, "expired").await, 0, "{url}");
+        assert_eq!(expired_unused(&store, "expired").await, Some(2), "{url}");
+        // The same give-back again, through the seam: the lease is not held, no count.
+        let again = GiveBack {
+            reservation,
+            at,
+            expired: true,
+        };
+        let name = Name::new("expired").unwrap();
+        let seam = store.backend().admission().expect("admission");
+        assert!(!seam.give_back(&name, lease, again).await.unwrap());
+        assert!(!seam
+            .give_back(&name, LeaseId::random(), again)
+            .await
+            .unwrap());
+        assert_eq!(expired_unused(&store, "expired").await, Some(2), "{url}");
+        assert_eq!(held(&store, "expired").await, 0, "{url}");
+        store.close().await.unwrap();
+    }
+}
+
+/// The count belongs to the limiter's state: it lasts at least one window (plus the margin)
+/// after the latest expired give-back, and a limiter idle past that starts again at 0.
+#[tokio::test]
+async fn the_count_of_expired_admissions_is_forgotten_with_the_limiters_state() {
+    let (store, clock) = manual_store();
+    let adm = store
+        .admission("idle")
+        .permits(1)
+        .rate("5/min".parse().unwrap())
+        .unwrap();
+    let t = adm.try_acquire().await.unwrap().expect("admitted");
+    let seam = store.backend().admission().expect("admission");
+    let g = GiveBack {
+        reservation: t.reservation(),
+        at: t.admitted_at(),
+        expired: true,
+    };
+    let name = Name::new("idle").unwrap();
+    assert!(seam.give_back(&name, t.lease_id(), g).await.unwrap());
+    drop(t);
+    assert_eq!(expired_unused(&store, "idle").await, Some(1));
+    clock.advance(Duration::from_secs(59));
+    assert_eq!(
+        expired_unused(&store, "idle").await,
+        Some(1),
+        "within the window"
+    );
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        store.rate_status("idle").await.unwrap(),
+        None,
+        "idle past it"
+    );
+    let t = adm.try_acquire().await.unwrap().expect("admitted");
+    assert_eq!(
+        expired_unused(&store, "idle").await,
+        Some(0),
+        "a fresh state"
+    );
+    t.release().await.unwrap();
 }
 
 /// An admission that waits for permits behind a plain holder is granted by its own step

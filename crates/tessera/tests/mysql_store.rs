@@ -91,7 +91,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "4");
+    assert_eq!(version.trim(), "5");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -105,7 +105,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "4");
+    assert_eq!(version.trim(), "5");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
     assert_eq!(routines.trim(), "5");
@@ -405,7 +405,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         ))
     };
     assert_eq!(meta("routines_version").trim(), "5");
-    assert_eq!(meta("schema_version").trim(), "4");
+    assert_eq!(meta("schema_version").trim(), "5");
     assert_eq!(
         server
             .sql(

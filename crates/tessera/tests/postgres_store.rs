@@ -205,7 +205,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6"
+        "1,2,3,4,5,6,7"
     );
 }
 
@@ -692,7 +692,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -703,7 +703,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -715,7 +715,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -770,7 +770,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "5");
+    assert_eq!(revision(), "6");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -782,11 +782,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "5");
+    assert_eq!(revision(), "6");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -891,7 +891,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -904,7 +904,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -1921,7 +1921,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "5");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "6");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
@@ -2123,10 +2123,12 @@ async fn an_admission_at_the_head_stops_the_hand_off_until_its_own_step_grants_i
     assert_eq!(pg.heartbeat(&n, w, LONG).await.unwrap(), WaitReply::Waiting);
 
     // Given back: the charge (still the latest) and the permit, which the plain waiter gets.
-    assert!(adm
-        .give_back(&n, x, reservation, grant.lease.acquired_at)
-        .await
-        .unwrap());
+    let given = GiveBack {
+        reservation,
+        at: grant.lease.acquired_at,
+        expired: false,
+    };
+    assert!(adm.give_back(&n, x, given).await.unwrap());
     assert_eq!(rate_used(&pg, &n).await, 0);
     assert!(matches!(
         pg.heartbeat(&n, w, LONG).await.unwrap(),
@@ -2134,10 +2136,7 @@ async fn an_admission_at_the_head_stops_the_hand_off_until_its_own_step_grants_i
     ));
     assert!(consistent());
     // Given back twice: nothing held, nothing more returned.
-    assert!(!adm
-        .give_back(&n, x, reservation, grant.lease.acquired_at)
-        .await
-        .unwrap());
+    assert!(!adm.give_back(&n, x, given).await.unwrap());
     assert!(pg.release(&n, w).await.unwrap());
 }
 

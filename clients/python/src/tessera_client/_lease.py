@@ -510,10 +510,13 @@ class AdmittedLease(Lease):
         with self._lock:
             self._releasing = True
         self._stop_keeping()
+        body: dict = {"reservation": self.reservation, "admitted_at_us": self.admitted_at_us}
+        if self.use_by_passed():
+            body["expired"] = True  # counted by the store (the limiter's ``expired_unused``)
         answer = self._transport.call(
             "POST",
             f"{admission_path}/leases/{self.lease_id}/give-back",
-            {"reservation": self.reservation, "admitted_at_us": self.admitted_at_us},
+            body,
             retry=True,
         )
         with self._lock:

@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use tessera::backend::GiveBack;
 use tessera::{Admission, Admitted, RateOptions, RateSpec, SemaphoreOptions, StoreTime};
 use utoipa::ToSchema;
 
@@ -135,6 +136,10 @@ pub struct GiveBackBody {
     /// `admitted_at_us` of the admission.
     #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub admitted_at_us: u64,
+    /// True when it is given back because it was past its use-by instant: counted in the
+    /// limiter's status (`expired_unused`) and in `tessera_admissions_expired_total`.
+    #[serde(default)]
+    pub expired: bool,
 }
 
 /// A settle: what the admitted call actually cost.
@@ -347,13 +352,17 @@ pub async fn give_back(
         body.admitted_at_us,
     )?;
     let admission = admission_step(&app)?;
-    let at = StoreTime(body.admitted_at_us);
+    let give_back = GiveBack {
+        reservation: body.reservation,
+        at: StoreTime(body.admitted_at_us),
+        expired: body.expired,
+    };
     let done = app
-        .bounded(
-            "the give-back",
-            admission.give_back(&n, id, body.reservation, at),
-        )
+        .bounded("the give-back", admission.give_back(&n, id, give_back))
         .await??;
+    if body.expired {
+        metrics::counter!("tessera_admissions_expired_total", "name" => sem).increment(1);
+    }
     Ok(Json(DoneBody { done }))
 }
 

@@ -114,6 +114,7 @@ mod tests {
             last_admit: StoreTime(now),
             next_free: StoreTime(now + 16_200_000),
             now: StoreTime(now),
+            expired_unused: None,
         };
         let h = limit(&status);
         assert_eq!(

@@ -110,6 +110,11 @@ pub struct RateStatusBody {
     pub next_free_in_ms: u64,
     /// The store's time of the snapshot (µs since the Unix epoch).
     pub now_us: u64,
+    /// Admissions of this name given back past their use-by instant, counted by the store
+    /// since the limiter's state began (it is forgotten once the limiter is idle for its
+    /// longest window plus margin). Absent where the store does not count them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expired_unused: Option<u64>,
 }
 
 impl RateStatusBody {
@@ -138,6 +143,7 @@ impl RateStatusBody {
             next_free_us: s.next_free.as_micros(),
             next_free_in_ms: ceil_ms(s.next_free.since(now)),
             now_us: now.as_micros(),
+            expired_unused: s.expired_unused,
         }
     }
 }

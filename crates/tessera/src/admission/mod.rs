@@ -33,7 +33,7 @@ use crate::semaphore::admit::{Admit, Windows};
 use crate::semaphore::place::Watch;
 use crate::semaphore::{QueuePlace, Semaphore, SemaphoreOptions};
 use crate::store::Store;
-use seam::Settlement;
+use seam::{GiveBack, Settlement};
 
 /// Permits of a semaphore and rate windows of the limiter of the same name, taken in one
 /// atomic step (see the module docs). Built with [`Store::admission`].
@@ -260,7 +260,15 @@ impl Admission {
         let held = self
             .semaphore
             .admission_backend()?
-            .give_back(self.semaphore.name_key(), lease, reservation, at)
+            .give_back(
+                self.semaphore.name_key(),
+                lease,
+                GiveBack {
+                    reservation,
+                    at,
+                    expired: true,
+                },
+            )
             .await?;
         crate::telemetry::admission_expired(self.semaphore.name_key());
         self.again(held, deadline, timeout.is_zero()).await
@@ -471,8 +479,10 @@ impl Admitted {
     }
 
     /// Gives the admission back unused: the permits are released and, while it is the
-    /// limiter's latest charge, the charge is returned to every window. `true` if the lease
-    /// was still held.
+    /// limiter's latest charge, the charge is returned to every window. A ticket past its
+    /// use-by instant is counted as expired unused, by the store
+    /// ([`RateStatus::expired_unused`](crate::RateStatus)) and in
+    /// `tessera_admissions_expired_total`. `true` if the lease was still held.
     pub async fn give_back(self) -> Result<bool> {
         let fresh = self.is_fresh();
         let name = self.permit.semaphore_name().clone();
@@ -487,10 +497,12 @@ impl Admitted {
         if !fresh {
             crate::telemetry::admission_expired(&name);
         }
-        match admission
-            .give_back(&name, lease.lease_id, self.reservation, self.at)
-            .await
-        {
+        let give_back = GiveBack {
+            reservation: self.reservation,
+            at: self.at,
+            expired: !fresh,
+        };
+        match admission.give_back(&name, lease.lease_id, give_back).await {
             Ok(held) => Ok(held),
             // The charge stands; the permits must not wait for their TTL.
             Err(_) => backend.release(&name, lease.lease_id).await,

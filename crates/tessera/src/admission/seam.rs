@@ -68,6 +68,19 @@ pub enum AdmitReply {
     },
 }
 
+/// An admission given back unused, for [`AdmissionBackend::give_back`]: the charge made at
+/// `at` (named by `reservation`), and whether it was given back because it was past its
+/// use-by instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GiveBack {
+    /// The admission's charge, as [`AdmitReply::Granted`] named it (0: nothing to return).
+    pub reservation: u64,
+    /// The store instant of the admission (the lease's `acquired_at`).
+    pub at: StoreTime,
+    /// Past its use-by instant: counted in the limiter's state.
+    pub expired: bool,
+}
+
 /// What an admission actually cost, for [`AdmissionBackend::settle`]: the charge made at
 /// `at` (named by `reservation`) was `charged`; the call cost `actual`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,16 +113,13 @@ pub trait AdmissionBackend: Send + Sync + fmt::Debug {
     ) -> Result<AdmitReply>;
 
     /// Gives back an admission that was not used: releases `lease` and, if its charge
-    /// (`reservation`, made at `at`) is still the limiter's latest, returns it to every
+    /// (`give_back.reservation`, made at `give_back.at`) is still the limiter's latest, returns it to every
     /// window; a later admission keeps it charged (the windows only count more than was
-    /// used, never less). `true` if the lease was still held.
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool>;
+    /// used, never less). With `expired` (it was past its use-by instant), the same step
+    /// counts it in the limiter's state ([`RateStatus::expired_unused`](crate::RateStatus))
+    /// if it released the lease (so a give-back sent twice counts once), whether or not the
+    /// charge could be returned. `true` if the lease was still held.
+    async fn give_back(&self, name: &Name, lease: LeaseId, give_back: GiveBack) -> Result<bool>;
 
     /// Releases `lease` and settles its admission's cost in one step (`docs/admission.md`,
     /// invariant 6): an excess (`actual > charged`) is charged to every window at the step's

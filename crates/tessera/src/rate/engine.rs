@@ -60,6 +60,10 @@ pub(crate) struct RateState {
     pub base: u64,
     pub tat: Vec<u64>,
     pub prev_tat: Vec<u64>,
+    /// The expiry the state was stored with (0 for a new one): a save never lowers it. It is
+    /// raised past what the state needs only to keep a count of expired admissions (see
+    /// `stores/sql/rate.rs` `give_back`); a state kept longer answers as a fresh one would.
+    pub kept_until: u64,
 }
 
 // `new` and `expires_at`, like the other items under this `cfg`, serve the stores that
@@ -84,16 +88,18 @@ impl RateState {
             base: 0,
             tat: vec![0; n],
             prev_tat: vec![0; n],
+            kept_until: 0,
         }
     }
 
     /// When the state stops mattering: no entry within the longest window, no pacing
-    /// debt. Past this time a fresh state answers the same.
+    /// debt. Past this time a fresh state answers the same. Never before `kept_until`.
     pub fn expires_at(&self, config: &RateConfig) -> u64 {
-        match config.mode() {
+        let needed = match config.mode() {
             RateMode::Exact => self.last.saturating_add(config.horizon_us()),
             RateMode::Smooth { .. } => self.tat.iter().copied().fold(self.last, u64::max),
-        }
+        };
+        needed.max(self.kept_until)
     }
 }
 
@@ -582,6 +588,7 @@ pub(crate) fn status(
         last_admit: StoreTime(state.last),
         next_free: StoreTime(next_free),
         now,
+        expired_unused: None,
     })
 }
 

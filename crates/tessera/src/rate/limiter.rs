@@ -358,6 +358,7 @@ impl RateLimiter {
                     margin: self.config.margin(),
                     last_admit: now,
                     next_free: now,
+                    expired_unused: None,
                     now,
                 })
             }

@@ -72,6 +72,13 @@ pub struct RateStatus {
     pub next_free: StoreTime,
     /// The store's time of the snapshot.
     pub now: StoreTime,
+    /// Admissions of this limiter given back unused because they were past their use-by
+    /// instant (`crate::Admitted::is_fresh`), counted by the store in the give-back's step
+    /// since the limiter's state began: a limiter idle past its longest window forgets its
+    /// state and starts again at 0. `None` where the store does not count them (a MySQL
+    /// schema whose user may not add the column, `docs/admission.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_unused: Option<u64>,
 }
 
 /// The rate-limit seam: one atomic step per method, on the store's clock. A store offers it

@@ -17,7 +17,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{redact_url, InvalidInput, Result};
 use crate::model::*;
 use crate::seam::{
-    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
+    Settlement,
 };
 use crate::wake;
 
@@ -195,19 +196,14 @@ impl AdmissionBackend for MemoryBackend {
             m.admit(&mut rate, name, capacity, config, req, now, w)
         })
     }
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool> {
+    async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         self.run(|m, now, w| {
             let released = m.release(name, lease, now, w);
-            self.rate
-                .lock()
-                .unwrap()
-                .undo(name, reservation, at, now, true)?;
+            let mut rate = self.rate.lock().unwrap();
+            rate.undo(name, g.reservation, g.at, now, true)?;
+            if g.expired && released {
+                rate.count_expired(name, now)?;
+            }
             Ok(released)
         })
     }

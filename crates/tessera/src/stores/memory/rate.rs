@@ -29,6 +29,8 @@ struct Limiter {
     state: RateState,
     log: VecLog,
     expires_at: u64,
+    /// Admissions given back past their use-by instant since the state began.
+    expired: u64,
 }
 
 fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
@@ -64,11 +66,16 @@ impl RateModel {
     ) -> Result<RateReply> {
         self.expire(name, now);
         // Work on the limiter out of the map (no copy of its log), and put it back.
-        let (stored, mut log, old_expiry) = match self.limiters.remove(name) {
-            Some(l) => (Some(l.state), l.log, l.expires_at),
-            None => (None, VecLog::default(), 0),
+        let (stored, mut log, old_expiry, expired) = match self.limiters.remove(name) {
+            Some(l) => (Some(l.state), l.log, l.expires_at, l.expired),
+            None => (None, VecLog::default(), 0, 0),
         };
         let existed = stored.is_some();
+        // A save never lowers the expiry (`RateState::kept_until`), as in the other stores.
+        let stored = stored.map(|mut s| {
+            s.kept_until = old_expiry;
+            s
+        });
         let kept = stored.clone();
         let mut state = match engine::check_config(name, stored, config, req.update, now) {
             Ok(state) => state,
@@ -80,6 +87,7 @@ impl RateModel {
                             state,
                             log,
                             expires_at: old_expiry,
+                            expired,
                         },
                     );
                 }
@@ -108,6 +116,7 @@ impl RateModel {
                     state,
                     log,
                     expires_at,
+                    expired,
                 },
             );
         }
@@ -151,6 +160,7 @@ impl RateModel {
             l.log.0.pop_back();
             l.state.p = l.log.0.back().map_or(l.state.base, |&(_, p)| p);
         }
+        l.state.kept_until = l.expires_at;
         l.expires_at = l.state.expires_at(&config);
         Ok(true)
     }
@@ -182,6 +192,7 @@ impl RateModel {
             block,
         );
         l.log.apply(change);
+        l.state.kept_until = l.expires_at;
         l.expires_at = l.state.expires_at(&config);
         Ok(())
     }
@@ -197,7 +208,23 @@ impl RateModel {
         if let Some(p) = log.prune(engine::prune_cutoff(&config, now)) {
             state.base = p;
         }
-        engine::status(name, &state, &config, &log, now).map(Some)
+        let mut status = engine::status(name, &state, &config, &log, now)?;
+        status.expired_unused = Some(l.expired);
+        Ok(Some(status))
+    }
+
+    /// Counts an admission given back past its use-by instant, in the state (if any) that
+    /// [`RateModel::undo`] just looked at, whether or not its charge came back; the state
+    /// (and so the count) is kept at least one horizon (longest window plus margin) from
+    /// `now` (`docs/admission.md`, "Use-by").
+    pub(crate) fn count_expired(&mut self, name: &Name, now: StoreTime) -> Result<()> {
+        if let Some(l) = self.limiters.get_mut(name) {
+            let config = stored_config(name, &l.state)?;
+            l.expired += 1;
+            l.state.kept_until = l.expires_at.max(now.0.saturating_add(config.horizon_us()));
+            l.expires_at = l.state.expires_at(&config);
+        }
+        Ok(())
     }
 
     /// Drops the limiter; `true` if it had state that had not expired.

@@ -54,6 +54,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("rate_schema.sql"),
     include_str!("holders_doorbell.sql"),
     include_str!("waiters_gate.sql"),
+    include_str!("rate_expired.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -133,6 +134,10 @@ pub const OPTIONAL_FROM: i64 = 3;
 /// The schema version with admission waiters' gates (`waiters_gate.sql`): below it, the
 /// store has no admissions.
 pub const GATES_FROM: i64 = 4;
+
+/// The schema version with the limiters' count of admissions given back past their use-by
+/// instant (`rate_expired.sql`): below it, `status` shows no count.
+pub const EXPIRED_COUNT_FROM: i64 = 5;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -333,7 +338,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 10, "{all:#?}");
+        assert_eq!(all.len(), 11, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);

@@ -201,8 +201,8 @@ use ops::MysqlRows;
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{
-    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
-    Waking,
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
+    Settlement, Waking,
 };
 use crate::stores::sql;
 
@@ -233,6 +233,9 @@ pub struct MysqlBackend {
     holder_doorbells: bool,
     /// Whether the waiters' table has the `gate` column (schema version 4): admissions.
     gates: bool,
+    /// Whether the limiters' table has the `expired` column (schema version 5): admissions
+    /// given back past their use-by instant are counted.
+    counts_expired: bool,
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
     /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
     /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
@@ -306,6 +309,8 @@ impl MysqlBackend {
         let holder_doorbells = migrated.schema >= migrate::OPTIONAL_FROM;
         // Admissions need the waiters' gates of schema version 4 (refused likewise).
         let gates = migrated.schema >= migrate::GATES_FROM;
+        // The count of expired admissions needs the column of schema version 5 (likewise).
+        let counts_expired = migrated.schema >= migrate::EXPIRED_COUNT_FROM;
         let returned = Arc::new(Returned::default());
         let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
         let conns = Conns {
@@ -344,6 +349,7 @@ impl MysqlBackend {
             holders,
             holder_doorbells,
             gates,
+            counts_expired,
             routines,
             heartbeats,
         })
@@ -711,17 +717,12 @@ impl AdmissionBackend for MysqlBackend {
     }
 
     /// The release and the return of the charge in one transaction.
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool> {
+    async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         self.unhold(lease);
+        let counted = self.counts_expired;
         step!(self, name, |rows| async {
             let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::undo(&mut *rows, name, reservation, at, 0, true).await?;
+            sql::rate::give_back(&mut *rows, name, &g, 0, counted && released).await?;
             Ok::<_, Error>((released, wakes))
         })
     }

@@ -276,6 +276,14 @@ impl RateRows for MysqlRows<'_> {
     async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
         self.rate_rows().whole_log().await
     }
+
+    async fn count_expired(&mut self, until: u64) -> Result<()> {
+        self.rate_rows().count_expired(until).await
+    }
+
+    async fn expired_unused(&mut self) -> Result<u64> {
+        self.rate_rows().expired_unused().await
+    }
 }
 
 impl<'c> MysqlRows<'c> {
@@ -315,7 +323,8 @@ impl RateBackend for MysqlBackend {
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         step!(self, |conn| shared::status(
             &mut MysqlRateRows::new(conn, name),
-            name
+            name,
+            self.counts_expired
         ))
     }
 

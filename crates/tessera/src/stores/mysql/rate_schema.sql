@@ -9,6 +9,8 @@
 --   p, base     running total of admitted cost, and the total before the oldest kept entry
 --   tat         smooth mode: one GCRA theoretical arrival time per limit, comma separated
 --   expires_at  when the state stops mattering; rows past it are deleted by later steps
+--   expired     admissions given back past their use-by instant since the state began
+--               (schema version 5, rate_expired.sql; tables created since carry it)
 CREATE TABLE IF NOT EXISTS tessera_rate_limiters (
     name       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
     config     VARCHAR(1024) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -21,6 +23,7 @@ CREATE TABLE IF NOT EXISTS tessera_rate_limiters (
     tat        VARCHAR(1024) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     prev_tat   VARCHAR(1024) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     expires_at BIGINT NOT NULL,
+    expired    BIGINT NOT NULL DEFAULT 0,
     KEY tessera_rate_limiters_by_expiry (expires_at)
 ) ENGINE=InnoDB
 ;

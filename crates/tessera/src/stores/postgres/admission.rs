@@ -29,9 +29,9 @@ use sqlx::postgres::PgRow;
 use super::ops::{self, get, opt, time_of, u32_of, u64_of};
 use super::rate::limit_args;
 use super::PostgresBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
+use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement};
 use crate::error::{Error, InvalidInput, Result};
-use crate::model::{Grant, LeaseId, Name, StoreTime};
+use crate::model::{Grant, LeaseId, Name};
 use crate::rate::spec::RateConfig;
 use crate::stores::sql::rate::db;
 
@@ -54,11 +54,20 @@ pub(crate) const MIGRATION_6: &[&[&str]] = &[
     FUNCTIONS,
 ];
 
+/// Migration 7 (`sql/schema_7.sql`): the limiters' `expired`, then everything migration 6
+/// creates (the give-back and the rate status change their signatures).
+pub(crate) const MIGRATION_7: &[&[&str]] = &[
+    &[include_str!("sql/schema_7.sql")],
+    ops::STEP,
+    super::rate::FUNCTIONS,
+    FUNCTIONS,
+];
+
 const ADMIT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, \
      expires_at, reservation, \"position\", window_at, available, queued, stored_capacity, \
      stored_limits \
      FROM tessera_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
-const GIVE_BACK: &str = "SELECT held, grants FROM tessera_give_back($1, $2, $3, $4, $5)";
+const GIVE_BACK: &str = "SELECT held, grants FROM tessera_give_back($1, $2, $3, $4, $5, $6)";
 const SETTLE: &str = "SELECT held, grants FROM tessera_settle($1, $2, $3, $4, $5, $6, $7)";
 
 /// The reply of `tessera_admit` (see `admit.sql`); anything else is [`Error::Corrupt`].
@@ -185,22 +194,17 @@ impl AdmissionBackend for PostgresBackend {
 
     /// The release and the return of the charge in one call; the grants it makes to this
     /// process's waiters come back in its reply, as a release's do.
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool> {
+    async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         self.settle(lease).await;
         let row = self
             .row(
                 sqlx::query(GIVE_BACK)
                     .bind(name.as_str())
                     .bind(lease.to_string())
-                    .bind(db(reservation))
-                    .bind(db(at.0))
-                    .bind(self.listener.client_id()),
+                    .bind(db(g.reservation))
+                    .bind(db(g.at.0))
+                    .bind(self.listener.client_id())
+                    .bind(g.expired),
             )
             .await;
         self.released(row)

@@ -50,8 +50,10 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// (with migration 6, which adds the waiters' `gate`): the hand-off stops at an admission
 /// waiter and wakes it, and the admission's functions (`admission.rs`) with the rate step
 /// they share. Revision 5: `tessera_settle` (`sql/settle.sql`), an admission's release and
-/// the settle of its cost in one call.
-pub(crate) const STEP_REVISION: i32 = 5;
+/// the settle of its cost in one call. Revision 6 (with migration 7, which adds the limiters'
+/// `expired`): `tessera_give_back` counts an admission given back past its use-by instant
+/// and `tessera_rate_status` answers the count.
+pub(crate) const STEP_REVISION: i32 = 6;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.

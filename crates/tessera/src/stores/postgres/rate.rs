@@ -67,7 +67,7 @@ const ACQUIRE: &str = "SELECT outcome, at_us, now_us, reservation, stored \
      FROM tessera_rate_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const CANCEL: &str = "SELECT tessera_rate_cancel($1, $2, $3)";
 const STATUS: &str = "SELECT now_us, st_config, st_seq, st_tail, st_last, st_prev_last, st_p, \
-     st_base, st_tat, st_prev_tat, log_t, log_p FROM tessera_rate_status($1)";
+     st_base, st_tat, st_prev_tat, log_t, log_p, st_expired FROM tessera_rate_status($1)";
 const DELETE: &str = "SELECT tessera_rate_delete($1)";
 const LIST: &str = "SELECT name FROM tessera_rate_limiters \
      WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint ORDER BY name";
@@ -212,6 +212,7 @@ fn parse_status(row: &PgRow, name: &Name) -> Result<Option<RateStatus>> {
         base: u64_at(row, 7, "base")?,
         tat: decode_tat(&text(8, "tat")?)?,
         prev_tat: decode_tat(&text(9, "prev_tat")?)?,
+        kept_until: 0,
     };
     let config = RateConfig::decode(&state.config).ok_or_else(|| {
         corrupt(format!(
@@ -233,7 +234,9 @@ fn parse_status(row: &PgRow, name: &Name) -> Result<Option<RateStatus>> {
         log.0
             .push_back((non_negative(t, "t")?, non_negative(p, "p")?));
     }
-    engine::status(name, &state, &config, &log, now).map(Some)
+    let mut status = engine::status(name, &state, &config, &log, now)?;
+    status.expired_unused = Some(u64_at(row, 12, "expired")?);
+    Ok(Some(status))
 }
 
 #[async_trait]

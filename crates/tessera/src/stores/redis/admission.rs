@@ -16,10 +16,15 @@ use redis::Value;
 use super::ops::{self, corrupt, int, items, micros, text, Op};
 use super::rate::{burst_arg, limits_arg};
 use super::RedisBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Settlement};
+use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement};
 use crate::error::{Error, Result};
 use crate::model::{Grant, LeaseId, Name, StoreTime};
 use crate::rate::spec::RateConfig;
+
+/// A flag argument of the admission scripts.
+fn flag(b: bool) -> String {
+    if b { "1" } else { "0" }.to_string()
+}
 
 /// The reply of `admit.lua` (see its header); anything else is [`Error::Corrupt`].
 pub(crate) fn parse_admit(
@@ -88,7 +93,6 @@ impl AdmissionBackend for RedisBackend {
             None => (0, 0),
         };
         self.listen_on(name).await?;
-        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let v = self
             .caller
             .run_admission(
@@ -118,19 +122,18 @@ impl AdmissionBackend for RedisBackend {
         Ok(reply)
     }
 
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool> {
+    async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         let v = self
             .caller
             .run_admission(
                 Op::GiveBack,
                 name,
-                &[lease.to_string(), reservation.to_string(), at.0.to_string()],
+                &[
+                    lease.to_string(),
+                    g.reservation.to_string(),
+                    g.at.0.to_string(),
+                    flag(g.expired),
+                ],
             )
             .await?;
         ops::parse_bool(v, "give back")

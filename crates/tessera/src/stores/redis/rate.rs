@@ -105,7 +105,7 @@ pub(crate) fn parse_acquire(v: Value, name: &Name, config: &RateConfig) -> Resul
 }
 
 /// The reply of `rate_status.lua`: `{none}`, or `{state, now, config, seq, tail, last,
-/// prev_last, p, base, tat, prev_tat, log}`, turned into a snapshot by the shared engine;
+/// prev_last, p, base, tat, prev_tat, log, expired}`, turned into a snapshot by the shared engine;
 /// anything else (an unreadable config, log or counter) is [`Error::Corrupt`].
 pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> {
     let shown = v.clone();
@@ -117,7 +117,7 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> 
         .as_deref()
     {
         Some("none") => return Ok(None),
-        Some("state") if f.len() == 12 => {}
+        Some("state") if f.len() == 13 => {}
         _ => return Err(corrupt("rate status", &shown)),
     }
     let n = |i: usize| int(&f[i], "rate status");
@@ -131,6 +131,7 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> 
         base: n(8)?,
         tat: nums(&text(&f[9], "tat")?, "tat")?,
         prev_tat: nums(&text(&f[10], "prev_tat")?, "prev_tat")?,
+        kept_until: 0,
     };
     let now = StoreTime(n(1)?);
     let config = RateConfig::decode(&state.config).ok_or_else(|| {
@@ -149,7 +150,9 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<RateStatus>> 
             parsed.ok_or_else(|| Error::Corrupt(format!("rate log entry {e:?} of {name}")))?,
         );
     }
-    engine::status(name, &state, &config, &log, now).map(Some)
+    let mut status = engine::status(name, &state, &config, &log, now)?;
+    status.expired_unused = Some(n(12)?);
+    Ok(Some(status))
 }
 
 impl RedisBackend {

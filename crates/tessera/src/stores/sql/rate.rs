@@ -57,10 +57,11 @@ impl RateRow {
             base: int(6, "base")?,
             tat: decode_tat(&text(7)?)?,
             prev_tat: decode_tat(&text(8)?)?,
+            kept_until: int(9, "expires_at")?,
         };
         Ok(RateRow {
+            expires_at: state.kept_until,
             state,
-            expires_at: int(9, "expires_at")?,
         })
     }
 }
@@ -99,6 +100,11 @@ pub(crate) trait RateRows: Send {
     fn last_total(&mut self) -> impl Future<Output = Result<Option<i64>>> + Send;
     /// The whole log as `(t, p)`, ascending.
     fn whole_log(&mut self) -> impl Future<Output = Result<Vec<(i64, i64)>>> + Send;
+    /// Adds one to the row's count of admissions given back past their use-by instant and
+    /// keeps the row until at least `until` (nothing without a row).
+    fn count_expired(&mut self, until: u64) -> impl Future<Output = Result<()>> + Send;
+    /// The row's count of admissions given back past their use-by instant (0 without a row).
+    fn expired_unused(&mut self) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// The log reads and writes of a settle (`engine::settle`), on the rows of an admission's
@@ -149,6 +155,10 @@ pub(crate) const FIRST_AT_LEAST: &str =
 pub(crate) const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?, ?, ?)";
 pub(crate) const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND p = ?";
 pub(crate) const LAST_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ?";
+/// Bound as `(until, until, name)`.
+pub(crate) const COUNT_EXPIRED: &str = "UPDATE tessera_rate_limiters SET expired = expired + 1, \
+     expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END WHERE name = ?";
+pub(crate) const EXPIRED_UNUSED: &str = "SELECT expired FROM tessera_rate_limiters WHERE name = ?";
 
 /// The [`RateRows`] methods whose statements are the same in every dialect (see
 /// [`DROP_LIMITER`] and the others), written once and expanded inside a store's
@@ -207,6 +217,27 @@ macro_rules! shared_rate_rows {
                 .fetch_one(&mut *self.conn)
                 .await
                 .map_err(map_err)
+        }
+
+        async fn count_expired(&mut self, until: u64) -> $crate::error::Result<()> {
+            let until = $crate::stores::sql::rate::db(until);
+            sqlx::query($crate::stores::sql::rate::COUNT_EXPIRED)
+                .bind(until)
+                .bind(until)
+                .bind(self.name)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(map_err)?;
+            Ok(())
+        }
+
+        async fn expired_unused(&mut self) -> $crate::error::Result<u64> {
+            let n: Option<i64> = sqlx::query_scalar($crate::stores::sql::rate::EXPIRED_UNUSED)
+                .bind(self.name)
+                .fetch_optional(&mut *self.conn)
+                .await
+                .map_err(map_err)?;
+            $crate::stores::sql::rate::non_negative(n.unwrap_or(0), "expired count")
         }
     };
 }
@@ -352,9 +383,33 @@ pub(crate) async fn undo<R: RateRows>(
     slack: u64,
     due_too: bool,
 ) -> Result<bool> {
+    Ok(undo_state(rows, name, reservation, at, slack, due_too)
+        .await?
+        .is_some_and(|u| u.undone))
+}
+
+/// What [`undo_state`] found and did.
+struct Undo {
+    /// The charge was returned.
+    undone: bool,
+    /// The step's time.
+    now: StoreTime,
+    /// The limiter's horizon (longest window plus margin), µs.
+    horizon: u64,
+}
+
+/// [`undo`]; `None` if the limiter had no state (none, or expired: then dropped).
+async fn undo_state<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    reservation: u64,
+    at: StoreTime,
+    slack: u64,
+    due_too: bool,
+) -> Result<Option<Undo>> {
     let (now, state) = load(rows, name).await?;
     let Some(mut state) = state else {
-        return Ok(false);
+        return Ok(None);
     };
     let at = match state.last.abs_diff(at.0) <= slack {
         true => StoreTime(state.last),
@@ -366,16 +421,42 @@ pub(crate) async fn undo<R: RateRows>(
         true => engine::undo_latest(&mut state, &config, reservation, at),
         false => engine::cancel(&mut state, &config, reservation, at, now),
     };
-    if !undone {
-        return Ok(false);
+    if undone {
+        if let RateMode::Exact = config.mode() {
+            rows.remove_entry(old_p).await?;
+            let last = rows.last_total().await?;
+            state.p = last.map_or(state.base, |p| p.max(0) as u64);
+        }
+        save(rows, &state, &config).await?;
     }
-    if let RateMode::Exact = config.mode() {
-        rows.remove_entry(old_p).await?;
-        let last = rows.last_total().await?;
-        state.p = last.map_or(state.base, |p| p.max(0) as u64);
+    Ok(Some(Undo {
+        undone,
+        now,
+        horizon: config.horizon_us(),
+    }))
+}
+
+/// An admission given back unused, inside the step that released its lease: its charge
+/// returned while it is the latest ([`undo`] with `due_too`), and, if it was past its
+/// use-by instant and `count` (the step released the lease, and the row has the column),
+/// counted in the limiter's row, which is then kept at least one horizon (longest window
+/// plus margin) from now, so the count outlives a give-back of the only admission (whose
+/// undo leaves a state that would expire at once). A state already forgotten counts
+/// nothing.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) async fn give_back<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    g: &crate::seam::GiveBack,
+    slack: u64,
+    count: bool,
+) -> Result<()> {
+    let undo = undo_state(rows, name, g.reservation, g.at, slack, true).await?;
+    if let Some(u) = undo.filter(|_| g.expired && count) {
+        rows.count_expired(u.now.0.saturating_add(u.horizon))
+            .await?;
     }
-    save(rows, &state, &config).await?;
-    Ok(true)
+    Ok(())
 }
 
 /// Settles an admission's cost on its limiter, inside the step that released its lease
@@ -467,7 +548,13 @@ pub(crate) async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<boo
 }
 
 /// The limiter's state and usage ([`crate::RateBackend::rate_status`]).
-pub(crate) async fn status<R: RateRows>(rows: &mut R, name: &Name) -> Result<Option<RateStatus>> {
+/// A limiter's snapshot; with `counted` (the row has the column), its count of admissions
+/// given back past their use-by instant.
+pub(crate) async fn status<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    counted: bool,
+) -> Result<Option<RateStatus>> {
     let (now, state) = load(rows, name).await?;
     let Some(mut state) = state else {
         return Ok(None);
@@ -483,5 +570,9 @@ pub(crate) async fn status<R: RateRows>(rows: &mut R, name: &Name) -> Result<Opt
                 .push_back((non_negative(t, "t")?, non_negative(p, "p")?));
         }
     }
-    engine::status(name, &state, &config, &log, now).map(Some)
+    let mut status = engine::status(name, &state, &config, &log, now)?;
+    if counted {
+        status.expired_unused = Some(rows.expired_unused().await?);
+    }
+    Ok(Some(status))
 }

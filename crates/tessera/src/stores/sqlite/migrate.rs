@@ -135,29 +135,6 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
         )));
     }
-    // The waiters' wake-up socket and admission gate, added to files made before them (see
-    // `schema.sql`).
-    for (column, add) in [
-        ("wake", "ALTER TABLE tessera_waiters ADD COLUMN wake TEXT"),
-        (
-            "gate",
-            "ALTER TABLE tessera_waiters ADD COLUMN gate INTEGER",
-        ),
-    ] {
-        let has: bool = sqlx::query_scalar(
-            "SELECT count(*) > 0 FROM pragma_table_info('tessera_waiters') WHERE name = ?1",
-        )
-        .bind(column)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        if !has {
-            sqlx::raw_sql(add)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-    }
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)
         .await
@@ -171,6 +148,40 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
         return Err(Error::Corrupt(format!(
             "tessera rate schema version {rate_version:?} in the file; this build reads version {RATE_SCHEMA_VERSION}"
         )));
+    }
+    // Columns added to files made before them (see `schema.sql` and `rate_schema.sql`):
+    // the waiters' wake-up socket and admission gate, the limiters' count of expired
+    // admissions. Older builds never name them, so they still open the file.
+    for (table, column, add) in [
+        (
+            "tessera_waiters",
+            "wake",
+            "ALTER TABLE tessera_waiters ADD COLUMN wake TEXT",
+        ),
+        (
+            "tessera_waiters",
+            "gate",
+            "ALTER TABLE tessera_waiters ADD COLUMN gate INTEGER",
+        ),
+        (
+            "tessera_rate_limiters",
+            "expired",
+            "ALTER TABLE tessera_rate_limiters ADD COLUMN expired INTEGER NOT NULL DEFAULT 0",
+        ),
+    ] {
+        let has: bool =
+            sqlx::query_scalar("SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2")
+                .bind(table)
+                .bind(column)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        if !has {
+            sqlx::raw_sql(add)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
     }
     ensure_boot(&mut tx, boot).await?;
     tx.commit().await.map_err(map_err)

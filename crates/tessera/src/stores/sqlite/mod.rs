@@ -157,8 +157,8 @@ use crate::clock::{boot_id, BootClock, Clock, SystemClock};
 use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
 use crate::seam::{
-    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, RateConfig, Settlement,
-    Waking,
+    AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
+    Settlement, Waking,
 };
 use crate::stores::sql;
 
@@ -767,21 +767,15 @@ impl AdmissionBackend for SqliteBackend {
 
     /// The release and the return of the charge in one transaction. `at` comes back in wall
     /// time, as for `rate_cancel`.
-    async fn give_back(
-        &self,
-        name: &Name,
-        lease: LeaseId,
-        reservation: u64,
-        at: StoreTime,
-    ) -> Result<bool> {
-        let at = self.wall_to_store(at);
+    async fn give_back(&self, name: &Name, lease: LeaseId, mut g: GiveBack) -> Result<bool> {
+        g.at = self.wall_to_store(g.at);
         let slack = match self.wall.is_some() {
             true => rate::CANCEL_SLACK_US,
             false => 0,
         };
         Ok(step!(self, name, |rows| async {
             let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::undo(&mut *rows, name, reservation, at, slack, true).await?;
+            sql::rate::give_back(&mut *rows, name, &g, slack, released).await?;
             Ok::<_, Error>((released, wakes))
         }))
     }

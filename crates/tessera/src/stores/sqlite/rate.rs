@@ -232,6 +232,21 @@ impl RateRows for SqliteRows<'_> {
             .map_err(rq_err)?;
         log.map(|e| e.map_err(rq_err)).collect()
     }
+
+    async fn count_expired(&mut self, until: u64) -> Result<()> {
+        let mut st = self
+            .db()
+            .prepare_cached(crate::stores::sql::rate::COUNT_EXPIRED)
+            .map_err(rq_err)?;
+        st.execute(rusqlite::params![db(until), db(until), self.name()])
+            .map_err(rq_err)?;
+        Ok(())
+    }
+
+    async fn expired_unused(&mut self) -> Result<u64> {
+        let n = self.one_int(crate::stores::sql::rate::EXPIRED_UNUSED, None)?;
+        non_negative(n.unwrap_or(0), "expired count")
+    }
 }
 
 impl SettleRows for SqliteRows<'_> {
@@ -345,7 +360,9 @@ impl RateBackend for SqliteBackend {
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
         let status = step!(self, |conn, now| async {
             let rows = &mut SqliteRateRows::new(conn, name, now);
-            shared::status(rows, name).await.map(|r| (r, Vec::new()))
+            shared::status(rows, name, true)
+                .await
+                .map(|r| (r, Vec::new()))
         });
         let wall = self.to_wall();
         Ok(status.map(|mut s| {

@@ -13,6 +13,8 @@ INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('rate_schema_version', 1
 --   p, base     running total of admitted cost, and the total before the oldest kept entry
 --   tat         smooth mode: one GCRA theoretical arrival time per limit, comma separated
 --   expires_at  when the state stops mattering; rows past it are deleted by later steps
+--   expired     admissions given back past their use-by instant since the state began
+--               (files made before it get it at connect, migrate.rs)
 CREATE TABLE IF NOT EXISTS tessera_rate_limiters (
     name       TEXT    NOT NULL PRIMARY KEY,
     config     TEXT    NOT NULL,
@@ -24,7 +26,8 @@ CREATE TABLE IF NOT EXISTS tessera_rate_limiters (
     base       INTEGER NOT NULL,
     tat        TEXT    NOT NULL,
     prev_tat   TEXT    NOT NULL,
-    expires_at INTEGER NOT NULL
+    expires_at INTEGER NOT NULL,
+    expired    INTEGER NOT NULL DEFAULT 0
 ) STRICT, WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS tessera_rate_limiters_by_expiry

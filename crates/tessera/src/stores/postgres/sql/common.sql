@@ -523,4 +523,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 5';
+LANGUAGE sql IMMUTABLE AS 'SELECT 6';

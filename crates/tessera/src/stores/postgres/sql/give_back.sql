@@ -8,6 +8,9 @@
 -- p_reservation  its charge (tessera_admit's reservation; 0 returns nothing)
 -- p_at           its admission instant (acquired_at), µs
 -- p_client       the calling process's client id, or NULL
+-- p_expired      it was past its use-by instant: counted in the limiter's row (`expired`)
+--                if this call released the lease, whether or not its charge came back
+--                (migration 7)
 --
 -- One row, as tessera_release's: `held`, whether the lease was still held, and `grants`, the
 -- wake-up payloads of the waiters of client `p_client` that the freed permits went to. The
@@ -15,15 +18,18 @@
 -- charged (the windows may count more than was used, never less). Locks the semaphore's row,
 -- then the limiter's (the order of every step that takes both, rate_common.sql).
 CREATE OR REPLACE FUNCTION tessera_give_back(
-    p_name text, p_lease text, p_reservation bigint, p_at bigint, p_client text
+    p_name text, p_lease text, p_reservation bigint, p_at bigint, p_client text,
+    p_expired boolean DEFAULT false
 ) RETURNS TABLE (held boolean, grants text[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    st tessera_step;
+    st       tessera_step;
+    v_now    bigint;
+    v_undone boolean := false;
 BEGIN
     st := tessera__load(p_name, NULL);
     IF p_reservation <> 0 THEN
-        PERFORM tessera__rate_undo(p_name, p_reservation, p_at, true);
+        v_undone := tessera__rate_undo(p_name, p_reservation, p_at, true);
     END IF;
     IF NOT st.found THEN
         held := false;
@@ -32,6 +38,19 @@ BEGIN
     END IF;
     st.local_client := p_client;
     st := tessera__remove_holder(st, p_lease);
+    IF p_expired AND st.hit THEN
+        -- Only when this step released the lease (a give-back sent twice counts once). The
+        -- limiter's row is locked after the semaphore's, as in every step that takes both;
+        -- a state that expired (dropped by the undo, or not yet swept) counts nothing. A
+        -- give-back of the only admission leaves a state that would expire at once: the
+        -- state, and so the count, is kept at least one horizon from now, so the count
+        -- outlives it (stores/sql/rate.rs `give_back`).
+        v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+        UPDATE tessera_rate_limiters l SET expired = l.expired + 1,
+            expires_at = greatest(l.expires_at,
+                v_now + (SELECT m.horizon FROM tessera__rate_limits(l.config) m))
+        WHERE l.name = p_name AND (v_undone OR l.expires_at > v_now);
+    END IF;
     st := tessera__hand_off(st);
     PERFORM tessera__finish(st);
     held := st.hit;

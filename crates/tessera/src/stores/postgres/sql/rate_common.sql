@@ -164,7 +164,9 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE greatest(p_last, (SELECT max(v) FROM unnest(p_tat) v)) END
 $$;
 
--- Writes a limiter's row back (the row is locked by this step).
+-- Writes a limiter's row back (the row is locked by this step). Its expiry is never lowered
+-- (RateState::kept_until): tessera_give_back keeps a state with a count of expired
+-- admissions for a horizon.
 CREATE OR REPLACE FUNCTION tessera__rate_save(
     r tessera_rate_limiters, p_tat bigint[], p_prev_tat bigint[], p_expires_at bigint
 ) RETURNS void
@@ -174,7 +176,7 @@ BEGIN
     SET config = r.config, seq = r.seq, tail = r.tail, last = r.last,
         prev_last = r.prev_last, p = r.p, base = r.base,
         tat = array_to_string(p_tat, ','), prev_tat = array_to_string(p_prev_tat, ','),
-        expires_at = p_expires_at
+        expires_at = greatest(r.expires_at, p_expires_at)
     WHERE l.name = r.name;
 END $$;
 
@@ -234,8 +236,12 @@ BEGIN
     END LOOP;
 
     IF r.expires_at <= now_us THEN
-        -- No state: a placeholder, or a state that expired (its log goes). A fresh one.
+        -- No state: a placeholder, or a state that expired (its log and its count of expired
+        -- admissions go). A fresh one.
         DELETE FROM tessera_rate_log WHERE name = p_name;
+        IF r.expired <> 0 THEN
+            UPDATE tessera_rate_limiters l SET expired = 0 WHERE l.name = p_name;
+        END IF;
         r.config := p_config;
         r.seq := 0; r.tail := 0; r.last := 0; r.prev_last := 0; r.p := 0; r.base := 0;
         v_tat := array_fill(0::bigint, ARRAY[v_n]);

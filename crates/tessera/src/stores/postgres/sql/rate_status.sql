@@ -7,14 +7,16 @@
 --
 -- One row: now_us always; the other columns NULL when the limiter has no state (none, or
 -- expired: then it is dropped). Otherwise the row's columns (st_config … st_prev_tat, as
--- stored) and the log as two arrays in order of the running total, log_t (admit times) and
+-- stored), st_expired (admissions given back past their use-by instant, migration 7) and
+-- the log as two arrays in order of the running total, log_t (admit times) and
 -- log_p (running totals); both NULL when the log is empty. A prune that moved `base` is
 -- written back. Commits with the session's `synchronous_commit`.
 CREATE OR REPLACE FUNCTION tessera_rate_status(
     p_name text,
     OUT now_us bigint, OUT st_config text, OUT st_seq bigint, OUT st_tail bigint,
     OUT st_last bigint, OUT st_prev_last bigint, OUT st_p bigint, OUT st_base bigint,
-    OUT st_tat text, OUT st_prev_tat text, OUT log_t bigint[], OUT log_p bigint[]
+    OUT st_tat text, OUT st_prev_tat text, OUT log_t bigint[], OUT log_p bigint[],
+    OUT st_expired bigint
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -53,4 +55,5 @@ BEGIN
     st_base := r.base;
     st_tat := r.tat;
     st_prev_tat := r.prev_tat;
+    st_expired := r.expired;
 END $$;

@@ -8,7 +8,7 @@
 -- KEYS: the semaphore's keys as prelude.lua takes them (meta alone; every key on a
 -- cluster), then the limiter's state and log, all under the hash tag {<prefix>:<name>}.
 
-local rate_keys, rate_charge, rate_undo, rate_settle = (function()
+local rate_keys, rate_charge, rate_undo, rate_settle, rate_count_expired = (function()
 @RATE_PRELUDE@
 
 -- The entries of a log block and after it, for settle(): walking back from the log's end
@@ -103,7 +103,25 @@ local function settle(id, at, charged, actual, held)
   save(S)
 end
 
-return use_keys, charge, undo, settle
+-- count_expired: one more admission given back past its use-by instant, in the state that
+-- undo() left: an expired state was dropped there (no key, nothing counted); a give-back of
+-- the only admission leaves one that would expire at once, which is kept here, with its log,
+-- at least one horizon from now so that the count outlives it. save() writes the other
+-- fields only, so the count lives as long as the state.
+local function count_expired()
+  local m = rcall('HMGET', K_STATE, 'lim', 'exp', 'burst', 'p', 'base')
+  if not m[1] then return end
+  rcall('HINCRBY', K_STATE, 'expired', 1)
+  local exp = math.max(num(m[2], 'rate expiry'), now + horizon(limits(m[1])))
+  rcall('HSET', K_STATE, 'exp', int(exp))
+  local ttl_ms = math.floor(math.max(exp - now, 0) / 1000) + GRACE_MS
+  rcall('PEXPIRE', K_STATE, ttl_ms)
+  if num(m[3], 'rate burst') == 0 and num(m[4], 'rate total') > num(m[5], 'rate base') then
+    rcall('PEXPIRE', K_LOG, ttl_ms)
+  end
+end
+
+return use_keys, charge, undo, settle, count_expired
 end)()
 
 -- The semaphore's keys when only meta is named (reused from call to call).

@@ -81,7 +81,7 @@ local function load()
     seq = num(m[4], 'rate seq'), tail = num(m[5], 'rate tail'), last = num(m[6], 'rate last'),
     prev_last = num(m[7], 'rate prev_last'), p = num(m[8], 'rate total'),
     base = num(m[9], 'rate base'), tat = nums(m[10], 'rate tat'),
-    prev_tat = nums(m[11], 'rate prev_tat')}
+    prev_tat = nums(m[11], 'rate prev_tat'), exp = num(m[12], 'rate expiry')}
   if #S.tat ~= #S.lim or #S.prev_tat ~= #S.lim then corrupt('rate pacing values') end
   return S
 end
@@ -111,13 +111,15 @@ local function prune(S)
   end
 end
 
--- Stores the state and sets both keys to expire after the state stops mattering.
+-- Stores the state and sets both keys to expire after the state stops mattering, never
+-- before the expiry it was loaded with (RateState::kept_until: a count of expired admissions
+-- keeps it, admission.lua).
 local function save(S)
-  local exp
+  local exp = S.exp or 0
   if S.burst == 0 then
-    exp = S.last + horizon(S.lim)
+    exp = math.max(exp, S.last + horizon(S.lim))
   else
-    exp = S.last
+    exp = math.max(exp, S.last)
     for _, tat in ipairs(S.tat) do exp = math.max(exp, tat) end
   end
   rcall('HSET', K_STATE, 'cfg', S.cfg, 'lim', S.lim_text, 'burst', int(S.burst),

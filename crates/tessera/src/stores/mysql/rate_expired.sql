@@ -1,0 +1,11 @@
+-- tessera MySQL / MariaDB schema, version 5: each limiter's count of admissions given back
+-- past their use-by instant (docs/admission.md, "Use-by"), shown by `status`.
+--
+-- Written only by an admission's give-back step (stores/sql/rate.rs `give_back`) and read
+-- only by `status`; the rate step's own statements do not name it, so clients of schema
+-- version 4 and this build write the same rows. A row that is deleted when its state
+-- expires takes its count with it: the count is the state's.
+--
+-- Idempotent as every migration (see holders_doorbell.sql). A user who may not ALTER leaves
+-- the schema at version 4: that client's `status` shows no count (mod.rs).
+ALTER TABLE tessera_rate_limiters ADD COLUMN expired BIGINT NOT NULL DEFAULT 0
