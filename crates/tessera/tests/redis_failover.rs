@@ -448,3 +448,39 @@ async fn sentinels_behind_a_password_are_asked_with_the_urls() {
     assert!(e.is_auth(), "{e:?}");
     assert!(!e.to_string().contains("Wrong-pw-1"), "{e}");
 }
+
+/// The data servers behind one password and the sentinels behind a user and password of
+/// their own (`sentinel_user`, `sentinel_password`, percent-encoded in the URL): the client
+/// asks the sentinels with theirs and the master with the URL's, hands a permit off and
+/// follows a failover (the fence goes on up). A wrong sentinel password, or none (the
+/// sentinels then get the master's, and refuse it), is an auth error that shows no password.
+/// Before `sentinel_password` existed such sentinels could not be used at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_credentials_of_their_own_are_asked_with_them_through_a_failover() {
+    const DATA: &str = "Data-pw-7";
+    const SENTINELS: &str = "Sent/pw+8";
+    let mut topo = SentinelTopology::start();
+    tokio::task::block_in_place(|| topo.protect(DATA, "watcher", SENTINELS));
+    let base = topo.url().replace("://", &format!("://:{DATA}@"));
+    let url = format!("{base}?prefix=own&sentinel_user=watcher&sentinel_password=Sent%2Fpw%2B8");
+    let store = Store::connect(&url).await.unwrap();
+    let other = Store::connect(&url).await.unwrap();
+    tessera_testkit::conformance::hand_off_between(&store, &other, "s").await;
+    let (before, _) = grant_after(&store, "a").await;
+    tokio::task::block_in_place(|| topo.failover());
+    let (after, _) = grant_after(&store, "a").await;
+    assert!(after > before, "fence {after} after {before}");
+    let (from_other, _) = grant_after(&other, "a").await;
+    assert!(from_other > after, "fence {from_other} after {after}");
+
+    let wrong = format!("{base}?sentinel_user=watcher&sentinel_password=Wrong-pw-3");
+    let without = base.clone();
+    for url in [wrong, without] {
+        let e = Store::connect(&url).await.unwrap_err();
+        assert!(e.is_auth(), "{e:?}");
+        for pw in [DATA, SENTINELS, "Sent%2Fpw%2B8", "Wrong-pw-3"] {
+            assert!(!e.to_string().contains(pw), "{e}");
+            assert!(!format!("{e:?}").contains(pw), "{e:?}");
+        }
+    }
+}

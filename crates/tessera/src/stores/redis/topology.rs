@@ -14,7 +14,8 @@
 //!   answer of the highest epoch whose server says it is a master (`ROLE`); a sentinel that
 //!   does not answer or names a server that is not a master is skipped. If the first
 //!   sentinel that answers says NOAUTH, every sentinel is asked with the URL's user and
-//!   password.
+//!   password, unless the URL gives the sentinels credentials of their own
+//!   (`sentinel_user`, `sentinel_password`), which are then used from the start.
 //! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
 //!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
 //!   is down); when a sentinel names another master at a higher epoch, it resolves again.
