@@ -66,7 +66,11 @@
 //!
 //! Every key of one semaphore or limiter carries the hash tag `{<prefix>:<name>}`, so each
 //! step is one call on one shard; cluster-async routes it by its keys and follows `MOVED`
-//! and `ASK`. `FUNCTION LOAD` goes to every primary; a primary without the library (a
+//! and `ASK`. On a cluster a call names every key of the state, so while its slot migrates
+//! Redis runs it whole on one node or not at all: on the source while all its keys are
+//! there, on the target (`ASKING`) once all are there, and answers `TRYAGAIN` while they are
+//! split; the client sends it again after a short pause (`CLUSTER_RETRY_WAIT` in the
+//! module above). Each `MIGRATE` moves its keys atomically, so no step ever sees half a state. `FUNCTION LOAD` goes to every primary; a primary without the library (a
 //! replica promoted before it had synced it, a node added later) answers "Function not
 //! found", and the library is loaded again on every primary (`REPLACE`: the same code, so
 //! harmless where it was present). Wake-ups travel on sharded pub/sub (see `notify.rs`).
