@@ -337,6 +337,12 @@ async fn bad_input_gets_one_error_shape_and_changes_nothing() {
     assert_eq!(r.status(), 413);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["kind"], "payload_too_large");
+    // A URI over the limit: the usual error shape, saying the limit (hyper's own 414, for
+    // URIs over 64 KiB, has no body).
+    let long = s.url(&format!("/v1/semaphores/{}/acquire", "a".repeat(10_000)));
+    let (st, body) = post(&c, &long, json!({"capacity": 1})).await;
+    assert_error(st, &body, StatusCode::URI_TOO_LONG, "uri_too_long");
+    assert!(body["message"].as_str().unwrap().contains("8192"), "{body}");
     for path in ["/v1/semaphores/%20bad/acquire", "/v1/semaphores/-x/acquire"] {
         let (st, body) = post(&c, &s.url(path), json!({"capacity": 1})).await;
         assert_error(st, &body, StatusCode::BAD_REQUEST, "invalid_input");

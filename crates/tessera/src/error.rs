@@ -421,9 +421,11 @@ pub(crate) fn is_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Replaces the password of a URL-like string with `***`, for messages and logs.
+/// Replaces the passwords of a URL-like string with `***`, for messages and logs: the one
+/// in the user info, and the value of every query option whose name ends in `password`
+/// (e.g. Redis Sentinel's `sentinel_password`).
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
+    let shown = match url::Url::parse(raw) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
@@ -432,14 +434,46 @@ pub fn redact_url(raw: &str) -> String {
         }
         Err(_) => {
             // Not parseable: hide everything between "://" and the last '@', if any.
-            if let (Some(s), Some(at)) = (raw.find("://"), raw.rfind('@')) {
-                if at > s + 3 {
-                    return format!("{}://***@{}", &raw[..s], &raw[at + 1..]);
+            match (raw.find("://"), raw.rfind('@')) {
+                (Some(s), Some(at)) if at > s + 3 => {
+                    format!("{}://***@{}", &raw[..s], &raw[at + 1..])
                 }
+                _ => raw.to_string(),
             }
-            raw.to_string()
         }
-    }
+    };
+    redact_query_passwords(&shown)
+}
+
+/// `url` with the value of each query option named `…password` (any case, percent-encoded
+/// or not) replaced by `***`; the rest untouched.
+fn redact_query_passwords(url: &str) -> String {
+    let Some(q) = url.find('?') else {
+        return url.to_string();
+    };
+    let (head, query) = url.split_at(q + 1);
+    let (query, fragment) = match query.find('#') {
+        Some(h) => query.split_at(h),
+        None => (query, ""),
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if percent_decoded_lowercase(k).ends_with("password") => {
+                format!("{k}=***")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}{}{fragment}", pairs.join("&"))
+}
+
+/// A query option's name, percent-decoded (lossily) and lowercased, to be compared.
+fn percent_decoded_lowercase(k: &str) -> String {
+    url::form_urlencoded::parse(format!("{k}=").as_bytes())
+        .next()
+        .map(|(k, _)| k.to_lowercase())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -473,6 +507,20 @@ mod tests {
         assert_eq!(redact_url("redis://u:hunter2@h:1/0"), "redis://u:***@h:1/0");
         assert!(!redact_url("bad://x:hunter2@@h").contains("hunter2"));
         assert_eq!(redact_url("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+        // Query options named …password, however written, in parseable URLs or not.
+        assert_eq!(
+            redact_url("redis+sentinel://h:1,h:2/m?sentinel_password=hunter2&prefix=p"),
+            "redis+sentinel://h:1,h:2/m?sentinel_password=***&prefix=p"
+        );
+        assert_eq!(
+            redact_url("redis://u:a@h/0?wait=1&Sentinel_%50assword=hunter2#x"),
+            "redis://u:***@h/0?wait=1&Sentinel_%50assword=***#x"
+        );
+        assert!(!redact_url("bad://x:y@@h?sentinel_password=hunter2").contains("hunter2"));
+        assert_eq!(
+            redact_url("redis://h?password_hint=x"),
+            "redis://h?password_hint=x"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | `capacity_mismatch`, `rate_mismatch` | 409 | the stored capacity or limits differ; resize, or send `"update": true` |
 //! | `lease_gone` | 410 | the lease expired, was revoked or released: renew cannot bring it back |
 //! | `payload_too_large` | 413 | the body is above the server's limit |
+//! | `uri_too_long` | 414 | the URI (path and query) is over 8 KiB; over 64 KiB hyper refuses it first, with an empty 414 |
 //! | `unsupported_media_type` | 415 | a body without `Content-Type: application/json` |
 //! | `queue_full`, `limited` | 429 | with `Retry-After` (seconds, rounded up) and `retry_after_ms` |
 //! | `store_unavailable` | 503 | the store failed or did not answer within the request timeout |

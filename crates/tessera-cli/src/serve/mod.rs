@@ -53,6 +53,10 @@ use error::ApiError;
 
 /// The largest request body taken (bodies are small JSON objects).
 const BODY_LIMIT: usize = 64 * 1024;
+/// Longest request URI (path and query) answered, in bytes: far above any route's (a name is
+/// at most 128 bytes, a lease id 32), and below hyper's own limit (64 KiB), which refuses
+/// with an empty 414 before the application sees the request.
+const URI_LIMIT: usize = 8 * 1024;
 /// How long requests in flight get to finish at a stop.
 const DRAIN: Duration = Duration::from_secs(10);
 
@@ -118,7 +122,7 @@ impl App {
 #[openapi(
     info(
         title = "tessera",
-        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.\n\nError kinds: `invalid_input` 400 (nothing changed), `unauthorized` 401, `forbidden` 403 (the token does not cover the name), `not_found` 404 (semaphore, limiter or route), `method_not_allowed` 405, `no_permit` and `not_admitted` 408, `capacity_mismatch` and `rate_mismatch` 409, `lease_gone` 410, `payload_too_large` 413, `unsupported_media_type` 415, `queue_full` and `limited` 429 (with `Retry-After` and `retry_after_ms`), `corrupt` and `internal` 500, `unsupported` 501, `store_unavailable` and `shutting_down` 503. A connection idle for 10 s between requests is closed.",
+        description = "Distributed semaphores and rate limits over HTTP. Errors are one JSON shape, `{\"kind\", \"message\"}` (see `ErrorBody`); 429 answers carry `Retry-After`. With `--tokens`, send `Authorization: Bearer TOKEN`; each token covers a name prefix.\n\nError kinds: `invalid_input` 400 (nothing changed), `unauthorized` 401, `forbidden` 403 (the token does not cover the name), `not_found` 404 (semaphore, limiter or route), `method_not_allowed` 405, `no_permit` and `not_admitted` 408, `capacity_mismatch` and `rate_mismatch` 409, `lease_gone` 410, `payload_too_large` 413, `uri_too_long` 414, `unsupported_media_type` 415, `queue_full` and `limited` 429 (with `Retry-After` and `retry_after_ms`), `corrupt` and `internal` 500, `unsupported` 501, `store_unavailable` and `shutting_down` 503. A connection idle for 10 s between requests is closed.",
     ),
     modifiers(&BearerAuth),
     tags(
@@ -165,7 +169,7 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 /// Adds to every operation of `doc` the answers the server's layers give before a handler
 /// runs, in the one error shape: 401 where the operation takes a bearer token (any operation
 /// of a server started with `--tokens`), 413 and 415 where it takes a body (above
-/// [`BODY_LIMIT`], or not sent as JSON). (A 405 belongs to a path and a method the document does
+/// [`BODY_LIMIT`], or not sent as JSON), and 414 everywhere (a URI above [`URI_LIMIT`]). (A 405 belongs to a path and a method the document does
 /// not list, so no operation can name it; the error table in the description does.)
 fn with_common_errors(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
@@ -190,6 +194,13 @@ fn with_common_errors(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::Ope
         ];
         for op in operations.into_iter().flatten() {
             let answers = &mut op.responses.responses;
+            answers.entry("414".into()).or_insert_with(|| {
+                let what = format!(
+                    "`uri_too_long`: the URI (path and query) is above {} KiB",
+                    URI_LIMIT / 1024
+                );
+                error(&what).into()
+            });
             if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
                 answers.entry("401".into()).or_insert_with(|| {
                     error("`unauthorized`: with `--tokens`, no bearer token or an unknown one")
@@ -238,6 +249,27 @@ async fn health_answer(
     }
 }
 
+/// Answers 414 `uri_too_long` (the usual error body, saying the limit) to a request whose URI
+/// is over [`URI_LIMIT`], before any route, token check or store call.
+async fn uri_limit(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > URI_LIMIT {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!(
+                "the request URI is {len} bytes; the limit is {URI_LIMIT} (a name is at most {} bytes)",
+                tessera::MAX_NAME_LEN
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
 /// The whole application.
 fn router(app: Arc<App>) -> Router {
     let (api, doc) = api();
@@ -270,6 +302,7 @@ fn router(app: Arc<App>) -> Router {
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(uri_limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
                 ApiError::new(

@@ -22,8 +22,8 @@ pub struct RedisServer {
     process: Option<ServerProcess>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
-    /// The TLS port and the directory holding the test CA and certificate.
-    tls: Option<(u16, tempfile::TempDir)>,
+    /// The TLS port and the test CA and certificate.
+    tls: Option<(u16, TestCerts)>,
 }
 
 impl RedisServer {
@@ -60,79 +60,22 @@ impl RedisServer {
     /// [`RedisServer::port`] for setup and `PING`. Panics if `openssl` is missing
     /// (`apt-get install -y openssl`).
     pub fn start_tls() -> RedisServer {
-        let certs = tempfile::tempdir().expect("temp dir for certificates");
-        let d = certs.path();
-        let run = |args: &[&str]| openssl(d, args);
-        std::fs::write(
-            d.join("leaf.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-        )
-        .expect("write leaf.ext");
-        let ec = EC_KEY;
-        run(&[
-            &["req", "-x509"][..],
-            &ec,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=tessera test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat());
-        run(&[
-            &["req"][..],
-            &ec,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-        ]
-        .concat());
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-        ]);
+        RedisServer::start_tls_with(&TestCerts::make(), &[])
+    }
+
+    /// Like [`RedisServer::start_tls`], with the certificates `certs` (shared by the servers of
+    /// one topology, so one CA is trusted) and extra command-line options.
+    pub fn start_tls_with(certs: &TestCerts, extra: &[&str]) -> RedisServer {
         let tls_port = free_port();
-        let path = |f: &str| d.join(f).to_string_lossy().into_owned();
-        let mut server = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            &path("server.pem"),
-            "--tls-key-file",
-            &path("server.key"),
-            "--tls-ca-cert-file",
-            &path("ca.pem"),
-            "--tls-auth-clients",
-            "no",
-        ]);
-        server.tls = Some((tls_port, certs));
+        let mut args: Vec<String> = vec!["--tls-port".into(), tls_port.to_string()];
+        for (option, value) in certs.options() {
+            args.push(format!("--{option}"));
+            args.push(value);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut server = RedisServer::start_with(&args);
+        server.tls = Some((tls_port, certs.clone()));
         server
     }
 
@@ -145,7 +88,12 @@ impl RedisServer {
     /// The PEM file of the test CA that signed the TLS certificate (e.g. for `SSL_CERT_FILE`).
     pub fn ca_file(&self) -> std::path::PathBuf {
         let (_, certs) = self.tls.as_ref().expect("started with start_tls");
-        certs.path().join("ca.pem")
+        certs.ca_file()
+    }
+
+    /// The TLS port of a server from [`RedisServer::start_tls`], `None` without TLS.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|(port, _)| *port)
     }
 
     /// The port.
@@ -247,6 +195,100 @@ impl RedisServer {
     }
 }
 
+/// A test CA and a server certificate for `127.0.0.1` that it signed, in a temp dir (removed
+/// when the last clone is dropped); for Redis servers and sentinels with TLS.
+#[derive(Debug, Clone)]
+pub struct TestCerts {
+    dir: std::sync::Arc<tempfile::TempDir>,
+}
+
+impl TestCerts {
+    /// Makes a fresh CA and certificate. Panics if `openssl` is missing
+    /// (`apt-get install -y openssl`).
+    pub fn make() -> TestCerts {
+        let certs = tempfile::tempdir().expect("temp dir for certificates");
+        let d = certs.path();
+        let run = |args: &[&str]| openssl(d, args);
+        std::fs::write(
+            d.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .expect("write leaf.ext");
+        let ec = EC_KEY;
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=tessera test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
+        ]);
+        TestCerts {
+            dir: std::sync::Arc::new(certs),
+        }
+    }
+
+    /// The CA's PEM file (e.g. for `SSL_CERT_FILE`).
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The Redis options that serve TLS with this certificate (without `tls-port`), as
+    /// `(name, value)` pairs for a command line (`--name value`) or a config file: clients
+    /// are not asked for certificates; outgoing connections (a replica's, a sentinel's) trust
+    /// the CA.
+    pub fn options(&self) -> Vec<(&'static str, String)> {
+        let path = |f: &str| self.dir.path().join(f).to_string_lossy().into_owned();
+        vec![
+            ("tls-cert-file", path("server.pem")),
+            ("tls-key-file", path("server.key")),
+            ("tls-ca-cert-file", path("ca.pem")),
+            ("tls-auth-clients", "no".into()),
+        ]
+    }
+}
+
 pub(crate) fn ping(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
@@ -296,16 +338,31 @@ pub fn command_at(port: u16, words: &[&str]) -> std::io::Result<String> {
 /// Sends one command (as its words) to the Redis or Sentinel on a loopback `port` and returns
 /// the whole raw RESP reply (empty if nothing answers).
 pub(crate) fn command_full(port: u16, words: &[&str]) -> String {
+    command_as(port, None, words)
+}
+
+/// Like [`command_full`], logged in first as `login` (user, password) if given; the reply to
+/// `AUTH` is returned instead if it refused.
+pub(crate) fn command_as(port: u16, login: Option<(&str, &str)>, words: &[&str]) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();
     };
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    let mut req = format!("*{}\r\n", words.len());
-    for w in words {
-        req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+    let send = |s: &mut TcpStream, words: &[&str]| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        let mut req = format!("*{}\r\n", words.len());
+        for w in words {
+            req.push_str(&format!("${}\r\n{}\r\n", w.len(), w));
+        }
+        match s.write_all(req.as_bytes()) {
+            Ok(()) => read_reply(s),
+            Err(_) => String::new(),
+        }
+    };
+    if let Some((user, password)) = login {
+        let reply = send(&mut s, &["AUTH", user, password]);
+        if !reply.starts_with("+OK") {
+            return reply;
+        }
     }
-    if s.write_all(req.as_bytes()).is_err() {
-        return String::new();
-    }
-    read_reply(&mut s)
+    send(&mut s, words)
 }

@@ -115,13 +115,7 @@ impl RedisCluster {
 
     /// The node that is primary for `key`'s slot now.
     pub fn primary_for(&self, key: &str) -> &RedisServer {
-        let any = self
-            .nodes
-            .iter()
-            .find(|n| ping(n.port()))
-            .expect("a live node");
-        let slot = any.command(&["CLUSTER", "KEYSLOT", key]);
-        let slot: u16 = slot.trim_start_matches(':').trim().parse().unwrap();
+        let slot = self.slot_of(key);
         self.primaries()
             .into_iter()
             .find(|p| {
@@ -155,6 +149,91 @@ impl RedisCluster {
             }
         }
         self.wait_ok();
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let any = self
+            .nodes
+            .iter()
+            .find(|n| ping(n.port()))
+            .expect("a live node");
+        let slot = any.command(&["CLUSTER", "KEYSLOT", key]);
+        slot.trim_start_matches(':').trim().parse().unwrap()
+    }
+
+    /// Moves `key`'s slot to the primary on `to_port` as `redis-cli --cluster reshard` does:
+    /// the target `IMPORTING`, the source `MIGRATING`, the slot's keys moved with `MIGRATE …
+    /// KEYS` `batch` at a time (each batch atomically; `between` runs after each, so clients
+    /// meet a slot whose keys are split between the two nodes), then `SETSLOT … NODE` on the
+    /// target, the source and the other primaries. Meanwhile the source answers `ASK` for a
+    /// call whose keys all left and `TRYAGAIN` for one whose keys are split; the target
+    /// serves an `ASKING` call whose keys all arrived. Returns the number of keys moved; 0
+    /// if the slot is on `to_port` already.
+    pub fn migrate_slot_of(
+        &self,
+        key: &str,
+        to_port: u16,
+        batch: usize,
+        mut between: impl FnMut(),
+    ) -> usize {
+        let slot = self.slot_of(key).to_string();
+        let source = self.primary_for(key);
+        if source.port() == to_port {
+            return 0;
+        }
+        let primaries = self.primaries();
+        let target = primaries
+            .iter()
+            .find(|p| p.port() == to_port)
+            .unwrap_or_else(|| panic!("no primary on port {to_port}"));
+        let id = |n: &RedisServer| bulk_strings(&n.command(&["CLUSTER", "MYID"]))[0].clone();
+        let (source_id, target_id) = (id(source), id(target));
+        let ok = |what: &str, reply: String| assert!(reply.starts_with("+OK"), "{what}: {reply}");
+        let importing = ["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id];
+        ok("SETSLOT IMPORTING", target.command(&importing));
+        let migrating = ["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id];
+        ok("SETSLOT MIGRATING", source.command(&migrating));
+        let (to, count) = (to_port.to_string(), batch.max(1).to_string());
+        let mut moved = 0;
+        loop {
+            let keys = bulk_strings(&source.command(&["CLUSTER", "GETKEYSINSLOT", &slot, &count]));
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                &to,
+                "",
+                "0",
+                "5000",
+                "REPLACE",
+                "KEYS",
+            ];
+            migrate.extend(keys.iter().map(String::as_str));
+            let reply = source.command(&migrate);
+            // NOKEY: the keys expired or were deleted meanwhile.
+            assert!(
+                reply.starts_with("+OK") || reply.starts_with("+NOKEY"),
+                "MIGRATE: {reply}"
+            );
+            moved += keys.len();
+            between();
+        }
+        let node = ["CLUSTER", "SETSLOT", &slot, "NODE", &target_id];
+        ok("SETSLOT NODE on the target", target.command(&node));
+        ok("SETSLOT NODE on the source", source.command(&node));
+        for p in primaries
+            .iter()
+            .filter(|p| p.port() != to_port && p.port() != source.port())
+        {
+            ok("SETSLOT NODE", p.command(&node));
+        }
+        self.wait_until("every primary to agree on the moved slot", |c| {
+            c.primary_for(key).port() == to_port
+        });
+        moved
     }
 
     /// Waits until every live node says `cluster_state:ok` and knows the same 3 primaries.

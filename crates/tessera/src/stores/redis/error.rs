@@ -39,6 +39,16 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
     Error::store(kind, format!("redis: {message}"))
 }
 
+/// `e` with `secret` (a second password: the sentinels') masked in its message as well.
+pub(super) fn mask_in(e: Error, secret: Option<&str>) -> Error {
+    match e {
+        Error::Store { kind, message } => {
+            Error::store(kind, crate::error::mask_secret(&message, secret))
+        }
+        other => other,
+    }
+}
+
 /// Whether the server refused the credentials (or their lack). A cluster client's first
 /// connect wraps the node's refusal in an I/O error ("Failed to create initial connections -
 /// Io: \"NOAUTH\": …"), so the refusal's code is looked for in the text as well.

@@ -4,12 +4,15 @@
 //! ```text
 //! redis://[user[:password]@]host[:port][/db][?prefix=tessera][&eviction=warn|refuse][&wait=N]
 //! redis+sentinel://[user[:password]@]host[:port][,host[:port]…]/MASTER[/db][?…same options]
+//!     [&sentinel_user=USER][&sentinel_password=PASSWORD]
 //! redis+cluster://[user[:password]@]host[:port][,host[:port]…][?prefix=…][&eviction=…]
 //! ```
 //!
-//! (`rediss+sentinel://` and `rediss+cluster://` for TLS.) With Sentinel, the credentials and
-//! the database are the master's; the sentinels (default port 26379) are asked without
-//! credentials. The store follows failovers by itself, and `wait=N` makes every
+//! (`rediss+sentinel://` and `rediss+cluster://` for TLS, to the sentinels as to the
+//! servers.) With Sentinel, the credentials and the database are the master's (and every
+//! server's it fails over to); the sentinels (default port 26379) are asked with
+//! `sentinel_user` and `sentinel_password` if the URL gives them, else without credentials,
+//! and with the master's if they answer NOAUTH. The store follows failovers by itself, and `wait=N` makes every
 //! state-changing call wait until N replicas have it (see [`topology`] for how, and
 //! docs/reliability.md for what a failover costs with and without it). On a Cluster every
 //! key of a semaphore or limiter shares one hash tag, so each operation is one call on one
@@ -135,7 +138,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::RedisError;
+use redis::{IntoConnectionInfo, RedisError};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
@@ -146,7 +149,7 @@ use crate::stores::expiries::Expiries;
 
 use call::FUNCTIONS;
 pub use call::FUNCTIONS_RETRY;
-use error::store_error;
+use error::{mask_in, store_error};
 use eviction::check_eviction;
 use heartbeats::{HeartbeatMany, Heartbeats};
 use line::Line;
@@ -161,6 +164,14 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reconnect attempts of the command connection before a request fails (50 ms, 100 ms, …).
 const RECONNECT_ATTEMPTS: usize = 3;
+/// The shortest and longest pause of the cluster client before it sends a call again that
+/// a node answered `TRYAGAIN` (a slot migrating with the call's keys split between two
+/// nodes) or `CLUSTERDOWN`: random up to 10 ms · 2^attempt, within these bounds. redis-rs's
+/// own are 1.28 s and 655 s: with them every call that met a moving slot waited at least
+/// 1.28 s, renewals with it, and holders of short leases were told they lost them (8 and 9
+/// losses in two runs of `a_cluster_slot_moving_under_load_…`, none with these).
+const CLUSTER_RETRY_WAIT: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(1000));
 
 /// The Redis backend. Cheap to share behind an `Arc`; dropping it stops its subscriber.
 pub struct RedisBackend {
@@ -447,23 +458,52 @@ impl RedisBackend {
             Layout::Sentinel { sentinels, master } => {
                 let template = addr_template(&config.server_url);
                 let scheme = if config.tls { "rediss" } else { "redis" };
-                let open = |prefix: &str| {
+                // A sentinel's refusal may quote what it was sent: its password is masked in
+                // messages as well as the master's.
+                let sentinel_secret = config.sentinel_auth.as_ref().map(|a| a.password.as_str());
+                let err = |e: RedisError| mask_in(err(e), sentinel_secret);
+                // One client per sentinel, logging in as `auth` (user, password) if given.
+                let open = |auth: Option<(Option<&str>, &str)>| {
                     sentinels
                         .iter()
-                        .map(|(h, p)| redis::Client::open(format!("{prefix}{h}:{p}")))
+                        .map(|(h, p)| {
+                            let info = format!("{scheme}://{h}:{p}").into_connection_info()?;
+                            let info = match auth {
+                                Some((user, password)) => {
+                                    let mut settings =
+                                        info.redis_settings().clone().set_password(password);
+                                    if let Some(user) = user {
+                                        settings = settings.set_username(user);
+                                    }
+                                    info.set_redis_settings(settings)
+                                }
+                                None => info,
+                            };
+                            redis::Client::open(info)
+                        })
                         .collect::<redis::RedisResult<Vec<_>>>()
                         .map_err(err)
                 };
-                let mut clients = open(&format!("{scheme}://"))?;
-                // Sentinels protected by a password (`requirepass` in sentinel.conf) answer
-                // NOAUTH: they are asked with the URL's user and password (the template's
-                // `scheme://user:password@`), as deployments usually give both the same.
-                let with_credentials = template.split("{addr}").next().unwrap_or_default();
-                if with_credentials.contains('@')
-                    && topology::sentinels_need_auth(&clients, master).await
-                {
-                    clients = open(with_credentials)?;
-                }
+                let clients = match &config.sentinel_auth {
+                    // The sentinels' own credentials (`sentinel_user`, `sentinel_password`).
+                    Some(auth) => open(Some((auth.user.as_deref(), &auth.password)))?,
+                    None => {
+                        let clients = open(None)?;
+                        // Sentinels protected by a password (`requirepass` in sentinel.conf)
+                        // answer NOAUTH: without credentials of their own in the URL they are
+                        // asked with the master's (the URL's user and password, as redis-rs
+                        // read them), as deployments often give both the same.
+                        let master_auth = client.get_connection_info().redis_settings();
+                        match master_auth.password() {
+                            Some(password)
+                                if topology::sentinels_need_auth(&clients, master).await =>
+                            {
+                                open(Some((master_auth.username(), password)))?
+                            }
+                            _ => clients,
+                        }
+                    }
+                };
                 let sentinels = clients;
                 let topo = Topology::sentinel(sentinels, master.clone(), template)
                     .await
@@ -486,6 +526,8 @@ impl RedisBackend {
                     .push_sender(tx)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
+                    .min_retry_wait(CLUSTER_RETRY_WAIT.0.as_millis() as u64)
+                    .max_retry_wait(CLUSTER_RETRY_WAIT.1.as_millis() as u64)
                     .build()
                     .map_err(err)?;
                 let conn = cluster.get_async_connection().await.map_err(err)?;

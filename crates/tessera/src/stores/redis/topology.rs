@@ -14,7 +14,8 @@
 //!   answer of the highest epoch whose server says it is a master (`ROLE`); a sentinel that
 //!   does not answer or names a server that is not a master is skipped. If the first
 //!   sentinel that answers says NOAUTH, every sentinel is asked with the URL's user and
-//!   password.
+//!   password, unless the URL gives the sentinels credentials of their own
+//!   (`sentinel_user`, `sentinel_password`), which are then used from the start.
 //! - A watcher task subscribes to `+switch-master` on every sentinel and also asks one
 //!   sentinel every [`SENTINEL_POLL`] (a switch message is lost while a sentinel connection
 //!   is down); when a sentinel names another master at a higher epoch, it resolves again.
@@ -65,7 +66,11 @@
 //!
 //! Every key of one semaphore or limiter carries the hash tag `{<prefix>:<name>}`, so each
 //! step is one call on one shard; cluster-async routes it by its keys and follows `MOVED`
-//! and `ASK`. `FUNCTION LOAD` goes to every primary; a primary without the library (a
+//! and `ASK`. On a cluster a call names every key of the state, so while its slot migrates
+//! Redis runs it whole on one node or not at all: on the source while all its keys are
+//! there, on the target (`ASKING`) once all are there, and answers `TRYAGAIN` while they are
+//! split; the client sends it again after a short pause (`CLUSTER_RETRY_WAIT` in the
+//! module above). Each `MIGRATE` moves its keys atomically, so no step ever sees half a state. `FUNCTION LOAD` goes to every primary; a primary without the library (a
 //! replica promoted before it had synced it, a node added later) answers "Function not
 //! found", and the library is loaded again on every primary (`REPLACE`: the same code, so
 //! harmless where it was present). Wake-ups travel on sharded pub/sub (see `notify.rs`).

@@ -1,6 +1,7 @@
 //! The `redis://` and `rediss://` URL, the Sentinel and Cluster forms
 //! (`redis+sentinel://`, `redis+cluster://`, and their TLS `rediss+…` twins), and tessera's
-//! options in them (`prefix`, `eviction`, `wait`; see the [store's docs](super)).
+//! options in them (`prefix`, `eviction`, `wait`, and on Sentinel `sentinel_user` and
+//! `sentinel_password`; see the [store's docs](super)).
 
 use crate::error::{redact_url, Error, InvalidInput, Result};
 use crate::stores::url::not_a_url;
@@ -30,6 +31,27 @@ pub(crate) struct Config {
     pub(crate) wait: u32,
     /// Where the server is.
     pub(crate) layout: Layout,
+    /// The sentinels' own credentials (`sentinel_user`, `sentinel_password`), if the URL
+    /// gives them; only on Sentinel.
+    pub(crate) sentinel_auth: Option<SentinelAuth>,
+}
+
+/// Credentials the sentinels are asked with, apart from the master's (the URL's own).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelAuth {
+    /// The ACL user; `None`: the sentinel's `default` user.
+    pub(crate) user: Option<String>,
+    pub(crate) password: String,
+}
+
+// Never the password, not even in a test's assertion message.
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
 }
 
 /// Which servers a URL names.
@@ -53,6 +75,9 @@ const SENTINEL_PORT: u16 = 26379;
 const REDIS_PORT: u16 = 6379;
 /// Most replicas `wait` may ask for.
 const MAX_WAIT: u32 = 64;
+/// Why `sentinel_user` or `sentinel_password` on another URL is refused.
+const SENTINEL_ONLY: &str =
+    "sentinel_user and sentinel_password are options of redis+sentinel:// URLs";
 
 pub(super) fn parse_url(raw: &str) -> Result<Config> {
     let redacted = redact_url(raw);
@@ -69,7 +94,13 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
         "rediss+sentinel" => ("rediss", true),
         "redis+cluster" => ("redis", false),
         "rediss+cluster" => ("rediss", false),
-        _ => return parse_single(raw, redacted),
+        _ => {
+            let config = parse_single(raw, redacted.clone())?;
+            if config.sentinel_auth.is_some() {
+                return Err(bad(SENTINEL_ONLY.into()));
+            }
+            return Ok(config);
+        }
     };
     // The `url` crate takes one host per URL: split the host list off by hand, then read the
     // rest (credentials, path, options) as a one-host URL.
@@ -163,6 +194,9 @@ pub(super) fn parse_url(raw: &str) -> Result<Config> {
             "wait is not supported on redis+cluster:// (use redis+sentinel://)".into(),
         ));
     }
+    if matches!(layout, Layout::Cluster { .. }) && config.sentinel_auth.is_some() {
+        return Err(bad(SENTINEL_ONLY.into()));
+    }
     config.layout = layout;
     Ok(config)
 }
@@ -193,6 +227,7 @@ fn parse_single(raw: &str, redacted: String) -> Result<Config> {
     let mut prefix = DEFAULT_PREFIX.to_string();
     let mut eviction = EvictionPolicy::Warn;
     let mut wait = 0;
+    let (mut sentinel_user, mut sentinel_password) = (None, None);
     // Options redis-rs itself reads from the URL, handed through.
     let mut passed: Vec<(String, String)> = Vec::new();
     for (k, v) in url.query_pairs() {
@@ -228,14 +263,30 @@ fn parse_single(raw: &str, redacted: String) -> Result<Config> {
                         ))
                     })?
             }
+            // Percent-decoded by `query_pairs` (a `+` reads as a space: write `%2B`).
+            "sentinel_user" | "sentinel_password" if v.is_empty() => {
+                return Err(bad(format!("{k} must not be empty")))
+            }
+            "sentinel_user" => sentinel_user = Some(v.into_owned()),
+            "sentinel_password" => sentinel_password = Some(v.into_owned()),
             "protocol" => passed.push((k.into_owned(), v.into_owned())),
             _ => {
                 return Err(bad(format!(
-                    "unknown option {k:?}; known: prefix, eviction, wait, protocol"
+                    "unknown option {k:?}; known: prefix, eviction, wait, protocol, \
+                     sentinel_user, sentinel_password"
                 )))
             }
         }
     }
+    let sentinel_auth = match (sentinel_user, sentinel_password) {
+        (user, Some(password)) => Some(SentinelAuth { user, password }),
+        (Some(_), None) => {
+            return Err(bad(
+                "sentinel_user needs sentinel_password (a sentinel's user logs in with one)".into(),
+            ))
+        }
+        (None, None) => None,
+    };
     url.set_query(None);
     if !passed.is_empty() {
         url.query_pairs_mut().extend_pairs(passed);
@@ -248,6 +299,7 @@ fn parse_single(raw: &str, redacted: String) -> Result<Config> {
         tls,
         wait,
         layout: Layout::Single,
+        sentinel_auth,
     })
 }
 
@@ -292,6 +344,11 @@ mod tests {
             "redis+cluster://[::1]x",
             "redis+cluster://[::1]:x",
             "redis+sentinel://[::1:1/m",
+            "redis://h?sentinel_password=hunter2",
+            "redis+cluster://h:1?sentinel_password=hunter2",
+            "redis+sentinel://h:1/m?sentinel_user=s",
+            "redis+sentinel://h:1/m?sentinel_password=",
+            "redis+sentinel://h:1/m?sentinel_user=&sentinel_password=hunter2",
         ] {
             let e = parse_url(bad)
                 .err()
@@ -333,6 +390,28 @@ mod tests {
             }
         );
         assert_eq!(c.server_url, "redis://[::1]:7610");
+        // The sentinels' own credentials, percent-decoded, never in the server URL or a
+        // message.
+        let c = parse_url(
+            "rediss+sentinel://:data-pw@a:1/m?sentinel_user=watch&sentinel_password=hun%2Bter2%26",
+        )
+        .unwrap();
+        assert_eq!(
+            c.sentinel_auth,
+            Some(SentinelAuth {
+                user: Some("watch".into()),
+                password: "hun+ter2&".into(),
+            })
+        );
+        assert_eq!(c.server_url, "rediss://:data-pw@a:1");
+        assert!(!c.redacted.contains("hun"), "{}", c.redacted);
+        assert!(!format!("{:?}", c.sentinel_auth).contains("hun"));
+        let c = parse_url("redis+sentinel://a:1/m?sentinel_password=pw").unwrap();
+        assert_eq!(c.sentinel_auth.unwrap().user, None);
+        assert_eq!(
+            parse_url("redis+sentinel://a:1/m").unwrap().sentinel_auth,
+            None
+        );
         let c = parse_url("redis+cluster://[::1]:7000,h:7001").unwrap();
         assert_eq!(
             c.layout,
