@@ -132,6 +132,64 @@ class Server:
         return body
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free right now (held together while they are picked)."""
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Etcd:
+    """An etcd of its own (one member) in a temporary folder, on free loopback ports: a store
+    whose queue does not order by tenants' shares (docs/fair-shares.md). A missing ``etcd``
+    is an error, not a skip."""
+
+    def __init__(self) -> None:
+        if shutil.which("etcd") is None:
+            raise RuntimeError("no etcd on PATH: install it (apt-get install etcd-server)")
+        self.dir = tempfile.mkdtemp(prefix="tessera-py-etcd-")
+        client_port, peer_port = free_ports(2)
+        client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+        with open(os.path.join(self.dir, "etcd.log"), "w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    "etcd", "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
+                    "--listen-client-urls", client, "--advertise-client-urls", client,
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", f"t={peer}",
+                    "--heartbeat-interval", "50", "--election-timeout", "500",
+                    "--logger", "zap", "--log-level", "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.url = f"etcd://127.0.0.1:{client_port}"
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(client + "/health", timeout=1) as r:
+                    return json.loads(r.read()).get("health") == "true"
+            except (OSError, ValueError):
+                return False
+
+        if not wait_until(lambda: healthy() or self.proc.poll() is not None, timeout=15) or not healthy():
+            self.close()
+            raise RuntimeError(f"etcd did not start on {client}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def worker(url: str, *args: Any, wait: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
     """Runs ``worker.py ARGS…`` against ``url``; returns the finished process (checked)."""
     proc = spawn(url, *args)

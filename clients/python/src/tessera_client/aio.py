@@ -282,14 +282,35 @@ class Client:
         return self._sync.current_url
 
     def semaphore(
-        self, name: str, capacity: int, *, weight: int = 1, ttl: Duration = 30.0, holder: str | None = None
+        self,
+        name: str,
+        capacity: int,
+        *,
+        weight: int = 1,
+        ttl: Duration = 30.0,
+        holder: str | None = None,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> Semaphore:
         """See :meth:`tessera_client.Client.semaphore`."""
-        return Semaphore(self._sync.semaphore(name, capacity, weight=weight, ttl=ttl, holder=holder))
+        return Semaphore(
+            self._sync.semaphore(
+                name, capacity, weight=weight, ttl=ttl, holder=holder, tenant=tenant, share=share
+            )
+        )
 
-    def lock(self, name: str, *, ttl: Duration = 30.0, holder: str | None = None) -> Semaphore:
-        """A lock: the semaphore of capacity 1 under ``name``."""
-        return Semaphore(self._sync.lock(name, ttl=ttl, holder=holder))
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: Duration = 30.0,
+        holder: str | None = None,
+        tenant: str | None = None,
+        share: int | None = None,
+    ) -> Semaphore:
+        """A lock: the semaphore of capacity 1 under ``name`` (see
+        :meth:`tessera_client.Client.lock`)."""
+        return Semaphore(self._sync.lock(name, ttl=ttl, holder=holder, tenant=tenant, share=share))
 
     def rate(
         self,
@@ -318,6 +339,8 @@ class Client:
         margin: Duration | None = None,
         holder: str | None = None,
         update: bool = False,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> Admission:
         """See :meth:`tessera_client.Client.admission`."""
         return Admission(
@@ -331,6 +354,8 @@ class Client:
                 margin=margin,
                 holder=holder,
                 update=update,
+                tenant=tenant,
+                share=share,
             )
         )
 
@@ -357,6 +382,8 @@ class Semaphore:
         self.name = semaphore.name
         self.capacity = semaphore.capacity
         self.weight = semaphore.weight
+        self.tenant = semaphore.tenant
+        self.share = semaphore.share
 
     def __repr__(self) -> str:
         return repr(self._sync)
@@ -427,6 +454,8 @@ class Admission:
     def __init__(self, admission: _sync.Admission) -> None:
         self._sync = admission
         self.name = admission.name
+        self.tenant = admission.tenant
+        self.share = admission.share
 
     def __repr__(self) -> str:
         return repr(self._sync)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,35 @@ REASK_PAUSE = 0.2
 
 def _default_holder() -> str:
     return f"py:{socket.gethostname()}:{os.getpid()}"
+
+
+#: The longest tenant name, in UTF-8 bytes (the server's limit).
+MAX_TENANT_LEN = 64
+
+#: The largest share of a tenant.
+MAX_SHARE = 1000
+
+
+def _tenant_fields(tenant: str | None, share: int | None) -> dict[str, Any]:
+    """The ``tenant`` and ``share`` fields of an acquire body, checked as the server checks
+    them, so that a bad value raises :class:`InvalidInput` before anything is sent."""
+    if tenant is None:
+        if share is not None:
+            raise errors.InvalidInput(f"invalid share {share!r}: a share needs a tenant")
+        return {}
+    try:
+        size = len(tenant.encode("utf-8")) if isinstance(tenant, str) else 0
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 string
+        size = 0
+    if not 1 <= size <= MAX_TENANT_LEN or any(unicodedata.category(c) == "Cc" for c in tenant):
+        raise errors.InvalidInput(
+            f"invalid tenant {tenant!r}: 1 to {MAX_TENANT_LEN} bytes (UTF-8), no control characters"
+        )
+    if share is None:
+        share = 1
+    if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= MAX_SHARE:
+        raise errors.InvalidInput(f"invalid share {share!r}: a whole number between 1 and {MAX_SHARE}")
+    return {"tenant": tenant, "share": share}
 
 
 def _deadline(clock: Clock, timeout: float | None) -> float | None:
@@ -137,17 +167,36 @@ class Client:
         weight: int = 1,
         ttl: Duration = 30.0,
         holder: str | None = None,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> Semaphore:
         """A semaphore of ``capacity`` permits under ``name``; each lease takes ``weight``.
 
         Every client declares the same capacity (else :class:`CapacityMismatch`). ``ttl``
         (seconds or ``"30s"``) is how long a lease outlives a client that stops renewing it.
-        """
-        return Semaphore(self, name, capacity, weight=weight, ttl=ttl, holder=holder)
 
-    def lock(self, name: str, *, ttl: Duration = 30.0, holder: str | None = None) -> Semaphore:
-        """A lock: the semaphore of capacity 1 under ``name``."""
-        return Semaphore(self, name, 1, weight=1, ttl=ttl, holder=holder)
+        ``tenant`` (1 to 64 bytes, no control characters) and ``share`` (1 to 1000, default
+        1): this handle's acquires wait as that tenant, so under contention permits go to the
+        waiting tenants in proportion to their shares, FIFO within a tenant
+        (docs/fair-shares.md). A bad value raises :class:`InvalidInput` here; a store that
+        cannot order by shares answers :class:`Unsupported` at the first acquire.
+        """
+        return Semaphore(
+            self, name, capacity, weight=weight, ttl=ttl, holder=holder, tenant=tenant, share=share
+        )
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: Duration = 30.0,
+        holder: str | None = None,
+        tenant: str | None = None,
+        share: int | None = None,
+    ) -> Semaphore:
+        """A lock: the semaphore of capacity 1 under ``name`` (``tenant`` and ``share`` as
+        for :meth:`semaphore`)."""
+        return Semaphore(self, name, 1, weight=1, ttl=ttl, holder=holder, tenant=tenant, share=share)
 
     def rate(
         self,
@@ -184,12 +233,16 @@ class Client:
         margin: Duration | None = None,
         holder: str | None = None,
         update: bool = False,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> Admission:
         """Permits of the semaphore ``name`` and room in the windows of its rate limiter, taken
         in one step: ``client.admission("sms-api", capacity=4, limits=["50/s", "1000/min"])``.
 
         The semaphore and the limiter are the ones of the same name under
-        :meth:`semaphore` and :meth:`rate`.
+        :meth:`semaphore` and :meth:`rate`. ``tenant`` and ``share`` as for
+        :meth:`semaphore`: permits and window slots go to the waiting tenants in proportion
+        to their shares.
         """
         return Admission(
             self,
@@ -202,6 +255,8 @@ class Client:
             margin=margin,
             holder=holder,
             update=update,
+            tenant=tenant,
+            share=share,
         )
 
     def held(self) -> list[Lease]:
@@ -245,7 +300,10 @@ class Semaphore:
         weight: int = 1,
         ttl: Duration = 30.0,
         holder: str | None = None,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> None:
+        self._tenant = _tenant_fields(tenant, share)
         self._client = client
         self._t = client._transport
         self.name = name
@@ -253,16 +311,21 @@ class Semaphore:
         self.weight = weight
         self.ttl = ttl
         self.holder = holder or client.holder
+        #: The tenant this handle's acquires wait as, and its share (None: no tenant).
+        self.tenant: str | None = self._tenant.get("tenant")
+        self.share: int | None = self._tenant.get("share")
         self._path = f"/v1/semaphores/{quote(name)}"
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self.name!r} capacity={self.capacity} weight={self.weight}>"
+        tenant = "" if self.tenant is None else f" tenant={self.tenant!r} share={self.share}"
+        return f"<Semaphore {self.name!r} capacity={self.capacity} weight={self.weight}{tenant}>"
 
     def acquire(self, timeout: float | None = None) -> Lease:
         """Waits for ``weight`` permits and returns the lease, kept alive until released.
 
         ``timeout``: seconds to wait at most (None: for ever; 0: only if free now). Waiters
-        are served in the order the server received them, and a large ``weight`` is not
+        are served in the order the server received them (with a ``tenant``: in proportion to
+        the waiting tenants' shares, in order within each), and a large ``weight`` is not
         overtaken by smaller ones. Raises :class:`NoPermit` when the timeout runs out; then
         nothing is held and this client's place in the queue is given up. A ``queue_full``
         answer is waited out within the timeout. Interrupted (``KeyboardInterrupt``), the
@@ -290,6 +353,7 @@ class Semaphore:
                 "ttl": ms(self.ttl, up=True),
                 "wait": ms(wait, up=False),
                 "holder": self.holder,
+                **self._tenant,
             }
             try:
                 answer = self._t.call("POST", self._path + "/acquire", body, wait=wait, cancel=cancel)
@@ -517,7 +581,10 @@ class Admission:
         margin: Duration | None = None,
         holder: str | None = None,
         update: bool = False,
+        tenant: str | None = None,
+        share: int | None = None,
     ) -> None:
+        tenant_fields = _tenant_fields(tenant, share)
         self._t = client._transport
         self.name = name
         self.capacity = capacity
@@ -531,7 +598,11 @@ class Admission:
             "cost": cost,
             "ttl": ms(ttl, up=True),
             "holder": holder or client.holder,
+            **tenant_fields,
         }
+        #: The tenant this handle's admissions wait as, and its share (None: no tenant).
+        self.tenant: str | None = tenant_fields.get("tenant")
+        self.share: int | None = tenant_fields.get("share")
         if margin is not None:
             self._body["margin"] = ms(margin, up=False)
         if update:
@@ -546,8 +617,9 @@ class Admission:
         """Waits for an admission and returns its lease (a context manager, released on exit).
 
         ``timeout``: seconds (None: for ever; 0: only if admissible now). Admission waiters
-        share the semaphore's FIFO queue with plain waiters; the head waits for both its
-        permits and its windows. Raises :class:`NotAdmitted` when the timeout runs out, with
+        share the semaphore's FIFO queue with plain waiters (ordered by shares between
+        tenants, see :meth:`Client.semaphore`); the head waits for both its permits and its
+        windows. Raises :class:`NotAdmitted` when the timeout runs out, with
         nothing held or charged; :class:`Unsupported` if the server's store has no admissions.
 
         Use-by: right before returning, if the use-by instant (``use_by_ms`` after the answer
