@@ -51,11 +51,23 @@ export class Client {
   admission(name: string, options: AdmissionOptions): Admission;
 }
 
-export interface LockOptions {
+export interface LockOptions extends TenantOptions {
   /** Lease TTL (default 30 s; 100 ms..24 h). */
   ttl?: Duration;
   /** Holder label. */
   holder?: string;
+}
+
+/** Fair shares between tenants (docs/fair-shares.md). Checked when the handle is made:
+ * `InvalidInput` for a bad value, nothing sent. A store that cannot order by shares answers
+ * `Unsupported` (501) at the first acquire. */
+export interface TenantOptions {
+  /** The tenant the handle's acquires wait as (1 to 64 bytes, no control characters): under
+   * contention grants go to the waiting tenants in proportion to their shares, first come
+   * first served within a tenant. */
+  tenant?: string;
+  /** The tenant's share, a whole number 1..1000 (default 1; only with a tenant). */
+  share?: number;
 }
 
 export interface SemaphoreOptions extends LockOptions {
@@ -76,6 +88,10 @@ export interface AcquireOptions {
 export class Semaphore {
   private constructor();
   readonly name: string;
+  /** The tenant the handle's acquires wait as, if any. */
+  readonly tenant: string | undefined;
+  /** The tenant's share (undefined without a tenant). */
+  readonly share: number | undefined;
   /** Waits in FIFO order for the permits. Rejects with `NoPermit` at the timeout (nothing
    * held or queued). */
   acquire(options?: AcquireOptions): Promise<Lease>;
@@ -148,7 +164,7 @@ export class RateLimiter {
   status(): Promise<RateStatus | null>;
 }
 
-export interface AdmissionOptions {
+export interface AdmissionOptions extends TenantOptions {
   capacity: number;
   limits: string | string[];
   weight?: number;
@@ -164,6 +180,10 @@ export interface AdmissionOptions {
 export class Admission {
   private constructor();
   readonly name: string;
+  /** The tenant the handle's admissions wait as, if any. */
+  readonly tenant: string | undefined;
+  /** The tenant's share (undefined without a tenant). */
+  readonly share: number | undefined;
   /** Admissions that arrived past their use-by and were given back. */
   givenBack: number;
   /** Waits for a fresh admission. Rejects with `NotAdmitted` at the timeout (nothing held

@@ -15,6 +15,7 @@
 import { InvalidInput, NotAdmitted, QueueFull } from "./errors.js";
 import { Lease } from "./lease.js";
 import { untilGranted, withLease } from "./queue.js";
+import { tenantFields } from "./tenant.js";
 import { durationText, segment, timeoutMs } from "./transport.js";
 
 /**
@@ -127,6 +128,9 @@ export class Admitted extends Lease {
  *   default 100 ms; 0 turns the use-by off)
  * @property {string} [holder] label shown by status
  * @property {boolean} [update] replace the stored limits if they differ
+ * @property {string} [tenant] the tenant this handle's admissions wait as: permits and window
+ *   slots go to the waiting tenants in proportion to their shares (docs/fair-shares.md)
+ * @property {number} [share] the tenant's share, 1..1000 (default 1; only with a tenant)
  */
 
 /**
@@ -159,9 +163,14 @@ export class Admission {
         `invalid limits ${JSON.stringify(options.limits)} for "${name}": strings like "50/s"`,
       );
     }
+    const tenant = tenantFields(options, name);
     this.#transport = transport;
     /** @type {string} */
     this.name = name;
+    /** The tenant this handle's admissions wait as (undefined: none). @type {string | undefined} */
+    this.tenant = tenant.tenant;
+    /** The tenant's share (undefined without a tenant). @type {number | undefined} */
+    this.share = tenant.share;
     this.#path = `/v1/admissions/${segment(name)}`;
     this.#cap = defaults.cap;
     /** @type {Record<string, unknown>} */
@@ -172,6 +181,7 @@ export class Admission {
       cost: options.cost ?? 1,
       ttl: durationText(options.ttl ?? 30_000, "ttl"),
       holder: options.holder ?? defaults.holder,
+      ...tenant,
     };
     if (options.margin !== undefined) body.margin = durationText(options.margin, "margin");
     if (options.update !== undefined) body.update = options.update;
@@ -179,7 +189,8 @@ export class Admission {
   }
 
   /**
-   * Waits in the semaphore's FIFO queue (shared with plain acquires) until, at one instant,
+   * Waits in the semaphore's FIFO queue (shared with plain acquires; ordered by shares
+   * between tenants) until, at one instant,
    * the permits are free and every window has room; then the lease is written and every
    * window charged together. Nothing is held while the windows are full, nothing charged
    * while no permit is free.

@@ -80,7 +80,8 @@ export class Client {
    * A lock: a semaphore of capacity 1. Every client of a name must use it as a lock (or as a
    * semaphore of capacity 1).
    * @param {string} name
-   * @param {{ttl?: number | string, holder?: string}} [options]
+   * @param {{ttl?: number | string, holder?: string, tenant?: string, share?: number}} [options]
+   *   `tenant` and `share` as for a semaphore
    */
   lock(name, options = {}) {
     return new Semaphore(

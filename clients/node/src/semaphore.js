@@ -4,6 +4,7 @@
 import { InvalidInput, NoPermit, NotFound } from "./errors.js";
 import { Lease } from "./lease.js";
 import { untilGranted, withLease } from "./queue.js";
+import { tenantFields } from "./tenant.js";
 import { durationText, segment, timeoutMs } from "./transport.js";
 
 /**
@@ -12,6 +13,10 @@ import { durationText, segment, timeoutMs } from "./transport.js";
  * @property {number} [weight] permits per lease (default 1)
  * @property {number | string} [ttl] lease TTL: ms, or `"30s"` (default 30 s; 100 ms..24 h)
  * @property {string} [holder] label shown by status (default the client's)
+ * @property {string} [tenant] the tenant this handle's acquires wait as (1 to 64 bytes, no
+ *   control characters): under contention permits go to the waiting tenants in proportion
+ *   to their shares, FIFO within a tenant (docs/fair-shares.md)
+ * @property {number} [share] the tenant's share, 1..1000 (default 1; only with a tenant)
  */
 
 /**
@@ -36,9 +41,14 @@ export class Semaphore {
         `invalid capacity ${JSON.stringify(options?.capacity)} for "${name}": an integer`,
       );
     }
+    const tenant = tenantFields(options, name);
     this.#transport = transport;
     /** @type {string} */
     this.name = name;
+    /** The tenant this handle's acquires wait as (undefined: none). @type {string | undefined} */
+    this.tenant = tenant.tenant;
+    /** The tenant's share (undefined without a tenant). @type {number | undefined} */
+    this.share = tenant.share;
     this.#path = `/v1/semaphores/${segment(name)}`;
     this.#cap = defaults.cap;
     this.#body = {
@@ -46,6 +56,7 @@ export class Semaphore {
       weight: options.weight ?? 1,
       ttl: durationText(options.ttl ?? 30_000, "ttl"),
       holder: options.holder ?? defaults.holder,
+      ...tenant,
     };
   }
 
@@ -53,7 +64,9 @@ export class Semaphore {
    * Waits for `weight` permits in the semaphore's FIFO queue and returns the lease, renewed in
    * the background until you release it.
    *
-   * Fairness: first come, first served; a large weight is never overtaken. Waits longer than
+   * Fairness: first come, first served (with a `tenant`: in proportion to the waiting
+   * tenants' shares, first come first served within each); a large weight is never
+   * overtaken. Waits longer than
    * the per-request cap (4 min) are asked again and join the back of the queue.
    *
    * On success the permits are held. On timeout it rejects with `NoPermit` and nothing is

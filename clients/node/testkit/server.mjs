@@ -3,6 +3,7 @@
 
 import { spawn, spawnSync } from "node:child_process";
 import { accessSync, constants, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -32,14 +33,15 @@ export function tempDir() {
 }
 
 /**
- * Starts `tessera serve` on `db` (a SQLite file; default a new one in a new temp dir).
- * @param {{db?: string, args?: string[]}} [opts]
+ * Starts `tessera serve` on `db` (a SQLite file; default a new one in a new temp dir), or on
+ * `store` (a store URL, such as `memory://`).
+ * @param {{db?: string, store?: string, args?: string[]}} [opts]
  */
 export async function startServer(opts = {}) {
   requireBinary();
-  const own = opts.db ? null : tempDir();
-  const db = opts.db ?? join(/** @type {{dir: string}} */ (own).dir, "t.db");
-  const store = `sqlite://${db}`;
+  const own = opts.db || opts.store ? null : tempDir();
+  const db = opts.db ?? (own ? join(own.dir, "t.db") : undefined);
+  const store = opts.store ?? `sqlite://${db}`;
   const proc = spawn(BIN, ["--store", store, "serve", "--listen", "127.0.0.1:0", ...(opts.args ?? [])], {
     stdio: ["ignore", "pipe", "pipe"],
   });
@@ -82,6 +84,67 @@ export async function startServer(opts = {}) {
       return exited;
     },
   };
+}
+
+/** `n` distinct loopback ports free right now (held together while they are picked). */
+async function freePorts(n) {
+  const servers = await Promise.all(
+    Array.from({ length: n }, () => new Promise((res) => {
+      const s = createServer();
+      s.listen(0, "127.0.0.1", () => res(s));
+    })),
+  );
+  const ports = servers.map((s) => s.address().port);
+  await Promise.all(servers.map((s) => new Promise((res) => s.close(res))));
+  return ports;
+}
+
+/**
+ * Starts an etcd of its own (one member) in a temp dir on free loopback ports: a store whose
+ * queue does not order by tenants' shares (docs/fair-shares.md). A missing `etcd` is an
+ * error, not a skip.
+ * @returns {Promise<{url: string, stop: () => Promise<void>}>} `url` is the `etcd://` store URL
+ */
+export async function startEtcd() {
+  const tmp = tempDir();
+  const [clientPort, peerPort] = await freePorts(2);
+  const client = `http://127.0.0.1:${clientPort}`;
+  const peer = `http://127.0.0.1:${peerPort}`;
+  const proc = spawn(
+    "etcd",
+    [
+      "--name", "t", "--data-dir", join(tmp.dir, "data"),
+      "--listen-client-urls", client, "--advertise-client-urls", client,
+      "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+      "--initial-cluster", `t=${peer}`,
+      "--heartbeat-interval", "50", "--election-timeout", "500",
+      "--logger", "zap", "--log-level", "warn",
+    ],
+    { stdio: ["ignore", "ignore", "pipe"] },
+  );
+  let log = "";
+  proc.stderr.on("data", (d) => (log += d));
+  const exited = new Promise((res) => proc.once("close", res));
+  const failed = new Promise((res) => proc.once("error", res));
+  const stop = async () => {
+    if (proc.exitCode === null && proc.signalCode === null && proc.pid !== undefined) {
+      proc.kill("SIGTERM");
+      await exited;
+    }
+    tmp.dispose();
+  };
+  const end = performance.now() + 15_000;
+  for (;;) {
+    const healthy = await fetch(`${client}/health`)
+      .then(async (r) => (await r.json()).health === "true")
+      .catch(() => false);
+    if (healthy) return { url: `etcd://127.0.0.1:${clientPort}`, stop };
+    const error = await Promise.race([failed, sleep(50).then(() => null)]);
+    if (error || proc.exitCode !== null || performance.now() > end) {
+      await stop();
+      throw new Error(`etcd did not start (install it: apt-get install etcd-server): ${error ?? log}`);
+    }
+  }
 }
 
 /** Runs the `tessera` CLI on a store. */
