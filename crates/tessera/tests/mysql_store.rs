@@ -529,7 +529,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "4");
+    assert_eq!(version(), "5");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
