@@ -172,6 +172,8 @@ fn a_tenant_is_taken_where_the_store_orders_by_shares_and_refused_elsewhere() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(marker.exists());
     std::fs::remove_file(&marker).unwrap();
+    // etcd orders its queue by create revision, not by tags.
+    let etcd = tessera_testkit::servers::etcd::EtcdCluster::start(1);
     for (store, args, says) in [
         (
             "memory://".to_string(),
@@ -179,7 +181,7 @@ fn a_tenant_is_taken_where_the_store_orders_by_shares_and_refused_elsewhere() {
             "share",
         ),
         (
-            sqlite(home.path()),
+            etcd.url(),
             ["--tenant", "billing", "--share", "1"],
             "fair shares",
         ),

@@ -769,11 +769,12 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
     for w in waiting {
         w.abort();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = Server::start(&sqlite(dir.path()), &[]);
+    // etcd orders its queue by create revision, not by tags.
+    let etcd = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+    let unordered = Server::start(&etcd.url(), &[]);
     let (st, e) = post(
         &c,
-        &sqlite.url("/v1/semaphores/fair/acquire"),
+        &unordered.url("/v1/semaphores/fair/acquire"),
         json!({"capacity": 1, "tenant": "bulk"}),
     )
     .await;

@@ -1,14 +1,120 @@
-//! Fair shares between tenants (`docs/fair-shares.md`) on the memory store, the reference
-//! model: the queue is ordered by start tags, so backlogged tenants are served in
-//! proportion to their shares, a light tenant does not wait behind another's backlog, one
-//! tenant stays FIFO, and a store that cannot order by shares refuses a tenant with a typed
-//! error.
+//! Fair shares between tenants (`docs/fair-shares.md`) on every store that orders its queue
+//! by start tags — the memory store (the reference model) and SQLite, each test private to
+//! its store: backlogged tenants are served in proportion to their shares, a light tenant
+//! does not wait behind another's backlog (semaphore and admission queues), one tenant
+//! stays FIFO, the queue follows the start-tag model step by step, and a store that cannot
+//! order by shares refuses a tenant with a typed error.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tessera::backend::{AcquireReply, AcquireRequest, Backend, Name, WaitSpec};
-use tessera::{Error, LeaseId, SemaphoreOptions, Store, Tenant};
+use async_trait::async_trait;
+use tessera::backend::stores::MemoryBackend;
+use tessera::backend::*;
+use tessera::{Error, LeaseId, RateMode, Result, SemaphoreOptions, SemaphoreStatus, Store, Tenant};
+
+/// What a store of a test needs kept alive while it is used: its file's directory, or its
+/// throwaway server.
+type Keep = Option<Box<dyn std::any::Any + Send>>;
+
+/// A store with fair shares, private to one test.
+struct Fixture {
+    store: Store,
+    _keep: Keep,
+}
+
+impl Fixture {
+    fn backend(&self) -> &dyn Backend {
+        self.store.backend().as_ref()
+    }
+}
+
+async fn memory(test: &str) -> Fixture {
+    let url = format!("memory://fair-{test}-{}", LeaseId::random());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: None,
+    }
+}
+
+async fn sqlite(test: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/{test}.db", dir.path().display());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(dir)),
+    }
+}
+
+/// Every test below, run on the store `$make` connects (a function of the test's name).
+macro_rules! on_store {
+    ($store:ident, $make:path) => {
+        mod $store {
+            use super::*;
+
+            #[tokio::test]
+            async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
+                let f = $make("shares").await;
+                super::backlogged_tenants_are_served_in_proportion_to_their_shares(f.backend())
+                    .await;
+            }
+
+            #[tokio::test]
+            async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
+                let f = $make("flood").await;
+                super::a_light_tenant_waits_behind_one_grant_of_a_flood(f.backend()).await;
+            }
+
+            #[tokio::test]
+            async fn a_light_tenants_admission_waits_behind_one_of_a_flood() {
+                let f = $make("admission").await;
+                super::a_light_tenants_admission_waits_behind_one_of_a_flood(f.backend()).await;
+            }
+
+            #[tokio::test]
+            async fn one_tenant_and_no_tenant_are_fifo() {
+                let f = $make("fifo").await;
+                super::one_tenant_and_no_tenant_are_fifo(f.backend()).await;
+            }
+
+            #[tokio::test]
+            async fn an_idle_tenant_banks_no_credit() {
+                let f = $make("bank").await;
+                super::an_idle_tenant_banks_no_credit(f.backend()).await;
+            }
+
+            #[tokio::test]
+            async fn an_idle_semaphore_forgets_every_tag() {
+                let f = $make("idle").await;
+                super::an_idle_semaphore_forgets_every_tag(f.backend()).await;
+            }
+
+            #[tokio::test]
+            async fn a_semaphore_with_tenants_accepts_them_through_the_api() {
+                let f = $make("api").await;
+                super::a_semaphore_with_tenants_accepts_them_through_the_api(&f.store).await;
+            }
+
+            /// Invariants 1 and 2 of `docs/fair-shares.md`: the holders and the queue order
+            /// follow the start-tag model step by step, tenants or none.
+            #[test]
+            fn queue_order_follows_the_start_tag_model() {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                // Connected on this thread, which outlives every case (a throwaway server
+                // dies with the thread that started it).
+                let f = rt.block_on($make("model"));
+                super::queue_order_follows_the_start_tag_model(&rt, f.backend());
+            }
+        }
+    };
+}
+
+on_store!(memory_store, memory);
+on_store!(sqlite_store, sqlite);
 
 const WAIT: WaitSpec = WaitSpec {
     waiter_ttl: Duration::from_secs(3_600),
@@ -59,12 +165,7 @@ fn count(order: &[String]) -> HashMap<&str, usize> {
     c
 }
 
-#[tokio::test]
-async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
-    let b = store.backend().as_ref();
+async fn backlogged_tenants_are_served_in_proportion_to_their_shares(b: &dyn Backend) {
     let name = Name::new("shares").unwrap();
     assert!(
         ask(b, &name, 1, &request(None, 1)).await,
@@ -94,12 +195,7 @@ async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
     assert_eq!(c["c"], 200, "{c:?}");
 }
 
-#[tokio::test]
-async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
-    let b = store.backend().as_ref();
+async fn a_light_tenant_waits_behind_one_grant_of_a_flood(b: &dyn Backend) {
     let name = Name::new("flood").unwrap();
     assert!(ask(b, &name, 1, &request(Some(("bulk", 1)), 1)).await);
     for _ in 0..1_000 {
@@ -123,13 +219,8 @@ async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog(
     }
 }
 
-#[tokio::test]
-async fn one_tenant_and_no_tenant_are_fifo() {
+async fn one_tenant_and_no_tenant_are_fifo(b: &dyn Backend) {
     for (i, tenant) in [None, Some(("only", 3))].into_iter().enumerate() {
-        let store = Store::connect(&format!("memory://fair-{}", line!()))
-            .await
-            .unwrap();
-        let b = store.backend().as_ref();
         let name = Name::new(format!("fifo-{i}")).unwrap();
         assert!(ask(b, &name, 2, &request(tenant, 2)).await);
         let mut ids = Vec::new();
@@ -146,12 +237,7 @@ async fn one_tenant_and_no_tenant_are_fifo() {
 
 /// A tenant idle for a while competes from now: it gets no credit for the time it did not
 /// ask, so it does not take a run of grants when it comes back.
-#[tokio::test]
-async fn an_idle_tenant_banks_no_credit() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
-    let b = store.backend().as_ref();
+async fn an_idle_tenant_banks_no_credit(b: &dyn Backend) {
     let name = Name::new("bank").unwrap();
     assert!(ask(b, &name, 1, &request(Some(("a", 1)), 1)).await);
     for _ in 0..100 {
@@ -166,26 +252,152 @@ async fn an_idle_tenant_banks_no_credit() {
     assert!(c["b"].abs_diff(10) <= 1, "{c:?}: b alternates with a");
 }
 
-#[tokio::test]
-async fn a_tenant_is_checked_and_refused_where_the_store_cannot_order_by_shares() {
+/// An idle semaphore (no holders, no waiters) restarts every tag at 0: a tenant that took
+/// many grants before it went idle is not behind a newcomer afterwards.
+async fn an_idle_semaphore_forgets_every_tag(b: &dyn Backend) {
+    let name = Name::new("idle").unwrap();
+    let first = request(Some(("b", 1)), 1);
+    assert!(ask(b, &name, 1, &first).await);
+    for _ in 0..30 {
+        assert!(!ask(b, &name, 1, &request(Some(("b", 1)), 1)).await);
+    }
+    serve(b, &name, 30).await;
+    let last = b.status(&name).await.unwrap().unwrap().holders[0].lease_id;
+    assert!(b.release(&name, last).await.unwrap());
+    assert!(b.status(&name).await.unwrap().is_none(), "idle");
+    // From idle, b (31 grants before) and a (none) start level: served in arrival order.
+    assert!(ask(b, &name, 1, &request(Some(("c", 1)), 1)).await);
+    let (b1, a1) = (request(Some(("b", 1)), 1), request(Some(("a", 1)), 1));
+    assert!(!ask(b, &name, 1, &b1).await);
+    assert!(!ask(b, &name, 1, &a1).await);
+    let queue = b.status(&name).await.unwrap().unwrap().queue;
+    let order: Vec<LeaseId> = queue.iter().map(|w| w.lease_id).collect();
+    assert_eq!(order, vec![b1.lease_id, a1.lease_id], "arrival order");
+}
+
+/// An admission waits in the same queue, by the same tags: a light tenant's admission is
+/// placed behind at most one of a flood's, and granted by its own step within two grants.
+async fn a_light_tenants_admission_waits_behind_one_of_a_flood(b: &dyn Backend) {
+    let a = b
+        .admission()
+        .expect("a store with fair shares has admission");
+    let name = Name::new("admit").unwrap();
+    let config = RateConfig::new(&["100000/h".parse().unwrap()], RateMode::Exact).unwrap();
+    let admit = |tenant| AdmitRequest {
+        acquire: request(Some((tenant, 1)), 1),
+        cost: 1,
+        update: false,
+        at_head: false,
+    };
+    let first = admit("bulk");
+    assert!(matches!(
+        a.admit(&name, 1, &config, &first).await.unwrap(),
+        AdmitReply::Granted { .. }
+    ));
+    let mut queued = Vec::new();
+    for _ in 0..20 {
+        let r = admit("bulk");
+        assert!(matches!(
+            a.admit(&name, 1, &config, &r).await.unwrap(),
+            AdmitReply::Queued { .. }
+        ));
+        queued.push(r);
+    }
+    let light = admit("alerts");
+    let AdmitReply::Queued { position, .. } = a.admit(&name, 1, &config, &light).await.unwrap()
+    else {
+        panic!("the light admission is queued")
+    };
+    let queue = b.status(&name).await.unwrap().unwrap().queue;
+    let place = queue
+        .iter()
+        .position(|w| w.lease_id == light.acquire.lease_id)
+        .unwrap();
+    assert_eq!(position, place as u64, "the reply's position is its place");
+    assert!(place <= 1, "place {place} of {}", queue.len());
+    queued.insert(place, light.clone());
+    // Served in queue order: each head, woken by the release, is granted by its own step.
+    let mut holder = first.acquire.lease_id;
+    for (i, next) in queued.iter().take(3).enumerate() {
+        assert!(b.release(&name, holder).await.unwrap());
+        match a.admit(&name, 1, &config, next).await.unwrap() {
+            AdmitReply::Granted { grant, .. } => holder = grant.lease.lease_id,
+            other => panic!("grant {i}: {other:?}"),
+        }
+    }
+}
+
+/// Through the public API: a semaphore whose options name a tenant is accepted and granted.
+async fn a_semaphore_with_tenants_accepts_them_through_the_api(store: &Store) {
+    let opts = SemaphoreOptions::default().tenant(Tenant::new("sms", 2).unwrap());
+    let sem = tessera::Semaphore::new(store, "t", 2, opts).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    assert_eq!(store.status("t").await.unwrap().unwrap().used, 1);
+    permit.release().await.unwrap();
+}
+
+#[test]
+fn a_tenant_is_checked() {
     for (name, share) in [("", 1), ("x", 0), ("x", 1_001)] {
         let err = Tenant::new(name, share).unwrap_err();
         assert!(err.to_string().contains("tenant") || err.to_string().contains("share"));
     }
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
+}
+
+/// The memory store declaring no fair shares: a store that cannot order by shares.
+#[derive(Debug)]
+struct NoShares(MemoryBackend);
+
+#[async_trait]
+impl Backend for NoShares {
+    async fn acquire(&self, n: &Name, c: u32, r: &AcquireRequest) -> Result<AcquireReply> {
+        self.0.acquire(n, c, r).await
+    }
+    async fn heartbeat(&self, n: &Name, l: LeaseId, ttl: Duration) -> Result<WaitReply> {
+        self.0.heartbeat(n, l, ttl).await
+    }
+    async fn cancel(&self, n: &Name, l: LeaseId) -> Result<CancelReply> {
+        self.0.cancel(n, l).await
+    }
+    async fn release(&self, n: &Name, l: LeaseId) -> Result<bool> {
+        self.0.release(n, l).await
+    }
+    async fn renew(&self, n: &Name, l: LeaseId, ttl: Duration) -> Result<RenewReply> {
+        self.0.renew(n, l, ttl).await
+    }
+    async fn status(&self, n: &Name) -> Result<Option<SemaphoreStatus>> {
+        self.0.status(n).await
+    }
+    async fn list(&self) -> Result<Vec<String>> {
+        self.0.list().await
+    }
+    async fn resize(&self, n: &Name, c: u32) -> Result<u32> {
+        self.0.resize(n, c).await
+    }
+    async fn revoke(&self, n: &Name, l: LeaseId) -> Result<bool> {
+        self.0.revoke(n, l).await
+    }
+    async fn delete(&self, n: &Name) -> Result<bool> {
+        self.0.delete(n).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.0.capabilities();
+        caps.fair_shares = false;
+        caps
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_is_refused_where_the_store_cannot_order_by_shares() {
+    let backend = NoShares(MemoryBackend::connect("memory://fair-refused").unwrap());
+    let store = Store::from_backend(Arc::new(backend), "memory://fair-refused");
     let opts = SemaphoreOptions::default().tenant(Tenant::new("sms", 2).unwrap());
-    let sem = tessera::Semaphore::new(&store, "t", 2, opts.clone()).unwrap();
-    let permit = sem.acquire().await.unwrap();
-    assert_eq!(store.status("t").await.unwrap().unwrap().used, 1);
-    permit.release().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = Store::connect(&format!("sqlite://{}/t.db", dir.path().display()))
-        .await
-        .unwrap();
-    let err = tessera::Semaphore::new(&sqlite, "t", 2, opts).unwrap_err();
+    let err = tessera::Semaphore::new(&store, "t", 2, opts).unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(
+        store.status("t").await.unwrap().is_none(),
+        "nothing changed"
+    );
 }
 
 /// One step of [`queue_order_follows_the_start_tag_model`].
@@ -264,49 +476,60 @@ impl SfqModel {
     }
 }
 
-proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+fn queue_order_follows_the_start_tag_model(rt: &tokio::runtime::Runtime, b: &dyn Backend) {
+    use proptest::test_runner::{Config, TestRunner};
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let steps = proptest::collection::vec(step(), 1..80);
+    runner
+        .run(&steps, |steps| {
+            rt.block_on(follow_the_model(b, steps));
+            Ok(())
+        })
+        .unwrap();
+}
 
-    /// Invariants 1 and 2 of `docs/fair-shares.md`: the memory store's holders and queue
-    /// order follow the start-tag model step by step, tenants or none.
-    #[test]
-    fn queue_order_follows_the_start_tag_model(steps in proptest::collection::vec(step(), 1..80)) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let store = Store::connect(&format!("memory://fair-model-{}", LeaseId::random())).await.unwrap();
-            let b = store.backend().as_ref();
-            let name = Name::new("model").unwrap();
-            let mut model = SfqModel::default();
-            for s in steps {
-                match s {
-                    Step::Arrive { t, weight } => {
-                        let r = request(TENANTS[t], weight);
-                        ask(b, &name, SfqModel::CAPACITY, &r).await;
-                        model.arrive(t, weight, r.lease_id);
-                    }
-                    Step::Release(i) if !model.holders.is_empty() => {
-                        let (lease, _) = model.holders.remove(i % model.holders.len());
-                        assert!(b.release(&name, lease).await.unwrap());
-                        model.hand_off();
-                    }
-                    Step::Cancel(i) if !model.queue.is_empty() => {
-                        let (_, _, lease, _) = model.queue.remove(i % model.queue.len());
-                        b.cancel(&name, lease).await.unwrap();
-                        model.hand_off();
-                    }
-                    Step::Release(_) | Step::Cancel(_) => {}
-                }
-                let status = b.status(&name).await.unwrap();
-                let queue: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
-                let want: Vec<LeaseId> = model.queue.iter().map(|q| q.2).collect();
-                assert_eq!(queue, want, "queue order: {model:?}");
-                let mut held: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
-                let mut want: Vec<LeaseId> = model.holders.iter().map(|h| h.0).collect();
-                held.sort();
-                want.sort();
-                assert_eq!(held, want, "holders: {model:?}");
+/// One case of [`queue_order_follows_the_start_tag_model`], on a semaphore of its own.
+async fn follow_the_model(b: &dyn Backend, steps: Vec<Step>) {
+    let name = Name::new(format!("model-{}", LeaseId::random())).unwrap();
+    let mut model = SfqModel::default();
+    for s in steps {
+        match s {
+            Step::Arrive { t, weight } => {
+                let r = request(TENANTS[t], weight);
+                ask(b, &name, SfqModel::CAPACITY, &r).await;
+                model.arrive(t, weight, r.lease_id);
             }
-            store.close().await.unwrap();
-        });
+            Step::Release(i) if !model.holders.is_empty() => {
+                let (lease, _) = model.holders.remove(i % model.holders.len());
+                assert!(b.release(&name, lease).await.unwrap());
+                model.hand_off();
+            }
+            Step::Cancel(i) if !model.queue.is_empty() => {
+                let (_, _, lease, _) = model.queue.remove(i % model.queue.len());
+                b.cancel(&name, lease).await.unwrap();
+                model.hand_off();
+            }
+            Step::Release(_) | Step::Cancel(_) => {}
+        }
+        let status = b.status(&name).await.unwrap();
+        let queue: Vec<LeaseId> = status
+            .as_ref()
+            .map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
+        let want: Vec<LeaseId> = model.queue.iter().map(|q| q.2).collect();
+        assert_eq!(queue, want, "queue order: {model:?}");
+        let mut held: Vec<LeaseId> = status
+            .as_ref()
+            .map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
+        let mut want: Vec<LeaseId> = model.holders.iter().map(|h| h.0).collect();
+        held.sort();
+        want.sort();
+        assert_eq!(held, want, "holders: {model:?}");
+    }
+    // Leave nothing behind (waiters first, so no release hands them a permit).
+    for (_, _, lease, _) in model.queue {
+        b.cancel(&name, lease).await.unwrap();
+    }
+    for (lease, _) in model.holders {
+        b.release(&name, lease).await.unwrap();
     }
 }

@@ -44,7 +44,8 @@ use super::error::map_err;
 use crate::error::{Error, Result};
 use crate::model::{Grant, Lease, StoreTime};
 use crate::stores::sql::{
-    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
+    WaiterRow,
 };
 
 /// The server's clock in µs since the Unix epoch: `SYSDATE(6)` is read when evaluated (not at
@@ -463,6 +464,11 @@ impl SemRows for MysqlRows<'_> {
                 last_fence: int_at(row, 3)?,
                 next_seq: int_at(row, 4)?,
                 seat_high: int_at(row, 5)?,
+                // No fair shares here yet: requests never name a tenant, and the queue's
+                // order by seq is the order of the tags.
+                vtime: 0,
+                finish: 0,
+                tenants: 0,
             }),
         })
     }
@@ -650,6 +656,7 @@ impl SemRows for MysqlRows<'_> {
             return Ok(None);
         }
         let head = HeadRow {
+            tag: 0,
             lease_id: text_at(row, 1)?,
             weight: int_at(row, 2)?,
             holder: text_at(row, 3)?,
@@ -708,16 +715,38 @@ impl SemRows for MysqlRows<'_> {
         Ok(())
     }
 
-    async fn head_seq(&mut self) -> Result<Option<i64>> {
+    async fn head_key(&mut self) -> Result<Option<HeadKey>> {
         let name = self.name();
         let rows = self.fetch(HEAD_SEQ, &[name]).await?;
-        rows.first()
+        let seq = rows
+            .first()
             .map(|r| {
                 r.try_get::<Option<i64>, _>(0)
                     .map_err(|e| corrupt(format!("head seq: {e}")))
             })
-            .transpose()
-            .map(Option::flatten)
+            .transpose()?
+            .flatten();
+        Ok(seq.map(|seq| HeadKey {
+            tag: 0,
+            seq,
+            min_seq: seq,
+        }))
+    }
+
+    async fn tenant_finish(&mut self, _tenant: &str) -> Result<Option<i64>> {
+        Err(no_tenants())
+    }
+
+    async fn save_tenant(&mut self, _tenant: &str, _finish: i64) -> Result<()> {
+        Err(no_tenants())
+    }
+
+    async fn prune_tenants(&mut self, _vtime: i64) -> Result<u64> {
+        Err(no_tenants())
+    }
+
+    async fn drop_tenants(&mut self) -> Result<()> {
+        Err(no_tenants())
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
@@ -770,13 +799,20 @@ impl SemRows for MysqlRows<'_> {
         self.count(REFRESH_WAITER, &args).await
     }
 
-    async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
+    async fn waiter_place(&mut self, lease: &str) -> Result<Option<Place>> {
         let name = self.name();
         let rows = self
             .fetch(WAITER_POSITION, &[name, name, Lit::Text(lease)])
             .await?;
         let row = rows.first().ok_or_else(|| corrupt("no waiter position"))?;
-        int_at(row, 0)
+        Ok(Some(Place {
+            ahead: int_at(row, 0)?,
+            tag: 0,
+        }))
+    }
+
+    async fn waiters_ahead(&mut self, _tag: i64, _seq: i64) -> Result<i64> {
+        Err(no_tenants())
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
@@ -881,6 +917,12 @@ pub(crate) async fn ping(conn: &mut MySqlConnection) -> Result<()> {
         .await
         .map_err(map_err)
         .map(drop)
+}
+
+/// The tenants' rows, which a request never reaches here: this store does not order by
+/// shares yet (its capabilities say so).
+fn no_tenants() -> Error {
+    corrupt("internal: tenants on a store without fair shares")
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

@@ -46,6 +46,13 @@ pub(crate) struct SemRow {
     pub last_fence: i64,
     pub next_seq: i64,
     pub seat_high: i64,
+    /// The virtual time `V` of fair shares (`docs/fair-shares.md`): the start tag of the
+    /// latest grant.
+    pub vtime: i64,
+    /// The finish tag of the latest request that named no tenant (the tenant `""`).
+    pub finish: i64,
+    /// How many rows the semaphore has in the tenants table.
+    pub tenants: i64,
 }
 
 /// A holder row (`tessera_holders`); `seats` in the text form of [`super::encode_seats`].
@@ -92,6 +99,8 @@ pub(crate) struct WaiterRow {
 /// A new waiter row; `ttl` is the lease TTL (µs) to grant with at hand-off.
 #[derive(Debug, Clone)]
 pub(crate) struct NewWaiter<'a> {
+    /// The start tag; the queue is ordered by `(tag, seq)`.
+    pub tag: i64,
     pub seq: i64,
     pub lease_id: &'a str,
     pub weight: i64,
@@ -109,12 +118,30 @@ pub(crate) struct NewWaiter<'a> {
 /// The queue head popped by a hand-off.
 #[derive(Debug, Clone)]
 pub(crate) struct HeadRow {
+    /// Its start tag: a grant moves the virtual time to it.
+    pub tag: i64,
     pub lease_id: String,
     pub weight: i64,
     pub holder: String,
     pub ttl: i64,
     /// The waiter's heartbeat expiry: the hand-off grant's expiry until it is renewed.
     pub expires_at: i64,
+}
+
+/// The queue head's key, and the lowest `seq` of the queue (a waiter that joins at the head
+/// takes the head's tag and the `seq` below that one, so `seq` stays unique).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HeadKey {
+    pub tag: i64,
+    pub seq: i64,
+    pub min_seq: i64,
+}
+
+/// A waiter's place: how many waiters are ahead of it, and its start tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub ahead: i64,
+    pub tag: i64,
 }
 
 /// The row operations of one semaphore inside one locked transaction (see the module docs).
@@ -186,7 +213,7 @@ pub(crate) trait SemRows: Send {
         at: i64,
     ) -> impl Future<Output = Result<Option<i64>>> + Send;
 
-    /// Deletes and returns the queue head (lowest `seq`) if its weight is at most
+    /// Deletes and returns the queue head (lowest `(tag, seq)`) if its weight is at most
     /// `available` and it is not an admission waiter (its gate is NULL); `None` if the queue
     /// is empty or the head does not fit or is gated.
     fn pop_head_if_fits(
@@ -217,16 +244,22 @@ pub(crate) trait SemRows: Send {
         }
     }
 
-    /// For a dialect with admission: the queue head's `seq` (a waiter that joins at the head
-    /// takes the one below it).
-    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
-    fn head_seq(&mut self) -> impl Future<Output = Result<Option<i64>>> + Send {
-        async {
-            Err(super::step::corrupt(
-                "internal: admission waiters on a store without admission",
-            ))
-        }
-    }
+    /// The queue head's key (lowest `(tag, seq)`) and the queue's lowest `seq`; `None` if
+    /// the queue is empty.
+    fn head_key(&mut self) -> impl Future<Output = Result<Option<HeadKey>>> + Send;
+
+    /// The finish tag stored for `tenant` (`docs/fair-shares.md`), `None` if it has no row.
+    fn tenant_finish(&mut self, tenant: &str) -> impl Future<Output = Result<Option<i64>>> + Send;
+
+    /// Inserts or updates `tenant`'s finish tag.
+    fn save_tenant(&mut self, tenant: &str, finish: i64)
+        -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes the tenant rows whose finish tag is at most `vtime`; how many.
+    fn prune_tenants(&mut self, vtime: i64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes every tenant row of the semaphore.
+    fn drop_tenants(&mut self) -> impl Future<Output = Result<()>> + Send;
 
     /// Inserts a waiter row.
     fn insert_waiter(&mut self, row: &NewWaiter<'_>) -> impl Future<Output = Result<()>> + Send;
@@ -237,10 +270,14 @@ pub(crate) trait SemRows: Send {
     /// Sets the waiter's `expires_at` to `max(expires_at, at)`; how many rows (0 or 1).
     fn refresh_waiter(&mut self, lease: &str, at: i64) -> impl Future<Output = Result<u64>> + Send;
 
-    /// How many waiters are ahead of `lease` in the queue.
-    fn waiter_position(&mut self, lease: &str) -> impl Future<Output = Result<i64>> + Send;
+    /// The place of `lease`'s waiter in the queue (order `(tag, seq)`), `None` if it is not
+    /// queued.
+    fn waiter_place(&mut self, lease: &str) -> impl Future<Output = Result<Option<Place>>> + Send;
 
-    /// Every waiter row, in queue order.
+    /// How many waiters are ahead of the key `(tag, seq)`.
+    fn waiters_ahead(&mut self, tag: i64, seq: i64) -> impl Future<Output = Result<i64>> + Send;
+
+    /// Every waiter row, in queue order (`(tag, seq)`).
     fn waiters(&mut self) -> impl Future<Output = Result<Vec<WaiterRow>>> + Send;
 
     /// Removes and returns the (at most) `n` lowest free seats below `below`, ascending.

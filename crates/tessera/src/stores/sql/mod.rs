@@ -79,7 +79,8 @@ mod step;
 mod tests;
 
 pub(crate) use dialect::{
-    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
+    WaiterRow,
 };
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use step::admit;

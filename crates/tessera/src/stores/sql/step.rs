@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::dialect::{HolderRow, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow};
+use super::dialect::{HolderRow, NewHolder, NewWaiter, Place, SemRow, SemRows, WaiterRow};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use super::rate::{self, RateRows};
 use super::{decode_seats, encode_seats, runs};
@@ -23,6 +23,20 @@ pub(crate) type Done<R> = (R, Wakes);
 /// Batch size when shrinking `seat_high` over free seats.
 const SHRINK_BATCH: usize = 256;
 
+/// Tags count cost in these units, so a share divides it without losing much (as the
+/// reference model's `TAG_UNIT`).
+const TAG_UNIT: u64 = 1_000;
+
+/// A request's start and finish tags (`docs/fair-shares.md`), computed before the decision
+/// and recorded only if it is granted or queued ([`Step::take_tags`]).
+#[derive(Debug, Clone, Copy)]
+struct Tags {
+    start: u64,
+    finish: u64,
+    /// The tenant's row existed (a write updates it rather than adding one).
+    stored: bool,
+}
+
 /// The counters of one semaphore row, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Sem {
@@ -32,6 +46,11 @@ struct Sem {
     last_fence: u64,
     next_seq: u64,
     seat_high: u32,
+    /// Fair shares' virtual time, the tenant `""`'s finish tag, and the number of tenant
+    /// rows (`docs/fair-shares.md`, "The SQL stores").
+    vtime: u64,
+    finish: u64,
+    tenants: u64,
 }
 
 impl Sem {
@@ -43,6 +62,9 @@ impl Sem {
             last_fence: u64_of(row.last_fence, "last_fence")?,
             next_seq: u64_of(row.next_seq, "next_seq")?,
             seat_high: u32_of(row.seat_high, "seat_high")?,
+            vtime: u64_of(row.vtime, "vtime")?,
+            finish: u64_of(row.finish, "finish")?,
+            tenants: u64_of(row.tenants, "tenants")?,
         })
     }
 
@@ -54,6 +76,9 @@ impl Sem {
             last_fence: db_int(self.last_fence)?,
             next_seq: db_int(self.next_seq)?,
             seat_high: self.seat_high.into(),
+            vtime: db_int(self.vtime)?,
+            finish: db_int(self.finish)?,
+            tenants: db_int(self.tenants)?,
         })
     }
 }
@@ -91,6 +116,9 @@ impl<'r, R: SemRows> Step<'r, R> {
                 last_fence: 0,
                 next_seq: 0,
                 seat_high: 0,
+                vtime: 0,
+                finish: 0,
+                tenants: 0,
             },
             loaded: loaded.clone(),
             hwm,
@@ -121,6 +149,10 @@ impl<'r, R: SemRows> Step<'r, R> {
             if self.sem.seat_high != 0 {
                 self.rows.drop_free_seats().await?;
             }
+            // Idle: the tags restart at 0 with the next request.
+            if self.sem.tenants != 0 {
+                self.rows.drop_tenants().await?;
+            }
         } else if self.loaded.as_ref() != Some(&self.sem) {
             self.rows.save(&self.sem.to_row()?).await?;
         }
@@ -139,18 +171,110 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// Checks the capacity a client declares: an idle semaphore (every lease and waiter
     /// expired: as if it did not exist) takes it, as in the reference model; a live one must
     /// hold the same.
-    fn declare(&mut self, name: &Name, capacity: u32) -> Result<()> {
+    async fn declare(&mut self, name: &Name, capacity: u32) -> Result<Result<()>> {
         if self.is_empty() {
             self.sem.capacity = capacity;
+            self.reset_tags().await?;
         }
         if self.sem.capacity != capacity {
-            return Err(Error::CapacityMismatch {
+            return Ok(Err(Error::CapacityMismatch {
                 name: name.to_string(),
                 stored: self.sem.capacity,
                 declared: capacity,
-            });
+            }));
+        }
+        Ok(Ok(()))
+    }
+
+    /// An idle semaphore forgets every tag (`V` and the finish tags restart at 0).
+    async fn reset_tags(&mut self) -> Result<()> {
+        self.sem.vtime = 0;
+        self.sem.finish = 0;
+        if self.sem.tenants != 0 {
+            self.rows.drop_tenants().await?;
+            self.sem.tenants = 0;
         }
         Ok(())
+    }
+
+    /// The start and finish tags a new request of `tenant` and `cost` would get; nothing
+    /// changes until [`Step::take_tags`]. Reads the tenant's row only for a named tenant.
+    async fn tags(&mut self, tenant: Option<&Tenant>, cost: u32) -> Result<Tags> {
+        let (last, share, stored) = match tenant {
+            None => (self.sem.finish, 1, true),
+            Some(t) => match self.rows.tenant_finish(t.name()).await? {
+                Some(f) => (u64_of(f, "tenant finish")?, t.share(), true),
+                None => (0, t.share(), false),
+            },
+        };
+        let start = last.max(self.sem.vtime);
+        let finish = start.saturating_add(cost as u64 * TAG_UNIT / share.max(1) as u64);
+        Ok(Tags {
+            start,
+            finish,
+            stored,
+        })
+    }
+
+    /// Records a request's finish tag and, granted at once, moves the virtual time to its
+    /// start. Tenants whose finish tag the virtual time has passed are deleted now and then
+    /// (they start at the virtual time either way).
+    async fn take_tags(
+        &mut self,
+        tenant: Option<&Tenant>,
+        tags: Tags,
+        granted: bool,
+    ) -> Result<()> {
+        match tenant {
+            None => self.sem.finish = tags.finish,
+            Some(t) => {
+                self.rows
+                    .save_tenant(t.name(), db_int(tags.finish)?)
+                    .await?;
+                if !tags.stored {
+                    self.sem.tenants += 1;
+                }
+            }
+        }
+        if granted {
+            self.sem.vtime = self.sem.vtime.max(tags.start);
+        }
+        let live = self.sem.queued.saturating_add(self.sem.used.into());
+        if self.sem.tenants > live.saturating_mul(2).saturating_add(16) {
+            let gone = self.rows.prune_tenants(db_int(self.sem.vtime)?).await?;
+            self.sem.tenants = self.sem.tenants.saturating_sub(gone);
+        }
+        Ok(())
+    }
+
+    /// Whether a request with start tag `start` (of `tenant`), arriving now, would be the
+    /// queue head. Without tenant rows and without a tenant, a non-empty queue holds only
+    /// requests without a tenant, whose start tags are below this one's: the head is not
+    /// read (`docs/fair-shares.md`, "The SQL stores").
+    async fn would_lead(&mut self, tenant: Option<&Tenant>, start: u64) -> Result<bool> {
+        if self.sem.queued == 0 {
+            return Ok(true);
+        }
+        if self.sem.tenants == 0 && tenant.is_none() {
+            return Ok(false);
+        }
+        let Some(head) = self.rows.head_key().await? else {
+            return Err(corrupt(format!(
+                "queued {} but no queue head",
+                self.sem.queued
+            )));
+        };
+        let next = db_int(self.sem.next_seq)?;
+        Ok((db_int(start)?, next) < (head.tag, head.seq))
+    }
+
+    /// The position a new waiter with key `(tag, seq)` takes (it is not queued yet): last,
+    /// without tenants; counted otherwise.
+    async fn position_of(&mut self, tenant: Option<&Tenant>, tag: i64, seq: i64) -> Result<u64> {
+        if self.sem.tenants == 0 && tenant.is_none() {
+            return Ok(self.sem.queued);
+        }
+        u64_of(self.rows.waiters_ahead(tag, seq).await?, "position")
     }
 
     fn available(&self) -> u32 {
@@ -213,6 +337,7 @@ impl<'r, R: SemRows> Step<'r, R> {
                 break;
             };
             self.take_queued(1)?;
+            self.sem.vtime = self.sem.vtime.max(u64_of(head.tag, "tag")?);
             let lease_id = lease_of(&head.lease_id)?;
             let weight = u32_of(head.weight, "weight")?;
             let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
@@ -368,9 +493,12 @@ impl<'r, R: SemRows> Step<'r, R> {
         Ok(self.rows.refresh_waiter(&lease.to_string(), at).await? > 0)
     }
 
-    async fn position(&mut self, lease: LeaseId) -> Result<u64> {
-        let n = self.rows.waiter_position(&lease.to_string()).await?;
-        u64_of(n, "position")
+    /// The place of a queued waiter: how many are ahead, and its start tag.
+    async fn place(&mut self, lease: LeaseId) -> Result<(u64, u64)> {
+        let Some(Place { ahead, tag }) = self.rows.waiter_place(&lease.to_string()).await? else {
+            return Err(corrupt(format!("waiter {lease} refreshed but not queued")));
+        };
+        Ok((u64_of(ahead, "position")?, u64_of(tag, "tag")?))
     }
 
     async fn holder(&mut self, lease: LeaseId) -> Result<Option<Lease>> {
@@ -428,7 +556,7 @@ async fn decide_acquire<R: SemRows>(
     req: &AcquireRequest,
 ) -> Result<Result<AcquireReply>> {
     let now = st.now;
-    if let Err(e) = st.declare(name, capacity) {
+    if let Err(e) = st.declare(name, capacity).await? {
         return Ok(Err(e));
     }
     // A retry of an acquire whose reply was lost: report what it already has.
@@ -440,13 +568,18 @@ async fn decide_acquire<R: SemRows>(
             .refresh_waiter(req.lease_id, now.plus(wait.waiter_ttl))
             .await?
         {
-            let position = st.position(req.lease_id).await?;
+            let (position, _) = st.place(req.lease_id).await?;
             return Ok(Ok(AcquireReply::Queued { position }));
         }
     }
-    // Only a request that finds nobody waiting may take free permits: neither a try nor a
-    // newcomer jumps the queue.
-    if st.sem.queued == 0 && st.sem.used as u64 + req.weight as u64 <= st.sem.capacity as u64 {
+    // Only a request that would be the head may take free permits: without tenants, one
+    // that finds nobody waiting; neither a try nor a newcomer jumps the queue.
+    let tenant = req.tenant.as_ref();
+    let tags = st.tags(tenant, req.weight).await?;
+    if st.sem.used as u64 + req.weight as u64 <= st.sem.capacity as u64
+        && st.would_lead(tenant, tags.start).await?
+    {
+        st.take_tags(tenant, tags, true).await?;
         let lease = st
             .grant(req.lease_id, req.weight, req.ttl, req.holder.clone())
             .await?;
@@ -464,11 +597,14 @@ async fn decide_acquire<R: SemRows>(
             cap: wait.queue_cap,
         }));
     }
-    let seq = st.sem.next_seq;
+    st.take_tags(tenant, tags, false).await?;
+    let (tag, seq) = (db_int(tags.start)?, db_int(st.sem.next_seq)?);
+    let position = st.position_of(tenant, tag, seq).await?;
     let lease_id = req.lease_id.to_string();
     st.rows
         .insert_waiter(&NewWaiter {
-            seq: db_int(seq)?,
+            tag,
+            seq,
             lease_id: &lease_id,
             weight: req.weight.into(),
             holder: &req.holder,
@@ -478,11 +614,9 @@ async fn decide_acquire<R: SemRows>(
             gate: None,
         })
         .await?;
-    st.sem.next_seq = seq.saturating_add(1);
+    st.sem.next_seq = st.sem.next_seq.saturating_add(1);
     st.sem.queued += 1;
-    Ok(Ok(AcquireReply::Queued {
-        position: st.sem.queued - 1,
-    }))
+    Ok(Ok(AcquireReply::Queued { position }))
 }
 
 /// One admission step (`crate::admission::seam`), the semaphore's rows and the limiter's in
@@ -513,7 +647,7 @@ async fn decide_admit<R: SemRows + RateRows>(
 ) -> Result<Result<AdmitReply>> {
     let now = st.now;
     let a = &req.acquire;
-    if let Err(e) = st.declare(name, capacity) {
+    if let Err(e) = st.declare(name, capacity).await? {
         return Ok(Err(e));
     }
     // A retry whose reply was lost: the grant stands (its charge id is not kept, so a
@@ -531,16 +665,27 @@ async fn decide_admit<R: SemRows + RateRows>(
         }
         None => false,
     };
-    let position = match queued {
-        true => st.position(a.lease_id).await?,
-        false => 0,
+    // A queued waiter's place and start tag.
+    let place = match queued {
+        true => Some(st.place(a.lease_id).await?),
+        false => None,
+    };
+    let position = place.map_or(0, |p| p.0);
+    let tenant = a.tenant.as_ref();
+    let tags = match place {
+        None => Some(st.tags(tenant, req.cost).await?),
+        Some(_) => None,
     };
     let fits = st.sem.used as u64 + a.weight as u64 <= st.sem.capacity as u64;
+    let lead = match (fits, tags) {
+        (true, Some(tags)) => st.would_lead(tenant, tags.start).await?,
+        _ => false,
+    };
     // A request that gave back an admission it could not use goes first.
     let turn = fits
-        && match queued {
-            true => position == 0,
-            false => st.sem.queued == 0 || req.at_head,
+        && match tags {
+            None => position == 0,
+            Some(_) => lead || req.at_head,
         };
     let mut window_at = None;
     if turn {
@@ -551,6 +696,12 @@ async fn decide_admit<R: SemRows + RateRows>(
         };
         match rate::acquire(&mut *st.rows, name, config, &ask).await {
             Ok(RateReply::Admitted { reservation, .. }) => {
+                match (place, tags) {
+                    (Some((_, start)), _) => st.sem.vtime = st.sem.vtime.max(start),
+                    // At the head by a give-back, the virtual time stays where the head is.
+                    (None, Some(tags)) => st.take_tags(tenant, tags, lead).await?,
+                    (None, None) => {}
+                }
                 if queued {
                     st.remove_waiter(a.lease_id).await?;
                 }
@@ -593,20 +744,29 @@ async fn decide_admit<R: SemRows + RateRows>(
             cap: wait.queue_cap,
         }));
     }
+    let Some(tags) = tags else {
+        return Err(corrupt("internal: a new waiter without tags"));
+    };
+    st.take_tags(tenant, tags, false).await?;
     let head = match req.at_head && st.sem.queued > 0 {
-        true => st.rows.head_seq().await?,
+        true => st.rows.head_key().await?,
         false => None,
     };
-    let seq = match head {
-        Some(head) => head - 1,
-        None => {
-            let seq = db_int(st.sem.next_seq)?;
-            st.sem.next_seq = st.sem.next_seq.saturating_add(1);
-            seq
-        }
+    // At the head: the head's tag and a seq below every queued one (`seq` stays unique).
+    let (tag, seq) = match head {
+        Some(head) => (head.tag, head.min_seq - 1),
+        None => (db_int(tags.start)?, db_int(st.sem.next_seq)?),
     };
+    let position = match head {
+        Some(_) => 0,
+        None => st.position_of(tenant, tag, seq).await?,
+    };
+    if head.is_none() {
+        st.sem.next_seq = st.sem.next_seq.saturating_add(1);
+    }
     st.rows
         .insert_waiter(&NewWaiter {
+            tag,
             seq,
             lease_id: &lease_id,
             weight: a.weight.into(),
@@ -619,7 +779,7 @@ async fn decide_admit<R: SemRows + RateRows>(
         .await?;
     st.sem.queued += 1;
     Ok(Ok(AdmitReply::Queued {
-        position: if head.is_some() { 0 } else { st.sem.queued - 1 },
+        position,
         window_at,
         now,
     }))

@@ -206,19 +206,20 @@ impl SemRows for NoReturning<'_> {
         Ok(self.lease_rows(sql, lease).await?.first().map(|r| r.get(0)))
     }
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let sql = "SELECT seq, lease_id, weight, holder, ttl, expires_at FROM tessera_waiters \
-                   WHERE name = ?1 ORDER BY seq LIMIT 1";
+        let sql = "SELECT seq, lease_id, weight, holder, ttl, expires_at, tag, gate \
+                   FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1";
         let Some(row) = self.rows(sql, &[]).await?.into_iter().next() else {
             return Ok(None);
         };
         let head = HeadRow {
+            tag: row.get(6),
             lease_id: row.get(1),
             weight: row.get(2),
             holder: row.get(3),
             ttl: row.get(4),
             expires_at: row.get(5),
         };
-        if head.weight > available {
+        if head.weight > available || row.get::<Option<i64>>(7).is_some() {
             return Ok(None);
         }
         let sql = "DELETE FROM tessera_waiters WHERE name = ?1 AND seq = ?2";
@@ -234,8 +235,26 @@ impl SemRows for NoReturning<'_> {
     async fn refresh_waiter(&mut self, lease: &str, at: i64) -> Result<u64> {
         self.sqlite().refresh_waiter(lease, at).await
     }
-    async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
-        self.sqlite().waiter_position(lease).await
+    async fn head_key(&mut self) -> Result<Option<HeadKey>> {
+        self.sqlite().head_key().await
+    }
+    async fn tenant_finish(&mut self, tenant: &str) -> Result<Option<i64>> {
+        self.sqlite().tenant_finish(tenant).await
+    }
+    async fn save_tenant(&mut self, tenant: &str, finish: i64) -> Result<()> {
+        self.sqlite().save_tenant(tenant, finish).await
+    }
+    async fn prune_tenants(&mut self, vtime: i64) -> Result<u64> {
+        self.sqlite().prune_tenants(vtime).await
+    }
+    async fn drop_tenants(&mut self) -> Result<()> {
+        self.sqlite().drop_tenants().await
+    }
+    async fn waiter_place(&mut self, lease: &str) -> Result<Option<Place>> {
+        self.sqlite().waiter_place(lease).await
+    }
+    async fn waiters_ahead(&mut self, tag: i64, seq: i64) -> Result<i64> {
+        self.sqlite().waiters_ahead(tag, seq).await
     }
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
         self.sqlite().waiters().await

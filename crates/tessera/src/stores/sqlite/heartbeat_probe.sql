@@ -8,7 +8,7 @@ SELECT
     (SELECT s.used + hd.weight > s.capacity
        FROM tessera_semaphores s JOIN tessera_waiters hd ON hd.name = s.name
       WHERE s.name = ?1
-      ORDER BY hd.seq
+      ORDER BY hd.tag, hd.seq
       LIMIT 1)
 FROM tessera_waiters w
 WHERE w.name = ?1 AND w.lease_id = ?2

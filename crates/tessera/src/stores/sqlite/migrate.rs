@@ -13,14 +13,22 @@ use super::error::map_err;
 /// The schema, created idempotently at every connect.
 pub(super) const SCHEMA: &str = include_str!("schema.sql");
 
+/// Version 1 to 2: fair shares' columns (see `schema_2.sql`).
+const SCHEMA_2: &str = include_str!("schema_2.sql");
+
+/// Fair shares' index and tenants table, run once the columns of version 2 exist (see
+/// `fair_schema.sql`).
+const FAIR_SCHEMA: &str = include_str!("fair_schema.sql");
+
 /// The rate-limiter tables, additive to [`SCHEMA`] (see `rate_schema.sql`).
 pub(super) const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
 
 /// The rate tables' version this code reads and writes.
 pub(super) const RATE_SCHEMA_VERSION: i64 = 1;
 
-/// The schema version this code reads and writes.
-pub(super) const SCHEMA_VERSION: i64 = 1;
+/// The schema version this code reads and writes (a file of version 1 is migrated at
+/// connect).
+pub(super) const SCHEMA_VERSION: i64 = 2;
 
 /// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
 /// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
@@ -63,6 +71,7 @@ pub(super) async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
 pub(super) const DROP_BOOT_STATE: &str =
     "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
      DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
+     DELETE FROM tessera_tenants; \
      DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters;";
 
 /// Makes the file's state belong to `boot` (see the module docs): state written under another
@@ -118,7 +127,8 @@ pub(super) async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>)
     Ok(())
 }
 
-/// Creates the tables if missing, checks the schema version and the boot id.
+/// Creates the tables if missing, migrates a file of version 1, checks the schema versions
+/// and the boot id.
 pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
     sqlx::raw_sql(SCHEMA)
@@ -130,11 +140,19 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             .fetch_optional(&mut *tx)
             .await
             .map_err(map_err)?;
-    if version != Some(SCHEMA_VERSION) {
-        return Err(Error::Corrupt(format!(
-            "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
-        )));
+    match version {
+        Some(SCHEMA_VERSION) => {}
+        Some(1) => migrate_from_1(&mut tx).await?,
+        _ => {
+            return Err(Error::Corrupt(format!(
+                "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
+            )))
+        }
     }
+    sqlx::raw_sql(FAIR_SCHEMA)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
     sqlx::raw_sql(RATE_SCHEMA)
         .execute(&mut *tx)
         .await
@@ -185,4 +203,15 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
     }
     ensure_boot(&mut tx, boot).await?;
     tx.commit().await.map_err(map_err)
+}
+
+/// Migrates a file of schema version 1 to 2 inside the connect's transaction: fair shares'
+/// columns (`schema_2.sql`). Columns added without a version (the waiters' wake-up socket
+/// and gate, the limiters' count) follow in `ensure_schema`.
+async fn migrate_from_1(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::raw_sql(SCHEMA_2)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
 }

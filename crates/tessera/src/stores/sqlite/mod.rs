@@ -699,10 +699,12 @@ impl Backend for SqliteBackend {
     fn capabilities(&self) -> Capabilities {
         // A grant is pushed through the waiter's wake socket, which may be missing (see
         // notify.rs): waiters also poll.
-        Capabilities::push().with_waking(Waking::PushWithPoll {
-            min: Duration::from_millis(5),
-            max: Duration::from_millis(250),
-        })
+        Capabilities::push()
+            .with_waking(Waking::PushWithPoll {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(250),
+            })
+            .with_fair_shares()
     }
 
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {

@@ -18,18 +18,19 @@ use crate::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
 use crate::stores::sql::{
-    Freed, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, SemRow, SemRows, WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
+    WaiterRow,
 };
 
 /// The fence high-water mark, and the semaphore's row if it has one (NULLs if not).
 const LOAD_SEM: &str = "SELECT m.value, s.capacity, s.used, s.queued, s.last_fence, \
-     s.next_seq, s.seat_high FROM tessera_meta m \
+     s.next_seq, s.seat_high, s.vtime, s.finish, s.tenants FROM tessera_meta m \
      LEFT JOIN tessera_semaphores s ON s.name = ?1 WHERE m.key = 'fence_hwm'";
 const SAVE_SEM: &str = "INSERT INTO tessera_semaphores \
-     (name, capacity, used, queued, last_fence, next_seq, seat_high) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+     (name, capacity, used, queued, last_fence, next_seq, seat_high, vtime, finish, tenants) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
      ON CONFLICT (name) DO UPDATE SET capacity = ?2, used = ?3, queued = ?4, \
-     last_fence = ?5, next_seq = ?6, seat_high = ?7";
+     last_fence = ?5, next_seq = ?6, seat_high = ?7, vtime = ?8, finish = ?9, tenants = ?10";
 const DROP_SEM: &str = "DELETE FROM tessera_semaphores WHERE name = ?1";
 const DROP_FREE_SEATS: &str = "DELETE FROM tessera_free_seats WHERE name = ?1";
 const SAVE_HWM: &str = "UPDATE tessera_meta SET value = ?1 WHERE key = 'fence_hwm'";
@@ -50,30 +51,42 @@ const REMOVE_HOLDER: &str = "DELETE FROM tessera_holders WHERE name = ?1 AND lea
 const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2 RETURNING expires_at";
 
-/// Pops the queue head if its weight is at most `?2` (the free permits) and it is not an
-/// admission waiter.
+/// Pops the queue head (order `tag, seq`) if its weight is at most `?2` (the free permits)
+/// and it is not an admission waiter.
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
-     AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
+     AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1) \
      AND weight <= ?2 AND gate IS NULL \
-     RETURNING lease_id, weight, holder, ttl, wake, expires_at";
+     RETURNING lease_id, weight, holder, ttl, wake, expires_at, tag";
 /// Marks woken the queue head if it is an admission waiter that fits in `?2` and whose gate
 /// is at most `?3` (see `SemRows::wake_gated_head`).
 const WAKE_GATED_HEAD: &str = "UPDATE tessera_waiters SET gate = 9223372036854775807 \
      WHERE name = ?1 \
-     AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY seq LIMIT 1) \
+     AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1) \
      AND weight <= ?2 AND gate <= ?3 RETURNING lease_id, wake";
 const SET_GATE: &str = "UPDATE tessera_waiters SET gate = ?3 WHERE name = ?1 AND lease_id = ?2";
-const HEAD_SEQ: &str = "SELECT min(seq) FROM tessera_waiters WHERE name = ?1";
+/// The head's key and the queue's lowest seq.
+const HEAD_KEY: &str = "SELECT tag, seq, (SELECT min(seq) FROM tessera_waiters WHERE name = ?1) \
+     FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
-     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake, gate) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake, gate, tag) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 const REMOVE_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2";
 const REFRESH_WAITER: &str = "UPDATE tessera_waiters SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2";
-const WAITER_POSITION: &str = "SELECT count(*) FROM tessera_waiters WHERE name = ?1 AND seq < \
-     (SELECT seq FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2)";
+/// A queued waiter's place: the waiters before its `(tag, seq)`, and its tag.
+const WAITER_PLACE: &str = "SELECT (SELECT count(*) FROM tessera_waiters o WHERE o.name = ?1 \
+     AND (o.tag, o.seq) < (w.tag, w.seq)), w.tag \
+     FROM tessera_waiters w WHERE w.name = ?1 AND w.lease_id = ?2";
+const WAITERS_AHEAD: &str = "SELECT count(*) FROM tessera_waiters \
+     WHERE name = ?1 AND (tag, seq) < (?2, ?3)";
 const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
-     FROM tessera_waiters WHERE name = ?1 ORDER BY seq";
+     FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
+
+const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ?1 AND tenant = ?2";
+const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) \
+     VALUES (?1, ?2, ?3) ON CONFLICT (name, tenant) DO UPDATE SET finish = ?3";
+const PRUNE_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1 AND finish <= ?2";
+const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1";
 
 const TAKE_FREE_SEATS: &str = "SELECT seat FROM tessera_free_seats \
      WHERE name = ?1 AND seat < ?2 ORDER BY seat LIMIT ?3";
@@ -278,6 +291,9 @@ impl SemRows for SqliteRows<'_> {
                         last_fence: int_at(row, 4)?,
                         next_seq: int_at(row, 5)?,
                         seat_high: int_at(row, 6)?,
+                        vtime: int_at(row, 7)?,
+                        finish: int_at(row, 8)?,
+                        tenants: int_at(row, 9)?,
                     }),
                     false => None,
                 };
@@ -302,6 +318,9 @@ impl SemRows for SqliteRows<'_> {
             s.last_fence,
             s.next_seq,
             s.seat_high,
+            s.vtime,
+            s.finish,
+            s.tenants,
         ];
         self.exec(SAVE_SEM, None, &args).map(drop)
     }
@@ -363,6 +382,7 @@ impl SemRows for SqliteRows<'_> {
                 .get::<_, Option<String>>(4)
                 .map_err(|e| corrupt(format!("column 4: {e}")))?;
             let head = HeadRow {
+                tag: int_at(row, 6)?,
                 lease_id: text_at(row, 0)?,
                 weight: int_at(row, 1)?,
                 holder: text_at(row, 2)?,
@@ -392,7 +412,8 @@ impl SemRows for SqliteRows<'_> {
             w.enqueued_at,
             w.expires_at,
             self.wake,
-            w.gate
+            w.gate,
+            w.tag
         ])
         .map_err(rq_err)
         .map(drop)
@@ -418,12 +439,31 @@ impl SemRows for SqliteRows<'_> {
         self.exec(SET_GATE, Some(lease), &[gate]).map(drop)
     }
 
-    async fn head_seq(&mut self) -> Result<Option<i64>> {
-        let seq = self.fetch(HEAD_SEQ, None, &[], |row| {
-            row.get::<_, Option<i64>>(0)
-                .map_err(|e| corrupt(format!("column 0: {e}")))
+    async fn head_key(&mut self) -> Result<Option<HeadKey>> {
+        let head = self.fetch(HEAD_KEY, None, &[], |row| {
+            Ok(HeadKey {
+                tag: int_at(row, 0)?,
+                seq: int_at(row, 1)?,
+                min_seq: int_at(row, 2)?,
+            })
         })?;
-        Ok(seq.into_iter().next().flatten())
+        Ok(head.into_iter().next())
+    }
+
+    async fn tenant_finish(&mut self, tenant: &str) -> Result<Option<i64>> {
+        self.fetch_lease(TENANT_FINISH, tenant, |r| int_at(r, 0))
+    }
+
+    async fn save_tenant(&mut self, tenant: &str, finish: i64) -> Result<()> {
+        self.exec(SAVE_TENANT, Some(tenant), &[finish]).map(drop)
+    }
+
+    async fn prune_tenants(&mut self, vtime: i64) -> Result<u64> {
+        self.exec(PRUNE_TENANTS, None, &[vtime])
+    }
+
+    async fn drop_tenants(&mut self) -> Result<()> {
+        self.exec(DROP_TENANTS, None, &[]).map(drop)
     }
 
     async fn remove_waiter(&mut self, lease: &str) -> Result<u64> {
@@ -434,9 +474,20 @@ impl SemRows for SqliteRows<'_> {
         self.exec(REFRESH_WAITER, Some(lease), &[at])
     }
 
-    async fn waiter_position(&mut self, lease: &str) -> Result<i64> {
-        self.fetch_lease(WAITER_POSITION, lease, |r| int_at(r, 0))?
-            .ok_or_else(|| corrupt("no waiter position"))
+    async fn waiter_place(&mut self, lease: &str) -> Result<Option<Place>> {
+        self.fetch_lease(WAITER_PLACE, lease, |r| {
+            Ok(Place {
+                ahead: int_at(r, 0)?,
+                tag: int_at(r, 1)?,
+            })
+        })
+    }
+
+    async fn waiters_ahead(&mut self, tag: i64, seq: i64) -> Result<i64> {
+        let n = self.fetch(WAITERS_AHEAD, None, &[tag, seq], |r| int_at(r, 0))?;
+        n.into_iter()
+            .next()
+            .ok_or_else(|| corrupt("no waiter count"))
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {

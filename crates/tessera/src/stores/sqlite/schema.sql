@@ -1,5 +1,6 @@
--- tessera SQLite schema, version 1. Run once per connect inside one BEGIN IMMEDIATE
--- transaction; every statement is idempotent. Times are microseconds on the host's boot clock
+-- tessera SQLite schema, version 2 (version 1 had no fair shares: migrate.rs adds them to a
+-- file of version 1, then runs fair_schema.sql). Run once per connect inside one BEGIN
+-- IMMEDIATE transaction; every statement is idempotent. Times are microseconds on the host's boot clock
 -- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
 -- Lease ids are 32 lowercase hex digits. STRICT tables refuse values of the wrong type, so a
 -- stray write by another program fails instead of planting garbage.
@@ -12,13 +13,16 @@ CREATE TABLE IF NOT EXISTS tessera_meta (
     value INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
-INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 1), ('fence_hwm', 0);
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 2), ('fence_hwm', 0);
 
 -- One row per semaphore that has holders or waiters; deleted when it has neither.
 --   used       running sum of the holders' weights (never summed per operation)
 --   queued     running count of waiters
 --   next_seq   next queue sequence number (FIFO order)
 --   seat_high  every seat >= seat_high is free; free seats below it are in tessera_free_seats
+--   vtime      fair shares' virtual time (docs/fair-shares.md): the start tag of the latest grant
+--   finish     the finish tag of the latest request that named no tenant
+--   tenants    how many rows the semaphore has in tessera_tenants
 CREATE TABLE IF NOT EXISTS tessera_semaphores (
     name       TEXT    NOT NULL PRIMARY KEY,
     capacity   INTEGER NOT NULL,
@@ -26,7 +30,10 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
     queued     INTEGER NOT NULL,
     last_fence INTEGER NOT NULL,
     next_seq   INTEGER NOT NULL,
-    seat_high  INTEGER NOT NULL
+    seat_high  INTEGER NOT NULL,
+    vtime      INTEGER NOT NULL DEFAULT 0,
+    finish     INTEGER NOT NULL DEFAULT 0,
+    tenants    INTEGER NOT NULL DEFAULT 0
 ) STRICT, WITHOUT ROWID;
 
 -- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'.
@@ -44,7 +51,8 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
 
 CREATE INDEX IF NOT EXISTS tessera_holders_by_expiry ON tessera_holders (name, expires_at);
 
--- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
+-- The wait queue: service order is (tag, seq), tag being the start tag of fair shares
+-- (docs/fair-shares.md; without tenants the tags grow with seq); ttl is the lease TTL (µs) granted at hand-off;
 -- expires_at is the waiter's heartbeat expiry; wake is the waiting process's socket in the
 -- wake-up folder (NULL: unknown, every process is told of its grant); gate is NULL for a
 -- plain waiter and set for an admission waiter (permits and rate windows in one step), which
@@ -61,6 +69,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     expires_at  INTEGER NOT NULL,
     wake        TEXT,
     gate        INTEGER,
+    tag         INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (name, seq)
 ) STRICT, WITHOUT ROWID;
 

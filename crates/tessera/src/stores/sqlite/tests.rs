@@ -203,6 +203,81 @@ async fn raw(url: &str, sql: &'static str) {
     sqlx::query(sql).execute(&b.pool).await.unwrap();
 }
 
+/// Turns the file at `url` (its rows kept) into one of schema version 1, from before fair
+/// shares: no tag, vtime, finish or tenants columns, no tenants table; then runs `more`.
+async fn to_version_1(url: &str, more: &str) {
+    let b = SqliteBackend::connect(url).await.unwrap();
+    let sql = format!(
+        "DROP INDEX tessera_waiters_by_tag; DROP TABLE tessera_tenants; \
+         ALTER TABLE tessera_waiters DROP COLUMN tag; \
+         ALTER TABLE tessera_semaphores DROP COLUMN vtime; \
+         ALTER TABLE tessera_semaphores DROP COLUMN finish; \
+         ALTER TABLE tessera_semaphores DROP COLUMN tenants; \
+         UPDATE tessera_meta SET value = 1 WHERE key = 'schema_version'; {more}"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+}
+
+/// A file of schema version 1 (before fair shares) is migrated at connect: its queue keeps
+/// its order, later arrivals queue behind it, tenants are ordered by their tags from then
+/// on, and the file is refused by a build that reads only version 1.
+#[tokio::test]
+async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
+    let (_dir, url) = temp_db();
+    let s = name("v1");
+    let holder = LeaseId::random();
+    let old: Vec<LeaseId> = (0..3).map(|_| LeaseId::random()).collect();
+    {
+        let b = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            b.acquire(&s, 1, &req(holder, 1, waiting())).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        for &l in &old {
+            b.acquire(&s, 1, &req(l, 1, waiting())).await.unwrap();
+        }
+    }
+    to_version_1(&url, "").await;
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(version, 2);
+    let mut tenant = req(LeaseId::random(), 1, waiting());
+    tenant.tenant = Some(crate::model::Tenant::new("t", 1).unwrap());
+    let plain = LeaseId::random();
+    b.acquire(&s, 1, &tenant).await.unwrap();
+    b.acquire(&s, 1, &req(plain, 1, waiting())).await.unwrap();
+    let queue: Vec<LeaseId> = b
+        .status(&s)
+        .await
+        .unwrap()
+        .unwrap()
+        .queue
+        .iter()
+        .map(|w| w.lease_id)
+        .collect();
+    // Every tag starts at 0 after the migration: all level, in arrival order.
+    let mut want = old.clone();
+    want.extend([tenant.lease_id, plain]);
+    assert_eq!(queue, want);
+    let mut held = holder;
+    for want in queue {
+        assert!(b.release(&s, held).await.unwrap());
+        let h = b.status(&s).await.unwrap().unwrap().holders;
+        assert_eq!(h[0].lease_id, want);
+        held = want;
+    }
+    // Connecting again changes nothing; a newer version is refused (below, and in
+    // `garbage_in_a_row_is_a_typed_error_not_a_panic`).
+    drop(SqliteBackend::connect(&url).await.unwrap());
+}
+
 #[tokio::test]
 async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
     let clock = Arc::new(ManualClock::new(T0));
@@ -250,12 +325,12 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
     // STRICT tables refuse a value of the wrong type outright.
     let (_dir, url) = temp_db();
     let b = SqliteBackend::connect(&url).await.unwrap();
-    assert!(
-        sqlx::query("INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0)")
-            .execute(&b.pool)
-            .await
-            .is_err()
-    );
+    assert!(sqlx::query(
+        "INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0, 0, 0, 0)"
+    )
+    .execute(&b.pool)
+    .await
+    .is_err());
 }
 
 #[tokio::test]
@@ -706,7 +781,8 @@ async fn the_boot_clock_store_replies_in_wall_time() {
 #[tokio::test]
 async fn a_file_without_the_wake_column_gets_it_and_waiters_record_their_socket() {
     let (_dir, url) = temp_db();
-    raw(&url, "ALTER TABLE tessera_waiters DROP COLUMN wake").await;
+    // Only a file of version 1 can lack it.
+    to_version_1(&url, "ALTER TABLE tessera_waiters DROP COLUMN wake").await;
     let b = SqliteBackend::connect(&url).await.unwrap();
     let s = name("w");
     let (first, second) = (LeaseId::random(), LeaseId::random());
