@@ -1,6 +1,6 @@
 //! Fair shares between tenants (`docs/fair-shares.md`) on every store that orders its queue
-//! by start tags — the memory store (the reference model) and SQLite, each test private to
-//! its store: backlogged tenants are served in proportion to their shares, a light tenant
+//! by start tags — the memory store (the reference model), SQLite and MariaDB, each test
+//! private to its store: backlogged tenants are served in proportion to their shares, a light tenant
 //! does not wait behind another's backlog (semaphore and admission queues), one tenant
 //! stays FIFO, the queue follows the start-tag model step by step, and a store that cannot
 //! order by shares refuses a tenant with a typed error.
@@ -44,6 +44,15 @@ async fn sqlite(test: &str) -> Fixture {
     Fixture {
         store: Store::connect(&url).await.unwrap(),
         _keep: Some(Box::new(dir)),
+    }
+}
+
+/// A throwaway MariaDB (it dies with the thread that started it: the test's own).
+async fn mariadb(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    Fixture {
+        store: Store::connect(&server.url(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
     }
 }
 
@@ -115,6 +124,7 @@ macro_rules! on_store {
 
 on_store!(memory_store, memory);
 on_store!(sqlite_store, sqlite);
+on_store!(mariadb_store, mariadb);
 
 const WAIT: WaitSpec = WaitSpec {
     waiter_ttl: Duration::from_secs(3_600),

@@ -91,7 +91,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "5");
+    assert_eq!(version.trim(), "6");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -105,10 +105,10 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "5");
+    assert_eq!(version.trim(), "6");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "5");
+    assert_eq!(routines.trim(), "6");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
@@ -116,7 +116,8 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(
         procedures.trim(),
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
-         tessera_v5_heartbeat_many"
+         tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
+         tessera_v6_release"
     );
 }
 
@@ -383,10 +384,12 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
-    // none of versions 4 and 5, routines_version 3.
+    // none of versions 4 to 6, routines_version 3.
     server.sql(
         "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
          DROP PROCEDURE old.tessera_v4_keep_alive; DROP PROCEDURE old.tessera_v5_heartbeat_many; \
+         DROP PROCEDURE old.tessera_v6_acquire_one; DROP PROCEDURE old.tessera_v6_release; \
+         DROP PROCEDURE old.tessera_v6_heartbeat_many; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -404,8 +407,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "5");
-    assert_eq!(meta("schema_version").trim(), "5");
+    assert_eq!(meta("routines_version").trim(), "6");
+    assert_eq!(meta("schema_version").trim(), "6");
     assert_eq!(
         server
             .sql(
@@ -414,7 +417,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             )
             .trim(),
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
-         tessera_v5_heartbeat_many"
+         tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
+         tessera_v6_release"
     );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -491,7 +495,7 @@ async fn connect_existing_creates_nothing_and_opens_what_exists() {
 /// A database of schema version 2 (holder rows without a doorbell, waiter rows without a
 /// gate): a user who may not ALTER still connects and works on it (revokes then reach
 /// holders at renewal; admissions answer Unsupported), and the schema stays at 2; a user who
-/// may adds both columns, and the version becomes 4.
+/// may adds both columns (and those of versions 5 and 6), and the version becomes 6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     let server = MariaDbServer::start();
@@ -529,7 +533,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "5");
+    assert_eq!(version(), "6");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
@@ -1041,6 +1045,8 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
     server.sql(
         "DROP PROCEDURE inv.tessera_v4_acquire_one; DROP PROCEDURE inv.tessera_v4_release; \
          DROP PROCEDURE inv.tessera_v4_keep_alive; DROP PROCEDURE inv.tessera_v5_heartbeat_many; \
+         DROP PROCEDURE inv.tessera_v6_acquire_one; DROP PROCEDURE inv.tessera_v6_release; \
+         DROP PROCEDURE inv.tessera_v6_heartbeat_many; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();
@@ -1243,4 +1249,65 @@ async fn a_server_that_is_gone_is_reported_as_refused_not_as_a_pool_timeout() {
             && seen.iter().all(|m| !m.contains("pool timed out")),
         "{seen:?}"
     );
+}
+
+/// A database of schema version 5 (before fair shares), holding a holder and waiters, is
+/// migrated at the next connect: the waiters keep their order (tag 0, by seq), a request of
+/// a tenant then queues by its tag behind them, and a release calls the procedure of routine
+/// version 6 (the one that keeps the tags; with a tenant's row it leaves the step to the
+/// client) and hands the permit on in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_order() {
+    let server = MariaDbServer::start();
+    let url = server.url("v4");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    let c = LeaseId::random();
+    first
+        .acquire(&n, 1, &req(c, 1, LONG, Some((LONG, 10))))
+        .await
+        .unwrap();
+    drop(first);
+    server.sql(
+        "ALTER TABLE v4.tessera_waiters DROP KEY tessera_waiters_by_tag, DROP COLUMN tag; \
+         ALTER TABLE v4.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
+         DROP COLUMN tenants; DROP TABLE v4.tessera_tenants; \
+         UPDATE v4.tessera_meta SET meta_value = 5 WHERE meta_key = 'schema_version'",
+    );
+    let store = MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(
+        server
+            .sql("SELECT meta_value FROM v4.tessera_meta WHERE meta_key = 'schema_version'")
+            .trim(),
+        "6"
+    );
+    assert!(store.capabilities().fair_shares);
+    let mut tenant = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
+    tenant.tenant = Some(Tenant::new("t", 1).unwrap());
+    store.acquire(&n, 1, &tenant).await.unwrap();
+    let queue: Vec<LeaseId> = store
+        .status(&n)
+        .await
+        .unwrap()
+        .unwrap()
+        .queue
+        .iter()
+        .map(|w| w.lease_id)
+        .collect();
+    assert_eq!(queue, vec![b, c, tenant.lease_id]);
+    let before = calls(&server);
+    assert!(store.release(&n, a).await.unwrap());
+    let holders = store.status(&n).await.unwrap().unwrap().holders;
+    assert_eq!(holders[0].lease_id, b);
+    assert!(calls(&server) > before, "the release called the procedure");
+    for (held, next) in [
+        (b, Some(c)),
+        (c, Some(tenant.lease_id)),
+        (tenant.lease_id, None),
+    ] {
+        assert!(store.release(&n, held).await.unwrap());
+        let status = store.status(&n).await.unwrap();
+        assert_eq!(status.map(|s| s.holders[0].lease_id), next);
+    }
 }

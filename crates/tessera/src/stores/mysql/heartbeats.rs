@@ -39,6 +39,8 @@ use crate::stores::sql;
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;
 
 const HEARTBEAT_MANY: &str = "CALL tessera_v5_heartbeat_many(?, ?, ?)";
+/// [`HEARTBEAT_MANY`] on the tables of schema version 6 (`routines_v6.sql`).
+const HEARTBEAT_MANY_FAIR: &str = "CALL tessera_v6_heartbeat_many(?, ?, ?)";
 
 /// What a gathered call answered for one heartbeat.
 #[derive(Debug, PartialEq)]
@@ -58,6 +60,9 @@ pub(crate) struct HeartbeatMany {
     pub(crate) conns: Conns,
     /// This client's doorbell address (`None` with `wake=poll`).
     pub(crate) doorbell: Option<Arc<Mutex<String>>>,
+    /// The tables have fair shares' tags (schema version 6): the queue's order is
+    /// `(tag, seq)`.
+    pub(crate) fair: bool,
 }
 
 impl BatchCall for HeartbeatMany {
@@ -72,7 +77,16 @@ impl BatchCall for HeartbeatMany {
             .unwrap_or_default();
         if let [(lease, ttl_us)] = *items {
             let ttl = Duration::from_micros(ttl_us.max(0) as u64);
-            let reply = alone(&self.conns, &doorbell, routines::VERSION, name, lease, ttl).await;
+            let reply = alone(
+                &self.conns,
+                &doorbell,
+                routines::VERSION,
+                self.fair,
+                name,
+                lease,
+                ttl,
+            )
+            .await;
             return Ok(vec![reply.map(|r| r.map_or(Answer::Step, Answer::Reply))]);
         }
         let leases: Vec<String> = items
@@ -81,7 +95,11 @@ impl BatchCall for HeartbeatMany {
             .collect();
         let leases = format!("[{}]", leases.join(","));
         let call = render(
-            HEARTBEAT_MANY,
+            if self.fair {
+                HEARTBEAT_MANY_FAIR
+            } else {
+                HEARTBEAT_MANY
+            },
             &[Lit::Text(name), Lit::Text(&leases), Lit::Text(&doorbell)],
         );
         let Some(rows) = self.conns.call(call, true).await? else {
@@ -126,11 +144,12 @@ pub(crate) async fn alone(
     conns: &Conns,
     doorbell: &str,
     routines: i64,
+    fair: bool,
     name: &str,
     lease: LeaseId,
     waiter_ttl: Duration,
 ) -> Result<Option<WaitReply>> {
-    let probed = match probe(conns, doorbell, name, lease, waiter_ttl).await {
+    let probed = match probe(conns, doorbell, fair, name, lease, waiter_ttl).await {
         // A dead pooled connection (the server closed it): the procedure, which tries the
         // next ones.
         Err(Error::Store {
@@ -171,6 +190,11 @@ pub(crate) async fn fast(
 /// See [`probe`].
 const HEARTBEAT_PROBE: &str = include_str!("heartbeat_probe.sql");
 
+/// [`HEARTBEAT_PROBE`] reading the queue head in the order of fair shares (schema version 6).
+static HEARTBEAT_PROBE_FAIR: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    HEARTBEAT_PROBE.replace("ORDER BY hd.seq", "ORDER BY hd.tag, hd.seq")
+});
+
 /// The read-only part of a heartbeat, one statement outside any transaction: `Some(Waiting)`
 /// when a full step would change nothing but this waiter's expiry (the waiter is queued with
 /// this client's current doorbell, no holder or waiter of the semaphore has expired, the
@@ -185,13 +209,19 @@ const HEARTBEAT_PROBE: &str = include_str!("heartbeat_probe.sql");
 pub(crate) async fn probe(
     conns: &Conns,
     doorbell: &str,
+    fair: bool,
     name: &str,
     lease: LeaseId,
     waiter_ttl: Duration,
 ) -> Result<Option<WaitReply>> {
     let mut conn = conns.keep_alive().await?;
     let lease_text = lease.to_string();
-    let row = sqlx::query(HEARTBEAT_PROBE)
+    let sql: &'static str = if fair {
+        HEARTBEAT_PROBE_FAIR.as_str()
+    } else {
+        HEARTBEAT_PROBE
+    };
+    let row = sqlx::query(sql)
         .bind(name)
         .bind(name)
         .bind(name)

@@ -55,6 +55,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("holders_doorbell.sql"),
     include_str!("waiters_gate.sql"),
     include_str!("rate_expired.sql"),
+    include_str!("fair_shares.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -67,6 +68,10 @@ const ROUTINES: &[(i64, &str)] = &[
     (
         super::routines::HEARTBEAT_MANY_VERSION,
         include_str!("routines_v5.sql"),
+    ),
+    (
+        super::routines::FAIR_VERSION,
+        include_str!("routines_v6.sql"),
     ),
 ];
 
@@ -138,6 +143,9 @@ pub const GATES_FROM: i64 = 4;
 /// The schema version with the limiters' count of admissions given back past their use-by
 /// instant (`rate_expired.sql`): below it, `status` shows no count.
 pub const EXPIRED_COUNT_FROM: i64 = 5;
+/// The schema version with fair shares' tags (`fair_shares.sql`): below it, a request that
+/// names a tenant answers Unsupported.
+pub const FAIR_FROM: i64 = 6;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -338,7 +346,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 11, "{all:#?}");
+        assert_eq!(all.len(), 16, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -366,7 +374,7 @@ mod tests {
             }
             created_all.extend(created.into_iter().cloned());
         }
-        assert_eq!(created_all.len(), 4, "{created_all:#?}");
+        assert_eq!(created_all.len(), 7, "{created_all:#?}");
         let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {

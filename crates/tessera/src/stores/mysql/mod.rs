@@ -46,7 +46,10 @@
 //!   it. The procedures cover the common case and leave the rest (anything to purge, a
 //!   weight other than 1, several hand-offs, a row that does not read back as the step
 //!   writes it) to the client-side step below, having changed nothing. Without them (a
-//!   user without `CREATE ROUTINE`) every operation runs client side.
+//!   user without `CREATE ROUTINE`) every operation runs client side. From schema version 6
+//!   on (fair shares, `fair_shares.sql`) the procedures called are routine version 6's
+//!   (`routines_v6.sql`), which keep the start tags; a request that names a tenant, and any
+//!   step on a semaphore with tenant rows, runs client side (docs/fair-shares.md).
 //! - **One transaction per operation**, `READ COMMITTED`, running the shared SQL step
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
@@ -99,7 +102,8 @@ macro_rules! step {
             let outcome = async {
                 let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true)
                     .with_holder_doorbells($self.holder_doorbells)
-                    .with_gates($self.gates);
+                    .with_gates($self.gates)
+                    .with_fair_shares($self.fair);
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -236,6 +240,9 @@ pub struct MysqlBackend {
     /// Whether the limiters' table has the `expired` column (schema version 5): admissions
     /// given back past their use-by instant are counted.
     counts_expired: bool,
+    /// Whether the tables have fair shares' tags (schema version 6): tenants, and the
+    /// procedures of routine version 6 for what orders the queue (none below it).
+    fair: bool,
     /// The version of the hot path's stored procedures the database holds (`routines.rs`):
     /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
     /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
@@ -311,6 +318,8 @@ impl MysqlBackend {
         let gates = migrated.schema >= migrate::GATES_FROM;
         // The count of expired admissions needs the column of schema version 5 (likewise).
         let counts_expired = migrated.schema >= migrate::EXPIRED_COUNT_FROM;
+        // Fair shares need the tags of schema version 6 (refused likewise).
+        let fair = migrated.schema >= migrate::FAIR_FROM;
         let returned = Arc::new(Returned::default());
         let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
         let conns = Conns {
@@ -335,10 +344,16 @@ impl MysqlBackend {
             ),
             WakeMode::Poll => (None, None),
         };
-        let heartbeats = (routines >= routines::HEARTBEAT_MANY_VERSION).then(|| {
+        // Gathered heartbeats read the queue head: in the tags' order from version 6.
+        let many = match fair {
+            true => routines::FAIR_VERSION,
+            false => routines::HEARTBEAT_MANY_VERSION,
+        };
+        let heartbeats = (routines >= many).then(|| {
             Heartbeats::new(HeartbeatMany {
                 conns: conns.clone(),
                 doorbell: doorbell.as_ref().map(Doorbell::address_cell),
+                fair,
             })
         });
         Ok(MysqlBackend {
@@ -350,6 +365,7 @@ impl MysqlBackend {
             holder_doorbells,
             gates,
             counts_expired,
+            fair,
             routines,
             heartbeats,
         })
@@ -437,6 +453,15 @@ impl MysqlBackend {
 }
 
 impl MysqlBackend {
+    /// Whether acquires and releases go through the procedures: version 4's on the tables
+    /// of before fair shares, version 6's (which keep the tags) from schema version 6 on.
+    fn fast_calls(&self) -> bool {
+        match self.fair {
+            true => self.routines >= routines::FAIR_VERSION,
+            false => self.routines >= routines::VERSION,
+        }
+    }
+
     /// An acquire of one permit in one round trip (`routines.rs`), retried as a step is;
     /// [`Fast::Fallback`] without the routines, for a weight other than 1, or when the
     /// procedure leaves the case to the client-side step (it then changed nothing).
@@ -446,11 +471,12 @@ impl MysqlBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<Fast<Result<AcquireReply>>> {
-        if self.routines < routines::VERSION || req.weight != 1 {
+        // A named tenant's row is read and written by the client-side step.
+        if !self.fast_calls() || req.weight != 1 || req.tenant.is_some() {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();
-        let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell);
+        let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell, self.fair);
         let row = self.conns.call_one(call, false).await?;
         routines::acquire_one_reply(row, name.as_str(), capacity, req)
     }
@@ -458,10 +484,10 @@ impl MysqlBackend {
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
     /// in the same call; wakes that waiter after the commit as a step does.
     async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
-        if self.routines < routines::VERSION {
+        if !self.fast_calls() {
             return Ok(Fast::Fallback);
         }
-        let call = routines::release_call(name.as_str(), &lease.to_string());
+        let call = routines::release_call(name.as_str(), &lease.to_string(), self.fair);
         let row = self.conns.call_one(call, false).await?;
         let Fast::Done(released) = routines::release_reply(row)? else {
             return Ok(Fast::Fallback);
@@ -524,7 +550,15 @@ impl MysqlBackend {
         waiter_ttl: Duration,
     ) -> Result<Option<WaitReply>> {
         let doorbell = self.doorbell_address();
-        heartbeats::probe(&self.conns, &doorbell, name.as_str(), lease, waiter_ttl).await
+        heartbeats::probe(
+            &self.conns,
+            &doorbell,
+            self.fair,
+            name.as_str(),
+            lease,
+            waiter_ttl,
+        )
+        .await
     }
 }
 
@@ -542,6 +576,7 @@ impl MysqlBackend {
             &self.conns,
             &doorbell,
             self.routines,
+            self.fair,
             name.as_str(),
             lease,
             waiter_ttl,
@@ -667,11 +702,16 @@ impl Backend for MysqlBackend {
     /// can miss a ring (a doorbell reconnecting, a server restart, a user not allowed to
     /// kill its own threads): waiters also poll, from 20 ms backing off to 1 s, so a lost
     /// ring costs at most about a second and an idle waiter one read-write step a second.
+    /// Fair shares from schema version 6 on (`fair_shares.sql`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_waking(Waking::PushWithPoll {
+        let caps = Capabilities::push().with_waking(Waking::PushWithPoll {
             min: Duration::from_millis(20),
             max: Duration::from_secs(1),
-        })
+        });
+        match self.fair {
+            true => caps.with_fair_shares(),
+            false => caps,
+        }
     }
 
     fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {

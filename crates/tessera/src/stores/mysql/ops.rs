@@ -79,6 +79,17 @@ const LOAD_NONE: &str = concat!(
 );
 const SAVE_SEM: &str = "UPDATE tessera_semaphores SET capacity = ?, used = ?, queued = ?, \
      last_fence = ?, next_seq = ?, seat_high = ? WHERE name = ?";
+/// [`LOAD_SEM`] with fair shares' columns (schema version 6), after the clock.
+const LOAD_SEM_FAIR: &str = concat!(
+    "SELECT capacity, used, queued, last_fence, next_seq, seat_high, \
+     (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'), ",
+    now_us!(),
+    ", vtime, finish, tenants FROM tessera_semaphores WHERE name = ? FOR UPDATE"
+);
+/// [`SAVE_SEM`] with fair shares' columns (schema version 6).
+const SAVE_SEM_FAIR: &str = "UPDATE tessera_semaphores SET capacity = ?, used = ?, queued = ?, \
+     last_fence = ?, next_seq = ?, seat_high = ?, vtime = ?, finish = ?, tenants = ? \
+     WHERE name = ?";
 const DROP_SEM: &str = "DELETE FROM tessera_semaphores WHERE name = ?";
 const RAISE_HWM: &str = "UPDATE tessera_meta SET meta_value = GREATEST(meta_value, ?) \
      WHERE meta_key = 'fence_hwm'";
@@ -129,6 +140,13 @@ const HEAD: &str =
 const HEAD_GATED: &str =
     "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate FROM tessera_waiters \
      WHERE name = ? ORDER BY seq LIMIT 1";
+/// [`HEAD_GATED`] in the order of fair shares, with the tag (schema version 6).
+const HEAD_FAIR: &str =
+    "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate, tag \
+     FROM tessera_waiters WHERE name = ? ORDER BY tag, seq LIMIT 1";
+/// The head's key and the queue's lowest seq (schema version 6).
+const HEAD_KEY: &str = "SELECT tag, seq, (SELECT MIN(seq) FROM tessera_waiters WHERE name = ?) \
+     FROM tessera_waiters WHERE name = ? ORDER BY tag, seq LIMIT 1";
 /// A woken admission waiter's gate (see `waiters_gate.sql`).
 const WOKEN: i64 = i64::MAX;
 const SET_GATE: &str = "UPDATE tessera_waiters SET gate = ? WHERE name = ? AND lease_id = ?";
@@ -136,6 +154,14 @@ const HEAD_SEQ: &str = "SELECT MIN(seq) FROM tessera_waiters WHERE name = ?";
 const INSERT_GATED_WAITER: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// [`INSERT_GATED_WAITER`] with the tag (schema version 6).
+const INSERT_WAITER_FAIR: &str = "INSERT INTO tessera_waiters \
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate, tag) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// [`INSERT_WAITER_FAIR`] for a plain waiter (no gate).
+const INSERT_PLAIN_WAITER_FAIR: &str = "INSERT INTO tessera_waiters \
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate, tag) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)";
 const POP_HEAD: &str = "DELETE FROM tessera_waiters WHERE name = ? AND seq = ?";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell) \
@@ -149,6 +175,22 @@ const WAITER_POSITION: &str = "SELECT COUNT(*) FROM tessera_waiters WHERE name =
      (SELECT seq FROM tessera_waiters WHERE name = ? AND lease_id = ?)";
 const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
      FROM tessera_waiters WHERE name = ? ORDER BY seq";
+/// A queued waiter's place in the order of fair shares: the waiters before its
+/// `(tag, seq)`, and its tag (schema version 6).
+const WAITER_PLACE: &str = "SELECT (SELECT COUNT(*) FROM tessera_waiters o WHERE o.name = ? \
+     AND (o.tag < w.tag OR (o.tag = w.tag AND o.seq < w.seq))), w.tag \
+     FROM tessera_waiters w WHERE w.name = ? AND w.lease_id = ?";
+const WAITERS_AHEAD: &str = "SELECT COUNT(*) FROM tessera_waiters \
+     WHERE name = ? AND (tag < ? OR (tag = ? AND seq < ?))";
+/// [`ALL_WAITERS`] in the order of fair shares (schema version 6).
+const ALL_WAITERS_FAIR: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
+     FROM tessera_waiters WHERE name = ? ORDER BY tag, seq";
+
+const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ? AND tenant = ?";
+const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) VALUES (?, ?, ?) \
+     ON DUPLICATE KEY UPDATE finish = ?";
+const PRUNE_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ? AND finish <= ?";
+const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?";
 
 const TAKE_FREE_SEATS: &str = "SELECT seat FROM tessera_free_seats \
      WHERE name = ? AND seat < ? ORDER BY seat LIMIT ?";
@@ -239,6 +281,9 @@ pub(crate) struct MysqlRows<'c> {
     holder_doorbells: bool,
     /// Whether waiter rows have a `gate` column (schema version 4); off by default.
     gates: bool,
+    /// Whether the tables have fair shares' tags (schema version 6, which implies 4); off by
+    /// default.
+    fair: bool,
     /// The step's clock reading, from [`SemRows::load`] (the limiter's rows of an
     /// admission are decided on it).
     now: StoreTime,
@@ -276,6 +321,7 @@ impl<'c> MysqlRows<'c> {
             removed: Vec::new(),
             holder_doorbells: false,
             gates: false,
+            fair: false,
             now: StoreTime(0),
             pending: if begin {
                 "START TRANSACTION;".to_string()
@@ -302,6 +348,24 @@ impl<'c> MysqlRows<'c> {
         self
     }
 
+    /// A tenant's row on a schema without fair shares: no request names a tenant there (the
+    /// store's capabilities say so).
+    fn require_fair(&self) -> Result<()> {
+        match self.fair {
+            true => Ok(()),
+            false => Err(corrupt(
+                "internal: a tenant on a schema without fair shares",
+            )),
+        }
+    }
+
+    /// Reads and writes fair shares' tags (schema version 6, with its gates).
+    pub(crate) fn with_fair_shares(mut self, on: bool) -> Self {
+        self.fair = on;
+        self.gates |= on;
+        self
+    }
+
     /// The step's clock reading (see [`MysqlRows::now`]).
     pub(crate) fn now(&self) -> StoreTime {
         self.now
@@ -314,7 +378,9 @@ impl<'c> MysqlRows<'c> {
 
     /// The statement that reads the queue head.
     fn head_sql(&self) -> &'static str {
-        if self.gates {
+        if self.fair {
+            HEAD_FAIR
+        } else if self.gates {
             HEAD_GATED
         } else {
             HEAD
@@ -405,7 +471,7 @@ impl SemRows for MysqlRows<'_> {
         }
         let mut results = self
             .send(&[
-                render(LOAD_SEM, &[name]),
+                render(if self.fair { LOAD_SEM_FAIR } else { LOAD_SEM }, &[name]),
                 render(EXPIRED_HOLDERS_AT_LOCK, &[name]),
                 render(EXPIRED_WAITERS_AT_LOCK, &[name]),
             ])
@@ -464,11 +530,11 @@ impl SemRows for MysqlRows<'_> {
                 last_fence: int_at(row, 3)?,
                 next_seq: int_at(row, 4)?,
                 seat_high: int_at(row, 5)?,
-                // No fair shares here yet: requests never name a tenant, and the queue's
-                // order by seq is the order of the tags.
-                vtime: 0,
-                finish: 0,
-                tenants: 0,
+                // Below schema version 6 no request names a tenant, and the queue's order
+                // by seq is the order of the tags.
+                vtime: if self.fair { int_at(row, 8)? } else { 0 },
+                finish: if self.fair { int_at(row, 9)? } else { 0 },
+                tenants: if self.fair { int_at(row, 10)? } else { 0 },
             }),
         })
     }
@@ -490,6 +556,17 @@ impl SemRows for MysqlRows<'_> {
             Lit::Int(s.seat_high),
             name,
         ];
+        if self.fair {
+            let mut fair = args[..6].to_vec();
+            fair.extend([
+                Lit::Int(s.vtime),
+                Lit::Int(s.finish),
+                Lit::Int(s.tenants),
+                name,
+            ]);
+            self.defer(SAVE_SEM_FAIR, &fair);
+            return Ok(());
+        }
         self.defer(SAVE_SEM, &args);
         Ok(())
     }
@@ -656,7 +733,7 @@ impl SemRows for MysqlRows<'_> {
             return Ok(None);
         }
         let head = HeadRow {
-            tag: 0,
+            tag: if self.fair { int_at(row, 8)? } else { 0 },
             lease_id: text_at(row, 1)?,
             weight: int_at(row, 2)?,
             holder: text_at(row, 3)?,
@@ -685,7 +762,7 @@ impl SemRows for MysqlRows<'_> {
         let name = self.name();
         let rows = match self.head.take() {
             Some(rows) => rows,
-            None => self.fetch(HEAD_GATED, &[name]).await?,
+            None => self.fetch(self.head_sql(), &[name]).await?,
         };
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -717,6 +794,19 @@ impl SemRows for MysqlRows<'_> {
 
     async fn head_key(&mut self) -> Result<Option<HeadKey>> {
         let name = self.name();
+        if self.fair {
+            let rows = self.fetch(HEAD_KEY, &[name, name]).await?;
+            return rows
+                .first()
+                .map(|r| {
+                    Ok(HeadKey {
+                        tag: int_at(r, 0)?,
+                        seq: int_at(r, 1)?,
+                        min_seq: int_at(r, 2)?,
+                    })
+                })
+                .transpose();
+        }
         let rows = self.fetch(HEAD_SEQ, &[name]).await?;
         let seq = rows
             .first()
@@ -733,20 +823,36 @@ impl SemRows for MysqlRows<'_> {
         }))
     }
 
-    async fn tenant_finish(&mut self, _tenant: &str) -> Result<Option<i64>> {
-        Err(no_tenants())
+    async fn tenant_finish(&mut self, tenant: &str) -> Result<Option<i64>> {
+        self.require_fair()?;
+        let name = self.name();
+        let rows = self
+            .fetch(TENANT_FINISH, &[name, Lit::Text(tenant)])
+            .await?;
+        rows.first().map(|r| int_at(r, 0)).transpose()
     }
 
-    async fn save_tenant(&mut self, _tenant: &str, _finish: i64) -> Result<()> {
-        Err(no_tenants())
+    async fn save_tenant(&mut self, tenant: &str, finish: i64) -> Result<()> {
+        self.require_fair()?;
+        let name = self.name();
+        let args = [name, Lit::Text(tenant), Lit::Int(finish), Lit::Int(finish)];
+        self.defer(SAVE_TENANT, &args);
+        Ok(())
     }
 
-    async fn prune_tenants(&mut self, _vtime: i64) -> Result<u64> {
-        Err(no_tenants())
+    async fn prune_tenants(&mut self, vtime: i64) -> Result<u64> {
+        self.require_fair()?;
+        let name = self.name();
+        self.count(PRUNE_TENANTS, &[name, Lit::Int(vtime)]).await
     }
 
     async fn drop_tenants(&mut self) -> Result<()> {
-        Err(no_tenants())
+        // Below schema version 6 there is no table (and no tenant ever named).
+        if self.fair {
+            let name = self.name();
+            self.defer(DROP_TENANTS, &[name]);
+        }
+        Ok(())
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
@@ -764,6 +870,10 @@ impl SemRows for MysqlRows<'_> {
         ];
         self.waiters_changed();
         match w.gate {
+            None if self.fair => {
+                args.push(Lit::Int(w.tag));
+                self.defer(INSERT_PLAIN_WAITER_FAIR, &args);
+            }
             None => self.defer(INSERT_WAITER, &args),
             Some(gate) => {
                 if !self.gates {
@@ -775,7 +885,12 @@ impl SemRows for MysqlRows<'_> {
                 // `waiters_gate.sql`); only its own step grants it, with its own ttl.
                 args[5] = Lit::Int(-w.ttl - 1);
                 args.push(Lit::Int(gate));
-                self.defer(INSERT_GATED_WAITER, &args);
+                if self.fair {
+                    args.push(Lit::Int(w.tag));
+                    self.defer(INSERT_WAITER_FAIR, &args);
+                } else {
+                    self.defer(INSERT_GATED_WAITER, &args);
+                }
             }
         }
         Ok(())
@@ -801,6 +916,20 @@ impl SemRows for MysqlRows<'_> {
 
     async fn waiter_place(&mut self, lease: &str) -> Result<Option<Place>> {
         let name = self.name();
+        if self.fair {
+            let rows = self
+                .fetch(WAITER_PLACE, &[name, name, Lit::Text(lease)])
+                .await?;
+            return rows
+                .first()
+                .map(|r| {
+                    Ok(Place {
+                        ahead: int_at(r, 0)?,
+                        tag: int_at(r, 1)?,
+                    })
+                })
+                .transpose();
+        }
         let rows = self
             .fetch(WAITER_POSITION, &[name, name, Lit::Text(lease)])
             .await?;
@@ -811,13 +940,23 @@ impl SemRows for MysqlRows<'_> {
         }))
     }
 
-    async fn waiters_ahead(&mut self, _tag: i64, _seq: i64) -> Result<i64> {
-        Err(no_tenants())
+    async fn waiters_ahead(&mut self, tag: i64, seq: i64) -> Result<i64> {
+        self.require_fair()?;
+        let name = self.name();
+        let args = [name, Lit::Int(tag), Lit::Int(tag), Lit::Int(seq)];
+        let rows = self.fetch(WAITERS_AHEAD, &args).await?;
+        let row = rows.first().ok_or_else(|| corrupt("no waiter count"))?;
+        int_at(row, 0)
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
         let name = self.name();
-        let rows = self.fetch(ALL_WAITERS, &[name]).await?;
+        let sql = if self.fair {
+            ALL_WAITERS_FAIR
+        } else {
+            ALL_WAITERS
+        };
+        let rows = self.fetch(sql, &[name]).await?;
         rows.iter()
             .map(|row| {
                 Ok(WaiterRow {
@@ -917,12 +1056,6 @@ pub(crate) async fn ping(conn: &mut MySqlConnection) -> Result<()> {
         .await
         .map_err(map_err)
         .map(drop)
-}
-
-/// The tenants' rows, which a request never reaches here: this store does not order by
-/// shares yet (its capabilities say so).
-fn no_tenants() -> Error {
-    corrupt("internal: tenants on a store without fair shares")
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

@@ -51,8 +51,15 @@ pub(crate) const VERSION: i64 = 4;
 /// `heartbeats.rs`); the procedures of [`VERSION`] stay the ones called for the rest.
 pub(crate) const HEARTBEAT_MANY_VERSION: i64 = 5;
 
+/// The routine version whose acquire, release and gathered heartbeats keep fair shares'
+/// tags (`routines_v6.sql`): the ones a client of schema version 6 calls.
+pub(crate) const FAIR_VERSION: i64 = 6;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
+/// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
+const ACQUIRE_ONE_FAIR: &str = "CALL tessera_v6_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE_FAIR: &str = "CALL tessera_v6_release(?, ?)";
 const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
@@ -119,13 +126,15 @@ fn grant_of(row: &MySqlRow) -> Result<Grant> {
     })
 }
 
-/// The call that acquires one permit (`routines.sql`, `tessera_v4_acquire_one`); its row
-/// is read by [`acquire_one_reply`].
+/// The call that acquires one permit (`routines.sql`, `tessera_v4_acquire_one`; with
+/// `fair`, `routines_v6.sql`, `tessera_v6_acquire_one`); its row is read by
+/// [`acquire_one_reply`].
 pub(crate) fn acquire_one_call(
     name: &str,
     capacity: u32,
     req: &AcquireRequest,
     doorbell: &str,
+    fair: bool,
 ) -> String {
     let lease = req.lease_id.to_string();
     let (wait, waiter_ttl, queue_cap) = match req.wait {
@@ -133,7 +142,7 @@ pub(crate) fn acquire_one_call(
         None => (0, 0, 0),
     };
     render(
-        ACQUIRE_ONE,
+        if fair { ACQUIRE_ONE_FAIR } else { ACQUIRE_ONE },
         &[
             Lit::Text(name),
             Lit::Int(capacity.into()),
@@ -202,10 +211,11 @@ pub(crate) fn acquire_one_reply(
     Ok(Fast::Done(reply))
 }
 
-/// The call that releases `lease` (`routines.sql`, `tessera_v4_release`); its row is read
-/// by [`release_reply`].
-pub(crate) fn release_call(name: &str, lease: &str) -> String {
-    render(RELEASE, &[Lit::Text(name), Lit::Text(lease)])
+/// The call that releases `lease` (`routines.sql`, `tessera_v4_release`; with `fair`,
+/// `routines_v6.sql`, `tessera_v6_release`); its row is read by [`release_reply`].
+pub(crate) fn release_call(name: &str, lease: &str, fair: bool) -> String {
+    let sql = if fair { RELEASE_FAIR } else { RELEASE };
+    render(sql, &[Lit::Text(name), Lit::Text(lease)])
 }
 
 /// What [`release_call`] answered (`None`: the procedure is missing), or [`Fast::Fallback`].

@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
     queued     BIGINT NOT NULL,
     last_fence BIGINT NOT NULL,
     next_seq   BIGINT NOT NULL,
-    seat_high  BIGINT NOT NULL
+    seat_high  BIGINT NOT NULL,
+    vtime      BIGINT NOT NULL DEFAULT 0,
+    finish     BIGINT NOT NULL DEFAULT 0,
+    tenants    BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB
 ;
 -- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'. doorbell: where to
@@ -53,7 +56,8 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
 ;
 -- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
 -- expires_at is the waiter's heartbeat expiry; doorbell is where to ring its client when it
--- is granted (see notify.rs; '' for none); gate marks an admission waiter (waiters_gate.sql).
+-- is granted (see notify.rs; '' for none); gate marks an admission waiter (waiters_gate.sql);
+-- tag is the start tag of fair shares, the queue's order being (tag, seq) (fair_shares.sql).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     seq         BIGINT NOT NULL,
@@ -65,9 +69,11 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     expires_at  BIGINT NOT NULL,
     doorbell    VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     gate        BIGINT NULL,
+    tag         BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (name, seq),
     UNIQUE KEY tessera_waiters_by_lease (name, lease_id),
-    KEY tessera_waiters_by_expiry (name, expires_at)
+    KEY tessera_waiters_by_expiry (name, expires_at),
+    KEY tessera_waiters_by_tag (name, tag, seq)
 ) ENGINE=InnoDB
 ;
 -- Seats returned below a semaphore's seat_high, free to hand out again (lowest first).

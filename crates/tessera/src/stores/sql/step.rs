@@ -923,6 +923,8 @@ pub(crate) async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
         .filter_map(|s| s.parse().ok());
     let wakes: Wakes = wakes.collect();
     rows.drop_free_seats().await?;
+    // Its tenants' tags too: a semaphore made again under this name starts them at 0.
+    rows.drop_tenants().await?;
     let existed = rows.drop_semaphore().await?;
     Ok((existed, wakes))
 }
