@@ -1253,9 +1253,8 @@ async fn a_server_that_is_gone_is_reported_as_refused_not_as_a_pool_timeout() {
 
 /// A database of schema version 5 (before fair shares), holding a holder and waiters, is
 /// migrated at the next connect: the waiters keep their order (tag 0, by seq), a request of
-/// a tenant then queues by its tag behind them, and a release calls the procedure of routine
-/// version 6 (the one that keeps the tags; with a tenant's row it leaves the step to the
-/// client) and hands the permit on in that order.
+/// a tenant then queues by its tag behind them, and the releases run the procedure of
+/// routine version 6 (the one that keeps the tags), handing the permit on in that order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_order() {
     let server = MariaDbServer::start();

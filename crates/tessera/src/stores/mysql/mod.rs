@@ -48,8 +48,7 @@
 //!   writes it) to the client-side step below, having changed nothing. Without them (a
 //!   user without `CREATE ROUTINE`) every operation runs client side. From schema version 6
 //!   on (fair shares, `fair_shares.sql`) the procedures called are routine version 6's
-//!   (`routines_v6.sql`), which keep the start tags; a request that names a tenant, and any
-//!   step on a semaphore with tenant rows, runs client side (docs/fair-shares.md).
+//!   (`routines_v6.sql`), which keep the start tags, also a named tenant's (docs/fair-shares.md).
 //! - **One transaction per operation**, `READ COMMITTED`, running the shared SQL step
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
@@ -471,8 +470,8 @@ impl MysqlBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<Fast<Result<AcquireReply>>> {
-        // A named tenant's row is read and written by the client-side step.
-        if !self.fast_calls() || req.weight != 1 || req.tenant.is_some() {
+        // A named tenant only where the procedure keeps tags (routine version 6).
+        if !self.fast_calls() || req.weight != 1 || (req.tenant.is_some() && !self.fair) {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();

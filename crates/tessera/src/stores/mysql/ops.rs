@@ -217,6 +217,8 @@ pub(crate) enum Lit<'a> {
     Int(i64),
     /// Rendered as a hexadecimal literal (`X'…'`): never parsed as SQL, whatever the text.
     Text(&'a str),
+    /// `NULL`.
+    Null,
 }
 
 /// `sql` with each `?` replaced by the next of `args` (the statements of this file hold no
@@ -231,6 +233,7 @@ pub(crate) fn render(sql: &str, args: &[Lit<'_>]) -> String {
         }
         match args.next() {
             Some(Lit::Int(v)) => out.push_str(&v.to_string()),
+            Some(Lit::Null) => out.push_str("NULL"),
             Some(Lit::Text("")) => out.push_str("''"),
             Some(Lit::Text(t)) => {
                 out.push_str("X'");

@@ -58,7 +58,8 @@ pub(crate) const FAIR_VERSION: i64 = 6;
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
-const ACQUIRE_ONE_FAIR: &str = "CALL tessera_v6_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// Also the tenant (`NULL`: none) and its share.
+const ACQUIRE_ONE_FAIR: &str = "CALL tessera_v6_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_FAIR: &str = "CALL tessera_v6_release(?, ?)";
 const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
 
@@ -141,20 +142,25 @@ pub(crate) fn acquire_one_call(
         Some(w) => (1, micros(w.waiter_ttl), i64::from(w.queue_cap)),
         None => (0, 0, 0),
     };
-    render(
-        if fair { ACQUIRE_ONE_FAIR } else { ACQUIRE_ONE },
-        &[
-            Lit::Text(name),
-            Lit::Int(capacity.into()),
-            Lit::Text(&lease),
-            Lit::Int(micros(req.ttl)),
-            Lit::Text(&req.holder),
-            Lit::Int(wait),
-            Lit::Int(waiter_ttl),
-            Lit::Int(queue_cap),
-            Lit::Text(doorbell),
-        ],
-    )
+    let mut args = vec![
+        Lit::Text(name),
+        Lit::Int(capacity.into()),
+        Lit::Text(&lease),
+        Lit::Int(micros(req.ttl)),
+        Lit::Text(&req.holder),
+        Lit::Int(wait),
+        Lit::Int(waiter_ttl),
+        Lit::Int(queue_cap),
+        Lit::Text(doorbell),
+    ];
+    if !fair {
+        return render(ACQUIRE_ONE, &args);
+    }
+    match &req.tenant {
+        Some(t) => args.extend([Lit::Text(t.name()), Lit::Int(t.share().into())]),
+        None => args.extend([Lit::Null, Lit::Int(1)]),
+    }
+    render(ACQUIRE_ONE_FAIR, &args)
 }
 
 /// What [`acquire_one_call`] answered (`None`: the procedure is missing): the reply, a

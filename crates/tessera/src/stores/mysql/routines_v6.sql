@@ -1,15 +1,19 @@
 -- tessera MySQL / MariaDB routines, version 6: the procedures of versions 4 and 5 that order
--- the queue, for the tables of schema version 6 (fair_shares.sql, docs/fair-shares.md): an
+-- the queue, for the tables of schema version 6 (fair_shares.sql, docs/fair-shares.md). The
 -- acquire of one permit keeps the start tags of requests without a tenant (the semaphore's
--- vtime and finish, the waiter's tag), a release hands the permit to the head in the order
--- (tag, seq) and moves vtime to its tag, and the gathered heartbeats read that head. Each
--- leaves a semaphore with named tenants (tenants <> 0) to the client-side step, which reads
--- and writes their rows. Otherwise as versions 4 and 5 (see routines.sql and routines_v5.sql,
--- whose headers hold here); a build with schema version 6 calls these and never the ones of
--- versions 4 and 5 that order the queue (keep_alive of version 4 orders nothing and stays).
--- Installed after version 5 and recorded apart; statements are separated by a line holding
--- only ';'; `CREATE PROCEDURE IF NOT EXISTS` makes each one idempotent. A server that refuses
--- them leaves such a client to its client-side steps.
+-- vtime and finish, the waiter's tag); the release hands the permit to the head in the order
+-- (tag, seq), moves vtime to its tag and drops the tenants' rows with an idle semaphore's;
+-- the gathered heartbeats read that head. The acquire also takes a tenant and its share
+-- (p_tenant NULL: none), reads and writes that tenant's row, and reads the head's key when a
+-- tenant is involved and the queue is not empty; it leaves to the client-side step the rare
+-- cases it does not do (tenants' rows to prune, or to drop with an idle semaphore). The
+-- acquire's result row is version 4's. Otherwise as versions 4 and 5 (see
+-- routines.sql and routines_v5.sql, whose headers hold here); a build with schema version 6
+-- calls these and never the ones of versions 4 and 5 that order the queue (keep_alive of
+-- version 4 orders nothing and stays). Installed after version 5 and recorded apart;
+-- statements are separated by a line holding only ';'; `CREATE PROCEDURE IF NOT EXISTS`
+-- makes each one idempotent. A server that refuses them leaves such a client to its
+-- client-side steps.
 
 -- Acquires one permit of semaphore p_name (stores/sql/step.rs `acquire` with weight 1).
 --   p_name        the semaphore          p_capacity  the capacity the client declares
@@ -26,7 +30,9 @@ CREATE PROCEDURE IF NOT EXISTS tessera_v6_acquire_one(
     IN p_wait INT,
     IN p_waiter_ttl BIGINT,
     IN p_queue_cap BIGINT,
-    IN p_doorbell VARCHAR(80) CHARACTER SET ascii)
+    IN p_doorbell VARCHAR(80) CHARACTER SET ascii,
+    IN p_tenant VARCHAR(64) CHARACTER SET utf8mb4,
+    IN p_share BIGINT)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 body: BEGIN
@@ -35,7 +41,9 @@ body: BEGIN
     DECLARE v_used, v_queued, v_last_fence, v_next_seq, v_seat_high BIGINT;
     DECLARE v_hwm, v_now, v_seat, v_fence, v_seq, v_head_weight BIGINT;
     DECLARE v_holders_expire, v_waiters_expire, v_held BIGINT;
-    DECLARE v_vtime, v_finish, v_tenants, v_start BIGINT;
+    DECLARE v_vtime, v_finish, v_tenants, v_start, v_last, v_cost, v_wtag BIGINT;
+    DECLARE v_htag, v_hseq, v_position BIGINT;
+    DECLARE v_stored, v_lead INT DEFAULT 0;
     DECLARE v_tries INT DEFAULT 0;
     DECLARE h_weight, h_fence, h_acquired, h_expires BIGINT;
     DECLARE h_seats MEDIUMTEXT CHARACTER SET ascii;
@@ -72,8 +80,9 @@ body: BEGIN
                (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
                (SELECT weight FROM tessera_waiters WHERE name = p_name ORDER BY tag, seq LIMIT 1),
                (SELECT seq FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
+               (SELECT tag FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
                (SELECT COUNT(*) FROM tessera_holders WHERE name = p_name AND lease_id = p_lease)
-          INTO v_hwm, v_holders_expire, v_waiters_expire, v_head_weight, v_seq, v_held;
+          INTO v_hwm, v_holders_expire, v_waiters_expire, v_head_weight, v_seq, v_wtag, v_held;
     END IF;
     IF v_none = 1 OR v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
@@ -83,8 +92,10 @@ body: BEGIN
        OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
        OR v_vtime IS NULL OR v_vtime < 0 OR v_vtime > 9000000000000000000
        OR v_finish IS NULL OR v_finish < 0 OR v_finish > 9000000000000000000
-       -- Named tenants (their rows, the head's key): the full step.
-       OR v_tenants IS NULL OR v_tenants <> 0
+       OR v_tenants IS NULL OR v_tenants < 0
+       OR (p_tenant IS NOT NULL AND (p_share IS NULL OR p_share < 1 OR p_share > 1000))
+       -- An idle semaphore with tenants' rows to drop: the full step.
+       OR (v_used = 0 AND v_queued = 0 AND v_tenants <> 0)
        -- Anything to purge: the full step.
        OR (v_used > 0 AND v_holders_expire <= v_now)
        OR (v_queued > 0 AND v_waiters_expire <= v_now)
@@ -101,9 +112,54 @@ body: BEGIN
         SET v_vtime = 0;
         SET v_finish = 0;
     END IF;
-    -- The start tag of a request without a tenant (docs/fair-shares.md); without tenant rows
-    -- the queue is in seq order, which is the order of the tags.
-    SET v_start = GREATEST(v_vtime, v_finish);
+    -- The request's start tag (docs/fair-shares.md): after the virtual time and its tenant's
+    -- last finish tag (the semaphore's `finish` for no tenant, else the tenant's row).
+    IF p_tenant IS NULL THEN
+        SET v_last = v_finish;
+        SET v_cost = 1000;
+    ELSE
+        SET v_none = 0;
+        SET v_last = NULL;
+        SELECT finish INTO v_last FROM tessera_tenants
+         WHERE name = p_name AND tenant = p_tenant;
+        IF v_last IS NOT NULL THEN
+            SET v_stored = 1;
+        END IF;
+        IF v_last IS NULL OR v_last < 0 OR v_last > 9000000000000000000 THEN
+            IF v_stored = 1 THEN
+                ROLLBACK;
+                SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+                LEAVE body;
+            END IF;
+            SET v_last = 0;
+        END IF;
+        SET v_cost = 1000 DIV p_share;
+    END IF;
+    SET v_start = GREATEST(v_vtime, v_last);
+    -- Whether it would be the head: without tenant rows and without a tenant, only if nobody
+    -- waits (the queued tags are all below this one); else by the head's key.
+    IF v_queued = 0 THEN
+        SET v_lead = 1;
+    ELSEIF v_tenants = 0 AND p_tenant IS NULL THEN
+        SET v_lead = 0;
+    ELSE
+        SET v_none = 0;
+        SELECT tag, seq INTO v_htag, v_hseq FROM tessera_waiters
+         WHERE name = p_name ORDER BY tag, seq LIMIT 1;
+        IF v_none = 1 OR v_htag IS NULL THEN
+            ROLLBACK;
+            SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+            LEAVE body;
+        END IF;
+        SET v_lead = (v_start < v_htag OR (v_start = v_htag AND v_next_seq < v_hseq));
+    END IF;
+    -- Tenants' rows to prune once this one is recorded (the step's rule): the full step.
+    IF v_tenants + IF(p_tenant IS NOT NULL AND v_stored = 0, 1, 0) > 2 * (v_used + v_queued) + 16
+    THEN
+        ROLLBACK;
+        SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+        LEAVE body;
+    END IF;
     IF v_capacity <> p_capacity THEN
         ROLLBACK;
         SELECT 'mismatch', v_now, v_capacity, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
@@ -130,14 +186,15 @@ body: BEGIN
              WHERE name = p_name AND lease_id = p_lease;
             COMMIT;
             SELECT 'queued', v_now,
-                   (SELECT COUNT(*) FROM tessera_waiters WHERE name = p_name AND seq < v_seq),
+                   (SELECT COUNT(*) FROM tessera_waiters WHERE name = p_name
+                     AND (tag < v_wtag OR (tag = v_wtag AND seq < v_seq))),
                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
             LEAVE body;
         END;
     END IF;
-    -- Free and nobody waiting: grant. The lowest returned seat below the capacity, else the
-    -- next one from seat_high up.
-    IF v_queued = 0 AND v_used + 1 <= v_capacity THEN
+    -- Free and at the head: grant. The lowest returned seat below the capacity, else the next
+    -- one from seat_high up.
+    IF v_lead = 1 AND v_used + 1 <= v_capacity THEN
         SET v_seat = NULL;
         IF v_seat_high > 0 THEN
             SELECT MIN(seat) INTO v_seat FROM tessera_free_seats
@@ -165,8 +222,15 @@ body: BEGIN
         VALUES (p_name, p_lease, 1, CAST(v_seat AS CHAR), v_fence, p_holder, v_now, v_now + p_ttl);
         UPDATE tessera_semaphores
            SET capacity = v_capacity, used = v_used + 1, last_fence = v_fence,
-               seat_high = v_seat_high, vtime = v_start, finish = v_start + 1000
+               seat_high = v_seat_high, vtime = GREATEST(v_vtime, v_start),
+               finish = IF(p_tenant IS NULL, v_start + v_cost, v_finish),
+               tenants = v_tenants + IF(p_tenant IS NOT NULL AND v_stored = 0, 1, 0)
          WHERE name = p_name;
+        IF p_tenant IS NOT NULL THEN
+            INSERT INTO tessera_tenants (name, tenant, finish)
+            VALUES (p_name, p_tenant, v_start + v_cost)
+            ON DUPLICATE KEY UPDATE finish = v_start + v_cost;
+        END IF;
         UPDATE tessera_meta SET meta_value = GREATEST(meta_value, v_fence)
          WHERE meta_key = 'fence_hwm';
         COMMIT;
@@ -185,15 +249,28 @@ body: BEGIN
         SELECT 'queue_full', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
+    -- Its place: last without tenants, else counted.
+    IF v_tenants = 0 AND p_tenant IS NULL THEN
+        SET v_position = v_queued;
+    ELSE
+        SELECT COUNT(*) INTO v_position FROM tessera_waiters WHERE name = p_name
+           AND (tag < v_start OR (tag = v_start AND seq < v_next_seq));
+    END IF;
     INSERT INTO tessera_waiters
         (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, tag)
     VALUES (p_name, v_next_seq, p_lease, 1, p_holder, p_ttl, v_now, v_now + p_waiter_ttl,
             p_doorbell, v_start);
     UPDATE tessera_semaphores SET queued = v_queued + 1, next_seq = v_next_seq + 1,
-           finish = v_start + 1000
+           finish = IF(p_tenant IS NULL, v_start + v_cost, v_finish),
+           tenants = v_tenants + IF(p_tenant IS NOT NULL AND v_stored = 0, 1, 0)
      WHERE name = p_name;
+    IF p_tenant IS NOT NULL THEN
+        INSERT INTO tessera_tenants (name, tenant, finish)
+        VALUES (p_name, p_tenant, v_start + v_cost)
+        ON DUPLICATE KEY UPDATE finish = v_start + v_cost;
+    END IF;
     COMMIT;
-    SELECT 'queued', v_now, v_queued, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+    SELECT 'queued', v_now, v_position, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 END
 ;
 -- Releases lease p_lease of semaphore p_name (stores/sql/step.rs `release`), handing the
@@ -249,8 +326,7 @@ body: BEGIN
        OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
        OR (v_used = 0 AND v_queued = 0)
        OR v_vtime IS NULL OR v_vtime < 0 OR v_vtime > 9000000000000000000
-       -- Named tenants (their rows go with the semaphore's): the full step.
-       OR v_tenants IS NULL OR v_tenants <> 0
+       OR v_tenants IS NULL OR v_tenants < 0
        -- Anything to purge: the full step.
        OR (v_used > 0 AND v_holders_expire <= v_now)
        OR (v_queued > 0 AND v_waiters_expire <= v_now) THEN
@@ -363,6 +439,10 @@ body: BEGIN
         DELETE FROM tessera_semaphores WHERE name = p_name;
         IF v_seat_high <> 0 THEN
             DELETE FROM tessera_free_seats WHERE name = p_name;
+        END IF;
+        -- Idle: the tags restart at 0 with the next request.
+        IF v_tenants <> 0 THEN
+            DELETE FROM tessera_tenants WHERE name = p_name;
         END IF;
     ELSE
         UPDATE tessera_semaphores
