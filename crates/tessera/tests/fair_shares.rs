@@ -1,8 +1,9 @@
 //! Fair shares between tenants (`docs/fair-shares.md`) on the memory store, the reference
-//! model: the queue is ordered by start tags, so backlogged tenants are served in
-//! proportion to their shares, a light tenant does not wait behind another's backlog, one
-//! tenant stays FIFO, and a store that cannot order by shares refuses a tenant with a typed
-//! error.
+//! model, and on Redis (a throwaway `redis-server`, and one Redis Cluster test): the queue
+//! is ordered by start tags, so backlogged tenants are served in proportion to their
+//! shares, a light tenant does not wait behind another's backlog, one tenant stays FIFO,
+//! and a store that cannot order by shares refuses a tenant with a typed error. Each
+//! scenario is a function of the store; the tests run it on each.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -59,11 +60,18 @@ fn count(order: &[String]) -> HashMap<&str, usize> {
     c
 }
 
+async fn memory(line: u32) -> Store {
+    Store::connect(&format!("memory://fair-{line}"))
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
+    proportional_shares(&memory(line!()).await).await;
+}
+
+async fn proportional_shares(store: &Store) {
     let b = store.backend().as_ref();
     let name = Name::new("shares").unwrap();
     assert!(
@@ -96,13 +104,15 @@ async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
 
 #[tokio::test]
 async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
+    light_tenant(&memory(line!()).await, 1_000).await;
+}
+
+/// A flood of `flood` requests queued by one tenant, and a light one asking five times.
+async fn light_tenant(store: &Store, flood: usize) {
     let b = store.backend().as_ref();
     let name = Name::new("flood").unwrap();
     assert!(ask(b, &name, 1, &request(Some(("bulk", 1)), 1)).await);
-    for _ in 0..1_000 {
+    for _ in 0..flood {
         assert!(!ask(b, &name, 1, &request(Some(("bulk", 1)), 1)).await);
     }
     for round in 0..5 {
@@ -125,10 +135,11 @@ async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog(
 
 #[tokio::test]
 async fn one_tenant_and_no_tenant_are_fifo() {
+    fifo(&memory(line!()).await).await;
+}
+
+async fn fifo(store: &Store) {
     for (i, tenant) in [None, Some(("only", 3))].into_iter().enumerate() {
-        let store = Store::connect(&format!("memory://fair-{}", line!()))
-            .await
-            .unwrap();
         let b = store.backend().as_ref();
         let name = Name::new(format!("fifo-{i}")).unwrap();
         assert!(ask(b, &name, 2, &request(tenant, 2)).await);
@@ -148,9 +159,10 @@ async fn one_tenant_and_no_tenant_are_fifo() {
 /// ask, so it does not take a run of grants when it comes back.
 #[tokio::test]
 async fn an_idle_tenant_banks_no_credit() {
-    let store = Store::connect(&format!("memory://fair-{}", line!()))
-        .await
-        .unwrap();
+    no_credit(&memory(line!()).await).await;
+}
+
+async fn no_credit(store: &Store) {
     let b = store.backend().as_ref();
     let name = Name::new("bank").unwrap();
     assert!(ask(b, &name, 1, &request(Some(("a", 1)), 1)).await);
@@ -264,6 +276,45 @@ impl SfqModel {
     }
 }
 
+/// Runs `steps` on semaphore `name` of `b` beside the model, comparing holders and queue
+/// after every step.
+async fn follow_the_model(b: &dyn Backend, name: &Name, steps: Vec<Step>) {
+    let mut model = SfqModel::default();
+    for s in steps {
+        match s {
+            Step::Arrive { t, weight } => {
+                let r = request(TENANTS[t], weight);
+                ask(b, name, SfqModel::CAPACITY, &r).await;
+                model.arrive(t, weight, r.lease_id);
+            }
+            Step::Release(i) if !model.holders.is_empty() => {
+                let (lease, _) = model.holders.remove(i % model.holders.len());
+                assert!(b.release(name, lease).await.unwrap());
+                model.hand_off();
+            }
+            Step::Cancel(i) if !model.queue.is_empty() => {
+                let (_, _, lease, _) = model.queue.remove(i % model.queue.len());
+                b.cancel(name, lease).await.unwrap();
+                model.hand_off();
+            }
+            Step::Release(_) | Step::Cancel(_) => {}
+        }
+        let status = b.status(name).await.unwrap();
+        let queue: Vec<LeaseId> = status
+            .as_ref()
+            .map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
+        let want: Vec<LeaseId> = model.queue.iter().map(|q| q.2).collect();
+        assert_eq!(queue, want, "queue order: {model:?}");
+        let mut held: Vec<LeaseId> = status
+            .as_ref()
+            .map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
+        let mut want: Vec<LeaseId> = model.holders.iter().map(|h| h.0).collect();
+        held.sort();
+        want.sort();
+        assert_eq!(held, want, "holders: {model:?}");
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
@@ -274,39 +325,112 @@ proptest::proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let store = Store::connect(&format!("memory://fair-model-{}", LeaseId::random())).await.unwrap();
-            let b = store.backend().as_ref();
-            let name = Name::new("model").unwrap();
-            let mut model = SfqModel::default();
-            for s in steps {
-                match s {
-                    Step::Arrive { t, weight } => {
-                        let r = request(TENANTS[t], weight);
-                        ask(b, &name, SfqModel::CAPACITY, &r).await;
-                        model.arrive(t, weight, r.lease_id);
-                    }
-                    Step::Release(i) if !model.holders.is_empty() => {
-                        let (lease, _) = model.holders.remove(i % model.holders.len());
-                        assert!(b.release(&name, lease).await.unwrap());
-                        model.hand_off();
-                    }
-                    Step::Cancel(i) if !model.queue.is_empty() => {
-                        let (_, _, lease, _) = model.queue.remove(i % model.queue.len());
-                        b.cancel(&name, lease).await.unwrap();
-                        model.hand_off();
-                    }
-                    Step::Release(_) | Step::Cancel(_) => {}
-                }
-                let status = b.status(&name).await.unwrap();
-                let queue: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
-                let want: Vec<LeaseId> = model.queue.iter().map(|q| q.2).collect();
-                assert_eq!(queue, want, "queue order: {model:?}");
-                let mut held: Vec<LeaseId> = status.as_ref().map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
-                let mut want: Vec<LeaseId> = model.holders.iter().map(|h| h.0).collect();
-                held.sort();
-                want.sort();
-                assert_eq!(held, want, "holders: {model:?}");
-            }
+            follow_the_model(store.backend().as_ref(), &Name::new("model").unwrap(), steps).await;
             store.close().await.unwrap();
         });
+    }
+}
+
+/// The scenarios above on Redis: a throwaway `redis-server` per test (the model's cases
+/// share one, a semaphore each), and a Redis Cluster for one.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use tessera_testkit::servers::redis::RedisServer;
+    use tessera_testkit::servers::redis_cluster::RedisCluster;
+
+    async fn connect(url: &str, prefix: &str) -> Store {
+        Store::connect(&format!("{url}?prefix={prefix}"))
+            .await
+            .unwrap()
+    }
+
+    /// The keys under `prefix` without an expiry: none may be left (bounded state).
+    async fn immortal_keys(url: &str, prefix: &str) -> Vec<String> {
+        let mut c = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("EVAL")
+            .arg(
+                "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                 if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
+            )
+            .arg(0)
+            .arg(format!("{{{prefix}:*"))
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
+        let server = RedisServer::start();
+        proportional_shares(&connect(&server.url(), "shares").await).await;
+        assert_eq!(
+            immortal_keys(&server.url(), "shares").await,
+            Vec::<String>::new()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "flood").await;
+        light_tenant(&store, 1_000).await;
+        // The tenants' tags live in a hash beside the queue, and expire with it.
+        let tags = server.command(&["HLEN", "{flood:flood}:tags"]);
+        assert!(tags.contains(":2"), "bulk and alerts have tags: {tags:?}");
+        assert_eq!(
+            immortal_keys(&server.url(), "flood").await,
+            Vec::<String>::new()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenant_and_no_tenant_are_fifo() {
+        let server = RedisServer::start();
+        fifo(&connect(&server.url(), "fifo").await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_tenant_banks_no_credit() {
+        let server = RedisServer::start();
+        no_credit(&connect(&server.url(), "bank").await).await;
+    }
+
+    /// Every key a step touches is named in the call on a cluster (one hash tag, one slot),
+    /// so the tenants' tags hash moves with the rest of the state.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_cluster_a_light_tenant_waits_behind_one_grant_and_shares_hold() {
+        let cluster = RedisCluster::start(false);
+        let store = connect(&cluster.url(), "fair").await;
+        light_tenant(&store, 200).await;
+        proportional_shares(&store).await;
+    }
+
+    /// Invariants 1 and 2 on Redis: the holders and queue order follow the start-tag model
+    /// step by step, tenants or none (a semaphore per case on one server).
+    #[test]
+    fn queue_order_follows_the_start_tag_model() {
+        use proptest::test_runner::{Config, TestRunner};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = RedisServer::start();
+        let store = rt.block_on(connect(&server.url(), "model"));
+        let mut runner = TestRunner::new(Config::with_cases(64));
+        let strategy = proptest::collection::vec(step(), 1..80);
+        runner
+            .run(&strategy, |steps| {
+                let name = Name::new(format!("model-{}", LeaseId::random())).unwrap();
+                rt.block_on(follow_the_model(store.backend().as_ref(), &name, steps));
+                Ok(())
+            })
+            .unwrap();
+        rt.block_on(store.close()).unwrap();
     }
 }
