@@ -200,6 +200,82 @@ async fn a_tenant_is_checked_and_refused_where_the_store_cannot_order_by_shares(
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
 }
 
+/// Admissions of mixed tenants and costs (the window cost is what the tags count): a holder,
+/// then a backlog of three tenants and requests without one. Each release wakes the head,
+/// whose own step is granted (`crate::admission`); returns the holders' labels in grant
+/// order. The order is the reference model's on every store.
+async fn admission_order(store: &Store) -> Vec<String> {
+    use tessera::backend::{AdmitReply, AdmitRequest, RateConfig};
+    use tessera::RateMode;
+    let b = store.backend().as_ref();
+    let adm = b.admission().expect("the store admits");
+    let name = Name::new("admit").unwrap();
+    let config = RateConfig::new(&["100000/s".parse().unwrap()], RateMode::Exact).unwrap();
+    let admit = |r: AcquireRequest, cost: u32| AdmitRequest {
+        acquire: r,
+        cost,
+        update: false,
+        at_head: false,
+    };
+    let first = admit(request(None, 1), 1);
+    assert!(matches!(
+        adm.admit(&name, 1, &config, &first).await.unwrap(),
+        AdmitReply::Granted { .. }
+    ));
+    let mut holder = first.acquire.lease_id;
+    let mut order = Vec::new();
+    let mut queued = HashMap::new();
+    // d comes late, when its start tag is the virtual time.
+    let kind = |i: u32| match i % 4 {
+        _ if i >= 37 => (Some(("d", 1)), 1),
+        0 => (Some(("a", 1)), 1),
+        1 => (Some(("b", 2)), 3),
+        2 => (None, 2),
+        _ => (Some(("c", 5)), 1 + i % 3),
+    };
+    for i in 0..40u32 {
+        let (tenant, cost) = kind(i);
+        let a = admit(request(tenant, 1), cost);
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Queued { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        queued.insert(a.acquire.lease_id, a);
+        if i < 20 {
+            continue;
+        }
+        // Later arrivals meet a virtual time that the grants moved.
+        assert!(b.release(&name, holder).await.unwrap());
+        let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
+        let a = queued.remove(&head).unwrap();
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            other => panic!("the head was not granted: {other:?}"),
+        }
+        holder = head;
+    }
+    while !queued.is_empty() {
+        assert!(b.release(&name, holder).await.unwrap());
+        let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
+        let a = queued.remove(&head).unwrap();
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            other => panic!("the head was not granted: {other:?}"),
+        }
+        holder = head;
+    }
+    order
+}
+
+#[tokio::test]
+async fn admissions_are_ordered_by_their_window_cost_and_share() {
+    let order = admission_order(&memory(line!()).await).await;
+    // c (share 5, small costs) goes first; b (share 2, cost 3) and "-" (share 1, cost 2)
+    // fall behind.
+    let c = count(&order[..10]);
+    assert!(c["c"] > c.get("-").copied().unwrap_or(0), "{order:?}");
+}
+
 /// One step of [`queue_order_follows_the_start_tag_model`].
 #[derive(Debug, Clone)]
 enum Step {
@@ -408,6 +484,14 @@ mod on_redis {
         let store = connect(&cluster.url(), "fair").await;
         light_tenant(&store, 200).await;
         proportional_shares(&store).await;
+    }
+
+    /// Admissions with tenants take the order the reference model gives them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_are_ordered_as_on_the_memory_store() {
+        let server = RedisServer::start();
+        let redis = admission_order(&connect(&server.url(), "admit").await).await;
+        assert_eq!(redis, admission_order(&memory(line!()).await).await);
     }
 
     /// Invariants 1 and 2 on Redis: the holders and queue order follow the start-tag model
