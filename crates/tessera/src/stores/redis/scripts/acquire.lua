@@ -25,7 +25,7 @@ elseif tenant ~= nil then
   share = num(ARGV[11], 'share argument')
 end
 
-if load() == nil then
+if load(true) == nil then
   create(capacity)
 end
 purge_and_hand_off()
@@ -37,7 +37,12 @@ repeat
   -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and takes
   -- the capacity this client declares, its tags restarting at 0 (as in the reference model).
   if is_empty() then
-    reset_tags()
+    if S.nt > 0 then
+      reset_tags()
+    else
+      S.vt, S.vt_text, S.fd = 0, nil, 0
+      tags_moved = true
+    end
     if S.cap ~= capacity then
       S.cap = capacity
       dirty = true
@@ -70,10 +75,11 @@ repeat
     start, finish = tags(tenant, share, weight)
   end
   if (queued == 0 or (fair and would_lead(start))) and S.used + weight <= S.cap then
-    if not fair then
-      start, finish = tags(nil, 1, weight)
+    if fair then
+      take_tags(tenant, start, finish, true)
+    else
+      plain_tags(weight, true)
     end
-    take_tags(tenant, start, finish, true)
     reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true)}
     break
   end
@@ -85,10 +91,11 @@ repeat
     reply = {'queuefull'}
     break
   end
-  if not fair then
-    start, finish = tags(nil, 1, weight)
+  if fair then
+    take_tags(tenant, start, finish, false)
+  else
+    start = plain_tags(weight, false)
   end
-  take_tags(tenant, start, finish, false)
   local seq = S.seq
   S.seq = seq + 1
   local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,

@@ -35,7 +35,7 @@ elseif tenant ~= nil then
   share = num(ARGV[17], 'share argument')
 end
 
-if load() == nil then
+if load(true) == nil then
   create(capacity)
 end
 purge_and_hand_off()
@@ -110,8 +110,7 @@ repeat
       if w then
         local s = start_of(score)
         if s > vtime() then
-          S.vt = s
-          tags_moved = true
+          set_vtime(s)
         end
         unqueue(lease_id)
       else

@@ -253,9 +253,16 @@ local function wake(client, id, lease)
   wakes[#wakes + 1] = {client, id, lease}
 end
 
-local function load()
-  local m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
-    'purge_at', 'deadline', 'lid', 'lrec', 'lexp', 'vt', 'fd', 'nt')
+-- Loads the counters; `tags`: the tags' fields too (vt, fd), for an acquire or admission.
+local function load(tags)
+  local m
+  if tags then
+    m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+      'purge_at', 'deadline', 'lid', 'lrec', 'lexp', 'nt', 'vt', 'fd')
+  else
+    m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+      'purge_at', 'deadline', 'lid', 'lrec', 'lexp', 'nt')
+  end
   if not m[1] then
     return nil
   end
@@ -264,8 +271,8 @@ local function load()
   -- sizes the table for the fields it names, so the step never grows (rehashes) it.
   S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
     seat_high = num(m[5], 'seat_high'), qlen = nil, purge_at = nil, fence = nil,
-    deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = nil, fd = nil,
-    nt = m[14] and num(m[14], 'nt') or 0}
+    deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = nil, vt_text = nil,
+    fd = nil, nt = m[12] and num(m[12], 'nt') or 0}
   if not m[3] then corrupt('fence') end
   if m[9] and m[9] ~= '' then
     local lw = m[10] and string.match(m[10], LEASE_HEAD)
@@ -321,7 +328,8 @@ local function create(cap)
   delete_state()
   local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
-    deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = 0, fd = 0, nt = 0}
+    deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = 0, vt_text = nil, fd = 0,
+    nt = 0}
   dirty = true
   fresh = true
   full = true
@@ -334,14 +342,18 @@ end
 -- and cost c gets the start tag S = max(V, F[t]) and sets F[t] = S + c * TAG_UNIT / w when
 -- it is granted at once or queued; the queue is ordered by (S, arrival seq); a grant sets V
 -- to the granted request's S. V and the finish tag of requests without a tenant (the tenant
--- '' with share 1) live in meta (vt, fd); named tenants' finish tags in the tags hash, nt of
--- them. A tenant whose F[t] <= V is the same as an absent one, so they are dropped now and
--- then; everything restarts at 0 when the semaphore is idle.
+-- '' with share 1) live in meta (vt, fd); named tenants' finish tags in the tags hash, and
+-- nt is 1 once one has a tag. A tenant whose F[t] <= V is the same as an absent one, so
+-- they are dropped now and then; everything restarts at 0 when the semaphore is idle.
 --
 -- Without tenants the tags grow with arrival (F only grows, and V <= F), so the order is
--- FIFO, and the tags cost no command: vt and fd ride on meta's HMGET and HSET, and while no
--- named tenant has a tag (nt = 0) a newcomer without one never leads a non-empty queue (every
--- queued S is at most its own), so its place is the end, found without reading the head.
+-- FIFO, and the tags cost no command: vt and fd ride on meta's HMGET and HSET (only an
+-- acquire or admission reads them), and while no named tenant has had a tag (nt = 0):
+-- - a newcomer without one never leads a non-empty queue (every queued S is at most its
+--   own), so its place is the end, found without reading the head;
+-- - its start tag is F[''] (V never passes it), so V is not parsed, only written;
+-- - vt holds V as a queue score (V * QUEUE_LOW, or the granted head's score as ZRANGE gave
+--   it), so a hand-off writes the score it read, with nothing to parse or format.
 --
 -- A queue score is S * QUEUE_LOW + QUEUE_SEQ + seq % QUEUE_SEQ: the arrival seq in the low
 -- bits, kept above QUEUE_SEQ so that a waiter re-joining in front of the head (the head's
@@ -363,19 +375,33 @@ local function start_of(score)
   return math.floor(x / QUEUE_LOW)
 end
 
--- The virtual time V (tags in milli-units of cost; absent is 0).
+-- A tag as text, without int()'s cache of the last large number (which keeps an expiry's).
+local function tag_text(x)
+  if x < SMALL then
+    return int(x)
+  end
+  return string.format('%d', x)
+end
+
+-- The virtual time V (tags in milli-units of cost; absent is 0), from vt as a step set it
+-- or as load(true) read it: only an acquire or admission asks.
 local function vtime()
   if S.vt == nil then
-    S.vt = M[12] and tonumber(M[12]) or 0
-    if S.vt == nil then corrupt('vt') end
+    local t = S.vt_text or M[13]
+    S.vt = t and start_of(t) or 0
   end
   return S.vt
 end
 
--- The finish tag of the requests without a tenant.
+local function set_vtime(v)
+  S.vt, S.vt_text = v, nil
+  tags_moved = true
+end
+
+-- The finish tag of the requests without a tenant (load(true) read it).
 local function finish_default()
   if S.fd == nil then
-    S.fd = M[13] and tonumber(M[13]) or 0
+    S.fd = M[14] and tonumber(M[14]) or 0
     if S.fd == nil then corrupt('fd') end
   end
   return S.fd
@@ -383,7 +409,7 @@ end
 
 -- Tags restart at 0: the semaphore was idle (no holder, no waiter) when this step decided.
 local function reset_tags()
-  S.vt, S.fd = 0, 0
+  S.vt, S.vt_text, S.fd = 0, nil, 0
   tags_moved = true
   if S.nt > 0 then
     rcall('DEL', K_TAGS)
@@ -395,18 +421,21 @@ end
 -- The start and finish tags a request of `tenant` (nil: none), `share` and `cost` would
 -- get; nothing changes until take_tags().
 local function tags(tenant, share, cost)
-  local last = 0
+  local start
   if tenant == nil then
-    last = finish_default()
-  elseif S.nt > 0 then
-    local f = rcall('HGET', K_TAGS, tenant)
-    if f then
-      last = tonumber(f)
-      if last == nil then corrupt('tenant tag') end
+    start = finish_default()
+    if S.nt > 0 and vtime() > start then start = S.vt end
+  else
+    start = vtime()
+    if S.nt > 0 then
+      local f = rcall('HGET', K_TAGS, tenant)
+      if f then
+        f = tonumber(f)
+        if f == nil then corrupt('tenant tag') end
+        if f > start then start = f end
+      end
     end
   end
-  local start = vtime()
-  if last > start then start = last end
   return start, start + math.floor(cost * TAG_UNIT / share)
 end
 
@@ -420,9 +449,8 @@ local function forget_tenants()
     if f == nil or f <= v then old[#old + 1] = all[i] end
   end
   for i = 1, #old, 1000 do
-    S.nt = S.nt - rcall('HDEL', K_TAGS, unpack(old, i, math.min(i + 999, #old)))
+    rcall('HDEL', K_TAGS, unpack(old, i, math.min(i + 999, #old)))
   end
-  if S.nt < 0 then S.nt = 0 end
 end
 
 -- Records a request's finish tag, and, granted at once, moves V to its start. When a new
@@ -432,16 +460,31 @@ local function take_tags(tenant, start, finish, granted)
   if tenant == nil then
     S.fd = finish
     tags_moved = true
-  elseif rcall('HSET', K_TAGS, tenant, int(finish)) == 1 then
-    if S.nt == 0 then new_tags = true end
-    S.nt = S.nt + 1
-    if S.nt > 2 * (S.qlen + S.used) + 16 then forget_tenants() end
+  elseif rcall('HSET', K_TAGS, tenant, tag_text(finish)) == 1 then
+    S.nt = 1
+    local n = rcall('HLEN', K_TAGS)
+    if n == 1 then new_tags = true end
+    if n > 2 * (S.qlen + S.used) + 16 then forget_tenants() end
   end
-  if granted and start > vtime() then
-    S.vt = start
-    tags_moved = true
+  -- (Without named tenants' tags, start >= V: see the top of this section.)
+  if granted and (S.nt == 0 and tenant == nil or start > vtime()) then
+    set_vtime(start)
   end
   dirty = true
+end
+
+-- take_tags() for a request without a tenant while no named tenant has a tag (nt = 0), in
+-- fewer Lua calls (each costs about as much as a small redis.call): its start is F[''],
+-- which V never passes, and its cost counts whole at share 1. Returns the start.
+local function plain_tags(cost, granted)
+  local start = S.fd or finish_default()
+  S.fd = start + cost * TAG_UNIT
+  if granted then
+    S.vt, S.vt_text = start, nil
+  end
+  tags_moved = true
+  dirty = true
+  return start
 end
 
 -- Whether a request with this start tag, arriving now, would be the head.
@@ -749,7 +792,7 @@ local function hand_off()
       return
     end
     unqueue(head)
-    S.vt = start_of(first[2])
+    S.vt, S.vt_text = nil, first[2]
     tags_moved = true
     -- Provisional until renewed: no longer than the waiter's entry would have lived.
     local ttl = w.expires_at - now
@@ -918,11 +961,19 @@ local function put_changed()
   if full or S.purge_at ~= L_PURGE_AT then put('purge_at', S.purge_at) end
   if full or deadline_moved then put('deadline', S.deadline) end
   if full or tags_moved then
-    -- (Compared as text: an uncontended loop restarts at the same tags every time.)
-    local t = int(vtime())
-    if full or t ~= M[12] then put_text('vt', t) end
-    t = int(finish_default())
-    if full or t ~= M[13] then put_text('fd', t) end
+    -- What this step set, compared as text: an uncontended loop restarts at the same tags
+    -- every time. (vt and fd are in M only for load(true), and only set after it.)
+    -- (Formatted inline: an uncontended loop restarts at V = 0 and a small F[''].)
+    local t = S.vt_text
+    if t == nil and S.vt ~= nil then
+      t = S.vt == 0 and '0' or string.format('%d', S.vt * QUEUE_LOW)
+    end
+    if t ~= nil and (full or t ~= M[13]) then put_text('vt', t) end
+    local f = S.fd
+    if f ~= nil then
+      t = f < SMALL and (TEXT_OF[f] or int(f)) or string.format('%d', f)
+      if full or t ~= M[14] then put_text('fd', t) end
+    end
   end
   if full or S.nt ~= L_NT then put('nt', S.nt) end
   if full or inline_moved then
