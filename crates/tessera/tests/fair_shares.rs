@@ -1,6 +1,6 @@
 //! Fair shares between tenants (`docs/fair-shares.md`) on every store that orders its queue
-//! by start tags — the memory store (the reference model), SQLite and MariaDB, each test
-//! private to its store: backlogged tenants are served in proportion to their shares, a light tenant
+//! by start tags — the memory store (the reference model), SQLite, MariaDB and Redis (one
+//! test also on a Redis Cluster), each test private to its store: backlogged tenants are served in proportion to their shares, a light tenant
 //! does not wait behind another's backlog (semaphore and admission queues), one tenant
 //! stays FIFO, the queue follows the start-tag model step by step, and a store that cannot
 //! order by shares refuses a tenant with a typed error.
@@ -410,6 +410,82 @@ async fn a_tenant_is_refused_where_the_store_cannot_order_by_shares() {
     );
 }
 
+/// Admissions of mixed tenants and costs (the window cost is what the tags count): a holder,
+/// then a backlog of three tenants and requests without one. Each release wakes the head,
+/// whose own step is granted (`crate::admission`); returns the holders' labels in grant
+/// order. The order is the reference model's on every store.
+async fn admission_order(store: &Store) -> Vec<String> {
+    use tessera::backend::{AdmitReply, AdmitRequest, RateConfig};
+    use tessera::RateMode;
+    let b = store.backend().as_ref();
+    let adm = b.admission().expect("the store admits");
+    let name = Name::new("admit").unwrap();
+    let config = RateConfig::new(&["100000/s".parse().unwrap()], RateMode::Exact).unwrap();
+    let admit = |r: AcquireRequest, cost: u32| AdmitRequest {
+        acquire: r,
+        cost,
+        update: false,
+        at_head: false,
+    };
+    let first = admit(request(None, 1), 1);
+    assert!(matches!(
+        adm.admit(&name, 1, &config, &first).await.unwrap(),
+        AdmitReply::Granted { .. }
+    ));
+    let mut holder = first.acquire.lease_id;
+    let mut order = Vec::new();
+    let mut queued = HashMap::new();
+    // d comes late, when its start tag is the virtual time.
+    let kind = |i: u32| match i % 4 {
+        _ if i >= 37 => (Some(("d", 1)), 1),
+        0 => (Some(("a", 1)), 1),
+        1 => (Some(("b", 2)), 3),
+        2 => (None, 2),
+        _ => (Some(("c", 5)), 1 + i % 3),
+    };
+    for i in 0..40u32 {
+        let (tenant, cost) = kind(i);
+        let a = admit(request(tenant, 1), cost);
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Queued { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        queued.insert(a.acquire.lease_id, a);
+        if i < 20 {
+            continue;
+        }
+        // Later arrivals meet a virtual time that the grants moved.
+        assert!(b.release(&name, holder).await.unwrap());
+        let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
+        let a = queued.remove(&head).unwrap();
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            other => panic!("the head was not granted: {other:?}"),
+        }
+        holder = head;
+    }
+    while !queued.is_empty() {
+        assert!(b.release(&name, holder).await.unwrap());
+        let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
+        let a = queued.remove(&head).unwrap();
+        match adm.admit(&name, 1, &config, &a).await.unwrap() {
+            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            other => panic!("the head was not granted: {other:?}"),
+        }
+        holder = head;
+    }
+    order
+}
+
+#[tokio::test]
+async fn admissions_are_ordered_by_their_window_cost_and_share() {
+    let order = admission_order(&memory("mixed").await.store).await;
+    // c (share 5, small costs) goes first; b (share 2, cost 3) and "-" (share 1, cost 2)
+    // fall behind.
+    let c = count(&order[..10]);
+    assert!(c["c"] > c.get("-").copied().unwrap_or(0), "{order:?}");
+}
+
 /// One step of [`queue_order_follows_the_start_tag_model`].
 #[derive(Debug, Clone)]
 enum Step {
@@ -541,5 +617,113 @@ async fn follow_the_model(b: &dyn Backend, steps: Vec<Step>) {
     }
     for (lease, _) in model.holders {
         b.release(&name, lease).await.unwrap();
+    }
+}
+
+/// The scenarios above on Redis: a throwaway `redis-server` per test (the model's cases
+/// share one, a semaphore each), and a Redis Cluster for one.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use tessera_testkit::servers::redis::RedisServer;
+    use tessera_testkit::servers::redis_cluster::RedisCluster;
+
+    async fn connect(url: &str, prefix: &str) -> Store {
+        Store::connect(&format!("{url}?prefix={prefix}"))
+            .await
+            .unwrap()
+    }
+
+    /// The keys under `prefix` without an expiry: none may be left (bounded state).
+    async fn immortal_keys(url: &str, prefix: &str) -> Vec<String> {
+        let mut c = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("EVAL")
+            .arg(
+                "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                 if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
+            )
+            .arg(0)
+            .arg(format!("{{{prefix}:*"))
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "shares").await;
+        super::backlogged_tenants_are_served_in_proportion_to_their_shares(store.backend().as_ref())
+            .await;
+        assert_eq!(
+            immortal_keys(&server.url(), "shares").await,
+            Vec::<String>::new()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_light_tenant_waits_behind_one_grant_of_a_flood_not_the_whole_backlog() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "flood").await;
+        super::a_light_tenant_waits_behind_one_grant_of_a_flood(store.backend().as_ref()).await;
+        // The tenants' tags live in a hash beside the queue, and expire with it.
+        let tags = server.command(&["HLEN", "{flood:flood}:tags"]);
+        assert!(tags.contains(":2"), "bulk and alerts have tags: {tags:?}");
+        assert_eq!(
+            immortal_keys(&server.url(), "flood").await,
+            Vec::<String>::new()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenant_and_no_tenant_are_fifo() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "fifo").await;
+        super::one_tenant_and_no_tenant_are_fifo(store.backend().as_ref()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_tenant_banks_no_credit() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "bank").await;
+        super::an_idle_tenant_banks_no_credit(store.backend().as_ref()).await;
+    }
+
+    /// Every key a step touches is named in the call on a cluster (one hash tag, one slot),
+    /// so the tenants' tags hash moves with the rest of the state.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_cluster_a_light_tenant_waits_behind_one_grant_and_shares_hold() {
+        let cluster = RedisCluster::start(false);
+        let store = connect(&cluster.url(), "fair").await;
+        super::a_light_tenant_waits_behind_one_grant_of_a_flood(store.backend().as_ref()).await;
+        super::backlogged_tenants_are_served_in_proportion_to_their_shares(store.backend().as_ref())
+            .await;
+    }
+
+    /// Admissions with tenants take the order the reference model gives them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_are_ordered_as_on_the_memory_store() {
+        let server = RedisServer::start();
+        let redis = admission_order(&connect(&server.url(), "admit").await).await;
+        assert_eq!(redis, admission_order(&memory("as-redis").await.store).await);
+    }
+
+    /// Invariants 1 and 2 on Redis: the holders and queue order follow the start-tag model
+    /// step by step, tenants or none (a semaphore per case on one server).
+    #[test]
+    fn queue_order_follows_the_start_tag_model() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = RedisServer::start();
+        let store = rt.block_on(connect(&server.url(), "model"));
+        super::queue_order_follows_the_start_tag_model(&rt, store.backend().as_ref());
+        rt.block_on(store.close()).unwrap();
     }
 }

@@ -702,7 +702,7 @@ async fn clock_jump(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<S
 /// `stores/redis/ops.rs`).
 fn redis_keys(prefix: &str, name: &str) -> Vec<String> {
     [
-        "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+        "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence", "tags",
     ]
     .iter()
     .map(|s| format!("{{{prefix}:{name}}}:{s}"))

@@ -93,29 +93,32 @@ impl AdmissionBackend for RedisBackend {
             None => (0, 0),
         };
         self.listen_on(name).await?;
-        let v = self
-            .caller
-            .run_admission(
-                Op::Admit,
-                name,
-                &[
-                    capacity.to_string(),
-                    a.lease_id.to_string(),
-                    a.weight.to_string(),
-                    micros(a.ttl).to_string(),
-                    a.holder.clone(),
-                    self.client_id.clone(),
-                    waiter_ttl.to_string(),
-                    queue_cap.to_string(),
-                    config.encode(),
-                    limits_arg(config),
-                    burst_arg(config).to_string(),
-                    req.cost.to_string(),
-                    flag(req.update),
-                    flag(req.at_head),
-                ],
-            )
-            .await?;
+        let args = [
+            capacity.to_string(),
+            a.lease_id.to_string(),
+            a.weight.to_string(),
+            micros(a.ttl).to_string(),
+            a.holder.clone(),
+            self.client_id.clone(),
+            waiter_ttl.to_string(),
+            queue_cap.to_string(),
+            config.encode(),
+            limits_arg(config),
+            burst_arg(config).to_string(),
+            req.cost.to_string(),
+            flag(req.update),
+            flag(req.at_head),
+        ];
+        // A tenant and its share follow; without one the call is as before tenants.
+        let with_tenant;
+        let args: &[String] = match &a.tenant {
+            None => &args,
+            Some(t) => {
+                with_tenant = ops::with_tenant(&args, t);
+                &with_tenant
+            }
+        };
+        let v = self.caller.run_admission(Op::Admit, name, args).await?;
         self.caller.note_expiry(name, &v);
         let reply = parse_admit(v, name, capacity, config, req)?;
         self.set_waiting(a.lease_id, matches!(reply, AdmitReply::Queued { .. }));

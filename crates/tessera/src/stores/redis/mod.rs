@@ -672,23 +672,26 @@ impl Backend for RedisBackend {
         };
         self.listen_on(name).await?;
         let lease = req.lease_id.to_string();
-        let v = self
-            .caller
-            .run(
-                Op::Acquire,
-                name,
-                &[
-                    capacity.to_string(),
-                    lease,
-                    req.weight.to_string(),
-                    micros(req.ttl).to_string(),
-                    req.holder.clone(),
-                    self.client_id.clone(),
-                    waiter_ttl.to_string(),
-                    queue_cap.to_string(),
-                ],
-            )
-            .await?;
+        let args = [
+            capacity.to_string(),
+            lease,
+            req.weight.to_string(),
+            micros(req.ttl).to_string(),
+            req.holder.clone(),
+            self.client_id.clone(),
+            waiter_ttl.to_string(),
+            queue_cap.to_string(),
+        ];
+        // A tenant and its share follow; without one the call is as before tenants.
+        let with_tenant;
+        let args: &[String] = match &req.tenant {
+            None => &args,
+            Some(t) => {
+                with_tenant = ops::with_tenant(&args, t);
+                &with_tenant
+            }
+        };
+        let v = self.caller.run(Op::Acquire, name, args).await?;
         self.caller.note_expiry(name, &v);
         let reply = ops::parse_acquire(v, name, capacity, req)?;
         self.set_waiting(req.lease_id, matches!(reply, AcquireReply::Queued { .. }));
@@ -780,8 +783,9 @@ impl Backend for RedisBackend {
         ops::parse_bool(v, "delete")
     }
 
+    /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push()
+        Capabilities::push().with_fair_shares()
     }
 
     /// As the last `queued` or `waiting` reply for `name` announced it.

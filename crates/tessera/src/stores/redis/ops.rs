@@ -233,9 +233,19 @@ impl Library {
 
 /// The key suffixes of one semaphore's state, in the order a script receives them on a
 /// cluster (see `prelude.lua`).
-const KEY_SUFFIXES: [&str; 8] = [
-    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence",
+const KEY_SUFFIXES: [&str; 9] = [
+    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence", "tags",
 ];
+
+/// An acquire's or admission's arguments followed by its tenant and share (`acquire.lua`,
+/// `admit.lua`; `docs/fair-shares.md`).
+pub(crate) fn with_tenant(args: &[String], tenant: &Tenant) -> Vec<String> {
+    let mut all = Vec::with_capacity(args.len() + 2);
+    all.extend_from_slice(args);
+    all.push(tenant.name().to_string());
+    all.push(tenant.share().to_string());
+    all
+}
 
 /// The keys a semaphore script is called with, all under the hash tag `{<prefix>:<name>}`:
 /// the meta key alone, from which the script derives the others (each key an `FCALL` names
@@ -674,7 +684,7 @@ mod tests {
     fn keys_share_one_hash_tag_and_the_meta_key_comes_first() {
         let name = Name::new("jobs/a:b").unwrap();
         let all = keys("tessera", &name, true);
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         assert!(all.iter().all(|k| k.starts_with("{tessera:jobs/a:b}:")));
         assert_eq!(keys("tessera", &name, false), ["{tessera:jobs/a:b}:meta"]);
         assert_eq!(all[0], "{tessera:jobs/a:b}:meta");

@@ -4,6 +4,7 @@
 -- ARGV[4] weight                             ARGV[5] lease ttl (µs)
 -- ARGV[6] holder label                       ARGV[7] client id (wake channel suffix)
 -- ARGV[8] waiter ttl (µs), 0 for a try       ARGV[9] queue cap the client accepts
+-- ARGV[10] tenant, absent or '' for none      ARGV[11] its share (docs/fair-shares.md)
 -- Reply: {'granted', now, lease record} | {'queued', position, now, purge_at}
 --      | {'nopermit', available, queued}
 --      | {'mismatch', stored capacity} | {'queuefull'}
@@ -17,8 +18,14 @@ local client = ARGV[7]
 local waiter_ttl = num(ARGV[8], 'waiter ttl argument')
 local queue_cap = num(ARGV[9], 'queue cap argument')
 local wait = waiter_ttl > 0
+local tenant, share = ARGV[10], 1
+if tenant == '' then
+  tenant = nil
+elseif tenant ~= nil then
+  share = num(ARGV[11], 'share argument')
+end
 
-if load() == nil then
+if load(true) == nil then
   create(capacity)
 end
 purge_and_hand_off()
@@ -28,10 +35,18 @@ purge_and_hand_off()
 local reply
 repeat
   -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and takes
-  -- the capacity this client declares (as in the reference model).
-  if is_empty() and S.cap ~= capacity then
-    S.cap = capacity
-    dirty = true
+  -- the capacity this client declares, its tags restarting at 0 (as in the reference model).
+  if is_empty() then
+    if S.nt > 0 then
+      reset_tags()
+    else
+      S.vt, S.vt_text, S.fd = 0, nil, 0
+      tags_moved = true
+    end
+    if S.cap ~= capacity then
+      S.cap = capacity
+      dirty = true
+    end
   end
   if S.cap ~= capacity then
     reply = {'mismatch', S.cap}
@@ -50,10 +65,21 @@ repeat
       break
     end
   end
-  -- Only a request that finds nobody waiting may take free permits: neither a try nor a
-  -- newcomer jumps the queue.
+  -- Only a request that would be the head may take free permits: without tenants, one that
+  -- finds nobody waiting; neither a try nor a newcomer jumps the queue. With tenants in play
+  -- (this one's or others' tags), its start tag decides (see would_lead).
   local queued = S.qlen
-  if queued == 0 and S.used + weight <= S.cap then
+  local fair = tenant ~= nil or S.nt > 0
+  local start, finish
+  if fair then
+    start, finish = tags(tenant, share, weight)
+  end
+  if (queued == 0 or (fair and would_lead(start))) and S.used + weight <= S.cap then
+    if fair then
+      take_tags(tenant, start, finish, true)
+    else
+      plain_tags(weight, true)
+    end
     reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true)}
     break
   end
@@ -65,6 +91,11 @@ repeat
     reply = {'queuefull'}
     break
   end
+  if fair then
+    take_tags(tenant, start, finish, false)
+  else
+    start = plain_tags(weight, false)
+  end
   local seq = S.seq
   S.seq = seq + 1
   local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
@@ -73,11 +104,16 @@ repeat
     new_queue = true
   end
   rcall('HSET', K_WAITERS, lease_id, encode_waiter(waiter))
-  rcall('ZADD', K_QUEUE, int(seq), lease_id)
+  rcall('ZADD', K_QUEUE, int(queue_key(start, seq)), lease_id)
   rcall('ZADD', K_WEXP, int(waiter.expires_at), lease_id)
   S.qlen = queued + 1
   wrote_expiry(waiter.expires_at)
-  reply = {'queued', queued, now_text(), int(S.purge_at)}
+  -- Without tenants in play a newcomer is last; with them, its tag placed it.
+  local position = queued
+  if fair then
+    position = rcall('ZRANK', K_QUEUE, lease_id)
+  end
+  reply = {'queued', position, now_text(), int(S.purge_at)}
 until true
 finish()
 return out(reply)

@@ -8,6 +8,8 @@
 --       waiter ttl or 0 for a try, queue cap)
 -- ARGV[10] canonical limits   ARGV[11] N,L,T per limit (flat)   ARGV[12] burst (0: exact)
 -- ARGV[13] cost               ARGV[14] update (1)               ARGV[15] at head (1)
+-- ARGV[16] tenant, absent or '' for none   ARGV[17] its share (docs/fair-shares.md); the
+--       window cost is the cost its tags count
 -- Reply: {'granted', now, lease record, reservation}
 --      | {'queued', position, now, purge_at, window_at}
 --      | {'nopermit', available, queued, now, window_at}
@@ -26,18 +28,28 @@ local queue_cap = num(ARGV[9], 'queue cap argument')
 local cost = num(ARGV[13], 'cost argument')
 local at_head = ARGV[15] == '1'
 local wait = waiter_ttl > 0
+local tenant, share = ARGV[16], 1
+if tenant == '' then
+  tenant = nil
+elseif tenant ~= nil then
+  share = num(ARGV[17], 'share argument')
+end
 
-if load() == nil then
+if load(true) == nil then
   create(capacity)
 end
 purge_and_hand_off()
 
 local reply
 repeat
-  -- An idle semaphore takes the capacity this client declares (as acquire.lua).
-  if is_empty() and S.cap ~= capacity then
-    S.cap = capacity
-    dirty = true
+  -- An idle semaphore takes the capacity this client declares, its tags restarting at 0
+  -- (as acquire.lua).
+  if is_empty() then
+    reset_tags()
+    if S.cap ~= capacity then
+      S.cap = capacity
+      dirty = true
+    end
   end
   if S.cap ~= capacity then
     reply = {'mismatch', S.cap}
@@ -59,18 +71,36 @@ repeat
       end
     end
   end
-  local position = 0
-  if w then
-    position = rcall('ZRANK', K_QUEUE, lease_id)
-  end
   local fits = S.used + weight <= S.cap
-  -- A waiter's turn is at the head; a newcomer's when nobody waits, or first of all for one
-  -- that gave back an admission it could not use in time.
+  -- A queued waiter's place; where its permits fit, the head is read first (its score is
+  -- the start tag a grant moves V to), and its rank only if it is not the head.
+  local position, score = 0, nil
+  if w then
+    if fits then
+      local head = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+      if head[1] == lease_id then
+        score = head[2]
+      end
+    end
+    if score == nil then
+      position = rcall('ZRANK', K_QUEUE, lease_id)
+    end
+  end
+  -- A newcomer's tags (with tenants in play at once, as its place depends on them).
+  local fair = tenant ~= nil or S.nt > 0
+  local start, finish, lead
+  if not w and fair then
+    start, finish = tags(tenant, share, cost)
+  end
+  -- A waiter's turn is at the head; a newcomer's when it would lead the queue (without
+  -- tenants: nobody waits), or first of all for one that gave back an admission it could
+  -- not use in time.
   local turn
   if w then
     turn = fits and position == 0
   else
-    turn = fits and (S.qlen == 0 or at_head)
+    lead = S.qlen == 0 or (fair and would_lead(start))
+    turn = fits and (lead or at_head)
   end
   local window_at = 0
   if turn then
@@ -78,7 +108,17 @@ repeat
       ARGV[14] == '1')
     if r[1] == 'admitted' then
       if w then
+        local s = start_of(score)
+        if s > vtime() then
+          set_vtime(s)
+        end
         unqueue(lease_id)
+      else
+        -- At the head by a give-back, V stays where the head is.
+        if start == nil then
+          start, finish = tags(nil, 1, cost)
+        end
+        take_tags(tenant, start, finish, lead)
       end
       reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true), r[4]}
       -- The waiters behind a head that was an admission get what still fits.
@@ -111,14 +151,18 @@ repeat
     reply = {'queuefull'}
     break
   end
+  if start == nil then
+    start, finish = tags(nil, 1, cost)
+  end
+  take_tags(tenant, start, finish, false)
   local seq
   local first = at_head and S.qlen > 0
   if first then
     local head = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
     seq = num(head[2] or corrupt('queue length without a queue'), 'queue seq') - 1
   else
-    seq = S.seq
-    S.seq = seq + 1
+    seq = queue_key(start, S.seq)
+    S.seq = S.seq + 1
   end
   w = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
     client = client, holder = holder, gate = window_at}
@@ -130,6 +174,8 @@ repeat
   rcall('ZADD', K_WEXP, int(w.expires_at), lease_id)
   if first then
     position = 0
+  elseif fair then
+    position = rcall('ZRANK', K_QUEUE, lease_id)
   else
     position = S.qlen
   end

@@ -11,14 +11,17 @@
 --                   qlen (queue length), purge_at (µs, a lower bound of every holder and
 --                   waiter expiry), deadline (ms since the epoch: every key expires then),
 --                   lid, lrec, lexp (the inline lease: its id, encoded record and expiry
---                   in µs; lid is '' when there is none)
+--                   in µs; lid is '' when there is none); vt, fd, nt (fair shares, see
+--                   below: the virtual time, the finish tag of requests without a tenant,
+--                   and how many named tenants' tags the tags hash holds; absent is 0)
 --   holders  zset:  lease id, scored by lease expiry (µs), for every lease but the inline one
 --   leases   hash:  lease id -> encoded lease (see encode_lease), the same leases
---   queue    zset:  lease id, scored by arrival seq
+--   queue    zset:  lease id, scored by its key (start tag, arrival seq), see queue_key
 --   waiters  hash:  lease id -> encoded waiter (see encode_waiter)
 --   wexp     zset:  lease id, scored by waiter heartbeat expiry (µs)
 --   seats    zset:  free seats below seat_high, scored by seat number
 --   fence    string: last fence issued, kept for a while after the state is deleted
+--   tags     hash:  named tenant -> its latest finish tag (only while tenants are in play)
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
 --           (with the grant for clients that take it, see GRANT_PUSH). On a Redis Cluster the
@@ -80,7 +83,7 @@
 -- The call's keys and wake channel base, set by begin(). The keys other than meta are
 -- derived from it, and kept while the calls name the same meta key (a library keeps them
 -- between calls; Lua strings are interned, so the comparison costs nothing).
-local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE
+local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE, K_TAGS
 local WAKE_BASE
 
 -- How long an idle state (or the fence key of a deleted one) keeps the fence, and how long
@@ -174,15 +177,17 @@ local NEVER = 9007199254740991
 -- sets its gate anew.
 local WOKEN = NEVER
 
--- The semaphore's counters, or nil if it does not exist. S.fence and S.deadline are nil
--- until fence() and deadline() parse them from M, the meta fields as loaded. The inline
--- lease, if any: S.lid, S.lrec, S.lexp (µs) and S.lw (its weight).
+-- The semaphore's counters, or nil if it does not exist. S.fence, S.deadline, S.vt and
+-- S.fd are nil until fence(), deadline(), vtime() and finish_default() parse them from M,
+-- the meta fields as loaded. The inline lease, if any: S.lid, S.lrec, S.lexp (µs) and S.lw
+-- (its weight). S.nt: the named tenants in the tags hash.
 local S, M
 -- The counters as loaded, to write back only what changed; `full`: write every field (a
 -- new state, or one written by a version without qlen, purge_at and deadline);
--- `inline_moved`: the inline lease changed (granted, renewed or removed).
-local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT
-local full, fence_moved, deadline_moved, inline_moved
+-- `inline_moved`: the inline lease changed (granted, renewed or removed); `tags_moved`:
+-- vt or fd may have changed; `new_tags`: this step created the tags hash.
+local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT, L_NT
+local full, fence_moved, deadline_moved, inline_moved, tags_moved, new_tags
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
 -- until the first.
 local wakes
@@ -216,6 +221,7 @@ local function begin(keys, argv)
   if keys[2] then
     K_META, K_HOLDERS, K_LEASES, K_QUEUE = meta, keys[2], keys[3], keys[4]
     K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
+    K_TAGS = keys[9]
   elseif meta ~= K_META then
     if string.sub(meta, -5) ~= ':meta' then
       corrupt('keys: the meta key first')
@@ -226,10 +232,12 @@ local function begin(keys, argv)
     K_HOLDERS, K_LEASES, K_QUEUE = base .. 'holders', base .. 'leases', base .. 'queue'
     K_WAITERS, K_WEXP, K_SEATS = base .. 'waiters', base .. 'wexp', base .. 'seats'
     K_FENCE = base .. 'fence'
+    K_TAGS = base .. 'tags'
   end
   WAKE_BASE = argv[1]
   S, M = nil, nil
   full, fence_moved, deadline_moved, inline_moved = false, false, false, false
+  tags_moved, new_tags = false, false
   wakes, relays = nil, nil
   dirty, fresh, latest = false, false, 0
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
@@ -245,9 +253,16 @@ local function wake(client, id, lease)
   wakes[#wakes + 1] = {client, id, lease}
 end
 
-local function load()
-  local m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
-    'purge_at', 'deadline', 'lid', 'lrec', 'lexp')
+-- Loads the counters; `tags`: the tags' fields too (vt, fd), for an acquire or admission.
+local function load(tags)
+  local m
+  if tags then
+    m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+      'purge_at', 'deadline', 'lid', 'lrec', 'lexp', 'nt', 'vt', 'fd')
+  else
+    m = rcall('HMGET', K_META, 'cap', 'used', 'fence', 'seq', 'seat_high', 'qlen',
+      'purge_at', 'deadline', 'lid', 'lrec', 'lexp', 'nt')
+  end
   if not m[1] then
     return nil
   end
@@ -256,7 +271,8 @@ local function load()
   -- sizes the table for the fields it names, so the step never grows (rehashes) it.
   S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
     seat_high = num(m[5], 'seat_high'), qlen = nil, purge_at = nil, fence = nil,
-    deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil}
+    deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = nil, vt_text = nil,
+    fd = nil, nt = m[12] and num(m[12], 'nt') or 0}
   if not m[3] then corrupt('fence') end
   if m[9] and m[9] ~= '' then
     local lw = m[10] and string.match(m[10], LEASE_HEAD)
@@ -281,7 +297,7 @@ local function load()
     dirty = true
   end
   L_CAP, L_USED, L_SEQ, L_SEAT_HIGH = S.cap, S.used, S.seq, S.seat_high
-  L_QLEN, L_PURGE_AT = S.qlen, S.purge_at
+  L_QLEN, L_PURGE_AT, L_NT = S.qlen, S.purge_at, S.nt
   return S
 end
 
@@ -303,7 +319,7 @@ end
 
 -- Deletes every key of the state (not the fence key).
 local function delete_state()
-  rcall('DEL', K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS)
+  rcall('DEL', K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_TAGS)
 end
 
 -- A new, empty semaphore. Leftovers of a partly evicted state are dropped first so the
@@ -312,12 +328,173 @@ local function create(cap)
   delete_state()
   local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
-    deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil}
+    deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = 0, vt_text = nil, fd = 0,
+    nt = 0}
   dirty = true
   fresh = true
   full = true
   new_meta = true
   return S
+end
+
+-- Fair shares (docs/fair-shares.md): start-time fair queueing in the one queue, step for
+-- step as the reference model (stores/memory/ops.rs). A request of tenant t with share w
+-- and cost c gets the start tag S = max(V, F[t]) and sets F[t] = S + c * TAG_UNIT / w when
+-- it is granted at once or queued; the queue is ordered by (S, arrival seq); a grant sets V
+-- to the granted request's S. V and the finish tag of requests without a tenant (the tenant
+-- '' with share 1) live in meta (vt, fd); named tenants' finish tags in the tags hash, and
+-- nt is 1 once one has a tag. A tenant whose F[t] <= V is the same as an absent one, so
+-- they are dropped now and then; everything restarts at 0 when the semaphore is idle.
+--
+-- Without tenants the tags grow with arrival (F only grows, and V <= F), so the order is
+-- FIFO, and the tags cost no command: vt and fd ride on meta's HMGET and HSET (only an
+-- acquire or admission reads them), and while no named tenant has had a tag (nt = 0):
+-- - a newcomer without one never leads a non-empty queue (every queued S is at most its
+--   own), so its place is the end, found without reading the head;
+-- - its start tag is F[''] (V never passes it), so V is not parsed, only written;
+-- - vt holds V as a queue score (V * QUEUE_LOW, or the granted head's score as ZRANGE gave
+--   it), so a hand-off writes the score it read, with nothing to parse or format.
+--
+-- A queue score is S * QUEUE_LOW + QUEUE_SEQ + seq % QUEUE_SEQ: the arrival seq in the low
+-- bits, kept above QUEUE_SEQ so that a waiter re-joining in front of the head (the head's
+-- score less one, admit.lua) keeps the head's S. Scores are exact integers below 2^53, so
+-- for S below 2^33 (8.6 million grants of cost 1 at share 1 in one busy period); above, and
+-- for requests of equal S more than QUEUE_SEQ arrivals apart, the low bits may no longer
+-- order requests of equal S (of different tenants, or of cost 0); S itself stays ordered.
+local TAG_UNIT, QUEUE_LOW, QUEUE_SEQ = 1000, 1048576, 524288
+
+-- A waiter's queue score from its start tag and arrival seq.
+local function queue_key(start, seq)
+  return start * QUEUE_LOW + QUEUE_SEQ + seq % QUEUE_SEQ
+end
+
+-- The start tag of a queue score (as ZRANGE WITHSCORES gives it).
+local function start_of(score)
+  local x = tonumber(score)
+  if x == nil then corrupt('queue score') end
+  return math.floor(x / QUEUE_LOW)
+end
+
+-- A tag as text, without int()'s cache of the last large number (which keeps an expiry's).
+local function tag_text(x)
+  if x < SMALL then
+    return int(x)
+  end
+  return string.format('%d', x)
+end
+
+-- The virtual time V (tags in milli-units of cost; absent is 0), from vt as a step set it
+-- or as load(true) read it: only an acquire or admission asks.
+local function vtime()
+  if S.vt == nil then
+    local t = S.vt_text or M[13]
+    S.vt = t and start_of(t) or 0
+  end
+  return S.vt
+end
+
+local function set_vtime(v)
+  S.vt, S.vt_text = v, nil
+  tags_moved = true
+end
+
+-- The finish tag of the requests without a tenant (load(true) read it).
+local function finish_default()
+  if S.fd == nil then
+    S.fd = M[14] and tonumber(M[14]) or 0
+    if S.fd == nil then corrupt('fd') end
+  end
+  return S.fd
+end
+
+-- Tags restart at 0: the semaphore was idle (no holder, no waiter) when this step decided.
+local function reset_tags()
+  S.vt, S.vt_text, S.fd = 0, nil, 0
+  tags_moved = true
+  if S.nt > 0 then
+    rcall('DEL', K_TAGS)
+    S.nt = 0
+    dirty = true
+  end
+end
+
+-- The start and finish tags a request of `tenant` (nil: none), `share` and `cost` would
+-- get; nothing changes until take_tags().
+local function tags(tenant, share, cost)
+  local start
+  if tenant == nil then
+    start = finish_default()
+    if S.nt > 0 and vtime() > start then start = S.vt end
+  else
+    start = vtime()
+    if S.nt > 0 then
+      local f = rcall('HGET', K_TAGS, tenant)
+      if f then
+        f = tonumber(f)
+        if f == nil then corrupt('tenant tag') end
+        if f > start then start = f end
+      end
+    end
+  end
+  return start, start + math.floor(cost * TAG_UNIT / share)
+end
+
+-- Drops the named tenants whose finish tag V has reached (they start at V either way).
+local function forget_tenants()
+  local all = rcall('HGETALL', K_TAGS)
+  local v = vtime()
+  local old = {}
+  for i = 1, #all, 2 do
+    local f = tonumber(all[i + 1])
+    if f == nil or f <= v then old[#old + 1] = all[i] end
+  end
+  for i = 1, #old, 1000 do
+    rcall('HDEL', K_TAGS, unpack(old, i, math.min(i + 999, #old)))
+  end
+end
+
+-- Records a request's finish tag, and, granted at once, moves V to its start. When a new
+-- tenant makes the tags hash larger than the queue and the holders warrant, the tenants V
+-- has passed are dropped (so the hash holds about the tenants in play).
+local function take_tags(tenant, start, finish, granted)
+  if tenant == nil then
+    S.fd = finish
+    tags_moved = true
+  elseif rcall('HSET', K_TAGS, tenant, tag_text(finish)) == 1 then
+    S.nt = 1
+    local n = rcall('HLEN', K_TAGS)
+    if n == 1 then new_tags = true end
+    if n > 2 * (S.qlen + S.used) + 16 then forget_tenants() end
+  end
+  -- (Without named tenants' tags, start >= V: see the top of this section.)
+  if granted and (S.nt == 0 and tenant == nil or start > vtime()) then
+    set_vtime(start)
+  end
+  dirty = true
+end
+
+-- take_tags() for a request without a tenant while no named tenant has a tag (nt = 0), in
+-- fewer Lua calls (each costs about as much as a small redis.call): its start is F[''],
+-- which V never passes, and its cost counts whole at share 1. Returns the start.
+local function plain_tags(cost, granted)
+  local start = S.fd or finish_default()
+  S.fd = start + cost * TAG_UNIT
+  if granted then
+    S.vt, S.vt_text = start, nil
+  end
+  tags_moved = true
+  dirty = true
+  return start
+end
+
+-- Whether a request with this start tag, arriving now, would be the head.
+local function would_lead(start)
+  if S.qlen <= 0 then
+    return true
+  end
+  local head = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+  if not head[2] then corrupt('queue length without a queue') end
+  return queue_key(start, S.seq) < tonumber(head[2])
 end
 
 -- The weight of the leases in the holders and leases sets (every lease but the inline one):
@@ -589,10 +766,12 @@ end
 -- so does an admission waiter (a gate in its record), which only its own step grants, as its
 -- windows are charged there: once its permits fit and its gate's instant has come, it is
 -- woken (without a grant) to ask. (Every waiter weighs at least 1, so nothing fits while
--- used >= cap.)
+-- used >= cap.) A grant moves V to the waiter's start tag: every queued start tag is at
+-- least V (V only ever takes the start of a request that led the queue), so no max.
 local function hand_off()
   while S.qlen > 0 and S.used < S.cap do
-    local head = rcall('ZRANGE', K_QUEUE, 0, 0)[1]
+    local first = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+    local head = first[1]
     if not head then
       corrupt('queue length without a queue')
     end
@@ -613,6 +792,8 @@ local function hand_off()
       return
     end
     unqueue(head)
+    S.vt, S.vt_text = nil, first[2]
+    tags_moved = true
     -- Provisional until renewed: no longer than the waiter's entry would have lived.
     local ttl = w.expires_at - now
     if ttl > w.ttl then ttl = w.ttl end
@@ -779,6 +960,22 @@ local function put_changed()
   if full or S.qlen ~= L_QLEN then put('qlen', S.qlen) end
   if full or S.purge_at ~= L_PURGE_AT then put('purge_at', S.purge_at) end
   if full or deadline_moved then put('deadline', S.deadline) end
+  if full or tags_moved then
+    -- What this step set, compared as text: an uncontended loop restarts at the same tags
+    -- every time. (vt and fd are in M only for load(true), and only set after it.)
+    -- (Formatted inline: an uncontended loop restarts at V = 0 and a small F[''].)
+    local t = S.vt_text
+    if t == nil and S.vt ~= nil then
+      t = S.vt == 0 and '0' or string.format('%d', S.vt * QUEUE_LOW)
+    end
+    if t ~= nil and (full or t ~= M[13]) then put_text('vt', t) end
+    local f = S.fd
+    if f ~= nil then
+      t = f < SMALL and (TEXT_OF[f] or int(f)) or string.format('%d', f)
+      if full or t ~= M[14] then put_text('fd', t) end
+    end
+  end
+  if full or S.nt ~= L_NT then put('nt', S.nt) end
   if full or inline_moved then
     if S.lid then
       put_text('lid', S.lid)
@@ -806,6 +1003,10 @@ local function leave_idle()
   -- (the set held seat_high - used of them when loaded; a new state has none).
   if drop_sets or (not fresh and L_SEAT_HIGH > L_USED) then
     rcall('DEL', K_HOLDERS, K_LEASES, K_SEATS)
+  end
+  if S.nt > 0 then
+    rcall('DEL', K_TAGS)
+    S.nt = 0
   end
   pool, pool_n = nil, 0
   S.seat_high = 0
@@ -864,6 +1065,9 @@ local function finish()
         end
         if S.seat_high > S.used and (all or new_seats) then
           rcall('PEXPIRE', K_SEATS, ttl_ms)
+        end
+        if S.nt > 0 and (all or new_tags) then
+          rcall('PEXPIRE', K_TAGS, ttl_ms)
         end
       end
     end
