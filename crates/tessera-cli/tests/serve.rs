@@ -1160,6 +1160,49 @@ async fn a_client_killed_while_holding_through_a_stream_gives_its_permit_back_at
     assert_eq!(st, 200);
 }
 
+/// A long poll whose client is killed while it waits leaves the queue as its connection
+/// closes (the server drops the wait, which gives the place back), long before its 60 s
+/// wait ends: the permit freed next is not granted to the dead client. (Once an answer is
+/// written the server cannot tell a client that read it from one that died: that lease
+/// lives until its TTL; docs/http.md says so.)
+#[tokio::test]
+async fn a_long_poll_whose_client_is_killed_leaves_the_queue_at_once() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let status_url = s.url("/v1/semaphores/dead");
+    let (st, first) = post(
+        &c,
+        &s.url("/v1/semaphores/dead/acquire"),
+        json!({"capacity": 1, "ttl": "60s"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{first}");
+    let mut waiter = Command::new(program("curl"))
+        .args(["-s", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"capacity": 1, "ttl": "60s", "wait": "60s"}"#)
+        .arg(s.url("/v1/semaphores/dead/acquire"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    waiter.kill().unwrap();
+    waiter.wait().unwrap();
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.is_empty())
+    })
+    .await;
+    // The holder leaves: nobody holds (a grant to the dead client would hold for 60 s).
+    let id = first["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/dead/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let (st, body) = get(&c, &status_url).await;
+    assert_error(st, &body, StatusCode::NOT_FOUND, "not_found");
+}
+
 #[tokio::test]
 async fn a_revoked_stream_holder_gets_a_lost_event() {
     let s = Server::start("memory://", &[]);

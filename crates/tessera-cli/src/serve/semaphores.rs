@@ -7,7 +7,9 @@
 //! ([`tessera::Permit::detach`]) and keeps nothing, so the client renews it (before
 //! `expires_in_ms` runs out) and releases it by id, through this server or any other on the
 //! same store. A client that dies leaves the lease to expire by its TTL, exactly as a library
-//! holder would. A lease held through an event stream belongs to the stream: the server keeps
+//! holder would: once the answer is written, nothing tells the server whether the client
+//! read it (a client that leaves while it waits is noticed: its connection closes and the
+//! wait is dropped, giving its place back). A lease held through an event stream belongs to the stream: the server keeps
 //! it alive while the stream is open and releases it when it closes (`hold.rs`).
 
 use std::net::SocketAddr;
