@@ -1161,6 +1161,49 @@ async fn a_client_killed_while_holding_through_a_stream_gives_its_permit_back_at
     assert_eq!(st, 200);
 }
 
+/// A long poll whose client is killed while it waits leaves the queue as its connection
+/// closes (the server drops the wait, which gives the place back), long before its 60 s
+/// wait ends: the permit freed next is not granted to the dead client. (Once an answer is
+/// written the server cannot tell a client that read it from one that died: that lease
+/// lives until its TTL; docs/http.md says so.)
+#[tokio::test]
+async fn a_long_poll_whose_client_is_killed_leaves_the_queue_at_once() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let status_url = s.url("/v1/semaphores/dead");
+    let (st, first) = post(
+        &c,
+        &s.url("/v1/semaphores/dead/acquire"),
+        json!({"capacity": 1, "ttl": "60s"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{first}");
+    let mut waiter = Command::new(program("curl"))
+        .args(["-s", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"capacity": 1, "ttl": "60s", "wait": "60s"}"#)
+        .arg(s.url("/v1/semaphores/dead/acquire"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    waiter.kill().unwrap();
+    waiter.wait().unwrap();
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.is_empty())
+    })
+    .await;
+    // The holder leaves: nobody holds (a grant to the dead client would hold for 60 s).
+    let id = first["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/dead/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let (st, body) = get(&c, &status_url).await;
+    assert_error(st, &body, StatusCode::NOT_FOUND, "not_found");
+}
+
 #[tokio::test]
 async fn a_revoked_stream_holder_gets_a_lost_event() {
     let s = Server::start("memory://", &[]);
@@ -1845,6 +1888,98 @@ async fn a_queued_acquire_reports_its_position_and_expected_wait() {
     );
     streamer.kill().unwrap();
     streamer.wait().unwrap();
+}
+
+/// A full queue's `Retry-After` is the time one place took to free, as the server's own
+/// waiters measured it: here a hand-off came about 2.5 s after the waiter behind it joined,
+/// so a request refused for a full queue is told to come back in 2 s or more (it was 1 s
+/// whatever the queue). A queue whose pace nobody measured still answers 1 s.
+#[tokio::test]
+async fn a_full_queue_answers_retry_after_from_the_pace_of_its_queue() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let acquire = s.url("/v1/semaphores/paced/acquire");
+    let status_url = s.url("/v1/semaphores/paced");
+    let (st, first) = post(&c, &acquire, json!({"capacity": 1, "ttl": "60s"})).await;
+    assert_eq!(st, 200, "{first}");
+    let long_poll = |c: &reqwest::Client| {
+        let (c, acquire) = (c.clone(), acquire.clone());
+        tokio::spawn(async move {
+            post(
+                &c,
+                &acquire,
+                json!({"capacity": 1, "ttl": "60s", "wait": "60s"}),
+            )
+            .await
+        })
+    };
+    let next = long_poll(&c);
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    let behind = long_poll(&c);
+    wait_until(&c, &status_url, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 2)
+    })
+    .await;
+
+    // Nobody has moved yet: no pace, one second.
+    let full = json!({"capacity": 1, "wait": "10s", "queue_cap": 2});
+    let r = c.post(&acquire).json(&full).send().await.unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (st, body) = (r.status(), r.json::<Value>().await.unwrap());
+    assert_error(st, &body, StatusCode::TOO_MANY_REQUESTS, "queue_full");
+    assert_eq!(body["retry_after_ms"], 1_000, "{body}");
+
+    // One hand-off, 2.5 s after the second waiter joined: it moves to the head.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let id = first["lease_id"].as_str().unwrap();
+    let (st, _) = delete(&c, &s.url(&format!("/v1/semaphores/paced/leases/{id}"))).await;
+    assert_eq!(st, 200);
+    let (st, second) = next.await.unwrap();
+    assert_eq!(st, 200, "{second}");
+
+    // Once that waiter has read its new place, a full queue says to come back later.
+    let full = json!({"capacity": 1, "wait": "10s", "queue_cap": 1});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (retry_after, body) = loop {
+        let r = c.post(&acquire).json(&full).send().await.unwrap();
+        let retry_after: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let (st, body) = (r.status(), r.json::<Value>().await.unwrap());
+        assert_error(st, &body, StatusCode::TOO_MANY_REQUESTS, "queue_full");
+        if retry_after > 1 || Instant::now() > deadline {
+            break (retry_after, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ms = body["retry_after_ms"].as_u64().unwrap();
+    assert!((2_000..=30_000).contains(&ms), "{body}");
+    assert_eq!(retry_after, ms.div_ceil(1_000), "{body}");
+
+    // Another name's queue keeps its own pace, unknown: one second.
+    let other = s.url("/v1/semaphores/unpaced/acquire");
+    let (st, held) = post(&c, &other, json!({"capacity": 1, "ttl": "60s"})).await;
+    assert_eq!(st, 200, "{held}");
+    let waiter = {
+        let (c, other) = (c.clone(), other.clone());
+        tokio::spawn(async move { post(&c, &other, json!({"capacity": 1, "wait": "2s"})).await })
+    };
+    let other_status = s.url("/v1/semaphores/unpaced");
+    wait_until(&c, &other_status, |s| {
+        s["queue"].as_array().is_some_and(|q| q.len() == 1)
+    })
+    .await;
+    let r = c.post(&other).json(&full).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (st, _) = waiter.await.unwrap();
+    assert_eq!(st, StatusCode::REQUEST_TIMEOUT);
+    drop(behind);
 }
 
 /// An admission stream that asked for `waiting` events and is not admitted within its wait

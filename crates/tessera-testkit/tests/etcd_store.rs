@@ -662,6 +662,62 @@ async fn a_semaphore_nobody_holds_or_waits_on_leaves_no_key() {
     assert_eq!(keys_of(&mut h, &name), Vec::<String>::new());
 }
 
+/// Polls until semaphore `name` has no key left (at most `TTL` + 8 s); its keys then.
+async fn wait_for_no_key(h: &mut Harness, name: &str) -> Vec<String> {
+    let deadline = Instant::now() + TTL + Duration::from_secs(8);
+    loop {
+        let left = keys_of(h, name);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Bounded state after a crash: the last holder of a semaphore killed without releasing
+/// takes the capacity key with it when its etcd lease runs out (it stayed for good, before,
+/// on a name nobody used again): a lone holder; one left alone by another's release; one
+/// handed the lock by a release and settled by its first renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_key_goes_with_the_last_lease_of_a_killed_holder() {
+    let mut h = Harness::etcd();
+    let url = h.url().to_string();
+    let client = h.client().await;
+
+    // Alone from the start.
+    let name = unique("crash-alone");
+    let mut child = tessera_testkit::hold::spawn_holder(&url, &name, 1, TTL).await;
+    assert!(keys_of(&mut h, &name).iter().any(|k| k.ends_with("#cap")));
+    child.kill().await.unwrap();
+    assert_eq!(wait_for_no_key(&mut h, &name).await, Vec::<String>::new());
+
+    // Left alone by another holder's release.
+    let name = unique("crash-left");
+    let sem = Semaphore::new(&client.store, &name, 2, o(TTL)).unwrap();
+    let mine = sem.acquire().await.unwrap();
+    let mut child = tessera_testkit::hold::spawn_holder(&url, &name, 2, TTL).await;
+    mine.release().await.unwrap();
+    child.kill().await.unwrap();
+    assert_eq!(wait_for_no_key(&mut h, &name).await, Vec::<String>::new());
+
+    // Handed the lock by a release, then settled (its first renewal moves it).
+    let name = unique("crash-handed");
+    let sem = Semaphore::new(&client.store, &name, 1, o(TTL)).unwrap();
+    let mine = sem.acquire().await.unwrap();
+    let child = tokio::spawn({
+        let (url, name) = (url.clone(), name.clone());
+        async move { tessera_testkit::hold::spawn_holder(&url, &name, 1, TTL).await }
+    });
+    wait_queued(&client.store, &name, 1).await;
+    mine.release().await.unwrap();
+    let mut child = child.await.unwrap();
+    // Past its first renewal (100 ms after the grant).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.kill().await.unwrap();
+    assert_eq!(wait_for_no_key(&mut h, &name).await, Vec::<String>::new());
+    assert!(client.store.list().await.unwrap().is_empty());
+}
+
 /// Kills the leader while a holder holds and a waiter waits: the holder's release (retried
 /// through the election) hands the lock to the waiter, fences keep increasing, nobody
 /// overlaps, and the semaphore keeps granting on the two members left.

@@ -26,8 +26,8 @@ use super::extract::{duration, duration_or, JsonBody, PathArgs};
 use super::hold::{self, LeaseBody};
 use super::ratelimit;
 use super::semaphores::{
-    hand_over, lease_id, name, wait_of, wants_event_stream, with_tenant, within_wait, DoneBody,
-    DEFAULT_TTL,
+    hand_over, lease_id, name, wait_of, wants_event_stream, with_queue_cap, with_tenant,
+    within_wait, DoneBody, DEFAULT_TTL,
 };
 use super::App;
 
@@ -93,6 +93,11 @@ pub struct AdmissionBody {
     #[serde(default)]
     #[schema(example = 2, minimum = 1, maximum = 1000)]
     pub share: Option<u32>,
+    /// With a `wait`: the most waiters this admission queues behind (1..=1,000,000; default
+    /// 10,000), as for a semaphore's acquire.
+    #[serde(default)]
+    #[schema(example = 100, minimum = 1, maximum = 1_000_000)]
+    pub queue_cap: Option<u32>,
 }
 
 /// An admission given back by an acquire (`given_back`).
@@ -181,7 +186,10 @@ fn admission(
         .admission(sem)
         .permits(body.capacity)
         .semaphore_options(with_tenant(
-            SemaphoreOptions::default().ttl(ttl).holder(holder),
+            with_queue_cap(
+                SemaphoreOptions::default().ttl(ttl).holder(holder),
+                body.queue_cap,
+            ),
             body.tenant.as_deref(),
             body.share,
         )?)
@@ -217,7 +225,7 @@ fn admission(
         (status = 403, body = ErrorBody),
         (status = 408, description = "Not admitted within `wait`; nothing is held, queued or charged", body = ErrorBody),
         (status = 409, description = "The stored capacity or limits differ", body = ErrorBody),
-        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds"))),
+        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds: about the time one place took to free, as this server's waiters measured it (1 to 30; 1 when unknown)"))),
         (status = 501, description = "The store has no admission", body = ErrorBody),
         (status = 503, body = ErrorBody),
     ),
@@ -271,7 +279,13 @@ pub async fn acquire(
                 }
                 Ok::<Option<Admitted>, tessera::Error>(ticket)
             };
-            match within_wait(&app, wait, "the admission", waiting).await? {
+            let admitted = tokio::select! {
+                r = within_wait(&app, wait, "the admission", waiting) => {
+                    r.map_err(|e| app.paces.paced(&sem, e))?
+                }
+                never = app.paces.follow(&sem, place.subscribe()) => match never {},
+            };
+            match admitted {
                 Some(ticket) => Ok(ticket),
                 None => {
                     let fields = ratelimit::fields(adm.limiter()).await;

@@ -16,7 +16,7 @@
 //! | `payload_too_large` | 413 | the body is above the server's limit |
 //! | `uri_too_long` | 414 | the URI (path and query) is over 8 KiB; over 64 KiB hyper refuses it first, with an empty 414 |
 //! | `unsupported_media_type` | 415 | a body without `Content-Type: application/json` |
-//! | `queue_full`, `limited` | 429 | with `Retry-After` (seconds, rounded up) and `retry_after_ms` |
+//! | `queue_full`, `limited` | 429 | with `Retry-After` (seconds, rounded up) and `retry_after_ms`: for `queue_full` the time one place took to free (`pace.rs`) |
 //! | `store_unavailable` | 503 | the store failed or did not answer within the request timeout |
 //! | `shutting_down` | 503 | the server is stopping |
 //! | `unsupported` | 501 | the store lacks the operation (rate limits) |
@@ -31,6 +31,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
+
+/// The kind of a 429 for a queue at its cap.
+pub const QUEUE_FULL: &str = "queue_full";
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -181,10 +184,8 @@ impl From<tessera::Error> for ApiError {
                     "send \"update\": true",
                 ),
             ),
-            // No estimate of when a place frees up: one second, as a hint.
-            E::QueueFull { .. } => {
-                ApiError::too_many("queue_full", message, Duration::from_secs(1))
-            }
+            // One second until the handler knows the queue's pace (`pace.rs`).
+            E::QueueFull { .. } => ApiError::too_many(QUEUE_FULL, message, Duration::from_secs(1)),
             E::NotFound(_) => ApiError::not_found(message),
             E::Lost(_) => ApiError::new(StatusCode::GONE, "lease_gone", message),
             E::Unsupported(_) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", message),

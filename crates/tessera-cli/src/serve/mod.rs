@@ -5,7 +5,7 @@
 //! `hold.rs` (a lease held by an open event stream), `error.rs` (the one error shape),
 //! `extract.rs` (request parsing), `auth.rs` (bearer tokens per name prefix), `listen.rs`
 //! (TCP/TLS, HTTP/1.1 and HTTP/2, graceful stop), `metrics.rs` (`/metrics`), `dashboard.rs`
-//! (`/`). The OpenAPI document (`/v1/openapi.json`) is generated from the handlers'
+//! (`/`), `pace.rs` (the `Retry-After` of a full queue). The OpenAPI document (`/v1/openapi.json`) is generated from the handlers'
 //! annotations and types, so it cannot drift from them.
 //!
 //! # Stopping
@@ -26,6 +26,7 @@ mod health;
 mod hold;
 mod listen;
 mod metrics;
+mod pace;
 mod ratelimit;
 mod rates;
 mod semaphores;
@@ -83,6 +84,8 @@ pub struct App {
     pub request_timeout: Duration,
     /// Whether the store answers (`health.rs`).
     pub health: Arc<health::Health>,
+    /// The pace of each queue, as this server's waiters measured it (`pace.rs`).
+    pub paces: pace::Paces,
     pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
@@ -374,6 +377,7 @@ pub async fn serve(store_url: Option<&str>, args: ServeArgs) -> exit::Outcome {
         holds: TaskTracker::new(),
         request_timeout: args.request_timeout,
         health,
+        paces: pace::Paces::default(),
         prometheus,
     });
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -7,7 +7,9 @@
 //! ([`tessera::Permit::detach`]) and keeps nothing, so the client renews it (before
 //! `expires_in_ms` runs out) and releases it by id, through this server or any other on the
 //! same store. A client that dies leaves the lease to expire by its TTL, exactly as a library
-//! holder would. A lease held through an event stream belongs to the stream: the server keeps
+//! holder would: once the answer is written, nothing tells the server whether the client
+//! read it (a client that leaves while it waits is noticed: its connection closes and the
+//! wait is dropped, giving its place back). A lease held through an event stream belongs to the stream: the server keeps
 //! it alive while the stream is open and releases it when it closes (`hold.rs`).
 
 use std::net::SocketAddr;
@@ -79,6 +81,12 @@ pub struct AcquireBody {
     #[serde(default)]
     #[schema(example = 2, minimum = 1, maximum = 1000)]
     pub share: Option<u32>,
+    /// With a `wait`: the most waiters this acquire queues behind (1..=1,000,000; default
+    /// 10,000). With that many already waiting the answer is `queue_full` (429), with a
+    /// `Retry-After` of about the time one place takes to free.
+    #[serde(default)]
+    #[schema(example = 100, minimum = 1, maximum = 1_000_000)]
+    pub queue_cap: Option<u32>,
 }
 
 /// A renewal.
@@ -287,7 +295,7 @@ pub(super) fn wants_event_stream(headers: &HeaderMap) -> bool {
         (status = 403, description = "The token does not cover this name", body = ErrorBody),
         (status = 408, description = "No permit within `wait`; nothing is held or queued", body = ErrorBody),
         (status = 409, description = "The stored capacity differs", body = ErrorBody),
-        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds"))),
+        (status = 429, description = "The queue is full", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds: about the time one place took to free, as this server's waiters measured it (1 to 30; 1 when unknown)"))),
         (status = 503, description = "Store unavailable, or the server is stopping", body = ErrorBody),
     ),
     security((), ("bearer" = []))
@@ -306,7 +314,10 @@ pub async fn acquire(
     let wait = wait_of(body.wait.as_deref())?;
     let holder = body.holder.unwrap_or_else(|| format!("http:{peer}"));
     let opts = with_tenant(
-        SemaphoreOptions::default().ttl(ttl).holder(holder),
+        with_queue_cap(
+            SemaphoreOptions::default().ttl(ttl).holder(holder),
+            body.queue_cap,
+        ),
         body.tenant.as_deref(),
         body.share,
     )?;
@@ -316,7 +327,8 @@ pub async fn acquire(
     // Every store call is bounded: the wait, plus the request timeout for the store to
     // answer. Dropping the acquire at any point gives the place in the queue (or a grant
     // that raced with it) back: the library's acquires are cancel-safe. A wait publishes its
-    // place, which an error answer and `waiting` events carry.
+    // place, which an error answer and `waiting` events carry, and the queue's pace is
+    // learnt from it (`pace.rs`).
     let (place, places) = tokio::sync::watch::channel(None);
     let acquire = {
         let (app, sem) = (Arc::clone(&app), sem.clone());
@@ -332,7 +344,12 @@ pub async fn acquire(
             } else {
                 let deadline = tokio::time::Instant::now() + wait;
                 let waiting = semaphore.acquire_many_watching(weight, Some(deadline), &place);
-                within_wait(&app, wait, "the acquire", waiting).await?
+                tokio::select! {
+                    r = within_wait(&app, wait, "the acquire", waiting) => {
+                        r.map_err(|e| app.paces.paced(&sem, e))?
+                    }
+                    never = app.paces.follow(&sem, place.subscribe()) => match never {},
+                }
             };
             permit.ok_or_else(|| no_permit(&sem, weight, wait).with_place(*place.borrow()))
         }
@@ -604,6 +621,14 @@ pub async fn delete(
     principal.check(&sem)?;
     let done = app.bounded("the delete", app.store.delete(&sem)).await??;
     Ok(Json(DoneBody { done }))
+}
+
+/// `opts` with the request's queue cap, if it names one (checked by `Semaphore::new`).
+pub(super) fn with_queue_cap(opts: SemaphoreOptions, cap: Option<u32>) -> SemaphoreOptions {
+    match cap {
+        Some(cap) => opts.queue_cap(cap),
+        None => opts,
+    }
 }
 
 /// `opts` with the request's tenant and share (`docs/fair-shares.md`); a share without a

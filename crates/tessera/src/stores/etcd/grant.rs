@@ -8,7 +8,7 @@ use crate::model::*;
 
 use super::conns::{revision, EtcdBackend};
 use super::error::{is_lease_not_found, is_out_of_space};
-use super::ops::{Entry, Keys, Place, Snapshot};
+use super::ops::{Entry, Keys, Place, Snapshot, DROP_OR_ATTACH_OPS};
 use super::session::EtcdLease;
 
 /// Read-decide-write rounds of one operation before it reports contention.
@@ -42,9 +42,10 @@ impl EtcdBackend {
             keys.capacity_is(cap),
         ];
         when.extend(keys.seats_free(record.seats()));
-        let txn = Txn::new()
-            .when(when)
-            .and_then(keys.grant_ops(entry.id, &record, holder.id)?);
+        let mut ops = keys.grant_ops(entry.id, &record, holder.id)?;
+        // A waiter granted alone (the holders ahead of it expired): a settled grant.
+        ops.push(keys.attach_capacity_if_only(&[], entry.id, entry.mod_rev, holder.id));
+        let txn = Txn::new().when(when).and_then(ops);
         let Some(resp) = self.txn_on(txn, &[holder]).await? else {
             return Ok(None);
         };
@@ -72,7 +73,7 @@ impl EtcdBackend {
                 Some(e) if e.fence() == fence && e.is_holder() => e.mod_rev,
                 _ => return Ok(false),
             };
-            seen = Some((rev, snap.seats_of(id)));
+            seen = Some((rev, snap.seats_of(id), snap.settled_left_after(id).cloned()));
             // One grant per transaction: its revision is its fence, so two grants in one
             // would share a fence. Waiters behind it that also fit grant themselves when
             // their watch sees this grant.
@@ -122,6 +123,22 @@ impl EtcdBackend {
             if when.len() > MAX_TXN_OPS || ops.len() > MAX_TXN_OPS {
                 break;
             }
+            // A grantee left alone and settled at once (not provisional): the capacity key
+            // goes on its etcd lease, if the transaction has room (a provisional one's
+            // first renewal does it).
+            if let [(w, seats)] = grants.as_slice() {
+                let settled = !w.record.handed_off(seats.clone(), now).is_provisional();
+                let alone = snap.entries.len() == 2;
+                let room = when.len().max(ops.len() + 1) + 5 <= MAX_TXN_OPS;
+                if settled && alone && room && w.hand_off_lease() != 0 {
+                    ops.push(keys.attach_capacity_if_only(
+                        &[id],
+                        w.id,
+                        w.mod_rev,
+                        w.hand_off_lease(),
+                    ));
+                }
+            }
             let txn = Txn::new().when(when).and_then(ops);
             match self
                 .call(|mut c| {
@@ -144,27 +161,36 @@ impl EtcdBackend {
     }
 
     /// Ends a grant without a hand-off: `true` if the record was still the grant of
-    /// `fence`. `seen`: its mod revision and seats as just read, if it was.
+    /// `fence`. `seen`: its mod revision and seats as just read, if it was, and the settled
+    /// grant it leaves alone, if so (the capacity key goes on that one's etcd lease).
     pub(super) async fn end_grant_alone(
         &self,
         keys: &Keys,
         id: LeaseId,
         fence: i64,
-        mut seen: Option<(i64, Vec<u32>)>,
+        mut seen: Option<(i64, Vec<u32>, Option<Entry>)>,
     ) -> Result<bool> {
         for _ in 0..HAND_OFF_ROUNDS {
-            let (rev, seats) = match seen.take() {
+            let (rev, seats, left) = match seen.take() {
                 Some(s) => s,
                 None => match self.read_one(keys, id).await? {
                     Some(e) if e.fence() == fence && e.is_holder() => {
-                        (e.mod_rev, e.record.seats().to_vec())
+                        (e.mod_rev, e.record.seats().to_vec(), None)
                     }
                     _ => return Ok(false),
                 },
             };
             let mut ops = vec![TxnOp::delete(keys.lease(id), None)];
             ops.extend(seats.iter().map(|&s| TxnOp::delete(keys.seat(s), None)));
-            ops.push(keys.drop_capacity_if_last(id));
+            // etcd counts a nested transaction's compares against what the outer one leaves:
+            // a release of a lease too heavy for the attach leaves the capacity key's lease
+            // as it is.
+            ops.push(match left {
+                Some(l) if ops.len() + 1 + DROP_OR_ATTACH_OPS <= MAX_TXN_OPS => {
+                    keys.drop_capacity_if_last_else_attach(id, &l)
+                }
+                _ => keys.drop_capacity_if_last(id),
+            });
             let txn = Txn::new()
                 .when([Compare::mod_revision(keys.lease(id), CompareOp::Equal, rev)])
                 .and_then(ops);
@@ -176,18 +202,28 @@ impl EtcdBackend {
         Ok(false)
     }
 
-    /// Deletes a waiting record if it is still as read; `true` if it was.
-    pub(super) async fn dequeue(&self, keys: &Keys, entry: &Entry) -> Result<bool> {
+    /// Deletes a waiting record if it is still as read; `true` if it was. `left`: the
+    /// settled grant it leaves alone, if known (the capacity key goes on its etcd lease).
+    pub(super) async fn dequeue(
+        &self,
+        keys: &Keys,
+        entry: &Entry,
+        left: Option<&Entry>,
+    ) -> Result<bool> {
+        let ops = vec![
+            TxnOp::delete(keys.lease(entry.id), None),
+            match left {
+                Some(l) => keys.drop_capacity_if_last_else_attach(entry.id, l),
+                None => keys.drop_capacity_if_last(entry.id),
+            },
+        ];
         let txn = Txn::new()
             .when([Compare::mod_revision(
                 keys.lease(entry.id),
                 CompareOp::Equal,
                 entry.mod_rev,
             )])
-            .and_then([
-                TxnOp::delete(keys.lease(entry.id), None),
-                keys.drop_capacity_if_last(entry.id),
-            ]);
+            .and_then(ops);
         Ok(self.txn(txn).await?.succeeded())
     }
 
@@ -230,7 +266,10 @@ impl EtcdBackend {
             }
         };
         // A try that does not fit, or a queue at its cap: the record goes again.
-        if !self.dequeue(keys, entry).await? {
+        if !self
+            .dequeue(keys, entry, snap.settled_left_after(id))
+            .await?
+        {
             return Ok(None);
         }
         match refuse {

@@ -121,14 +121,23 @@
 //!
 //! - The **queue cap** is checked on the snapshot of the acquire's own transaction (the
 //!   waiters created before it), so it is exact for that acquire.
-//! - **Capacity**: the capacity key has no lease (it must outlive any one client); an idle
-//!   semaphore (no `q/` record) takes the capacity of the next acquire, as on every store,
-//!   in a transaction that compares the queue empty. A release, cancel, revoke or purge that
-//!   removes the last record deletes the capacity key in the same transaction (a nested one
-//!   that compares the rest of the queue empty, `Keys::drop_capacity_if_last`), so a
-//!   semaphore nobody holds or waits on leaves no key. When the last record goes by expiry
-//!   instead (its client died), the key (a few bytes) stays until the name's next lease
-//!   ends, or `delete`.
+//! - **Capacity**: an idle semaphore (no `q/` record) takes the capacity of the next
+//!   acquire, as on every store, in a transaction that compares the queue empty. A release,
+//!   cancel, revoke or purge that removes the last record deletes the capacity key in the
+//!   same transaction (a nested one that compares the rest of the queue empty,
+//!   `Keys::drop_capacity_if_last`), so a semaphore nobody holds or waits on leaves no key.
+//!   A record can also go by expiry (its client died), with no step of tessera's; so while
+//!   the only record is a settled grant, the capacity key is on that grant's etcd lease
+//!   (`Keys::capacity_on`), and etcd deletes both together. The grant that finds the queue
+//!   empty puts it there; the acquire that writes a second record takes it off (on no lease:
+//!   it must outlive the first client); a step that leaves one settled grant alone (a
+//!   release or a try that leaves, a waiter granted alone, a hand-off's first renewal) puts
+//!   it back on that grant's lease (`Keys::attach_capacity_if_only`, compared on the rest of
+//!   the queue empty). A resize keeps the key's lease. The key (a few bytes) still stays
+//!   after a crash when the records before the last one also ended without a step that
+//!   saw the last alone (two holders dying, or a waiter's timed-out cancel, which reads only
+//!   its own record, leaving one holder that then dies): until the name's next acquire, or
+//!   `delete`.
 //! - **Waiter TTL** is per client: all waiters of one client share one session, so a client
 //!   that dies loses them all within the waiter TTL; one waiter that stops heartbeating in a
 //!   live client is removed by that client's next operation after its TTL.
@@ -230,7 +239,7 @@ impl EtcdBackend {
                 if self.end_grant(&keys, lease, entry.fence()).await? {
                     return Ok(CancelReply::Released);
                 }
-            } else if self.dequeue(&keys, &entry).await? {
+            } else if self.dequeue(&keys, &entry, None).await? {
                 return Ok(CancelReply::Dequeued);
             }
             // Changed since the read (granted meanwhile): read again.
@@ -322,12 +331,17 @@ impl EtcdBackend {
                         record.encode()?,
                         Some(PutOptions::new().with_lease(waiter.id)),
                     ),
+                    // A second record: the capacity must outlive the first one's lease.
+                    keys.capacity_shared(capacity),
                     get_all(),
                 ])
                 .or_else([get_all()]);
+            // The only record: the capacity key goes on its etcd lease (`Keys::capacity_on`).
+            let mut ops = keys.grant_ops(id, &granted, holder.id)?;
+            ops.push(keys.capacity_on(capacity, holder.id));
             let txn = Txn::new()
                 .when(when)
-                .and_then(keys.grant_ops(id, &granted, holder.id)?)
+                .and_then(ops)
                 .or_else([TxnOp::txn(nested)]);
             let Some(resp) = self.txn_on(txn, &[holder, waiter]).await? else {
                 continue;
@@ -399,7 +413,7 @@ impl EtcdBackend {
                         keys.not_cancelled(id),
                     ];
                     when.extend(keys.seats_free(&first_seats));
-                    let mut ops = vec![TxnOp::put(keys.cap.clone(), capacity.to_string(), None)];
+                    let mut ops = vec![keys.capacity_on(capacity, holder.id)];
                     ops.extend(keys.grant_ops(id, &granted, holder.id)?);
                     let txn = Txn::new().when(when).and_then(ops);
                     if let Some(resp) = self.txn_on(txn, &[holder]).await? {
@@ -709,7 +723,12 @@ impl Backend for EtcdBackend {
                     CompareOp::Equal,
                     rev,
                 )])
-                .and_then([TxnOp::put(keys.cap.clone(), capacity.to_string(), None)]);
+                // On the etcd lease it is on, if any (`Keys::capacity_on`).
+                .and_then([TxnOp::put(
+                    keys.cap.clone(),
+                    capacity.to_string(),
+                    Some(PutOptions::new().with_ignore_lease()),
+                )]);
             if self.txn(txn).await?.succeeded() {
                 return Ok(old);
             }

@@ -7,8 +7,10 @@
 //! # Keys of one semaphore `NAME` under prefix `P`
 //!
 //! ```text
-//! P/sem/NAME#cap            capacity, decimal; no lease (removed with the last record by a
-//!                           release, cancel, revoke or purge, and by delete)
+//! P/sem/NAME#cap            capacity, decimal; on the etcd lease of the only record while that
+//!                           is a settled grant (gone with it when its client dies), else on
+//!                           no lease (removed with the last record by a release, cancel,
+//!                           revoke or purge, and by delete)
 //! P/sem/NAME#q/<lease id>   one per acquire: a Record (JSON), attached to its etcd lease
 //! P/sem/NAME#s/<seat>       one per held seat (10 digits): the lease id, attached to the
 //!                           holder's etcd lease
@@ -95,21 +97,90 @@ impl Keys {
     /// compares the capacity's value or revision, so it fails and reads again rather than
     /// grant on a capacity deleted under it.
     pub(crate) fn drop_capacity_if_last(&self, id: LeaseId) -> TxnOp {
-        let own = self.lease(id);
-        let mut after = own.clone().into_bytes();
-        after.push(0);
+        TxnOp::txn(
+            Txn::new()
+                .when(self.queue_holds_only(&[id]))
+                .and_then([TxnOp::delete(self.cap.clone(), None)]),
+        )
+    }
+
+    /// Compares that hold while the semaphore has no `q/` key but those of `ids`.
+    fn queue_holds_only(&self, ids: &[LeaseId]) -> Vec<Compare> {
+        let mut own: Vec<String> = ids.iter().map(|&id| self.lease(id)).collect();
+        own.sort();
         let mut end = self.queue.clone().into_bytes();
         // `…#q/` → `…#q0`: the end of the queue's range.
         if let Some(last) = end.last_mut() {
             *last += 1;
         }
+        let mut from = self.queue.clone().into_bytes();
+        let mut compares = Vec::with_capacity(own.len() + 1);
+        for key in own {
+            compares.push(Compare::version(from, CompareOp::Equal, 0).with_range(key.clone()));
+            from = key.into_bytes();
+            from.push(0);
+        }
+        compares.push(Compare::version(from, CompareOp::Equal, 0).with_range(end));
+        compares
+    }
+
+    /// The capacity key on `lease`, the etcd lease of the semaphore's only record: etcd
+    /// deletes it with that record when the lease runs out (its client died), so a
+    /// semaphore whose last holder crashed leaves no key either. Only an uncontended grant
+    /// writes it so (the queue compared empty); [`Keys::capacity_shared`] takes it off the
+    /// lease when a second record comes, and [`Keys::attach_capacity_if_only`] puts it back
+    /// on when one settled grant is left.
+    pub(crate) fn capacity_on(&self, cap: u32, lease: i64) -> TxnOp {
+        let on = PutOptions::new().with_lease(lease);
+        TxnOp::put(self.cap.clone(), cap.to_string(), Some(on))
+    }
+
+    /// The capacity key on no lease: a second record joins the semaphore, so the key must
+    /// outlive the first one's etcd lease.
+    pub(crate) fn capacity_shared(&self, cap: u32) -> TxnOp {
+        TxnOp::put(self.cap.clone(), cap.to_string(), None)
+    }
+
+    /// A transaction to nest in one that leaves `left` (a settled grant whose record's mod
+    /// revision is `rev`) as the only `q/` key besides those of `gone`, which the outer
+    /// transaction deletes: it puts the capacity key, value kept, on `lease`, the etcd lease
+    /// `left` is on after the outer transaction (see [`Keys::capacity_on`]). Its compares
+    /// see the keys as they were before the outer transaction; any other record, or `left`
+    /// changed, and it does nothing.
+    pub(crate) fn attach_capacity_if_only(
+        &self,
+        gone: &[LeaseId],
+        left: LeaseId,
+        rev: i64,
+        lease: i64,
+    ) -> TxnOp {
+        let mut ids = gone.to_vec();
+        ids.push(left);
+        let mut when = self.queue_holds_only(&ids);
+        when.push(Compare::mod_revision(
+            self.lease(left),
+            CompareOp::Equal,
+            rev,
+        ));
+        when.push(Compare::version(self.cap.clone(), CompareOp::Greater, 0));
+        let on = PutOptions::new().with_lease(lease).with_ignore_value();
         TxnOp::txn(
             Txn::new()
-                .when([
-                    Compare::version(self.queue.clone(), CompareOp::Equal, 0).with_range(own),
-                    Compare::version(after, CompareOp::Equal, 0).with_range(end),
-                ])
-                .and_then([TxnOp::delete(self.cap.clone(), None)]),
+                .when(when)
+                .and_then([TxnOp::put(self.cap.clone(), "", Some(on))]),
+        )
+    }
+
+    /// [`Keys::drop_capacity_if_last`], or else [`Keys::attach_capacity_if_only`] with
+    /// `left` the one record left: one nested transaction, as etcd refuses a capacity key
+    /// written in two (even when their compares exclude each other). etcd counts
+    /// [`DROP_OR_ATTACH_OPS`] more operations for it than the outer transaction's own.
+    pub(crate) fn drop_capacity_if_last_else_attach(&self, id: LeaseId, left: &Entry) -> TxnOp {
+        TxnOp::txn(
+            Txn::new()
+                .when(self.queue_holds_only(&[id]))
+                .and_then([TxnOp::delete(self.cap.clone(), None)])
+                .or_else([self.attach_capacity_if_only(&[id], left.id, left.mod_rev, left.lease)]),
         )
     }
 
@@ -252,6 +323,10 @@ impl Record {
         }
     }
 }
+
+/// What [`Keys::drop_capacity_if_last_else_attach`] takes of etcd's operation limit beyond
+/// the outer transaction's own count: its 2 compares, then the 5 of the attach inside it.
+pub(crate) const DROP_OR_ATTACH_OPS: usize = 2 + 5;
 
 /// One `q/` key as read.
 #[derive(Debug, Clone)]
@@ -417,6 +492,17 @@ impl Snapshot {
             .filter(|e| e.is_holder())
             .map(|e| e.record.w)
             .sum()
+    }
+
+    /// The record that would be left alone once `gone` leaves, if there is exactly one and
+    /// it is a settled grant (the one [`Keys::attach_capacity_if_only`] puts the capacity
+    /// key's lease on).
+    pub(crate) fn settled_left_after(&self, gone: LeaseId) -> Option<&Entry> {
+        let mut others = self.entries.iter().filter(|e| e.id != gone);
+        match (others.next(), others.next()) {
+            (Some(e), None) if e.is_holder() && !e.record.is_provisional() => Some(e),
+            _ => None,
+        }
     }
 
     pub(crate) fn waiters(&self) -> u64 {

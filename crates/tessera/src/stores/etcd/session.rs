@@ -227,13 +227,16 @@ impl EtcdBackend {
             }
             let holder = self.session(entry.record.ttl).await?;
             let record = entry.record.settled(fence);
+            let mut ops = keys.grant_ops(id, &record, holder.id)?;
+            // Settled and alone: the capacity key goes on its new etcd lease.
+            ops.push(keys.attach_capacity_if_only(&[], id, entry.mod_rev, holder.id));
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     keys.lease(id),
                     CompareOp::Equal,
                     entry.mod_rev,
                 )])
-                .and_then(keys.grant_ops(id, &record, holder.id)?);
+                .and_then(ops);
             let Some(resp) = self.txn_on(txn, &[holder]).await? else {
                 continue;
             };
