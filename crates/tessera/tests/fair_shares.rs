@@ -657,8 +657,10 @@ mod on_redis {
     async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
         let server = RedisServer::start();
         let store = connect(&server.url(), "shares").await;
-        super::backlogged_tenants_are_served_in_proportion_to_their_shares(store.backend().as_ref())
-            .await;
+        super::backlogged_tenants_are_served_in_proportion_to_their_shares(
+            store.backend().as_ref(),
+        )
+        .await;
         assert_eq!(
             immortal_keys(&server.url(), "shares").await,
             Vec::<String>::new()
@@ -700,8 +702,10 @@ mod on_redis {
         let cluster = RedisCluster::start(false);
         let store = connect(&cluster.url(), "fair").await;
         super::a_light_tenant_waits_behind_one_grant_of_a_flood(store.backend().as_ref()).await;
-        super::backlogged_tenants_are_served_in_proportion_to_their_shares(store.backend().as_ref())
-            .await;
+        super::backlogged_tenants_are_served_in_proportion_to_their_shares(
+            store.backend().as_ref(),
+        )
+        .await;
     }
 
     /// Admissions with tenants take the order the reference model gives them.
@@ -709,7 +713,10 @@ mod on_redis {
     async fn admissions_are_ordered_as_on_the_memory_store() {
         let server = RedisServer::start();
         let redis = admission_order(&connect(&server.url(), "admit").await).await;
-        assert_eq!(redis, admission_order(&memory("as-redis").await.store).await);
+        assert_eq!(
+            redis,
+            admission_order(&memory("as-redis").await.store).await
+        );
     }
 
     /// Invariants 1 and 2 on Redis: the holders and queue order follow the start-tag model
