@@ -147,6 +147,7 @@ pub async fn run(store_url: &str, spec: &Spec) -> anyhow::Result<WorkloadReport>
         over_grant_check: "in-process-counter".to_string(),
         server_cpu_us_per_grant: None,
         node_cpu_us_per_grant: Vec::new(),
+        pauses: None,
         rtt_per_sec: None,
         rtt_limit_ratio: None,
         errors: errors.load(Ordering::Relaxed),

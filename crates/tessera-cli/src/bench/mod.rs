@@ -38,6 +38,11 @@
 //!   per second, the admitted ratio, the wait (p50, p99, max), the permit time spent idle
 //!   waiting for a turn, the most holding at once, window violations. Not part of `all`.
 //!
+//! Beside each semaphore workload a thread of its own measures the process's pauses (how
+//! much later than asked a 1 ms sleep wakes) and the hypervisor's steal time, and counts the
+//! waits over 10 ms that those pauses cover at least half of (see [`pauses`]): a long wait
+//! in a pause was the machine not running the benchmark, not the store.
+//!
 //! - on a `postgres://` store, after the semaphore workloads, the figures to compare with on
 //!   the same server (`--pg-baseline`, see [`postgres`]): advisory lock pairs and hand-offs,
 //!   one session's INSERT+COMMIT rate, and a hand-written `SKIP LOCKED` semaphore.
@@ -54,6 +59,7 @@ mod args;
 mod clients;
 mod etcd_mutex;
 mod mysql;
+mod pauses;
 mod polling;
 mod postgres;
 mod rate;

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use super::pauses::PauseFigures;
+
 /// The figures of one workload run.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadReport {
@@ -52,6 +54,9 @@ pub struct WorkloadReport {
     /// primary of a cluster), in URL order; their sum is `server_cpu_us_per_grant`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_cpu_us_per_grant: Vec<f64>,
+    /// The process's own pauses over the run and the long waits they cover
+    /// ([`pauses`](super::pauses)); null for a baseline that does not measure them.
+    pub pauses: Option<PauseFigures>,
 }
 
 fn opt(v: Option<f64>, decimals: usize) -> String {
@@ -79,6 +84,8 @@ pub fn table(reports: &[WorkloadReport]) -> String {
         "cpu µs/grant",
         "rtt/s",
         "w1/limit",
+        "pause max ms",
+        "long waits in pauses",
         "errors",
     ];
     let rows: Vec<Vec<String>> = reports
@@ -100,6 +107,11 @@ pub fn table(reports: &[WorkloadReport]) -> String {
                 opt(r.server_cpu_us_per_grant, 1),
                 opt(r.rtt_per_sec, 0),
                 opt(r.rtt_limit_ratio, 3),
+                opt(r.pauses.as_ref().map(|p| p.max_ms), 1),
+                match &r.pauses {
+                    Some(p) => format!("{}/{}", p.long_waits_in_pauses, p.long_waits),
+                    None => "-".to_string(),
+                },
                 r.errors.to_string(),
             ]
         })

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::args::{BenchArgs, Workload};
 use super::clients::{histogram, join_clients};
+use super::pauses::{LongWaits, Pauses};
 use super::report::WorkloadReport;
 
 /// One workload, its defaults overridden by the command line.
@@ -78,6 +79,8 @@ struct Shared {
     errors: AtomicU64,
     deadline: Instant,
     progress: ProgressBar,
+    /// The clients' waits longer than [`LONG_WAIT`](super::pauses::LONG_WAIT).
+    long_waits: LongWaits,
 }
 
 /// The independent over-grant check: a counter of current holders kept outside tessera.
@@ -310,6 +313,7 @@ pub async fn run(
         Some(c) => Some(server_cpu_us(c).await?),
         None => None,
     };
+    let pauses = Pauses::start();
     let start = Instant::now();
     let shared = Arc::new(Shared {
         spec: spec.clone(),
@@ -320,6 +324,7 @@ pub async fn run(
         errors: AtomicU64::new(0),
         deadline: start + spec.duration,
         progress: progress.clone(),
+        long_waits: LongWaits::default(),
     });
     let mut tasks = Vec::with_capacity(spec.clients);
     for (i, (store, check)) in stores.iter().zip(checks).enumerate() {
@@ -349,6 +354,8 @@ pub async fn run(
         }
     }
     let elapsed = start.elapsed().saturating_sub(paused);
+    let (waits, long_waits) = shared.long_waits.take();
+    let pauses = pauses.finish(&waits, long_waits);
     let cpu_after = match admin.as_mut() {
         Some(c) => Some(server_cpu_us(c).await?),
         None => None,
@@ -420,6 +427,7 @@ pub async fn run(
             _ => None,
         },
         node_cpu_us_per_grant: Vec::new(),
+        pauses: Some(pauses),
         errors: shared.errors.load(Ordering::Relaxed),
     })
 }
@@ -496,7 +504,9 @@ async fn client(
                 break;
             }
         };
-        let waited = t0.elapsed().as_micros() as u64;
+        let waited = t0.elapsed();
+        s.long_waits.note(t0.into_std(), waited);
+        let waited = waited.as_micros() as u64;
         r.latency.saturating_record(waited.max(1));
         r.grants += 1;
         let previous = s.last.swap(id, Ordering::Relaxed);
@@ -594,6 +604,7 @@ pub async fn run_many(
     }
     let progress = ProgressBar::with_draw_target(Some(spec.ops), ProgressDrawTarget::stderr());
     progress.set_prefix(spec.name);
+    let pauses = Pauses::start();
     let start = Instant::now();
     let shared = Arc::new(Shared {
         spec: spec.clone(),
@@ -604,6 +615,7 @@ pub async fn run_many(
         errors: AtomicU64::new(0),
         deadline: start + spec.duration,
         progress: progress.clone(),
+        long_waits: LongWaits::default(),
     });
     let mut tasks = Vec::with_capacity(names * spec.clients);
     for (n, (store, name)) in stores.iter().zip(&sem_names).enumerate() {
@@ -622,6 +634,8 @@ pub async fn run_many(
     let hard = shared.deadline + Duration::from_millis(500);
     let results = join_clients(tasks, hard, &shared.errors).await;
     let elapsed = start.elapsed();
+    let (waits, long_waits) = shared.long_waits.take();
+    let pauses = pauses.finish(&waits, long_waits);
     let mut cpu_after = Vec::with_capacity(nodes.len());
     for n in nodes.iter_mut() {
         cpu_after.push(server_cpu_us(n).await?);
@@ -665,6 +679,7 @@ pub async fn run_many(
         server_cpu_us_per_grant: (!per_node.is_empty() && grants > 0)
             .then(|| per_node.iter().sum()),
         node_cpu_us_per_grant: per_node,
+        pauses: Some(pauses),
         rtt_per_sec: None,
         rtt_limit_ratio: None,
         errors: shared.errors.load(Ordering::Relaxed),

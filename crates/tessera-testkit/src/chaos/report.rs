@@ -73,6 +73,8 @@ pub struct ScenarioReport {
     pub leaked_permits: u64,
     /// `lost()` notices.
     pub lost_notices: u64,
+    /// Those the rules of `lost()` and the faults do not explain ([`unexplained_losses`]).
+    pub unexplained_losses: u64,
     /// C5: the longest time from a fault (or its heal) to the reclaiming grant, in ms.
     pub max_reclaim_ms: Option<u64>,
     /// The longest time from a holder's resume (SIGCONT) or the store's return to its loss
@@ -190,6 +192,87 @@ fn loss_notes(events: &[Event]) -> Vec<String> {
     notes
 }
 
+/// The `lost()` notices that neither a stalled process nor a fault explains.
+///
+/// `lost()` fires when renewals have failed until a third of the lease's *span* before it
+/// could expire (`tessera::Permit`'s docs). The span is the TTL, except for a grant that a
+/// release or an expiry made by handing the permit to a queued waiter: that grant is
+/// provisional, no longer than the waiter's queue entry would have lived (its last heartbeat
+/// plus the waiter TTL), until its first renewal. A fault that cuts the waiter's heartbeats
+/// and then its first renewals therefore costs a hand-off grant its lease although the
+/// fault is shorter than the TTL: the store, which last heard of the waiter that long ago,
+/// may give the permit to the next one at the end of that span. So a loss is explained when
+///
+/// - the process did not run (the reason says so: a stop, or CPU starvation on a loaded
+///   machine), or
+/// - it is the loss of a grant certain for less than 90% of the TTL at the grant (a
+///   provisional hand-off, or a reply that came late), never renewed since, and a fault
+///   of the store's connections or of the server was under way between the grant and the
+///   loss.
+///
+/// Any other loss (a full lease lost during a fault shorter than its TTL, or a loss without
+/// any fault) is unexplained.
+pub(crate) fn unexplained_losses(events: &[Event], ttl_ns: u64) -> u64 {
+    let mut windows: Vec<(u64, u64)> = vec![];
+    let mut began: HashMap<&str, u64> = HashMap::new();
+    for e in events {
+        if let EventKind::Fault {
+            action,
+            phase,
+            worker: None,
+        } = &e.kind
+        {
+            match phase {
+                FaultPhase::Start => {
+                    began.insert(action, e.t_ns);
+                }
+                FaultPhase::Heal => {
+                    let from = began.remove(action.as_str()).unwrap_or(e.t_ns);
+                    windows.push((from, e.t_ns));
+                }
+                FaultPhase::Instant => windows.push((e.t_ns, e.t_ns)),
+            }
+        }
+    }
+    // Faults still under way at the end of the log.
+    windows.extend(began.values().map(|&from| (from, u64::MAX)));
+    let mut granted: HashMap<LeaseId, (u64, u64, usize)> = HashMap::new();
+    let mut unexplained = 0;
+    for e in events {
+        match &e.kind {
+            EventKind::AcquireReturned {
+                outcome:
+                    Outcome::Granted {
+                        lease_id,
+                        valid_until_ns,
+                        ..
+                    },
+                ..
+            } => {
+                granted.insert(*lease_id, (e.t_ns, *valid_until_ns, 0));
+            }
+            EventKind::Renewed { lease_id, .. } => {
+                if let Some(g) = granted.get_mut(lease_id) {
+                    g.2 += 1;
+                }
+            }
+            EventKind::Lost { lease_id, reason } => {
+                let stalled = reason.contains("did not run for");
+                let short_in_fault = granted.get(lease_id).is_some_and(|&(t, until, renewals)| {
+                    renewals == 0
+                        && until.saturating_sub(t) < ttl_ns / 10 * 9
+                        && windows.iter().any(|&(a, b)| a <= e.t_ns && t <= b)
+                });
+                if !stalled && !short_in_fault {
+                    unexplained += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    unexplained
+}
+
 /// What each scenario breaks on purpose. `forgotten` are the windows right after the store
 /// forgot leases (from a forgetful fault's heal to a TTL and the slack after it).
 fn expected_kind(
@@ -262,6 +345,7 @@ pub(super) fn analyse(run: Run, leaked_at_end: u32) -> anyhow::Result<ScenarioRe
         grants: check.stats.grants,
         errors: check.stats.errors,
         lost_notices: check.stats.losses,
+        unexplained_losses: unexplained_losses(&events, p.ttl.as_nanos() as u64),
         max_deadline_overrun_ms: check.max_deadline_overrun_ns / 1_000_000,
         notes: run.notes.clone(),
         ..Default::default()
@@ -853,6 +937,83 @@ mod tests {
             .invoke(50, "w2", 1)
             .fault(100, "sigkill", FaultPhase::Instant, "w1");
         log
+    }
+
+    fn granted_for(log: &mut Log, ms: u64, id: u128, certain_ms: u64) {
+        log.at(
+            ms,
+            EventKind::AcquireReturned {
+                worker: "w".into(),
+                op: id as u64,
+                outcome: Outcome::Granted {
+                    lease_id: LeaseId::from_u128(id),
+                    fence: id as u64,
+                    seats: vec![0],
+                    weight: 1,
+                    valid_until_ns: (ms + certain_ms) * MS,
+                },
+            },
+        );
+    }
+
+    fn lost(log: &mut Log, ms: u64, id: u128, reason: &str) {
+        log.at(
+            ms,
+            EventKind::Lost {
+                lease_id: LeaseId::from_u128(id),
+                reason: reason.into(),
+            },
+        );
+    }
+
+    fn cut(log: &mut Log, from: u64, to: u64) {
+        for (ms, phase) in [(from, FaultPhase::Start), (to, FaultPhase::Heal)] {
+            log.at(
+                ms,
+                EventKind::Fault {
+                    action: "client-kill".into(),
+                    phase,
+                    worker: None,
+                },
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_loss_that_no_fault_or_stall_explains_is_unexplained() {
+        let failing = "renewals kept failing (store error (connection))";
+        let mut log = Log::default();
+        cut(&mut log, 1_000, 1_350);
+        // A hand-off grant certain for 500 ms, lost during the cut: explained.
+        granted_for(&mut log, 900, 1, 500);
+        lost(&mut log, 1_230, 1, failing);
+        // A process that did not run: explained.
+        granted_for(&mut log, 1_100, 2, 0);
+        lost(
+            &mut log,
+            1_101,
+            2,
+            "this process did not run for 0.1 s (stopped, …)",
+        );
+        // A full lease lost during the cut: unexplained.
+        granted_for(&mut log, 950, 3, 980);
+        lost(&mut log, 1_300, 3, failing);
+        // A short grant lost with no fault under way: unexplained.
+        granted_for(&mut log, 2_000, 4, 500);
+        lost(&mut log, 2_330, 4, failing);
+        // A short grant renewed once, then lost in a later cut: unexplained (it was a full
+        // lease by then).
+        granted_for(&mut log, 3_000, 5, 500);
+        log.at(
+            3_100,
+            EventKind::Renewed {
+                lease_id: LeaseId::from_u128(5),
+                valid_until_ns: 4_080 * MS,
+            },
+        );
+        cut(&mut log, 3_200, 3_500);
+        lost(&mut log, 3_400, 5, failing);
+        assert_eq!(unexplained_losses(&log.0, TTL), 3);
     }
 
     #[test]

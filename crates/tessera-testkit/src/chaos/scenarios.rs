@@ -353,8 +353,11 @@ async fn s4_kill_every_client(
 }
 
 /// S9: bursts of connection cuts at the server (Redis `CLIENT KILL` of command and pub/sub
-/// connections), each much shorter than the
-/// TTL: nobody may lose a permit.
+/// connections, PostgreSQL `pg_terminate_backend`, MySQL `KILL`), each much shorter than the
+/// TTL: nobody may lose a full lease. A hand-off grant, provisional for what is left of its
+/// waiter's entry (which the same cut kept from being renewed), may be lost; so may a
+/// lease of a process the loaded machine did not run
+/// ([`unexplained_losses`](super::report::unexplained_losses)).
 async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<ScenarioReport> {
     let run = start("s9-client-kill", spec, p, seed, p.duration + p.ttl * 2).await?;
     while run.remaining() > p.ttl * 2 {
@@ -368,10 +371,16 @@ async fn s9_client_kill(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Resu
     }
     run.run_out().await;
     let mut r = run.finish().await?;
-    if r.lost_notices > 0 {
+    if r.unexplained_losses > 0 {
         r.violations.push(format!(
-            "spurious loss: {} lost() notices although every outage was far shorter than the TTL",
-            r.lost_notices
+            "spurious loss: {} lost() notices of full leases although every outage was far shorter than the TTL",
+            r.unexplained_losses
+        ));
+    }
+    let explained = r.lost_notices - r.unexplained_losses;
+    if explained > 0 {
+        r.expected.push(format!(
+            "{explained} lost() notices of hand-off grants shorter than the cut (their waiters' heartbeats were cut too) or of a process the machine did not run"
         ));
     }
     Ok(r)
