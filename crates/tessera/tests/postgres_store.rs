@@ -410,6 +410,51 @@ async fn after_every_session_is_terminated_one_call_at_most_meets_a_dead_connect
     }
 }
 
+/// A renewal or a heartbeat that meets a connection the server ended while it sat idle runs
+/// again at once on a live one: a keep-alive never fails for a dead idle connection alone.
+/// Before, the first renewal of each lease after `pg_terminate_backend` of every session
+/// failed and waited the lease keeper's retry interval, which cost hand-off grants (granted
+/// for what was left of their waiter's entry) their lease in the chaos runner's
+/// `s9-client-kill`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_that_meets_a_dead_idle_connection_goes_through_on_a_live_one() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "keepdead").await;
+    let n = name("keepdead");
+    let (holder, waiter) = hold_and_queue(&pg, &n).await;
+    let open = || {
+        server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tessera'")
+            .parse::<usize>()
+            .unwrap()
+    };
+    let (pg, n) = (&pg, &n);
+    let fill = || {
+        fill_pool(4, open, move || async move {
+            let (a, b, c, d) = tokio::join!(pg.status(n), pg.status(n), pg.status(n), pg.status(n));
+            for r in [a, b, c, d] {
+                assert!(r.unwrap().is_some());
+            }
+        })
+    };
+    for round in 0..3 {
+        fill().await;
+        assert!(server.terminate("tessera") >= 4, "round {round}");
+        let renewed = pg.renew(n, holder, LONG).await;
+        assert!(
+            matches!(renewed, Ok(RenewReply::Renewed { .. })),
+            "round {round}: the renewal failed: {renewed:?}"
+        );
+        fill().await;
+        assert!(server.terminate("tessera") >= 4, "round {round}");
+        let beat = pg.heartbeat(n, waiter, LONG).await;
+        assert!(
+            matches!(beat, Ok(WaitReply::Waiting)),
+            "round {round}: the heartbeat failed: {beat:?}"
+        );
+    }
+}
+
 /// Keep-alives have connections of their own: with every operation connection of a backend
 /// waiting on a semaphore's row lock (and more operations queued for one), a holder's renewal
 /// and a waiter's heartbeat on another semaphore still go through at once. Before, they

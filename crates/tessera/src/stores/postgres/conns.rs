@@ -77,6 +77,9 @@ pub(crate) struct Lent<'a> {
     conn: Option<PgConnection>,
     conns: &'a Conns,
     _slot: SemaphorePermit<'a>,
+    /// Taken from the idle stack without a ping: a session the server ended meanwhile
+    /// (`pg_terminate_backend`, a restart) shows only at its first call.
+    unchecked: bool,
 }
 
 impl Conns {
@@ -164,6 +167,7 @@ impl Conns {
                     conn: Some(conn),
                     conns: self,
                     _slot: slot,
+                    unchecked: !suspect,
                 });
             }
         }
@@ -175,6 +179,7 @@ impl Conns {
             conn: Some(conn),
             conns: self,
             _slot: slot,
+            unchecked: false,
         })
     }
 }
@@ -184,6 +189,11 @@ impl Lent<'_> {
         self.conn
             .as_mut()
             .expect("a lent connection is there until it goes back")
+    }
+
+    /// Whether it came from the idle stack without a ping (see [`keep_alive_rows`]).
+    pub(crate) fn unchecked(&self) -> bool {
+        self.unchecked
     }
 
     /// Returns the connection for reuse: only after a call that returned.
@@ -222,6 +232,33 @@ pub(super) async fn keep_alive_conn<'a>(ops: &'a Conns, keep: &'a Conns) -> Resu
     match ops.take_free().await {
         Some(conn) => conn,
         None => keep.take().await,
+    }
+}
+
+/// Runs a keep-alive statement (a renewal, heartbeats: each may run twice without harm) on a
+/// keep-alive connection ([`keep_alive_conn`]) and returns its rows. If the connection came
+/// from the idle stack unchecked and its session turns out to be gone (a connection error:
+/// the server ended it while it sat idle), the statement runs once more at once on another
+/// connection. The failed one was dropped, so every connection that went idle before it is
+/// pinged before use and a dead one is replaced by a new session: one call, not one retry of
+/// the lease keeper per dead connection. Without this, after `pg_terminate_backend` of every
+/// session, the first renewal of each lease met its dead connection and waited the keeper's
+/// retry interval, which could cost a hand-off grant (provisional for what is left of its
+/// waiter's entry, `crate::lease::permit`) its lease in the chaos runner's `s9-client-kill`.
+pub(super) async fn keep_alive_rows<'q>(
+    ops: &Conns,
+    keep: &Conns,
+    url: &str,
+    query: impl Fn() -> sqlx::query::Query<'q, Postgres, PgArguments>,
+) -> Result<Vec<PgRow>> {
+    let conn = keep_alive_conn(ops, keep).await?;
+    let unchecked = conn.unchecked();
+    match run_rows(conn, url, query()).await {
+        Err(Error::Store {
+            kind: StoreErrorKind::Connection,
+            ..
+        }) if unchecked => run_rows(keep_alive_conn(ops, keep).await?, url, query()).await,
+        reply => reply,
     }
 }
 

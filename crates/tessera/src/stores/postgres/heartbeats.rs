@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgRow;
 
-use super::conns::{keep_alive_conn, run_rows, Conns};
+use super::conns::{keep_alive_rows, Conns};
 use super::ops;
 use crate::error::{Error, Result};
 use crate::model::{LeaseId, Name, WaitReply};
@@ -46,12 +46,13 @@ impl BatchCall for HeartbeatMany {
     async fn call(&self, name: &str, items: &[(LeaseId, i64)]) -> Result<Vec<Result<WaitReply>>> {
         let leases: Vec<String> = items.iter().map(|(lease, _)| lease.to_string()).collect();
         let ttls: Vec<i64> = items.iter().map(|&(_, ttl)| ttl).collect();
-        let conn = keep_alive_conn(&self.conns, &self.keep).await?;
-        let query = sqlx::query(ops::HEARTBEAT_MANY)
-            .bind(name)
-            .bind(&leases)
-            .bind(&ttls);
-        let rows = run_rows(conn, &self.url, query).await?;
+        let rows = keep_alive_rows(&self.conns, &self.keep, &self.url, || {
+            sqlx::query(ops::HEARTBEAT_MANY)
+                .bind(name)
+                .bind(&leases)
+                .bind(&ttls)
+        })
+        .await?;
         if rows.len() != items.len() {
             return Err(Error::Corrupt(format!(
                 "tessera_heartbeat_many answered {} rows for {} leases",

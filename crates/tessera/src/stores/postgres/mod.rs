@@ -137,7 +137,7 @@ use crate::seam::{Backend, Capabilities};
 use crate::stores::expiries::Expiries;
 
 pub use conns::RESPONSE_TIMEOUT;
-use conns::{keep_alive_conn, run_row, Conns, KEEP_POOL_SIZE, POOL_SIZE};
+use conns::{keep_alive_rows, run_row, Conns, KEEP_POOL_SIZE, POOL_SIZE};
 use error::{connect_error, connect_timeout, in_context, map_err};
 use heartbeats::{HeartbeatMany, Heartbeats};
 use migrate::{migrate, migration_refused, schema_exists, step_revision};
@@ -328,12 +328,15 @@ impl PostgresBackend {
     }
 
     /// Runs a keep-alive's statement (see [`keep_alive_conn`]) and returns its one row.
-    async fn keep_alive_row(
+    async fn keep_alive_row<'q>(
         &self,
-        query: sqlx::query::Query<'_, Postgres, PgArguments>,
+        query: impl Fn() -> sqlx::query::Query<'q, Postgres, PgArguments>,
     ) -> Result<PgRow> {
-        let conn = keep_alive_conn(&self.conns, &self.keep).await?;
-        run_row(conn, &self.url, query).await
+        keep_alive_rows(&self.conns, &self.keep, &self.url, query)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Corrupt("a tessera function answered no row".into()))
     }
 
     /// Waits until an acquire of `lease` that is still running on the server has its reply.
@@ -456,12 +459,12 @@ impl Backend for PostgresBackend {
             Some(batches) => batches.send(name.as_str(), (lease, ttl_us)).await?,
             None => {
                 let row = self
-                    .keep_alive_row(
+                    .keep_alive_row(|| {
                         sqlx::query(ops::HEARTBEAT)
                             .bind(name.as_str())
                             .bind(lease.to_string())
-                            .bind(ttl_us),
-                    )
+                            .bind(ttl_us)
+                    })
                     .await?;
                 if let Some(after) = ops::expiry_in(&row) {
                     self.expiries.note(name, after);
@@ -503,12 +506,12 @@ impl Backend for PostgresBackend {
     async fn renew(&self, name: &Name, lease: LeaseId, ttl: Duration) -> Result<RenewReply> {
         self.settle(lease).await;
         let row = self
-            .keep_alive_row(
+            .keep_alive_row(|| {
                 sqlx::query(ops::RENEW)
                     .bind(name.as_str())
                     .bind(lease.to_string())
-                    .bind(micros(ttl)),
-            )
+                    .bind(micros(ttl))
+            })
             .await?;
         ops::parse_renew(&row)
     }
