@@ -757,6 +757,16 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
         .position(|w| w["holder"] == "light")
         .unwrap();
     assert!(place <= 1, "{sem}");
+    // Each tenant's grants and waits are series of their own in /metrics.
+    let metrics = get_text(&c, &s.url("/metrics")).await;
+    for needle in [
+        "tessera_grants_total{name=\"fair\",tenant=\"bulk\"} 1",
+        "tessera_waits_total{name=\"fair\",tenant=\"bulk\"} 6",
+        "tessera_waits_total{name=\"fair\",tenant=\"alerts\"} 1",
+        "tessera_acquire_wait_seconds_count{name=\"fair\",tenant=\"bulk\"} 1",
+    ] {
+        assert!(metrics.contains(needle), "no {needle} in\n{metrics}");
+    }
     for bad in [
         json!({"capacity": 1, "tenant": "", "wait": "0s"}),
         json!({"capacity": 1, "tenant": "x", "share": 0}),

@@ -17,7 +17,11 @@
 //! | `tessera_store_errors_total` | counter | `op`, `kind` | store calls that failed |
 //! | `tessera_rate_decisions_total` | counter | `name`, `decision` | rate requests `admitted` or `limited` |
 //!
-//! Names are labels: a program with very many semaphore names gets as many series.
+//! Names are labels: a program with very many semaphore names gets as many series. A
+//! semaphore handle that names a tenant (`SemaphoreOptions::tenant`, `docs/fair-shares.md`)
+//! adds the label `tenant` to the series of the first five metrics (grants, wait, outcomes,
+//! waits, queue length), so each tenant's grants and waits show apart; a program whose
+//! tenants are unbounded (one per end user, say) gets a series per tenant.
 //!
 //! # Spans
 //!
@@ -43,8 +47,14 @@ use crate::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, Rat
 /// event: a grant then costs a few atomic adds, not a label allocation and a registry lookup
 /// per metric. Registered lazily, so a recorder installed after `Semaphore::new` but before
 /// the first acquire still receives them.
+///
+/// A handle that names a tenant (`docs/fair-shares.md`) adds the label `tenant` to its
+/// series: one set of series per name and tenant.
 #[derive(Default)]
-pub(crate) struct SemMetrics(OnceLock<SemHandles>);
+pub(crate) struct SemMetrics {
+    handles: OnceLock<SemHandles>,
+    tenant: Option<String>,
+}
 
 struct SemHandles {
     grants: Counter,
@@ -64,21 +74,34 @@ impl std::fmt::Debug for SemMetrics {
 }
 
 impl SemMetrics {
+    /// The handles of a semaphore handle acquiring as `tenant`.
+    pub(crate) fn new(tenant: Option<&Tenant>) -> SemMetrics {
+        SemMetrics {
+            handles: OnceLock::new(),
+            tenant: tenant.map(|t| t.name().to_string()),
+        }
+    }
+
     fn get(&self, name: &Name) -> &SemHandles {
-        self.0.get_or_init(|| {
-            let n = name.as_str().to_string();
+        self.handles.get_or_init(|| {
+            let mut labels = vec![metrics::Label::new("name", name.as_str().to_string())];
+            if let Some(t) = &self.tenant {
+                labels.push(metrics::Label::new("tenant", t.clone()));
+            }
             let outcome = |o: &'static str| {
-                metrics::counter!("tessera_acquire_outcomes_total", "name" => n.clone(), "outcome" => o)
+                let mut l = labels.clone();
+                l.push(metrics::Label::new("outcome", o));
+                metrics::counter!("tessera_acquire_outcomes_total", l)
             };
             SemHandles {
-                grants: metrics::counter!("tessera_grants_total", "name" => n.clone()),
+                grants: metrics::counter!("tessera_grants_total", labels.clone()),
                 granted: outcome("granted"),
                 no_permit: outcome("no_permit"),
                 timed_out: outcome("timed_out"),
                 error: outcome("error"),
-                wait: metrics::histogram!("tessera_acquire_wait_seconds", "name" => n.clone()),
-                waits: metrics::counter!("tessera_waits_total", "name" => n.clone()),
-                queue: metrics::gauge!("tessera_queue_length", "name" => n),
+                wait: metrics::histogram!("tessera_acquire_wait_seconds", labels.clone()),
+                waits: metrics::counter!("tessera_waits_total", labels.clone()),
+                queue: metrics::gauge!("tessera_queue_length", labels),
             }
         })
     }

@@ -50,12 +50,12 @@ fn register_at_start() {
     use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
     describe_counter!(
         "tessera_grants_total",
-        "Leases granted (acquire and try-acquire), per semaphore"
+        "Leases granted (acquire and try-acquire), per semaphore (and tenant, for requests that name one)"
     );
     describe_histogram!(
         "tessera_acquire_wait_seconds",
         Unit::Seconds,
-        "From an acquire's call to its grant, per semaphore"
+        "From an acquire's call to its grant, per semaphore (and tenant, for requests that name one)"
     );
     describe_counter!(
         "tessera_acquire_outcomes_total",

@@ -188,7 +188,7 @@ impl Semaphore {
                 queue_cap: opts.queue_cap,
                 waiter_ttl: opts.waiter_ttl,
                 tenant: opts.tenant.clone(),
-                metrics: Default::default(),
+                metrics: crate::telemetry::SemMetrics::new(opts.tenant.as_ref()),
             }),
         })
     }
