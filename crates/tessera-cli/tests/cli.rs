@@ -632,6 +632,50 @@ fn read_only_and_admin_commands_never_create_a_store() {
     );
 }
 
+/// `status NAME` of a limiter shows the store's count of admissions given back past their
+/// use-by instant, after the process that gave them back has closed its store, in the table
+/// and in `--json`.
+#[test]
+fn status_of_a_limiter_shows_the_admissions_that_expired_unused() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let s = tessera::Store::connect(&store).await.unwrap();
+        // A margin of 1 µs: every ticket is late by the time it is given back.
+        let late = s
+            .admission("sms")
+            .permits(1)
+            .rate_options(tessera::RateOptions::default().margin(Duration::from_micros(1)))
+            .rate("5/min".parse().unwrap())
+            .unwrap();
+        for _ in 0..2 {
+            let t = late.try_acquire().await.unwrap().expect("admitted");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert!(!t.is_fresh());
+            assert!(t.give_back().await.unwrap());
+        }
+        s.close().await.unwrap();
+    });
+    let out = tessera(home.path())
+        .args(["--store", &store, "status", "sms"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("expired unused: 2 admissions given back past the use-by instant"),
+        "{text}"
+    );
+    let out = tessera(home.path())
+        .args(["--store", &store, "status", "sms", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", stderr_lines(&out));
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.contains("\"expired_unused\":2"), "{json}");
+}
+
 /// `sqlite://file.db` would be a different file in each working directory: refused (64)
 /// with the absolute URL to write, and nothing created in the working directory.
 #[test]
