@@ -708,6 +708,11 @@ async fn an_acquire_giving_back_a_late_admission_keeps_the_head_of_the_queue() {
     let (st, d) = post(&c, &give_back(&last), back).await;
     assert_eq!((st, d), (StatusCode::OK, json!({"done": true})));
     assert_eq!(expired().await, json!(2));
+    // The server's own count agrees with the store's: each late admission once, whether
+    // given back by an acquire or by the give-back endpoint.
+    let metrics = get_text(&c, &s.url("/metrics")).await;
+    let needle = "tessera_admissions_expired_total{name=\"late\"} 2\n";
+    assert!(metrics.contains(needle), "no {needle} in\n{metrics}");
     // A malformed give-back changes nothing.
     let mut bad = body.clone();
     bad["given_back"] = json!({"lease_id": "nope", "reservation": 1, "admitted_at_us": 1});

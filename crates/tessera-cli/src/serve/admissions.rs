@@ -365,18 +365,17 @@ pub async fn give_back(
         body.reservation,
         body.admitted_at_us,
     )?;
-    let admission = admission_step(&app)?;
     let give_back = GiveBack {
         reservation: body.reservation,
         at: StoreTime(body.admitted_at_us),
         expired: body.expired,
     };
     let done = app
-        .bounded("the give-back", admission.give_back(&n, id, give_back))
+        .bounded(
+            "the give-back",
+            app.store.give_back_admission(n.as_str(), id, give_back),
+        )
         .await??;
-    if body.expired {
-        metrics::counter!("tessera_admissions_expired_total", "name" => sem).increment(1);
-    }
     Ok(Json(DoneBody { done }))
 }
 

@@ -97,6 +97,45 @@ impl Store {
             rate_opts: RateOptions::default().default_margin(DEFAULT_ADMISSION_MARGIN),
         }
     }
+
+    /// Gives back an admission this process holds no ticket for (a `tessera serve`
+    /// client's), named by its lease id and by the `reservation` and instant `at` its
+    /// answer carried: the permits are released and, while it is the limiter's latest
+    /// charge, the charge is returned to every window. With `expired` (the ticket came past
+    /// its use-by instant) it is counted as expired unused, by the store
+    /// ([`RateStatus::expired_unused`](crate::RateStatus)) and in
+    /// `tessera_admissions_expired_total`, once: only if the lease was still held, which
+    /// the answer says (`true`).
+    /// [`Error::Unsupported`](crate::Error::Unsupported) on a store without admission.
+    pub async fn give_back_admission(
+        &self,
+        name: &str,
+        lease_id: LeaseId,
+        give_back: GiveBack,
+    ) -> Result<bool> {
+        let name = crate::model::Name::new(name)?;
+        let backend = self.backend().admission().ok_or_else(|| {
+            crate::Error::Unsupported(format!("admission is not available on {} yet", self.url()))
+        })?;
+        give_back_by_id(backend, &name, lease_id, give_back).await
+    }
+}
+
+/// Gives back the admission `lease` through the store's step and, if it was `expired` and
+/// the step released the lease, counts it in `tessera_admissions_expired_total`: the one
+/// place a give-back by lease id (an HTTP client's, a readmit's) is counted, and counted as
+/// the store counts it, so a give-back sent twice counts once.
+async fn give_back_by_id(
+    backend: &dyn seam::AdmissionBackend,
+    name: &crate::model::Name,
+    lease: LeaseId,
+    give_back: GiveBack,
+) -> Result<bool> {
+    let held = backend.give_back(name, lease, give_back).await?;
+    if give_back.expired && held {
+        crate::telemetry::admission_expired(name);
+    }
+    Ok(held)
 }
 
 impl AdmissionBuilder {
@@ -257,20 +296,17 @@ impl Admission {
         timeout: Duration,
     ) -> Result<Option<Admitted>> {
         let deadline = Instant::now().checked_add(timeout);
-        let held = self
-            .semaphore
-            .admission_backend()?
-            .give_back(
-                self.semaphore.name_key(),
-                lease,
-                GiveBack {
-                    reservation,
-                    at,
-                    expired: true,
-                },
-            )
-            .await?;
-        crate::telemetry::admission_expired(self.semaphore.name_key());
+        let held = give_back_by_id(
+            self.semaphore.admission_backend()?,
+            self.semaphore.name_key(),
+            lease,
+            GiveBack {
+                reservation,
+                at,
+                expired: true,
+            },
+        )
+        .await?;
         self.again(held, deadline, timeout.is_zero()).await
     }
 
