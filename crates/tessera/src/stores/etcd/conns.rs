@@ -25,6 +25,11 @@ pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Acquires of one backend under way in etcd at once; more wait in the client, in the order
+/// they came (a fair semaphore), so that a burst of them does not stand in etcd's queue
+/// before every other request of every client.
+pub(super) const JOINS_IN_FLIGHT: usize = 32;
+
 /// Times a request is sent again after its member could not be reached (20 ms, 40 ms, …,
 /// about 1.5 s in all).
 pub(super) const CALL_RETRIES: usize = 6;
@@ -61,6 +66,8 @@ pub struct EtcdBackend {
     /// for as long as the process lives. Every acquire and heartbeat tries them again first.
     pub(super) unfinished: Mutex<HashMap<LeaseId, Name>>,
     pub(super) keep_alives: Mutex<HashMap<i64, Arc<KeepAliveSlot>>>,
+    /// Acquires under way in etcd at once ([`JOINS_IN_FLIGHT`]).
+    pub(super) joins: tokio::sync::Semaphore,
     pub(super) watches: Arc<Watches>,
 }
 
@@ -140,6 +147,7 @@ impl EtcdBackend {
             waits_due: Mutex::default(),
             unfinished: Mutex::default(),
             keep_alives: Mutex::default(),
+            joins: tokio::sync::Semaphore::new(JOINS_IN_FLIGHT),
         };
         // One read: an unreachable cluster or a refused user fails here (after the
         // retries every request gets, so an election under way is ridden out).

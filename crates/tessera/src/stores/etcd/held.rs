@@ -73,6 +73,8 @@ pub(super) struct WaitHere {
     pub(super) ttls: (i64, i64),
     /// The mod revision of its waiting record (a grant writes the record again).
     pub(super) rev: i64,
+    /// The etcd lease its waiting record is on.
+    pub(super) lease: i64,
     pub(super) keys: Keys,
     /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
     pub(super) deadline: Instant,
@@ -145,6 +147,7 @@ impl EtcdBackend {
             WaitHere {
                 ttls,
                 rev: entry.mod_rev,
+                lease: entry.lease,
                 keys: keys.clone(),
                 deadline,
                 read_at,

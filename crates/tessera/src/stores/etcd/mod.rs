@@ -119,7 +119,7 @@
 //! | operation | etcd |
 //! |---|---|
 //! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the count of records, the seats and the tail; a waiter that cannot fit and is behind others: one read of the record the tail names; otherwise (it may fit, or the tail does not name a waiter) a read of the semaphore, then a grant transaction if it fits |
-//! | `heartbeat` | while its watch is quiet (`notify.rs`), keep-alives and a read of its own record in one round trip; otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
+//! | `heartbeat` | while its watch is quiet (`notify.rs`), keep-alives of the sessions only (shared with the other callers); otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
 //! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
 //! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
 //! | `renew` | keep-alive + read of the record; a provisional grant: read, keep-alive, one transaction that moves it |
@@ -498,6 +498,11 @@ impl Backend for EtcdBackend {
     ) -> Result<AcquireReply> {
         self.finish_cancels().await;
         let id = req.lease_id;
+        // A few joins at a time: the rest wait here, not in etcd's queue, where the
+        // renewals, heartbeats and reads of this client and of every other would wait
+        // behind them (10,000 acquires sent at once kept a status read of another client
+        // unanswered past its retries).
+        let _turn = self.joins.acquire().await;
         self.pending.lock().unwrap().insert(id, ());
         let outcome = self.acquire_inner(name, capacity, req).await;
         // Not reached if the caller dropped this call: the entry stays for its cancel.
@@ -518,21 +523,18 @@ impl Backend for EtcdBackend {
             let w = waiting.get(&lease);
             let quiet = w
                 .filter(|w| self.watches.quiet_since(lease, w.read_at))
-                .map(|w| w.rev);
+                .map(|w| w.lease);
             (w.map(|w| w.ttls), quiet)
         };
-        if let (Some((hs, ws)), Some(rev)) = (known, quiet) {
-            // Nothing that can let it in happened since the last read (its watch is quiet):
-            // the sessions kept alive and its own record read, in one round trip. A record
-            // still waiting, unchanged and on the waiter session just kept alive waits on;
-            // anything else takes the full read below.
-            let (entry, h, w) = tokio::join!(
-                self.read_one(&keys, lease),
-                self.session(hs),
-                self.session(ws)
-            );
-            let (entry, w) = (entry?, (h?, w?).1);
-            if entry.is_some_and(|e| !e.is_holder() && e.mod_rev == rev && e.lease == w.id) {
+        if let (Some((hs, ws)), Some(on)) = (known, quiet) {
+            // Nothing that can let it in happened since the last read, and its own record
+            // was neither written (a grant) nor deleted: its watch, which reports both, is
+            // quiet (`notify.rs`). The sessions are kept alive (keep-alives shared with the
+            // other callers, no read): a record on the waiter session just kept alive waits
+            // on; a session that ended and was replaced takes the full read below.
+            let (h, w) = tokio::join!(self.session(hs), self.session(ws));
+            let w = (h?, w?).1;
+            if w.id == on {
                 if let Some(here) = self.waiting.lock().unwrap().get_mut(&lease) {
                     here.deadline = Instant::now() + Duration::from_secs(ws as u64);
                 }

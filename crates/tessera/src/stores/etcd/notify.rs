@@ -30,10 +30,12 @@
 //! that ended) is stamped from one counter per backend ([`Watches::now`]). A waiter's place
 //! can improve only through something its watch reports, so a heartbeat whose waiter's
 //! watch is in sync and has stamped nothing since the heartbeat's last full read began
-//! ([`Watches::quiet_since`]) needs no new read of the semaphore: it keeps the sessions
-//! alive and checks that its own record is unchanged (`EtcdBackend::heartbeat`). Without
+//! ([`Watches::quiet_since`]) needs no read at all: the watch reports every write and the
+//! deletion of its own record too, so it only keeps the sessions alive
+//! (`EtcdBackend::heartbeat`; a waiter session replaced since the read takes the full path). Without
 //! this, every heartbeat of every waiter read the whole semaphore, so one process with
-//! 10,000 waiters sent 10,000 reads of 10,000 records every second.
+//! 10,000 waiters sent 10,000 reads of 10,000 records every second; reading its own record
+//! still made them 10,000 reads a second.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -277,9 +279,10 @@ async fn watch_once(
             let options = WatchOptions::new().with_prev_key();
             stream.watch(cap.clone(), Some(options)).await?;
         }
-        // Its own record: a release that hands it the permits writes the grant there.
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoDelete]);
-        stream.watch(own.clone(), Some(options)).await?;
+        // Its own record: a release that hands it the permits writes the grant there; a
+        // deletion (swept, purged, deleted by an admin, its session ended) wakes it too, so
+        // a quiet watch also says the record is still there as last read.
+        stream.watch(own.clone(), None).await?;
         Ok::<_, etcd_client::Error>(stream)
     };
     let mut stream = match tokio::time::timeout(ATTEMPT_TIMEOUT, open).await {
