@@ -1331,7 +1331,10 @@ async fn joining_a_long_queue_costs_what_joining_a_short_one_does() {
     let first = enqueue(&b, cluster, &name, BATCH).await;
     let _ = enqueue(&b, cluster, &name, BATCH).await;
     let third = enqueue(&b, cluster, &name, BATCH).await;
-    eprintln!("{BATCH} enqueues onto 0 waiters: {first:?}; onto {}: {third:?}", 2 * BATCH);
+    eprintln!(
+        "{BATCH} enqueues onto 0 waiters: {first:?}; onto {}: {third:?}",
+        2 * BATCH
+    );
     assert!(
         third.bytes_sent < 2 * first.bytes_sent,
         "{BATCH} enqueues onto {} waiters made etcd send {} bytes, onto none {}",
@@ -1346,6 +1349,9 @@ async fn joining_a_long_queue_costs_what_joining_a_short_one_does() {
         third.requests,
         first.requests
     );
-    assert_eq!(status(&c.store, name.as_str()).await.unwrap().queue.len(), 3 * BATCH);
+    assert_eq!(
+        status(&c.store, name.as_str()).await.unwrap().queue.len(),
+        3 * BATCH
+    );
     drop(held);
 }

@@ -198,8 +198,8 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, FenceSource, HandOff, Waking};
 use crate::wake;
 
-pub use conns::EtcdBackend;
 use conns::revision;
+pub use conns::EtcdBackend;
 use grant::{MAX_ROUNDS, MAX_TXN_OPS};
 use ops::{lease_secs, Entry, Joined, Keys, Place, Record, Snapshot, MIN_LEASE_SECS};
 use session::EtcdLease;
@@ -307,7 +307,10 @@ impl EtcdBackend {
         // transaction without reading the records (see `EtcdBackend::join`).
         let joined_reads = || {
             [
-                TxnOp::get(keys.queue.clone(), Some(GetOptions::new().with_prefix().with_count_only())),
+                TxnOp::get(
+                    keys.queue.clone(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
                 TxnOp::get(keys.seats(), Some(GetOptions::new().with_prefix())),
             ]
         };
