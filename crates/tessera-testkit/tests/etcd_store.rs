@@ -1323,7 +1323,7 @@ async fn joining_a_long_queue_costs_what_joining_a_short_one_does() {
     const BATCH: usize = 200;
     let mut h = Harness::etcd_with(1);
     let c = h.client().await;
-    let name = Name::new(&unique("long-queue")).unwrap();
+    let name = Name::new(unique("long-queue")).unwrap();
     let sem = Semaphore::new(&c.store, name.as_str(), 1, o(Duration::from_secs(60))).unwrap();
     let held = sem.acquire().await.unwrap();
     let b = c.store.backend().clone();
