@@ -84,6 +84,11 @@ async fn a_weight_above_what_one_transaction_can_grant_is_a_typed_error() {
     assert!(c.store.list().await.unwrap().is_empty(), "nothing changed");
     let p = sem.acquire_many(max).await.unwrap();
     assert_eq!(p.seats(), (0..max).collect::<Vec<_>>());
+    // Into a queue that is not empty: the transaction that writes the record (and reads
+    // the count, the seats and the tail) fits etcd's limit too.
+    let q = sem.acquire_many(max).await.unwrap();
+    assert_eq!(q.seats(), (max..2 * max).collect::<Vec<_>>());
+    q.release().await.unwrap();
     p.release().await.unwrap();
 }
 
