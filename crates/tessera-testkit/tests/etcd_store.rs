@@ -84,6 +84,11 @@ async fn a_weight_above_what_one_transaction_can_grant_is_a_typed_error() {
     assert!(c.store.list().await.unwrap().is_empty(), "nothing changed");
     let p = sem.acquire_many(max).await.unwrap();
     assert_eq!(p.seats(), (0..max).collect::<Vec<_>>());
+    // Into a queue that is not empty: the transaction that writes the record (and reads
+    // the count, the seats and the tail) fits etcd's limit too.
+    let q = sem.acquire_many(max).await.unwrap();
+    assert_eq!(q.seats(), (max..2 * max).collect::<Vec<_>>());
+    q.release().await.unwrap();
     p.release().await.unwrap();
 }
 
@@ -1234,4 +1239,124 @@ async fn quiet_waiters_heartbeat_without_reading_the_queue() {
     }
     assert_eq!(*served.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
     assert_drained(&c.store, &name).await;
+}
+
+/// One counter of etcd's `/metrics` (the client port): the sum of every line that starts
+/// with `prefix` (all label sets), e.g. `grpc_server_handled_total{grpc_method="Range"`.
+fn etcd_metric(cluster: &EtcdCluster, prefix: &str) -> u64 {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            &format!("http://127.0.0.1:{}/metrics", cluster.client_port(0)),
+        ])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "etcd's /metrics did not answer");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// What etcd did for one batch of enqueues.
+#[derive(Debug, Clone, Copy)]
+struct EtcdWork {
+    bytes_sent: u64,
+    requests: u64,
+}
+
+fn etcd_work(cluster: &EtcdCluster) -> EtcdWork {
+    EtcdWork {
+        bytes_sent: etcd_metric(cluster, "etcd_network_client_grpc_sent_bytes_total "),
+        requests: etcd_metric(cluster, "grpc_server_handled_total{"),
+    }
+}
+
+/// Queues `n` waiters on `name` (full) through the seam, `CONCURRENT` at a time, as one
+/// process with thousands of waiters does; returns what etcd did for them.
+async fn enqueue(
+    b: &std::sync::Arc<dyn Backend>,
+    cluster: &EtcdCluster,
+    name: &Name,
+    n: usize,
+) -> EtcdWork {
+    const CONCURRENT: usize = 20;
+    let before = etcd_work(cluster);
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(CONCURRENT);
+        left -= k;
+        let replies = futures::future::join_all((0..k).map(|_| {
+            let req = AcquireRequest {
+                lease_id: LeaseId::random(),
+                weight: 1,
+                ttl: Duration::from_secs(60),
+                holder: "queue".into(),
+                wait: Some(WaitSpec {
+                    waiter_ttl: Duration::from_secs(60),
+                    queue_cap: 100_000,
+                }),
+                tenant: None,
+            };
+            async move { b.acquire(name, 1, &req).await }
+        }))
+        .await;
+        for r in replies {
+            assert!(
+                matches!(r, Ok(AcquireReply::Queued { .. })),
+                "an enqueue answered {r:?}"
+            );
+        }
+    }
+    let after = etcd_work(cluster);
+    EtcdWork {
+        bytes_sent: after.bytes_sent - before.bytes_sent,
+        requests: after.requests - before.requests,
+    }
+}
+
+/// Joining the queue costs etcd the same whatever the queue's length: no enqueue reads the
+/// whole queue, and no waiter that joins wakes the waiters already queued to read it. Before,
+/// each enqueue's transaction read every record of the semaphore (O(n) each, O(n²) in all),
+/// so the chaos scenario that queues 10,000 waiters from one process (`s10-reclaim`) got 171
+/// queued in 90 s. The same number of enqueues is sent onto a queue of 0, then of 400
+/// waiters: etcd must not send much more for the second batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_a_long_queue_costs_what_joining_a_short_one_does() {
+    const BATCH: usize = 200;
+    let mut h = Harness::etcd_with(1);
+    let c = h.client().await;
+    let name = Name::new(unique("long-queue")).unwrap();
+    let sem = Semaphore::new(&c.store, name.as_str(), 1, o(Duration::from_secs(60))).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let b = c.store.backend().clone();
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    let first = enqueue(&b, cluster, &name, BATCH).await;
+    let _ = enqueue(&b, cluster, &name, BATCH).await;
+    let third = enqueue(&b, cluster, &name, BATCH).await;
+    eprintln!(
+        "{BATCH} enqueues onto 0 waiters: {first:?}; onto {}: {third:?}",
+        2 * BATCH
+    );
+    assert!(
+        third.bytes_sent < 2 * first.bytes_sent,
+        "{BATCH} enqueues onto {} waiters made etcd send {} bytes, onto none {}",
+        2 * BATCH,
+        third.bytes_sent,
+        first.bytes_sent
+    );
+    assert!(
+        third.requests < 2 * first.requests,
+        "{BATCH} enqueues onto {} waiters cost {} etcd requests, onto none {}",
+        2 * BATCH,
+        third.requests,
+        first.requests
+    );
+    assert_eq!(
+        status(&c.store, name.as_str()).await.unwrap().queue.len(),
+        3 * BATCH
+    );
+    drop(held);
 }

@@ -7,7 +7,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnOpResponse, TxnResponse};
+use tokio::time::Instant;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
 
 use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
 use crate::model::*;
@@ -22,6 +24,11 @@ use super::session::{EtcdLease, KeepAliveSlot};
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Acquires of one backend under way in etcd at once; more wait in the client, in the order
+/// they came (a fair semaphore), so that a burst of them does not stand in etcd's queue
+/// before every other request of every client.
+pub(super) const JOINS_IN_FLIGHT: usize = 32;
 
 /// Times a request is sent again after its member could not be reached (20 ms, 40 ms, …,
 /// about 1.5 s in all).
@@ -47,13 +54,20 @@ pub struct EtcdBackend {
     pub(super) pending: Mutex<HashMap<LeaseId, ()>>,
     /// The holder and waiter TTLs (seconds) of this backend's waiters, for their heartbeats.
     pub(super) waiting: Mutex<HashMap<LeaseId, WaitHere>>,
+    /// No waiter's deadline in `waiting` is before this (`None`: no waiter): the sweep
+    /// looks through the waiters only once it has passed. Deadlines only move later
+    /// between sweeps, except a new waiter's, which lowers it; both are written under
+    /// `waiting`'s lock.
+    pub(super) waits_due: Mutex<Option<Instant>>,
     /// Cancels that did not finish (the store failed, or the caller dropped the call, as the
     /// clean-up does past its bound during an outage), by lease id. Their records are on this
     /// client's sessions, which the other waiters and holders of this process keep alive: left
     /// alone, such a record would sit in the queue (or hold the permits a release handed it)
     /// for as long as the process lives. Every acquire and heartbeat tries them again first.
     pub(super) unfinished: Mutex<HashMap<LeaseId, Name>>,
-    pub(super) keep_alives: Mutex<HashMap<i64, KeepAliveSlot>>,
+    pub(super) keep_alives: Mutex<HashMap<i64, Arc<KeepAliveSlot>>>,
+    /// Acquires under way in etcd at once ([`JOINS_IN_FLIGHT`]).
+    pub(super) joins: tokio::sync::Semaphore,
     pub(super) watches: Arc<Watches>,
 }
 
@@ -130,8 +144,10 @@ impl EtcdBackend {
             held,
             pending: Mutex::default(),
             waiting: Mutex::default(),
+            waits_due: Mutex::default(),
             unfinished: Mutex::default(),
             keep_alives: Mutex::default(),
+            joins: tokio::sync::Semaphore::new(JOINS_IN_FLIGHT),
         };
         // One read: an unreachable cluster or a refused user fails here (after the
         // retries every request gets, so an election under way is ridden out).
@@ -282,24 +298,4 @@ impl EtcdBackend {
 /// The revision of a response header (0 without one).
 pub(super) fn revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision())
-}
-
-/// The range read inside a transaction's responses (the last `Get`, searching nested
-/// transactions), with whether the nested transaction succeeded.
-pub(super) fn txn_read(resp: &TxnResponse) -> Option<(bool, etcd_client::GetResponse)> {
-    let mut nested_ok = true;
-    let mut found = None;
-    for op in resp.op_responses() {
-        match op {
-            TxnOpResponse::Get(g) => found = Some(g),
-            TxnOpResponse::Txn(t) => {
-                nested_ok = t.succeeded();
-                if let Some((_, g)) = txn_read(&t) {
-                    found = Some(g);
-                }
-            }
-            _ => {}
-        }
-    }
-    found.map(|g| (nested_ok, g))
 }

@@ -8,7 +8,7 @@ use crate::model::*;
 
 use super::conns::{revision, EtcdBackend};
 use super::error::{is_lease_not_found, is_out_of_space};
-use super::ops::{Entry, Keys, Place, Snapshot, DROP_OR_ATTACH_OPS};
+use super::ops::{Entry, Joined, Keys, Place, Snapshot, DROP_OR_ATTACH_OPS};
 use super::session::EtcdLease;
 
 /// Read-decide-write rounds of one operation before it reports contention.
@@ -225,6 +225,75 @@ impl EtcdBackend {
             )])
             .and_then(ops);
         Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Places the record `entry` that this acquire's transaction just wrote, from what that
+    /// transaction read (`joined`: counts, seats, the tail) and, for a waiter behind other
+    /// waiters, one read of the record the tail named: what it costs does not grow with the
+    /// queue. `None` when that is not enough to decide, and the caller reads the semaphore.
+    ///
+    /// - Every record weighs at least 1, so with `records - 1` records ahead of it a record
+    ///   that `records - 1 + w` would not fit into `capacity` cannot fit; one that might is
+    ///   decided on the records (`None`).
+    /// - Its position is the records ahead less the leases holding seats.
+    /// - At position 0 it is the head and watches the queue. Behind, it watches the record
+    ///   the tail named, when that still waits: it joined before this one, so it is ahead;
+    ///   this one cannot fit before that one does, which then grants itself (a put its watch
+    ///   sees) or leaves (a deletion). It is the waiter just ahead unless a client of an
+    ///   earlier version, which writes no tail, joined in between; watching one further
+    ///   ahead only wakes this waiter later to read the semaphore, from which it watches the
+    ///   one just ahead. A tail that names a holder, a record gone, or nothing: `None`.
+    pub(super) async fn join(
+        &self,
+        name: &Name,
+        keys: &Keys,
+        req: &AcquireRequest,
+        capacity: u32,
+        (entry, joined): (&Entry, &Joined),
+        (holder, waiter_ttl): (EtcdLease, i64),
+    ) -> Result<Option<AcquireReply>> {
+        let ahead = joined.records.saturating_sub(1);
+        if ahead + u64::from(req.weight) <= u64::from(capacity) {
+            return Ok(None);
+        }
+        let position = ahead.saturating_sub(joined.holders);
+        let refuse = match req.wait {
+            None => None,
+            Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
+            Some(_) => {
+                let waiter_ahead = if position == 0 {
+                    None
+                } else {
+                    let Some(tail) = joined.tail.filter(|&t| t != entry.id) else {
+                        return Ok(None);
+                    };
+                    match self.read_one(keys, tail).await? {
+                        Some(t) if !t.is_holder() => Some(t.id),
+                        _ => return Ok(None),
+                    }
+                };
+                // A waiting record is written again only by its grant, so the one read
+                // above was as it is now at the transaction's revision too.
+                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl), 0);
+                self.watch_after(keys, joined.revision, waiter_ahead, entry.id);
+                return Ok(Some(AcquireReply::Queued { position }));
+            }
+        };
+        // A try that cannot fit, or a queue at its cap: the record goes again. With one
+        // record ahead, that one may be left alone (`Snapshot::settled_left_after`).
+        if ahead < 2 || !self.dequeue(keys, entry, None).await? {
+            return Ok(None);
+        }
+        match refuse {
+            Some(cap) => Err(Error::QueueFull {
+                name: name.to_string(),
+                cap,
+            }),
+            None => Ok(Some(AcquireReply::NoPermit {
+                available: capacity.saturating_sub(joined.seats.min(u64::from(u32::MAX)) as u32),
+                queued: position,
+            })),
+        }
     }
 
     /// The rest of an acquire whose waiting record was written in this call, seen in

@@ -73,6 +73,8 @@ pub(super) struct WaitHere {
     pub(super) ttls: (i64, i64),
     /// The mod revision of its waiting record (a grant writes the record again).
     pub(super) rev: i64,
+    /// The etcd lease its waiting record is on.
+    pub(super) lease: i64,
     pub(super) keys: Keys,
     /// One waiter TTL after its last heartbeat: past it, the record goes (as above).
     pub(super) deadline: Instant,
@@ -116,6 +118,11 @@ impl EtcdBackend {
 
     /// Watches what can let `id` in (see the module docs), from after `snap`.
     pub(super) fn watch(&self, keys: &Keys, snap: &Snapshot, ahead: Option<LeaseId>, id: LeaseId) {
+        self.watch_after(keys, snap.revision, ahead, id);
+    }
+
+    /// [`EtcdBackend::watch`], from after revision `read` (the read `ahead` was decided on).
+    pub(super) fn watch_after(&self, keys: &Keys, read: i64, ahead: Option<LeaseId>, id: LeaseId) {
         let target = match ahead {
             None => Target::Head {
                 queue: keys.queue.clone(),
@@ -123,18 +130,24 @@ impl EtcdBackend {
             },
             Some(a) => Target::Behind(keys.lease(a)),
         };
-        self.watches.set(id, target, keys, snap.revision + 1);
+        self.watches.set(id, target, keys, read + 1);
     }
 
     /// Notes (or renews) a waiter of this backend, `entry` as its heartbeat or acquire read
     /// it.
     pub(super) fn note_waiting(&self, entry: &Entry, keys: &Keys, ttls: (i64, i64), read_at: u64) {
         let deadline = Instant::now() + Duration::from_secs(ttls.1 as u64);
-        self.waiting.lock().unwrap().insert(
+        let mut waiting = self.waiting.lock().unwrap();
+        // Under the map's lock, so that a sweep's new bound accounts for this deadline.
+        let mut due = self.waits_due.lock().unwrap();
+        *due = Some(due.map_or(deadline, |d| d.min(deadline)));
+        drop(due);
+        waiting.insert(
             entry.id,
             WaitHere {
                 ttls,
                 rev: entry.mod_rev,
+                lease: entry.lease,
                 keys: keys.clone(),
                 deadline,
                 read_at,
@@ -163,17 +176,27 @@ impl EtcdBackend {
                 .filter_map(|id| map.remove(&id).map(|h| (id, h)))
                 .collect()
         };
+        // The waiters are looked through only once one may be overdue: every heartbeat and
+        // acquire comes here (through `session`), and a scan of 10,000 waiters per call,
+        // twice a heartbeat, was 200 million steps a second.
         let waits: Vec<(LeaseId, WaitHere)> = {
             let mut map = self.waiting.lock().unwrap();
-            let overdue: Vec<LeaseId> = map
-                .iter()
-                .filter(|(_, w)| w.deadline < now)
-                .map(|(id, _)| *id)
-                .collect();
-            overdue
-                .into_iter()
-                .filter_map(|id| map.remove(&id).map(|w| (id, w)))
-                .collect()
+            let mut due = self.waits_due.lock().unwrap();
+            if due.is_none_or(|d| d >= now) {
+                vec![]
+            } else {
+                let overdue: Vec<LeaseId> = map
+                    .iter()
+                    .filter(|(_, w)| w.deadline < now)
+                    .map(|(id, _)| *id)
+                    .collect();
+                let overdue: Vec<(LeaseId, WaitHere)> = overdue
+                    .into_iter()
+                    .filter_map(|id| map.remove(&id).map(|w| (id, w)))
+                    .collect();
+                *due = map.values().map(|w| w.deadline).min();
+                overdue
+            }
         };
         for (id, h) in held {
             tracing::debug!(lease = %id, "etcd: ending a grant nobody renewed");

@@ -31,7 +31,9 @@
 //! - **Sessions.** Each client (one [`EtcdBackend`]) keeps one etcd lease per TTL, as
 //!   etcd's own `concurrency` sessions do: waiting records sit on the session of the waiter
 //!   TTL, granted records and their seats on the session of the lease TTL. Heartbeats and
-//!   renewals keep them alive (a keep-alive on the lease's stream is not a Raft write). A
+//!   renewals keep them alive (a keep-alive on the lease's stream is not a Raft write);
+//!   callers that ask together share one keep-alive sent after the last of them asked
+//!   (`session.rs`), so thousands of waiters cost one exchange per round trip. A
 //!   client that crashes or freezes renews nothing, and etcd ends its sessions with every
 //!   record on them, atomically. A grant or wait that nobody in a live client renews for its
 //!   TTL is ended by that client's next operation (see `sweep`), so it does not live on
@@ -68,6 +70,14 @@
 //!   compares the mod revision it just read. A waiter whose waiter TTL is not below its
 //!   lease TTL, or whose record was written by a client before this (no `wt`), is granted
 //!   on its client's session of the lease TTL (named in its record), as before.
+//! - **Joining the queue** costs the same at any length: the acquire's transaction writes
+//!   the record and reads only the number of records, the seats (at most the capacity) and
+//!   the tail key (the record that joined last; `ops.rs`). A record with more records ahead
+//!   than the capacity leaves room for cannot fit; its position is the records ahead less
+//!   the holders; behind other waiters it watches the one the tail names, read once (see
+//!   `EtcdBackend::join`). Only a record that might fit, or a tail that names no waiter,
+//!   reads the semaphore. Reading the whole queue on every join made one process queue
+//!   171 waiters in 90 s where it asked for 10,000 (`s10-reclaim`).
 //! - **Waking.** Each waiter watches only what can let it in: the head watches deletions of
 //!   `q/` records and the capacity; every other waiter the waiter just ahead of it (its grant
 //!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
@@ -108,8 +118,8 @@
 //!
 //! | operation | etcd |
 //! |---|---|
-//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the semaphore; then a grant transaction if it fits |
-//! | `heartbeat` | while its watch is quiet (`notify.rs`), keep-alives and a read of its own record in one round trip; otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
+//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the count of records, the seats and the tail; a waiter that cannot fit and is behind others: one read of the record the tail names; otherwise (it may fit, or the tail does not name a waiter) a read of the semaphore, then a grant transaction if it fits |
+//! | `heartbeat` | while its watch is quiet (`notify.rs`), keep-alives of the sessions only (shared with the other callers); otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
 //! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
 //! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
 //! | `renew` | keep-alive + read of the record; a provisional grant: read, keep-alive, one transaction that moves it |
@@ -188,10 +198,10 @@ use crate::model::*;
 use crate::seam::{Backend, Capabilities, FenceSource, HandOff, Waking};
 use crate::wake;
 
+use conns::revision;
 pub use conns::EtcdBackend;
-use conns::{revision, txn_read};
 use grant::{MAX_ROUNDS, MAX_TXN_OPS};
-use ops::{lease_secs, Entry, Keys, Place, Record, Snapshot, MIN_LEASE_SECS};
+use ops::{lease_secs, Entry, Joined, Keys, Place, Record, Snapshot, MIN_LEASE_SECS};
 use session::EtcdLease;
 
 /// How long a cancel's marker (see [`EtcdBackend::cancel`]) outlives the request it stops.
@@ -293,6 +303,17 @@ impl EtcdBackend {
         let waiter_ttl = req.wait.map(|w| lease_secs(w.waiter_ttl));
         let first_seats: Vec<u32> = (0..req.weight).collect();
         let get_all = || TxnOp::get(keys.all.clone(), Some(GetOptions::new().with_prefix()));
+        // What a new record needs to know of the queue it joins, read in its own
+        // transaction without reading the records (see `EtcdBackend::join`).
+        let joined_reads = || {
+            [
+                TxnOp::get(
+                    keys.queue.clone(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+                TxnOp::get(keys.seats(), Some(GetOptions::new().with_prefix())),
+            ]
+        };
         // Whether an earlier round of this call wrote the waiting record.
         let mut wrote = false;
         for _ in 0..MAX_ROUNDS {
@@ -333,16 +354,28 @@ impl EtcdBackend {
                     ),
                     // A second record: the capacity must outlive the first one's lease.
                     keys.capacity_shared(capacity),
-                    get_all(),
+                    TxnOp::put(
+                        keys.tail.clone(),
+                        id.to_string(),
+                        Some(PutOptions::new().with_lease(waiter.id)),
+                    ),
                 ])
                 .or_else([get_all()]);
-            // The only record: the capacity key goes on its etcd lease (`Keys::capacity_on`).
+            // The only record: the capacity key goes on its etcd lease (`Keys::capacity_on`);
+            // a tail left by records gone meanwhile goes.
             let mut ops = keys.grant_ops(id, &granted, holder.id)?;
             ops.push(keys.capacity_on(capacity, holder.id));
-            let txn = Txn::new()
-                .when(when)
-                .and_then(ops)
-                .or_else([TxnOp::txn(nested)]);
+            ops.push(TxnOp::delete(keys.tail.clone(), None));
+            // The tail is read before the nested transaction replaces it. etcd counts these
+            // reads against the outer transaction (W + 3 compares leave room for them), not
+            // against the nested one, whose room is what `MAX_WEIGHT` is built on.
+            let [count, seats] = joined_reads();
+            let txn = Txn::new().when(when).and_then(ops).or_else([
+                TxnOp::get(keys.tail.clone(), None),
+                TxnOp::txn(nested),
+                count,
+                seats,
+            ]);
             let Some(resp) = self.txn_on(txn, &[holder, waiter]).await? else {
                 continue;
             };
@@ -354,10 +387,31 @@ impl EtcdBackend {
                     now,
                 )));
             }
-            let (written, read) = txn_read(&resp)
-                .ok_or_else(|| Error::Corrupt("etcd transaction without its read".into()))?;
-            wrote |= written;
-            let snap = Snapshot::parse(&keys, revision(read.header()), read.kvs())?;
+            let snap = match Joined::parse(&keys, &resp)? {
+                Ok(joined) => {
+                    wrote = true;
+                    let entry = Entry {
+                        create_rev: joined.revision,
+                        ..Entry::written(id, record.clone(), joined.revision, waiter.id)
+                    };
+                    let placed = self
+                        .join(
+                            name,
+                            &keys,
+                            req,
+                            capacity,
+                            (&entry, &joined),
+                            (holder, waiter.ttl),
+                        )
+                        .await?;
+                    match placed {
+                        Some(reply) => return Ok(reply),
+                        // Not decided without the records: read them all.
+                        None => self.read(&keys).await?,
+                    }
+                }
+                Err(snap) => snap,
+            };
             if snap.cancelled.contains(&id) {
                 return Err(Error::store(
                     StoreErrorKind::Other,
@@ -415,6 +469,7 @@ impl EtcdBackend {
                     when.extend(keys.seats_free(&first_seats));
                     let mut ops = vec![keys.capacity_on(capacity, holder.id)];
                     ops.extend(keys.grant_ops(id, &granted, holder.id)?);
+                    ops.push(TxnOp::delete(keys.tail.clone(), None));
                     let txn = Txn::new().when(when).and_then(ops);
                     if let Some(resp) = self.txn_on(txn, &[holder]).await? {
                         if resp.succeeded() {
@@ -446,6 +501,11 @@ impl Backend for EtcdBackend {
     ) -> Result<AcquireReply> {
         self.finish_cancels().await;
         let id = req.lease_id;
+        // A few joins at a time: the rest wait here, not in etcd's queue, where the
+        // renewals, heartbeats and reads of this client and of every other would wait
+        // behind them (10,000 acquires sent at once kept a status read of another client
+        // unanswered past its retries).
+        let _turn = self.joins.acquire().await;
         self.pending.lock().unwrap().insert(id, ());
         let outcome = self.acquire_inner(name, capacity, req).await;
         // Not reached if the caller dropped this call: the entry stays for its cancel.
@@ -466,21 +526,18 @@ impl Backend for EtcdBackend {
             let w = waiting.get(&lease);
             let quiet = w
                 .filter(|w| self.watches.quiet_since(lease, w.read_at))
-                .map(|w| w.rev);
+                .map(|w| w.lease);
             (w.map(|w| w.ttls), quiet)
         };
-        if let (Some((hs, ws)), Some(rev)) = (known, quiet) {
-            // Nothing that can let it in happened since the last read (its watch is quiet):
-            // the sessions kept alive and its own record read, in one round trip. A record
-            // still waiting, unchanged and on the waiter session just kept alive waits on;
-            // anything else takes the full read below.
-            let (entry, h, w) = tokio::join!(
-                self.read_one(&keys, lease),
-                self.session(hs),
-                self.session(ws)
-            );
-            let (entry, w) = (entry?, (h?, w?).1);
-            if entry.is_some_and(|e| !e.is_holder() && e.mod_rev == rev && e.lease == w.id) {
+        if let (Some((hs, ws)), Some(on)) = (known, quiet) {
+            // Nothing that can let it in happened since the last read, and its own record
+            // was neither written (a grant) nor deleted: its watch, which reports both, is
+            // quiet (`notify.rs`). The sessions are kept alive (keep-alives shared with the
+            // other callers, no read): a record on the waiter session just kept alive waits
+            // on; a session that ended and was replaced takes the full read below.
+            let (h, w) = tokio::join!(self.session(hs), self.session(ws));
+            let w = (h?, w?).1;
+            if w.id == on {
                 if let Some(here) = self.waiting.lock().unwrap().get_mut(&lease) {
                     here.deadline = Instant::now() + Duration::from_secs(ws as u64);
                 }
@@ -800,8 +857,10 @@ pub const RATE_UNSUPPORTED: &str = "etcd has no clock that a transaction can rea
 
 /// The most permits one lease takes on etcd. An acquire's first transaction compares the
 /// capacity, the queue, the cancel marker and each of the W seats it would take (W + 3
-/// compares), and carries in its other branch a transaction of 3 compares that writes the
-/// waiting record, which etcd counts against what the outer one leaves: W + 6 <= 128.
+/// compares; its W + 3 operations in the other case: the record, the seats, the capacity
+/// and the tail), and carries in its other branch 4 reads and a transaction of 3 compares
+/// (and 3 puts) that writes the waiting record, which etcd counts against what the outer
+/// one leaves: W + 6 <= 128.
 /// A heavier request is refused before it reaches the store.
 pub const MAX_WEIGHT: u32 = MAX_TXN_OPS as u32 - 6;
 

@@ -8,9 +8,14 @@
 //! its current one from history, and puts it in sync only on a loop that runs every 100 ms,
 //! so on a busy semaphore nearly every wait paid up to 100 ms before its first event (W2 on
 //! one local etcd: p50 191 ms, 39 hand-offs/s). The reply that creates a watcher carries the
-//! revision `H` it starts after; if `H > R`, something happened in between, and the waiter is
+//! revision `H` it starts after; if `H > R`, something happened in between. The head is then
 //! woken at once to read again (its heartbeat; the running watch covers what follows that
-//! read).
+//! read). A waiter behind another depends on two keys only, the one ahead and its own: it
+//! reads both once its watchers have started, and is woken only if either changed after `R`
+//! (when thousands join at once, nearly every watcher starts after a few more joined, and
+//! waking each to read the whole queue cost a read of the queue per waiter). The head's
+//! watch of the capacity carries each put's previous value, and a put that leaves the value
+//! as it was (every join puts it again, `Keys::capacity_shared`) does not wake it.
 //!
 //! etcd-client does not re-establish a watch; this module does: when a watch stream breaks
 //! (the connection dropped, the member went away or stopped answering) it is opened again on
@@ -25,10 +30,12 @@
 //! that ended) is stamped from one counter per backend ([`Watches::now`]). A waiter's place
 //! can improve only through something its watch reports, so a heartbeat whose waiter's
 //! watch is in sync and has stamped nothing since the heartbeat's last full read began
-//! ([`Watches::quiet_since`]) needs no new read of the semaphore: it keeps the sessions
-//! alive and checks that its own record is unchanged (`EtcdBackend::heartbeat`). Without
+//! ([`Watches::quiet_since`]) needs no read at all: the watch reports every write and the
+//! deletion of its own record too, so it only keeps the sessions alive
+//! (`EtcdBackend::heartbeat`; a waiter session replaced since the read takes the full path). Without
 //! this, every heartbeat of every waiter read the whole semaphore, so one process with
-//! 10,000 waiters sent 10,000 reads of 10,000 records every second.
+//! 10,000 waiters sent 10,000 reads of 10,000 records every second; reading its own record
+//! still made them 10,000 reads a second.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,7 +43,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions};
 use tokio::task::JoinHandle;
 
 use super::held::{HeldHere, HeldMap};
@@ -267,11 +274,15 @@ async fn watch_once(
         // From etcd's current revision (no start revision): in sync at once.
         let mut stream = client.watch(key, Some(options)).await?;
         if let Target::Head { cap, .. } = target {
-            stream.watch(cap.clone(), None).await?;
+            // With the value before each put: every waiter that joins puts the capacity
+            // again, unchanged (`Keys::capacity_shared`), which must not wake the head.
+            let options = WatchOptions::new().with_prev_key();
+            stream.watch(cap.clone(), Some(options)).await?;
         }
-        // Its own record: a release that hands it the permits writes the grant there.
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoDelete]);
-        stream.watch(own.clone(), Some(options)).await?;
+        // Its own record: a release that hands it the permits writes the grant there; a
+        // deletion (swept, purged, deleted by an admin, its session ended) wakes it too, so
+        // a quiet watch also says the record is still there as last read.
+        stream.watch(own.clone(), None).await?;
         Ok::<_, etcd_client::Error>(stream)
     };
     let mut stream = match tokio::time::timeout(ATTEMPT_TIMEOUT, open).await {
@@ -279,6 +290,8 @@ async fn watch_once(
         Ok(Err(e)) => return Ended::Broken(e),
         Err(_) => return Ended::Broken(timed_out("opening a watch")),
     };
+    // A watcher of a waiter behind another started after writes it has not seen.
+    let mut missed = false;
     loop {
         // A black-holed member's stream neither answers nor closes until the connection's
         // HTTP/2 keep-alive gives up; a failover of the backend's requests moves it sooner.
@@ -303,13 +316,28 @@ async fn watch_once(
         // waiter's snapshot and that is not in it: the waiter reads again.
         if resp.created() {
             if resp.header().is_some_and(|h| h.revision() >= from) {
-                wake(id, state, clock);
+                match target {
+                    Target::Head { .. } => wake(id, state, clock),
+                    Target::Behind(_) => missed = true,
+                }
             }
             to_create -= 1;
             if to_create == 0 {
+                if let (true, Target::Behind(ahead)) = (missed, target) {
+                    // Only two keys can let it in: the waiter ahead and its own record.
+                    // Unchanged since the snapshot (read after every watcher started):
+                    // nothing it watches happened in between, and it stays asleep. With
+                    // thousands of waiters joining at once, nearly every watcher starts
+                    // after a few more joined, and waking each to read the queue cost a
+                    // read of the whole queue per waiter.
+                    if !unchanged_since(members, member, [ahead, &own], from).await {
+                        wake(id, state, clock);
+                    }
+                }
                 state.in_sync.store(true, Ordering::SeqCst);
             }
         }
+        let mut woken = false;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
             if ev.event_type() == EventType::Put && kv.key() == own.as_bytes() {
@@ -319,11 +347,35 @@ async fn watch_once(
                     }
                 }
             }
+            // The capacity put again as it was: nothing for the head.
+            let same_capacity = matches!(target, Target::Head { cap, .. } if kv.key() == cap.as_bytes())
+                && ev.event_type() == EventType::Put
+                && ev.prev_kv().is_some_and(|p| p.value() == kv.value());
+            woken |= !same_capacity;
         }
-        if !resp.events().is_empty() {
+        if woken {
             wake(id, state, clock);
         }
     }
+}
+
+/// Whether each of `keys` exists and was last written before revision `from`, read on
+/// `member` now (`false` if the read fails).
+async fn unchanged_since(members: &Members, member: usize, keys: [&String; 2], from: i64) -> bool {
+    let read = async {
+        let mut client = members.client(member).await?;
+        let txn = Txn::new().and_then(keys.map(|k| TxnOp::get(k.clone(), None)));
+        client.txn(txn).await
+    };
+    let Ok(Ok(resp)) = tokio::time::timeout(ATTEMPT_TIMEOUT, read).await else {
+        return false;
+    };
+    let ops = resp.op_responses();
+    ops.len() == keys.len()
+        && ops.iter().all(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.mod_revision() < from),
+            _ => false,
+        })
 }
 
 impl Watches {

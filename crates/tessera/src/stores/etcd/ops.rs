@@ -16,7 +16,13 @@
 //!                           holder's etcd lease
 //! P/sem/NAME#x/<lease id>   a cancel's marker: an acquire of that id still on its way
 //!                           must not write (on the cancelling client's session, 30 s)
+//! P/sem/NAME#tail           the lease id of the record that joined the queue last, on the
+//!                           etcd lease that record is on; removed with the capacity key
+//!                           (and by the next uncontended grant)
 //! ```
+//!
+//! The tail lets a new waiter find the waiter ahead of it (the one it watches) without reading
+//! the queue: see `EtcdBackend::join` for why it may be stale and what a stale one costs.
 //!
 //! Names never contain `#`, so `P/sem/NAME#` is a prefix of exactly one semaphore's keys.
 //! A `q/` key is created once per lease id, so its create revision is the arrival order;
@@ -25,7 +31,9 @@
 
 use std::collections::BTreeSet;
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -40,6 +48,8 @@ pub(crate) struct Keys {
     pub(crate) cap: String,
     /// `P/sem/NAME#q/`: the queue and the holders.
     pub(crate) queue: String,
+    /// `P/sem/NAME#tail`: the lease id of the record that joined the queue last.
+    pub(crate) tail: String,
 }
 
 impl Keys {
@@ -48,6 +58,7 @@ impl Keys {
         Keys {
             cap: format!("{all}cap"),
             queue: format!("{all}q/"),
+            tail: format!("{all}tail"),
             all,
         }
     }
@@ -68,6 +79,11 @@ impl Keys {
 
     pub(crate) fn seat(&self, seat: u32) -> String {
         format!("{}s/{seat:010}", self.all)
+    }
+
+    /// `P/sem/NAME#s/`: the seats held.
+    pub(crate) fn seats(&self) -> String {
+        format!("{}s/", self.all)
     }
 
     /// `P/sem/`: the keys of every semaphore, for `list`.
@@ -100,8 +116,16 @@ impl Keys {
         TxnOp::txn(
             Txn::new()
                 .when(self.queue_holds_only(&[id]))
-                .and_then([TxnOp::delete(self.cap.clone(), None)]),
+                .and_then(self.drop_capacity()),
         )
+    }
+
+    /// The keys that go with the last record: the capacity and the tail.
+    fn drop_capacity(&self) -> [TxnOp; 2] {
+        [
+            TxnOp::delete(self.cap.clone(), None),
+            TxnOp::delete(self.tail.clone(), None),
+        ]
     }
 
     /// Compares that hold while the semaphore has no `q/` key but those of `ids`.
@@ -179,7 +203,7 @@ impl Keys {
         TxnOp::txn(
             Txn::new()
                 .when(self.queue_holds_only(&[id]))
-                .and_then([TxnOp::delete(self.cap.clone(), None)])
+                .and_then(self.drop_capacity())
                 .or_else([self.attach_capacity_if_only(&[id], left.id, left.mod_rev, left.lease)]),
         )
     }
@@ -404,6 +428,62 @@ pub(crate) struct Snapshot {
     pub(crate) seats: BTreeSet<u32>,
     /// Lease ids whose acquire a cancel stopped (their marker keys).
     pub(crate) cancelled: Vec<LeaseId>,
+}
+
+/// What an acquire's transaction read as it wrote the acquire's record into a queue that
+/// was not empty (`EtcdBackend::acquire_inner`): no record, only counts, the seats and the
+/// tail, so that what it costs does not grow with the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Joined {
+    /// The transaction's revision: the record's create revision.
+    pub(crate) revision: i64,
+    /// The lease id the tail named before this record replaced it: the record that joined
+    /// last before it, if the tail was there and readable.
+    pub(crate) tail: Option<LeaseId>,
+    /// `q/` records, this one included.
+    pub(crate) records: u64,
+    /// Seats held (the weight of the holders).
+    pub(crate) seats: u64,
+    /// Leases holding them.
+    pub(crate) holders: u64,
+}
+
+impl Joined {
+    /// The reply of the acquire's transaction, failed at the top (the queue was not empty):
+    /// `Ok` if its nested transaction wrote the record, else `Err` with the snapshot of the
+    /// whole semaphore that the nested transaction read instead.
+    pub(crate) fn parse(
+        keys: &Keys,
+        resp: &TxnResponse,
+    ) -> Result<std::result::Result<Joined, Snapshot>> {
+        let corrupt = || Error::Corrupt("etcd: an acquire's transaction without its reads".into());
+        let ops = resp.op_responses();
+        let [TxnOpResponse::Get(tail), TxnOpResponse::Txn(nested), TxnOpResponse::Get(records), TxnOpResponse::Get(seats)] =
+            ops.as_slice()
+        else {
+            return Err(corrupt());
+        };
+        if !nested.succeeded() {
+            let Some(TxnOpResponse::Get(all)) = nested.op_responses().into_iter().next() else {
+                return Err(corrupt());
+            };
+            let revision = all.header().map_or(0, |h| h.revision());
+            return Ok(Err(Snapshot::parse(keys, revision, all.kvs())?));
+        }
+        let tail = tail
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok())
+            .and_then(|v| v.parse::<LeaseId>().ok());
+        let holders: BTreeSet<&[u8]> = seats.kvs().iter().map(|kv| kv.value()).collect();
+        Ok(Ok(Joined {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            tail,
+            records: records.count().max(0) as u64,
+            seats: seats.kvs().len() as u64,
+            holders: holders.len() as u64,
+        }))
+    }
 }
 
 /// Where one lease id stands in a [`Snapshot`].

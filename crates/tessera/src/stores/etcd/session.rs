@@ -2,6 +2,7 @@
 //! open; the renewals of the grants on them (a provisional grant's first renewal moves it
 //! to the holder's session).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,10 +35,18 @@ pub(super) struct EtcdLease {
     pub(super) ttl: i64,
 }
 
-/// A keep-alive stream kept open between renewals of one etcd lease, with the member it
-/// was opened on.
-pub(super) type KeepAliveSlot =
-    Arc<tokio::sync::Mutex<Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>>>;
+/// The keep-alives of one etcd lease: a stream kept open between them, with the member it
+/// was opened on, and the exchanges sent on it, so that callers who arrive together share
+/// one (see [`EtcdBackend::keep_alive_within`]).
+#[derive(Default)]
+pub(super) struct KeepAliveSlot {
+    stream: tokio::sync::Mutex<Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>>,
+    /// Exchanges sent so far: the number of the latest one, taken just before it is sent.
+    sent: AtomicU64,
+    /// The latest exchange that answered "the lease lives" or "the lease is gone", and
+    /// which.
+    answered: std::sync::Mutex<(u64, bool)>,
+}
 
 impl EtcdBackend {
     pub(super) async fn grant_lease(&self, ttl: i64) -> Result<EtcdLease> {
@@ -60,9 +69,34 @@ impl EtcdBackend {
 
     /// [`EtcdBackend::keep_alive`] with attempts of at most `attempt` (a renewal's are
     /// shorter, see [`renewal_attempt`]).
+    ///
+    /// Callers share exchanges (a group commit): a caller is answered by the first exchange
+    /// *sent after it arrived*, its own or one another caller sent meanwhile, so "the TTL
+    /// restarted after the call began" holds for every caller. One process with 10,000
+    /// waiters keeps its two sessions alive with one exchange per round trip, where one
+    /// exchange per heartbeat, one at a time on the lease's stream, could not keep up
+    /// (20,000 a second with a heartbeat a second).
     pub(super) async fn keep_alive_within(&self, lease: i64, attempt: Duration) -> Result<bool> {
-        let slot = Arc::clone(self.keep_alives.lock().unwrap().entry(lease).or_default());
-        let mut guard = slot.lock().await;
+        let slot: Arc<KeepAliveSlot> =
+            Arc::clone(self.keep_alives.lock().unwrap().entry(lease).or_default());
+        // Any exchange numbered above this one is sent after this call began.
+        let arrived = slot.sent.load(Ordering::SeqCst);
+        let mut guard = slot.stream.lock().await;
+        let (number, alive) = *slot.answered.lock().unwrap();
+        if number > arrived {
+            if !alive {
+                drop(guard);
+                self.forget_keep_alive(lease);
+            }
+            return Ok(alive);
+        }
+        let number = slot.sent.fetch_add(1, Ordering::SeqCst) + 1;
+        let answer = |alive: bool| {
+            let mut answered = slot.answered.lock().unwrap();
+            if answered.0 < number {
+                *answered = (number, alive);
+            }
+        };
         // Taken out while in use: if this call is dropped half-way, the stream goes with
         // it, so a later call never reads a reply meant for an earlier request.
         if let Some((member, mut keeper, mut stream)) = guard.take() {
@@ -73,9 +107,11 @@ impl EtcdBackend {
             match tokio::time::timeout(attempt, exchange).await {
                 Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                     *guard = Some((member, keeper, stream));
+                    answer(true);
                     return Ok(true);
                 }
                 Ok(Ok(Some(_))) => {
+                    answer(false);
                     drop(guard);
                     self.forget_keep_alive(lease);
                     return Ok(false);
@@ -94,9 +130,11 @@ impl EtcdBackend {
         {
             Ok((member, (keeper, stream))) => {
                 *guard = Some((member, keeper, stream));
+                answer(true);
                 Ok(true)
             }
             Err(e) if is_lease_not_found(&e) => {
+                answer(false);
                 drop(guard);
                 self.forget_keep_alive(lease);
                 Ok(false)
