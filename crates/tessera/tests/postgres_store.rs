@@ -205,7 +205,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7"
+        "1,2,3,4,5,6,7,8"
     );
 }
 
@@ -692,7 +692,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -703,7 +703,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -715,7 +715,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -770,7 +770,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "6");
+    assert_eq!(revision(), "7");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -782,11 +782,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "6");
+    assert_eq!(revision(), "7");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -811,8 +811,8 @@ async fn an_older_step_is_created_again_without_a_migration() {
 
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
-/// lease or of the queue head may use them), and the waiters' unique key leads with the
-/// lease id (so `name = …` alone leaves the queue head only the primary key). Checked on the
+/// lease or of the queue head may use them), the waiters' unique key leads with the lease id
+/// and the queue head is read through the index of its order, `(name, tag, seq)`. Checked on the
 /// plans PostgreSQL makes for those lookups while the tables are empty, as a session of the
 /// store makes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -839,11 +839,12 @@ async fn lookups_by_lease_and_queue_head_plan_on_their_own_keys() {
         waiter.contains("using tessera_waiters_lease_key"),
         "{waiter}"
     );
+    // The queue head in start-tag order (migration 8), from the virtual time up.
     let head = plan(
-        "SELECT seq FROM tessera_waiters WHERE name = $1 AND seq >= length($2) \
-         ORDER BY seq LIMIT 1",
+        "SELECT seq FROM tessera_waiters WHERE name = $1 AND tag >= length($2) \
+         ORDER BY tag, seq LIMIT 1",
     );
-    assert!(head.contains("using tessera_waiters_pkey"), "{head}");
+    assert!(head.contains("using tessera_waiters_by_tag"), "{head}");
     assert!(!head.contains("Sort"), "{head}");
     // The purge still finds expired rows through the expiry index.
     let purge = plan(
@@ -891,7 +892,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -904,7 +905,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -1921,7 +1922,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "6");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "7");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
