@@ -809,6 +809,73 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert!(g.lease.expires_at <= g.lease.acquired_at.plus(waiter_ttl));
 }
 
+/// A schema at version 7 with waiters queued gains fair shares' tags (migration 8) at the
+/// next connect: the waiters queued before keep their order (their tags start at 0) and later
+/// arrivals, with a tenant or without, queue behind them; a process of an older build calls
+/// `tessera_acquire` with its old arguments, which resolve to the new function as a request
+/// without a tenant (the rolling upgrade of `docs/stores/postgres.md`, "Fair shares").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is_fifo() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("pre");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    let w2 = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(w2, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 1 }
+    ));
+    drop(pg);
+    // What a build of migration 7 left: no tags, no tenants.
+    server.psql(
+        "ALTER TABLE pre.tessera_waiters DROP COLUMN tag; \
+         ALTER TABLE pre.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
+           DROP COLUMN tenants; \
+         DROP TABLE pre.tessera_tenants; \
+         ALTER TYPE pre.tessera_step DROP ATTRIBUTE vtime, DROP ATTRIBUTE finish, \
+           DROP ATTRIBUTE tenants; \
+         DELETE FROM pre.tessera_migrations WHERE version = 8",
+    );
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8");
+    assert!(pg.capabilities().fair_shares);
+    let t = LeaseId::random();
+    let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
+    tenant.tenant = Some(Tenant::new("billing", 3).unwrap());
+    assert_eq!(
+        pg.acquire(&n, 1, &tenant).await.unwrap(),
+        AcquireReply::Queued { position: 2 }
+    );
+    let w3 = LeaseId::random();
+    assert_eq!(
+        pg.acquire(&n, 1, &req(w3, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    // An older build's call: nine arguments, no tenant.
+    let old = LeaseId::random();
+    assert_eq!(
+        server.psql(&format!(
+            "SET search_path TO pre; \
+             SELECT outcome || ' ' || \"position\" FROM tessera_acquire('kept', 1, '{old}', \
+             1, 3600000000, 'old', '', 3600000000, 10)"
+        )),
+        "queued 4"
+    );
+    let queue = |s: SemaphoreStatus| s.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>();
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(queue(status), [w1, w2, t, w3, old]);
+    // The hand-off follows that order.
+    assert!(pg.release(&n, a).await.unwrap());
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, w1);
+    assert_eq!(queue(status), [w2, t, w3, old]);
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
 /// lease or of the queue head may use them), the waiters' unique key leads with the lease id

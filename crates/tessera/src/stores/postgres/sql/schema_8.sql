@@ -1,7 +1,7 @@
 -- tessera PostgreSQL store, migration 8: fair shares between tenants (docs/fair-shares.md,
 -- "The SQL stores"), the same rows as the SQLite and MySQL stores.
 --
--- A waiter's start tag `tag`: the queue is ordered by (tag, seq), with the index
+-- A waiter's start tag `tag`: the queue is ordered by (tag, seq), with the partial index
 -- tessera_waiters_by_tag. On the semaphore's row (and in the step's state), the virtual time
 -- `vtime`, the finish tag `finish` of requests that name no tenant and the number `tenants`
 -- of its rows in tessera_tenants, which holds each named tenant's latest finish tag. Every
@@ -21,7 +21,12 @@ ALTER TABLE tessera_semaphores ADD COLUMN IF NOT EXISTS vtime bigint NOT NULL DE
 ALTER TABLE tessera_semaphores ADD COLUMN IF NOT EXISTS finish bigint NOT NULL DEFAULT 0;
 ALTER TABLE tessera_semaphores ADD COLUMN IF NOT EXISTS tenants bigint NOT NULL DEFAULT 0;
 ALTER TABLE tessera_waiters ADD COLUMN IF NOT EXISTS tag bigint NOT NULL DEFAULT 0;
-CREATE INDEX IF NOT EXISTS tessera_waiters_by_tag ON tessera_waiters (name, tag, seq);
+-- Partial, as the expiry indexes (migration 5): `tag IS NOT NULL` holds for every row, but
+-- only a lookup that bounds the tag (the head's and the positions', `tag >= vtime`) implies
+-- it, so a cached generic plan of a lookup by lease never walks this index's entries of a
+-- semaphore's dead rows.
+CREATE INDEX IF NOT EXISTS tessera_waiters_by_tag ON tessera_waiters (name, tag, seq)
+    WHERE tag IS NOT NULL;
 CREATE TABLE IF NOT EXISTS tessera_tenants (
     name   text NOT NULL,
     tenant text NOT NULL,
