@@ -137,7 +137,10 @@ fn fair_shares_come_eighth_and_run_again_harmlessly() {
         "tessera_semaphores ADD COLUMN IF NOT EXISTS tenants",
         "tessera_waiters ADD COLUMN IF NOT EXISTS tag",
     ] {
-        assert!(eighth.contains(&format!("ALTER TABLE {column} ")), "{column}");
+        assert!(
+            eighth.contains(&format!("ALTER TABLE {column} ")),
+            "{column}"
+        );
     }
     assert!(eighth.contains("CREATE TABLE IF NOT EXISTS tessera_tenants ("));
     for line in eighth.lines().filter(|l| l.starts_with("CREATE ")) {
