@@ -10,9 +10,10 @@
 -- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
 -- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
--- the head, admit.sql); the queue is ordered by (tag, seq) and every waiter's start tag is at
--- or above `vtime` (fair shares, migration 8: below); an admission waiter (`gate` not NULL, migration 6) is never granted
--- by a hand-off, only by its own step (tessera_admit). Every value read is checked:
+-- the head, admit.sql; a lower bound only, which the hand-off no longer raises since the
+-- queue is ordered by (tag, seq)); every waiter's start tag is at or above `vtime` (fair
+-- shares, migration 8: below); an admission waiter (`gate` not NULL, migration 6) is never
+-- granted by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
 -- Cost: each statement a step runs costs a few µs of executor work and each PL/pgSQL
@@ -299,8 +300,8 @@ END $$;
 -- Strict order: grants the queue head while it fits (at most 1,024 per step); a head that does
 -- not fit blocks everyone behind it. The head is the least (tag, seq) from `tag >= vtime` up
 -- (every waiter's tag is at or above vtime: see "Fair shares" above; without tenants the
--- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted waiter gets a wake-up carrying its grant, so
--- the waiter needs no round trip to learn it:
+-- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted
+-- waiter gets a wake-up carrying its grant, so the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
 -- now). A waiter of `st.local_client` (the process that called the step) gets it in
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
