@@ -10,8 +10,8 @@
 -- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
 -- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
--- the head, admit.sql; a lower bound only, which the hand-off no longer raises since the
--- queue is ordered by (tag, seq)); every waiter's start tag is at or above `vtime` (fair
+-- the head, admit.sql; a lower bound only: the hand-off, in (tag, seq) order, leaves it
+-- where it is); every waiter's start tag is at or above `vtime` (fair
 -- shares, migration 8: below); an admission waiter (`gate` not NULL, migration 6) is never
 -- granted by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
