@@ -1,6 +1,6 @@
 //! Fair shares between tenants (`docs/fair-shares.md`) on every store that orders its queue
-//! by start tags — the memory store (the reference model), SQLite, MariaDB and Redis (one
-//! test also on a Redis Cluster), each test private to its store: backlogged tenants are served in proportion to their shares, a light tenant
+//! by start tags — the memory store (the reference model), SQLite, MariaDB, PostgreSQL and
+//! Redis (one test also on a Redis Cluster), each test private to its store: backlogged tenants are served in proportion to their shares, a light tenant
 //! does not wait behind another's backlog (semaphore and admission queues), one tenant
 //! stays FIFO, the queue follows the start-tag model step by step, and a store that cannot
 //! order by shares refuses a tenant with a typed error.
@@ -52,6 +52,16 @@ async fn mariadb(test: &str) -> Fixture {
     let server = tessera_testkit::servers::mysql::MariaDbServer::start();
     Fixture {
         store: Store::connect(&server.url(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
+/// A throwaway PostgreSQL server (stopped on drop), its schema named after the test.
+#[cfg(feature = "postgres")]
+async fn postgres(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    Fixture {
+        store: Store::connect(&server.url_with_schema(test)).await.unwrap(),
         _keep: Some(Box::new(server)),
     }
 }
@@ -125,6 +135,20 @@ macro_rules! on_store {
 on_store!(memory_store, memory);
 on_store!(sqlite_store, sqlite);
 on_store!(mariadb_store, mariadb);
+#[cfg(feature = "postgres")]
+on_store!(postgres_store, postgres);
+
+/// Admissions of mixed tenants and costs are granted on PostgreSQL in the reference model's
+/// order (its step runs in PL/pgSQL functions, `tessera_admit`).
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn on_postgres_admissions_are_ordered_as_on_the_memory_store() {
+    let f = postgres("admit").await;
+    assert_eq!(
+        admission_order(&f.store).await,
+        admission_order(&memory("as-postgres").await.store).await
+    );
+}
 
 const WAIT: WaitSpec = WaitSpec {
     waiter_ttl: Duration::from_secs(3_600),

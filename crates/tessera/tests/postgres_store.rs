@@ -205,7 +205,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7"
+        "1,2,3,4,5,6,7,8"
     );
 }
 
@@ -737,7 +737,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -748,7 +748,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -760,7 +760,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -815,7 +815,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "6");
+    assert_eq!(revision(), "7");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -827,11 +827,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "6");
+    assert_eq!(revision(), "7");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -854,10 +854,77 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert!(g.lease.expires_at <= g.lease.acquired_at.plus(waiter_ttl));
 }
 
+/// A schema at version 7 with waiters queued gains fair shares' tags (migration 8) at the
+/// next connect: the waiters queued before keep their order (their tags start at 0) and later
+/// arrivals, with a tenant or without, queue behind them; a process of an older build calls
+/// `tessera_acquire` with its old arguments, which resolve to the new function as a request
+/// without a tenant (the rolling upgrade of `docs/stores/postgres.md`, "Fair shares").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is_fifo() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("pre");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    let w2 = LeaseId::random();
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(w2, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 1 }
+    ));
+    drop(pg);
+    // What a build of migration 7 left: no tags, no tenants.
+    server.psql(
+        "ALTER TABLE pre.tessera_waiters DROP COLUMN tag; \
+         ALTER TABLE pre.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
+           DROP COLUMN tenants; \
+         DROP TABLE pre.tessera_tenants; \
+         ALTER TYPE pre.tessera_step DROP ATTRIBUTE vtime, DROP ATTRIBUTE finish, \
+           DROP ATTRIBUTE tenants; \
+         DELETE FROM pre.tessera_migrations WHERE version = 8",
+    );
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8");
+    assert!(pg.capabilities().fair_shares);
+    let t = LeaseId::random();
+    let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
+    tenant.tenant = Some(Tenant::new("billing", 3).unwrap());
+    assert_eq!(
+        pg.acquire(&n, 1, &tenant).await.unwrap(),
+        AcquireReply::Queued { position: 2 }
+    );
+    let w3 = LeaseId::random();
+    assert_eq!(
+        pg.acquire(&n, 1, &req(w3, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    // An older build's call: nine arguments, no tenant.
+    let old = LeaseId::random();
+    assert_eq!(
+        server.psql(&format!(
+            "SET search_path TO pre; \
+             SELECT outcome || ' ' || \"position\" FROM tessera_acquire('kept', 1, '{old}', \
+             1, 3600000000, 'old', '', 3600000000, 10)"
+        )),
+        "queued 4"
+    );
+    let queue = |s: SemaphoreStatus| s.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>();
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(queue(status), [w1, w2, t, w3, old]);
+    // The hand-off follows that order.
+    assert!(pg.release(&n, a).await.unwrap());
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, w1);
+    assert_eq!(queue(status), [w2, t, w3, old]);
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
-/// lease or of the queue head may use them), and the waiters' unique key leads with the
-/// lease id (so `name = …` alone leaves the queue head only the primary key). Checked on the
+/// lease or of the queue head may use them), the waiters' unique key leads with the lease id
+/// and the queue head is read through the index of its order, `(name, tag, seq)`. Checked on the
 /// plans PostgreSQL makes for those lookups while the tables are empty, as a session of the
 /// store makes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -884,11 +951,12 @@ async fn lookups_by_lease_and_queue_head_plan_on_their_own_keys() {
         waiter.contains("using tessera_waiters_lease_key"),
         "{waiter}"
     );
+    // The queue head in start-tag order (migration 8), from the virtual time up.
     let head = plan(
-        "SELECT seq FROM tessera_waiters WHERE name = $1 AND seq >= length($2) \
-         ORDER BY seq LIMIT 1",
+        "SELECT seq FROM tessera_waiters WHERE name = $1 AND tag >= length($2) \
+         ORDER BY tag, seq LIMIT 1",
     );
-    assert!(head.contains("using tessera_waiters_pkey"), "{head}");
+    assert!(head.contains("using tessera_waiters_by_tag"), "{head}");
     assert!(!head.contains("Sort"), "{head}");
     // The purge still finds expired rows through the expiry index.
     let purge = plan(
@@ -936,7 +1004,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -949,7 +1017,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -1966,7 +2034,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "6");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "7");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

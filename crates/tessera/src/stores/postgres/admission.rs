@@ -66,7 +66,8 @@ pub(crate) const MIGRATION_7: &[&[&str]] = &[
 const ADMIT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, \
      expires_at, reservation, \"position\", window_at, available, queued, stored_capacity, \
      stored_limits \
-     FROM tessera_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
+     FROM tessera_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+     $18, $19)";
 const GIVE_BACK: &str = "SELECT held, grants FROM tessera_give_back($1, $2, $3, $4, $5, $6)";
 const SETTLE: &str = "SELECT held, grants FROM tessera_settle($1, $2, $3, $4, $5, $6, $7)";
 
@@ -176,7 +177,9 @@ impl AdmissionBackend for PostgresBackend {
                     .bind(burst)
                     .bind(i64::from(req.cost))
                     .bind(req.update)
-                    .bind(req.at_head),
+                    .bind(req.at_head)
+                    .bind(a.tenant.as_ref().map(|t| t.name().to_string()))
+                    .bind(a.tenant.as_ref().map_or(1, |t| i64::from(t.share()))),
             )
             .await;
         let reply = row.and_then(|row| {

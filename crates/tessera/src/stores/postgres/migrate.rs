@@ -19,6 +19,7 @@ pub(super) const MIGRATIONS: &[&[&[&str]]] = &[
     ops::MIGRATION_5,
     admission::MIGRATION_6,
     admission::MIGRATION_7,
+    ops::MIGRATION_8,
 ];
 
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without

@@ -57,8 +57,9 @@
 //!   pages per lookup of a holder, W2 hand-offs down from about 1,100/s to about 300/s
 //!   within 20 s of a transaction left open); an index scan of a lease's key reads a few
 //!   pages whatever the table holds. For the same reason the expiry indexes are partial, the
-//!   waiters' unique key leads with the lease id and the queue head is found from `head_seq`
-//!   up (migration 5, `sql/schema_5.sql`).
+//!   waiters' unique key leads with the lease id and the queue head is found from a bound
+//!   up: `head_seq` (migration 5, `sql/schema_5.sql`), since migration 8 the virtual time in
+//!   the `(tag, seq)` order of fair shares.
 //! - **Migrations** are versioned (`tessera_migrations` in the schema) and run at connect in
 //!   one transaction under `pg_advisory_xact_lock` on the schema's name, so processes starting
 //!   at once run each migration exactly once; a schema newer than this build is refused. The
@@ -92,6 +93,13 @@
 //!   its windows' instant has come; it then asks again and its own step charges and grants.
 //!   An admission runs to its end on the server even if its future is dropped, as an acquire
 //!   does (see `PostgresBackend::settle`).
+//! - **Fair shares** (migration 8, `sql/schema_8.sql`; step revision 7): the queue is ordered
+//!   by start tags, `(tag, seq)`, kept in the rows the other SQL stores keep (the semaphore
+//!   row's `vtime`, `finish` and `tenants`, the table `tessera_tenants`) by the functions'
+//!   step (`sql/common.sql`, "Fair shares"); `tessera_acquire` and `tessera_admit` take the
+//!   tenant and its share as arguments with defaults, so a call of an older build's
+//!   arguments is a request without a tenant. A request without a tenant runs the
+//!   statements it ran before.
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
@@ -165,6 +173,8 @@ pub struct PostgresBackend {
     /// When each semaphore waited on may next expire something (`Backend::next_expiry`), as
     /// the last `queued` or `waiting` row said; shared with the gathered heartbeats.
     expiries: Arc<Expiries>,
+    /// The schema's step orders the queue by tenants' shares (step revision 7, migration 8).
+    fair_shares: bool,
     url: String,
     schema: String,
 }
@@ -271,6 +281,7 @@ impl PostgresBackend {
             listener,
             heartbeats,
             expiries,
+            fair_shares: revision >= 7,
             url: config.redacted,
             schema: config.schema,
         })
@@ -431,7 +442,9 @@ impl Backend for PostgresBackend {
                     .bind(req.holder.clone())
                     .bind(self.listener.client_id().to_string())
                     .bind(waiter_ttl)
-                    .bind(queue_cap),
+                    .bind(queue_cap)
+                    .bind(req.tenant.as_ref().map(|t| t.name().to_string()))
+                    .bind(req.tenant.as_ref().map_or(1, |t| i64::from(t.share()))),
             )
             .await;
         let reply = row.and_then(|row| {
@@ -587,8 +600,12 @@ impl Backend for PostgresBackend {
         scalar(&row)
     }
 
+    /// Fair shares from step revision 7 (migration 8) on: the queue's order is `(tag, seq)`.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push()
+        match self.fair_shares {
+            true => Capabilities::push().with_fair_shares(),
+            false => Capabilities::push(),
+        }
     }
 
     /// As the last `queued` or `waiting` row for `name` said.

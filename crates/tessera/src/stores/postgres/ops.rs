@@ -33,6 +33,17 @@ pub(crate) const MIGRATION_1: &[&[&str]] = &[&[include_str!("sql/schema.sql")], 
 /// Migration 4: the lean step (`sql/schema_4.sql`: the `purge_at` bound), then the step again.
 pub(crate) const MIGRATION_4: &[&[&str]] = &[&[include_str!("sql/schema_4.sql")], STEP];
 
+/// Migration 8 (`sql/schema_8.sql`): fair shares' tags (the waiters' `tag`, the semaphore
+/// row's `vtime`, `finish` and `tenants`, the table `tessera_tenants`); then the step, the
+/// rate functions and the admission's again, with step revision 7 (`tessera_acquire` and
+/// `tessera_admit` take the tenant and its share).
+pub(crate) const MIGRATION_8: &[&[&str]] = &[
+    &[include_str!("sql/schema_8.sql")],
+    STEP,
+    rate::FUNCTIONS,
+    admission::FUNCTIONS,
+];
+
 /// Migration 5 (`sql/schema_5.sql`): the queue head's bound `head_seq`, indexes that lookups
 /// by lease or seq cannot mistake for their own, and grants to the releasing process's
 /// waiters in the release's reply; then the step again.
@@ -52,8 +63,11 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// they share. Revision 5: `tessera_settle` (`sql/settle.sql`), an admission's release and
 /// the settle of its cost in one call. Revision 6 (with migration 7, which adds the limiters'
 /// `expired`): `tessera_give_back` counts an admission given back past its use-by instant
-/// and `tessera_rate_status` answers the count.
-pub(crate) const STEP_REVISION: i32 = 6;
+/// and `tessera_rate_status` answers the count. Revision 7 (with migration 8, which adds fair
+/// shares' tags): the queue is ordered by start tags, `(tag, seq)` (`docs/fair-shares.md`),
+/// and `tessera_acquire` and `tessera_admit` take a tenant and its share (arguments with
+/// defaults, so a call of revision 6's arguments is a request without a tenant).
+pub(crate) const STEP_REVISION: i32 = 7;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.
@@ -61,7 +75,7 @@ pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP, rate::FUNCTIONS, admission::FU
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at, \"position\", available, queued, stored_capacity \
-     FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+     FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
      acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
 pub(crate) const HEARTBEAT_MANY: &str = "SELECT lease_id, outcome, now_us, weight, seats, fence, \

@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 7);
+    assert_eq!(MIGRATIONS.len(), 8);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -121,6 +121,49 @@ fn admission_comes_sixth_and_runs_again_harmlessly() {
     };
     assert!(at("tessera__rate_step") < at("tessera_admit"));
     assert!(at("tessera__rate_undo") < at("tessera_give_back"));
+}
+
+/// Migration 8 adds fair shares' tags idempotently, drops the acquire and the admission of
+/// the old arguments (their new ones have defaults, so an old call would be ambiguous beside
+/// them), then creates the step, the rate functions and the admission's again, the queue
+/// ordered by `(tag, seq)`.
+#[test]
+fn fair_shares_come_eighth_and_run_again_harmlessly() {
+    let eighth = MIGRATIONS[7].concat().concat();
+    assert!(eighth.starts_with("-- tessera PostgreSQL store, migration 8"));
+    for column in [
+        "tessera_semaphores ADD COLUMN IF NOT EXISTS vtime",
+        "tessera_semaphores ADD COLUMN IF NOT EXISTS finish",
+        "tessera_semaphores ADD COLUMN IF NOT EXISTS tenants",
+        "tessera_waiters ADD COLUMN IF NOT EXISTS tag",
+    ] {
+        assert!(
+            eighth.contains(&format!("ALTER TABLE {column} ")),
+            "{column}"
+        );
+    }
+    assert!(eighth.contains("CREATE TABLE IF NOT EXISTS tessera_tenants ("));
+    for line in eighth.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(
+            line.starts_with("CREATE OR REPLACE FUNCTION ")
+                || line.starts_with("CREATE INDEX IF NOT EXISTS ")
+                || line.starts_with("CREATE TABLE IF NOT EXISTS "),
+            "{line}"
+        );
+    }
+    for line in eighth.lines().filter(|l| l.starts_with("DROP ")) {
+        assert!(line.starts_with("DROP FUNCTION IF EXISTS "), "{line}");
+    }
+    let at = |s: &str| eighth.find(s).unwrap();
+    assert!(
+        at("DROP FUNCTION IF EXISTS tessera_acquire(")
+            < at("CREATE OR REPLACE FUNCTION tessera_acquire(")
+    );
+    assert!(
+        at("DROP FUNCTION IF EXISTS tessera_admit(")
+            < at("CREATE OR REPLACE FUNCTION tessera_admit(")
+    );
+    assert!(eighth.contains("ORDER BY tag, seq LIMIT 1"));
 }
 
 /// The step says its revision, the one this build creates; the latest migration creates the

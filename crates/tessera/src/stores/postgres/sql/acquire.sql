@@ -10,6 +10,14 @@
 -- p_client      this client's id (its wake-up channel is tessera_w<p_client>)
 -- p_waiter_ttl  waiter heartbeat TTL, µs; NULL for a try (never queues)
 -- p_queue_cap   the queue's cap (with p_waiter_ttl)
+-- p_tenant      the tenant (1 to 64 bytes, checked by the client), NULL for none: the
+--               tenant "" with share 1 (docs/fair-shares.md; migration 8)
+-- p_share       the tenant's share, 1 to 1,000 (checked by the client)
+--
+-- The queue is ordered by start tags (common.sql, "Fair shares"): a newcomer takes free
+-- permits only if its key is below the queue head's, which without tenants means only when
+-- nobody waits; a new waiter's position is counted only when a tenant is involved (it is
+-- last otherwise).
 --
 -- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at),
 -- 'queued' (position; expires_at: purge_at, a lower bound of every expiry of the semaphore,
@@ -17,7 +25,8 @@
 -- 'queue_full'; now_us in every case. A mismatch or a full queue still commits the purge.
 CREATE OR REPLACE FUNCTION tessera_acquire(
     p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
-    p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint
+    p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint,
+    p_tenant text DEFAULT NULL, p_share bigint DEFAULT 1
 ) RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
     acquired_at bigint, expires_at bigint, "position" bigint, available bigint,
@@ -29,14 +38,22 @@ DECLARE
     h    tessera_holders;
     seq_ bigint;
     at_  bigint;
+    tag_ bigint;
+    v_last   bigint;
+    v_start  bigint;
+    v_finish bigint;
+    v_lead   boolean;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
     -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
-    -- takes the capacity this client declares (as in the reference model).
-    IF st.used = 0 AND st.queued = 0 AND st.capacity <> p_capacity THEN
-        st.capacity := p_capacity;
-        st.dirty := true;
+    -- takes the capacity this client declares (as in the reference model); its tags restart.
+    IF st.used = 0 AND st.queued = 0 THEN
+        IF st.capacity <> p_capacity THEN
+            st.capacity := p_capacity;
+            st.dirty := true;
+        END IF;
+        st := tessera__reset_tags(st);
     END IF;
     IF st.capacity <> p_capacity THEN
         outcome := 'mismatch';
@@ -64,16 +81,24 @@ BEGIN
         IF seq_ IS NOT NULL THEN
             outcome := 'queued';
             expires_at := st.purge_at;
-            SELECT count(*) INTO "position" FROM tessera_waiters w
-            WHERE w.name = p_name AND w.seq < seq_;
+            "position" := tessera__place(st, p_lease);
             PERFORM tessera__finish(st);
             RETURN NEXT;
             RETURN;
         END IF;
     END IF;
-    -- Only a request that finds nobody waiting may take free permits: neither a try nor a
-    -- newcomer jumps the queue.
-    IF st.queued = 0 AND st.used + p_weight <= st.capacity THEN
+    -- Its tags (recorded only if it is granted or queued as a new waiter).
+    v_last := tessera__last_finish(st, p_tenant);
+    v_start := greatest(coalesce(v_last, 0), st.vtime);
+    v_finish := v_start + p_weight * 1000 / greatest(p_share, 1);
+    -- Only a request that would be the head may take free permits: without tenants, one
+    -- that finds nobody waiting; neither a try nor a newcomer jumps the queue.
+    v_lead := false;
+    IF st.used + p_weight <= st.capacity THEN
+        v_lead := tessera__would_lead(st, p_tenant, v_start);
+    END IF;
+    IF v_lead THEN
+        st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish, true);
         st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
         outcome := 'granted';
         weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
@@ -96,26 +121,32 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- A new waiter takes seq next_seq; a queued retry keeps its (lower) seq and only renews.
+    -- A new waiter takes its start tag and seq next_seq; a queued retry keeps its (lower)
+    -- key and only renews.
     INSERT INTO tessera_waiters AS w
-        (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
-    VALUES (p_name, st.next_seq, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
-            st.now_us + p_waiter_ttl)
+        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
+    VALUES (p_name, st.next_seq, v_start, p_lease, p_weight, p_holder, p_client, p_ttl,
+            st.now_us, st.now_us + p_waiter_ttl)
     ON CONFLICT (name, lease_id) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
-    RETURNING w.seq, w.enqueued_at INTO seq_, at_;
+    RETURNING w.seq, w.tag, w.enqueued_at INTO seq_, tag_, at_;
     outcome := 'queued';
     IF seq_ >= st.next_seq AND (seq_ > st.next_seq OR at_ <> st.now_us) THEN
         PERFORM tessera__corrupt(format('waiter seq %s is not below next_seq %s', seq_, st.next_seq));
     END IF;
     IF seq_ = st.next_seq THEN
+        st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish, false);
+        -- Last without tenants; counted otherwise (it is in the table already).
+        IF st.tenants = 0 AND p_tenant IS NULL THEN
+            "position" := st.queued;
+        ELSE
+            "position" := tessera__ahead(st, tag_, seq_);
+        END IF;
         st.next_seq := st.next_seq + 1;
         st.queued := st.queued + 1;
         st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);
         st.dirty := true;
-        "position" := st.queued - 1;
     ELSE
-        SELECT count(*) INTO "position" FROM tessera_waiters w
-        WHERE w.name = p_name AND w.seq < seq_;
+        "position" := tessera__ahead(st, tag_, seq_);
     END IF;
     expires_at := st.purge_at;
     PERFORM tessera__finish(st);

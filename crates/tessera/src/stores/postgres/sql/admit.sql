@@ -13,6 +13,8 @@
 -- p_update               replace differing stored limits instead of answering 'ratemismatch'
 -- p_at_head              join the queue at its head, not its tail (a request that gave back
 --                        an admission it could not use before its use-by instant)
+-- p_tenant, p_share      the tenant (NULL: none) and its share, as tessera_acquire's; the
+--                        start and finish tags count the window cost p_cost (migration 8)
 --
 -- One row, now_us in every case: outcome 'granted' (the lease: weight, seats, fence, holder,
 -- acquired_at = now_us, expires_at; reservation, the windows' charge, 0 for a retry of a
@@ -37,7 +39,7 @@ CREATE OR REPLACE FUNCTION tessera_admit(
     p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
     p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint,
     p_config text, p_n bigint[], p_l bigint[], p_t bigint[], p_burst bigint, p_cost bigint,
-    p_update boolean, p_at_head boolean
+    p_update boolean, p_at_head boolean, p_tenant text DEFAULT NULL, p_share bigint DEFAULT 1
 ) RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
     acquired_at bigint, expires_at bigint, reservation bigint, "position" bigint,
@@ -49,16 +51,24 @@ DECLARE
     st    tessera_step;
     h     tessera_holders;
     seq_  bigint;
+    tag_  bigint;
     turn  boolean;
     rate  record;
+    v_last   bigint;
+    v_start  bigint;
+    v_finish bigint;
+    v_lead   boolean := false;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
     -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
-    -- takes the capacity this client declares (as tessera_acquire).
-    IF st.used = 0 AND st.queued = 0 AND st.capacity <> p_capacity THEN
-        st.capacity := p_capacity;
-        st.dirty := true;
+    -- takes the capacity this client declares (as tessera_acquire); its tags restart.
+    IF st.used = 0 AND st.queued = 0 THEN
+        IF st.capacity <> p_capacity THEN
+            st.capacity := p_capacity;
+            st.dirty := true;
+        END IF;
+        st := tessera__reset_tags(st);
     END IF;
     IF st.capacity <> p_capacity THEN
         outcome := 'mismatch';
@@ -81,20 +91,30 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- A queued lease id renews its entry (a try never has one).
-    IF p_waiter_ttl IS NOT NULL THEN
-        seq_ := tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl);
+    -- A queued lease id renews its entry (a try never has one) and keeps its key.
+    IF p_waiter_ttl IS NOT NULL AND st.queued > 0 THEN
+        UPDATE tessera_waiters w SET expires_at = greatest(w.expires_at, st.now_us + p_waiter_ttl)
+        WHERE w.name = p_name AND w.lease_id = p_lease
+        RETURNING w.seq, w.tag INTO seq_, tag_;
     END IF;
     "position" := 0;
     IF seq_ IS NOT NULL THEN
-        SELECT count(*) INTO "position" FROM tessera_waiters w
-        WHERE w.name = p_name AND w.seq < seq_;
+        "position" := tessera__ahead(st, tag_, seq_);
+    ELSE
+        -- A newcomer's tags (recorded only if it is granted or queued), counting the cost.
+        v_last := tessera__last_finish(st, p_tenant);
+        v_start := greatest(coalesce(v_last, 0), st.vtime);
+        v_finish := v_start + p_cost * 1000 / greatest(p_share, 1);
+        IF st.used + p_weight <= st.capacity THEN
+            v_lead := tessera__would_lead(st, p_tenant, v_start);
+        END IF;
     END IF;
-    -- A waiter's turn is at the head; a newcomer's when nobody waits, or first of all for one
-    -- that gave back an admission it could not use in time. Either way its weight must fit.
+    -- A waiter's turn is at the head; a newcomer's when it would lead (without tenants: when
+    -- nobody waits), or first of all for one that gave back an admission it could not use in
+    -- time. Either way its weight must fit.
     turn := st.used + p_weight <= st.capacity
         AND CASE WHEN seq_ IS NOT NULL THEN "position" = 0
-                 ELSE st.queued = 0 OR p_at_head END;
+                 ELSE v_lead OR p_at_head END;
     IF turn THEN
         -- The windows, asked for now only (a try: NULL max wait).
         SELECT * INTO rate FROM tessera__rate_step(p_name, p_config, p_n, p_l, p_t, p_burst,
@@ -103,7 +123,12 @@ BEGIN
         now_us := st.now_us;
         IF rate.outcome = 'admitted' THEN
             IF seq_ IS NOT NULL THEN
+                st.vtime := greatest(st.vtime, tag_);
                 st := tessera__remove_waiter(st, p_lease);
+            ELSE
+                -- At the head by a give-back, vtime stays where the head is.
+                st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish,
+                                         v_lead);
             END IF;
             st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
             outcome := 'granted';
@@ -150,24 +175,32 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish, false);
     IF p_at_head AND st.queued > 0 THEN
-        -- First in the queue: the seq below the head's (head_seq, a lower bound of every
-        -- waiter's seq, follows it down).
-        SELECT w.seq - 1 INTO seq_ FROM tessera_waiters w
-        WHERE w.name = p_name AND w.seq >= st.head_seq ORDER BY w.seq LIMIT 1;
-        IF seq_ IS NULL THEN
+        -- First in the queue: the head's tag and a seq below every waiter's (head_seq, a
+        -- lower bound of every waiter's seq, follows it down), so seq stays unique.
+        SELECT w.tag INTO tag_ FROM tessera_waiters w
+        WHERE w.name = p_name AND w.tag >= st.vtime ORDER BY w.tag, w.seq LIMIT 1;
+        IF tag_ IS NULL THEN
             PERFORM tessera__corrupt(format('queued %s without a waiter row', st.queued));
         END IF;
-        st.head_seq := least(st.head_seq, seq_);
+        seq_ := st.head_seq - 1;
+        st.head_seq := seq_;
         "position" := 0;
     ELSE
+        tag_ := v_start;
         seq_ := st.next_seq;
+        -- Last without tenants; counted otherwise.
+        IF st.tenants = 0 AND p_tenant IS NULL THEN
+            "position" := st.queued;
+        ELSE
+            "position" := tessera__ahead(st, tag_, seq_);
+        END IF;
         st.next_seq := st.next_seq + 1;
-        "position" := st.queued;
     END IF;
     INSERT INTO tessera_waiters
-        (name, seq, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, gate)
-    VALUES (p_name, seq_, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
+        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, gate)
+    VALUES (p_name, seq_, tag_, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
             st.now_us + p_waiter_ttl, coalesce(window_at, 0));
     st.queued := st.queued + 1;
     st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);

@@ -10,8 +10,10 @@
 -- µs), where a new or idle row's last_fence was first raised to fence_hwm (`tessera__load`);
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
 -- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
--- the head, admit.sql); an admission waiter (`gate` not NULL, migration 6) is never granted
--- by a hand-off, only by its own step (tessera_admit). Every value read is checked:
+-- the head, admit.sql; a lower bound only: the hand-off, in (tag, seq) order, leaves it
+-- where it is); every waiter's start tag is at or above `vtime` (fair
+-- shares, migration 8: below); an admission waiter (`gate` not NULL, migration 6) is never
+-- granted by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
 -- Cost: each statement a step runs costs a few µs of executor work and each PL/pgSQL
@@ -19,6 +21,21 @@
 -- an acquire of a free permit of an idle semaphore runs 5 statements (lock, create, high-water
 -- mark, holder, row), a release 4 (lock, holder, row, high-water mark), an enqueue 4 and a
 -- release that hands off 5 plus the NOTIFY; the purge runs only once `purge_at` has passed.
+--
+-- Fair shares (docs/fair-shares.md, "The SQL stores"; migration 8): the semaphore's row keeps
+-- the virtual time `vtime`, the finish tag `finish` of requests that name no tenant and the
+-- number `tenants` of its rows in tessera_tenants (a named tenant's finish tag). A request of
+-- tenant t with share w and cost c starts at S = max(vtime, F[t]) and moves F[t] to
+-- S + c * 1000 / w; a waiter's row carries S as `tag`; a grant moves vtime to the granted
+-- request's S. The head is the least (tag, seq), which is never below vtime: a grant takes
+-- the least key (a newcomer that leads, or the head) and a waiter joins at or above vtime
+-- (or at the head's tag), so every lookup of the queue starts from `tag >= vtime` and skips
+-- the index entries of waiters granted before. A request without a tenant reads and writes
+-- only the semaphore's row: no statement is added without tenants. A newcomer leads (may take
+-- free permits) when its key (S, next_seq) is below the head's, read only when a tenant is
+-- involved (`tessera__would_lead`); a new waiter's position is counted only then
+-- (`tessera__ahead`). Tenants' rows at or below vtime are pruned once there are more than
+-- 2 * (used + queued) + 16 of them, and every one goes with an idle semaphore's row.
 --
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
@@ -150,9 +167,12 @@ BEGIN
     IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.queued IS NULL OR r.queued < 0
        OR r.last_fence IS NULL OR r.last_fence < 0 OR r.next_seq IS NULL OR r.next_seq < 0
        OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000
-       OR r.head_seq IS NULL OR r.head_seq > r.next_seq THEN
-        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s) is out of range',
-            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq));
+       OR r.head_seq IS NULL OR r.head_seq > r.next_seq
+       OR r.vtime IS NULL OR r.vtime < 0 OR r.finish IS NULL OR r.finish < 0
+       OR r.tenants IS NULL OR r.tenants < 0 THEN
+        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s, vtime %s, finish %s, tenants %s) is out of range',
+            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq, r.vtime,
+            r.finish, r.tenants));
     END IF;
     st.found := true;
     st.capacity := r.capacity;
@@ -163,6 +183,9 @@ BEGIN
     st.head_seq := r.head_seq;
     st.seat_high := r.seat_high;
     st.purge_at := r.purge_at;
+    st.vtime := r.vtime;
+    st.finish := r.finish;
+    st.tenants := r.tenants;
     st.hwm := 0;
     IF st.used = 0 AND st.queued = 0 THEN
         -- A new (placeholder) or idle row: it starts at the store-wide high-water mark, and
@@ -198,6 +221,10 @@ BEGIN
         IF st.seat_high <> 0 THEN
             DELETE FROM tessera_free_seats WHERE name = st.name;
         END IF;
+        -- Idle: the tags restart at 0 with the next request.
+        IF st.tenants <> 0 THEN
+            DELETE FROM tessera_tenants WHERE name = st.name;
+        END IF;
         -- Written only when a semaphore goes, not at every grant: a grant reads the mark but
         -- does not serialize every semaphore of the store on its row.
         UPDATE tessera_meta SET value = st.last_fence
@@ -207,7 +234,8 @@ BEGIN
         SET capacity = st.capacity, used = st.used, queued = st.queued,
             last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
             purge_at = coalesce(st.purge_at, 0),
-            head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END
+            head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END,
+            vtime = st.vtime, finish = st.finish, tenants = st.tenants
         WHERE name = st.name;
     END IF;
 END $$;
@@ -269,11 +297,11 @@ BEGIN
     RETURN st;
 END $$;
 
--- Strict FIFO: grants the queue head while it fits (at most 1,024 per step); a head that does
--- not fit blocks everyone behind it. The head is the first waiter from `head_seq` up (a lower
--- bound of every waiter's seq, raised past each waiter granted here and to next_seq whenever
--- the queue empties, `tessera__finish`). Each granted waiter gets a wake-up carrying its grant, so
--- the waiter needs no round trip to learn it:
+-- Strict order: grants the queue head while it fits (at most 1,024 per step); a head that does
+-- not fit blocks everyone behind it. The head is the least (tag, seq) from `tag >= vtime` up
+-- (every waiter's tag is at or above vtime: see "Fair shares" above; without tenants the
+-- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted
+-- waiter gets a wake-up carrying its grant, so the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
 -- now). A waiter of `st.local_client` (the process that called the step) gets it in
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
@@ -299,10 +327,10 @@ BEGIN
         DELETE FROM tessera_waiters
         WHERE name = st.name
           AND seq = (SELECT seq FROM tessera_waiters
-                     WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
+                     WHERE name = st.name AND tag >= st.vtime ORDER BY tag, seq LIMIT 1)
           AND weight <= st.capacity - st.used
           AND gate IS NULL
-        RETURNING seq, lease_id, weight, holder, client, ttl, expires_at INTO h;
+        RETURNING seq, tag, lease_id, weight, holder, client, ttl, expires_at INTO h;
         IF NOT FOUND THEN
             -- The head does not fit, or it is an admission waiter: wake the latter once it
             -- fits and its windows' instant has come (a NULL gate never compares true).
@@ -310,7 +338,7 @@ BEGIN
             SET gate = 9223372036854775807
             WHERE name = st.name
               AND seq = (SELECT seq FROM tessera_waiters
-                         WHERE name = st.name AND seq >= st.head_seq ORDER BY seq LIMIT 1)
+                         WHERE name = st.name AND tag >= st.vtime ORDER BY tag, seq LIMIT 1)
               AND weight <= st.capacity - st.used
               AND gate <= st.now_us
             RETURNING lease_id, client INTO h;
@@ -324,7 +352,7 @@ BEGIN
             EXIT;
         END IF;
         st.queued := st.queued - 1;
-        st.head_seq := h.seq + 1;
+        st.vtime := greatest(st.vtime, h.tag);
         IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
             PERFORM tessera__check_lease(h.lease_id);
         END IF;
@@ -521,6 +549,117 @@ BEGIN
     RETURN seq_;
 END $$;
 
+-- An idle semaphore (nothing used or queued: new, or everything in it expired) forgets every
+-- tag: vtime and the finish tags restart at 0 (a statement only when it has tenants' rows).
+CREATE OR REPLACE FUNCTION tessera__reset_tags(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF st.vtime <> 0 OR st.finish <> 0 THEN
+        st.vtime := 0;
+        st.finish := 0;
+        st.dirty := true;
+    END IF;
+    IF st.tenants <> 0 THEN
+        DELETE FROM tessera_tenants WHERE name = st.name;
+        st.tenants := 0;
+        st.dirty := true;
+    END IF;
+    RETURN st;
+END $$;
+
+-- The finish tag before a new request of `p_tenant` (NULL: no tenant, the row's `finish`),
+-- or NULL when that tenant has no row (it starts at vtime). One statement for a tenant only.
+CREATE OR REPLACE FUNCTION tessera__last_finish(st tessera_step, p_tenant text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    f bigint;
+BEGIN
+    IF p_tenant IS NULL THEN
+        RETURN st.finish;
+    END IF;
+    SELECT t.finish INTO f FROM tessera_tenants t WHERE t.name = st.name AND t.tenant = p_tenant;
+    IF f < 0 THEN
+        PERFORM tessera__corrupt(format('tenant finish tag %s is negative', f));
+    END IF;
+    RETURN f;
+END $$;
+
+-- Records a new request's finish tag (granted or queued): in the row without a tenant, in
+-- the tenant's row otherwise (`p_stored`: it had one, which last_finish said); granted at
+-- once, vtime moves to its start tag. Prunes the tenants' rows at or below vtime (they start
+-- at vtime either way) once there are more than 2 * (used + queued) + 16 of them.
+CREATE OR REPLACE FUNCTION tessera__take_tags(
+    st tessera_step, p_tenant text, p_stored boolean, p_start bigint, p_finish bigint,
+    p_granted boolean
+) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_tenant IS NULL THEN
+        st.finish := p_finish;
+    ELSE
+        INSERT INTO tessera_tenants AS t (name, tenant, finish)
+        VALUES (st.name, p_tenant, p_finish)
+        ON CONFLICT (name, tenant) DO UPDATE SET finish = excluded.finish;
+        IF NOT p_stored THEN
+            st.tenants := st.tenants + 1;
+        END IF;
+    END IF;
+    IF p_granted THEN
+        st.vtime := greatest(st.vtime, p_start);
+    END IF;
+    IF st.tenants > 2 * (st.used + st.queued) + 16 THEN
+        DELETE FROM tessera_tenants t WHERE t.name = st.name AND t.finish <= st.vtime;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        st.tenants := greatest(st.tenants - n, 0);
+    END IF;
+    st.dirty := true;
+    RETURN st;
+END $$;
+
+-- Whether a newcomer with start tag `p_start` would be the queue head (and so may take free
+-- permits): its key (p_start, next_seq) is below the head's. Without tenants' rows and
+-- without a tenant, a non-empty queue holds only requests without a tenant, whose tags are
+-- below the newcomer's: the head is not read.
+CREATE OR REPLACE FUNCTION tessera__would_lead(st tessera_step, p_tenant text, p_start bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    h record;
+BEGIN
+    IF st.queued = 0 THEN
+        RETURN true;
+    END IF;
+    IF st.tenants = 0 AND p_tenant IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT w.tag, w.seq INTO h FROM tessera_waiters w
+    WHERE w.name = st.name AND w.tag >= st.vtime ORDER BY w.tag, w.seq LIMIT 1;
+    IF NOT FOUND THEN
+        PERFORM tessera__corrupt(format('queued %s but no queue head', st.queued));
+    END IF;
+    RETURN (p_start, st.next_seq) < (h.tag, h.seq);
+END $$;
+
+-- How many waiters are ahead of the key (p_tag, p_seq), in queue order.
+CREATE OR REPLACE FUNCTION tessera__ahead(st tessera_step, p_tag bigint, p_seq bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM tessera_waiters w
+            WHERE w.name = st.name AND w.tag >= st.vtime AND (w.tag, w.seq) < (p_tag, p_seq));
+END $$;
+
+-- How many waiters are ahead of the queued `p_lease` (0 if it is not queued).
+CREATE OR REPLACE FUNCTION tessera__place(st tessera_step, p_lease text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM tessera_waiters w, tessera_waiters me
+            WHERE me.name = st.name AND me.lease_id = p_lease
+              AND w.name = st.name AND w.tag >= st.vtime AND (w.tag, w.seq) < (me.tag, me.seq));
+END $$;
+
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 6';
+LANGUAGE sql IMMUTABLE AS 'SELECT 7';

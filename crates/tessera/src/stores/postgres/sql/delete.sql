@@ -11,6 +11,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r    record;
     last bigint;
+    n_tenants bigint;
 BEGIN
     -- Lock the row first, so a concurrent acquire cannot add a holder this delete misses.
     PERFORM 1 FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
@@ -21,9 +22,14 @@ BEGIN
         PERFORM tessera__wake(r.client, r.lease_id);
     END LOOP;
     DELETE FROM tessera_free_seats WHERE name = p_name;
-    DELETE FROM tessera_semaphores WHERE name = p_name RETURNING last_fence INTO last;
+    DELETE FROM tessera_semaphores WHERE name = p_name RETURNING last_fence, tenants
+    INTO last, n_tenants;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    -- Its tenants' tags too: a semaphore made again under this name starts them at 0.
+    IF n_tenants <> 0 THEN
+        DELETE FROM tessera_tenants WHERE name = p_name;
     END IF;
     UPDATE tessera_meta SET value = last WHERE key = 'fence_hwm' AND value < last;
     RETURN true;

@@ -5,7 +5,7 @@
 --
 -- JSON text {"capacity", "used", "now", "holders": [[lease_id, weight, seats, fence, holder,
 -- acquired_at, expires_at], …] by (acquired_at, fence), "queue": [[lease_id, weight, holder,
--- enqueued_at, expires_at], …] in queue order}, or NULL when nobody holds or waits.
+-- enqueued_at, expires_at], …] in queue order, (tag, seq)}, or NULL when nobody holds or waits.
 CREATE OR REPLACE FUNCTION tessera_status(p_name text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -27,7 +27,7 @@ BEGIN
             'queue', coalesce((
                 SELECT json_agg(json_build_array(w.lease_id, w.weight, w.holder, w.enqueued_at,
                                                  w.expires_at)
-                                ORDER BY w.seq)
+                                ORDER BY w.tag, w.seq)
                 FROM tessera_waiters w WHERE w.name = p_name), '[]'::json))::text
         INTO snap;
     END IF;
