@@ -227,6 +227,25 @@ async fn status_answers_while_the_row_is_locked_by_another_session() {
     sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
 }
 
+/// A status with nothing due locks nothing: the semaphore's row keeps its `xmax` (a
+/// `SELECT … FOR UPDATE` sets it to the locking transaction's id, so every status that was a
+/// step changed it) and no transaction id is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_with_nothing_due_leaves_the_row_unlocked() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "unlocked").await;
+    let n = name("unlocked");
+    hold_and_queue(&pg, &n).await;
+    let xmax =
+        || server.psql("SELECT xmax FROM unlocked.tessera_semaphores WHERE name = 'unlocked'");
+    let before = xmax();
+    for _ in 0..5 {
+        let status = pg.status(&n).await.unwrap().unwrap();
+        assert_eq!((status.used, status.queue.len()), (1, 1));
+    }
+    assert_eq!(xmax(), before, "a status locked the semaphore's row");
+}
+
 /// When the step has something to do at the status's instant, the status is the step's: an
 /// expired holder is purged and its permit handed to the waiter, which the status then shows
 /// as the holder (and whose heartbeat finds it granted).
