@@ -539,12 +539,23 @@ impl SqliteBackend {
             }
             if let Some(db) = slot.as_mut() {
                 let rows = ops::SqliteRows::on(db, name.as_str(), StoreTime(0));
-                return no_wait(|| rows.read_snapshot(clock));
+                let read = no_wait(|| rows.read_snapshot(clock));
+                if rows.in_transaction() {
+                    drop(rows);
+                    *slot = None;
+                }
+                return read;
             }
         }
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let rows = ops::SqliteRows::new(&mut conn, name.as_str(), StoreTime(0)).await?;
-        no_wait(|| rows.read_snapshot(clock))
+        let read = no_wait(|| rows.read_snapshot(clock));
+        let stuck = rows.in_transaction();
+        drop(rows);
+        if stuck {
+            conn.close_on_drop();
+        }
+        read
     }
 
     /// Every heartbeat runs the full step, never the read-only probe, so a waiter's expiry

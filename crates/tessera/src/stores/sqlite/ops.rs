@@ -286,8 +286,8 @@ impl SqliteRows<'_> {
     /// Reads the semaphore in one deferred read transaction, which takes no write lock and,
     /// in WAL mode, waits for no writer: its snapshot is taken by the first read (the row),
     /// and `clock` is read after it, then the holders and the queue. `None` without a
-    /// semaphore row. The transaction always ends here (committed, or rolled back after an
-    /// error). Meant to run under `no_wait`: a lock it would wait for is `Busy` at once.
+    /// semaphore row. The transaction ends here (committed, or rolled back after an error);
+    /// the caller drops a connection still in one ([`SqliteRows::in_transaction`]). Meant to run under `no_wait`: a lock it would wait for is `Busy` at once.
     pub(crate) fn read_snapshot(&self, clock: impl Fn() -> StoreTime) -> Result<Option<Snapshot>> {
         self.db()
             .prepare_cached("BEGIN")
@@ -299,9 +299,20 @@ impl SqliteRows<'_> {
             .db()
             .prepare_cached(end)
             .and_then(|mut e| e.execute([]));
+        if !self.db().is_autocommit() {
+            // A commit that failed leaves the read transaction open: never hand the
+            // connection on inside an old snapshot.
+            let _ = self.db().execute_batch("ROLLBACK");
+        }
         let read = read?;
         ended.map_err(rq_err)?;
         Ok(read)
+    }
+
+    /// Whether the connection is still inside a transaction (after
+    /// [`SqliteRows::read_snapshot`], only if even its rollback failed).
+    pub(crate) fn in_transaction(&self) -> bool {
+        !self.db().is_autocommit()
     }
 
     fn read_in_snapshot(&self, clock: impl Fn() -> StoreTime) -> Result<Option<Snapshot>> {
