@@ -592,6 +592,94 @@ async fn lock_wait_timeouts_are_retried_not_answered() {
     assert_eq!(status.used, 2);
 }
 
+/// A status reads one consistent snapshot without the row lock when the step would change
+/// nothing (`stores/sql/snapshot.rs`): while another session holds the semaphore's row with
+/// `SELECT … FOR UPDATE` in an open transaction, it answers the holders and the queue.
+/// Before, it was a step: it waited out lock wait timeouts and ran again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_answers_while_the_row_is_locked_by_another_session() {
+    use sqlx::Connection;
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("locked");
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        db.acquire(&n, 2, &req(holder, 2, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        db.acquire(&n, 2, &req(waiter, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let mut blocker = sqlx::MySqlConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT used FROM tessera_semaphores WHERE name = 'locked' FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), db.status(&n))
+        .await
+        .expect("the status waited for the row lock")
+        .unwrap()
+        .unwrap();
+    assert_eq!((status.capacity, status.used, status.available), (2, 2, 0));
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(holder, 2)]);
+    let queue: Vec<_> = status
+        .queue
+        .iter()
+        .map(|w| (w.lease_id, w.weight))
+        .collect();
+    assert_eq!(queue, vec![(waiter, 1)]);
+    assert!(status.holders[0].expires_at > status.now);
+    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+}
+
+/// When the step has something to do at the status's instant, the status is the step's: an
+/// expired holder is purged and its permit handed to the waiter, which the status then shows
+/// as the holder (and whose heartbeat finds it granted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_expired_holder_and_a_waiter_is_the_steps_hand_off() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    let n = name("due");
+    let (a, w) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        db.acquire(&n, 1, &req(a, 1, Duration::from_millis(300), None))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        db.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = db.status(&n).await.unwrap().unwrap();
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(w, 1)], "{status:?}");
+    assert!(status.queue.is_empty(), "{status:?}");
+    assert_eq!((status.used, status.available), (1, 0));
+    assert!(matches!(
+        db.heartbeat(&n, w, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+}
+
 /// Garbage in tessera's rows (values of the right type, wrong meaning) is a typed
 /// `Corrupt` error, never a panic or a grant; deleting the semaphore clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,6 +187,102 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
     assert_eq!(pg.heartbeat(&n, c, LONG).await.unwrap(), WaitReply::Gone);
 }
 
+/// A status reads one snapshot without the row lock when the step would change nothing
+/// (`stores/sql/snapshot.rs`): while another session holds the semaphore's row with
+/// `SELECT … FOR UPDATE` in an open transaction, it answers the holders and the queue.
+/// Before, it was a step and waited for the row lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_answers_while_the_row_is_locked_by_another_session() {
+    use sqlx::Connection;
+    let server = PostgresServer::start();
+    let pg = backend(&server, "locked").await;
+    let n = name("locked");
+    let (holder, waiter) = hold_and_queue(&pg, &n).await;
+    let mut blocker = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN; SELECT * FROM locked.tessera_semaphores WHERE name = 'locked' FOR UPDATE",
+    )
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), pg.status(&n))
+        .await
+        .expect("the status waited for the row lock")
+        .unwrap()
+        .unwrap();
+    assert_eq!((status.capacity, status.used, status.available), (1, 1, 0));
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(holder, 1)]);
+    let queue: Vec<_> = status
+        .queue
+        .iter()
+        .map(|w| (w.lease_id, w.weight))
+        .collect();
+    assert_eq!(queue, vec![(waiter, 1)]);
+    assert!(status.holders[0].expires_at > status.now);
+    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+}
+
+/// A status with nothing due locks nothing: the semaphore's row keeps its `xmax` (a
+/// `SELECT … FOR UPDATE` sets it to the locking transaction's id, so every status that was a
+/// step changed it) and no transaction id is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_with_nothing_due_leaves_the_row_unlocked() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "unlocked").await;
+    let n = name("unlocked");
+    hold_and_queue(&pg, &n).await;
+    let xmax =
+        || server.psql("SELECT xmax FROM unlocked.tessera_semaphores WHERE name = 'unlocked'");
+    let before = xmax();
+    for _ in 0..5 {
+        let status = pg.status(&n).await.unwrap().unwrap();
+        assert_eq!((status.used, status.queue.len()), (1, 1));
+    }
+    assert_eq!(xmax(), before, "a status locked the semaphore's row");
+}
+
+/// When the step has something to do at the status's instant, the status is the step's: an
+/// expired holder is purged and its permit handed to the waiter, which the status then shows
+/// as the holder (and whose heartbeat finds it granted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_expired_holder_and_a_waiter_is_the_steps_hand_off() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "due").await;
+    let n = name("due");
+    let (a, w) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        pg.acquire(&n, 1, &req(a, 1, Duration::from_millis(300), None))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = pg.status(&n).await.unwrap().unwrap();
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(w, 1)], "{status:?}");
+    assert!(status.queue.is_empty(), "{status:?}");
+    assert_eq!((status.used, status.available), (1, 0));
+    assert!(matches!(
+        pg.heartbeat(&n, w, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+}
+
 /// Several processes (here: backends) migrating one schema at once run each migration once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_connects_migrate_once() {

@@ -443,6 +443,11 @@ impl MysqlBackend {
         }
     }
 
+    /// The step's status, row lock included (`sql::status`).
+    async fn status_step(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
+        step!(self, name, |rows| sql::status(rows, name))
+    }
+
     /// Forgets a lease this backend no longer holds.
     fn unhold(&self, lease: LeaseId) {
         if let Some(holders) = &self.holders {
@@ -670,8 +675,25 @@ impl Backend for MysqlBackend {
         Ok(reply)
     }
 
+    /// Read from one snapshot without the row lock when the step would change nothing
+    /// (`stores/sql/snapshot.rs`, [`ops::read_snapshot`]), else the step. A read that lost
+    /// its connection is left to the step too, which runs again on another.
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        step!(self, name, |rows| sql::status(rows, name))
+        let mut tx = self.transaction().await?;
+        let read = ops::read_snapshot(&mut tx.conn, name.as_str(), self.gates, self.fair).await;
+        match &read {
+            Ok(_) => tx.open = false,
+            Err(_) => tx.rollback().await,
+        }
+        drop(tx);
+        let read = match read {
+            Err(e) if is_retryable(&e, false, 0) => return self.status_step(name).await,
+            read => read,
+        };
+        match sql::read_status(name, read)? {
+            sql::Read::Settled(answer) => Ok(answer),
+            sql::Read::Step => self.status_step(name).await,
+        }
     }
 
     async fn list(&self) -> Result<Vec<String>> {

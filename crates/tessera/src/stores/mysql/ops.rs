@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::model::{Grant, Lease, StoreTime};
 use crate::stores::sql::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    WaiterRow,
+    Snapshot, WaiterRow,
 };
 
 /// The server's clock in µs since the Unix epoch: `SYSDATE(6)` is read when evaluated (not at
@@ -184,6 +184,25 @@ const WAITERS_AHEAD: &str = "SELECT COUNT(*) FROM tessera_waiters \
      WHERE name = ? AND (tag < ? OR (tag = ? AND seq < ?))";
 /// [`ALL_WAITERS`] in the order of fair shares (schema version 6).
 const ALL_WAITERS_FAIR: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
+     FROM tessera_waiters WHERE name = ? ORDER BY tag, seq";
+
+/// `status` without the row lock (`stores/sql/snapshot.rs`): a read-only transaction whose
+/// consistent snapshot is taken at its start (InnoDB's non-locking consistent read; the
+/// session's `READ COMMITTED` would take a new one per statement, so this transaction is
+/// `REPEATABLE READ`), then the row with the clock (read after the snapshot was taken), the
+/// holders and the waiters, and the commit: one round trip, no lock taken or waited for.
+const READ_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+     START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY";
+const READ_SEM: &str = concat!(
+    "SELECT capacity, used, queued, ",
+    now_us!(),
+    " FROM tessera_semaphores WHERE name = ?"
+);
+/// The queue with each waiter's gate, in the order of [`ALL_WAITERS`].
+const READ_WAITERS_GATED: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
+     FROM tessera_waiters WHERE name = ? ORDER BY seq";
+/// [`READ_WAITERS_GATED`] in the order of fair shares, as [`ALL_WAITERS_FAIR`].
+const READ_WAITERS_FAIR: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
      FROM tessera_waiters WHERE name = ? ORDER BY tag, seq";
 
 const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ? AND tenant = ?";
@@ -1059,6 +1078,68 @@ pub(crate) async fn ping(conn: &mut MySqlConnection) -> Result<()> {
         .await
         .map_err(map_err)
         .map(drop)
+}
+
+/// Reads the semaphore `name` in one snapshot without a lock (see [`READ_BEGIN`]); `None`
+/// without a semaphore row. `gates` and `fair` as in [`MysqlRows`]. Ends with the commit:
+/// on an error the caller rolls back (the transaction may still be open).
+pub(crate) async fn read_snapshot(
+    conn: &mut MySqlConnection,
+    name: &str,
+    gates: bool,
+    fair: bool,
+) -> Result<Option<Snapshot>> {
+    let name = Lit::Text(name);
+    let waiters = match (fair, gates) {
+        (true, _) => READ_WAITERS_FAIR,
+        (false, true) => READ_WAITERS_GATED,
+        (false, false) => ALL_WAITERS,
+    };
+    let sql = format!(
+        "{READ_BEGIN};{};{};{};COMMIT",
+        render(READ_SEM, &[name]),
+        render(ALL_HOLDERS, &[name]),
+        render(waiters, &[name]),
+    );
+    let mut results = batch(conn, sql).await?.into_iter().map(|(rows, _)| rows);
+    // SET, START TRANSACTION, then the three reads.
+    let (Some(sem), Some(holders), Some(waiters)) =
+        (results.nth(2), results.next(), results.next())
+    else {
+        return Err(corrupt("status: fewer results than statements"));
+    };
+    let Some(sem) = sem.first() else {
+        return Ok(None);
+    };
+    let holders = holders.iter().map(holder_at).collect::<Result<Vec<_>>>()?;
+    let rows = waiters
+        .iter()
+        .map(|row| {
+            Ok(WaiterRow {
+                lease_id: text_at(row, 0)?,
+                weight: int_at(row, 1)?,
+                holder: text_at(row, 2)?,
+                enqueued_at: int_at(row, 3)?,
+                expires_at: int_at(row, 4)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let head_gate = match (gates, waiters.first()) {
+        (true, Some(head)) => head
+            .try_get::<Option<i64>, _>(5)
+            .map_err(|e| corrupt(format!("waiter gate: {e}")))?,
+        _ => None,
+    };
+    let (holders, queue) = Snapshot::rows(&holders, &rows)?;
+    Ok(Some(Snapshot {
+        now: time_at(sem, 3)?,
+        capacity: int_at(sem, 0)?,
+        used: int_at(sem, 1)?,
+        queued: int_at(sem, 2)?,
+        holders,
+        queue,
+        head_gate,
+    }))
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

@@ -10,6 +10,7 @@ use sqlx::Row;
 use super::{admission, rate};
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::stores::sql::Snapshot;
 
 /// The step's helpers, then one function per operation: created by migration 1 and again by
 /// every migration that changes them (`CREATE OR REPLACE`).
@@ -84,6 +85,34 @@ pub(crate) const CANCEL: &str = "SELECT tessera_cancel($1, $2)";
 pub(crate) const RELEASE: &str = "SELECT held, grants FROM tessera_release($1, $2, $3)";
 pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
 pub(crate) const STATUS: &str = "SELECT tessera_status($1)";
+
+/// The queue's order in [`READ_STATUS`]: by `seq`, as `tessera_status` (`sql/status.sql`)
+/// and the hand-off (`tessera__hand_off`) order it. Change all three together.
+macro_rules! queue_order {
+    () => {
+        "w.seq"
+    };
+}
+
+/// `status` without the row lock (`stores/sql/snapshot.rs`): the semaphore's row, its
+/// holders and its waiters (with their gates) in one statement, so in one snapshot, and the
+/// clock read while the statement runs, after its snapshot was taken. A plain query, not a
+/// function: one row, whose one column is NULL without a semaphore row, else the JSON text
+/// of `tessera_status` with the row's `queued` and each waiter's `gate` (NULL: a plain
+/// waiter) after its expiry.
+pub(crate) const READ_STATUS: &str = concat!(
+    "SELECT (SELECT json_build_object(\
+     'capacity', s.capacity, 'used', s.used, 'queued', s.queued, \
+     'now', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
+     'holders', coalesce((SELECT json_agg(json_build_array(h.lease_id, h.weight, h.seats, \
+         h.fence, h.holder, h.acquired_at, h.expires_at) ORDER BY h.acquired_at, h.fence) \
+         FROM tessera_holders h WHERE h.name = s.name), '[]'::json), \
+     'queue', coalesce((SELECT json_agg(json_build_array(w.lease_id, w.weight, w.holder, \
+         w.enqueued_at, w.expires_at, w.gate) ORDER BY ",
+    queue_order!(),
+    ") FROM tessera_waiters w WHERE w.name = s.name), '[]'::json))::text \
+     FROM tessera_semaphores s WHERE s.name = $1)"
+);
 pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
 pub(crate) const REVOKE: &str = "SELECT tessera_revoke($1, $2)";
 pub(crate) const DELETE: &str = "SELECT tessera_delete($1)";
@@ -314,6 +343,30 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
         now,
         holders,
         queue,
+    })
+}
+
+/// The JSON of [`READ_STATUS`] as the snapshot `stores/sql/snapshot.rs` decides on; every
+/// value is checked as in [`parse_status`] (a wrong one is [`Error::Corrupt`], which leaves
+/// the answer to the step).
+pub(crate) fn parse_snapshot(json: &str, name: &Name) -> Result<Snapshot> {
+    use serde_json::Value;
+    let bad = |what: &str| corrupt(format!("status of {name}: {what}"));
+    let v: Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+    let int = |v: &Value, what: &str| v.as_i64().ok_or_else(|| bad(what));
+    let status = parse_status(json, name)?;
+    let head_gate = match v["queue"].get(0).map(|head| &head[5]) {
+        None | Some(Value::Null) => None,
+        Some(gate) => Some(int(gate, "gate")?),
+    };
+    Ok(Snapshot {
+        now: status.now,
+        capacity: status.capacity.into(),
+        used: status.used.into(),
+        queued: int(&v["queued"], "queued")?,
+        holders: status.holders,
+        queue: status.queue,
+        head_gate,
     })
 }
 

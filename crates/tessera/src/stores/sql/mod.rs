@@ -42,6 +42,9 @@
 //! - **Fences** are `max(last_fence + 1, wall clock in µs, hwm + 1)`: strictly increasing per
 //!   semaphore, above every fence the store ever issued (the high-water mark outlives
 //!   deleted semaphores) and above the time floor (a store that lost its state).
+//! - **`status` may read without the lock**, and only then: from one consistent snapshot,
+//!   when the step would change nothing at that snapshot's instant, which is then the
+//!   step's own answer; otherwise it runs the step (`snapshot.rs` states the invariant).
 //! - **Nothing read is trusted.** Every value read back is checked here; a wrong range or
 //!   shape is [`crate::Error::Corrupt`], never a panic. Only delete skips unreadable lease
 //!   ids instead, since deleting is how an admin clears damaged rows.
@@ -74,6 +77,7 @@
 
 mod dialect;
 pub(crate) mod rate;
+mod snapshot;
 mod step;
 #[cfg(all(test, feature = "sqlite"))]
 mod tests;
@@ -82,6 +86,7 @@ pub(crate) use dialect::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
     WaiterRow,
 };
+pub(crate) use snapshot::{read_status, Read, Snapshot};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use step::admit;
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.

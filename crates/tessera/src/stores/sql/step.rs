@@ -868,6 +868,10 @@ pub(crate) async fn renew(
     Ok((reply, st.finish().await?))
 }
 
+/// The step's status: purge, hand off, then the snapshot (`None` without holders or
+/// waiters). Stores first try the same answer from a snapshot read without the lock
+/// (`snapshot.rs`, whose module docs list what this step changes and when it changes
+/// nothing), and run this only when that read leaves it to the step.
 pub(crate) async fn status(
     rows: &mut impl SemRows,
     name: &Name,
@@ -990,7 +994,7 @@ pub(crate) fn lease_of_row(row: &HolderRow) -> Result<Lease> {
     })
 }
 
-fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
+pub(crate) fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
     Ok(Waiter {
         lease_id: lease_of(&row.lease_id)?,
         weight: u32_of(row.weight, "weight")?,

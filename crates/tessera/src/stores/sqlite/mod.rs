@@ -527,6 +527,37 @@ impl SqliteBackend {
         })
     }
 
+    /// The semaphore `name` read in one snapshot without the write lock
+    /// ([`ops::SqliteRows::read_snapshot`]), on the reader connection of the heartbeat
+    /// probes if it is free, else on a pooled one; never waiting for a lock (`Busy`
+    /// instead).
+    async fn read_status(&self, name: &Name) -> Result<Option<sql::Snapshot>> {
+        let clock = || self.clock.now();
+        if let Ok(mut slot) = self.reader.try_lock() {
+            if slot.is_none() {
+                *slot = open_own(&self.path).ok();
+            }
+            if let Some(db) = slot.as_mut() {
+                let rows = ops::SqliteRows::on(db, name.as_str(), StoreTime(0));
+                let read = no_wait(|| rows.read_snapshot(clock));
+                if rows.in_transaction() {
+                    drop(rows);
+                    *slot = None;
+                }
+                return read;
+            }
+        }
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let rows = ops::SqliteRows::new(&mut conn, name.as_str(), StoreTime(0)).await?;
+        let read = no_wait(|| rows.read_snapshot(clock));
+        let stuck = rows.in_transaction();
+        drop(rows);
+        if stuck {
+            conn.close_on_drop();
+        }
+        read
+    }
+
     /// Every heartbeat runs the full step, never the read-only probe, so a waiter's expiry
     /// moves exactly as the reference model's does (for the differential test; the probe
     /// only saves writes).
@@ -651,8 +682,21 @@ impl Backend for SqliteBackend {
         })
     }
 
+    /// Read from one snapshot without the write lock when the step would change nothing
+    /// (`stores/sql/snapshot.rs`, [`SqliteBackend::read_status`]), else the step.
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
-        let status = step!(self, name, |rows| sql::status(rows, name));
+        let read = match self.read_status(name).await {
+            // A lock to wait for (not in WAL mode, or WAL recovery): the step waits.
+            Err(Error::Store {
+                kind: StoreErrorKind::Busy,
+                ..
+            }) => sql::Read::Step,
+            read => sql::read_status(name, read)?,
+        };
+        let status = match read {
+            sql::Read::Settled(status) => status,
+            sql::Read::Step => step!(self, name, |rows| sql::status(rows, name)),
+        };
         let wall = self.to_wall();
         Ok(status.map(|mut s| {
             s.now = wall(s.now);

@@ -19,7 +19,7 @@ use crate::model::StoreTime;
 pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
 use crate::stores::sql::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    WaiterRow,
+    Snapshot, WaiterRow,
 };
 
 /// The fence high-water mark, and the semaphore's row if it has one (NULLs if not).
@@ -80,6 +80,13 @@ const WAITER_PLACE: &str = "SELECT (SELECT count(*) FROM tessera_waiters o WHERE
 const WAITERS_AHEAD: &str = "SELECT count(*) FROM tessera_waiters \
      WHERE name = ?1 AND (tag, seq) < (?2, ?3)";
 const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
+     FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
+
+/// `status` without the write lock (`stores/sql/snapshot.rs`, [`SqliteRows::read_snapshot`]):
+/// the row's counters, then the queue with each waiter's gate, in the order of
+/// [`ALL_WAITERS`] (the holders are [`ALL_HOLDERS`]).
+const READ_SEM: &str = "SELECT capacity, used, queued FROM tessera_semaphores WHERE name = ?1";
+const READ_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
      FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
 
 const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ?1 AND tenant = ?2";
@@ -272,6 +279,76 @@ impl<'c> SqliteRows<'c> {
         read: impl Fn(&rusqlite::Row<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
         Ok(self.fetch(sql, Some(lease), &[], read)?.into_iter().next())
+    }
+}
+
+impl SqliteRows<'_> {
+    /// Reads the semaphore in one deferred read transaction, which takes no write lock and,
+    /// in WAL mode, waits for no writer: its snapshot is taken by the first read (the row),
+    /// and `clock` is read after it, then the holders and the queue. `None` without a
+    /// semaphore row. The transaction ends here (committed, or rolled back after an error);
+    /// the caller drops a connection still in one ([`SqliteRows::in_transaction`]). Meant to run under `no_wait`: a lock it would wait for is `Busy` at once.
+    pub(crate) fn read_snapshot(&self, clock: impl Fn() -> StoreTime) -> Result<Option<Snapshot>> {
+        self.db()
+            .prepare_cached("BEGIN")
+            .and_then(|mut b| b.execute([]))
+            .map_err(rq_err)?;
+        let read = self.read_in_snapshot(clock);
+        let end = if read.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        let ended = self
+            .db()
+            .prepare_cached(end)
+            .and_then(|mut e| e.execute([]));
+        if !self.db().is_autocommit() {
+            // A commit that failed leaves the read transaction open: never hand the
+            // connection on inside an old snapshot.
+            let _ = self.db().execute_batch("ROLLBACK");
+        }
+        let read = read?;
+        ended.map_err(rq_err)?;
+        Ok(read)
+    }
+
+    /// Whether the connection is still inside a transaction (after
+    /// [`SqliteRows::read_snapshot`], only if even its rollback failed).
+    pub(crate) fn in_transaction(&self) -> bool {
+        !self.db().is_autocommit()
+    }
+
+    fn read_in_snapshot(&self, clock: impl Fn() -> StoreTime) -> Result<Option<Snapshot>> {
+        let sem = self.fetch(READ_SEM, None, &[], |r| {
+            Ok((int_at(r, 0)?, int_at(r, 1)?, int_at(r, 2)?))
+        })?;
+        let Some(&(capacity, used, queued)) = sem.first() else {
+            return Ok(None);
+        };
+        let now = clock();
+        let holders = self.fetch(ALL_HOLDERS, None, &[], holder_at)?;
+        let waiters = self.fetch(READ_WAITERS, None, &[], |row| {
+            let gate = row
+                .get::<_, Option<i64>>(5)
+                .map_err(|e| corrupt(format!("waiter gate: {e}")))?;
+            let waiter = WaiterRow {
+                lease_id: text_at(row, 0)?,
+                weight: int_at(row, 1)?,
+                holder: text_at(row, 2)?,
+                enqueued_at: int_at(row, 3)?,
+                expires_at: int_at(row, 4)?,
+            };
+            Ok((waiter, gate))
+        })?;
+        let head_gate = waiters.first().and_then(|(_, gate)| *gate);
+        let rows: Vec<WaiterRow> = waiters.into_iter().map(|(w, _)| w).collect();
+        let (holders, queue) = Snapshot::rows(&holders, &rows)?;
+        Ok(Some(Snapshot {
+            now,
+            capacity,
+            used,
+            queued,
+            holders,
+            queue,
+            head_gate,
+        }))
     }
 }
 

@@ -360,8 +360,8 @@ async fn fences_stay_monotonic_across_delete_reconnect_and_clock_jumps() {
     }
 }
 
-/// `ping` is a read: it answers while another process holds the write lock, which a status
-/// (a step, and so a write transaction) waits for.
+/// `ping` is a read: it answers while another process holds the write lock. So is a status
+/// of a semaphore that has no row.
 #[tokio::test]
 async fn ping_answers_while_another_process_holds_the_write_lock() {
     let clock = Arc::new(ManualClock::new(T0));
@@ -377,14 +377,109 @@ async fn ping_answers_while_another_process_holds_the_write_lock() {
         .await
         .expect("a ping does not wait for the writer")
         .unwrap();
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), b.status(&name("p")))
-            .await
-            .is_err(),
-        "a status is a step: it waits for the write lock"
-    );
+    let status = tokio::time::timeout(Duration::from_secs(10), b.status(&name("p")))
+        .await
+        .expect("a status of a semaphore without a row does not wait for the writer");
+    assert_eq!(status.unwrap(), None);
     sqlx::query("ROLLBACK").execute(&mut *writer).await.unwrap();
     assert_eq!(b.status(&name("p")).await.unwrap(), None);
+}
+
+/// A status reads one snapshot without the write lock when the step would change nothing
+/// (`stores/sql/snapshot.rs`): while another process holds the write lock in an open
+/// transaction, it answers the holders and the queue, with nothing written.
+#[tokio::test]
+async fn status_answers_while_another_process_holds_the_write_lock() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let s = name("busy");
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        b.acquire(&s, 2, &req(holder, 2, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert_eq!(
+        b.acquire(&s, 2, &req(waiter, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let before = b.status(&s).await.unwrap().unwrap();
+    clock.advance(Duration::from_secs(1));
+    let other = sqlite_at(&url, &clock).await;
+    let mut writer = other.pool.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), b.status(&s))
+        .await
+        .expect("the status waited for the write lock")
+        .unwrap()
+        .unwrap();
+    assert_eq!((status.capacity, status.used, status.available), (2, 2, 0));
+    assert_eq!(status.now, clock.now());
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(holder, 2)]);
+    let queue: Vec<_> = status
+        .queue
+        .iter()
+        .map(|w| (w.lease_id, w.weight))
+        .collect();
+    assert_eq!(queue, vec![(waiter, 1)]);
+    assert_eq!(
+        (status.holders.clone(), status.queue.clone()),
+        (before.holders, before.queue)
+    );
+    sqlx::query("ROLLBACK").execute(&mut *writer).await.unwrap();
+}
+
+/// When the step has something to do at the status's instant, the status is the step's: a
+/// holder that expired is purged and its permits handed to the waiter, which the status then
+/// shows as the holder (and the waiter's heartbeat finds granted).
+#[tokio::test]
+async fn status_of_an_expired_holder_and_a_waiter_is_the_steps_hand_off() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_dir, url) = temp_db();
+    let b = sqlite_at(&url, &clock).await;
+    let s = name("due");
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    assert!(matches!(
+        b.acquire(&s, 1, &req(holder, 1, None)).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let long_wait = Some(WaitSpec {
+        waiter_ttl: Duration::from_secs(60),
+        queue_cap: 100,
+    });
+    assert_eq!(
+        b.acquire(&s, 1, &req(waiter, 1, long_wait)).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    // The holder's 10 s lease expires exactly now: the step purges it.
+    clock.advance(Duration::from_secs(10));
+    let status = b.status(&s).await.unwrap().unwrap();
+    let holders: Vec<_> = status
+        .holders
+        .iter()
+        .map(|h| (h.lease_id, h.weight))
+        .collect();
+    assert_eq!(holders, vec![(waiter, 1)], "{status:?}");
+    assert!(status.queue.is_empty(), "{status:?}");
+    assert_eq!(
+        (status.used, status.available, status.now),
+        (1, 0, clock.now())
+    );
+    assert_eq!(status.holders[0].acquired_at, clock.now());
+    assert!(matches!(
+        b.heartbeat(&s, waiter, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        WaitReply::Granted(_)
+    ));
 }
 
 #[tokio::test]
