@@ -86,11 +86,13 @@ pub(crate) const RELEASE: &str = "SELECT held, grants FROM tessera_release($1, $
 pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
 pub(crate) const STATUS: &str = "SELECT tessera_status($1)";
 
-/// The queue's order in [`READ_STATUS`]: by `seq`, as `tessera_status` (`sql/status.sql`)
-/// and the hand-off (`tessera__hand_off`) order it. Change all three together.
+/// The queue's order in [`READ_STATUS`]: by start tag, then arrival (`docs/fair-shares.md`;
+/// without tenants the tags grow with arrival, so it is FIFO), as `tessera_status`
+/// (`sql/status.sql`) and the hand-off (`tessera__hand_off`, step revision 7) order it.
+/// Change all three together.
 macro_rules! queue_order {
     () => {
-        "w.seq"
+        "w.tag, w.seq"
     };
 }
 
