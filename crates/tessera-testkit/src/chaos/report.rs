@@ -150,12 +150,20 @@ impl ScenarioReport {
     }
 }
 
-/// One line per `lost()` notice: when, how long after its grant, how long the lease was
-/// certainly valid at the grant (a hand-off grant is provisional: shorter than the TTL), how
-/// many renewals were acknowledged before, and why.
-fn loss_notes(events: &[Event]) -> Vec<String> {
+/// A `lost()` notice with what the log said of its lease before: when it was granted, until
+/// when it was then certainly valid, and how many renewals were acknowledged since (`None`:
+/// a lease the log never saw granted).
+struct Loss<'a> {
+    t_ns: u64,
+    lease_id: LeaseId,
+    reason: &'a str,
+    grant: Option<(u64, u64, usize)>,
+}
+
+/// Every `lost()` notice of the log, in order, with its lease's grant.
+fn losses(events: &[Event]) -> Vec<Loss<'_>> {
     let mut granted: HashMap<LeaseId, (u64, u64, usize)> = HashMap::new();
-    let mut notes = vec![];
+    let mut losses = vec![];
     for e in events {
         match &e.kind {
             EventKind::AcquireReturned {
@@ -174,22 +182,38 @@ fn loss_notes(events: &[Event]) -> Vec<String> {
                     g.2 += 1;
                 }
             }
-            EventKind::Lost { lease_id, reason } => {
-                let ms = |ns: u64| ns / 1_000_000;
-                let at = format!("{}.{:03}s", e.t_ns / 1_000_000_000, ms(e.t_ns) % 1000);
-                notes.push(match granted.get(lease_id) {
-                    Some(&(t, valid_until, renewals)) => format!(
-                        "lost: lease {lease_id} at {at}, {} ms after its grant (certain for {} ms at the grant, {renewals} renewals since): {reason}",
-                        ms(e.t_ns.saturating_sub(t)),
-                        ms(valid_until.saturating_sub(t)),
-                    ),
-                    None => format!("lost: lease {lease_id} at {at}: {reason}"),
-                });
-            }
+            EventKind::Lost { lease_id, reason } => losses.push(Loss {
+                t_ns: e.t_ns,
+                lease_id: *lease_id,
+                reason,
+                grant: granted.get(lease_id).copied(),
+            }),
             _ => {}
         }
     }
-    notes
+    losses
+}
+
+/// One line per `lost()` notice: when, how long after its grant, how long the lease was
+/// certainly valid at the grant (a hand-off grant is provisional: shorter than the TTL), how
+/// many renewals were acknowledged before, and why.
+fn loss_notes(events: &[Event]) -> Vec<String> {
+    let ms = |ns: u64| ns / 1_000_000;
+    losses(events)
+        .into_iter()
+        .map(|l| {
+            let (lease_id, reason) = (l.lease_id, l.reason);
+            let at = format!("{}.{:03}s", l.t_ns / 1_000_000_000, ms(l.t_ns) % 1000);
+            match l.grant {
+                Some((t, valid_until, renewals)) => format!(
+                    "lost: lease {lease_id} at {at}, {} ms after its grant (certain for {} ms at the grant, {renewals} renewals since): {reason}",
+                    ms(l.t_ns.saturating_sub(t)),
+                    ms(valid_until.saturating_sub(t)),
+                ),
+                None => format!("lost: lease {lease_id} at {at}: {reason}"),
+            }
+        })
+        .collect()
 }
 
 /// The `lost()` notices that neither a stalled process nor a fault explains.
@@ -236,41 +260,18 @@ pub(crate) fn unexplained_losses(events: &[Event], ttl_ns: u64) -> u64 {
     }
     // Faults still under way at the end of the log.
     windows.extend(began.values().map(|&from| (from, u64::MAX)));
-    let mut granted: HashMap<LeaseId, (u64, u64, usize)> = HashMap::new();
-    let mut unexplained = 0;
-    for e in events {
-        match &e.kind {
-            EventKind::AcquireReturned {
-                outcome:
-                    Outcome::Granted {
-                        lease_id,
-                        valid_until_ns,
-                        ..
-                    },
-                ..
-            } => {
-                granted.insert(*lease_id, (e.t_ns, *valid_until_ns, 0));
-            }
-            EventKind::Renewed { lease_id, .. } => {
-                if let Some(g) = granted.get_mut(lease_id) {
-                    g.2 += 1;
-                }
-            }
-            EventKind::Lost { lease_id, reason } => {
-                let stalled = reason.contains("did not run for");
-                let short_in_fault = granted.get(lease_id).is_some_and(|&(t, until, renewals)| {
-                    renewals == 0
-                        && until.saturating_sub(t) < ttl_ns / 10 * 9
-                        && windows.iter().any(|&(a, b)| a <= e.t_ns && t <= b)
-                });
-                if !stalled && !short_in_fault {
-                    unexplained += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    unexplained
+    let short_in_fault = |l: &Loss| {
+        l.grant.is_some_and(|(t, until, renewals)| {
+            renewals == 0
+                && until.saturating_sub(t) < ttl_ns / 10 * 9
+                && windows.iter().any(|&(a, b)| a <= l.t_ns && t <= b)
+        })
+    };
+    let stalled = |l: &Loss| l.reason.contains("did not run for");
+    losses(events)
+        .iter()
+        .filter(|l| !stalled(l) && !short_in_fault(l))
+        .count() as u64
 }
 
 /// What each scenario breaks on purpose. `forgotten` are the windows right after the store
