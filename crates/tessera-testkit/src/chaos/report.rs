@@ -73,7 +73,7 @@ pub struct ScenarioReport {
     pub leaked_permits: u64,
     /// `lost()` notices.
     pub lost_notices: u64,
-    /// Those the rules of `lost()` and the faults do not explain ([`unexplained_losses`]).
+    /// Those the rules of `lost()` and the faults do not explain (`chaos::report::unexplained_losses`).
     pub unexplained_losses: u64,
     /// C5: the longest time from a fault (or its heal) to the reclaiming grant, in ms.
     pub max_reclaim_ms: Option<u64>,

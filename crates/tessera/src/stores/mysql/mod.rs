@@ -676,7 +676,7 @@ impl Backend for MysqlBackend {
     }
 
     /// Read from one snapshot without the row lock when the step would change nothing
-    /// (`stores/sql/snapshot.rs`, [`ops::read_snapshot`]), else the step. A read that lost
+    /// (`stores/sql/snapshot.rs`, `ops::read_snapshot`), else the step. A read that lost
     /// its connection is left to the step too, which runs again on another.
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
         let mut tx = self.transaction().await?;

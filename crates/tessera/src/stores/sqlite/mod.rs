@@ -683,7 +683,7 @@ impl Backend for SqliteBackend {
     }
 
     /// Read from one snapshot without the write lock when the step would change nothing
-    /// (`stores/sql/snapshot.rs`, [`SqliteBackend::read_status`]), else the step.
+    /// (`stores/sql/snapshot.rs`, `SqliteBackend::read_status`), else the step.
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
         let read = match self.read_status(name).await {
             // A lock to wait for (not in WAL mode, or WAL recovery): the step waits.
