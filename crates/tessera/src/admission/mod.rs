@@ -115,7 +115,10 @@ impl Store {
     ) -> Result<bool> {
         let name = crate::model::Name::new(name)?;
         let backend = self.backend().admission().ok_or_else(|| {
-            crate::Error::Unsupported(format!("admission is not available on {} yet", self.url()))
+            crate::error::Error::Unsupported(format!(
+                "admission is not available on {} yet",
+                self.url()
+            ))
         })?;
         give_back_by_id(backend, &name, lease_id, give_back).await
     }

@@ -110,7 +110,7 @@ pub(crate) fn read_status(name: &Name, read: Result<Option<Snapshot>>) -> Result
     match read {
         Ok(None) => Ok(Read::Settled(None)),
         Ok(Some(snap)) => Ok(settled(name, snap)),
-        Err(crate::Error::Corrupt(_)) => Ok(Read::Step),
+        Err(crate::error::Error::Corrupt(_)) => Ok(Read::Step),
         Err(e) => Err(e),
     }
 }
