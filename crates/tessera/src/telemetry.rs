@@ -50,7 +50,6 @@ use crate::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, Rat
 ///
 /// A handle that names a tenant (`docs/fair-shares.md`) adds the label `tenant` to its
 /// series: one set of series per name and tenant.
-#[derive(Default)]
 pub(crate) struct SemMetrics {
     handles: OnceLock<SemHandles>,
     tenant: Option<String>,

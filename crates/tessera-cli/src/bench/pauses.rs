@@ -31,8 +31,8 @@ const TICK: Duration = Duration::from_millis(1);
 const RECORDED: Duration = Duration::from_millis(2);
 /// A workload's wait longer than this is a long wait.
 pub const LONG_WAIT: Duration = Duration::from_millis(10);
-/// At most this many long waits are kept per client (the rest are only counted).
-pub const KEPT_WAITS: usize = 10_000;
+/// At most this many long waits of one run are kept (the rest are only counted).
+const KEPT_WAITS: usize = 10_000;
 
 /// The pause thread of one workload run; [`Pauses::finish`] stops it.
 pub struct Pauses {
