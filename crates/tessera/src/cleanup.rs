@@ -49,9 +49,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::conn::Conn;
-use crate::model::{LeaseId, Name, StoreTime};
-use crate::seam::Backend;
 use crate::stores::Open;
+use tessera_core::model::{LeaseId, Name, StoreTime};
+use tessera_core::seam::Backend;
 
 /// How long a normal process exit waits for clean-ups still under way.
 pub const EXIT_GRACE: Duration = Duration::from_secs(3);
@@ -76,7 +76,7 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs the job once: `Err` when the store gave no answer (or an error).
-    async fn run(&self, backend: &dyn Backend) -> crate::error::Result<()> {
+    async fn run(&self, backend: &dyn Backend) -> tessera_core::error::Result<()> {
         match self {
             Job::Release { name, lease } => backend.release(name, *lease).await.map(drop),
             Job::Cancel { name, lease } => backend.cancel(name, *lease).await.map(drop),
@@ -92,7 +92,7 @@ impl Job {
     }
 
     /// Logs that the job is given up: what is left behind expires by itself.
-    fn given_up(&self, e: &crate::error::Error) {
+    fn given_up(&self, e: &tessera_core::error::Error) {
         match self {
             Job::Release { name, lease } => {
                 tracing::warn!(%name, %lease, error = %e, "release on drop failed; the lease expires by its TTL")

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
 
-use crate::error::{redact_url, LossReason, Result};
-use crate::model::{LeaseId, Name};
-use crate::seam::Backend;
 use crate::stores::Open;
+use tessera_core::error::{redact_url, LossReason, Result};
+use tessera_core::model::{LeaseId, Name};
+use tessera_core::seam::Backend;
 
 /// A lease held through a connection, as the connection sees it: something to give back when
 /// the store closes or the process exits. The lease keeper implements it.

@@ -7,13 +7,13 @@
 //! exercises the very functions the stores call, and a finding reproduces as a unit test in
 //! the store's own module.
 
-use crate::error::Result;
+use tessera_core::error::Result;
 #[cfg(feature = "redis")]
-use crate::model::*;
+use tessera_core::model::*;
 #[cfg(feature = "redis")]
-use crate::rate::seam::RateStatus;
+use tessera_core::rate::seam::RateStatus;
 #[cfg(feature = "redis")]
-use crate::seam::{RateConfig, RateReply};
+use tessera_core::seam::{RateConfig, RateReply};
 
 /// What `Store::connect` and `Store::connect_existing` read from a store URL before they
 /// open anything.

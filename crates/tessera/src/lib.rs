@@ -77,13 +77,13 @@
 //! `docs/contract.md` in the repository for the guarantees every store keeps, and the
 //! `examples/` folder for whole programs.
 
-// How the library is layered, bottom first (`tests/layers.rs` enforces it: no file names a
-// file above it, and no code path goes through the crate root):
+// How the library is layered, bottom first (`tests/layers.rs` enforces it inside each crate:
+// no file names a file above it, and no code path goes through the crate root):
 //
-// - the core, what every store and the façade build on: `limits`, `error`, `model`,
-//   `clock`, `wake`, the rate spec and seam (`rate/spec.rs`, `rate/seam.rs`), the store seam
-//   (`seam.rs`), the rate engine (`rate/engine.rs`), and the shared store parts (`stores/`
-//   `batch.rs`, `expiries.rs`, `url.rs`, and the SQL step `stores/sql/`);
+// - the core, the crate `tessera-core`, which depends on no store and no façade, so the
+//   compiler keeps it below them: `limits`, `error`, `model`, `clock`, `wake`, the rate spec
+//   and seam, the admission seam, the store seam (`seam`), the rate engine, and the shared
+//   store parts (`stores::batch`, `expiries`, `url`, and the SQL step `stores::sql`);
 // - the stores, one folder each under `stores/`, which import the core and their own folder
 //   only; then `stores/mod.rs`, which picks a store by URL scheme;
 // - the façade: `telemetry` (wraps a backend), `conn` (the connection engine: one opened
@@ -91,37 +91,26 @@
 //   cancels), `lease/` (the permit and its keeper), `store` (the `Store` handle users
 //   connect with), then the handles built on it, each adding its constructor to `Store` in
 //   an `impl Store` block of its own file: `semaphore/`, `rate/limiter.rs`, `lock`, and
-//   `admission/` (its seam, `admission/seam.rs`, sits in the core beside the store seam).
+//   `admission/`.
 
 mod admission;
 mod cleanup;
-mod clock;
 mod conn;
-mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod lease;
-mod limits;
 mod lock;
-mod model;
 mod rate;
-mod seam;
 mod semaphore;
 mod store;
 mod stores;
 mod telemetry;
-mod wake;
 
 pub use admission::{Admission, AdmissionBuilder, Admitted};
 pub use cleanup::EXIT_GRACE;
-pub use error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
 pub use lease::permit::{Permit, RELEASE_RETRY};
-pub use limits::{MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_QUEUE_CAP, MAX_TTL, MIN_TTL};
 pub use lock::Lock;
-pub use model::{
-    Lease, LeaseId, SemaphoreStatus, StoreTime, Tenant, Waiter, MAX_SHARE, MAX_TENANT_LEN,
-};
 pub use rate::{
     LimitUsage, RateDecision, RateLimiter, RateMode, RateOptions, RateSpec, RateStatus,
     DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT, MAX_RATE_MARGIN,
@@ -130,6 +119,13 @@ pub use rate::{
 pub use semaphore::place::{windows_floor, PACE_WINDOW, READ_EVERY};
 pub use semaphore::{QueuePace, QueuePlace, Semaphore, SemaphoreOptions};
 pub use store::Store;
+pub use tessera_core::error::{Error, InvalidInput, LossReason, Result, StoreErrorKind};
+pub use tessera_core::limits::{
+    MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_QUEUE_CAP, MAX_TTL, MIN_TTL,
+};
+pub use tessera_core::model::{
+    Lease, LeaseId, SemaphoreStatus, StoreTime, Tenant, Waiter, MAX_SHARE, MAX_TENANT_LEN,
+};
 
 pub mod backend {
     //! For store authors and test tools: the store seam and what crosses it. A program that
@@ -141,17 +137,17 @@ pub mod backend {
     //! once above the seam. [`Store::from_backend`](crate::Store::from_backend) wraps a
     //! backend, e.g. one that injects faults around a real store.
 
-    pub use crate::clock::{Clock, ManualClock, SystemClock};
-    pub use crate::error::redact_url;
-    pub use crate::model::{
+    pub use tessera_core::clock::{Clock, ManualClock, SystemClock};
+    pub use tessera_core::error::redact_url;
+    pub use tessera_core::model::{
         default_holder, AcquireReply, AcquireRequest, CancelReply, Grant, Name, RenewReply,
         WaitReply, WaitSpec,
     };
-    pub use crate::seam::{
+    pub use tessera_core::seam::{
         AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, FenceSource, GiveBack,
         HandOff, RateBackend, RateConfig, RateReply, RateRequest, Settlement, Waking, PING_NAME,
     };
-    pub use crate::wake::{notify, notify_grant};
+    pub use tessera_core::wake::{notify, notify_grant};
 
     /// The stores of this build, for tests that drive a backend directly.
     pub mod stores {

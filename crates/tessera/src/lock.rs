@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::Result;
 use crate::lease::permit::Permit;
-use crate::model::SemaphoreStatus;
 use crate::semaphore::{Semaphore, SemaphoreOptions};
 use crate::store::Store;
+use tessera_core::error::Result;
+use tessera_core::model::SemaphoreStatus;
 
 /// A lock shared by every process that opens the same name on the same store.
 ///

@@ -1,17 +1,17 @@
 //! [`Store`], the handle users connect with: the URL registry lives in `crate::stores`, the
-//! seam every store implements in `crate::seam`.
+//! seam every store implements in `tessera_core::seam`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::conn::Conn;
-use crate::error::{Error, LossReason, Result, StoreErrorKind};
 use crate::lease::permit::release_retried;
-use crate::model::*;
-use crate::rate::seam::{RateBackend, RateStatus};
-use crate::seam::{unsupported_rate as unsupported, Backend};
 use crate::stores::Open;
+use tessera_core::error::{Error, LossReason, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::rate::seam::{RateBackend, RateStatus};
+use tessera_core::seam::{unsupported_rate as unsupported, Backend};
 
 /// A connection to one store, chosen by URL. Cheap to clone; clones share the connection.
 ///

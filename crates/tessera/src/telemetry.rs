@@ -39,9 +39,9 @@ use async_trait::async_trait;
 use metrics::{Counter, Gauge, Histogram};
 use tracing::Instrument;
 
-use crate::error::{Error, LossReason, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, RateRequest};
+use tessera_core::error::{Error, LossReason, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{Backend, Capabilities, RateBackend, RateConfig, RateReply, RateRequest};
 
 /// The metric handles of one semaphore, registered at its first use rather than at every
 /// event: a grant then costs a few atomic adds, not a label allocation and a registry lookup
@@ -139,13 +139,7 @@ pub(crate) fn renewal(outcome: &'static str) {
 
 /// A lease was lost.
 pub(crate) fn lost(reason: &LossReason) {
-    let reason = match reason {
-        LossReason::Gone => "gone",
-        LossReason::RenewalsFailing(_) => "renewals_failing",
-        LossReason::Stalled(_) => "stalled",
-        LossReason::Closed => "closed",
-    };
-    metrics::counter!("tessera_losses_total", "reason" => reason).increment(1);
+    metrics::counter!("tessera_losses_total", "reason" => reason.label()).increment(1);
 }
 
 /// An admission was given back unused, past its use-by instant (`crate::admission`).
@@ -449,7 +443,7 @@ impl Backend for Instrumented {
     }
 
     /// Admission steps are not timed apart yet: the inner store's, as they are.
-    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
+    fn admission(&self) -> Option<&dyn tessera_core::seam::AdmissionBackend> {
         self.inner.admission()
     }
 }
@@ -489,7 +483,10 @@ impl RateBackend for Instrumented {
         .await
     }
 
-    async fn rate_status(&self, name: &Name) -> Result<Option<crate::rate::seam::RateStatus>> {
+    async fn rate_status(
+        &self,
+        name: &Name,
+    ) -> Result<Option<tessera_core::rate::seam::RateStatus>> {
         call(
             self.latency(const { op_index("rate_status") }),
             "rate_status",

@@ -1,19 +1,23 @@
-//! The library's layers, checked: no source file of `crates/tessera/src` names a file above
-//! it, and no code path goes through the crate root (`crate::Store`), which would hide
-//! where a name comes from.
+//! The library's layers, checked: no source file of `crates/tessera-core/src` or
+//! `crates/tessera/src` names a file above it in its crate, and no code path goes through a
+//! crate root (`crate::Store`), which would hide where a name comes from.
 //!
-//! [`LAYERS`] is the order, bottom first; the module comment of `src/lib.rs` explains it. A
-//! file may use what is in its own layer's folder or below. Doc comments may link through
-//! the crate root (rustdoc shows the public path), and unit-test modules (`#[cfg(test)]`
-//! to the end of a file, and files named `tests.rs`) are exempt: a test may use anything.
+//! The crate boundary is the first layer line, and the compiler keeps it: `tessera-core`
+//! (limits, errors, the model, the clock, wake-ups, the seams, the rate engine, the shared
+//! store parts and the SQL step) depends on no store and no façade, so it cannot name them.
+//! Inside each crate, [`CORE_LAYERS`] and [`FACADE_LAYERS`] give the order, bottom first; the
+//! module comments of both `lib.rs` files explain it. A file may use what is in its own
+//! layer's folder or below, and anything of `tessera_core`. Doc comments may link through the
+//! crate root (rustdoc shows the public path), and unit-test modules (`#[cfg(test)]` to the
+//! end of a file, and files named `tests.rs` or `*_tests.rs`) are exempt: a test may use
+//! anything.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Each layer: the module paths it holds (a path names that module's file and, for a
-/// folder, every file below it unless a longer path is listed). Bottom first.
-const LAYERS: &[&[&str]] = &[
-    // The core: what every store and the façade build on.
+/// The core crate's layers: the module paths each holds (a path names that module's file
+/// and, for a folder, every file below it unless a longer path is listed). Bottom first.
+const CORE_LAYERS: &[&[&str]] = &[
     &["limits"],
     &["error"],
     &["model"],
@@ -26,6 +30,11 @@ const LAYERS: &[&[&str]] = &[
     &["rate::engine"],
     &["stores::batch", "stores::expiries", "stores::url"],
     &["stores::sql"],
+    &[""],
+];
+
+/// The library's layers above the core, bottom first.
+const FACADE_LAYERS: &[&[&str]] = &[
     // The stores: each imports the core and its own folder, never another store.
     &[
         "stores::memory",
@@ -82,11 +91,11 @@ fn modules(src: &Path) -> Vec<Module> {
     out
 }
 
-/// The layer of module `path` and the entry of [`LAYERS`] it falls under (the longest
+/// The layer of module `path` in `layers` and the entry it falls under (the longest
 /// listed prefix).
-fn layer_of(path: &str) -> Option<(usize, &'static str)> {
+fn layer_of(layers: &[&[&'static str]], path: &str) -> Option<(usize, &'static str)> {
     let mut best: Option<(usize, &'static str)> = None;
-    for (i, layer) in LAYERS.iter().enumerate() {
+    for (i, layer) in layers.iter().enumerate() {
         for &entry in *layer {
             let covers = entry == path
                 || (!entry.is_empty()
@@ -171,29 +180,31 @@ fn target<'a>(path: &str, known: &'a BTreeMap<String, usize>) -> Option<&'a str>
         .or_else(|| known.get_key_value("").map(|(k, _)| k.as_str()))
 }
 
-#[test]
-fn no_file_imports_a_file_above_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mods = modules(&src);
+/// Every layering problem of the crate whose sources are in `src`.
+fn problems(src: &Path, layers: &[&[&'static str]]) -> Vec<String> {
+    let mods = modules(src);
     let mut known = BTreeMap::new();
     let mut problems = Vec::new();
     for m in &mods {
-        match layer_of(&m.path) {
+        match layer_of(layers, &m.path) {
             Some((layer, _)) => {
                 known.insert(m.path.clone(), layer);
             }
             None => problems.push(format!(
-                "{}: module `{}` is in no layer; add it to LAYERS in tests/layers.rs",
+                "{}: module `{}` is in no layer; add it to its crate's layers in tests/layers.rs",
                 m.file.display(),
                 m.path
             )),
         }
     }
     for m in &mods {
-        if m.file.file_name().is_some_and(|f| f == "tests.rs") {
+        if m.file
+            .file_name()
+            .is_some_and(|f| f == "tests.rs" || f.to_string_lossy().ends_with("_tests.rs"))
+        {
             continue;
         }
-        let Some((layer, entry)) = layer_of(&m.path) else {
+        let Some((layer, entry)) = layer_of(layers, &m.path) else {
             continue;
         };
         let text = std::fs::read_to_string(&m.file).unwrap();
@@ -202,14 +213,14 @@ fn no_file_imports_a_file_above_it() {
                 let Some(t) = target(&path, &known) else {
                     continue;
                 };
-                let here = format!("{}:{line}", m.file.strip_prefix(&src).unwrap().display());
+                let here = format!("{}:{line}", m.file.strip_prefix(src).unwrap().display());
                 if t.is_empty() {
                     problems.push(format!(
                         "{here}: `crate::{path}` goes through the crate root; name the module"
                     ));
                     continue;
                 }
-                let (t_layer, t_entry) = layer_of(t).unwrap();
+                let (t_layer, t_entry) = layer_of(layers, t).unwrap();
                 if t_layer > layer {
                     problems.push(format!(
                         "{here}: `crate::{path}` imports `{t}`, a layer above `{}`",
@@ -225,6 +236,17 @@ fn no_file_imports_a_file_above_it() {
             }
         }
     }
+    problems
+}
+
+fn crate_src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src")
+}
+
+fn assert_none(problems: Vec<String>) {
     assert!(
         problems.is_empty(),
         "{} layering problems:\n{}",
@@ -234,27 +256,47 @@ fn no_file_imports_a_file_above_it() {
 }
 
 #[test]
+fn no_file_of_the_core_imports_a_file_above_it() {
+    assert_none(problems(&crate_src("tessera-core"), CORE_LAYERS));
+}
+
+#[test]
+fn no_file_of_the_library_imports_a_file_above_it() {
+    assert_none(problems(&crate_src("tessera"), FACADE_LAYERS));
+}
+
+#[test]
 fn the_checker_sees_an_upward_import_and_a_root_path() {
     let mut known = BTreeMap::new();
-    for m in ["", "model", "store", "stores", "stores::redis"] {
-        known.insert(m.to_string(), layer_of(m).unwrap().0);
+    for m in ["", "semaphore", "store", "stores", "stores::redis"] {
+        known.insert(m.to_string(), layer_of(FACADE_LAYERS, m).unwrap().0);
     }
-    let code = "use crate::store::Store; let x = crate::Store::connect(u); use crate::model::{Name, Lease};";
+    let code = "use crate::store::Store; let x = crate::Store::connect(u); use crate::semaphore::{Semaphore, Permit};";
     let paths = crate_paths(code);
     assert_eq!(
         paths,
         [
             "store::Store",
             "Store::connect",
-            "model::Name",
-            "model::Lease"
+            "semaphore::Semaphore",
+            "semaphore::Permit"
         ]
     );
     assert_eq!(target("store::Store", &known), Some("store"));
     assert_eq!(target("Store::connect", &known), Some(""));
-    assert!(layer_of("store").unwrap().0 > layer_of("model").unwrap().0);
-    assert_eq!(layer_of("stores::redis::ops").unwrap().1, "stores::redis");
-    assert_eq!(layer_of("stores::sql::step").unwrap().1, "stores::sql");
+    assert!(
+        layer_of(FACADE_LAYERS, "semaphore").unwrap().0
+            > layer_of(FACADE_LAYERS, "store").unwrap().0
+    );
+    assert_eq!(
+        layer_of(FACADE_LAYERS, "stores::redis::ops").unwrap().1,
+        "stores::redis"
+    );
+    assert_eq!(
+        layer_of(CORE_LAYERS, "stores::sql::step").unwrap().1,
+        "stores::sql"
+    );
+    assert!(layer_of(CORE_LAYERS, "seam").unwrap().0 > layer_of(CORE_LAYERS, "model").unwrap().0);
     // Comments and unit-test modules are not code.
     let lines =
         code_lines("use a; // crate::store\n#[cfg(test)]\nmod tests {\n use crate::store;\n}\n");

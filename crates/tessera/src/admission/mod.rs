@@ -17,23 +17,21 @@
 //! queue. A caller that does more before the call checks [`Admitted::is_fresh`] again, as
 //! `tessera run` does right before it starts the child ([`Admission::readmit_timeout`]).
 
-pub(crate) mod seam;
-
 use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{InvalidInput, Result};
 use crate::lease::permit::Permit;
-use crate::model::{LeaseId, StoreTime};
 use crate::rate::limiter::{RateLimiter, RateOptions};
-use crate::rate::spec::{RateSpec, DEFAULT_ADMISSION_MARGIN};
 use crate::semaphore::admit::{Admit, Windows};
 use crate::semaphore::place::Watch;
 use crate::semaphore::{QueuePlace, Semaphore, SemaphoreOptions};
 use crate::store::Store;
-use seam::{GiveBack, Settlement};
+use tessera_core::admission::seam::{self, GiveBack, Settlement};
+use tessera_core::error::{InvalidInput, Result};
+use tessera_core::model::{LeaseId, StoreTime};
+use tessera_core::rate::spec::{RateSpec, DEFAULT_ADMISSION_MARGIN};
 
 /// Permits of a semaphore and rate windows of the limiter of the same name, taken in one
 /// atomic step (see the module docs). Built with [`Store::admission`].
@@ -113,9 +111,9 @@ impl Store {
         lease_id: LeaseId,
         give_back: GiveBack,
     ) -> Result<bool> {
-        let name = crate::model::Name::new(name)?;
+        let name = tessera_core::model::Name::new(name)?;
         let backend = self.backend().admission().ok_or_else(|| {
-            crate::error::Error::Unsupported(format!(
+            tessera_core::error::Error::Unsupported(format!(
                 "admission is not available on {} yet",
                 self.url()
             ))
@@ -130,7 +128,7 @@ impl Store {
 /// the store counts it, so a give-back sent twice counts once.
 async fn give_back_by_id(
     backend: &dyn seam::AdmissionBackend,
-    name: &crate::model::Name,
+    name: &tessera_core::model::Name,
     lease: LeaseId,
     give_back: GiveBack,
 ) -> Result<bool> {
@@ -390,7 +388,7 @@ impl Admission {
                 }
                 Admit::TimedOut => return Ok(None),
                 Admit::Refused => {
-                    return Err(crate::error::Error::Corrupt(
+                    return Err(tessera_core::error::Error::Corrupt(
                         "the store refused a queued admission".to_string(),
                     ))
                 }
@@ -479,12 +477,12 @@ impl Admitted {
     /// [`Admitted::release`] does. A ticket dropped or released unsettled keeps its charge. Stores without admission settle nothing and
     /// answer [`Error::Unsupported`](crate::Error::Unsupported) with the lease released.
     pub async fn settle(self, actual: u32) -> Result<bool> {
-        if actual > crate::rate::spec::MAX_RATE_COUNT {
+        if actual > tessera_core::rate::spec::MAX_RATE_COUNT {
             // As a release: the ticket is spent either way, so its permits go back now.
             self.release().await?;
             return Err(InvalidInput::SettleCost {
                 actual,
-                max: crate::rate::spec::MAX_RATE_COUNT,
+                max: tessera_core::rate::spec::MAX_RATE_COUNT,
             }
             .into());
         }
@@ -503,7 +501,7 @@ impl Admitted {
         };
         let settled = match backend.admission() {
             Some(admission) => admission.settle(&name, lease_id, &settlement).await,
-            None => Err(crate::error::Error::Unsupported(
+            None => Err(tessera_core::error::Error::Unsupported(
                 "admissions on this store".to_string(),
             )),
         };

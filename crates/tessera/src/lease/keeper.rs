@@ -31,7 +31,7 @@
 //! nothing. The keeper is woken only when a new entry is due before the keeper's planned
 //! wake-up ([`Queue::look_by`]), which is rare: a lease enters due a keep-alive interval from
 //! now, after the leases already held. A wake-up pushed for a held lease (a revocation, see
-//! `crate::wake`) moves its entry to now; if its turn is running, the lease gets another turn
+//! `tessera_core::wake`) moves its entry to now; if its turn is running, the lease gets another turn
 //! as soon as this one ends.
 //!
 //! There is one keeper per runtime (keyed by [`tokio::runtime::Handle::id`]), started by the
@@ -56,10 +56,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{Conn, Tracked};
-use crate::error::LossReason;
 use crate::lease::SemaphoreConfig;
-use crate::model::*;
-use crate::wake;
+use tessera_core::error::LossReason;
+use tessera_core::model::*;
+use tessera_core::wake;
 
 /// The log target of loss and renewal events: the permit's, where users (and the CLI's
 /// default filter) expect them.

@@ -7,8 +7,8 @@ pub(crate) mod permit;
 
 use std::time::Duration;
 
-use crate::model::Name;
 use crate::telemetry::SemMetrics;
+use tessera_core::model::Name;
 
 /// A semaphore's validated configuration, shared by the semaphore handle, its waits and its
 /// permits (the lease keeper reads the name, TTL and keep-alive interval).
@@ -20,7 +20,7 @@ pub(crate) struct SemaphoreConfig {
     pub(crate) holder: String,
     pub(crate) queue_cap: u32,
     pub(crate) waiter_ttl: Duration,
-    pub(crate) tenant: Option<crate::model::Tenant>,
+    pub(crate) tenant: Option<tessera_core::model::Tenant>,
     /// Its metric handles (`crate::telemetry`).
     pub(crate) metrics: SemMetrics,
 }

@@ -38,11 +38,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cleanup::{self, Job};
 use crate::conn::Conn;
-use crate::error::{LossReason, Result};
 use crate::lease::keeper::Held;
 use crate::lease::SemaphoreConfig;
-use crate::model::*;
-use crate::wake;
+use tessera_core::error::{LossReason, Result};
+use tessera_core::model::*;
+use tessera_core::wake;
 
 /// A held lease on one or more permits. Released when dropped (in the background, see
 /// [`crate::Store::close`] for what happens at the end of a program) or by
@@ -94,7 +94,7 @@ impl Permit {
 
     /// The semaphore's name, for a step on this lease outside the keeper
     /// (`crate::admission`).
-    pub(crate) fn semaphore_name(&self) -> &crate::model::Name {
+    pub(crate) fn semaphore_name(&self) -> &tessera_core::model::Name {
         &self.held.config.name
     }
 
@@ -226,10 +226,10 @@ pub const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(3)
 /// an answer, another kind of error, or [`RELEASE_RETRY`]; each attempt bounded by what is
 /// left of it. The last error if none answered.
 pub(crate) async fn release_retried(
-    backend: &dyn crate::seam::Backend,
+    backend: &dyn tessera_core::seam::Backend,
     name: &Name,
     lease: LeaseId,
-    mut e: crate::error::Error,
+    mut e: tessera_core::error::Error,
 ) -> Result<bool> {
     let deadline = Instant::now() + RELEASE_RETRY;
     let mut backoff = std::time::Duration::from_millis(10);

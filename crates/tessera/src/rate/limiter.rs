@@ -4,12 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::seam::{LimitUsage, RateBackend, RateReply, RateRequest, RateStatus};
-use super::spec::{RateConfig, RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_RATE_WAIT};
-use crate::error::{InvalidInput, Result};
-use crate::model::{Name, StoreTime};
-use crate::seam::unsupported_rate;
 use crate::store::Store;
+use tessera_core::error::{InvalidInput, Result};
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::seam::{LimitUsage, RateBackend, RateReply, RateRequest, RateStatus};
+use tessera_core::rate::spec::{
+    RateConfig, RateMode, RateSpec, DEFAULT_RATE_MARGIN, MAX_RATE_WAIT,
+};
+use tessera_core::seam::unsupported_rate;
 
 /// Options of a [`RateLimiter`].
 #[derive(Debug, Clone, Default)]
@@ -105,7 +107,7 @@ impl RateDecision {
 #[derive(Clone)]
 pub struct RateLimiter {
     store: Store,
-    backend: Arc<dyn crate::seam::Backend>,
+    backend: Arc<dyn tessera_core::seam::Backend>,
     name: Name,
     config: RateConfig,
     opts: RateOptions,
@@ -147,12 +149,12 @@ impl RateLimiter {
     ) -> Result<RateLimiter> {
         let name = Name::new(name)?;
         let config = RateConfig::new(limits, opts.mode)?;
-        let margin = opts.margin.unwrap_or(match opts.mode {
-            RateMode::Exact => opts
-                .default_margin
+        let margin = opts.margin.unwrap_or(if opts.mode.is_smooth() {
+            Duration::ZERO
+        } else {
+            opts.default_margin
                 .unwrap_or(DEFAULT_RATE_MARGIN)
-                .min(config.limits()[0].period()),
-            RateMode::Smooth { .. } => Duration::ZERO,
+                .min(config.limits()[0].period())
         });
         let config = config.with_margin(margin)?;
         if store.backend().rate().is_none() {

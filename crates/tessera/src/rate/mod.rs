@@ -86,22 +86,11 @@
 //! store seam (`RateBackend` and what crosses it; it imports no façade), `limiter.rs` the
 //! façade users call, and `engine.rs` the decision shared by the memory and SQLite stores.
 
-// Only the stores call the engine; a build without any store has no use for it.
-#[cfg(any(
-    feature = "memory",
-    feature = "sqlite",
-    feature = "redis",
-    feature = "mysql",
-    feature = "postgres"
-))]
-pub(crate) mod engine;
 pub(crate) mod limiter;
-pub(crate) mod seam;
-pub(crate) mod spec;
 
 pub use limiter::{RateDecision, RateLimiter, RateOptions};
-pub use seam::{LimitUsage, RateStatus};
-pub use spec::{
+pub use tessera_core::rate::seam::{LimitUsage, RateStatus};
+pub use tessera_core::rate::spec::{
     RateMode, RateSpec, DEFAULT_ADMISSION_MARGIN, DEFAULT_RATE_MARGIN, MAX_LIMITS, MAX_RATE_COUNT,
     MAX_RATE_MARGIN, MAX_RATE_PERIOD, MAX_RATE_WAIT, MIN_RATE_PERIOD,
 };

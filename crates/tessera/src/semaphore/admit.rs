@@ -14,13 +14,13 @@ use tokio::time::Instant;
 use super::place::Watch;
 use super::wait::{bounded, sleep_until_opt, Pending, CANCEL_GRACE};
 use super::Semaphore;
-use crate::error::{Error, Result};
 use crate::lease::permit::Permit;
-use crate::model::*;
-use crate::rate::spec::RateConfig;
-use crate::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
 use crate::telemetry;
-use crate::wake;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
+use tessera_core::rate::spec::RateConfig;
+use tessera_core::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use tessera_core::wake;
 
 /// The windows' part of an admission.
 pub(crate) struct Windows<'a> {

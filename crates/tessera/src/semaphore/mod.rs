@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{InvalidInput, Result};
 use crate::lease::permit::Permit;
 use crate::lease::SemaphoreConfig;
-use crate::model::*;
-use crate::seam::Backend;
 use crate::store::Store;
+use tessera_core::error::{InvalidInput, Result};
+use tessera_core::model::*;
+use tessera_core::seam::Backend;
 
 pub(crate) mod admit;
 pub(crate) mod place;
@@ -171,7 +171,7 @@ impl Semaphore {
         let holder = opts.holder.clone().unwrap_or_else(default_holder);
         validate_holder(&holder)?;
         if opts.tenant.is_some() && !caps.fair_shares {
-            return Err(crate::error::Error::Unsupported(format!(
+            return Err(tessera_core::error::Error::Unsupported(format!(
                 "fair shares between tenants are not available on {} yet \
                  (docs/fair-shares.md)",
                 store.url()
@@ -336,7 +336,9 @@ impl Semaphore {
                 };
                 Ok(self.permit(Grant { lease, now }, sent, None))
             }
-            RenewReply::Gone => Err(crate::error::Error::Lost(crate::error::LossReason::Gone)),
+            RenewReply::Gone => Err(tessera_core::error::Error::Lost(
+                tessera_core::error::LossReason::Gone,
+            )),
         }
     }
 

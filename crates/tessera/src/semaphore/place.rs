@@ -29,9 +29,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::model::{LeaseId, StoreTime};
-use crate::rate::seam::{LimitUsage, RateStatus};
-use crate::seam::Backend;
+use tessera_core::model::{LeaseId, StoreTime};
+use tessera_core::rate::seam::{LimitUsage, RateStatus};
+use tessera_core::seam::Backend;
 
 /// How far back the pace of the queue is measured.
 pub const PACE_WINDOW: Duration = Duration::from_secs(30);
@@ -238,7 +238,7 @@ impl<'a> Watch<'a> {
     pub(crate) async fn run(
         &self,
         backend: &dyn Backend,
-        name: &crate::model::Name,
+        name: &tessera_core::model::Name,
     ) -> std::convert::Infallible {
         loop {
             tokio::time::sleep(READ_EVERY).await;

@@ -1,6 +1,6 @@
 //! How an acquire waits: the engine under the [`Semaphore`] façade.
 //!
-//! An acquire picks a random lease id, registers for wake-ups on it ([`crate::wake`]), then
+//! An acquire picks a random lease id, registers for wake-ups on it ([`tessera_core::wake`]), then
 //! sends one acquire-or-enqueue to the store. If queued, it sleeps until a wake-up (the store
 //! pushed a grant), its heartbeat interval (the safety net for a lost wake-up, and what keeps
 //! its queue entry alive), or its deadline. Each wake-up or heartbeat asks the store whether
@@ -20,14 +20,13 @@ use tokio::time::Instant;
 use super::place::Watch;
 use super::Semaphore;
 use crate::cleanup::{self, Job};
-use crate::error::{Error, Result};
 use crate::lease::permit::Permit;
 use crate::lease::SemaphoreConfig;
-use crate::model::*;
-use crate::seam::Waking;
 use crate::store::Store;
 use crate::telemetry;
-use crate::wake;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
+use tessera_core::wake;
 
 impl Semaphore {
     /// One try-acquire of `weight` (checked) permits: granted or not, never queued.
@@ -161,7 +160,7 @@ impl Semaphore {
 
         // A store whose step runs at once (memory): an immediate grant registers no wake-up
         // and arms no cancel, as there is no wait and no await to drop. A queued reply
-        // registers late, which still receives a grant made in between (see `crate::wake`).
+        // registers late, which still receives a grant made in between (see `tessera_core::wake`).
         // A transient error goes the long way below, which retries it.
         match self.backend().acquire_now(name, self.capacity(), &request) {
             Some(Ok(AcquireReply::Granted(grant))) => {
@@ -383,11 +382,9 @@ impl Semaphore {
     /// granted waiter find out well before its lease (which runs from the grant) could expire.
     pub(super) fn poll_bounds(&self) -> (Duration, Duration) {
         let heartbeat = (self.config.waiter_ttl / 3).min(self.config.ttl / 4);
-        match self.backend().capabilities().waking {
-            Waking::Push => (heartbeat, heartbeat),
-            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => {
-                (min, max.min(heartbeat))
-            }
+        match self.backend().capabilities().waking.poll_bounds() {
+            None => (heartbeat, heartbeat),
+            Some((min, max)) => (min, max.min(heartbeat)),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! One folder per store, each file one role and the same role under the same name in every
-//! store that has it: `mod.rs` is the [`crate::seam::Backend`] glue (and the store's docs),
+//! store that has it: `mod.rs` is the [`tessera_core::seam::Backend`] glue (and the store's docs),
 //! and no file below it imports it; `url.rs` parses the URL; `error.rs` maps the driver's
 //! errors to [`Error`]; `conns.rs` connects and holds the connections; `migrate.rs` creates
 //! and migrates the schema; `ops.rs` holds the atomic operations; `notify.rs` is the wake
@@ -9,14 +9,10 @@
 //! (`sql/`) and supply only their statements (their `ops.rs`).
 //!
 //! This module also chooses the store from a URL's scheme ([`open`]), so that neither the
-//! seam (`crate::seam`) nor the connection engine (`crate::conn`) names a store.
+//! seam (`tessera_core::seam`) nor the connection engine (`crate::conn`) names a store.
 
-#[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
-pub(crate) mod batch;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(any(feature = "postgres", feature = "redis"))]
-pub(crate) mod expiries;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "mysql")]
@@ -25,22 +21,13 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(
-    feature = "redis",
-    feature = "mysql",
-    feature = "postgres",
-    feature = "etcd"
-))]
-pub(crate) mod url;
 
 use std::sync::Arc;
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::seam::Backend;
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::seam::Backend;
 
 /// Whether opening a store may create it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
 
-use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
-use crate::model::*;
+use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
+use tessera_core::model::*;
 
 use super::error::{is_unreachable, store_error};
 use super::held::{HeldMap, WaitHere};

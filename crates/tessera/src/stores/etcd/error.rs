@@ -5,14 +5,14 @@ use std::error::Error as _;
 use etcd_client::Error as EtcdError;
 use tonic::Code;
 
-use crate::error::{Error, StoreErrorKind};
+use tessera_core::error::{Error, StoreErrorKind};
 
 /// Turns an etcd-client error into a tessera error, in words (never a debug dump of the
 /// gRPC layers); `url` is the store's URL with its password masked, named where the fault
 /// is the URL's (nothing listens there, the credentials were refused); `secret` (the URL's
 /// password) never appears.
 pub(super) fn store_error(e: EtcdError, url: &str, secret: Option<&str>) -> Error {
-    let cause = crate::error::mask_secret(&plain_cause(&e), secret);
+    let cause = tessera_core::error::mask_secret(&plain_cause(&e), secret);
     if is_out_of_space(&e) {
         // Not `Busy`: nothing is written again until an operator frees space, so a waiter
         // that retried would wait out its whole wait as if the semaphore were taken.
@@ -50,7 +50,7 @@ pub(super) fn store_error(e: EtcdError, url: &str, secret: Option<&str>) -> Erro
     };
     // The usual causes, where etcd's words do not name them.
     let hint = if is_refusal(&e) {
-        Some(crate::error::refused_hint(url))
+        Some(tessera_core::error::refused_hint(url))
     } else if cause.contains("user name is empty") {
         Some("the cluster has authentication on; give etcd://USER:PASSWORD@HOST".to_string())
     } else if cause.contains("authentication is not enabled") {
@@ -58,7 +58,7 @@ pub(super) fn store_error(e: EtcdError, url: &str, secret: Option<&str>) -> Erro
             "the cluster has authentication off; leave the user and password out of {url}"
         ))
     } else if kind == StoreErrorKind::Auth && !cause.contains("permission denied") {
-        Some(crate::error::auth_hint(url))
+        Some(tessera_core::error::auth_hint(url))
     } else if kind == StoreErrorKind::Connection && is_reset(&e, &cause) {
         Some(
             "if the member speaks TLS, the URL's scheme is etcds://, with ?ca=FILE for a \
@@ -77,9 +77,9 @@ pub(super) fn store_error(e: EtcdError, url: &str, secret: Option<&str>) -> Erro
 /// Whether nothing accepted the connection (the I/O error under tonic's layers).
 fn is_refusal(e: &EtcdError) -> bool {
     match e {
-        EtcdError::GRpcStatus(s) => crate::error::is_refusal(s),
-        EtcdError::TransportError(t) => crate::error::is_refusal(t),
-        EtcdError::IoError(io) => crate::error::is_refusal(io),
+        EtcdError::GRpcStatus(s) => tessera_core::error::is_refusal(s),
+        EtcdError::TransportError(t) => tessera_core::error::is_refusal(t),
+        EtcdError::IoError(io) => tessera_core::error::is_refusal(io),
         _ => false,
     }
 }

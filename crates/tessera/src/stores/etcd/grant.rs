@@ -3,8 +3,8 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use crate::error::{Error, Result};
-use crate::model::*;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
 
 use super::conns::{revision, EtcdBackend};
 use super::error::{is_lease_not_found, is_out_of_space};

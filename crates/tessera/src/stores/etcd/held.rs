@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use crate::error::Result;
-use crate::model::*;
+use tessera_core::error::Result;
+use tessera_core::model::*;
 
 use super::conns::EtcdBackend;
 use super::notify::Target;

@@ -173,7 +173,7 @@
 //!   concurrently, so a cancel's read can overtake the acquire's write; the cancel writes a
 //!   marker first, which every acquire transaction compares absent.
 //!
-//! [`HandOff::NextStep`]: crate::seam::HandOff::NextStep
+//! [`HandOff::NextStep`]: tessera_core::seam::HandOff::NextStep
 
 mod conns;
 mod error;
@@ -193,10 +193,10 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 
-use crate::error::{Error, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{Backend, Capabilities, FenceSource, HandOff, Waking};
-use crate::wake;
+use tessera_core::error::{Error, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{Backend, Capabilities, FenceSource, HandOff};
+use tessera_core::wake;
 
 use conns::revision;
 pub use conns::EtcdBackend;
@@ -867,15 +867,13 @@ pub const MAX_WEIGHT: u32 = MAX_TXN_OPS as u32 - 6;
 /// What the etcd store declares: watch wake-ups, whole-second leases of at least 2 s,
 /// revision fences, the hand-off in the waiter's next step, at most [`MAX_WEIGHT`] permits
 /// per lease.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    waking: Waking::Push,
-    min_ttl: Duration::from_secs(MIN_LEASE_SECS as u64),
-    ttl_granularity: Duration::from_secs(1),
-    fence: FenceSource::Revision,
-    hand_off: HandOff::NextStep,
-    max_weight: MAX_WEIGHT,
-    fair_shares: false,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::push()
+    .with_ttls(
+        Duration::from_secs(MIN_LEASE_SECS as u64),
+        Duration::from_secs(1),
+    )
+    .with_order(FenceSource::Revision, HandOff::NextStep)
+    .with_max_weight(MAX_WEIGHT);
 
 fn not_found(name: &Name) -> Error {
     Error::NotFound(format!(

@@ -1,6 +1,6 @@
 //! The waiters' watches: each waiter of this backend watches exactly what can let it in
 //! (see the [store's docs](super)), and a watch event wakes only that waiter
-//! ([`crate::wake::notify`]), whose next heartbeat re-reads the semaphore and decides.
+//! ([`tessera_core::wake::notify`]), whose next heartbeat re-reads the semaphore and decides.
 //!
 //! A watch covers everything after the snapshot its waiter decided on (revision `R`), so
 //! nothing that happened between the read and the watch is missed. It is opened from etcd's
@@ -49,8 +49,8 @@ use tokio::task::JoinHandle;
 use super::held::{HeldHere, HeldMap};
 use super::members::{timed_out, Members, ATTEMPT_TIMEOUT};
 use super::ops::{Entry, Keys, Record};
-use crate::model::{LeaseId, StoreTime};
-use crate::wake;
+use tessera_core::model::{LeaseId, StoreTime};
+use tessera_core::wake;
 
 /// What a waiter watches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,8 +36,8 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::model::*;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
 
 /// The keys of one semaphore.
 #[derive(Debug, Clone)]

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnResponse};
 
-use crate::error::{Error, Result, StoreErrorKind};
-use crate::model::*;
+use tessera_core::error::{Error, Result, StoreErrorKind};
+use tessera_core::model::*;
 
 use super::conns::{revision, EtcdBackend};
 use super::error::is_lease_not_found;

@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::stores::url::percent_decode;
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::stores::url::percent_decode;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tessera";

@@ -1,5 +1,5 @@
 //! The in-memory store (`memory://`): the reference model, and a real store for tasks of one
-//! process. Its clock is the host's wall clock, or an injected [`crate::clock::Clock`].
+//! process. Its clock is the host's wall clock, or an injected [`tessera_core::clock::Clock`].
 //!
 //! `memory://` is one process-wide instance; `memory://NAME` is a separate named instance,
 //! shared by every handle that connects with the same name.
@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::clock::{Clock, SystemClock};
-use crate::error::{redact_url, InvalidInput, Result};
-use crate::model::*;
-use crate::seam::{
+use tessera_core::clock::{Clock, SystemClock};
+use tessera_core::error::{redact_url, InvalidInput, Result};
+use tessera_core::model::*;
+use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
     Settlement,
 };
-use crate::wake;
+use tessera_core::wake;
 
 pub(crate) use ops::Model;
 
@@ -174,7 +174,7 @@ impl Backend for MemoryBackend {
         let at = self.model.lock().unwrap().next_expiry(name)?;
         Some(tokio::time::Instant::now() + at.since(self.clock.now()))
     }
-    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+    fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
         Some(self)
     }
     fn admission(&self) -> Option<&dyn AdmissionBackend> {

@@ -1,4 +1,4 @@
-//! The reference model: every store operation of [`crate::seam::Backend`] as a plain
+//! The reference model: every store operation of [`tessera_core::seam::Backend`] as a plain
 //! function of the state and the store's time. The other stores are checked against it.
 //!
 //! One atomic step is purge → hand off → decide → hand off → collect wake-ups (see
@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rate::RateModel;
-use crate::error::{Error, Result};
-use crate::model::*;
-use crate::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
+use tessera_core::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
 /// The map size below which idle states are never swept.
 const SWEEP_MIN: usize = 1024;
@@ -586,7 +586,7 @@ impl Model {
         }
     }
 
-    /// One admission step (see `crate::admission::seam`): the semaphore's and the
+    /// One admission step (see `tessera_core::admission::seam`): the semaphore's and the
     /// limiter's state under the two locks, taken in this order by every step that takes
     /// both.
     #[allow(clippy::too_many_arguments)]

@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 
 use super::MemoryBackend;
-use crate::error::{Error, Result};
-use crate::model::{Name, StoreTime};
-use crate::rate::engine::{self, LogView, RateState, VecLog};
-use crate::rate::seam::RateStatus;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest, Settlement};
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::engine::{self, LogView, RateState, VecLog};
+use tessera_core::rate::seam::RateStatus;
+use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest, Settlement};
 
 /// Every rate limiter of one memory store.
 #[derive(Debug, Default)]
@@ -156,7 +156,7 @@ impl RateModel {
         if !undone {
             return Ok(false);
         }
-        if let crate::rate::spec::RateMode::Exact = config.mode() {
+        if let tessera_core::rate::spec::RateMode::Exact = config.mode() {
             l.log.0.pop_back();
             l.state.p = l.log.0.back().map_or(l.state.base, |&(_, p)| p);
         }

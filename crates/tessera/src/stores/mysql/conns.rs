@@ -24,7 +24,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor, MySql};
 
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 use super::error::map_err;
 use super::{ops, routines};
@@ -68,17 +68,19 @@ impl Returned {
 /// its timeout and then reports only the timeout ("pool timed out while waiting for an open
 /// connection"). One more connect, bounded, gets the server's own answer (connection
 /// refused, access denied, too many connections), so the error says what is wrong.
-async fn why_no_connection(pool: &MySqlPool) -> crate::error::Error {
+async fn why_no_connection(pool: &MySqlPool) -> tessera_core::error::Error {
     let options = pool.connect_options();
     let attempt = sqlx::mysql::MySqlConnection::connect_with(&*options);
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Err(e)) => {
             let e = map_err(e);
             match e {
-                crate::error::Error::Store { kind, message } => crate::error::Error::store(
-                    kind,
-                    format!("no connection to the server could be opened: {message}"),
-                ),
+                tessera_core::error::Error::Store { kind, message } => {
+                    tessera_core::error::Error::store(
+                        kind,
+                        format!("no connection to the server could be opened: {message}"),
+                    )
+                }
                 other => other,
             }
         }
@@ -210,7 +212,7 @@ impl Conns {
         match self.call(call, keep_alive).await? {
             None => Ok(None),
             Some(rows) => rows.into_iter().next().map(Some).ok_or_else(|| {
-                crate::error::Error::Corrupt("a tessera procedure returned no row".into())
+                tessera_core::error::Error::Corrupt("a tessera procedure returned no row".into())
             }),
         }
     }

@@ -1,15 +1,15 @@
 //! The store's errors: the driver's and the server's (by error number), mapped to [`Error`].
 
-use crate::error::{Error, StoreErrorKind};
+use tessera_core::error::{Error, StoreErrorKind};
 
 /// A first connection's error: nothing listening and refused credentials in the shape every
 /// server store gives them (`MySQL: <cause> (<hint naming the URL>)`); anything else under
 /// the URL.
 pub(super) fn connect_error(e: sqlx::Error, redacted: &str) -> Error {
-    if crate::error::is_refusal(&e) {
+    if tessera_core::error::is_refusal(&e) {
         return match &e {
-            sqlx::Error::Io(io) => crate::error::refused_connection("MySQL", io, redacted),
-            other => crate::error::refused_connection("MySQL", other, redacted),
+            sqlx::Error::Io(io) => tessera_core::error::refused_connection("MySQL", io, redacted),
+            other => tessera_core::error::refused_connection("MySQL", other, redacted),
         };
     }
     let number = match &e {
@@ -29,7 +29,7 @@ pub(super) fn connect_error(e: sqlx::Error, redacted: &str) -> Error {
             StoreErrorKind::Auth,
             format!(
                 "MySQL: error {number}: {message} ({})",
-                crate::error::auth_hint(redacted)
+                tessera_core::error::auth_hint(redacted)
             ),
         ),
         (Error::Store { kind, message }, _) => Error::store(kind, format!("{redacted}: {message}")),

@@ -30,10 +30,10 @@ use super::conns::Conns;
 use super::error::map_err;
 use super::ops::{render, Lit, MysqlRows};
 use super::routines::{self, Fast};
-use crate::error::{Error, Result, StoreErrorKind};
-use crate::model::{LeaseId, StoreTime, WaitReply};
-use crate::stores::batch::{BatchCall, Batcher};
-use crate::stores::sql;
+use tessera_core::error::{Error, Result, StoreErrorKind};
+use tessera_core::model::{LeaseId, StoreTime, WaitReply};
+use tessera_core::stores::batch::{BatchCall, Batcher};
+use tessera_core::stores::sql;
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;

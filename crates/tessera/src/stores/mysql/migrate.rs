@@ -44,7 +44,7 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use crate::error::{Error, Result};
+use tessera_core::error::{Error, Result};
 
 use super::error::map_err;
 

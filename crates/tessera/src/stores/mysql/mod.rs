@@ -75,7 +75,7 @@
 //!   while one call of them runs go together in the next (`heartbeats.rs`, routine version
 //!   5).
 //! - **Waking**: a grant made in this process wakes the waiting task at once
-//!   ([`crate::wake::notify`]); waiters in other processes are rung on their doorbell
+//!   ([`tessera_core::wake::notify`]); waiters in other processes are rung on their doorbell
 //!   connection (`notify.rs`), and poll as the safety net. A revoke or a delete rings the
 //!   doorbells of the holders and waiters it removes, so a holder in another process has
 //!   its `lost()` fired at once, not at its next renewal: a holder row names its client's
@@ -128,9 +128,9 @@ macro_rules! step {
                         match granted.iter().position(|g| g.lease.lease_id == id) {
                             Some(i) => {
                                 $self.granted_here($name, id);
-                                $crate::wake::notify_grant(granted.swap_remove(i))
+                                tessera_core::wake::notify_grant(granted.swap_remove(i))
                             }
-                            None => $crate::wake::notify(id),
+                            None => tessera_core::wake::notify(id),
                         }
                     }
                     // The connection goes back to the pool first: the ring takes one, and
@@ -201,13 +201,13 @@ use sqlx::{ConnectOptions, Connection};
 #[cfg(doc)]
 use ops::MysqlRows;
 
-use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{
+use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
     Settlement, Waking,
 };
-use crate::stores::sql;
+use tessera_core::stores::sql;
 
 use conns::{
     is_retryable, pool_options, retry_pause, Conns, Returned, Tx, CONNECT_TIMEOUT, KEEP_POOL_SIZE,
@@ -500,7 +500,7 @@ impl MysqlBackend {
             // A waiter of this process gets its grant with the wake-up; one in another
             // process is rung on its doorbell (never this process's own doorbells).
             self.granted_here(name, grant.lease.lease_id);
-            crate::wake::notify_grant(grant);
+            tessera_core::wake::notify_grant(grant);
             if !doorbell.is_empty() {
                 notify::ring(&self.conns.pool, vec![doorbell], &self.doorbell_address()).await;
             }
@@ -735,7 +735,7 @@ impl Backend for MysqlBackend {
         }
     }
 
-    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+    fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
         Some(self)
     }
 
@@ -745,7 +745,7 @@ impl Backend for MysqlBackend {
     }
 }
 
-/// Permits and rate windows in one step (`crate::admission::seam`): the shared SQL step's
+/// Permits and rate windows in one step (`tessera_core::admission::seam`): the shared SQL step's
 /// `admit` with the limiter's rows on the step's own transaction (`rate.rs`), the semaphore's
 /// row locked first. Always client side: the procedures of `routines.sql` leave an admission
 /// waiter at the head of the queue to the client-side step (see `waiters_gate.sql`).

@@ -85,13 +85,13 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::task::JoinHandle;
 
 use super::ops::{batch, render, text_at, Lit, Results};
-use crate::model::LeaseId;
+use tessera_core::model::LeaseId;
 
 /// How long the doorbell sleeps per query before it parks again.
 const PARK_S: u32 = 60;
 
 /// The addresses of this process's parked doorbells. A grant to a waiter of this process
-/// already woke it through [`crate::wake::notify`] (the registry is process-wide), so these
+/// already woke it through [`tessera_core::wake::notify`] (the registry is process-wide), so these
 /// are never rung.
 static LOCAL: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -147,7 +147,7 @@ impl Holders {
     /// and finds it gone, and `lost()` fires; it is forgotten here.
     fn gone(&self, lease: LeaseId) {
         self.remove(lease);
-        crate::wake::notify(lease);
+        tessera_core::wake::notify(lease);
     }
 
     /// Writes `address` into the holder rows of `leases` (all held leases if `None`). A row
@@ -398,7 +398,7 @@ async fn connect(options: &MySqlConnectOptions, park_s: u32) -> Option<Parked> {
 fn wake_all(waiting: &Waiting) {
     let leases: Vec<LeaseId> = waiting.lock().unwrap().iter().copied().collect();
     for lease in leases {
-        crate::wake::notify(lease);
+        tessera_core::wake::notify(lease);
     }
 }
 

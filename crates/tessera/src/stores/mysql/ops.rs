@@ -41,9 +41,9 @@ use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
 
 use super::error::map_err;
-use crate::error::{Error, Result};
-use crate::model::{Grant, Lease, StoreTime};
-use crate::stores::sql::{
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{Grant, Lease, StoreTime};
+use tessera_core::stores::sql::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
     Snapshot, WaiterRow,
 };
@@ -668,7 +668,7 @@ impl SemRows for MysqlRows<'_> {
             u32::try_from(h.weight),
             u64::try_from(h.fence),
         ) {
-            if let Ok(seats) = crate::stores::sql::decode_seats(h.seats, weight) {
+            if let Ok(seats) = tessera_core::stores::sql::decode_seats(h.seats, weight) {
                 let at = |t: i64| StoreTime(t.max(0) as u64);
                 self.granted.push(Grant {
                     lease: Lease {

@@ -22,14 +22,13 @@ use super::conns::{is_retryable, retry_pause};
 use super::error::map_err;
 use super::ops::{int_at, now_us, text_at, time_at, MysqlRows};
 use super::MysqlBackend;
-use crate::error::{Error, Result};
-use crate::model::{Name, StoreTime};
-use crate::rate::engine::RateState;
-use crate::rate::seam::RateStatus;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
-use crate::stores::sql::rate::{
-    self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
-    SettleRows,
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::engine::RateState;
+use tessera_core::rate::seam::RateStatus;
+use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use tessera_core::stores::sql::rate::{
+    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
 };
 
 const LOCK: &str = "INSERT INTO tessera_rate_limiters \
@@ -77,7 +76,7 @@ fn u64_at(row: &MySqlRow, i: usize, what: &str) -> Result<u64> {
 }
 
 impl RateRows for MysqlRateRows<'_> {
-    shared_rate_rows!();
+    tessera_core::shared_rate_rows!();
 
     /// Locks the row (creating the placeholder, expired at birth) and reads it with the
     /// server's clock in the statement after the lock.
@@ -171,7 +170,7 @@ impl RateRows for MysqlRateRows<'_> {
 
 impl MysqlRateRows<'_> {
     async fn last_at_or_before(&mut self, t: u64) -> Result<Option<(i64, i64)>> {
-        let row = sqlx::query(crate::stores::sql::rate::LAST_AT_OR_BEFORE)
+        let row = sqlx::query(tessera_core::stores::sql::rate::LAST_AT_OR_BEFORE)
             .bind(self.name)
             .bind(db(t))
             .fetch_optional(&mut *self.conn)
@@ -182,7 +181,7 @@ impl MysqlRateRows<'_> {
     }
 
     async fn total_before(&mut self, t: u64) -> Result<Option<i64>> {
-        sqlx::query_scalar(crate::stores::sql::rate::TOTAL_BEFORE)
+        sqlx::query_scalar(tessera_core::stores::sql::rate::TOTAL_BEFORE)
             .bind(self.name)
             .bind(db(t))
             .fetch_one(&mut *self.conn)
@@ -191,7 +190,7 @@ impl MysqlRateRows<'_> {
     }
 
     async fn lower(&mut self, t: u64, d: u64, keep: Option<u64>) -> Result<()> {
-        let [delete, shift, flip] = crate::stores::sql::rate::LOWER;
+        let [delete, shift, flip] = tessera_core::stores::sql::rate::LOWER;
         sqlx::query(delete)
             .bind(self.name)
             .bind(db(t))

@@ -20,11 +20,11 @@ use sqlx::Row;
 
 use super::error::map_err;
 use super::ops::{render, Lit};
-use crate::error::{Error, Result};
-use crate::model::{
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{
     AcquireReply, AcquireRequest, Grant, LeaseId, RenewReply, StoreTime, WaitReply,
 };
-use crate::stores::sql::lease_of_row;
+use tessera_core::stores::sql::lease_of_row;
 
 /// What a procedure answered.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use tessera_testkit::servers::mysql::MariaDbServer;
 
 use super::conns::LOCK_WAIT_TIMEOUT_S;
 use super::*;
-use crate::wake::Registration;
+use tessera_core::wake::Registration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_wakes_the_waiters_of_the_client_it_names_and_no_other() {
@@ -634,7 +634,7 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
         wait,
         tenant: None,
     };
-    let wait = Some(crate::model::WaitSpec {
+    let wait = Some(tessera_core::model::WaitSpec {
         waiter_ttl,
         queue_cap: 100,
     });
@@ -914,7 +914,7 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
         weight: 1,
         ttl,
         holder: "behind/1".into(),
-        wait: wait.then_some(crate::model::WaitSpec {
+        wait: wait.then_some(tessera_core::model::WaitSpec {
             waiter_ttl,
             queue_cap: 100,
         }),
@@ -1031,7 +1031,7 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
 /// alone, having changed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
-    use crate::stores::batch::BatchCall;
+    use tessera_core::stores::batch::BatchCall;
     let server = MariaDbServer::start();
     let b = MysqlBackend::connect(&server.url("g")).await.unwrap();
     let req = |lease, weight, wait: Option<Duration>| AcquireRequest {
@@ -1039,7 +1039,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         weight,
         ttl: Duration::from_secs(3600),
         holder: "g/1".into(),
-        wait: wait.map(|waiter_ttl| crate::model::WaitSpec {
+        wait: wait.map(|waiter_ttl| tessera_core::model::WaitSpec {
             waiter_ttl,
             queue_cap: 100,
         }),

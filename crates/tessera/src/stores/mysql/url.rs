@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::stores::url::{not_a_url, percent_decode};
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::stores::url::{not_a_url, percent_decode};
 
 /// The default MySQL / MariaDB port.
 pub(crate) const DEFAULT_PORT: u16 = 3306;

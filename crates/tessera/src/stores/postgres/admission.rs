@@ -29,11 +29,13 @@ use sqlx::postgres::PgRow;
 use super::ops::{self, get, opt, time_of, u32_of, u64_of};
 use super::rate::limit_args;
 use super::PostgresBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement};
-use crate::error::{Error, InvalidInput, Result};
-use crate::model::{Grant, LeaseId, Name};
-use crate::rate::spec::RateConfig;
-use crate::stores::sql::rate::db;
+use tessera_core::admission::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement,
+};
+use tessera_core::error::{Error, InvalidInput, Result};
+use tessera_core::model::{Grant, LeaseId, Name};
+use tessera_core::rate::spec::RateConfig;
+use tessera_core::stores::sql::rate::db;
 
 /// The admission's functions, created by migration 6 after the step and the rate functions
 /// they call, and again by every newer step revision (`ops::STEP_AGAIN`): `tessera_settle`

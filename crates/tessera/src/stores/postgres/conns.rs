@@ -23,7 +23,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgRow, Postgre
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 use super::error::{map_err, reusable_after};
 

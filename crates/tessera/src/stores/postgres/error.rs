@@ -1,6 +1,6 @@
 //! The store's errors: the driver's and PostgreSQL's (by SQLSTATE), mapped to [`Error`].
 
-use crate::error::{refused_connection, with_auth_hint, Error, StoreErrorKind};
+use tessera_core::error::{refused_connection, with_auth_hint, Error, StoreErrorKind};
 
 use super::url::Config;
 
@@ -15,7 +15,7 @@ pub(super) fn connect_timeout(config: &Config) -> Error {
 /// server store gives them (`PostgreSQL: <cause> (<hint naming the URL>)`); anything else
 /// under the URL ([`in_context`]).
 pub(super) fn connect_error(e: sqlx::Error, config: &Config) -> Error {
-    if crate::error::is_refusal(&e) {
+    if tessera_core::error::is_refusal(&e) {
         return match &e {
             sqlx::Error::Io(io) => refused_connection("PostgreSQL", io, &config.redacted),
             other => refused_connection("PostgreSQL", other, &config.redacted),

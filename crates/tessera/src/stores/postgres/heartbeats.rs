@@ -11,7 +11,7 @@
 //!
 //! The heartbeats of one semaphore go through one queue of a [`Batcher`]: a lone heartbeat is
 //! sent at once; under load, each call carries the heartbeats that arrived while the
-//! previous one ran, at most [`MAX_BATCH`](crate::stores::batch::MAX_BATCH), and at
+//! previous one ran, at most [`MAX_BATCH`](tessera_core::stores::batch::MAX_BATCH), and at
 //! most one call per semaphore is in flight.
 //!
 //! Each lease gets exactly the reply `tessera_heartbeat` gives it alone (checked by
@@ -23,10 +23,10 @@ use sqlx::postgres::PgRow;
 
 use super::conns::{keep_alive_rows, Conns};
 use super::ops;
-use crate::error::{Error, Result};
-use crate::model::{LeaseId, Name, WaitReply};
-use crate::stores::batch::{BatchCall, Batcher};
-use crate::stores::expiries::Expiries;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{LeaseId, Name, WaitReply};
+use tessera_core::stores::batch::{BatchCall, Batcher};
+use tessera_core::stores::expiries::Expiries;
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(crate) type Heartbeats = Batcher<HeartbeatMany>;

@@ -2,7 +2,7 @@
 
 use sqlx::Connection;
 
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 use super::conns::RESPONSE_TIMEOUT;
 use super::error::map_err;

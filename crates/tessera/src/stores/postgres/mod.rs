@@ -139,11 +139,11 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::{Connection, Row};
 
-use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{Backend, Capabilities};
-use crate::stores::expiries::Expiries;
-use crate::stores::sql;
+use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{Backend, Capabilities};
+use tessera_core::stores::expiries::Expiries;
+use tessera_core::stores::sql;
 
 pub use conns::RESPONSE_TIMEOUT;
 use conns::{keep_alive_rows, run_row, Conns, KEEP_POOL_SIZE, POOL_SIZE};
@@ -625,11 +625,11 @@ impl Backend for PostgresBackend {
     fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
         self.expiries.get(name)
     }
-    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+    fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
         Some(self)
     }
 
-    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
+    fn admission(&self) -> Option<&dyn tessera_core::seam::AdmissionBackend> {
         Some(self)
     }
 }

@@ -9,7 +9,7 @@
 //! `pg_notify` on the channel of that lease's client with the lease id as payload, so every
 //! notification reaches exactly one listening backend (before PostgreSQL 19 every commit
 //! that notifies signals every listening backend: one channel per process keeps that to
-//! one listener per process). The listener calls [`crate::wake::notify`] for each. A release
+//! one listener per process). The listener calls [`tessera_core::wake::notify`] for each. A release
 //! is the exception: it returns the grants to waiters of its own process in its reply
 //! (`tessera_release`), which goes through [`Listener::route`] as a notification would, so
 //! hand-offs within one process send no NOTIFY at all.
@@ -45,9 +45,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::error::Result;
-use crate::model::{Grant, Lease, LeaseId, StoreTime};
-use crate::wake;
+use tessera_core::error::Result;
+use tessera_core::model::{Grant, Lease, LeaseId, StoreTime};
+use tessera_core::wake;
 
 /// How often the receiving task pings its connection.
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(2);

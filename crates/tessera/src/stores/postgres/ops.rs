@@ -8,9 +8,9 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::{admission, rate};
-use crate::error::{Error, Result};
-use crate::model::*;
-use crate::stores::sql::Snapshot;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
+use tessera_core::stores::sql::Snapshot;
 
 /// The step's helpers, then one function per operation: created by migration 1 and again by
 /// every migration that changes them (`CREATE OR REPLACE`).

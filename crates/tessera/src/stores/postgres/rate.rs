@@ -38,13 +38,12 @@ use super::conns::RESPONSE_TIMEOUT;
 use super::error::{map_err, reusable_after};
 use super::ops::micros;
 use super::PostgresBackend;
-use crate::error::{Error, Result, StoreErrorKind};
-use crate::model::{Name, StoreTime};
-use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::seam::RateStatus;
-use crate::rate::spec::RateMode;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
-use crate::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
+use tessera_core::error::{Error, Result, StoreErrorKind};
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::engine::{self, RateState, VecLog};
+use tessera_core::rate::seam::RateStatus;
+use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use tessera_core::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
 
 /// Migration 2: the rate-limiter tables.
 pub(crate) const MIGRATION_2: &[&[&str]] = &[&[include_str!("sql/rate_schema.sql")]];
@@ -156,10 +155,7 @@ pub(super) fn limit_args(config: &RateConfig) -> (Vec<i64>, Vec<i64>, Vec<i64>, 
         .into_iter()
         .map(db)
         .collect();
-    let burst = match config.mode() {
-        RateMode::Exact => 0,
-        RateMode::Smooth { burst } => i64::from(burst),
-    };
+    let burst = i64::from(config.mode().burst());
     (n, l, t, burst)
 }
 

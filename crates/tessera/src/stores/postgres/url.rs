@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::stores::url::{not_a_url, percent_decode};
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::stores::url::{not_a_url, percent_decode};
 
 /// The schema tessera's tables and functions live in unless `?schema=` says otherwise.
 pub(crate) const DEFAULT_SCHEMA: &str = "tessera";

@@ -16,10 +16,12 @@ use redis::Value;
 use super::ops::{self, corrupt, int, items, micros, text, Op};
 use super::rate::{burst_arg, limits_arg};
 use super::RedisBackend;
-use crate::admission::seam::{AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement};
-use crate::error::{Error, Result};
-use crate::model::{Grant, LeaseId, Name, StoreTime};
-use crate::rate::spec::RateConfig;
+use tessera_core::admission::seam::{
+    AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement,
+};
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{Grant, LeaseId, Name, StoreTime};
+use tessera_core::rate::spec::RateConfig;
 
 /// A flag argument of the admission scripts.
 fn flag(b: bool) -> String {

@@ -12,8 +12,8 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use super::ops::{self, keys, Library, Op};
 use super::topology::{self, Conn};
 use super::{Caller, RedisBackend};
-use crate::error::Result;
-use crate::model::Name;
+use tessera_core::error::Result;
+use tessera_core::model::Name;
 
 /// The channel (under the wake-up channels' prefix, which a restricted user may publish to)
 /// that [`Caller::call_and_wait`] publishes to; no client id ends so.

@@ -2,7 +2,7 @@
 
 use redis::RedisError;
 
-use crate::error::{Error, StoreErrorKind};
+use tessera_core::error::{Error, StoreErrorKind};
 
 /// Turns a redis-rs error into a tessera error; `secret` (the URL's password) never appears.
 pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
@@ -32,7 +32,7 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
     } else {
         StoreErrorKind::Other
     };
-    let mut message = crate::error::mask_secret(&e.to_string(), secret);
+    let mut message = tessera_core::error::mask_secret(&e.to_string(), secret);
     if e.kind() == redis::ErrorKind::ClusterConnectionNotFound {
         message = format!("the cluster node of this name's slot does not answer ({message})");
     }
@@ -43,7 +43,7 @@ pub(super) fn store_error(e: RedisError, secret: Option<&str>) -> Error {
 pub(super) fn mask_in(e: Error, secret: Option<&str>) -> Error {
     match e {
         Error::Store { kind, message } => {
-            Error::store(kind, crate::error::mask_secret(&message, secret))
+            Error::store(kind, tessera_core::error::mask_secret(&message, secret))
         }
         other => other,
     }

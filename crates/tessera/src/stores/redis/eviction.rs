@@ -3,7 +3,7 @@
 
 use super::error::store_error;
 use super::url::{Config, EvictionPolicy};
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 /// Reads the memory limit and eviction policy; warns or refuses if tessera's keys may be
 /// evicted. A refused `CONFIG` (ACL, managed services) is logged and tolerated.

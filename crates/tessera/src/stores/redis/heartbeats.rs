@@ -20,9 +20,9 @@ use std::sync::Arc;
 use redis::Value;
 
 use super::{ops, Caller};
-use crate::error::{Error, Result};
-use crate::model::{LeaseId, Name, WaitReply};
-use crate::stores::batch::{BatchCall, Batcher};
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{LeaseId, Name, WaitReply};
+use tessera_core::stores::batch::{BatchCall, Batcher};
 
 /// The heartbeats of this backend's waiters, by semaphore.
 pub(super) type Heartbeats = Batcher<HeartbeatMany>;

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 /// Calls in flight on the shared (multiplexed) connection, per line. Enough to keep a server
 /// busy over a long round trip (256 calls per 50 ms round trip is 5,000 calls a second),

@@ -102,8 +102,8 @@
 //! 14 ms after a `tessera status` of this version, not before.
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
-//! connection, which calls [`crate::wake::notify`] for every lease id it receives, or
-//! [`crate::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
+//! connection, which calls [`tessera_core::wake::notify`] for every lease id it receives, or
+//! [`tessera_core::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
 //! to clients whose id ends with `.g`, as this one's does without `wait`, so a woken waiter
 //! needs no round trip to learn it; older clients get the bare lease id, and clients with
 //! `wait=N`, whose id ends with `.r<N>`, get the grant from the caller of the step once its
@@ -141,11 +141,11 @@ use async_trait::async_trait;
 use redis::{IntoConnectionInfo, RedisError};
 use tokio::task::JoinHandle;
 
-use crate::error::{Error, InvalidInput, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{Backend, Capabilities};
-use crate::stores::batch::Batcher;
-use crate::stores::expiries::Expiries;
+use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{Backend, Capabilities};
+use tessera_core::stores::batch::Batcher;
+use tessera_core::stores::expiries::Expiries;
 
 use call::FUNCTIONS;
 pub use call::FUNCTIONS_RETRY;
@@ -282,9 +282,9 @@ fn probe_error(e: RedisError, config: &Config, secret: Option<&str>) -> Error {
     }
     // (redis-rs counts a refused connection as a dropped one too: refusal is asked first.)
     let hint = if e.is_connection_refusal() {
-        Some(crate::error::refused_hint(&config.redacted))
+        Some(tessera_core::error::refused_hint(&config.redacted))
     } else if error::is_auth(&e) {
-        Some(crate::error::auth_hint(&config.redacted))
+        Some(tessera_core::error::auth_hint(&config.redacted))
     } else if config.tls && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped()) {
         Some("rediss:// expects TLS on this port; a server without TLS takes redis://".into())
     } else if !config.tls && e.is_connection_dropped() {
@@ -414,7 +414,7 @@ impl RedisBackend {
         // Refused credentials name the URL (a sentinel's or a cluster node's refusal as well
         // as the probe's: see `probe_error`).
         let err = |e: RedisError| {
-            crate::error::with_auth_hint(store_error(e, secret.as_deref()), &config.redacted)
+            tessera_core::error::with_auth_hint(store_error(e, secret.as_deref()), &config.redacted)
         };
         if config.tls {
             // redis-rs builds its rustls config with the process-wide provider; install ring
@@ -792,10 +792,10 @@ impl Backend for RedisBackend {
     fn next_expiry(&self, name: &Name) -> Option<tokio::time::Instant> {
         self.caller.expiries.get(name)
     }
-    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+    fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
         Some(self)
     }
-    fn admission(&self) -> Option<&dyn crate::seam::AdmissionBackend> {
+    fn admission(&self) -> Option<&dyn tessera_core::seam::AdmissionBackend> {
         Some(self)
     }
 }

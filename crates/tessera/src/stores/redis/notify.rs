@@ -30,8 +30,8 @@ use redis::{RedisError, Value};
 use super::ops;
 use super::topology::Topology;
 use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
-use crate::model::LeaseId;
-use crate::wake;
+use tessera_core::model::LeaseId;
+use tessera_core::wake;
 
 /// How often the subscriber checks that its connection is alive.
 const SUBSCRIBER_PING: Duration = Duration::from_secs(10);

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::error::{Error, Result};
-use crate::model::*;
+use tessera_core::error::{Error, Result};
+use tessera_core::model::*;
 
 const COMMON: &str = include_str!("scripts/common.lua");
 const PRELUDE: &str = include_str!("scripts/prelude.lua");

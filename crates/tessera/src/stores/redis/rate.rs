@@ -22,12 +22,11 @@ use redis::Value;
 
 use super::ops::{corrupt, int, items, text, Op};
 use super::RedisBackend;
-use crate::error::{Error, Result};
-use crate::model::{Name, StoreTime};
-use crate::rate::engine::{self, RateState, VecLog};
-use crate::rate::seam::RateStatus;
-use crate::rate::spec::RateMode;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use tessera_core::error::{Error, Result};
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::engine::{self, RateState, VecLog};
+use tessera_core::rate::seam::RateStatus;
+use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 
 /// The keys of one limiter, in the order of `rate_prelude.lua`.
 pub(super) fn keys(prefix: &str, name: &Name) -> [String; 2] {
@@ -64,10 +63,7 @@ pub(super) fn limits_arg(config: &RateConfig) -> String {
 
 /// The burst as the scripts take it: 0 in exact mode.
 pub(super) fn burst_arg(config: &RateConfig) -> u32 {
-    match config.mode() {
-        RateMode::Exact => 0,
-        RateMode::Smooth { burst } => burst,
-    }
+    config.mode().burst()
 }
 
 /// The reply of `rate_acquire.lua`: `{admitted, at, now, reservation}`, `{limited,

@@ -3,8 +3,8 @@
 //! options in them (`prefix`, `eviction`, `wait`, and on Sentinel `sentinel_user` and
 //! `sentinel_password`; see the [store's docs](super)).
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
-use crate::stores::url::not_a_url;
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::stores::url::not_a_url;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tessera";

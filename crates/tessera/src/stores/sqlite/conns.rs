@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use crate::error::Result;
+use tessera_core::error::Result;
 
 use super::error::BUSY_TIMEOUT;
 use super::{gate, ops};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, StoreErrorKind};
+use tessera_core::error::{Error, StoreErrorKind};
 
 /// How long a transaction waits for another connection's write lock.
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);

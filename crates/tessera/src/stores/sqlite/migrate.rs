@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Connection;
 
-use crate::error::{Error, Result, StoreErrorKind};
+use tessera_core::error::{Error, Result, StoreErrorKind};
 
 use super::error::map_err;
 

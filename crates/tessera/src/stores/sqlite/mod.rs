@@ -62,7 +62,7 @@
 //!   rate-limiter state — no process of an older boot can still hold anything — and keeps
 //!   the fence high-water mark, with a warning in the log.
 //! - **Waking**: a grant made in this process wakes the waiting task at once through
-//!   [`crate::wake::notify`]; a waiter in another process gets a datagram on its process's
+//!   [`tessera_core::wake::notify`]; a waiter in another process gets a datagram on its process's
 //!   Unix socket in `<file>.wake/`, which its queue row names (see `notify.rs`). Their poll stays as the safety net (see
 //!   [`SqliteBackend::waking`]); it is a [`Backend::heartbeat`], which first tries a
 //!   read-only probe that takes no write lock (see [`SqliteBackend::heartbeat`]).
@@ -96,7 +96,7 @@ macro_rules! step {
         let (reply, wakes, woken) = outcome?;
         let wal_pages = tx.commit()?;
         for &id in &wakes {
-            $crate::wake::notify(id);
+            tessera_core::wake::notify(id);
         }
         if let Some(n) = &$self.notifier {
             n.wake(&wakes, &woken);
@@ -124,7 +124,7 @@ macro_rules! step {
         drop(gate);
         drop(serial);
         for &id in &wakes {
-            $crate::wake::notify(id);
+            tessera_core::wake::notify(id);
         }
         if let Some(n) = &$self.notifier {
             n.broadcast(&wakes);
@@ -153,14 +153,14 @@ use futures::FutureExt;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use crate::clock::{boot_id, BootClock, Clock, SystemClock};
-use crate::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
-use crate::model::*;
-use crate::seam::{
+use tessera_core::clock::{boot_id, BootClock, Clock, SystemClock};
+use tessera_core::error::{redact_url, Error, InvalidInput, Result, StoreErrorKind};
+use tessera_core::model::*;
+use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
     Settlement, Waking,
 };
-use crate::stores::sql;
+use tessera_core::stores::sql;
 
 use conns::{
     checkpoint_due, exec_cached, install_busy_handler, no_wait, open_own, WriteTx, Writer,
@@ -238,7 +238,7 @@ impl SqliteBackend {
     }
 
     /// Like [`SqliteBackend::connect`], with an injected clock (tests use
-    /// [`crate::clock::ManualClock`]). Every process sharing a file must use the same clock.
+    /// [`tessera_core::clock::ManualClock`]). Every process sharing a file must use the same clock.
     pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<Self> {
         Self::open(url, clock, None, boot_id(), true).await
     }
@@ -751,7 +751,7 @@ impl Backend for SqliteBackend {
             .with_fair_shares()
     }
 
-    fn rate(&self) -> Option<&dyn crate::seam::RateBackend> {
+    fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
         Some(self)
     }
 
@@ -864,5 +864,7 @@ fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Gra
     grant
 }
 
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! the database file (`<file>.wake/`).
 //!
 //! Every backend binds one socket there (`<pid>-<random>`) and a task that turns each
-//! datagram — a batch of 16-byte lease ids — into [`crate::wake::notify`] calls. A backend
+//! datagram — a batch of 16-byte lease ids — into [`tessera_core::wake::notify`] calls. A backend
 //! records its socket's name with every waiter it queues (`tessera_waiters.wake`), so after a
 //! step commits, a granted waiter's id goes to its own process's socket only. Ids without a
 //! recorded socket (revocations and deletions of held leases, waiters queued by an older
@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixDatagram;
 use tokio::task::JoinHandle;
 
-use crate::model::LeaseId;
-use crate::wake;
+use tessera_core::model::LeaseId;
+use tessera_core::wake;
 
 /// How long the list of peer sockets is reused before the folder is read again.
 const PEER_REFRESH: Duration = Duration::from_millis(100);

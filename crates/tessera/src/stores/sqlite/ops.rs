@@ -13,11 +13,11 @@ use sqlx::sqlite::{LockedSqliteHandle, SqliteConnection};
 use sqlx::Row;
 
 use super::error::map_err;
-use crate::error::{Error, Result, StoreErrorKind};
-use crate::model::StoreTime;
+use tessera_core::error::{Error, Result, StoreErrorKind};
+use tessera_core::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]
-pub(crate) use crate::stores::sql::{decode_seats, encode_seats};
-use crate::stores::sql::{
+pub(crate) use tessera_core::stores::sql::{decode_seats, encode_seats};
+use tessera_core::stores::sql::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
     Snapshot, WaiterRow,
 };

@@ -11,17 +11,16 @@ use sqlx::Row;
 use super::error::map_err;
 use super::ops::{int_at, rq_err, text_at, SqliteRows};
 use super::SqliteBackend;
-use crate::error::Result;
-use crate::model::{Name, StoreTime};
-use crate::rate::engine::RateState;
-use crate::rate::seam::RateStatus;
-use crate::seam::{RateBackend, RateConfig, RateReply, RateRequest};
+use tessera_core::error::Result;
+use tessera_core::model::{Name, StoreTime};
+use tessera_core::rate::engine::RateState;
+use tessera_core::rate::seam::RateStatus;
+use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 // The fuzz targets' decoder of the `tat` columns (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]
-pub(crate) use crate::stores::sql::rate::decode_tat;
-use crate::stores::sql::rate::{
-    self as shared, corrupt, db, encode_tat, non_negative, shared_rate_rows, RateRow, RateRows,
-    SettleRows,
+pub(crate) use tessera_core::stores::sql::rate::decode_tat;
+use tessera_core::stores::sql::rate::{
+    self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
 };
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
@@ -63,7 +62,7 @@ fn u64_at(row: &SqliteRow, i: usize, what: &str) -> Result<u64> {
 }
 
 impl RateRows for SqliteRateRows<'_> {
-    shared_rate_rows!();
+    tessera_core::shared_rate_rows!();
 
     async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
         let Some(row) = sqlx::query(LOAD)
@@ -153,7 +152,7 @@ impl RateRows for SqliteRows<'_> {
     }
 
     async fn drop_state(&mut self, name: &str) -> Result<()> {
-        use crate::stores::sql::rate::{DROP_LIMITER, DROP_LOG};
+        use tessera_core::stores::sql::rate::{DROP_LIMITER, DROP_LOG};
         for q in [DROP_LOG, DROP_LIMITER] {
             let mut st = self.db().prepare_cached(q).map_err(rq_err)?;
             st.execute([name]).map_err(rq_err)?;
@@ -196,13 +195,13 @@ impl RateRows for SqliteRows<'_> {
     }
 
     async fn first_at_least(&mut self, p: u64) -> Result<Option<i64>> {
-        self.one_int(crate::stores::sql::rate::FIRST_AT_LEAST, Some(db(p)))
+        self.one_int(tessera_core::stores::sql::rate::FIRST_AT_LEAST, Some(db(p)))
     }
 
     async fn append(&mut self, p: u64, t: u64) -> Result<()> {
         let mut st = self
             .db()
-            .prepare_cached(crate::stores::sql::rate::APPEND)
+            .prepare_cached(tessera_core::stores::sql::rate::APPEND)
             .map_err(rq_err)?;
         st.execute(rusqlite::params![self.name(), db(p), db(t)])
             .map_err(rq_err)?;
@@ -212,7 +211,7 @@ impl RateRows for SqliteRows<'_> {
     async fn remove_entry(&mut self, p: u64) -> Result<()> {
         let mut st = self
             .db()
-            .prepare_cached(crate::stores::sql::rate::REMOVE_ENTRY)
+            .prepare_cached(tessera_core::stores::sql::rate::REMOVE_ENTRY)
             .map_err(rq_err)?;
         st.execute(rusqlite::params![self.name(), db(p)])
             .map_err(rq_err)?;
@@ -220,7 +219,7 @@ impl RateRows for SqliteRows<'_> {
     }
 
     async fn last_total(&mut self) -> Result<Option<i64>> {
-        self.one_int(crate::stores::sql::rate::LAST_TOTAL, None)
+        self.one_int(tessera_core::stores::sql::rate::LAST_TOTAL, None)
     }
 
     async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
@@ -236,7 +235,7 @@ impl RateRows for SqliteRows<'_> {
     async fn count_expired(&mut self, until: u64) -> Result<()> {
         let mut st = self
             .db()
-            .prepare_cached(crate::stores::sql::rate::COUNT_EXPIRED)
+            .prepare_cached(tessera_core::stores::sql::rate::COUNT_EXPIRED)
             .map_err(rq_err)?;
         st.execute(rusqlite::params![db(until), db(until), self.name()])
             .map_err(rq_err)?;
@@ -244,7 +243,7 @@ impl RateRows for SqliteRows<'_> {
     }
 
     async fn expired_unused(&mut self) -> Result<u64> {
-        let n = self.one_int(crate::stores::sql::rate::EXPIRED_UNUSED, None)?;
+        let n = self.one_int(tessera_core::stores::sql::rate::EXPIRED_UNUSED, None)?;
         non_negative(n.unwrap_or(0), "expired count")
     }
 }
@@ -253,7 +252,7 @@ impl SettleRows for SqliteRows<'_> {
     async fn last_at_or_before(&mut self, t: u64) -> Result<Option<(i64, i64)>> {
         let mut st = self
             .db()
-            .prepare_cached(crate::stores::sql::rate::LAST_AT_OR_BEFORE)
+            .prepare_cached(tessera_core::stores::sql::rate::LAST_AT_OR_BEFORE)
             .map_err(rq_err)?;
         let mut rows = st
             .query(rusqlite::params![self.name(), db(t)])
@@ -265,11 +264,11 @@ impl SettleRows for SqliteRows<'_> {
     }
 
     async fn total_before(&mut self, t: u64) -> Result<Option<i64>> {
-        self.one_int(crate::stores::sql::rate::TOTAL_BEFORE, Some(db(t)))
+        self.one_int(tessera_core::stores::sql::rate::TOTAL_BEFORE, Some(db(t)))
     }
 
     async fn lower(&mut self, t: u64, d: u64, keep: Option<u64>) -> Result<()> {
-        let [delete, shift, flip] = crate::stores::sql::rate::LOWER;
+        let [delete, shift, flip] = tessera_core::stores::sql::rate::LOWER;
         let db_ = self.db();
         db_.prepare_cached(delete)
             .and_then(|mut st| st.execute(rusqlite::params![self.name(), db(t)]))
@@ -402,9 +401,9 @@ mod tests {
     use sqlx::{ConnectOptions, Connection};
 
     use super::*;
-    use crate::clock::ManualClock;
     use crate::rate::{RateMode, RateSpec};
     use crate::stores::memory::MemoryBackend;
+    use tessera_core::clock::ManualClock;
 
     const T0: StoreTime = StoreTime(1_800_000_000_000_000);
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::clock::ManualClock;
+use tessera_core::clock::ManualClock;
 
 const T0: StoreTime = StoreTime(1_800_000_000_000_000);
 
@@ -249,7 +249,7 @@ async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
             .unwrap();
     assert_eq!(version, 2);
     let mut tenant = req(LeaseId::random(), 1, waiting());
-    tenant.tenant = Some(crate::model::Tenant::new("t", 1).unwrap());
+    tenant.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
     let plain = LeaseId::random();
     b.acquire(&s, 1, &tenant).await.unwrap();
     b.acquire(&s, 1, &req(plain, 1, waiting())).await.unwrap();
@@ -783,8 +783,8 @@ async fn a_grant_from_returned_seats_works_while_seats_above_capacity_are_held()
 
 #[tokio::test]
 async fn state_written_under_another_boot_is_dropped_and_fences_keep_rising() {
-    use crate::rate::spec::{RateConfig, RateMode};
-    use crate::seam::{RateBackend, RateReply, RateRequest};
+    use tessera_core::rate::spec::{RateConfig, RateMode};
+    use tessera_core::seam::{RateBackend, RateReply, RateRequest};
     let clock = Arc::new(ManualClock::new(T0));
     let (_dir, url) = temp_db();
     let (s, r) = (name("boot"), name("boot-rate"));

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::error::{redact_url, Error, InvalidInput, Result};
 
 /// Parses a `sqlite://` URL into a file path (see the module docs).
 pub(crate) fn parse_url(url: &str) -> Result<PathBuf> {

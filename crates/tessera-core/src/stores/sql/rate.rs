@@ -32,7 +32,7 @@ use crate::seam::{RateConfig, RateReply, RateRequest};
 
 /// A limiter's stored row, as [`RateRows::load`] read it.
 #[derive(Debug, Clone)]
-pub(crate) struct RateRow {
+pub struct RateRow {
     pub state: RateState,
     /// When the state stops mattering (µs, store time).
     pub expires_at: u64,
@@ -43,7 +43,7 @@ impl RateRow {
     /// (config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at), read
     /// through the store's own readers: `text(i)`, and `int(i, column name)` for the
     /// non-negative integers.
-    pub(crate) fn from_columns(
+    pub fn from_columns(
         text: impl Fn(usize) -> Result<String>,
         int: impl Fn(usize, &str) -> Result<u64>,
     ) -> Result<RateRow> {
@@ -72,7 +72,7 @@ impl RateRow {
 /// that name, except [`RateRows::expired`] and [`RateRows::drop_state`], which sweep others.
 /// The transaction holds the limiter's row lock from [`RateRows::load`] until the caller
 /// commits, so this limiter's row and log change only through it.
-pub(crate) trait RateRows: Send {
+pub trait RateRows: Send {
     /// Locks the limiter's row (creating a placeholder that reads as "no state" where the
     /// store locks with `SELECT … FOR UPDATE`), then reads the store's time — after the
     /// lock, never the client's clock where the store has one of its own — and the row.
@@ -110,7 +110,7 @@ pub(crate) trait RateRows: Send {
 /// The log reads and writes of a settle (`engine::settle`), on the rows of an admission's
 /// step (the semaphore's transaction): only that step settles.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) trait SettleRows: RateRows {
+pub trait SettleRows: RateRows {
     /// `(t, p)` of the last entry at or before `t`.
     fn last_at_or_before(
         &mut self,
@@ -134,38 +134,40 @@ pub(crate) trait SettleRows: RateRows {
 /// row by row, so a total moved in place could meet one not yet moved; negative totals meet
 /// none), then made positive again. The block's one entry is appended afterwards.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) const LOWER: [&str; 3] = [
+pub const LOWER: [&str; 3] = [
     "DELETE FROM tessera_rate_log WHERE name = ? AND t = ?",
     "UPDATE tessera_rate_log SET p = ? - p WHERE name = ? AND t > ?",
     "UPDATE tessera_rate_log SET p = -p WHERE name = ? AND p < 0",
 ];
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) const LAST_AT_OR_BEFORE: &str =
+pub const LAST_AT_OR_BEFORE: &str =
     "SELECT t, p FROM tessera_rate_log WHERE name = ? AND t <= ? ORDER BY t DESC, p DESC LIMIT 1";
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) const TOTAL_BEFORE: &str =
-    "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t < ?";
+pub const TOTAL_BEFORE: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t < ?";
 
 /// The log statements every SQL dialect with `?` placeholders (SQLite, MySQL) writes alike;
 /// the limiter's name is always the first value bound.
-pub(crate) const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?";
-pub(crate) const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?";
-pub(crate) const FIRST_AT_LEAST: &str =
+pub const DROP_LIMITER: &str = "DELETE FROM tessera_rate_limiters WHERE name = ?";
+pub const DROP_LOG: &str = "DELETE FROM tessera_rate_log WHERE name = ?";
+pub const FIRST_AT_LEAST: &str =
     "SELECT t FROM tessera_rate_log WHERE name = ? AND p >= ? ORDER BY p LIMIT 1";
-pub(crate) const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?, ?, ?)";
-pub(crate) const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND p = ?";
-pub(crate) const LAST_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ?";
+pub const APPEND: &str = "INSERT INTO tessera_rate_log (name, p, t) VALUES (?, ?, ?)";
+pub const REMOVE_ENTRY: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND p = ?";
+pub const LAST_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ?";
 /// Bound as `(until, until, name)`.
-pub(crate) const COUNT_EXPIRED: &str = "UPDATE tessera_rate_limiters SET expired = expired + 1, \
+pub const COUNT_EXPIRED: &str = "UPDATE tessera_rate_limiters SET expired = expired + 1, \
      expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END WHERE name = ?";
-pub(crate) const EXPIRED_UNUSED: &str = "SELECT expired FROM tessera_rate_limiters WHERE name = ?";
+pub const EXPIRED_UNUSED: &str = "SELECT expired FROM tessera_rate_limiters WHERE name = ?";
 
 /// The [`RateRows`] methods whose statements are the same in every dialect (see
 /// [`DROP_LIMITER`] and the others), written once and expanded inside a store's
 /// `impl RateRows` for its own sqlx connection type (sqlx's executor bounds differ per
-/// database, so a generic impl would say more than these). The store's value has fields
+/// database, so a generic impl would say more than these). Exported at the crate root as
+/// `tessera_core::shared_rate_rows!`, the only place a `macro_export` macro can live. The store's value has fields
 /// `conn` (`&mut` its connection) and `name` (`&str`), and the store module has `map_err`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[macro_export]
+#[doc(hidden)]
 macro_rules! shared_rate_rows {
     () => {
         async fn drop_state(&mut self, name: &str) -> $crate::error::Result<()> {
@@ -241,29 +243,27 @@ macro_rules! shared_rate_rows {
         }
     };
 }
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) use shared_rate_rows;
 
-pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
+pub fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }
 
 /// A stored integer that must not be negative.
-pub(crate) fn non_negative(v: i64, what: &str) -> Result<u64> {
+pub fn non_negative(v: i64, what: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| corrupt(format!("rate {what} = {v} is negative")))
 }
 
 /// A time or total as the database's signed integer.
-pub(crate) fn db(v: u64) -> i64 {
+pub fn db(v: u64) -> i64 {
     // Times and totals stay far below 2^63 (µs since the epoch; running totals of costs).
     v.min(i64::MAX as u64) as i64
 }
 
-pub(crate) fn encode_tat(tat: &[u64]) -> String {
+pub fn encode_tat(tat: &[u64]) -> String {
     tat.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
-pub(crate) fn decode_tat(s: &str) -> Result<Vec<u64>> {
+pub fn decode_tat(s: &str) -> Result<Vec<u64>> {
     if s.is_empty() {
         return Ok(Vec::new());
     }
@@ -318,8 +318,8 @@ async fn prune<R: RateRows>(
     }
 }
 
-/// One admission decision ([`crate::RateBackend::rate_acquire`]).
-pub(crate) async fn acquire<R: RateRows>(
+/// One admission decision ([`crate::rate::seam::RateBackend::rate_acquire`]).
+pub async fn acquire<R: RateRows>(
     rows: &mut R,
     name: &Name,
     config: &RateConfig,
@@ -359,11 +359,11 @@ pub(crate) async fn acquire<R: RateRows>(
     Ok(reply)
 }
 
-/// Hands a reservation back ([`crate::RateBackend::rate_cancel`]). The reservation is named
+/// Hands a reservation back ([`crate::rate::seam::RateBackend::rate_cancel`]). The reservation is named
 /// by its number; `at` only confirms it, and a stored admission time within `slack` µs of
 /// `at` counts as `at` (a store that converts times on the way out may not get them back
 /// exactly; 0 elsewhere).
-pub(crate) async fn cancel<R: RateRows>(
+pub async fn cancel<R: RateRows>(
     rows: &mut R,
     name: &Name,
     reservation: u64,
@@ -375,7 +375,7 @@ pub(crate) async fn cancel<R: RateRows>(
 
 /// [`cancel`], and with `due_too` also an admission whose time has come: an admission
 /// given back unused (`engine::undo_latest`).
-pub(crate) async fn undo<R: RateRows>(
+pub async fn undo<R: RateRows>(
     rows: &mut R,
     name: &Name,
     reservation: u64,
@@ -444,7 +444,7 @@ async fn undo_state<R: RateRows>(
 /// undo leaves a state that would expire at once). A state already forgotten counts
 /// nothing.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) async fn give_back<R: RateRows>(
+pub async fn give_back<R: RateRows>(
     rows: &mut R,
     name: &Name,
     g: &crate::seam::GiveBack,
@@ -467,7 +467,7 @@ pub(crate) async fn give_back<R: RateRows>(
 /// `engine::settle_block`); in smooth mode the latest admission's time within the slack of
 /// `at` counts as `at`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) async fn settle<R: SettleRows>(
+pub async fn settle<R: SettleRows>(
     rows: &mut R,
     name: &Name,
     s: &crate::seam::Settlement,
@@ -538,7 +538,7 @@ pub(crate) async fn settle<R: SettleRows>(
 }
 
 /// Deletes the limiter's row and log; `true` if it had state that had not expired.
-pub(crate) async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<bool> {
+pub async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<bool> {
     // `load` drops an expired state (or a placeholder) itself.
     let existed = load(rows, name).await?.1.is_some();
     if existed {
@@ -547,10 +547,10 @@ pub(crate) async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<boo
     Ok(existed)
 }
 
-/// The limiter's state and usage ([`crate::RateBackend::rate_status`]).
+/// The limiter's state and usage ([`crate::rate::seam::RateBackend::rate_status`]).
 /// A limiter's snapshot; with `counted` (the row has the column), its count of admissions
 /// given back past their use-by instant.
-pub(crate) async fn status<R: RateRows>(
+pub async fn status<R: RateRows>(
     rows: &mut R,
     name: &Name,
     counted: bool,

@@ -31,7 +31,7 @@
 //! at most once.
 //!
 //! Policy — waiting, heartbeats, keep-alive, cancellation, loss detection — lives once, above
-//! this seam, in [`crate::Semaphore`] and [`crate::Permit`].
+//! this seam, in `tessera::Semaphore` and `tessera::Permit`.
 //!
 //! # What a store declares
 //!
@@ -79,7 +79,7 @@ pub use crate::rate::spec::RateConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Waking {
-    /// The store pushes a wake-up to the granted waiter ([`crate::backend::notify`]); waiters
+    /// The store pushes a wake-up to the granted waiter ([`crate::wake::notify`]); waiters
     /// only heartbeat, as the safety net for a lost push (memory, Redis).
     Push,
     /// The store pushes where it can, and waiters also poll with exponential backoff between
@@ -88,6 +88,17 @@ pub enum Waking {
     PushWithPoll { min: Duration, max: Duration },
     /// No push: waiters poll with exponential backoff between `min` and `max`.
     Poll { min: Duration, max: Duration },
+}
+
+impl Waking {
+    /// The bounds of a waiter's polling backoff, `None` where the store pushes every grant
+    /// and waiters only heartbeat.
+    pub fn poll_bounds(self) -> Option<(Duration, Duration)> {
+        match self {
+            Waking::Push => None,
+            Waking::PushWithPoll { min, max } | Waking::Poll { min, max } => Some((min, max)),
+        }
+    }
 }
 
 /// Where a store's fences come from.
@@ -125,11 +136,11 @@ pub struct Capabilities {
     pub fence: FenceSource,
     /// When a release's permits reach the queue.
     pub hand_off: HandOff,
-    /// The most permits one lease may take on this store ([`crate::MAX_CAPACITY`] where any
+    /// The most permits one lease may take on this store ([`crate::limits::MAX_CAPACITY`] where any
     /// weight up to the capacity works; etcd grants in one transaction of bounded size).
     pub max_weight: u32,
     /// Whether the store orders its queue by tenants' shares (`docs/fair-shares.md`); a
-    /// request that names a tenant on a store without is [`Error::Unsupported`](crate::Error::Unsupported).
+    /// request that names a tenant on a store without is [`Error::Unsupported`](crate::error::Error::Unsupported).
     pub fair_shares: bool,
 }
 
@@ -160,9 +171,29 @@ impl Capabilities {
         self
     }
 
+    /// The same with TTLs of at least `min`, in whole multiples of `granularity`.
+    pub const fn with_ttls(mut self, min: Duration, granularity: Duration) -> Capabilities {
+        self.min_ttl = min;
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// The same with fences from `fence` and hand-offs at `hand_off`.
+    pub const fn with_order(mut self, fence: FenceSource, hand_off: HandOff) -> Capabilities {
+        self.fence = fence;
+        self.hand_off = hand_off;
+        self
+    }
+
+    /// The same with at most `max_weight` permits per lease.
+    pub const fn with_max_weight(mut self, max_weight: u32) -> Capabilities {
+        self.max_weight = max_weight;
+        self
+    }
+
     /// Checks a lease or waiter TTL against the store's limits (after the client's own
     /// range, [`MIN_TTL`]..=[`MAX_TTL`]).
-    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), crate::error::InvalidInput> {
+    pub fn check_ttl(&self, ttl: Duration) -> Result<(), crate::error::InvalidInput> {
         let min = self.min_ttl.max(MIN_TTL);
         let step = self.ttl_granularity.as_micros().max(1);
         if ttl < min || ttl > MAX_TTL {
@@ -186,13 +217,13 @@ impl Capabilities {
 ///
 /// Implementations validate nothing that the client already validated (names, weights,
 /// TTLs), but must never panic on data they find in the store: unreadable data is
-/// [`Error::Corrupt`](crate::Error::Corrupt).
+/// [`Error::Corrupt`](crate::error::Error::Corrupt).
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Grants, queues (when `req.wait` is set) or refuses. Retrying with the same lease id
     /// returns the grant or queue place it already has. Fails with
-    /// [`Error::CapacityMismatch`](crate::Error::CapacityMismatch) if the stored capacity differs from `capacity`, and with
-    /// [`Error::QueueFull`](crate::Error::QueueFull) if the queue is at its cap. `try` (no `wait`) never jumps the
+    /// [`Error::CapacityMismatch`](crate::error::Error::CapacityMismatch) if the stored capacity differs from `capacity`, and with
+    /// [`Error::QueueFull`](crate::error::Error::QueueFull) if the queue is at its cap. `try` (no `wait`) never jumps the
     /// queue: it is refused while anyone waits.
     async fn acquire(
         &self,
@@ -226,7 +257,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn list(&self) -> Result<Vec<String>>;
 
     /// One round trip to the store that writes nothing and waits for no lock a step takes:
-    /// `Ok` once the store answered (see [`crate::Store::ping`]). A server's health probe
+    /// `Ok` once the store answered (see `tessera::Store::ping`). A server's health probe
     /// calls it twice a second, so it must cost the store next to nothing.
     ///
     /// The default reads the status of [`PING_NAME`], a name nobody uses; every store of this
@@ -236,7 +267,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         self.status(&Name::new(PING_NAME)?).await.map(drop)
     }
 
-    /// Changes the capacity; returns the old one. [`Error::NotFound`](crate::Error::NotFound) if the semaphore does
+    /// Changes the capacity; returns the old one. [`Error::NotFound`](crate::error::Error::NotFound) if the semaphore does
     /// not exist. Shrinking never revokes: holders keep their permits and no grant happens
     /// until `used` fits the new capacity.
     async fn resize(&self, name: &Name, capacity: u32) -> Result<u32>;
@@ -284,7 +315,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// The rate-limit operations of this store, if it has them (see [`crate::backend::RateBackend`]).
+    /// The rate-limit operations of this store, if it has them (see [`crate::rate::seam::RateBackend`]).
     /// Wrappers (fault injection) forward this.
     fn rate(&self) -> Option<&dyn RateBackend> {
         None
@@ -298,7 +329,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Why this store has no rate limiting (when [`Backend::rate`] is `None`), if it has a
     /// reason worth telling the user: it is the message of the
-    /// [`Error::Unsupported`](crate::Error::Unsupported) a rate limiter on it gets. Wrappers
+    /// [`Error::Unsupported`](crate::error::Error::Unsupported) a rate limiter on it gets. Wrappers
     /// forward this.
     fn rate_unsupported(&self) -> Option<&'static str> {
         None
@@ -308,10 +339,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 /// The name [`Backend::ping`]'s default implementation reads (never written).
 pub const PING_NAME: &str = "tessera-ping";
 
-/// The [`Error::Unsupported`](crate::Error::Unsupported) a rate limiter gets on the store at
+/// The [`Error::Unsupported`](crate::error::Error::Unsupported) a rate limiter gets on the store at
 /// `url` (redacted) whose `backend` has no rate limiting, with the store's reason if it gives
 /// one.
-pub(crate) fn unsupported_rate(url: &str, backend: &dyn Backend) -> crate::error::Error {
+pub fn unsupported_rate(url: &str, backend: &dyn Backend) -> crate::error::Error {
     let mut message = format!("rate limiting is not available on {url}");
     if let Some(why) = backend.rate_unsupported() {
         message.push_str(": ");

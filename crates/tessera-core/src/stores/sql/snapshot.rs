@@ -47,7 +47,7 @@
 //!
 //! **Otherwise the store runs the step**, lock included, exactly as before: an expiry or a
 //! hand-off is due, or a value reads wrong (the step's own checks then answer
-//! [`crate::Error::Corrupt`]), or the snapshot could not be read without waiting (SQLite:
+//! [`crate::error::Error::Corrupt`]), or the snapshot could not be read without waiting (SQLite:
 //! busy). The differential test compares every status with the reference model's, which
 //! stays a step: both paths must give the model's answer.
 //!
@@ -65,7 +65,7 @@ use super::step::{lease_of_row, waiter_of_row};
 
 /// A semaphore as read in one snapshot, without a lock (see the module docs).
 #[derive(Debug, Clone)]
-pub(crate) struct Snapshot {
+pub struct Snapshot {
     /// The store's clock, read inside the snapshot once it was taken.
     pub now: StoreTime,
     /// The row's counters, as stored.
@@ -83,10 +83,7 @@ pub(crate) struct Snapshot {
 
 impl Snapshot {
     /// The holders and waiters of a dialect's rows, checked as the step checks them.
-    pub(crate) fn rows(
-        holders: &[HolderRow],
-        waiters: &[WaiterRow],
-    ) -> Result<(Vec<Lease>, Vec<Waiter>)> {
+    pub fn rows(holders: &[HolderRow], waiters: &[WaiterRow]) -> Result<(Vec<Lease>, Vec<Waiter>)> {
         let holders = holders.iter().map(lease_of_row).collect::<Result<_>>()?;
         let queue = waiters.iter().map(waiter_of_row).collect::<Result<_>>()?;
         Ok((holders, queue))
@@ -95,7 +92,7 @@ impl Snapshot {
 
 /// What a snapshot read tells `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Read {
+pub enum Read {
     /// The step would change nothing at the snapshot's instant: its answer (`None`: the
     /// semaphore has no row).
     Settled(Option<SemaphoreStatus>),
@@ -105,8 +102,8 @@ pub(crate) enum Read {
 
 /// The answer of `status` from what a store read (`None`: no semaphore row), if the step
 /// would change nothing at the snapshot's instant (see the module docs). A read that failed
-/// as [`crate::Error::Corrupt`] is left to the step, whose checks answer for it.
-pub(crate) fn read_status(name: &Name, read: Result<Option<Snapshot>>) -> Result<Read> {
+/// as [`crate::error::Error::Corrupt`] is left to the step, whose checks answer for it.
+pub fn read_status(name: &Name, read: Result<Option<Snapshot>>) -> Result<Read> {
     match read {
         Ok(None) => Ok(Read::Settled(None)),
         Ok(Some(snap)) => Ok(settled(name, snap)),
@@ -117,7 +114,7 @@ pub(crate) fn read_status(name: &Name, read: Result<Option<Snapshot>>) -> Result
 
 /// [`Read::Settled`] with the snapshot as the step would answer it, when none of the
 /// step's changes applies at `snap.now`; [`Read::Step`] otherwise.
-pub(crate) fn settled(name: &Name, snap: Snapshot) -> Read {
+pub fn settled(name: &Name, snap: Snapshot) -> Read {
     let now = snap.now;
     let (Ok(capacity), Ok(used), Ok(queued)) = (
         u32::try_from(snap.capacity),

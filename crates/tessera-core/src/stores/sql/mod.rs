@@ -46,7 +46,7 @@
 //!   when the step would change nothing at that snapshot's instant, which is then the
 //!   step's own answer; otherwise it runs the step (`snapshot.rs` states the invariant).
 //! - **Nothing read is trusted.** Every value read back is checked here; a wrong range or
-//!   shape is [`crate::Error::Corrupt`], never a panic. Only delete skips unreadable lease
+//!   shape is [`crate::error::Error::Corrupt`], never a panic. Only delete skips unreadable lease
 //!   ids instead, since deleting is how an admin clears damaged rows.
 //!
 //! # What a SQL store supplies
@@ -76,23 +76,21 @@
 )]
 
 mod dialect;
-pub(crate) mod rate;
+pub mod rate;
 mod snapshot;
 mod step;
-#[cfg(all(test, feature = "sqlite"))]
-mod tests;
 
-pub(crate) use dialect::{
+pub use dialect::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
     WaiterRow,
 };
-pub(crate) use snapshot::{read_status, Read, Snapshot};
+pub use snapshot::{read_status, Read, Snapshot};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) use step::admit;
+pub use step::admit;
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.
 #[cfg(feature = "mysql")]
-pub(crate) use step::lease_of_row;
-pub(crate) use step::{
+pub use step::lease_of_row;
+pub use step::{
     acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
 };
 
@@ -100,7 +98,7 @@ use crate::error::Result;
 use step::corrupt;
 
 /// Encodes ascending seats as ranges: `[0, 1, 2, 3, 7]` → `"0-3,7"`.
-pub(crate) fn encode_seats(seats: &[u32]) -> String {
+pub fn encode_seats(seats: &[u32]) -> String {
     let mut out = String::new();
     for (lo, hi) in runs(seats) {
         if !out.is_empty() {
@@ -116,7 +114,7 @@ pub(crate) fn encode_seats(seats: &[u32]) -> String {
 }
 
 /// Decodes [`encode_seats`]; the seats must be strictly ascending and number `weight`.
-pub(crate) fn decode_seats(text: &str, weight: u32) -> Result<Vec<u32>> {
+pub fn decode_seats(text: &str, weight: u32) -> Result<Vec<u32>> {
     let bad = || corrupt(format!("seats {:?} for weight {weight}", truncate(text)));
     if weight > crate::limits::MAX_CAPACITY {
         return Err(bad());

@@ -20,7 +20,7 @@ pub struct RateRequest {
     /// time if it is at most `w` from now.
     pub max_wait: Option<Duration>,
     /// Replace stored limits that differ from the declared ones instead of failing with
-    /// [`Error::RateMismatch`](crate::Error::RateMismatch).
+    /// [`Error::RateMismatch`](crate::error::Error::RateMismatch).
     pub update: bool,
 }
 
@@ -82,14 +82,14 @@ pub struct RateStatus {
 }
 
 /// The rate-limit seam: one atomic step per method, on the store's clock. A store offers it
-/// through [`crate::backend::Backend::rate`]: the memory, SQLite and MySQL stores run the
+/// through [`crate::seam::Backend::rate`]: the memory, SQLite and MySQL stores run the
 /// decision of `rate/engine.rs` inside their own step, the Redis and PostgreSQL stores a
 /// function on the server (Lua, PL/pgSQL) that follows it line by line.
 #[async_trait]
 pub trait RateBackend: Send + Sync + fmt::Debug {
     /// Prunes, checks the stored configuration (creating or, with `req.update`, replacing
     /// it), then admits, reserves or answers limited — all limits at once, all or nothing.
-    /// Fails with [`Error::RateMismatch`](crate::Error::RateMismatch) if the stored limits differ and `update` is off.
+    /// Fails with [`Error::RateMismatch`](crate::error::Error::RateMismatch) if the stored limits differ and `update` is off.
     async fn rate_acquire(
         &self,
         name: &Name,

@@ -4,7 +4,7 @@
 //! A [`SemRows`] value is bound to one semaphore name and to one open transaction; every
 //! statement is about that name (`?1` / `$1` in the store's placeholder style). Values cross
 //! the seam as the database's integers and text, unchecked: the step (`step.rs`) checks
-//! every one and answers [`crate::Error::Corrupt`] for a wrong one. A dialect turns a column
+//! every one and answers [`crate::error::Error::Corrupt`] for a wrong one. A dialect turns a column
 //! of the wrong type or a NULL where none is allowed into `Error::Corrupt` too, and its own
 //! driver errors into the crate's store errors.
 //!
@@ -23,7 +23,7 @@ use crate::model::StoreTime;
 
 /// What [`SemRows::load`] finds.
 #[derive(Debug, Clone)]
-pub(crate) struct Loaded {
+pub struct Loaded {
     /// The store's time, read once the lock is held (SQLite: the host's clock read after
     /// `BEGIN IMMEDIATE`; PostgreSQL: `clock_timestamp()`; MySQL: `UTC_TIMESTAMP(6)`).
     pub now: StoreTime,
@@ -39,7 +39,7 @@ pub(crate) struct Loaded {
 
 /// A semaphore row (`tessera_semaphores`): the running counters of the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SemRow {
+pub struct SemRow {
     pub capacity: i64,
     pub used: i64,
     pub queued: i64,
@@ -57,7 +57,7 @@ pub(crate) struct SemRow {
 
 /// A holder row (`tessera_holders`); `seats` in the text form of [`super::encode_seats`].
 #[derive(Debug, Clone)]
-pub(crate) struct HolderRow {
+pub struct HolderRow {
     pub lease_id: String,
     pub weight: i64,
     pub seats: String,
@@ -69,7 +69,7 @@ pub(crate) struct HolderRow {
 
 /// A new holder row, borrowed from the lease it records.
 #[derive(Debug, Clone)]
-pub(crate) struct NewHolder<'a> {
+pub struct NewHolder<'a> {
     pub lease_id: &'a str,
     pub weight: i64,
     pub seats: &'a str,
@@ -81,14 +81,14 @@ pub(crate) struct NewHolder<'a> {
 
 /// What a removed holder gives back: its weight and seats.
 #[derive(Debug, Clone)]
-pub(crate) struct Freed {
+pub struct Freed {
     pub weight: i64,
     pub seats: String,
 }
 
 /// A waiter row (`tessera_waiters`) as inspection shows it.
 #[derive(Debug, Clone)]
-pub(crate) struct WaiterRow {
+pub struct WaiterRow {
     pub lease_id: String,
     pub weight: i64,
     pub holder: String,
@@ -98,7 +98,7 @@ pub(crate) struct WaiterRow {
 
 /// A new waiter row; `ttl` is the lease TTL (µs) to grant with at hand-off.
 #[derive(Debug, Clone)]
-pub(crate) struct NewWaiter<'a> {
+pub struct NewWaiter<'a> {
     /// The start tag; the queue is ordered by `(tag, seq)`.
     pub tag: i64,
     pub seq: i64,
@@ -117,7 +117,7 @@ pub(crate) struct NewWaiter<'a> {
 
 /// The queue head popped by a hand-off.
 #[derive(Debug, Clone)]
-pub(crate) struct HeadRow {
+pub struct HeadRow {
     /// Its start tag: a grant moves the virtual time to it.
     pub tag: i64,
     pub lease_id: String,
@@ -131,7 +131,7 @@ pub(crate) struct HeadRow {
 /// The queue head's key, and the lowest `seq` of the queue (a waiter that joins at the head
 /// takes the head's tag and the `seq` below that one, so `seq` stays unique).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HeadKey {
+pub struct HeadKey {
     pub tag: i64,
     pub seq: i64,
     pub min_seq: i64,
@@ -139,7 +139,7 @@ pub(crate) struct HeadKey {
 
 /// A waiter's place: how many waiters are ahead of it, and its start tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Place {
+pub struct Place {
     pub ahead: i64,
     pub tag: i64,
 }
@@ -148,7 +148,7 @@ pub(crate) struct Place {
 ///
 /// Methods return `impl Future + Send` so the step can run inside the `Send` futures of
 /// [`crate::seam::Backend`].
-pub(crate) trait SemRows: Send {
+pub trait SemRows: Send {
     /// The first statement of every step but delete: takes the semaphore's lock (if
     /// `BEGIN` has not already), reads the store's time once the lock is held, and returns
     /// the row and the fence high-water mark (a missing `fence_hwm` is `Error::Corrupt`).

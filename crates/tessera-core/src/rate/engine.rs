@@ -50,7 +50,7 @@ use crate::rate::spec::{RateConfig, RateMode};
 
 /// One limiter's state (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RateState {
+pub struct RateState {
     pub config: String,
     pub seq: u64,
     pub tail: u64,
@@ -110,7 +110,7 @@ impl RateState {
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
+pub fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
     now.0.saturating_sub(config.horizon_us())
 }
 
@@ -124,7 +124,7 @@ pub(crate) fn prune_cutoff(config: &RateConfig, now: StoreTime) -> u64 {
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn check_config(
+pub fn check_config(
     name: &Name,
     state: Option<RateState>,
     config: &RateConfig,
@@ -171,7 +171,7 @@ fn check_pacing(name: &Name, state: &RateState, config: &RateConfig) -> Result<(
 /// Exact mode: for each limit, the running total whose first entry binds the request, if
 /// any entry can bind (`None`: the limit does not constrain). Look each up with
 /// [`LogView::first_at_least`].
-pub(crate) fn thresholds(state: &RateState, config: &RateConfig, cost: u32) -> Vec<Option<u64>> {
+pub fn thresholds(state: &RateState, config: &RateConfig, cost: u32) -> Vec<Option<u64>> {
     config
         .limits()
         .iter()
@@ -186,7 +186,7 @@ pub(crate) fn thresholds(state: &RateState, config: &RateConfig, cost: u32) -> V
 }
 
 /// The smooth-mode emission interval of each limit, in µs.
-pub(crate) fn emission_intervals(config: &RateConfig) -> Vec<u64> {
+pub fn emission_intervals(config: &RateConfig) -> Vec<u64> {
     config
         .limits()
         .iter()
@@ -196,7 +196,7 @@ pub(crate) fn emission_intervals(config: &RateConfig) -> Vec<u64> {
 
 /// The earliest admissible time of a request of `cost`. `found[i]` is the admit time of the
 /// first entry at or above `thresholds(..)[i]` (exact mode; ignored in smooth mode).
-pub(crate) fn earliest(
+pub fn earliest(
     state: &RateState,
     config: &RateConfig,
     cost: u32,
@@ -238,7 +238,7 @@ pub(crate) fn earliest(
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn decide(
+pub fn decide(
     state: &mut RateState,
     config: &RateConfig,
     req: &RateRequest,
@@ -301,7 +301,7 @@ pub(crate) fn decide(
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn cancel(
+pub fn cancel(
     state: &mut RateState,
     config: &RateConfig,
     reservation: u64,
@@ -325,7 +325,7 @@ pub(crate) fn cancel(
     feature = "mysql",
     feature = "postgres"
 ))]
-pub(crate) fn undo_latest(
+pub fn undo_latest(
     state: &mut RateState,
     config: &RateConfig,
     reservation: u64,
@@ -345,7 +345,7 @@ pub(crate) fn undo_latest(
 /// What a settle does to the exact-mode log; the caller applies it in the same step.
 #[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LogChange {
+pub enum LogChange {
     /// Nothing (smooth mode, or no change).
     None,
     /// Append the entry `(t, P)` (an excess, charged like a forced admission).
@@ -370,7 +370,7 @@ pub(crate) enum LogChange {
 /// and holds that earlier instant holds the admission's too, so none counts less than was
 /// used.
 #[cfg(feature = "memory")]
-pub(crate) fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64, u64, u64)> {
+pub fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64, u64, u64)> {
     let (t, last) = log.last_at_or_before(at)?;
     let before = t
         .checked_sub(1)
@@ -399,7 +399,7 @@ pub(crate) fn settle_block(log: &dyn LogView, base: u64, at: u64) -> Option<(u64
 // PostgreSQL and Redis run the same decision on the server (`tessera_settle`, `settle.lua`).
 #[allow(clippy::too_many_arguments)]
 #[cfg(any(feature = "memory", feature = "sqlite", feature = "mysql"))]
-pub(crate) fn settle(
+pub fn settle(
     state: &mut RateState,
     config: &RateConfig,
     reservation: u64,
@@ -459,7 +459,7 @@ pub(crate) fn settle(
 }
 
 /// Reads of the log needed by a decision and a status.
-pub(crate) trait LogView {
+pub trait LogView {
     /// The admit time of the first entry with running total `>= x`.
     fn first_at_least(&self, x: u64) -> Option<u64>;
     /// The running total of the last entry at or before `t` (`None`: no kept entry is).
@@ -470,7 +470,7 @@ pub(crate) trait LogView {
 
 /// A log in memory: entries `(t, P)` in order.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct VecLog(pub VecDeque<(u64, u64)>);
+pub struct VecLog(pub VecDeque<(u64, u64)>);
 
 // Only the memory store keeps the log in a `VecLog` between calls and prunes it there.
 #[cfg(feature = "memory")]
@@ -527,7 +527,7 @@ impl VecLog {
 }
 
 /// A snapshot of one limiter from its state and log.
-pub(crate) fn status(
+pub fn status(
     name: &Name,
     state: &RateState,
     config: &RateConfig,
@@ -595,7 +595,7 @@ pub(crate) fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::RateSpec;
+    use crate::rate::spec::RateSpec;
 
     fn state(config: &RateConfig) -> RateState {
         RateState::new(config)

@@ -17,12 +17,12 @@ pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
 /// Most limits on one limiter.
 pub const MAX_LIMITS: usize = 8;
-/// Longest wait one reservation may reach ahead (one day); [`RateLimiter::acquire`](crate::RateLimiter::acquire) waits
+/// Longest wait one reservation may reach ahead (one day); `RateLimiter::acquire` waits
 /// longer by asking again.
 pub const MAX_RATE_WAIT: Duration = Duration::from_secs(24 * 3600);
-/// Longest margin between admission and use ([`RateOptions::margin`](crate::RateOptions::margin)).
+/// Longest margin between admission and use (`RateOptions::margin`).
 pub const MAX_RATE_MARGIN: Duration = Duration::from_secs(1);
-/// The margin of exact mode unless set ([`RateOptions::margin`](crate::RateOptions::margin)), at most the shortest period.
+/// The margin of exact mode unless set (`RateOptions::margin`), at most the shortest period.
 pub const DEFAULT_RATE_MARGIN: Duration = Duration::from_millis(20);
 /// The margin of an admission's exact windows unless set (at most the shortest period): the
 /// delay from admission to the call measured through `tessera serve` on a busy 2-core host
@@ -97,7 +97,7 @@ impl RateSpec {
     pub fn period(&self) -> Duration {
         self.period
     }
-    pub(crate) fn period_us(&self) -> u64 {
+    pub fn period_us(&self) -> u64 {
         self.period.as_micros() as u64
     }
 }
@@ -200,6 +200,25 @@ pub enum RateMode {
         /// Units admitted at once after an idle period.
         burst: u32,
     },
+}
+
+impl RateMode {
+    /// The burst: how many admissions smooth pacing lets through at once (0 in exact mode,
+    /// as the Redis scripts and the PostgreSQL functions take it).
+    pub fn burst(self) -> u32 {
+        match self {
+            RateMode::Exact => 0,
+            RateMode::Smooth { burst } => burst,
+        }
+    }
+
+    /// Whether admissions are paced (smooth) rather than counted in windows (exact).
+    pub fn is_smooth(self) -> bool {
+        match self {
+            RateMode::Exact => false,
+            RateMode::Smooth { .. } => true,
+        }
+    }
 }
 
 /// The limits, mode and margin of one limiter, in canonical form (limits sorted by period,

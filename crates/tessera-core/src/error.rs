@@ -19,7 +19,7 @@ pub enum InvalidInput {
     /// allowed set (`A-Z a-z 0-9 . _ - : / @`, first character alphanumeric).
     #[error("invalid name {name:?}: {reason}")]
     Name { name: String, reason: &'static str },
-    /// Capacity must be between 1 and [`crate::MAX_CAPACITY`].
+    /// Capacity must be between 1 and [`crate::limits::MAX_CAPACITY`].
     #[error("invalid capacity {0}: must be between 1 and {max}", max = MAX_CAPACITY)]
     Capacity(u32),
     /// Weight must be between 1 and the semaphore's capacity.
@@ -61,7 +61,7 @@ pub enum InvalidInput {
         interval: std::time::Duration,
         ttl: std::time::Duration,
     },
-    /// Queue cap must be between 1 and [`crate::MAX_QUEUE_CAP`].
+    /// Queue cap must be between 1 and [`crate::limits::MAX_QUEUE_CAP`].
     #[error("invalid queue cap {0}: must be between 1 and {max}", max = MAX_QUEUE_CAP)]
     QueueCap(u64),
     /// The holder label is too long or contains control characters.
@@ -74,14 +74,14 @@ pub enum InvalidInput {
     /// A lease id that is not 32 hexadecimal digits.
     #[error("invalid lease id {0:?}: expected 32 hexadecimal digits")]
     LeaseId(String),
-    /// A rate limit that could not be parsed or is out of range (see [`crate::RateSpec`]).
+    /// A rate limit that could not be parsed or is out of range (see [`crate::rate::spec::RateSpec`]).
     #[error("invalid rate limit {spec:?}: {reason}")]
     Rate { spec: String, reason: String },
     /// A rate request's cost must be between 1 and the limiter's largest cost (the smallest
     /// limit's count; in smooth mode, the burst).
     #[error("invalid cost {cost}: must be between 1 and {max}")]
     Cost { cost: u32, max: u32 },
-    /// A settled cost must be between 0 and [`crate::MAX_RATE_COUNT`].
+    /// A settled cost must be between 0 and [`crate::rate::spec::MAX_RATE_COUNT`].
     #[error("invalid settled cost {actual}: must be between 0 and {max}")]
     SettleCost { actual: u32, max: u32 },
     /// Any other malformed argument.
@@ -97,20 +97,20 @@ pub enum Error {
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
     /// The semaphore exists in the store with another capacity. Changing capacity is an
-    /// explicit [`crate::Semaphore::resize`].
+    /// explicit `tessera::Semaphore::resize`.
     #[error("semaphore {name:?} has capacity {stored} in the store, but this client declared {declared}; use resize to change it")]
     CapacityMismatch {
         name: String,
         stored: u32,
         declared: u32,
     },
-    /// The wait queue of the semaphore is full (see [`crate::SemaphoreOptions::queue_cap`]).
+    /// The wait queue of the semaphore is full (see `tessera::SemaphoreOptions::queue_cap`).
     #[error("the wait queue of {name:?} is full ({cap} waiters)")]
     QueueFull { name: String, cap: u32 },
     /// No semaphore or lease by that name or id.
     #[error("not found: {0}")]
     NotFound(String),
-    /// [`crate::Store::connect_existing`] found no store at the URL (a SQLite file that does
+    /// `tessera::Store::connect_existing` found no store at the URL (a SQLite file that does
     /// not exist); nothing was created. The URL is redacted.
     #[error("no store at {url}: {reason}; nothing was created")]
     NoStore { url: String, reason: String },
@@ -127,7 +127,7 @@ pub enum Error {
     #[error("lease lost: {0}")]
     Lost(LossReason),
     /// The rate limiter exists in the store with other limits or another mode. Changing them
-    /// is explicit: [`crate::RateOptions::update`].
+    /// is explicit: `tessera::RateOptions::update`.
     #[error("rate limiter {name:?} has limits {stored} in the store, but this client declared {declared}; use update to change them")]
     RateMismatch {
         name: String,
@@ -167,7 +167,7 @@ impl fmt::Display for StoreErrorKind {
     }
 }
 
-/// Why a permit was lost; see [`crate::Permit::lost`].
+/// Why a permit was lost; see `tessera::Permit::lost`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {
@@ -179,8 +179,20 @@ pub enum LossReason {
     /// This process did not run for the given time (it was stopped with SIGSTOP, suspended,
     /// or starved of CPU), so its lease was not renewed and may have expired.
     Stalled(std::time::Duration),
-    /// [`crate::Store::close`] released the lease.
+    /// `tessera::Store::close` released the lease.
     Closed,
+}
+
+impl LossReason {
+    /// The reason's label in metrics (`tessera_losses_total`'s `reason`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            LossReason::Gone => "gone",
+            LossReason::RenewalsFailing(_) => "renewals_failing",
+            LossReason::Stalled(_) => "stalled",
+            LossReason::Closed => "closed",
+        }
+    }
 }
 
 impl fmt::Display for LossReason {
@@ -204,7 +216,7 @@ impl fmt::Display for LossReason {
 
 impl Error {
     #[allow(dead_code)]
-    pub(crate) fn store(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+    pub fn store(kind: StoreErrorKind, message: impl Into<String>) -> Self {
         Error::Store {
             kind,
             message: message.into(),
@@ -279,7 +291,7 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound(_))
     }
-    /// [`crate::Store::connect_existing`] found no store to open.
+    /// `tessera::Store::connect_existing` found no store to open.
     pub fn is_no_store(&self) -> bool {
         matches!(self, Error::NoStore { .. })
     }
@@ -319,7 +331,7 @@ const SECRET_EVERYWHERE_LEN: usize = 8;
 /// in `u:a@host`, `password 'ab'`), so a one-letter password does not mask that letter in
 /// every word.
 #[cfg(any(feature = "redis", feature = "etcd", test))]
-pub(crate) fn mask_secret(message: &str, secret: Option<&str>) -> String {
+pub fn mask_secret(message: &str, secret: Option<&str>) -> String {
     let Some(secret) = secret.filter(|s| !s.is_empty()) else {
         return message.to_string();
     };
@@ -356,7 +368,7 @@ pub(crate) fn mask_secret(message: &str, secret: Option<&str>) -> String {
     feature = "postgres",
     feature = "mysql"
 ))]
-pub(crate) fn refused_hint(redacted_url: &str) -> String {
+pub fn refused_hint(redacted_url: &str) -> String {
     format!(
         "nothing accepts connections at {redacted_url}: is the server running, on this host and \
          port?"
@@ -371,18 +383,14 @@ pub(crate) fn refused_hint(redacted_url: &str) -> String {
     feature = "postgres",
     feature = "mysql"
 ))]
-pub(crate) fn auth_hint(redacted_url: &str) -> String {
+pub fn auth_hint(redacted_url: &str) -> String {
     format!("the server refused the credentials: check the user and password of {redacted_url}")
 }
 
 /// A first connection that nothing accepted, worded as every server store words it:
 /// `<store>: <cause> (<refused_hint>)`.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn refused_connection(
-    store: &str,
-    cause: &dyn fmt::Display,
-    redacted_url: &str,
-) -> Error {
+pub fn refused_connection(store: &str, cause: &dyn fmt::Display, redacted_url: &str) -> Error {
     Error::store(
         StoreErrorKind::Connection,
         format!("{store}: {cause} ({})", refused_hint(redacted_url)),
@@ -392,7 +400,7 @@ pub(crate) fn refused_connection(
 /// A first connection's error with [`auth_hint`] added when the server refused the
 /// credentials; any other error as it is.
 #[cfg(any(feature = "redis", feature = "postgres"))]
-pub(crate) fn with_auth_hint(e: Error, redacted_url: &str) -> Error {
+pub fn with_auth_hint(e: Error, redacted_url: &str) -> Error {
     match e {
         Error::Store {
             kind: StoreErrorKind::Auth,
@@ -408,7 +416,7 @@ pub(crate) fn with_auth_hint(e: Error, redacted_url: &str) -> Error {
 /// Whether `e` or one of its sources is an I/O error of a refused connection (nothing
 /// listens on that host and port).
 #[cfg(any(feature = "etcd", feature = "postgres", feature = "mysql"))]
-pub(crate) fn is_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
+pub fn is_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(e) = next {
         if e.downcast_ref::<std::io::Error>()

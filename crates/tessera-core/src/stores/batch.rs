@@ -30,10 +30,10 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result, StoreErrorKind};
 
 /// The most items one call carries, unless the call says fewer.
-pub(crate) const MAX_BATCH: usize = 1024;
+pub const MAX_BATCH: usize = 1024;
 
 /// The call that carries the items of one key.
-pub(crate) trait BatchCall: Send + Sync + 'static {
+pub trait BatchCall: Send + Sync + 'static {
     type Item: Send + 'static;
     type Reply: Send + 'static;
     /// The most items one call carries.
@@ -54,7 +54,7 @@ type Queue<C> = Vec<(
 )>;
 
 /// The queues, by key; a key is present while its task runs.
-pub(crate) struct Batcher<C: BatchCall> {
+pub struct Batcher<C: BatchCall> {
     call: C,
     queues: Mutex<HashMap<String, Queue<C>>>,
     /// Calls sent (for tests).
@@ -62,7 +62,7 @@ pub(crate) struct Batcher<C: BatchCall> {
 }
 
 impl<C: BatchCall> Batcher<C> {
-    pub(crate) fn new(call: C) -> Arc<Self> {
+    pub fn new(call: C) -> Arc<Self> {
         Arc::new(Batcher {
             call,
             queues: Mutex::default(),
@@ -71,12 +71,12 @@ impl<C: BatchCall> Batcher<C> {
     }
 
     /// How many calls were sent so far.
-    pub(crate) fn calls(&self) -> u64 {
+    pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }
 
     /// Queues `item` on `key` and waits for its reply.
-    pub(crate) async fn send(self: &Arc<Self>, key: &str, item: C::Item) -> Result<C::Reply> {
+    pub async fn send(self: &Arc<Self>, key: &str, item: C::Item) -> Result<C::Reply> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut queues = self.queues.lock().unwrap();

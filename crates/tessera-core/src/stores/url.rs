@@ -6,7 +6,7 @@
 /// holding `#`, `/`, `?`, `@` or `:` unencoded (a `#` starts a fragment, so the port reads as
 /// garbage).
 #[cfg(any(feature = "redis", feature = "mysql", feature = "postgres"))]
-pub(crate) fn not_a_url(e: url::ParseError) -> String {
+pub fn not_a_url(e: url::ParseError) -> String {
     format!(
         "not a URL ({e}); characters such as # / ? @ : in a user name or password must be \
          percent-encoded (# as %23, / as %2F, ? as %3F, @ as %40, : as %3A)"
@@ -16,7 +16,7 @@ pub(crate) fn not_a_url(e: url::ParseError) -> String {
 /// Percent-decodes a URL component: `None` if a `%` is not followed by two hex digits, or if
 /// the bytes are not UTF-8 afterwards.
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "etcd"))]
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
+pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -40,7 +40,7 @@ struct Slot {
 }
 
 /// Hears of the wake-ups for a held lease, without a task waiting on them.
-pub(crate) trait Hook: Send + Sync + std::fmt::Debug {
+pub trait Hook: Send + Sync + std::fmt::Debug {
     /// Called by [`notify`] or [`notify_grant`] for the lease, on the caller's thread.
     fn wake(self: Arc<Self>);
 }
@@ -151,14 +151,14 @@ fn claim(slots: &mut Slots, lease: LeaseId) -> Option<Option<Grant>> {
 
 /// A registration; unregisters on drop.
 #[derive(Debug)]
-pub(crate) struct Registration {
+pub struct Registration {
     lease: LeaseId,
     slot: Arc<Slot>,
 }
 
 impl Registration {
     /// Registers before the store call that may lead to a wake-up.
-    pub(crate) fn new(lease: LeaseId) -> Self {
+    pub fn new(lease: LeaseId) -> Self {
         let slot = Arc::new(Slot::default());
         shard(lease)
             .lock()
@@ -168,9 +168,9 @@ impl Registration {
         Registration { lease, slot }
     }
 
-    /// Registers after the store call answered (see [`Slots::unclaimed`]): a wake-up that
+    /// Registers after the store call answered (see `Slots::unclaimed`): a wake-up that
     /// came in between is delivered at once.
-    pub(crate) fn late(lease: LeaseId) -> Self {
+    pub fn late(lease: LeaseId) -> Self {
         let slot = Arc::new(Slot::default());
         let mut slots = shard(lease).lock().unwrap();
         slots.by_lease.insert(lease, Entry::Slot(Arc::clone(&slot)));
@@ -183,18 +183,18 @@ impl Registration {
     }
 
     /// Resolves at the next wake-up (or at once if one arrived since the last call).
-    pub(crate) async fn notified(&self) {
+    pub async fn notified(&self) {
         self.slot.notify.notified().await
     }
 
     /// From now on, wake-ups for this lease also go to `hook` (at most one hook per
     /// registration; a second one is ignored).
-    pub(crate) fn hand_to(&self, hook: Weak<dyn Hook>) {
+    pub fn hand_to(&self, hook: Weak<dyn Hook>) {
         let _ = self.slot.hook.set(hook);
     }
 
     /// The grant pushed with a wake-up, if any (taken: a second call returns `None`).
-    pub(crate) fn take_grant(&self) -> Option<Grant> {
+    pub fn take_grant(&self) -> Option<Grant> {
         self.slot.grant.lock().unwrap().take()
     }
 }
@@ -214,12 +214,12 @@ impl Drop for Registration {
 /// its hook only, and no slot is made for a task that will never wait on it. Made after the
 /// grant; a wake-up that came before is delivered to the hook at once. Unregisters on drop.
 #[derive(Debug)]
-pub(crate) struct HookRegistration {
+pub struct HookRegistration {
     lease: LeaseId,
 }
 
 impl HookRegistration {
-    pub(crate) fn new(lease: LeaseId, hook: &Arc<dyn Hook>) -> Self {
+    pub fn new(lease: LeaseId, hook: &Arc<dyn Hook>) -> Self {
         let mut slots = shard(lease).lock().unwrap();
         slots
             .by_lease

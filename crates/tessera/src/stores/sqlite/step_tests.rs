@@ -1,4 +1,5 @@
-//! Promises the step makes to the dialects, checked on the SQLite dialect.
+//! Promises the shared SQL step (`tessera_core::stores::sql`) makes to the dialects, checked on the
+//! SQLite dialect.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +9,13 @@ use rand::{Rng, SeedableRng};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{ConnectOptions, Connection};
 
-use super::*;
-use crate::clock::{Clock, ManualClock};
-use crate::error::Result;
-use crate::model::*;
-use crate::seam::Backend;
 use crate::stores::sqlite::ops::SqliteRows;
 use crate::stores::sqlite::SqliteBackend;
+use tessera_core::clock::{Clock, ManualClock};
+use tessera_core::error::Result;
+use tessera_core::model::*;
+use tessera_core::seam::Backend;
+use tessera_core::stores::sql::*;
 
 const T0: StoreTime = StoreTime(1_800_000_000_000_000);
 
@@ -334,21 +335,35 @@ enum Op {
 impl Op {
     async fn run(&self, rows: &mut impl SemRows, name: &Name) -> String {
         match self {
-            Op::Acquire(c, req) => format!("{:?}", super::acquire(rows, name, *c, req).await),
-            Op::Heartbeat(l, ttl) => format!("{:?}", super::heartbeat(rows, *l, *ttl).await),
-            Op::Cancel(l) => format!("{:?}", super::cancel(rows, *l).await),
-            Op::Release(l) => format!("{:?}", super::release(rows, *l).await),
-            Op::Renew(l, ttl) => format!("{:?}", super::renew(rows, *l, *ttl).await),
-            Op::Status => format!("{:?}", super::status(rows, name).await),
-            Op::Resize(c) => format!("{:?}", super::resize(rows, name, *c).await),
-            Op::Revoke(l) => format!("{:?}", super::revoke(rows, *l).await),
+            Op::Acquire(c, req) => format!(
+                "{:?}",
+                tessera_core::stores::sql::acquire(rows, name, *c, req).await
+            ),
+            Op::Heartbeat(l, ttl) => format!(
+                "{:?}",
+                tessera_core::stores::sql::heartbeat(rows, *l, *ttl).await
+            ),
+            Op::Cancel(l) => format!("{:?}", tessera_core::stores::sql::cancel(rows, *l).await),
+            Op::Release(l) => format!("{:?}", tessera_core::stores::sql::release(rows, *l).await),
+            Op::Renew(l, ttl) => format!(
+                "{:?}",
+                tessera_core::stores::sql::renew(rows, *l, *ttl).await
+            ),
+            Op::Status => format!("{:?}", tessera_core::stores::sql::status(rows, name).await),
+            Op::Resize(c) => format!(
+                "{:?}",
+                tessera_core::stores::sql::resize(rows, name, *c).await
+            ),
+            Op::Revoke(l) => format!("{:?}", tessera_core::stores::sql::revoke(rows, *l).await),
             // The lease ids a delete wakes come in no particular order.
             Op::Delete => format!(
                 "{:?}",
-                super::delete(rows).await.map(|(existed, mut wakes)| {
-                    wakes.sort();
-                    (existed, wakes)
-                })
+                tessera_core::stores::sql::delete(rows)
+                    .await
+                    .map(|(existed, mut wakes)| {
+                        wakes.sort();
+                        (existed, wakes)
+                    })
             ),
         }
     }

@@ -38,7 +38,7 @@ pub struct AdmitRequest {
     /// client).
     pub cost: u32,
     /// Replace stored limits that differ from the declared ones instead of failing with
-    /// [`Error::RateMismatch`](crate::Error::RateMismatch).
+    /// [`Error::RateMismatch`](crate::error::Error::RateMismatch).
     pub update: bool,
     /// Join the queue at its head, not its tail: only for a request that has just given back
     /// an admission it could not use before its use-by instant.
@@ -101,9 +101,9 @@ pub struct Settlement {
 #[async_trait]
 pub trait AdmissionBackend: Send + Sync + fmt::Debug {
     /// Grants and charges, queues, or refuses, all or nothing (see the module docs). Fails
-    /// with [`Error::CapacityMismatch`](crate::Error::CapacityMismatch),
-    /// [`Error::RateMismatch`](crate::Error::RateMismatch) or
-    /// [`Error::QueueFull`](crate::Error::QueueFull) having changed nothing.
+    /// with [`Error::CapacityMismatch`](crate::error::Error::CapacityMismatch),
+    /// [`Error::RateMismatch`](crate::error::Error::RateMismatch) or
+    /// [`Error::QueueFull`](crate::error::Error::QueueFull) having changed nothing.
     async fn admit(
         &self,
         name: &Name,
@@ -116,7 +116,7 @@ pub trait AdmissionBackend: Send + Sync + fmt::Debug {
     /// (`give_back.reservation`, made at `give_back.at`) is still the limiter's latest, returns it to every
     /// window; a later admission keeps it charged (the windows only count more than was
     /// used, never less). With `expired` (it was past its use-by instant), the same step
-    /// counts it in the limiter's state ([`RateStatus::expired_unused`](crate::RateStatus))
+    /// counts it in the limiter's state ([`RateStatus::expired_unused`](crate::rate::seam::RateStatus))
     /// if it released the lease (so a give-back sent twice counts once), whether or not the
     /// charge could be returned. `true` if the lease was still held.
     async fn give_back(&self, name: &Name, lease: LeaseId, give_back: GiveBack) -> Result<bool>;

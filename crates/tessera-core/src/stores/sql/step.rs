@@ -14,11 +14,11 @@ use crate::model::*;
 use crate::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
 /// Lease ids to wake after the commit (granted waiters, revoked or deleted holders).
-pub(crate) type Wakes = Vec<LeaseId>;
+pub type Wakes = Vec<LeaseId>;
 
 /// The outcome of one operation and the lease ids to wake once it is committed. The outcome
 /// may itself be an error (capacity mismatch, full queue) that still commits the purge.
-pub(crate) type Done<R> = (R, Wakes);
+pub type Done<R> = (R, Wakes);
 
 /// Batch size when shrinking `seat_high` over free seats.
 const SHRINK_BATCH: usize = 256;
@@ -536,7 +536,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     }
 }
 
-pub(crate) async fn acquire(
+pub async fn acquire(
     rows: &mut impl SemRows,
     name: &Name,
     capacity: u32,
@@ -623,7 +623,7 @@ async fn decide_acquire<R: SemRows>(
 /// one transaction: the dialect's rows are also its [`RateRows`], and the reference model is
 /// `Model::admit` in `stores/memory/ops.rs`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) async fn admit<R: SemRows + RateRows>(
+pub async fn admit<R: SemRows + RateRows>(
     rows: &mut R,
     name: &Name,
     capacity: u32,
@@ -785,7 +785,7 @@ async fn decide_admit<R: SemRows + RateRows>(
     }))
 }
 
-pub(crate) async fn heartbeat(
+pub async fn heartbeat(
     rows: &mut impl SemRows,
     lease: LeaseId,
     waiter_ttl: Duration,
@@ -809,7 +809,7 @@ pub(crate) async fn heartbeat(
 /// [`heartbeat`] step would answer for such a lease (the step's purge removes only expired
 /// holders, and its hand-offs add holders, never remove one); `None` means only that the
 /// full step must decide (queued, expired, revoked or unknown).
-pub(crate) async fn read_grant(
+pub async fn read_grant(
     rows: &mut impl SemRows,
     lease: LeaseId,
     now: StoreTime,
@@ -821,7 +821,7 @@ pub(crate) async fn read_grant(
     Ok((lease.expires_at > now).then_some(Grant { lease, now }))
 }
 
-pub(crate) async fn cancel(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<CancelReply>> {
+pub async fn cancel(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<CancelReply>> {
     let Some(mut st) = Step::load(rows, None).await? else {
         return Ok((CancelReply::NotFound, Vec::new()));
     };
@@ -839,7 +839,7 @@ pub(crate) async fn cancel(rows: &mut impl SemRows, lease: LeaseId) -> Result<Do
     Ok((reply, st.finish().await?))
 }
 
-pub(crate) async fn release(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
+pub async fn release(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
     let Some(mut st) = Step::load(rows, None).await? else {
         return Ok((false, Vec::new()));
     };
@@ -848,7 +848,7 @@ pub(crate) async fn release(rows: &mut impl SemRows, lease: LeaseId) -> Result<D
     Ok((held, st.finish().await?))
 }
 
-pub(crate) async fn renew(
+pub async fn renew(
     rows: &mut impl SemRows,
     lease: LeaseId,
     ttl: Duration,
@@ -872,10 +872,7 @@ pub(crate) async fn renew(
 /// waiters). Stores first try the same answer from a snapshot read without the lock
 /// (`snapshot.rs`, whose module docs list what this step changes and when it changes
 /// nothing), and run this only when that read leaves it to the step.
-pub(crate) async fn status(
-    rows: &mut impl SemRows,
-    name: &Name,
-) -> Result<Done<Option<SemaphoreStatus>>> {
+pub async fn status(rows: &mut impl SemRows, name: &Name) -> Result<Done<Option<SemaphoreStatus>>> {
     let Some(mut st) = Step::load(rows, None).await? else {
         return Ok((None, Vec::new()));
     };
@@ -885,7 +882,7 @@ pub(crate) async fn status(
     Ok((snap, wakes))
 }
 
-pub(crate) async fn resize(
+pub async fn resize(
     rows: &mut impl SemRows,
     name: &Name,
     capacity: u32,
@@ -902,7 +899,7 @@ pub(crate) async fn resize(
     Ok((Ok(old), st.finish().await?))
 }
 
-pub(crate) async fn revoke(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
+pub async fn revoke(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool>> {
     let Some(mut st) = Step::load(rows, None).await? else {
         return Ok((false, Vec::new()));
     };
@@ -917,7 +914,7 @@ pub(crate) async fn revoke(rows: &mut impl SemRows, lease: LeaseId) -> Result<Do
 /// Removes the semaphore with its holders and waiters, without purging first (as the
 /// model). Unreadable lease ids are skipped rather than failing: deleting is how an admin
 /// clears a semaphore whose rows are damaged.
-pub(crate) async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
+pub async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
     rows.lock_for_delete().await?;
     let holders = rows.drop_holders().await?;
     let waiters = rows.drop_waiters().await?;
@@ -948,7 +945,7 @@ fn db_int(value: u64) -> Result<i64> {
     })
 }
 
-pub(super) fn corrupt(msg: impl Into<String>) -> Error {
+pub fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }
 
@@ -981,7 +978,7 @@ fn lease_of(s: &str) -> Result<LeaseId> {
     })
 }
 
-pub(crate) fn lease_of_row(row: &HolderRow) -> Result<Lease> {
+pub fn lease_of_row(row: &HolderRow) -> Result<Lease> {
     let weight = u32_of(row.weight, "weight")?;
     Ok(Lease {
         lease_id: lease_of(&row.lease_id)?,
@@ -994,7 +991,7 @@ pub(crate) fn lease_of_row(row: &HolderRow) -> Result<Lease> {
     })
 }
 
-pub(crate) fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
+pub fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
     Ok(Waiter {
         lease_id: lease_of(&row.lease_id)?,
         weight: u32_of(row.weight, "weight")?,

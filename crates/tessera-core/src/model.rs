@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{InvalidInput, Result};
-pub(crate) use crate::limits::*;
+pub use crate::limits::*;
 
 /// A validated semaphore, lock or limiter name: 1–128 bytes of `A-Z a-z 0-9 . _ - : / @`,
 /// starting with a letter or digit. Names never contain braces, so they are safe inside a
@@ -69,12 +69,12 @@ pub struct LeaseId(u128);
 /// A map keyed by lease id, hashed by folding the id's 128 random bits instead of running
 /// SipHash over them. Only for maps whose lease ids this process chose itself (at random):
 /// ids pushed by someone else cost no more than any other unknown id.
-pub(crate) type LeaseIdMap<V> =
+pub type LeaseIdMap<V> =
     std::collections::HashMap<LeaseId, V, std::hash::BuildHasherDefault<LeaseIdHasher>>;
 
 /// The hasher of [`LeaseIdMap`].
 #[derive(Default)]
-pub(crate) struct LeaseIdHasher(u64);
+pub struct LeaseIdHasher(u64);
 
 impl std::hash::Hasher for LeaseIdHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -285,7 +285,7 @@ pub struct AcquireRequest {
     pub wait: Option<WaitSpec>,
     /// The tenant whose share this request counts against (`docs/fair-shares.md`); `None`:
     /// the tenant `""` with share 1, today's FIFO. Only a store whose
-    /// [`crate::backend::Capabilities::fair_shares`] is true is sent one.
+    /// [`crate::seam::Capabilities::fair_shares`] is true is sent one.
     pub tenant: Option<Tenant>,
 }
 
@@ -406,7 +406,7 @@ fn hostname() -> String {
     "localhost".to_string()
 }
 
-pub(crate) fn validate_holder(h: &str) -> Result<(), InvalidInput> {
+pub fn validate_holder(h: &str) -> Result<(), InvalidInput> {
     if h.len() > MAX_HOLDER_LEN {
         return Err(InvalidInput::Holder("longer than 256 bytes"));
     }
@@ -416,7 +416,7 @@ pub(crate) fn validate_holder(h: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-pub(crate) fn validate_capacity(c: u32) -> Result<u32, InvalidInput> {
+pub fn validate_capacity(c: u32) -> Result<u32, InvalidInput> {
     if c == 0 || c > MAX_CAPACITY {
         return Err(InvalidInput::Capacity(c));
     }

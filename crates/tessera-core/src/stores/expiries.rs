@@ -16,12 +16,12 @@ const KEPT: usize = 1024;
 
 /// Per semaphore: the instant, on this process's clock, of its next possible expiry.
 #[derive(Debug, Default)]
-pub(crate) struct Expiries(Mutex<HashMap<Name, Instant>>);
+pub struct Expiries(Mutex<HashMap<Name, Instant>>);
 
 impl Expiries {
     /// A reply that has just arrived said `name` may next expire something `after` from its
     /// step (the step ran before the reply arrived, so the instant is not early).
-    pub(crate) fn note(&self, name: &Name, after: Duration) {
+    pub fn note(&self, name: &Name, after: Duration) {
         let now = Instant::now();
         let mut map = self.0.lock().unwrap();
         if map.len() >= KEPT {
@@ -36,7 +36,7 @@ impl Expiries {
     }
 
     /// The last instant noted for `name`.
-    pub(crate) fn get(&self, name: &Name) -> Option<Instant> {
+    pub fn get(&self, name: &Name) -> Option<Instant> {
         self.0.lock().unwrap().get(name).copied()
     }
 }
