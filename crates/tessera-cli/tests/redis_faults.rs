@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::tessera;
+use common::{stderr_of, tessera};
 use tessera_testkit::proxy::{Mode, Proxy};
 use tessera_testkit::servers::redis::RedisServer;
 
@@ -74,14 +73,7 @@ fn finish(mut child: Child, within: Duration) -> (ExitStatus, String, Instant) {
         std::thread::sleep(Duration::from_millis(20));
     };
     let exited = Instant::now();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    (status, err, exited)
+    (status, stderr_of(&mut child), exited)
 }
 
 fn wall_ns() -> u128 {

@@ -5,13 +5,17 @@
 //! test kit), by `schemathesis` (fuzzing from the server's own OpenAPI document) and by a
 //! headless `chromium` (the dashboard). A missing program fails the test, loudly.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::stderr_of;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tessera_testkit::servers::process::{make_ca, sign_leaf};
 
 /// A `tessera serve` process, stopped (SIGKILL) when dropped.
 struct Server {
@@ -36,14 +40,7 @@ impl Server {
             .read_line(&mut line)
             .unwrap();
         if line.is_empty() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            panic!("tessera serve did not start: {err}");
+            panic!("tessera serve did not start: {}", stderr_of(&mut child));
         }
         // "tessera serve: listening on http://127.0.0.1:PORT (store …)…"
         let base = line
@@ -68,11 +65,7 @@ impl Server {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    e.read_to_string(&mut err).unwrap();
-                }
-                return (status, err);
+                return (status, stderr_of(&mut self.child));
             }
             assert!(Instant::now() < deadline, "tessera serve did not stop");
             std::thread::sleep(Duration::from_millis(20));
@@ -1028,27 +1021,18 @@ async fn each_token_reaches_only_the_names_under_its_prefix() {
 #[test]
 fn it_serves_tls_with_http2_and_cleartext_http2() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let out = Command::new(program("openssl"))
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args([
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    make_ca(dir.path(), "ca", "tessera test CA");
+    sign_leaf(
+        dir.path(),
+        "ca",
+        "server",
+        "localhost",
+        "subjectAltName=IP:127.0.0.1\n",
+    );
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("server.pem"),
+        dir.path().join("server.key"),
     );
     let s = Server::start(
         "memory://",
@@ -1063,7 +1047,7 @@ fn it_serves_tls_with_http2_and_cleartext_http2() {
     let curl = program("curl");
     let out = Command::new(&curl)
         .args(["-s", "--http2", "--cacert"])
-        .arg(&cert)
+        .arg(&ca)
         .args([
             "-w",
             "\\n%{http_version} %{http_code}",

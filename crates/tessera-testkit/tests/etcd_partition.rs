@@ -16,21 +16,16 @@ use tessera_testkit::conformance::{opts, status, unique};
 use tessera_testkit::harness::{Harness, StoreTraits};
 use tessera_testkit::hold::holder_binary;
 use tessera_testkit::servers::etcd::EtcdCluster;
+use tessera_testkit::servers::process::run_checked;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
 /// Runs `ip ARGS`, failing the test with its error output if it does not succeed.
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `ip` (install iproute2; the test needs root): {e}"));
-    assert!(
-        out.status.success(),
-        "`ip {}` failed (the test needs root): {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
+    run_checked(
+        Command::new("ip").args(args),
+        "install iproute2; the test needs root",
     );
 }
 

@@ -8,6 +8,8 @@
 
 use std::time::Instant;
 
+mod common;
+
 /// Tasks sharing 4 permits in the contended cases.
 const TASKS: u64 = 32;
 
@@ -43,40 +45,28 @@ fn main() {
         }),
         "tokio-contended" => rt.block_on(async {
             let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(4));
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|_| {
-                    let sem = sem.clone();
-                    tokio::spawn(async move {
-                        for _ in 0..pairs / TASKS {
-                            let p = sem.acquire().await.unwrap();
-                            tokio::task::yield_now().await;
-                            drop(std::hint::black_box(p));
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
+            common::contend(TASKS, pairs / TASKS, move || {
+                let sem = sem.clone();
+                async move {
+                    let p = sem.acquire().await.unwrap();
+                    tokio::task::yield_now().await;
+                    drop(std::hint::black_box(p));
+                }
+            })
+            .await
         }),
         "memory-contended" => rt.block_on(async {
             let store = tessera::Store::connect("memory://hot-path").await.unwrap();
             let sem = store.semaphore("contended", 4).unwrap();
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|_| {
-                    let sem = sem.clone();
-                    tokio::spawn(async move {
-                        for _ in 0..pairs / TASKS {
-                            let p = sem.acquire().await.unwrap();
-                            tokio::task::yield_now().await;
-                            p.release().await.unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
+            common::contend(TASKS, pairs / TASKS, move || {
+                let sem = sem.clone();
+                async move {
+                    let p = sem.acquire().await.unwrap();
+                    tokio::task::yield_now().await;
+                    p.release().await.unwrap();
+                }
+            })
+            .await
         }),
         other => panic!("unknown case {other:?}: memory, tokio, memory-contended, tokio-contended"),
     }

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
+mod common;
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -42,7 +44,7 @@ fn uncontended(c: &mut Criterion) {
     g.finish();
 }
 
-const TASKS: usize = 32;
+const TASKS: u64 = 32;
 const PER_TASK: u64 = 200;
 
 fn contended(c: &mut Criterion) {
@@ -54,21 +56,15 @@ fn contended(c: &mut Criterion) {
             let start = Instant::now();
             for _ in 0..iters {
                 let sem = Arc::new(tokio::sync::Semaphore::new(4));
-                let tasks: Vec<_> = (0..TASKS)
-                    .map(|_| {
-                        let sem = sem.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..PER_TASK {
-                                let p = sem.acquire().await.unwrap();
-                                tokio::task::yield_now().await;
-                                drop(p);
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    t.await.unwrap();
-                }
+                common::contend(TASKS, PER_TASK, move || {
+                    let sem = sem.clone();
+                    async move {
+                        let p = sem.acquire().await.unwrap();
+                        tokio::task::yield_now().await;
+                        drop(p);
+                    }
+                })
+                .await;
             }
             start.elapsed()
         })
@@ -81,21 +77,15 @@ fn contended(c: &mut Criterion) {
             let start = Instant::now();
             for _ in 0..iters {
                 let sem = store.semaphore("bench", 4).unwrap();
-                let tasks: Vec<_> = (0..TASKS)
-                    .map(|_| {
-                        let sem = sem.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..PER_TASK {
-                                let p = sem.acquire().await.unwrap();
-                                tokio::task::yield_now().await;
-                                p.release().await.unwrap();
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    t.await.unwrap();
-                }
+                common::contend(TASKS, PER_TASK, move || {
+                    let sem = sem.clone();
+                    async move {
+                        let p = sem.acquire().await.unwrap();
+                        tokio::task::yield_now().await;
+                        p.release().await.unwrap();
+                    }
+                })
+                .await;
             }
             start.elapsed()
         })

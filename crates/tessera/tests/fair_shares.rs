@@ -658,25 +658,6 @@ mod on_redis {
             .unwrap()
     }
 
-    /// The keys under `prefix` without an expiry: none may be left (bounded state).
-    async fn immortal_keys(url: &str, prefix: &str) -> Vec<String> {
-        let mut c = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        redis::cmd("EVAL")
-            .arg(
-                "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
-                 if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
-            )
-            .arg(0)
-            .arg(format!("{{{prefix}:*"))
-            .query_async(&mut c)
-            .await
-            .unwrap()
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn backlogged_tenants_are_served_in_proportion_to_their_shares() {
         let server = RedisServer::start();
@@ -685,10 +666,7 @@ mod on_redis {
             store.backend().as_ref(),
         )
         .await;
-        assert_eq!(
-            immortal_keys(&server.url(), "shares").await,
-            Vec::<String>::new()
-        );
+        assert_eq!(server.immortal_keys("shares"), Vec::<String>::new());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -699,10 +677,7 @@ mod on_redis {
         // The tenants' tags live in a hash beside the queue, and expire with it.
         let tags = server.command(&["HLEN", "{flood:flood}:tags"]);
         assert!(tags.contains(":2"), "bulk and alerts have tags: {tags:?}");
-        assert_eq!(
-            immortal_keys(&server.url(), "flood").await,
-            Vec::<String>::new()
-        );
+        assert_eq!(server.immortal_keys("flood"), Vec::<String>::new());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

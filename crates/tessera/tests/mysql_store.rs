@@ -10,6 +10,7 @@ use std::time::Duration;
 use tessera::backend::stores::MysqlBackend;
 use tessera::backend::*;
 use tessera::*;
+use tessera_testkit::conformance::joined;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::seam::{name, req, LONG};
@@ -784,10 +785,8 @@ async fn waiters_of_another_client_are_granted_with_and_without_the_doorbell() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let fence = held.fence();
         held.release().await.unwrap();
-        let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        let next = joined(waiter, Duration::from_secs(10), "the waiter was granted")
             .await
-            .expect("the waiter was granted")
-            .unwrap()
             .unwrap();
         assert!(next > fence, "{wake}: {next} <= {fence}");
         a.close().await.unwrap();
@@ -934,10 +933,8 @@ async fn a_server_closing_idle_connections_closes_none_of_tesseras() {
     let waiter = tokio::spawn(async move { sem_b.acquire().await });
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(held.release().await.unwrap(), "the release found the lease");
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let next = joined(waiter, Duration::from_secs(10), "the waiter was granted")
         .await
-        .expect("the waiter was granted")
-        .unwrap()
         .expect("no error reached the waiter");
     next.release().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1084,12 +1081,14 @@ async fn a_read_only_server_is_a_transient_fault_that_grants_nothing_and_passes(
         "something was granted on a read-only server"
     );
     server.sql("SET GLOBAL read_only = 0");
-    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("no grant after the server became writable")
-        .unwrap()
-        .unwrap()
-        .expect("no permit within the wait");
+    let got = joined(
+        waiting,
+        Duration::from_secs(10),
+        "no grant after the server became writable",
+    )
+    .await
+    .unwrap()
+    .expect("no permit within the wait");
     assert!(got.release().await.unwrap());
     assert!(held.release().await.unwrap());
     store.close().await.unwrap();

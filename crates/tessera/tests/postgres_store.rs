@@ -12,6 +12,7 @@ use std::time::Duration;
 use tessera::backend::stores::PostgresBackend;
 use tessera::backend::*;
 use tessera::*;
+use tessera_testkit::conformance::joined;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::seam::{name, req, LONG};
@@ -32,11 +33,7 @@ fn queue_one(sem: &Semaphore) -> tokio::task::JoinHandle<Result<Permit>> {
 
 /// The permit of a waiter started by [`queue_one`], once it is granted (within a minute).
 async fn granted(waiter: tokio::task::JoinHandle<Result<Permit>>, why: &str) -> Permit {
-    tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .unwrap_or_else(|_| panic!("the waiter was not granted: {why}"))
-        .unwrap()
-        .unwrap()
+    joined(waiter, Duration::from_secs(60), why).await.unwrap()
 }
 
 /// A holder of the only permit of `n` (capacity 1) and a waiter queued behind it, both with
@@ -319,10 +316,8 @@ async fn a_waiter_is_woken_after_its_listener_backend_is_killed() {
     assert!(server.terminate("tessera-listener") >= 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
     held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let got = joined(waiter, Duration::from_secs(10), "the waiter was granted")
         .await
-        .expect("the waiter was granted")
-        .unwrap()
         .unwrap();
     got.release().await.unwrap();
     store.close().await.unwrap();
@@ -455,10 +450,8 @@ async fn holders_and_waiters_survive_killed_backends() {
     assert_eq!(status.holders[0].lease_id, held.lease_id());
     assert!(!held.is_lost());
     held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let got = joined(waiter, Duration::from_secs(10), "the waiter was granted")
         .await
-        .expect("the waiter was granted")
-        .unwrap()
         .unwrap();
     got.release().await.unwrap();
 }

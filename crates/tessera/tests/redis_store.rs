@@ -11,11 +11,12 @@ use std::time::Duration;
 use tessera::backend::stores::RedisBackend;
 use tessera::backend::*;
 use tessera::*;
+use tessera_testkit::conformance::{handed_within, joined, wait_queued};
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::proxy::{Mode, Proxy};
 use tessera_testkit::seam::{name, req, LONG};
-use tessera_testkit::servers::redis::RedisServer;
+use tessera_testkit::servers::redis::{bulk_strings, RedisServer};
 
 async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
     RedisBackend::connect(&format!("{}?prefix={prefix}", server.url()))
@@ -28,11 +29,6 @@ async fn redis_backend(server: &RedisServer, prefix: &str) -> RedisBackend {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = RedisServer::start();
-    let mut check = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let mut seen = Seen::default();
     for seed in 0..6u64 {
         let prefix = format!("diff{seed}");
@@ -40,16 +36,7 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
         let mut d = Differential::new(&redis, DiffClock::Server, seed);
         for _ in 0..400 {
             let what = d.step().await;
-            let immortal: Vec<String> = redis::cmd("EVAL")
-                .arg(
-                    "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
-                     if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
-                )
-                .arg(0)
-                .arg(format!("{{{prefix}:*"))
-                .query_async(&mut check)
-                .await
-                .unwrap();
+            let immortal = server.immortal_keys(&prefix);
             assert!(
                 immortal.is_empty(),
                 "{what} left keys without expiry: {immortal:?}"
@@ -131,17 +118,6 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
     let ttl = server.command(&["PTTL", "{expiry:expiry}:meta"]);
     let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
     assert!((0..=5000).contains(&ms), "{ttl}");
-}
-
-/// The strings of a raw RESP array of bulk strings.
-fn bulk_strings(reply: &str) -> Vec<&str> {
-    let lines: Vec<&str> = reply.split("\r\n").collect();
-    lines
-        .iter()
-        .zip(&lines[1..])
-        .filter(|(len, _)| len.starts_with('$'))
-        .map(|(_, s)| *s)
-        .collect()
 }
 
 /// The uncontended acquire and release (the W1 loop of `tessera bench`) touch the meta hash
@@ -457,37 +433,14 @@ fn patient() -> SemaphoreOptions {
         .waiter_ttl(Duration::from_secs(60))
 }
 
-async fn wait_until_queued(store: &Store, name: &str, n: usize) {
-    for _ in 0..500 {
-        if store
-            .status(name)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.queue.len() >= n)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("waiter never queued");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_push_before_its_first_heartbeat() {
     let server = RedisServer::start();
     let store = Store::connect(&server.url()).await.unwrap();
     let other = Store::connect(&server.url()).await.unwrap();
-    let sem = Semaphore::new(&store, "pushed", 1, patient()).unwrap();
-    let sem2 = Semaphore::new(&other, "pushed", 1, patient()).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let waiter = tokio::spawn(async move { sem2.acquire().await });
-    wait_until_queued(&store, "pushed", 1).await;
-    held.release().await.unwrap();
-    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the grant must arrive by push, before the first heartbeat (15 s)")
-        .unwrap()
-        .unwrap();
+    // The grant must arrive by push, before the first heartbeat (15 s).
+    let five = Duration::from_secs(5);
+    let permit = handed_within(&store, &other, "pushed", patient(), five).await;
     assert_eq!(permit.seats(), &[0]);
 }
 
@@ -499,26 +452,30 @@ async fn a_killed_subscriber_connection_still_ends_in_a_grant() {
     let sem2 = sem.clone();
     let held = sem.acquire().await.unwrap();
     let waiter = tokio::spawn(async move { sem2.acquire().await });
-    wait_until_queued(&store, "killed", 1).await;
+    wait_queued(&store, "killed", 1).await;
     let killed = server.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     assert!(killed.starts_with(":1"), "{killed}");
     held.release().await.unwrap();
-    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("granted before the first heartbeat despite the lost subscription")
-        .unwrap()
-        .unwrap();
+    let permit = joined(
+        waiter,
+        Duration::from_secs(5),
+        "granted before the first heartbeat despite the lost subscription",
+    )
+    .await
+    .unwrap();
     assert_eq!(permit.seats(), &[0]);
     // The subscriber is back: the next hand-off arrives by push again.
     let sem3 = sem.clone();
     let waiter = tokio::spawn(async move { sem3.acquire().await });
-    wait_until_queued(&store, "killed", 1).await;
+    wait_queued(&store, "killed", 1).await;
     drop(permit);
-    let _permit = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("pushed after resubscription")
-        .unwrap()
-        .unwrap();
+    let _permit = joined(
+        waiter,
+        Duration::from_secs(5),
+        "pushed after resubscription",
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,7 +570,7 @@ async fn leases_expiring_by_the_thousand_are_purged_in_bounded_steps_that_keep_t
     let store = Store::connect(&url).await.unwrap();
     let sem = Semaphore::new(&store, "mass", N, patient()).unwrap();
     let waiter = tokio::spawn(async move { sem.acquire_many(300).await });
-    wait_until_queued(&store, "mass", 1).await;
+    wait_queued(&store, "mass", 1).await;
     // In the holders set, and the inline lease of the meta hash (the first grant's).
     let holders = || -> u64 {
         let reply = server.command(&["ZCARD", "{mass:mass}:holders"]);
@@ -628,11 +585,13 @@ async fn leases_expiring_by_the_thousand_are_purged_in_bounded_steps_that_keep_t
     // purges the next batch and is granted: the queue does not wait for its own heartbeat.
     let status = redis.status(&n).await.unwrap();
     assert!(status.is_some());
-    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter is woken by the purge, before its first heartbeat (15 s)")
-        .unwrap()
-        .unwrap();
+    let permit = joined(
+        waiter,
+        Duration::from_secs(5),
+        "the waiter is woken by the purge, before its first heartbeat (15 s)",
+    )
+    .await
+    .unwrap();
     assert_eq!(permit.weight(), 300);
     // A few steps so far (the status, the waiter's heartbeats as each purge woke it, its
     // grant): how many depends on the machine's timing, so the bound is checked step by
@@ -854,13 +813,11 @@ async fn an_evicting_server_is_refused_on_request_and_passwords_stay_hidden() {
     let held = sem.acquire().await.unwrap();
     let sem2 = sem.clone();
     let waiter = tokio::spawn(async move { sem2.acquire().await });
-    wait_until_queued(&store, "least", 1).await;
+    wait_queued(&store, "least", 1).await;
     assert_eq!(store.list().await.unwrap(), vec!["least".to_string()]);
     held.release().await.unwrap();
-    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let p = joined(waiter, Duration::from_secs(5), "the waiter was granted")
         .await
-        .unwrap()
-        .unwrap()
         .unwrap();
     assert_eq!(store.resize("least", 2).await.unwrap(), 1);
     assert!(store

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tessera::*;
+use tessera_testkit::conformance::handed_within;
 use tessera_testkit::servers::redis::RedisServer;
 use tessera_testkit::servers::redis_sentinel::SentinelTopology;
 
@@ -17,19 +18,8 @@ async fn rediss_connects_with_rustls_and_wakes_waiters() {
     let opts = SemaphoreOptions::default()
         .ttl(Duration::from_secs(60))
         .waiter_ttl(Duration::from_secs(60));
-    let sem = Semaphore::new(&store, "tls", 1, opts).unwrap();
-    let held = sem.acquire().await.unwrap();
-    let sem2 = sem.clone();
-    let waiter = tokio::spawn(async move { sem2.acquire().await });
-    while store.status("tls").await.unwrap().unwrap().queue.is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    held.release().await.unwrap();
-    let permit = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("pushed over TLS")
-        .unwrap()
-        .unwrap();
+    // Pushed over TLS: heartbeats come every 15 s.
+    let permit = handed_within(&store, &store, "tls", opts, Duration::from_secs(5)).await;
     assert_eq!(permit.seats(), &[0]);
     drop(permit);
 

@@ -122,34 +122,16 @@ pub async fn run(store_url: &str, spec: &Spec) -> anyhow::Result<WorkloadReport>
         all.add(&r.1).ok();
     }
     let done = done.load(Ordering::Relaxed);
-    let ms = |us: u64| us as f64 / 1000.0;
     Ok(WorkloadReport {
         workload: "etcd-mutex".to_string(),
-        store: tessera::backend::redact_url(store_url),
-        clients: spec.clients,
         capacity: 1,
         preload: 0,
-        threads: spec.threads,
-        hold_ms: spec.hold.as_secs_f64() * 1000.0,
-        ops: done,
-        completed: done >= spec.ops,
-        seconds: secs,
-        ops_per_sec: done as f64 / secs,
         handoffs_per_sec: handoffs.load(Ordering::Relaxed) as f64 / secs,
-        p50_ms: ms(all.value_at_quantile(0.50)),
-        p99_ms: ms(all.value_at_quantile(0.99)),
-        max_ms: ms(all.max()),
-        first_acquire_max_ms: None,
         grants_per_client_min: results.iter().map(|r| r.0).min().unwrap_or(0),
         grants_per_client_max: results.iter().map(|r| r.0).max().unwrap_or(0),
         max_holders_seen: results.iter().map(|r| r.2).max().unwrap_or(0),
         over_grants: results.iter().map(|r| r.3).sum(),
-        over_grant_check: "in-process-counter".to_string(),
-        server_cpu_us_per_grant: None,
-        node_cpu_us_per_grant: Vec::new(),
-        pauses: None,
-        rtt_per_sec: None,
-        rtt_limit_ratio: None,
         errors: errors.load(Ordering::Relaxed),
+        ..spec.report(store_url, done, secs, &all)
     })
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::args::{BenchArgs, Workload};
 use super::clients::{histogram, join_clients};
-use super::pauses::{LongWaits, Pauses};
+use super::pauses::{LongWaits, PauseFigures, Pauses};
 use super::report::WorkloadReport;
 
 /// One workload, its defaults overridden by the command line.
@@ -38,6 +38,49 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// The report of a run of this workload, with the figures every workload measures
+    /// alike: `done` operations in `secs` and the acquire latencies (µs) in `latency`. What a
+    /// workload measures its own way starts empty (no hand-offs, no spread over clients, no
+    /// check, costs or pauses), for the caller to fill in.
+    pub(super) fn report(
+        &self,
+        store_url: &str,
+        done: u64,
+        secs: f64,
+        latency: &Histogram<u64>,
+    ) -> WorkloadReport {
+        let ms = |us: u64| us as f64 / 1000.0;
+        WorkloadReport {
+            workload: self.name.to_string(),
+            store: tessera::backend::redact_url(store_url),
+            clients: self.clients,
+            capacity: self.capacity,
+            preload: self.preload,
+            threads: self.threads,
+            hold_ms: self.hold.as_secs_f64() * 1000.0,
+            ops: done,
+            completed: done >= self.ops,
+            seconds: secs,
+            ops_per_sec: done as f64 / secs,
+            handoffs_per_sec: 0.0,
+            p50_ms: ms(latency.value_at_quantile(0.50)),
+            p99_ms: ms(latency.value_at_quantile(0.99)),
+            max_ms: ms(latency.max()),
+            first_acquire_max_ms: None,
+            grants_per_client_min: 0,
+            grants_per_client_max: 0,
+            max_holders_seen: 0,
+            over_grants: 0,
+            over_grant_check: "in-process-counter".to_string(),
+            server_cpu_us_per_grant: None,
+            rtt_per_sec: None,
+            rtt_limit_ratio: None,
+            errors: 0,
+            node_cpu_us_per_grant: Vec::new(),
+            pauses: None,
+        }
+    }
+
     /// The workload's defaults (docs/performance.md) with the overrides of `args`.
     pub fn new(w: Workload, args: &BenchArgs) -> Spec {
         let (name, clients, capacity) = match w {
@@ -81,6 +124,23 @@ struct Shared {
     progress: ProgressBar,
     /// The clients' waits longer than [`LONG_WAIT`](super::pauses::LONG_WAIT).
     long_waits: LongWaits,
+}
+
+impl Shared {
+    /// The state of a run of `spec` started at `start`: nothing claimed, done or handed off.
+    fn new(spec: &Spec, start: Instant, progress: &ProgressBar) -> Arc<Shared> {
+        Arc::new(Shared {
+            spec: spec.clone(),
+            claimed: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            last: AtomicUsize::new(NOBODY),
+            handoffs: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            deadline: start + spec.duration,
+            progress: progress.clone(),
+            long_waits: LongWaits::default(),
+        })
+    }
 }
 
 /// The independent over-grant check: a counter of current holders kept outside tessera.
@@ -135,6 +195,37 @@ struct ClientResult {
     latency: Histogram<u64>,
     max_holders: i64,
     over_grants: u64,
+}
+
+/// [`Spec::report`] of a run of [`client`]s (after [`warm_up`], whose first acquires are
+/// `cold`), with what they measured: hand-offs, the spread of grants over clients, the
+/// independent check's findings, pauses and errors.
+fn clients_report(
+    spec: &Spec,
+    store_url: &str,
+    elapsed: Duration,
+    results: &[ClientResult],
+    shared: &Shared,
+    cold: &Histogram<u64>,
+    pauses: PauseFigures,
+) -> WorkloadReport {
+    let mut latency = histogram();
+    for r in results {
+        latency.add(&r.latency).expect("same bounds");
+    }
+    let done = shared.done.load(Ordering::Relaxed);
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    WorkloadReport {
+        handoffs_per_sec: shared.handoffs.load(Ordering::Relaxed) as f64 / secs,
+        first_acquire_max_ms: Some(cold.max() as f64 / 1000.0),
+        grants_per_client_min: results.iter().map(|r| r.grants).min().unwrap_or(0),
+        grants_per_client_max: results.iter().map(|r| r.grants).max().unwrap_or(0),
+        max_holders_seen: results.iter().map(|r| r.max_holders).max().unwrap_or(0),
+        over_grants: results.iter().map(|r| r.over_grants).sum(),
+        pauses: Some(pauses),
+        errors: shared.errors.load(Ordering::Relaxed),
+        ..spec.report(store_url, done, secs, &latency)
+    }
 }
 
 /// The redis-rs URL of a tessera `redis://` URL (tessera's own options removed), or `None`
@@ -315,17 +406,7 @@ pub async fn run(
     };
     let pauses = Pauses::start();
     let start = Instant::now();
-    let shared = Arc::new(Shared {
-        spec: spec.clone(),
-        claimed: AtomicU64::new(0),
-        done: AtomicU64::new(0),
-        last: AtomicUsize::new(NOBODY),
-        handoffs: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        deadline: start + spec.duration,
-        progress: progress.clone(),
-        long_waits: LongWaits::default(),
-    });
+    let shared = Shared::new(spec, start, &progress);
     let mut tasks = Vec::with_capacity(spec.clients);
     for (i, (store, check)) in stores.iter().zip(checks).enumerate() {
         let sem = store.semaphore(&sem_name, stored_capacity)?;
@@ -373,41 +454,14 @@ pub async fn run(
         let _: () = redis::cmd("DEL").arg(&check_key).query_async(c).await?;
     }
 
-    let mut latency = histogram();
-    for r in &results {
-        latency.add(&r.latency).expect("same bounds");
-    }
-    let done = shared.done.load(Ordering::Relaxed);
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let ops_per_sec = done as f64 / secs;
     let rtt_per_sec = match (rtt_interleaved, rtt_before, rtt_after) {
         (Some(r), _, _) => Some(r),
         (None, Some(a), Some(b)) => Some((a + b) / 2.0),
         (None, a, b) => a.or(b),
     };
     let grants: u64 = results.iter().map(|r| r.grants).sum();
-    let ms = |us: u64| us as f64 / 1000.0;
+    let report = clients_report(spec, store_url, elapsed, &results, &shared, &cold, pauses);
     Ok(WorkloadReport {
-        workload: spec.name.to_string(),
-        store: tessera::backend::redact_url(store_url),
-        clients: spec.clients,
-        capacity: spec.capacity,
-        preload: spec.preload,
-        threads: spec.threads,
-        hold_ms: spec.hold.as_secs_f64() * 1000.0,
-        ops: done,
-        completed: done >= spec.ops,
-        seconds: secs,
-        ops_per_sec,
-        handoffs_per_sec: shared.handoffs.load(Ordering::Relaxed) as f64 / secs,
-        p50_ms: ms(latency.value_at_quantile(0.50)),
-        p99_ms: ms(latency.value_at_quantile(0.99)),
-        max_ms: ms(latency.max()),
-        first_acquire_max_ms: Some(ms(cold.max())),
-        grants_per_client_min: results.iter().map(|r| r.grants).min().unwrap_or(0),
-        grants_per_client_max: results.iter().map(|r| r.grants).max().unwrap_or(0),
-        max_holders_seen: results.iter().map(|r| r.max_holders).max().unwrap_or(0),
-        over_grants: results.iter().map(|r| r.over_grants).sum(),
         over_grant_check: if redis.is_some() && spec.clients > 1 {
             "redis-counter"
         } else {
@@ -423,12 +477,10 @@ pub async fn run(
         },
         rtt_per_sec,
         rtt_limit_ratio: match (spec.name, rtt_per_sec) {
-            ("w1", Some(rtt)) if rtt > 0.0 => Some(ops_per_sec / (rtt / 2.0)),
+            ("w1", Some(rtt)) if rtt > 0.0 => Some(report.ops_per_sec / (rtt / 2.0)),
             _ => None,
         },
-        node_cpu_us_per_grant: Vec::new(),
-        pauses: Some(pauses),
-        errors: shared.errors.load(Ordering::Relaxed),
+        ..report
     })
 }
 
@@ -606,17 +658,7 @@ pub async fn run_many(
     progress.set_prefix(spec.name);
     let pauses = Pauses::start();
     let start = Instant::now();
-    let shared = Arc::new(Shared {
-        spec: spec.clone(),
-        claimed: AtomicU64::new(0),
-        done: AtomicU64::new(0),
-        last: AtomicUsize::new(NOBODY),
-        handoffs: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        deadline: start + spec.duration,
-        progress: progress.clone(),
-        long_waits: LongWaits::default(),
-    });
+    let shared = Shared::new(spec, start, &progress);
     let mut tasks = Vec::with_capacity(names * spec.clients);
     for (n, (store, name)) in stores.iter().zip(&sem_names).enumerate() {
         let sem = store.semaphore(name, spec.capacity)?;
@@ -641,47 +683,19 @@ pub async fn run_many(
         cpu_after.push(server_cpu_us(n).await?);
     }
     progress.finish_and_clear();
-    let mut latency = histogram();
-    for r in &results {
-        latency.add(&r.latency).expect("same bounds");
-    }
-    let done = shared.done.load(Ordering::Relaxed);
-    let secs = elapsed.as_secs_f64().max(1e-9);
     let grants: u64 = results.iter().map(|r| r.grants).sum();
     let per_node: Vec<f64> = cpu_before
         .iter()
         .zip(&cpu_after)
         .map(|(a, b)| (b - a) / grants.max(1) as f64)
         .collect();
-    let ms = |us: u64| us as f64 / 1000.0;
     Ok(WorkloadReport {
         workload: format!("{}x{}", spec.name, names),
-        store: tessera::backend::redact_url(store_url),
         clients: spec.clients * names,
-        capacity: spec.capacity,
         preload: 0,
-        threads: spec.threads,
-        hold_ms: spec.hold.as_secs_f64() * 1000.0,
-        ops: done,
-        completed: done >= spec.ops,
-        seconds: secs,
-        ops_per_sec: done as f64 / secs,
-        handoffs_per_sec: shared.handoffs.load(Ordering::Relaxed) as f64 / secs,
-        p50_ms: ms(latency.value_at_quantile(0.50)),
-        p99_ms: ms(latency.value_at_quantile(0.99)),
-        max_ms: ms(latency.max()),
-        first_acquire_max_ms: Some(ms(cold.max())),
-        grants_per_client_min: results.iter().map(|r| r.grants).min().unwrap_or(0),
-        grants_per_client_max: results.iter().map(|r| r.grants).max().unwrap_or(0),
-        max_holders_seen: results.iter().map(|r| r.max_holders).max().unwrap_or(0),
-        over_grants: results.iter().map(|r| r.over_grants).sum(),
-        over_grant_check: "in-process-counter".to_string(),
         server_cpu_us_per_grant: (!per_node.is_empty() && grants > 0)
             .then(|| per_node.iter().sum()),
         node_cpu_us_per_grant: per_node,
-        pauses: Some(pauses),
-        rtt_per_sec: None,
-        rtt_limit_ratio: None,
-        errors: shared.errors.load(Ordering::Relaxed),
+        ..clients_report(spec, store_url, elapsed, &results, &shared, &cold, pauses)
     })
 }

@@ -1,7 +1,9 @@
-//! What the CLI tests share.
+//! What the CLI tests share. Each test binary uses only some of it.
+#![allow(dead_code)]
 
+use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The binary, isolated from the caller's environment: no inherited store or log filter, and
 /// a state directory inside `home` so the default store never touches the real one.
@@ -16,7 +18,6 @@ pub fn tessera(home: &Path) -> Command {
 }
 
 /// `tessera --store <store> <args…>` in `home`, run to its end.
-#[allow(dead_code)] // not every test file names a store
 pub fn tessera_on(home: &Path, store: &str, args: &[&str]) -> Output {
     tessera(home)
         .args(["--store", store])
@@ -26,7 +27,15 @@ pub fn tessera_on(home: &Path, store: &str, args: &[&str]) -> Output {
 }
 
 /// `tessera --store <store> run --name <name> <args…>` in `home`, run to its end.
-#[allow(dead_code)] // not every test file runs a command under a semaphore
 pub fn tessera_run(home: &Path, store: &str, name: &str, args: &[&str]) -> Output {
     tessera_on(home, store, &[&["run", "--name", name][..], args].concat())
+}
+
+/// The rest of a child's piped stderr, read to its end (empty if it was taken already).
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut err).unwrap();
+    }
+    err
 }

@@ -606,10 +606,12 @@ pub async fn resize_grows_to_the_queue_and_shrinks_without_revoking(h: &Harness)
     });
     wait_queued(&admin.store, &name, 1).await;
     assert_eq!(admin.store.resize(&name, 3).await.unwrap(), 2);
-    let b = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("growing did not serve the queue")
-        .unwrap();
+    let b = joined(
+        waiter,
+        Duration::from_secs(5),
+        "growing did not serve the queue",
+    )
+    .await;
     assert_eq!(b.seats(), &[2]);
     // Shrink to 1 while 3 are held: nobody is revoked.
     assert_eq!(sem.resize(1).await.unwrap(), 3);
@@ -913,10 +915,12 @@ pub async fn handed_off(
     });
     wait_queued(&a.store, name, 1).await;
     assert!(held.release().await.unwrap());
-    timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was not handed the permit")
-        .unwrap()
+    joined(
+        waiting,
+        Duration::from_secs(10),
+        "the waiter was not handed the permit",
+    )
+    .await
 }
 
 /// A live waiter handed the permit keeps it past the provisional expiry of its grant: its
@@ -992,10 +996,12 @@ pub async fn waiter_is_woken_without_waiting_for_its_heartbeat(h: &Harness) {
         // Give the waiter time to settle into its (long) heartbeat sleep.
         tokio::time::sleep(Duration::from_millis(200)).await;
         held.release().await.unwrap();
-        let p = timeout(Duration::from_secs(3), waiter)
-            .await
-            .expect("the waiter was not woken by the release")
-            .unwrap();
+        let p = joined(
+            waiter,
+            Duration::from_secs(3),
+            "the waiter was not woken by the release",
+        )
+        .await;
         p.release().await.unwrap();
     }
     assert_drained(&admin.store, &name).await;
@@ -1124,11 +1130,13 @@ pub async fn waiter_rides_out_a_store_blip_shorter_than_its_ttl(h: &Harness) {
     held.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     faults.all(Mode::Normal);
-    let p = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter was not served after the blip")
-        .unwrap()
-        .expect("the blip ended the wait");
+    let p = joined(
+        waiter,
+        Duration::from_secs(5),
+        "the waiter was not served after the blip",
+    )
+    .await
+    .expect("the blip ended the wait");
     p.release().await.unwrap();
 
     // A fault longer than the waiter TTL (2 s in these options) ends the wait with the error.
@@ -1142,11 +1150,13 @@ pub async fn waiter_rides_out_a_store_blip_shorter_than_its_ttl(h: &Harness) {
     });
     wait_queued(&admin.store, &name, 1).await;
     faults.all(Mode::Fail);
-    let e = timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("a lasting fault did not end the wait")
-        .unwrap()
-        .unwrap_err();
+    let e = joined(
+        waiter,
+        Duration::from_secs(10),
+        "a lasting fault did not end the wait",
+    )
+    .await
+    .unwrap_err();
     assert!(e.is_connection(), "{e}");
     held.release().await.unwrap();
     assert_drained(&admin.store, &name).await;
@@ -1208,11 +1218,13 @@ pub async fn acquire_is_retried_through_a_store_blip(h: &Harness) {
         "a failing client reached the store"
     );
     faults.all(Mode::Normal);
-    let p = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the acquire was not retried after the blip")
-        .unwrap()
-        .expect("the blip ended the acquire");
+    let p = joined(
+        waiter,
+        Duration::from_secs(5),
+        "the acquire was not retried after the blip",
+    )
+    .await
+    .expect("the blip ended the acquire");
     assert_eq!(status(&admin.store, &name).await.unwrap().holders.len(), 1);
     p.release().await.unwrap();
 

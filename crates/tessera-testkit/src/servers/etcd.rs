@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::process::{
-    free_port, openssl, poll_until, restart_retrying, start_retrying, ServerProcess, EC_KEY,
+    free_port, make_ca, poll_until, restart_retrying, sign_leaf, start_retrying, ServerProcess,
 };
 
 const INSTALL: &str =
@@ -66,46 +66,14 @@ impl EtcdTls {
     /// Makes a CA, a server and a client certificate with `openssl` in `dir`. Panics
     /// (failing the test) with the install line if `openssl` is missing or fails.
     pub fn generate(dir: &std::path::Path) -> EtcdTls {
-        let run = |args: &[&str]| openssl(dir, args);
-        let ec = EC_KEY;
-        let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=tessera test CA"];
-        ca.extend(ec);
-        ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
-        run(&ca);
+        make_ca(dir, "ca", "tessera test CA");
         for (name, cn, usage) in [
             ("server", "127.0.0.1", "serverAuth,clientAuth"),
             ("client", "root", "clientAuth"),
         ] {
-            let subj = format!("/CN={cn}");
-            let (key, csr) = (format!("{name}.key"), format!("{name}.csr"));
-            let mut req = vec!["req", "-subj", &subj];
-            req.extend(ec);
-            req.extend(["-keyout", &key, "-out", &csr]);
-            run(&req);
-            let ext = format!("{name}.ext");
-            std::fs::write(
-                dir.join(&ext),
-                format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"),
-            )
-            .expect("write the extensions file");
-            let pem = format!("{name}.pem");
-            run(&[
-                "x509",
-                "-req",
-                "-days",
-                "2",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-extfile",
-                &ext,
-                "-out",
-                &pem,
-            ]);
+            let ext =
+                format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n");
+            sign_leaf(dir, "ca", name, cn, &ext);
         }
         EtcdTls {
             ca: dir.join("ca.pem"),

@@ -6,7 +6,7 @@
 use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A loopback port that was free a moment ago (the listener that found it is closed again).
@@ -52,7 +52,7 @@ pub(crate) fn wait_for(what: &str, limit: Duration, ok: impl Fn() -> bool) {
 }
 
 /// The `openssl req` options of a new unencrypted P-256 key, for test certificates.
-pub(crate) const EC_KEY: [&str; 5] = [
+const EC_KEY: [&str; 5] = [
     "-newkey",
     "ec",
     "-pkeyopt",
@@ -60,18 +60,82 @@ pub(crate) const EC_KEY: [&str; 5] = [
     "-nodes",
 ];
 
-/// Runs `openssl <args>` in `dir` (making test certificates); panics with its stderr if it
-/// fails, or with the install line if it is missing.
-pub(crate) fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
+/// Runs `cmd` to its end and returns its output; panics with its stderr if it fails, or with
+/// `missing` (what to install) if it cannot be started.
+pub fn run_checked(cmd: &mut Command, missing: &str) -> Output {
+    let out = cmd
         .output()
-        .unwrap_or_else(|e| panic!("openssl ({e}): install it with `apt-get install -y openssl`"));
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} ({e}): {missing}"));
     assert!(
         out.status.success(),
-        "openssl {args:?}: {}",
+        "{cmd:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `openssl <args>` in `dir` (making test certificates) with [`run_checked`].
+fn openssl(dir: &Path, args: &[&str]) {
+    run_checked(
+        Command::new("openssl").args(args).current_dir(dir),
+        "install it with `apt-get install -y openssl`",
+    );
+}
+
+/// Makes a certificate authority for a test in `dir`: `{name}.key` and the self-signed
+/// `{name}.pem` (P-256, valid two days, common name `cn`). Panics as [`run_checked`] does.
+pub fn make_ca(dir: &Path, name: &str, cn: &str) {
+    let subj = format!("/CN={cn}");
+    let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subj];
+    args.extend(EC_KEY);
+    args.extend(["-keyout", &key, "-out", &pem]);
+    args.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(dir, &args);
+}
+
+/// Makes `{name}.key` and `{name}.pem` in `dir`: a P-256 certificate for common name `cn`,
+/// valid two days, signed by the CA `ca` (made by [`make_ca`] in `dir`), with the X.509 v3
+/// extensions `ext` (lines of an `openssl x509 -extfile`, e.g. `subjectAltName=…`). Panics as
+/// [`run_checked`] does.
+pub fn sign_leaf(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
+    let subj = format!("/CN={cn}");
+    let (key, csr, pem) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    let mut req = vec!["req", "-subj", &subj];
+    req.extend(EC_KEY);
+    req.extend(["-keyout", &key, "-out", &csr]);
+    openssl(dir, &req);
+    let extfile = format!("{name}.ext");
+    std::fs::write(dir.join(&extfile), ext).expect("write the extensions file");
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-extfile",
+            &extfile,
+            "-out",
+            &pem,
+        ],
     );
 }
 

@@ -11,7 +11,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use super::process::{free_port, openssl, restart_retrying, start_retrying, ServerProcess, EC_KEY};
+use super::process::{
+    free_port, make_ca, restart_retrying, sign_leaf, start_retrying, ServerProcess,
+};
 
 const INSTALL: &str = "redis-server is not installed (or not on PATH): install it with `apt-get install -y redis-server`";
 
@@ -151,6 +153,19 @@ impl RedisServer {
         command_full(self.port, words)
     }
 
+    /// The keys under tessera's key prefix `prefix` that carry no expiry; a store whose state
+    /// is bounded leaves none behind.
+    pub fn immortal_keys(&self, prefix: &str) -> Vec<String> {
+        let reply = self.command(&[
+            "EVAL",
+            "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+             if redis.call('PTTL', k) < 0 then out[#out + 1] = k end end return out",
+            "0",
+            &format!("{{{prefix}:*"),
+        ]);
+        bulk_strings(&reply).into_iter().map(String::from).collect()
+    }
+
     /// Calls per command so far, from `INFO commandstats` (`"fcall"`, `"evalsha"`,
     /// `"function|load"`, …; the commands that scripts call are counted too).
     pub fn command_calls(&self) -> std::collections::HashMap<String, u64> {
@@ -207,63 +222,14 @@ impl TestCerts {
     /// (`apt-get install -y openssl`).
     pub fn make() -> TestCerts {
         let certs = tempfile::tempdir().expect("temp dir for certificates");
-        let d = certs.path();
-        let run = |args: &[&str]| openssl(d, args);
-        std::fs::write(
-            d.join("leaf.ext"),
+        make_ca(certs.path(), "ca", "tessera test CA");
+        sign_leaf(
+            certs.path(),
+            "ca",
+            "server",
+            "127.0.0.1",
             "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-        )
-        .expect("write leaf.ext");
-        let ec = EC_KEY;
-        run(&[
-            &["req", "-x509"][..],
-            &ec,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=tessera test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat());
-        run(&[
-            &["req"][..],
-            &ec,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-        ]
-        .concat());
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-        ]);
+        );
         TestCerts {
             dir: std::sync::Arc::new(certs),
         }
@@ -318,6 +284,17 @@ fn read_reply(s: &mut TcpStream) -> String {
         out.extend_from_slice(&buf[..n]);
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The strings of a raw RESP array of bulk strings (a reply of [`RedisServer::command`]).
+pub fn bulk_strings(reply: &str) -> Vec<&str> {
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    lines
+        .iter()
+        .zip(&lines[1..])
+        .filter(|(len, _)| len.starts_with('$'))
+        .map(|(_, s)| *s)
+        .collect()
 }
 
 /// Sends one command to a Redis on a loopback port that the caller does not own (e.g. one

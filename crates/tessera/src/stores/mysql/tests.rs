@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_testkit::servers::mysql::MariaDbServer;
+use tessera_testkit::servers::process::{make_ca, sign_leaf};
 
 use super::conns::LOCK_WAIT_TIMEOUT_S;
 use super::*;
@@ -203,70 +204,17 @@ struct Certs {
 impl Certs {
     fn make() -> Certs {
         let dir = tempfile::tempdir().unwrap();
-        let openssl = |args: &[&str]| {
-            let out = std::process::Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .output()
-                .expect("openssl (apt-get install -y openssl)");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
         for ca in ["ca", "other-ca"] {
-            openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=tessera test {ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ]);
+            make_ca(dir.path(), ca, &format!("tessera test {ca}"));
         }
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ]);
-        std::fs::write(
-            dir.path().join("ext.cnf"),
+        sign_leaf(
+            dir.path(),
+            "ca",
+            "server",
+            "127.0.0.1",
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            "server.pem",
-        ]);
+             keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        );
         Certs { dir }
     }
 
