@@ -7,7 +7,8 @@
 # Then a second W2 run without the baselines, bracketed by the server's counters: commits, WAL
 # or redo-log flushes, calls and statements per hand-off. On PostgreSQL it also counts the
 # statements nested in each step (pg-statements-per-step.sh). The machine's load average is
-# printed before each run: the figures are only comparable within one run.
+# printed before each run: the figures are only comparable within one run. Run as root (the
+# PostgreSQL server runs as `postgres` through runuser); STORES=pg or STORES=my runs one engine.
 #
 #   scripts/sql-queue-bound.sh [TESSERA_BIN] [OPS]
 #   scripts/sql-queue-bound.sh target/debug/tessera 2000
@@ -22,6 +23,7 @@ pg_bin=$(dirname "$(readlink -f /usr/lib/postgresql/*/bin/postgres)")
 cleanup() {
   [[ -f $dir/pg/postmaster.pid ]] && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m immediate stop >/dev/null 2>&1 || true
   [[ -f $dir/my.pid ]] && kill "$(cat "$dir/my.pid")" 2>/dev/null || true
+  rm -rf "$dir"
 }
 trap cleanup EXIT
 
