@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The bound of the SQL queue design (docs/sql-queue.md), measured on throwaway servers started
+# here on free loopback ports in a temp dir: for PostgreSQL (durable, then
+# `synchronous_commit=off`) and MariaDB (durable, then `innodb_flush_log_at_trx_commit=2`), one
+# `tessera bench --workload w2` run, which also measures the server's own baselines in the same
+# run (one client's INSERT+COMMIT loop, 8 sessions handing off `pg_advisory_lock` / `GET_LOCK`).
+# Then a second W2 run without the baselines, bracketed by the server's counters: commits, WAL
+# or redo-log flushes, calls and statements per hand-off. On PostgreSQL it also counts the
+# statements nested in each step (pg-statements-per-step.sh). The machine's load average is
+# printed before each run: the figures are only comparable within one run. Run as root (the
+# PostgreSQL server runs as `postgres` through runuser); STORES=pg or STORES=my runs one engine.
+#
+#   scripts/sql-queue-bound.sh [TESSERA_BIN] [OPS]
+#   scripts/sql-queue-bound.sh target/debug/tessera 2000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-target/debug/tessera}
+ops=${2:-2000}
+dir=$(mktemp -d /tmp/sqlqueue-bound.XXXX)
+chmod 755 "$dir"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pg_bin=$(dirname "$(readlink -f /usr/lib/postgresql/*/bin/postgres)")
+cleanup() {
+  [[ -f $dir/pg/postmaster.pid ]] && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m immediate stop >/dev/null 2>&1 || true
+  [[ -f $dir/my.pid ]] && kill "$(cat "$dir/my.pid")" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+pg_run() { # $1 label, $2 extra server options, $3 URL query (tessera sets synchronous_commit on
+  # its own sessions: `on` unless the URL says `?synchronous_commit=off`)
+  local port; port=$(free_port)
+  rm -rf "$dir/pg"; mkdir "$dir/pg"; chown postgres "$dir/pg"; chmod 700 "$dir/pg"
+  runuser -u postgres -- "$pg_bin/initdb" -D "$dir/pg" -U postgres --auth=trust >/dev/null
+  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -w -l "$dir/pg/log" -o "-p $port -k $dir/pg -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all $2" start >/dev/null
+  local url="postgres://postgres@127.0.0.1:$port/postgres${3:-}"
+  echo "== PostgreSQL $1 ($2) $(date -u +%FT%TZ)"
+  psql -X -q -t -A -h 127.0.0.1 -p "$port" -U postgres -c "SHOW synchronous_commit" -c "SHOW fsync"
+  uptime
+  "$bin" --store "$url" bench --workload w2 --ops "$ops" || true
+  local q=(psql -X -q -t -A -F ' ' -h 127.0.0.1 -p "$port" -U postgres)
+  "${q[@]}" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+  local counters="SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'), (SELECT wal_sync FROM pg_stat_wal), (SELECT wal_records FROM pg_stat_wal), (SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE toplevel), (SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE NOT toplevel)"
+  "${q[@]}" -c "SELECT pg_stat_statements_reset()" >/dev/null
+  local before after
+  before=$("${q[@]}" -c "$counters")
+  "$bin" --store "$url" bench --workload w2 --ops "$ops" --pg-baseline 0s --json > "$dir/w2.json" || true
+  after=$("${q[@]}" -c "$counters")
+  python3 - "$before" "$after" "$dir/w2.json" <<'PY'
+import json, sys
+b = [int(x) for x in sys.argv[1].split()]; a = [int(x) for x in sys.argv[2].split()]
+r = json.loads(open(sys.argv[3]).read().splitlines()[-1])
+h = round(r["handoffs_per_sec"] * r["seconds"])
+d = [y - x for x, y in zip(b, a)]
+print(f"counted W2 run: {h} hand-offs ({r['handoffs_per_sec']:.0f}/s); per hand-off: "
+      f"commits {d[0]/h:.2f}, WAL flushes {d[1]/h:.2f}, WAL records {d[2]/h:.1f}, "
+      f"top-level calls {d[3]/h:.2f}, nested statements {d[4]/h:.1f}")
+PY
+  "${q[@]}" -c "SELECT calls, round(mean_exec_time::numeric * 1000) AS mean_us, left(regexp_replace(query, '\\s+', ' ', 'g'), 50) FROM pg_stat_statements WHERE toplevel ORDER BY calls DESC LIMIT 2"
+  if [[ $1 == durable ]]; then
+    "$bin" --store "$url?schema=tessera" run --name x --permits 1 -- true
+    scripts/pg-statements-per-step.sh 127.0.0.1 "$port" tessera || true
+  fi
+  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m fast stop >/dev/null
+}
+
+my_run() { # $1 label, $2 extra server options
+  local port; port=$(free_port)
+  rm -rf "$dir/my"; mkdir -p "$dir/my"
+  mariadb-install-db --no-defaults --user=root --datadir="$dir/my/data" --auth-root-authentication-method=normal --skip-test-db >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  mariadbd --no-defaults --user=root --datadir="$dir/my/data" --socket="$dir/my/s" --port="$port" --bind-address=127.0.0.1 --pid-file="$dir/my.pid" $2 >"$dir/my.log" 2>&1 &
+  for _ in $(seq 100); do mariadb -h 127.0.0.1 -P "$port" -u root -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
+  mariadb -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS bench'
+  echo "== MariaDB $1 ($2) $(date -u +%FT%TZ)"
+  mariadb -h 127.0.0.1 -P "$port" -u root -N -e "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@version"
+  uptime
+  "$bin" --store "mysql://root@127.0.0.1:$port/bench" bench --workload w2 --ops "$ops" || true
+  local counters="SELECT GROUP_CONCAT(VARIABLE_VALUE ORDER BY FIELD(VARIABLE_NAME, 'COM_COMMIT', 'HANDLER_COMMIT', 'INNODB_DATA_FSYNCS', 'COM_CALL_PROCEDURE', 'QUESTIONS', 'QUERIES') SEPARATOR ' ') FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME IN ('COM_COMMIT', 'HANDLER_COMMIT', 'INNODB_DATA_FSYNCS', 'COM_CALL_PROCEDURE', 'QUESTIONS', 'QUERIES')"
+  local before after
+  before=$(mariadb -h 127.0.0.1 -P "$port" -u root -N -e "$counters")
+  "$bin" --store "mysql://root@127.0.0.1:$port/bench" bench --workload w2 --ops "$ops" --baseline-time 0s --json > "$dir/w2.json" || true
+  after=$(mariadb -h 127.0.0.1 -P "$port" -u root -N -e "$counters")
+  python3 - "$before" "$after" "$dir/w2.json" <<'PY'
+import json, sys
+b = [int(x) for x in sys.argv[1].split()]; a = [int(x) for x in sys.argv[2].split()]
+r = json.loads(open(sys.argv[3]).read().splitlines()[-1])
+h = round(r["handoffs_per_sec"] * r["seconds"])
+d = [y - x for x, y in zip(b, a)]
+print(f"counted W2 run: {h} hand-offs ({r['handoffs_per_sec']:.0f}/s); per hand-off: "
+      f"COMMIT statements {d[0]/h:.2f}, handler commits {d[1]/h:.2f}, InnoDB fsyncs {d[2]/h:.2f}, "
+      f"CALLs {d[3]/h:.2f}, client statements {d[4]/h:.2f}, statements with those in routines {d[5]/h:.1f}")
+PY
+  kill "$(cat "$dir/my.pid")"; while [[ -e $dir/my.pid ]] && kill -0 "$(cat "$dir/my.pid")" 2>/dev/null; do sleep 0.1; done
+}
+
+case ${STORES:-pg,my} in *pg*)
+  pg_run durable ""
+  pg_run sync-off "-c synchronous_commit=off" "?synchronous_commit=off" ;;
+esac
+case ${STORES:-pg,my} in *my*)
+  my_run durable "--innodb-flush-log-at-trx-commit=1"
+  my_run flush2 "--innodb-flush-log-at-trx-commit=2" ;;
+esac
