@@ -129,7 +129,10 @@ pub async fn semaphore_status_answers_while_locked(
     assert_eq!(queue, vec![(waiter, 1)]);
     assert!(status.holders[0].expires_at > status.now);
     assert!(status.now >= before.now);
-    assert_eq!((status.holders, status.queue), (before.holders, before.queue));
+    assert_eq!(
+        (status.holders, status.queue),
+        (before.holders, before.queue)
+    );
 }
 
 /// Limiter `name` (3 per minute, charged 3 in two admissions) answers its status while

@@ -632,11 +632,9 @@ async fn rate_status_answers_while_the_row_is_locked_by_another_session() {
 async fn rate_status_when_something_is_due_is_the_models() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    status_locks::rate_status_when_something_is_due_is_the_models(
-        &db,
-        &name("r"),
-        async |d| tokio::time::sleep(d).await,
-    )
+    status_locks::rate_status_when_something_is_due_is_the_models(&db, &name("r"), async |d| {
+        tokio::time::sleep(d).await
+    })
     .await;
 }
 

@@ -221,11 +221,9 @@ async fn rate_status_answers_while_the_row_is_locked_by_another_session() {
 async fn rate_status_when_something_is_due_is_the_models() {
     let server = PostgresServer::start();
     let pg = backend(&server, "ratedue").await;
-    status_locks::rate_status_when_something_is_due_is_the_models(
-        &pg,
-        &name("r"),
-        async |d| tokio::time::sleep(d).await,
-    )
+    status_locks::rate_status_when_something_is_due_is_the_models(&pg, &name("r"), async |d| {
+        tokio::time::sleep(d).await
+    })
     .await;
 }
 

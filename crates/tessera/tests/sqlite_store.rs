@@ -78,10 +78,8 @@ async fn rate_status_answers_while_another_process_holds_the_write_lock() {
 #[tokio::test]
 async fn rate_status_when_something_is_due_is_the_models() {
     let (_dir, _path, clock, sqlite) = on_manual_clock().await;
-    status_locks::rate_status_when_something_is_due_is_the_models(
-        &sqlite,
-        &name("r"),
-        async |d| clock.advance(d),
-    )
+    status_locks::rate_status_when_something_is_due_is_the_models(&sqlite, &name("r"), async |d| {
+        clock.advance(d)
+    })
     .await;
 }

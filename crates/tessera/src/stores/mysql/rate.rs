@@ -14,6 +14,10 @@
 //! writes nothing but what pruning changed. Each step also deletes up to 16 other limiters
 //! whose state has expired (and their logs), skipping rows that another step holds
 //! (`SKIP LOCKED`, MariaDB 10.6+ and MySQL 8), so idle limiters leave the database.
+//!
+//! A status is no step: it reads the row and its whole log in one consistent-snapshot
+//! read-only transaction, without a lock, and computes the step's answer from them
+//! (`stores/sql/rate_snapshot.rs`).
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlRow};

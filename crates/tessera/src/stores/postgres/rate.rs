@@ -282,7 +282,9 @@ fn parse_snapshot(row: &PgRow) -> Result<RateSnapshot> {
         now,
         row: Some(state),
         log: ts.into_iter().zip(ps).collect(),
-        expired: Some(opt::<i64>(row, 11, "expired")?.ok_or_else(|| corrupt("rate expired is NULL"))?),
+        expired: Some(
+            opt::<i64>(row, 11, "expired")?.ok_or_else(|| corrupt("rate expired is NULL"))?,
+        ),
     })
 }
 

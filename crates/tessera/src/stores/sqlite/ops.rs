@@ -294,7 +294,10 @@ impl SqliteRows<'_> {
 
     /// Runs `read` inside one deferred read transaction (see [`SqliteRows::read_snapshot`]),
     /// which ends here: committed, or rolled back after an error.
-    pub(crate) fn in_read_transaction<T>(&self, read: impl FnOnce(&Self) -> Result<T>) -> Result<T> {
+    pub(crate) fn in_read_transaction<T>(
+        &self,
+        read: impl FnOnce(&Self) -> Result<T>,
+    ) -> Result<T> {
         self.db()
             .prepare_cached("BEGIN")
             .and_then(|mut b| b.execute([]))

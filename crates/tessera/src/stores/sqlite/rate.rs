@@ -323,7 +323,10 @@ fn read_in_snapshot(rows: &SqliteRows<'_>, clock: impl Fn() -> StoreTime) -> Res
         None => None,
         Some(r) => {
             let int = |i: usize, what: &str| non_negative(int_at(r, i)?, what);
-            Some((RateRow::from_columns(|i| text_at(r, i), int)?, int_at(r, 10)?))
+            Some((
+                RateRow::from_columns(|i| text_at(r, i), int)?,
+                int_at(r, 10)?,
+            ))
         }
     };
     drop(found);
@@ -338,7 +341,9 @@ fn read_in_snapshot(rows: &SqliteRows<'_>, clock: impl Fn() -> StoreTime) -> Res
     };
     let mut st = db.prepare_cached(WHOLE_LOG).map_err(rq_err)?;
     let log = st
-        .query_map([rows.name()], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+        .query_map([rows.name()], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })
         .map_err(rq_err)?
         .map(|e| e.map_err(rq_err))
         .collect::<Result<Vec<_>>>()?;
