@@ -16,6 +16,7 @@ use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::seam::{name, req, LONG};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::mysql::MariaDbServer;
+use tessera_testkit::status_locks::{self, Blocker};
 
 /// The test kit's differential test against the reference model; after every step, no row
 /// of a semaphore without holders or waiters is left behind.
@@ -599,49 +600,42 @@ async fn lock_wait_timeouts_are_retried_not_answered() {
 /// Before, it was a step: it waited out lock wait timeouts and ran again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_answers_while_the_row_is_locked_by_another_session() {
-    use sqlx::Connection;
     let server = MariaDbServer::start();
     let url = server.url("t");
     let db = MysqlBackend::connect(&url).await.unwrap();
-    let n = name("locked");
-    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        db.acquire(&n, 2, &req(holder, 2, LONG, None))
-            .await
-            .unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        db.acquire(&n, 2, &req(waiter, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
-    let mut blocker = sqlx::MySqlConnection::connect(&url).await.unwrap();
-    sqlx::raw_sql("BEGIN; SELECT used FROM tessera_semaphores WHERE name = 'locked' FOR UPDATE")
-        .execute(&mut blocker)
-        .await
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), db.status(&n))
-        .await
-        .expect("the status waited for the row lock")
-        .unwrap()
-        .unwrap();
-    assert_eq!((status.capacity, status.used, status.available), (2, 2, 0));
-    let holders: Vec<_> = status
-        .holders
-        .iter()
-        .map(|h| (h.lease_id, h.weight))
-        .collect();
-    assert_eq!(holders, vec![(holder, 2)]);
-    let queue: Vec<_> = status
-        .queue
-        .iter()
-        .map(|w| (w.lease_id, w.weight))
-        .collect();
-    assert_eq!(queue, vec![(waiter, 1)]);
-    assert!(status.holders[0].expires_at > status.now);
-    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+    let lock = "SELECT used FROM tessera_semaphores WHERE name = 'locked' FOR UPDATE";
+    status_locks::semaphore_status_answers_while_locked(&db, &name("locked"), async || {
+        Blocker::mysql(&url, lock).await
+    })
+    .await;
+}
+
+/// A limiter's status reads one consistent snapshot without the row lock
+/// (`stores/sql/rate_snapshot.rs`): while another session holds the limiter's row with
+/// `SELECT … FOR UPDATE` in an open transaction, it answers. Before, it was a step, which
+/// waited for the row lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_status_answers_while_the_row_is_locked_by_another_session() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let lock = "SELECT p FROM tessera_rate_limiters WHERE name = 'r' FOR UPDATE";
+    status_locks::rate_status_answers_while_locked(&db, &name("r"), async || {
+        Blocker::mysql(&url, lock).await
+    })
+    .await;
+}
+
+/// A limiter's status when something is due (a prune, an expiry) is the reference model's,
+/// and so are the acquires after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_status_when_something_is_due_is_the_models() {
+    let server = MariaDbServer::start();
+    let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    status_locks::rate_status_when_something_is_due_is_the_models(&db, &name("r"), async |d| {
+        tokio::time::sleep(d).await
+    })
+    .await;
 }
 
 /// When the step has something to do at the status's instant, the status is the step's: an

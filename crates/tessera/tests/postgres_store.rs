@@ -18,6 +18,7 @@ use tessera_testkit::gathered::{ManyWaiters, SHORT};
 use tessera_testkit::seam::{name, req, LONG};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::postgres::{PostgresServer, Shutdown};
+use tessera_testkit::status_locks::{self, Blocker};
 
 async fn backend(server: &PostgresServer, schema: &str) -> PostgresBackend {
     PostgresBackend::connect(&server.url_with_schema(schema))
@@ -190,38 +191,77 @@ async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
 /// Before, it was a step and waited for the row lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_answers_while_the_row_is_locked_by_another_session() {
-    use sqlx::Connection;
     let server = PostgresServer::start();
     let pg = backend(&server, "locked").await;
-    let n = name("locked");
-    let (holder, waiter) = hold_and_queue(&pg, &n).await;
-    let mut blocker = sqlx::PgConnection::connect(&server.url()).await.unwrap();
-    sqlx::raw_sql(
-        "BEGIN; SELECT * FROM locked.tessera_semaphores WHERE name = 'locked' FOR UPDATE",
-    )
-    .execute(&mut blocker)
-    .await
-    .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), pg.status(&n))
-        .await
-        .expect("the status waited for the row lock")
-        .unwrap()
-        .unwrap();
-    assert_eq!((status.capacity, status.used, status.available), (1, 1, 0));
-    let holders: Vec<_> = status
-        .holders
-        .iter()
-        .map(|h| (h.lease_id, h.weight))
-        .collect();
-    assert_eq!(holders, vec![(holder, 1)]);
-    let queue: Vec<_> = status
-        .queue
-        .iter()
-        .map(|w| (w.lease_id, w.weight))
-        .collect();
-    assert_eq!(queue, vec![(waiter, 1)]);
-    assert!(status.holders[0].expires_at > status.now);
-    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+    let lock = "SELECT * FROM locked.tessera_semaphores WHERE name = 'locked' FOR UPDATE";
+    status_locks::semaphore_status_answers_while_locked(&pg, &name("locked"), async || {
+        Blocker::postgres(&server.url(), lock).await
+    })
+    .await;
+}
+
+/// A limiter's status reads one snapshot without the row lock (`stores/sql/rate_snapshot.rs`):
+/// while another session holds the limiter's row with `SELECT … FOR UPDATE` in an open
+/// transaction, it answers. Before, it was `tessera_rate_status`, which waited for the row
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_status_answers_while_the_row_is_locked_by_another_session() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "ratelocked").await;
+    let lock = "SELECT * FROM ratelocked.tessera_rate_limiters WHERE name = 'r' FOR UPDATE";
+    status_locks::rate_status_answers_while_locked(&pg, &name("r"), async || {
+        Blocker::postgres(&server.url(), lock).await
+    })
+    .await;
+}
+
+/// A limiter's status when something is due (a prune, an expiry) is the reference model's,
+/// and so are the acquires after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_status_when_something_is_due_is_the_models() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "ratedue").await;
+    status_locks::rate_status_when_something_is_due_is_the_models(&pg, &name("r"), async |d| {
+        tokio::time::sleep(d).await
+    })
+    .await;
+}
+
+/// A limiter's status locks nothing and writes nothing, even with a prune due: the row keeps
+/// its `xmax` (a `SELECT … FOR UPDATE` sets it to the locking transaction's id, so every
+/// status that was `tessera_rate_status` changed it) and the log keeps the entry a prune
+/// would delete (the next acquire deletes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_status_leaves_the_row_unlocked_and_the_log_unpruned() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "rateread").await;
+    let n = name("r");
+    let config = RateConfig::new(&["2/1s".parse().unwrap()], RateMode::Exact).unwrap();
+    let one = RateRequest {
+        cost: 1,
+        max_wait: None,
+        update: false,
+    };
+    pg.rate_acquire(&n, &config, &one).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    pg.rate_acquire(&n, &config, &one).await.unwrap();
+    // The first entry is older than the window: due to be pruned; the state lives on.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let read = || {
+        server.psql(
+            "SELECT xmax || ' ' || (SELECT count(*) FROM rateread.tessera_rate_log) \
+             FROM rateread.tessera_rate_limiters WHERE name = 'r'",
+        )
+    };
+    let before = read();
+    assert!(before.ends_with(" 2"), "{before}");
+    for _ in 0..5 {
+        let status = pg.rate_status(&n).await.unwrap().expect("state");
+        assert_eq!(status.limits[0].used, 1, "{status:?}");
+    }
+    assert_eq!(read(), before, "a status locked the row or pruned the log");
+    pg.rate_acquire(&n, &config, &one).await.unwrap();
+    assert!(read().ends_with(" 2"), "{}", read());
 }
 
 /// A status with nothing due locks nothing: the semaphore's row keeps its `xmax` (a

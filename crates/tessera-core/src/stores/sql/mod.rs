@@ -45,6 +45,8 @@
 //! - **`status` may read without the lock**, and only then: from one consistent snapshot,
 //!   when the step would change nothing at that snapshot's instant, which is then the
 //!   step's own answer; otherwise it runs the step (`snapshot.rs` states the invariant).
+//!   `rate_status` always reads so, and computes the rate step's answer, prune and expiry
+//!   included, from that snapshot (`rate_snapshot.rs`).
 //! - **Nothing read is trusted.** Every value read back is checked here; a wrong range or
 //!   shape is [`crate::error::Error::Corrupt`], never a panic. Only delete skips unreadable lease
 //!   ids instead, since deleting is how an admin clears damaged rows.
@@ -77,6 +79,7 @@
 
 mod dialect;
 pub mod rate;
+mod rate_snapshot;
 mod snapshot;
 mod step;
 
@@ -84,6 +87,7 @@ pub use dialect::{
     Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
     WaiterRow,
 };
+pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub use step::admit;

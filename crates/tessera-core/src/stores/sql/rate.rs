@@ -272,7 +272,8 @@ pub fn decode_tat(s: &str) -> Result<Vec<u64>> {
         .collect()
 }
 
-fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
+/// The state's limits, decoded ([`Error::Corrupt`] if unreadable).
+pub(crate) fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
     RateConfig::decode(&state.config).ok_or_else(|| {
         corrupt(format!(
             "rate limiter {name}: unreadable limits {:?}",
@@ -547,9 +548,11 @@ pub async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<bool> {
     Ok(existed)
 }
 
-/// The limiter's state and usage ([`crate::rate::seam::RateBackend::rate_status`]).
-/// A limiter's snapshot; with `counted` (the row has the column), its count of admissions
-/// given back past their use-by instant.
+/// The limiter's state and usage ([`crate::rate::seam::RateBackend::rate_status`]) as a locking step; with
+/// `counted` (the row has the column), its count of admissions given back past their use-by
+/// instant. The stores answer a status from one snapshot without a lock instead
+/// (`rate_snapshot.rs`, which lists what this step changes), and run this only when that
+/// snapshot reads wrong or could not be read without waiting.
 pub async fn status<R: RateRows>(
     rows: &mut R,
     name: &Name,

@@ -51,6 +51,10 @@
 //! busy). The differential test compares every status with the reference model's, which
 //! stays a step: both paths must give the model's answer.
 //!
+//! A rate limiter's status reads the same kind of snapshot and never locks: its step's
+//! writes change no answer, so the snapshot computes the step's answer in every case
+//! (`rate_snapshot.rs`).
+//!
 //! # What it costs
 //!
 //! One read (one round trip on PostgreSQL and MySQL), no commit, no write-ahead log. A

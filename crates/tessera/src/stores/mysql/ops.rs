@@ -191,7 +191,7 @@ const ALL_WAITERS_FAIR: &str = "SELECT lease_id, weight, holder, enqueued_at, ex
 /// session's `READ COMMITTED` would take a new one per statement, so this transaction is
 /// `REPEATABLE READ`), then the row with the clock (read after the snapshot was taken), the
 /// holders and the waiters, and the commit: one round trip, no lock taken or waited for.
-const READ_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+pub(crate) const READ_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
      START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY";
 const READ_SEM: &str = concat!(
     "SELECT capacity, used, queued, ",

@@ -14,13 +14,17 @@
 //! writes nothing but what pruning changed. Each step also deletes up to 16 other limiters
 //! whose state has expired (and their logs), skipping rows that another step holds
 //! (`SKIP LOCKED`, MariaDB 10.6+ and MySQL 8), so idle limiters leave the database.
+//!
+//! A status is no step: it reads the row and its whole log in one consistent-snapshot
+//! read-only transaction, without a lock, and computes the step's answer from them
+//! (`stores/sql/rate_snapshot.rs`).
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use super::conns::{is_retryable, retry_pause};
 use super::error::map_err;
-use super::ops::{int_at, now_us, text_at, time_at, MysqlRows};
+use super::ops::{batch, int_at, now_us, render, text_at, time_at, Lit, MysqlRows, READ_BEGIN};
 use super::MysqlBackend;
 use tessera_core::error::{Error, Result};
 use tessera_core::model::{Name, StoreTime};
@@ -30,6 +34,7 @@ use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use tessera_core::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
 };
+use tessera_core::stores::sql::{read_rate_status, RateRead, RateSnapshot};
 
 const LOCK: &str = "INSERT INTO tessera_rate_limiters \
      (name, config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at) \
@@ -49,6 +54,20 @@ const EXPIRED: &str = "SELECT name FROM tessera_rate_limiters \
 const PRUNED_TOTAL: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t <= ?";
 const PRUNE: &str = "DELETE FROM tessera_rate_log WHERE name = ? AND t <= ?";
 const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ? ORDER BY p";
+/// `rate_status` without the row lock (`stores/sql/rate_snapshot.rs`), inside a
+/// consistent-snapshot read-only transaction ([`READ_BEGIN`], as a semaphore's status): the
+/// row with the clock, read after the snapshot was taken (the columns of [`LOAD`]), and with
+/// the count of expired admissions where the row has it; then [`WHOLE_LOG`].
+const READ_ROW: &str = concat!(
+    "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at, ",
+    now_us!(),
+    " FROM tessera_rate_limiters WHERE name = ?"
+);
+const READ_ROW_COUNTED: &str = concat!(
+    "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, expires_at, ",
+    now_us!(),
+    ", expired FROM tessera_rate_limiters WHERE name = ?"
+);
 const LIST: &str = concat!(
     "SELECT name FROM tessera_rate_limiters WHERE expires_at > ",
     now_us!(),
@@ -293,6 +312,49 @@ impl<'c> MysqlRows<'c> {
     }
 }
 
+/// Reads limiter `name` in one snapshot without a lock (see [`READ_ROW`]), in one round trip
+/// ending with the commit; on an error the caller rolls back (the transaction may still be
+/// open). `counted`: the row has the count of expired admissions.
+async fn read_snapshot(
+    conn: &mut MySqlConnection,
+    name: &str,
+    counted: bool,
+) -> Result<RateSnapshot> {
+    let lit = [Lit::Text(name)];
+    let read_row = if counted { READ_ROW_COUNTED } else { READ_ROW };
+    let sql = format!(
+        "{READ_BEGIN};{};{};COMMIT",
+        render(read_row, &lit),
+        render(WHOLE_LOG, &lit)
+    );
+    let mut results = batch(conn, sql).await?.into_iter().map(|(rows, _)| rows);
+    // SET, START TRANSACTION, then the two reads.
+    let (Some(row), Some(log)) = (results.nth(2), results.next()) else {
+        return Err(corrupt("rate status: fewer results than statements"));
+    };
+    let Some(row) = row.first() else {
+        return Ok(RateSnapshot {
+            now: StoreTime(0),
+            row: None,
+            log: Vec::new(),
+            expired: None,
+        });
+    };
+    let log = log
+        .iter()
+        .map(|e| Ok((int_at(e, 0)?, int_at(e, 1)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RateSnapshot {
+        now: time_at(row, 10)?,
+        row: Some(RateRow::from_columns(
+            |i| text_at(row, i),
+            |i, what| u64_at(row, i, what),
+        )?),
+        log,
+        expired: counted.then(|| int_at(row, 11)).transpose()?,
+    })
+}
+
 #[async_trait]
 impl RateBackend for MysqlBackend {
     async fn rate_acquire(
@@ -319,7 +381,24 @@ impl RateBackend for MysqlBackend {
         ))
     }
 
+    /// From one snapshot without the row lock (`stores/sql/rate_snapshot.rs`); the step only
+    /// for a snapshot that reads wrong, or whose read lost its connection (the step then
+    /// runs again on another).
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
+        let mut tx = self.transaction().await?;
+        let read = read_snapshot(&mut tx.conn, name.as_str(), self.counts_expired).await;
+        match &read {
+            Ok(_) => tx.open = false,
+            Err(_) => tx.rollback().await,
+        }
+        drop(tx);
+        let read = match read {
+            Err(e) if is_retryable(&e, false, 0) => RateRead::Step,
+            read => read_rate_status(name, read)?,
+        };
+        if let RateRead::Settled(answer) = read {
+            return Ok(answer);
+        }
         step!(self, |conn| shared::status(
             &mut MysqlRateRows::new(conn, name),
             name,

@@ -16,8 +16,13 @@
 //! computed here by the engine, as for Redis. The function is checked against the memory
 //! store's rate model step by step (`tests/postgres_store.rs`).
 //!
+//! A status is no step: one plain statement reads the row and its log in one snapshot
+//! without a lock, and the engine computes the step's answer from it, prune and expiry
+//! included (`stores/sql/rate_snapshot.rs`); `tessera_rate_status` runs only for a snapshot
+//! that reads wrong (and stays for processes of older builds, which still call it).
+//!
 //! An admission commits durably (with the session's `synchronous_commit`, on by default), and
-//! so do cancel, status and delete; an acquire that admits nothing (limited, mismatch) commits
+//! so do cancel and delete; an acquire that admits nothing (limited, mismatch) commits
 //! asynchronously, since all it may lose in a server crash is pruning, sweeping or an
 //! `update` of the limits, which the next step does again.
 //!
@@ -43,7 +48,8 @@ use tessera_core::model::{Name, StoreTime};
 use tessera_core::rate::engine::{self, RateState, VecLog};
 use tessera_core::rate::seam::RateStatus;
 use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
-use tessera_core::stores::sql::rate::{corrupt, db, decode_tat, non_negative};
+use tessera_core::stores::sql::rate::{corrupt, db, decode_tat, non_negative, RateRow};
+use tessera_core::stores::sql::{read_rate_status, RateRead, RateSnapshot};
 
 /// Migration 2: the rate-limiter tables.
 pub(crate) const MIGRATION_2: &[&[&str]] = &[&[include_str!("sql/rate_schema.sql")]];
@@ -67,6 +73,18 @@ const ACQUIRE: &str = "SELECT outcome, at_us, now_us, reservation, stored \
 const CANCEL: &str = "SELECT tessera_rate_cancel($1, $2, $3)";
 const STATUS: &str = "SELECT now_us, st_config, st_seq, st_tail, st_last, st_prev_last, st_p, \
      st_base, st_tat, st_prev_tat, log_t, log_p, st_expired FROM tessera_rate_status($1)";
+/// `rate_status` without the row lock (`stores/sql/rate_snapshot.rs`): the limiter's row and
+/// its whole log in one statement, so in one snapshot, and the clock read while the
+/// statement runs, after its snapshot was taken. A plain query, not a function: one row,
+/// whose row columns are NULL without a row for the name; the log as two arrays in order of
+/// the running total (NULL when empty), as [`STATUS`] returns them.
+const READ_STATUS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
+     l.config, l.seq, l.tail, l.last, l.prev_last, l.p, l.base, l.tat, l.prev_tat, \
+     l.expires_at, l.expired, g.ts, g.ps \
+     FROM (SELECT $1::text AS name) k \
+     LEFT JOIN tessera_rate_limiters l ON l.name = k.name \
+     LEFT JOIN LATERAL (SELECT array_agg(e.t ORDER BY e.p) AS ts, array_agg(e.p ORDER BY e.p) AS ps \
+         FROM tessera_rate_log e WHERE e.name = l.name) g ON true";
 const DELETE: &str = "SELECT tessera_rate_delete($1)";
 const LIST: &str = "SELECT name FROM tessera_rate_limiters \
      WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint ORDER BY name";
@@ -235,6 +253,41 @@ fn parse_status(row: &PgRow, name: &Name) -> Result<Option<RateStatus>> {
     Ok(Some(status))
 }
 
+/// The row of [`READ_STATUS`] as the snapshot `stores/sql/rate_snapshot.rs` decides on.
+fn parse_snapshot(row: &PgRow) -> Result<RateSnapshot> {
+    let now = StoreTime(u64_at(row, 0, "now")?);
+    if opt::<String>(row, 1, "config")?.is_none() {
+        return Ok(RateSnapshot {
+            now,
+            row: None,
+            log: Vec::new(),
+            expired: None,
+        });
+    }
+    // `RateRow::from_columns` counts from the config, column 1 here.
+    let text = |i: usize| -> Result<String> {
+        opt(row, i + 1, "text")?.ok_or_else(|| corrupt(format!("rate column {} is NULL", i + 1)))
+    };
+    let state = RateRow::from_columns(text, |i, what| u64_at(row, i + 1, what))?;
+    let ts: Vec<i64> = opt(row, 12, "log times")?.unwrap_or_default();
+    let ps: Vec<i64> = opt(row, 13, "log totals")?.unwrap_or_default();
+    if ts.len() != ps.len() {
+        return Err(corrupt(format!(
+            "rate log: {} times for {} totals",
+            ts.len(),
+            ps.len()
+        )));
+    }
+    Ok(RateSnapshot {
+        now,
+        row: Some(state),
+        log: ts.into_iter().zip(ps).collect(),
+        expired: Some(
+            opt::<i64>(row, 11, "expired")?.ok_or_else(|| corrupt("rate expired is NULL"))?,
+        ),
+    })
+}
+
 #[async_trait]
 impl RateBackend for PostgresBackend {
     async fn rate_acquire(
@@ -276,7 +329,15 @@ impl RateBackend for PostgresBackend {
         opt(&row, 0, "cancel")?.ok_or_else(|| corrupt("rate cancel returned NULL"))
     }
 
+    /// From one snapshot without the row lock (`stores/sql/rate_snapshot.rs`); the step
+    /// (`tessera_rate_status`) only for a snapshot that reads wrong.
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
+        let row = self
+            .rate_row(|| sqlx::query(READ_STATUS).bind(name.as_str()))
+            .await?;
+        if let RateRead::Settled(answer) = read_rate_status(name, parse_snapshot(&row))? {
+            return Ok(answer);
+        }
         let row = self
             .rate_row(|| sqlx::query(STATUS).bind(name.as_str()))
             .await?;

@@ -533,13 +533,26 @@ impl SqliteBackend {
     /// instead).
     async fn read_status(&self, name: &Name) -> Result<Option<sql::Snapshot>> {
         let clock = || self.clock.now();
+        self.read_unlocked(name, |rows| rows.read_snapshot(clock))
+            .await
+    }
+
+    /// Runs `read` (one deferred read transaction, which ends inside it) on the reader
+    /// connection of the heartbeat probes if it is free, else on a pooled one, under
+    /// `no_wait`: a lock it would wait for is `Busy` at once. A connection left inside a
+    /// transaction is closed.
+    async fn read_unlocked<T>(
+        &self,
+        name: &Name,
+        read: impl Fn(&ops::SqliteRows<'_>) -> Result<T>,
+    ) -> Result<T> {
         if let Ok(mut slot) = self.reader.try_lock() {
             if slot.is_none() {
                 *slot = open_own(&self.path).ok();
             }
             if let Some(db) = slot.as_mut() {
                 let rows = ops::SqliteRows::on(db, name.as_str(), StoreTime(0));
-                let read = no_wait(|| rows.read_snapshot(clock));
+                let read = no_wait(|| read(&rows));
                 if rows.in_transaction() {
                     drop(rows);
                     *slot = None;
@@ -549,7 +562,7 @@ impl SqliteBackend {
         }
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let rows = ops::SqliteRows::new(&mut conn, name.as_str(), StoreTime(0)).await?;
-        let read = no_wait(|| rows.read_snapshot(clock));
+        let read = no_wait(|| read(&rows));
         let stuck = rows.in_transaction();
         drop(rows);
         if stuck {

@@ -289,11 +289,20 @@ impl SqliteRows<'_> {
     /// semaphore row. The transaction ends here (committed, or rolled back after an error);
     /// the caller drops a connection still in one ([`SqliteRows::in_transaction`]). Meant to run under `no_wait`: a lock it would wait for is `Busy` at once.
     pub(crate) fn read_snapshot(&self, clock: impl Fn() -> StoreTime) -> Result<Option<Snapshot>> {
+        self.in_read_transaction(|rows| rows.read_in_snapshot(clock))
+    }
+
+    /// Runs `read` inside one deferred read transaction (see [`SqliteRows::read_snapshot`]),
+    /// which ends here: committed, or rolled back after an error.
+    pub(crate) fn in_read_transaction<T>(
+        &self,
+        read: impl FnOnce(&Self) -> Result<T>,
+    ) -> Result<T> {
         self.db()
             .prepare_cached("BEGIN")
             .and_then(|mut b| b.execute([]))
             .map_err(rq_err)?;
-        let read = self.read_in_snapshot(clock);
+        let read = read(self);
         let end = if read.is_ok() { "COMMIT" } else { "ROLLBACK" };
         let ended = self
             .db()

@@ -3,6 +3,9 @@
 //! SQL stores' shared one (`stores/sql/rate.rs`, deciding with the same pure functions as
 //! the memory store); this file holds SQLite's statements for it. Each step also deletes up
 //! to 16 limiters whose state has expired (and their logs), so idle limiters leave the file.
+//! A status is no step: it reads the row and its log in one deferred read transaction,
+//! without the write lock, and computes the step's answer from them
+//! (`stores/sql/rate_snapshot.rs`).
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
@@ -11,7 +14,7 @@ use sqlx::Row;
 use super::error::map_err;
 use super::ops::{int_at, rq_err, text_at, SqliteRows};
 use super::SqliteBackend;
-use tessera_core::error::Result;
+use tessera_core::error::{Error, Result, StoreErrorKind};
 use tessera_core::model::{Name, StoreTime};
 use tessera_core::rate::engine::RateState;
 use tessera_core::rate::seam::RateStatus;
@@ -22,6 +25,7 @@ pub(crate) use tessera_core::stores::sql::rate::decode_tat;
 use tessera_core::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
 };
+use tessera_core::stores::sql::{read_rate_status, RateRead, RateSnapshot};
 
 const LOAD: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
      expires_at FROM tessera_rate_limiters WHERE name = ?1";
@@ -34,6 +38,11 @@ const EXPIRED: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at <
      ORDER BY expires_at LIMIT 16";
 const PRUNE: &str = "DELETE FROM tessera_rate_log WHERE name = ?1 AND t <= ?2 RETURNING p";
 const WHOLE_LOG: &str = "SELECT t, p FROM tessera_rate_log WHERE name = ?1 ORDER BY p";
+/// `rate_status` without the write lock (`stores/sql/rate_snapshot.rs`): the row as [`LOAD`]
+/// reads it with the count of expired admissions, read first (the read that takes the
+/// deferred transaction's snapshot), then the clock, then [`WHOLE_LOG`].
+const READ_ROW: &str = "SELECT config, seq, tail, last, prev_last, p, base, tat, prev_tat, \
+     expires_at, expired FROM tessera_rate_limiters WHERE name = ?1";
 const LIST: &str = "SELECT name FROM tessera_rate_limiters WHERE expires_at > ?1 ORDER BY name";
 
 /// [`RateRows`] in SQLite's statements: the transaction is `BEGIN IMMEDIATE` (the file's
@@ -304,6 +313,48 @@ impl SqliteRows<'_> {
     }
 }
 
+/// Limiter `name` (the name of `rows`) read inside a deferred read transaction: the row,
+/// then `clock`, once the row's read has taken the snapshot, then the log.
+fn read_in_snapshot(rows: &SqliteRows<'_>, clock: impl Fn() -> StoreTime) -> Result<RateSnapshot> {
+    let db = rows.db();
+    let mut st = db.prepare_cached(READ_ROW).map_err(rq_err)?;
+    let mut found = st.query([rows.name()]).map_err(rq_err)?;
+    let row = match found.next().map_err(rq_err)? {
+        None => None,
+        Some(r) => {
+            let int = |i: usize, what: &str| non_negative(int_at(r, i)?, what);
+            Some((
+                RateRow::from_columns(|i| text_at(r, i), int)?,
+                int_at(r, 10)?,
+            ))
+        }
+    };
+    drop(found);
+    let now = clock();
+    let Some((row, expired)) = row else {
+        return Ok(RateSnapshot {
+            now,
+            row: None,
+            log: Vec::new(),
+            expired: None,
+        });
+    };
+    let mut st = db.prepare_cached(WHOLE_LOG).map_err(rq_err)?;
+    let log = st
+        .query_map([rows.name()], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })
+        .map_err(rq_err)?
+        .map(|e| e.map_err(rq_err))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RateSnapshot {
+        now,
+        row: Some(row),
+        log,
+        expired: Some(expired),
+    })
+}
+
 /// How far (µs) a reservation's time handed back to [`RateBackend::rate_cancel`] may be from
 /// the stored one: the wall clock's drift or step between the admission and the cancel.
 pub(super) const CANCEL_SLACK_US: u64 = 5_000_000;
@@ -356,13 +407,32 @@ impl RateBackend for SqliteBackend {
                 .map(|r| (r, Vec::new()))
         }))
     }
+    /// From one snapshot without the write lock (`stores/sql/rate_snapshot.rs`); the step
+    /// only for a snapshot that reads wrong, or that a lock kept from being read (not in WAL
+    /// mode, or WAL recovery: the step waits).
     async fn rate_status(&self, name: &Name) -> Result<Option<RateStatus>> {
-        let status = step!(self, |conn, now| async {
-            let rows = &mut SqliteRateRows::new(conn, name, now);
-            shared::status(rows, name, true)
-                .await
-                .map(|r| (r, Vec::new()))
-        });
+        let clock = || self.clock.now();
+        let read = self
+            .read_unlocked(name, |rows| {
+                rows.in_read_transaction(|rows| read_in_snapshot(rows, clock))
+            })
+            .await;
+        let read = match read {
+            Err(Error::Store {
+                kind: StoreErrorKind::Busy,
+                ..
+            }) => RateRead::Step,
+            read => read_rate_status(name, read)?,
+        };
+        let status = match read {
+            RateRead::Settled(status) => status,
+            RateRead::Step => step!(self, |conn, now| async {
+                let rows = &mut SqliteRateRows::new(conn, name, now);
+                shared::status(rows, name, true)
+                    .await
+                    .map(|r| (r, Vec::new()))
+            }),
+        };
         let wall = self.to_wall();
         Ok(status.map(|mut s| {
             s.now = wall(s.now);

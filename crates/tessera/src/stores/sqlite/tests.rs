@@ -385,58 +385,6 @@ async fn ping_answers_while_another_process_holds_the_write_lock() {
     assert_eq!(b.status(&name("p")).await.unwrap(), None);
 }
 
-/// A status reads one snapshot without the write lock when the step would change nothing
-/// (`stores/sql/snapshot.rs`): while another process holds the write lock in an open
-/// transaction, it answers the holders and the queue, with nothing written.
-#[tokio::test]
-async fn status_answers_while_another_process_holds_the_write_lock() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let (_dir, url) = temp_db();
-    let b = sqlite_at(&url, &clock).await;
-    let s = name("busy");
-    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        b.acquire(&s, 2, &req(holder, 2, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        b.acquire(&s, 2, &req(waiter, 1, waiting())).await.unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
-    let before = b.status(&s).await.unwrap().unwrap();
-    clock.advance(Duration::from_secs(1));
-    let other = sqlite_at(&url, &clock).await;
-    let mut writer = other.pool.acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *writer)
-        .await
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), b.status(&s))
-        .await
-        .expect("the status waited for the write lock")
-        .unwrap()
-        .unwrap();
-    assert_eq!((status.capacity, status.used, status.available), (2, 2, 0));
-    assert_eq!(status.now, clock.now());
-    let holders: Vec<_> = status
-        .holders
-        .iter()
-        .map(|h| (h.lease_id, h.weight))
-        .collect();
-    assert_eq!(holders, vec![(holder, 2)]);
-    let queue: Vec<_> = status
-        .queue
-        .iter()
-        .map(|w| (w.lease_id, w.weight))
-        .collect();
-    assert_eq!(queue, vec![(waiter, 1)]);
-    assert_eq!(
-        (status.holders.clone(), status.queue.clone()),
-        (before.holders, before.queue)
-    );
-    sqlx::query("ROLLBACK").execute(&mut *writer).await.unwrap();
-}
-
 /// When the step has something to do at the status's instant, the status is the step's: a
 /// holder that expired is purged and its permits handed to the waiter, which the status then
 /// shows as the holder (and the waiter's heartbeat finds granted).
