@@ -1339,6 +1339,42 @@ async fn a_join_behind_waiters_costs_two_requests() {
     drop(held);
 }
 
+/// A client that found a queue long sends its next joins without the uncontended grant's
+/// compare (which makes etcd read every record); when the queue emptied meanwhile, such an
+/// acquire is still granted at once, with its seat and the capacity, and leaves no waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_onto_a_queue_found_long_that_emptied_is_granted() {
+    let mut h = Harness::etcd_with(1);
+    let c = h.client().await;
+    let name = Name::new(unique("long-then-empty")).unwrap();
+    let sem = Semaphore::new(&c.store, name.as_str(), 1, o(Duration::from_secs(60))).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let b = c.store.backend().clone();
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    let _ = enqueue(&b, cluster, &name, 300).await;
+    assert!(b.delete(&name).await.unwrap());
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "after".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: Duration::from_secs(60),
+            queue_cap: 100_000,
+        }),
+        tenant: None,
+    };
+    let reply = b.acquire(&name, 1, &req).await.unwrap();
+    let AcquireReply::Granted(grant) = reply else {
+        panic!("an acquire onto an emptied queue answered {reply:?}");
+    };
+    assert_eq!(grant.lease.seats, vec![0]);
+    let s = status(&c.store, name.as_str()).await.unwrap();
+    assert_eq!((s.capacity, s.holders.len(), s.queue.len()), (1, 1, 0));
+    assert!(b.release(&name, req.lease_id).await.unwrap());
+    drop(held);
+}
+
 /// What etcd did for one batch of enqueues.
 #[derive(Debug, Clone, Copy)]
 struct EtcdWork {
