@@ -1299,12 +1299,13 @@ async fn etcd_unary_settled(cluster: &EtcdCluster, method: Option<&str>) -> u64 
     last
 }
 
-/// A join behind other waiters costs etcd two requests: its own transaction (which writes
-/// the record and reads the counts, the seats and the tail) and the one read its watch
-/// makes once started (the record the tail named still waits, and neither record changed).
-/// Before, the join also read the tail's record itself, before its watch: three requests
-/// for most joins when many join at once, one of them made while the join held one of the
-/// client's joins in flight. 200 joins, 20 at a time, onto a held lock with waiters.
+/// A join behind other waiters in a long queue (256 records or more) costs etcd two
+/// requests: its own transaction (which writes the record and reads the counts, the seats
+/// and the tail) and the one read its watch makes once started (the record the tail named
+/// still waits, and neither record changed). Before, the join also read the tail's record
+/// itself, before its watch: three requests for most joins when many join at once, one of
+/// them made while the join held one of the client's joins in flight. 200 joins, 20 at a
+/// time, onto a held lock with 300 waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_behind_waiters_costs_two_requests() {
     const JOINS: u64 = 200;
@@ -1315,8 +1316,8 @@ async fn a_join_behind_waiters_costs_two_requests() {
     let held = sem.acquire().await.unwrap();
     let b = c.store.backend().clone();
     let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
-    // Two waiters first: every join below finds the tail naming a waiter.
-    let _ = enqueue(&b, cluster, &name, 2).await;
+    // A long queue first: every join below finds the tail naming a waiter.
+    let _ = enqueue(&b, cluster, &name, 300).await;
     let all = etcd_unary_settled(cluster, None).await;
     let ranges = etcd_unary(cluster, Some("Range"));
     let _ = enqueue(&b, cluster, &name, JOINS as usize).await;
@@ -1334,7 +1335,7 @@ async fn a_join_behind_waiters_costs_two_requests() {
     );
     assert_eq!(
         status(&c.store, name.as_str()).await.unwrap().queue.len(),
-        JOINS as usize + 2
+        JOINS as usize + 300
     );
     drop(held);
 }

@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use crate::error::{Error, Result};
 use crate::model::*;
 
-use super::conns::{revision, EtcdBackend};
+use super::conns::{revision, EtcdBackend, LONG_QUEUE};
 use super::error::{is_lease_not_found, is_out_of_space};
 use super::ops::{Entry, Joined, Keys, Place, Snapshot, DROP_OR_ATTACH_OPS};
 use super::session::EtcdLease;
@@ -228,9 +228,10 @@ impl EtcdBackend {
     }
 
     /// Places the record `entry` that this acquire's transaction just wrote, from what that
-    /// transaction read (`joined`: counts, seats, the tail) alone: it sends nothing more, so
-    /// what it costs does not grow with the queue. `None` when that is not enough to
-    /// decide, and the caller reads the semaphore.
+    /// transaction read (`joined`: counts, seats, the tail) and, behind other waiters in a
+    /// queue shorter than [`LONG_QUEUE`], one read of the record the tail named: what it
+    /// sends does not grow with the queue. `None` when that is not enough to decide, and
+    /// the caller reads the semaphore.
     ///
     /// - Every record weighs at least 1, so with `records - 1` records ahead of it a record
     ///   that `records - 1 + w` would not fit into `capacity` cannot fit; one that might is
@@ -242,12 +243,16 @@ impl EtcdBackend {
     ///   leaves (a deletion). It is the waiter just ahead unless a client of an earlier
     ///   version, which writes no tail, joined in between; watching one further ahead only
     ///   wakes this waiter later to read the semaphore, from which it watches the one just
-    ///   ahead. Whether that record still waits is not read here but by the watch, once its
-    ///   watchers have started, in the one read it makes anyway to cover the joins between
-    ///   this transaction and its start (`notify.rs`): a tail that names a holder or a
-    ///   record gone wakes the waiter there, to read the semaphore. (Reading it here as
-    ///   well made a join three requests, and kept one of the joins in flight waiting for
-    ///   it.) A tail that names nothing: `None`.
+    ///   ahead. In a queue of [`LONG_QUEUE`] records or more, whether that record still
+    ///   waits is not read here but by the watch, once its watchers have started, in the
+    ///   one read it makes anyway to cover the joins between this transaction and its start
+    ///   (`notify.rs`): a tail that names a holder or a record gone wakes the waiter there,
+    ///   to read the semaphore. (Reading it here as well made a join three requests, and
+    ///   kept one of the joins in flight waiting for it.) In a shorter queue, where the
+    ///   waiter that joined last is often granted already (a lock handed from client to
+    ///   client), it is read here, and one that no longer waits makes the caller read the
+    ///   semaphore at once rather than start a watch to learn it. A tail that names nothing,
+    ///   a holder or a record gone: `None`.
     pub(super) async fn join(
         &self,
         name: &Name,
@@ -274,11 +279,21 @@ impl EtcdBackend {
                     };
                     Some(tail)
                 };
-                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl), 0);
                 match tail {
                     None => self.watch_after(keys, joined.revision, None, entry.id),
-                    Some(tail) => self.watch_tail(keys, joined.revision, tail, entry.id),
+                    Some(tail) if joined.records >= LONG_QUEUE => {
+                        self.watch_tail(keys, joined.revision, tail, entry.id)
+                    }
+                    Some(tail) => match self.read_one(keys, tail).await? {
+                        // A waiting record is written again only by its grant, so the one
+                        // read here was as it is now at the transaction's revision too.
+                        Some(t) if !t.is_holder() => {
+                            self.watch_after(keys, joined.revision, Some(t.id), entry.id)
+                        }
+                        _ => return Ok(None),
+                    },
                 }
+                self.note_waiting(entry, keys, (holder.ttl, waiter_ttl), 0);
                 return Ok(Some(AcquireReply::Queued { position }));
             }
         };
