@@ -13,7 +13,10 @@
 //! read). A waiter behind another depends on two keys only, the one ahead and its own: it
 //! reads both once its watchers have started, and is woken only if either changed after `R`
 //! (when thousands join at once, nearly every watcher starts after a few more joined, and
-//! waking each to read the whole queue cost a read of the queue per waiter). The head's
+//! waking each to read the whole queue cost a read of the queue per waiter). A waiter that
+//! joined a long queue watches the record the tail named without having read it
+//! (`EtcdBackend::join`): it makes that read whatever its watchers' start, and is also woken
+//! if that record no longer waits. The head's
 //! watch of the capacity carries each put's previous value, and a put that leaves the value
 //! as it was (every join puts it again, `Keys::capacity_shared`) does not wake it.
 //!
