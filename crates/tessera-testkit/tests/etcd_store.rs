@@ -1260,6 +1260,122 @@ fn etcd_metric(cluster: &EtcdCluster, prefix: &str) -> u64 {
         .sum()
 }
 
+/// etcd's unary requests served so far (`grpc_server_handled_total` of unary calls), of
+/// `method` only or of all.
+fn etcd_unary(cluster: &EtcdCluster, method: Option<&str>) -> u64 {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            &format!("http://127.0.0.1:{}/metrics", cluster.client_port(0)),
+        ])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "etcd's /metrics did not answer");
+    let method = method.map(|m| format!("grpc_method=\"{m}\""));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{") && l.contains("grpc_type=\"unary\"")
+        })
+        .filter(|l| method.as_ref().is_none_or(|m| l.contains(m.as_str())))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// [`etcd_unary`] once etcd has served what the watches of the waiters just queued send
+/// after their joins returned: the count no longer moves between two reads 500 ms apart
+/// (at most 30 s). A count taken too early can only be lower.
+async fn etcd_unary_settled(cluster: &EtcdCluster, method: Option<&str>) -> u64 {
+    let mut last = etcd_unary(cluster, method);
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = etcd_unary(cluster, method);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+/// A join behind other waiters in a long queue (256 records or more) costs etcd two
+/// requests: its own transaction (which writes the record and reads the counts, the seats
+/// and the tail) and the one read its watch makes once started (the record the tail named
+/// still waits, and neither record changed). Before, the join also read the tail's record
+/// itself, before its watch: three requests for most joins when many join at once, one of
+/// them made while the join held one of the client's joins in flight. 200 joins, 20 at a
+/// time, onto a held lock with 300 waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_behind_waiters_costs_two_requests() {
+    const JOINS: u64 = 200;
+    let mut h = Harness::etcd_with(1);
+    let c = h.client().await;
+    let name = Name::new(unique("two-requests")).unwrap();
+    let sem = Semaphore::new(&c.store, name.as_str(), 1, o(Duration::from_secs(60))).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let b = c.store.backend().clone();
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    // A long queue first: every join below finds the tail naming a waiter.
+    let _ = enqueue(&b, cluster, &name, 300).await;
+    let all = etcd_unary_settled(cluster, None).await;
+    let ranges = etcd_unary(cluster, Some("Range"));
+    let _ = enqueue(&b, cluster, &name, JOINS as usize).await;
+    let all = etcd_unary_settled(cluster, None).await - all;
+    let ranges = etcd_unary(cluster, Some("Range")) - ranges;
+    eprintln!("{JOINS} joins behind waiters: {all} unary requests, {ranges} of them ranges");
+    // The holder's keeper may renew (a keep-alive and a read of its record) meanwhile.
+    assert!(
+        ranges <= 2,
+        "{JOINS} joins made {ranges} range reads (the tail's record read by the join)"
+    );
+    assert!(
+        all <= 2 * JOINS + 2,
+        "{JOINS} joins behind waiters cost {all} etcd requests, more than 2 each"
+    );
+    assert_eq!(
+        status(&c.store, name.as_str()).await.unwrap().queue.len(),
+        JOINS as usize + 300
+    );
+    drop(held);
+}
+
+/// A client that found a queue long sends its next joins without the uncontended grant's
+/// compare (which makes etcd read every record); when the queue emptied meanwhile, such an
+/// acquire is still granted at once, with its seat and the capacity, and leaves no waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_onto_a_queue_found_long_that_emptied_is_granted() {
+    let mut h = Harness::etcd_with(1);
+    let c = h.client().await;
+    let name = Name::new(unique("long-then-empty")).unwrap();
+    let sem = Semaphore::new(&c.store, name.as_str(), 1, o(Duration::from_secs(60))).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let b = c.store.backend().clone();
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    let _ = enqueue(&b, cluster, &name, 300).await;
+    assert!(b.delete(&name).await.unwrap());
+    let req = AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "after".into(),
+        wait: Some(WaitSpec {
+            waiter_ttl: Duration::from_secs(60),
+            queue_cap: 100_000,
+        }),
+        tenant: None,
+    };
+    let reply = b.acquire(&name, 1, &req).await.unwrap();
+    let AcquireReply::Granted(grant) = reply else {
+        panic!("an acquire onto an emptied queue answered {reply:?}");
+    };
+    assert_eq!(grant.lease.seats, vec![0]);
+    let s = status(&c.store, name.as_str()).await.unwrap();
+    assert_eq!((s.capacity, s.holders.len(), s.queue.len()), (1, 1, 0));
+    assert!(b.release(&name, req.lease_id).await.unwrap());
+    drop(held);
+}
+
 /// What etcd did for one batch of enqueues.
 #[derive(Debug, Clone, Copy)]
 struct EtcdWork {

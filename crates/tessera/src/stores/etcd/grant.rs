@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tessera_core::error::{Error, Result};
 use tessera_core::model::*;
 
-use super::conns::{revision, EtcdBackend};
+use super::conns::{revision, EtcdBackend, LONG_QUEUE};
 use super::error::{is_lease_not_found, is_out_of_space};
 use super::ops::{Entry, Joined, Keys, Place, Snapshot, DROP_OR_ATTACH_OPS};
 use super::session::EtcdLease;
@@ -228,21 +228,31 @@ impl EtcdBackend {
     }
 
     /// Places the record `entry` that this acquire's transaction just wrote, from what that
-    /// transaction read (`joined`: counts, seats, the tail) and, for a waiter behind other
-    /// waiters, one read of the record the tail named: what it costs does not grow with the
-    /// queue. `None` when that is not enough to decide, and the caller reads the semaphore.
+    /// transaction read (`joined`: counts, seats, the tail) and, behind other waiters in a
+    /// queue shorter than [`LONG_QUEUE`], one read of the record the tail named: what it
+    /// sends does not grow with the queue. `None` when that is not enough to decide, and
+    /// the caller reads the semaphore.
     ///
     /// - Every record weighs at least 1, so with `records - 1` records ahead of it a record
     ///   that `records - 1 + w` would not fit into `capacity` cannot fit; one that might is
     ///   decided on the records (`None`).
     /// - Its position is the records ahead less the leases holding seats.
     /// - At position 0 it is the head and watches the queue. Behind, it watches the record
-    ///   the tail named, when that still waits: it joined before this one, so it is ahead;
-    ///   this one cannot fit before that one does, which then grants itself (a put its watch
-    ///   sees) or leaves (a deletion). It is the waiter just ahead unless a client of an
-    ///   earlier version, which writes no tail, joined in between; watching one further
-    ///   ahead only wakes this waiter later to read the semaphore, from which it watches the
-    ///   one just ahead. A tail that names a holder, a record gone, or nothing: `None`.
+    ///   the tail named: it joined before this one, so it is ahead; while it waits, this
+    ///   one cannot fit before it does, and it then grants itself (a put the watch sees) or
+    ///   leaves (a deletion). It is the waiter just ahead unless a client of an earlier
+    ///   version, which writes no tail, joined in between; watching one further ahead only
+    ///   wakes this waiter later to read the semaphore, from which it watches the one just
+    ///   ahead. In a queue of [`LONG_QUEUE`] records or more, whether that record still
+    ///   waits is not read here but by the watch, once its watchers have started, in the
+    ///   one read it makes anyway to cover the joins between this transaction and its start
+    ///   (`notify.rs`): a tail that names a holder or a record gone wakes the waiter there,
+    ///   to read the semaphore. (Reading it here as well made a join three requests, and
+    ///   kept one of the joins in flight waiting for it.) In a shorter queue, where the
+    ///   waiter that joined last is often granted already (a lock handed from client to
+    ///   client), it is read here, and one that no longer waits makes the caller read the
+    ///   semaphore at once rather than start a watch to learn it. A tail that names nothing,
+    ///   a holder or a record gone: `None`.
     pub(super) async fn join(
         &self,
         name: &Name,
@@ -261,21 +271,29 @@ impl EtcdBackend {
             None => None,
             Some(w) if position >= u64::from(w.queue_cap) => Some(w.queue_cap),
             Some(_) => {
-                let waiter_ahead = if position == 0 {
+                let tail = if position == 0 {
                     None
                 } else {
                     let Some(tail) = joined.tail.filter(|&t| t != entry.id) else {
                         return Ok(None);
                     };
-                    match self.read_one(keys, tail).await? {
-                        Some(t) if !t.is_holder() => Some(t.id),
-                        _ => return Ok(None),
-                    }
+                    Some(tail)
                 };
-                // A waiting record is written again only by its grant, so the one read
-                // above was as it is now at the transaction's revision too.
+                match tail {
+                    None => self.watch_after(keys, joined.revision, None, entry.id),
+                    Some(tail) if joined.records >= LONG_QUEUE => {
+                        self.watch_tail(keys, joined.revision, tail, entry.id)
+                    }
+                    Some(tail) => match self.read_one(keys, tail).await? {
+                        // A waiting record is written again only by its grant, so the one
+                        // read here was as it is now at the transaction's revision too.
+                        Some(t) if !t.is_holder() => {
+                            self.watch_after(keys, joined.revision, Some(t.id), entry.id)
+                        }
+                        _ => return Ok(None),
+                    },
+                }
                 self.note_waiting(entry, keys, (holder.ttl, waiter_ttl), 0);
-                self.watch_after(keys, joined.revision, waiter_ahead, entry.id);
                 return Ok(Some(AcquireReply::Queued { position }));
             }
         };

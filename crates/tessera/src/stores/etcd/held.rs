@@ -128,9 +128,23 @@ impl EtcdBackend {
                 queue: keys.queue.clone(),
                 cap: keys.cap.clone(),
             },
-            Some(a) => Target::Behind(keys.lease(a)),
+            Some(a) => Target::Behind {
+                ahead: keys.lease(a),
+                known_waiting: true,
+            },
         };
         self.watches.set(id, target, keys, read + 1);
+    }
+
+    /// Makes `id`, whose record a join wrote at revision `joined`, watch the record `tail`
+    /// (the one that joined last before it) without having read it: the watch reads it
+    /// once its watchers have started and wakes `id` unless it still waits (`notify.rs`).
+    pub(super) fn watch_tail(&self, keys: &Keys, joined: i64, tail: LeaseId, id: LeaseId) {
+        let target = Target::Behind {
+            ahead: keys.lease(tail),
+            known_waiting: false,
+        };
+        self.watches.set(id, target, keys, joined + 1);
     }
 
     /// Notes (or renews) a waiter of this backend, `entry` as its heartbeat or acquire read

@@ -74,10 +74,16 @@
 //!   the record and reads only the number of records, the seats (at most the capacity) and
 //!   the tail key (the record that joined last; `ops.rs`). A record with more records ahead
 //!   than the capacity leaves room for cannot fit; its position is the records ahead less
-//!   the holders; behind other waiters it watches the one the tail names, read once (see
-//!   `EtcdBackend::join`). Only a record that might fit, or a tail that names no waiter,
-//!   reads the semaphore. Reading the whole queue on every join made one process queue
-//!   171 waiters in 90 s where it asked for 10,000 (`s10-reclaim`).
+//!   the holders; behind other waiters it watches the one the tail names, unread: its
+//!   watch checks that it still waits in the one read it makes once started (see
+//!   `EtcdBackend::join`, `notify.rs`), so a join costs two requests. Only a record that
+//!   might fit, or a tail that names no waiter, reads the semaphore. Reading the whole
+//!   queue on every join made one process queue 171 waiters in 90 s where it asked for
+//!   10,000 (`s10-reclaim`). What etcd does for a join still grows with the queue where a
+//!   range is involved: its count of the records, and the uncontended grant's compare
+//!   that no record exists, which etcd 3.4 evaluates by reading every record. A client
+//!   that just found a queue long (`EtcdBackend::long_queue`) sends the join without that
+//!   branch.
 //! - **Waking.** Each waiter watches only what can let it in: the head watches deletions of
 //!   `q/` records and the capacity; every other waiter the waiter just ahead of it (its grant
 //!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
@@ -118,7 +124,7 @@
 //!
 //! | operation | etcd |
 //! |---|---|
-//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty, else write the record and read the count of records, the seats and the tail; a waiter that cannot fit and is behind others: one read of the record the tail names; otherwise (it may fit, or the tail does not name a waiter) a read of the semaphore, then a grant transaction if it fits |
+//! | `acquire` | keep-alive of the sessions; one transaction: grant at once if the queue is empty (not tried onto a queue this client just found long), else write the record and read the count of records, the seats and the tail; a waiter that cannot fit and is behind others: nothing more (its watch, once started, reads the record the tail names and its own); otherwise (it may fit, or the tail does not name a waiter) a read of the semaphore, then a grant transaction if it fits |
 //! | `heartbeat` | while its watch is quiet (`notify.rs`), keep-alives of the sessions only (shared with the other callers); otherwise keep-alives and a read of the semaphore, then a grant transaction if it fits |
 //! | `cancel` | (a marker first if an acquire of this id was dropped on its way) read the record; delete it if waiting, end the grant if granted (compared on its mod revision) |
 //! | `release`, `revoke` | read, then one transaction: delete the record and seats, grant the head |
@@ -370,16 +376,24 @@ impl EtcdBackend {
             // reads against the outer transaction (W + 3 compares leave room for them), not
             // against the nested one, whose room is what `MAX_WEIGHT` is built on.
             let [count, seats] = joined_reads();
-            let txn = Txn::new().when(when).and_then(ops).or_else([
+            let join = [
                 TxnOp::get(keys.tail.clone(), None),
                 TxnOp::txn(nested),
                 count,
                 seats,
-            ]);
+            ];
+            // Onto a queue this client just found long, the join alone, without the
+            // uncontended grant's compare of the whole queue (`EtcdBackend::long_queue`).
+            let long = self.long_queue(&keys);
+            let txn = if long {
+                Txn::new().and_then(join)
+            } else {
+                Txn::new().when(when).and_then(ops).or_else(join)
+            };
             let Some(resp) = self.txn_on(txn, &[holder, waiter]).await? else {
                 continue;
             };
-            if resp.succeeded() {
+            if resp.succeeded() && !long {
                 let fence = revision(resp.header());
                 return Ok(AcquireReply::Granted(self.granted(
                     &keys,
@@ -390,6 +404,7 @@ impl EtcdBackend {
             let snap = match Joined::parse(&keys, &resp)? {
                 Ok(joined) => {
                     wrote = true;
+                    self.note_queue(&keys, joined.records);
                     let entry = Entry {
                         create_rev: joined.revision,
                         ..Entry::written(id, record.clone(), joined.revision, waiter.id)

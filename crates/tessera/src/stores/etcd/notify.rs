@@ -13,7 +13,10 @@
 //! read). A waiter behind another depends on two keys only, the one ahead and its own: it
 //! reads both once its watchers have started, and is woken only if either changed after `R`
 //! (when thousands join at once, nearly every watcher starts after a few more joined, and
-//! waking each to read the whole queue cost a read of the queue per waiter). The head's
+//! waking each to read the whole queue cost a read of the queue per waiter). A waiter that
+//! joined a long queue watches the record the tail named without having read it
+//! (`EtcdBackend::join`): it makes that read whatever its watchers' start, and is also woken
+//! if that record no longer waits. The head's
 //! watch of the capacity carries each put's previous value, and a put that leaves the value
 //! as it was (every join puts it again, `Keys::capacity_shared`) does not wake it.
 //!
@@ -59,8 +62,21 @@ pub(super) enum Target {
     /// permits) and the capacity key (a resize).
     Head { queue: String, cap: String },
     /// Behind another waiter: that waiter's key (granted: this one may be the head now;
-    /// deleted: this one moved up).
-    Behind(String),
+    /// deleted: this one moved up). `known_waiting`: the read the waiter decided on saw
+    /// that record waiting; `false` for the record a join's tail named, unread
+    /// (`EtcdBackend::join`), which the watch reads once its watchers have started.
+    Behind { ahead: String, known_waiting: bool },
+}
+
+impl Target {
+    /// Whether a running watch of this target also serves `other`: it watches the same
+    /// keys (a watch of a record not yet known to wait checks it all the same).
+    fn covers(&self, other: &Target) -> bool {
+        match (self, other) {
+            (Target::Behind { ahead: a, .. }, Target::Behind { ahead: b, .. }) => a == b,
+            _ => self == other,
+        }
+    }
 }
 
 struct Watch {
@@ -122,7 +138,7 @@ impl Watches {
     pub(super) fn set(self: &Arc<Self>, id: LeaseId, target: Target, keys: &Keys, from: i64) {
         let mut map = self.map.lock().unwrap();
         if let Some(w) = map.1.get(&id) {
-            if w.target == target && !w.task.is_finished() {
+            if w.target.covers(&target) && !w.task.is_finished() {
                 return;
             }
             w.task.abort();
@@ -257,7 +273,7 @@ async fn watch_once(
     state.in_sync.store(false, Ordering::SeqCst);
     let mut to_create = match target {
         Target::Head { .. } => 3,
-        Target::Behind(_) => 2,
+        Target::Behind { .. } => 2,
     };
     let own = keys.lease(id);
     let open = async {
@@ -269,7 +285,7 @@ async fn watch_once(
                     .with_prefix()
                     .with_filters([WatchFilterType::NoPut]),
             ),
-            Target::Behind(key) => (key.clone(), WatchOptions::new()),
+            Target::Behind { ahead, .. } => (ahead.clone(), WatchOptions::new()),
         };
         // From etcd's current revision (no start revision): in sync at once.
         let mut stream = client.watch(key, Some(options)).await?;
@@ -318,19 +334,26 @@ async fn watch_once(
             if resp.header().is_some_and(|h| h.revision() >= from) {
                 match target {
                     Target::Head { .. } => wake(id, state, clock),
-                    Target::Behind(_) => missed = true,
+                    Target::Behind { .. } => missed = true,
                 }
             }
             to_create -= 1;
             if to_create == 0 {
-                if let (true, Target::Behind(ahead)) = (missed, target) {
+                if let Target::Behind {
+                    ahead,
+                    known_waiting,
+                } = target
+                {
                     // Only two keys can let it in: the waiter ahead and its own record.
-                    // Unchanged since the snapshot (read after every watcher started):
-                    // nothing it watches happened in between, and it stays asleep. With
-                    // thousands of waiters joining at once, nearly every watcher starts
-                    // after a few more joined, and waking each to read the queue cost a
-                    // read of the whole queue per waiter.
-                    if !unchanged_since(members, member, [ahead, &own], from).await {
+                    // The one ahead still waiting and both unchanged since the snapshot
+                    // (read after every watcher started): nothing it watches happened in
+                    // between, and it stays asleep. With thousands of waiters joining at
+                    // once, nearly every watcher starts after a few more joined, and waking
+                    // each to read the queue cost a read of the whole queue per waiter. A
+                    // record the tail named was never read: this read is its only one.
+                    if (missed || !known_waiting)
+                        && !still_behind(members, member, ahead, &own, from).await
+                    {
                         wake(id, state, clock);
                     }
                 }
@@ -359,23 +382,31 @@ async fn watch_once(
     }
 }
 
-/// Whether each of `keys` exists and was last written before revision `from`, read on
-/// `member` now (`false` if the read fails).
-async fn unchanged_since(members: &Members, member: usize, keys: [&String; 2], from: i64) -> bool {
+/// Whether the record `ahead` still waits and it and the waiter's own record `own` were
+/// last written before revision `from`, read on `member` now (`false` if the read fails):
+/// then nothing that can let the waiter in happened since the snapshot it decided on. (A
+/// waiting record is written again only by its grant.)
+async fn still_behind(members: &Members, member: usize, ahead: &str, own: &str, from: i64) -> bool {
     let read = async {
         let mut client = members.client(member).await?;
-        let txn = Txn::new().and_then(keys.map(|k| TxnOp::get(k.clone(), None)));
+        let txn = Txn::new().and_then([ahead, own].map(|k| TxnOp::get(k, None)));
         client.txn(txn).await
     };
     let Ok(Ok(resp)) = tokio::time::timeout(ATTEMPT_TIMEOUT, read).await else {
         return false;
     };
+    let kv = |op: Option<&TxnOpResponse>| match op {
+        Some(TxnOpResponse::Get(g)) => g
+            .kvs()
+            .first()
+            .filter(|kv| kv.mod_revision() < from)
+            .cloned(),
+        _ => None,
+    };
     let ops = resp.op_responses();
-    ops.len() == keys.len()
-        && ops.iter().all(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.mod_revision() < from),
-            _ => false,
-        })
+    let waiting =
+        |kv: &etcd_client::KeyValue| Record::decode(kv.value()).is_ok_and(|r| r.g.is_none());
+    kv(ops.first()).is_some_and(|a| waiting(&a)) && kv(ops.get(1)).is_some()
 }
 
 impl Watches {

@@ -449,9 +449,10 @@ pub(crate) struct Joined {
 }
 
 impl Joined {
-    /// The reply of the acquire's transaction, failed at the top (the queue was not empty):
-    /// `Ok` if its nested transaction wrote the record, else `Err` with the snapshot of the
-    /// whole semaphore that the nested transaction read instead.
+    /// The reply of the acquire's transaction, failed at the top (the queue was not empty),
+    /// or of the join alone (onto a queue found long, `EtcdBackend::long_queue`): `Ok` if
+    /// its nested transaction wrote the record, else `Err` with the snapshot of the whole
+    /// semaphore that the nested transaction read instead.
     pub(crate) fn parse(
         keys: &Keys,
         resp: &TxnResponse,
