@@ -223,6 +223,16 @@ impl Error {
         }
     }
 
+    /// [`InvalidInput::StoreUrl`] for `url`, shown with its passwords replaced by `***`
+    /// ([`redact_url`]): what every store's URL parser answers for a URL it refuses.
+    pub fn bad_store_url(url: &str, reason: impl Into<String>) -> Self {
+        InvalidInput::StoreUrl {
+            url: redact_url(url),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
     /// The request was refused before reaching the store.
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Error::InvalidInput(_))

@@ -270,6 +270,29 @@ pub struct SemaphoreStatus {
     pub queue: Vec<Waiter>,
 }
 
+impl SemaphoreStatus {
+    /// The snapshot of `name` with `used` of `capacity` permits held at `now`; `available`
+    /// follows from them (zero while over capacity after a shrinking resize).
+    pub fn new(
+        name: &Name,
+        capacity: u32,
+        used: u32,
+        now: StoreTime,
+        holders: Vec<Lease>,
+        queue: Vec<Waiter>,
+    ) -> Self {
+        SemaphoreStatus {
+            name: name.to_string(),
+            capacity,
+            used,
+            available: capacity.saturating_sub(used),
+            now,
+            holders,
+            queue,
+        }
+    }
+}
+
 /// What the client asks of the store when acquiring.
 #[derive(Debug, Clone)]
 pub struct AcquireRequest {

@@ -131,23 +131,23 @@ fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
     }
 }
 
+/// The scenarios both SQL servers (PostgreSQL, MariaDB) run: holder faults, a faulty
+/// network, a stop and a durable restart, a freeze, client kills, reclaims and garbage.
+const SQL_SERVER_SCENARIOS: &[&str] = &[
+    "baseline",
+    "s1-kill",
+    "s2-stop",
+    "s3-proxy",
+    "s4-restart-aof",
+    "s5-freeze",
+    "s9-client-kill",
+    "s10-reclaim",
+    "garbage",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_survives_holder_faults_a_faulty_network_crashes_freezes_cuts_and_garbage() {
-    let reports = short(
-        StoreSpec::Postgres,
-        &[
-            "baseline",
-            "s1-kill",
-            "s2-stop",
-            "s3-proxy",
-            "s4-restart-aof",
-            "s5-freeze",
-            "s9-client-kill",
-            "s10-reclaim",
-            "garbage",
-        ],
-    )
-    .await;
+    let reports = short(StoreSpec::Postgres, SQL_SERVER_SCENARIOS).await;
     // s10-reclaim: 10,000 waiters queued at once by one process, whose heartbeats go to the
     // server gathered per semaphore, on connections apart from the enqueues.
     for name in [
@@ -166,21 +166,7 @@ async fn postgres_survives_holder_faults_a_faulty_network_crashes_freezes_cuts_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_survives_holder_faults_restarts_freezes_client_kills_and_garbage() {
-    let reports = short(
-        StoreSpec::Mariadb,
-        &[
-            "baseline",
-            "s1-kill",
-            "s2-stop",
-            "s3-proxy",
-            "s4-restart-aof",
-            "s5-freeze",
-            "s9-client-kill",
-            "s10-reclaim",
-            "garbage",
-        ],
-    )
-    .await;
+    let reports = short(StoreSpec::Mariadb, SQL_SERVER_SCENARIOS).await;
     // A MariaDB restart keeps what was committed: the durable-restart scenario.
     for name in [
         "baseline",

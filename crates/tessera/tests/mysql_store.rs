@@ -13,7 +13,7 @@ use tessera::*;
 use tessera_testkit::conformance::joined;
 use tessera_testkit::differential::{DiffClock, Differential, Seen};
 use tessera_testkit::gathered::{ManyWaiters, SHORT};
-use tessera_testkit::seam::{name, req, LONG};
+use tessera_testkit::seam::{self, name, req, LONG};
 use tessera_testkit::servers::fill_pool;
 use tessera_testkit::servers::mysql::MariaDbServer;
 use tessera_testkit::status_locks::{self, Blocker};
@@ -47,35 +47,7 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
 async fn expired_holders_and_waiters_are_purged_and_the_queue_moves_on() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    let n = name("expiry");
-    let (a, b, c) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
-    let short = Duration::from_millis(300);
-    assert!(matches!(
-        db.acquire(&n, 1, &req(a, 1, short, None)).await.unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        db.acquire(&n, 1, &req(c, 1, LONG, Some((short, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
-    assert_eq!(
-        db.acquire(&n, 1, &req(b, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 1 }
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The next step purges A (expired) and C (heartbeat expired) and hands the permit to B.
-    match db.heartbeat(&n, b, LONG).await.unwrap() {
-        WaitReply::Granted(g) => assert_eq!(g.lease.seats, vec![0]),
-        other => panic!("B not granted: {other:?}"),
-    }
-    assert_eq!(db.heartbeat(&n, c, LONG).await.unwrap(), WaitReply::Gone);
-    assert_eq!(db.renew(&n, a, LONG).await.unwrap(), RenewReply::Gone);
-    assert!(db.release(&n, b).await.unwrap());
-    assert!(db.status(&n).await.unwrap().is_none());
+    seam::expired_holders_and_waiters_are_purged(&db).await;
     assert_no_rows_left(&server, "t");
 }
 
@@ -638,41 +610,13 @@ async fn rate_status_when_something_is_due_is_the_models() {
     .await;
 }
 
-/// When the step has something to do at the status's instant, the status is the step's: an
-/// expired holder is purged and its permit handed to the waiter, which the status then shows
-/// as the holder (and whose heartbeat finds it granted).
+/// The status of an expired holder and a waiter is the step's hand-off (see the testkit's
+/// `seam::status_of_an_expired_holder_is_the_steps_hand_off`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_an_expired_holder_and_a_waiter_is_the_steps_hand_off() {
     let server = MariaDbServer::start();
     let db = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    let n = name("due");
-    let (a, w) = (LeaseId::random(), LeaseId::random());
-    assert!(matches!(
-        db.acquire(&n, 1, &req(a, 1, Duration::from_millis(300), None))
-            .await
-            .unwrap(),
-        AcquireReply::Granted(_)
-    ));
-    assert_eq!(
-        db.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
-            .await
-            .unwrap(),
-        AcquireReply::Queued { position: 0 }
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let status = db.status(&n).await.unwrap().unwrap();
-    let holders: Vec<_> = status
-        .holders
-        .iter()
-        .map(|h| (h.lease_id, h.weight))
-        .collect();
-    assert_eq!(holders, vec![(w, 1)], "{status:?}");
-    assert!(status.queue.is_empty(), "{status:?}");
-    assert_eq!((status.used, status.available), (1, 0));
-    assert!(matches!(
-        db.heartbeat(&n, w, LONG).await.unwrap(),
-        WaitReply::Granted(_)
-    ));
+    seam::status_of_an_expired_holder_is_the_steps_hand_off(&db).await;
 }
 
 /// Garbage in tessera's rows (values of the right type, wrong meaning) is a typed

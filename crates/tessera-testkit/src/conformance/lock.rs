@@ -2,7 +2,7 @@
 //! capacity 1.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera::*;
@@ -89,22 +89,20 @@ pub async fn lock_waiters_are_served_in_order(h: &Harness) {
     let admin = h.client().await;
     let lock = Lock::new(&admin.store, &name, opts(3_000)).unwrap();
     let g = lock.lock().await.unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..4 {
-        let client = h.client().await;
-        let (n, order) = (name.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
+    let free = async { drop(g) };
+    let order = served_order(
+        h,
+        &admin.store,
+        &name,
+        4,
+        free,
+        |client, n, served| async move {
             let lock = Lock::new(&client.store, &n, opts(3_000)).unwrap();
             let g = lock.lock().await.unwrap();
-            order.lock().unwrap().push(i);
+            served();
             g.release().await.unwrap();
-        }));
-        wait_queued(&admin.store, &name, i + 1).await;
-    }
-    drop(g);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+        },
+    )
+    .await;
+    assert_eq!(order, [0, 1, 2, 3]);
 }

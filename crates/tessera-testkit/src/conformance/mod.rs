@@ -100,6 +100,42 @@ pub async fn wait_queued(store: &Store, name: &str, n: usize) {
     .await;
 }
 
+/// The order in which `waiters` clients of `h` are served on `name`, which a holder of `admin`
+/// holds: each waiter runs `wait` on its own client, one at a time until it is queued (so
+/// they reach the store in order 0, 1, …); then `free` lets the holder go. `wait` takes the
+/// grant, calls the `served` it is given, and gives the grant back.
+pub async fn served_order<F, Fut>(
+    h: &crate::harness::Harness,
+    admin: &Store,
+    name: &str,
+    waiters: usize,
+    free: impl Future<Output = ()>,
+    wait: F,
+) -> Vec<usize>
+where
+    F: Fn(crate::harness::Client, String, Box<dyn FnOnce() + Send>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..waiters {
+        let order = order.clone();
+        let served = Box::new(move || order.lock().unwrap().push(i));
+        tasks.push(tokio::spawn(wait(
+            h.client().await,
+            name.to_string(),
+            served,
+        )));
+        wait_queued(admin, name, i + 1).await;
+    }
+    free.await;
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
 /// The one permit of semaphore `name` (options `o`) handed from a holder of store `a` to a
 /// waiter of store `b` (which may be `a`): `a` acquires, `b` queues behind it, `a` releases,
 /// and `b` must be handed the permit `within`; the holder's release must find its lease.

@@ -104,24 +104,24 @@ pub async fn waiters_are_served_in_arrival_order(h: &Harness) {
     let admin = h.client().await;
     let sem = Semaphore::new(&admin.store, &name, 1, opts(5_000)).unwrap();
     let first = sem.acquire().await.unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..5 {
-        let client = h.client().await;
-        let (n, order) = (name.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
+    let free = async {
+        first.release().await.unwrap();
+    };
+    let order = served_order(
+        h,
+        &admin.store,
+        &name,
+        5,
+        free,
+        |client, n, served| async move {
             let sem = Semaphore::new(&client.store, &n, 1, opts(5_000)).unwrap();
             let p = sem.acquire().await.unwrap();
-            order.lock().unwrap().push(i);
+            served();
             p.release().await.unwrap();
-        }));
-        wait_queued(&admin.store, &name, i + 1).await;
-    }
-    first.release().await.unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        },
+    )
+    .await;
+    assert_eq!(order, [0, 1, 2, 3, 4]);
     assert_drained(&admin.store, &name).await;
 }
 

@@ -348,14 +348,15 @@ impl Semaphore {
             .backend()
             .status(&self.config.name)
             .await?
-            .unwrap_or_else(|| SemaphoreStatus {
-                name: self.config.name.to_string(),
-                capacity: self.capacity(),
-                used: 0,
-                available: self.capacity(),
-                now: StoreTime(0),
-                holders: vec![],
-                queue: vec![],
+            .unwrap_or_else(|| {
+                SemaphoreStatus::new(
+                    &self.config.name,
+                    self.capacity(),
+                    0,
+                    StoreTime(0),
+                    vec![],
+                    vec![],
+                )
             }))
     }
 

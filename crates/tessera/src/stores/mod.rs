@@ -26,7 +26,7 @@ pub mod sqlite;
 
 use std::sync::Arc;
 
-use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::error::{Error, Result};
 use tessera_core::seam::Backend;
 
 /// Whether opening a store may create it.
@@ -182,14 +182,10 @@ fn expected(has_feature: &dyn Fn(&str) -> bool) -> String {
 }
 
 /// The scheme of `url`, if this build has its store; otherwise
-/// [`InvalidInput::StoreUrl`]. Pure: the first check [`open`] makes.
+/// [`InvalidInput::StoreUrl`](tessera_core::error::InvalidInput::StoreUrl). Pure: the first
+/// check [`open`] makes.
 pub(crate) fn scheme_of(url: &str) -> Result<&str> {
-    let bad = |reason: String| {
-        Error::from(InvalidInput::StoreUrl {
-            url: redact_url(url),
-            reason,
-        })
-    };
+    let bad = |reason: String| Error::bad_store_url(url, reason);
     let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| {
         bad("expected SCHEME://…, e.g. sqlite:///var/lib/app/tessera.db".to_string())
     })?;
@@ -200,8 +196,9 @@ pub(crate) fn scheme_of(url: &str) -> Result<&str> {
 }
 
 /// Opens the store named by `url`. A malformed URL, an unknown scheme or one whose store is
-/// not compiled in is [`InvalidInput::StoreUrl`], and nothing is created. `open` only
-/// matters to stores that create something on connect (SQLite's file).
+/// not compiled in is
+/// [`InvalidInput::StoreUrl`](tessera_core::error::InvalidInput::StoreUrl), and nothing is
+/// created. `open` only matters to stores that create something on connect (SQLite's file).
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(unused_variables)
@@ -251,6 +248,8 @@ pub(crate) async fn open(url: &str, open: Open) -> Result<Arc<dyn Backend>> {
 
 #[cfg(test)]
 mod tests {
+    use tessera_core::error::InvalidInput;
+
     use super::*;
     use crate::store::Store;
 

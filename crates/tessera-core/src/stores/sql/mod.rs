@@ -78,6 +78,7 @@
 )]
 
 mod dialect;
+pub mod errors;
 pub mod rate;
 mod rate_snapshot;
 mod snapshot;

@@ -524,15 +524,14 @@ impl<'r, R: SemRows> Step<'r, R> {
             .iter()
             .map(waiter_of_row)
             .collect::<Result<Vec<_>>>()?;
-        Ok(SemaphoreStatus {
-            name: name.to_string(),
-            capacity: self.sem.capacity,
-            used: self.sem.used,
-            available: self.available(),
-            now: self.now,
+        Ok(SemaphoreStatus::new(
+            name,
+            self.sem.capacity,
+            self.sem.used,
+            self.now,
             holders,
             queue,
-        })
+        ))
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use tessera_core::clock::{Clock, SystemClock};
-use tessera_core::error::{redact_url, InvalidInput, Result};
+use tessera_core::error::{Error, Result};
 use tessera_core::model::*;
 use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
@@ -43,14 +43,13 @@ pub struct MemoryBackend {
 pub(crate) fn parse_url(url: &str) -> Result<&str> {
     let rest = url
         .strip_prefix("memory://")
-        .ok_or_else(|| InvalidInput::StoreUrl {
-            url: redact_url(url),
-            reason: "expected memory://[NAME]".into(),
-        })?;
+        .ok_or_else(|| Error::bad_store_url(url, "expected memory://[NAME]"))?;
     if !rest.is_empty() {
-        Name::new(rest).map_err(|_| InvalidInput::StoreUrl {
-            url: redact_url(url),
-            reason: "the instance name after memory:// must be a valid name".into(),
+        Name::new(rest).map_err(|_| {
+            Error::bad_store_url(
+                url,
+                "the instance name after memory:// must be a valid name",
+            )
         })?;
     }
     Ok(rest)

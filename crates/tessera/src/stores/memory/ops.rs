@@ -473,15 +473,8 @@ impl SemState {
     fn status(&self, name: &Name, now: StoreTime) -> SemaphoreStatus {
         let mut holders: Vec<Lease> = self.holders.iter().map(|(id, h)| h.lease(*id)).collect();
         holders.sort_by_key(|l| (l.acquired_at, l.fence));
-        SemaphoreStatus {
-            name: name.to_string(),
-            capacity: self.capacity,
-            used: self.used,
-            available: self.available(),
-            now,
-            holders,
-            queue: self.queue.values().map(|q| q.waiter.clone()).collect(),
-        }
+        let queue = self.queue.values().map(|q| q.waiter.clone()).collect();
+        SemaphoreStatus::new(name, self.capacity, self.used, now, holders, queue)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The store's errors: the driver's and the server's (by error number), mapped to [`Error`].
 
 use tessera_core::error::{Error, StoreErrorKind};
+use tessera_core::stores::sql::errors::driver_error;
 
 /// A first connection's error: nothing listening and refused credentials in the shape every
 /// server store gives them (`MySQL: <cause> (<hint naming the URL>)`); anything else under
@@ -74,17 +75,8 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 format!("TLS handshake failed (check ssl-ca and ssl-mode): {io}"),
             )
         }
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => StoreErrorKind::Connection,
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
+        sqlx::Error::Protocol(_) => StoreErrorKind::Connection,
+        _ => return driver_error(&e, e.to_string()),
     };
     Error::store(kind, e.to_string())
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
-use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::error::{redact_url, Error, Result};
 use tessera_core::stores::url::{not_a_url, percent_decode};
 
 /// The default MySQL / MariaDB port.
@@ -39,13 +39,7 @@ impl std::fmt::Debug for Config {
 /// Parses `mysql://[user[:password]@]host[:port]/database[?ssl-mode=…&ssl-ca=…&wake=…]`.
 pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     let redacted = redact_url(raw);
-    let bad = |reason: String| -> Error {
-        InvalidInput::StoreUrl {
-            url: redacted.clone(),
-            reason,
-        }
-        .into()
-    };
+    let bad = |reason: String| Error::bad_store_url(raw, reason);
     let url = url::Url::parse(raw).map_err(|e| bad(not_a_url(e)))?;
     if !matches!(url.scheme(), "mysql" | "mariadb") {
         return Err(bad("expected mysql:// or mariadb://".into()));
@@ -185,6 +179,8 @@ pub(crate) fn parse_url(raw: &str) -> Result<Config> {
 
 #[cfg(test)]
 mod tests {
+    use tessera_core::error::InvalidInput;
+
     use super::*;
 
     #[test]

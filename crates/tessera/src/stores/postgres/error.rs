@@ -1,6 +1,7 @@
 //! The store's errors: the driver's and PostgreSQL's (by SQLSTATE), mapped to [`Error`].
 
 use tessera_core::error::{refused_connection, with_auth_hint, Error, StoreErrorKind};
+use tessera_core::stores::sql::errors::driver_error;
 
 use super::url::Config;
 
@@ -105,18 +106,8 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 _ => StoreErrorKind::Other,
             }
         }
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StoreErrorKind::Connection,
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
+        sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => StoreErrorKind::Connection,
+        _ => return driver_error(&e, describe(&e)),
     };
     Error::store(kind, describe(&e))
 }

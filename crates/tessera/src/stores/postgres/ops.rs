@@ -337,15 +337,9 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
             expires_at: time_of(int(&w[4], "expires_at")?, "expires_at")?,
         });
     }
-    Ok(SemaphoreStatus {
-        name: name.to_string(),
-        capacity,
-        used,
-        available: capacity.saturating_sub(used),
-        now,
-        holders,
-        queue,
-    })
+    Ok(SemaphoreStatus::new(
+        name, capacity, used, now, holders, queue,
+    ))
 }
 
 /// The JSON of [`READ_STATUS`] as the snapshot `stores/sql/snapshot.rs` decides on; every

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::error::{redact_url, Error, Result};
 use tessera_core::stores::url::{not_a_url, percent_decode};
 
 /// The schema tessera's tables and functions live in unless `?schema=` says otherwise.
@@ -34,13 +34,7 @@ pub(crate) struct Config {
 /// Parses a `postgres://` or `postgresql://` URL (see the module docs). Nothing connects.
 pub(crate) fn parse_url(raw: &str) -> Result<Config> {
     let redacted = redact_url(raw);
-    let bad = |reason: String| -> Error {
-        InvalidInput::StoreUrl {
-            url: redacted.clone(),
-            reason,
-        }
-        .into()
-    };
+    let bad = |reason: String| Error::bad_store_url(raw, reason);
     let url = match url::Url::parse(raw) {
         // `postgres://user@/db?host=/dir`: a user for a socket connection, no network host
         // (libpq's form, which the URL parser refuses as an empty host).
@@ -264,6 +258,8 @@ fn has_socket_dir(raw: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use tessera_core::error::InvalidInput;
+
     use super::*;
 
     fn reason(url: &str) -> String {

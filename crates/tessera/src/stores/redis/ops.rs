@@ -586,15 +586,9 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<SemaphoreStat
         .chunks(2)
         .map(|p| decode_waiter(lease_id(&p[0], W)?, text_ref(&p[1], W)?))
         .collect::<Result<Vec<Waiter>>>()?;
-    Ok(Some(SemaphoreStatus {
-        name: name.to_string(),
-        capacity,
-        used,
-        available: capacity.saturating_sub(used),
-        now,
-        holders,
-        queue,
-    }))
+    Ok(Some(SemaphoreStatus::new(
+        name, capacity, used, now, holders, queue,
+    )))
 }
 
 /// `Ok(old capacity)`, or [`Error::NotFound`].

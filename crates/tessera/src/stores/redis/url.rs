@@ -81,13 +81,7 @@ const SENTINEL_ONLY: &str =
 
 pub(super) fn parse_url(raw: &str) -> Result<Config> {
     let redacted = redact_url(raw);
-    let bad = |reason: String| -> Error {
-        InvalidInput::StoreUrl {
-            url: redacted.clone(),
-            reason,
-        }
-        .into()
-    };
+    let bad = |reason: String| Error::bad_store_url(raw, reason);
     let (scheme, rest) = raw.split_once("://").unwrap_or((raw, ""));
     let (base, sentinel) = match scheme {
         "redis+sentinel" => ("redis", true),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use tessera_core::error::{Error, StoreErrorKind};
+use tessera_core::stores::sql::errors::driver_error;
 
 /// How long a transaction waits for another connection's write lock.
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,16 +39,9 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
                 _ => StoreErrorKind::Other,
             }
         }
-        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
-            StoreErrorKind::Connection
-        }
-        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => return Error::Corrupt(e.to_string()),
-        _ => StoreErrorKind::Other,
+        // The driver's own; a protocol error here is a statement sqlx refused (a NUL byte,
+        // a bad parameter), so it stays [`StoreErrorKind::Other`].
+        _ => return driver_error(&e, e.to_string()),
     };
     Error::store(kind, e.to_string())
 }

@@ -2,16 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_core::error::{redact_url, Error, InvalidInput, Result};
+use tessera_core::error::{Error, Result};
 
 /// Parses a `sqlite://` URL into a file path (see the module docs).
 pub(crate) fn parse_url(url: &str) -> Result<PathBuf> {
-    let bad = |reason: String| {
-        Error::from(InvalidInput::StoreUrl {
-            url: redact_url(url),
-            reason,
-        })
-    };
+    let bad = |reason: String| Error::bad_store_url(url, reason);
     let rest = url
         .strip_prefix("sqlite://")
         .ok_or_else(|| bad("expected sqlite:///absolute/path.db".into()))?;
