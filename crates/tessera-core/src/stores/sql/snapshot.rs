@@ -153,15 +153,14 @@ pub fn settled(name: &Name, snap: Snapshot) -> Read {
             return Read::Step;
         }
     }
-    Read::Settled(Some(SemaphoreStatus {
-        name: name.to_string(),
+    Read::Settled(Some(SemaphoreStatus::new(
+        name,
         capacity,
         used,
-        available: capacity.saturating_sub(used),
         now,
-        holders: snap.holders,
-        queue: snap.queue,
-    }))
+        snap.holders,
+        snap.queue,
+    )))
 }
 
 #[cfg(test)]

@@ -737,15 +737,9 @@ impl Backend for EtcdBackend {
         holders.sort_by_key(|l| l.fence);
         let capacity = snap.capacity().unwrap_or(0);
         let used = snap.used();
-        Ok(Some(SemaphoreStatus {
-            name: name.to_string(),
-            capacity,
-            used,
-            available: capacity.saturating_sub(used),
-            now,
-            holders,
-            queue,
-        }))
+        Ok(Some(SemaphoreStatus::new(
+            name, capacity, used, now, holders, queue,
+        )))
     }
 
     /// One key name under the semaphores' prefix (keys only, at most one): a linearizable
