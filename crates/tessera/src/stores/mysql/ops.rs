@@ -979,17 +979,7 @@ impl SemRows for MysqlRows<'_> {
             ALL_WAITERS
         };
         let rows = self.fetch(sql, &[name]).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WaiterRow {
-                    lease_id: text_at(row, 0)?,
-                    weight: int_at(row, 1)?,
-                    holder: text_at(row, 2)?,
-                    enqueued_at: int_at(row, 3)?,
-                    expires_at: int_at(row, 4)?,
-                })
-            })
-            .collect()
+        rows.iter().map(waiter_at).collect()
     }
 
     async fn take_free_seats(&mut self, below: i64, n: i64) -> Result<Vec<i64>> {
@@ -1112,18 +1102,7 @@ pub(crate) async fn read_snapshot(
         return Ok(None);
     };
     let holders = holders.iter().map(holder_at).collect::<Result<Vec<_>>>()?;
-    let rows = waiters
-        .iter()
-        .map(|row| {
-            Ok(WaiterRow {
-                lease_id: text_at(row, 0)?,
-                weight: int_at(row, 1)?,
-                holder: text_at(row, 2)?,
-                enqueued_at: int_at(row, 3)?,
-                expires_at: int_at(row, 4)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let rows = waiters.iter().map(waiter_at).collect::<Result<Vec<_>>>()?;
     let head_gate = match (gates, waiters.first()) {
         (true, Some(head)) => head
             .try_get::<Option<i64>, _>(5)
@@ -1181,6 +1160,17 @@ fn freed_at(row: &MySqlRow) -> Result<Freed> {
 /// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at.
 fn holder_at(row: &MySqlRow) -> Result<HolderRow> {
     holder_from(row, 0)
+}
+
+/// A waiter row's five columns (`ALL_WAITERS`' and the status read's order).
+fn waiter_at(row: &MySqlRow) -> Result<WaiterRow> {
+    Ok(WaiterRow {
+        lease_id: text_at(row, 0)?,
+        weight: int_at(row, 1)?,
+        holder: text_at(row, 2)?,
+        enqueued_at: int_at(row, 3)?,
+        expires_at: int_at(row, 4)?,
+    })
 }
 
 /// A holder row's seven columns, from column `first` on (in a row that holds more).
