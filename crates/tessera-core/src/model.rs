@@ -224,6 +224,10 @@ pub struct Lease {
     pub acquired_at: StoreTime,
     /// When it expires unless renewed.
     pub expires_at: StoreTime,
+    /// The tenant the lease was granted to (`docs/fair-shares.md`); `None`: the request named
+    /// none (the tenant `""`), or the store keeps no tenant on its holders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A lease handed to its holder, with the store's time at that moment, so the holder can tell
@@ -249,6 +253,9 @@ pub struct Waiter {
     pub enqueued_at: StoreTime,
     /// When it leaves the queue unless its heartbeat renews it.
     pub expires_at: StoreTime,
+    /// The tenant the waiter asks for (`docs/fair-shares.md`); `None`: it named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A snapshot of one semaphore.
@@ -291,6 +298,45 @@ impl SemaphoreStatus {
             queue,
         }
     }
+
+    /// Holders, waiters and permits per tenant, derived from [`Self::holders`] and
+    /// [`Self::queue`]: the tenant `""` (requests that named none) first if present, then
+    /// by name. Empty when nobody holds or waits.
+    pub fn tenants(&self) -> Vec<TenantUsage> {
+        let mut by: std::collections::BTreeMap<&str, TenantUsage> = Default::default();
+        let held = self.holders.iter().map(|l| (&l.tenant, true, l.weight));
+        let queued = self.queue.iter().map(|w| (&w.tenant, false, w.weight));
+        for (tenant, holding, weight) in held.chain(queued) {
+            let t = tenant.as_deref().unwrap_or("");
+            let u = by.entry(t).or_insert_with(|| TenantUsage {
+                tenant: t.to_string(),
+                ..TenantUsage::default()
+            });
+            if holding {
+                u.holders += 1;
+                u.used += weight;
+            } else {
+                u.waiters += 1;
+                u.waiting += weight;
+            }
+        }
+        by.into_values().collect()
+    }
+}
+
+/// One tenant's part of a semaphore at a snapshot ([`SemaphoreStatus::tenants`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantUsage {
+    /// The tenant; `""` for requests that named none.
+    pub tenant: String,
+    /// Leases it holds.
+    pub holders: u32,
+    /// Permits those leases hold.
+    pub used: u32,
+    /// Its queued requests.
+    pub waiters: u32,
+    /// Permits those requests ask for.
+    pub waiting: u32,
 }
 
 /// What the client asks of the store when acquiring.

@@ -110,6 +110,12 @@ macro_rules! on_store {
             }
 
             #[tokio::test]
+            async fn status_shows_each_tenants_holders_and_waiters() {
+                let f = $make("usage").await;
+                super::status_shows_each_tenants_holders_and_waiters(f.backend()).await;
+            }
+
+            #[tokio::test]
             async fn a_semaphore_with_tenants_accepts_them_through_the_api() {
                 let f = $make("api").await;
                 super::a_semaphore_with_tenants_accepts_them_through_the_api(&f.store).await;
@@ -361,6 +367,74 @@ async fn a_light_tenants_admission_waits_behind_one_of_a_flood(b: &dyn Backend) 
     }
 }
 
+/// `status` shows each holder's and waiter's tenant, and per tenant what it holds and asks
+/// for (`SemaphoreStatus::tenants`), also for leases granted by a hand-off.
+async fn status_shows_each_tenants_holders_and_waiters(b: &dyn Backend) {
+    use tessera::TenantUsage;
+    let name = Name::new("usage").unwrap();
+    let usage = |tenant: &str, holders, used, waiters, waiting| TenantUsage {
+        tenant: tenant.to_string(),
+        holders,
+        used,
+        waiters,
+        waiting,
+    };
+    let a = request(Some(("a", 1)), 2);
+    let b1 = request(Some(("b", 1)), 1);
+    assert!(ask(b, &name, 3, &a).await);
+    assert!(ask(b, &name, 3, &b1).await);
+    // Queued in tag order: no tenant (0), b (1000), a (2000).
+    for r in [
+        request(None, 1),
+        request(Some(("a", 1)), 1),
+        request(Some(("b", 1)), 2),
+    ] {
+        assert!(!ask(b, &name, 3, &r).await);
+    }
+    let status = b.status(&name).await.unwrap().unwrap();
+    let tenants = |s: &SemaphoreStatus| {
+        (
+            s.holders
+                .iter()
+                .map(|h| h.tenant.clone())
+                .collect::<Vec<_>>(),
+            s.queue.iter().map(|w| w.tenant.clone()).collect::<Vec<_>>(),
+        )
+    };
+    let (mut held, queued) = tenants(&status);
+    held.sort();
+    let some = |t: &str| Some(t.to_string());
+    assert_eq!(held, vec![some("a"), some("b")]);
+    assert_eq!(queued, vec![None, some("b"), some("a")]);
+    assert_eq!(
+        status.tenants(),
+        vec![
+            usage("", 0, 0, 1, 1),
+            usage("a", 1, 2, 1, 1),
+            usage("b", 1, 1, 1, 2)
+        ]
+    );
+    // b's release hands its permit to the request without a tenant; a's hands two to b.
+    assert!(b.release(&name, b1.lease_id).await.unwrap());
+    assert!(b.release(&name, a.lease_id).await.unwrap());
+    let status = b.status(&name).await.unwrap().unwrap();
+    assert_eq!(
+        status.tenants(),
+        vec![
+            usage("", 1, 1, 0, 0),
+            usage("a", 0, 0, 1, 1),
+            usage("b", 1, 2, 0, 0)
+        ]
+    );
+    for h in status.holders.clone() {
+        assert!(b.release(&name, h.lease_id).await.unwrap());
+    }
+    for h in b.status(&name).await.unwrap().map_or(vec![], |s| s.holders) {
+        assert!(b.release(&name, h.lease_id).await.unwrap());
+    }
+    assert!(b.status(&name).await.unwrap().is_none(), "nothing left");
+}
+
 /// Through the public API: a semaphore whose options name a tenant is accepted and granted.
 async fn a_semaphore_with_tenants_accepts_them_through_the_api(store: &Store) {
     let opts = SemaphoreOptions::default().tenant(Tenant::new("sms", 2).unwrap());
@@ -483,7 +557,11 @@ async fn admission_order(store: &Store) -> Vec<String> {
         let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
         let a = queued.remove(&head).unwrap();
         match adm.admit(&name, 1, &config, &a).await.unwrap() {
-            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            AdmitReply::Granted { grant, .. } => {
+                let asked = a.acquire.tenant.as_ref().map(|t| t.name().to_string());
+                assert_eq!(grant.lease.tenant, asked, "an admission's tenant");
+                order.push(grant.lease.holder)
+            }
             other => panic!("the head was not granted: {other:?}"),
         }
         holder = head;
@@ -493,7 +571,11 @@ async fn admission_order(store: &Store) -> Vec<String> {
         let head = b.status(&name).await.unwrap().unwrap().queue[0].lease_id;
         let a = queued.remove(&head).unwrap();
         match adm.admit(&name, 1, &config, &a).await.unwrap() {
-            AdmitReply::Granted { grant, .. } => order.push(grant.lease.holder),
+            AdmitReply::Granted { grant, .. } => {
+                let asked = a.acquire.tenant.as_ref().map(|t| t.name().to_string());
+                assert_eq!(grant.lease.tenant, asked, "an admission's tenant");
+                order.push(grant.lease.holder)
+            }
             other => panic!("the head was not granted: {other:?}"),
         }
         holder = head;
@@ -602,11 +684,17 @@ fn queue_order_follows_the_start_tag_model(rt: &tokio::runtime::Runtime, b: &dyn
 async fn follow_the_model(b: &dyn Backend, steps: Vec<Step>) {
     let name = Name::new(format!("model-{}", LeaseId::random())).unwrap();
     let mut model = SfqModel::default();
+    let mut tenant_of: HashMap<LeaseId, Option<String>> = HashMap::new();
     for s in steps {
         match s {
             Step::Arrive { t, weight } => {
                 let r = request(TENANTS[t], weight);
-                ask(b, &name, SfqModel::CAPACITY, &r).await;
+                tenant_of.insert(r.lease_id, TENANTS[t].map(|t| t.0.to_string()));
+                if let AcquireReply::Granted(g) =
+                    b.acquire(&name, SfqModel::CAPACITY, &r).await.unwrap()
+                {
+                    assert_eq!(g.lease.tenant, tenant_of[&r.lease_id], "the grant's tenant");
+                }
                 model.arrive(t, weight, r.lease_id);
             }
             Step::Release(i) if !model.holders.is_empty() => {
@@ -622,6 +710,15 @@ async fn follow_the_model(b: &dyn Backend, steps: Vec<Step>) {
             Step::Release(_) | Step::Cancel(_) => {}
         }
         let status = b.status(&name).await.unwrap();
+        // Every holder and waiter shows the tenant it asked as, also after a hand-off.
+        if let Some(s) = &status {
+            for h in &s.holders {
+                assert_eq!(h.tenant, tenant_of[&h.lease_id], "a holder's tenant: {s:?}");
+            }
+            for w in &s.queue {
+                assert_eq!(w.tenant, tenant_of[&w.lease_id], "a waiter's tenant: {s:?}");
+            }
+        }
         let queue: Vec<LeaseId> = status
             .as_ref()
             .map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
@@ -678,6 +775,14 @@ mod on_redis {
         let tags = server.command(&["HLEN", "{flood:flood}:tags"]);
         assert!(tags.contains(":2"), "bulk and alerts have tags: {tags:?}");
         assert_eq!(server.immortal_keys("flood"), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_shows_each_tenants_holders_and_waiters() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "usage").await;
+        super::status_shows_each_tenants_holders_and_waiters(store.backend().as_ref()).await;
+        assert_eq!(server.immortal_keys("usage"), Vec::<String>::new());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

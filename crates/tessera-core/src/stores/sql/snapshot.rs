@@ -179,6 +179,7 @@ mod tests {
             holder: "h".into(),
             acquired_at: StoreTime(1),
             expires_at: StoreTime(expires_at),
+            tenant: None,
         }
     }
 
@@ -189,6 +190,7 @@ mod tests {
             holder: "w".into(),
             enqueued_at: StoreTime(1),
             expires_at: StoreTime(expires_at),
+            tenant: None,
         }
     }
 

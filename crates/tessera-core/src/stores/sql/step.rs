@@ -376,6 +376,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             holder,
             acquired_at: self.now,
             expires_at: self.now.plus(ttl),
+            tenant: None,
         };
         let (lease_text, seats_text) = (lease_id.to_string(), encode_seats(&lease.seats));
         let row = NewHolder {
@@ -987,6 +988,7 @@ pub fn lease_of_row(row: &HolderRow) -> Result<Lease> {
         holder: row.holder.clone(),
         acquired_at: time_of(row.acquired_at, "acquired_at")?,
         expires_at: time_of(row.expires_at, "expires_at")?,
+        tenant: None,
     })
 }
 
@@ -997,5 +999,6 @@ pub fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
         holder: row.holder.clone(),
         enqueued_at: time_of(row.enqueued_at, "enqueued_at")?,
         expires_at: time_of(row.expires_at, "expires_at")?,
+        tenant: None,
     })
 }

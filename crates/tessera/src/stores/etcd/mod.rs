@@ -731,6 +731,7 @@ impl Backend for EtcdBackend {
                     holder: e.record.h.clone(),
                     enqueued_at: StoreTime(e.record.e),
                     expires_at,
+                    tenant: None,
                 });
             }
         }

@@ -412,6 +412,7 @@ impl Entry {
             holder: self.record.h.clone(),
             acquired_at: StoreTime(g.map_or(0, |g| g.a)),
             expires_at,
+            tenant: None,
         }
     }
 }

@@ -55,6 +55,8 @@ struct Holder {
     holder: Arc<str>,
     acquired_at: StoreTime,
     expires_at: StoreTime,
+    /// The tenant it was granted to; `None` without one (no allocation).
+    tenant: Option<Box<str>>,
 }
 
 /// The seats of a holder: one seat (the common case) without an allocation.
@@ -83,6 +85,7 @@ impl Holder {
             holder: String::from(&*self.holder),
             acquired_at: self.acquired_at,
             expires_at: self.expires_at,
+            tenant: self.tenant.as_deref().map(String::from),
         }
     }
 }
@@ -97,6 +100,11 @@ struct QueuedWaiter {
     /// (the instant its windows admit it, as last told), then sets it to the end of time
     /// until the waiter steps again.
     gate: Option<StoreTime>,
+}
+
+/// The name of the tenant `req` asks as, kept on its waiter and its lease.
+fn tenant_name(req: &AcquireRequest) -> Option<String> {
+    req.tenant.as_ref().map(|t| t.name().to_string())
 }
 
 /// Queue sequence numbers start here, so a waiter can join in front of the head.
@@ -239,17 +247,19 @@ impl SemState {
             let w = qw.waiter;
             // Provisional until renewed: no longer than the waiter's entry would have lived.
             let ttl = qw.ttl.min(w.expires_at.since(now));
-            let lease = self.grant(w.lease_id, w.weight, ttl, &w.holder, now, hwm);
+            let lease = self.grant(w.lease_id, w.weight, ttl, &w.holder, w.tenant, now, hwm);
             wakes.push(Wake::Granted(Grant { lease, now }));
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn grant(
         &mut self,
         lease_id: LeaseId,
         weight: u32,
         ttl: Duration,
         holder: &str,
+        tenant: Option<String>,
         now: StoreTime,
         hwm: &mut u64,
     ) -> Lease {
@@ -265,6 +275,7 @@ impl SemState {
             holder: self.intern(holder),
             acquired_at: now,
             expires_at: now.plus(ttl),
+            tenant: tenant.map(String::into_boxed_str),
         };
         let lease = h.lease(lease_id);
         self.used += weight;
@@ -431,6 +442,7 @@ impl SemState {
             holder: req.holder.clone(),
             enqueued_at: now,
             expires_at: now.plus(wait.waiter_ttl),
+            tenant: tenant_name(req),
         };
         self.waiter_expiry.insert((waiter.expires_at, req.lease_id));
         self.queue_index.insert(req.lease_id, seq);
@@ -565,7 +577,15 @@ impl Model {
             let tags = st.tags(req.tenant.as_ref(), req.weight);
             if st.would_lead(tags.0) && st.used + req.weight <= st.capacity {
                 st.take_tags(req.tenant.as_ref(), tags, true);
-                let lease = st.grant(req.lease_id, req.weight, req.ttl, &req.holder, now, hwm);
+                let lease = st.grant(
+                    req.lease_id,
+                    req.weight,
+                    req.ttl,
+                    &req.holder,
+                    tenant_name(req),
+                    now,
+                    hwm,
+                );
                 return Ok(AcquireReply::Granted(Grant { lease, now }));
             }
             let Some(wait) = req.wait else {
@@ -640,7 +660,15 @@ impl Model {
                         }
                     }
                     st.remove_waiter(a.lease_id);
-                    let lease = st.grant(a.lease_id, a.weight, a.ttl, &a.holder, now, hwm);
+                    let lease = st.grant(
+                        a.lease_id,
+                        a.weight,
+                        a.ttl,
+                        &a.holder,
+                        tenant_name(a),
+                        now,
+                        hwm,
+                    );
                     // The waiters behind a head that was an admission get what still fits.
                     st.hand_off(now, hwm, wakes);
                     return Ok(AdmitReply::Granted {

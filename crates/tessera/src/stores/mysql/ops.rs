@@ -679,6 +679,7 @@ impl SemRows for MysqlRows<'_> {
                         holder: h.holder.to_string(),
                         acquired_at: at(h.acquired_at),
                         expires_at: at(h.expires_at),
+                        tenant: None,
                     },
                     now: at(h.acquired_at),
                 });

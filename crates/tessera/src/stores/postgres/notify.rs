@@ -318,6 +318,7 @@ fn parse_grant(payload: &str) -> Option<Grant> {
             holder,
             acquired_at: now,
             expires_at,
+            tenant: None,
         },
         now,
     })

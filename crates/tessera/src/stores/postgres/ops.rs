@@ -195,6 +195,7 @@ pub(crate) fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
         holder: get(row, "holder")?,
         acquired_at: time_of(get(row, "acquired_at")?, "acquired_at")?,
         expires_at: time_of(get(row, "expires_at")?, "expires_at")?,
+        tenant: None,
     })
 }
 
@@ -325,6 +326,7 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
             holder: text(&h[4], "holder")?,
             acquired_at: time_of(int(&h[5], "acquired_at")?, "acquired_at")?,
             expires_at: time_of(int(&h[6], "expires_at")?, "expires_at")?,
+            tenant: None,
         });
     }
     let mut queue = Vec::new();
@@ -335,6 +337,7 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
             holder: text(&w[2], "holder")?,
             enqueued_at: time_of(int(&w[3], "enqueued_at")?, "enqueued_at")?,
             expires_at: time_of(int(&w[4], "expires_at")?, "expires_at")?,
+            tenant: None,
         });
     }
     Ok(SemaphoreStatus::new(

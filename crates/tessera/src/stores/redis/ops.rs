@@ -431,6 +431,7 @@ pub(crate) fn decode_lease(id: LeaseId, record: &str) -> Result<Lease> {
         holder: f[6].to_string(),
         acquired_at: StoreTime(parse_num(f[3], "lease", record)?),
         expires_at: StoreTime(parse_num(f[4], "lease", record)?),
+        tenant: None,
     })
 }
 
@@ -451,6 +452,7 @@ pub(crate) fn decode_waiter(id: LeaseId, record: &str) -> Result<Waiter> {
         holder: f[5].to_string(),
         enqueued_at: StoreTime(parse_num(f[2], "waiter", record)?),
         expires_at: StoreTime(parse_num(f[3], "waiter", record)?),
+        tenant: None,
     })
 }
 
