@@ -67,7 +67,7 @@ pub(crate) const MIGRATION_7: &[&[&str]] = &[
 
 const ADMIT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, \
      expires_at, reservation, \"position\", window_at, available, queued, stored_capacity, \
-     stored_limits \
+     stored_limits, tenant \
      FROM tessera_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
      $18, $19)";
 const GIVE_BACK: &str = "SELECT held, grants FROM tessera_give_back($1, $2, $3, $4, $5, $6)";

@@ -20,6 +20,7 @@ pub(super) const MIGRATIONS: &[&[&[&str]]] = &[
     admission::MIGRATION_6,
     admission::MIGRATION_7,
     ops::MIGRATION_8,
+    ops::MIGRATION_9,
 ];
 
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without

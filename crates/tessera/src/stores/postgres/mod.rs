@@ -99,7 +99,9 @@
 //!   step (`sql/common.sql`, "Fair shares"); `tessera_acquire` and `tessera_admit` take the
 //!   tenant and its share as arguments with defaults, so a call of an older build's
 //!   arguments is a request without a tenant. A request without a tenant runs the
-//!   statements it ran before.
+//!   statements it ran before. Migration 9 (`sql/schema_9.sql`; step revision 8) keeps the
+//!   tenant a request named on its waiter's row and its holder's (`tenant`, NULL for none):
+//!   every lease and waiter the store returns carries it, a hand-off's wake-up payload too.
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,

@@ -291,17 +291,23 @@ async fn watchdog(owner: Weak<Listener>, first: PgListener, options: PgConnectOp
     }
 }
 
-/// A grant pushed with its wake-up (`tessera__wake_grant` in `common.sql`):
-/// `lease \t now \t fence \t expires_at \t seats \t holder`. `None` for anything else
-/// (a bare lease id, or a payload that does not read: the waiter then asks the store).
+/// A grant pushed with its wake-up (`tessera__hand_off` in `common.sql`):
+/// `lease \t now \t fence \t expires_at \t seats \t holder`, the seats field
+/// `seats:tenant` for a lease of a tenant (step revision 8). `None` for anything else (a bare
+/// lease id, or a payload that does not read: the waiter then asks the store).
 fn parse_grant(payload: &str) -> Option<Grant> {
     let mut f = payload.splitn(6, '\t');
     let lease_id: LeaseId = f.next()?.parse().ok()?;
     let now = StoreTime(f.next()?.parse().ok()?);
     let fence: u64 = f.next()?.parse().ok()?;
     let expires_at = StoreTime(f.next()?.parse().ok()?);
-    let seats: Vec<u32> = f
-        .next()?
+    let seats = f.next()?;
+    let (seats, tenant) = match seats.split_once(':') {
+        Some((_, "")) => return None,
+        Some((seats, tenant)) => (seats, Some(tenant.to_string())),
+        None => (seats, None),
+    };
+    let seats: Vec<u32> = seats
         .split(',')
         .map(|s| s.parse().ok())
         .collect::<Option<_>>()?;
@@ -318,7 +324,7 @@ fn parse_grant(payload: &str) -> Option<Grant> {
             holder,
             acquired_at: now,
             expires_at,
-            tenant: None,
+            tenant,
         },
         now,
     })
@@ -339,6 +345,12 @@ mod tests {
         );
         assert_eq!((g.lease.seats.clone(), g.lease.weight), (vec![0, 2], 2));
         assert_eq!(g.lease.holder, "host/1\twith tab");
+        assert_eq!(g.lease.tenant, None);
+        // A tenant's lease: `seats:tenant` (the tenant may hold ':' and ',').
+        let g = parse_grant(&format!("{id}\t100\t7\t200\t0,2:a:b,c\th")).unwrap();
+        assert_eq!((g.lease.seats.clone(), g.lease.holder.as_str()), (vec![0, 2], "h"));
+        assert_eq!(g.lease.tenant.as_deref(), Some("a:b,c"));
+        assert!(parse_grant(&format!("{id}\t100\t7\t200\t0:\th")).is_none());
         assert!(parse_grant(id).is_none());
         assert!(parse_grant(&format!("{id}\t100\t7\t200\t2,0\th")).is_none());
         assert!(parse_grant(&format!("{id}\t100\t7\t50\t0\th")).is_none());

@@ -45,6 +45,16 @@ pub(crate) const MIGRATION_8: &[&[&str]] = &[
     admission::FUNCTIONS,
 ];
 
+/// Migration 9 (`sql/schema_9.sql`): the tenant a request named, on its waiter's row and on
+/// its holder's (`tenant`); then the step, the rate functions and the admission's again, with
+/// step revision 8 (the functions that return a lease return its tenant too).
+pub(crate) const MIGRATION_9: &[&[&str]] = &[
+    &[include_str!("sql/schema_9.sql")],
+    STEP,
+    rate::FUNCTIONS,
+    admission::FUNCTIONS,
+];
+
 /// Migration 5 (`sql/schema_5.sql`): the queue head's bound `head_seq`, indexes that lookups
 /// by lease or seq cannot mistake for their own, and grants to the releasing process's
 /// waiters in the release's reply; then the step again.
@@ -67,20 +77,24 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// and `tessera_rate_status` answers the count. Revision 7 (with migration 8, which adds fair
 /// shares' tags): the queue is ordered by start tags, `(tag, seq)` (`docs/fair-shares.md`),
 /// and `tessera_acquire` and `tessera_admit` take a tenant and its share (arguments with
-/// defaults, so a call of revision 6's arguments is a request without a tenant).
-pub(crate) const STEP_REVISION: i32 = 7;
+/// defaults, so a call of revision 6's arguments is a request without a tenant). Revision 8
+/// (with migration 9, which adds the holders' and waiters' `tenant`): a request's tenant is
+/// kept on its waiter and its lease, and returned in a last column `tenant` by
+/// `tessera_acquire`, `tessera_heartbeat`, `tessera_heartbeat_many` and `tessera_admit`, in
+/// `tessera_status`'s holders and queue, and in a hand-off's wake-up payload.
+pub(crate) const STEP_REVISION: i32 = 8;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.
 pub(crate) const STEP_AGAIN: &[&[&str]] = &[STEP, rate::FUNCTIONS, admission::FUNCTIONS];
 
 pub(crate) const ACQUIRE: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
-     acquired_at, expires_at, \"position\", available, queued, stored_capacity \
+     acquired_at, expires_at, \"position\", available, queued, stored_capacity, tenant \
      FROM tessera_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 pub(crate) const HEARTBEAT: &str = "SELECT outcome, now_us, weight, seats, fence, holder, \
-     acquired_at, expires_at FROM tessera_heartbeat($1, $2, $3)";
+     acquired_at, expires_at, tenant FROM tessera_heartbeat($1, $2, $3)";
 pub(crate) const HEARTBEAT_MANY: &str = "SELECT lease_id, outcome, now_us, weight, seats, fence, \
-     holder, acquired_at, expires_at FROM tessera_heartbeat_many($1, $2, $3)";
+     holder, acquired_at, expires_at, tenant FROM tessera_heartbeat_many($1, $2, $3)";
 pub(crate) const CANCEL: &str = "SELECT tessera_cancel($1, $2)";
 pub(crate) const RELEASE: &str = "SELECT held, grants FROM tessera_release($1, $2, $3)";
 pub(crate) const RENEW: &str = "SELECT expires_at, now_us FROM tessera_renew($1, $2, $3)";
@@ -100,17 +114,18 @@ macro_rules! queue_order {
 /// holders and its waiters (with their gates) in one statement, so in one snapshot, and the
 /// clock read while the statement runs, after its snapshot was taken. A plain query, not a
 /// function: one row, whose one column is NULL without a semaphore row, else the JSON text
-/// of `tessera_status` with the row's `queued` and each waiter's `gate` (NULL: a plain
-/// waiter) after its expiry.
+/// of `tessera_status`, whose arrays end with the holder's tenant and the waiter's gate (NULL: a
+/// plain waiter) and tenant (NULL: none), with the row's `queued`.
 pub(crate) const READ_STATUS: &str = concat!(
     "SELECT (SELECT json_build_object(\
      'capacity', s.capacity, 'used', s.used, 'queued', s.queued, \
      'now', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
      'holders', coalesce((SELECT json_agg(json_build_array(h.lease_id, h.weight, h.seats, \
-         h.fence, h.holder, h.acquired_at, h.expires_at) ORDER BY h.acquired_at, h.fence) \
+         h.fence, h.holder, h.acquired_at, h.expires_at, h.tenant) \
+         ORDER BY h.acquired_at, h.fence) \
          FROM tessera_holders h WHERE h.name = s.name), '[]'::json), \
      'queue', coalesce((SELECT json_agg(json_build_array(w.lease_id, w.weight, w.holder, \
-         w.enqueued_at, w.expires_at, w.gate) ORDER BY ",
+         w.enqueued_at, w.expires_at, w.gate, w.tenant) ORDER BY ",
     queue_order!(),
     ") FROM tessera_waiters w WHERE w.name = s.name), '[]'::json))::text \
      FROM tessera_semaphores s WHERE s.name = $1)"
@@ -180,7 +195,7 @@ fn lease_of(s: &str) -> Result<LeaseId> {
     })
 }
 
-/// The lease of a `granted` row (acquire, heartbeat, admit).
+/// The lease of a `granted` row (acquire, heartbeat, admit), with its `tenant` (NULL: none).
 pub(crate) fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
     let weight = u32_of(get(row, "weight")?, "weight")?;
     if weight == 0 {
@@ -195,7 +210,7 @@ pub(crate) fn lease_of_row(row: &PgRow, lease_id: LeaseId) -> Result<Lease> {
         holder: get(row, "holder")?,
         acquired_at: time_of(get(row, "acquired_at")?, "acquired_at")?,
         expires_at: time_of(get(row, "expires_at")?, "expires_at")?,
-        tenant: None,
+        tenant: opt(row, "tenant")?,
     })
 }
 
@@ -299,6 +314,12 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
     let v: Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
     let int = |v: &Value, what: &str| v.as_i64().ok_or_else(|| bad(what));
     let text = |v: &Value, what: &str| v.as_str().map(str::to_string).ok_or_else(|| bad(what));
+    // A tenant: a string, or null (or absent, from a step before revision 8) for none.
+    let tenant = |v: &Value| match v {
+        Value::Null => Ok(None),
+        Value::String(t) => Ok(Some(t.clone())),
+        _ => Err(bad("tenant")),
+    };
     let capacity = u32_of(int(&v["capacity"], "capacity")?, "capacity")?;
     if capacity == 0 || capacity > MAX_CAPACITY {
         return Err(bad("capacity out of range"));
@@ -326,7 +347,7 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
             holder: text(&h[4], "holder")?,
             acquired_at: time_of(int(&h[5], "acquired_at")?, "acquired_at")?,
             expires_at: time_of(int(&h[6], "expires_at")?, "expires_at")?,
-            tenant: None,
+            tenant: tenant(&h[7])?,
         });
     }
     let mut queue = Vec::new();
@@ -337,7 +358,7 @@ pub(crate) fn parse_status(json: &str, name: &Name) -> Result<SemaphoreStatus> {
             holder: text(&w[2], "holder")?,
             enqueued_at: time_of(int(&w[3], "enqueued_at")?, "enqueued_at")?,
             expires_at: time_of(int(&w[4], "expires_at")?, "expires_at")?,
-            tenant: None,
+            tenant: tenant(&w[6])?,
         });
     }
     Ok(SemaphoreStatus::new(

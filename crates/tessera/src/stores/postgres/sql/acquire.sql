@@ -19,7 +19,8 @@
 -- nobody waits; a new waiter's position is counted only when a tenant is involved (it is
 -- last otherwise).
 --
--- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at),
+-- One row: outcome 'granted' (weight, seats, fence, holder, acquired_at, expires_at, tenant:
+-- the lease's, migration 9),
 -- 'queued' (position; expires_at: purge_at, a lower bound of every expiry of the semaphore,
 -- when an expiry may free permits), 'no_permit' (available, queued), 'mismatch' (stored_capacity) or
 -- 'queue_full'; now_us in every case. A mismatch or a full queue still commits the purge.
@@ -30,7 +31,7 @@ CREATE OR REPLACE FUNCTION tessera_acquire(
 ) RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
     acquired_at bigint, expires_at bigint, "position" bigint, available bigint,
-    queued bigint, stored_capacity bigint
+    queued bigint, stored_capacity bigint, tenant text
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,7 +69,7 @@ BEGIN
         IF FOUND THEN
             outcome := 'granted';
             weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
-            acquired_at := h.acquired_at; expires_at := h.expires_at;
+            acquired_at := h.acquired_at; expires_at := h.expires_at; tenant := h.tenant;
             PERFORM tessera__finish(st);
             RETURN NEXT;
             RETURN;
@@ -99,10 +100,10 @@ BEGIN
     END IF;
     IF v_lead THEN
         st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish, true);
-        st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
+        st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client, p_tenant);
         outcome := 'granted';
         weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
-        acquired_at := st.now_us; expires_at := st.now_us + p_ttl;
+        acquired_at := st.now_us; expires_at := st.now_us + p_ttl; tenant := p_tenant;
         PERFORM tessera__finish(st);
         RETURN NEXT;
         RETURN;
@@ -121,12 +122,12 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- A new waiter takes its start tag and seq next_seq; a queued retry keeps its (lower)
-    -- key and only renews.
+    -- A new waiter takes its start tag and seq next_seq (and keeps its tenant); a queued
+    -- retry keeps its (lower) key and only renews.
     INSERT INTO tessera_waiters AS w
-        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at)
+        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, tenant)
     VALUES (p_name, st.next_seq, v_start, p_lease, p_weight, p_holder, p_client, p_ttl,
-            st.now_us, st.now_us + p_waiter_ttl)
+            st.now_us, st.now_us + p_waiter_ttl, p_tenant)
     ON CONFLICT (name, lease_id) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
     RETURNING w.seq, w.tag, w.enqueued_at INTO seq_, tag_, at_;
     outcome := 'queued';

@@ -17,7 +17,7 @@
 --                        start and finish tags count the window cost p_cost (migration 8)
 --
 -- One row, now_us in every case: outcome 'granted' (the lease: weight, seats, fence, holder,
--- acquired_at = now_us, expires_at; reservation, the windows' charge, 0 for a retry of a
+-- acquired_at = now_us, expires_at, tenant; reservation, the windows' charge, 0 for a retry of a
 -- granted lease id whose charge is not kept), 'queued' ("position", 0 at the head;
 -- window_at; expires_at: purge_at, as tessera_acquire's 'queued'), 'refused' (available,
 -- queued; window_at), 'mismatch' (stored_capacity), 'ratemismatch' (stored_limits) or
@@ -44,7 +44,7 @@ CREATE OR REPLACE FUNCTION tessera_admit(
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
     acquired_at bigint, expires_at bigint, reservation bigint, "position" bigint,
     window_at bigint, available bigint, queued bigint, stored_capacity bigint,
-    stored_limits text
+    stored_limits text, tenant text
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -84,7 +84,7 @@ BEGIN
         IF FOUND THEN
             outcome := 'granted';
             weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
-            acquired_at := h.acquired_at; expires_at := h.expires_at;
+            acquired_at := h.acquired_at; expires_at := h.expires_at; tenant := h.tenant;
             reservation := 0;
             PERFORM tessera__finish(st);
             RETURN NEXT;
@@ -130,10 +130,10 @@ BEGIN
                 st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish,
                                          v_lead);
             END IF;
-            st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client);
+            st := tessera__grant(st, p_lease, p_weight, p_ttl, p_holder, p_client, p_tenant);
             outcome := 'granted';
             weight := p_weight; seats := st.seats; fence := st.fence; holder := p_holder;
-            acquired_at := st.now_us; expires_at := st.now_us + p_ttl;
+            acquired_at := st.now_us; expires_at := st.now_us + p_ttl; tenant := p_tenant;
             -- The waiters behind a head that was an admission get what still fits.
             IF st.queued > 0 AND st.used < st.capacity THEN
                 st := tessera__hand_off(st);
@@ -199,9 +199,10 @@ BEGIN
         st.next_seq := st.next_seq + 1;
     END IF;
     INSERT INTO tessera_waiters
-        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, gate)
+        (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at, expires_at, gate,
+         tenant)
     VALUES (p_name, seq_, tag_, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
-            st.now_us + p_waiter_ttl, coalesce(window_at, 0));
+            st.now_us + p_waiter_ttl, coalesce(window_at, 0), p_tenant);
     st.queued := st.queued + 1;
     st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);
     st.dirty := true;

@@ -303,7 +303,8 @@ END $$;
 -- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted
 -- waiter gets a wake-up carrying its grant, so the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
--- now). A waiter of `st.local_client` (the process that called the step) gets it in
+-- now); a waiter of a tenant (migration 9) has `seats:tenant` in the seats field, which a
+-- build before migration 9 does not read as a grant (it asks with a heartbeat instead). A waiter of `st.local_client` (the process that called the step) gets it in
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
 -- (pg_notify, sent at commit), where a payload that would not fit NOTIFY's 8,000 bytes goes
 -- out as the bare lease id and the waiter then asks with a heartbeat.
@@ -330,7 +331,7 @@ BEGIN
                      WHERE name = st.name AND tag >= st.vtime ORDER BY tag, seq LIMIT 1)
           AND weight <= st.capacity - st.used
           AND gate IS NULL
-        RETURNING seq, tag, lease_id, weight, holder, client, ttl, expires_at INTO h;
+        RETURNING seq, tag, lease_id, weight, holder, client, ttl, expires_at, tenant INTO h;
         IF NOT FOUND THEN
             -- The head does not fit, or it is an admission waiter: wake the latter once it
             -- fits and its windows' instant has come (a NULL gate never compares true).
@@ -361,12 +362,13 @@ BEGIN
         END IF;
         -- Provisional until renewed: no longer than the waiter's entry would have lived.
         lasts := least(h.ttl, h.expires_at - st.now_us);
-        st := tessera__grant(st, h.lease_id, h.weight, lasts, h.holder, h.client);
+        st := tessera__grant(st, h.lease_id, h.weight, lasts, h.holder, h.client, h.tenant);
         -- A client id that is not 1 to 32 hex digits (damaged, or empty) gets no wake-up:
         -- its waiter's heartbeat finds the grant.
         IF h.client ~ '^[0-9a-f]{1,32}$' THEN
             payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + lasts,
-                                 array_to_string(st.seats, ','), h.holder);
+                                 concat_ws(':', array_to_string(st.seats, ','), h.tenant),
+                                 h.holder);
             IF h.client = st.local_client THEN
                 st.local_grants := st.local_grants || payload;
             ELSE
@@ -381,11 +383,12 @@ BEGIN
     RETURN st;
 END $$;
 
--- Grants `lease`: the lowest free seats (returned ones first, then from seat_high up), the
--- next fence, expiry now + ttl. Leaves the seats and fence in `st.seats`, `st.fence`, and
+-- Grants `lease` to `p_tenant` (NULL: none): the lowest free seats (returned ones first, then
+-- from seat_high up), the next fence, expiry now + ttl. Leaves the seats and fence in `st.seats`, `st.fence`, and
 -- makes the step's commit durable (see above).
 CREATE OR REPLACE FUNCTION tessera__grant(
-    st tessera_step, p_lease text, p_weight bigint, p_ttl bigint, p_holder text, p_client text
+    st tessera_step, p_lease text, p_weight bigint, p_ttl bigint, p_holder text, p_client text,
+    p_tenant text
 ) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -427,8 +430,10 @@ BEGIN
     st.dirty := true;
     st.seats := taken;
     st.fence := fence;
-    INSERT INTO tessera_holders (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at)
-    VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us, st.now_us + p_ttl);
+    INSERT INTO tessera_holders
+        (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at, tenant)
+    VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us,
+            st.now_us + p_ttl, p_tenant);
     IF st.sync <> 'off' THEN
         PERFORM set_config('synchronous_commit', st.sync, true);
     END IF;
@@ -662,4 +667,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 7';
+LANGUAGE sql IMMUTABLE AS 'SELECT 8';

@@ -5,12 +5,12 @@
 -- p_waiter_ttl  renews the queue entry until now + p_waiter_ttl (µs)
 --
 -- One row: outcome 'granted' (the hand-off gave it the lease: weight, seats, fence, holder,
--- acquired_at, expires_at), 'waiting' (renewed; expires_at: purge_at, as tessera_acquire's
+-- acquired_at, expires_at, tenant), 'waiting' (renewed; expires_at: purge_at, as tessera_acquire's
 -- 'queued') or 'gone'; now_us.
 CREATE OR REPLACE FUNCTION tessera_heartbeat(p_name text, p_lease text, p_waiter_ttl bigint)
 RETURNS TABLE (
     outcome text, now_us bigint, weight bigint, seats int4[], fence bigint, holder text,
-    acquired_at bigint, expires_at bigint
+    acquired_at bigint, expires_at bigint, tenant text
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -29,7 +29,7 @@ BEGIN
         IF FOUND THEN
             outcome := 'granted';
             weight := h.weight; seats := h.seats; fence := h.fence; holder := h.holder;
-            acquired_at := h.acquired_at; expires_at := h.expires_at;
+            acquired_at := h.acquired_at; expires_at := h.expires_at; tenant := h.tenant;
         END IF;
     END IF;
     IF outcome = 'gone' AND tessera__refresh_waiter(st, p_lease, st.now_us + p_waiter_ttl) IS NOT NULL THEN

@@ -6,7 +6,8 @@
 -- p_ttls        for each, its queue entry is renewed until now + p_ttls[i] (µs)
 --
 -- One row per element of p_leases, in their order: lease_id, then the columns of
--- tessera_heartbeat ('granted' with the lease's fields, 'waiting' or 'gone'; now_us).
+-- tessera_heartbeat ('granted' with the lease's fields and tenant, 'waiting' or 'gone';
+-- now_us).
 --
 -- Why: every waiter heartbeats once per third of its waiter TTL, and one process may hold
 -- thousands of waiters on one semaphore. One call per heartbeat locks the semaphore's row
@@ -18,7 +19,7 @@
 CREATE OR REPLACE FUNCTION tessera_heartbeat_many(p_name text, p_leases text[], p_ttls bigint[])
 RETURNS TABLE (
     lease_id text, outcome text, now_us bigint, weight bigint, seats int4[], fence bigint,
-    holder text, acquired_at bigint, expires_at bigint
+    holder text, acquired_at bigint, expires_at bigint, tenant text
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -36,7 +37,7 @@ BEGIN
         SELECT u.lease, u.ttl, u.i FROM unnest(p_leases, p_ttls) WITH ORDINALITY AS u(lease, ttl, i)
     ), held AS (
         SELECT h.lease_id AS lease, h.weight, h.seats, h.fence, h.holder, h.acquired_at,
-               h.expires_at
+               h.expires_at, h.tenant
         FROM tessera_holders h
         WHERE st.found AND st.used > 0 AND h.name = p_name
           AND h.lease_id IN (SELECT r.lease FROM req r)
@@ -53,7 +54,8 @@ BEGIN
                 ELSE 'gone' END,
            st.now_us, h.weight, h.seats, h.fence, h.holder, h.acquired_at,
            CASE WHEN h.lease IS NULL AND n.lease IS NOT NULL THEN st.purge_at
-                ELSE h.expires_at END
+                ELSE h.expires_at END,
+           h.tenant
     FROM req r
     LEFT JOIN held h ON h.lease = r.lease
     LEFT JOIN (SELECT DISTINCT m.lease FROM renewed m) n ON n.lease = r.lease
