@@ -285,7 +285,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7,8"
+        "1,2,3,4,5,6,7,8,9"
     );
 }
 
@@ -813,7 +813,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -824,7 +824,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -836,7 +836,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -891,7 +891,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "7");
+    assert_eq!(revision(), "8");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -903,11 +903,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "7");
+    assert_eq!(revision(), "8");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -952,16 +952,17 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
     drop(pg);
     // What a build of migration 7 left: no tags, no tenants.
     server.psql(
-        "ALTER TABLE pre.tessera_waiters DROP COLUMN tag; \
+        "ALTER TABLE pre.tessera_waiters DROP COLUMN tag, DROP COLUMN tenant; \
+         ALTER TABLE pre.tessera_holders DROP COLUMN tenant; \
          ALTER TABLE pre.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
            DROP COLUMN tenants; \
          DROP TABLE pre.tessera_tenants; \
          ALTER TYPE pre.tessera_step DROP ATTRIBUTE vtime, DROP ATTRIBUTE finish, \
            DROP ATTRIBUTE tenants; \
-         DELETE FROM pre.tessera_migrations WHERE version = 8",
+         DELETE FROM pre.tessera_migrations WHERE version >= 8",
     );
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9");
     assert!(pg.capabilities().fair_shares);
     let t = LeaseId::random();
     let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
@@ -995,6 +996,95 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
     let status = pg.status(&n).await.unwrap().unwrap();
     assert_eq!(status.holders[0].lease_id, w1);
     assert_eq!(queue(status), [w2, t, w3, old]);
+}
+
+/// A schema at version 8 with a waiter queued gains the tenant on waiters and holders
+/// (migration 9) at the next connect, while a process of the previous build stays connected:
+/// its prepared statements, which name the previous columns, are planned again against the
+/// new functions (dropped and created again with one more column) and keep working, its
+/// tenant's waiter keeps its tenant, and the waiter queued before has none (the rolling
+/// upgrade of `docs/stores/postgres.md`, "Fair shares").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connected_process_of_the_previous_build_keeps_working_across_migration_9() {
+    use sqlx::{Connection, Row};
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("nine");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    drop(pg);
+    // What a build of migration 8 left: no tenant columns, and functions without the result
+    // column `tenant` (here the heartbeat's, in its previous shape, answering 'waiting').
+    server.psql(
+        "ALTER TABLE nine.tessera_waiters DROP COLUMN tenant; \
+         ALTER TABLE nine.tessera_holders DROP COLUMN tenant; \
+         DROP FUNCTION nine.tessera_heartbeat(text, text, bigint); \
+         CREATE FUNCTION nine.tessera_heartbeat(p_name text, p_lease text, p_ttl bigint) \
+         RETURNS TABLE (outcome text, now_us bigint, weight bigint, seats int4[], \
+           fence bigint, holder text, acquired_at bigint, expires_at bigint) \
+         LANGUAGE sql AS $$ SELECT 'waiting'::text, 0::bigint, NULL::bigint, NULL::int4[], \
+           NULL::bigint, NULL::text, NULL::bigint, NULL::bigint $$; \
+         DELETE FROM nine.tessera_migrations WHERE version = 9",
+    );
+    // The previous build's process: its statements, prepared (and cached) before the upgrade.
+    let mut old = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::query("SET search_path TO nine")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    async fn heartbeat(old: &mut sqlx::PgConnection, lease: LeaseId) -> String {
+        sqlx::query(
+            "SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, expires_at \
+             FROM tessera_heartbeat($1, $2, $3)",
+        )
+        .bind("kept")
+        .bind(lease.to_string())
+        .bind(3_600_000_000i64)
+        .fetch_one(old)
+        .await
+        .unwrap()
+        .get("outcome")
+    }
+    assert_eq!(heartbeat(&mut old, w1).await, "waiting");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9");
+    // The previous build's acquire with a tenant: its columns, the new function.
+    let t = LeaseId::random();
+    let row = sqlx::query(
+        "SELECT outcome, \"position\" FROM tessera_acquire($1, 1, $2, 1, 3600000000, 'old', \
+         '', 3600000000, 10, 'billing', 2)",
+    )
+    .bind("kept")
+    .bind(t.to_string())
+    .fetch_one(&mut old)
+    .await
+    .unwrap();
+    assert_eq!(row.get::<String, _>("outcome"), "queued");
+    let status = pg.status(&n).await.unwrap().unwrap();
+    let queue: Vec<_> = status
+        .queue
+        .iter()
+        .map(|w| (w.lease_id, w.tenant.as_deref()))
+        .collect();
+    // The tenant starts at the virtual time, ahead of w1 (queued behind the holder's tag).
+    assert_eq!(queue, [(t, Some("billing")), (w1, None)]);
+    // The hand-off grants t; the cached heartbeat statement, planned again, reads it.
+    assert!(pg.release(&n, a).await.unwrap());
+    assert_eq!(heartbeat(&mut old, t).await, "granted");
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, t);
+    assert_eq!(status.holders[0].tenant.as_deref(), Some("billing"));
+    let WaitReply::Granted(g) = pg.heartbeat(&n, t, LONG).await.unwrap() else {
+        panic!("the tenant's waiter was not handed the permit")
+    };
+    assert_eq!(g.lease.tenant.as_deref(), Some("billing"));
+    // The waiter queued before the upgrade is granted without a tenant.
+    assert!(pg.release(&n, t).await.unwrap());
+    assert_eq!(heartbeat(&mut old, w1).await, "granted");
+    let WaitReply::Granted(g) = pg.heartbeat(&n, w1, LONG).await.unwrap() else {
+        panic!("w1 was not handed the permit")
+    };
+    assert_eq!(g.lease.tenant, None);
 }
 
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
@@ -1080,7 +1170,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -1093,7 +1183,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -2110,7 +2200,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "7");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "8");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 8);
+    assert_eq!(MIGRATIONS.len(), 9);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -164,6 +164,44 @@ fn fair_shares_come_eighth_and_run_again_harmlessly() {
             < at("CREATE OR REPLACE FUNCTION tessera_admit(")
     );
     assert!(eighth.contains("ORDER BY tag, seq LIMIT 1"));
+}
+
+/// Migration 9 adds the tenant to waiters and holders idempotently, drops the functions whose
+/// result columns or arguments change (their arguments as before, so an older build's call
+/// resolves to the new ones), then creates the step, the rate functions and the admission's
+/// again, each lease-returning function with `tenant` as its last column.
+#[test]
+fn tenants_on_rows_come_ninth_and_run_again_harmlessly() {
+    let ninth = MIGRATIONS[8].concat().concat();
+    assert!(ninth.starts_with("-- tessera PostgreSQL store, migration 9"));
+    for table in ["tessera_waiters", "tessera_holders"] {
+        assert!(
+            ninth.contains(&format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tenant text;"
+            )),
+            "{table}"
+        );
+    }
+    for line in ninth.lines().filter(|l| l.starts_with("DROP ")) {
+        assert!(line.starts_with("DROP FUNCTION IF EXISTS "), "{line}");
+    }
+    let at = |s: &str| ninth.find(s).unwrap();
+    for f in [
+        "tessera__grant(",
+        "tessera_acquire(",
+        "tessera_heartbeat(",
+        "tessera_heartbeat_many(",
+        "tessera_admit(",
+    ] {
+        assert!(
+            at(&format!("DROP FUNCTION IF EXISTS {f}"))
+                < at(&format!("CREATE OR REPLACE FUNCTION {f}")),
+            "{f}"
+        );
+    }
+    assert!(ninth.contains("    queued bigint, stored_capacity bigint, tenant text\n)"));
+    assert!(ninth.contains("    acquired_at bigint, expires_at bigint, tenant text\n)"));
+    assert!(ninth.contains("    stored_limits text, tenant text\n)"));
 }
 
 /// The step says its revision, the one this build creates; the latest migration creates the

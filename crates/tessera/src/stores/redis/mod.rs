@@ -101,6 +101,11 @@
 //! this version after its TTL; a killed holder of this version came back to an older acquire
 //! 14 ms after a `tessera status` of this version, not before.
 //!
+//! The tenant a request names (fair shares) is kept as a last field of its waiter's record and
+//! of its lease's (inline or not), written only when it names one, so a step without a tenant
+//! runs the commands it ran before; every lease and waiter the store returns carries it
+//! (`prelude.lua`, `ops::decode_lease`, `ops::decode_waiter`).
+//!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`tessera_core::wake::notify`] for every lease id it receives, or
 //! [`tessera_core::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant

@@ -410,10 +410,12 @@ fn parse_num<T: std::str::FromStr>(s: &str, what: &str, record: &str) -> Result<
     s.parse().map_err(|_| bad_record(what, record))
 }
 
-/// A lease record: weight, seats, fence, acquired_at, expires_at, client, holder (tabs).
+/// A lease record: weight, seats, fence, acquired_at, expires_at, client, holder, and the
+/// tenant if the request named one (tabs; see `prelude.lua`). A record of a build before
+/// tenants were kept ends with the holder: no tenant.
 pub(crate) fn decode_lease(id: LeaseId, record: &str) -> Result<Lease> {
-    let f: Vec<&str> = record.splitn(7, '\t').collect();
-    if f.len() != 7 {
+    let f: Vec<&str> = record.splitn(8, '\t').collect();
+    if !(7..=8).contains(&f.len()) || f.get(7).is_some_and(|t| t.is_empty()) {
         return Err(bad_record("lease", record));
     }
     let seats = if f[1].is_empty() {
@@ -431,19 +433,23 @@ pub(crate) fn decode_lease(id: LeaseId, record: &str) -> Result<Lease> {
         holder: f[6].to_string(),
         acquired_at: StoreTime(parse_num(f[3], "lease", record)?),
         expires_at: StoreTime(parse_num(f[4], "lease", record)?),
-        tenant: None,
+        tenant: f.get(7).map(|t| t.to_string()),
     })
 }
 
-/// A waiter record: weight, lease ttl, enqueued_at, expires_at, client, holder, and an
-/// admission waiter's gate (tabs; see `prelude.lua`).
+/// A waiter record: weight, lease ttl, enqueued_at, expires_at, client, holder, an admission
+/// waiter's gate, and a tenant's waiter's tenant after the gate (empty then for a plain
+/// waiter) (tabs; see `prelude.lua`).
 pub(crate) fn decode_waiter(id: LeaseId, record: &str) -> Result<Waiter> {
     let f: Vec<&str> = record.split('\t').collect();
-    let gate_ok = match f.get(6) {
-        None => true,
-        Some(gate) => gate.parse::<u64>().is_ok(),
+    let shape_ok = match (f.get(6), f.get(7)) {
+        (None, _) => true,
+        (Some(gate), None) => gate.parse::<u64>().is_ok(),
+        (Some(gate), Some(tenant)) => {
+            (gate.is_empty() || gate.parse::<u64>().is_ok()) && !tenant.is_empty()
+        }
     };
-    if !(6..=7).contains(&f.len()) || !gate_ok {
+    if !(6..=8).contains(&f.len()) || !shape_ok {
         return Err(bad_record("waiter", record));
     }
     Ok(Waiter {
@@ -452,7 +458,7 @@ pub(crate) fn decode_waiter(id: LeaseId, record: &str) -> Result<Waiter> {
         holder: f[5].to_string(),
         enqueued_at: StoreTime(parse_num(f[2], "waiter", record)?),
         expires_at: StoreTime(parse_num(f[3], "waiter", record)?),
-        tenant: None,
+        tenant: f.get(7).map(|t| t.to_string()),
     })
 }
 
@@ -617,9 +623,15 @@ mod tests {
     #[test]
     fn records_round_trip_and_reject_garbage() {
         let id = LeaseId::from_u128(7);
-        let l = decode_lease(id, "2\t0,3\t99\t10\t20\tc1\thost/1\twith tab").unwrap();
+        // A record of a build before tenants were kept, and one with a tenant after the holder.
+        let l = decode_lease(id, "2\t0,3\t99\t10\t20\tc1\thost/1").unwrap();
+        assert_eq!((l.holder.as_str(), l.tenant.as_deref()), ("host/1", None));
+        let l = decode_lease(id, "2\t0,3\t99\t10\t20\tc1\thost/1\tsms team").unwrap();
         assert_eq!(l.seats, vec![0, 3]);
-        assert_eq!(l.holder, "host/1\twith tab");
+        assert_eq!((l.holder.as_str(), l.tenant.as_deref()), ("host/1", Some("sms team")));
+        assert!(decode_lease(id, "2\t0,3\t99\t10\t20\tc1\th\t")
+            .unwrap_err()
+            .is_corrupt());
         assert_eq!(
             (l.fence, l.acquired_at, l.expires_at),
             (99, StoreTime(10), StoreTime(20))
@@ -637,6 +649,15 @@ mod tests {
         assert!(decode_waiter(id, "1\t5000\t10\t20\tc\th\tx")
             .unwrap_err()
             .is_corrupt());
+        // A tenant's waiter: its tenant after the gate, empty for a plain waiter.
+        let w = decode_waiter(id, "1\t5000\t10\t20\tc\th\t\t7").unwrap();
+        assert_eq!((w.holder.as_str(), w.tenant.as_deref()), ("h", Some("7")));
+        let w = decode_waiter(id, "1\t5000\t10\t20\tc\th\t99\tsms").unwrap();
+        assert_eq!(w.tenant.as_deref(), Some("sms"));
+        assert_eq!(decode_waiter(id, "1\t5000\t10\t20\tc\th").unwrap().tenant, None);
+        for bad in ["1\t5000\t10\t20\tc\th\t\t", "1\t5000\t10\t20\tc\th\tx\tsms"] {
+            assert!(decode_waiter(id, bad).unwrap_err().is_corrupt(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -80,7 +80,7 @@ repeat
     else
       plain_tags(weight, true)
     end
-    reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true)}
+    reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true, tenant)}
     break
   end
   if not wait then
@@ -99,7 +99,7 @@ repeat
   local seq = S.seq
   S.seq = seq + 1
   local waiter = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
-    client = client, holder = holder}
+    client = client, holder = holder, tenant = tenant}
   if queued == 0 then
     new_queue = true
   end

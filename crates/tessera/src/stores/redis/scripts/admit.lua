@@ -120,7 +120,7 @@ repeat
         end
         take_tags(tenant, start, finish, lead)
       end
-      reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true), r[4]}
+      reply = {'granted', now, grant(lease_id, weight, ttl, holder, client, true, tenant), r[4]}
       -- The waiters behind a head that was an admission get what still fits.
       hand_off()
       break
@@ -165,7 +165,7 @@ repeat
     S.seq = S.seq + 1
   end
   w = {weight = weight, ttl = ttl, enqueued_at = now, expires_at = now + waiter_ttl,
-    client = client, holder = holder, gate = window_at}
+    client = client, holder = holder, gate = window_at, tenant = tenant}
   if S.qlen == 0 then
     new_queue = true
   end

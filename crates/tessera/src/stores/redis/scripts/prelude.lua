@@ -93,10 +93,13 @@ local FENCE_KEEP_MS = 600000
 local IDLE_SLACK_MS = 60000
 local STATE_GRACE_MS = 10000
 
--- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder,
--- tab separated (holder labels never contain control characters, client ids never a tab, so
--- only the last field may hold one). Numbers are written as int writes them.
-local LEASE_PAT = '^(%d+)\t([%d,]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t(.*)$'
+-- Lease: weight, seats (comma separated), fence, acquired_at, expires_at, client, holder, and
+-- the tenant the lease was granted to if the request named one (docs/fair-shares.md), tab
+-- separated (holder labels and tenants never contain control characters, client ids never a
+-- tab). Numbers are written as int writes them. A lease without a tenant is written as by
+-- versions before tenants were kept; such a version reads a tenant as part of the holder
+-- label (and keeps it there through a renewal), which only its status shows.
+local LEASE_PAT = '^(%d+)\t([%d,]*)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t([^\t]*)\t?(.*)$'
 -- The weight and seats of a lease record (what removing it needs), checking its shape.
 local LEASE_HEAD = '^(%d+)\t([%d,]*)\t%d+\t%d+\t%d+\t'
 
@@ -115,13 +118,18 @@ end
 -- A lease record from its fields, joined from text in one concatenation: string.format costs
 -- a sprintf per number, and the numbers' text is mostly cached (see int; a grant's fence and
 -- start are usually now).
-local function lease_text(weight, seats, fence, acquired_at, expires_at, client, holder)
-  return int(weight) .. '\t' .. seats_text(seats) .. '\t' .. int(fence) .. '\t' ..
+local function lease_text(weight, seats, fence, acquired_at, expires_at, client, holder, tenant)
+  local s = int(weight) .. '\t' .. seats_text(seats) .. '\t' .. int(fence) .. '\t' ..
     int(acquired_at) .. '\t' .. int(expires_at) .. '\t' .. client .. '\t' .. holder
+  if tenant ~= nil then
+    return s .. '\t' .. tenant
+  end
+  return s
 end
 
 local function encode_lease(l)
-  return lease_text(l.weight, l.seats, l.fence, l.acquired_at, l.expires_at, l.client, l.holder)
+  return lease_text(l.weight, l.seats, l.fence, l.acquired_at, l.expires_at, l.client, l.holder,
+    l.tenant)
 end
 
 -- Seats as written in a lease record: one number, or a comma-separated list.
@@ -138,11 +146,13 @@ local function parse_seats(s)
 end
 
 local function decode_lease(s)
-  local weight, seats, fence, acquired_at, expires_at, client, holder = string.match(s, LEASE_PAT)
+  local weight, seats, fence, acquired_at, expires_at, client, holder, tenant =
+    string.match(s, LEASE_PAT)
   if not weight then corrupt('lease record') end
   return {weight = num(weight, 'lease weight'), seats = parse_seats(seats),
     fence = tonumber(fence), acquired_at = tonumber(acquired_at),
-    expires_at = tonumber(expires_at), client = client, holder = holder}
+    expires_at = tonumber(expires_at), client = client, holder = holder,
+    tenant = tenant ~= '' and tenant or nil}
 end
 
 -- Waiter: weight, lease ttl (µs), enqueued_at, expires_at, client, holder, and for an
@@ -152,11 +162,17 @@ end
 -- are written as by versions before admissions; a version before them reads a gated
 -- waiter's gate as part of its holder and would grant it without charging its windows, so
 -- every client of a Redis must run a version that knows gates before any of them admits.
-local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t([^\t]*)\t?(%d*)$'
+-- A waiter of a tenant has one more field, its tenant, after the gate (empty for a plain
+-- waiter): a version before tenants were kept cannot read it, so tenants need every client
+-- of a Redis on a version that keeps them (as the tags already did).
+local WAITER_PAT = '^(%d+)\t(%d+)\t(%d+)\t(%d+)\t([^\t]*)\t([^\t]*)\t?(%d*)\t?([^\t]*)$'
 
 local function encode_waiter(w)
   local s = int(w.weight) .. '\t' .. int(w.ttl) .. '\t' .. int(w.enqueued_at) .. '\t' ..
     int(w.expires_at) .. '\t' .. w.client .. '\t' .. w.holder
+  if w.tenant ~= nil then
+    return s .. '\t' .. (w.gate ~= nil and int(w.gate) or '') .. '\t' .. w.tenant
+  end
   if w.gate ~= nil then
     return s .. '\t' .. int(w.gate)
   end
@@ -164,11 +180,13 @@ local function encode_waiter(w)
 end
 
 local function decode_waiter(s)
-  local weight, ttl, enqueued_at, expires_at, client, holder, gate = string.match(s, WAITER_PAT)
+  local weight, ttl, enqueued_at, expires_at, client, holder, gate, tenant =
+    string.match(s, WAITER_PAT)
   if not weight then corrupt('waiter record') end
   return {weight = num(weight, 'waiter weight'), ttl = tonumber(ttl),
     enqueued_at = tonumber(enqueued_at), expires_at = tonumber(expires_at), client = client,
-    holder = holder, gate = gate ~= '' and tonumber(gate) or nil}
+    holder = holder, gate = gate ~= '' and tonumber(gate) or nil,
+    tenant = tenant ~= '' and tenant or nil}
 end
 
 -- Far in the future (µs), for purge_at when nothing can expire.
@@ -673,16 +691,16 @@ local function flush_pool()
   pool, pool_n = nil, 0
 end
 
--- Grants a lease; returns its encoded record. `inline`: it may be the inline lease (an
--- acquire's own grant, see the top of this file), if no other is.
-local function grant(id, weight, ttl, holder, client, inline)
+-- Grants a lease to `tenant` (nil: none); returns its encoded record. `inline`: it may be the
+-- inline lease (an acquire's own grant, see the top of this file), if no other is.
+local function grant(id, weight, ttl, holder, client, inline, tenant)
   local seats = take_seats(weight)
   local f = fence() + 1
   if now > f then f = now end
   S.fence = f
   fence_moved = true
   local expires_at = now + ttl
-  local encoded = lease_text(weight, seats, f, now, expires_at, client, holder)
+  local encoded = lease_text(weight, seats, f, now, expires_at, client, holder, tenant)
   if inline and S.lid == nil then
     S.lid, S.lrec, S.lexp, S.lw = id, encoded, expires_at, weight
     inline_moved = true
@@ -797,7 +815,7 @@ local function hand_off()
     -- Provisional until renewed: no longer than the waiter's entry would have lived.
     local ttl = w.expires_at - now
     if ttl > w.ttl then ttl = w.ttl end
-    wake(w.client, head, grant(head, w.weight, ttl, w.holder, w.client))
+    wake(w.client, head, grant(head, w.weight, ttl, w.holder, w.client, false, w.tenant))
   end
 end
 
