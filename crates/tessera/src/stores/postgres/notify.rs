@@ -348,7 +348,10 @@ mod tests {
         assert_eq!(g.lease.tenant, None);
         // A tenant's lease: `seats:tenant` (the tenant may hold ':' and ',').
         let g = parse_grant(&format!("{id}\t100\t7\t200\t0,2:a:b,c\th")).unwrap();
-        assert_eq!((g.lease.seats.clone(), g.lease.holder.as_str()), (vec![0, 2], "h"));
+        assert_eq!(
+            (g.lease.seats.clone(), g.lease.holder.as_str()),
+            (vec![0, 2], "h")
+        );
         assert_eq!(g.lease.tenant.as_deref(), Some("a:b,c"));
         assert!(parse_grant(&format!("{id}\t100\t7\t200\t0:\th")).is_none());
         assert!(parse_grant(id).is_none());

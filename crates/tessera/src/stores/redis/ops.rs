@@ -628,7 +628,10 @@ mod tests {
         assert_eq!((l.holder.as_str(), l.tenant.as_deref()), ("host/1", None));
         let l = decode_lease(id, "2\t0,3\t99\t10\t20\tc1\thost/1\tsms team").unwrap();
         assert_eq!(l.seats, vec![0, 3]);
-        assert_eq!((l.holder.as_str(), l.tenant.as_deref()), ("host/1", Some("sms team")));
+        assert_eq!(
+            (l.holder.as_str(), l.tenant.as_deref()),
+            ("host/1", Some("sms team"))
+        );
         assert!(decode_lease(id, "2\t0,3\t99\t10\t20\tc1\th\t")
             .unwrap_err()
             .is_corrupt());
@@ -654,7 +657,10 @@ mod tests {
         assert_eq!((w.holder.as_str(), w.tenant.as_deref()), ("h", Some("7")));
         let w = decode_waiter(id, "1\t5000\t10\t20\tc\th\t99\tsms").unwrap();
         assert_eq!(w.tenant.as_deref(), Some("sms"));
-        assert_eq!(decode_waiter(id, "1\t5000\t10\t20\tc\th").unwrap().tenant, None);
+        assert_eq!(
+            decode_waiter(id, "1\t5000\t10\t20\tc\th").unwrap().tenant,
+            None
+        );
         for bad in ["1\t5000\t10\t20\tc\th\t\t", "1\t5000\t10\t20\tc\th\tx\tsms"] {
             assert!(decode_waiter(id, bad).unwrap_err().is_corrupt(), "{bad:?}");
         }
