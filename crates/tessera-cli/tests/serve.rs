@@ -755,6 +755,17 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
         .position(|w| w["holder"] == "light")
         .unwrap();
     assert!(place <= 1, "{sem}");
+    // The status names each holder's and waiter's tenant, and sums them per tenant.
+    assert_eq!(sem["holders"][0]["tenant"], "bulk", "{sem}");
+    assert_eq!(sem["queue"][place]["tenant"], "alerts", "{sem}");
+    assert_eq!(
+        sem["tenants"],
+        json!([
+            {"tenant": "alerts", "holders": 0, "used": 0, "waiters": 1, "waiting": 1},
+            {"tenant": "bulk", "holders": 1, "used": 1, "waiters": 6, "waiting": 6},
+        ]),
+        "{sem}"
+    );
     // Each tenant's grants and waits are series of their own in /metrics.
     let metrics = get_text(&c, &s.url("/metrics")).await;
     for needle in [
@@ -1374,7 +1385,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
     let (_, lease) = post(
         &c,
         &s.url("/v1/semaphores/reports/acquire"),
-        json!({"capacity": 1, "holder": "nightly-export"}),
+        json!({"capacity": 1, "holder": "nightly-export", "tenant": "finance"}),
     )
     .await;
     let waiter = {
@@ -1404,6 +1415,9 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
         "sms",
         "50/s",
         "EventSource",
+        "<h4>Tenants</h4>",
+        "<td>finance</td><td>1</td><td>1</td><td>0</td><td>0</td>",
+        "<td><em>none</em></td><td>0</td><td>0</td><td>1</td><td>1</td>",
     ] {
         assert!(page.contains(needle), "no {needle} in the page");
     }
@@ -1419,7 +1433,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
 
     let metrics = get_text(&c, &s.url("/metrics")).await;
     for needle in [
-        "tessera_grants_total{name=\"reports\"} 1",
+        "tessera_grants_total{name=\"reports\",tenant=\"finance\"} 1",
         "tessera_waits_total{name=\"reports\"} 1",
         "tessera_queue_length{name=\"reports\"} 1",
         "tessera_rate_decisions_total{name=\"sms\",decision=\"admitted\"} 1",
@@ -1465,7 +1479,7 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
         .iter()
         .map(|holder| {
             let (c, url) = (c.clone(), url.clone());
-            let body = json!({"capacity": 3, "weight": 1, "wait": "60s", "holder": holder});
+            let body = json!({"capacity": 3, "weight": 1, "wait": "60s", "holder": holder, "tenant": "research"});
             rt.spawn(async move { post(&c, &url, body).await })
         })
         .collect();
@@ -1509,6 +1523,8 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
         "eval-job",
         "batch-job",
         "Queue",
+        "Tenants",
+        "research",
         "sms-api",
         "1000/min",
     ] {

@@ -150,6 +150,9 @@ pub struct HolderBody {
     pub expires_at_us: u64,
     /// Time left, in milliseconds, at the snapshot.
     pub expires_in_ms: u64,
+    /// The tenant it was granted to; absent when the request named none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A waiter in a status, in queue order.
@@ -160,6 +163,22 @@ pub struct WaiterBody {
     pub holder: String,
     /// When it joined the queue (store clock, µs since the Unix epoch).
     pub enqueued_at_us: u64,
+    /// The tenant it asks as; absent when the request named none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// One tenant's part of a semaphore at the snapshot.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TenantBody {
+    /// The tenant; `""` for requests that named none.
+    pub tenant: String,
+    /// Leases it holds, and the permits they hold.
+    pub holders: u32,
+    pub used: u32,
+    /// Its queued requests, and the permits they ask for.
+    pub waiters: u32,
+    pub waiting: u32,
 }
 
 /// A semaphore's snapshot.
@@ -175,6 +194,9 @@ pub struct StatusBody {
     pub holders: Vec<HolderBody>,
     /// The queue, head first.
     pub queue: Vec<WaiterBody>,
+    /// Holders, waiters and permits per tenant (`""`: requests that named none first, then
+    /// by name); empty when nobody holds or waits.
+    pub tenants: Vec<TenantBody>,
 }
 
 /// Names.
@@ -186,6 +208,17 @@ pub struct NamesBody {
 impl StatusBody {
     pub fn from_status(s: tessera::SemaphoreStatus) -> StatusBody {
         let now = s.now;
+        let tenants = s
+            .tenants()
+            .into_iter()
+            .map(|t| TenantBody {
+                tenant: t.tenant,
+                holders: t.holders,
+                used: t.used,
+                waiters: t.waiters,
+                waiting: t.waiting,
+            })
+            .collect();
         StatusBody {
             name: s.name,
             capacity: s.capacity,
@@ -204,6 +237,7 @@ impl StatusBody {
                     acquired_at_us: l.acquired_at.as_micros(),
                     expires_at_us: l.expires_at.as_micros(),
                     expires_in_ms: l.expires_at.since(now).as_millis() as u64,
+                    tenant: l.tenant,
                 })
                 .collect(),
             queue: s
@@ -214,8 +248,10 @@ impl StatusBody {
                     weight: w.weight,
                     holder: w.holder,
                     enqueued_at_us: w.enqueued_at.as_micros(),
+                    tenant: w.tenant,
                 })
                 .collect(),
+            tenants,
         }
     }
 }
