@@ -400,6 +400,46 @@ impl Tenant {
     }
 }
 
+/// One tenant's ceiling and floor on a semaphore (`docs/fair-shares.md`): it never holds
+/// more than `ceiling` permits, and `floor` permits are kept for it (others are not granted
+/// the permits it would need to reach its floor). Set by an administrator
+/// (`Store::set_tenant_limits`), kept by the store for the name until changed or until the
+/// semaphore is deleted, also while nobody holds or waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// At most this many permits held at once; `None`: no ceiling.
+    pub ceiling: Option<u32>,
+    /// Permits kept for this tenant while it holds fewer; 0: none.
+    pub floor: u32,
+}
+
+impl TenantLimits {
+    /// Limits with this ceiling and floor: a ceiling of 1 to [`MAX_CAPACITY`], a floor of at
+    /// most the ceiling (and at most [`MAX_CAPACITY`]).
+    pub fn new(ceiling: Option<u32>, floor: u32) -> Result<TenantLimits, InvalidInput> {
+        let max = crate::limits::MAX_CAPACITY;
+        if let Some(c) = ceiling {
+            if c == 0 || c > max {
+                return Err(InvalidInput::Other(format!(
+                    "invalid ceiling {c}: must be between 1 and {max}"
+                )));
+            }
+        }
+        if floor > ceiling.unwrap_or(max) {
+            return Err(InvalidInput::Other(format!(
+                "invalid floor {floor}: at most the ceiling ({})",
+                ceiling.unwrap_or(max)
+            )));
+        }
+        Ok(TenantLimits { ceiling, floor })
+    }
+
+    /// No ceiling and no floor: the same as no limits (setting it removes them).
+    pub fn is_none(&self) -> bool {
+        self.ceiling.is_none() && self.floor == 0
+    }
+}
+
 /// How a queued acquire waits.
 #[derive(Debug, Clone, Copy)]
 pub struct WaitSpec {
