@@ -800,6 +800,47 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
     assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
 }
 
+/// `PUT /v1/semaphores/{name}/tenants/{tenant}` (docs/fair-shares.md): on the memory store
+/// a tenant at its ceiling gets no permit while another tenant does; the limits are listed,
+/// bad ones refused with nothing changed; a store that keeps none answers 501.
+#[tokio::test]
+async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let put = |url: String, body: Value| {
+        let c = c.clone();
+        async move {
+            let r = c.put(url).json(&body).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (st, body) = put(s.url("/v1/semaphores/mail/tenants/bulk"), json!({"ceiling": 1, "floor": 0})).await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body, json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}}));
+    let acquire = s.url("/v1/semaphores/mail/acquire");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "bulk"})).await;
+    assert_eq!(st, 200);
+    let (st, e) = post(&c, &acquire, json!({"capacity": 3, "tenant": "bulk"})).await;
+    assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "no_permit");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "alerts"})).await;
+    assert_eq!(st, 200);
+    for bad in [
+        json!({"ceiling": 0, "floor": 0}),
+        json!({"ceiling": 1, "floor": 2}),
+        json!({"ceiling": 1}),
+        json!({"cap": 1, "floor": 0}),
+    ] {
+        let (st, e) = put(s.url("/v1/semaphores/mail/tenants/bulk"), bad).await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    }
+    let (_, listed) = get(&c, &s.url("/v1/semaphores/mail/tenants")).await;
+    assert_eq!(listed, json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}}));
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Server::start(&format!("sqlite://{}/t.db", dir.path().display()), &[]);
+    let (st, e) = put(sqlite.url("/v1/semaphores/mail/tenants/bulk"), json!({"floor": 1})).await;
+    assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
+}
+
 /// The same through a server on a throwaway Redis.
 #[tokio::test]
 async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {

@@ -136,6 +136,28 @@ pub struct ResizedBody {
     pub capacity: u32,
 }
 
+/// A tenant's ceiling and floor on a semaphore (`docs/fair-shares.md`).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsBody {
+    /// At most this many permits held at once by the tenant (1..=1,000,000); absent or
+    /// null: no ceiling.
+    #[schema(example = 2, minimum = 1, maximum = 1_000_000)]
+    #[serde(default)]
+    pub ceiling: Option<u32>,
+    /// Permits kept for the tenant while it holds fewer (at most the ceiling); 0: none.
+    /// Required, so that an empty body changes nothing. No ceiling and a floor of 0 remove
+    /// the tenant's limits.
+    #[schema(example = 1)]
+    pub floor: u32,
+}
+
+/// The tenants' ceilings and floors set on a semaphore, by tenant.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantLimitsListBody {
+    pub tenants: std::collections::BTreeMap<String, TenantLimitsBody>,
+}
+
 /// A holder in a status.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HolderBody {
@@ -254,6 +276,68 @@ impl StatusBody {
             tenants,
         }
     }
+}
+
+/// Set a tenant's ceiling and floor on a semaphore (admin; `docs/fair-shares.md`): kept for
+/// the name until changed or the semaphore is deleted.
+#[utoipa::path(
+    put,
+    path = "/v1/semaphores/{name}/tenants/{tenant}",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ("tenant" = String, Path, description = "Tenant (1 to 64 bytes)")),
+    request_body = TenantLimitsBody,
+    responses((status = 200, body = TenantLimitsListBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, description = "No tenant in the path", body = ErrorBody), (status = 501, description = "The store keeps no tenant limits", body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn set_tenant_limits(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, tenant)): PathArgs<(String, String)>,
+    JsonBody(body): JsonBody<TenantLimitsBody>,
+) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    principal.check(&sem)?;
+    let limits = tessera::TenantLimits::new(body.ceiling, body.floor)?;
+    app.bounded(
+        "the tenant limits",
+        app.store.set_tenant_limits(&sem, &tenant, limits),
+    )
+    .await??;
+    list_tenant_limits(&app, &sem).await
+}
+
+/// The tenants' ceilings and floors set on a semaphore.
+#[utoipa::path(
+    get,
+    path = "/v1/semaphores/{name}/tenants",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = TenantLimitsListBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn tenant_limits(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs(sem): PathArgs<String>,
+) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    principal.check(&sem)?;
+    list_tenant_limits(&app, &sem).await
+}
+
+async fn list_tenant_limits(app: &App, sem: &str) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    let kept = app
+        .bounded("the tenant limits", app.store.tenant_limits(sem))
+        .await??;
+    let tenants = kept
+        .into_iter()
+        .map(|(t, l)| {
+            let body = TenantLimitsBody {
+                ceiling: l.ceiling,
+                floor: l.floor,
+            };
+            (t, body)
+        })
+        .collect();
+    Ok(Json(TenantLimitsListBody { tenants }))
 }
 
 /// What is certainly left of `remaining` on the store's clock, on a clock that may run up to
