@@ -996,7 +996,8 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
     let call = heartbeats::HeartbeatMany {
         conns: b.conns.clone(),
         doorbell: b.doorbell.as_ref().map(Doorbell::address_cell),
-        fair: b.fair,
+        version: b.db.heartbeat_many().unwrap(),
+        db: b.db,
     };
     let minute = Duration::from_secs(60);
     let ttl = 60_000_000i64;
