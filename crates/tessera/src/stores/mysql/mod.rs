@@ -463,7 +463,6 @@ impl MysqlBackend {
 }
 
 impl MysqlBackend {
-
     /// An acquire of one permit in one round trip (`routines.rs`), retried as a step is;
     /// [`Fast::Fallback`] without the routines, for a weight other than 1, or when the
     /// procedure leaves the case to the client-side step (it then changed nothing).

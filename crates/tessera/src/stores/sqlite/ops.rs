@@ -41,7 +41,8 @@ const PURGE_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND exp
 
 const GET_HOLDER: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at, \
      tenant FROM tessera_holders WHERE name = ?1 AND lease_id = ?2";
-const ALL_HOLDERS: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at, \
+const ALL_HOLDERS: &str =
+    "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at, \
      tenant FROM tessera_holders WHERE name = ?1 ORDER BY acquired_at, fence";
 const INSERT_HOLDER: &str = "INSERT INTO tessera_holders \
      (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at, tenant) \

@@ -246,23 +246,34 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
             .await
             .unwrap();
     assert_eq!(version, 3);
+    let rows = |st: SemaphoreStatus| {
+        let holders: Vec<_> = st
+            .holders
+            .iter()
+            .map(|h| (h.lease_id, h.tenant.clone()))
+            .collect();
+        let queue: Vec<_> = st
+            .queue
+            .iter()
+            .map(|w| (w.lease_id, w.tenant.clone()))
+            .collect();
+        (holders, queue)
+    };
     let st = b.status(&s).await.unwrap().unwrap();
-    let holders: Vec<_> = st.holders.iter().map(|h| (h.lease_id, h.tenant.clone())).collect();
-    let queue: Vec<_> = st.queue.iter().map(|w| (w.lease_id, w.tenant.clone())).collect();
-    assert_eq!(holders, [(holder, None)]);
-    assert_eq!(queue, [(waiter, None)]);
+    assert_eq!(rows(st), (vec![(holder, None)], vec![(waiter, None)]));
     let mut named = req(LeaseId::random(), 1, waiting());
     named.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
-    b.acquire(&s, 1, &named).await.unwrap();
+    let t = Some("t".to_string());
+    assert_eq!(
+        b.acquire(&s, 1, &named).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
     assert!(b.release(&s, holder).await.unwrap());
     let st = b.status(&s).await.unwrap().unwrap();
-    assert_eq!((st.holders[0].lease_id, st.holders[0].tenant.clone()), (waiter, None));
-    let queue: Vec<_> = st.queue.iter().map(|w| (w.lease_id, w.tenant.clone())).collect();
-    assert_eq!(queue, [(named.lease_id, Some("t".to_string()))]);
-    assert!(b.release(&s, waiter).await.unwrap());
+    assert_eq!(rows(st), (vec![(named.lease_id, t)], vec![(waiter, None)]));
+    assert!(b.release(&s, named.lease_id).await.unwrap());
     let st = b.status(&s).await.unwrap().unwrap();
-    let holders: Vec<_> = st.holders.iter().map(|h| (h.lease_id, h.tenant.clone())).collect();
-    assert_eq!(holders, [(named.lease_id, Some("t".to_string()))]);
+    assert_eq!(rows(st), (vec![(waiter, None)], vec![]));
     // Connecting again changes nothing.
     drop(b);
     let b = SqliteBackend::connect(&url).await.unwrap();
