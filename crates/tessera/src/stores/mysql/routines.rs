@@ -288,7 +288,7 @@ fn micros(d: Duration) -> i64 {
 /// (`Migrated::keep_alive`: `tessera_v4_keep_alive` of `routines.sql` or `tessera_v7_…`);
 /// its row is read by [`renew_reply`].
 pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration, version: i64) -> String {
-    keep_alive_call(name, lease, ttl, (false, ""), version)
+    keep_alive_call(name, lease, ttl, false, "", version)
 }
 
 /// The one keep-alive call behind [`renew_call`] (`waiter` 0) and [`heartbeat_call`]
@@ -297,7 +297,8 @@ fn keep_alive_call(
     name: &str,
     lease: &str,
     ttl: Duration,
-    (waiter, doorbell): (bool, &str),
+    waiter: bool,
+    doorbell: &str,
     version: i64,
 ) -> String {
     let sql = match version {
@@ -350,7 +351,7 @@ pub(crate) fn heartbeat_call(
     doorbell: &str,
     version: i64,
 ) -> String {
-    keep_alive_call(name, lease, waiter_ttl, (true, doorbell), version)
+    keep_alive_call(name, lease, waiter_ttl, true, doorbell, version)
 }
 
 /// What [`heartbeat_call`] for `lease` answered (`None`: the procedure is missing), or
