@@ -63,9 +63,8 @@ pub(crate) struct HeartbeatMany {
     pub(crate) conns: Conns,
     /// This client's doorbell address (`None` with `wake=poll`).
     pub(crate) doorbell: Option<Arc<Mutex<String>>>,
-    /// The routine version of the procedure called (`Migrated::heartbeat_many`).
-    pub(crate) version: i64,
-    /// The schema and routine versions, for heartbeats alone ([`alone`]).
+    /// The schema and routine versions: which procedure is called
+    /// (`Migrated::heartbeat_many`), and how a heartbeat alone runs ([`alone`]).
     pub(crate) db: Migrated,
 }
 
@@ -90,7 +89,11 @@ impl BatchCall for HeartbeatMany {
             .collect();
         let leases = format!("[{}]", leases.join(","));
         let call = render(
-            match self.version {
+            match self
+                .db
+                .heartbeat_many()
+                .unwrap_or(routines::HEARTBEAT_MANY_VERSION)
+            {
                 routines::TENANT_VERSION => HEARTBEAT_MANY_TENANT,
                 routines::FAIR_VERSION => HEARTBEAT_MANY_FAIR,
                 _ => HEARTBEAT_MANY,

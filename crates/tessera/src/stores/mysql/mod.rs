@@ -352,11 +352,10 @@ impl MysqlBackend {
             WakeMode::Poll => (None, None),
         };
         // Gathered heartbeats read the queue head: in the tags' order from version 6.
-        let heartbeats = migrated.heartbeat_many().map(|version| {
+        let heartbeats = migrated.heartbeat_many().map(|_| {
             Heartbeats::new(HeartbeatMany {
                 conns: conns.clone(),
                 doorbell: doorbell.as_ref().map(Doorbell::address_cell),
-                version,
                 db: migrated,
             })
         });

@@ -996,7 +996,6 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
     let call = heartbeats::HeartbeatMany {
         conns: b.conns.clone(),
         doorbell: b.doorbell.as_ref().map(Doorbell::address_cell),
-        version: b.db.heartbeat_many().unwrap(),
         db: b.db,
     };
     let minute = Duration::from_secs(60);
