@@ -814,9 +814,16 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
             (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
         }
     };
-    let (st, body) = put(s.url("/v1/semaphores/mail/tenants/bulk"), json!({"ceiling": 1, "floor": 0})).await;
+    let (st, body) = put(
+        s.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"ceiling": 1, "floor": 0}),
+    )
+    .await;
     assert_eq!(st, 200, "{body}");
-    assert_eq!(body, json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}}));
+    assert_eq!(
+        body,
+        json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}})
+    );
     let acquire = s.url("/v1/semaphores/mail/acquire");
     let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "bulk"})).await;
     assert_eq!(st, 200);
@@ -834,10 +841,17 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
         assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
     }
     let (_, listed) = get(&c, &s.url("/v1/semaphores/mail/tenants")).await;
-    assert_eq!(listed, json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}}));
+    assert_eq!(
+        listed,
+        json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}})
+    );
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Server::start(&format!("sqlite://{}/t.db", dir.path().display()), &[]);
-    let (st, e) = put(sqlite.url("/v1/semaphores/mail/tenants/bulk"), json!({"floor": 1})).await;
+    let (st, e) = put(
+        sqlite.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"floor": 1}),
+    )
+    .await;
     assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
 }
 

@@ -41,8 +41,15 @@ async fn ask(store: &Store, name: &Name, capacity: u32, req: &AcquireRequest) ->
 /// Permits held per tenant (`-`: none named), from the status.
 async fn held(store: &Store, name: &Name) -> HashMap<String, u32> {
     let mut out = HashMap::new();
-    for h in store.backend().status(name).await.unwrap().map_or(vec![], |s| s.holders) {
-        *out.entry(h.tenant.unwrap_or_else(|| "-".into())).or_default() += h.weight;
+    for h in store
+        .backend()
+        .status(name)
+        .await
+        .unwrap()
+        .map_or(vec![], |s| s.holders)
+    {
+        *out.entry(h.tenant.unwrap_or_else(|| "-".into()))
+            .or_default() += h.weight;
     }
     out
 }
@@ -70,18 +77,33 @@ async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
     assert!(ask(&store, &name, 4, &request(None, 1)).await);
     assert_eq!(held(&store, &name).await["bulk"], 2);
     // A release of bulk's lets its next one in, and no more.
-    assert!(store.backend().release(&name, bulk[0].lease_id).await.unwrap());
+    assert!(store
+        .backend()
+        .release(&name, bulk[0].lease_id)
+        .await
+        .unwrap());
     assert_eq!(held(&store, &name).await["bulk"], 2);
     let status = store.backend().status(&name).await.unwrap().unwrap();
     assert_eq!(status.queue.len(), 1, "{status:?}");
     // A raised ceiling lets the last one in at once.
-    assert!(store.backend().release(&name, bulk[1].lease_id).await.unwrap());
+    assert!(store
+        .backend()
+        .release(&name, bulk[1].lease_id)
+        .await
+        .unwrap());
     store
         .set_tenant_limits("provider", "bulk", limits(Some(3), 0))
         .await
         .unwrap();
     assert_eq!(held(&store, &name).await["bulk"], 2);
-    assert!(store.backend().status(&name).await.unwrap().unwrap().queue.is_empty());
+    assert!(store
+        .backend()
+        .status(&name)
+        .await
+        .unwrap()
+        .unwrap()
+        .queue
+        .is_empty());
 }
 
 #[tokio::test]
@@ -111,7 +133,10 @@ async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue()
     // ahead of bulk's queued requests.
     assert!(store.backend().release(&name, a1.lease_id).await.unwrap());
     let status = store.backend().status(&name).await.unwrap().unwrap();
-    assert!(status.holders.iter().any(|h| h.lease_id == a2.lease_id), "{status:?}");
+    assert!(
+        status.holders.iter().any(|h| h.lease_id == a2.lease_id),
+        "{status:?}"
+    );
     assert_eq!(held(&store, &name).await["bulk"], 3);
     // A release of bulk's goes to bulk's queue (alerts is at its floor).
     assert!(store.backend().release(&name, granted[0]).await.unwrap());
@@ -137,7 +162,10 @@ async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delet
     let batch = tessera::Semaphore::new(&store, "jobs", 3, opts).unwrap();
     for _ in 0..2 {
         let p = batch.acquire().await.unwrap();
-        assert!(batch.try_acquire().await.unwrap().is_none(), "at its ceiling");
+        assert!(
+            batch.try_acquire().await.unwrap().is_none(),
+            "at its ceiling"
+        );
         p.release().await.unwrap();
         assert!(store.status("jobs").await.unwrap().is_none(), "idle");
     }
@@ -162,7 +190,10 @@ async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delet
 #[tokio::test]
 async fn bad_limits_and_stores_without_them_get_typed_errors() {
     for (ceiling, floor) in [(Some(0), 0), (Some(2), 3), (Some(2_000_000), 0)] {
-        assert!(TenantLimits::new(ceiling, floor).is_err(), "{ceiling:?} {floor}");
+        assert!(
+            TenantLimits::new(ceiling, floor).is_err(),
+            "{ceiling:?} {floor}"
+        );
     }
     let store = memory().await;
     let err = store
@@ -246,15 +277,13 @@ fn ceilings_and_floors_hold_over_random_steps() {
                             assert!(b.release(&name, h.lease_id).await.unwrap());
                         }
                         2 if !queue.is_empty() => {
-                            b.cancel(&name, queue[n % queue.len()].lease_id).await.unwrap();
+                            b.cancel(&name, queue[n % queue.len()].lease_id)
+                                .await
+                                .unwrap();
                         }
                         _ => {}
                     }
-                    let holders = b
-                        .status(&name)
-                        .await
-                        .unwrap()
-                        .map_or(vec![], |s| s.holders);
+                    let holders = b.status(&name).await.unwrap().map_or(vec![], |s| s.holders);
                     let mut by: HashMap<Option<&str>, u32> = HashMap::new();
                     for h in &holders {
                         *by.entry(tenant_of[&h.lease_id]).or_default() += h.weight;
