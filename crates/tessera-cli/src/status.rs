@@ -126,6 +126,7 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
         Some(name) => {
             let status = store.status(name).await?;
             let rate = rate_status(store, name).await?;
+            let limits = store.tenant_limits(name).await?;
             let code = if status.is_some() || rate.is_some() {
                 exit::OK
             } else {
@@ -138,7 +139,7 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 )
             } else {
                 let mut text = match &status {
-                    Some(s) => detail(s),
+                    Some(s) => detail(s, &limits),
                     None if rate.is_none() => format!(
                         "{name}: not held or waited for in {}; {KEPT_WHILE_USED}, so a \
                          semaphore released or whose leases expired leaves nothing (and a rate \
@@ -373,13 +374,16 @@ fn summary(all: &[SemaphoreStatus], expired: &[String], url: &str) -> String {
     out
 }
 
-fn detail(s: &SemaphoreStatus) -> String {
+fn detail(
+    s: &SemaphoreStatus,
+    limits: &std::collections::BTreeMap<String, tessera::TenantLimits>,
+) -> String {
     let mut out = format!(
         "{}: capacity {}, used {}, available {} (store time {})\n",
         s.name, s.capacity, s.used, s.available, s.now
     );
     // A TENANT column and a table per tenant once a request named one.
-    let tenants = s.tenants();
+    let tenants = s.tenants_with(limits);
     let named = tenants.iter().any(|t| !t.tenant.is_empty());
     let tenant_column = |t: &Option<String>| named.then(|| tenant_label(t.as_deref()));
     if s.holders.is_empty() {
@@ -442,10 +446,11 @@ fn detail(s: &SemaphoreStatus) -> String {
     }
     if named {
         out += "tenants (holders, waiters and permits per tenant):\n";
+        let limited = !limits.is_empty();
         let rows: Vec<Vec<Option<String>>> = tenants
             .iter()
             .map(|t| {
-                [
+                let mut row = [
                     tenant_label(Some(&t.tenant)),
                     t.holders.to_string(),
                     t.used.to_string(),
@@ -453,10 +458,18 @@ fn detail(s: &SemaphoreStatus) -> String {
                     t.waiting.to_string(),
                 ]
                 .map(Some)
-                .to_vec()
+                .to_vec();
+                row.push(limited.then(|| t.ceiling.map_or("-".into(), |c| c.to_string())));
+                row.push(limited.then(|| t.floor.to_string()));
+                row
             })
             .collect();
-        out += &table(&["TENANT", "HOLDERS", "USED", "WAITERS", "WAITING"], &rows);
+        out += &table(
+            &[
+                "TENANT", "HOLDERS", "USED", "WAITERS", "WAITING", "CEILING", "FLOOR",
+            ],
+            &rows,
+        );
     }
     out
 }
@@ -658,6 +671,19 @@ mod tests {
         let queued: Vec<_> = parsed.queue.iter().map(|w| w.tenant.as_deref()).collect();
         assert_eq!(queued.len(), 3);
         assert!(queued.contains(&None) && queued.contains(&Some("alerts")));
+        // With limits set, the table shows each tenant's ceiling and floor.
+        let floor = tessera::TenantLimits::new(None, 1).unwrap();
+        store
+            .set_tenant_limits("provider", "alerts", floor)
+            .await
+            .unwrap();
+        let (text, _) = render(&store, &args(false)).await.unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["alerts", "0", "0", "1", "1", "-", "1"]),
+            "{text}"
+        );
         drop(_bulk);
         for w in waiters {
             w.abort();

@@ -831,6 +831,15 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
     assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "no_permit");
     let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "alerts"})).await;
     assert_eq!(st, 200);
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/mail")).await;
+    assert_eq!(
+        sem["tenants"],
+        json!([
+            {"tenant": "alerts", "holders": 1, "used": 1, "waiters": 0, "waiting": 0},
+            {"tenant": "bulk", "holders": 1, "used": 1, "waiters": 0, "waiting": 0, "ceiling": 1},
+        ]),
+        "{sem}"
+    );
     for bad in [
         json!({"ceiling": 0, "floor": 0}),
         json!({"ceiling": 1, "floor": 2}),

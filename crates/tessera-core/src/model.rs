@@ -303,7 +303,28 @@ impl SemaphoreStatus {
     /// [`Self::queue`]: the tenant `""` (requests that named none) first if present, then
     /// by name. Empty when nobody holds or waits.
     pub fn tenants(&self) -> Vec<TenantUsage> {
+        self.tenants_with(&Default::default())
+    }
+
+    /// [`Self::tenants`] with each tenant's ceiling and floor from `limits` (as
+    /// `Store::tenant_limits` gives them); a tenant with limits that neither holds nor waits
+    /// is listed too.
+    pub fn tenants_with(
+        &self,
+        limits: &std::collections::BTreeMap<String, TenantLimits>,
+    ) -> Vec<TenantUsage> {
         let mut by: std::collections::BTreeMap<&str, TenantUsage> = Default::default();
+        for (t, l) in limits {
+            by.insert(
+                t,
+                TenantUsage {
+                    tenant: t.clone(),
+                    ceiling: l.ceiling,
+                    floor: l.floor,
+                    ..TenantUsage::default()
+                },
+            );
+        }
         let held = self.holders.iter().map(|l| (&l.tenant, true, l.weight));
         let queued = self.queue.iter().map(|w| (&w.tenant, false, w.weight));
         for (tenant, holding, weight) in held.chain(queued) {
@@ -337,6 +358,12 @@ pub struct TenantUsage {
     pub waiters: u32,
     /// Permits those requests ask for.
     pub waiting: u32,
+    /// Its ceiling, if one is set (`Store::set_tenant_limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<u32>,
+    /// Its floor (0: none).
+    #[serde(default)]
+    pub floor: u32,
 }
 
 /// What the client asks of the store when acquiring.

@@ -56,7 +56,9 @@ async fn snapshot(app: &App, principal: &Principal) -> Snapshot {
             names.sort();
             for name in names.into_iter().take(MAX_SHOWN) {
                 match app.bounded("the status", app.store.status(&name)).await {
-                    Ok(Ok(Some(s))) => snap.semaphores.push(StatusBody::from_status(s)),
+                    Ok(Ok(Some(s))) => snap
+                        .semaphores
+                        .push(StatusBody::from_status(s, &Default::default())),
                     Ok(Ok(None)) => {}
                     Ok(Err(e)) => snap.errors.push(format!("{name}: {e}")),
                     Err(e) => snap.errors.push(format!("{name}: {}", e.message)),

@@ -201,6 +201,15 @@ pub struct TenantBody {
     /// Its queued requests, and the permits they ask for.
     pub waiters: u32,
     pub waiting: u32,
+    /// Its ceiling and floor, when set (`PUT …/tenants/{tenant}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<u32>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub floor: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A semaphore's snapshot.
@@ -228,10 +237,14 @@ pub struct NamesBody {
 }
 
 impl StatusBody {
-    pub fn from_status(s: tessera::SemaphoreStatus) -> StatusBody {
+    /// The body of `s`, with the tenants' ceilings and floors in `limits`.
+    pub fn from_status(
+        s: tessera::SemaphoreStatus,
+        limits: &std::collections::BTreeMap<String, tessera::TenantLimits>,
+    ) -> StatusBody {
         let now = s.now;
         let tenants = s
-            .tenants()
+            .tenants_with(limits)
             .into_iter()
             .map(|t| TenantBody {
                 tenant: t.tenant,
@@ -239,6 +252,8 @@ impl StatusBody {
                 used: t.used,
                 waiters: t.waiters,
                 waiting: t.waiting,
+                ceiling: t.ceiling,
+                floor: t.floor,
             })
             .collect();
         StatusBody {
@@ -673,7 +688,12 @@ pub async fn status(
         .bounded("the status", app.store.backend().status(&n))
         .await??
     {
-        Some(s) => Ok(Json(StatusBody::from_status(s))),
+        Some(s) => {
+            let limits = app
+                .bounded("the tenant limits", app.store.backend().tenant_limits(&n))
+                .await??;
+            Ok(Json(StatusBody::from_status(s, &limits)))
+        }
         None => Err(ApiError::not_found(format!(
             "no semaphore {sem:?} (nobody holds or waits for it)"
         ))),
