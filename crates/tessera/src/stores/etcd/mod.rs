@@ -633,6 +633,9 @@ impl Backend for EtcdBackend {
     /// nothing.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         self.unfinished.lock().unwrap().insert(lease, name.clone());
+        // A few at a time, as joins are (see `acquire`); one dropped while it waits for its
+        // turn stays in `unfinished`.
+        let _turn = self.leaving.acquire().await;
         let reply = self.cancel_once(name, lease).await;
         // Not reached if the caller dropped this call: the entry stays, to be tried again.
         if reply.is_ok() {
