@@ -444,7 +444,12 @@ async fn read(watches: Weak<Watches>) {
         }
         changes.borrow_and_update();
         let member = members.current();
-        match stream(&watches, &members, member, &mut changes, &mut failures).await {
+        let ended = stream(&watches, &members, member, &mut changes, &mut failures).await;
+        // At once: no waiter is in sync on a stream that ended.
+        if let Some(w) = watches.upgrade() {
+            w.registry.lock().unwrap().broken();
+        }
+        match ended {
             Ended::Dropped => return,
             Ended::Idle => {}
             Ended::Failover => failures = 0,
@@ -472,9 +477,6 @@ async fn read(watches: Weak<Watches>) {
                     backoff = (backoff * 2).min(Duration::from_millis(400));
                 }
             }
-        }
-        if let Some(w) = watches.upgrade() {
-            w.registry.lock().unwrap().broken();
         }
     }
 }
