@@ -222,6 +222,17 @@ export interface HolderStatus {
   acquired_at_us: number;
   expires_at_us: number;
   expires_in_ms: number;
+  /** The tenant it was granted to; absent when the request named none. */
+  tenant?: string;
+}
+
+/** One tenant's part of a semaphore: `tenant` is `""` for requests that named none. */
+export interface TenantStatus {
+  tenant: string;
+  holders: number;
+  used: number;
+  waiters: number;
+  waiting: number;
 }
 
 export interface SemaphoreStatus {
@@ -231,7 +242,9 @@ export interface SemaphoreStatus {
   available: number;
   now_us: number;
   holders: HolderStatus[];
-  queue: { lease_id: string; weight: number; holder: string; enqueued_at_us: number }[];
+  queue: { lease_id: string; weight: number; holder: string; enqueued_at_us: number; tenant?: string }[];
+  /** Holders, waiters and permits per tenant. */
+  tenants: TenantStatus[];
 }
 
 export interface RateStatus {

@@ -72,7 +72,11 @@ describe("the order of grants between tenants", () => {
     const a = await sem.acquire({ timeout: 5_000 });
     const b = await sem.tryAcquire();
     assert.ok(b);
-    assert.equal((await sem.status()).holders.length, 2);
+    const status = await sem.status();
+    assert.equal(status.holders.length, 2);
+    // Each holder shows its tenant, and the status sums them per tenant.
+    assert.deepEqual(status.holders.map((h) => h.tenant), ["billing", "billing"]);
+    assert.deepEqual(status.tenants, [{ tenant: "billing", holders: 2, used: 2, waiters: 0, waiting: 0 }]);
     await a.release();
     await b.release();
   });

@@ -67,6 +67,18 @@ class TenantOrderTest(unittest.TestCase):
         self.assertEqual(self.failures, [])
         return self.order
 
+    def test_status_shows_each_holders_tenant_and_the_sums_per_tenant(self) -> None:
+        sem = self.client.semaphore(self.name, capacity=2, tenant="billing", share=3)
+        lease = sem.acquire(timeout=5)
+        status = sem.status()
+        assert status is not None
+        self.assertEqual(status["holders"][0]["tenant"], "billing")
+        self.assertEqual(
+            status["tenants"],
+            [{"tenant": "billing", "holders": 1, "used": 1, "waiters": 0, "waiting": 0}],
+        )
+        lease.release()
+
     def test_a_light_tenants_lock_waiter_goes_ahead_of_another_tenants_backlog(self) -> None:
         holder = self.client.lock(self.name).acquire(timeout=5)
         batch = self.client.lock(self.name, tenant="batch")

@@ -126,6 +126,7 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
         Some(name) => {
             let status = store.status(name).await?;
             let rate = rate_status(store, name).await?;
+            let limits = store.tenant_limits(name).await?;
             let code = if status.is_some() || rate.is_some() {
                 exit::OK
             } else {
@@ -138,7 +139,7 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 )
             } else {
                 let mut text = match &status {
-                    Some(s) => detail(s),
+                    Some(s) => detail(s, &limits),
                     None if rate.is_none() => format!(
                         "{name}: not held or waited for in {}; {KEPT_WHILE_USED}, so a \
                          semaphore released or whose leases expired leaves nothing (and a rate \
@@ -373,36 +374,45 @@ fn summary(all: &[SemaphoreStatus], expired: &[String], url: &str) -> String {
     out
 }
 
-fn detail(s: &SemaphoreStatus) -> String {
+fn detail(
+    s: &SemaphoreStatus,
+    limits: &std::collections::BTreeMap<String, tessera::TenantLimits>,
+) -> String {
     let mut out = format!(
         "{}: capacity {}, used {}, available {} (store time {})\n",
         s.name, s.capacity, s.used, s.available, s.now
     );
+    // A TENANT column and a table per tenant once a request named one.
+    let tenants = s.tenants_with(limits);
+    let named = tenants.iter().any(|t| !t.tenant.is_empty());
+    let tenant_column = |t: &Option<String>| named.then(|| tenant_label(t.as_deref()));
     if s.holders.is_empty() {
         out += "holders: none\n";
     } else {
         out += &format!("holders ({}, oldest first):\n", s.holders.len());
-        let rows: Vec<[String; 7]> = s
+        let rows: Vec<Vec<Option<String>>> = s
             .holders
             .iter()
             .map(|h| {
-                [
-                    h.lease_id.to_string(),
-                    h.weight.to_string(),
-                    seats(&h.seats),
-                    h.fence.to_string(),
-                    h.holder.clone(),
-                    h.acquired_at.to_string(),
-                    expires_in(s.now, h.expires_at),
+                vec![
+                    Some(h.lease_id.to_string()),
+                    Some(h.weight.to_string()),
+                    Some(seats(&h.seats)),
+                    Some(h.fence.to_string()),
+                    tenant_column(&h.tenant),
+                    Some(h.holder.clone()),
+                    Some(h.acquired_at.to_string()),
+                    Some(expires_in(s.now, h.expires_at)),
                 ]
             })
             .collect();
         out += &table(
-            [
+            &[
                 "LEASE",
                 "WEIGHT",
                 "SEATS",
                 "FENCE",
+                "TENANT",
                 "HOLDER",
                 "ACQUIRED AT",
                 "EXPIRES IN",
@@ -414,42 +424,90 @@ fn detail(s: &SemaphoreStatus) -> String {
         out += "queue: empty\n";
     } else {
         out += &format!("queue ({}, served first at the top):\n", s.queue.len());
-        let rows: Vec<[String; 5]> = s
+        let rows: Vec<Vec<Option<String>>> = s
             .queue
             .iter()
             .enumerate()
             .map(|(i, w)| {
-                [
-                    (i + 1).to_string(),
-                    w.lease_id.to_string(),
-                    w.weight.to_string(),
-                    w.holder.clone(),
-                    short(s.now.since(w.enqueued_at)),
+                vec![
+                    Some((i + 1).to_string()),
+                    Some(w.lease_id.to_string()),
+                    Some(w.weight.to_string()),
+                    tenant_column(&w.tenant),
+                    Some(w.holder.clone()),
+                    Some(short(s.now.since(w.enqueued_at))),
                 ]
             })
             .collect();
-        out += &table(["#", "LEASE", "WEIGHT", "HOLDER", "WAITING FOR"], &rows);
+        out += &table(
+            &["#", "LEASE", "WEIGHT", "TENANT", "HOLDER", "WAITING FOR"],
+            &rows,
+        );
+    }
+    if named {
+        out += "tenants (holders, waiters and permits per tenant):\n";
+        let limited = !limits.is_empty();
+        let rows: Vec<Vec<Option<String>>> = tenants
+            .iter()
+            .map(|t| {
+                let mut row = [
+                    tenant_label(Some(&t.tenant)),
+                    t.holders.to_string(),
+                    t.used.to_string(),
+                    t.waiters.to_string(),
+                    t.waiting.to_string(),
+                ]
+                .map(Some)
+                .to_vec();
+                row.push(limited.then(|| t.ceiling.map_or("-".into(), |c| c.to_string())));
+                row.push(limited.then(|| t.floor.to_string()));
+                row
+            })
+            .collect();
+        out += &table(
+            &[
+                "TENANT", "HOLDERS", "USED", "WAITERS", "WAITING", "CEILING", "FLOOR",
+            ],
+            &rows,
+        );
     }
     out
 }
 
-fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.map(str::len);
+/// A tenant's cell: its name, or `-` for requests that named none.
+fn tenant_label(tenant: Option<&str>) -> String {
+    match tenant {
+        None | Some("") => "-".to_string(),
+        Some(t) => t.to_string(),
+    }
+}
+
+/// A table with a header line; a column whose cells are `None` is left out.
+fn table(header: &[&str], rows: &[Vec<Option<String>>]) -> String {
+    let shown: Vec<usize> = (0..header.len())
+        .filter(|&i| rows.iter().all(|r| r[i].is_some()))
+        .collect();
+    let mut widths: Vec<usize> = shown.iter().map(|&i| header[i].len()).collect();
     for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+        for (w, &i) in widths.iter_mut().zip(&shown) {
+            *w = (*w).max(row[i].as_deref().unwrap_or("").chars().count());
         }
     }
     let line = |cells: Vec<&str>| {
         let mut l = String::new();
-        for (cell, w) in cells.iter().zip(widths) {
+        for (cell, w) in cells.iter().zip(&widths) {
             l += &format!("  {cell:<w$}");
         }
         l.trim_end().to_string() + "\n"
     };
-    let mut out = line(header.to_vec());
+    let mut out = line(shown.iter().map(|&i| header[i]).collect());
     for row in rows {
-        out += &line(row.iter().map(String::as_str).collect());
+        out += &line(
+            shown
+                .iter()
+                .map(|&i| row[i].as_deref().unwrap_or(""))
+                .collect(),
+        );
     }
     out
 }
@@ -526,6 +584,7 @@ mod tests {
         assert!(alpha < beta && beta < gamma, "{text}");
         assert!(text.contains(&pa.lease_id().to_string()), "{text}");
         assert!(text.contains("  0,1  "), "{text}");
+        assert!(!text.contains("TENANT"), "no tenant named: {text}");
         let (json, _) = render(&store, &args(true)).await.unwrap();
         let parsed: SemaphoreStatus = serde_json::from_str(&json).unwrap();
         assert_eq!(parsed.holders.len(), 2);
@@ -550,6 +609,85 @@ mod tests {
         pa.release().await.unwrap();
         pb.release().await.unwrap();
         waiter.await.unwrap().unwrap();
+    }
+
+    /// Once a request names a tenant, the holders and the queue show each one's tenant, and
+    /// a table gives holders, waiters and permits per tenant; the JSON carries the same.
+    #[tokio::test]
+    async fn status_shows_each_tenants_holders_waiters_and_permits() {
+        let store = Store::connect("memory://cli-status-tenants").await.unwrap();
+        let opts = |tenant: Option<&str>| {
+            let o = tessera::SemaphoreOptions::default().holder("worker");
+            match tenant {
+                Some(t) => o.tenant(tessera::Tenant::new(t, 1).unwrap()),
+                None => o,
+            }
+        };
+        let sem = |t| tessera::Semaphore::new(&store, "provider", 2, opts(t)).unwrap();
+        let _bulk = sem(Some("bulk")).acquire_many(2).await.unwrap();
+        let waiters: Vec<_> = [Some("alerts"), None, Some("bulk")]
+            .into_iter()
+            .map(|t| {
+                let s = sem(t);
+                tokio::spawn(async move { s.acquire().await.map(|p| p.fence()) })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while store.status("provider").await.unwrap().unwrap().queue.len() < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let args = |json| StatusArgs {
+            name: Some("provider".into()),
+            json,
+            watch: None,
+        };
+        let (text, _) = render(&store, &args(false)).await.unwrap();
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let header = rows
+            .iter()
+            .position(|r| r.first() == Some(&"TENANT"))
+            .expect(&text);
+        assert_eq!(
+            rows[header + 1..header + 4],
+            [
+                vec!["-", "0", "0", "1", "1"],
+                vec!["alerts", "0", "0", "1", "1"],
+                vec!["bulk", "1", "2", "1", "1"],
+            ],
+            "{text}"
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r.len() > 5 && r[4] == "bulk" && r[5] == "worker"),
+            "the holder's tenant: {text}"
+        );
+        let (json, _) = render(&store, &args(true)).await.unwrap();
+        let parsed: SemaphoreStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed.holders[0].tenant.as_deref(), Some("bulk"));
+        let queued: Vec<_> = parsed.queue.iter().map(|w| w.tenant.as_deref()).collect();
+        assert_eq!(queued.len(), 3);
+        assert!(queued.contains(&None) && queued.contains(&Some("alerts")));
+        // With limits set, the table shows each tenant's ceiling and floor.
+        let floor = tessera::TenantLimits::new(None, 1).unwrap();
+        store
+            .set_tenant_limits("provider", "alerts", floor)
+            .await
+            .unwrap();
+        let (text, _) = render(&store, &args(false)).await.unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["alerts", "0", "0", "1", "1", "-", "1"]),
+            "{text}"
+        );
+        drop(_bulk);
+        for w in waiters {
+            w.abort();
+        }
     }
 
     /// A semaphore whose every lease ran out while nobody looked is still listed by the store

@@ -351,3 +351,26 @@ fn bench_admission_on_mariadb() {
 fn bench_admission_on_postgres() {
     bench_admission(Harness::postgres().url());
 }
+
+/// `--workload depth`: the shallow and the deep queue on one lock, every grant made, none
+/// over-granted, and the ratio of their hand-off costs.
+#[test]
+fn bench_depth_compares_a_deep_queue_with_a_shallow_one() {
+    let lines = bench_json(
+        "memory://",
+        &["--workload", "depth", "--clients", "60", "--ops", "240"],
+    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (r, clients) in lines[..2].iter().zip([10, 60]) {
+        assert_eq!(r["workload"], "depth", "{r}");
+        assert_eq!(r["clients"], clients, "{r}");
+        assert_eq!(r["ops"], 240, "{r}");
+        assert_eq!(r["over_grants"], 0, "{r}");
+        assert!(r["handoffs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(
+        lines[2]["handoff_cost_ratio"].as_f64().unwrap() > 0.0,
+        "{:?}",
+        lines[2]
+    );
+}

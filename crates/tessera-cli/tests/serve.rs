@@ -755,6 +755,17 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
         .position(|w| w["holder"] == "light")
         .unwrap();
     assert!(place <= 1, "{sem}");
+    // The status names each holder's and waiter's tenant, and sums them per tenant.
+    assert_eq!(sem["holders"][0]["tenant"], "bulk", "{sem}");
+    assert_eq!(sem["queue"][place]["tenant"], "alerts", "{sem}");
+    assert_eq!(
+        sem["tenants"],
+        json!([
+            {"tenant": "alerts", "holders": 0, "used": 0, "waiters": 1, "waiting": 1},
+            {"tenant": "bulk", "holders": 1, "used": 1, "waiters": 6, "waiting": 6},
+        ]),
+        "{sem}"
+    );
     // Each tenant's grants and waits are series of their own in /metrics.
     let metrics = get_text(&c, &s.url("/metrics")).await;
     for needle in [
@@ -784,6 +795,70 @@ async fn a_tenants_waiter_goes_ahead_of_another_tenants_backlog_over_http() {
         &c,
         &unordered.url("/v1/semaphores/fair/acquire"),
         json!({"capacity": 1, "tenant": "bulk"}),
+    )
+    .await;
+    assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
+}
+
+/// `PUT /v1/semaphores/{name}/tenants/{tenant}` (docs/fair-shares.md): on the memory store
+/// a tenant at its ceiling gets no permit while another tenant does; the limits are listed,
+/// bad ones refused with nothing changed; a store that keeps none answers 501.
+#[tokio::test]
+async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let put = |url: String, body: Value| {
+        let c = c.clone();
+        async move {
+            let r = c.put(url).json(&body).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (st, body) = put(
+        s.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"ceiling": 1, "floor": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}})
+    );
+    let acquire = s.url("/v1/semaphores/mail/acquire");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "bulk"})).await;
+    assert_eq!(st, 200);
+    let (st, e) = post(&c, &acquire, json!({"capacity": 3, "tenant": "bulk"})).await;
+    assert_error(st, &e, StatusCode::REQUEST_TIMEOUT, "no_permit");
+    let (st, _) = post(&c, &acquire, json!({"capacity": 3, "tenant": "alerts"})).await;
+    assert_eq!(st, 200);
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/mail")).await;
+    assert_eq!(
+        sem["tenants"],
+        json!([
+            {"tenant": "alerts", "holders": 1, "used": 1, "waiters": 0, "waiting": 0},
+            {"tenant": "bulk", "holders": 1, "used": 1, "waiters": 0, "waiting": 0, "ceiling": 1},
+        ]),
+        "{sem}"
+    );
+    for bad in [
+        json!({"ceiling": 0, "floor": 0}),
+        json!({"ceiling": 1, "floor": 2}),
+        json!({"ceiling": 1}),
+        json!({"cap": 1, "floor": 0}),
+    ] {
+        let (st, e) = put(s.url("/v1/semaphores/mail/tenants/bulk"), bad).await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+    }
+    let (_, listed) = get(&c, &s.url("/v1/semaphores/mail/tenants")).await;
+    assert_eq!(
+        listed,
+        json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}})
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Server::start(&format!("sqlite://{}/t.db", dir.path().display()), &[]);
+    let (st, e) = put(
+        sqlite.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"floor": 1}),
     )
     .await;
     assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
@@ -1374,7 +1449,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
     let (_, lease) = post(
         &c,
         &s.url("/v1/semaphores/reports/acquire"),
-        json!({"capacity": 1, "holder": "nightly-export"}),
+        json!({"capacity": 1, "holder": "nightly-export", "tenant": "finance"}),
     )
     .await;
     let waiter = {
@@ -1404,6 +1479,9 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
         "sms",
         "50/s",
         "EventSource",
+        "<h4>Tenants</h4>",
+        "<td>finance</td><td>1</td><td>1</td><td>0</td><td>0</td>",
+        "<td><em>none</em></td><td>0</td><td>0</td><td>1</td><td>1</td>",
     ] {
         assert!(page.contains(needle), "no {needle} in the page");
     }
@@ -1419,7 +1497,7 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
 
     let metrics = get_text(&c, &s.url("/metrics")).await;
     for needle in [
-        "tessera_grants_total{name=\"reports\"} 1",
+        "tessera_grants_total{name=\"reports\",tenant=\"finance\"} 1",
         "tessera_waits_total{name=\"reports\"} 1",
         "tessera_queue_length{name=\"reports\"} 1",
         "tessera_rate_decisions_total{name=\"sms\",decision=\"admitted\"} 1",
@@ -1465,7 +1543,7 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
         .iter()
         .map(|holder| {
             let (c, url) = (c.clone(), url.clone());
-            let body = json!({"capacity": 3, "weight": 1, "wait": "60s", "holder": holder});
+            let body = json!({"capacity": 3, "weight": 1, "wait": "60s", "holder": holder, "tenant": "research"});
             rt.spawn(async move { post(&c, &url, body).await })
         })
         .collect();
@@ -1509,6 +1587,8 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
         "eval-job",
         "batch-job",
         "Queue",
+        "Tenants",
+        "research",
         "sms-api",
         "1000/min",
     ] {

@@ -303,7 +303,28 @@ impl SemaphoreStatus {
     /// [`Self::queue`]: the tenant `""` (requests that named none) first if present, then
     /// by name. Empty when nobody holds or waits.
     pub fn tenants(&self) -> Vec<TenantUsage> {
+        self.tenants_with(&Default::default())
+    }
+
+    /// [`Self::tenants`] with each tenant's ceiling and floor from `limits` (as
+    /// `Store::tenant_limits` gives them); a tenant with limits that neither holds nor waits
+    /// is listed too.
+    pub fn tenants_with(
+        &self,
+        limits: &std::collections::BTreeMap<String, TenantLimits>,
+    ) -> Vec<TenantUsage> {
         let mut by: std::collections::BTreeMap<&str, TenantUsage> = Default::default();
+        for (t, l) in limits {
+            by.insert(
+                t,
+                TenantUsage {
+                    tenant: t.clone(),
+                    ceiling: l.ceiling,
+                    floor: l.floor,
+                    ..TenantUsage::default()
+                },
+            );
+        }
         let held = self.holders.iter().map(|l| (&l.tenant, true, l.weight));
         let queued = self.queue.iter().map(|w| (&w.tenant, false, w.weight));
         for (tenant, holding, weight) in held.chain(queued) {
@@ -337,6 +358,12 @@ pub struct TenantUsage {
     pub waiters: u32,
     /// Permits those requests ask for.
     pub waiting: u32,
+    /// Its ceiling, if one is set (`Store::set_tenant_limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<u32>,
+    /// Its floor (0: none).
+    #[serde(default)]
+    pub floor: u32,
 }
 
 /// What the client asks of the store when acquiring.
@@ -397,6 +424,46 @@ impl Tenant {
     /// The share.
     pub fn share(&self) -> u32 {
         self.share
+    }
+}
+
+/// One tenant's ceiling and floor on a semaphore (`docs/fair-shares.md`): it never holds
+/// more than `ceiling` permits, and `floor` permits are kept for it (others are not granted
+/// the permits it would need to reach its floor). Set by an administrator
+/// (`Store::set_tenant_limits`), kept by the store for the name until changed or until the
+/// semaphore is deleted, also while nobody holds or waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// At most this many permits held at once; `None`: no ceiling.
+    pub ceiling: Option<u32>,
+    /// Permits kept for this tenant while it holds fewer; 0: none.
+    pub floor: u32,
+}
+
+impl TenantLimits {
+    /// Limits with this ceiling and floor: a ceiling of 1 to [`MAX_CAPACITY`], a floor of at
+    /// most the ceiling (and at most [`MAX_CAPACITY`]).
+    pub fn new(ceiling: Option<u32>, floor: u32) -> Result<TenantLimits, InvalidInput> {
+        let max = crate::limits::MAX_CAPACITY;
+        if let Some(c) = ceiling {
+            if c == 0 || c > max {
+                return Err(InvalidInput::Other(format!(
+                    "invalid ceiling {c}: must be between 1 and {max}"
+                )));
+            }
+        }
+        if floor > ceiling.unwrap_or(max) {
+            return Err(InvalidInput::Other(format!(
+                "invalid floor {floor}: at most the ceiling ({})",
+                ceiling.unwrap_or(max)
+            )));
+        }
+        Ok(TenantLimits { ceiling, floor })
+    }
+
+    /// No ceiling and no floor: the same as no limits (setting it removes them).
+    pub fn is_none(&self) -> bool {
+        self.ceiling.is_none() && self.floor == 0
     }
 }
 

@@ -61,6 +61,7 @@
 //!   operation that rewrites the holder label and bumps the fence in one step; the receiver
 //!   starts a keeper on the same lease id.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -142,6 +143,8 @@ pub struct Capabilities {
     /// Whether the store orders its queue by tenants' shares (`docs/fair-shares.md`); a
     /// request that names a tenant on a store without is [`Error::Unsupported`](crate::error::Error::Unsupported).
     pub fair_shares: bool,
+    /// Whether the store keeps tenants' ceilings and floors ([`Backend::set_tenant_limits`]).
+    pub tenant_limits: bool,
 }
 
 impl Capabilities {
@@ -156,7 +159,14 @@ impl Capabilities {
             hand_off: HandOff::SameStep,
             max_weight: MAX_CAPACITY,
             fair_shares: false,
+            tenant_limits: false,
         }
+    }
+
+    /// The same, keeping tenants' ceilings and floors.
+    pub const fn with_tenant_limits(mut self) -> Capabilities {
+        self.tenant_limits = true;
+        self
     }
 
     /// The same, ordering the queue by tenants' shares.
@@ -281,6 +291,31 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// What this store can and cannot do (see the module docs). Wrappers forward it.
     fn capabilities(&self) -> Capabilities;
+
+    /// Sets `tenant`'s ceiling and floor on the semaphore `name` (`docs/fair-shares.md`);
+    /// [`TenantLimits::is_none`] removes them. Kept for the name, also while it is idle,
+    /// until changed or [`Backend::delete`]. The new limits apply from the next grant: a
+    /// tenant above a lowered ceiling keeps what it holds. A floor that would bring the
+    /// floors of a semaphore that exists above its capacity is
+    /// [`Error::InvalidInput`](crate::error::Error::InvalidInput), and nothing changes.
+    /// The default: [`Error::Unsupported`](crate::error::Error::Unsupported) (see
+    /// [`Capabilities::tenant_limits`]). Wrappers forward it.
+    async fn set_tenant_limits(
+        &self,
+        _name: &Name,
+        _tenant: &str,
+        _limits: TenantLimits,
+    ) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "this store keeps no tenant ceilings or floors".into(),
+        ))
+    }
+
+    /// The tenants' ceilings and floors set on `name`, by tenant. The default: none.
+    /// Wrappers forward it.
+    async fn tenant_limits(&self, _name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        Ok(BTreeMap::new())
+    }
 
     /// The step of [`Backend::acquire`] run at once on the caller's thread, for a store whose
     /// steps need no I/O (memory); `None` (the default) means "await [`Backend::acquire`]".

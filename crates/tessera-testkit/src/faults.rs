@@ -132,6 +132,22 @@ impl Backend for FaultyBackend {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        self.gate(false).await?;
+        self.inner.set_tenant_limits(name, tenant, limits).await
+    }
+    async fn tenant_limits(
+        &self,
+        name: &Name,
+    ) -> Result<std::collections::BTreeMap<String, TenantLimits>> {
+        self.gate(false).await?;
+        self.inner.tenant_limits(name).await
+    }
     /// Forwarded while no fault is set; with one, `None` sends the call through `acquire`,
     /// which applies it.
     fn acquire_now(

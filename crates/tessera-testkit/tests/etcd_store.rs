@@ -1476,3 +1476,96 @@ async fn joining_a_long_queue_costs_what_joining_a_short_one_does() {
     );
     drop(held);
 }
+
+/// Polls `name`'s queue until it holds `n` waiters (at most 240 s: a bound, not a
+/// measure).
+async fn queued_at_last(store: &Store, name: &str, n: usize) {
+    let mut last = None;
+    for _ in 0..960 {
+        last = status(store, name).await.map(|s| s.queue.len());
+        if last == Some(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("{name}: {last:?} waiters queued, never {n}");
+}
+
+/// Thousands of waiters in one process share one watch stream: a waiter's arrival and
+/// departure create and cancel watchers on it, and never open or reset an HTTP/2 stream.
+/// Before, each waiter opened a stream of its own (3,000 here) and reset it when it left;
+/// with thousands leaving at once, h2 closed the process's connection to etcd
+/// (`too_many_internal_resets`) and every acquire under way failed with a store error
+/// (`s10-reclaim` in docs/reliability.md). 3,000 waiters queue behind a held lock; 2,900 of
+/// them leave at once (their acquires dropped); the 100 left are then granted one after
+/// another, each acquire succeeding; etcd counts the Watch streams it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_waiters_share_one_watch_stream() {
+    const WAITERS: usize = 3_000;
+    const KEPT_EVERY: usize = 30;
+    let mut h = Harness::etcd_with(1);
+    let c = h.client().await;
+    let cluster: &EtcdCluster = h.etcd_cluster().unwrap();
+    let started =
+        |c: &EtcdCluster| etcd_metric(c, "grpc_server_started_total{grpc_method=\"Watch\"");
+    let streams_before = started(cluster);
+    let name = unique("one-stream");
+    let o = || {
+        SemaphoreOptions::default()
+            .ttl(Duration::from_secs(30))
+            .waiter_ttl(Duration::from_secs(9))
+    };
+    let sem = Semaphore::new(&c.store, &name, 1, o()).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut kept = Vec::new();
+    let mut leaving = Vec::new();
+    for i in 0..WAITERS {
+        let sem = Semaphore::new(&c.store, &name, 1, o()).unwrap();
+        let served = served.clone();
+        let task = tokio::spawn(async move {
+            let p = sem.acquire().await.expect("an acquire failed");
+            served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert!(p.release().await.unwrap());
+        });
+        if i % KEPT_EVERY == 0 {
+            kept.push(task);
+        } else {
+            leaving.push(task);
+        }
+    }
+    queued_at_last(&c.store, &name, WAITERS).await;
+    let streams = etcd_metric(cluster, "etcd_debugging_mvcc_watch_stream_total ");
+    let watchers = etcd_metric(cluster, "etcd_debugging_mvcc_watcher_total ");
+    eprintln!("{WAITERS} waiters queued: {streams} watch streams, {watchers} watchers");
+    assert!(
+        streams <= 2,
+        "{WAITERS} waiters of one process hold {streams} watch streams open"
+    );
+    // The 2,900 leave at once: each cancels its watchers and its record.
+    for t in &leaving {
+        t.abort();
+    }
+    for t in leaving {
+        assert!(t.await.unwrap_err().is_cancelled());
+    }
+    queued_at_last(&c.store, &name, kept.len()).await;
+    held.release().await.unwrap();
+    for t in kept {
+        t.await.expect("a waiter kept in the queue was not served");
+    }
+    assert_eq!(
+        served.load(std::sync::atomic::Ordering::SeqCst),
+        WAITERS / KEPT_EVERY
+    );
+    assert_drained(&c.store, &name).await;
+    // The same client still serves (its connection was not closed under it).
+    let p = sem.try_acquire().await.unwrap().expect("the lock is free");
+    p.release().await.unwrap();
+    let opened = started(cluster) - streams_before;
+    eprintln!("Watch streams started during the test: {opened}");
+    assert!(
+        opened <= 2,
+        "{WAITERS} waiters of one process made etcd start {opened} Watch streams"
+    );
+}

@@ -124,8 +124,8 @@ pub use tessera_core::limits::{
     MAX_CAPACITY, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_QUEUE_CAP, MAX_TTL, MIN_TTL,
 };
 pub use tessera_core::model::{
-    Lease, LeaseId, SemaphoreStatus, StoreTime, Tenant, TenantUsage, Waiter, MAX_SHARE,
-    MAX_TENANT_LEN,
+    Lease, LeaseId, SemaphoreStatus, StoreTime, Tenant, TenantLimits, TenantUsage, Waiter,
+    MAX_SHARE, MAX_TENANT_LEN,
 };
 
 pub mod backend {

@@ -1,6 +1,7 @@
 //! [`Store`], the handle users connect with: the URL registry lives in `crate::stores`, the
 //! seam every store implements in `tessera_core::seam`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,6 +234,55 @@ impl Store {
         let name = Name::new(name)?;
         let capacity = validate_capacity(capacity)?;
         self.backend().resize(&name, capacity).await
+    }
+
+    /// Sets `tenant`'s ceiling and floor on the semaphore `name` (admin,
+    /// `docs/fair-shares.md`): the tenant never holds more than the ceiling, and the floor's
+    /// permits are kept for it while it holds fewer. [`TenantLimits::default`] removes them.
+    /// The store keeps them for the name, also while nobody holds or waits, until changed or
+    /// until [`Store::delete`]. A tenant name follows [`Tenant::new`]'s rules. A floor that
+    /// would bring the floors above the capacity of the semaphore as it is is
+    /// [`Error::InvalidInput`]; [`Error::Unsupported`] on a store that keeps no tenant
+    /// limits ([`Capabilities::tenant_limits`](crate::backend::Capabilities)).
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use tessera::{SemaphoreOptions, Store, Tenant, TenantLimits};
+    /// let store = Store::connect("memory://").await?;
+    /// // "bulk" never holds more than 2 of the 4 permits; 1 is kept for "alerts".
+    /// store.set_tenant_limits("provider", "bulk", TenantLimits::new(Some(2), 0)?).await?;
+    /// store.set_tenant_limits("provider", "alerts", TenantLimits::new(None, 1)?).await?;
+    /// let bulk = tessera::Semaphore::new(&store, "provider", 4,
+    ///     SemaphoreOptions::default().tenant(Tenant::new("bulk", 1)?))?;
+    /// let a = bulk.acquire().await?;
+    /// let b = bulk.acquire().await?;
+    /// assert!(bulk.try_acquire().await?.is_none(), "at its ceiling");
+    /// # drop((a, b));
+    /// # Ok::<(), tessera::Error>(()) }).unwrap();
+    /// ```
+    pub async fn set_tenant_limits(
+        &self,
+        name: &str,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        let name = Name::new(name)?;
+        let tenant = Tenant::new(tenant, 1)?;
+        if !self.backend().capabilities().tenant_limits {
+            return Err(Error::Unsupported(format!(
+                "{} keeps no tenant ceilings or floors",
+                self.url()
+            )));
+        }
+        self.backend()
+            .set_tenant_limits(&name, tenant.name(), limits)
+            .await
+    }
+
+    /// The tenants' ceilings and floors set on `name`, by tenant (none on a store that keeps
+    /// none).
+    pub async fn tenant_limits(&self, name: &str) -> Result<BTreeMap<String, TenantLimits>> {
+        self.backend().tenant_limits(&Name::new(name)?).await
     }
 
     /// Revokes a holder's lease (admin); `true` if it was held. The holder's

@@ -31,6 +31,7 @@
 //! subscriber takes `debug` events (the `log` crate alone does not receive it). The wrapper that does both is
 //! [`Instrumented`]; [`crate::Store::connect`] puts it around every store it opens.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -405,6 +406,20 @@ impl Backend for Instrumented {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+
+    /// An administrator's call, rare: forwarded without a series of its own.
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        self.inner.set_tenant_limits(name, tenant, limits).await
+    }
+
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        self.inner.tenant_limits(name).await
     }
 
     fn acquire_now(

@@ -378,6 +378,7 @@ async fn status_shows_each_tenants_holders_and_waiters(b: &dyn Backend) {
         used,
         waiters,
         waiting,
+        ..TenantUsage::default()
     };
     let a = request(Some(("a", 1)), 2);
     let b1 = request(Some(("b", 1)), 1);

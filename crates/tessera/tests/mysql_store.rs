@@ -65,7 +65,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "6");
+    assert_eq!(version.trim(), "7");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -79,10 +79,10 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "6");
+    assert_eq!(version.trim(), "7");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "6");
+    assert_eq!(routines.trim(), "7");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
@@ -91,7 +91,8 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         procedures.trim(),
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
-         tessera_v6_release"
+         tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
+         tessera_v7_keep_alive,tessera_v7_release"
     );
 }
 
@@ -358,12 +359,14 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
-    // none of versions 4 to 6, routines_version 3.
+    // none of versions 4 to 7, routines_version 3.
     server.sql(
         "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
          DROP PROCEDURE old.tessera_v4_keep_alive; DROP PROCEDURE old.tessera_v5_heartbeat_many; \
          DROP PROCEDURE old.tessera_v6_acquire_one; DROP PROCEDURE old.tessera_v6_release; \
          DROP PROCEDURE old.tessera_v6_heartbeat_many; \
+         DROP PROCEDURE old.tessera_v7_acquire_one; DROP PROCEDURE old.tessera_v7_release; \
+         DROP PROCEDURE old.tessera_v7_keep_alive; DROP PROCEDURE old.tessera_v7_heartbeat_many; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -381,8 +384,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "6");
-    assert_eq!(meta("schema_version").trim(), "6");
+    assert_eq!(meta("routines_version").trim(), "7");
+    assert_eq!(meta("schema_version").trim(), "7");
     assert_eq!(
         server
             .sql(
@@ -392,7 +395,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             .trim(),
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
-         tessera_v6_release"
+         tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
+         tessera_v7_keep_alive,tessera_v7_release"
     );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -469,7 +473,7 @@ async fn connect_existing_creates_nothing_and_opens_what_exists() {
 /// A database of schema version 2 (holder rows without a doorbell, waiter rows without a
 /// gate): a user who may not ALTER still connects and works on it (revokes then reach
 /// holders at renewal; admissions answer Unsupported), and the schema stays at 2; a user who
-/// may adds both columns (and those of versions 5 and 6), and the version becomes 6.
+/// may adds both columns (and those of versions 5 to 7), and the version becomes 7.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     let server = MariaDbServer::start();
@@ -507,7 +511,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "6");
+    assert_eq!(version(), "7");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
@@ -1072,6 +1076,8 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
          DROP PROCEDURE inv.tessera_v4_keep_alive; DROP PROCEDURE inv.tessera_v5_heartbeat_many; \
          DROP PROCEDURE inv.tessera_v6_acquire_one; DROP PROCEDURE inv.tessera_v6_release; \
          DROP PROCEDURE inv.tessera_v6_heartbeat_many; \
+         DROP PROCEDURE inv.tessera_v7_acquire_one; DROP PROCEDURE inv.tessera_v7_release; \
+         DROP PROCEDURE inv.tessera_v7_keep_alive; DROP PROCEDURE inv.tessera_v7_heartbeat_many; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();
@@ -1279,7 +1285,8 @@ async fn a_server_that_is_gone_is_reported_as_refused_not_as_a_pool_timeout() {
 /// A database of schema version 5 (before fair shares), holding a holder and waiters, is
 /// migrated at the next connect: the waiters keep their order (tag 0, by seq), a request of
 /// a tenant then queues by its tag behind them, and the releases run the procedure of
-/// routine version 6 (the one that keeps the tags), handing the permit on in that order.
+/// routine version 7 (the one that keeps the tags and the tenants), handing the permit on in
+/// that order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_order() {
     let server = MariaDbServer::start();
@@ -1297,6 +1304,8 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         "ALTER TABLE v4.tessera_waiters DROP KEY tessera_waiters_by_tag, DROP COLUMN tag; \
          ALTER TABLE v4.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
          DROP COLUMN tenants; DROP TABLE v4.tessera_tenants; \
+         ALTER TABLE v4.tessera_holders DROP COLUMN tenant; \
+         ALTER TABLE v4.tessera_waiters DROP COLUMN tenant; \
          UPDATE v4.tessera_meta SET meta_value = 5 WHERE meta_key = 'schema_version'",
     );
     let store = MysqlBackend::connect(&url).await.unwrap();
@@ -1304,7 +1313,7 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         server
             .sql("SELECT meta_value FROM v4.tessera_meta WHERE meta_key = 'schema_version'")
             .trim(),
-        "6"
+        "7"
     );
     assert!(store.capabilities().fair_shares);
     let mut tenant = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
@@ -1334,4 +1343,133 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         let status = store.status(&n).await.unwrap();
         assert_eq!(status.map(|s| s.holders[0].lease_id), next);
     }
+}
+
+/// A database of schema version 6 (before holder and waiter rows kept their tenant), holding
+/// a holder and a waiter, is migrated at the next connect to version 7 with routine version
+/// 7: both rows stay, naming no tenant; a tenant named from then on (its start tag at the
+/// virtual time, so ahead of the old waiter) is kept on its waiter row and on the holder row
+/// the release through the procedure of version 7 makes of it, and the old waiter follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and_waiter() {
+    let server = MariaDbServer::start();
+    let url = server.url("v6");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    drop(first);
+    // What a build of schema and routine version 6 leaves.
+    server.sql(
+        "ALTER TABLE v6.tessera_holders DROP COLUMN tenant; \
+         ALTER TABLE v6.tessera_waiters DROP COLUMN tenant; \
+         DROP PROCEDURE v6.tessera_v7_acquire_one; DROP PROCEDURE v6.tessera_v7_release; \
+         DROP PROCEDURE v6.tessera_v7_keep_alive; DROP PROCEDURE v6.tessera_v7_heartbeat_many; \
+         UPDATE v6.tessera_meta SET meta_value = 6 \
+         WHERE meta_key IN ('schema_version', 'routines_version')",
+    );
+    let store = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server
+            .sql(&format!(
+                "SELECT meta_value FROM v6.tessera_meta WHERE meta_key = '{key}'"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        (meta("schema_version"), meta("routines_version")),
+        ("7".into(), "7".into())
+    );
+    let tenants = |s: &SemaphoreStatus| {
+        let holders: Vec<_> = s
+            .holders
+            .iter()
+            .map(|h| (h.lease_id, h.tenant.clone()))
+            .collect();
+        let queue: Vec<_> = s
+            .queue
+            .iter()
+            .map(|w| (w.lease_id, w.tenant.clone()))
+            .collect();
+        (holders, queue)
+    };
+    let status = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(tenants(&status), (vec![(a, None)], vec![(b, None)]));
+    let mut named = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
+    named.tenant = Some(Tenant::new("t", 1).unwrap());
+    let before = calls(&server);
+    assert!(matches!(
+        store.acquire(&n, 1, &named).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    ));
+    let t = Some("t".to_string());
+    let status = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(
+        tenants(&status),
+        (
+            vec![(a, None)],
+            vec![(named.lease_id, t.clone()), (b, None)]
+        )
+    );
+    assert!(store.release(&n, a).await.unwrap());
+    assert_eq!(
+        calls(&server) - before,
+        2,
+        "the acquire and the release ran as procedures"
+    );
+    let status = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(
+        tenants(&status),
+        (vec![(named.lease_id, t)], vec![(b, None)])
+    );
+    assert!(store.release(&n, named.lease_id).await.unwrap());
+    let status = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(tenants(&status), (vec![(b, None)], vec![]));
+    assert!(store.release(&n, b).await.unwrap());
+    assert!(store.status(&n).await.unwrap().is_none());
+}
+
+/// A user who may not ALTER leaves a database of schema version 6 there: that client calls
+/// the procedures of routine version 6 (written for those tables) and keeps no tenant on the
+/// rows, so status shows none, while the tenants' order still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_alter_keeps_schema_6_and_no_tenant_on_the_rows() {
+    let server = MariaDbServer::start();
+    let url = server.url("six");
+    MysqlBackend::connect(&url).await.unwrap();
+    server.sql(
+        "ALTER TABLE six.tessera_holders DROP COLUMN tenant; \
+         ALTER TABLE six.tessera_waiters DROP COLUMN tenant; \
+         UPDATE six.tessera_meta SET meta_value = 6 WHERE meta_key = 'schema_version'; \
+         CREATE USER 'rows'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, EXECUTE ON six.* TO 'rows'@'127.0.0.1'",
+    );
+    let plain = MysqlBackend::connect(&format!("mysql://rows@127.0.0.1:{}/six", server.port()))
+        .await
+        .unwrap();
+    let version =
+        server.sql("SELECT meta_value FROM six.tessera_meta WHERE meta_key = 'schema_version'");
+    assert_eq!(version.trim(), "6");
+    assert!(plain.capabilities().fair_shares);
+    let n = name("t");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    let mut first = req(a, 1, LONG, None);
+    first.tenant = Some(Tenant::new("t", 1).unwrap());
+    let mut second = req(b, 1, LONG, Some((LONG, 10)));
+    second.tenant = Some(Tenant::new("u", 1).unwrap());
+    let before = calls(&server);
+    let AcquireReply::Granted(g) = plain.acquire(&n, 1, &first).await.unwrap() else {
+        panic!("not granted")
+    };
+    assert_eq!(g.lease.tenant, None);
+    assert_eq!(
+        plain.acquire(&n, 1, &second).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert!(plain.release(&n, a).await.unwrap());
+    assert_eq!(calls(&server) - before, 3, "version 6's procedures ran");
+    let status = plain.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, b);
+    assert_eq!(status.holders[0].tenant, None);
+    assert!(plain.release(&n, b).await.unwrap());
 }

@@ -31,6 +31,10 @@ pub enum Workload {
     /// W2's shape with etcd's own mutex recipe (its lock API) on the same cluster, the
     /// comparison for `etcd://` (not part of `all`).
     EtcdMutex,
+    /// Bounded work: one lock with 10 clients, then with `--clients` (default 1,000), every
+    /// client on one shared store connection, each for `--ops` grants or `--duration`; prints
+    /// the cost of a hand-off with the deep queue against the shallow one (not part of `all`).
+    Depth,
 }
 
 /// Options of `tessera bench`.
@@ -39,7 +43,8 @@ pub struct BenchArgs {
     /// The workload.
     #[arg(long, value_enum, default_value = "all")]
     pub workload: Workload,
-    /// Number of clients (overrides the workload's: 1, 8, 32; rate: 8; many: per name, 4).
+    /// Number of clients (overrides the workload's: 1, 8, 32; rate: 8; many: per name, 4;
+    /// depth: the deep run's, 1,000).
     #[arg(long)]
     pub clients: Option<usize>,
     /// Capacity of the semaphore (overrides the workload's: 10, 1, 4).

@@ -3,6 +3,9 @@
 //! - **W1**: 1 client, capacity 10, an acquire + release loop (ops = pairs);
 //! - **W2**: 8 clients on a lock, hold ≈ 0 (ops = grants);
 //! - **W3**: 32 clients, capacity 4 (ops = grants).
+//! - **depth**: one lock with 10 clients, then with `--clients` (default 1,000), all on one
+//!   store connection: the cost of a hand-off behind a deep queue against a shallow one
+//!   (bounded work; not part of `all`).
 //! - **many**: `--names` locks (default 64), `--clients` per name (default 4), all at once
 //!   (ops = grants over all names); the clients of one name share one store connection. On
 //!   Redis it reports the CPU per grant of every server named in the URL (each primary of a
@@ -159,6 +162,9 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
             0
         });
     }
+    if args.workload == Workload::Depth {
+        return depth(store_url, args).await;
+    }
     if args.workload == Workload::EtcdMutex {
         let r = etcd_mutex::run(store_url, &Spec::new(Workload::W2, args)).await?;
         if args.json {
@@ -225,6 +231,64 @@ pub async fn run(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
         0
     };
     Ok(code)
+}
+
+/// The queue depths of the `depth` workload, shallow first.
+const SHALLOW: usize = 10;
+
+/// The `depth` workload (bounded work, docs/sql-queue.md): one lock handed off between
+/// [`SHALLOW`] clients, then between `--clients` (default 1,000), all on one store connection
+/// (so the deep queue is not the cost of a thousand connections), and the cost of one
+/// hand-off with the deep queue against the shallow one: wall-clock time per hand-off and,
+/// on Redis, the server's CPU per grant. Exit codes as for the semaphore workloads.
+async fn depth(store_url: &str, args: &BenchArgs) -> anyhow::Result<i32> {
+    let deep = Spec::new(Workload::Depth, args);
+    let shallow = Spec {
+        clients: SHALLOW,
+        ..deep.clone()
+    };
+    let mut reports = Vec::new();
+    for spec in [shallow, deep] {
+        let mut r = workloads::run_many(store_url, &spec, 1).await?;
+        r.workload = "depth".to_string();
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        reports.push(r);
+    }
+    let (a, b) = (&reports[0], &reports[1]);
+    let per_handoff = |r: &report::WorkloadReport| 1e6 / r.handoffs_per_sec.max(f64::MIN_POSITIVE);
+    let ratio = per_handoff(b) / per_handoff(a);
+    let cpu = match (a.server_cpu_us_per_grant, b.server_cpu_us_per_grant) {
+        (Some(x), Some(y)) if x > 0.0 => format!(
+            "; server CPU per grant {x:.0} µs and {y:.0} µs ({:.2}x)",
+            y / x
+        ),
+        _ => String::new(),
+    };
+    let line = format!(
+        "depth: a hand-off costs {:.0} µs behind {} waiters and {:.0} µs behind {} ({ratio:.2}x; \
+         target at most 1.5x){cpu}\n",
+        per_handoff(b),
+        b.clients - 1,
+        per_handoff(a),
+        a.clients - 1,
+    );
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "workload": "depth", "handoff_cost_ratio": ratio })
+        );
+    } else {
+        print!("{}{line}", report::table(&reports));
+    }
+    Ok(if reports.iter().any(|r| r.over_grants > 0) {
+        1
+    } else if reports.iter().any(|r| r.errors > 0 || !r.completed) {
+        2
+    } else {
+        0
+    })
 }
 
 /// The URL with any password replaced (for messages).

@@ -87,6 +87,7 @@ impl Spec {
             Workload::W1 => ("w1", 1, 10),
             Workload::W2 | Workload::EtcdMutex => ("w2", 8, 1),
             Workload::Many => ("many", 4, 1),
+            Workload::Depth => ("depth", 1_000, 1),
             Workload::W3
             | Workload::All
             | Workload::Rate

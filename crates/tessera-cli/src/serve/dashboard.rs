@@ -1,5 +1,6 @@
 //! The dashboard at `/`: every semaphore with its holders (lease, holder label, seats, fence,
-//! time left) and its queue in order, every rate limiter with its usage per window and next
+//! time left), its queue in order and, once a request named a tenant, holders, waiters and
+//! permits per tenant, every rate limiter with its usage per window and next
 //! free time. The page is rendered on the server (it reads without JavaScript); a few lines of
 //! script then redraw it from `/v1/dashboard/events`, a server-sent event stream carrying one
 //! `snapshot` every [`EVERY`]. No build step, no external assets.
@@ -55,7 +56,9 @@ async fn snapshot(app: &App, principal: &Principal) -> Snapshot {
             names.sort();
             for name in names.into_iter().take(MAX_SHOWN) {
                 match app.bounded("the status", app.store.status(&name)).await {
-                    Ok(Ok(Some(s))) => snap.semaphores.push(StatusBody::from_status(s)),
+                    Ok(Ok(Some(s))) => snap
+                        .semaphores
+                        .push(StatusBody::from_status(s, &Default::default())),
                     Ok(Ok(None)) => {}
                     Ok(Err(e)) => snap.errors.push(format!("{name}: {e}")),
                     Err(e) => snap.errors.push(format!("{name}: {}", e.message)),
@@ -146,6 +149,14 @@ fn ms(ms: u64) -> String {
     }
 }
 
+/// A tenant's cell: its name, or "none" for requests that named none.
+fn tenant_label(tenant: &str) -> String {
+    match tenant {
+        "" => "<em>none</em>".to_string(),
+        t => escape(t),
+    }
+}
+
 /// The server-side rendering; `dashboard.js` in [`PAGE`] mirrors it.
 fn render(snap: &Snapshot, out: &mut String) {
     for e in &snap.errors {
@@ -188,6 +199,22 @@ fn render(snap: &Snapshot, out: &mut String) {
                     escape(&w.lease_id),
                     escape(&w.holder),
                     w.weight
+                );
+            }
+            out.push_str("</tbody></table>");
+        }
+        // Per tenant, once a request named one.
+        if s.tenants.iter().any(|t| !t.tenant.is_empty()) {
+            out.push_str("<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th></tr></thead><tbody>");
+            for t in &s.tenants {
+                let _ = write!(
+                    out,
+                    "<tr class=\"tenant\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    tenant_label(&t.tenant),
+                    t.holders,
+                    t.used,
+                    t.waiters,
+                    t.waiting
                 );
             }
             out.push_str("</tbody></table>");
@@ -276,6 +303,14 @@ const PAGE: &str = r##"<!doctype html>
         s.queue.forEach(function (w, i) {
           h += '<tr class="waiter"><td>' + (i + 1) + "</td><td><code>" + esc(w.lease_id) + "</code></td><td>" +
             esc(w.holder) + "</td><td>" + w.weight + "</td></tr>";
+        });
+        h += "</tbody></table>";
+      }
+      if (s.tenants.some(function (t) { return t.tenant !== ""; })) {
+        h += "<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th></tr></thead><tbody>";
+        s.tenants.forEach(function (t) {
+          h += '<tr class="tenant"><td>' + (t.tenant === "" ? "<em>none</em>" : esc(t.tenant)) + "</td><td>" + t.holders +
+            "</td><td>" + t.used + "</td><td>" + t.waiters + "</td><td>" + t.waiting + "</td></tr>";
         });
         h += "</tbody></table>";
       }

@@ -158,6 +158,8 @@ fn api() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(semaphores::status, semaphores::delete))
         .routes(routes!(semaphores::list))
         .routes(routes!(semaphores::resize))
+        .routes(routes!(semaphores::set_tenant_limits))
+        .routes(routes!(semaphores::tenant_limits))
         .routes(routes!(rates::acquire))
         .routes(routes!(rates::try_acquire))
         .routes(routes!(rates::status, rates::delete))

@@ -136,6 +136,28 @@ pub struct ResizedBody {
     pub capacity: u32,
 }
 
+/// A tenant's ceiling and floor on a semaphore (`docs/fair-shares.md`).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsBody {
+    /// At most this many permits held at once by the tenant (1..=1,000,000); absent or
+    /// null: no ceiling.
+    #[schema(example = 2, minimum = 1, maximum = 1_000_000)]
+    #[serde(default)]
+    pub ceiling: Option<u32>,
+    /// Permits kept for the tenant while it holds fewer (at most the ceiling); 0: none.
+    /// Required, so that an empty body changes nothing. No ceiling and a floor of 0 remove
+    /// the tenant's limits.
+    #[schema(example = 1)]
+    pub floor: u32,
+}
+
+/// The tenants' ceilings and floors set on a semaphore, by tenant.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantLimitsListBody {
+    pub tenants: std::collections::BTreeMap<String, TenantLimitsBody>,
+}
+
 /// A holder in a status.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HolderBody {
@@ -150,6 +172,9 @@ pub struct HolderBody {
     pub expires_at_us: u64,
     /// Time left, in milliseconds, at the snapshot.
     pub expires_in_ms: u64,
+    /// The tenant it was granted to; absent when the request named none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A waiter in a status, in queue order.
@@ -160,6 +185,31 @@ pub struct WaiterBody {
     pub holder: String,
     /// When it joined the queue (store clock, µs since the Unix epoch).
     pub enqueued_at_us: u64,
+    /// The tenant it asks as; absent when the request named none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// One tenant's part of a semaphore at the snapshot.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TenantBody {
+    /// The tenant; `""` for requests that named none.
+    pub tenant: String,
+    /// Leases it holds, and the permits they hold.
+    pub holders: u32,
+    pub used: u32,
+    /// Its queued requests, and the permits they ask for.
+    pub waiters: u32,
+    pub waiting: u32,
+    /// Its ceiling and floor, when set (`PUT …/tenants/{tenant}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<u32>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub floor: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A semaphore's snapshot.
@@ -175,6 +225,9 @@ pub struct StatusBody {
     pub holders: Vec<HolderBody>,
     /// The queue, head first.
     pub queue: Vec<WaiterBody>,
+    /// Holders, waiters and permits per tenant (`""`: requests that named none first, then
+    /// by name); empty when nobody holds or waits.
+    pub tenants: Vec<TenantBody>,
 }
 
 /// Names.
@@ -184,8 +237,25 @@ pub struct NamesBody {
 }
 
 impl StatusBody {
-    pub fn from_status(s: tessera::SemaphoreStatus) -> StatusBody {
+    /// The body of `s`, with the tenants' ceilings and floors in `limits`.
+    pub fn from_status(
+        s: tessera::SemaphoreStatus,
+        limits: &std::collections::BTreeMap<String, tessera::TenantLimits>,
+    ) -> StatusBody {
         let now = s.now;
+        let tenants = s
+            .tenants_with(limits)
+            .into_iter()
+            .map(|t| TenantBody {
+                tenant: t.tenant,
+                holders: t.holders,
+                used: t.used,
+                waiters: t.waiters,
+                waiting: t.waiting,
+                ceiling: t.ceiling,
+                floor: t.floor,
+            })
+            .collect();
         StatusBody {
             name: s.name,
             capacity: s.capacity,
@@ -204,6 +274,7 @@ impl StatusBody {
                     acquired_at_us: l.acquired_at.as_micros(),
                     expires_at_us: l.expires_at.as_micros(),
                     expires_in_ms: l.expires_at.since(now).as_millis() as u64,
+                    tenant: l.tenant,
                 })
                 .collect(),
             queue: s
@@ -214,10 +285,74 @@ impl StatusBody {
                     weight: w.weight,
                     holder: w.holder,
                     enqueued_at_us: w.enqueued_at.as_micros(),
+                    tenant: w.tenant,
                 })
                 .collect(),
+            tenants,
         }
     }
+}
+
+/// Set a tenant's ceiling and floor on a semaphore (admin; `docs/fair-shares.md`): kept for
+/// the name until changed or the semaphore is deleted.
+#[utoipa::path(
+    put,
+    path = "/v1/semaphores/{name}/tenants/{tenant}",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ("tenant" = String, Path, description = "Tenant (1 to 64 bytes)")),
+    request_body = TenantLimitsBody,
+    responses((status = 200, body = TenantLimitsListBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, description = "No tenant in the path", body = ErrorBody), (status = 501, description = "The store keeps no tenant limits", body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn set_tenant_limits(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs((sem, tenant)): PathArgs<(String, String)>,
+    JsonBody(body): JsonBody<TenantLimitsBody>,
+) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    principal.check(&sem)?;
+    let limits = tessera::TenantLimits::new(body.ceiling, body.floor)?;
+    app.bounded(
+        "the tenant limits",
+        app.store.set_tenant_limits(&sem, &tenant, limits),
+    )
+    .await??;
+    list_tenant_limits(&app, &sem).await
+}
+
+/// The tenants' ceilings and floors set on a semaphore.
+#[utoipa::path(
+    get,
+    path = "/v1/semaphores/{name}/tenants",
+    tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = TenantLimitsListBody), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security((), ("bearer" = []))
+)]
+pub async fn tenant_limits(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    PathArgs(sem): PathArgs<String>,
+) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    principal.check(&sem)?;
+    list_tenant_limits(&app, &sem).await
+}
+
+async fn list_tenant_limits(app: &App, sem: &str) -> Result<Json<TenantLimitsListBody>, ApiError> {
+    let kept = app
+        .bounded("the tenant limits", app.store.tenant_limits(sem))
+        .await??;
+    let tenants = kept
+        .into_iter()
+        .map(|(t, l)| {
+            let body = TenantLimitsBody {
+                ceiling: l.ceiling,
+                floor: l.floor,
+            };
+            (t, body)
+        })
+        .collect();
+    Ok(Json(TenantLimitsListBody { tenants }))
 }
 
 /// What is certainly left of `remaining` on the store's clock, on a clock that may run up to
@@ -553,7 +688,12 @@ pub async fn status(
         .bounded("the status", app.store.backend().status(&n))
         .await??
     {
-        Some(s) => Ok(Json(StatusBody::from_status(s))),
+        Some(s) => {
+            let limits = app
+                .bounded("the tenant limits", app.store.backend().tenant_limits(&n))
+                .await??;
+            Ok(Json(StatusBody::from_status(s, &limits)))
+        }
         None => Err(ApiError::not_found(format!(
             "no semaphore {sem:?} (nobody holds or waits for it)"
         ))),

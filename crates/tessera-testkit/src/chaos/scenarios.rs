@@ -484,16 +484,27 @@ async fn s10_reclaim(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<
     };
     let queued_by = Instant::now() + Duration::from_secs(90);
     let mut queued = 0;
+    let mut failed_counts = 0;
     while Instant::now() < queued_by {
-        queued = run
-            .store
-            .status("dead-waiters")
-            .await?
-            .map_or(0, |s| s.queue.len());
+        // A count that fails (a read of thousands of records answered late on a loaded
+        // machine) is taken again at the next tick: it measures, it is not under test.
+        match run.store.status("dead-waiters").await {
+            Ok(s) => queued = s.map_or(0, |s| s.queue.len()),
+            Err(e) => {
+                failed_counts += 1;
+                if failed_counts == 1 {
+                    run.notes.push(format!("a count of the queue failed: {e}"));
+                }
+            }
+        }
         if queued >= n as usize {
             break;
         }
         sleep(QUEUE_COUNT_EVERY).await;
+    }
+    if failed_counts > 0 {
+        run.notes
+            .push(format!("{failed_counts} counts of the queue failed"));
     }
     let enqueue_ms = t0.elapsed().as_millis();
     child.kill()?;

@@ -65,6 +65,9 @@ pub struct HolderRow {
     pub holder: String,
     pub acquired_at: i64,
     pub expires_at: i64,
+    /// The tenant the lease was granted to (`None`: the request named none, or the store's
+    /// rows keep no tenant).
+    pub tenant: Option<String>,
 }
 
 /// A new holder row, borrowed from the lease it records.
@@ -77,6 +80,8 @@ pub struct NewHolder<'a> {
     pub holder: &'a str,
     pub acquired_at: i64,
     pub expires_at: i64,
+    /// The tenant the lease is granted to (`None`: none named; written as NULL).
+    pub tenant: Option<&'a str>,
 }
 
 /// What a removed holder gives back: its weight and seats.
@@ -94,6 +99,8 @@ pub struct WaiterRow {
     pub holder: String,
     pub enqueued_at: i64,
     pub expires_at: i64,
+    /// The tenant the waiter asks for (`None`: none named, or the store's rows keep none).
+    pub tenant: Option<String>,
 }
 
 /// A new waiter row; `ttl` is the lease TTL (µs) to grant with at hand-off.
@@ -113,6 +120,9 @@ pub struct NewWaiter<'a> {
     /// waiter. Only a dialect with admission is given `Some` (SQLite, MySQL).
     #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub gate: Option<i64>,
+    /// The tenant the request named (`None`: none; written as NULL), which its holder row
+    /// keeps once granted.
+    pub tenant: Option<&'a str>,
 }
 
 /// The queue head popped by a hand-off.
@@ -126,6 +136,8 @@ pub struct HeadRow {
     pub ttl: i64,
     /// The waiter's heartbeat expiry: the hand-off grant's expiry until it is renewed.
     pub expires_at: i64,
+    /// The waiter's tenant, which the holder row it becomes keeps.
+    pub tenant: Option<String>,
 }
 
 /// The queue head's key, and the lowest `seq` of the queue (a waiter that joins at the head

@@ -343,7 +343,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
             // Provisional until renewed: no longer than the waiter's entry would have lived.
             let entry = StoreTime(u64_of(head.expires_at, "waiter expires_at")?).since(self.now);
-            self.grant(lease_id, weight, ttl.min(entry), head.holder)
+            self.grant(lease_id, weight, ttl.min(entry), head.holder, head.tenant)
                 .await?;
             self.wakes.push(lease_id);
         }
@@ -356,6 +356,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         weight: u32,
         ttl: Duration,
         holder: String,
+        tenant: Option<String>,
     ) -> Result<Lease> {
         let seats = self.take_seats(weight).await?;
         let fence = self
@@ -376,7 +377,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             holder,
             acquired_at: self.now,
             expires_at: self.now.plus(ttl),
-            tenant: None,
+            tenant,
         };
         let (lease_text, seats_text) = (lease_id.to_string(), encode_seats(&lease.seats));
         let row = NewHolder {
@@ -387,6 +388,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             holder: &lease.holder,
             acquired_at: db_int(lease.acquired_at.0)?,
             expires_at: db_int(lease.expires_at.0)?,
+            tenant: lease.tenant.as_deref(),
         };
         self.rows.insert_holder(&row).await?;
         Ok(lease)
@@ -581,7 +583,13 @@ async fn decide_acquire<R: SemRows>(
     {
         st.take_tags(tenant, tags, true).await?;
         let lease = st
-            .grant(req.lease_id, req.weight, req.ttl, req.holder.clone())
+            .grant(
+                req.lease_id,
+                req.weight,
+                req.ttl,
+                req.holder.clone(),
+                tenant.map(|t| t.name().to_string()),
+            )
             .await?;
         return Ok(Ok(AcquireReply::Granted(Grant { lease, now })));
     }
@@ -612,6 +620,7 @@ async fn decide_acquire<R: SemRows>(
             enqueued_at: db_int(now.0)?,
             expires_at: db_int(now.plus(wait.waiter_ttl).0)?,
             gate: None,
+            tenant: tenant.map(Tenant::name),
         })
         .await?;
     st.sem.next_seq = st.sem.next_seq.saturating_add(1);
@@ -706,7 +715,13 @@ async fn decide_admit<R: SemRows + RateRows>(
                     st.remove_waiter(a.lease_id).await?;
                 }
                 let lease = st
-                    .grant(a.lease_id, a.weight, a.ttl, a.holder.clone())
+                    .grant(
+                        a.lease_id,
+                        a.weight,
+                        a.ttl,
+                        a.holder.clone(),
+                        tenant.map(|t| t.name().to_string()),
+                    )
                     .await?;
                 // The waiters behind a head that was an admission get what still fits.
                 st.hand_off().await?;
@@ -775,6 +790,7 @@ async fn decide_admit<R: SemRows + RateRows>(
             enqueued_at: db_int(now.0)?,
             expires_at: db_int(now.plus(wait.waiter_ttl).0)?,
             gate: Some(gate),
+            tenant: tenant.map(Tenant::name),
         })
         .await?;
     st.sem.queued += 1;
@@ -988,7 +1004,7 @@ pub fn lease_of_row(row: &HolderRow) -> Result<Lease> {
         holder: row.holder.clone(),
         acquired_at: time_of(row.acquired_at, "acquired_at")?,
         expires_at: time_of(row.expires_at, "expires_at")?,
-        tenant: None,
+        tenant: tenant_of(&row.tenant)?,
     })
 }
 
@@ -999,6 +1015,18 @@ pub fn waiter_of_row(row: &WaiterRow) -> Result<Waiter> {
         holder: row.holder.clone(),
         enqueued_at: time_of(row.enqueued_at, "enqueued_at")?,
         expires_at: time_of(row.expires_at, "expires_at")?,
-        tenant: None,
+        tenant: tenant_of(&row.tenant)?,
     })
+}
+
+/// A tenant read back: a name [`Tenant::new`] would take (NULL: none).
+fn tenant_of(tenant: &Option<String>) -> Result<Option<String>> {
+    match tenant {
+        None => Ok(None),
+        Some(t) if Tenant::new(t, 1).is_ok() => Ok(Some(t.clone())),
+        Some(t) => Err(corrupt(format!(
+            "tenant {:?} is not a tenant's name",
+            super::truncate(t)
+        ))),
+    }
 }

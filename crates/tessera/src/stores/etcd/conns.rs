@@ -75,6 +75,9 @@ pub struct EtcdBackend {
     pub(super) keep_alives: Mutex<HashMap<i64, Arc<KeepAliveSlot>>>,
     /// Acquires under way in etcd at once ([`JOINS_IN_FLIGHT`]).
     pub(super) joins: tokio::sync::Semaphore,
+    /// Cancels under way in etcd at once ([`JOINS_IN_FLIGHT`]): thousands of acquires
+    /// dropped together (a timeout shared by every waiter) wait here, not in etcd.
+    pub(super) leaving: tokio::sync::Semaphore,
     /// Semaphores (their [`Keys::all`]) whose queue a join of this backend found long, and
     /// when ([`EtcdBackend::long_queue`]).
     pub(super) long_queues: Mutex<HashMap<String, Instant>>,
@@ -158,6 +161,7 @@ impl EtcdBackend {
             unfinished: Mutex::default(),
             keep_alives: Mutex::default(),
             joins: tokio::sync::Semaphore::new(JOINS_IN_FLIGHT),
+            leaving: tokio::sync::Semaphore::new(JOINS_IN_FLIGHT),
             long_queues: Mutex::default(),
         };
         // One read: an unreachable cluster or a refused user fails here (after the

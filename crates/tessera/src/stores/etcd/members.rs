@@ -12,9 +12,10 @@
 //!   [`super::EtcdBackend::call`]);
 //! - keep-alive streams are opened on the current member, and reopened on the next one when
 //!   an exchange fails or times out;
-//! - watches follow the current member: a failover ([`Members::changes`]) makes every watch
-//!   reopen on the new member from the revision after the last one it saw, so no event is
-//!   missed (see `notify.rs`).
+//! - the waiters' shared watch stream follows the current member: a failover
+//!   ([`Members::changes`]) reopens it on the new member, where every waiter's watchers are
+//!   created again, each checked against the snapshot its waiter decided on, so no wake-up is
+//!   lost (see `notify.rs`).
 //!
 //! Members are tried in the URL's order, round and round; the first reachable one is kept
 //! until it fails.
@@ -99,7 +100,7 @@ impl Members {
         }
     }
 
-    /// Changes at every failover (watches reopen on the new member).
+    /// Changes at every failover (the watch stream reopens on the new member).
     pub(super) fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }

@@ -89,9 +89,11 @@
 //!   makes this one the head; its deletion moves this one up). A release wakes one waiter,
 //!   not the queue. A woken waiter's heartbeat re-reads the semaphore, its own record and its
 //!   leases before it believes or makes a grant (the mutex recipe's known fault is to trust
-//!   a watch event without re-reading). Watches are set again from a fresh read after any
-//!   disconnect or compaction (see `notify.rs`); the heartbeat, every
-//!   `min(waiter TTL/3, TTL/4)`, is the safety net.
+//!   a watch event without re-reading). The watchers of every waiter of one backend share
+//!   one watch stream; after a disconnect they are created again on the next one, and a
+//!   waiter that may have missed something (or whose watch the server ended) is woken to
+//!   read again (see `notify.rs`); the heartbeat, every `min(waiter TTL/3, TTL/4)`, is the
+//!   safety net.
 //! - **Leases are whole seconds, at least 2 s** ([`Capabilities::min_ttl`],
 //!   [`Capabilities::ttl_granularity`]): a semaphore with a shorter or fractional TTL is
 //!   refused at [`crate::Semaphore::new`] with [`crate::InvalidInput::Ttl`] (etcd would
@@ -109,8 +111,9 @@
 //!   one that cannot reach its member, or gets no answer within 2 s, is sent again on the
 //!   next member, which every operation allows: writes are transactions whose compares fail
 //!   when run twice, and callers read again. Keep-alive streams are reopened on the next
-//!   member when an exchange fails or times out, and watches follow the backend to its new
-//!   member, reopened from the revision they started at (see `notify.rs`).
+//!   member when an exchange fails or times out, and the watch stream follows the backend
+//!   to its new member, each watcher checked against the read its waiter decided on (see
+//!   `notify.rs`).
 //!
 //! # Files
 //!
@@ -633,6 +636,9 @@ impl Backend for EtcdBackend {
     /// nothing.
     async fn cancel(&self, name: &Name, lease: LeaseId) -> Result<CancelReply> {
         self.unfinished.lock().unwrap().insert(lease, name.clone());
+        // A few at a time, as joins are (see `acquire`); one dropped while it waits for its
+        // turn stays in `unfinished`.
+        let _turn = self.leaving.acquire().await;
         let reply = self.cancel_once(name, lease).await;
         // Not reached if the caller dropped this call: the entry stays, to be tried again.
         if reply.is_ok() {

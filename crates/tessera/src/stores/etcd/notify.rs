@@ -20,14 +20,44 @@
 //! watch of the capacity carries each put's previous value, and a put that leaves the value
 //! as it was (every join puts it again, `Keys::capacity_shared`) does not wake it.
 //!
-//! etcd-client does not re-establish a watch; this module does: when a watch stream breaks
-//! (the connection dropped, the member went away or stopped answering) it is opened again on
-//! the next member, and when the backend's requests move to another member
-//! ([`Members::changes`]) it follows them, each time checked against the same `R` (a member
-//! behind the one read from starts the watch before `R`, whose events only wake the waiter
-//! again). When the server cancels a watch, or no member answers, the waiter is woken, and
-//! its heartbeat reads the semaphore afresh and sets a new watch from that read. A gap
-//! therefore costs one extra read, never a lost wake-up.
+//! **One watch stream per backend.** etcd's Watch RPC carries many watchers on one
+//! bidirectional stream, told apart by watch id. Every waiter of this backend has its
+//! watchers (two or three) on one shared stream to the member the backend talks to: a
+//! waiter's arrival sends a create request per key, its departure a cancel request per
+//! watcher, and neither opens or resets an HTTP/2 stream. (Each waiter used to open a stream
+//! of its own and reset it when it left. When thousands left at once, the server's frames
+//! still in flight on streams h2 no longer remembered made h2 reset them again, and past
+//! 1,024 such resets h2 closed the whole connection, `too_many_internal_resets`, failing
+//! every request of the process.) The shared stream keeps these rules:
+//!
+//! - *Routing.* etcd answers the creates of one stream in the order they were sent, and
+//!   sends a watcher's events only after the answer that created it. Each create is queued
+//!   with its route (waiter, its registration's generation, the key's role) when it is
+//!   sent; the answer pops the queue's front and binds the watch id etcd chose to that
+//!   route. Events go by watch id to their waiter only. A watcher whose waiter left or was
+//!   given another target meanwhile is cancelled as soon as its create is answered; events of
+//!   an id with no route (cancelled, or of a waiter that left) are dropped.
+//! - *Registration.* A waiter is registered from the watch set on it until it is granted,
+//!   leaves, or is woken by the end of its watch. While registered, its watchers are created
+//!   on the current stream, or their creates are on their way (it is not in sync), or no
+//!   stream is open and the next one creates them.
+//! - *A broken stream* (the connection dropped, the member went away or stopped answering)
+//!   is opened again on the next member, and a move of the backend's requests to another
+//!   member ([`Members::changes`]) moves it there. Every route of the old stream is
+//!   forgotten, and every registered waiter's watchers are created again on the new one,
+//!   each checked against its own `R` as above (a member behind the one read from starts
+//!   a watcher before `R`, whose events only wake the waiter again). When no member answers
+//!   within two rounds, every registered waiter is woken and unregistered: its heartbeat
+//!   reads the semaphore afresh (through the same failover) and sets a new watch.
+//! - *A watcher the server ends* (cancelled, compacted past its start, or a create refused)
+//!   ends its waiter's registration: its other watchers are cancelled and it is woken to read
+//!   again. A put of the waiter's own record that is a grant ends it too, the grant pushed
+//!   with the wake-up. A gap therefore costs one extra read, never a lost wake-up.
+//!
+//! One task per backend reads the stream and routes; a second writes the requests, so that
+//! thousands of creates sent at once never keep the reader from draining the answers etcd
+//! must send before it reads more requests. The stream is opened with the first waiter and
+//! kept while the backend lives (an idle stream costs etcd nothing).
 //!
 //! **Quiet watches.** Every such wake-up (an event, a watcher created after a gap, a watch
 //! that ended) is stamped from one counter per backend ([`Watches::now`]). A waiter's place
@@ -40,13 +70,17 @@
 //! 10,000 waiters sent 10,000 reads of 10,000 records every second; reading its own record
 //! still made them 10,000 reads a second.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use std::time::Duration;
 
-use etcd_client::{EventType, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions};
+use etcd_client::{
+    EventType, KeyValue, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchRequestSender, WatchResponse,
+};
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use super::held::{HeldHere, HeldMap};
@@ -79,30 +113,100 @@ impl Target {
     }
 }
 
-struct Watch {
-    target: Target,
+/// Which key of its waiter a watcher watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The head's: every deletion under `q/`.
+    Queue,
+    /// The head's: the capacity, with each put's previous value.
+    Capacity,
+    /// The record ahead of a waiter behind another.
+    Ahead,
+    /// The waiter's own record.
+    Own,
+}
+
+/// Whose a watcher of the stream is: a waiter's registration (its generation) and the key.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    id: LeaseId,
     generation: u64,
-    task: JoinHandle<()>,
-    state: Arc<WatchState>,
+    role: Role,
 }
 
-/// What a running watch has seen (see "Quiet watches" in the module docs).
-#[derive(Default)]
-struct WatchState {
-    /// Every watcher of the current stream was created with nothing missed since the
-    /// snapshot it covers.
-    in_sync: AtomicBool,
+/// A request for the stream's writer.
+enum Request {
+    Create(String, WatchOptions),
+    Cancel(i64),
+}
+
+/// A registered waiter (see "Registration" in the module docs).
+struct Waiter {
+    target: Target,
+    keys: Keys,
+    /// The first revision its watch must cover: `R + 1`.
+    from: i64,
+    generation: u64,
+    /// Watch ids of its watchers created on the current stream.
+    ids: Vec<i64>,
+    /// Its watchers whose creates were sent on the current stream and not yet answered.
+    to_create: usize,
+    /// Behind another waiter: a watcher started after writes it has not seen.
+    missed: bool,
+    /// Every watcher created on the current stream, with nothing missed since `R`.
+    in_sync: bool,
     /// The stamp of its last wake-up (0: none).
-    woke: AtomicU64,
+    woke: u64,
 }
 
-/// The watches of one backend's waiters, by lease id.
+/// The stream open now (or being opened), as `set` and `stop` see it.
+struct Link {
+    epoch: u64,
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+/// Everything the shared stream routes by, under one lock.
+#[derive(Default)]
+struct Registry {
+    /// Numbers registrations; only ever grows.
+    generation: u64,
+    /// Numbers streams; only ever grows.
+    epoch: u64,
+    waiters: HashMap<LeaseId, Waiter>,
+    /// Watch id → route, on the current stream.
+    routes: HashMap<i64, Route>,
+    /// Creates sent on the current stream and not yet answered, in the order sent.
+    pending: VecDeque<Route>,
+    link: Option<Link>,
+}
+
+/// The watches of one backend's waiters, on one shared stream.
 pub(super) struct Watches {
     members: Arc<Members>,
     held: HeldMap,
-    map: Mutex<(u64, HashMap<LeaseId, Watch>)>,
+    registry: Mutex<Registry>,
     /// Stamps wake-ups; only ever grows.
-    clock: Arc<AtomicU64>,
+    clock: AtomicU64,
+    /// The task that opens the stream and reads it (started by the first watch set).
+    reader: Mutex<Option<JoinHandle<()>>>,
+    /// A waiter was registered while no stream was open.
+    kick: Arc<Notify>,
+}
+
+/// What the reader does once the registry's lock is released.
+enum After {
+    /// Wake this waiter (already stamped).
+    Wake(LeaseId),
+    /// A put of the waiter's own record: a grant ends its watch, anything else wakes it.
+    OwnPut(Route, Keys, KeyValue),
+    /// Read the record ahead and the waiter's own (see [`still_behind`]).
+    Check {
+        route: Route,
+        epoch: u64,
+        ahead: String,
+        own: String,
+        from: i64,
+    },
 }
 
 impl Watches {
@@ -110,8 +214,10 @@ impl Watches {
         Arc::new(Watches {
             members,
             held,
-            map: Mutex::new((0, HashMap::new())),
-            clock: Arc::new(AtomicU64::new(0)),
+            registry: Mutex::default(),
+            clock: AtomicU64::new(0),
+            reader: Mutex::new(None),
+            kick: Arc::new(Notify::new()),
         })
     }
 
@@ -121,122 +227,250 @@ impl Watches {
         self.clock.load(Ordering::SeqCst)
     }
 
-    /// Whether `id`'s watch is running, in sync, and has woken it for nothing since stamp
+    /// Whether `id`'s watch is registered, in sync, and has woken it for nothing since stamp
     /// `since` (from [`Watches::now`] before the read that set or kept it): nothing that can
     /// let `id` in happened after that read.
     pub(super) fn quiet_since(&self, id: LeaseId, since: u64) -> bool {
-        let map = self.map.lock().unwrap();
-        map.1.get(&id).is_some_and(|w| {
-            !w.task.is_finished()
-                && w.state.in_sync.load(Ordering::SeqCst)
-                && w.state.woke.load(Ordering::SeqCst) <= since
-        })
+        let reg = self.registry.lock().unwrap();
+        reg.link.is_some()
+            && reg
+                .waiters
+                .get(&id)
+                .is_some_and(|w| w.in_sync && w.woke <= since)
     }
 
     /// Makes `id` watch `target` from revision `from` on, unless it already watches it (a
-    /// running watch of the same target started earlier, so it misses nothing either).
+    /// registered watch of the same target started earlier, so it misses nothing either).
     pub(super) fn set(self: &Arc<Self>, id: LeaseId, target: Target, keys: &Keys, from: i64) {
-        let mut map = self.map.lock().unwrap();
-        if let Some(w) = map.1.get(&id) {
-            if w.target.covers(&target) && !w.task.is_finished() {
-                return;
-            }
-            w.task.abort();
+        // First (the reader's lock before the registry's, always): a reader started anew
+        // creates every registered waiter's watchers.
+        self.start_reader();
+        let mut reg = self.registry.lock().unwrap();
+        if reg
+            .waiters
+            .get(&id)
+            .is_some_and(|w| w.target.covers(&target))
+        {
+            return;
         }
-        map.0 += 1;
-        let generation = map.0;
-        let state = Arc::new(WatchState::default());
-        let task = tokio::spawn(run(
-            Arc::downgrade(self),
-            Arc::clone(&self.members),
-            id,
-            (target.clone(), keys.clone()),
+        reg.unregister(id);
+        reg.generation += 1;
+        let waiter = Waiter {
+            target,
+            keys: keys.clone(),
             from,
-            (generation, Arc::clone(&state), Arc::clone(&self.clock)),
-        ));
-        map.1.insert(
-            id,
-            Watch {
-                target,
-                generation,
-                task,
-                state,
-            },
-        );
+            generation: reg.generation,
+            ids: Vec::new(),
+            to_create: 0,
+            missed: false,
+            in_sync: false,
+            woke: 0,
+        };
+        reg.waiters.insert(id, waiter);
+        let open = reg.link.is_some();
+        if open {
+            reg.create(id);
+        }
+        drop(reg);
+        if !open {
+            self.kick.notify_one();
+        }
     }
 
     /// `id` no longer waits.
     pub(super) fn stop(&self, id: LeaseId) {
-        if let Some(w) = self.map.lock().unwrap().1.remove(&id) {
-            w.task.abort();
+        self.registry.lock().unwrap().unregister(id);
+    }
+
+    /// Ends every watch and the stream (the backend is dropped).
+    pub(super) fn stop_all(&self) {
+        if let Some(r) = self.reader.lock().unwrap().take() {
+            r.abort();
+        }
+        let mut reg = self.registry.lock().unwrap();
+        reg.waiters.clear();
+        reg.broken();
+    }
+
+    /// Starts the reader task unless it runs (it ends with the runtime it ran on).
+    fn start_reader(self: &Arc<Self>) {
+        let mut reader = self.reader.lock().unwrap();
+        if reader.as_ref().is_none_or(|r| r.is_finished()) {
+            // A new reader opens a new stream: the old one's routes mean nothing to it.
+            self.registry.lock().unwrap().broken();
+            *reader = Some(tokio::spawn(read(Arc::downgrade(self))));
         }
     }
 
-    pub(super) fn stop_all(&self) {
-        for (_, w) in self.map.lock().unwrap().1.drain() {
-            w.task.abort();
+    /// Stamps a wake-up of `w` and returns the stamp.
+    fn stamp(&self, w: Option<&mut Waiter>) -> u64 {
+        let at = self.clock.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(w) = w {
+            w.woke = at;
+        }
+        at
+    }
+}
+
+impl Registry {
+    /// Sends the creates of `id`'s watchers on the current stream.
+    fn create(&mut self, id: LeaseId) {
+        let Registry {
+            waiters,
+            pending,
+            link,
+            ..
+        } = self;
+        let (Some(link), Some(w)) = (link.as_ref(), waiters.get_mut(&id)) else {
+            return;
+        };
+        let mut watchers = match &w.target {
+            Target::Head { queue, cap } => vec![
+                (
+                    Role::Queue,
+                    queue.clone(),
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_filters([WatchFilterType::NoPut]),
+                ),
+                // With the value before each put: every waiter that joins puts the capacity
+                // again, unchanged (`Keys::capacity_shared`), which must not wake the head.
+                (
+                    Role::Capacity,
+                    cap.clone(),
+                    WatchOptions::new().with_prev_key(),
+                ),
+            ],
+            Target::Behind { ahead, .. } => {
+                vec![(Role::Ahead, ahead.clone(), WatchOptions::new())]
+            }
+        };
+        // Its own record: a release that hands it the permits writes the grant there; a
+        // deletion (swept, purged, deleted by an admin, its session ended) wakes it too, so
+        // a quiet watch also says the record is still there as last read.
+        watchers.push((Role::Own, w.keys.lease(id), WatchOptions::new()));
+        w.ids.clear();
+        w.to_create = watchers.len();
+        w.missed = false;
+        w.in_sync = false;
+        for (role, key, options) in watchers {
+            pending.push_back(Route {
+                id,
+                generation: w.generation,
+                role,
+            });
+            // Dropped only with the stream, which then creates every watcher again.
+            let _ = link.requests.send(Request::Create(key, options));
+        }
+    }
+
+    /// Cancels watcher `watch_id` of the current stream and forgets its route.
+    fn cancel(&mut self, watch_id: i64) {
+        self.routes.remove(&watch_id);
+        if let Some(link) = &self.link {
+            let _ = link.requests.send(Request::Cancel(watch_id));
+        }
+    }
+
+    /// Unregisters `id`, cancelling its watchers (a create still unanswered is cancelled
+    /// once answered).
+    fn unregister(&mut self, id: LeaseId) -> Option<Waiter> {
+        let w = self.waiters.remove(&id)?;
+        for &watch_id in &w.ids {
+            self.cancel(watch_id);
+        }
+        Some(w)
+    }
+
+    /// The route of `watch_id`, if its waiter's registration is still the one it was made
+    /// for.
+    fn live(&self, watch_id: i64) -> Option<Route> {
+        let route = *self.routes.get(&watch_id)?;
+        self.current(route).then_some(route)
+    }
+
+    fn current(&self, route: Route) -> bool {
+        self.waiters
+            .get(&route.id)
+            .is_some_and(|w| w.generation == route.generation)
+    }
+
+    /// The stream is gone: every route goes with it, and every registered waiter waits
+    /// for the next stream to create its watchers.
+    fn broken(&mut self) {
+        self.link = None;
+        self.routes.clear();
+        self.pending.clear();
+        for w in self.waiters.values_mut() {
+            w.ids.clear();
+            w.to_create = 0;
+            w.in_sync = false;
         }
     }
 }
 
-/// How a watch stream ended.
+/// How a stream ended.
 enum Ended {
-    /// A grant of the waiter's own record was pushed to it: the watch is done.
-    Granted,
-    /// Cancelled by the server or compacted past its start: the waiter must read again.
-    Reread,
     /// The backend moved to another member: reopen there.
     Failover,
     /// The stream broke or its member did not answer: reopen on the next member.
     Broken(etcd_client::Error),
+    /// Every waiter left before the stream was opened.
+    Idle,
+    /// The backend is gone.
+    Dropped,
 }
 
-/// Wakes waiter `id`, stamped on its watch's state.
-fn wake(id: LeaseId, state: &WatchState, clock: &AtomicU64) {
-    state
-        .woke
-        .store(clock.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-    wake::notify(id);
-}
-
-async fn run(
-    watches: Weak<Watches>,
-    members: Arc<Members>,
-    id: LeaseId,
-    (target, keys): (Target, Keys),
-    from: i64,
-    (generation, state, clock): (u64, Arc<WatchState>, Arc<AtomicU64>),
-) {
+/// The reader task: opens the shared stream on the current member while waiters are
+/// registered, routes what it receives, and opens it again when it ends (see the module
+/// docs).
+async fn read(watches: Weak<Watches>) {
+    let Some(members) = watches.upgrade().map(|w| Arc::clone(&w.members)) else {
+        return;
+    };
     let mut changes = members.changes();
     let mut failures = 0;
     let mut backoff = Duration::from_millis(20);
-    let granted = loop {
+    loop {
+        // Opened with the first waiter: until then there is nothing to create on it.
+        loop {
+            let Some(w) = watches.upgrade() else { return };
+            if !w.registry.lock().unwrap().waiters.is_empty() {
+                break;
+            }
+            let kick = Arc::clone(&w.kick);
+            drop(w);
+            kick.notified().await;
+        }
         changes.borrow_and_update();
         let member = members.current();
-        // Reopened from the member's current revision and checked against the same
-        // snapshot: nothing after the snapshot the waiter decided on is missed.
-        match watch_once(
-            &watches,
-            &members,
-            member,
-            id,
-            (&target, &keys),
-            (from, &state, &clock),
-            &mut changes,
-        )
-        .await
-        {
-            Ended::Granted => break true,
-            Ended::Reread => break false,
+        let ended = stream(&watches, &members, member, &mut changes, &mut failures).await;
+        // At once: no waiter is in sync on a stream that ended.
+        if let Some(w) = watches.upgrade() {
+            w.registry.lock().unwrap().broken();
+        }
+        match ended {
+            Ended::Dropped => return,
+            Ended::Idle => {}
             Ended::Failover => failures = 0,
             Ended::Broken(e) => {
-                tracing::debug!(lease = %id, error = %e, "etcd watch broke; reopening it on the next member");
+                tracing::debug!(error = %e, "etcd watch stream broke; reopening it on the next member");
                 members.failed(member);
                 failures += 1;
                 if failures > 2 * members.len() {
-                    // No member answers: the waiter's heartbeat is the safety net (it reads
+                    // No member answers: each waiter's heartbeat is the safety net (it reads
                     // again, through the same failover, and sets a new watch).
-                    break false;
+                    failures = 0;
+                    let Some(w) = watches.upgrade() else { return };
+                    let woken: Vec<LeaseId> = {
+                        let mut reg = w.registry.lock().unwrap();
+                        reg.waiters.drain().map(|(id, _)| id).collect()
+                    };
+                    w.stamp(None);
+                    for id in woken {
+                        wake::notify(id);
+                    }
+                    continue;
                 }
                 if failures % members.len() == 0 {
                     tokio::time::sleep(backoff).await;
@@ -244,75 +478,59 @@ async fn run(
                 }
             }
         }
-    };
-    // The watch ended: forget it (unless a newer one replaced it) and wake the waiter, whose
-    // heartbeat reads the semaphore again and sets a new watch.
-    if let Some(w) = watches.upgrade() {
-        let mut map = w.map.lock().unwrap();
-        if map.1.get(&id).is_some_and(|w| w.generation == generation) {
-            map.1.remove(&id);
-        }
-    }
-    if !granted {
-        wake(id, &state, &clock);
     }
 }
 
-/// One watch stream on `member`, covering revision `from` on (see the module docs), until it
-/// ends.
-async fn watch_once(
+/// One stream on `member`: every registered waiter's watchers created on it, then its
+/// answers routed, until it ends.
+async fn stream(
     watches: &Weak<Watches>,
     members: &Members,
     member: usize,
-    id: LeaseId,
-    (target, keys): (&Target, &Keys),
-    (from, state, clock): (i64, &WatchState, &AtomicU64),
     changes: &mut tokio::sync::watch::Receiver<u64>,
+    failures: &mut usize,
 ) -> Ended {
-    // In sync again only once every watcher of this stream is created.
-    state.in_sync.store(false, Ordering::SeqCst);
-    let mut to_create = match target {
-        Target::Head { .. } => 3,
-        Target::Behind { .. } => 2,
+    let Some(w) = watches.upgrade() else {
+        return Ended::Dropped;
     };
-    let own = keys.lease(id);
+    // The creates of every registered waiter, queued in order; the first opens the stream.
+    let (epoch, requests, first) = {
+        let mut reg = w.registry.lock().unwrap();
+        reg.broken();
+        reg.epoch += 1;
+        let epoch = reg.epoch;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        reg.link = Some(Link {
+            epoch,
+            requests: tx,
+        });
+        let ids: Vec<LeaseId> = reg.waiters.keys().copied().collect();
+        for id in ids {
+            reg.create(id);
+        }
+        match rx.try_recv() {
+            Ok(Request::Create(key, options)) => (epoch, rx, (key, options)),
+            // Every waiter left meanwhile: nothing to open the stream with.
+            _ => return Ended::Idle,
+        }
+    };
     let open = async {
         let mut client = members.client(member).await?;
-        let (key, options) = match target {
-            Target::Head { queue, .. } => (
-                queue.clone(),
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_filters([WatchFilterType::NoPut]),
-            ),
-            Target::Behind { ahead, .. } => (ahead.clone(), WatchOptions::new()),
-        };
-        // From etcd's current revision (no start revision): in sync at once.
-        let mut stream = client.watch(key, Some(options)).await?;
-        if let Target::Head { cap, .. } = target {
-            // With the value before each put: every waiter that joins puts the capacity
-            // again, unchanged (`Keys::capacity_shared`), which must not wake the head.
-            let options = WatchOptions::new().with_prev_key();
-            stream.watch(cap.clone(), Some(options)).await?;
-        }
-        // Its own record: a release that hands it the permits writes the grant there; a
-        // deletion (swept, purged, deleted by an admin, its session ended) wakes it too, so
-        // a quiet watch also says the record is still there as last read.
-        stream.watch(own.clone(), None).await?;
-        Ok::<_, etcd_client::Error>(stream)
+        client.watch(first.0, Some(first.1)).await
     };
-    let mut stream = match tokio::time::timeout(ATTEMPT_TIMEOUT, open).await {
+    let stream = match tokio::time::timeout(ATTEMPT_TIMEOUT, open).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Ended::Broken(e),
-        Err(_) => return Ended::Broken(timed_out("opening a watch")),
+        Err(_) => return Ended::Broken(timed_out("opening a watch stream")),
     };
-    // A watcher of a waiter behind another started after writes it has not seen.
-    let mut missed = false;
+    drop(w);
+    let (sender, mut responses) = stream.split();
+    let _writer = AbortOnDrop(tokio::spawn(write(sender, requests)));
     loop {
         // A black-holed member's stream neither answers nor closes until the connection's
         // HTTP/2 keep-alive gives up; a failover of the backend's requests moves it sooner.
         let resp = tokio::select! {
-            r = stream.message() => r,
+            r = responses.message() => r,
             _ = changes.changed() => return Ended::Failover,
         };
         let resp = match resp {
@@ -324,60 +542,198 @@ async fn watch_once(
             }
             Err(e) => return Ended::Broken(e),
         };
-        if resp.canceled() || resp.compact_revision() > 0 {
-            // Cancelled by the server (or, as a server may still report, compacted): re-read.
-            return Ended::Reread;
+        *failures = 0;
+        let Some(w) = watches.upgrade() else {
+            return Ended::Dropped;
+        };
+        let after = w.route(&resp, epoch);
+        w.after(after, member);
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The writer task: sends the creates and cancels in the order they were queued.
+async fn write(mut sender: WatchRequestSender, mut requests: mpsc::UnboundedReceiver<Request>) {
+    while let Some(r) = requests.recv().await {
+        let sent = match r {
+            Request::Create(key, options) => sender.watch(key, Some(options)).await,
+            Request::Cancel(id) => sender.cancel(id).await,
+        };
+        if sent.is_err() {
+            // The stream ended: the reader sees it too and opens another.
+            return;
         }
-        // A watcher created: it starts after the reply's revision. Anything between the
-        // waiter's snapshot and that is not in it: the waiter reads again.
+    }
+}
+
+impl Watches {
+    /// Routes one answer of stream `epoch` (see "Routing" in the module docs); what needs
+    /// no lock is returned to be done after.
+    fn route(&self, resp: &WatchResponse, epoch: u64) -> Vec<After> {
+        let mut after = Vec::new();
+        let mut reg = self.registry.lock().unwrap();
+        if reg.link.as_ref().is_none_or(|l| l.epoch != epoch) {
+            return after;
+        }
+        let watch_id = resp.watch_id();
         if resp.created() {
-            if resp.header().is_some_and(|h| h.revision() >= from) {
-                match target {
-                    Target::Head { .. } => wake(id, state, clock),
-                    Target::Behind { .. } => missed = true,
+            let Some(route) = reg.pending.pop_front() else {
+                return after;
+            };
+            let refused = resp.canceled() || watch_id < 0;
+            if !reg.current(route) {
+                // Its waiter left or was given another target while the create was on its
+                // way.
+                if !refused {
+                    reg.cancel(watch_id);
                 }
+                return after;
             }
-            to_create -= 1;
-            if to_create == 0 {
-                if let Target::Behind {
-                    ahead,
-                    known_waiting,
-                } = target
-                {
-                    // Only two keys can let it in: the waiter ahead and its own record.
-                    // The one ahead still waiting and both unchanged since the snapshot
-                    // (read after every watcher started): nothing it watches happened in
-                    // between, and it stays asleep. With thousands of waiters joining at
-                    // once, nearly every watcher starts after a few more joined, and waking
-                    // each to read the queue cost a read of the whole queue per waiter. A
-                    // record the tail named was never read: this read is its only one.
-                    if (missed || !known_waiting)
-                        && !still_behind(members, member, ahead, &own, from).await
-                    {
-                        wake(id, state, clock);
+            if refused {
+                self.end(&mut reg, route.id, &mut after);
+                return after;
+            }
+            reg.routes.insert(watch_id, route);
+            let w = reg.waiters.get_mut(&route.id).expect("current");
+            w.ids.push(watch_id);
+            // The watcher starts after the reply's revision. Anything between the waiter's
+            // snapshot and that is not in it: the waiter reads again.
+            if resp.header().is_some_and(|h| h.revision() >= w.from) {
+                match w.target {
+                    Target::Head { .. } => {
+                        self.stamp(Some(w));
+                        after.push(After::Wake(route.id));
                     }
+                    Target::Behind { .. } => w.missed = true,
                 }
-                state.in_sync.store(true, Ordering::SeqCst);
             }
+            w.to_create -= 1;
+            if w.to_create == 0 {
+                match &w.target {
+                    Target::Behind {
+                        ahead,
+                        known_waiting,
+                    } if w.missed || !known_waiting => {
+                        // In sync once the read below says whether it must be woken.
+                        after.push(After::Check {
+                            route,
+                            epoch,
+                            ahead: ahead.clone(),
+                            own: w.keys.lease(route.id),
+                            from: w.from,
+                        });
+                    }
+                    _ => w.in_sync = true,
+                }
+            }
+            return after;
         }
+        let Some(route) = reg.live(watch_id) else {
+            // Cancelled (this answer may be the cancel's), or of a waiter that left.
+            return after;
+        };
+        if resp.canceled() || resp.compact_revision() > 0 {
+            // Cancelled by the server (or, as a server may still report, compacted).
+            reg.routes.remove(&watch_id);
+            self.end(&mut reg, route.id, &mut after);
+            return after;
+        }
+        let w = reg.waiters.get_mut(&route.id).expect("live");
         let mut woken = false;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
-            if ev.event_type() == EventType::Put && kv.key() == own.as_bytes() {
-                if let Some(w) = watches.upgrade() {
-                    if w.pushed_grant(id, keys, kv) {
-                        return Ended::Granted;
-                    }
-                }
+            let put = ev.event_type() == EventType::Put;
+            if put && route.role == Role::Own {
+                // A grant ends the watch; anything else wakes the waiter, which reads all.
+                after.push(After::OwnPut(route, w.keys.clone(), kv.clone()));
+                return after;
             }
             // The capacity put again as it was: nothing for the head.
-            let same_capacity = matches!(target, Target::Head { cap, .. } if kv.key() == cap.as_bytes())
-                && ev.event_type() == EventType::Put
+            let same_capacity = route.role == Role::Capacity
+                && put
                 && ev.prev_kv().is_some_and(|p| p.value() == kv.value());
             woken |= !same_capacity;
         }
         if woken {
-            wake(id, state, clock);
+            self.stamp(Some(w));
+            after.push(After::Wake(route.id));
+        }
+        after
+    }
+
+    /// Unregisters `id` (its watch ended) and wakes it to read again.
+    fn end(&self, reg: &mut Registry, id: LeaseId, after: &mut Vec<After>) {
+        if reg.unregister(id).is_some() {
+            self.stamp(None);
+            after.push(After::Wake(id));
+        }
+    }
+
+    /// Does what [`Watches::route`] left for after the lock.
+    fn after(self: &Arc<Self>, after: Vec<After>, member: usize) {
+        let mut woken = Vec::new();
+        for a in after {
+            match a {
+                After::Wake(id) => woken.push(id),
+                After::OwnPut(route, keys, kv) => {
+                    if self.pushed_grant(route.id, &keys, &kv) {
+                        // Granted: its watch is done, and the grant was its wake-up.
+                        let mut reg = self.registry.lock().unwrap();
+                        if reg.current(route) {
+                            reg.unregister(route.id);
+                        }
+                    } else {
+                        let mut reg = self.registry.lock().unwrap();
+                        if reg.current(route) {
+                            self.stamp(reg.waiters.get_mut(&route.id));
+                            woken.push(route.id);
+                        }
+                    }
+                }
+                After::Check {
+                    route,
+                    epoch,
+                    ahead,
+                    own,
+                    from,
+                } => {
+                    let watches = Arc::downgrade(self);
+                    let members = Arc::clone(&self.members);
+                    tokio::spawn(async move {
+                        let still = still_behind(&members, member, &ahead, &own, from).await;
+                        let Some(w) = watches.upgrade() else { return };
+                        let wake_it = {
+                            let mut reg = w.registry.lock().unwrap();
+                            if reg.link.as_ref().is_none_or(|l| l.epoch != epoch)
+                                || !reg.current(route)
+                            {
+                                return;
+                            }
+                            let waiter = reg.waiters.get_mut(&route.id).expect("current");
+                            waiter.in_sync = true;
+                            if !still {
+                                w.stamp(Some(waiter));
+                            }
+                            !still
+                        };
+                        if wake_it {
+                            wake::notify(route.id);
+                        }
+                    });
+                }
+            }
+        }
+        woken.dedup();
+        for id in woken {
+            wake::notify(id);
         }
     }
 }

@@ -7,7 +7,7 @@
 mod ops;
 mod rate;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -154,7 +154,18 @@ impl Backend for MemoryBackend {
         Ok(self.run(|m, _, w| m.delete(name, w)))
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_fair_shares()
+        Capabilities::push().with_fair_shares().with_tenant_limits()
+    }
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        self.run(|m, now, w| m.set_tenant_limits(name, tenant, limits, now, w))
+    }
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        Ok(self.model.lock().unwrap().tenant_limits(name))
     }
     /// A step is a few map operations under a lock: run at once, without a boxed future.
     fn acquire_now(

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rate::RateModel;
-use tessera_core::error::{Error, Result};
+use tessera_core::error::{Error, InvalidInput, Result};
 use tessera_core::model::*;
 use tessera_core::seam::{AdmitReply, AdmitRequest, RateConfig, RateReply, RateRequest};
 
@@ -42,7 +42,14 @@ pub(crate) struct Model {
     fence_hwm: u64,
     /// Sweep idle states when a new semaphore would make the map larger than this.
     sweep_at: usize,
+    /// Tenants' ceilings and floors by name (`docs/fair-shares.md`): kept for the name, also
+    /// while it is idle and its state is swept, until changed or deleted. Each state holds a
+    /// copy.
+    limits: HashMap<Name, TenantLimitMap, foldhash::fast::RandomState>,
 }
+
+/// Tenants' ceilings and floors on one semaphore.
+type TenantLimitMap = BTreeMap<Box<str>, TenantLimits>;
 
 /// A holder as the model keeps it: a [`Lease`] without the allocations, built into one only
 /// when a reply needs it (a grant, a retry, a status). The holder label is shared with the
@@ -140,6 +147,9 @@ struct SemState {
     seat_high: u32,
     /// Free seats below `seat_high`.
     free_low: BTreeSet<u32>,
+    /// Tenants' ceilings and floors (a copy of [`Model::limits`]); empty: none, and every
+    /// step runs as without them.
+    limits: TenantLimitMap,
 }
 
 /// What to deliver after a step: the grants made to waiters (pushed with their wake-up, so
@@ -176,6 +186,7 @@ impl SemState {
             finish: HashMap::default(),
             seat_high: 0,
             free_low: BTreeSet::new(),
+            limits: TenantLimitMap::new(),
         }
     }
 
@@ -227,6 +238,9 @@ impl SemState {
     /// and so does an admission waiter, which only its own step grants (woken here once it
     /// fits).
     fn hand_off(&mut self, now: StoreTime, hwm: &mut u64, wakes: &mut Wakes) {
+        if !self.limits.is_empty() {
+            return self.hand_off_limited(now, hwm, wakes);
+        }
         while let Some(mut head) = self.queue.first_entry() {
             if self.used + head.get().waiter.weight > self.capacity {
                 break;
@@ -240,16 +254,127 @@ impl SemState {
                 break;
             }
             let ((start, _), qw) = self.queue.pop_first().expect("head exists");
-            self.vtime = self.vtime.max(start);
-            self.queue_index.remove(&qw.waiter.lease_id);
-            self.waiter_expiry
-                .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
-            let w = qw.waiter;
-            // Provisional until renewed: no longer than the waiter's entry would have lived.
-            let ttl = qw.ttl.min(w.expires_at.since(now));
-            let lease = self.grant(w.lease_id, w.weight, ttl, &w.holder, w.tenant, now, hwm);
-            wakes.push(Wake::Granted(Grant { lease, now }));
+            self.grant_queued(start, qw, now, hwm, wakes);
         }
+    }
+
+    /// The hand-off with tenants' ceilings and floors (`docs/fair-shares.md`): first a waiter
+    /// whose tenant is below its floor and may be granted, in queue order, ahead of the head;
+    /// then the head, the first waiter whose tenant is not at its ceiling for it, while it
+    /// may be granted. An admission waiter at the head is woken as without limits. The
+    /// queue and the holders are scanned: the reference model keeps no index by tenant.
+    fn hand_off_limited(&mut self, now: StoreTime, hwm: &mut u64, wakes: &mut Wakes) {
+        loop {
+            let floor = self.queue.iter().find_map(|(&key, q)| {
+                let (t, w) = (q.waiter.tenant.as_deref(), q.waiter.weight);
+                (q.gate.is_none() && self.below_floor(t, w) && self.may_grant(t, w)).then_some(key)
+            });
+            let key = match floor {
+                Some(key) => key,
+                None => {
+                    let Some(key) = self.head_key() else { break };
+                    let q = &self.queue[&key];
+                    if !self.may_grant(q.waiter.tenant.as_deref(), q.waiter.weight) {
+                        break;
+                    }
+                    let q = self.queue.get_mut(&key).expect("the head exists");
+                    if let Some(wake_at) = &mut q.gate {
+                        if now >= *wake_at {
+                            *wake_at = StoreTime(u64::MAX);
+                            wakes.push(Wake::Turn(q.waiter.lease_id));
+                        }
+                        break;
+                    }
+                    key
+                }
+            };
+            let qw = self.queue.remove(&key).expect("found above");
+            self.grant_queued(key.0, qw, now, hwm, wakes);
+        }
+    }
+
+    /// Grants a waiter taken out of the queue (its start tag `start`).
+    fn grant_queued(
+        &mut self,
+        start: u64,
+        qw: QueuedWaiter,
+        now: StoreTime,
+        hwm: &mut u64,
+        wakes: &mut Wakes,
+    ) {
+        self.vtime = self.vtime.max(start);
+        self.queue_index.remove(&qw.waiter.lease_id);
+        self.waiter_expiry
+            .remove(&(qw.waiter.expires_at, qw.waiter.lease_id));
+        let w = qw.waiter;
+        // Provisional until renewed: no longer than the waiter's entry would have lived.
+        let ttl = qw.ttl.min(w.expires_at.since(now));
+        let lease = self.grant(w.lease_id, w.weight, ttl, &w.holder, w.tenant, now, hwm);
+        wakes.push(Wake::Granted(Grant { lease, now }));
+    }
+
+    /// Permits held by `tenant`'s leases (the holders scanned: only with limits set).
+    fn held_by(&self, tenant: &str) -> u32 {
+        self.holders
+            .values()
+            .filter(|h| h.tenant.as_deref() == Some(tenant))
+            .map(|h| h.weight)
+            .sum()
+    }
+
+    fn limits_of(&self, tenant: Option<&str>) -> TenantLimits {
+        tenant
+            .and_then(|t| self.limits.get(t))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Whether `tenant` (`None`: a request that named none) is at its ceiling for `weight`
+    /// more permits.
+    fn capped(&self, tenant: Option<&str>, weight: u32) -> bool {
+        match (tenant, self.limits_of(tenant).ceiling) {
+            (Some(t), Some(c)) => self.held_by(t) + weight > c,
+            _ => false,
+        }
+    }
+
+    /// Whether `weight` more permits keep `tenant` within its floor.
+    fn below_floor(&self, tenant: Option<&str>, weight: u32) -> bool {
+        match (tenant, self.limits_of(tenant).floor) {
+            (Some(t), floor) if floor > 0 => self.held_by(t) + weight <= floor,
+            _ => false,
+        }
+    }
+
+    /// Whether `tenant` may be granted `weight` permits now: they fit, its ceiling allows
+    /// them, and they leave what the other tenants' floors keep (each floor less what its
+    /// tenant holds). Without limits: they fit.
+    fn may_grant(&self, tenant: Option<&str>, weight: u32) -> bool {
+        if self.limits.is_empty() {
+            return self.used + weight <= self.capacity;
+        }
+        if self.capped(tenant, weight) {
+            return false;
+        }
+        let kept: u64 = self
+            .limits
+            .iter()
+            .filter(|(u, _)| Some(&***u) != tenant)
+            .map(|(u, l)| l.floor.saturating_sub(self.held_by(u)) as u64)
+            .sum();
+        weight as u64 + kept <= self.available() as u64
+    }
+
+    /// The head: the first waiter whose tenant is not at its ceiling for it (without
+    /// limits, the first waiter).
+    fn head_key(&self) -> Option<QueueKey> {
+        if self.limits.is_empty() {
+            return self.queue.first_key_value().map(|(&k, _)| k);
+        }
+        self.queue
+            .iter()
+            .find(|(_, q)| !self.capped(q.waiter.tenant.as_deref(), q.waiter.weight))
+            .map(|(&k, _)| k)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -404,9 +529,8 @@ impl SemState {
 
     /// Whether a request with this start tag, arriving now, would be the head.
     fn would_lead(&self, start: u64) -> bool {
-        self.queue
-            .first_key_value()
-            .is_none_or(|(&first, _)| (start, self.next_seq) < first)
+        self.head_key()
+            .is_none_or(|first| (start, self.next_seq) < first)
     }
 
     /// Queues `req` with its start tag (or at the head) with `gate` (see [`QueuedWaiter`]);
@@ -525,6 +649,58 @@ impl Model {
         self.sweep_at = 2 * self.sems.len();
     }
 
+    /// A new state for `name`, with the tenant limits kept for it.
+    fn insert_state(&mut self, name: &Name, capacity: u32) {
+        self.sweep_idle();
+        let mut st = SemState::new(capacity, self.fence_hwm);
+        if let Some(limits) = self.limits.get(name) {
+            st.limits = limits.clone();
+        }
+        self.sems.insert(name.clone(), st);
+    }
+
+    /// Sets (or, with [`TenantLimits::is_none`], removes) `tenant`'s limits on `name`, then
+    /// hands off what they let in (a raised ceiling, a lowered floor).
+    pub(crate) fn set_tenant_limits(
+        &mut self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+        now: StoreTime,
+        wakes: &mut Wakes,
+    ) -> Result<()> {
+        let mut map = self.limits.get(name).cloned().unwrap_or_default();
+        match limits.is_none() {
+            true => map.remove(tenant),
+            false => map.insert(tenant.into(), limits),
+        };
+        if let Some(st) = self.sems.get(name).filter(|st| !st.is_empty()) {
+            let floors: u64 = map.values().map(|l| l.floor as u64).sum();
+            if floors > st.capacity as u64 {
+                return Err(Error::InvalidInput(InvalidInput::Other(format!(
+                    "the floors on {name} would add up to {floors}, above its capacity {}",
+                    st.capacity
+                ))));
+            }
+        }
+        if let Some(st) = self.sems.get_mut(name) {
+            st.limits = map.clone();
+            st.purge_and_hand_off(now, &mut self.fence_hwm, wakes);
+        }
+        match map.is_empty() {
+            true => self.limits.remove(name),
+            false => self.limits.insert(name.clone(), map),
+        };
+        Ok(())
+    }
+
+    /// The tenants' limits kept for `name`.
+    pub(crate) fn tenant_limits(&self, name: &Name) -> BTreeMap<String, TenantLimits> {
+        self.limits.get(name).map_or_else(BTreeMap::new, |m| {
+            m.iter().map(|(t, l)| (t.to_string(), *l)).collect()
+        })
+    }
+
     pub(crate) fn acquire(
         &mut self,
         name: &Name,
@@ -539,9 +715,7 @@ impl Model {
                 Self::acquire_step(st, hwm, name, capacity, req, now)
             });
         }
-        self.sweep_idle();
-        self.sems
-            .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
+        self.insert_state(name, capacity);
         self.step(name, now, wakes, |st, hwm, _| {
             Self::acquire_step(st, hwm, name, capacity, req, now)
         })
@@ -575,7 +749,10 @@ impl Model {
             // Only a request that would be the head may take free permits: without tenants,
             // one that finds nobody waiting; neither a try nor a newcomer jumps the queue.
             let tags = st.tags(req.tenant.as_ref(), req.weight);
-            if st.would_lead(tags.0) && st.used + req.weight <= st.capacity {
+            let tenant = req.tenant.as_ref().map(Tenant::name);
+            // With limits, a tenant below its floor goes ahead of the queue.
+            let first = st.would_lead(tags.0) || st.below_floor(tenant, req.weight);
+            if first && st.may_grant(tenant, req.weight) {
                 st.take_tags(req.tenant.as_ref(), tags, true);
                 let lease = st.grant(
                     req.lease_id,
@@ -614,9 +791,7 @@ impl Model {
         wakes: &mut Wakes,
     ) -> Result<AdmitReply> {
         if !self.sems.contains_key(name) {
-            self.sweep_idle();
-            self.sems
-                .insert(name.clone(), SemState::new(capacity, self.fence_hwm));
+            self.insert_state(name, capacity);
         }
         let st = self.sems.get_mut(name).expect("state inserted above");
         let hwm = &mut self.fence_hwm;
@@ -636,11 +811,13 @@ impl Model {
         }
         let queued_at = st.position(a.lease_id);
         let tags = st.tags(a.tenant.as_ref(), req.cost);
-        let turn = match queued_at {
-            Some(position) => position == 0,
+        let tenant = a.tenant.as_ref().map(Tenant::name);
+        let first = match st.queue_index.get(&a.lease_id) {
+            Some(&key) => st.head_key() == Some(key),
             // A request that gave back an admission it could not use goes first.
             None => st.would_lead(tags.0) || req.at_head,
-        } && st.used + a.weight <= st.capacity;
+        };
+        let turn = (first || st.below_floor(tenant, a.weight)) && st.may_grant(tenant, a.weight);
         let mut window_at = None;
         if turn {
             let ask = RateRequest {
@@ -859,11 +1036,12 @@ impl Model {
     }
 
     pub(crate) fn delete(&mut self, name: &Name, wakes: &mut Wakes) -> bool {
+        let limits = self.limits.remove(name).is_some();
         let Some(st) = self.sems.remove(name) else {
-            return false;
+            return limits;
         };
         if st.is_empty() {
-            return false;
+            return limits;
         }
         wakes.extend(st.holders.keys().copied().map(Wake::Ended));
         wakes.extend(st.queue_index.keys().copied().map(Wake::Ended));

@@ -28,6 +28,7 @@ use sqlx::Row;
 
 use super::conns::Conns;
 use super::error::map_err;
+use super::migrate::Migrated;
 use super::ops::{render, Lit, MysqlRows};
 use super::routines::{self, Fast};
 use tessera_core::error::{Error, Result, StoreErrorKind};
@@ -41,6 +42,8 @@ pub(crate) type Heartbeats = Batcher<HeartbeatMany>;
 const HEARTBEAT_MANY: &str = "CALL tessera_v5_heartbeat_many(?, ?, ?)";
 /// [`HEARTBEAT_MANY`] on the tables of schema version 6 (`routines_v6.sql`).
 const HEARTBEAT_MANY_FAIR: &str = "CALL tessera_v6_heartbeat_many(?, ?, ?)";
+/// [`HEARTBEAT_MANY_FAIR`] on the tables of schema version 7 (`routines_v7.sql`).
+const HEARTBEAT_MANY_TENANT: &str = "CALL tessera_v7_heartbeat_many(?, ?, ?)";
 
 /// What a gathered call answered for one heartbeat.
 #[derive(Debug, PartialEq)]
@@ -60,9 +63,9 @@ pub(crate) struct HeartbeatMany {
     pub(crate) conns: Conns,
     /// This client's doorbell address (`None` with `wake=poll`).
     pub(crate) doorbell: Option<Arc<Mutex<String>>>,
-    /// The tables have fair shares' tags (schema version 6): the queue's order is
-    /// `(tag, seq)`.
-    pub(crate) fair: bool,
+    /// The schema and routine versions: which procedure is called
+    /// (`Migrated::heartbeat_many`), and how a heartbeat alone runs ([`alone`]).
+    pub(crate) db: Migrated,
 }
 
 impl BatchCall for HeartbeatMany {
@@ -77,16 +80,7 @@ impl BatchCall for HeartbeatMany {
             .unwrap_or_default();
         if let [(lease, ttl_us)] = *items {
             let ttl = Duration::from_micros(ttl_us.max(0) as u64);
-            let reply = alone(
-                &self.conns,
-                &doorbell,
-                routines::VERSION,
-                self.fair,
-                name,
-                lease,
-                ttl,
-            )
-            .await;
+            let reply = alone(&self.conns, &doorbell, self.db, name, lease, ttl).await;
             return Ok(vec![reply.map(|r| r.map_or(Answer::Step, Answer::Reply))]);
         }
         let leases: Vec<String> = items
@@ -95,10 +89,14 @@ impl BatchCall for HeartbeatMany {
             .collect();
         let leases = format!("[{}]", leases.join(","));
         let call = render(
-            if self.fair {
-                HEARTBEAT_MANY_FAIR
-            } else {
-                HEARTBEAT_MANY
+            match self
+                .db
+                .heartbeat_many()
+                .unwrap_or(routines::HEARTBEAT_MANY_VERSION)
+            {
+                routines::TENANT_VERSION => HEARTBEAT_MANY_TENANT,
+                routines::FAIR_VERSION => HEARTBEAT_MANY_FAIR,
+                _ => HEARTBEAT_MANY,
             },
             &[Lit::Text(name), Lit::Text(&leases), Lit::Text(&doorbell)],
         );
@@ -139,17 +137,16 @@ fn parse_row(row: &sqlx::mysql::MySqlRow, i: usize) -> Result<Answer> {
 }
 
 /// One heartbeat alone, short of the client-side step: the read-only [`probe`], else the
-/// procedure ([`fast`]); `None` when the step must run.
+/// procedure ([`fast`]); `None` when the step must run. `db`: what the database holds.
 pub(crate) async fn alone(
     conns: &Conns,
     doorbell: &str,
-    routines: i64,
-    fair: bool,
+    db: Migrated,
     name: &str,
     lease: LeaseId,
     waiter_ttl: Duration,
 ) -> Result<Option<WaitReply>> {
-    let probed = match probe(conns, doorbell, fair, name, lease, waiter_ttl).await {
+    let probed = match probe(conns, doorbell, db, name, lease, waiter_ttl).await {
         // A dead pooled connection (the server closed it): the procedure, which tries the
         // next ones.
         Err(Error::Store {
@@ -162,28 +159,29 @@ pub(crate) async fn alone(
         return Ok(probed);
     }
     Ok(
-        match fast(conns, doorbell, routines, name, lease, waiter_ttl).await? {
+        match fast(conns, doorbell, db, name, lease, waiter_ttl).await? {
             Fast::Done(reply) => Some(reply),
             Fast::Fallback => None,
         },
     )
 }
 
-/// A waiter's heartbeat in one round trip (`routines.sql`, `tessera_v4_keep_alive`);
-/// [`Fast::Fallback`] below routine version 4 or when the procedure leaves the case to the
-/// client-side step.
+/// A waiter's heartbeat in one round trip (the keep-alive of `Migrated::keep_alive`:
+/// `tessera_v4_keep_alive`, or `tessera_v7_…` whose grant carries the tenant);
+/// [`Fast::Fallback`] without it or when the procedure leaves the case to the client-side
+/// step.
 pub(crate) async fn fast(
     conns: &Conns,
     doorbell: &str,
-    routines: i64,
+    db: Migrated,
     name: &str,
     lease: LeaseId,
     waiter_ttl: Duration,
 ) -> Result<Fast<WaitReply>> {
-    if routines < routines::VERSION {
+    let Some(version) = db.keep_alive() else {
         return Ok(Fast::Fallback);
-    }
-    let call = routines::heartbeat_call(name, &lease.to_string(), waiter_ttl, doorbell);
+    };
+    let call = routines::heartbeat_call(name, &lease.to_string(), waiter_ttl, doorbell, version);
     routines::heartbeat_reply(conns.call_one(call, true).await?, lease)
 }
 
@@ -209,14 +207,14 @@ static HEARTBEAT_PROBE_FAIR: std::sync::LazyLock<String> = std::sync::LazyLock::
 pub(crate) async fn probe(
     conns: &Conns,
     doorbell: &str,
-    fair: bool,
+    db: Migrated,
     name: &str,
     lease: LeaseId,
     waiter_ttl: Duration,
 ) -> Result<Option<WaitReply>> {
     let mut conn = conns.keep_alive().await?;
     let lease_text = lease.to_string();
-    let sql: &'static str = if fair {
+    let sql: &'static str = if db.fair() {
         HEARTBEAT_PROBE_FAIR.as_str()
     } else {
         HEARTBEAT_PROBE
@@ -237,7 +235,8 @@ pub(crate) async fn probe(
     let now = StoreTime(now as u64);
     let Some(expires_at) = int(1) else {
         // Not queued: granted, or the full step decides.
-        let rows = &mut MysqlRows::new(&mut conn, name, doorbell, false);
+        let rows = &mut MysqlRows::new(&mut conn, name, doorbell, false)
+            .with_tenant_rows(db.tenant_rows());
         let grant = sql::read_grant(rows, lease, now).await?;
         return Ok(grant.map(WaitReply::Granted));
     };

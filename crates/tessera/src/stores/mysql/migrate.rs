@@ -39,7 +39,10 @@
 //! up with an earlier version does so until the owner connects with this build). Version 5
 //! (`routines_v5.sql`) adds one procedure, the heartbeats of many waiters in one call, and
 //! is installed and recorded after version 4, so a server that refuses it (it needs
-//! `JSON_TABLE`) keeps version 4.
+//! `JSON_TABLE`) keeps version 4. Versions 6 and 7 (`routines_v6.sql`, `routines_v7.sql`)
+//! write the rows of schema versions 6 and 7: a client calls the version written for the
+//! tables it found ([`Migrated::calls`]), and runs those operations client side when the
+//! database lacks it.
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
@@ -56,6 +59,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("waiters_gate.sql"),
     include_str!("rate_expired.sql"),
     include_str!("fair_shares.sql"),
+    include_str!("tenant_rows.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -73,10 +77,14 @@ const ROUTINES: &[(i64, &str)] = &[
         super::routines::FAIR_VERSION,
         include_str!("routines_v6.sql"),
     ),
+    (
+        super::routines::TENANT_VERSION,
+        include_str!("routines_v7.sql"),
+    ),
 ];
 
-/// The routine version this build installs (the test checks it is the last file's): version 4's procedures for the operations
-/// (`tessera_v4_…`), version 5's for waiters' heartbeats gathered in one call.
+/// The routine version this build installs (the test checks it is the last file's): version
+/// 7's procedures on tables of schema version 7 (`Migrated::calls`).
 #[cfg_attr(not(test), allow(dead_code))]
 pub const ROUTINES_VERSION: i64 = ROUTINES[ROUTINES.len() - 1].0;
 
@@ -106,6 +114,54 @@ pub(crate) struct Migrated {
     pub(crate) schema: i64,
     /// The routine version: below [`ROUTINES_VERSION`] when the server refused this build's.
     pub(crate) routines: i64,
+}
+
+impl Migrated {
+    /// The tables have fair shares' tags (schema version 6).
+    pub(crate) fn fair(self) -> bool {
+        self.schema >= FAIR_FROM
+    }
+
+    /// Holder and waiter rows keep their tenant (schema version 7).
+    pub(crate) fn tenant_rows(self) -> bool {
+        self.schema >= TENANTS_FROM
+    }
+
+    /// The routine version whose acquire and release of one permit this client calls, the
+    /// one written for these tables: 7 with tenants on the rows, 6 with fair shares' tags,
+    /// else 4; `None` when the database lacks it (those operations then run client side).
+    pub(crate) fn calls(self) -> Option<i64> {
+        use super::routines::{FAIR_VERSION, TENANT_VERSION, VERSION};
+        let version = match (self.tenant_rows(), self.fair()) {
+            (true, _) => TENANT_VERSION,
+            (false, true) => FAIR_VERSION,
+            (false, false) => VERSION,
+        };
+        (self.routines >= version).then_some(version)
+    }
+
+    /// The routine version whose keep-alive (renewals, a heartbeat alone) this client calls:
+    /// 7 with tenants on the rows (its heartbeat's grant carries the tenant), else 4.
+    pub(crate) fn keep_alive(self) -> Option<i64> {
+        use super::routines::{TENANT_VERSION, VERSION};
+        let version = match self.tenant_rows() {
+            true => TENANT_VERSION,
+            false => VERSION,
+        };
+        (self.routines >= version).then_some(version)
+    }
+
+    /// The routine version whose gathered heartbeats this client calls: 7 with tenants on
+    /// the rows, 6 with fair shares' tags (they read the queue head in their order), else 5.
+    pub(crate) fn heartbeat_many(self) -> Option<i64> {
+        use super::routines::{FAIR_VERSION, HEARTBEAT_MANY_VERSION, TENANT_VERSION};
+        let version = match (self.tenant_rows(), self.fair()) {
+            (true, _) => TENANT_VERSION,
+            (false, true) => FAIR_VERSION,
+            (false, false) => HEARTBEAT_MANY_VERSION,
+        };
+        (self.routines >= version).then_some(version)
+    }
 }
 
 /// Brings the database's schema to [`SCHEMA_VERSION`] and its routines to at least
@@ -146,6 +202,9 @@ pub const EXPIRED_COUNT_FROM: i64 = 5;
 /// The schema version with fair shares' tags (`fair_shares.sql`): below it, a request that
 /// names a tenant answers Unsupported.
 pub const FAIR_FROM: i64 = 6;
+/// The schema version with the tenant on holder and waiter rows (`tenant_rows.sql`): below
+/// it, leases and waiters read back name no tenant.
+pub const TENANTS_FROM: i64 = 7;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -346,7 +405,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 16, "{all:#?}");
+        assert_eq!(all.len(), 18, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -374,7 +433,7 @@ mod tests {
             }
             created_all.extend(created.into_iter().cloned());
         }
-        assert_eq!(created_all.len(), 7, "{created_all:#?}");
+        assert_eq!(created_all.len(), 11, "{created_all:#?}");
         let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {

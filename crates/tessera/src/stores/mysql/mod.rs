@@ -48,7 +48,9 @@
 //!   writes it) to the client-side step below, having changed nothing. Without them (a
 //!   user without `CREATE ROUTINE`) every operation runs client side. From schema version 6
 //!   on (fair shares, `fair_shares.sql`) the procedures called are routine version 6's
-//!   (`routines_v6.sql`), which keep the start tags, also a named tenant's (docs/fair-shares.md).
+//!   (`routines_v6.sql`), which keep the start tags, also a named tenant's (docs/fair-shares.md);
+//!   from schema version 7 on (`tenant_rows.sql`), routine version 7's (`routines_v7.sql`),
+//!   which also keep the tenant on holder and waiter rows and answer it with the lease.
 //! - **One transaction per operation**, `READ COMMITTED`, running the shared SQL step
 //!   (`stores/sql`) over this store's statements (`ops.rs`), client side: the first
 //!   statement locks the semaphore's row (`SELECT … FOR UPDATE`, after an acquire's
@@ -102,7 +104,8 @@ macro_rules! step {
                 let mut rows = ops::MysqlRows::new(&mut tx.conn, $name.as_str(), &doorbell, true)
                     .with_holder_doorbells($self.holder_doorbells)
                     .with_gates($self.gates)
-                    .with_fair_shares($self.fair);
+                    .with_fair_shares($self.fair)
+                    .with_tenant_rows($self.tenant_rows);
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -242,12 +245,16 @@ pub struct MysqlBackend {
     /// Whether the tables have fair shares' tags (schema version 6): tenants, and the
     /// procedures of routine version 6 for what orders the queue (none below it).
     fair: bool,
-    /// The version of the hot path's stored procedures the database holds (`routines.rs`):
-    /// acquires, releases, renewals and heartbeats call version 4's from 4 on; below it
-    /// (0: none) every operation runs client side, as the procedures of versions 1 to 3
-    /// can read rows from before the step they waited for (`routines.sql`); from 5 on,
-    /// waiters' heartbeats of one semaphore go together (`heartbeats.rs`).
-    routines: i64,
+    /// Whether holder and waiter rows keep their tenant (schema version 7), written and
+    /// answered by the procedures of routine version 7 (none below it).
+    tenant_rows: bool,
+    /// The schema version and the version of the hot path's stored procedures the database
+    /// holds (`routines.rs`): acquires, releases, renewals and heartbeats call the procedures
+    /// written for the tables found ([`migrate::Migrated::calls`]), version 4's from 4 on;
+    /// without them (0: none) every operation runs client side, as the procedures of
+    /// versions 1 to 3 can read rows from before the step they waited for (`routines.sql`);
+    /// from 5 on, waiters' heartbeats of one semaphore go together (`heartbeats.rs`).
+    db: migrate::Migrated,
     /// Waiters' heartbeats gathered per semaphore; `None` below routine version 5.
     heartbeats: Option<Arc<Heartbeats>>,
 }
@@ -309,7 +316,6 @@ impl MysqlBackend {
         let migrated = migrate::migrate(&mut first).await;
         let _ = first.close().await;
         let migrated = migrated.map_err(migration_refused).map_err(in_url)?;
-        let routines = migrated.routines;
         // Holders' doorbells need the column of schema version 3 (refused to a user who may
         // not ALTER: this client then leaves revokes to be found at renewal).
         let holder_doorbells = migrated.schema >= migrate::OPTIONAL_FROM;
@@ -318,7 +324,9 @@ impl MysqlBackend {
         // The count of expired admissions needs the column of schema version 5 (likewise).
         let counts_expired = migrated.schema >= migrate::EXPIRED_COUNT_FROM;
         // Fair shares need the tags of schema version 6 (refused likewise).
-        let fair = migrated.schema >= migrate::FAIR_FROM;
+        let fair = migrated.fair();
+        // Tenants on holder and waiter rows need the columns of schema version 7 (likewise).
+        let tenant_rows = migrated.tenant_rows();
         let returned = Arc::new(Returned::default());
         let pool = |size| pool_options(size, &returned).connect_lazy_with(options.clone());
         let conns = Conns {
@@ -344,15 +352,11 @@ impl MysqlBackend {
             WakeMode::Poll => (None, None),
         };
         // Gathered heartbeats read the queue head: in the tags' order from version 6.
-        let many = match fair {
-            true => routines::FAIR_VERSION,
-            false => routines::HEARTBEAT_MANY_VERSION,
-        };
-        let heartbeats = (routines >= many).then(|| {
+        let heartbeats = migrated.heartbeat_many().map(|_| {
             Heartbeats::new(HeartbeatMany {
                 conns: conns.clone(),
                 doorbell: doorbell.as_ref().map(Doorbell::address_cell),
-                fair,
+                db: migrated,
             })
         });
         Ok(MysqlBackend {
@@ -365,7 +369,8 @@ impl MysqlBackend {
             gates,
             counts_expired,
             fair,
-            routines,
+            tenant_rows,
+            db: migrated,
             heartbeats,
         })
     }
@@ -457,15 +462,6 @@ impl MysqlBackend {
 }
 
 impl MysqlBackend {
-    /// Whether acquires and releases go through the procedures: version 4's on the tables
-    /// of before fair shares, version 6's (which keep the tags) from schema version 6 on.
-    fn fast_calls(&self) -> bool {
-        match self.fair {
-            true => self.routines >= routines::FAIR_VERSION,
-            false => self.routines >= routines::VERSION,
-        }
-    }
-
     /// An acquire of one permit in one round trip (`routines.rs`), retried as a step is;
     /// [`Fast::Fallback`] without the routines, for a weight other than 1, or when the
     /// procedure leaves the case to the client-side step (it then changed nothing).
@@ -475,12 +471,15 @@ impl MysqlBackend {
         capacity: u32,
         req: &AcquireRequest,
     ) -> Result<Fast<Result<AcquireReply>>> {
-        // A named tenant only where the procedure keeps tags (routine version 6).
-        if !self.fast_calls() || req.weight != 1 || (req.tenant.is_some() && !self.fair) {
+        // A named tenant only where the procedure keeps tags (routine version 6 on).
+        let Some(version) = self.db.calls() else {
+            return Ok(Fast::Fallback);
+        };
+        if req.weight != 1 || (req.tenant.is_some() && !self.fair) {
             return Ok(Fast::Fallback);
         }
         let doorbell = self.doorbell_address();
-        let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell, self.fair);
+        let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell, version);
         let row = self.conns.call_one(call, false).await?;
         routines::acquire_one_reply(row, name.as_str(), capacity, req)
     }
@@ -488,10 +487,10 @@ impl MysqlBackend {
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
     /// in the same call; wakes that waiter after the commit as a step does.
     async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
-        if !self.fast_calls() {
+        let Some(version) = self.db.calls() else {
             return Ok(Fast::Fallback);
-        }
-        let call = routines::release_call(name.as_str(), &lease.to_string(), self.fair);
+        };
+        let call = routines::release_call(name.as_str(), &lease.to_string(), version);
         let row = self.conns.call_one(call, false).await?;
         let Fast::Done(released) = routines::release_reply(row)? else {
             return Ok(Fast::Fallback);
@@ -517,10 +516,10 @@ impl MysqlBackend {
         lease: LeaseId,
         ttl: Duration,
     ) -> Result<Fast<RenewReply>> {
-        if self.routines < routines::VERSION {
+        let Some(version) = self.db.keep_alive() else {
             return Ok(Fast::Fallback);
-        }
-        let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl);
+        };
+        let call = routines::renew_call(name.as_str(), &lease.to_string(), ttl, version);
         routines::renew_reply(self.conns.call_one(call, true).await?)
     }
 
@@ -537,7 +536,7 @@ impl MysqlBackend {
         heartbeats::fast(
             &self.conns,
             &doorbell,
-            self.routines,
+            self.db,
             name.as_str(),
             lease,
             waiter_ttl,
@@ -557,7 +556,7 @@ impl MysqlBackend {
         heartbeats::probe(
             &self.conns,
             &doorbell,
-            self.fair,
+            self.db,
             name.as_str(),
             lease,
             waiter_ttl,
@@ -579,8 +578,7 @@ impl MysqlBackend {
         let answered = heartbeats::alone(
             &self.conns,
             &doorbell,
-            self.routines,
-            self.fair,
+            self.db,
             name.as_str(),
             lease,
             waiter_ttl,
@@ -680,7 +678,14 @@ impl Backend for MysqlBackend {
     /// its connection is left to the step too, which runs again on another.
     async fn status(&self, name: &Name) -> Result<Option<SemaphoreStatus>> {
         let mut tx = self.transaction().await?;
-        let read = ops::read_snapshot(&mut tx.conn, name.as_str(), self.gates, self.fair).await;
+        let read = ops::read_snapshot(
+            &mut tx.conn,
+            name.as_str(),
+            self.gates,
+            self.fair,
+            self.tenant_rows,
+        )
+        .await;
         match &read {
             Ok(_) => tx.open = false,
             Err(_) => tx.rollback().await,

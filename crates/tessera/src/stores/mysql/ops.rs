@@ -119,6 +119,15 @@ const ALL_HOLDERS: &str = "SELECT lease_id, weight, seats, fence, holder, acquir
 const INSERT_HOLDER: &str = "INSERT INTO tessera_holders \
      (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+/// [`GET_HOLDER`], [`ALL_HOLDERS`] and [`INSERT_HOLDER`] with the tenant (schema version 7;
+/// NULL: none).
+const GET_HOLDER_TENANT: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, \
+     expires_at, tenant FROM tessera_holders WHERE name = ? AND lease_id = ?";
+const ALL_HOLDERS_TENANT: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, \
+     expires_at, tenant FROM tessera_holders WHERE name = ? ORDER BY acquired_at, fence";
+const INSERT_HOLDER_TENANT: &str = "INSERT INTO tessera_holders \
+     (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at, tenant) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// Also the holder's doorbell, read with a lock: a claim (`mod.rs`) that writes it
 /// concurrently comes either before (and is read here) or after this step (and finds the
 /// row gone).
@@ -144,6 +153,10 @@ const HEAD_GATED: &str =
 const HEAD_FAIR: &str =
     "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate, tag \
      FROM tessera_waiters WHERE name = ? ORDER BY tag, seq LIMIT 1";
+/// [`HEAD_FAIR`] with the tenant (schema version 7).
+const HEAD_TENANT: &str =
+    "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate, tag, tenant \
+     FROM tessera_waiters WHERE name = ? ORDER BY tag, seq LIMIT 1";
 /// The head's key and the queue's lowest seq (schema version 6).
 const HEAD_KEY: &str = "SELECT tag, seq, (SELECT MIN(seq) FROM tessera_waiters WHERE name = ?) \
      FROM tessera_waiters WHERE name = ? ORDER BY tag, seq LIMIT 1";
@@ -162,6 +175,11 @@ const INSERT_WAITER_FAIR: &str = "INSERT INTO tessera_waiters \
 const INSERT_PLAIN_WAITER_FAIR: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate, tag) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)";
+/// [`INSERT_WAITER_FAIR`] with the tenant (schema version 7; NULL: none); a plain waiter's
+/// gate is NULL.
+const INSERT_WAITER_TENANT: &str = "INSERT INTO tessera_waiters \
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell, gate, tag, \
+     tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const POP_HEAD: &str = "DELETE FROM tessera_waiters WHERE name = ? AND seq = ?";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
      (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, doorbell) \
@@ -204,6 +222,10 @@ const READ_WAITERS_GATED: &str = "SELECT lease_id, weight, holder, enqueued_at, 
 /// [`READ_WAITERS_GATED`] in the order of fair shares, as [`ALL_WAITERS_FAIR`].
 const READ_WAITERS_FAIR: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
      FROM tessera_waiters WHERE name = ? ORDER BY tag, seq";
+/// [`READ_WAITERS_FAIR`] with the tenant (schema version 7): the status read's queue and
+/// [`SemRows::waiters`]'.
+const WAITERS_TENANT: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate, \
+     tenant FROM tessera_waiters WHERE name = ? ORDER BY tag, seq";
 
 const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ? AND tenant = ?";
 const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) VALUES (?, ?, ?) \
@@ -306,6 +328,9 @@ pub(crate) struct MysqlRows<'c> {
     /// Whether the tables have fair shares' tags (schema version 6, which implies 4); off by
     /// default.
     fair: bool,
+    /// Whether holder and waiter rows have a `tenant` column (schema version 7, which implies
+    /// 6); off by default.
+    tenant_rows: bool,
     /// The step's clock reading, from [`SemRows::load`] (the limiter's rows of an
     /// admission are decided on it).
     now: StoreTime,
@@ -344,6 +369,7 @@ impl<'c> MysqlRows<'c> {
             holder_doorbells: false,
             gates: false,
             fair: false,
+            tenant_rows: false,
             now: StoreTime(0),
             pending: if begin {
                 "START TRANSACTION;".to_string()
@@ -388,6 +414,16 @@ impl<'c> MysqlRows<'c> {
         self
     }
 
+    /// Reads and writes the tenant on holder and waiter rows (schema version 7, with fair
+    /// shares' tags).
+    pub(crate) fn with_tenant_rows(mut self, on: bool) -> Self {
+        self.tenant_rows = on;
+        if on {
+            self = self.with_fair_shares(true);
+        }
+        self
+    }
+
     /// The step's clock reading (see [`MysqlRows::now`]).
     pub(crate) fn now(&self) -> StoreTime {
         self.now
@@ -400,7 +436,9 @@ impl<'c> MysqlRows<'c> {
 
     /// The statement that reads the queue head.
     fn head_sql(&self) -> &'static str {
-        if self.fair {
+        if self.tenant_rows {
+            HEAD_TENANT
+        } else if self.fair {
             HEAD_FAIR
         } else if self.gates {
             HEAD_GATED
@@ -650,13 +688,21 @@ impl SemRows for MysqlRows<'_> {
 
     async fn holder(&mut self, lease: &str) -> Result<Option<HolderRow>> {
         let name = self.name();
-        let rows = self.fetch(GET_HOLDER, &[name, Lit::Text(lease)]).await?;
+        let sql = match self.tenant_rows {
+            true => GET_HOLDER_TENANT,
+            false => GET_HOLDER,
+        };
+        let rows = self.fetch(sql, &[name, Lit::Text(lease)]).await?;
         rows.first().map(holder_at).transpose()
     }
 
     async fn holders(&mut self) -> Result<Vec<HolderRow>> {
         let name = self.name();
-        let rows = self.fetch(ALL_HOLDERS, &[name]).await?;
+        let sql = match self.tenant_rows {
+            true => ALL_HOLDERS_TENANT,
+            false => ALL_HOLDERS,
+        };
+        let rows = self.fetch(sql, &[name]).await?;
         rows.iter().map(holder_at).collect()
     }
 
@@ -679,14 +725,14 @@ impl SemRows for MysqlRows<'_> {
                         holder: h.holder.to_string(),
                         acquired_at: at(h.acquired_at),
                         expires_at: at(h.expires_at),
-                        tenant: None,
+                        tenant: h.tenant.map(String::from),
                     },
                     now: at(h.acquired_at),
                 });
             }
         }
         let name = self.name();
-        let args = [
+        let mut args = vec![
             name,
             Lit::Text(h.lease_id),
             Lit::Int(h.weight),
@@ -696,6 +742,11 @@ impl SemRows for MysqlRows<'_> {
             Lit::Int(h.acquired_at),
             Lit::Int(h.expires_at),
         ];
+        if self.tenant_rows {
+            args.push(h.tenant.map_or(Lit::Null, Lit::Text));
+            self.defer(INSERT_HOLDER_TENANT, &args);
+            return Ok(());
+        }
         self.defer(INSERT_HOLDER, &args);
         Ok(())
     }
@@ -762,6 +813,10 @@ impl SemRows for MysqlRows<'_> {
             holder: text_at(row, 3)?,
             ttl: int_at(row, 4)?,
             expires_at: int_at(row, 6)?,
+            tenant: match self.tenant_rows {
+                true => opt_text_at(row, 9)?,
+                false => None,
+            },
         };
         if head.weight > available {
             // Kept for `wake_gated_head`, which then needs no round trip.
@@ -892,6 +947,17 @@ impl SemRows for MysqlRows<'_> {
             Lit::Text(self.doorbell),
         ];
         self.waiters_changed();
+        if self.tenant_rows {
+            // An admission waiter's ttl is stored as -ttl - 1 (see below).
+            let (ttl, gate) = match w.gate {
+                Some(gate) => (-w.ttl - 1, Lit::Int(gate)),
+                None => (w.ttl, Lit::Null),
+            };
+            args[5] = Lit::Int(ttl);
+            args.extend([gate, Lit::Int(w.tag), w.tenant.map_or(Lit::Null, Lit::Text)]);
+            self.defer(INSERT_WAITER_TENANT, &args);
+            return Ok(());
+        }
         match w.gate {
             None if self.fair => {
                 args.push(Lit::Int(w.tag));
@@ -974,7 +1040,9 @@ impl SemRows for MysqlRows<'_> {
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
         let name = self.name();
-        let sql = if self.fair {
+        let sql = if self.tenant_rows {
+            WAITERS_TENANT
+        } else if self.fair {
             ALL_WAITERS_FAIR
         } else {
             ALL_WAITERS
@@ -1072,24 +1140,26 @@ pub(crate) async fn ping(conn: &mut MySqlConnection) -> Result<()> {
 }
 
 /// Reads the semaphore `name` in one snapshot without a lock (see [`READ_BEGIN`]); `None`
-/// without a semaphore row. `gates` and `fair` as in [`MysqlRows`]. Ends with the commit:
-/// on an error the caller rolls back (the transaction may still be open).
+/// without a semaphore row. `gates`, `fair` and `tenant_rows` as in [`MysqlRows`]. Ends
+/// with the commit: on an error the caller rolls back (the transaction may still be open).
 pub(crate) async fn read_snapshot(
     conn: &mut MySqlConnection,
     name: &str,
     gates: bool,
     fair: bool,
+    tenant_rows: bool,
 ) -> Result<Option<Snapshot>> {
     let name = Lit::Text(name);
-    let waiters = match (fair, gates) {
-        (true, _) => READ_WAITERS_FAIR,
-        (false, true) => READ_WAITERS_GATED,
-        (false, false) => ALL_WAITERS,
+    let (holders, waiters) = match (tenant_rows, fair, gates) {
+        (true, _, _) => (ALL_HOLDERS_TENANT, WAITERS_TENANT),
+        (false, true, _) => (ALL_HOLDERS, READ_WAITERS_FAIR),
+        (false, false, true) => (ALL_HOLDERS, READ_WAITERS_GATED),
+        (false, false, false) => (ALL_HOLDERS, ALL_WAITERS),
     };
     let sql = format!(
         "{READ_BEGIN};{};{};{};COMMIT",
         render(READ_SEM, &[name]),
-        render(ALL_HOLDERS, &[name]),
+        render(holders, &[name]),
         render(waiters, &[name]),
     );
     let mut results = batch(conn, sql).await?.into_iter().map(|(rows, _)| rows);
@@ -1158,12 +1228,24 @@ fn freed_at(row: &MySqlRow) -> Result<Freed> {
     })
 }
 
-/// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at.
-fn holder_at(row: &MySqlRow) -> Result<HolderRow> {
-    holder_from(row, 0)
+/// Column `i`, NULL or text (a tenant).
+fn opt_text_at(row: &MySqlRow, i: usize) -> Result<Option<String>> {
+    row.try_get::<Option<String>, _>(i)
+        .map_err(|e| corrupt(format!("column {i}: {e}")))
 }
 
-/// A waiter row's five columns (`ALL_WAITERS`' and the status read's order).
+/// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at, and the
+/// tenant if the row has an eighth column ([`ALL_HOLDERS_TENANT`]).
+fn holder_at(row: &MySqlRow) -> Result<HolderRow> {
+    let mut holder = holder_from(row, 0)?;
+    if row.len() > 7 {
+        holder.tenant = opt_text_at(row, 7)?;
+    }
+    Ok(holder)
+}
+
+/// A waiter row's five columns (`ALL_WAITERS`' and the status read's order), and the tenant
+/// if the row has a seventh column ([`WAITERS_TENANT`], the gate being the sixth).
 fn waiter_at(row: &MySqlRow) -> Result<WaiterRow> {
     Ok(WaiterRow {
         lease_id: text_at(row, 0)?,
@@ -1171,10 +1253,15 @@ fn waiter_at(row: &MySqlRow) -> Result<WaiterRow> {
         holder: text_at(row, 2)?,
         enqueued_at: int_at(row, 3)?,
         expires_at: int_at(row, 4)?,
+        tenant: match row.len() > 6 {
+            true => opt_text_at(row, 6)?,
+            false => None,
+        },
     })
 }
 
-/// A holder row's seven columns, from column `first` on (in a row that holds more).
+/// A holder row's seven columns, from column `first` on (in a row that holds more); no
+/// tenant (the caller reads it where its row has one).
 pub(crate) fn holder_from(row: &MySqlRow, first: usize) -> Result<HolderRow> {
     Ok(HolderRow {
         lease_id: text_at(row, first)?,
@@ -1184,5 +1271,6 @@ pub(crate) fn holder_from(row: &MySqlRow, first: usize) -> Result<HolderRow> {
         holder: text_at(row, first + 4)?,
         acquired_at: int_at(row, first + 5)?,
         expires_at: int_at(row, first + 6)?,
+        tenant: None,
     })
 }

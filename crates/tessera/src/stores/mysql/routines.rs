@@ -55,6 +55,10 @@ pub(crate) const HEARTBEAT_MANY_VERSION: i64 = 5;
 /// tags (`routines_v6.sql`): the ones a client of schema version 6 calls.
 pub(crate) const FAIR_VERSION: i64 = 6;
 
+/// The routine version whose procedures keep the tenant on holder and waiter rows
+/// (`routines_v7.sql`): the ones a client of schema version 7 calls, and no others.
+pub(crate) const TENANT_VERSION: i64 = 7;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
@@ -62,6 +66,11 @@ const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 const ACQUIRE_ONE_FAIR: &str = "CALL tessera_v6_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_FAIR: &str = "CALL tessera_v6_release(?, ?)";
 const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
+/// [`ACQUIRE_ONE_FAIR`], [`RELEASE_FAIR`] and [`KEEP_ALIVE`] on the tables of schema version
+/// 7: their rows keep the tenant, and their answers carry it.
+const ACQUIRE_ONE_TENANT: &str = "CALL tessera_v7_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE_TENANT: &str = "CALL tessera_v7_release(?, ?)";
+const KEEP_ALIVE_TENANT: &str = "CALL tessera_v7_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -105,6 +114,16 @@ fn need_int(row: &MySqlRow, i: usize) -> Result<i64> {
     int(row, i)?.ok_or_else(|| corrupt(format!("procedure column {i} is NULL")))
 }
 
+/// Column `i`, NULL or text; `None` too when the row has no such column (a procedure of
+/// before routine version 7).
+fn opt_text(row: &MySqlRow, i: usize) -> Result<Option<String>> {
+    if row.len() <= i {
+        return Ok(None);
+    }
+    row.try_get::<Option<String>, _>(i)
+        .map_err(|e| corrupt(format!("procedure column {i}: {e}")))
+}
+
 fn text(row: &MySqlRow, i: usize) -> Result<String> {
     row.try_get::<Option<String>, _>(i)
         .map_err(|e| corrupt(format!("procedure column {i}: {e}")))?
@@ -118,24 +137,27 @@ fn now_of(row: &MySqlRow) -> Result<StoreTime> {
         .map_err(|_| corrupt(format!("the server's clock reads {v} µs before 1970")))
 }
 
-/// The lease in columns 4 to 10, checked as the step checks a holder row.
+/// The lease in columns 4 to 10 and its tenant in column 12 (routine version 7), checked as
+/// the step checks a holder row.
 fn grant_of(row: &MySqlRow) -> Result<Grant> {
-    let holder = super::ops::holder_from(row, 4)?;
+    let mut holder = super::ops::holder_from(row, 4)?;
+    holder.tenant = opt_text(row, 12)?;
     Ok(Grant {
         lease: lease_of_row(&holder)?,
         now: now_of(row)?,
     })
 }
 
-/// The call that acquires one permit (`routines.sql`, `tessera_v4_acquire_one`; with
-/// `fair`, `routines_v6.sql`, `tessera_v6_acquire_one`); its row is read by
-/// [`acquire_one_reply`].
+/// The call that acquires one permit with the procedure of routine `version`
+/// (`Migrated::calls`: `tessera_v4_acquire_one` of `routines.sql`, `tessera_v6_…` of
+/// `routines_v6.sql` or `tessera_v7_…` of `routines_v7.sql`, the last two with the tenant);
+/// its row is read by [`acquire_one_reply`].
 pub(crate) fn acquire_one_call(
     name: &str,
     capacity: u32,
     req: &AcquireRequest,
     doorbell: &str,
-    fair: bool,
+    version: i64,
 ) -> String {
     let lease = req.lease_id.to_string();
     let (wait, waiter_ttl, queue_cap) = match req.wait {
@@ -153,14 +175,16 @@ pub(crate) fn acquire_one_call(
         Lit::Int(queue_cap),
         Lit::Text(doorbell),
     ];
-    if !fair {
-        return render(ACQUIRE_ONE, &args);
-    }
+    let sql = match version {
+        TENANT_VERSION => ACQUIRE_ONE_TENANT,
+        FAIR_VERSION => ACQUIRE_ONE_FAIR,
+        _ => return render(ACQUIRE_ONE, &args),
+    };
     match &req.tenant {
         Some(t) => args.extend([Lit::Text(t.name()), Lit::Int(t.share().into())]),
         None => args.extend([Lit::Null, Lit::Int(1)]),
     }
-    render(ACQUIRE_ONE_FAIR, &args)
+    render(sql, &args)
 }
 
 /// What [`acquire_one_call`] answered (`None`: the procedure is missing): the reply, a
@@ -217,10 +241,14 @@ pub(crate) fn acquire_one_reply(
     Ok(Fast::Done(reply))
 }
 
-/// The call that releases `lease` (`routines.sql`, `tessera_v4_release`; with `fair`,
-/// `routines_v6.sql`, `tessera_v6_release`); its row is read by [`release_reply`].
-pub(crate) fn release_call(name: &str, lease: &str, fair: bool) -> String {
-    let sql = if fair { RELEASE_FAIR } else { RELEASE };
+/// The call that releases `lease` with the procedure of routine `version` (as
+/// [`acquire_one_call`]); its row is read by [`release_reply`].
+pub(crate) fn release_call(name: &str, lease: &str, version: i64) -> String {
+    let sql = match version {
+        TENANT_VERSION => RELEASE_TENANT,
+        FAIR_VERSION => RELEASE_FAIR,
+        _ => RELEASE,
+    };
     render(sql, &[Lit::Text(name), Lit::Text(lease)])
 }
 
@@ -256,17 +284,29 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// The call that renews `lease` for `ttl` (`routines.sql`, `tessera_v4_keep_alive`); its row
-/// is read by [`renew_reply`].
-pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration) -> String {
-    keep_alive_call(name, lease, ttl, false, "")
+/// The call that renews `lease` for `ttl` with the keep-alive of routine `version`
+/// (`Migrated::keep_alive`: `tessera_v4_keep_alive` of `routines.sql` or `tessera_v7_…`);
+/// its row is read by [`renew_reply`].
+pub(crate) fn renew_call(name: &str, lease: &str, ttl: Duration, version: i64) -> String {
+    keep_alive_call(name, lease, ttl, false, "", version)
 }
 
-/// The one `tessera_v4_keep_alive` call behind [`renew_call`] (`waiter` 0) and
-/// [`heartbeat_call`] (`waiter` 1, with the waiter's doorbell address).
-fn keep_alive_call(name: &str, lease: &str, ttl: Duration, waiter: bool, doorbell: &str) -> String {
+/// The one keep-alive call behind [`renew_call`] (`waiter` 0) and [`heartbeat_call`]
+/// (`waiter` 1, with the waiter's doorbell address).
+fn keep_alive_call(
+    name: &str,
+    lease: &str,
+    ttl: Duration,
+    waiter: bool,
+    doorbell: &str,
+    version: i64,
+) -> String {
+    let sql = match version {
+        TENANT_VERSION => KEEP_ALIVE_TENANT,
+        _ => KEEP_ALIVE,
+    };
     render(
-        KEEP_ALIVE,
+        sql,
         &[
             Lit::Text(name),
             Lit::Text(lease),
@@ -302,15 +342,16 @@ pub(crate) fn renew_reply(row: Option<MySqlRow>) -> Result<Fast<RenewReply>> {
     }
 }
 
-/// The call that runs waiter `lease`'s heartbeat (`routines.sql`, `tessera_v4_keep_alive`);
-/// its row is read by [`heartbeat_reply`].
+/// The call that runs waiter `lease`'s heartbeat with the keep-alive of routine `version`
+/// (as [`renew_call`]); its row is read by [`heartbeat_reply`].
 pub(crate) fn heartbeat_call(
     name: &str,
     lease: &str,
     waiter_ttl: Duration,
     doorbell: &str,
+    version: i64,
 ) -> String {
-    keep_alive_call(name, lease, waiter_ttl, true, doorbell)
+    keep_alive_call(name, lease, waiter_ttl, true, doorbell, version)
 }
 
 /// What [`heartbeat_call`] for `lease` answered (`None`: the procedure is missing), or

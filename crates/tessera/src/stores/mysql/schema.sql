@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
 -- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'. doorbell: where to
 -- ring the holder's client when a revoke or delete removes it (see notify.rs; '' for none);
 -- added to existing tables by version 3 (holders_doorbell.sql), made here with the table so
--- that a user who may CREATE but not ALTER sets up a new database whole.
+-- that a user who may CREATE but not ALTER sets up a new database whole. tenant: the tenant
+-- the request named (NULL: none; version 7, tenant_rows.sql).
 CREATE TABLE IF NOT EXISTS tessera_holders (
     name        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     lease_id    CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -50,6 +51,7 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
     acquired_at BIGINT NOT NULL,
     expires_at  BIGINT NOT NULL,
     doorbell    VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+    tenant      VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     PRIMARY KEY (name, lease_id),
     KEY tessera_holders_by_expiry (name, expires_at)
 ) ENGINE=InnoDB
@@ -57,7 +59,8 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
 -- The wait queue: service order is seq; ttl is the lease TTL (µs) granted at hand-off;
 -- expires_at is the waiter's heartbeat expiry; doorbell is where to ring its client when it
 -- is granted (see notify.rs; '' for none); gate marks an admission waiter (waiters_gate.sql);
--- tag is the start tag of fair shares, the queue's order being (tag, seq) (fair_shares.sql).
+-- tag is the start tag of fair shares, the queue's order being (tag, seq) (fair_shares.sql);
+-- tenant is the tenant the request named (NULL: none; tenant_rows.sql).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     seq         BIGINT NOT NULL,
@@ -70,6 +73,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     doorbell    VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     gate        BIGINT NULL,
     tag         BIGINT NOT NULL DEFAULT 0,
+    tenant      VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     PRIMARY KEY (name, seq),
     UNIQUE KEY tessera_waiters_by_lease (name, lease_id),
     KEY tessera_waiters_by_expiry (name, expires_at),

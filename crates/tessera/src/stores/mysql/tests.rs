@@ -996,7 +996,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
     let call = heartbeats::HeartbeatMany {
         conns: b.conns.clone(),
         doorbell: b.doorbell.as_ref().map(Doorbell::address_cell),
-        fair: b.fair,
+        db: b.db,
     };
     let minute = Duration::from_secs(60);
     let ttl = 60_000_000i64;
@@ -1077,4 +1077,59 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         [heartbeats::Answer::Alone, heartbeats::Answer::Alone]
     );
     assert_eq!(expiries(), before);
+}
+
+/// A waiter that names a tenant and is granted by a release (routine version 7's hand-off)
+/// learns its tenant with its grant by every path a heartbeat takes: the read-only probe, the
+/// keep-alive of routine version 7, and the heartbeat itself; the grant pushed to a waiter of
+/// this process with its wake-up, the release's, carries it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
+    let server = MariaDbServer::start();
+    let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
+    assert_eq!(b.db.calls(), Some(routines::TENANT_VERSION));
+    let s = Name::new("tenants").unwrap();
+    let waiter_ttl = Duration::from_secs(30);
+    let ask = |lease, wait: bool, tenant: &str| AcquireRequest {
+        lease_id: lease,
+        weight: 1,
+        ttl: Duration::from_secs(3600),
+        holder: "h/1".into(),
+        wait: wait.then_some(WaitSpec {
+            waiter_ttl,
+            queue_cap: 10,
+        }),
+        tenant: Some(Tenant::new(tenant, 1).unwrap()),
+    };
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let AcquireReply::Granted(g) = b.acquire(&s, 1, &ask(holder, false, "a")).await.unwrap() else {
+        panic!("not granted")
+    };
+    assert_eq!(g.lease.tenant.as_deref(), Some("a"));
+    let registration = Registration::new(waiter);
+    assert_eq!(
+        b.acquire(&s, 1, &ask(waiter, true, "b")).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    let status = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(status.queue[0].tenant.as_deref(), Some("b"));
+    assert!(b.release(&s, holder).await.unwrap());
+    let pushed = registration
+        .take_grant()
+        .expect("the grant pushed with the wake-up");
+    assert_eq!(pushed.lease.tenant.as_deref(), Some("b"));
+    let b_tenant = |reply: Option<WaitReply>| match reply {
+        Some(WaitReply::Granted(g)) => g.lease.tenant,
+        other => panic!("not granted: {other:?}"),
+    };
+    let probed = b.probe_heartbeat(&s, waiter, waiter_ttl).await.unwrap();
+    assert_eq!(b_tenant(probed).as_deref(), Some("b"));
+    let Fast::Done(fast) = b.heartbeat_fast(&s, waiter, waiter_ttl).await.unwrap() else {
+        panic!("the keep-alive left it to the step")
+    };
+    assert_eq!(b_tenant(Some(fast)).as_deref(), Some("b"));
+    let beat = b.heartbeat(&s, waiter, waiter_ttl).await.unwrap();
+    assert_eq!(b_tenant(Some(beat)).as_deref(), Some("b"));
+    let status = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].tenant.as_deref(), Some("b"));
 }

@@ -39,13 +39,14 @@ const PURGE_HOLDERS: &str = "DELETE FROM tessera_holders WHERE name = ?1 AND exp
      RETURNING weight, seats";
 const PURGE_WAITERS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND expires_at <= ?2";
 
-const GET_HOLDER: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at \
-     FROM tessera_holders WHERE name = ?1 AND lease_id = ?2";
-const ALL_HOLDERS: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at \
-     FROM tessera_holders WHERE name = ?1 ORDER BY acquired_at, fence";
+const GET_HOLDER: &str = "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at, \
+     tenant FROM tessera_holders WHERE name = ?1 AND lease_id = ?2";
+const ALL_HOLDERS: &str =
+    "SELECT lease_id, weight, seats, fence, holder, acquired_at, expires_at, \
+     tenant FROM tessera_holders WHERE name = ?1 ORDER BY acquired_at, fence";
 const INSERT_HOLDER: &str = "INSERT INTO tessera_holders \
-     (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+     (name, lease_id, weight, seats, fence, holder, acquired_at, expires_at, tenant) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 const REMOVE_HOLDER: &str = "DELETE FROM tessera_holders WHERE name = ?1 AND lease_id = ?2 \
      RETURNING weight, seats";
 const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_at, ?3) \
@@ -56,7 +57,7 @@ const RENEW_HOLDER: &str = "UPDATE tessera_holders SET expires_at = max(expires_
 const POP_HEAD_IF_FITS: &str = "DELETE FROM tessera_waiters WHERE name = ?1 \
      AND seq = (SELECT seq FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1) \
      AND weight <= ?2 AND gate IS NULL \
-     RETURNING lease_id, weight, holder, ttl, wake, expires_at, tag";
+     RETURNING lease_id, weight, holder, ttl, wake, expires_at, tag, tenant";
 /// Marks woken the queue head if it is an admission waiter that fits in `?2` and whose gate
 /// is at most `?3` (see `SemRows::wake_gated_head`).
 const WAKE_GATED_HEAD: &str = "UPDATE tessera_waiters SET gate = 9223372036854775807 \
@@ -68,8 +69,8 @@ const SET_GATE: &str = "UPDATE tessera_waiters SET gate = ?3 WHERE name = ?1 AND
 const HEAD_KEY: &str = "SELECT tag, seq, (SELECT min(seq) FROM tessera_waiters WHERE name = ?1) \
      FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1";
 const INSERT_WAITER: &str = "INSERT INTO tessera_waiters \
-     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake, gate, tag) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+     (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at, wake, gate, tag, tenant) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
 const REMOVE_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2";
 const REFRESH_WAITER: &str = "UPDATE tessera_waiters SET expires_at = max(expires_at, ?3) \
      WHERE name = ?1 AND lease_id = ?2";
@@ -79,15 +80,15 @@ const WAITER_PLACE: &str = "SELECT (SELECT count(*) FROM tessera_waiters o WHERE
      FROM tessera_waiters w WHERE w.name = ?1 AND w.lease_id = ?2";
 const WAITERS_AHEAD: &str = "SELECT count(*) FROM tessera_waiters \
      WHERE name = ?1 AND (tag, seq) < (?2, ?3)";
-const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at \
+const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, tenant \
      FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
 
 /// `status` without the write lock (`stores/sql/snapshot.rs`, [`SqliteRows::read_snapshot`]):
 /// the row's counters, then the queue with each waiter's gate, in the order of
 /// [`ALL_WAITERS`] (the holders are [`ALL_HOLDERS`]).
 const READ_SEM: &str = "SELECT capacity, used, queued FROM tessera_semaphores WHERE name = ?1";
-const READ_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
-     FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
+const READ_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, tenant, \
+     gate FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
 
 const TENANT_FINISH: &str = "SELECT finish FROM tessera_tenants WHERE name = ?1 AND tenant = ?2";
 const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) \
@@ -335,16 +336,9 @@ impl SqliteRows<'_> {
         let holders = self.fetch(ALL_HOLDERS, None, &[], holder_at)?;
         let waiters = self.fetch(READ_WAITERS, None, &[], |row| {
             let gate = row
-                .get::<_, Option<i64>>(5)
+                .get::<_, Option<i64>>(6)
                 .map_err(|e| corrupt(format!("waiter gate: {e}")))?;
-            let waiter = WaiterRow {
-                lease_id: text_at(row, 0)?,
-                weight: int_at(row, 1)?,
-                holder: text_at(row, 2)?,
-                enqueued_at: int_at(row, 3)?,
-                expires_at: int_at(row, 4)?,
-            };
-            Ok((waiter, gate))
+            Ok((waiter_at(row)?, gate))
         })?;
         let head_gate = waiters.first().and_then(|(_, gate)| *gate);
         let rows: Vec<WaiterRow> = waiters.into_iter().map(|(w, _)| w).collect();
@@ -447,7 +441,8 @@ impl SemRows for SqliteRows<'_> {
             h.fence,
             h.holder,
             h.acquired_at,
-            h.expires_at
+            h.expires_at,
+            h.tenant
         ])
         .map_err(rq_err)
         .map(drop)
@@ -474,6 +469,7 @@ impl SemRows for SqliteRows<'_> {
                 holder: text_at(row, 2)?,
                 ttl: int_at(row, 3)?,
                 expires_at: int_at(row, 5)?,
+                tenant: opt_text_at(row, 7)?,
             };
             Ok((head, wake))
         })?;
@@ -499,7 +495,8 @@ impl SemRows for SqliteRows<'_> {
             w.expires_at,
             self.wake,
             w.gate,
-            w.tag
+            w.tag,
+            w.tenant
         ])
         .map_err(rq_err)
         .map(drop)
@@ -577,15 +574,7 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn waiters(&mut self) -> Result<Vec<WaiterRow>> {
-        self.fetch(ALL_WAITERS, None, &[], |row| {
-            Ok(WaiterRow {
-                lease_id: text_at(row, 0)?,
-                weight: int_at(row, 1)?,
-                holder: text_at(row, 2)?,
-                enqueued_at: int_at(row, 3)?,
-                expires_at: int_at(row, 4)?,
-            })
-        })
+        self.fetch(ALL_WAITERS, None, &[], waiter_at)
     }
 
     async fn take_free_seats(&mut self, below: i64, n: i64) -> Result<Vec<i64>> {
@@ -687,7 +676,25 @@ fn freed_at(row: &rusqlite::Row<'_>) -> Result<Freed> {
     })
 }
 
-/// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at.
+/// A nullable text column (a tenant).
+pub(super) fn opt_text_at(row: &rusqlite::Row<'_>, i: usize) -> Result<Option<String>> {
+    row.get::<_, Option<String>>(i)
+        .map_err(|e| corrupt(format!("column {i}: {e}")))
+}
+
+/// A waiter row: lease_id, weight, holder, enqueued_at, expires_at, tenant.
+fn waiter_at(row: &rusqlite::Row<'_>) -> Result<WaiterRow> {
+    Ok(WaiterRow {
+        lease_id: text_at(row, 0)?,
+        weight: int_at(row, 1)?,
+        holder: text_at(row, 2)?,
+        enqueued_at: int_at(row, 3)?,
+        expires_at: int_at(row, 4)?,
+        tenant: opt_text_at(row, 5)?,
+    })
+}
+
+/// A holder row: lease_id, weight, seats, fence, holder, acquired_at, expires_at, tenant.
 fn holder_at(row: &rusqlite::Row<'_>) -> Result<HolderRow> {
     Ok(HolderRow {
         lease_id: text_at(row, 0)?,
@@ -697,5 +704,6 @@ fn holder_at(row: &rusqlite::Row<'_>) -> Result<HolderRow> {
         holder: text_at(row, 4)?,
         acquired_at: int_at(row, 5)?,
         expires_at: int_at(row, 6)?,
+        tenant: opt_text_at(row, 7)?,
     })
 }

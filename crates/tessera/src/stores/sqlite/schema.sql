@@ -1,5 +1,6 @@
--- tessera SQLite schema, version 2 (version 1 had no fair shares: migrate.rs adds them to a
--- file of version 1, then runs fair_schema.sql). Run once per connect inside one BEGIN
+-- tessera SQLite schema, version 3 (version 1 had no fair shares, version 2 no tenant on the
+-- holders and waiters: migrate.rs adds them to a file of an earlier version, then runs
+-- fair_schema.sql). Run once per connect inside one BEGIN
 -- IMMEDIATE transaction; every statement is idempotent. Times are microseconds on the host's boot clock
 -- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
 -- Lease ids are 32 lowercase hex digits. STRICT tables refuse values of the wrong type, so a
@@ -13,7 +14,7 @@ CREATE TABLE IF NOT EXISTS tessera_meta (
     value INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
-INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 2), ('fence_hwm', 0);
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 3), ('fence_hwm', 0);
 
 -- One row per semaphore that has holders or waiters; deleted when it has neither.
 --   used       running sum of the holders' weights (never summed per operation)
@@ -36,7 +37,8 @@ CREATE TABLE IF NOT EXISTS tessera_semaphores (
     tenants    INTEGER NOT NULL DEFAULT 0
 ) STRICT, WITHOUT ROWID;
 
--- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'.
+-- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'. tenant is the
+-- tenant the request named (docs/fair-shares.md; NULL: none), kept from its waiter row.
 CREATE TABLE IF NOT EXISTS tessera_holders (
     name        TEXT    NOT NULL,
     lease_id    TEXT    NOT NULL,
@@ -46,6 +48,7 @@ CREATE TABLE IF NOT EXISTS tessera_holders (
     holder      TEXT    NOT NULL,
     acquired_at INTEGER NOT NULL,
     expires_at  INTEGER NOT NULL,
+    tenant      TEXT,
     PRIMARY KEY (name, lease_id)
 ) STRICT, WITHOUT ROWID;
 
@@ -56,8 +59,9 @@ CREATE INDEX IF NOT EXISTS tessera_holders_by_expiry ON tessera_holders (name, e
 -- expires_at is the waiter's heartbeat expiry; wake is the waiting process's socket in the
 -- wake-up folder (NULL: unknown, every process is told of its grant); gate is NULL for a
 -- plain waiter and set for an admission waiter (permits and rate windows in one step), which
--- the hand-off never grants: it wakes it once it fits and the time is at least gate. Files
--- made before the wake and gate columns get them at connect (ALTER TABLE in migrate.rs).
+-- the hand-off never grants: it wakes it once it fits and the time is at least gate; tenant
+-- is the tenant the request named (NULL: none), which its holder row keeps. Files made before
+-- the wake and gate columns get them at connect (ALTER TABLE in migrate.rs).
 CREATE TABLE IF NOT EXISTS tessera_waiters (
     name        TEXT    NOT NULL,
     seq         INTEGER NOT NULL,
@@ -70,6 +74,7 @@ CREATE TABLE IF NOT EXISTS tessera_waiters (
     wake        TEXT,
     gate        INTEGER,
     tag         INTEGER NOT NULL DEFAULT 0,
+    tenant      TEXT,
     PRIMARY KEY (name, seq)
 ) STRICT, WITHOUT ROWID;
 

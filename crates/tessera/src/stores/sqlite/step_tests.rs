@@ -207,7 +207,7 @@ impl SemRows for NoReturning<'_> {
         Ok(self.lease_rows(sql, lease).await?.first().map(|r| r.get(0)))
     }
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let sql = "SELECT seq, lease_id, weight, holder, ttl, expires_at, tag, gate \
+        let sql = "SELECT seq, lease_id, weight, holder, ttl, expires_at, tag, gate, tenant \
                    FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq LIMIT 1";
         let Some(row) = self.rows(sql, &[]).await?.into_iter().next() else {
             return Ok(None);
@@ -219,6 +219,7 @@ impl SemRows for NoReturning<'_> {
             holder: row.get(3),
             ttl: row.get(4),
             expires_at: row.get(5),
+            tenant: row.get(8),
         };
         if head.weight > available || row.get::<Option<i64>>(7).is_some() {
             return Ok(None);

@@ -203,12 +203,92 @@ async fn raw(url: &str, sql: &'static str) {
     sqlx::query(sql).execute(&b.pool).await.unwrap();
 }
 
+/// Turns the file at `url` (its rows kept) into one of schema version 2, from before the
+/// holder and waiter rows kept their tenant: no tenant columns; then runs `more`.
+async fn to_version_2(url: &str, more: &str) {
+    let b = SqliteBackend::connect(url).await.unwrap();
+    let sql = format!(
+        "ALTER TABLE tessera_holders DROP COLUMN tenant; \
+         ALTER TABLE tessera_waiters DROP COLUMN tenant; \
+         UPDATE tessera_meta SET value = 2 WHERE key = 'schema_version'; {more}"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+}
+
+/// A file of schema version 2 (before holder and waiter rows kept their tenant) is migrated
+/// at connect: its holder and its waiter stay, naming no tenant; the waiter is handed the
+/// permit as before, and a tenant named from then on is kept on its waiter row and on the
+/// holder row it becomes.
+#[tokio::test]
+async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
+    let (_dir, url) = temp_db();
+    let s = name("v2");
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    {
+        let b = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            b.acquire(&s, 1, &req(holder, 1, waiting())).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        assert!(matches!(
+            b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(),
+            AcquireReply::Queued { position: 0 }
+        ));
+    }
+    to_version_2(&url, "").await;
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(version, 3);
+    let rows = |st: SemaphoreStatus| {
+        let holders: Vec<_> = st
+            .holders
+            .iter()
+            .map(|h| (h.lease_id, h.tenant.clone()))
+            .collect();
+        let queue: Vec<_> = st
+            .queue
+            .iter()
+            .map(|w| (w.lease_id, w.tenant.clone()))
+            .collect();
+        (holders, queue)
+    };
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(rows(st), (vec![(holder, None)], vec![(waiter, None)]));
+    let mut named = req(LeaseId::random(), 1, waiting());
+    named.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
+    let t = Some("t".to_string());
+    assert_eq!(
+        b.acquire(&s, 1, &named).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert!(b.release(&s, holder).await.unwrap());
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(rows(st), (vec![(named.lease_id, t)], vec![(waiter, None)]));
+    assert!(b.release(&s, named.lease_id).await.unwrap());
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(rows(st), (vec![(waiter, None)], vec![]));
+    // Connecting again changes nothing.
+    drop(b);
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    assert_eq!(b.status(&s).await.unwrap().unwrap().holders.len(), 1);
+}
+
 /// Turns the file at `url` (its rows kept) into one of schema version 1, from before fair
-/// shares: no tag, vtime, finish or tenants columns, no tenants table; then runs `more`.
+/// shares: no tag, vtime, finish or tenants columns, no tenants table, no tenant on the rows;
+/// then runs `more`.
 async fn to_version_1(url: &str, more: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     let sql = format!(
         "DROP INDEX tessera_waiters_by_tag; DROP TABLE tessera_tenants; \
+         ALTER TABLE tessera_holders DROP COLUMN tenant; \
+         ALTER TABLE tessera_waiters DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tag; \
          ALTER TABLE tessera_semaphores DROP COLUMN vtime; \
          ALTER TABLE tessera_semaphores DROP COLUMN finish; \
@@ -247,7 +327,7 @@ async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     let mut tenant = req(LeaseId::random(), 1, waiting());
     tenant.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
     let plain = LeaseId::random();

@@ -1,0 +1,304 @@
+//! Tenants' ceilings and floors (`docs/fair-shares.md`) on the memory store, the reference
+//! model: a tenant never holds more than its ceiling and a capped tenant does not hold the
+//! others back; a floor's permits are kept for its tenant, whose requests within it are
+//! granted at once, ahead of the queue; the limits outlive an idle semaphore, are checked
+//! when set, go with `delete`, and a store that keeps none refuses them with a typed error.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tessera::backend::*;
+use tessera::{Error, LeaseId, SemaphoreOptions, Store, Tenant, TenantLimits};
+
+async fn memory() -> Store {
+    let url = format!("memory://limits-{}", LeaseId::random());
+    Store::connect(&url).await.unwrap()
+}
+
+fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: LeaseId::random(),
+        weight,
+        ttl: Duration::from_secs(3_600),
+        holder: tenant.unwrap_or("-").to_string(),
+        wait: Some(WaitSpec {
+            waiter_ttl: Duration::from_secs(3_600),
+            queue_cap: 100_000,
+        }),
+        tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+    }
+}
+
+/// Asks for `req`; `true` if it was granted at once (else it waits).
+async fn ask(store: &Store, name: &Name, capacity: u32, req: &AcquireRequest) -> bool {
+    match store.backend().acquire(name, capacity, req).await.unwrap() {
+        AcquireReply::Granted(_) => true,
+        AcquireReply::Queued { .. } => false,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Permits held per tenant (`-`: none named), from the status.
+async fn held(store: &Store, name: &Name) -> HashMap<String, u32> {
+    let mut out = HashMap::new();
+    for h in store
+        .backend()
+        .status(name)
+        .await
+        .unwrap()
+        .map_or(vec![], |s| s.holders)
+    {
+        *out.entry(h.tenant.unwrap_or_else(|| "-".into()))
+            .or_default() += h.weight;
+    }
+    out
+}
+
+fn limits(ceiling: Option<u32>, floor: u32) -> TenantLimits {
+    TenantLimits::new(ceiling, floor).unwrap()
+}
+
+#[tokio::test]
+async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
+    let store = memory().await;
+    let name = Name::new("provider").unwrap();
+    store
+        .set_tenant_limits("provider", "bulk", limits(Some(2), 0))
+        .await
+        .unwrap();
+    let bulk: Vec<_> = (0..4).map(|_| request(Some("bulk"), 1)).collect();
+    assert!(ask(&store, &name, 4, &bulk[0]).await);
+    assert!(ask(&store, &name, 4, &bulk[1]).await);
+    // Two permits are free, but bulk is at its ceiling: it waits, at the head.
+    assert!(!ask(&store, &name, 4, &bulk[2]).await);
+    assert!(!ask(&store, &name, 4, &bulk[3]).await);
+    // Another tenant, and a request without one, pass the capped head.
+    assert!(ask(&store, &name, 4, &request(Some("alerts"), 1)).await);
+    assert!(ask(&store, &name, 4, &request(None, 1)).await);
+    assert_eq!(held(&store, &name).await["bulk"], 2);
+    // A release of bulk's lets its next one in, and no more.
+    assert!(store
+        .backend()
+        .release(&name, bulk[0].lease_id)
+        .await
+        .unwrap());
+    assert_eq!(held(&store, &name).await["bulk"], 2);
+    let status = store.backend().status(&name).await.unwrap().unwrap();
+    assert_eq!(status.queue.len(), 1, "{status:?}");
+    // A raised ceiling lets the last one in at once.
+    assert!(store
+        .backend()
+        .release(&name, bulk[1].lease_id)
+        .await
+        .unwrap());
+    store
+        .set_tenant_limits("provider", "bulk", limits(Some(3), 0))
+        .await
+        .unwrap();
+    assert_eq!(held(&store, &name).await["bulk"], 2);
+    assert!(store
+        .backend()
+        .status(&name)
+        .await
+        .unwrap()
+        .unwrap()
+        .queue
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue() {
+    let store = memory().await;
+    let name = Name::new("provider").unwrap();
+    store
+        .set_tenant_limits("provider", "alerts", limits(None, 1))
+        .await
+        .unwrap();
+    // A flood takes 3 of the 4 permits: the fourth is kept for alerts.
+    let flood: Vec<_> = (0..6).map(|_| request(Some("bulk"), 1)).collect();
+    let mut granted = Vec::new();
+    for r in &flood {
+        if ask(&store, &name, 4, r).await {
+            granted.push(r.lease_id);
+        }
+    }
+    assert_eq!(granted.len(), 3);
+    // alerts, below its floor, is granted at once behind the backlog.
+    let a1 = request(Some("alerts"), 1);
+    assert!(ask(&store, &name, 4, &a1).await);
+    // At its floor, its next request waits its turn among the others.
+    let a2 = request(Some("alerts"), 1);
+    assert!(!ask(&store, &name, 4, &a2).await);
+    // alerts gives its permit back: the permit is kept for alerts, whose waiter gets it
+    // ahead of bulk's queued requests.
+    assert!(store.backend().release(&name, a1.lease_id).await.unwrap());
+    let status = store.backend().status(&name).await.unwrap().unwrap();
+    assert!(
+        status.holders.iter().any(|h| h.lease_id == a2.lease_id),
+        "{status:?}"
+    );
+    assert_eq!(held(&store, &name).await["bulk"], 3);
+    // A release of bulk's goes to bulk's queue (alerts is at its floor).
+    assert!(store.backend().release(&name, granted[0]).await.unwrap());
+    assert_eq!(held(&store, &name).await["bulk"], 3);
+}
+
+#[tokio::test]
+async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delete() {
+    let store = memory().await;
+    store
+        .set_tenant_limits("jobs", "batch", limits(Some(1), 0))
+        .await
+        .unwrap();
+    store
+        .set_tenant_limits("jobs", "web", limits(None, 2))
+        .await
+        .unwrap();
+    let kept = store.tenant_limits("jobs").await.unwrap();
+    assert_eq!(kept.len(), 2);
+    assert_eq!(kept["batch"], limits(Some(1), 0));
+    // Through the public API, twice, with the semaphore idle in between.
+    let opts = SemaphoreOptions::default().tenant(Tenant::new("batch", 1).unwrap());
+    let batch = tessera::Semaphore::new(&store, "jobs", 3, opts).unwrap();
+    for _ in 0..2 {
+        let p = batch.acquire().await.unwrap();
+        assert!(
+            batch.try_acquire().await.unwrap().is_none(),
+            "at its ceiling"
+        );
+        p.release().await.unwrap();
+        assert!(store.status("jobs").await.unwrap().is_none(), "idle");
+    }
+    // Floors above the capacity of the live semaphore: refused, nothing changed.
+    let _p = batch.acquire().await.unwrap();
+    let err = store
+        .set_tenant_limits("jobs", "ops", limits(None, 2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    assert_eq!(store.tenant_limits("jobs").await.unwrap().len(), 2);
+    // Default limits remove a tenant's; delete removes the rest.
+    store
+        .set_tenant_limits("jobs", "web", TenantLimits::default())
+        .await
+        .unwrap();
+    assert_eq!(store.tenant_limits("jobs").await.unwrap().len(), 1);
+    assert!(store.delete("jobs").await.unwrap());
+    assert!(store.tenant_limits("jobs").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn bad_limits_and_stores_without_them_get_typed_errors() {
+    for (ceiling, floor) in [(Some(0), 0), (Some(2), 3), (Some(2_000_000), 0)] {
+        assert!(
+            TenantLimits::new(ceiling, floor).is_err(),
+            "{ceiling:?} {floor}"
+        );
+    }
+    let store = memory().await;
+    let err = store
+        .set_tenant_limits("jobs", "", limits(None, 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Store::connect(&format!("sqlite://{}/l.db", dir.path().display()))
+        .await
+        .unwrap();
+    let err = sqlite
+        .set_tenant_limits("jobs", "web", limits(None, 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(sqlite.tenant_limits("jobs").await.unwrap().is_empty());
+}
+
+/// The invariants of `docs/fair-shares.md` over random steps: after every step each tenant
+/// holds at most its ceiling and the free permits cover what the floors still keep; a
+/// request within its tenant's floor is granted at once.
+#[test]
+fn ceilings_and_floors_hold_over_random_steps() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    const TENANTS: [Option<&str>; 4] = [None, Some("a"), Some("b"), Some("c")];
+    // a: ceiling 2; b: floor 2; c: ceiling 2 and floor 1. Capacity 6: the floors alone
+    // would let a hold 3 and c 4.
+    let ceiling = |t: Option<&str>| match t {
+        Some("a") => Some(2),
+        Some("c") => Some(2),
+        _ => None,
+    };
+    let floor = |t: Option<&str>| match t {
+        Some("b") => 2,
+        Some("c") => 1,
+        _ => 0,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let step = prop_oneof![
+        3 => (0..4usize, 1..=2u32).prop_map(|(t, w)| (0u8, t, w as usize)),
+        2 => any::<usize>().prop_map(|i| (1u8, 0, i)),
+        1 => any::<usize>().prop_map(|i| (2u8, 0, i)),
+    ];
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    runner
+        .run(&proptest::collection::vec(step, 1..60), |steps| {
+            rt.block_on(async {
+                let store = memory().await;
+                let b = store.backend();
+                let name = Name::new("p").unwrap();
+                for t in ["a", "b", "c"] {
+                    let l = limits(ceiling(Some(t)), floor(Some(t)));
+                    store.set_tenant_limits("p", t, l).await.unwrap();
+                }
+                let mut tenant_of = HashMap::new();
+                for (kind, t, n) in steps {
+                    let status = b.status(&name).await.unwrap();
+                    let holders = status.as_ref().map_or(vec![], |s| s.holders.clone());
+                    let queue = status.as_ref().map_or(vec![], |s| s.queue.clone());
+                    match kind {
+                        0 => {
+                            let (t, w) = (TENANTS[t], n as u32);
+                            let r = request(t, w);
+                            tenant_of.insert(r.lease_id, t);
+                            let held: u32 = holders
+                                .iter()
+                                .filter(|h| h.tenant.as_deref() == t && t.is_some())
+                                .map(|h| h.weight)
+                                .sum();
+                            let within_floor = held + w <= floor(t);
+                            let granted = ask(&store, &name, 6, &r).await;
+                            assert!(!within_floor || granted, "{t:?} within its floor");
+                        }
+                        1 if !holders.is_empty() => {
+                            let h = &holders[n % holders.len()];
+                            assert!(b.release(&name, h.lease_id).await.unwrap());
+                        }
+                        2 if !queue.is_empty() => {
+                            b.cancel(&name, queue[n % queue.len()].lease_id)
+                                .await
+                                .unwrap();
+                        }
+                        _ => {}
+                    }
+                    let holders = b.status(&name).await.unwrap().map_or(vec![], |s| s.holders);
+                    let mut by: HashMap<Option<&str>, u32> = HashMap::new();
+                    for h in &holders {
+                        *by.entry(tenant_of[&h.lease_id]).or_default() += h.weight;
+                    }
+                    let used: u32 = by.values().sum();
+                    let mut kept = 0;
+                    for t in TENANTS {
+                        let held = by.get(&t).copied().unwrap_or(0);
+                        assert!(ceiling(t).is_none_or(|c| held <= c), "{t:?} holds {held}");
+                        kept += floor(t).saturating_sub(held);
+                    }
+                    assert!(used + kept <= 6, "used {used}, floors keep {kept}");
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+}
