@@ -1684,6 +1684,7 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
         let url = s.url(
             &path
                 .replace("{name}", "doc-check")
+                .replace("{tenant}", "doc-tenant")
                 .replace("{lease_id}", lease),
         );
         for (method, op) in item.as_object().unwrap() {
@@ -1734,8 +1735,8 @@ async fn every_operation_documents_what_auth_and_the_body_checks_answer() {
             }
         }
     }
-    // 16 operations, 8 of them with a body.
-    assert_eq!(checked, 16 + 8 * 2);
+    // 18 operations, 9 of them with a body.
+    assert_eq!(checked, 18 + 9 * 2);
 }
 
 // ---------------------------------------------------------------------------------------------
