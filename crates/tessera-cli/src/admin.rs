@@ -1,9 +1,13 @@
-//! Admin commands: `revoke`, `resize`, `delete`. Each validates its arguments before it
-//! opens the store, never creates one, prints one line, and exits [`exit::NOT_FOUND`] when
-//! there was nothing to change (including when there is no store yet).
+//! Admin commands: `revoke`, `resize`, `delete`, `tenants`. Each validates its arguments
+//! before it opens the store. `revoke`, `resize` and `delete` never create one, print one
+//! line, and exit [`exit::NOT_FOUND`] when there was nothing to change (including when there
+//! is no store yet); `tenants` lists limits without creating a store, and sets them ahead of
+//! the traffic they shape (creating the store if needed).
+
+use std::collections::BTreeMap;
 
 use tessera::backend::Name;
-use tessera::LeaseId;
+use tessera::{LeaseId, TenantLimits};
 
 use crate::exit::{self, Failure, Outcome};
 
@@ -88,4 +92,89 @@ pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
     }
     println!("{line}");
     Ok(exit::OK)
+}
+
+/// `tessera tenants NAME [TENANT --ceiling N --floor N | TENANT --clear]`: with a tenant,
+/// sets (or clears) its ceiling and floor on NAME and prints the line of what is kept now;
+/// without, lists every tenant's (`--json`: an object by tenant).
+pub async fn tenants(store_url: Option<&str>, cmd: TenantsCmd) -> Outcome {
+    Name::new(&cmd.name)?;
+    let Some(tenant) = cmd.tenant.as_deref() else {
+        let store = match crate::store_url::open_existing(store_url).await? {
+            crate::store_url::Existing::Open(store) => Some(store),
+            // No store yet: no limits either.
+            crate::store_url::Existing::Missing { .. } => None,
+        };
+        let kept = match &store {
+            Some(store) => store.tenant_limits(&cmd.name).await?,
+            None => Default::default(),
+        };
+        print_limits(&cmd.name, &kept, cmd.json);
+        return Ok(exit::OK);
+    };
+    tessera::Tenant::new(tenant, 1)?;
+    let limits = match cmd.clear {
+        true => TenantLimits::default(),
+        false => TenantLimits::new(cmd.ceiling, cmd.floor.unwrap_or(0))?,
+    };
+    // Limits are set ahead of the traffic they shape: the store is created if needed.
+    let store = crate::store_url::connect(store_url).await?;
+    store.set_tenant_limits(&cmd.name, tenant, limits).await?;
+    let kept = store.tenant_limits(&cmd.name).await?;
+    match (cmd.json, limits.is_none()) {
+        (true, _) => print_limits(&cmd.name, &kept, true),
+        (false, true) => println!("cleared {tenant}'s limits on {}", cmd.name),
+        (false, false) => println!(
+            "{tenant} on {}: {}",
+            cmd.name,
+            describe(kept.get(tenant).copied().unwrap_or(limits))
+        ),
+    }
+    Ok(exit::OK)
+}
+
+/// The arguments of `tessera tenants`.
+#[derive(Debug, clap::Args)]
+pub struct TenantsCmd {
+    /// Semaphore name
+    pub name: String,
+    /// The tenant whose limits to set (without: list every tenant's)
+    pub tenant: Option<String>,
+    /// At most this many permits held by the tenant at once (1..=1000000; left out: no
+    /// ceiling)
+    #[arg(long, value_name = "N", requires = "tenant", conflicts_with = "clear")]
+    pub ceiling: Option<u32>,
+    /// Permits kept for the tenant while it holds fewer (at most the ceiling; left out: 0)
+    #[arg(long, value_name = "N", requires = "tenant", conflicts_with = "clear")]
+    pub floor: Option<u32>,
+    /// Remove the tenant's ceiling and floor
+    #[arg(long, requires = "tenant")]
+    pub clear: bool,
+    /// Print the limits as JSON: an object by tenant, {"ceiling": N or null, "floor": N}
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn describe(l: TenantLimits) -> String {
+    let ceiling = l
+        .ceiling
+        .map_or("no ceiling".into(), |c| format!("ceiling {c}"));
+    format!("{ceiling}, floor {}", l.floor)
+}
+
+fn print_limits(name: &str, kept: &BTreeMap<String, TenantLimits>, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(kept).expect("limits serialize"));
+        return;
+    }
+    if kept.is_empty() {
+        println!("no tenant limits on {name}");
+        return;
+    }
+    let width = kept.keys().map(String::len).max().unwrap_or(0).max(6);
+    println!("{:width$}  CEILING  FLOOR", "TENANT");
+    for (tenant, l) in kept {
+        let ceiling = l.ceiling.map_or("-".into(), |c| c.to_string());
+        println!("{tenant:width$}  {ceiling:>7}  {:>5}", l.floor);
+    }
 }

@@ -114,6 +114,9 @@ enum Command {
         /// Semaphore or rate limiter name
         name: String,
     },
+    /// Show or set tenants' ceilings and floors on a semaphore (admin)
+    #[command(after_help = TENANTS_HELP)]
+    Tenants(admin::TenantsCmd),
     /// Measure the store: W1 (1 client), W2 (8 clients on a lock), W3 (32 clients, capacity 4)
     #[command(after_help = BENCH_HELP)]
     Bench(bench::BenchArgs),
@@ -282,6 +285,21 @@ Clients that declared the old capacity get a capacity-mismatch error (exit 64) f
 Exit codes: 0 resized; 1 no such semaphore, or no store yet; 64 invalid value; 69 store
 fault.";
 
+const TENANTS_HELP: &str = "\
+Examples:
+  tessera tenants provider                           # each tenant's ceiling and floor
+  tessera tenants provider bulk --ceiling 3          # bulk never holds more than 3
+  tessera tenants provider alerts --floor 1          # 1 permit kept for alerts
+  tessera tenants provider alerts --ceiling 2 --floor 1
+  tessera tenants provider bulk --clear
+
+Setting replaces both values: one left out is none (no ceiling, floor 0). Limits are kept
+for NAME while nobody holds or waits, until changed or `tessera delete NAME`; floors must
+fit the capacity of a semaphore that exists. The tenants are those of `tessera run --tenant`
+(docs/fair-shares.md#ceilings-and-floors).
+Exit codes: 0 shown or set; 64 invalid value, or a store that keeps no tenant limits; 69
+store fault.";
+
 const DELETE_HELP: &str = "\
 Example:
   tessera delete exports
@@ -315,8 +333,9 @@ struct RunCmd {
     #[arg(long, value_name = "LABEL")]
     holder: Option<String>,
     /// The tenant this command's permit counts against: under contention, permits go to the
-    /// waiting tenants in proportion to their --share, FIFO within each (docs/fair-shares.md;
-    /// the memory store so far, others refuse it)
+    /// waiting tenants in proportion to their --share, FIFO within each, within the ceiling
+    /// and floor `tessera tenants` sets (docs/fair-shares.md; every store but etcd, which
+    /// refuses it)
     #[arg(long, value_name = "NAME", requires = "permits")]
     tenant: Option<String>,
     /// The tenant's share (1..=1000; default 1)
@@ -426,6 +445,7 @@ async fn dispatch(cli: Cli) -> exit::Outcome {
         Command::Revoke { name, lease_id } => admin::revoke(store, &name, &lease_id).await,
         Command::Resize { name, capacity } => admin::resize(store, &name, capacity).await,
         Command::Delete { name } => admin::delete(store, &name).await,
+        Command::Tenants(cmd) => admin::tenants(store, cmd).await,
         Command::Serve(s) => {
             if s.openapi {
                 use std::io::Write as _;

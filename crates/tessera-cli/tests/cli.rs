@@ -1974,3 +1974,113 @@ fn rate_margin_is_stored_with_the_limits() {
     assert_fails_with_one_line(&out, 64);
     assert!(!fresh.path().join("state").exists());
 }
+
+/// `tessera tenants` (docs/fair-shares.md#ceilings-and-floors): sets a tenant's ceiling and
+/// floor on the embedded store ahead of any traffic, lists them (a table and JSON), and the
+/// ceiling is kept where the user sees it: a `run --tenant` at it does not run its command,
+/// another tenant's does. Bad values and a store that keeps no limits exit 64 in one line,
+/// changing nothing.
+#[test]
+fn tenants_sets_lists_and_clears_limits_that_run_obeys() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let on = |args: &[&str]| tessera_on(home.path(), &store, args);
+    let out = on(&["tenants", "demo", "bulk", "--ceiling", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "bulk on demo: ceiling 1, floor 0"
+    );
+    let out = on(&[
+        "tenants",
+        "demo",
+        "alerts",
+        "--ceiling",
+        "2",
+        "--floor",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = on(&["tenants", "demo"]);
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        table.lines().collect::<Vec<_>>(),
+        [
+            "TENANT  CEILING  FLOOR",
+            "alerts        2      1",
+            "bulk          1      0"
+        ],
+        "{table}"
+    );
+    let out = on(&["tenants", "demo", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["bulk"], serde_json::json!({"ceiling": 1, "floor": 0}));
+    assert_eq!(
+        json["alerts"],
+        serde_json::json!({"ceiling": 2, "floor": 1})
+    );
+
+    // bulk holds one permit of 3; its second request, at its ceiling, does not run (0s: only
+    // if granted now), while another tenant's does.
+    let mut holder = spawn_holder(home.path(), &store, &["--permits", "3", "--tenant", "bulk"]);
+    let marker = home.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let run = |tenant: &str| {
+        tessera_run(
+            home.path(),
+            &store,
+            "demo",
+            &[
+                "--permits",
+                "3",
+                "--tenant",
+                tenant,
+                "--wait",
+                "0s",
+                "--",
+                "sh",
+                "-c",
+                &touch,
+            ],
+        )
+    };
+    let out = run("bulk");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(!marker.exists(), "bulk ran past its ceiling");
+    let out = run("web");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(marker.exists());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    // Bad values: one line, exit 64, nothing changed.
+    for args in [
+        &["tenants", "demo", "bulk", "--ceiling", "0"][..],
+        &["tenants", "demo", "bulk", "--ceiling", "1", "--floor", "2"],
+        &["tenants", "demo", "", "--floor", "1"],
+        &["tenants", "bad name", "bulk", "--floor", "1"],
+    ] {
+        assert_fails_with_one_line(&on(args), 64);
+    }
+    let out = on(&["tenants", "demo", "bulk", "--clear"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "cleared bulk's limits on demo"
+    );
+    let out = on(&["tenants", "demo", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"alerts": {"ceiling": 2, "floor": 1}})
+    );
+
+    // etcd keeps no limits.
+    let etcd = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+    let out = tessera_on(
+        home.path(),
+        &etcd.url(),
+        &["tenants", "demo", "bulk", "--floor", "1"],
+    );
+    let line = assert_fails_with_one_line(&out, 64);
+    assert!(line.contains("tenant"), "{line}");
+}

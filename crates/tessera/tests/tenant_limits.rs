@@ -1,8 +1,10 @@
-//! Tenants' ceilings and floors (`docs/fair-shares.md`) on the memory store, the reference
-//! model: a tenant never holds more than its ceiling and a capped tenant does not hold the
-//! others back; a floor's permits are kept for its tenant, whose requests within it are
-//! granted at once, ahead of the queue; the limits outlive an idle semaphore, are checked
-//! when set, go with `delete`, and a store that keeps none refuses them with a typed error.
+//! Tenants' ceilings and floors (`docs/fair-shares.md#ceilings-and-floors`) on every store
+//! that keeps them, each test private to its store: a tenant never holds more than its
+//! ceiling and a capped tenant does not hold the others back; a floor's permits are kept for
+//! its tenant, whose requests within it are granted at once, ahead of the queue; the limits
+//! outlive an idle semaphore, are checked when set and go with `delete`; over random steps
+//! the invariants hold and every answer is the memory store's (the reference model); a store
+//! that keeps none refuses them with a typed error.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,10 +12,82 @@ use std::time::Duration;
 use tessera::backend::*;
 use tessera::{Error, LeaseId, SemaphoreOptions, Store, Tenant, TenantLimits};
 
-async fn memory() -> Store {
-    let url = format!("memory://limits-{}", LeaseId::random());
-    Store::connect(&url).await.unwrap()
+/// What a store of a test needs kept alive while it is used: its file's directory, or its
+/// throwaway server.
+type Keep = Option<Box<dyn std::any::Any + Send>>;
+
+/// A store that keeps tenant limits, private to one test.
+struct Fixture {
+    store: Store,
+    _keep: Keep,
 }
+
+async fn memory(test: &str) -> Fixture {
+    let url = format!("memory://limits-{test}-{}", LeaseId::random());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: None,
+    }
+}
+
+/// The reference model beside the store under test.
+async fn reference() -> Store {
+    memory("reference").await.store
+}
+
+/// Every test below, run on the store `$make` connects (a function of the test's name).
+macro_rules! on_store {
+    ($store:ident, $make:path) => {
+        mod $store {
+            use super::*;
+
+            #[tokio::test]
+            async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
+                let f = $make("ceiling").await;
+                super::a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back(&f.store)
+                    .await;
+            }
+
+            #[tokio::test]
+            async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue() {
+                let f = $make("floor").await;
+                super::a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(
+                    &f.store,
+                )
+                .await;
+            }
+
+            #[tokio::test]
+            async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delete() {
+                let f = $make("kept").await;
+                super::limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delete(
+                    &f.store,
+                )
+                .await;
+            }
+
+            #[tokio::test]
+            async fn bad_limits_get_typed_errors_and_change_nothing() {
+                let f = $make("bad").await;
+                super::bad_limits_get_typed_errors_and_change_nothing(&f.store).await;
+            }
+
+            #[test]
+            fn ceilings_and_floors_hold_over_random_steps_as_on_the_reference_model() {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                // Connected on this thread, which outlives every case (a throwaway server
+                // dies with the thread that started it).
+                let f = rt.block_on($make("model"));
+                super::ceilings_and_floors_hold_over_random_steps(&rt, &f.store);
+            }
+        }
+    };
+}
+
+on_store!(memory_store, memory);
 
 fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
     AcquireRequest {
@@ -58,31 +132,29 @@ fn limits(ceiling: Option<u32>, floor: u32) -> TenantLimits {
     TenantLimits::new(ceiling, floor).unwrap()
 }
 
-#[tokio::test]
-async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
-    let store = memory().await;
+async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back(store: &Store) {
     let name = Name::new("provider").unwrap();
     store
         .set_tenant_limits("provider", "bulk", limits(Some(2), 0))
         .await
         .unwrap();
     let bulk: Vec<_> = (0..4).map(|_| request(Some("bulk"), 1)).collect();
-    assert!(ask(&store, &name, 4, &bulk[0]).await);
-    assert!(ask(&store, &name, 4, &bulk[1]).await);
+    assert!(ask(store, &name, 4, &bulk[0]).await);
+    assert!(ask(store, &name, 4, &bulk[1]).await);
     // Two permits are free, but bulk is at its ceiling: it waits, at the head.
-    assert!(!ask(&store, &name, 4, &bulk[2]).await);
-    assert!(!ask(&store, &name, 4, &bulk[3]).await);
+    assert!(!ask(store, &name, 4, &bulk[2]).await);
+    assert!(!ask(store, &name, 4, &bulk[3]).await);
     // Another tenant, and a request without one, pass the capped head.
-    assert!(ask(&store, &name, 4, &request(Some("alerts"), 1)).await);
-    assert!(ask(&store, &name, 4, &request(None, 1)).await);
-    assert_eq!(held(&store, &name).await["bulk"], 2);
+    assert!(ask(store, &name, 4, &request(Some("alerts"), 1)).await);
+    assert!(ask(store, &name, 4, &request(None, 1)).await);
+    assert_eq!(held(store, &name).await["bulk"], 2);
     // A release of bulk's lets its next one in, and no more.
     assert!(store
         .backend()
         .release(&name, bulk[0].lease_id)
         .await
         .unwrap());
-    assert_eq!(held(&store, &name).await["bulk"], 2);
+    assert_eq!(held(store, &name).await["bulk"], 2);
     let status = store.backend().status(&name).await.unwrap().unwrap();
     assert_eq!(status.queue.len(), 1, "{status:?}");
     // A raised ceiling lets the last one in at once.
@@ -95,7 +167,7 @@ async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
         .set_tenant_limits("provider", "bulk", limits(Some(3), 0))
         .await
         .unwrap();
-    assert_eq!(held(&store, &name).await["bulk"], 2);
+    assert_eq!(held(store, &name).await["bulk"], 2);
     assert!(store
         .backend()
         .status(&name)
@@ -106,9 +178,7 @@ async fn a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back() {
         .is_empty());
 }
 
-#[tokio::test]
-async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue() {
-    let store = memory().await;
+async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(store: &Store) {
     let name = Name::new("provider").unwrap();
     store
         .set_tenant_limits("provider", "alerts", limits(None, 1))
@@ -118,17 +188,17 @@ async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue()
     let flood: Vec<_> = (0..6).map(|_| request(Some("bulk"), 1)).collect();
     let mut granted = Vec::new();
     for r in &flood {
-        if ask(&store, &name, 4, r).await {
+        if ask(store, &name, 4, r).await {
             granted.push(r.lease_id);
         }
     }
     assert_eq!(granted.len(), 3);
     // alerts, below its floor, is granted at once behind the backlog.
     let a1 = request(Some("alerts"), 1);
-    assert!(ask(&store, &name, 4, &a1).await);
+    assert!(ask(store, &name, 4, &a1).await);
     // At its floor, its next request waits its turn among the others.
     let a2 = request(Some("alerts"), 1);
-    assert!(!ask(&store, &name, 4, &a2).await);
+    assert!(!ask(store, &name, 4, &a2).await);
     // alerts gives its permit back: the permit is kept for alerts, whose waiter gets it
     // ahead of bulk's queued requests.
     assert!(store.backend().release(&name, a1.lease_id).await.unwrap());
@@ -137,15 +207,13 @@ async fn a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue()
         status.holders.iter().any(|h| h.lease_id == a2.lease_id),
         "{status:?}"
     );
-    assert_eq!(held(&store, &name).await["bulk"], 3);
+    assert_eq!(held(store, &name).await["bulk"], 3);
     // A release of bulk's goes to bulk's queue (alerts is at its floor).
     assert!(store.backend().release(&name, granted[0]).await.unwrap());
-    assert_eq!(held(&store, &name).await["bulk"], 3);
+    assert_eq!(held(store, &name).await["bulk"], 3);
 }
 
-#[tokio::test]
-async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delete() {
-    let store = memory().await;
+async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delete(store: &Store) {
     store
         .set_tenant_limits("jobs", "batch", limits(Some(1), 0))
         .await
@@ -159,7 +227,7 @@ async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delet
     assert_eq!(kept["batch"], limits(Some(1), 0));
     // Through the public API, twice, with the semaphore idle in between.
     let opts = SemaphoreOptions::default().tenant(Tenant::new("batch", 1).unwrap());
-    let batch = tessera::Semaphore::new(&store, "jobs", 3, opts).unwrap();
+    let batch = tessera::Semaphore::new(store, "jobs", 3, opts).unwrap();
     for _ in 0..2 {
         let p = batch.acquire().await.unwrap();
         assert!(
@@ -187,39 +255,62 @@ async fn limits_outlive_an_idle_semaphore_are_checked_when_set_and_go_with_delet
     assert!(store.tenant_limits("jobs").await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn bad_limits_and_stores_without_them_get_typed_errors() {
+async fn bad_limits_get_typed_errors_and_change_nothing(store: &Store) {
     for (ceiling, floor) in [(Some(0), 0), (Some(2), 3), (Some(2_000_000), 0)] {
         assert!(
             TenantLimits::new(ceiling, floor).is_err(),
             "{ceiling:?} {floor}"
         );
     }
-    let store = memory().await;
-    let err = store
-        .set_tenant_limits("jobs", "", limits(None, 1))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = Store::connect(&format!("sqlite://{}/l.db", dir.path().display()))
+    store
+        .set_tenant_limits("jobs", "web", limits(Some(2), 1))
         .await
         .unwrap();
-    let err = sqlite
+    let long = "t".repeat(65);
+    for (name, tenant) in [
+        ("jobs", ""),
+        ("jobs", long.as_str()),
+        ("jobs", "a\nb"),
+        ("", "web"),
+    ] {
+        let err = store
+            .set_tenant_limits(name, tenant, limits(None, 1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput(_)),
+            "{name:?} {tenant:?}: {err}"
+        );
+    }
+    let kept = store.tenant_limits("jobs").await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept["web"], limits(Some(2), 1));
+}
+
+/// A store that keeps no limits (etcd) refuses them with a typed error, and lists none.
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn a_store_without_limits_refuses_them_with_a_typed_error() {
+    let cluster = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+    let store = Store::connect(&cluster.url()).await.unwrap();
+    assert!(!store.backend().capabilities().tenant_limits);
+    let err = store
         .set_tenant_limits("jobs", "web", limits(None, 1))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
-    assert!(sqlite.tenant_limits("jobs").await.unwrap().is_empty());
+    assert!(store.tenant_limits("jobs").await.unwrap().is_empty());
 }
 
 /// The invariants of `docs/fair-shares.md` over random steps: after every step each tenant
 /// holds at most its ceiling and the free permits cover what the floors still keep; a
-/// request within its tenant's floor is granted at once.
-#[test]
-fn ceilings_and_floors_hold_over_random_steps() {
+/// request within its tenant's floor is granted at once; and every answer (granted at once
+/// or queued), the holders and the queue's order are the reference model's, given the same
+/// steps.
+fn ceilings_and_floors_hold_over_random_steps(rt: &tokio::runtime::Runtime, store: &Store) {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
+    use std::sync::atomic::{AtomicU32, Ordering};
     const TENANTS: [Option<&str>; 4] = [None, Some("a"), Some("b"), Some("c")];
     // a: ceiling 2; b: floor 2; c: ceiling 2 and floor 1. Capacity 6: the floors alone
     // would let a hold 3 and c 4.
@@ -233,34 +324,35 @@ fn ceilings_and_floors_hold_over_random_steps() {
         Some("c") => 1,
         _ => 0,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let step = prop_oneof![
         3 => (0..4usize, 1..=2u32).prop_map(|(t, w)| (0u8, t, w as usize)),
         2 => any::<usize>().prop_map(|i| (1u8, 0, i)),
         1 => any::<usize>().prop_map(|i| (2u8, 0, i)),
     ];
-    let mut runner = TestRunner::new(Config::with_cases(64));
+    // Each case on a name of its own (a server's store outlives the cases).
+    let case = AtomicU32::new(0);
+    let mut runner = TestRunner::new(Config::with_cases(48));
     runner
-        .run(&proptest::collection::vec(step, 1..60), |steps| {
+        .run(&proptest::collection::vec(step, 1..50), |steps| {
             rt.block_on(async {
-                let store = memory().await;
-                let b = store.backend();
-                let name = Name::new("p").unwrap();
-                for t in ["a", "b", "c"] {
-                    let l = limits(ceiling(Some(t)), floor(Some(t)));
-                    store.set_tenant_limits("p", t, l).await.unwrap();
+                let model = reference().await;
+                let n = format!("p{}", case.fetch_add(1, Ordering::Relaxed));
+                let name = Name::new(&n).unwrap();
+                for s in [store, &model] {
+                    for t in ["a", "b", "c"] {
+                        let l = limits(ceiling(Some(t)), floor(Some(t)));
+                        s.set_tenant_limits(&n, t, l).await.unwrap();
+                    }
                 }
+                let (b, m) = (store.backend(), model.backend());
                 let mut tenant_of = HashMap::new();
-                for (kind, t, n) in steps {
+                for (kind, t, i) in steps {
                     let status = b.status(&name).await.unwrap();
                     let holders = status.as_ref().map_or(vec![], |s| s.holders.clone());
                     let queue = status.as_ref().map_or(vec![], |s| s.queue.clone());
                     match kind {
                         0 => {
-                            let (t, w) = (TENANTS[t], n as u32);
+                            let (t, w) = (TENANTS[t], i as u32);
                             let r = request(t, w);
                             tenant_of.insert(r.lease_id, t);
                             let held: u32 = holders
@@ -269,21 +361,38 @@ fn ceilings_and_floors_hold_over_random_steps() {
                                 .map(|h| h.weight)
                                 .sum();
                             let within_floor = held + w <= floor(t);
-                            let granted = ask(&store, &name, 6, &r).await;
+                            let granted = ask(store, &name, 6, &r).await;
                             assert!(!within_floor || granted, "{t:?} within its floor");
+                            assert_eq!(granted, ask(&model, &name, 6, &r).await, "{t:?} {w}");
                         }
                         1 if !holders.is_empty() => {
-                            let h = &holders[n % holders.len()];
+                            let h = &holders[i % holders.len()];
                             assert!(b.release(&name, h.lease_id).await.unwrap());
+                            assert!(m.release(&name, h.lease_id).await.unwrap());
                         }
                         2 if !queue.is_empty() => {
-                            b.cancel(&name, queue[n % queue.len()].lease_id)
-                                .await
-                                .unwrap();
+                            let w = queue[i % queue.len()].lease_id;
+                            b.cancel(&name, w).await.unwrap();
+                            m.cancel(&name, w).await.unwrap();
                         }
                         _ => {}
                     }
-                    let holders = b.status(&name).await.unwrap().map_or(vec![], |s| s.holders);
+                    let (got, want) = (
+                        b.status(&name).await.unwrap(),
+                        m.status(&name).await.unwrap(),
+                    );
+                    let order = |s: &Option<tessera::SemaphoreStatus>| {
+                        let mut holders: Vec<_> = s
+                            .as_ref()
+                            .map_or(vec![], |s| s.holders.iter().map(|h| h.lease_id).collect());
+                        holders.sort();
+                        let queue: Vec<_> = s
+                            .as_ref()
+                            .map_or(vec![], |s| s.queue.iter().map(|w| w.lease_id).collect());
+                        (holders, queue)
+                    };
+                    assert_eq!(order(&got), order(&want), "holders and queue");
+                    let holders = got.map_or(vec![], |s| s.holders);
                     let mut by: HashMap<Option<&str>, u32> = HashMap::new();
                     for h in &holders {
                         *by.entry(tenant_of[&h.lease_id]).or_default() += h.weight;
@@ -297,6 +406,7 @@ fn ceilings_and_floors_hold_over_random_steps() {
                     }
                     assert!(used + kept <= 6, "used {used}, floors keep {kept}");
                 }
+                store.delete(&n).await.unwrap();
             });
             Ok(())
         })
