@@ -873,3 +873,136 @@ proptest::proptest! {
         });
     }
 }
+
+/// The memory store, counting the admission steps and waiter heartbeats sent to it.
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryBackend,
+    admits: std::sync::atomic::AtomicU64,
+    heartbeats: std::sync::atomic::AtomicU64,
+}
+
+mod counting {
+    use super::Counting;
+    use async_trait::async_trait;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Duration;
+    use tessera::backend::*;
+    use tessera::{LeaseId, Result, SemaphoreStatus};
+
+    #[async_trait]
+    impl Backend for Counting {
+        async fn acquire(&self, n: &Name, c: u32, r: &AcquireRequest) -> Result<AcquireReply> {
+            self.inner.acquire(n, c, r).await
+        }
+        async fn heartbeat(&self, n: &Name, l: LeaseId, ttl: Duration) -> Result<WaitReply> {
+            self.heartbeats.fetch_add(1, Relaxed);
+            self.inner.heartbeat(n, l, ttl).await
+        }
+        async fn cancel(&self, n: &Name, l: LeaseId) -> Result<CancelReply> {
+            self.inner.cancel(n, l).await
+        }
+        async fn release(&self, n: &Name, l: LeaseId) -> Result<bool> {
+            self.inner.release(n, l).await
+        }
+        async fn renew(&self, n: &Name, l: LeaseId, ttl: Duration) -> Result<RenewReply> {
+            self.inner.renew(n, l, ttl).await
+        }
+        async fn status(&self, n: &Name) -> Result<Option<SemaphoreStatus>> {
+            self.inner.status(n).await
+        }
+        async fn list(&self) -> Result<Vec<String>> {
+            self.inner.list().await
+        }
+        async fn resize(&self, n: &Name, c: u32) -> Result<u32> {
+            self.inner.resize(n, c).await
+        }
+        async fn revoke(&self, n: &Name, l: LeaseId) -> Result<bool> {
+            self.inner.revoke(n, l).await
+        }
+        async fn delete(&self, n: &Name) -> Result<bool> {
+            self.inner.delete(n).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        fn rate(&self) -> Option<&dyn RateBackend> {
+            self.inner.rate()
+        }
+        fn admission(&self) -> Option<&dyn AdmissionBackend> {
+            Some(self)
+        }
+    }
+
+    #[async_trait]
+    impl AdmissionBackend for Counting {
+        async fn admit(
+            &self,
+            n: &Name,
+            c: u32,
+            config: &tessera::backend::RateConfig,
+            r: &AdmitRequest,
+        ) -> Result<AdmitReply> {
+            self.admits.fetch_add(1, Relaxed);
+            self.inner.admission().unwrap().admit(n, c, config, r).await
+        }
+        async fn give_back(&self, n: &Name, l: LeaseId, g: GiveBack) -> Result<bool> {
+            self.inner.admission().unwrap().give_back(n, l, g).await
+        }
+    }
+}
+
+/// On a store that pushes every turn, a queued admission keeps its place with waiter
+/// heartbeats (gathered per semaphore on the server stores) and sends its whole step again
+/// only every few heartbeats, or at each one while at the head: 2,000 queued admissions
+/// re-sending their step at every heartbeat stalled PostgreSQL's queue behind its own
+/// heartbeats. The queue still drains in order once permits free.
+#[tokio::test(start_paused = true)]
+async fn queued_admissions_keep_their_place_with_heartbeats_not_the_whole_step() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let clock = Arc::new(ManualClock::new(StoreTime(1_000_000_000_000)));
+    let backend = Arc::new(Counting {
+        inner: MemoryBackend::with_clock(clock),
+        admits: Default::default(),
+        heartbeats: Default::default(),
+    });
+    let store = Store::from_backend(backend.clone(), "memory://");
+    // Heartbeat every 100 ms (a third of the waiter TTL).
+    let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_millis(300));
+    let adm = store
+        .admission("api")
+        .permits(1)
+        .semaphore_options(opts)
+        .rate("1000/s".parse().unwrap())
+        .unwrap();
+    let first = adm.try_acquire().await.unwrap().expect("admitted");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (adm, order) = (adm.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let a = adm.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            a.release().await.unwrap();
+        }));
+        // Queued in this order.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let sent = backend.admits.load(Relaxed);
+    assert_eq!(sent, 6, "one step each to queue");
+    // 20 heartbeat intervals: the head sends its step at each, the four behind it at every
+    // fourth; the rest are heartbeats.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let steps = backend.admits.load(Relaxed) - sent;
+    let beats = backend.heartbeats.load(Relaxed);
+    assert!(
+        steps <= 20 + 4 * 6,
+        "{steps} steps re-sent, {beats} heartbeats"
+    );
+    assert!(beats >= 4 * 12, "{steps} steps re-sent, {beats} heartbeats");
+    first.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+}

@@ -3,9 +3,22 @@
 //!
 //! The waiter registers for wake-ups, sends one admit-or-enqueue, and while queued sleeps
 //! until a wake-up (the hand-off found its permits free: its turn), the instant the store said
-//! its windows admit it, its heartbeat, or its deadline; each time it sends the same request
-//! again (same lease id), which renews its queue place and, on its turn, decides. Until it
-//! returns, a guard owns the lease id and cancels the wait if the future is dropped.
+//! its windows admit it, an expiry the store may hand on, its heartbeat, or its deadline; each
+//! time but the heartbeat it sends the same request again (same lease id), which renews its
+//! queue place and, on its turn, decides. Until it returns, a guard owns the lease id and
+//! cancels the wait if the future is dropped.
+//!
+//! **The heartbeat is a waiter's heartbeat, not the whole step**, on a store that pushes every
+//! turn ([`Waking::Push`]): an admission is a step under the semaphore's lock (on the SQL
+//! stores, its row lock), and with every queued admission re-sent once per heartbeat, 2,000
+//! queued admissions asked PostgreSQL for about 1,200 locked steps a second and the queue
+//! stalled behind its own heartbeats (`tessera bench --workload tenants`, 2026-12-06). A
+//! waiter's heartbeat renews the place alone ([`Backend::heartbeat`], gathered into one call
+//! per semaphore on PostgreSQL, MySQL and Redis). The whole request is still re-sent every
+//! [`ADMIT_EVERY`]th heartbeat, and at every heartbeat while the store last placed this
+//! waiter at the head: the safety net for a wake-up lost without a sign, which would leave the
+//! head, and everyone behind it, waiting. A store that polls ([`Waking::PushWithPoll`],
+//! [`Waking::Poll`]) re-sends the request at each poll, as its pushes can be missed.
 
 use std::time::Duration;
 
@@ -19,8 +32,12 @@ use crate::telemetry;
 use tessera_core::error::{Error, Result};
 use tessera_core::model::*;
 use tessera_core::rate::spec::RateConfig;
-use tessera_core::seam::{AdmissionBackend, AdmitReply, AdmitRequest};
+use tessera_core::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Waking};
 use tessera_core::wake;
+
+/// On a store that pushes every turn, a queued admission re-sends its request at every this
+/// many heartbeats (and at each one while at the head); the others renew its place alone.
+pub(crate) const ADMIT_EVERY: u32 = 4;
 
 /// The windows' part of an admission.
 pub(crate) struct Windows<'a> {
@@ -88,6 +105,9 @@ impl Semaphore {
         let called = Instant::now();
         let mut failing_since: Option<Instant> = None;
         let mut counted = false;
+        // On a store that pushes every turn, heartbeats mostly renew the place alone (see
+        // the module docs).
+        let heartbeat_only = self.backend().capabilities().waking == Waking::Push;
         loop {
             let sent = Instant::now();
             let Some(reply) = bounded(
@@ -151,30 +171,63 @@ impl Semaphore {
             };
             // Asked again at the next of: a wake-up (our turn), the instant the windows admit
             // us (read from the reply's store time, so never early by more than the
-            // reply's trip), an expiry the store may hand on, the poll or heartbeat.
+            // reply's trip), an expiry the store may hand on, the poll or heartbeat (which on
+            // a store that pushes every turn mostly renews the place alone).
             let received = Instant::now();
-            let mut wake_at = received + poll;
+            let mut heartbeat = received + poll;
             poll = (poll * 2).min(poll_max);
+            let mut reask_at = None::<Instant>;
             if let Some(t) = window_at {
-                wake_at = wake_at.min(received + t.since(now));
+                reask_at = Some(received + t.since(now));
             }
             if let Some(w) = watch {
                 w.queued(position, None, window_at.map(|t| received + t.since(now)));
             }
             if let Some(expiry) = self.backend().next_expiry(name) {
-                if expiry > received && expiry < wake_at {
-                    wake_at = expiry;
+                if expiry > received && reask_at.is_none_or(|t| expiry < t) {
+                    reask_at = Some(expiry);
                 }
             }
-            let timed_out = tokio::select! {
-                _ = registration.notified() => false,
-                _ = tokio::time::sleep_until(wake_at) => false,
-                _ = sleep_until_opt(deadline) => true,
-            };
-            if timed_out {
-                pending.cancel_within(CANCEL_GRACE).await;
-                telemetry::not_granted(&self.config.metrics, name, "timed_out");
-                return Ok(Admit::TimedOut);
+            let mut beats = 0u32;
+            loop {
+                let wake_at = reask_at.map_or(heartbeat, |t| t.min(heartbeat));
+                let woken = tokio::select! {
+                    _ = registration.notified() => Some(true),
+                    _ = tokio::time::sleep_until(wake_at) => Some(false),
+                    _ = sleep_until_opt(deadline) => None,
+                };
+                let Some(notified) = woken else {
+                    pending.cancel_within(CANCEL_GRACE).await;
+                    telemetry::not_granted(&self.config.metrics, name, "timed_out");
+                    return Ok(Admit::TimedOut);
+                };
+                let renew_only = heartbeat_only
+                    && !notified
+                    && reask_at.is_none_or(|t| wake_at < t)
+                    && position > 0
+                    && beats + 1 < ADMIT_EVERY;
+                if !renew_only {
+                    break;
+                }
+                beats += 1;
+                let reply = bounded(
+                    deadline,
+                    self.backend()
+                        .heartbeat(name, lease, self.config.waiter_ttl),
+                )
+                .await;
+                match reply {
+                    None => {
+                        pending.cancel_within(CANCEL_GRACE).await;
+                        telemetry::not_granted(&self.config.metrics, name, "timed_out");
+                        return Ok(Admit::TimedOut);
+                    }
+                    // Still queued: asleep until the next heartbeat or an earlier reason.
+                    Some(Ok(WaitReply::Waiting)) => heartbeat = Instant::now() + poll_max,
+                    // Gone, granted (the admission's own step says what that means) or a
+                    // failed heartbeat: the request, sent again, answers it.
+                    Some(_) => break,
+                }
             }
         }
     }
