@@ -4,21 +4,23 @@
 //! The waiter registers for wake-ups, sends one admit-or-enqueue, and while queued sleeps
 //! until a wake-up (the hand-off found its permits free: its turn), the instant the store said
 //! its windows admit it, an expiry the store may hand on, its heartbeat, or its deadline; each
-//! time but the heartbeat it sends the same request again (same lease id), which renews its
-//! queue place and, on its turn, decides. Until it returns, a guard owns the lease id and
+//! time it sends the same request again (same lease id), which renews its queue place and, on
+//! its turn, decides — except as follows. Until it returns, a guard owns the lease id and
 //! cancels the wait if the future is dropped.
 //!
-//! **The heartbeat is a waiter's heartbeat, not the whole step**, on a store that pushes every
-//! turn ([`Waking::Push`]): an admission is a step under the semaphore's lock (on the SQL
-//! stores, its row lock), and with every queued admission re-sent once per heartbeat, 2,000
-//! queued admissions asked PostgreSQL for about 1,200 locked steps a second and the queue
-//! stalled behind its own heartbeats (`tessera bench --workload tenants`, 2026-12-06). A
-//! waiter's heartbeat renews the place alone ([`Backend::heartbeat`], gathered into one call
-//! per semaphore on PostgreSQL, MySQL and Redis). The whole request is still re-sent every
-//! [`ADMIT_EVERY`]th heartbeat, and at every heartbeat while the store last placed this
-//! waiter at the head: the safety net for a wake-up lost without a sign, which would leave the
-//! head, and everyone behind it, waiting. A store that polls ([`Waking::PushWithPoll`],
-//! [`Waking::Poll`]) re-sends the request at each poll, as its pushes can be missed.
+//! **The heartbeat, and the ask at an expiry, are a waiter's heartbeat, not the whole
+//! step**, on a store that pushes every turn ([`Waking::Push`]). An admission is a step under
+//! the semaphore's lock (on the SQL stores, its row lock): with every queued admission re-sent
+//! once per heartbeat, 2,000 queued admissions asked PostgreSQL for about 1,100 locked steps a
+//! second and the queue stalled behind its own heartbeats (`tessera bench --workload tenants`,
+//! 2026-12-06), and one expiry woke every queued admission at once. A waiter's heartbeat
+//! ([`Backend::heartbeat`], gathered into one call per semaphore on PostgreSQL and Redis)
+//! renews the place and runs the store's purge and hand-off, which pushes the turn. The whole
+//! request is still re-sent every [`ADMIT_EVERY`]th heartbeat, and at every heartbeat while
+//! the store last placed this waiter at the head: the safety net for a wake-up lost without a
+//! sign, which would leave the head, and everyone behind it, waiting. A store that polls
+//! ([`Waking::PushWithPoll`], [`Waking::Poll`]) re-sends the request at each poll, as its
+//! pushes can be missed.
 
 use std::time::Duration;
 
@@ -171,8 +173,8 @@ impl Semaphore {
             };
             // Asked again at the next of: a wake-up (our turn), the instant the windows admit
             // us (read from the reply's store time, so never early by more than the
-            // reply's trip), an expiry the store may hand on, the poll or heartbeat (which on
-            // a store that pushes every turn mostly renews the place alone).
+            // reply's trip), an expiry the store may hand on, the poll or heartbeat (the last
+            // two, on a store that pushes every turn, mostly renew the place alone).
             let received = Instant::now();
             let mut heartbeat = received + poll;
             poll = (poll * 2).min(poll_max);
@@ -183,14 +185,18 @@ impl Semaphore {
             if let Some(w) = watch {
                 w.queued(position, None, window_at.map(|t| received + t.since(now)));
             }
-            if let Some(expiry) = self.backend().next_expiry(name) {
-                if expiry > received && reask_at.is_none_or(|t| expiry < t) {
-                    reask_at = Some(expiry);
-                }
-            }
+            // An expiry the store may hand on is asked about as a heartbeat (on a store that
+            // pushes every turn, a waiter's heartbeat runs the store's purge and hand-off,
+            // and the hand-off pushes the turn): a queue of admissions all woken by one
+            // expiry sends heartbeats, gathered per semaphore, not one step each.
+            let mut expiry = self
+                .backend()
+                .next_expiry(name)
+                .filter(|&e| e > received && e < heartbeat);
             let mut beats = 0u32;
             loop {
-                let wake_at = reask_at.map_or(heartbeat, |t| t.min(heartbeat));
+                let beat_at = expiry.unwrap_or(heartbeat);
+                let wake_at = reask_at.map_or(beat_at, |t| t.min(beat_at));
                 let woken = tokio::select! {
                     _ = registration.notified() => Some(true),
                     _ = tokio::time::sleep_until(wake_at) => Some(false),
@@ -223,7 +229,14 @@ impl Semaphore {
                         return Ok(Admit::TimedOut);
                     }
                     // Still queued: asleep until the next heartbeat or an earlier reason.
-                    Some(Ok(WaitReply::Waiting)) => heartbeat = Instant::now() + poll_max,
+                    Some(Ok(WaitReply::Waiting)) => {
+                        let at = Instant::now();
+                        heartbeat = at + poll_max;
+                        expiry = self
+                            .backend()
+                            .next_expiry(name)
+                            .filter(|&e| e > at && e < heartbeat);
+                    }
                     // Gone, granted (the admission's own step says what that means) or a
                     // failed heartbeat: the request, sent again, answers it.
                     Some(_) => break,
