@@ -181,6 +181,31 @@ describe("what the client sends", () => {
   });
 });
 
+describe("what is sent again", () => {
+  test("setting and listing are sent again after an answer was lost", async () => {
+    // The first attempt of each reaches the server, whose answer is lost (a reset).
+    let drops = 0;
+    let sent = 0;
+    const fetch = async (url, init) => {
+      sent++;
+      const res = await globalThis.fetch(url, init);
+      if (sent % 2 === 1) {
+        drops++;
+        await res.text();
+        throw new TypeError("fetch failed", { cause: { code: "ECONNRESET" } });
+      }
+      return res;
+    };
+    const flaky = new Client(server.url, { fetch });
+    const name = "limits/resent";
+    assert.deepEqual(await flaky.setTenantLimits(name, "batch", { ceiling: 2 }), {
+      batch: { ceiling: 2, floor: 0 },
+    });
+    assert.deepEqual(await flaky.tenantLimits(name), { batch: { ceiling: 2, floor: 0 } });
+    assert.deepEqual([drops, sent], [2, 4]);
+  });
+});
+
 describe("a store that keeps no limits", () => {
   test("refuses them as Unsupported (501), with nothing kept", async () => {
     const etcd = await startEtcd();

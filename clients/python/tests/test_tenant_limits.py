@@ -130,6 +130,19 @@ class TenantLimitsTest(unittest.TestCase):
         self.assertEqual(self.client.tenant_limits(self.name), kept)
         self.assertEqual(self.client.tenant_limits("n" * 100), {})
 
+    def test_setting_and_listing_are_sent_again_after_a_dropped_connection(self) -> None:
+        proxy = support.Proxy(server.url)
+        self.addCleanup(proxy.close)
+        client = tessera_client.Client(proxy.url)
+        self.addCleanup(client.close)
+        proxy.cut_next("after", 0.0)  # the server saw the PUT; its answer is cut
+        self.assertEqual(
+            client.set_tenant_limits(self.name, "batch", ceiling=2), {"batch": TenantLimits(2, 0)}
+        )
+        proxy.cut_next("after", 0.0)
+        self.assertEqual(client.tenant_limits(self.name), {"batch": TenantLimits(2, 0)})
+        self.assertEqual(proxy.cuts, 2)
+
 
 class RefusedBeforeSendingTest(unittest.TestCase):
     """Bad values never leave the client (a stub server records every request)."""
