@@ -49,6 +49,34 @@ export class Client {
   rate(name: string, limits: string | string[], options?: RateOptions): RateLimiter;
   /** Permits and rate windows in one step (memory, SQLite, Redis, MySQL and PostgreSQL stores). */
   admission(name: string, options: AdmissionOptions): Admission;
+  /**
+   * Sets a tenant's ceiling and floor on the semaphore `name` (admin;
+   * docs/fair-shares.md#ceilings-and-floors); resolves with every tenant's limits after the
+   * change. No ceiling and floor 0 (`setTenantLimits(name, tenant)`) remove them. Checked
+   * first: `InvalidInput` without a `status` for a bad tenant, ceiling or floor (nothing
+   * sent); `InvalidInput` (400) for floors above the capacity, `Unsupported` (501) from a
+   * store that keeps no limits; on error nothing changed.
+   */
+  setTenantLimits(name: string, tenant: string, limits?: TenantLimitsOptions): Promise<Record<string, TenantLimits>>;
+  /** Every tenant's ceiling and floor set on the semaphore `name`; `{}` when none is set. */
+  tenantLimits(name: string): Promise<Record<string, TenantLimits>>;
+}
+
+/** What `setTenantLimits` sets. */
+export interface TenantLimitsOptions {
+  /** The tenant never holds more than this many permits (1..1 000 000; null or absent: no
+   * ceiling). */
+  ceiling?: number | null;
+  /** Permits kept for the tenant while it holds fewer (0 up to the ceiling; default 0). */
+  floor?: number;
+}
+
+/** A tenant's ceiling and floor on a semaphore, as the server keeps them. */
+export interface TenantLimits {
+  /** `null`: no ceiling. */
+  ceiling: number | null;
+  /** 0: no floor. */
+  floor: number;
 }
 
 export interface LockOptions extends TenantOptions {
@@ -233,6 +261,10 @@ export interface TenantStatus {
   used: number;
   waiters: number;
   waiting: number;
+  /** Its ceiling, when one is set (`setTenantLimits`). */
+  ceiling?: number;
+  /** Its floor, when above 0. */
+  floor?: number;
 }
 
 export interface SemaphoreStatus {

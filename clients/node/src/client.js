@@ -5,7 +5,8 @@ import { Admission } from "./admission.js";
 import { InvalidInput } from "./errors.js";
 import { RateLimiter } from "./rate.js";
 import { Semaphore } from "./semaphore.js";
-import { MAX_WAIT_PER_REQUEST_MS, Transport, timeoutMs } from "./transport.js";
+import { checkTenant, tenantLimitsBody } from "./tenant.js";
+import { MAX_WAIT_PER_REQUEST_MS, Transport, segment, timeoutMs } from "./transport.js";
 
 /**
  * @typedef {object} ClientOptions
@@ -16,6 +17,14 @@ import { MAX_WAIT_PER_REQUEST_MS, Transport, timeoutMs } from "./transport.js";
  * @property {number} [maxWaitPerRequest] ms one request may wait in the server's queue
  *   (100..240 000, default 240 000); longer waits are asked again
  * @property {typeof fetch} [fetch] the `fetch` to use (default the global one)
+ */
+
+/**
+ * A tenant's ceiling and floor on a semaphore (docs/fair-shares.md#ceilings-and-floors).
+ * @typedef {object} TenantLimits
+ * @property {number | null} ceiling the tenant never holds more than this many permits
+ *   (`null`: no ceiling)
+ * @property {number} floor permits kept for the tenant while it holds fewer (0: none)
  */
 
 /**
@@ -110,4 +119,67 @@ export class Client {
   admission(name, options) {
     return new Admission(this.#transport, name, options, this.#defaults);
   }
+
+  /**
+   * Sets `tenant`'s ceiling and floor on the semaphore `name` (admin;
+   * docs/fair-shares.md#ceilings-and-floors) and resolves with every tenant's limits on it
+   * after the change.
+   *
+   * The tenant never holds more than `ceiling` permits (1..1 000 000; `null` or absent: no
+   * ceiling), and `floor` permits (0 up to the ceiling; default 0) are kept for it while it
+   * holds fewer: other tenants are not granted the permits it would need to reach its
+   * floor. The server keeps them for the name, also while nobody holds or waits, until they
+   * are changed or the semaphore is deleted; `setTenantLimits(name, tenant)` (no ceiling,
+   * floor 0) removes them. They apply from the server's next grant; a tenant above a
+   * lowered ceiling keeps what it holds.
+   *
+   * On success the limits are set. On error nothing changed: `InvalidInput` without a
+   * `status` for a bad tenant, ceiling or floor (nothing sent), `InvalidInput` (400) for
+   * floors that would add up above the capacity of a semaphore the server holds,
+   * `Unsupported` (501) from a store that keeps no limits. Tried again after a lost answer
+   * (setting the same values twice is setting them once).
+   *
+   * @param {string} name the semaphore
+   * @param {string} tenant 1 to 64 bytes (UTF-8), no control characters
+   * @param {{ceiling?: number | null, floor?: number}} [limits]
+   * @returns {Promise<Record<string, TenantLimits>>}
+   *
+   * @example
+   * await client.setTenantLimits("provider", "newsletter", { ceiling: 2 }); // at most 2
+   * await client.setTenantLimits("provider", "checkout", { floor: 1 }); // 1 kept for it
+   * await client.setTenantLimits("provider", "newsletter"); // removed
+   */
+  async setTenantLimits(name, tenant, limits = {}) {
+    const body = tenantLimitsBody(limits ?? {}, name);
+    const path = `/v1/semaphores/${segment(name)}/tenants/${segment(checkTenant(tenant, name))}`;
+    const answer = await this.#transport.request("PUT", path, body, { idempotent: true });
+    return limitsByTenant(answer.body);
+  }
+
+  /**
+   * Every tenant's ceiling and floor set on the semaphore `name`, by tenant; empty when none
+   * is set (and on a store that keeps none). Tried again after a lost answer.
+   * @param {string} name
+   * @returns {Promise<Record<string, TenantLimits>>}
+   */
+  async tenantLimits(name) {
+    const path = `/v1/semaphores/${segment(name)}/tenants`;
+    const answer = await this.#transport.request("GET", path, undefined, { idempotent: true });
+    return limitsByTenant(answer.body);
+  }
+}
+
+/**
+ * The `tenants` object of a tenant-limits answer, with `ceiling` `null` where none is set.
+ * @param {any} body
+ * @returns {Record<string, TenantLimits>}
+ */
+function limitsByTenant(body) {
+  // fromEntries defines own properties: a tenant named "__proto__" stays a tenant.
+  return Object.fromEntries(
+    Object.entries(body.tenants).map(([tenant, limits]) => [
+      tenant,
+      { ceiling: limits.ceiling ?? null, floor: limits.floor ?? 0 },
+    ]),
+  );
 }

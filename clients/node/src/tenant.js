@@ -8,6 +8,8 @@ import { InvalidInput } from "./errors.js";
 export const MAX_TENANT_LEN = 64;
 /** The largest share of a tenant. */
 export const MAX_SHARE = 1000;
+/** The highest ceiling (and floor) of a tenant: the largest capacity. */
+export const MAX_CEILING = 1_000_000;
 
 /**
  * The acquire body's tenant fields for `options.tenant` and `options.share`: none without a
@@ -25,6 +27,24 @@ export function tenantFields({ tenant, share }, name) {
     }
     return {};
   }
+  checkTenant(tenant, name);
+  const s = share ?? 1;
+  if (!Number.isInteger(s) || s < 1 || s > MAX_SHARE) {
+    throw new InvalidInput(
+      `invalid share ${JSON.stringify(share)} for "${name}": a whole number between 1 and ${MAX_SHARE}`,
+    );
+  }
+  return { tenant, share: s };
+}
+
+/**
+ * `tenant`, checked as the server checks it.
+ * @param {unknown} tenant
+ * @param {string} name the semaphore's name, for the message
+ * @returns {string}
+ * @throws {InvalidInput} unless it is 1 to 64 bytes of text without control characters
+ */
+export function checkTenant(tenant, name) {
   if (
     typeof tenant !== "string" ||
     // A lone surrogate is no UTF-8 text.
@@ -37,11 +57,31 @@ export function tenantFields({ tenant, share }, name) {
       `invalid tenant ${JSON.stringify(tenant)} for "${name}": 1 to ${MAX_TENANT_LEN} bytes (UTF-8), no control characters`,
     );
   }
-  const s = share ?? 1;
-  if (!Number.isInteger(s) || s < 1 || s > MAX_SHARE) {
+  return tenant;
+}
+
+/**
+ * The body of a tenant-limits PUT (docs/fair-shares.md#ceilings-and-floors), checked as the
+ * server checks it, so that a bad value is refused before anything is sent.
+ * @param {{ceiling?: unknown, floor?: unknown}} limits `ceiling`: 1..1 000 000, or
+ *   `null`/undefined for none; `floor`: 0 up to the ceiling (default 0)
+ * @param {string} name the semaphore's name, for the message
+ * @returns {{ceiling: number | null, floor: number}}
+ * @throws {InvalidInput} a ceiling or floor out of range or not a whole number
+ */
+export function tenantLimitsBody({ ceiling, floor }, name) {
+  const c = ceiling ?? null;
+  if (c !== null && (!Number.isInteger(c) || c < 1 || c > MAX_CEILING)) {
     throw new InvalidInput(
-      `invalid share ${JSON.stringify(share)} for "${name}": a whole number between 1 and ${MAX_SHARE}`,
+      `invalid ceiling ${JSON.stringify(ceiling)} for "${name}": null or a whole number between 1 and ${MAX_CEILING}`,
     );
   }
-  return { tenant, share: s };
+  const f = floor === undefined ? 0 : floor;
+  const top = c ?? MAX_CEILING;
+  if (!Number.isInteger(f) || f < 0 || f > top) {
+    throw new InvalidInput(
+      `invalid floor ${JSON.stringify(floor)} for "${name}": a whole number between 0 and ${c === null ? MAX_CEILING : `the ceiling (${c})`}`,
+    );
+  }
+  return { ceiling: c, floor: f };
 }

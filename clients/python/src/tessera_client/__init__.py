@@ -19,7 +19,7 @@ The asyncio API has the same names in :mod:`tessera_client.aio`.
 from . import aio
 from ._lease import AdmittedLease, Lease
 from ._transport import __version__
-from .client import Admission, Client, Decision, RateLimiter, Semaphore
+from .client import Admission, Client, Decision, RateLimiter, Semaphore, TenantLimits
 from .errors import (
     CapacityMismatch,
     ConnectionFailed,
@@ -53,6 +53,7 @@ __all__ = [
     "RateLimiter",
     "Admission",
     "Decision",
+    "TenantLimits",
     "Lease",
     "AdmittedLease",
     "TesseraError",

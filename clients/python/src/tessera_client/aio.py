@@ -359,6 +359,18 @@ class Client:
             )
         )
 
+    async def set_tenant_limits(
+        self, name: str, tenant: str, *, ceiling: int | None = None, floor: int = 0
+    ) -> dict[str, _sync.TenantLimits]:
+        """See :meth:`tessera_client.Client.set_tenant_limits`."""
+        return await _in_thread(
+            lambda: self._sync.set_tenant_limits(name, tenant, ceiling=ceiling, floor=floor)
+        )
+
+    async def tenant_limits(self, name: str) -> dict[str, _sync.TenantLimits]:
+        """See :meth:`tessera_client.Client.tenant_limits`."""
+        return await _in_thread(lambda: self._sync.tenant_limits(name))
+
     async def close(self) -> None:
         """Releases the leases still held through this client and closes idle connections."""
         await _in_thread(self._sync.close)

@@ -54,6 +54,26 @@ MAX_TENANT_LEN = 64
 MAX_SHARE = 1000
 
 
+#: The highest ceiling (and floor) of a tenant: the largest capacity.
+MAX_CEILING = 1_000_000
+
+
+def _check_tenant(tenant: object) -> str:
+    """``tenant``, checked as the server checks it: :class:`InvalidInput` unless it is 1 to
+    64 bytes of UTF-8 without control characters."""
+    try:
+        size = len(tenant.encode("utf-8")) if isinstance(tenant, str) else 0
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 string
+        size = 0
+    if not isinstance(tenant, str) or not 1 <= size <= MAX_TENANT_LEN or any(
+        unicodedata.category(c) == "Cc" for c in tenant
+    ):
+        raise errors.InvalidInput(
+            f"invalid tenant {tenant!r}: 1 to {MAX_TENANT_LEN} bytes (UTF-8), no control characters"
+        )
+    return tenant
+
+
 def _tenant_fields(tenant: str | None, share: int | None) -> dict[str, Any]:
     """The ``tenant`` and ``share`` fields of an acquire body, checked as the server checks
     them, so that a bad value raises :class:`InvalidInput` before anything is sent."""
@@ -61,14 +81,7 @@ def _tenant_fields(tenant: str | None, share: int | None) -> dict[str, Any]:
         if share is not None:
             raise errors.InvalidInput(f"invalid share {share!r}: a share needs a tenant")
         return {}
-    try:
-        size = len(tenant.encode("utf-8")) if isinstance(tenant, str) else 0
-    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 string
-        size = 0
-    if not 1 <= size <= MAX_TENANT_LEN or any(unicodedata.category(c) == "Cc" for c in tenant):
-        raise errors.InvalidInput(
-            f"invalid tenant {tenant!r}: 1 to {MAX_TENANT_LEN} bytes (UTF-8), no control characters"
-        )
+    _check_tenant(tenant)
     if share is None:
         share = 1
     if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= MAX_SHARE:
@@ -259,6 +272,38 @@ class Client:
             share=share,
         )
 
+    def set_tenant_limits(
+        self, name: str, tenant: str, *, ceiling: int | None = None, floor: int = 0
+    ) -> dict[str, TenantLimits]:
+        """Sets ``tenant``'s ceiling and floor on the semaphore ``name`` (admin;
+        docs/fair-shares.md) and returns every tenant's limits on it after the change.
+
+        The tenant never holds more than ``ceiling`` permits (1 to 1,000,000; None: no
+        ceiling), and ``floor`` permits (0 to the ceiling) are kept for it while it holds
+        fewer: other tenants are not granted the permits it would need to reach its floor.
+        The server keeps them for the name, also while nobody holds or waits, until they
+        are changed or the semaphore is deleted; ``set_tenant_limits(name, tenant)`` (no
+        ceiling, floor 0) removes them. They apply from the server's next grant; a tenant
+        above a lowered ceiling keeps what it holds.
+
+        On success the limits are set. A bad tenant, ceiling or floor raises
+        :class:`InvalidInput` (``status`` None) before anything is sent; floors that would
+        add up above the capacity of a semaphore the server holds raise
+        :class:`InvalidInput` (400), and a store that keeps no limits :class:`Unsupported`
+        (501): on either error nothing changed. Retried after a dropped connection (setting
+        the same values twice is setting them once).
+        """
+        body = _limits_body(ceiling, floor)
+        path = f"/v1/semaphores/{quote(name)}/tenants/{quote(_check_tenant(tenant))}"
+        return _tenant_limits(self._transport.call("PUT", path, body, retry=True).body)
+
+    def tenant_limits(self, name: str) -> dict[str, TenantLimits]:
+        """Every tenant's ceiling and floor set on the semaphore ``name``, by tenant; empty
+        when none is set (and on a store that keeps none). Retried after a dropped
+        connection."""
+        path = f"/v1/semaphores/{quote(name)}/tenants"
+        return _tenant_limits(self._transport.call("GET", path, retry=True).body)
+
     def held(self) -> list[Lease]:
         """The leases acquired through this client and not yet released or found gone."""
         return held_leases(self._transport)
@@ -430,6 +475,42 @@ def _wait_out(e: errors.TesseraError, clock: Clock, deadline: float | None, canc
     if deadline is not None and clock() + delay > deadline:
         raise e
     pause(delay, cancel)
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """A tenant's ceiling and floor on a semaphore (docs/fair-shares.md), as
+    :meth:`Client.tenant_limits` lists them: the tenant never holds more than ``ceiling``
+    permits (None: no ceiling), and ``floor`` permits are kept for it while it holds fewer
+    (0: none)."""
+
+    ceiling: int | None = None
+    floor: int = 0
+
+
+def _limits_body(ceiling: int | None, floor: int) -> dict[str, Any]:
+    """The body of a tenant-limits PUT, checked as the server checks it, so that a bad value
+    raises :class:`InvalidInput` before anything is sent."""
+    if ceiling is not None and (
+        isinstance(ceiling, bool) or not isinstance(ceiling, int) or not 1 <= ceiling <= MAX_CEILING
+    ):
+        raise errors.InvalidInput(
+            f"invalid ceiling {ceiling!r}: None or a whole number between 1 and {MAX_CEILING}"
+        )
+    top = MAX_CEILING if ceiling is None else ceiling
+    if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor <= top:
+        raise errors.InvalidInput(
+            f"invalid floor {floor!r}: a whole number between 0 and "
+            + (f"{MAX_CEILING}" if ceiling is None else f"the ceiling ({ceiling})")
+        )
+    return {"ceiling": ceiling, "floor": floor}
+
+
+def _tenant_limits(body: dict[str, Any]) -> dict[str, TenantLimits]:
+    return {
+        tenant: TenantLimits(limits.get("ceiling"), limits.get("floor", 0))
+        for tenant, limits in body["tenants"].items()
+    }
 
 
 @dataclass(frozen=True)
