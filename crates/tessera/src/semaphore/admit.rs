@@ -16,9 +16,11 @@
 //! 2026-12-06), and one expiry woke every queued admission at once. A waiter's heartbeat
 //! ([`Backend::heartbeat`], gathered into one call per semaphore on PostgreSQL and Redis)
 //! renews the place and runs the store's purge and hand-off, which pushes the turn. The whole
-//! request is still re-sent every [`ADMIT_EVERY`]th heartbeat, and at every heartbeat while
-//! the store last placed this waiter at the head: the safety net for a wake-up lost without a
-//! sign, which would leave the head, and everyone behind it, waiting. A store that polls
+//! request is still re-sent every `p`th heartbeat for a waiter the store last placed `p`
+//! ahead of the head (at least every [`ADMIT_EVERY`]th, at most every [`ADMIT_EVERY_MAX`]th),
+//! and at every heartbeat while at the head: the safety net for a wake-up lost without a
+//! sign (a listener's reconnect wakes every waiter already), which would leave the head, and
+//! everyone behind it, waiting. A store that polls
 //! ([`Waking::PushWithPoll`], [`Waking::Poll`]) re-sends the request at each poll, as its
 //! pushes can be missed.
 
@@ -37,9 +39,21 @@ use tessera_core::rate::spec::RateConfig;
 use tessera_core::seam::{AdmissionBackend, AdmitReply, AdmitRequest, Waking};
 use tessera_core::wake;
 
-/// On a store that pushes every turn, a queued admission re-sends its request at every this
-/// many heartbeats (and at each one while at the head); the others renew its place alone.
+/// On a store that pushes every turn, a queued admission re-sends its request at least every
+/// this many heartbeats (and at each one while at the head); the others renew its place alone.
 pub(crate) const ADMIT_EVERY: u32 = 4;
+/// ... and at most every this many, further back in the queue.
+pub(crate) const ADMIT_EVERY_MAX: u32 = 32;
+
+/// Every how many heartbeats a queued admission last placed `position` ahead of the head
+/// re-sends its request: [`ADMIT_EVERY`] near the head, up to [`ADMIT_EVERY_MAX`] deep in
+/// the queue, whose wake-up (the only one a lost push could stall the queue on) is that many
+/// hand-offs away.
+fn admit_every(position: u64) -> u32 {
+    u32::try_from(position)
+        .unwrap_or(u32::MAX)
+        .clamp(ADMIT_EVERY, ADMIT_EVERY_MAX)
+}
 
 /// The windows' part of an admission.
 pub(crate) struct Windows<'a> {
@@ -211,7 +225,7 @@ impl Semaphore {
                     && !notified
                     && reask_at.is_none_or(|t| wake_at < t)
                     && position > 0
-                    && beats + 1 < ADMIT_EVERY;
+                    && beats + 1 < admit_every(position);
                 if !renew_only {
                     break;
                 }
