@@ -218,7 +218,7 @@ BEGIN
         END IF;
         st.limits := coalesce(cardinality(st.lim_tenant), 0);
         IF st.limits <> 0 THEN
-            st.lim_held := array_fill(0::bigint, ARRAY[st.limits]);
+            st.lim_held := array_fill(0::bigint, ARRAY[st.limits::int]);
             st := tessera__check_limits(st);
         END IF;
         IF st.limits <> r.limits THEN
@@ -693,7 +693,7 @@ BEGIN
     IF st.limits <> 0 THEN
         -- With limits the head is the first waiter not at its ceiling (there may be none).
         h := tessera__limited_head(st);
-        RETURN h.seq IS NULL OR (p_start, st.next_seq) < (h.tag, h.seq);
+        RETURN h.o_seq IS NULL OR (p_start, st.next_seq) < (h.o_tag, h.o_seq);
     END IF;
     IF st.tenants = 0 AND p_tenant IS NULL THEN
         RETURN false;
