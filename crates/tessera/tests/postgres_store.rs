@@ -1237,6 +1237,90 @@ async fn a_second_store_sees_and_keeps_the_limits_a_first_one_set() {
     assert!(first.tenant_limits("jobs").await.unwrap().is_empty());
 }
 
+/// Admissions of a name with ceilings and floors answer as on the memory store (the
+/// reference model), step by step: a tenant at its ceiling queues and does not hold back a
+/// request behind it, a floor keeps its permit against others and grants its tenant at once,
+/// a freed permit wakes the capped admission once its tenant is below its ceiling, and its
+/// own step then grants it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_with_limits_answer_as_on_the_memory_store() {
+    let server = PostgresServer::start();
+    let pg = Store::connect(&server.url_with_schema("admlim"))
+        .await
+        .unwrap();
+    let model = Store::connect(&format!("memory://admlim-{}", LeaseId::random()))
+        .await
+        .unwrap();
+    let n = name("provider");
+    let config = RateConfig::new(&["1000/s".parse().unwrap()], RateMode::Exact).unwrap();
+    for s in [&pg, &model] {
+        let bulk = TenantLimits::new(Some(1), 0).unwrap();
+        s.set_tenant_limits("provider", "bulk", bulk).await.unwrap();
+        let alerts = TenantLimits::new(None, 1).unwrap();
+        s.set_tenant_limits("provider", "alerts", alerts).await.unwrap();
+    }
+    let admit = |lease: LeaseId, tenant: Option<&str>| AdmitRequest {
+        acquire: AcquireRequest {
+            tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+            ..req(lease, 1, LONG, Some((LONG, 10)))
+        },
+        cost: 1,
+        update: false,
+        at_head: false,
+    };
+    let answer = |r: AdmitReply| match r {
+        AdmitReply::Granted { .. } => "granted".to_string(),
+        AdmitReply::Queued { position, .. } => format!("queued {position}"),
+        other => format!("{other:?}"),
+    };
+    let (x1, x2, y1, y2, z1) = (
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+    );
+    let steps = [
+        (x1, Some("bulk"), "granted"),
+        (x2, Some("bulk"), "queued 0"),
+        (y1, None, "granted"),
+        (y2, None, "queued 1"),
+        (z1, Some("alerts"), "granted"),
+    ];
+    for (lease, tenant, want) in steps {
+        for s in [&pg, &model] {
+            let adm = s.backend().admission().unwrap();
+            let got = answer(adm.admit(&n, 3, &config, &admit(lease, tenant)).await.unwrap());
+            assert_eq!(got, want, "{tenant:?}");
+        }
+    }
+    // x1 goes: bulk is below its ceiling, its admission at the head is woken, not granted,
+    // and y2 behind it waits; x2's own step grants it.
+    for s in [&pg, &model] {
+        assert!(s.backend().release(&n, x1).await.unwrap());
+        let status = s.backend().status(&n).await.unwrap().unwrap();
+        let queue: Vec<_> = status.queue.iter().map(|w| w.lease_id).collect();
+        assert_eq!(queue, [x2, y2]);
+        let adm = s.backend().admission().unwrap();
+        let got = answer(adm.admit(&n, 3, &config, &admit(x2, Some("bulk"))).await.unwrap());
+        assert_eq!(got, "granted");
+        let mut holders: Vec<_> = s
+            .backend()
+            .status(&n)
+            .await
+            .unwrap()
+            .unwrap()
+            .holders
+            .iter()
+            .map(|h| h.lease_id)
+            .collect();
+        holders.sort();
+        let mut want = vec![x2, y1, z1];
+        want.sort();
+        assert_eq!(holders, want);
+    }
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
 /// lease or of the queue head may use them), the waiters' unique key leads with the lease id
@@ -2350,7 +2434,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "8");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "9");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -618,6 +618,7 @@ BEGIN
         st.finish := 0;
         st.dirty := true;
     END IF;
+    st.low := 0;
     IF st.tenants <> 0 THEN
         DELETE FROM tessera_tenants WHERE name = st.name;
         st.tenants := 0;
