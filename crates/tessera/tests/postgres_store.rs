@@ -1321,6 +1321,49 @@ async fn admissions_with_limits_answer_as_on_the_memory_store() {
     }
 }
 
+/// With limits a grant may pass the queue's least key and move the virtual time past tags
+/// still queued; the row keeps the queue's lower bound (`tag_low`), so those waiters are still
+/// found, also by the hand-off without limits once they are removed: here bulk's capped
+/// waiter (tag 1000) is passed by requests without a tenant until `vtime` is 2000, then its
+/// tenant's limits go and a release hands it the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_passed_under_limits_are_still_found_after_the_limits_go() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "low").await;
+    let n = name("passed");
+    pg.set_tenant_limits(&n, "bulk", TenantLimits::new(Some(1), 0).unwrap())
+        .await
+        .unwrap();
+    let ask = |lease: LeaseId, tenant: Option<&str>| AcquireRequest {
+        tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+        ..req(lease, 1, LONG, Some((LONG, 10)))
+    };
+    let granted = |r: AcquireReply| matches!(r, AcquireReply::Granted(_));
+    let ids: Vec<LeaseId> = (0..5).map(|_| LeaseId::random()).collect();
+    let [x1, x2, y1, y2, y3] = ids[..] else { unreachable!() };
+    assert!(granted(pg.acquire(&n, 3, &ask(x1, Some("bulk"))).await.unwrap()));
+    assert!(!granted(pg.acquire(&n, 3, &ask(x2, Some("bulk"))).await.unwrap()));
+    assert!(granted(pg.acquire(&n, 3, &ask(y1, None)).await.unwrap()));
+    assert!(granted(pg.acquire(&n, 3, &ask(y2, None)).await.unwrap()));
+    assert!(!granted(pg.acquire(&n, 3, &ask(y3, None)).await.unwrap()));
+    // y3 (tag 2000) passes the capped x2 (tag 1000).
+    assert!(pg.release(&n, y1).await.unwrap());
+    let row = || {
+        server.psql("SELECT vtime || ' ' || coalesce(tag_low::text, '-') FROM low.tessera_semaphores")
+    };
+    assert_eq!(row(), "2000 1000");
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>(), [x2]);
+    pg.set_tenant_limits(&n, "bulk", TenantLimits::default())
+        .await
+        .unwrap();
+    assert!(pg.release(&n, x1).await.unwrap());
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert!(status.queue.is_empty(), "{status:?}");
+    assert!(status.holders.iter().any(|h| h.lease_id == x2));
+    assert_eq!(row(), "2000 -");
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
 /// lease or of the queue head may use them), the waiters' unique key leads with the lease id

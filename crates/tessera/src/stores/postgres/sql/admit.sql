@@ -191,7 +191,7 @@ BEGIN
         -- First in the queue: the head's tag and a seq below every waiter's (head_seq, a
         -- lower bound of every waiter's seq, follows it down), so seq stays unique.
         SELECT w.tag INTO tag_ FROM tessera_waiters w
-        WHERE w.name = p_name AND w.tag >= st.low ORDER BY w.tag, w.seq LIMIT 1;
+        WHERE w.name = p_name AND w.tag >= coalesce(st.low, st.vtime) ORDER BY w.tag, w.seq LIMIT 1;
         IF tag_ IS NULL THEN
             PERFORM tessera__corrupt(format('queued %s without a waiter row', st.queued));
         END IF;

@@ -11,8 +11,8 @@
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
 -- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
 -- the head, admit.sql; a lower bound only: the hand-off, in (tag, seq) order, leaves it
--- where it is); every waiter's start tag is at or above `low`, which is `vtime` but for
--- limits (fair shares, migration 8, and ceilings and floors, migration 10: below); an admission waiter (`gate` not NULL, migration 6) is never
+-- where it is); every waiter's start tag is at or above coalesce(low, vtime) (fair shares,
+-- migration 8; `low` for ceilings and floors, migration 10: below); an admission waiter (`gate` not NULL, migration 6) is never
 -- granted by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
@@ -43,9 +43,12 @@
 -- statement that step already runs) and kept by tessera_set_tenant_limits. Without limits
 -- every step is as before, statement for statement (`IF st.limits <> 0` guards every
 -- addition). With limits a grant may go past the queue's least key, so `vtime` may move past
--- tags still queued: the lookups start from `low` = least(vtime, tag_low), the row's
--- `tag_low` keeping that bound while it is below vtime (NULL once the queue is empty; the
--- hand-off without limits raises it to each head it grants, the least key).
+-- tags still queued: a step with limits pins the lookups' bound `low` at the vtime it began
+-- with (or the row's `tag_low`), and its finish stores the queue's least tag in `tag_low`
+-- while that is below vtime (one probe, with limits only). Without limits `low` is NULL and
+-- the lookups start from vtime, as before; a `tag_low` left by limits since removed is
+-- raised by the hand-off to each head it grants (the least key) and cleared once it reaches
+-- vtime or the queue empties.
 --
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
@@ -197,7 +200,7 @@ BEGIN
     st.vtime := r.vtime;
     st.finish := r.finish;
     st.tenants := r.tenants;
-    st.low := least(r.vtime, r.tag_low);
+    st.low := CASE WHEN r.tag_low IS NULL THEN NULL ELSE least(r.tag_low, r.vtime) END;
     st.limits := r.limits;
     st.hwm := 0;
     IF st.used = 0 AND st.queued = 0 THEN
@@ -220,6 +223,7 @@ BEGIN
         IF st.limits <> 0 THEN
             st.lim_held := array_fill(0::bigint, ARRAY[st.limits::int]);
             st := tessera__check_limits(st);
+            st.low := coalesce(st.low, st.vtime);
         END IF;
         IF st.limits <> r.limits THEN
             st.dirty := true;
@@ -234,6 +238,7 @@ BEGIN
     END IF;
     IF st.limits <> 0 THEN
         st := tessera__load_limits(st);
+        st.low := coalesce(st.low, st.vtime);
     END IF;
     IF st.queued > 0 AND st.used < st.capacity THEN
         st := tessera__hand_off(st);
@@ -263,13 +268,19 @@ BEGIN
         UPDATE tessera_meta SET value = st.last_fence
         WHERE key = 'fence_hwm' AND value < st.last_fence;
     ELSIF st.dirty THEN
+        IF st.limits <> 0 AND st.queued > 0 AND st.low < st.vtime THEN
+            -- The queue's least tag, the tightest bound (one probe from the bound before).
+            SELECT w.tag INTO st.low FROM tessera_waiters w
+            WHERE w.name = st.name AND w.tag >= st.low ORDER BY w.tag, w.seq LIMIT 1;
+        END IF;
         UPDATE tessera_semaphores
         SET capacity = st.capacity, used = st.used, queued = st.queued,
             last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
             purge_at = coalesce(st.purge_at, 0),
             head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END,
             vtime = st.vtime, finish = st.finish, tenants = st.tenants, limits = st.limits,
-            tag_low = CASE WHEN st.queued = 0 OR st.low >= st.vtime THEN NULL ELSE st.low END
+            tag_low = CASE WHEN st.queued = 0 OR st.low IS NULL OR st.low >= st.vtime THEN NULL
+                           ELSE st.low END
         WHERE name = st.name;
     END IF;
 END $$;
@@ -332,8 +343,8 @@ BEGIN
 END $$;
 
 -- Strict order: grants the queue head while it fits (at most 1,024 per step); a head that does
--- not fit blocks everyone behind it. The head is the least (tag, seq) from `tag >= low` up
--- (every waiter's tag is at or above low: see "Fair shares" above; without tenants the
+-- not fit blocks everyone behind it. The head is the least (tag, seq) from the bound up
+-- (every waiter's tag is at or above it: see "Fair shares" above; without tenants the
 -- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted
 -- waiter gets a wake-up carrying its grant, so the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
@@ -366,7 +377,7 @@ BEGIN
         DELETE FROM tessera_waiters
         WHERE name = st.name
           AND seq = (SELECT seq FROM tessera_waiters
-                     WHERE name = st.name AND tag >= st.low ORDER BY tag, seq LIMIT 1)
+                     WHERE name = st.name AND tag >= coalesce(st.low, st.vtime) ORDER BY tag, seq LIMIT 1)
           AND weight <= st.capacity - st.used
           AND gate IS NULL
         RETURNING seq, tag, lease_id, weight, holder, client, ttl, expires_at, tenant INTO h;
@@ -377,7 +388,7 @@ BEGIN
             SET gate = 9223372036854775807
             WHERE name = st.name
               AND seq = (SELECT seq FROM tessera_waiters
-                         WHERE name = st.name AND tag >= st.low ORDER BY tag, seq LIMIT 1)
+                         WHERE name = st.name AND tag >= coalesce(st.low, st.vtime) ORDER BY tag, seq LIMIT 1)
               AND weight <= st.capacity - st.used
               AND gate <= st.now_us
             RETURNING lease_id, client INTO h;
@@ -393,7 +404,9 @@ BEGIN
         st.queued := st.queued - 1;
         st.vtime := greatest(st.vtime, h.tag);
         -- The least key went: every waiter left is at or above its tag.
-        st.low := h.tag;
+        IF st.low IS NOT NULL THEN
+            st.low := h.tag;
+        END IF;
         IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
             PERFORM tessera__check_lease(h.lease_id);
         END IF;
@@ -618,7 +631,7 @@ BEGIN
         st.finish := 0;
         st.dirty := true;
     END IF;
-    st.low := 0;
+    st.low := NULL;
     IF st.tenants <> 0 THEN
         DELETE FROM tessera_tenants WHERE name = st.name;
         st.tenants := 0;
@@ -700,7 +713,7 @@ BEGIN
         RETURN false;
     END IF;
     SELECT w.tag, w.seq INTO h FROM tessera_waiters w
-    WHERE w.name = st.name AND w.tag >= st.low ORDER BY w.tag, w.seq LIMIT 1;
+    WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) ORDER BY w.tag, w.seq LIMIT 1;
     IF NOT FOUND THEN
         PERFORM tessera__corrupt(format('queued %s but no queue head', st.queued));
     END IF;
@@ -713,7 +726,7 @@ RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(*) FROM tessera_waiters w
-            WHERE w.name = st.name AND w.tag >= st.low AND (w.tag, w.seq) < (p_tag, p_seq));
+            WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) AND (w.tag, w.seq) < (p_tag, p_seq));
 END $$;
 
 -- How many waiters are ahead of the queued `p_lease` (0 if it is not queued).
@@ -722,7 +735,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(*) FROM tessera_waiters w, tessera_waiters me
             WHERE me.name = st.name AND me.lease_id = p_lease
-              AND w.name = st.name AND w.tag >= st.low AND (w.tag, w.seq) < (me.tag, me.seq));
+              AND w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) AND (w.tag, w.seq) < (me.tag, me.seq));
 END $$;
 
 -- Ceilings and floors (migration 10; docs/fair-shares.md, "Ceilings and floors"). Only a
@@ -827,7 +840,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     SELECT w.tag, w.seq, w.weight, w.gate, w.tenant INTO o_tag, o_seq, o_weight, o_gate, o_tenant
     FROM tessera_waiters w
-    WHERE w.name = st.name AND w.tag >= st.low
+    WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime)
       AND w.weight <= coalesce(st.lim_ceiling[array_position(st.lim_tenant, w.tenant)]
                                - st.lim_held[array_position(st.lim_tenant, w.tenant)], w.weight)
     ORDER BY w.tag, w.seq LIMIT 1;
@@ -907,7 +920,7 @@ BEGIN
             SELECT x.seq INTO seq_
             FROM unnest(st.lim_tenant, v_max) AS c(t, m),
                  LATERAL (SELECT w.tag, w.seq FROM tessera_waiters w
-                          WHERE w.name = st.name AND w.tenant = c.t AND w.tag >= st.low
+                          WHERE w.name = st.name AND w.tenant = c.t AND w.tag >= coalesce(st.low, st.vtime)
                             AND w.gate IS NULL AND w.weight <= c.m
                           ORDER BY w.tag, w.seq LIMIT 1) x
             WHERE c.m >= 1

@@ -49,6 +49,10 @@ BEGIN
         ON CONFLICT (name, tenant) DO UPDATE SET ceiling = excluded.ceiling, floor = excluded.floor;
     END IF;
     st := tessera__load_limits(st);
+    IF st.limits <> 0 THEN
+        -- Grants with limits may pass the queue's least key: the lookups keep today's bound.
+        st.low := coalesce(st.low, st.vtime);
+    END IF;
     st.dirty := true;
     IF st.queued > 0 AND st.used < st.capacity THEN
         st := tessera__hand_off(st);
