@@ -1196,7 +1196,9 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_store_sees_and_keeps_the_limits_a_first_one_set() {
     let server = PostgresServer::start();
-    let first = Store::connect(&server.url_with_schema("two")).await.unwrap();
+    let first = Store::connect(&server.url_with_schema("two"))
+        .await
+        .unwrap();
     let second = Store::connect(&peer_url(&server, "two")).await.unwrap();
     assert!(second.backend().capabilities().tenant_limits);
     let one = TenantLimits::new(Some(1), 0).unwrap();
@@ -1222,7 +1224,10 @@ async fn a_second_store_sees_and_keeps_the_limits_a_first_one_set() {
         .unwrap()
         .is_none_or(|s| s.queue.is_empty())
     {
-        assert!(tokio::time::Instant::now() < deadline, "the waiter never queued");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let two = TenantLimits::new(Some(2), 0).unwrap();
@@ -1257,7 +1262,9 @@ async fn admissions_with_limits_answer_as_on_the_memory_store() {
         let bulk = TenantLimits::new(Some(1), 0).unwrap();
         s.set_tenant_limits("provider", "bulk", bulk).await.unwrap();
         let alerts = TenantLimits::new(None, 1).unwrap();
-        s.set_tenant_limits("provider", "alerts", alerts).await.unwrap();
+        s.set_tenant_limits("provider", "alerts", alerts)
+            .await
+            .unwrap();
     }
     let admit = |lease: LeaseId, tenant: Option<&str>| AdmitRequest {
         acquire: AcquireRequest {
@@ -1290,7 +1297,11 @@ async fn admissions_with_limits_answer_as_on_the_memory_store() {
     for (lease, tenant, want) in steps {
         for s in [&pg, &model] {
             let adm = s.backend().admission().unwrap();
-            let got = answer(adm.admit(&n, 3, &config, &admit(lease, tenant)).await.unwrap());
+            let got = answer(
+                adm.admit(&n, 3, &config, &admit(lease, tenant))
+                    .await
+                    .unwrap(),
+            );
             assert_eq!(got, want, "{tenant:?}");
         }
     }
@@ -1302,7 +1313,11 @@ async fn admissions_with_limits_answer_as_on_the_memory_store() {
         let queue: Vec<_> = status.queue.iter().map(|w| w.lease_id).collect();
         assert_eq!(queue, [x2, y2]);
         let adm = s.backend().admission().unwrap();
-        let got = answer(adm.admit(&n, 3, &config, &admit(x2, Some("bulk"))).await.unwrap());
+        let got = answer(
+            adm.admit(&n, 3, &config, &admit(x2, Some("bulk")))
+                .await
+                .unwrap(),
+        );
         assert_eq!(got, "granted");
         let mut holders: Vec<_> = s
             .backend()
@@ -1340,20 +1355,30 @@ async fn waiters_passed_under_limits_are_still_found_after_the_limits_go() {
     };
     let granted = |r: AcquireReply| matches!(r, AcquireReply::Granted(_));
     let ids: Vec<LeaseId> = (0..5).map(|_| LeaseId::random()).collect();
-    let [x1, x2, y1, y2, y3] = ids[..] else { unreachable!() };
-    assert!(granted(pg.acquire(&n, 3, &ask(x1, Some("bulk"))).await.unwrap()));
-    assert!(!granted(pg.acquire(&n, 3, &ask(x2, Some("bulk"))).await.unwrap()));
+    let [x1, x2, y1, y2, y3] = ids[..] else {
+        unreachable!()
+    };
+    assert!(granted(
+        pg.acquire(&n, 3, &ask(x1, Some("bulk"))).await.unwrap()
+    ));
+    assert!(!granted(
+        pg.acquire(&n, 3, &ask(x2, Some("bulk"))).await.unwrap()
+    ));
     assert!(granted(pg.acquire(&n, 3, &ask(y1, None)).await.unwrap()));
     assert!(granted(pg.acquire(&n, 3, &ask(y2, None)).await.unwrap()));
     assert!(!granted(pg.acquire(&n, 3, &ask(y3, None)).await.unwrap()));
     // y3 (tag 2000) passes the capped x2 (tag 1000).
     assert!(pg.release(&n, y1).await.unwrap());
     let row = || {
-        server.psql("SELECT vtime || ' ' || coalesce(tag_low::text, '-') FROM low.tessera_semaphores")
+        server
+            .psql("SELECT vtime || ' ' || coalesce(tag_low::text, '-') FROM low.tessera_semaphores")
     };
     assert_eq!(row(), "2000 1000");
     let status = pg.status(&n).await.unwrap().unwrap();
-    assert_eq!(status.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>(), [x2]);
+    assert_eq!(
+        status.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>(),
+        [x2]
+    );
     pg.set_tenant_limits(&n, "bulk", TenantLimits::default())
         .await
         .unwrap();
