@@ -102,6 +102,12 @@
 //!   statements it ran before. Migration 9 (`sql/schema_9.sql`; step revision 8) keeps the
 //!   tenant a request named on its waiter's row and its holder's (`tenant`, NULL for none):
 //!   every lease and waiter the store returns carries it, a hand-off's wake-up payload too.
+//! - **Ceilings and floors** (migration 10, `sql/schema_10.sql`; step revision 9): tenants'
+//!   limits in the table `tessera_limits`, kept for the name (an idle semaphore's row goes,
+//!   they stay), counted on the semaphore's row (`limits`) so that a step of a name without
+//!   limits runs the statements it ran before; the memory store's rules in the functions'
+//!   step (`sql/common.sql`, "Ceilings and floors"), set by `tessera_set_tenant_limits`
+//!   (`sql/limits.sql`) and read by a plain query (`ops::TENANT_LIMITS`).
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
