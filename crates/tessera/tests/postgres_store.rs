@@ -1389,6 +1389,49 @@ async fn waiters_passed_under_limits_are_still_found_after_the_limits_go() {
     assert_eq!(row(), "2000 -");
 }
 
+/// Limits set while another process creates the semaphore's row: whichever commits first,
+/// the row counts the limits and the next request gets them. `tessera_set_tenant_limits` on
+/// a name without a row inserts a placeholder row (deleted again before its commit), so an
+/// acquire that creates the row at the same time waits for it and then reads the limits, or
+/// commits first and the set counts them on its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_set_while_another_process_creates_the_row_are_kept_by_it() {
+    let server = PostgresServer::start();
+    let first = Store::connect(&server.url_with_schema("race"))
+        .await
+        .unwrap();
+    let second = Store::connect(&peer_url(&server, "race")).await.unwrap();
+    let one = TenantLimits::new(Some(1), 0).unwrap();
+    let ask = |tenant: &str| AcquireRequest {
+        tenant: Some(Tenant::new(tenant, 1).unwrap()),
+        ..req(LeaseId::random(), 1, LONG, None)
+    };
+    let granted = |r: AcquireReply| matches!(r, AcquireReply::Granted(_));
+    for i in 0..40 {
+        let n = name(&format!("r{i}"));
+        let r = ask("t");
+        let (set, got) = tokio::join!(
+            first.set_tenant_limits(n.as_str(), "t", one),
+            second.backend().acquire(&n, 3, &r)
+        );
+        set.unwrap();
+        assert!(granted(got.unwrap()), "{n}: the first request of t");
+        // t is at its ceiling, whichever came first.
+        let again = second.backend().acquire(&n, 3, &ask("t")).await.unwrap();
+        assert!(
+            !granted(again),
+            "{n}: t's second request passed its ceiling"
+        );
+    }
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM race.tessera_semaphores s \
+             WHERE s.limits <> (SELECT count(*) FROM race.tessera_limits l WHERE l.name = s.name)"
+        ),
+        "0"
+    );
+}
+
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
 /// store plans with sequential scans off, the expiry indexes are partial (no lookup of a
 /// lease or of the queue head may use them), the waiters' unique key leads with the lease id
