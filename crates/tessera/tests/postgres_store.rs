@@ -285,7 +285,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7,8,9"
+        "1,2,3,4,5,6,7,8,9,10"
     );
 }
 
@@ -813,7 +813,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -824,7 +824,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -836,7 +836,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -891,7 +891,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "8");
+    assert_eq!(revision(), "9");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -903,11 +903,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "8");
+    assert_eq!(revision(), "9");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9,10");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -962,7 +962,7 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
          DELETE FROM pre.tessera_migrations WHERE version >= 8",
     );
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9,10");
     assert!(pg.capabilities().fair_shares);
     let t = LeaseId::random();
     let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
@@ -1024,7 +1024,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
            fence bigint, holder text, acquired_at bigint, expires_at bigint) \
          LANGUAGE sql AS $$ SELECT 'waiting'::text, 0::bigint, NULL::bigint, NULL::int4[], \
            NULL::bigint, NULL::text, NULL::bigint, NULL::bigint $$; \
-         DELETE FROM nine.tessera_migrations WHERE version = 9",
+         DELETE FROM nine.tessera_migrations WHERE version >= 9",
     );
     // The previous build's process: its statements, prepared (and cached) before the upgrade.
     let mut old = sqlx::PgConnection::connect(&server.url()).await.unwrap();
@@ -1047,7 +1047,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     }
     assert_eq!(heartbeat(&mut old, w1).await, "waiting");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9,10");
     // The previous build's acquire with a tenant: its columns, the new function.
     let t = LeaseId::random();
     let row = sqlx::query(
@@ -1085,6 +1085,351 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
         panic!("w1 was not handed the permit")
     };
     assert_eq!(g.lease.tenant, None);
+}
+
+/// A schema at version 9 with a holder and a waiter gains tenants' ceilings and floors
+/// (migration 10) at the next connect, while a process of the previous build stays connected:
+/// the rows are kept, the table `tessera_limits` and the row's count `limits` come, and the
+/// previous build's statements (no function changed its arguments or its result columns),
+/// one of them cached before the upgrade, keep working against the new functions, whose
+/// requests get the limits set after it (the rolling upgrade of `docs/stores/postgres.md`,
+/// "Ceilings and floors").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connected_process_of_the_previous_build_keeps_working_across_migration_10() {
+    use sqlx::{Connection, Row};
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("ten");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    drop(pg);
+    // What a build of migration 9 left: no limits (table, count, bound, index, state, set
+    // function); its heartbeat here a stub of the same shape answering 'waiting'.
+    server.psql(
+        "DROP TABLE ten.tessera_limits; DROP INDEX ten.tessera_waiters_by_tenant; \
+         DROP FUNCTION ten.tessera_set_tenant_limits(text, text, bigint, bigint, text); \
+         ALTER TABLE ten.tessera_semaphores DROP COLUMN limits, DROP COLUMN tag_low; \
+         ALTER TYPE ten.tessera_step DROP ATTRIBUTE limits, DROP ATTRIBUTE low, \
+           DROP ATTRIBUTE lim_tenant, DROP ATTRIBUTE lim_ceiling, DROP ATTRIBUTE lim_floor, \
+           DROP ATTRIBUTE lim_held; \
+         DROP FUNCTION ten.tessera_heartbeat(text, text, bigint); \
+         CREATE FUNCTION ten.tessera_heartbeat(p_name text, p_lease text, p_waiter_ttl bigint) \
+         RETURNS TABLE (outcome text, now_us bigint, weight bigint, seats int4[], \
+           fence bigint, holder text, acquired_at bigint, expires_at bigint, tenant text) \
+         LANGUAGE sql AS $$ SELECT 'waiting'::text, 0::bigint, NULL::bigint, NULL::int4[], \
+           NULL::bigint, NULL::text, NULL::bigint, NULL::bigint, NULL::text $$; \
+         DELETE FROM ten.tessera_migrations WHERE version >= 10",
+    );
+    // The previous build's process, its heartbeat statement prepared (and cached) before.
+    let mut old = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::query("SET search_path TO ten")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    async fn heartbeat(old: &mut sqlx::PgConnection, lease: LeaseId) -> String {
+        sqlx::query(
+            "SELECT outcome, now_us, weight, seats, fence, holder, acquired_at, expires_at, \
+             tenant FROM tessera_heartbeat($1, $2, $3)",
+        )
+        .bind("kept")
+        .bind(lease.to_string())
+        .bind(3_600_000_000i64)
+        .fetch_one(old)
+        .await
+        .unwrap()
+        .get("outcome")
+    }
+    /// The previous build's acquire of capacity 3, with a tenant or (nine arguments) without.
+    async fn acquire(old: &mut sqlx::PgConnection, lease: LeaseId, tenant: Option<&str>) -> String {
+        let sql = match tenant {
+            Some(_) => {
+                "SELECT outcome FROM tessera_acquire($1, 3, $2, 1, 3600000000, 'old', '', \
+                 3600000000, 10, $3, 1)"
+            }
+            None => {
+                "SELECT outcome FROM tessera_acquire($1, 3, $2, 1, 3600000000, 'old', '', \
+                 3600000000, 10)"
+            }
+        };
+        let mut q = sqlx::query(sql).bind("kept").bind(lease.to_string());
+        if let Some(t) = tenant {
+            q = q.bind(t);
+        }
+        q.fetch_one(old).await.unwrap().get("outcome")
+    }
+    assert_eq!(heartbeat(&mut old, w1).await, "waiting");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "ten"), "1,2,3,4,5,6,7,8,9,10");
+    assert!(pg.capabilities().tenant_limits);
+    // The rows are kept.
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, a);
+    assert_eq!(status.queue[0].lease_id, w1);
+    let one = TenantLimits::new(Some(1), 0).unwrap();
+    pg.set_tenant_limits(&n, "billing", one).await.unwrap();
+    assert_eq!(
+        server.psql("SELECT limits FROM ten.tessera_semaphores WHERE name = 'kept'"),
+        "1"
+    );
+    assert_eq!(pg.tenant_limits(&n).await.unwrap()["billing"], one);
+    // Three permits: w1 gets the second, billing's first request the third; its second
+    // waits at its ceiling, and a request without a tenant (the old nine arguments) queues.
+    assert_eq!(pg.resize(&n, 3).await.unwrap(), 1);
+    assert_eq!(heartbeat(&mut old, w1).await, "granted");
+    let (b1, b2, c) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    assert_eq!(acquire(&mut old, b1, Some("billing")).await, "granted");
+    assert_eq!(acquire(&mut old, b2, Some("billing")).await, "queued");
+    assert_eq!(acquire(&mut old, c, None).await, "queued");
+    // A freed permit passes billing's capped waiter for the one behind it.
+    assert!(pg.release(&n, a).await.unwrap());
+    assert_eq!(heartbeat(&mut old, c).await, "granted");
+    assert_eq!(heartbeat(&mut old, b2).await, "waiting");
+    // Billing's own release lets its next one in.
+    assert!(pg.release(&n, b1).await.unwrap());
+    assert_eq!(heartbeat(&mut old, b2).await, "granted");
+}
+
+/// Limits set through one process's store are the name's, for every process: a second store
+/// (another role: its own listener and wake-up channel) lists them and its requests get them,
+/// also after the semaphore went idle; a raised ceiling set by the first wakes the second's
+/// waiter at once; and what the second removes, the first no longer lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_store_sees_and_keeps_the_limits_a_first_one_set() {
+    let server = PostgresServer::start();
+    let first = Store::connect(&server.url_with_schema("two"))
+        .await
+        .unwrap();
+    let second = Store::connect(&peer_url(&server, "two")).await.unwrap();
+    assert!(second.backend().capabilities().tenant_limits);
+    let one = TenantLimits::new(Some(1), 0).unwrap();
+    first.set_tenant_limits("jobs", "batch", one).await.unwrap();
+    assert_eq!(second.tenant_limits("jobs").await.unwrap()["batch"], one);
+    let opts = SemaphoreOptions::default().tenant(Tenant::new("batch", 1).unwrap());
+    let batch = Semaphore::new(&second, "jobs", 2, opts).unwrap();
+    for _ in 0..2 {
+        let p = batch.acquire().await.unwrap();
+        assert!(
+            batch.try_acquire().await.unwrap().is_none(),
+            "at its ceiling"
+        );
+        p.release().await.unwrap();
+        assert!(second.status("jobs").await.unwrap().is_none(), "idle");
+    }
+    let p = batch.acquire().await.unwrap();
+    let waiter = queue_one(&batch);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while second
+        .status("jobs")
+        .await
+        .unwrap()
+        .is_none_or(|s| s.queue.is_empty())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let two = TenantLimits::new(Some(2), 0).unwrap();
+    first.set_tenant_limits("jobs", "batch", two).await.unwrap();
+    let q = granted(waiter, "the raised ceiling lets the waiter in").await;
+    q.release().await.unwrap();
+    p.release().await.unwrap();
+    second
+        .set_tenant_limits("jobs", "batch", TenantLimits::default())
+        .await
+        .unwrap();
+    assert!(first.tenant_limits("jobs").await.unwrap().is_empty());
+}
+
+/// Admissions of a name with ceilings and floors answer as on the memory store (the
+/// reference model), step by step: a tenant at its ceiling queues and does not hold back a
+/// request behind it, a floor keeps its permit against others and grants its tenant at once,
+/// a freed permit wakes the capped admission once its tenant is below its ceiling, and its
+/// own step then grants it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_with_limits_answer_as_on_the_memory_store() {
+    let server = PostgresServer::start();
+    let pg = Store::connect(&server.url_with_schema("admlim"))
+        .await
+        .unwrap();
+    let model = Store::connect(&format!("memory://admlim-{}", LeaseId::random()))
+        .await
+        .unwrap();
+    let n = name("provider");
+    let config = RateConfig::new(&["1000/s".parse().unwrap()], RateMode::Exact).unwrap();
+    for s in [&pg, &model] {
+        let bulk = TenantLimits::new(Some(1), 0).unwrap();
+        s.set_tenant_limits("provider", "bulk", bulk).await.unwrap();
+        let alerts = TenantLimits::new(None, 1).unwrap();
+        s.set_tenant_limits("provider", "alerts", alerts)
+            .await
+            .unwrap();
+    }
+    let admit = |lease: LeaseId, tenant: Option<&str>| AdmitRequest {
+        acquire: AcquireRequest {
+            tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+            ..req(lease, 1, LONG, Some((LONG, 10)))
+        },
+        cost: 1,
+        update: false,
+        at_head: false,
+    };
+    let answer = |r: AdmitReply| match r {
+        AdmitReply::Granted { .. } => "granted".to_string(),
+        AdmitReply::Queued { position, .. } => format!("queued {position}"),
+        other => format!("{other:?}"),
+    };
+    let (x1, x2, y1, y2, z1) = (
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+        LeaseId::random(),
+    );
+    let steps = [
+        (x1, Some("bulk"), "granted"),
+        (x2, Some("bulk"), "queued 0"),
+        (y1, None, "granted"),
+        (y2, None, "queued 1"),
+        (z1, Some("alerts"), "granted"),
+    ];
+    for (lease, tenant, want) in steps {
+        for s in [&pg, &model] {
+            let adm = s.backend().admission().unwrap();
+            let got = answer(
+                adm.admit(&n, 3, &config, &admit(lease, tenant))
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(got, want, "{tenant:?}");
+        }
+    }
+    // x1 goes: bulk is below its ceiling, its admission at the head is woken, not granted,
+    // and y2 behind it waits; x2's own step grants it.
+    for s in [&pg, &model] {
+        assert!(s.backend().release(&n, x1).await.unwrap());
+        let status = s.backend().status(&n).await.unwrap().unwrap();
+        let queue: Vec<_> = status.queue.iter().map(|w| w.lease_id).collect();
+        assert_eq!(queue, [x2, y2]);
+        let adm = s.backend().admission().unwrap();
+        let got = answer(
+            adm.admit(&n, 3, &config, &admit(x2, Some("bulk")))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(got, "granted");
+        let mut holders: Vec<_> = s
+            .backend()
+            .status(&n)
+            .await
+            .unwrap()
+            .unwrap()
+            .holders
+            .iter()
+            .map(|h| h.lease_id)
+            .collect();
+        holders.sort();
+        let mut want = vec![x2, y1, z1];
+        want.sort();
+        assert_eq!(holders, want);
+    }
+}
+
+/// With limits a grant may pass the queue's least key and move the virtual time past tags
+/// still queued; the row keeps the queue's lower bound (`tag_low`), so those waiters are still
+/// found, also by the hand-off without limits once they are removed: here bulk's capped
+/// waiter (tag 1000) is passed by requests without a tenant until `vtime` is 2000, then its
+/// tenant's limits go and a release hands it the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_passed_under_limits_are_still_found_after_the_limits_go() {
+    let server = PostgresServer::start();
+    let pg = backend(&server, "low").await;
+    let n = name("passed");
+    pg.set_tenant_limits(&n, "bulk", TenantLimits::new(Some(1), 0).unwrap())
+        .await
+        .unwrap();
+    let ask = |lease: LeaseId, tenant: Option<&str>| AcquireRequest {
+        tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+        ..req(lease, 1, LONG, Some((LONG, 10)))
+    };
+    let granted = |r: AcquireReply| matches!(r, AcquireReply::Granted(_));
+    let ids: Vec<LeaseId> = (0..5).map(|_| LeaseId::random()).collect();
+    let [x1, x2, y1, y2, y3] = ids[..] else {
+        unreachable!()
+    };
+    assert!(granted(
+        pg.acquire(&n, 3, &ask(x1, Some("bulk"))).await.unwrap()
+    ));
+    assert!(!granted(
+        pg.acquire(&n, 3, &ask(x2, Some("bulk"))).await.unwrap()
+    ));
+    assert!(granted(pg.acquire(&n, 3, &ask(y1, None)).await.unwrap()));
+    assert!(granted(pg.acquire(&n, 3, &ask(y2, None)).await.unwrap()));
+    assert!(!granted(pg.acquire(&n, 3, &ask(y3, None)).await.unwrap()));
+    // y3 (tag 2000) passes the capped x2 (tag 1000).
+    assert!(pg.release(&n, y1).await.unwrap());
+    let row = || {
+        server
+            .psql("SELECT vtime || ' ' || coalesce(tag_low::text, '-') FROM low.tessera_semaphores")
+    };
+    assert_eq!(row(), "2000 1000");
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(
+        status.queue.iter().map(|w| w.lease_id).collect::<Vec<_>>(),
+        [x2]
+    );
+    pg.set_tenant_limits(&n, "bulk", TenantLimits::default())
+        .await
+        .unwrap();
+    assert!(pg.release(&n, x1).await.unwrap());
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert!(status.queue.is_empty(), "{status:?}");
+    assert!(status.holders.iter().any(|h| h.lease_id == x2));
+    assert_eq!(row(), "2000 -");
+}
+
+/// Limits set while another process creates the semaphore's row: whichever commits first,
+/// the row counts the limits and the next request gets them. `tessera_set_tenant_limits` on
+/// a name without a row inserts a placeholder row (deleted again before its commit), so an
+/// acquire that creates the row at the same time waits for it and then reads the limits, or
+/// commits first and the set counts them on its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_set_while_another_process_creates_the_row_are_kept_by_it() {
+    let server = PostgresServer::start();
+    let first = Store::connect(&server.url_with_schema("race"))
+        .await
+        .unwrap();
+    let second = Store::connect(&peer_url(&server, "race")).await.unwrap();
+    let one = TenantLimits::new(Some(1), 0).unwrap();
+    let ask = |tenant: &str| AcquireRequest {
+        tenant: Some(Tenant::new(tenant, 1).unwrap()),
+        ..req(LeaseId::random(), 1, LONG, None)
+    };
+    let granted = |r: AcquireReply| matches!(r, AcquireReply::Granted(_));
+    for i in 0..40 {
+        let n = name(&format!("r{i}"));
+        let r = ask("t");
+        let (set, got) = tokio::join!(
+            first.set_tenant_limits(n.as_str(), "t", one),
+            second.backend().acquire(&n, 3, &r)
+        );
+        set.unwrap();
+        assert!(granted(got.unwrap()), "{n}: the first request of t");
+        // t is at its ceiling, whichever came first.
+        let again = second.backend().acquire(&n, 3, &ask("t")).await.unwrap();
+        assert!(
+            !granted(again),
+            "{n}: t's second request passed its ceiling"
+        );
+    }
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM race.tessera_semaphores s \
+             WHERE s.limits <> (SELECT count(*) FROM race.tessera_limits l WHERE l.name = s.name)"
+        ),
+        "0"
+    );
 }
 
 /// The plans of the step's lookups cannot walk a semaphore's dead rows: every session of the
@@ -1170,7 +1515,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -1183,7 +1528,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -2200,7 +2545,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "8");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "9");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -30,6 +30,16 @@ async fn memory(test: &str) -> Fixture {
     }
 }
 
+/// A throwaway PostgreSQL server (stopped on drop), its schema named after the test.
+#[cfg(feature = "postgres")]
+async fn postgres(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    Fixture {
+        store: Store::connect(&server.url_with_schema(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
 /// The reference model beside the store under test.
 async fn reference() -> Store {
     memory("reference").await.store
@@ -88,6 +98,8 @@ macro_rules! on_store {
 }
 
 on_store!(memory_store, memory);
+#[cfg(feature = "postgres")]
+on_store!(postgres_store, postgres);
 
 fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
     AcquireRequest {

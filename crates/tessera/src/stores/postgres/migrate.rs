@@ -21,6 +21,7 @@ pub(super) const MIGRATIONS: &[&[&[&str]]] = &[
     admission::MIGRATION_7,
     ops::MIGRATION_8,
     ops::MIGRATION_9,
+    ops::MIGRATION_10,
 ];
 
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without

@@ -102,6 +102,12 @@
 //!   statements it ran before. Migration 9 (`sql/schema_9.sql`; step revision 8) keeps the
 //!   tenant a request named on its waiter's row and its holder's (`tenant`, NULL for none):
 //!   every lease and waiter the store returns carries it, a hand-off's wake-up payload too.
+//! - **Ceilings and floors** (migration 10, `sql/schema_10.sql`; step revision 9): tenants'
+//!   limits in the table `tessera_limits`, kept for the name (an idle semaphore's row goes,
+//!   they stay), counted on the semaphore's row (`limits`) so that a step of a name without
+//!   limits runs the statements it ran before; the memory store's rules in the functions'
+//!   step (`sql/common.sql`, "Ceilings and floors"), set by `tessera_set_tenant_limits`
+//!   (`sql/limits.sql`) and read by a plain query (`ops::TENANT_LIMITS`).
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
@@ -132,7 +138,7 @@ pub(crate) mod ops;
 mod rate;
 pub(crate) mod url;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,6 +184,8 @@ pub struct PostgresBackend {
     expiries: Arc<Expiries>,
     /// The schema's step orders the queue by tenants' shares (step revision 7, migration 8).
     fair_shares: bool,
+    /// The schema's step keeps tenants' ceilings and floors (step revision 9, migration 10).
+    tenant_limits: bool,
     url: String,
     schema: String,
 }
@@ -285,6 +293,7 @@ impl PostgresBackend {
             heartbeats,
             expiries,
             fair_shares: revision >= 7,
+            tenant_limits: revision >= 9,
             url: config.redacted,
             schema: config.schema,
         })
@@ -615,12 +624,78 @@ impl Backend for PostgresBackend {
         scalar(&row)
     }
 
-    /// Fair shares from step revision 7 (migration 8) on: the queue's order is `(tag, seq)`.
+    /// Fair shares from step revision 7 (migration 8) on: the queue's order is `(tag, seq)`;
+    /// tenants' ceilings and floors from step revision 9 (migration 10) on.
     fn capabilities(&self) -> Capabilities {
-        match self.fair_shares {
+        let caps = match self.fair_shares {
             true => Capabilities::push().with_fair_shares(),
             false => Capabilities::push(),
+        };
+        match self.tenant_limits {
+            true => caps.with_tenant_limits(),
+            false => caps,
         }
+    }
+
+    /// One call (`tessera_set_tenant_limits`, `sql/limits.sql`): checks the floors against a
+    /// live semaphore's capacity under its row lock, writes the limits and hands off what they
+    /// let in; this process's waiters' grants come in the reply.
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        if !self.tenant_limits {
+            return Err(Error::Unsupported(
+                "this schema's functions keep no tenant ceilings or floors (its owner's next \
+                 connect creates them)"
+                    .into(),
+            ));
+        }
+        let row = self
+            .row(
+                sqlx::query(ops::SET_TENANT_LIMITS)
+                    .bind(name.as_str())
+                    .bind(tenant)
+                    .bind(limits.ceiling.map(i64::from))
+                    .bind(i64::from(limits.floor))
+                    .bind(self.listener.client_id()),
+            )
+            .await;
+        let grants = match row.and_then(|row| ops::parse_set_tenant_limits(&row, name)) {
+            Ok(grants) => grants,
+            Err(e @ Error::InvalidInput(_)) => return Err(e),
+            Err(e) => {
+                // A lost reply may have carried a grant: every waiter here asks.
+                self.listener.wake_all();
+                return Err(e);
+            }
+        };
+        for payload in &grants {
+            self.listener.route(payload);
+        }
+        Ok(())
+    }
+
+    /// A plain read of `tessera_limits` (no lock, no step).
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        if !self.tenant_limits {
+            return Ok(BTreeMap::new());
+        }
+        let rows = tokio::time::timeout(RESPONSE_TIMEOUT, async {
+            let mut conn = self.conns.take().await?;
+            let rows = sqlx::query(ops::TENANT_LIMITS)
+                .bind(name.as_str())
+                .fetch_all(conn.conn())
+                .await
+                .map_err(map_err)?;
+            conn.put_back();
+            Ok::<_, Error>(rows)
+        })
+        .await
+        .map_err(|_| Error::store(StoreErrorKind::Timeout, "tenant limits timed out"))??;
+        ops::parse_tenant_limits(&rows)
     }
 
     /// As the last `queued` or `waiting` row for `name` said.

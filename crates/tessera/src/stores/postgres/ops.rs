@@ -8,7 +8,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::{admission, rate};
-use tessera_core::error::{Error, Result};
+use tessera_core::error::{Error, InvalidInput, Result};
 use tessera_core::model::*;
 use tessera_core::stores::sql::Snapshot;
 
@@ -26,6 +26,7 @@ pub(crate) const STEP: &[&str] = &[
     include_str!("sql/resize.sql"),
     include_str!("sql/revoke.sql"),
     include_str!("sql/delete.sql"),
+    include_str!("sql/limits.sql"),
 ];
 
 /// Migration 1: the tables, then the step.
@@ -50,6 +51,17 @@ pub(crate) const MIGRATION_8: &[&[&str]] = &[
 /// step revision 8 (the functions that return a lease return its tenant too).
 pub(crate) const MIGRATION_9: &[&[&str]] = &[
     &[include_str!("sql/schema_9.sql")],
+    STEP,
+    rate::FUNCTIONS,
+    admission::FUNCTIONS,
+];
+
+/// Migration 10 (`sql/schema_10.sql`): tenants' ceilings and floors, in the table
+/// `tessera_limits` (kept for the name, not with its row), counted on the semaphore's row
+/// (`limits`); the queue's lower bound `tag_low`; then the step, the rate functions and the
+/// admission's again, with step revision 9 (the limits' rules, `tessera_set_tenant_limits`).
+pub(crate) const MIGRATION_10: &[&[&str]] = &[
+    &[include_str!("sql/schema_10.sql")],
     STEP,
     rate::FUNCTIONS,
     admission::FUNCTIONS,
@@ -81,8 +93,11 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// (with migration 9, which adds the holders' and waiters' `tenant`): a request's tenant is
 /// kept on its waiter and its lease, and returned in a last column `tenant` by
 /// `tessera_acquire`, `tessera_heartbeat`, `tessera_heartbeat_many` and `tessera_admit`, in
-/// `tessera_status`'s holders and queue, and in a hand-off's wake-up payload.
-pub(crate) const STEP_REVISION: i32 = 8;
+/// `tessera_status`'s holders and queue, and in a hand-off's wake-up payload. Revision 9 (with
+/// migration 10, which adds `tessera_limits`): tenants' ceilings and floors in every step of a
+/// name that has some (`docs/fair-shares.md`, "Ceilings and floors"), set by
+/// `tessera_set_tenant_limits`; a name without limits runs the statements it ran before.
+pub(crate) const STEP_REVISION: i32 = 9;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.
@@ -133,6 +148,11 @@ pub(crate) const READ_STATUS: &str = concat!(
 pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
 pub(crate) const REVOKE: &str = "SELECT tessera_revoke($1, $2)";
 pub(crate) const DELETE: &str = "SELECT tessera_delete($1)";
+pub(crate) const SET_TENANT_LIMITS: &str = "SELECT outcome, floors, capacity, grants \
+     FROM tessera_set_tenant_limits($1, $2, $3, $4, $5)";
+/// The limits kept for a name, by tenant: a plain read (no lock, no step).
+pub(crate) const TENANT_LIMITS: &str =
+    "SELECT tenant, ceiling, floor FROM tessera_limits WHERE name = $1 ORDER BY tenant";
 pub(crate) const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
 pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
@@ -294,6 +314,40 @@ pub(crate) fn parse_release(row: &PgRow) -> Result<(bool, Vec<String>)> {
     let held = get::<bool>(row, "held")?;
     let grants = opt::<Vec<String>>(row, "grants")?.unwrap_or_default();
     Ok((held, grants))
+}
+
+/// The reply of `tessera_set_tenant_limits`: the wake-up payloads of the grants it made to
+/// this process's waiters, or [`InvalidInput`] when the floors would exceed the capacity of
+/// the live semaphore (nothing changed).
+pub(crate) fn parse_set_tenant_limits(row: &PgRow, name: &Name) -> Result<Vec<String>> {
+    let outcome: String = get(row, "outcome")?;
+    match outcome.as_str() {
+        "set" => Ok(opt::<Vec<String>>(row, "grants")?.unwrap_or_default()),
+        "floors" => Err(Error::InvalidInput(InvalidInput::Other(format!(
+            "the floors on {name} would add up to {}, above its capacity {}",
+            get::<i64>(row, "floors")?,
+            get::<i64>(row, "capacity")?
+        )))),
+        other => Err(corrupt(format!("set_tenant_limits outcome {other:?}"))),
+    }
+}
+
+/// The rows of [`TENANT_LIMITS`], each checked as [`TenantLimits::new`] checks.
+pub(crate) fn parse_tenant_limits(
+    rows: &[PgRow],
+) -> Result<std::collections::BTreeMap<String, TenantLimits>> {
+    let mut out = std::collections::BTreeMap::new();
+    for row in rows {
+        let tenant: String = get(row, "tenant")?;
+        let ceiling = opt::<i64>(row, "ceiling")?
+            .map(|c| u32_of(c, "ceiling"))
+            .transpose()?;
+        let floor = u32_of(get(row, "floor")?, "floor")?;
+        let limits = TenantLimits::new(ceiling, floor)
+            .map_err(|e| corrupt(format!("limits of tenant {tenant:?}: {e}")))?;
+        out.insert(tenant, limits);
+    }
+    Ok(out)
 }
 
 pub(crate) fn parse_renew(row: &PgRow) -> Result<RenewReply> {

@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 9);
+    assert_eq!(MIGRATIONS.len(), 10);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -204,6 +204,36 @@ fn tenants_on_rows_come_ninth_and_run_again_harmlessly() {
     assert!(ninth.contains("    stored_limits text, tenant text\n)"));
 }
 
+/// Migration 10 adds tenants' limits idempotently (a table of their own, the row's count and
+/// the queue's bound, the step's state), changes no function's arguments or result (nothing
+/// dropped: an older build's calls resolve as before), then creates the step, the rate
+/// functions and the admission's again, with `tessera_set_tenant_limits`.
+#[test]
+fn tenant_limits_come_tenth_and_run_again_harmlessly() {
+    let tenth = MIGRATIONS[9].concat().concat();
+    assert!(tenth.starts_with("-- tessera PostgreSQL store, migration 10"));
+    assert!(tenth.contains("CREATE TABLE IF NOT EXISTS tessera_limits ("));
+    for column in ["limits bigint NOT NULL DEFAULT 0", "tag_low bigint"] {
+        assert!(
+            tenth.contains(&format!(
+                "ALTER TABLE tessera_semaphores ADD COLUMN IF NOT EXISTS {column};"
+            )),
+            "{column}"
+        );
+    }
+    for line in tenth.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(
+            line.starts_with("CREATE OR REPLACE FUNCTION ")
+                || line.starts_with("CREATE INDEX IF NOT EXISTS ")
+                || line.starts_with("CREATE TABLE IF NOT EXISTS "),
+            "{line}"
+        );
+    }
+    assert!(!tenth.lines().any(|l| l.starts_with("DROP ")));
+    assert!(tenth.contains("CREATE OR REPLACE FUNCTION tessera_set_tenant_limits("));
+    assert!(tenth.contains("CREATE OR REPLACE FUNCTION tessera__hand_off_limited("));
+}
+
 /// The step says its revision, the one this build creates; the latest migration creates the
 /// step, so a fresh schema has it.
 #[test]
@@ -233,6 +263,7 @@ fn operation_functions_are_created_by_the_migration() {
         "tessera_delete",
         "tessera_admit",
         "tessera_give_back",
+        "tessera_set_tenant_limits",
     ] {
         assert!(
             all.contains(&format!("CREATE OR REPLACE FUNCTION {f}(")),

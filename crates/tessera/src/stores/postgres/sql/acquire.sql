@@ -95,8 +95,15 @@ BEGIN
     -- Only a request that would be the head may take free permits: without tenants, one
     -- that finds nobody waiting; neither a try nor a newcomer jumps the queue.
     v_lead := false;
-    IF st.used + p_weight <= st.capacity THEN
-        v_lead := tessera__would_lead(st, p_tenant, v_start);
+    IF st.limits = 0 THEN
+        IF st.used + p_weight <= st.capacity THEN
+            v_lead := tessera__would_lead(st, p_tenant, v_start);
+        END IF;
+    ELSIF tessera__may_grant(st, p_tenant, p_weight) THEN
+        -- With limits (migration 10): a tenant below its floor goes ahead of the queue, and
+        -- the head it must be below is the first waiter not at its ceiling.
+        v_lead := tessera__below_floor(st, p_tenant, p_weight)
+            OR tessera__would_lead(st, p_tenant, v_start);
     END IF;
     IF v_lead THEN
         st := tessera__take_tags(st, p_tenant, v_last IS NOT NULL, v_start, v_finish, true);

@@ -58,6 +58,7 @@ DECLARE
     v_start  bigint;
     v_finish bigint;
     v_lead   boolean := false;
+    head     record;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
@@ -105,16 +106,26 @@ BEGIN
         v_last := tessera__last_finish(st, p_tenant);
         v_start := greatest(coalesce(v_last, 0), st.vtime);
         v_finish := v_start + p_cost * 1000 / greatest(p_share, 1);
-        IF st.used + p_weight <= st.capacity THEN
+        IF st.used + p_weight <= st.capacity OR st.limits <> 0 THEN
             v_lead := tessera__would_lead(st, p_tenant, v_start);
         END IF;
     END IF;
     -- A waiter's turn is at the head; a newcomer's when it would lead (without tenants: when
     -- nobody waits), or first of all for one that gave back an admission it could not use in
-    -- time. Either way its weight must fit.
-    turn := st.used + p_weight <= st.capacity
-        AND CASE WHEN seq_ IS NOT NULL THEN "position" = 0
-                 ELSE v_lead OR p_at_head END;
+    -- time. Either way its weight must fit. With limits (migration 10) the head is the first
+    -- waiter not at its ceiling, a tenant below its floor has its turn too, and the weight
+    -- must be one it may be granted.
+    IF st.limits = 0 THEN
+        turn := st.used + p_weight <= st.capacity
+            AND CASE WHEN seq_ IS NOT NULL THEN "position" = 0
+                     ELSE v_lead OR p_at_head END;
+    ELSE
+        head := tessera__limited_head(st);
+        turn := tessera__may_grant(st, p_tenant, p_weight)
+            AND (tessera__below_floor(st, p_tenant, p_weight)
+                 OR CASE WHEN seq_ IS NOT NULL THEN (head.o_tag, head.o_seq) = (tag_, seq_)
+                         ELSE v_lead OR p_at_head END);
+    END IF;
     IF turn THEN
         -- The windows, asked for now only (a try: NULL max wait).
         SELECT * INTO rate FROM tessera__rate_step(p_name, p_config, p_n, p_l, p_t, p_burst,
@@ -180,7 +191,7 @@ BEGIN
         -- First in the queue: the head's tag and a seq below every waiter's (head_seq, a
         -- lower bound of every waiter's seq, follows it down), so seq stays unique.
         SELECT w.tag INTO tag_ FROM tessera_waiters w
-        WHERE w.name = p_name AND w.tag >= st.vtime ORDER BY w.tag, w.seq LIMIT 1;
+        WHERE w.name = p_name AND w.tag >= coalesce(st.low, st.vtime) ORDER BY w.tag, w.seq LIMIT 1;
         IF tag_ IS NULL THEN
             PERFORM tessera__corrupt(format('queued %s without a waiter row', st.queued));
         END IF;

@@ -11,8 +11,8 @@
 -- every holder's and waiter's expiry is at or after `purge_at`; every waiter's seq is at or
 -- above `head_seq`, which is at most next_seq (and below 0 only after admissions joined at
 -- the head, admit.sql; a lower bound only: the hand-off, in (tag, seq) order, leaves it
--- where it is); every waiter's start tag is at or above `vtime` (fair
--- shares, migration 8: below); an admission waiter (`gate` not NULL, migration 6) is never
+-- where it is); every waiter's start tag is at or above coalesce(low, vtime) (fair shares,
+-- migration 8; `low` for ceilings and floors, migration 10: below); an admission waiter (`gate` not NULL, migration 6) is never
 -- granted by a hand-off, only by its own step (tessera_admit). Every value read is checked:
 -- a wrong one raises SQLSTATE TS001, which the client reports as Error::Corrupt.
 --
@@ -36,6 +36,19 @@
 -- involved (`tessera__would_lead`); a new waiter's position is counted only then
 -- (`tessera__ahead`). Tenants' rows at or below vtime are pruned once there are more than
 -- 2 * (used + queued) + 16 of them, and every one goes with an idle semaphore's row.
+--
+-- Ceilings and floors (docs/fair-shares.md, "Ceilings and floors"; migration 10): a name's
+-- limits live in tessera_limits, which outlives the semaphore's row, and the row counts them
+-- in `limits`, read after its lock with the fence high-water mark for a new or idle row (a
+-- statement that step already runs) and kept by tessera_set_tenant_limits. Without limits
+-- every step is as before, statement for statement (`IF st.limits <> 0` guards every
+-- addition). With limits a grant may go past the queue's least key, so `vtime` may move past
+-- tags still queued: a step with limits pins the lookups' bound `low` at the vtime it began
+-- with (or the row's `tag_low`), and its finish stores the queue's least tag in `tag_low`
+-- while that is below vtime (one probe, with limits only). Without limits `low` is NULL and
+-- the lookups start from vtime, as before; a `tag_low` left by limits since removed is
+-- raised by the hand-off to each head it grants (the least key) and cleared once it reaches
+-- vtime or the queue empties.
 --
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
@@ -169,10 +182,11 @@ BEGIN
        OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000
        OR r.head_seq IS NULL OR r.head_seq > r.next_seq
        OR r.vtime IS NULL OR r.vtime < 0 OR r.finish IS NULL OR r.finish < 0
-       OR r.tenants IS NULL OR r.tenants < 0 THEN
-        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s, vtime %s, finish %s, tenants %s) is out of range',
+       OR r.tenants IS NULL OR r.tenants < 0 OR r.limits IS NULL OR r.limits < 0
+       OR r.tag_low < 0 THEN
+        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s, vtime %s, finish %s, tenants %s, limits %s, tag_low %s) is out of range',
             r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq, r.vtime,
-            r.finish, r.tenants));
+            r.finish, r.tenants, r.limits, r.tag_low));
     END IF;
     st.found := true;
     st.capacity := r.capacity;
@@ -186,13 +200,33 @@ BEGIN
     st.vtime := r.vtime;
     st.finish := r.finish;
     st.tenants := r.tenants;
+    st.low := CASE WHEN r.tag_low IS NULL THEN NULL ELSE least(r.tag_low, r.vtime) END;
+    st.limits := r.limits;
     st.hwm := 0;
     IF st.used = 0 AND st.queued = 0 THEN
         -- A new (placeholder) or idle row: it starts at the store-wide high-water mark, and
-        -- there is nothing to purge or hand off.
-        SELECT value INTO st.hwm FROM tessera_meta WHERE key = 'fence_hwm';
+        -- there is nothing to purge or hand off. The name's limits (nobody holds anything)
+        -- come in the same statement, read after the row lock: a tessera_set_tenant_limits
+        -- that committed before it is seen, one after it waits for the row and counts them
+        -- itself (migration 10).
+        SELECT m.value, l.t, l.c, l.f INTO st.hwm, st.lim_tenant, st.lim_ceiling, st.lim_floor
+        FROM tessera_meta m,
+             LATERAL (SELECT array_agg(x.tenant ORDER BY x.tenant) AS t,
+                             array_agg(x.ceiling ORDER BY x.tenant) AS c,
+                             array_agg(x.floor ORDER BY x.tenant) AS f
+                      FROM tessera_limits x WHERE x.name = p_name) l
+        WHERE m.key = 'fence_hwm';
         IF st.hwm IS NULL OR st.hwm < 0 THEN
             PERFORM tessera__corrupt(format('fence_hwm = %s is missing or negative', st.hwm));
+        END IF;
+        st.limits := coalesce(cardinality(st.lim_tenant), 0);
+        IF st.limits <> 0 THEN
+            st.lim_held := array_fill(0::bigint, ARRAY[st.limits::int]);
+            st := tessera__check_limits(st);
+            st.low := coalesce(st.low, st.vtime);
+        END IF;
+        IF st.limits <> r.limits THEN
+            st.dirty := true;
         END IF;
         st.last_fence := greatest(st.last_fence, st.hwm);
         st.purge_at := NULL;
@@ -201,6 +235,10 @@ BEGIN
     IF st.purge_at IS NULL OR st.now_us >= st.purge_at
        OR st.purge_at > st.now_us + 2 * 86400000000 THEN
         st := tessera__purge(st);
+    END IF;
+    IF st.limits <> 0 THEN
+        st := tessera__load_limits(st);
+        st.low := coalesce(st.low, st.vtime);
     END IF;
     IF st.queued > 0 AND st.used < st.capacity THEN
         st := tessera__hand_off(st);
@@ -230,12 +268,19 @@ BEGIN
         UPDATE tessera_meta SET value = st.last_fence
         WHERE key = 'fence_hwm' AND value < st.last_fence;
     ELSIF st.dirty THEN
+        IF st.limits <> 0 AND st.queued > 0 AND st.low < st.vtime THEN
+            -- The queue's least tag, the tightest bound (one probe from the bound before).
+            SELECT w.tag INTO st.low FROM tessera_waiters w
+            WHERE w.name = st.name AND w.tag >= st.low ORDER BY w.tag, w.seq LIMIT 1;
+        END IF;
         UPDATE tessera_semaphores
         SET capacity = st.capacity, used = st.used, queued = st.queued,
             last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
             purge_at = coalesce(st.purge_at, 0),
             head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END,
-            vtime = st.vtime, finish = st.finish, tenants = st.tenants
+            vtime = st.vtime, finish = st.finish, tenants = st.tenants, limits = st.limits,
+            tag_low = CASE WHEN st.queued = 0 OR st.low IS NULL OR st.low >= st.vtime THEN NULL
+                           ELSE st.low END
         WHERE name = st.name;
     END IF;
 END $$;
@@ -298,8 +343,8 @@ BEGIN
 END $$;
 
 -- Strict order: grants the queue head while it fits (at most 1,024 per step); a head that does
--- not fit blocks everyone behind it. The head is the least (tag, seq) from `tag >= vtime` up
--- (every waiter's tag is at or above vtime: see "Fair shares" above; without tenants the
+-- not fit blocks everyone behind it. The head is the least (tag, seq) from the bound up
+-- (every waiter's tag is at or above it: see "Fair shares" above; without tenants the
 -- tags grow with seq and this is FIFO), and its grant moves vtime to its tag. Each granted
 -- waiter gets a wake-up carrying its grant, so the waiter needs no round trip to learn it:
 -- `lease \t now \t fence \t expires_at \t seats (comma-separated) \t holder` (acquired_at =
@@ -307,7 +352,8 @@ END $$;
 -- build before migration 9 does not read as a grant (it asks with a heartbeat instead). A waiter of `st.local_client` (the process that called the step) gets it in
 -- `st.local_grants`, which the step returns to its caller; any other on its client's channel
 -- (pg_notify, sent at commit), where a payload that would not fit NOTIFY's 8,000 bytes goes
--- out as the bare lease id and the waiter then asks with a heartbeat.
+-- out as the bare lease id and the waiter then asks with a heartbeat. A name with limits
+-- hands off in tessera__hand_off_limited (below) instead.
 --
 -- An admission waiter (its row's `gate` is not NULL: admit.sql) blocks the queue too, and is
 -- never granted here, since its windows are charged only in its own step: once it fits and
@@ -324,11 +370,14 @@ DECLARE
     payload text;
     lasts   bigint;
 BEGIN
+    IF st.limits <> 0 THEN
+        RETURN tessera__hand_off_limited(st);
+    END IF;
     WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
         DELETE FROM tessera_waiters
         WHERE name = st.name
           AND seq = (SELECT seq FROM tessera_waiters
-                     WHERE name = st.name AND tag >= st.vtime ORDER BY tag, seq LIMIT 1)
+                     WHERE name = st.name AND tag >= coalesce(st.low, st.vtime) ORDER BY tag, seq LIMIT 1)
           AND weight <= st.capacity - st.used
           AND gate IS NULL
         RETURNING seq, tag, lease_id, weight, holder, client, ttl, expires_at, tenant INTO h;
@@ -339,7 +388,7 @@ BEGIN
             SET gate = 9223372036854775807
             WHERE name = st.name
               AND seq = (SELECT seq FROM tessera_waiters
-                         WHERE name = st.name AND tag >= st.vtime ORDER BY tag, seq LIMIT 1)
+                         WHERE name = st.name AND tag >= coalesce(st.low, st.vtime) ORDER BY tag, seq LIMIT 1)
               AND weight <= st.capacity - st.used
               AND gate <= st.now_us
             RETURNING lease_id, client INTO h;
@@ -354,6 +403,10 @@ BEGIN
         END IF;
         st.queued := st.queued - 1;
         st.vtime := greatest(st.vtime, h.tag);
+        -- The least key went: every waiter left is at or above its tag.
+        IF st.low IS NOT NULL THEN
+            st.low := h.tag;
+        END IF;
         IF h.lease_id IS NULL OR h.lease_id !~ '^[0-9a-f]{32}$' THEN
             PERFORM tessera__check_lease(h.lease_id);
         END IF;
@@ -395,6 +448,7 @@ DECLARE
     taken int4[] := '{}';
     rest  bigint;
     fence bigint;
+    i     int;
 BEGIN
     IF st.seat_high > 0 THEN
         WITH t AS (
@@ -434,6 +488,12 @@ BEGIN
         (name, lease_id, weight, seats, fence, holder, client, acquired_at, expires_at, tenant)
     VALUES (st.name, p_lease, p_weight, taken, fence, p_holder, p_client, st.now_us,
             st.now_us + p_ttl, p_tenant);
+    IF st.limits <> 0 THEN
+        i := array_position(st.lim_tenant, p_tenant);
+        IF i IS NOT NULL THEN
+            st.lim_held[i] := st.lim_held[i] + p_weight;
+        END IF;
+    END IF;
     IF st.sync <> 'off' THEN
         PERFORM set_config('synchronous_commit', st.sync, true);
     END IF;
@@ -499,11 +559,12 @@ CREATE OR REPLACE FUNCTION tessera__remove_holder(st tessera_step, p_lease text)
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
+    i int;
 BEGIN
     st.hit := false;
     st.hit_client := NULL;
     DELETE FROM tessera_holders WHERE name = st.name AND lease_id = p_lease
-    RETURNING weight, seats, client INTO r;
+    RETURNING weight, seats, client, tenant INTO r;
     IF NOT FOUND THEN
         RETURN st;
     END IF;
@@ -517,6 +578,12 @@ BEGIN
     st.dirty := true;
     st.hit := true;
     st.hit_client := r.client;
+    IF st.limits <> 0 THEN
+        i := array_position(st.lim_tenant, r.tenant);
+        IF i IS NOT NULL THEN
+            st.lim_held[i] := greatest(st.lim_held[i] - r.weight, 0);
+        END IF;
+    END IF;
     RETURN tessera__return_seats(st, r.seats);
 END $$;
 
@@ -564,6 +631,7 @@ BEGIN
         st.finish := 0;
         st.dirty := true;
     END IF;
+    st.low := NULL;
     IF st.tenants <> 0 THEN
         DELETE FROM tessera_tenants WHERE name = st.name;
         st.tenants := 0;
@@ -636,11 +704,16 @@ BEGIN
     IF st.queued = 0 THEN
         RETURN true;
     END IF;
+    IF st.limits <> 0 THEN
+        -- With limits the head is the first waiter not at its ceiling (there may be none).
+        h := tessera__limited_head(st);
+        RETURN h.o_seq IS NULL OR (p_start, st.next_seq) < (h.o_tag, h.o_seq);
+    END IF;
     IF st.tenants = 0 AND p_tenant IS NULL THEN
         RETURN false;
     END IF;
     SELECT w.tag, w.seq INTO h FROM tessera_waiters w
-    WHERE w.name = st.name AND w.tag >= st.vtime ORDER BY w.tag, w.seq LIMIT 1;
+    WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) ORDER BY w.tag, w.seq LIMIT 1;
     IF NOT FOUND THEN
         PERFORM tessera__corrupt(format('queued %s but no queue head', st.queued));
     END IF;
@@ -653,7 +726,7 @@ RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(*) FROM tessera_waiters w
-            WHERE w.name = st.name AND w.tag >= st.vtime AND (w.tag, w.seq) < (p_tag, p_seq));
+            WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) AND (w.tag, w.seq) < (p_tag, p_seq));
 END $$;
 
 -- How many waiters are ahead of the queued `p_lease` (0 if it is not queued).
@@ -662,9 +735,224 @@ LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(*) FROM tessera_waiters w, tessera_waiters me
             WHERE me.name = st.name AND me.lease_id = p_lease
-              AND w.name = st.name AND w.tag >= st.vtime AND (w.tag, w.seq) < (me.tag, me.seq));
+              AND w.name = st.name AND w.tag >= coalesce(st.low, st.vtime) AND (w.tag, w.seq) < (me.tag, me.seq));
+END $$;
+
+-- Ceilings and floors (migration 10; docs/fair-shares.md, "Ceilings and floors"). Only a
+-- name whose row counts limits (`st.limits` <> 0) comes here: the state then carries each
+-- limited tenant's ceiling (NULL: none), floor and permits held, in `lim_*` (by tenant). A
+-- request of tenant t for w permits may be granted when held[t] + w <= ceiling[t] and
+-- w <= free - kept(t), kept(t) being what the other tenants' floors still keep
+-- (Σ max(0, floor[u] - held[u])); a tenant below its floor (held[t] + w <= floor[t]) that
+-- may be granted goes ahead of the queue, and the head is the first waiter whose tenant is
+-- not at its ceiling for it. The reference model is stores/memory/ops.rs (`may_grant`,
+-- `below_floor`, `head_key`, `hand_off_limited`).
+
+-- Checks the limits read into the state.
+CREATE OR REPLACE FUNCTION tessera__check_limits(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    i int;
+BEGIN
+    FOR i IN 1 .. st.limits LOOP
+        IF st.lim_tenant[i] IS NULL OR st.lim_floor[i] IS NULL OR st.lim_floor[i] < 0
+           OR st.lim_ceiling[i] < 1 OR st.lim_ceiling[i] > 1000000
+           OR st.lim_floor[i] > coalesce(st.lim_ceiling[i], 1000000)
+           OR st.lim_held[i] IS NULL OR st.lim_held[i] < 0 THEN
+            PERFORM tessera__corrupt(format('limits of tenant %L (ceiling %s, floor %s, held %s) are out of range',
+                left(st.lim_tenant[i], 64), st.lim_ceiling[i], st.lim_floor[i], st.lim_held[i]));
+        END IF;
+    END LOOP;
+    RETURN st;
+END $$;
+
+-- Reads the name's limits, with the permits each limited tenant holds, into the state (and
+-- their count into `limits`, which the row keeps).
+CREATE OR REPLACE FUNCTION tessera__load_limits(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT array_agg(l.tenant ORDER BY l.tenant), array_agg(l.ceiling ORDER BY l.tenant),
+           array_agg(l.floor ORDER BY l.tenant),
+           array_agg(coalesce(g.held, 0) ORDER BY l.tenant)
+    INTO st.lim_tenant, st.lim_ceiling, st.lim_floor, st.lim_held
+    FROM tessera_limits l
+    LEFT JOIN (SELECT h.tenant, sum(h.weight)::bigint AS held FROM tessera_holders h
+               WHERE h.name = st.name AND h.tenant IS NOT NULL GROUP BY h.tenant) g
+           ON g.tenant = l.tenant
+    WHERE l.name = st.name;
+    n := coalesce(cardinality(st.lim_tenant), 0);
+    IF n <> st.limits THEN
+        st.limits := n;
+        st.dirty := true;
+    END IF;
+    RETURN tessera__check_limits(st);
+END $$;
+
+-- Whether `p_tenant` (NULL: none) may be granted `p_weight` permits now (see above); without
+-- limits, whether they fit.
+CREATE OR REPLACE FUNCTION tessera__may_grant(st tessera_step, p_tenant text, p_weight bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    i    int;
+    j    int;
+    kept bigint := 0;
+BEGIN
+    IF st.limits = 0 THEN
+        RETURN st.used + p_weight <= st.capacity;
+    END IF;
+    i := array_position(st.lim_tenant, p_tenant);
+    IF i IS NOT NULL AND st.lim_held[i] + p_weight > st.lim_ceiling[i] THEN
+        RETURN false;
+    END IF;
+    FOR j IN 1 .. st.limits LOOP
+        IF j IS DISTINCT FROM i THEN
+            kept := kept + greatest(st.lim_floor[j] - st.lim_held[j], 0);
+        END IF;
+    END LOOP;
+    RETURN p_weight + kept <= st.capacity - st.used;
+END $$;
+
+-- Whether `p_weight` more permits keep `p_tenant` within its floor.
+CREATE OR REPLACE FUNCTION tessera__below_floor(st tessera_step, p_tenant text, p_weight bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    i int;
+BEGIN
+    IF st.limits = 0 THEN
+        RETURN false;
+    END IF;
+    i := array_position(st.lim_tenant, p_tenant);
+    RETURN i IS NOT NULL AND st.lim_floor[i] > 0 AND st.lim_held[i] + p_weight <= st.lim_floor[i];
+END $$;
+
+-- The head with limits: the first waiter in queue order whose tenant is not at its ceiling
+-- for it (its key, weight, gate and tenant; all NULL when every waiter's tenant is). The
+-- waiters of capped tenants ahead of it are walked over in the index of the queue's order.
+CREATE OR REPLACE FUNCTION tessera__limited_head(
+    st tessera_step, OUT o_tag bigint, OUT o_seq bigint, OUT o_weight bigint, OUT o_gate bigint,
+    OUT o_tenant text
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT w.tag, w.seq, w.weight, w.gate, w.tenant INTO o_tag, o_seq, o_weight, o_gate, o_tenant
+    FROM tessera_waiters w
+    WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime)
+      AND w.weight <= coalesce(st.lim_ceiling[array_position(st.lim_tenant, w.tenant)]
+                               - st.lim_held[array_position(st.lim_tenant, w.tenant)], w.weight)
+    ORDER BY w.tag, w.seq LIMIT 1;
+END $$;
+
+-- Grants the waiter of seq `p_seq` (taken out of the queue), as tessera__hand_off grants its
+-- head: vtime moves to its tag, and it is told as there.
+CREATE OR REPLACE FUNCTION tessera__grant_waiter(st tessera_step, p_seq bigint) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    h       record;
+    payload text;
+    lasts   bigint;
+BEGIN
+    DELETE FROM tessera_waiters w WHERE w.name = st.name AND w.seq = p_seq
+    RETURNING w.seq, w.tag, w.lease_id, w.weight, w.holder, w.client, w.ttl, w.expires_at,
+              w.tenant INTO h;
+    IF NOT FOUND THEN
+        PERFORM tessera__corrupt(format('waiter seq %s vanished', p_seq));
+    END IF;
+    st.queued := st.queued - 1;
+    st.vtime := greatest(st.vtime, h.tag);
+    PERFORM tessera__check_lease(h.lease_id);
+    IF h.weight < 1 OR h.ttl < 0 THEN
+        PERFORM tessera__corrupt(format('waiter weight %s / ttl %s is out of range', h.weight, h.ttl));
+    END IF;
+    lasts := least(h.ttl, h.expires_at - st.now_us);
+    st := tessera__grant(st, h.lease_id, h.weight, lasts, h.holder, h.client, h.tenant);
+    IF h.client ~ '^[0-9a-f]{1,32}$' THEN
+        payload := concat_ws(E'\t', h.lease_id, st.now_us, st.fence, st.now_us + lasts,
+                             concat_ws(':', array_to_string(st.seats, ','), h.tenant),
+                             h.holder);
+        IF h.client = st.local_client THEN
+            st.local_grants := st.local_grants || payload;
+        ELSE
+            IF octet_length(payload) > 7000 THEN
+                payload := h.lease_id;
+            END IF;
+            PERFORM pg_notify('tessera_w' || h.client, payload);
+        END IF;
+    END IF;
+    RETURN st;
+END $$;
+
+-- tessera__hand_off with limits (stores/memory/ops.rs `hand_off_limited`): first a waiter of
+-- a tenant below its floor that may be granted, in queue order, ahead of the head (an
+-- admission waiter among them is left to its own step); then the head, granted if it may be
+-- (an admission waiter woken, as without limits), else nobody behind it. At most 1,024
+-- grants per step. The floor pass reads each tenant below its floor's first waiter that
+-- could take its grant (tessera_waiters_by_tenant): one index probe per such tenant.
+CREATE OR REPLACE FUNCTION tessera__hand_off_limited(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    h      record;
+    f      record;
+    grants int := 0;
+    i      int;
+    kept   bigint;
+    short  bigint;
+    v_max  bigint[];
+    seq_   bigint;
+BEGIN
+    WHILE st.queued > 0 AND st.used < st.capacity AND grants < 1024 LOOP
+        -- What every floor keeps, and what each tenant may take within its own: no more
+        -- than its floor lacks, nor than the others' floors leave free.
+        kept := 0;
+        FOR i IN 1 .. st.limits LOOP
+            kept := kept + greatest(st.lim_floor[i] - st.lim_held[i], 0);
+        END LOOP;
+        v_max := '{}';
+        FOR i IN 1 .. st.limits LOOP
+            short := greatest(st.lim_floor[i] - st.lim_held[i], 0);
+            v_max[i] := least(short, st.capacity - st.used - (kept - short));
+        END LOOP;
+        seq_ := NULL;
+        IF kept > 0 THEN
+            SELECT x.seq INTO seq_
+            FROM unnest(st.lim_tenant, v_max) AS c(t, m),
+                 LATERAL (SELECT w.tag, w.seq FROM tessera_waiters w
+                          WHERE w.name = st.name AND w.tenant = c.t AND w.tag >= coalesce(st.low, st.vtime)
+                            AND w.gate IS NULL AND w.weight <= c.m
+                          ORDER BY w.tag, w.seq LIMIT 1) x
+            WHERE c.m >= 1
+            ORDER BY x.tag, x.seq LIMIT 1;
+        END IF;
+        IF seq_ IS NULL THEN
+            h := tessera__limited_head(st);
+            EXIT WHEN h.o_seq IS NULL OR NOT tessera__may_grant(st, h.o_tenant, h.o_weight);
+            IF h.o_gate IS NOT NULL THEN
+                -- An admission waiter: woken once its windows' instant has come.
+                IF h.o_gate <= st.now_us THEN
+                    UPDATE tessera_waiters w SET gate = 9223372036854775807
+                    WHERE w.name = st.name AND w.seq = h.o_seq
+                    RETURNING w.lease_id, w.client INTO f;
+                    IF FOUND AND f.client ~ '^[0-9a-f]{1,32}$' THEN
+                        IF f.client = st.local_client THEN
+                            st.local_grants := st.local_grants || f.lease_id;
+                        ELSE
+                            PERFORM pg_notify('tessera_w' || f.client, f.lease_id);
+                        END IF;
+                    END IF;
+                END IF;
+                EXIT;
+            END IF;
+            seq_ := h.o_seq;
+        END IF;
+        st := tessera__grant_waiter(st, seq_);
+        grants := grants + 1;
+    END LOOP;
+    RETURN st;
 END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 8';
+LANGUAGE sql IMMUTABLE AS 'SELECT 9';

@@ -1,10 +1,10 @@
--- tessera_delete: removes a semaphore with its holders and waiters; stores/sql/step.rs
--- `delete`, in one call. Runs without purging (as the model), and wakes every holder and
+-- tessera_delete: removes a semaphore with its holders and waiters, and its tenants' limits
+-- (migration 10); stores/sql/step.rs `delete`, in one call. Runs without purging (as the model), and wakes every holder and
 -- waiter it removes, whatever their rows hold: deleting is how an admin clears damaged rows.
 --
 -- p_name  the semaphore
 --
--- Whether it existed. Its last fence raises the store-wide high-water mark, so a semaphore
+-- Whether it existed (or had limits). Its last fence raises the store-wide high-water mark, so a semaphore
 -- created again under this name issues higher fences.
 CREATE OR REPLACE FUNCTION tessera_delete(p_name text) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -12,6 +12,7 @@ DECLARE
     r    record;
     last bigint;
     n_tenants bigint;
+    n_limits  bigint;
 BEGIN
     -- Lock the row first, so a concurrent acquire cannot add a holder this delete misses.
     PERFORM 1 FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
@@ -21,11 +22,14 @@ BEGIN
     FOR r IN DELETE FROM tessera_waiters WHERE name = p_name RETURNING lease_id, client LOOP
         PERFORM tessera__wake(r.client, r.lease_id);
     END LOOP;
-    DELETE FROM tessera_free_seats WHERE name = p_name;
+    -- The limits go in the statement that drops the free seats: no statement more.
+    WITH l AS (DELETE FROM tessera_limits l WHERE l.name = p_name RETURNING 1),
+         f AS (DELETE FROM tessera_free_seats f WHERE f.name = p_name)
+    SELECT count(*) INTO n_limits FROM l;
     DELETE FROM tessera_semaphores WHERE name = p_name RETURNING last_fence, tenants
     INTO last, n_tenants;
     IF NOT FOUND THEN
-        RETURN false;
+        RETURN n_limits > 0;
     END IF;
     -- Its tenants' tags too: a semaphore made again under this name starts them at 0.
     IF n_tenants <> 0 THEN
