@@ -30,6 +30,26 @@ async fn memory(test: &str) -> Fixture {
     }
 }
 
+#[cfg(feature = "sqlite")]
+async fn sqlite(test: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/{test}.db", dir.path().display());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(dir)),
+    }
+}
+
+/// A throwaway MariaDB (it dies with the thread that started it: the test's own).
+#[cfg(feature = "mysql")]
+async fn mariadb(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    Fixture {
+        store: Store::connect(&server.url(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
 /// The reference model beside the store under test.
 async fn reference() -> Store {
     memory("reference").await.store
@@ -88,6 +108,10 @@ macro_rules! on_store {
 }
 
 on_store!(memory_store, memory);
+#[cfg(feature = "sqlite")]
+on_store!(sqlite_store, sqlite);
+#[cfg(feature = "mysql")]
+on_store!(mariadb_store, mariadb);
 
 fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
     AcquireRequest {

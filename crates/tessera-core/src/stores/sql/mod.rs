@@ -85,8 +85,8 @@ mod snapshot;
 mod step;
 
 pub use dialect::{
-    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
+    SemRow, SemRows, WaiterRow,
 };
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
@@ -96,7 +96,8 @@ pub use step::admit;
 #[cfg(feature = "mysql")]
 pub use step::lease_of_row;
 pub use step::{
-    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
+    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke,
+    set_tenant_limits, status, tenant_limits_of,
 };
 
 use crate::error::Result;
