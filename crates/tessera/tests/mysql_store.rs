@@ -1484,8 +1484,8 @@ async fn a_user_who_may_not_alter_keeps_schema_6_and_no_tenant_on_the_rows() {
 /// client-side step): a floor keeps the permit the holder frees from the waiter, the floor's
 /// tenant is granted it at once, and clearing the floor hands it on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waiter_and_takes_limits(
-) {
+async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waiter_and_takes_limits()
+{
     let server = MariaDbServer::start();
     let url = server.url("v7");
     let first = MysqlBackend::connect(&url).await.unwrap();
@@ -1563,7 +1563,10 @@ async fn a_second_client_sees_the_limits_the_first_sets_and_obeys_them() {
     );
     let n = name("jobs");
     let ceiling = |c| TenantLimits::new(Some(c), 0).unwrap();
-    first.set_tenant_limits(&n, "bulk", ceiling(1)).await.unwrap();
+    first
+        .set_tenant_limits(&n, "bulk", ceiling(1))
+        .await
+        .unwrap();
     assert_eq!(second.tenant_limits(&n).await.unwrap()["bulk"], ceiling(1));
     let bulk = || {
         let mut r = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
@@ -1580,7 +1583,10 @@ async fn a_second_client_sees_the_limits_the_first_sets_and_obeys_them() {
         second.acquire(&n, 3, &two).await.unwrap(),
         AcquireReply::Queued { position: 0 }
     );
-    first.set_tenant_limits(&n, "bulk", ceiling(2)).await.unwrap();
+    first
+        .set_tenant_limits(&n, "bulk", ceiling(2))
+        .await
+        .unwrap();
     let held: Vec<_> = second
         .status(&n)
         .await

@@ -356,10 +356,7 @@ pub trait SemRows: Send {
     }
 
     /// Inserts or replaces `tenant`'s limits.
-    fn save_tenant_limits(
-        &mut self,
-        _row: &LimitRow,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn save_tenant_limits(&mut self, _row: &LimitRow) -> impl Future<Output = Result<()>> + Send {
         async { Err(no_limits()) }
     }
 
@@ -386,10 +383,7 @@ pub trait SemRows: Send {
 
     /// Deletes and returns `lease`'s waiter row (as [`SemRows::pop_head_if_fits`] returns
     /// the head); `None` if it is not queued.
-    fn pop_waiter(
-        &mut self,
-        _lease: &str,
-    ) -> impl Future<Output = Result<Option<HeadRow>>> + Send {
+    fn pop_waiter(&mut self, _lease: &str) -> impl Future<Output = Result<Option<HeadRow>>> + Send {
         async { Err(no_limits()) }
     }
 

@@ -334,8 +334,10 @@ impl<'r, R: SemRows> Step<'r, R> {
         start: u64,
     ) -> Result<bool> {
         if self.limits.is_none() {
-            return Ok(self.sem.used as u64 + weight as u64 <= self.sem.capacity as u64
-                && self.would_lead(tenant, start).await?);
+            return Ok(
+                self.sem.used as u64 + weight as u64 <= self.sem.capacity as u64
+                    && self.would_lead(tenant, start).await?,
+            );
         }
         self.ensure_held().await?;
         let t = tenant.map(Tenant::name);
@@ -563,7 +565,10 @@ impl<'r, R: SemRows> Step<'r, R> {
             };
             let q = queue.remove(i);
             let Some(head) = self.rows.pop_waiter(&q.lease_id).await? else {
-                return Err(corrupt(format!("waiter {} read but not queued", q.lease_id)));
+                return Err(corrupt(format!(
+                    "waiter {} read but not queued",
+                    q.lease_id
+                )));
             };
             self.grant_popped(head).await?;
         }
@@ -604,10 +609,8 @@ impl<'r, R: SemRows> Step<'r, R> {
         self.hwm = fence;
         self.hwm_dirty = true;
         self.sem.used += weight;
-        if let (Some(t), Some(held)) = (
-            &tenant,
-            self.limits.as_mut().and_then(|l| l.held.as_mut()),
-        ) {
+        if let (Some(t), Some(held)) = (&tenant, self.limits.as_mut().and_then(|l| l.held.as_mut()))
+        {
             *held.entry(t.clone()).or_default() += weight;
         }
         let lease = Lease {
@@ -1279,10 +1282,7 @@ fn limits_of_rows(rows: Vec<LimitRow>) -> Result<BTreeMap<String, TenantLimits>>
         let Some(tenant) = tenant_of(&Some(row.tenant))? else {
             continue;
         };
-        let ceiling = row
-            .ceiling
-            .map(|c| u32_of(c, "ceiling"))
-            .transpose()?;
+        let ceiling = row.ceiling.map(|c| u32_of(c, "ceiling")).transpose()?;
         let floor = u32_of(row.floor, "floor")?;
         let limits = TenantLimits::new(ceiling, floor)
             .map_err(|e| corrupt(format!("tenant {tenant:?}'s limits: {e}")))?;

@@ -247,7 +247,8 @@ const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?";
 /// with limits reads: the permits per tenant, the queue, a chosen waiter.
 pub(crate) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tessera_tenant_limits \
      WHERE name = ? ORDER BY tenant";
-const SAVE_TENANT_LIMITS: &str = "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
+const SAVE_TENANT_LIMITS: &str =
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
      VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE ceiling = VALUES(ceiling), floor = VALUES(floor)";
 const DROP_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ? AND tenant = ?";
 const DROP_ALL_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ?";
@@ -443,9 +444,7 @@ impl<'c> MysqlRows<'c> {
     fn require_limits(&self) -> Result<()> {
         match self.limits {
             true => Ok(()),
-            false => Err(corrupt(
-                "internal: tenant limits on a schema without them",
-            )),
+            false => Err(corrupt("internal: tenant limits on a schema without them")),
         }
     }
 
@@ -1240,7 +1239,9 @@ impl SemRows for MysqlRows<'_> {
     async fn pop_waiter(&mut self, lease: &str) -> Result<Option<HeadRow>> {
         self.require_limits()?;
         let name = self.name();
-        let rows = self.fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)]).await?;
+        let rows = self
+            .fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)])
+            .await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -1266,7 +1267,9 @@ impl SemRows for MysqlRows<'_> {
     async fn wake_gated(&mut self, lease: &str, now: i64) -> Result<Option<String>> {
         self.require_limits()?;
         let name = self.name();
-        let rows = self.fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)]).await?;
+        let rows = self
+            .fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)])
+            .await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };

@@ -102,7 +102,8 @@ const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1";
 /// the step with limits reads: the permits per tenant and the queue.
 pub(super) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tessera_tenant_limits \
      WHERE name = ?1 ORDER BY tenant";
-const SAVE_TENANT_LIMITS: &str = "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
+const SAVE_TENANT_LIMITS: &str =
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
      VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name, tenant) DO UPDATE SET ceiling = ?3, floor = ?4";
 const DROP_TENANT_LIMITS: &str =
     "DELETE FROM tessera_tenant_limits WHERE name = ?1 AND tenant = ?2";
@@ -611,9 +612,14 @@ impl SemRows for SqliteRows<'_> {
             .db()
             .prepare_cached(SAVE_TENANT_LIMITS)
             .map_err(rq_err)?;
-        st.execute(rusqlite::params![self.name, row.tenant, row.ceiling, row.floor])
-            .map_err(rq_err)
-            .map(drop)
+        st.execute(rusqlite::params![
+            self.name,
+            row.tenant,
+            row.ceiling,
+            row.floor
+        ])
+        .map_err(rq_err)
+        .map(drop)
     }
 
     async fn drop_tenant_limits(&mut self, tenant: &str) -> Result<()> {
@@ -625,7 +631,9 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn held_by_tenant(&mut self) -> Result<Vec<(String, i64)>> {
-        self.fetch(HELD_BY_TENANT, None, &[], |r| Ok((text_at(r, 0)?, int_at(r, 1)?)))
+        self.fetch(HELD_BY_TENANT, None, &[], |r| {
+            Ok((text_at(r, 0)?, int_at(r, 1)?))
+        })
     }
 
     async fn queue(&mut self) -> Result<Vec<QueueRow>> {

@@ -303,7 +303,10 @@ async fn a_file_of_version_3_is_migrated_keeps_its_holder_and_waiter_and_takes_l
     let (_dir, url) = temp_db();
     let s = name("v3");
     let tenant = |t: &str| Some(tessera_core::model::Tenant::new(t, 1).unwrap());
-    let (mut holder, mut waiter) = (req(LeaseId::random(), 1, waiting()), req(LeaseId::random(), 1, waiting()));
+    let (mut holder, mut waiter) = (
+        req(LeaseId::random(), 1, waiting()),
+        req(LeaseId::random(), 1, waiting()),
+    );
     (holder.tenant, waiter.tenant) = (tenant("a"), tenant("a"));
     {
         let b = SqliteBackend::connect(&url).await.unwrap();
@@ -367,7 +370,10 @@ async fn a_second_store_on_the_file_sees_the_limits_the_first_sets_and_obeys_the
         SqliteBackend::connect(&url).await.unwrap(),
     );
     let ceiling = |c| tessera_core::model::TenantLimits::new(Some(c), 0).unwrap();
-    first.set_tenant_limits(&s, "bulk", ceiling(1)).await.unwrap();
+    first
+        .set_tenant_limits(&s, "bulk", ceiling(1))
+        .await
+        .unwrap();
     assert_eq!(second.tenant_limits(&s).await.unwrap()["bulk"], ceiling(1));
     let bulk = || {
         let mut r = req(LeaseId::random(), 1, waiting());
@@ -384,7 +390,10 @@ async fn a_second_store_on_the_file_sees_the_limits_the_first_sets_and_obeys_the
         second.acquire(&s, 3, &two).await.unwrap(),
         AcquireReply::Queued { position: 0 }
     ));
-    first.set_tenant_limits(&s, "bulk", ceiling(2)).await.unwrap();
+    first
+        .set_tenant_limits(&s, "bulk", ceiling(2))
+        .await
+        .unwrap();
     let held: Vec<_> = second
         .status(&s)
         .await
