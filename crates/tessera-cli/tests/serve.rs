@@ -854,10 +854,11 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
         listed,
         json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0}}})
     );
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = Server::start(&format!("sqlite://{}/t.db", dir.path().display()), &[]);
+    // etcd keeps no tenant limits.
+    let etcd = tessera_testkit::servers::etcd::EtcdCluster::start(1);
+    let unlimited = Server::start(&etcd.url(), &[]);
     let (st, e) = put(
-        sqlite.url("/v1/semaphores/mail/tenants/bulk"),
+        unlimited.url("/v1/semaphores/mail/tenants/bulk"),
         json!({"floor": 1}),
     )
     .await;

@@ -65,7 +65,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "7");
+    assert_eq!(version.trim(), "8");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -79,10 +79,10 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "7");
+    assert_eq!(version.trim(), "8");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "7");
+    assert_eq!(routines.trim(), "8");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
@@ -92,7 +92,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
-         tessera_v7_keep_alive,tessera_v7_release"
+         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release"
     );
 }
 
@@ -359,7 +359,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
-    // none of versions 4 to 7, routines_version 3.
+    // none of versions 4 to 8, routines_version 3.
     server.sql(
         "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
          DROP PROCEDURE old.tessera_v4_keep_alive; DROP PROCEDURE old.tessera_v5_heartbeat_many; \
@@ -367,6 +367,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
          DROP PROCEDURE old.tessera_v6_heartbeat_many; \
          DROP PROCEDURE old.tessera_v7_acquire_one; DROP PROCEDURE old.tessera_v7_release; \
          DROP PROCEDURE old.tessera_v7_keep_alive; DROP PROCEDURE old.tessera_v7_heartbeat_many; \
+         DROP PROCEDURE old.tessera_v8_acquire_one; DROP PROCEDURE old.tessera_v8_release; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -384,8 +385,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "7");
-    assert_eq!(meta("schema_version").trim(), "7");
+    assert_eq!(meta("routines_version").trim(), "8");
+    assert_eq!(meta("schema_version").trim(), "8");
     assert_eq!(
         server
             .sql(
@@ -396,7 +397,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
-         tessera_v7_keep_alive,tessera_v7_release"
+         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release"
     );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -511,7 +512,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "7");
+    assert_eq!(version(), "8");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
@@ -1078,6 +1079,7 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
          DROP PROCEDURE inv.tessera_v6_heartbeat_many; \
          DROP PROCEDURE inv.tessera_v7_acquire_one; DROP PROCEDURE inv.tessera_v7_release; \
          DROP PROCEDURE inv.tessera_v7_keep_alive; DROP PROCEDURE inv.tessera_v7_heartbeat_many; \
+         DROP PROCEDURE inv.tessera_v8_acquire_one; DROP PROCEDURE inv.tessera_v8_release; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();
@@ -1285,7 +1287,7 @@ async fn a_server_that_is_gone_is_reported_as_refused_not_as_a_pool_timeout() {
 /// A database of schema version 5 (before fair shares), holding a holder and waiters, is
 /// migrated at the next connect: the waiters keep their order (tag 0, by seq), a request of
 /// a tenant then queues by its tag behind them, and the releases run the procedure of
-/// routine version 7 (the one that keeps the tags and the tenants), handing the permit on in
+/// routine version 8 (the one that keeps the tags and the tenants), handing the permit on in
 /// that order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_order() {
@@ -1303,7 +1305,7 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
     server.sql(
         "ALTER TABLE v4.tessera_waiters DROP KEY tessera_waiters_by_tag, DROP COLUMN tag; \
          ALTER TABLE v4.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
-         DROP COLUMN tenants; DROP TABLE v4.tessera_tenants; \
+         DROP COLUMN tenants; DROP TABLE v4.tessera_tenants; DROP TABLE v4.tessera_tenant_limits; \
          ALTER TABLE v4.tessera_holders DROP COLUMN tenant; \
          ALTER TABLE v4.tessera_waiters DROP COLUMN tenant; \
          UPDATE v4.tessera_meta SET meta_value = 5 WHERE meta_key = 'schema_version'",
@@ -1313,7 +1315,7 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         server
             .sql("SELECT meta_value FROM v4.tessera_meta WHERE meta_key = 'schema_version'")
             .trim(),
-        "7"
+        "8"
     );
     assert!(store.capabilities().fair_shares);
     let mut tenant = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
@@ -1346,10 +1348,10 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
 }
 
 /// A database of schema version 6 (before holder and waiter rows kept their tenant), holding
-/// a holder and a waiter, is migrated at the next connect to version 7 with routine version
-/// 7: both rows stay, naming no tenant; a tenant named from then on (its start tag at the
+/// a holder and a waiter, is migrated at the next connect to version 8 with routine version
+/// 8: both rows stay, naming no tenant; a tenant named from then on (its start tag at the
 /// virtual time, so ahead of the old waiter) is kept on its waiter row and on the holder row
-/// the release through the procedure of version 7 makes of it, and the old waiter follows.
+/// the release through the procedure of version 8 makes of it, and the old waiter follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and_waiter() {
     let server = MariaDbServer::start();
@@ -1364,6 +1366,8 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
          ALTER TABLE v6.tessera_waiters DROP COLUMN tenant; \
          DROP PROCEDURE v6.tessera_v7_acquire_one; DROP PROCEDURE v6.tessera_v7_release; \
          DROP PROCEDURE v6.tessera_v7_keep_alive; DROP PROCEDURE v6.tessera_v7_heartbeat_many; \
+         DROP PROCEDURE v6.tessera_v8_acquire_one; DROP PROCEDURE v6.tessera_v8_release; \
+         DROP TABLE v6.tessera_tenant_limits; \
          UPDATE v6.tessera_meta SET meta_value = 6 \
          WHERE meta_key IN ('schema_version', 'routines_version')",
     );
@@ -1378,7 +1382,7 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("7".into(), "7".into())
+        ("8".into(), "8".into())
     );
     let tenants = |s: &SemaphoreStatus| {
         let holders: Vec<_> = s
@@ -1472,4 +1476,181 @@ async fn a_user_who_may_not_alter_keeps_schema_6_and_no_tenant_on_the_rows() {
     assert_eq!(status.holders[0].lease_id, b);
     assert_eq!(status.holders[0].tenant, None);
     assert!(plain.release(&n, b).await.unwrap());
+}
+
+/// A database of schema version 7 (before tenants' limits), holding a holder and a waiter,
+/// is migrated at the next connect to version 8 with routine version 8: both rows stay, and
+/// limits set from then on apply to them through the procedures (which leave the name to the
+/// client-side step): a floor keeps the permit the holder frees from the waiter, the floor's
+/// tenant is granted it at once, and clearing the floor hands it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waiter_and_takes_limits()
+{
+    let server = MariaDbServer::start();
+    let url = server.url("v7");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    drop(first);
+    // What a build of schema and routine version 7 leaves.
+    server.sql(
+        "DROP TABLE v7.tessera_tenant_limits; \
+         DROP PROCEDURE v7.tessera_v8_acquire_one; DROP PROCEDURE v7.tessera_v8_release; \
+         UPDATE v7.tessera_meta SET meta_value = 7 \
+         WHERE meta_key IN ('schema_version', 'routines_version')",
+    );
+    let store = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server
+            .sql(&format!(
+                "SELECT meta_value FROM v7.tessera_meta WHERE meta_key = '{key}'"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        (meta("schema_version"), meta("routines_version")),
+        ("8".into(), "8".into())
+    );
+    assert!(store.capabilities().tenant_limits);
+    let ids = |s: Option<SemaphoreStatus>| {
+        let s = s.unwrap();
+        let holders: Vec<_> = s.holders.iter().map(|h| h.lease_id).collect();
+        let queue: Vec<_> = s.queue.iter().map(|w| w.lease_id).collect();
+        (holders, queue)
+    };
+    assert_eq!(ids(store.status(&n).await.unwrap()), (vec![a], vec![b]));
+    let floor = TenantLimits::new(None, 1).unwrap();
+    store.set_tenant_limits(&n, "ops", floor).await.unwrap();
+    assert_eq!(store.tenant_limits(&n).await.unwrap()["ops"], floor);
+    // The release calls the procedure, which leaves it to the step: the permit is kept for
+    // ops, whose request is granted at once ahead of the waiter.
+    let before = calls(&server);
+    assert!(store.release(&n, a).await.unwrap());
+    assert_eq!(calls(&server) - before, 1);
+    assert_eq!(ids(store.status(&n).await.unwrap()), (vec![], vec![b]));
+    let mut ops = req(LeaseId::random(), 1, LONG, None);
+    ops.tenant = Some(Tenant::new("ops", 1).unwrap());
+    assert!(matches!(
+        store.acquire(&n, 1, &ops).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(store.release(&n, ops.lease_id).await.unwrap());
+    assert_eq!(ids(store.status(&n).await.unwrap()), (vec![], vec![b]));
+    // Cleared, the floor keeps nothing: the step that clears it hands the permit on.
+    store
+        .set_tenant_limits(&n, "ops", TenantLimits::default())
+        .await
+        .unwrap();
+    assert_eq!(ids(store.status(&n).await.unwrap()), (vec![b], vec![]));
+    assert!(store.tenant_limits(&n).await.unwrap().is_empty());
+    assert!(store.release(&n, b).await.unwrap());
+    assert!(store.status(&n).await.unwrap().is_none());
+}
+
+/// Two clients of one database (as two processes): limits one sets are seen and obeyed by
+/// the other, whose acquires and releases call the procedures (which leave a name with
+/// limits to the client-side step); a raised ceiling hands the other's waiter its permit; a
+/// delete through one removes them for both; and a name without limits runs one procedure
+/// call per operation as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_client_sees_the_limits_the_first_sets_and_obeys_them() {
+    let server = MariaDbServer::start();
+    let url = server.url("two");
+    let (first, second) = (
+        MysqlBackend::connect(&url).await.unwrap(),
+        MysqlBackend::connect(&url).await.unwrap(),
+    );
+    let n = name("jobs");
+    let ceiling = |c| TenantLimits::new(Some(c), 0).unwrap();
+    first
+        .set_tenant_limits(&n, "bulk", ceiling(1))
+        .await
+        .unwrap();
+    assert_eq!(second.tenant_limits(&n).await.unwrap()["bulk"], ceiling(1));
+    let bulk = || {
+        let mut r = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
+        r.tenant = Some(Tenant::new("bulk", 1).unwrap());
+        r
+    };
+    let (one, two) = (bulk(), bulk());
+    assert!(matches!(
+        second.acquire(&n, 3, &one).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    // Two permits free, but bulk is at its ceiling.
+    assert_eq!(
+        second.acquire(&n, 3, &two).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    first
+        .set_tenant_limits(&n, "bulk", ceiling(2))
+        .await
+        .unwrap();
+    let held: Vec<_> = second
+        .status(&n)
+        .await
+        .unwrap()
+        .unwrap()
+        .holders
+        .iter()
+        .map(|h| h.lease_id)
+        .collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.contains(&two.lease_id));
+    // At its ceiling again: a third waits, and a release of bulk's lets it in.
+    let three = bulk();
+    assert_eq!(
+        second.acquire(&n, 3, &three).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    );
+    assert!(second.release(&n, one.lease_id).await.unwrap());
+    let status = first.status(&n).await.unwrap().unwrap();
+    assert!(status.holders.iter().any(|h| h.lease_id == three.lease_id));
+    assert!(status.queue.is_empty());
+    assert!(first.delete(&n).await.unwrap());
+    assert!(second.tenant_limits(&n).await.unwrap().is_empty());
+    // Without limits again: one call per acquire, and bulk takes every free permit.
+    let before = calls(&server);
+    for _ in 0..3 {
+        assert!(matches!(
+            second.acquire(&n, 3, &bulk()).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+    assert_eq!(calls(&server) - before, 3);
+}
+
+/// A user who may not create tessera's tables leaves a database of schema version 7 there:
+/// that client keeps no limits (its capabilities say so, setting them is `Unsupported` and
+/// lists none), and works as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_create_keeps_schema_7_without_tenant_limits() {
+    let server = MariaDbServer::start();
+    let url = server.url("seven");
+    MysqlBackend::connect(&url).await.unwrap();
+    server.sql(
+        "DROP TABLE seven.tessera_tenant_limits; \
+         UPDATE seven.tessera_meta SET meta_value = 7 WHERE meta_key = 'schema_version'; \
+         CREATE USER 'rows'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON seven.* TO 'rows'@'127.0.0.1'",
+    );
+    let url = format!("mysql://rows@127.0.0.1:{}/seven", server.port());
+    let store = Store::connect(&url).await.unwrap();
+    let version =
+        server.sql("SELECT meta_value FROM seven.tessera_meta WHERE meta_key = 'schema_version'");
+    assert_eq!(version.trim(), "7");
+    assert!(!store.backend().capabilities().tenant_limits);
+    assert!(store.backend().capabilities().fair_shares);
+    let err = store
+        .set_tenant_limits("jobs", "web", TenantLimits::new(None, 1).unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(store.tenant_limits("jobs").await.unwrap().is_empty());
+    let n = name("jobs");
+    let before = calls(&server);
+    let (a, _b, _) = held_and_queued(&MysqlBackend::connect(&url).await.unwrap(), &n).await;
+    assert_eq!(calls(&server) - before, 2, "version 7's procedures");
+    assert!(store.backend().release(&n, a).await.unwrap());
 }

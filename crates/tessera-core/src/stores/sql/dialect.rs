@@ -35,6 +35,31 @@ pub struct Loaded {
     pub hwm: i64,
     /// The semaphore's row, `None` if it has none.
     pub sem: Option<SemRow>,
+    /// How many tenants have ceilings or floors on this name (`docs/fair-shares.md`,
+    /// "Ceilings and floors"), read by the same statement as the row (a subquery on the
+    /// limits table), so a name without them costs no statement more. 0 on a store whose
+    /// tables keep no limits.
+    pub limits: i64,
+}
+
+/// One tenant's ceiling and floor as stored (`tessera_tenant_limits`; a NULL ceiling: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitRow {
+    pub tenant: String,
+    pub ceiling: Option<i64>,
+    pub floor: i64,
+}
+
+/// A waiter as the hand-off with tenants' limits reads the queue: its key, weight, tenant
+/// and gate (`None`: a plain waiter).
+#[derive(Debug, Clone)]
+pub struct QueueRow {
+    pub lease_id: String,
+    pub weight: i64,
+    pub tenant: Option<String>,
+    pub gate: Option<i64>,
+    pub tag: i64,
+    pub seq: i64,
 }
 
 /// A semaphore row (`tessera_semaphores`): the running counters of the step.
@@ -320,4 +345,59 @@ pub trait SemRows: Send {
 
     /// Deletes every waiter, returning their lease ids (as stored, unchecked, in any order).
     fn drop_waiters(&mut self) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    // Tenants' ceilings and floors (`docs/fair-shares.md`, "Ceilings and floors"): run only
+    // for a name whose [`Loaded::limits`] is above 0 (and by `set_tenant_limits` and
+    // `delete`). The defaults are those of a store whose tables keep no limits.
+
+    /// The tenants' limits of the name, by tenant.
+    fn tenant_limits(&mut self) -> impl Future<Output = Result<Vec<LimitRow>>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// Inserts or replaces `tenant`'s limits.
+    fn save_tenant_limits(&mut self, _row: &LimitRow) -> impl Future<Output = Result<()>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// Deletes `tenant`'s limits.
+    fn drop_tenant_limits(&mut self, _tenant: &str) -> impl Future<Output = Result<()>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// Deletes every tenant's limits of the name; how many.
+    fn drop_all_tenant_limits(&mut self) -> impl Future<Output = Result<u64>> + Send {
+        async { Ok(0) }
+    }
+
+    /// The permits held per named tenant (`SELECT tenant, SUM(weight) … GROUP BY tenant`;
+    /// holders without a tenant left out).
+    fn held_by_tenant(&mut self) -> impl Future<Output = Result<Vec<(String, i64)>>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// Every waiter in queue order (`(tag, seq)`), as [`QueueRow`].
+    fn queue(&mut self) -> impl Future<Output = Result<Vec<QueueRow>>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// Deletes and returns `lease`'s waiter row (as [`SemRows::pop_head_if_fits`] returns
+    /// the head); `None` if it is not queued.
+    fn pop_waiter(&mut self, _lease: &str) -> impl Future<Output = Result<Option<HeadRow>>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// If `lease`'s waiter is an admission waiter whose gate is at most `now`, marks it woken
+    /// (as [`SemRows::wake_gated_head`] does the head) and returns its lease id.
+    fn wake_gated(
+        &mut self,
+        _lease: &str,
+        _now: i64,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async { Err(no_limits()) }
+    }
+}
+
+fn no_limits() -> crate::error::Error {
+    super::step::corrupt("internal: tenant limits on a store whose tables keep none")
 }

@@ -51,6 +51,17 @@
 //!   shape is [`crate::error::Error::Corrupt`], never a panic. Only delete skips unreadable lease
 //!   ids instead, since deleting is how an admin clears damaged rows.
 //!
+//! # Tenants' ceilings and floors
+//!
+//! A name may carry tenants' limits (`docs/fair-shares.md`, "Ceilings and floors"), kept in a
+//! table of their own that outlives the semaphore's row. [`SemRows::load`] reports how many
+//! (a subquery of the statement that loads the row, [`Loaded::limits`]): at 0 every step is
+//! the one above, statement for statement. Otherwise the step reads the limits, then, when a
+//! decision needs them, the permits each tenant holds (one `GROUP BY`, read again after a
+//! holder went) and the queue in order, and grants as the reference model's
+//! `hand_off_limited`: a waiter within its tenant's floor first, then the first waiter not at
+//! its ceiling, while it may be granted. O(queue) per hand-off, for names with limits only.
+//!
 //! # What a SQL store supplies
 //!
 //! Its statements, behind the row operations of [`SemRows`] (`dialect.rs`): one method per
@@ -85,8 +96,8 @@ mod snapshot;
 mod step;
 
 pub use dialect::{
-    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
+    SemRow, SemRows, WaiterRow,
 };
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
@@ -96,7 +107,8 @@ pub use step::admit;
 #[cfg(feature = "mysql")]
 pub use step::lease_of_row;
 pub use step::{
-    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke, status,
+    acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke,
+    set_tenant_limits, status, tenant_limits_of,
 };
 
 use crate::error::Result;

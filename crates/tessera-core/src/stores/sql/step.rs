@@ -2,9 +2,12 @@
 //! `stores/memory/ops.rs`, operation by operation, over the row operations of a
 //! [`SemRows`] dialect (see the module docs of `sql/mod.rs` for its shape and invariants).
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::dialect::{HolderRow, NewHolder, NewWaiter, Place, SemRow, SemRows, WaiterRow};
+use super::dialect::{
+    HeadRow, HolderRow, LimitRow, NewHolder, NewWaiter, Place, QueueRow, SemRow, SemRows, WaiterRow,
+};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use super::rate::{self, RateRows};
 use super::{decode_seats, encode_seats, runs};
@@ -83,6 +86,26 @@ impl Sem {
     }
 }
 
+/// Tenants' ceilings and floors of a name that has some (`docs/fair-shares.md`, "Ceilings
+/// and floors"), read at the step's start, and the permits each named tenant holds.
+#[derive(Debug)]
+struct Limits {
+    by_tenant: HashMap<String, TenantLimits>,
+    /// `held[t]`; `None`: to be read (at its first use, and after a holder was removed).
+    held: Option<HashMap<String, u32>>,
+}
+
+/// A waiter as the hand-off with limits sees it ([`QueueRow`], checked).
+#[derive(Debug, Clone)]
+struct Queued {
+    lease_id: String,
+    weight: u32,
+    tenant: Option<String>,
+    gate: Option<i64>,
+    tag: i64,
+    seq: i64,
+}
+
 /// One atomic step on one semaphore, inside the caller's locked transaction.
 struct Step<'r, R: SemRows> {
     rows: &'r mut R,
@@ -96,12 +119,25 @@ struct Step<'r, R: SemRows> {
     hwm: u64,
     hwm_dirty: bool,
     wakes: Wakes,
+    /// The name's tenants' limits; `None`: it has none, and every step is as without them.
+    limits: Option<Limits>,
 }
 
 impl<'r, R: SemRows> Step<'r, R> {
     /// Loads the semaphore and runs purge → hand off. Without a row, creates one with
     /// `create` as capacity (acquire), or returns `None`.
     async fn load(rows: &'r mut R, create: Option<u32>) -> Result<Option<Step<'r, R>>> {
+        let Some(mut step) = Step::open(rows, create).await? else {
+            return Ok(None);
+        };
+        if step.loaded.is_some() {
+            step.purge_and_hand_off().await?;
+        }
+        Ok(Some(step))
+    }
+
+    /// Loads the semaphore (and its tenants' limits, if it has any) without purging.
+    async fn open(rows: &'r mut R, create: Option<u32>) -> Result<Option<Step<'r, R>>> {
         let found = rows.load(create).await?;
         let hwm = u64_of(found.hwm, "fence_hwm")?;
         let loaded = found.sem.as_ref().map(Sem::from_row).transpose()?;
@@ -124,6 +160,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             hwm,
             hwm_dirty: false,
             wakes: Vec::new(),
+            limits: None,
         };
         match (loaded, create) {
             (Some(sem), _) => step.sem = sem,
@@ -131,11 +168,16 @@ impl<'r, R: SemRows> Step<'r, R> {
                 // A new semaphore starts at the store-wide high-water mark.
                 step.sem.capacity = capacity;
                 step.sem.last_fence = hwm;
-                return Ok(Some(step));
             }
             (None, None) => return Ok(None),
         }
-        step.purge_and_hand_off().await?;
+        if found.limits != 0 {
+            let by_tenant = limits_of_rows(step.rows.tenant_limits().await?)?;
+            step.limits = Some(Limits {
+                by_tenant: by_tenant.into_iter().collect(),
+                held: None,
+            });
+        }
         Ok(Some(step))
     }
 
@@ -281,6 +323,144 @@ impl<'r, R: SemRows> Step<'r, R> {
         self.sem.capacity.saturating_sub(self.sem.used)
     }
 
+    /// Whether a new request of `tenant` for `weight` permits (start tag `start`) is granted
+    /// at once. Without limits: it fits and would be the head. With limits (the reference
+    /// model's arrival): it would be the head (the first waiter not at its ceiling) or is
+    /// within its tenant's floor, and it may be granted ([`Step::may_grant`]).
+    async fn grants_at_once(
+        &mut self,
+        tenant: Option<&Tenant>,
+        weight: u32,
+        start: u64,
+    ) -> Result<bool> {
+        if self.limits.is_none() {
+            return Ok(
+                self.sem.used as u64 + weight as u64 <= self.sem.capacity as u64
+                    && self.would_lead(tenant, start).await?,
+            );
+        }
+        self.ensure_held().await?;
+        let t = tenant.map(Tenant::name);
+        if !self.may_grant(t, weight) {
+            return Ok(false);
+        }
+        Ok(self.below_floor(t, weight) || self.would_lead_limited(start).await?)
+    }
+
+    /// With limits: whether a request with start tag `start`, arriving now, would be the
+    /// head, the first waiter whose tenant is not at its ceiling for it (none: it would).
+    async fn would_lead_limited(&mut self, start: u64) -> Result<bool> {
+        if self.sem.queued == 0 {
+            return Ok(true);
+        }
+        let queue = self.read_queue().await?;
+        let next = db_int(self.sem.next_seq)?;
+        Ok(match self.head_of(&queue) {
+            None => true,
+            Some(i) => (db_int(start)?, next) < (queue[i].tag, queue[i].seq),
+        })
+    }
+
+    /// The queue in `(tag, seq)` order (a name with limits only).
+    async fn read_queue(&mut self) -> Result<Vec<Queued>> {
+        let rows: Vec<QueueRow> = self.rows.queue().await?;
+        rows.into_iter()
+            .map(|q| {
+                Ok(Queued {
+                    weight: u32_of(q.weight, "weight")?,
+                    tenant: tenant_of(&q.tenant)?,
+                    lease_id: q.lease_id,
+                    gate: q.gate,
+                    tag: q.tag,
+                    seq: q.seq,
+                })
+            })
+            .collect()
+    }
+
+    /// The index of the head in `queue`: the first waiter whose tenant is not at its
+    /// ceiling for it.
+    fn head_of(&self, queue: &[Queued]) -> Option<usize> {
+        queue
+            .iter()
+            .position(|q| !self.capped(q.tenant.as_deref(), q.weight))
+    }
+
+    /// Reads `held[t]` if it is not known (a name with limits only).
+    async fn ensure_held(&mut self) -> Result<()> {
+        if self.limits.as_ref().is_none_or(|l| l.held.is_some()) {
+            return Ok(());
+        }
+        let mut held = HashMap::new();
+        for (tenant, weight) in self.rows.held_by_tenant().await? {
+            held.insert(tenant, u32_of(weight, "a tenant's held permits")?);
+        }
+        if let Some(l) = &mut self.limits {
+            l.held = Some(held);
+        }
+        Ok(())
+    }
+
+    /// A holder went: `held[t]` is read again when next needed.
+    fn forget_held(&mut self) {
+        if let Some(l) = &mut self.limits {
+            l.held = None;
+        }
+    }
+
+    /// Permits held by `tenant`'s leases (after [`Step::ensure_held`]).
+    fn held_by(&self, tenant: &str) -> u32 {
+        self.limits
+            .as_ref()
+            .and_then(|l| l.held.as_ref())
+            .and_then(|h| h.get(tenant))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn limits_of(&self, tenant: Option<&str>) -> TenantLimits {
+        match (tenant, &self.limits) {
+            (Some(t), Some(l)) => l.by_tenant.get(t).copied().unwrap_or_default(),
+            _ => TenantLimits::default(),
+        }
+    }
+
+    /// Whether `tenant` (`None`: a request that named none) is at its ceiling for `weight`
+    /// more permits.
+    fn capped(&self, tenant: Option<&str>, weight: u32) -> bool {
+        match (tenant, self.limits_of(tenant).ceiling) {
+            (Some(t), Some(c)) => self.held_by(t) as u64 + weight as u64 > c as u64,
+            _ => false,
+        }
+    }
+
+    /// Whether `weight` more permits keep `tenant` within its floor.
+    fn below_floor(&self, tenant: Option<&str>, weight: u32) -> bool {
+        match (tenant, self.limits_of(tenant).floor) {
+            (Some(t), floor) if floor > 0 => self.held_by(t) as u64 + weight as u64 <= floor as u64,
+            _ => false,
+        }
+    }
+
+    /// Whether `tenant` may be granted `weight` permits now: they fit, its ceiling allows
+    /// them, and they leave what the other tenants' floors keep (each floor less what its
+    /// tenant holds). Without limits: they fit.
+    fn may_grant(&self, tenant: Option<&str>, weight: u32) -> bool {
+        let Some(limits) = &self.limits else {
+            return self.sem.used as u64 + weight as u64 <= self.sem.capacity as u64;
+        };
+        if self.capped(tenant, weight) {
+            return false;
+        }
+        let kept: u64 = limits
+            .by_tenant
+            .iter()
+            .filter(|(u, _)| Some(u.as_str()) != tenant)
+            .map(|(u, l)| l.floor.saturating_sub(self.held_by(u)) as u64)
+            .sum();
+        weight as u64 + kept <= self.available() as u64
+    }
+
     fn now_db(&self) -> Result<i64> {
         db_int(self.now.0)
     }
@@ -294,6 +474,9 @@ impl<'r, R: SemRows> Step<'r, R> {
                 let weight = u32_of(row.weight, "weight")?;
                 freed.extend(decode_seats(&row.seats, weight)?);
                 self.take_used(weight)?;
+            }
+            if !freed.is_empty() {
+                self.forget_held();
             }
             freed.sort_unstable();
             self.return_seats(freed).await?;
@@ -327,6 +510,9 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// and so does an admission waiter, which only its own step grants (woken here once it
     /// fits: `SemRows::wake_gated_head`).
     async fn hand_off(&mut self) -> Result<()> {
+        if self.limits.is_some() {
+            return self.hand_off_limited().await;
+        }
         while self.sem.queued > 0 && self.sem.used < self.sem.capacity {
             let available = self.available().into();
             let Some(head) = self.rows.pop_head_if_fits(available).await? else {
@@ -336,17 +522,71 @@ impl<'r, R: SemRows> Step<'r, R> {
                 }
                 break;
             };
-            self.take_queued(1)?;
-            self.sem.vtime = self.sem.vtime.max(u64_of(head.tag, "tag")?);
-            let lease_id = lease_of(&head.lease_id)?;
-            let weight = u32_of(head.weight, "weight")?;
-            let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
-            // Provisional until renewed: no longer than the waiter's entry would have lived.
-            let entry = StoreTime(u64_of(head.expires_at, "waiter expires_at")?).since(self.now);
-            self.grant(lease_id, weight, ttl.min(entry), head.holder, head.tenant)
-                .await?;
-            self.wakes.push(lease_id);
+            self.grant_popped(head).await?;
         }
+        Ok(())
+    }
+
+    /// The hand-off with tenants' ceilings and floors (`docs/fair-shares.md`, the reference
+    /// model's `hand_off_limited`): first a waiter whose tenant is below its floor and may be
+    /// granted, in queue order, ahead of the head (an admission waiter among them is left to
+    /// its own step); then the head, the first waiter whose tenant is not at its ceiling for
+    /// it, while it may be granted (an admission waiter there is woken as without limits).
+    /// The queue is read once per hand-off: O(queue), for names with limits only.
+    async fn hand_off_limited(&mut self) -> Result<()> {
+        if self.sem.queued == 0 || self.sem.used >= self.sem.capacity {
+            // Nothing may be granted with no permit free (every weight is at least 1).
+            return Ok(());
+        }
+        let mut queue = self.read_queue().await?;
+        loop {
+            self.ensure_held().await?;
+            let floor = queue.iter().position(|q| {
+                let (t, w) = (q.tenant.as_deref(), q.weight);
+                q.gate.is_none() && self.below_floor(t, w) && self.may_grant(t, w)
+            });
+            let i = match floor {
+                Some(i) => i,
+                None => {
+                    let Some(i) = self.head_of(&queue) else { break };
+                    let q = &queue[i];
+                    if !self.may_grant(q.tenant.as_deref(), q.weight) {
+                        break;
+                    }
+                    if q.gate.is_some() {
+                        let now = self.now_db()?;
+                        if let Some(lease) = self.rows.wake_gated(&q.lease_id, now).await? {
+                            self.wakes.push(lease_of(&lease)?);
+                        }
+                        break;
+                    }
+                    i
+                }
+            };
+            let q = queue.remove(i);
+            let Some(head) = self.rows.pop_waiter(&q.lease_id).await? else {
+                return Err(corrupt(format!(
+                    "waiter {} read but not queued",
+                    q.lease_id
+                )));
+            };
+            self.grant_popped(head).await?;
+        }
+        Ok(())
+    }
+
+    /// Grants a waiter taken out of the queue by a hand-off.
+    async fn grant_popped(&mut self, head: HeadRow) -> Result<()> {
+        self.take_queued(1)?;
+        self.sem.vtime = self.sem.vtime.max(u64_of(head.tag, "tag")?);
+        let lease_id = lease_of(&head.lease_id)?;
+        let weight = u32_of(head.weight, "weight")?;
+        let ttl = Duration::from_micros(u64_of(head.ttl, "ttl")?);
+        // Provisional until renewed: no longer than the waiter's entry would have lived.
+        let entry = StoreTime(u64_of(head.expires_at, "waiter expires_at")?).since(self.now);
+        self.grant(lease_id, weight, ttl.min(entry), head.holder, head.tenant)
+            .await?;
+        self.wakes.push(lease_id);
         Ok(())
     }
 
@@ -369,6 +609,10 @@ impl<'r, R: SemRows> Step<'r, R> {
         self.hwm = fence;
         self.hwm_dirty = true;
         self.sem.used += weight;
+        if let (Some(t), Some(held)) = (&tenant, self.limits.as_mut().and_then(|l| l.held.as_mut()))
+        {
+            *held.entry(t.clone()).or_default() += weight;
+        }
         let lease = Lease {
             lease_id,
             weight,
@@ -478,6 +722,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         let weight = u32_of(freed.weight, "weight")?;
         let seats = decode_seats(&freed.seats, weight)?;
         self.take_used(weight)?;
+        self.forget_held();
         self.return_seats(seats).await?;
         Ok(true)
     }
@@ -578,9 +823,7 @@ async fn decide_acquire<R: SemRows>(
     // that finds nobody waiting; neither a try nor a newcomer jumps the queue.
     let tenant = req.tenant.as_ref();
     let tags = st.tags(tenant, req.weight).await?;
-    if st.sem.used as u64 + req.weight as u64 <= st.sem.capacity as u64
-        && st.would_lead(tenant, tags.start).await?
-    {
+    if st.grants_at_once(tenant, req.weight, tags.start).await? {
         st.take_tags(tenant, tags, true).await?;
         let lease = st
             .grant(
@@ -685,17 +928,42 @@ async fn decide_admit<R: SemRows + RateRows>(
         None => Some(st.tags(tenant, req.cost).await?),
         Some(_) => None,
     };
-    let fits = st.sem.used as u64 + a.weight as u64 <= st.sem.capacity as u64;
-    let lead = match (fits, tags) {
-        (true, Some(tags)) => st.would_lead(tenant, tags.start).await?,
-        _ => false,
+    let (lead, turn) = match st.limits.is_some() {
+        false => {
+            let fits = st.sem.used as u64 + a.weight as u64 <= st.sem.capacity as u64;
+            let lead = match (fits, tags) {
+                (true, Some(tags)) => st.would_lead(tenant, tags.start).await?,
+                _ => false,
+            };
+            // A request that gave back an admission it could not use goes first.
+            let turn = fits
+                && match tags {
+                    None => position == 0,
+                    Some(_) => lead || req.at_head,
+                };
+            (lead, turn)
+        }
+        // With limits, as the reference model: the head is the first waiter not at its
+        // ceiling, and a request within its tenant's floor goes first too.
+        true => {
+            st.ensure_held().await?;
+            let t = tenant.map(Tenant::name);
+            let lead = match tags {
+                Some(tags) => st.would_lead_limited(tags.start).await?,
+                None => false,
+            };
+            let first = match place {
+                Some(_) => {
+                    let queue = st.read_queue().await?;
+                    let me = a.lease_id.to_string();
+                    st.head_of(&queue).is_some_and(|i| queue[i].lease_id == me)
+                }
+                None => lead || req.at_head,
+            };
+            let turn = (first || st.below_floor(t, a.weight)) && st.may_grant(t, a.weight);
+            (lead, turn)
+        }
     };
-    // A request that gave back an admission it could not use goes first.
-    let turn = fits
-        && match tags {
-            None => position == 0,
-            Some(_) => lead || req.at_head,
-        };
     let mut window_at = None;
     if turn {
         let ask = RateRequest {
@@ -942,8 +1210,85 @@ pub async fn delete(rows: &mut impl SemRows) -> Result<Done<bool>> {
     rows.drop_free_seats().await?;
     // Its tenants' tags too: a semaphore made again under this name starts them at 0.
     rows.drop_tenants().await?;
+    // And the limits kept for the name.
+    let limits = rows.drop_all_tenant_limits().await?;
     let existed = rows.drop_semaphore().await?;
-    Ok((existed, wakes))
+    Ok((existed || limits > 0, wakes))
+}
+
+/// Sets (or, with [`TenantLimits::is_none`], removes) `tenant`'s limits on the name, then
+/// hands off what they let in, as the reference model's `set_tenant_limits`: floors that
+/// would add up above the capacity of a semaphore that has holders or waiters are
+/// [`Error::InvalidInput`] and change nothing. The semaphore's row is locked first (created
+/// as a placeholder of capacity 1 where the dialect needs a row to lock, and dropped again
+/// at the end when idle), so no step of the name runs with the limits of before once this
+/// one commits.
+pub async fn set_tenant_limits(
+    rows: &mut impl SemRows,
+    name: &Name,
+    tenant: &str,
+    limits: TenantLimits,
+) -> Result<Done<Result<()>>> {
+    let mut st = Step::open(rows, Some(1))
+        .await?
+        .ok_or_else(|| corrupt("internal: semaphore not created"))?;
+    let mut map = st.limits.take().map(|l| l.by_tenant).unwrap_or_default();
+    match limits.is_none() {
+        true => map.remove(tenant),
+        false => map.insert(tenant.to_string(), limits),
+    };
+    if st.loaded.is_some() && !st.is_empty() {
+        let floors: u64 = map.values().map(|l| l.floor as u64).sum();
+        if floors > st.sem.capacity as u64 {
+            return Ok((
+                Err(Error::InvalidInput(InvalidInput::Other(format!(
+                    "the floors on {name} would add up to {floors}, above its capacity {}",
+                    st.sem.capacity
+                )))),
+                Vec::new(),
+            ));
+        }
+    }
+    match limits.is_none() {
+        true => st.rows.drop_tenant_limits(tenant).await?,
+        false => {
+            let row = LimitRow {
+                tenant: tenant.to_string(),
+                ceiling: limits.ceiling.map(i64::from),
+                floor: limits.floor.into(),
+            };
+            st.rows.save_tenant_limits(&row).await?
+        }
+    }
+    st.limits = (!map.is_empty()).then_some(Limits {
+        by_tenant: map,
+        held: None,
+    });
+    if st.loaded.is_some() {
+        st.purge_and_hand_off().await?;
+    }
+    Ok((Ok(()), st.finish().await?))
+}
+
+/// The tenants' limits of stored rows, checked: each tenant a tenant's name, each ceiling
+/// and floor what [`TenantLimits::new`] takes.
+pub fn tenant_limits_of(rows: Vec<LimitRow>) -> Result<BTreeMap<String, TenantLimits>> {
+    limits_of_rows(rows)
+}
+
+fn limits_of_rows(rows: Vec<LimitRow>) -> Result<BTreeMap<String, TenantLimits>> {
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let Some(tenant) = tenant_of(&Some(row.tenant))? else {
+            continue;
+        };
+        let ceiling = row.ceiling.map(|c| u32_of(c, "ceiling")).transpose()?;
+        let floor = u32_of(row.floor, "floor")?;
+        let limits = TenantLimits::new(ceiling, floor)
+            .map_err(|e| corrupt(format!("tenant {tenant:?}'s limits: {e}")))?;
+        out.insert(tenant, limits);
+    }
+    Ok(out)
 }
 
 fn not_found(name: &Name) -> Error {

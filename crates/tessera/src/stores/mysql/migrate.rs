@@ -60,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("rate_expired.sql"),
     include_str!("fair_shares.sql"),
     include_str!("tenant_rows.sql"),
+    include_str!("tenant_limits.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -81,10 +82,14 @@ const ROUTINES: &[(i64, &str)] = &[
         super::routines::TENANT_VERSION,
         include_str!("routines_v7.sql"),
     ),
+    (
+        super::routines::LIMITS_VERSION,
+        include_str!("routines_v8.sql"),
+    ),
 ];
 
 /// The routine version this build installs (the test checks it is the last file's): version
-/// 7's procedures on tables of schema version 7 (`Migrated::calls`).
+/// 8's acquire and release on tables of schema version 8 (`Migrated::calls`).
 #[cfg_attr(not(test), allow(dead_code))]
 pub const ROUTINES_VERSION: i64 = ROUTINES[ROUTINES.len() - 1].0;
 
@@ -127,15 +132,22 @@ impl Migrated {
         self.schema >= TENANTS_FROM
     }
 
+    /// Names may carry tenants' ceilings and floors (schema version 8).
+    pub(crate) fn tenant_limits(self) -> bool {
+        self.schema >= LIMITS_FROM
+    }
+
     /// The routine version whose acquire and release of one permit this client calls, the
-    /// one written for these tables: 7 with tenants on the rows, 6 with fair shares' tags,
-    /// else 4; `None` when the database lacks it (those operations then run client side).
+    /// one written for these tables: 8 with tenants' limits (it leaves a name with limits to
+    /// the client-side step), 7 with tenants on the rows, 6 with fair shares' tags, else 4;
+    /// `None` when the database lacks it (those operations then run client side).
     pub(crate) fn calls(self) -> Option<i64> {
-        use super::routines::{FAIR_VERSION, TENANT_VERSION, VERSION};
-        let version = match (self.tenant_rows(), self.fair()) {
-            (true, _) => TENANT_VERSION,
-            (false, true) => FAIR_VERSION,
-            (false, false) => VERSION,
+        use super::routines::{FAIR_VERSION, LIMITS_VERSION, TENANT_VERSION, VERSION};
+        let version = match (self.tenant_limits(), self.tenant_rows(), self.fair()) {
+            (true, _, _) => LIMITS_VERSION,
+            (false, true, _) => TENANT_VERSION,
+            (false, false, true) => FAIR_VERSION,
+            (false, false, false) => VERSION,
         };
         (self.routines >= version).then_some(version)
     }
@@ -205,6 +217,9 @@ pub const FAIR_FROM: i64 = 6;
 /// The schema version with the tenant on holder and waiter rows (`tenant_rows.sql`): below
 /// it, leases and waiters read back name no tenant.
 pub const TENANTS_FROM: i64 = 7;
+/// The schema version with tenants' ceilings and floors (`tenant_limits.sql`): below it,
+/// setting limits answers Unsupported.
+pub const LIMITS_FROM: i64 = 8;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -405,7 +420,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 18, "{all:#?}");
+        assert_eq!(all.len(), 19, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -433,7 +448,7 @@ mod tests {
             }
             created_all.extend(created.into_iter().cloned());
         }
-        assert_eq!(created_all.len(), 11, "{created_all:#?}");
+        assert_eq!(created_all.len(), 13, "{created_all:#?}");
         let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {

@@ -105,7 +105,8 @@ macro_rules! step {
                     .with_holder_doorbells($self.holder_doorbells)
                     .with_gates($self.gates)
                     .with_fair_shares($self.fair)
-                    .with_tenant_rows($self.tenant_rows);
+                    .with_tenant_rows($self.tenant_rows)
+                    .with_tenant_limits($self.db.tenant_limits());
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -194,6 +195,7 @@ pub(crate) mod rate;
 mod routines;
 pub(crate) mod url;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -724,6 +726,37 @@ impl Backend for MysqlBackend {
         step!(self, name, |rows| sql::delete(rows))
     }
 
+    /// A client-side step (`stores/sql/step.rs`): the semaphore's row locked (a
+    /// placeholder created if it has none), the limits' row written, the hand-off of what
+    /// they let in. The procedures of routine version 8 leave every later acquire and
+    /// release of the name to the client-side step while it has limits.
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        if !self.db.tenant_limits() {
+            return Err(Error::Unsupported(
+                "tenant ceilings and floors need tessera's MySQL schema version 8 (connect \
+                 once as a user that may CREATE on the database)"
+                    .into(),
+            ));
+        }
+        step!(self, name, |rows| sql::set_tenant_limits(
+            rows, name, tenant, limits
+        ))?
+    }
+
+    /// One read on a pooled connection: no transaction, no row lock.
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        if !self.db.tenant_limits() {
+            return Ok(BTreeMap::new());
+        }
+        let mut conn = self.conns.ops().await?;
+        ops::tenant_limits(&mut conn, name.as_str()).await
+    }
+
     /// Grants reach waiters in other processes through their doorbell (`notify.rs`), which
     /// can miss a ring (a doorbell reconnecting, a server restart, a user not allowed to
     /// kill its own threads): waiters also poll, from 20 ms backing off to 1 s, so a lost
@@ -734,8 +767,13 @@ impl Backend for MysqlBackend {
             min: Duration::from_millis(20),
             max: Duration::from_secs(1),
         });
-        match self.fair {
+        let caps = match self.fair {
             true => caps.with_fair_shares(),
+            false => caps,
+        };
+        // Tenants' limits from schema version 8 on (`tenant_limits.sql`).
+        match self.db.tenant_limits() {
+            true => caps.with_tenant_limits(),
             false => caps,
         }
     }

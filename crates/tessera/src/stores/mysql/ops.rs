@@ -44,8 +44,8 @@ use super::error::map_err;
 use tessera_core::error::{Error, Result};
 use tessera_core::model::{Grant, Lease, StoreTime};
 use tessera_core::stores::sql::{
-    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    Snapshot, WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
+    SemRow, SemRows, Snapshot, WaiterRow,
 };
 
 /// The server's clock in µs since the Unix epoch: `SYSDATE(6)` is read when evaluated (not at
@@ -85,6 +85,16 @@ const LOAD_SEM_FAIR: &str = concat!(
      (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'), ",
     now_us!(),
     ", vtime, finish, tenants FROM tessera_semaphores WHERE name = ? FOR UPDATE"
+);
+/// [`LOAD_SEM_FAIR`] with how many tenants have limits on the name (schema version 8): a
+/// subquery of the same statement, read after the row lock (a plain read, under `READ
+/// COMMITTED` the latest committed rows; `set_tenant_limits` changes them under this lock).
+const LOAD_SEM_LIMITS: &str = concat!(
+    "SELECT capacity, used, queued, last_fence, next_seq, seat_high, \
+     (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'), ",
+    now_us!(),
+    ", vtime, finish, tenants, (SELECT COUNT(*) FROM tessera_tenant_limits l \
+     WHERE l.name = tessera_semaphores.name) FROM tessera_semaphores WHERE name = ? FOR UPDATE"
 );
 /// [`SAVE_SEM`] with fair shares' columns (schema version 6).
 const SAVE_SEM_FAIR: &str = "UPDATE tessera_semaphores SET capacity = ?, used = ?, queued = ?, \
@@ -233,6 +243,24 @@ const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) VA
 const PRUNE_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ? AND finish <= ?";
 const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?";
 
+/// Tenants' ceilings and floors (schema version 8, `tenant_limits.sql`), and what the step
+/// with limits reads: the permits per tenant, the queue, a chosen waiter.
+pub(crate) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tessera_tenant_limits \
+     WHERE name = ? ORDER BY tenant";
+const SAVE_TENANT_LIMITS: &str =
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
+     VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE ceiling = VALUES(ceiling), floor = VALUES(floor)";
+const DROP_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ? AND tenant = ?";
+const DROP_ALL_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ?";
+const HELD_BY_TENANT: &str = "SELECT tenant, CAST(SUM(weight) AS SIGNED) FROM tessera_holders \
+     WHERE name = ? AND tenant IS NOT NULL GROUP BY tenant";
+const QUEUE: &str = "SELECT lease_id, weight, tenant, gate, tag, seq FROM tessera_waiters \
+     WHERE name = ? ORDER BY tag, seq";
+/// [`HEAD_TENANT`]'s columns for one waiter.
+const WAITER_AS_HEAD: &str =
+    "SELECT seq, lease_id, weight, holder, ttl, doorbell, expires_at, gate, tag, tenant \
+     FROM tessera_waiters WHERE name = ? AND lease_id = ?";
+
 const TAKE_FREE_SEATS: &str = "SELECT seat FROM tessera_free_seats \
      WHERE name = ? AND seat < ? ORDER BY seat LIMIT ?";
 const DROP_FREE_SEATS_UP_TO: &str = "DELETE FROM tessera_free_seats WHERE name = ? AND seat <= ?";
@@ -331,6 +359,9 @@ pub(crate) struct MysqlRows<'c> {
     /// Whether holder and waiter rows have a `tenant` column (schema version 7, which implies
     /// 6); off by default.
     tenant_rows: bool,
+    /// Whether names may carry tenants' limits (schema version 8, which implies 7); off by
+    /// default.
+    limits: bool,
     /// The step's clock reading, from [`SemRows::load`] (the limiter's rows of an
     /// admission are decided on it).
     now: StoreTime,
@@ -370,6 +401,7 @@ impl<'c> MysqlRows<'c> {
             gates: false,
             fair: false,
             tenant_rows: false,
+            limits: false,
             now: StoreTime(0),
             pending: if begin {
                 "START TRANSACTION;".to_string()
@@ -407,6 +439,15 @@ impl<'c> MysqlRows<'c> {
         }
     }
 
+    /// Limits' rows on a schema without them: no name has limits there (the store's
+    /// capabilities say so, and the row's count reads 0).
+    fn require_limits(&self) -> Result<()> {
+        match self.limits {
+            true => Ok(()),
+            false => Err(corrupt("internal: tenant limits on a schema without them")),
+        }
+    }
+
     /// Reads and writes fair shares' tags (schema version 6, with its gates).
     pub(crate) fn with_fair_shares(mut self, on: bool) -> Self {
         self.fair = on;
@@ -420,6 +461,15 @@ impl<'c> MysqlRows<'c> {
         self.tenant_rows = on;
         if on {
             self = self.with_fair_shares(true);
+        }
+        self
+    }
+
+    /// Reads and writes tenants' limits (schema version 8, with the tenant on the rows).
+    pub(crate) fn with_tenant_limits(mut self, on: bool) -> Self {
+        self.limits = on;
+        if on {
+            self = self.with_tenant_rows(true);
         }
         self
     }
@@ -531,7 +581,14 @@ impl SemRows for MysqlRows<'_> {
         }
         let mut results = self
             .send(&[
-                render(if self.fair { LOAD_SEM_FAIR } else { LOAD_SEM }, &[name]),
+                render(
+                    match (self.limits, self.fair) {
+                        (true, _) => LOAD_SEM_LIMITS,
+                        (false, true) => LOAD_SEM_FAIR,
+                        (false, false) => LOAD_SEM,
+                    },
+                    &[name],
+                ),
                 render(EXPIRED_HOLDERS_AT_LOCK, &[name]),
                 render(EXPIRED_WAITERS_AT_LOCK, &[name]),
             ])
@@ -560,6 +617,7 @@ impl SemRows for MysqlRows<'_> {
                 wall: now,
                 hwm: int_at(&row, 0)?,
                 sem: None,
+                limits: 0,
             });
         };
         self.exists = true;
@@ -596,6 +654,7 @@ impl SemRows for MysqlRows<'_> {
                 finish: if self.fair { int_at(row, 9)? } else { 0 },
                 tenants: if self.fair { int_at(row, 10)? } else { 0 },
             }),
+            limits: if self.limits { int_at(row, 11)? } else { 0 },
         })
     }
 
@@ -1117,6 +1176,126 @@ impl SemRows for MysqlRows<'_> {
         self.waiters_changed();
         self.select_then_delete(WAITER_IDS, DROP_WAITERS).await
     }
+
+    async fn tenant_limits(&mut self) -> Result<Vec<LimitRow>> {
+        self.require_limits()?;
+        let name = self.name();
+        let rows = self.fetch(TENANT_LIMITS, &[name]).await?;
+        rows.iter().map(limit_at).collect()
+    }
+
+    async fn save_tenant_limits(&mut self, row: &LimitRow) -> Result<()> {
+        self.require_limits()?;
+        let name = self.name();
+        let ceiling = row.ceiling.map_or(Lit::Null, Lit::Int);
+        let args = [name, Lit::Text(&row.tenant), ceiling, Lit::Int(row.floor)];
+        self.defer(SAVE_TENANT_LIMITS, &args);
+        Ok(())
+    }
+
+    async fn drop_tenant_limits(&mut self, tenant: &str) -> Result<()> {
+        self.require_limits()?;
+        let name = self.name();
+        self.defer(DROP_TENANT_LIMITS, &[name, Lit::Text(tenant)]);
+        Ok(())
+    }
+
+    async fn drop_all_tenant_limits(&mut self) -> Result<u64> {
+        // Below schema version 8 there is no table (and no limits ever set).
+        if !self.limits {
+            return Ok(0);
+        }
+        let name = self.name();
+        self.count(DROP_ALL_TENANT_LIMITS, &[name]).await
+    }
+
+    async fn held_by_tenant(&mut self) -> Result<Vec<(String, i64)>> {
+        self.require_limits()?;
+        let name = self.name();
+        let rows = self.fetch(HELD_BY_TENANT, &[name]).await?;
+        rows.iter()
+            .map(|r| Ok((text_at(r, 0)?, int_at(r, 1)?)))
+            .collect()
+    }
+
+    async fn queue(&mut self) -> Result<Vec<QueueRow>> {
+        self.require_limits()?;
+        let name = self.name();
+        let rows = self.fetch(QUEUE, &[name]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(QueueRow {
+                    lease_id: text_at(r, 0)?,
+                    weight: int_at(r, 1)?,
+                    tenant: opt_text_at(r, 2)?,
+                    gate: gate_at_column(r, 3)?,
+                    tag: int_at(r, 4)?,
+                    seq: int_at(r, 5)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pop_waiter(&mut self, lease: &str) -> Result<Option<HeadRow>> {
+        self.require_limits()?;
+        let name = self.name();
+        let rows = self
+            .fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let head = HeadRow {
+            tag: int_at(row, 8)?,
+            lease_id: text_at(row, 1)?,
+            weight: int_at(row, 2)?,
+            holder: text_at(row, 3)?,
+            ttl: int_at(row, 4)?,
+            expires_at: int_at(row, 6)?,
+            tenant: opt_text_at(row, 9)?,
+        };
+        let seq = int_at(row, 0)?;
+        let doorbell = text_at(row, 5)?;
+        self.waiters_changed();
+        self.defer(POP_HEAD, &[name, Lit::Int(seq)]);
+        if !doorbell.is_empty() && !self.rung.contains(&doorbell) {
+            self.rung.push(doorbell);
+        }
+        Ok(Some(head))
+    }
+
+    async fn wake_gated(&mut self, lease: &str, now: i64) -> Result<Option<String>> {
+        self.require_limits()?;
+        let name = self.name();
+        let rows = self
+            .fetch(WAITER_AS_HEAD, &[name, Lit::Text(lease)])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        match gate_at_column(row, 7)? {
+            Some(gate) if gate <= now => {}
+            _ => return Ok(None),
+        }
+        let doorbell = text_at(row, 5)?;
+        self.waiters_changed();
+        self.defer(SET_GATE, &[Lit::Int(WOKEN), name, Lit::Text(lease)]);
+        if !doorbell.is_empty() && !self.rung.contains(&doorbell) {
+            self.rung.push(doorbell);
+        }
+        Ok(Some(lease.to_string()))
+    }
+}
+
+/// The tenants' limits kept for `name` (one statement, no transaction).
+pub(crate) async fn tenant_limits(
+    conn: &mut MySqlConnection,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, tessera_core::model::TenantLimits>> {
+    let mut results = batch(conn, render(TENANT_LIMITS, &[Lit::Text(name)])).await?;
+    let rows = results.pop().map(|(rows, _)| rows).unwrap_or_default();
+    let rows = rows.iter().map(limit_at).collect::<Result<Vec<_>>>()?;
+    tessera_core::stores::sql::tenant_limits_of(rows)
 }
 
 /// The names of the semaphores the database holds state for (no transaction needed).
@@ -1197,9 +1376,25 @@ fn corrupt(msg: impl Into<String>) -> Error {
 }
 
 /// The gate of a [`HEAD_GATED`] row (column 7).
-fn gate_at(row: &MySqlRow) -> Result<Option<i64>> {
-    row.try_get::<Option<i64>, _>(7)
+/// A tenant's limits: tenant, ceiling (NULL: none), floor.
+fn limit_at(row: &MySqlRow) -> Result<LimitRow> {
+    Ok(LimitRow {
+        tenant: text_at(row, 0)?,
+        ceiling: row
+            .try_get::<Option<i64>, _>(1)
+            .map_err(|e| corrupt(format!("ceiling: {e}")))?,
+        floor: int_at(row, 2)?,
+    })
+}
+
+/// A nullable gate in column `i`.
+fn gate_at_column(row: &MySqlRow, i: usize) -> Result<Option<i64>> {
+    row.try_get::<Option<i64>, _>(i)
         .map_err(|e| corrupt(format!("waiter gate: {e}")))
+}
+
+fn gate_at(row: &MySqlRow) -> Result<Option<i64>> {
+    gate_at_column(row, 7)
 }
 
 pub(crate) fn int_at(row: &MySqlRow, i: usize) -> Result<i64> {

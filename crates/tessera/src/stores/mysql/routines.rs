@@ -59,6 +59,11 @@ pub(crate) const FAIR_VERSION: i64 = 6;
 /// (`routines_v7.sql`): the ones a client of schema version 7 calls, and no others.
 pub(crate) const TENANT_VERSION: i64 = 7;
 
+/// The routine version whose acquire and release leave a name with tenants' limits to the
+/// client-side step (`routines_v8.sql`): the ones a client of schema version 8 calls (its
+/// keep-alive and gathered heartbeats stay version 7's).
+pub(crate) const LIMITS_VERSION: i64 = 8;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
@@ -71,6 +76,9 @@ const KEEP_ALIVE: &str = "CALL tessera_v4_keep_alive(?, ?, ?, ?, ?)";
 const ACQUIRE_ONE_TENANT: &str = "CALL tessera_v7_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_TENANT: &str = "CALL tessera_v7_release(?, ?)";
 const KEEP_ALIVE_TENANT: &str = "CALL tessera_v7_keep_alive(?, ?, ?, ?, ?)";
+/// [`ACQUIRE_ONE_TENANT`] and [`RELEASE_TENANT`] on the tables of schema version 8.
+const ACQUIRE_ONE_LIMITS: &str = "CALL tessera_v8_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE_LIMITS: &str = "CALL tessera_v8_release(?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -176,6 +184,7 @@ pub(crate) fn acquire_one_call(
         Lit::Text(doorbell),
     ];
     let sql = match version {
+        LIMITS_VERSION => ACQUIRE_ONE_LIMITS,
         TENANT_VERSION => ACQUIRE_ONE_TENANT,
         FAIR_VERSION => ACQUIRE_ONE_FAIR,
         _ => return render(ACQUIRE_ONE, &args),
@@ -245,6 +254,7 @@ pub(crate) fn acquire_one_reply(
 /// [`acquire_one_call`]); its row is read by [`release_reply`].
 pub(crate) fn release_call(name: &str, lease: &str, version: i64) -> String {
     let sql = match version {
+        LIMITS_VERSION => RELEASE_LIMITS,
         TENANT_VERSION => RELEASE_TENANT,
         FAIR_VERSION => RELEASE_FAIR,
         _ => RELEASE,

@@ -1079,7 +1079,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
     assert_eq!(expiries(), before);
 }
 
-/// A waiter that names a tenant and is granted by a release (routine version 7's hand-off)
+/// A waiter that names a tenant and is granted by a release (routine version 8's hand-off)
 /// learns its tenant with its grant by every path a heartbeat takes: the read-only probe, the
 /// keep-alive of routine version 7, and the heartbeat itself; the grant pushed to a waiter of
 /// this process with its wake-up, the release's, carries it too.
@@ -1087,7 +1087,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
 async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
     let server = MariaDbServer::start();
     let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    assert_eq!(b.db.calls(), Some(routines::TENANT_VERSION));
+    assert_eq!(b.db.calls(), Some(routines::LIMITS_VERSION));
     let s = Name::new("tenants").unwrap();
     let waiter_ttl = Duration::from_secs(30);
     let ask = |lease, wait: bool, tenant: &str| AcquireRequest {

@@ -22,8 +22,9 @@ use super::{gate, ops};
 /// thread: a tokio worker never sleeps in the busy handler.
 pub(super) type Writer = Option<rusqlite::Connection>;
 
-/// Prepared statements kept per connection: every statement of `ops.rs` and the probe.
-pub(super) const STATEMENT_CACHE: usize = 64;
+/// Prepared statements kept per connection: every statement of `ops.rs` (with those of
+/// tenants' limits) and the probe.
+pub(super) const STATEMENT_CACHE: usize = 80;
 
 /// Opens one of the backend's own connections ([`Writer`]) on the existing file.
 pub(super) fn open_own(path: &Path) -> Result<rusqlite::Connection> {

@@ -19,6 +19,9 @@ const SCHEMA_2: &str = include_str!("schema_2.sql");
 /// Version 2 to 3: the tenant on holder and waiter rows (see `schema_3.sql`).
 const SCHEMA_3: &str = include_str!("schema_3.sql");
 
+/// Version 3 to 4: tenants' limits (see `schema_4.sql`; the table is `schema.sql`'s).
+const SCHEMA_4: &str = include_str!("schema_4.sql");
+
 /// Fair shares' index and tenants table, run once the columns of version 2 exist (see
 /// `fair_schema.sql`).
 const FAIR_SCHEMA: &str = include_str!("fair_schema.sql");
@@ -29,9 +32,9 @@ pub(super) const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
 /// The rate tables' version this code reads and writes.
 pub(super) const RATE_SCHEMA_VERSION: i64 = 1;
 
-/// The schema version this code reads and writes (a file of version 1 or 2 is migrated at
-/// connect).
-pub(super) const SCHEMA_VERSION: i64 = 3;
+/// The schema version this code reads and writes (a file of version 1, 2 or 3 is migrated
+/// at connect).
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
 /// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
@@ -130,7 +133,7 @@ pub(super) async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>)
     Ok(())
 }
 
-/// Creates the tables if missing, migrates a file of version 1 or 2, checks the schema versions
+/// Creates the tables if missing, migrates a file of version 1, 2 or 3, checks the schema versions
 /// and the boot id.
 pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
@@ -148,8 +151,13 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
         Some(1) => {
             migrate_from_1(&mut tx).await?;
             migrate_from_2(&mut tx).await?;
+            migrate_from_3(&mut tx).await?;
         }
-        Some(2) => migrate_from_2(&mut tx).await?,
+        Some(2) => {
+            migrate_from_2(&mut tx).await?;
+            migrate_from_3(&mut tx).await?;
+        }
+        Some(3) => migrate_from_3(&mut tx).await?,
         _ => {
             return Err(Error::Corrupt(format!(
                 "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
@@ -227,6 +235,16 @@ async fn migrate_from_1(conn: &mut SqliteConnection) -> Result<()> {
 /// on holder and waiter rows (`schema_3.sql`); the rows already there name none.
 async fn migrate_from_2(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::raw_sql(SCHEMA_3)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+/// Migrates a file of schema version 3 to 4 inside the connect's transaction: tenants'
+/// limits (`schema_4.sql`; `schema.sql` created their table, empty).
+async fn migrate_from_3(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::raw_sql(SCHEMA_4)
         .execute(&mut *conn)
         .await
         .map_err(map_err)?;

@@ -142,6 +142,7 @@ pub(crate) mod ops;
 pub(crate) mod rate;
 pub(crate) mod url;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -749,6 +750,25 @@ impl Backend for SqliteBackend {
         Ok(step!(self, name, |rows| sql::delete(rows)))
     }
 
+    /// One step under the write lock: the limits' row written, then the hand-off of what
+    /// they let in (`stores/sql/step.rs`).
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        step!(self, name, |rows| sql::set_tenant_limits(
+            rows, name, tenant, limits
+        ))
+    }
+
+    /// A read on a pooled connection: no write lock.
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        ops::tenant_limits(&mut conn, name.as_str()).await
+    }
+
     /// Grants reach waiters in other processes as a datagram (`notify.rs`); polling is the
     /// safety net for a datagram that was dropped or a process that joined a moment ago. It
     /// starts at 5 ms and backs off to 250 ms: a lost wake-up then costs at most a quarter
@@ -762,6 +782,7 @@ impl Backend for SqliteBackend {
                 max: Duration::from_millis(250),
             })
             .with_fair_shares()
+            .with_tenant_limits()
     }
 
     fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {

@@ -18,13 +18,15 @@ use tessera_core::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use tessera_core::stores::sql::{decode_seats, encode_seats};
 use tessera_core::stores::sql::{
-    Freed, HeadKey, HeadRow, HolderRow, Loaded, NewHolder, NewWaiter, Place, SemRow, SemRows,
-    Snapshot, WaiterRow,
+    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
+    SemRow, SemRows, Snapshot, WaiterRow,
 };
 
-/// The fence high-water mark, and the semaphore's row if it has one (NULLs if not).
+/// The fence high-water mark, the semaphore's row if it has one (NULLs if not), and how
+/// many tenants have limits on the name (an index probe in the same statement).
 const LOAD_SEM: &str = "SELECT m.value, s.capacity, s.used, s.queued, s.last_fence, \
-     s.next_seq, s.seat_high, s.vtime, s.finish, s.tenants FROM tessera_meta m \
+     s.next_seq, s.seat_high, s.vtime, s.finish, s.tenants, \
+     (SELECT count(*) FROM tessera_tenant_limits WHERE name = ?1) FROM tessera_meta m \
      LEFT JOIN tessera_semaphores s ON s.name = ?1 WHERE m.key = 'fence_hwm'";
 const SAVE_SEM: &str = "INSERT INTO tessera_semaphores \
      (name, capacity, used, queued, last_fence, next_seq, seat_high, vtime, finish, tenants) \
@@ -95,6 +97,27 @@ const SAVE_TENANT: &str = "INSERT INTO tessera_tenants (name, tenant, finish) \
      VALUES (?1, ?2, ?3) ON CONFLICT (name, tenant) DO UPDATE SET finish = ?3";
 const PRUNE_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1 AND finish <= ?2";
 const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1";
+
+/// Tenants' ceilings and floors (`docs/fair-shares.md`, "Ceilings and floors"), and what
+/// the step with limits reads: the permits per tenant and the queue.
+pub(super) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tessera_tenant_limits \
+     WHERE name = ?1 ORDER BY tenant";
+const SAVE_TENANT_LIMITS: &str =
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
+     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name, tenant) DO UPDATE SET ceiling = ?3, floor = ?4";
+const DROP_TENANT_LIMITS: &str =
+    "DELETE FROM tessera_tenant_limits WHERE name = ?1 AND tenant = ?2";
+const DROP_ALL_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ?1";
+const HELD_BY_TENANT: &str = "SELECT tenant, sum(weight) FROM tessera_holders \
+     WHERE name = ?1 AND tenant IS NOT NULL GROUP BY tenant";
+const QUEUE: &str = "SELECT lease_id, weight, tenant, gate, tag, seq FROM tessera_waiters \
+     WHERE name = ?1 ORDER BY tag, seq";
+/// [`POP_HEAD_IF_FITS`] for a waiter the hand-off with limits chose.
+const POP_WAITER: &str = "DELETE FROM tessera_waiters WHERE name = ?1 AND lease_id = ?2 \
+     RETURNING lease_id, weight, holder, ttl, wake, expires_at, tag, tenant";
+/// [`WAKE_GATED_HEAD`] for the head the hand-off with limits chose.
+const WAKE_GATED: &str = "UPDATE tessera_waiters SET gate = 9223372036854775807 \
+     WHERE name = ?1 AND lease_id = ?2 AND gate <= ?3 RETURNING lease_id, wake";
 
 const TAKE_FREE_SEATS: &str = "SELECT seat FROM tessera_free_seats \
      WHERE name = ?1 AND seat < ?2 ORDER BY seat LIMIT ?3";
@@ -357,7 +380,7 @@ impl SqliteRows<'_> {
 
 impl SemRows for SqliteRows<'_> {
     async fn load(&mut self, _create: Option<u32>) -> Result<Loaded> {
-        let (hwm, sem) = self
+        let (hwm, sem, limits) = self
             .fetch(LOAD_SEM, None, &[], |row| {
                 let exists = row
                     .get::<_, Option<i64>>(1)
@@ -377,7 +400,7 @@ impl SemRows for SqliteRows<'_> {
                     }),
                     false => None,
                 };
-                Ok((int_at(row, 0)?, sem))
+                Ok((int_at(row, 0)?, sem, int_at(row, 10)?))
             })?
             .into_iter()
             .next()
@@ -387,6 +410,7 @@ impl SemRows for SqliteRows<'_> {
             wall: self.wall,
             hwm,
             sem,
+            limits,
         })
     }
 
@@ -458,28 +482,8 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn pop_head_if_fits(&mut self, available: i64) -> Result<Option<HeadRow>> {
-        let head = self.fetch(POP_HEAD_IF_FITS, None, &[available], |row| {
-            let wake = row
-                .get::<_, Option<String>>(4)
-                .map_err(|e| corrupt(format!("column 4: {e}")))?;
-            let head = HeadRow {
-                tag: int_at(row, 6)?,
-                lease_id: text_at(row, 0)?,
-                weight: int_at(row, 1)?,
-                holder: text_at(row, 2)?,
-                ttl: int_at(row, 3)?,
-                expires_at: int_at(row, 5)?,
-                tenant: opt_text_at(row, 7)?,
-            };
-            Ok((head, wake))
-        })?;
-        let Some((head, wake)) = head.into_iter().next() else {
-            return Ok(None);
-        };
-        if let Some(wake) = wake {
-            self.woken.push((head.lease_id.clone(), wake));
-        }
-        Ok(Some(head))
+        let head = self.fetch(POP_HEAD_IF_FITS, None, &[available], head_at)?;
+        Ok(self.popped(head))
     }
 
     async fn insert_waiter(&mut self, w: &NewWaiter<'_>) -> Result<()> {
@@ -503,19 +507,8 @@ impl SemRows for SqliteRows<'_> {
     }
 
     async fn wake_gated_head(&mut self, available: i64, now: i64) -> Result<Option<String>> {
-        let head = self.fetch(WAKE_GATED_HEAD, None, &[available, now], |row| {
-            let wake = row
-                .get::<_, Option<String>>(1)
-                .map_err(|e| corrupt(format!("column 1: {e}")))?;
-            Ok((text_at(row, 0)?, wake))
-        })?;
-        let Some((lease, wake)) = head.into_iter().next() else {
-            return Ok(None);
-        };
-        if let Some(wake) = wake {
-            self.woken.push((lease.clone(), wake));
-        }
-        Ok(Some(lease))
+        let woken = self.fetch(WAKE_GATED_HEAD, None, &[available, now], woken_at)?;
+        Ok(self.woke(woken))
     }
 
     async fn set_gate(&mut self, lease: &str, gate: i64) -> Result<()> {
@@ -609,6 +602,84 @@ impl SemRows for SqliteRows<'_> {
     async fn drop_waiters(&mut self) -> Result<Vec<String>> {
         self.fetch(DROP_WAITERS, None, &[], |r| text_at(r, 0))
     }
+
+    async fn tenant_limits(&mut self) -> Result<Vec<LimitRow>> {
+        self.fetch(TENANT_LIMITS, None, &[], limit_at)
+    }
+
+    async fn save_tenant_limits(&mut self, row: &LimitRow) -> Result<()> {
+        let mut st = self
+            .db()
+            .prepare_cached(SAVE_TENANT_LIMITS)
+            .map_err(rq_err)?;
+        st.execute(rusqlite::params![
+            self.name,
+            row.tenant,
+            row.ceiling,
+            row.floor
+        ])
+        .map_err(rq_err)
+        .map(drop)
+    }
+
+    async fn drop_tenant_limits(&mut self, tenant: &str) -> Result<()> {
+        self.exec(DROP_TENANT_LIMITS, Some(tenant), &[]).map(drop)
+    }
+
+    async fn drop_all_tenant_limits(&mut self) -> Result<u64> {
+        self.exec(DROP_ALL_TENANT_LIMITS, None, &[])
+    }
+
+    async fn held_by_tenant(&mut self) -> Result<Vec<(String, i64)>> {
+        self.fetch(HELD_BY_TENANT, None, &[], |r| {
+            Ok((text_at(r, 0)?, int_at(r, 1)?))
+        })
+    }
+
+    async fn queue(&mut self) -> Result<Vec<QueueRow>> {
+        self.fetch(QUEUE, None, &[], |row| {
+            Ok(QueueRow {
+                lease_id: text_at(row, 0)?,
+                weight: int_at(row, 1)?,
+                tenant: opt_text_at(row, 2)?,
+                gate: row
+                    .get::<_, Option<i64>>(3)
+                    .map_err(|e| corrupt(format!("waiter gate: {e}")))?,
+                tag: int_at(row, 4)?,
+                seq: int_at(row, 5)?,
+            })
+        })
+    }
+
+    async fn pop_waiter(&mut self, lease: &str) -> Result<Option<HeadRow>> {
+        let head = self.fetch(POP_WAITER, Some(lease), &[], head_at)?;
+        Ok(self.popped(head))
+    }
+
+    async fn wake_gated(&mut self, lease: &str, now: i64) -> Result<Option<String>> {
+        let woken = self.fetch(WAKE_GATED, Some(lease), &[now], woken_at)?;
+        Ok(self.woke(woken))
+    }
+}
+
+impl SqliteRows<'_> {
+    /// The waiter a hand-off popped, its wake-up socket (if its row named one) kept to wake.
+    fn popped(&mut self, head: Vec<(HeadRow, Option<String>)>) -> Option<HeadRow> {
+        let (head, wake) = head.into_iter().next()?;
+        if let Some(wake) = wake {
+            self.woken.push((head.lease_id.clone(), wake));
+        }
+        Some(head)
+    }
+
+    /// The admission waiter a hand-off marked woken, as [`SqliteRows::popped`].
+    fn woke(&mut self, woken: Vec<(String, Option<String>)>) -> Option<String> {
+        let (lease, wake) = woken.into_iter().next()?;
+        if let Some(wake) = wake {
+            self.woken.push((lease.clone(), wake));
+        }
+        Some(lease)
+    }
 }
 
 /// The names of the semaphores the file holds state for (no transaction needed).
@@ -623,6 +694,29 @@ pub(crate) async fn list(conn: &mut SqliteConnection) -> Result<Vec<String>> {
                 .map_err(|e| corrupt(format!("column 0: {e}")))
         })
         .collect()
+}
+
+/// The tenants' limits kept for `name` (no transaction needed: one statement).
+pub(crate) async fn tenant_limits(
+    conn: &mut SqliteConnection,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, tessera_core::model::TenantLimits>> {
+    let rows = sqlx::query(TENANT_LIMITS)
+        .bind(name)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| {
+            let get = |e: sqlx::Error| corrupt(format!("tenant limits: {e}"));
+            Ok(LimitRow {
+                tenant: row.try_get::<String, _>(0).map_err(get)?,
+                ceiling: row.try_get::<Option<i64>, _>(1).map_err(get)?,
+                floor: row.try_get::<i64, _>(2).map_err(get)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    tessera_core::stores::sql::tenant_limits_of(rows)
 }
 
 /// [`crate::Store::ping`]: reads the schema version (the database header), writing nothing.
@@ -673,6 +767,42 @@ fn freed_at(row: &rusqlite::Row<'_>) -> Result<Freed> {
     Ok(Freed {
         weight: int_at(row, 0)?,
         seats: text_at(row, 1)?,
+    })
+}
+
+/// A popped waiter ([`POP_HEAD_IF_FITS`], [`POP_WAITER`]) and its wake-up socket.
+fn head_at(row: &rusqlite::Row<'_>) -> Result<(HeadRow, Option<String>)> {
+    let wake = row
+        .get::<_, Option<String>>(4)
+        .map_err(|e| corrupt(format!("column 4: {e}")))?;
+    let head = HeadRow {
+        tag: int_at(row, 6)?,
+        lease_id: text_at(row, 0)?,
+        weight: int_at(row, 1)?,
+        holder: text_at(row, 2)?,
+        ttl: int_at(row, 3)?,
+        expires_at: int_at(row, 5)?,
+        tenant: opt_text_at(row, 7)?,
+    };
+    Ok((head, wake))
+}
+
+/// A woken admission waiter ([`WAKE_GATED_HEAD`], [`WAKE_GATED`]) and its wake-up socket.
+fn woken_at(row: &rusqlite::Row<'_>) -> Result<(String, Option<String>)> {
+    let wake = row
+        .get::<_, Option<String>>(1)
+        .map_err(|e| corrupt(format!("column 1: {e}")))?;
+    Ok((text_at(row, 0)?, wake))
+}
+
+/// A tenant's limits: tenant, ceiling (NULL: none), floor.
+fn limit_at(row: &rusqlite::Row<'_>) -> Result<LimitRow> {
+    Ok(LimitRow {
+        tenant: text_at(row, 0)?,
+        ceiling: row
+            .get::<_, Option<i64>>(1)
+            .map_err(|e| corrupt(format!("ceiling: {e}")))?,
+        floor: int_at(row, 2)?,
     })
 }
 

@@ -1,6 +1,6 @@
--- tessera SQLite schema, version 3 (version 1 had no fair shares, version 2 no tenant on the
--- holders and waiters: migrate.rs adds them to a file of an earlier version, then runs
--- fair_schema.sql). Run once per connect inside one BEGIN
+-- tessera SQLite schema, version 4 (version 1 had no fair shares, version 2 no tenant on the
+-- holders and waiters, version 3 no tenants' limits: migrate.rs adds them to a file of an
+-- earlier version, then runs fair_schema.sql). Run once per connect inside one BEGIN
 -- IMMEDIATE transaction; every statement is idempotent. Times are microseconds on the host's boot clock
 -- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
 -- Lease ids are 32 lowercase hex digits. STRICT tables refuse values of the wrong type, so a
@@ -14,7 +14,20 @@ CREATE TABLE IF NOT EXISTS tessera_meta (
     value INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
-INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 3), ('fence_hwm', 0);
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 4), ('fence_hwm', 0);
+
+-- Tenants' ceilings and floors (docs/fair-shares.md, "Ceilings and floors"), kept for the
+-- name: an administrator's setting, not dropped with an idle semaphore's row (nor at a new
+-- boot), only by set_tenant_limits or delete. The step reads how many a name has in the
+-- statement that loads its row (a subquery), so a name without any costs no statement more.
+-- Schema version 4 (schema_4.sql records it on a file of version 3).
+CREATE TABLE IF NOT EXISTS tessera_tenant_limits (
+    name    TEXT    NOT NULL,
+    tenant  TEXT    NOT NULL,
+    ceiling INTEGER CHECK (ceiling IS NULL OR ceiling BETWEEN 1 AND 1000000),
+    floor   INTEGER NOT NULL CHECK (floor BETWEEN 0 AND 1000000),
+    PRIMARY KEY (name, tenant)
+) STRICT, WITHOUT ROWID;
 
 -- One row per semaphore that has holders or waiters; deleted when it has neither.
 --   used       running sum of the holders' weights (never summed per operation)

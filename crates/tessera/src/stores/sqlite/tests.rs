@@ -208,7 +208,8 @@ async fn raw(url: &str, sql: &'static str) {
 async fn to_version_2(url: &str, more: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     let sql = format!(
-        "ALTER TABLE tessera_holders DROP COLUMN tenant; \
+        "DROP TABLE tessera_tenant_limits; \
+         ALTER TABLE tessera_holders DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tenant; \
          UPDATE tessera_meta SET value = 2 WHERE key = 'schema_version'; {more}"
     );
@@ -245,7 +246,7 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     let rows = |st: SemaphoreStatus| {
         let holders: Vec<_> = st
             .holders
@@ -280,6 +281,141 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
     assert_eq!(b.status(&s).await.unwrap().unwrap().holders.len(), 1);
 }
 
+/// Turns the file at `url` (its rows kept) into one of schema version 3, from before tenants'
+/// limits: no limits table.
+async fn to_version_3(url: &str) {
+    let b = SqliteBackend::connect(url).await.unwrap();
+    sqlx::raw_sql(
+        "DROP TABLE tessera_tenant_limits; \
+         UPDATE tessera_meta SET value = 3 WHERE key = 'schema_version'",
+    )
+    .execute(&b.pool)
+    .await
+    .unwrap();
+}
+
+/// A file of schema version 3 (before tenants' limits) holding a holder and a waiter is
+/// migrated at connect to version 4: both stay, and limits set from then on apply to them
+/// (a floor keeps the permit the holder frees from the waiter of another tenant, and
+/// clearing it hands the permit on).
+#[tokio::test]
+async fn a_file_of_version_3_is_migrated_keeps_its_holder_and_waiter_and_takes_limits() {
+    let (_dir, url) = temp_db();
+    let s = name("v3");
+    let tenant = |t: &str| Some(tessera_core::model::Tenant::new(t, 1).unwrap());
+    let (mut holder, mut waiter) = (
+        req(LeaseId::random(), 1, waiting()),
+        req(LeaseId::random(), 1, waiting()),
+    );
+    (holder.tenant, waiter.tenant) = (tenant("a"), tenant("a"));
+    {
+        let b = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            b.acquire(&s, 1, &holder).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        assert!(matches!(
+            b.acquire(&s, 1, &waiter).await.unwrap(),
+            AcquireReply::Queued { position: 0 }
+        ));
+    }
+    to_version_3(&url).await;
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(version, 4);
+    assert!(b.capabilities().tenant_limits);
+    let ids = |st: Option<SemaphoreStatus>| {
+        let st = st.unwrap();
+        let holders: Vec<_> = st.holders.iter().map(|h| h.lease_id).collect();
+        let queue: Vec<_> = st.queue.iter().map(|w| w.lease_id).collect();
+        (holders, queue)
+    };
+    let (h, w) = (holder.lease_id, waiter.lease_id);
+    assert_eq!(ids(b.status(&s).await.unwrap()), (vec![h], vec![w]));
+    let floor = tessera_core::model::TenantLimits::new(None, 1).unwrap();
+    b.set_tenant_limits(&s, "b", floor).await.unwrap();
+    assert_eq!(b.tenant_limits(&s).await.unwrap()["b"], floor);
+    // The permit a frees is kept for b, whose request is granted at once ahead of a's.
+    assert!(b.release(&s, h).await.unwrap());
+    assert_eq!(ids(b.status(&s).await.unwrap()), (vec![], vec![w]));
+    let mut other = req(LeaseId::random(), 1, None);
+    other.tenant = tenant("b");
+    assert!(matches!(
+        b.acquire(&s, 1, &other).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    assert!(b.release(&s, other.lease_id).await.unwrap());
+    assert_eq!(ids(b.status(&s).await.unwrap()), (vec![], vec![w]));
+    // Cleared, the floor keeps nothing: the step that clears it hands the permit on.
+    b.set_tenant_limits(&s, "b", Default::default())
+        .await
+        .unwrap();
+    assert_eq!(ids(b.status(&s).await.unwrap()), (vec![w], vec![]));
+    assert!(b.tenant_limits(&s).await.unwrap().is_empty());
+}
+
+/// Two stores on one file (as two processes): limits one sets are seen and obeyed by the
+/// other at its next step, a raised ceiling hands the other's waiter its permit, and a
+/// delete through one removes them for both.
+#[tokio::test]
+async fn a_second_store_on_the_file_sees_the_limits_the_first_sets_and_obeys_them() {
+    let (_dir, url) = temp_db();
+    let s = name("jobs");
+    let (first, second) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let ceiling = |c| tessera_core::model::TenantLimits::new(Some(c), 0).unwrap();
+    first
+        .set_tenant_limits(&s, "bulk", ceiling(1))
+        .await
+        .unwrap();
+    assert_eq!(second.tenant_limits(&s).await.unwrap()["bulk"], ceiling(1));
+    let bulk = || {
+        let mut r = req(LeaseId::random(), 1, waiting());
+        r.tenant = Some(tessera_core::model::Tenant::new("bulk", 1).unwrap());
+        r
+    };
+    let (one, two) = (bulk(), bulk());
+    assert!(matches!(
+        second.acquire(&s, 3, &one).await.unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    // Two permits free, but bulk is at its ceiling.
+    assert!(matches!(
+        second.acquire(&s, 3, &two).await.unwrap(),
+        AcquireReply::Queued { position: 0 }
+    ));
+    first
+        .set_tenant_limits(&s, "bulk", ceiling(2))
+        .await
+        .unwrap();
+    let held: Vec<_> = second
+        .status(&s)
+        .await
+        .unwrap()
+        .unwrap()
+        .holders
+        .iter()
+        .map(|h| h.lease_id)
+        .collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.contains(&two.lease_id));
+    assert!(first.delete(&s).await.unwrap());
+    assert!(second.tenant_limits(&s).await.unwrap().is_empty());
+    // Without limits again: bulk takes every free permit.
+    for _ in 0..3 {
+        assert!(matches!(
+            second.acquire(&s, 3, &bulk()).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+}
+
 /// Turns the file at `url` (its rows kept) into one of schema version 1, from before fair
 /// shares: no tag, vtime, finish or tenants columns, no tenants table, no tenant on the rows;
 /// then runs `more`.
@@ -287,6 +423,7 @@ async fn to_version_1(url: &str, more: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     let sql = format!(
         "DROP INDEX tessera_waiters_by_tag; DROP TABLE tessera_tenants; \
+         DROP TABLE tessera_tenant_limits; \
          ALTER TABLE tessera_holders DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tag; \
@@ -327,7 +464,7 @@ async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     let mut tenant = req(LeaseId::random(), 1, waiting());
     tenant.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
     let plain = LeaseId::random();
