@@ -30,6 +30,17 @@ async fn memory(test: &str) -> Fixture {
     }
 }
 
+/// A throwaway `redis-server` per test.
+#[cfg(feature = "redis")]
+async fn redis(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    let url = format!("{}?prefix=limits-{test}", server.url());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
 /// The reference model beside the store under test.
 async fn reference() -> Store {
     memory("reference").await.store
@@ -88,6 +99,8 @@ macro_rules! on_store {
 }
 
 on_store!(memory_store, memory);
+#[cfg(feature = "redis")]
+on_store!(redis_store, redis);
 
 fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
     AcquireRequest {
@@ -411,4 +424,107 @@ fn ceilings_and_floors_hold_over_random_steps(rt: &tokio::runtime::Runtime, stor
             Ok(())
         })
         .unwrap();
+}
+
+/// What only Redis can get wrong: where the limits live (a hash of their own, kept without an
+/// expiry with the meta that says the name has them, gone with `delete`), a Redis Cluster
+/// (every key in KEYS), a second client, and the commands of a name without limits.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use tessera_testkit::servers::redis::RedisServer;
+    use tessera_testkit::servers::redis_cluster::RedisCluster;
+
+    async fn connect(url: &str, prefix: &str) -> Store {
+        Store::connect(&format!("{url}?prefix={prefix}"))
+            .await
+            .unwrap()
+    }
+
+    /// The ceiling and floor scenarios on a Redis Cluster, where every key a step touches,
+    /// the limits' hash included, is named in the call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limits_hold_on_a_redis_cluster() {
+        let cluster = RedisCluster::start(false);
+        let capped = connect(&cluster.url(), "cl1").await;
+        super::a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back(&capped).await;
+        let store = connect(&cluster.url(), "cl").await;
+        super::a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(&store)
+            .await;
+        let node = cluster.primary_for("{cl:provider}:limits");
+        let kept = node.command(&["HGETALL", "{cl:provider}:limits"]);
+        assert!(kept.contains("alerts"), "{kept}");
+        assert!(store.delete("provider").await.unwrap());
+        assert!(store.tenant_limits("provider").await.unwrap().is_empty());
+    }
+
+    /// Limits set through one client bind every other client of the same Redis at once,
+    /// and survive the first client's going away and the semaphore's going idle.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_store_sees_and_keeps_the_limits_set_by_the_first() {
+        let server = RedisServer::start();
+        let first = connect(&server.url(), "two").await;
+        first
+            .set_tenant_limits("jobs", "batch", limits(Some(1), 0))
+            .await
+            .unwrap();
+        first.close().await.unwrap();
+        let second = connect(&server.url(), "two").await;
+        assert_eq!(
+            second.tenant_limits("jobs").await.unwrap()["batch"],
+            limits(Some(1), 0)
+        );
+        let name = Name::new("jobs").unwrap();
+        let (a, b) = (request(Some("batch"), 1), request(Some("batch"), 1));
+        assert!(ask(&second, &name, 3, &a).await);
+        assert!(!ask(&second, &name, 3, &b).await, "at its ceiling");
+        // The limits and the meta that says the name has them carry no expiry; every other
+        // key of the state does.
+        let mut immortal = server.immortal_keys("two");
+        immortal.sort();
+        assert_eq!(immortal, ["{two:jobs}:limits", "{two:jobs}:meta"]);
+        // Cleared, the meta expires again, and no key is left without an expiry.
+        second
+            .set_tenant_limits("jobs", "batch", TenantLimits::default())
+            .await
+            .unwrap();
+        assert!(
+            second.status("jobs").await.unwrap().unwrap().queue.is_empty(),
+            "the cleared ceiling lets the waiter in"
+        );
+        assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
+    }
+
+    /// A name without limits runs the commands it ran before limits existed: an
+    /// uncontended acquire and release touch the meta hash alone (TIME, HMGET, HSET), and a
+    /// name with limits beside it on the same server changes nothing there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_without_limits_runs_the_same_commands() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "cmds").await;
+        store
+            .set_tenant_limits("other", "bulk", limits(Some(1), 1))
+            .await
+            .unwrap();
+        let name = Name::new("plain").unwrap();
+        let b = store.backend();
+        // Warm: the state exists, the library is loaded.
+        let r = request(None, 1);
+        assert!(ask(&store, &name, 2, &r).await);
+        assert!(b.release(&name, r.lease_id).await.unwrap());
+        let before = server.command_calls();
+        for _ in 0..10 {
+            let r = request(None, 1);
+            assert!(ask(&store, &name, 2, &r).await);
+            assert!(b.release(&name, r.lease_id).await.unwrap());
+        }
+        let after = server.command_calls();
+        let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+        for (cmd, n) in [("time", 20), ("hmget", 20), ("hset", 20)] {
+            assert_eq!(delta(cmd), n, "{cmd}: {after:?}");
+        }
+        // (Less the INFO that read `before`.)
+        let all: u64 = after.values().sum::<u64>() - before.values().sum::<u64>() - 1;
+        assert_eq!(all, 20 + 60, "10 pairs: 20 calls, 60 commands inside: {after:?}");
+    }
 }

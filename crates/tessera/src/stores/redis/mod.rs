@@ -136,7 +136,7 @@ pub(crate) mod rate;
 mod topology;
 pub(crate) mod url;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -788,9 +788,26 @@ impl Backend for RedisBackend {
         ops::parse_bool(v, "delete")
     }
 
-    /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`).
+    /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`); tenants'
+    /// ceilings and floors in a hash of their own (`scripts/set_limits.lua`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_fair_shares()
+        Capabilities::push().with_fair_shares().with_tenant_limits()
+    }
+
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        let args = ops::limits_args(tenant, limits);
+        let v = self.caller.run(Op::SetLimits, name, &args).await?;
+        ops::parse_set_limits(v, name)
+    }
+
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        let v = self.caller.run(Op::Limits, name, &[]).await?;
+        ops::parse_limits(v)
     }
 
     /// As the last `queued` or `waiting` reply for `name` announced it.
