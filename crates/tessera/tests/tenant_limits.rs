@@ -480,6 +480,9 @@ mod on_redis {
         assert!(!ask(&second, &name, 3, &b).await, "at its ceiling");
         // The limits and the meta that says the name has them carry no expiry; every other
         // key of the state does.
+        // What says so is meta's capacity with a trailing L, which a build before limits
+        // cannot read (every step of such a client on this name fails as corrupt).
+        assert!(server.command(&["HGET", "{two:jobs}:meta", "cap"]).contains("3L"));
         let mut immortal = server.immortal_keys("two");
         immortal.sort();
         assert_eq!(immortal, ["{two:jobs}:limits", "{two:jobs}:meta"]);
@@ -493,6 +496,97 @@ mod on_redis {
             "the cleared ceiling lets the waiter in"
         );
         assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
+        let cap = server.command(&["HGET", "{two:jobs}:meta", "cap"]);
+        assert!(cap.contains('3') && !cap.contains('L'), "{cap:?}");
+    }
+
+    /// Admissions under ceilings and floors get the reference model's answers (granted,
+    /// queued at the same position) and leave the same holders and queue, step by step:
+    /// arrivals, releases, and queued admissions asking again as woken waiters do.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_under_limits_follow_the_reference_model() {
+        use tessera::backend::{AdmitReply, AdmitRequest, RateConfig};
+        use tessera::RateMode;
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "adm").await;
+        let model = reference().await;
+        let name = Name::new("admit").unwrap();
+        let config = RateConfig::new(&["100000/s".parse().unwrap()], RateMode::Exact).unwrap();
+        for s in [&store, &model] {
+            s.set_tenant_limits("admit", "a", limits(Some(2), 0))
+                .await
+                .unwrap();
+            s.set_tenant_limits("admit", "b", limits(None, 1))
+                .await
+                .unwrap();
+            s.set_tenant_limits("admit", "c", limits(Some(2), 1))
+                .await
+                .unwrap();
+        }
+        let answer = |r: AdmitReply| match r {
+            AdmitReply::Granted { .. } => "granted".to_string(),
+            AdmitReply::Queued { position, .. } => format!("queued {position}"),
+            other => format!("{other:?}"),
+        };
+        let snapshot = |s: Option<tessera::SemaphoreStatus>| {
+            let s = s.map_or((vec![], vec![]), |s| (s.holders, s.queue));
+            let mut holders: Vec<_> = s.0.iter().map(|h| h.lease_id).collect();
+            holders.sort();
+            (holders, s.1.iter().map(|w| w.lease_id).collect::<Vec<_>>())
+        };
+        let mut queued: HashMap<LeaseId, AdmitRequest> = HashMap::new();
+        let mut seed = 0x2545_f491_u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        const TENANTS: [Option<&str>; 4] = [None, Some("a"), Some("b"), Some("c")];
+        for step in 0..160 {
+            let (got, _) = snapshot(store.backend().status(&name).await.unwrap());
+            match next(10) {
+                0..=4 => {
+                    let t = TENANTS[next(4) as usize];
+                    let a = AdmitRequest {
+                        acquire: request(t, 1 + next(2) as u32),
+                        cost: 1,
+                        update: false,
+                        at_head: false,
+                    };
+                    let mut answers = Vec::new();
+                    for s in [&store, &model] {
+                        let adm = s.backend().admission().unwrap();
+                        answers.push(answer(adm.admit(&name, 4, &config, &a).await.unwrap()));
+                    }
+                    assert_eq!(answers[0], answers[1], "step {step}: {t:?}");
+                    if answers[0].starts_with("queued") {
+                        queued.insert(a.acquire.lease_id, a);
+                    }
+                }
+                5..=7 if !got.is_empty() => {
+                    let h = got[next(got.len() as u64) as usize];
+                    for s in [&store, &model] {
+                        assert!(s.backend().release(&name, h).await.unwrap());
+                    }
+                }
+                _ => {
+                    let (_, order) = snapshot(store.backend().status(&name).await.unwrap());
+                    for id in order {
+                        let a = &queued[&id];
+                        let mut answers = Vec::new();
+                        for s in [&store, &model] {
+                            let adm = s.backend().admission().unwrap();
+                            answers.push(answer(adm.admit(&name, 4, &config, a).await.unwrap()));
+                        }
+                        assert_eq!(answers[0], answers[1], "step {step}: queued {id}");
+                    }
+                }
+            }
+            assert_eq!(
+                snapshot(store.backend().status(&name).await.unwrap()),
+                snapshot(model.backend().status(&name).await.unwrap()),
+                "step {step}: holders and queue"
+            );
+        }
     }
 
     /// A name without limits runs the commands it ran before limits existed: an
