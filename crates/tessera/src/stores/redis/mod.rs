@@ -42,6 +42,7 @@
 //!     -@all +fcall +evalsha +script|load +subscribe +ping +scan +config|get
 //!     +time +hmget +hget +hset +hdel +hgetall +exists +del +get +set +pexpire +publish
 //!     +zadd +zrem +zrange +zrangebyscore +zrank +zcard +zremrangebyrank +zremrangebyscore
+//!     +hlen +zscore +persist
 //! ```
 //!
 //! The first line of commands is what the client sends (`config|get` is optional: without
@@ -105,6 +106,13 @@
 //! of its lease's (inline or not), written only when it names one, so a step without a tenant
 //! runs the commands it ran before; every lease and waiter the store returns carries it
 //! (`prelude.lua`, `ops::decode_lease`, `ops::decode_waiter`).
+//!
+//! Tenants' ceilings and floors live in `{<prefix>:<name>}:limits`, kept for the name (no
+//! expiry) until cleared or deleted; meta's `cap` carries a trailing `L` while the name has
+//! some, read by the `HMGET` every step runs, so a name without limits runs the commands it
+//! ran before, and meta then never expires, so no step creates such a state without knowing
+//! (`prelude.lua`, docs/stores/redis.md). A client of a build before limits cannot read such
+//! a capacity: its every step on that name fails as corrupt, so it grants nothing past them.
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`tessera_core::wake::notify`] for every lease id it receives, or
