@@ -449,8 +449,7 @@ mod on_redis {
         let capped = connect(&cluster.url(), "cl1").await;
         super::a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back(&capped).await;
         let store = connect(&cluster.url(), "cl").await;
-        super::a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(&store)
-            .await;
+        super::a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(&store).await;
         let node = cluster.primary_for("{cl:provider}:limits");
         let kept = node.command(&["HGETALL", "{cl:provider}:limits"]);
         assert!(kept.contains("alerts"), "{kept}");
@@ -482,7 +481,9 @@ mod on_redis {
         // key of the state does.
         // What says so is meta's capacity with a trailing L, which a build before limits
         // cannot read (every step of such a client on this name fails as corrupt).
-        assert!(server.command(&["HGET", "{two:jobs}:meta", "cap"]).contains("3L"));
+        assert!(server
+            .command(&["HGET", "{two:jobs}:meta", "cap"])
+            .contains("3L"));
         let mut immortal = server.immortal_keys("two");
         immortal.sort();
         assert_eq!(immortal, ["{two:jobs}:limits", "{two:jobs}:meta"]);
@@ -492,7 +493,13 @@ mod on_redis {
             .await
             .unwrap();
         assert!(
-            second.status("jobs").await.unwrap().unwrap().queue.is_empty(),
+            second
+                .status("jobs")
+                .await
+                .unwrap()
+                .unwrap()
+                .queue
+                .is_empty(),
             "the cleared ceiling lets the waiter in"
         );
         assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
@@ -613,12 +620,17 @@ mod on_redis {
             assert!(b.release(&name, r.lease_id).await.unwrap());
         }
         let after = server.command_calls();
-        let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+        let delta =
+            |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
         for (cmd, n) in [("time", 20), ("hmget", 20), ("hset", 20)] {
             assert_eq!(delta(cmd), n, "{cmd}: {after:?}");
         }
         // (Less the INFO that read `before`.)
         let all: u64 = after.values().sum::<u64>() - before.values().sum::<u64>() - 1;
-        assert_eq!(all, 20 + 60, "10 pairs: 20 calls, 60 commands inside: {after:?}");
+        assert_eq!(
+            all,
+            20 + 60,
+            "10 pairs: 20 calls, 60 commands inside: {after:?}"
+        );
     }
 }

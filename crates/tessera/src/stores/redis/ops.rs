@@ -653,8 +653,8 @@ pub(crate) fn parse_limits(v: Value) -> Result<BTreeMap<String, TenantLimits>> {
                 "" => None,
                 c => Some(c.parse().map_err(|_| bad())?),
             };
-            let limits = TenantLimits::new(ceiling, floor.parse().map_err(|_| bad())?)
-                .map_err(|_| bad())?;
+            let limits =
+                TenantLimits::new(ceiling, floor.parse().map_err(|_| bad())?).map_err(|_| bad())?;
             Ok((text(&p[0], W)?, limits))
         })
         .collect()
