@@ -505,6 +505,17 @@ mod on_redis {
         assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
         let cap = server.command(&["HGET", "{two:jobs}:meta", "cap"]);
         assert!(cap.contains('3') && !cap.contains('L'), "{cap:?}");
+        // Limits on a name nobody uses: an idle state keeps them; delete takes them, and
+        // leaves nothing without an expiry.
+        second
+            .set_tenant_limits("unused", "web", limits(None, 1))
+            .await
+            .unwrap();
+        assert!(second.status("unused").await.unwrap().is_none());
+        assert!(second.delete("unused").await.unwrap(), "it had limits");
+        assert!(second.tenant_limits("unused").await.unwrap().is_empty());
+        assert!(!second.delete("unused").await.unwrap());
+        assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
     }
 
     /// Admissions under ceilings and floors get the reference model's answers (granted,
