@@ -15,7 +15,8 @@ use tessera_testkit::servers::redis::RedisServer;
 const COMMANDS: &str =
     "-@all +fcall +evalsha +script|load +subscribe +ping +scan +config|get +time \
     +hmget +hget +hset +hdel +hgetall +zadd +zrem +zrange +zrangebyscore +zrank +zcard \
-    +zremrangebyrank +zremrangebyscore +exists +del +get +set +pexpire +publish";
+    +zremrangebyrank +zremrangebyscore +exists +del +get +set +pexpire +publish +hlen +zscore \
+    +persist";
 
 /// `ACL SETUSER <user> on ><password> resetkeys <keys> resetchannels <channels> <COMMANDS>`.
 fn set_user(server: &RedisServer, user: &str, password: &str, keys: &str, channels: &str) {

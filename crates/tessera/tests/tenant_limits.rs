@@ -60,6 +60,17 @@ async fn mariadb(test: &str) -> Fixture {
     }
 }
 
+/// A throwaway `redis-server` per test.
+#[cfg(feature = "redis")]
+async fn redis(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    let url = format!("{}?prefix=limits-{test}", server.url());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
 /// The reference model beside the store under test.
 async fn reference() -> Store {
     memory("reference").await.store
@@ -124,6 +135,8 @@ on_store!(sqlite_store, sqlite);
 on_store!(mariadb_store, mariadb);
 #[cfg(feature = "postgres")]
 on_store!(postgres_store, postgres);
+#[cfg(feature = "redis")]
+on_store!(redis_store, redis);
 
 fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
     AcquireRequest {
@@ -543,4 +556,224 @@ async fn mariadb_admissions_with_limits_answer_as_the_reference_model() {
         answers,
         ["granted", "queued 0", "queued 0", "granted", "released", "queued 1", "granted"]
     );
+}
+
+/// What only Redis can get wrong: where the limits live (a hash of their own, kept without an
+/// expiry with the meta that says the name has them, gone with `delete`), a Redis Cluster
+/// (every key in KEYS), a second client, and the commands of a name without limits.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use tessera_testkit::servers::redis::RedisServer;
+    use tessera_testkit::servers::redis_cluster::RedisCluster;
+
+    async fn connect(url: &str, prefix: &str) -> Store {
+        Store::connect(&format!("{url}?prefix={prefix}"))
+            .await
+            .unwrap()
+    }
+
+    /// The ceiling and floor scenarios on a Redis Cluster, where every key a step touches,
+    /// the limits' hash included, is named in the call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limits_hold_on_a_redis_cluster() {
+        let cluster = RedisCluster::start(false);
+        let capped = connect(&cluster.url(), "cl1").await;
+        super::a_tenant_at_its_ceiling_waits_and_does_not_hold_the_others_back(&capped).await;
+        let store = connect(&cluster.url(), "cl").await;
+        super::a_floor_keeps_permits_for_its_tenant_and_grants_it_ahead_of_the_queue(&store).await;
+        let node = cluster.primary_for("{cl:provider}:limits");
+        let kept = node.command(&["HGETALL", "{cl:provider}:limits"]);
+        assert!(kept.contains("alerts"), "{kept}");
+        assert!(store.delete("provider").await.unwrap());
+        assert!(store.tenant_limits("provider").await.unwrap().is_empty());
+    }
+
+    /// Limits set through one client bind every other client of the same Redis at once,
+    /// and survive the first client's going away and the semaphore's going idle.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_store_sees_and_keeps_the_limits_set_by_the_first() {
+        let server = RedisServer::start();
+        let first = connect(&server.url(), "two").await;
+        first
+            .set_tenant_limits("jobs", "batch", limits(Some(1), 0))
+            .await
+            .unwrap();
+        first.close().await.unwrap();
+        let second = connect(&server.url(), "two").await;
+        assert_eq!(
+            second.tenant_limits("jobs").await.unwrap()["batch"],
+            limits(Some(1), 0)
+        );
+        let name = Name::new("jobs").unwrap();
+        let (a, b) = (request(Some("batch"), 1), request(Some("batch"), 1));
+        assert!(ask(&second, &name, 3, &a).await);
+        assert!(!ask(&second, &name, 3, &b).await, "at its ceiling");
+        // The limits and the meta that says the name has them carry no expiry; every other
+        // key of the state does.
+        // What says so is meta's capacity with a trailing L, which a build before limits
+        // cannot read (every step of such a client on this name fails as corrupt).
+        assert!(server
+            .command(&["HGET", "{two:jobs}:meta", "cap"])
+            .contains("3L"));
+        let mut immortal = server.immortal_keys("two");
+        immortal.sort();
+        assert_eq!(immortal, ["{two:jobs}:limits", "{two:jobs}:meta"]);
+        // Cleared, the meta expires again, and no key is left without an expiry.
+        second
+            .set_tenant_limits("jobs", "batch", TenantLimits::default())
+            .await
+            .unwrap();
+        assert!(
+            second
+                .status("jobs")
+                .await
+                .unwrap()
+                .unwrap()
+                .queue
+                .is_empty(),
+            "the cleared ceiling lets the waiter in"
+        );
+        assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
+        let cap = server.command(&["HGET", "{two:jobs}:meta", "cap"]);
+        assert!(cap.contains('3') && !cap.contains('L'), "{cap:?}");
+        // Limits on a name nobody uses: an idle state keeps them; delete takes them, and
+        // leaves nothing without an expiry.
+        second
+            .set_tenant_limits("unused", "web", limits(None, 1))
+            .await
+            .unwrap();
+        assert!(second.status("unused").await.unwrap().is_none());
+        assert!(second.delete("unused").await.unwrap(), "it had limits");
+        assert!(second.tenant_limits("unused").await.unwrap().is_empty());
+        assert!(!second.delete("unused").await.unwrap());
+        assert_eq!(server.immortal_keys("two"), Vec::<String>::new());
+    }
+
+    /// Admissions under ceilings and floors get the reference model's answers (granted,
+    /// queued at the same position) and leave the same holders and queue, step by step:
+    /// arrivals, releases, and queued admissions asking again as woken waiters do.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_under_limits_follow_the_reference_model() {
+        use tessera::backend::{AdmitReply, AdmitRequest, RateConfig};
+        use tessera::RateMode;
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "adm").await;
+        let model = reference().await;
+        let name = Name::new("admit").unwrap();
+        let config = RateConfig::new(&["100000/s".parse().unwrap()], RateMode::Exact).unwrap();
+        for s in [&store, &model] {
+            s.set_tenant_limits("admit", "a", limits(Some(2), 0))
+                .await
+                .unwrap();
+            s.set_tenant_limits("admit", "b", limits(None, 1))
+                .await
+                .unwrap();
+            s.set_tenant_limits("admit", "c", limits(Some(2), 1))
+                .await
+                .unwrap();
+        }
+        let answer = |r: AdmitReply| match r {
+            AdmitReply::Granted { .. } => "granted".to_string(),
+            AdmitReply::Queued { position, .. } => format!("queued {position}"),
+            other => format!("{other:?}"),
+        };
+        let snapshot = |s: Option<tessera::SemaphoreStatus>| {
+            let s = s.map_or((vec![], vec![]), |s| (s.holders, s.queue));
+            let mut holders: Vec<_> = s.0.iter().map(|h| h.lease_id).collect();
+            holders.sort();
+            (holders, s.1.iter().map(|w| w.lease_id).collect::<Vec<_>>())
+        };
+        let mut queued: HashMap<LeaseId, AdmitRequest> = HashMap::new();
+        let mut seed = 0x2545_f491_u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        const TENANTS: [Option<&str>; 4] = [None, Some("a"), Some("b"), Some("c")];
+        for step in 0..160 {
+            let (got, _) = snapshot(store.backend().status(&name).await.unwrap());
+            match next(10) {
+                0..=4 => {
+                    let t = TENANTS[next(4) as usize];
+                    let a = AdmitRequest {
+                        acquire: request(t, 1 + next(2) as u32),
+                        cost: 1,
+                        update: false,
+                        at_head: false,
+                    };
+                    let mut answers = Vec::new();
+                    for s in [&store, &model] {
+                        let adm = s.backend().admission().unwrap();
+                        answers.push(answer(adm.admit(&name, 4, &config, &a).await.unwrap()));
+                    }
+                    assert_eq!(answers[0], answers[1], "step {step}: {t:?}");
+                    if answers[0].starts_with("queued") {
+                        queued.insert(a.acquire.lease_id, a);
+                    }
+                }
+                5..=7 if !got.is_empty() => {
+                    let h = got[next(got.len() as u64) as usize];
+                    for s in [&store, &model] {
+                        assert!(s.backend().release(&name, h).await.unwrap());
+                    }
+                }
+                _ => {
+                    let (_, order) = snapshot(store.backend().status(&name).await.unwrap());
+                    for id in order {
+                        let a = &queued[&id];
+                        let mut answers = Vec::new();
+                        for s in [&store, &model] {
+                            let adm = s.backend().admission().unwrap();
+                            answers.push(answer(adm.admit(&name, 4, &config, a).await.unwrap()));
+                        }
+                        assert_eq!(answers[0], answers[1], "step {step}: queued {id}");
+                    }
+                }
+            }
+            assert_eq!(
+                snapshot(store.backend().status(&name).await.unwrap()),
+                snapshot(model.backend().status(&name).await.unwrap()),
+                "step {step}: holders and queue"
+            );
+        }
+    }
+
+    /// A name without limits runs the commands it ran before limits existed: an
+    /// uncontended acquire and release touch the meta hash alone (TIME, HMGET, HSET), and a
+    /// name with limits beside it on the same server changes nothing there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_without_limits_runs_the_same_commands() {
+        let server = RedisServer::start();
+        let store = connect(&server.url(), "cmds").await;
+        store
+            .set_tenant_limits("other", "bulk", limits(Some(1), 1))
+            .await
+            .unwrap();
+        let name = Name::new("plain").unwrap();
+        let b = store.backend();
+        // Warm: the state exists, the library is loaded.
+        let r = request(None, 1);
+        assert!(ask(&store, &name, 2, &r).await);
+        assert!(b.release(&name, r.lease_id).await.unwrap());
+        let before = server.command_calls();
+        for _ in 0..10 {
+            let r = request(None, 1);
+            assert!(ask(&store, &name, 2, &r).await);
+            assert!(b.release(&name, r.lease_id).await.unwrap());
+        }
+        let after = server.command_calls();
+        let delta =
+            |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+        for (cmd, n) in [("time", 20), ("hmget", 20), ("hset", 20)] {
+            assert_eq!(delta(cmd), n, "{cmd}: {after:?}");
+        }
+        // (Less the INFO that read `before`.)
+        let all: u64 = after.values().sum::<u64>() - before.values().sum::<u64>() - 1;
+        assert_eq!(
+            all,
+            20 + 60,
+            "10 pairs: 20 calls, 60 commands inside: {after:?}"
+        );
+    }
 }

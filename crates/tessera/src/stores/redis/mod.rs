@@ -42,6 +42,7 @@
 //!     -@all +fcall +evalsha +script|load +subscribe +ping +scan +config|get
 //!     +time +hmget +hget +hset +hdel +hgetall +exists +del +get +set +pexpire +publish
 //!     +zadd +zrem +zrange +zrangebyscore +zrank +zcard +zremrangebyrank +zremrangebyscore
+//!     +hlen +zscore +persist
 //! ```
 //!
 //! The first line of commands is what the client sends (`config|get` is optional: without
@@ -106,6 +107,13 @@
 //! runs the commands it ran before; every lease and waiter the store returns carries it
 //! (`prelude.lua`, `ops::decode_lease`, `ops::decode_waiter`).
 //!
+//! Tenants' ceilings and floors live in `{<prefix>:<name>}:limits`, kept for the name (no
+//! expiry) until cleared or deleted; meta's `cap` carries a trailing `L` while the name has
+//! some, read by the `HMGET` every step runs, so a name without limits runs the commands it
+//! ran before, and meta then never expires, so no step creates such a state without knowing
+//! (`prelude.lua`, docs/stores/redis.md). A client of a build before limits cannot read such
+//! a capacity: its every step on that name fails as corrupt, so it grants nothing past them.
+//!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`tessera_core::wake::notify`] for every lease id it receives, or
 //! [`tessera_core::wake::notify_grant`] when the wake-up carries the grant (the scripts push the grant
@@ -136,7 +144,7 @@ pub(crate) mod rate;
 mod topology;
 pub(crate) mod url;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -788,9 +796,26 @@ impl Backend for RedisBackend {
         ops::parse_bool(v, "delete")
     }
 
-    /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`).
+    /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`); tenants'
+    /// ceilings and floors in a hash of their own (`scripts/set_limits.lua`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_fair_shares()
+        Capabilities::push().with_fair_shares().with_tenant_limits()
+    }
+
+    async fn set_tenant_limits(
+        &self,
+        name: &Name,
+        tenant: &str,
+        limits: TenantLimits,
+    ) -> Result<()> {
+        let args = ops::limits_args(tenant, limits);
+        let v = self.caller.run(Op::SetLimits, name, &args).await?;
+        ops::parse_set_limits(v, name)
+    }
+
+    async fn tenant_limits(&self, name: &Name) -> Result<BTreeMap<String, TenantLimits>> {
+        let v = self.caller.run(Op::Limits, name, &[]).await?;
+        ops::parse_limits(v)
     }
 
     /// As the last `queued` or `waiting` reply for `name` announced it.

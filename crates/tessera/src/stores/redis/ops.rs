@@ -7,12 +7,13 @@
 //! wake-ups, all inside one `FCALL` (or `EVALSHA`, see [`Library`]), on the clock of `TIME`. Unexpected replies are
 //! [`Error::Corrupt`], never a panic.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Value;
 
-use tessera_core::error::{Error, Result};
+use tessera_core::error::{Error, InvalidInput, Result};
 use tessera_core::model::*;
 
 const COMMON: &str = include_str!("scripts/common.lua");
@@ -41,6 +42,8 @@ pub(crate) enum Op {
     Admit,
     GiveBack,
     Settle,
+    SetLimits,
+    Limits,
 }
 
 /// The text in front of an operation's script, after common.lua.
@@ -74,7 +77,7 @@ impl Prelude {
 }
 
 impl Op {
-    const ALL: [Op; 16] = [
+    const ALL: [Op; 18] = [
         Op::Acquire,
         Op::Heartbeat,
         Op::Cancel,
@@ -91,6 +94,8 @@ impl Op {
         Op::Admit,
         Op::GiveBack,
         Op::Settle,
+        Op::SetLimits,
+        Op::Limits,
     ];
 
     /// The function's name suffix, and the script's body.
@@ -112,6 +117,8 @@ impl Op {
             Op::Admit => ("admit", include_str!("scripts/admit.lua")),
             Op::GiveBack => ("give_back", include_str!("scripts/give_back.lua")),
             Op::Settle => ("settle", include_str!("scripts/settle.lua")),
+            Op::SetLimits => ("set_limits", include_str!("scripts/set_limits.lua")),
+            Op::Limits => ("limits", include_str!("scripts/limits.lua")),
         }
     }
 
@@ -124,13 +131,16 @@ impl Op {
     /// command that may grow memory.) A settle runs too: it releases a lease, and the excess
     /// it may charge (one log entry) is a call already made, which the windows must count.
     fn allow_oom(self) -> bool {
-        !matches!(self, Op::Acquire | Op::Resize | Op::RateAcquire | Op::Admit)
+        !matches!(
+            self,
+            Op::Acquire | Op::Resize | Op::RateAcquire | Op::Admit | Op::SetLimits
+        )
     }
 
     /// Whether the operation may change the state (everything but the status reads), so a
     /// `?wait=N` client waits for replicas after it.
     pub(crate) fn may_write(self) -> bool {
-        !matches!(self, Op::Status | Op::RateStatus)
+        !matches!(self, Op::Status | Op::RateStatus | Op::Limits)
     }
 
     fn prelude(self) -> Prelude {
@@ -233,8 +243,8 @@ impl Library {
 
 /// The key suffixes of one semaphore's state, in the order a script receives them on a
 /// cluster (see `prelude.lua`).
-const KEY_SUFFIXES: [&str; 9] = [
-    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence", "tags",
+const KEY_SUFFIXES: [&str; 10] = [
+    "meta", "holders", "leases", "queue", "waiters", "wexp", "seats", "fence", "tags", "limits",
 ];
 
 /// An acquire's or admission's arguments followed by its tenant and share (`acquire.lua`,
@@ -599,6 +609,57 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<SemaphoreStat
     )))
 }
 
+/// The arguments of `set_limits.lua`: the tenant, then its ceiling (empty for none) and
+/// floor, or nothing more to remove its limits.
+pub(crate) fn limits_args(tenant: &str, limits: TenantLimits) -> Vec<String> {
+    let mut args = vec![tenant.to_string()];
+    if !limits.is_none() {
+        args.push(limits.ceiling.map_or_else(String::new, |c| c.to_string()));
+        args.push(limits.floor.to_string());
+    }
+    args
+}
+
+/// The reply of `set_limits.lua`: `set`, or floors that would not fit the capacity
+/// ([`Error::InvalidInput`]).
+pub(crate) fn parse_set_limits(v: Value, name: &Name) -> Result<()> {
+    const W: &str = "set limits";
+    let (tag, f) = tagged(&v, W)?;
+    match tag {
+        "set" => Ok(()),
+        "floors" => Err(Error::InvalidInput(InvalidInput::Other(format!(
+            "the floors on {name} would add up to {}, above its capacity {}",
+            int(field(f, 0, W)?, W)?,
+            int(field(f, 1, W)?, W)?
+        )))),
+        _ => Err(corrupt(W, &v)),
+    }
+}
+
+/// The reply of `limits.lua`: `tenant, '<ceiling>,<floor>'` pairs.
+pub(crate) fn parse_limits(v: Value) -> Result<BTreeMap<String, TenantLimits>> {
+    const W: &str = "limits";
+    let pairs = items_ref(&v, W)?;
+    if pairs.len() % 2 != 0 {
+        return Err(corrupt(W, &v));
+    }
+    pairs
+        .chunks(2)
+        .map(|p| {
+            let record = text_ref(&p[1], W)?;
+            let bad = || bad_record("tenant limits", record);
+            let (ceiling, floor) = record.split_once(',').ok_or_else(bad)?;
+            let ceiling = match ceiling {
+                "" => None,
+                c => Some(c.parse().map_err(|_| bad())?),
+            };
+            let limits =
+                TenantLimits::new(ceiling, floor.parse().map_err(|_| bad())?).map_err(|_| bad())?;
+            Ok((text(&p[0], W)?, limits))
+        })
+        .collect()
+}
+
 /// `Ok(old capacity)`, or [`Error::NotFound`].
 pub(crate) fn parse_resize(v: Value, name: &Name) -> Result<u32> {
     const W: &str = "resize";
@@ -707,7 +768,7 @@ mod tests {
     fn keys_share_one_hash_tag_and_the_meta_key_comes_first() {
         let name = Name::new("jobs/a:b").unwrap();
         let all = keys("tessera", &name, true);
-        assert_eq!(all.len(), 9);
+        assert_eq!(all.len(), 10);
         assert!(all.iter().all(|k| k.starts_with("{tessera:jobs/a:b}:")));
         assert_eq!(keys("tessera", &name, false), ["{tessera:jobs/a:b}:meta"]);
         assert_eq!(all[0], "{tessera:jobs/a:b}:meta");

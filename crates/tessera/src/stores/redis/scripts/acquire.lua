@@ -69,12 +69,20 @@ repeat
   -- finds nobody waiting; neither a try nor a newcomer jumps the queue. With tenants in play
   -- (this one's or others' tags), its start tag decides (see would_lead).
   local queued = S.qlen
-  local fair = tenant ~= nil or S.nt > 0
+  local fair = tenant ~= nil or S.nt > 0 or S.lim
   local start, finish
   if fair then
     start, finish = tags(tenant, share, weight)
   end
-  if (queued == 0 or (fair and would_lead(start))) and S.used + weight <= S.cap then
+  local first
+  if S.lim then
+    -- With limits (see prelude.lua), the head skips tenants at their ceiling, a tenant
+    -- below its floor goes ahead of the queue, and the others' floors are kept.
+    first = (limited_lead(start) or below_floor(tenant, weight)) and may_grant(tenant, weight)
+  else
+    first = (queued == 0 or (fair and would_lead(start))) and S.used + weight <= S.cap
+  end
+  if first then
     if fair then
       take_tags(tenant, start, finish, true)
     else

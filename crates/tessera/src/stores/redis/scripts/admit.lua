@@ -72,10 +72,21 @@ repeat
     end
   end
   local fits = S.used + weight <= S.cap
+  if S.lim then
+    -- With limits (see prelude.lua): they decide, with a tenant below its floor first.
+    fits = may_grant(tenant, weight)
+  end
   -- A queued waiter's place; where its permits fit, the head is read first (its score is
   -- the start tag a grant moves V to), and its rank only if it is not the head.
   local position, score = 0, nil
-  if w then
+  if w and S.lim then
+    -- Its turn: it is the head (the first waiter not at its ceiling) or below its floor.
+    local head = fits and limited_head()
+    if head == lease_id or (fits and below_floor(tenant, weight)) then
+      score = rcall('ZSCORE', K_QUEUE, lease_id)
+    end
+    position = rcall('ZRANK', K_QUEUE, lease_id)
+  elseif w then
     if fits then
       local head = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
       if head[1] == lease_id then
@@ -87,7 +98,7 @@ repeat
     end
   end
   -- A newcomer's tags (with tenants in play at once, as its place depends on them).
-  local fair = tenant ~= nil or S.nt > 0
+  local fair = tenant ~= nil or S.nt > 0 or S.lim
   local start, finish, lead
   if not w and fair then
     start, finish = tags(tenant, share, cost)
@@ -96,8 +107,13 @@ repeat
   -- tenants: nobody waits), or first of all for one that gave back an admission it could
   -- not use in time.
   local turn
-  if w then
+  if w and S.lim then
+    turn = score ~= nil
+  elseif w then
     turn = fits and position == 0
+  elseif S.lim then
+    lead = limited_lead(start)
+    turn = fits and (lead or at_head or below_floor(tenant, weight))
   else
     lead = S.qlen == 0 or (fair and would_lead(start))
     turn = fits and (lead or at_head)

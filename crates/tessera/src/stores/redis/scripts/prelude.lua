@@ -22,6 +22,10 @@
 --   seats    zset:  free seats below seat_high, scored by seat number
 --   fence    string: last fence issued, kept for a while after the state is deleted
 --   tags     hash:  named tenant -> its latest finish tag (only while tenants are in play)
+--   limits   hash:  named tenant -> '<ceiling>,<floor>' (ceiling empty for none): tenants'
+--                   ceilings and floors, an administrator's setting kept for the name (no
+--                   expiry, not dropped with an idle state; delete removes it). See the
+--                   section on limits below for how a step knows a name has some.
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
 --           (with the grant for clients that take it, see GRANT_PUSH). On a Redis Cluster the
@@ -84,6 +88,7 @@
 -- derived from it, and kept while the calls name the same meta key (a library keeps them
 -- between calls; Lua strings are interned, so the comparison costs nothing).
 local K_META, K_HOLDERS, K_LEASES, K_QUEUE, K_WAITERS, K_WEXP, K_SEATS, K_FENCE, K_TAGS
+local K_LIMITS
 local WAKE_BASE
 
 -- How long an idle state (or the fence key of a deleted one) keeps the fence, and how long
@@ -204,7 +209,7 @@ local S, M
 -- new state, or one written by a version without qlen, purge_at and deadline);
 -- `inline_moved`: the inline lease changed (granted, renewed or removed); `tags_moved`:
 -- vt or fd may have changed; `new_tags`: this step created the tags hash.
-local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT, L_NT
+local L_CAP, L_USED, L_SEQ, L_SEAT_HIGH, L_QLEN, L_PURGE_AT, L_NT, L_LIM
 local full, fence_moved, deadline_moved, inline_moved, tags_moved, new_tags
 -- Wake-ups to publish at the end: {client, lease id, encoded lease if it is a grant}; nil
 -- until the first.
@@ -230,6 +235,12 @@ local pool, pool_n
 -- A holder removed by remove_holder(id, true) whose keys finish() still has to clean, and
 -- whether the step left leases in the sets of a state it empties (finish() deletes them).
 local removed, drop_sets
+-- Tenants' ceilings and floors (see the section on limits below): LIMITS[t] = {c = ceiling
+-- or nil, f = floor}, read by load() when the name has limits (S.lim), else nil; HELD[t]:
+-- the permits each limited tenant holds, counted from the leases when a step first needs
+-- them and kept up to date by grant() and remove_holder() for the rest of the step;
+-- lim_moved: this step set or cleared S.lim (finish() gives meta its expiry back, or none).
+local LIMITS, HELD, lim_moved
 
 -- Starts a call: reads the clock and resets every per-call value. A function library keeps
 -- these locals between calls, so each operation begins with begin(KEYS, ARGV).
@@ -239,7 +250,7 @@ local function begin(keys, argv)
   if keys[2] then
     K_META, K_HOLDERS, K_LEASES, K_QUEUE = meta, keys[2], keys[3], keys[4]
     K_WAITERS, K_WEXP, K_SEATS, K_FENCE = keys[5], keys[6], keys[7], keys[8]
-    K_TAGS = keys[9]
+    K_TAGS, K_LIMITS = keys[9], keys[10]
   elseif meta ~= K_META then
     if string.sub(meta, -5) ~= ':meta' then
       corrupt('keys: the meta key first')
@@ -250,7 +261,7 @@ local function begin(keys, argv)
     K_HOLDERS, K_LEASES, K_QUEUE = base .. 'holders', base .. 'leases', base .. 'queue'
     K_WAITERS, K_WEXP, K_SEATS = base .. 'waiters', base .. 'wexp', base .. 'seats'
     K_FENCE = base .. 'fence'
-    K_TAGS = base .. 'tags'
+    K_TAGS, K_LIMITS = base .. 'tags', base .. 'limits'
   end
   WAKE_BASE = argv[1]
   S, M = nil, nil
@@ -261,6 +272,7 @@ local function begin(keys, argv)
   new_meta, new_holders, new_queue, new_seats = false, false, false, false
   pool, pool_n = nil, 0
   removed, drop_sets = nil, false
+  LIMITS, HELD, lim_moved = nil, nil, false
 end
 
 -- Queues a wake-up for finish().
@@ -269,6 +281,17 @@ local function wake(client, id, lease)
     wakes = {}
   end
   wakes[#wakes + 1] = {client, id, lease}
+end
+
+-- Reads the tenants' limits into LIMITS (every step of a name that has some).
+local function load_limits()
+  local all = rcall('HGETALL', K_LIMITS)
+  LIMITS = {}
+  for i = 1, #all, 2 do
+    local c, f = string.match(all[i + 1], '^(%d*),(%d+)$')
+    if not f then corrupt('tenant limits') end
+    LIMITS[all[i]] = {c = tonumber(c), f = tonumber(f)}
+  end
 end
 
 -- Loads the counters; `tags`: the tags' fields too (vt, fd), for an acquire or admission.
@@ -285,12 +308,31 @@ local function load(tags)
     return nil
   end
   M = m
+  -- A capacity written with a trailing 'L': the name has tenants' limits (see below).
+  local cap, lim = NUM_OF[m[1]], false
+  if cap == nil then
+    if string.byte(m[1], -1) == 76 then -- 76: 'L'
+      cap, lim = num(string.sub(m[1], 1, -2), 'capacity'), true
+    else
+      cap = num(m[1], 'capacity')
+    end
+  end
   -- Every field a step may set is named here, the unknown ones as nil: a table constructor
   -- sizes the table for the fields it names, so the step never grows (rehashes) it.
-  S = {cap = num(m[1], 'capacity'), used = num(m[2], 'used'), seq = num(m[4], 'seq'),
+  S = {cap = cap, used = num(m[2], 'used'), seq = num(m[4], 'seq'),
     seat_high = num(m[5], 'seat_high'), qlen = nil, purge_at = nil, fence = nil,
     deadline = nil, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = nil, vt_text = nil,
-    fd = nil, nt = m[12] and num(m[12], 'nt') or 0}
+    fd = nil, nt = m[12] and num(m[12], 'nt') or 0, lim = lim}
+  if lim then
+    load_limits()
+    -- With limits a grant may pass queued waiters (the floor first, capped tenants
+    -- skipped), so V no longer is the least queued start tag: every step reads it to keep
+    -- it as max(V, start), as the reference model does.
+    if not tags then
+      local t = rcall('HMGET', K_META, 'vt', 'fd')
+      m[13], m[14] = t[1], t[2]
+    end
+  end
   if not m[3] then corrupt('fence') end
   if m[9] and m[9] ~= '' then
     local lw = m[10] and string.match(m[10], LEASE_HEAD)
@@ -315,7 +357,7 @@ local function load(tags)
     dirty = true
   end
   L_CAP, L_USED, L_SEQ, L_SEAT_HIGH = S.cap, S.used, S.seq, S.seat_high
-  L_QLEN, L_PURGE_AT, L_NT = S.qlen, S.purge_at, S.nt
+  L_QLEN, L_PURGE_AT, L_NT, L_LIM = S.qlen, S.purge_at, S.nt, S.lim
   return S
 end
 
@@ -347,7 +389,7 @@ local function create(cap)
   local fence = tonumber(rcall('GET', K_FENCE)) or 0
   S = {cap = cap, used = 0, fence = fence, seq = 0, seat_high = 0, qlen = 0, purge_at = NEVER,
     deadline = 0, lid = nil, lrec = nil, lexp = nil, lw = nil, vt = 0, vt_text = nil, fd = 0,
-    nt = 0}
+    nt = 0, lim = false}
   dirty = true
   fresh = true
   full = true
@@ -713,8 +755,19 @@ local function grant(id, weight, ttl, holder, client, inline, tenant)
     rcall('ZADD', K_HOLDERS, int(expires_at), id)
   end
   S.used = S.used + weight
+  if HELD ~= nil and tenant ~= nil then
+    HELD[tenant] = (HELD[tenant] or 0) + weight
+  end
   wrote_expiry(expires_at)
   return encoded
+end
+
+-- A removed lease's permits no longer count for its tenant (once HELD is counted).
+local function unhold(encoded)
+  local l = decode_lease(encoded)
+  if l.tenant ~= nil and HELD[l.tenant] ~= nil then
+    HELD[l.tenant] = HELD[l.tenant] - l.weight
+  end
 end
 
 -- Removes a holder; its lease record, or nil if it holds nothing. `last`: nothing but
@@ -724,6 +777,7 @@ end
 local function remove_holder(id, last)
   if S.lid == id then
     local encoded = S.lrec
+    if HELD ~= nil then unhold(encoded) end
     S.used = S.used - S.lw
     S.lid = nil
     inline_moved = true
@@ -741,6 +795,7 @@ local function remove_holder(id, last)
   end
   local weight, seats = string.match(encoded, LEASE_HEAD)
   if not weight then corrupt('lease record') end
+  if HELD ~= nil then unhold(encoded) end
   S.used = S.used - num(weight, 'lease weight')
   dirty = true
   if last then
@@ -780,6 +835,161 @@ local function remove_waiter(id)
   return w
 end
 
+-- Tenants' ceilings and floors (docs/fair-shares.md#ceilings-and-floors), step for step as
+-- the reference model (stores/memory/ops.rs: may_grant, below_floor, head_key,
+-- hand_off_limited). A name has limits while its limits hash has a field; its meta then
+-- says so in `cap`, written with a trailing 'L' (load() sets S.lim and reads LIMITS). A
+-- step of a name without limits runs exactly as before: every branch below is behind
+-- S.lim, and the flag rides on the HMGET every step runs. The flag is set and cleared by
+-- set_limits.lua with the hash; while it is set, meta never expires (finish() leaves it
+-- without a TTL, also idle), so no step creates a state that does not know its limits
+-- (create() runs only where meta is gone). A client of a build before limits cannot read
+-- such a capacity and fails every step on the name as corrupt (TESSERA_CORRUPT capacity):
+-- it grants nothing past limits it does not know.
+--
+-- held(t), the permits tenant t holds, is counted from the leases the first time a step
+-- needs it (HGETALL of the leases: O(holders), only with limits) and kept by grant() and
+-- remove_holder() for the rest of the step. The head is found by reading the queue in
+-- order, a page at a time, up to the first waiter that is not at its ceiling (and, while a
+-- limited tenant is below its floor, further, for a waiter of that tenant).
+
+-- Permits tenant t holds (a named tenant; counted from the leases at the first call).
+local function held(t)
+  if HELD == nil then
+    HELD = {}
+    local all = lease_all()
+    for i = 2, #all, 2 do
+      -- (A lease removed in this step may wait in the sets for finish(): see `removed`.)
+      local l = all[i - 1] ~= removed and decode_lease(all[i])
+      if l and l.tenant ~= nil then
+        HELD[l.tenant] = (HELD[l.tenant] or 0) + l.weight
+      end
+    end
+  end
+  return HELD[t] or 0
+end
+
+-- Whether `tenant` (nil: none) is at its ceiling for `weight` more permits.
+local function capped(tenant, weight)
+  local l = tenant ~= nil and LIMITS[tenant]
+  return l and l.c ~= nil and held(tenant) + weight > l.c or false
+end
+
+-- Whether `weight` more permits keep `tenant` within its floor.
+local function below_floor(tenant, weight)
+  local l = tenant ~= nil and LIMITS[tenant]
+  return l and l.f > 0 and held(tenant) + weight <= l.f or false
+end
+
+-- Whether some limited tenant holds less than its floor (the floor pass has work).
+local function floors_short()
+  for t, l in pairs(LIMITS) do
+    if l.f > 0 and held(t) < l.f then return true end
+  end
+  return false
+end
+
+-- Whether `tenant` may be granted `weight` permits now: they fit, its ceiling allows them,
+-- and they leave what the other tenants' floors keep (each floor less what its tenant
+-- holds).
+local function may_grant(tenant, weight)
+  if capped(tenant, weight) then return false end
+  local kept = 0
+  for u, l in pairs(LIMITS) do
+    if u ~= tenant and l.f > 0 then
+      local short = l.f - held(u)
+      if short > 0 then kept = kept + short end
+    end
+  end
+  return weight + kept <= S.cap - S.used
+end
+
+-- Reads the queue in order, a page at a time, calling visit(id, score, waiter) until it
+-- returns true; returns that entry's id, score and waiter, or nil.
+local QUEUE_PAGE = 64
+local function scan_queue(visit)
+  local from = 0
+  while from < S.qlen do
+    local page = rcall('ZRANGE', K_QUEUE, from, from + QUEUE_PAGE - 1, 'WITHSCORES')
+    if page[1] == nil then
+      return nil
+    end
+    local ids = {}
+    for i = 1, #page, 2 do
+      ids[#ids + 1] = page[i]
+    end
+    local records = rcall('HMGET', K_WAITERS, unpack(ids))
+    for i, id in ipairs(ids) do
+      local encoded = records[i]
+      if not encoded then corrupt('queued lease without a waiter record') end
+      local w = decode_waiter(encoded)
+      if visit(id, page[2 * i], w) then
+        return id, page[2 * i], w
+      end
+    end
+    from = from + QUEUE_PAGE
+  end
+  return nil
+end
+
+-- The head with limits: the first waiter whose tenant is not at its ceiling for it; its
+-- id, score and waiter, or nil.
+local function limited_head()
+  return scan_queue(function(_, _, w)
+    return not capped(w.tenant, w.weight)
+  end)
+end
+
+-- Whether a request with this start tag, arriving now, would be the head (with limits).
+local function limited_lead(start)
+  if S.qlen <= 0 then
+    return true
+  end
+  local _, score = limited_head()
+  return score == nil or queue_key(start, S.seq) < tonumber(score)
+end
+
+-- Grants a waiter taken out of the queue (its score `score`), and wakes it with the grant.
+local function grant_queued(id, score, w)
+  unqueue(id)
+  local s = start_of(score)
+  if s > vtime() then set_vtime(s) end
+  -- Provisional until renewed: no longer than the waiter's entry would have lived.
+  local ttl = w.expires_at - now
+  if ttl > w.ttl then ttl = w.ttl end
+  wake(w.client, id, grant(id, w.weight, ttl, w.holder, w.client, false, w.tenant))
+end
+
+-- The hand-off with limits: first a waiter whose tenant is below its floor and may be
+-- granted, in queue order, ahead of the head (an admission waiter among them is left to its
+-- own step); then the head (limited_head) while it may be granted; an admission waiter at
+-- the head is woken as without limits.
+local function limited_hand_off()
+  while S.qlen > 0 do
+    local id, score, w
+    if floors_short() then
+      id, score, w = scan_queue(function(_, _, q)
+        return q.gate == nil and below_floor(q.tenant, q.weight) and may_grant(q.tenant, q.weight)
+      end)
+    end
+    if id == nil then
+      id, score, w = limited_head()
+      if id == nil or not may_grant(w.tenant, w.weight) then
+        return
+      end
+      if w.gate ~= nil then
+        if w.gate <= now then
+          w.gate = WOKEN
+          rcall('HSET', K_WAITERS, id, encode_waiter(w))
+          wake(w.client, id)
+        end
+        return
+      end
+    end
+    grant_queued(id, score, w)
+  end
+end
+
 -- Strict FIFO: grant the head while it fits; a head that does not fit blocks the rest, and
 -- so does an admission waiter (a gate in its record), which only its own step grants, as its
 -- windows are charged there: once its permits fit and its gate's instant has come, it is
@@ -787,6 +997,9 @@ end
 -- used >= cap.) A grant moves V to the waiter's start tag: every queued start tag is at
 -- least V (V only ever takes the start of a request that led the queue), so no max.
 local function hand_off()
+  if S.lim then
+    return limited_hand_off()
+  end
   while S.qlen > 0 and S.used < S.cap do
     local first = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
     local head = first[1]
@@ -966,7 +1179,13 @@ end
 -- Puts the meta fields that changed since load() (all of them when `full`).
 local function put_changed()
   FN = 0
-  if full or S.cap ~= L_CAP then put('cap', S.cap) end
+  if full or S.cap ~= L_CAP or S.lim ~= L_LIM then
+    if S.lim then
+      put_text('cap', int(S.cap) .. 'L')
+    else
+      put('cap', S.cap)
+    end
+  end
   if full or S.used ~= L_USED then put('used', S.used) end
   if full then
     put('fence', fence())
@@ -1014,7 +1233,7 @@ end
 -- FENCE_KEEP_MS after the last step that changed it. (A step that found it idle and left it
 -- so, a status or a late release, writes nothing: reads never keep an idle state alive.)
 local function leave_idle()
-  if not dirty then
+  if not dirty and not lim_moved then
     return
   end
   -- Leases left in the sets by remove_holder(id, true), and free seats in the seats set
@@ -1037,7 +1256,10 @@ local function leave_idle()
     deadline_moved = true
   end
   put_changed()
-  if move or new_meta then
+  if S.lim then
+    -- A name with limits keeps its meta (see the section on limits).
+    if lim_moved then rcall('PERSIST', K_META) end
+  elseif move or new_meta or lim_moved then
     rcall('PEXPIRE', K_META, int(S.deadline - now_ms))
   end
 end
@@ -1055,7 +1277,7 @@ local function finish()
         rcall('ZREM', K_HOLDERS, removed)
       end
       flush_pool()
-      if dirty then
+      if dirty or lim_moved then
         -- Every live key gets the deadline when it moves; otherwise only the keys this step
         -- created (which have none).
         local all = false
@@ -1069,7 +1291,9 @@ local function finish()
         put_changed()
         -- PEXPIRE rather than PEXPIREAT: the same instant, and the documented ACL stays.
         local ttl_ms = int(S.deadline - math.floor(now / 1000))
-        if all or new_meta then
+        if S.lim then
+          if lim_moved then rcall('PERSIST', K_META) end
+        elseif all or new_meta or lim_moved then
           rcall('PEXPIRE', K_META, ttl_ms)
         end
         if set_used() > 0 and (all or new_holders) then
