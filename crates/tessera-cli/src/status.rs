@@ -151,6 +151,20 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                 if let Some(r) = &rate {
                     text += &rate_detail(r);
                 }
+                // Limits are kept for the name while nobody holds or waits: say so.
+                if status.is_none() && !limits.is_empty() {
+                    text += &format!(
+                        "{name}: tenant limits kept for it: {} (`tessera tenants {name}`)\n",
+                        limits
+                            .iter()
+                            .map(|(t, l)| {
+                                let ceiling = l.ceiling.map_or("-".into(), |c| c.to_string());
+                                format!("{t} ceiling {ceiling} floor {}", l.floor)
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
                 text
             };
             Ok((text, code))

@@ -2012,6 +2012,16 @@ fn tenants_sets_lists_and_clears_limits_that_run_obeys() {
         ],
         "{table}"
     );
+    // Idle, the name has no semaphore to show, but its limits are kept and said so.
+    let out = on(&["status", "demo"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(
+            "tenant limits kept for it: alerts ceiling 2 floor 1, bulk ceiling 1 floor 0"
+        ),
+        "{text}"
+    );
     let out = on(&["tenants", "demo", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["bulk"], serde_json::json!({"ceiling": 1, "floor": 0}));

@@ -1006,3 +1006,57 @@ async fn queued_admissions_keep_their_place_with_heartbeats_not_the_whole_step()
     }
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
 }
+
+/// On every store that pushes every turn (memory, Redis, a Redis Cluster, PostgreSQL), where
+/// most heartbeats of a queued admission renew its place alone: queued admissions that keep
+/// their place through several heartbeats (a waiter TTL of 3 s: a heartbeat every second)
+/// are still queued in their order when permits free, and each is admitted in turn.
+#[tokio::test]
+async fn queued_admissions_outlive_their_heartbeats_in_order_where_the_store_pushes() {
+    let push = stores("beats").await.into_iter().filter(|(store, _)| {
+        store.backend().capabilities().waking == tessera::backend::Waking::Push
+    });
+    let runs = push.map(|(store, keep)| async move {
+        let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3));
+        let adm = store
+            .admission("beats")
+            .permits(1)
+            .semaphore_options(opts)
+            .rate("1000/min".parse().unwrap())
+            .unwrap();
+        let first = adm.try_acquire().await.unwrap().expect("admitted");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..4 {
+            let (adm, order) = (adm.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let a = adm.acquire().await.unwrap();
+                order.lock().unwrap().push(i);
+                a.release().await.unwrap();
+            }));
+            // Queued in this order.
+            while store
+                .status("beats")
+                .await
+                .unwrap()
+                .map_or(0, |s| s.queue.len())
+                <= i
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // Five heartbeat intervals: three renewals and a step each, for the waiters behind
+        // the head (positions 1 to 3).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let queued = store.status("beats").await.unwrap().unwrap().queue.len();
+        assert_eq!(queued, 4, "{}", store.url());
+        first.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "{}", store.url());
+        store.close().await.unwrap();
+        drop(keep);
+    });
+    futures::future::join_all(runs).await;
+}
