@@ -145,7 +145,18 @@ pub struct Capabilities {
     pub fair_shares: bool,
     /// Whether the store keeps tenants' ceilings and floors ([`Backend::set_tenant_limits`]).
     pub tenant_limits: bool,
+    /// How many new requests (acquires, try-acquires and admissions, as first sent) one
+    /// process sends to one semaphore at once; the others wait in the process, taking turns
+    /// by tenant (`docs/fair-shares.md`, "A process's own arrivals"). 0: no limit. Set by
+    /// stores whose step locks the semaphore, where a flood sent at once would otherwise
+    /// queue every later request (and release) of the process behind it.
+    pub arrivals_in_flight: u32,
 }
+
+/// [`Capabilities::arrivals_in_flight`] of the stores whose step locks the semaphore
+/// (PostgreSQL, MySQL / MariaDB, SQLite): one request running under the lock and one on its
+/// way to it.
+pub const LOCKED_STEP_ARRIVALS: u32 = 2;
 
 impl Capabilities {
     /// A store that pushes wake-ups, hands off in the release's own step, takes any TTL the
@@ -160,7 +171,15 @@ impl Capabilities {
             max_weight: MAX_CAPACITY,
             fair_shares: false,
             tenant_limits: false,
+            arrivals_in_flight: 0,
         }
+    }
+
+    /// The same, with at most `n` of a process's new requests on one semaphore at the store
+    /// at once ([`Capabilities::arrivals_in_flight`]).
+    pub const fn with_arrivals_in_flight(mut self, n: u32) -> Capabilities {
+        self.arrivals_in_flight = n;
+        self
     }
 
     /// The same, keeping tenants' ceilings and floors.

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
 
+use crate::arrivals::{Arrivals, Pass};
 use crate::stores::Open;
 use tessera_core::error::{redact_url, LossReason, Result};
-use tessera_core::model::{LeaseId, Name};
+use tessera_core::model::{LeaseId, Name, Tenant};
 use tessera_core::seam::Backend;
 
 /// A lease held through a connection, as the connection sees it: something to give back when
@@ -44,6 +45,8 @@ struct Shared {
     held: Mutex<Held>,
     /// Background clean-ups under way for this connection (see `crate::cleanup`).
     cleanups: watch::Sender<usize>,
+    /// New requests per semaphore at the store at once (see `crate::arrivals`).
+    arrivals: Arrivals,
 }
 
 /// The leases of a connection: a list of weak references, pushed at grant and never
@@ -86,8 +89,10 @@ impl Conn {
             Some(_) => Arc::new(crate::telemetry::Instrumented::new(backend)),
             None => backend,
         };
+        let arrivals = Arrivals::new(backend.capabilities().arrivals_in_flight as usize);
         let shared = Arc::new(Shared {
             backend,
+            arrivals,
             url: redact_url(url),
             reconnect,
             held: Mutex::new(Held::default()),
@@ -118,6 +123,13 @@ impl Conn {
 
     pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
         &self.shared.backend
+    }
+
+    /// Waits for a place for a new request of `tenant` on `name` (see `crate::arrivals`);
+    /// the place is freed when the returned pass is dropped.
+    pub(crate) async fn arrive(&self, name: &Name, tenant: Option<&Tenant>) -> Pass {
+        let tenant = tenant.map_or("", Tenant::name);
+        self.shared.arrivals.enter(name.as_str(), tenant).await
     }
 
     pub(crate) fn reconnect_url(&self) -> Option<&str> {

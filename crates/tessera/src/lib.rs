@@ -94,6 +94,7 @@
 //   `admission/`.
 
 mod admission;
+mod arrivals;
 mod cleanup;
 mod conn;
 #[cfg(feature = "fuzzing")]

@@ -144,6 +144,84 @@ on_store!(mariadb_store, mariadb);
 #[cfg(feature = "postgres")]
 on_store!(postgres_store, postgres);
 
+/// The tests of a store whose step locks the semaphore, where a process's new requests on
+/// one name wait their turn in the process (`Capabilities::arrivals_in_flight`).
+macro_rules! on_locked_store {
+    ($store:ident, $make:path) => {
+        mod $store {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_flood_sent_at_once_does_not_hold_back_another_tenants_request() {
+                let f = $make("arrivals").await;
+                super::a_flood_sent_at_once_does_not_hold_back_another_tenants_request(&f.store)
+                    .await;
+            }
+        }
+    };
+}
+
+on_locked_store!(sqlite_arrivals, sqlite);
+on_locked_store!(mariadb_arrivals, mariadb);
+#[cfg(feature = "postgres")]
+on_locked_store!(postgres_arrivals, postgres);
+
+/// Through the public API, where a user meets it: 400 requests of one tenant sent at once
+/// (the permit is held, so they all queue) do not go to the store ahead of another tenant's
+/// request sent just after them, nor ahead of a status read: when the other tenant's waiter
+/// first shows in the queue, most of the flood has not reached the store yet. Without the
+/// process's arrival gate the flood's steps all queue for the connections first, and every
+/// status read sees all 400 before the light one.
+async fn a_flood_sent_at_once_does_not_hold_back_another_tenants_request(store: &Store) {
+    const FLOOD: usize = 400;
+    assert!(store.backend().capabilities().arrivals_in_flight > 0);
+    let name = "arrivals";
+    let sem = |tenant: &str| {
+        let opts = SemaphoreOptions::default().tenant(Tenant::new(tenant, 1).unwrap());
+        tessera::Semaphore::new(store, name, 1, opts).unwrap()
+    };
+    let held = sem("holder").acquire().await.unwrap();
+    let bulk = sem("bulk");
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        let bulk = bulk.clone();
+        flood.push(tokio::spawn(async move { bulk.acquire().await }));
+    }
+    let count = |s: &SemaphoreStatus, t: &str| {
+        s.queue
+            .iter()
+            .filter(|w| w.tenant.as_deref() == Some(t))
+            .count()
+    };
+    loop {
+        let s = store.status(name).await.unwrap().unwrap();
+        if count(&s, "bulk") > 0 {
+            break;
+        }
+    }
+    let light = sem("light");
+    let light = tokio::spawn(async move { light.acquire().await });
+    let ahead = loop {
+        let s = store.status(name).await.unwrap().unwrap();
+        if count(&s, "light") == 1 {
+            break count(&s, "bulk");
+        }
+        assert!(
+            count(&s, "bulk") < FLOOD,
+            "the whole flood reached the store first"
+        );
+    };
+    assert!(
+        ahead < FLOOD / 2,
+        "{ahead} of the flood's {FLOOD} requests reached the store before the light one"
+    );
+    for t in &flood {
+        t.abort();
+    }
+    light.abort();
+    drop(held);
+}
+
 /// Admissions of mixed tenants and costs are granted on PostgreSQL in the reference model's
 /// order (its step runs in PL/pgSQL functions, `tessera_admit`).
 #[cfg(feature = "postgres")]

@@ -48,7 +48,7 @@ const FACADE_LAYERS: &[&[&str]] = &[
     &["stores"],
     // The façade: the connection engine, clean-ups, lease keeping, then the handles users
     // hold.
-    &["telemetry"],
+    &["telemetry", "arrivals"],
     &["conn"],
     &["cleanup"],
     &["lease"],

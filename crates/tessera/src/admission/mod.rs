@@ -299,7 +299,7 @@ impl Admission {
         let deadline = Instant::now().checked_add(timeout);
         let held = give_back_by_id(
             self.semaphore.admission_backend()?,
-            self.semaphore.name_key(),
+            self.semaphore.config_name(),
             lease,
             GiveBack {
                 reservation,

@@ -113,6 +113,12 @@ impl Semaphore {
             update: windows.update,
             at_head,
         };
+        // Its turn among this process's new requests on the name (`crate::arrivals`), held
+        // until the first reply is in; nothing is sent before it.
+        let Some(pass) = self.arrive(deadline).await else {
+            return Ok(Admit::TimedOut);
+        };
+        let mut pass = Some(pass);
         let registration = wake::Registration::new(lease);
         let mut pending = Pending::new(self, lease);
         // A store whose pushes can be missed without a sign is also polled, as a plain
@@ -135,6 +141,7 @@ impl Semaphore {
                 // The pending guard cancels in the background.
                 return Ok(Admit::TimedOut);
             };
+            drop(pass.take());
             let reply = match reply {
                 // A blip does not end the wait: the queue entry lives for the waiter TTL, and
                 // the same request answers the grant or place it may have made.

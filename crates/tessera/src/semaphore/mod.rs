@@ -209,13 +209,21 @@ impl Semaphore {
     }
 
     /// The store this handle was made on.
-    /// The name, checked.
-    pub(crate) fn name_key(&self) -> &Name {
-        &self.config.name
-    }
-
     pub(crate) fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// A place at the store for a new request on this semaphore (see `crate::arrivals`),
+    /// held until its reply is in; `None` once `deadline` passed, having sent nothing.
+    async fn arrive(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Option<crate::arrivals::Pass> {
+        let arrive = self
+            .store
+            .conn()
+            .arrive(&self.config.name, self.config.tenant.as_ref());
+        wait::bounded(deadline, arrive).await
     }
 
     fn backend(&self) -> &Arc<dyn Backend> {

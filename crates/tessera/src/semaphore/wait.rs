@@ -42,6 +42,9 @@ impl Semaphore {
                 // Answered at once: nothing to cancel if this future is dropped.
                 Some(r) => (r?, Pending::new(self, lease)),
                 None => {
+                    // Waits its turn among this process's new requests on the name before
+                    // anything is sent, so there is nothing to cancel until then.
+                    let _pass = self.arrive(None).await;
                     let pending = Pending::new(self, lease);
                     let reply = self
                         .backend()
@@ -182,6 +185,11 @@ impl Semaphore {
             Some(Err(_)) | None => {}
         }
 
+        // Its turn among this process's new requests on the name (`crate::arrivals`), before
+        // anything is sent: a request that times out here leaves nothing to cancel.
+        let Some(pass) = self.arrive(deadline).await else {
+            return Ok(Attempt::TimedOut);
+        };
         // Register before sending, so a wake-up that overtakes the reply is kept.
         let registration = wake::Registration::new(lease);
         let pending = Pending::new(self, lease);
@@ -220,6 +228,7 @@ impl Semaphore {
                 r => break r?,
             }
         };
+        drop(pass);
         match reply {
             // The uncontended case: granted at once, without waiting.
             AcquireReply::Granted(grant) => {

@@ -210,7 +210,7 @@ use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
 use tessera_core::model::*;
 use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
-    Settlement, Waking,
+    Settlement, Waking, LOCKED_STEP_ARRIVALS,
 };
 use tessera_core::stores::sql;
 
@@ -763,10 +763,12 @@ impl Backend for MysqlBackend {
     /// ring costs at most about a second and an idle waiter one read-write step a second.
     /// Fair shares from schema version 6 on (`fair_shares.sql`).
     fn capabilities(&self) -> Capabilities {
-        let caps = Capabilities::push().with_waking(Waking::PushWithPoll {
-            min: Duration::from_millis(20),
-            max: Duration::from_secs(1),
-        });
+        let caps = Capabilities::push()
+            .with_waking(Waking::PushWithPoll {
+                min: Duration::from_millis(20),
+                max: Duration::from_secs(1),
+            })
+            .with_arrivals_in_flight(LOCKED_STEP_ARRIVALS);
         let caps = match self.fair {
             true => caps.with_fair_shares(),
             false => caps,

@@ -149,7 +149,7 @@ use sqlx::{Connection, Row};
 
 use tessera_core::error::{Error, InvalidInput, Result, StoreErrorKind};
 use tessera_core::model::*;
-use tessera_core::seam::{Backend, Capabilities};
+use tessera_core::seam::{Backend, Capabilities, LOCKED_STEP_ARRIVALS};
 use tessera_core::stores::expiries::Expiries;
 use tessera_core::stores::sql;
 
@@ -627,9 +627,10 @@ impl Backend for PostgresBackend {
     /// Fair shares from step revision 7 (migration 8) on: the queue's order is `(tag, seq)`;
     /// tenants' ceilings and floors from step revision 9 (migration 10) on.
     fn capabilities(&self) -> Capabilities {
+        let caps = Capabilities::push().with_arrivals_in_flight(LOCKED_STEP_ARRIVALS);
         let caps = match self.fair_shares {
-            true => Capabilities::push().with_fair_shares(),
-            false => Capabilities::push(),
+            true => caps.with_fair_shares(),
+            false => caps,
         };
         match self.tenant_limits {
             true => caps.with_tenant_limits(),

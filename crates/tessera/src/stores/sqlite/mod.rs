@@ -159,7 +159,7 @@ use tessera_core::error::{redact_url, Error, InvalidInput, Result, StoreErrorKin
 use tessera_core::model::*;
 use tessera_core::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, Backend, Capabilities, GiveBack, RateConfig,
-    Settlement, Waking,
+    Settlement, Waking, LOCKED_STEP_ARRIVALS,
 };
 use tessera_core::stores::sql;
 
@@ -783,6 +783,7 @@ impl Backend for SqliteBackend {
             })
             .with_fair_shares()
             .with_tenant_limits()
+            .with_arrivals_in_flight(LOCKED_STEP_ARRIVALS)
     }
 
     fn rate(&self) -> Option<&dyn tessera_core::seam::RateBackend> {
