@@ -874,10 +874,12 @@ proptest::proptest! {
     }
 }
 
-/// The memory store, counting the admission steps and waiter heartbeats sent to it.
+/// The memory store, counting the admission steps and waiter heartbeats sent to it, and
+/// saying it wakes waiters as `waking` does.
 #[derive(Debug)]
 struct Counting {
     inner: MemoryBackend,
+    waking: tessera::backend::Waking,
     admits: std::sync::atomic::AtomicU64,
     heartbeats: std::sync::atomic::AtomicU64,
 }
@@ -924,7 +926,7 @@ mod counting {
             self.inner.delete(n).await
         }
         fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
+            self.inner.capabilities().with_waking(self.waking)
         }
         fn rate(&self) -> Option<&dyn RateBackend> {
             self.inner.rate()
@@ -959,10 +961,39 @@ mod counting {
 /// heartbeats. The queue still drains in order once permits free.
 #[tokio::test(start_paused = true)]
 async fn queued_admissions_keep_their_place_with_heartbeats_not_the_whole_step() {
+    // 20 heartbeat intervals: the head sends its step at each, the four behind it at every
+    // fourth; the rest are heartbeats.
+    admissions_renew_their_place(tessera::backend::Waking::Push, 20 + 4 * 6, 4 * 12).await;
+}
+
+/// On a store that pushes but also polls (SQLite, MySQL / MariaDB), the same at each poll:
+/// 2,000 queued admissions sending their whole step at every poll asked SQLite's one writer
+/// for thousands of steps a second.
+#[tokio::test(start_paused = true)]
+async fn queued_admissions_renew_their_place_at_polls_not_the_whole_step() {
+    // Polls at 5, 10, 20, 40, 80 ms, then every 100 ms: about 24 in 2 s. The head sends its
+    // step at each, the four behind it at every fourth (without the change: 5 x 24 steps and
+    // no heartbeat).
+    let waking = tessera::backend::Waking::PushWithPoll {
+        min: Duration::from_millis(5),
+        max: Duration::from_millis(100),
+    };
+    admissions_renew_their_place(waking, 26 + 4 * 8, 4 * 15).await;
+}
+
+/// Five admissions queued behind a held permit for 2 s (heartbeat every 100 ms): at most
+/// `most_steps` steps re-sent and at least `least_beats` heartbeats; then they drain in
+/// order.
+async fn admissions_renew_their_place(
+    waking: tessera::backend::Waking,
+    most_steps: u64,
+    least_beats: u64,
+) {
     use std::sync::atomic::Ordering::Relaxed;
     let clock = Arc::new(ManualClock::new(StoreTime(1_000_000_000_000)));
     let backend = Arc::new(Counting {
         inner: MemoryBackend::with_clock(clock),
+        waking,
         admits: Default::default(),
         heartbeats: Default::default(),
     });
@@ -990,16 +1021,17 @@ async fn queued_admissions_keep_their_place_with_heartbeats_not_the_whole_step()
     }
     let sent = backend.admits.load(Relaxed);
     assert_eq!(sent, 6, "one step each to queue");
-    // 20 heartbeat intervals: the head sends its step at each, the four behind it at every
-    // fourth; the rest are heartbeats.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let steps = backend.admits.load(Relaxed) - sent;
     let beats = backend.heartbeats.load(Relaxed);
     assert!(
-        steps <= 20 + 4 * 6,
+        steps <= most_steps,
         "{steps} steps re-sent, {beats} heartbeats"
     );
-    assert!(beats >= 4 * 12, "{steps} steps re-sent, {beats} heartbeats");
+    assert!(
+        beats >= least_beats,
+        "{steps} steps re-sent, {beats} heartbeats"
+    );
     first.release().await.unwrap();
     for w in waiters {
         w.await.unwrap();
@@ -1007,14 +1039,20 @@ async fn queued_admissions_keep_their_place_with_heartbeats_not_the_whole_step()
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
 }
 
-/// On every store that pushes every turn (memory, Redis, a Redis Cluster, PostgreSQL), where
-/// most heartbeats of a queued admission renew its place alone: queued admissions that keep
+/// On every store that pushes turns (memory, Redis, a Redis Cluster, PostgreSQL; SQLite,
+/// which also polls), where most heartbeats or polls of a queued admission renew its place
+/// alone. MariaDB is left out: there, under load, the last two of these admissions were seen
+/// admitted out of order (1 run in 6 of this file; also before its polls renewed the place
+/// alone), which is not explained yet: queued admissions that keep
 /// their place through several heartbeats (a waiter TTL of 3 s: a heartbeat every second)
 /// are still queued in their order when permits free, and each is admitted in turn.
 #[tokio::test]
 async fn queued_admissions_outlive_their_heartbeats_in_order_where_the_store_pushes() {
     let push = stores("beats").await.into_iter().filter(|(store, _)| {
-        store.backend().capabilities().waking == tessera::backend::Waking::Push
+        use tessera::backend::Waking;
+        let waking = store.backend().capabilities().waking;
+        let polls = matches!(waking, Waking::PushWithPoll { .. });
+        waking == Waking::Push || (polls && !store.url().starts_with("mysql:"))
     });
     let runs = push.map(|(store, keep)| async move {
         let opts = SemaphoreOptions::default().waiter_ttl(Duration::from_secs(3));

@@ -20,9 +20,16 @@
 //! ahead of the head (at least every [`ADMIT_EVERY`]th, at most every [`ADMIT_EVERY_MAX`]th),
 //! and at every heartbeat while at the head: the safety net for a wake-up lost without a
 //! sign (a listener's reconnect wakes every waiter already), which would leave the head, and
-//! everyone behind it, waiting. A store that polls
-//! ([`Waking::PushWithPoll`], [`Waking::Poll`]) re-sends the request at each poll, as its
-//! pushes can be missed.
+//! everyone behind it, waiting.
+//!
+//! **A store that pushes but also polls** ([`Waking::PushWithPoll`]: SQLite, MySQL /
+//! MariaDB, whose pushes can be missed) does the same at each poll, with the whole request
+//! re-sent at most every [`ADMIT_EVERY_POLLED`]th poll: there a missed push is found by the
+//! request sent again, so a waiter that became the head without its push learns it within
+//! that many polls (SQLite: 8 × 250 ms, MySQL: 8 × 1 s). Re-sent at every poll, 2,000 queued
+//! admissions asked SQLite's one writer for up to 8,000 steps a second, and it admitted
+//! fewer than the windows allowed. A store that only polls ([`Waking::Poll`]) re-sends the
+//! request at each poll.
 
 use std::time::Duration;
 
@@ -45,14 +52,25 @@ pub(crate) const ADMIT_EVERY: u32 = 4;
 /// ... and at most every this many, further back in the queue.
 pub(crate) const ADMIT_EVERY_MAX: u32 = 32;
 
+/// On a store that pushes but also polls, at most every this many polls.
+pub(crate) const ADMIT_EVERY_POLLED: u32 = 8;
+
 /// Every how many heartbeats a queued admission last placed `position` ahead of the head
 /// re-sends its request: [`ADMIT_EVERY`] near the head, up to [`ADMIT_EVERY_MAX`] deep in
 /// the queue, whose wake-up (the only one a lost push could stall the queue on) is that many
-/// hand-offs away.
-fn admit_every(position: u64) -> u32 {
-    u32::try_from(position)
-        .unwrap_or(u32::MAX)
-        .clamp(ADMIT_EVERY, ADMIT_EVERY_MAX)
+/// hand-offs away; on a store that also polls, up to [`ADMIT_EVERY_POLLED`]. `None`: at every
+/// one (a store that only polls).
+fn admit_every(waking: Waking, position: u64) -> Option<u32> {
+    let most = match waking {
+        Waking::Push => ADMIT_EVERY_MAX,
+        Waking::PushWithPoll { .. } => ADMIT_EVERY_POLLED,
+        _ => return None,
+    };
+    Some(
+        u32::try_from(position)
+            .unwrap_or(u32::MAX)
+            .clamp(ADMIT_EVERY, most),
+    )
 }
 
 /// The windows' part of an admission.
@@ -129,7 +147,7 @@ impl Semaphore {
         let mut counted = false;
         // On a store that pushes every turn, heartbeats mostly renew the place alone (see
         // the module docs).
-        let heartbeat_only = self.backend().capabilities().waking == Waking::Push;
+        let waking = self.backend().capabilities().waking;
         loop {
             let sent = Instant::now();
             let Some(reply) = bounded(
@@ -228,11 +246,10 @@ impl Semaphore {
                     telemetry::not_granted(&self.config.metrics, name, "timed_out");
                     return Ok(Admit::TimedOut);
                 };
-                let renew_only = heartbeat_only
-                    && !notified
+                let renew_only = !notified
                     && reask_at.is_none_or(|t| wake_at < t)
                     && position > 0
-                    && beats + 1 < admit_every(position);
+                    && admit_every(waking, position).is_some_and(|every| beats + 1 < every);
                 if !renew_only {
                     break;
                 }
