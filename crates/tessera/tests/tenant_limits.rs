@@ -349,6 +349,16 @@ async fn a_store_without_limits_refuses_them_with_a_typed_error() {
         .unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
     assert!(store.tenant_limits("jobs").await.unwrap().is_empty());
+    // Nor does it order by shares (`docs/fair-shares.md#etcd-measured-why-not`): a request
+    // that names a tenant is refused before anything is sent.
+    assert!(!store.backend().capabilities().fair_shares);
+    let opts = SemaphoreOptions::default().tenant(Tenant::new("web", 2).unwrap());
+    let err = tessera::Semaphore::new(&store, "jobs", 2, opts).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(
+        store.status("jobs").await.unwrap().is_none(),
+        "nothing changed"
+    );
 }
 
 /// The invariants of `docs/fair-shares.md` over random steps: after every step each tenant
