@@ -753,14 +753,17 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 /// for the cost; a refusal charges nothing and holds nothing; a give-back releases and
 /// returns the charge only while it is the latest charge not yet returned; a settle (the
 /// lease still held) makes the charge the actual cost: less, its own charge lowered; more,
-/// the excess charged at the settle's instant (while the limiter's state lives); either makes
-/// nothing undoable.
+/// the excess charged at the settle's instant (while the limiter's state lives: a horizon,
+/// 2 s, past its latest charge, also one given back since); either makes nothing undoable.
 #[derive(Debug, Default)]
 struct Model {
     held: Vec<(u32, u64)>,
     /// (admitted at, cost, ticket id)
     charges: Vec<(u64, u32, u64)>,
     latest: Option<u64>,
+    /// The limiter's state lives until this instant: a horizon past every charge made,
+    /// given back or not (a give-back leaves the state's lifetime as it was).
+    alive_until: u64,
 }
 
 const LIMITS: [(u32, u64); 2] = [(3, 1_000_000), (5, 2_000_000)];
@@ -818,6 +821,7 @@ proptest::proptest! {
                             model.held.push((weight, next_id));
                             model.charges.push((now, cost, next_id));
                             model.latest = Some(next_id);
+                            model.alive_until = model.alive_until.max(now + 2_000_000);
                             tickets.push((t, next_id));
                         }
                     }
@@ -840,12 +844,14 @@ proptest::proptest! {
                         let charged = t.cost();
                         assert!(t.settle(actual).await.unwrap());
                         // The limiter's state lives a horizon (2 s) past its latest
-                        // charge; once it has gone, no window that can still decide
-                        // holds the admission, and an excess is charged to none.
-                        let alive = model.charges.iter().any(|c| c.0 + 2_000_000 > now);
+                        // charge, also one given back since; once it has gone, no window
+                        // that can still decide holds the admission, and an excess is
+                        // charged to none.
+                        let alive = model.alive_until > now;
                         if actual > charged && alive {
                             model.charges.push((now, actual - charged, 0));
                             model.latest = None;
+                            model.alive_until = model.alive_until.max(now + 2_000_000);
                         } else if actual < charged {
                             // Given back only while the charge is in a window that can
                             // still decide (younger than the horizon).
