@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::lease::permit::Permit;
 use crate::rate::limiter::{RateLimiter, RateOptions};
-use crate::semaphore::admit::{Admit, Windows};
+use crate::semaphore::admit::{Admit, Join, Windows};
 use crate::semaphore::place::Watch;
 use crate::semaphore::{QueuePlace, Semaphore, SemaphoreOptions};
 use crate::store::Store;
@@ -229,7 +229,7 @@ impl Admission {
     /// Admits at once if the permits are free, nobody waits, and every window admits the
     /// cost; `Ok(None)` otherwise, with nothing held and nothing charged.
     pub async fn try_acquire(&self) -> Result<Option<Admitted>> {
-        match self.attempt(false, false, None, None).await? {
+        match self.attempt(false, Join::Tail, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -241,7 +241,7 @@ impl Admission {
 
     /// Waits in the queue until admitted.
     pub async fn acquire(&self) -> Result<Admitted> {
-        match self.wait(None, false, None).await? {
+        match self.wait(None, None, None).await? {
             Some(t) => Ok(t),
             None => unreachable!("an admission without a deadline returns a ticket or an error"),
         }
@@ -250,7 +250,7 @@ impl Admission {
     /// Waits at most `timeout` (`Duration::MAX`: as long as it takes); `Ok(None)` if not
     /// admitted in time (nothing held, nothing charged, the queue place given up).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<Admitted>> {
-        self.wait(Instant::now().checked_add(timeout), false, None)
+        self.wait(Instant::now().checked_add(timeout), None, None)
             .await
     }
 
@@ -266,7 +266,7 @@ impl Admission {
     ) -> Result<Option<Admitted>> {
         let watch = Watch::new(place).with_windows(self.cost);
         tokio::select! {
-            r = self.wait(Instant::now().checked_add(timeout), false, Some(&watch)) => r,
+            r = self.wait(Instant::now().checked_add(timeout), None, Some(&watch)) => r,
             never = watch.run(self.semaphore.store().backend().as_ref(), self.semaphore.config_name()) => match never {},
         }
     }
@@ -281,8 +281,11 @@ impl Admission {
         timeout: Duration,
     ) -> Result<Option<Admitted>> {
         let deadline = Instant::now().checked_add(timeout);
-        late.give_back().await?;
-        self.again(true, deadline, timeout.is_zero()).await
+        if timeout.is_zero() {
+            late.give_back().await?;
+            return self.again(true, deadline, true).await;
+        }
+        self.wait(deadline, Some(late), None).await
     }
 
     /// [`Admission::readmit_timeout`] for an admission this process holds no ticket for: a
@@ -319,10 +322,14 @@ impl Admission {
         deadline: Option<Instant>,
         once: bool,
     ) -> Result<Option<Admitted>> {
+        let join = match at_head {
+            true => Join::Head,
+            false => Join::Tail,
+        };
         if !once {
-            return self.wait(deadline, at_head, None).await;
+            return self.wait_joining(deadline, join, None).await;
         }
-        match self.attempt(false, at_head, None, None).await? {
+        match self.attempt(false, join, None, None).await? {
             Admit::Granted {
                 permit,
                 reservation,
@@ -351,7 +358,7 @@ impl Admission {
     async fn attempt(
         &self,
         wait: bool,
-        at_head: bool,
+        join: Join,
         deadline: Option<Instant>,
         watch: Option<&Watch<'_>>,
     ) -> Result<Admit> {
@@ -361,27 +368,45 @@ impl Admission {
             update: self.limiter.updates(),
         };
         self.semaphore
-            .admit_inner(self.weight, &windows, wait, at_head, deadline, watch)
+            .admit_inner(self.weight, &windows, wait, join, deadline, watch)
             .await
     }
 
+    /// Waits until admitted or `deadline`; with `late`, in the place of that admission,
+    /// which is given back (see [`Join::Replacing`]).
     async fn wait(
         &self,
         deadline: Option<Instant>,
-        mut at_head: bool,
+        late: Option<Admitted>,
+        watch: Option<&Watch<'_>>,
+    ) -> Result<Option<Admitted>> {
+        let join = match late {
+            Some(late) => self.replacing(late),
+            None => Join::Tail,
+        };
+        self.wait_joining(deadline, join, watch).await
+    }
+
+    /// Joins the queue where `join` says; a ticket granted past its use-by instant waits
+    /// again in its own place, at the head (see [`Join::Replacing`]).
+    async fn wait_joining(
+        &self,
+        deadline: Option<Instant>,
+        mut join: Join,
         watch: Option<&Watch<'_>>,
     ) -> Result<Option<Admitted>> {
         loop {
-            match self.attempt(true, at_head, deadline, watch).await? {
+            match self.attempt(true, join, deadline, watch).await? {
                 Admit::Granted {
                     permit,
                     reservation,
                     sent,
                 } => {
-                    if let Some(ticket) = self.fresh(permit, reservation, sent).await? {
+                    let ticket = self.ticket(permit, reservation, sent);
+                    if ticket.is_fresh() {
                         return Ok(Some(ticket));
                     }
-                    at_head = true;
+                    join = self.replacing(ticket);
                     // A store that answers at once (memory) must not keep this task from
                     // yielding while it is late again and again.
                     tokio::task::yield_now().await;
@@ -394,6 +419,19 @@ impl Admission {
                 }
             }
         }
+    }
+
+    /// The place of a ticket past its use-by instant, for the request that replaces it: its
+    /// give-back, once that request is at the head of the queue.
+    fn replacing(&self, late: Admitted) -> Join {
+        let name = self.name().to_string();
+        Join::Replacing(Box::pin(async move {
+            tracing::debug!(%name, "admission past its use-by instant; given back");
+            if let Err(e) = late.give_back().await {
+                // Its permits then run out with their TTL, renewed by nobody.
+                tracing::warn!(%name, error = %e, "giving back a late admission failed");
+            }
+        }))
     }
 
     fn ticket(&self, permit: Permit, reservation: u64, sent: Instant) -> Admitted {

@@ -22,6 +22,19 @@
 //! sign (a listener's reconnect wakes every waiter already), which would leave the head, and
 //! everyone behind it, waiting.
 //!
+//! **A late admission keeps its place.** An admission granted past its use-by instant is
+//! given back and waits again at the head of the queue. Its new request goes first and the
+//! give-back second ([`Join::Replacing`]): the give-back's hand-off then finds the new
+//! request at the head, and an admission waiter behind it, woken by that hand-off, finds
+//! itself behind the head. Given back first, the next waiter's own step could run between the
+//! give-back and the new request and be admitted first: on MariaDB under load, where a granted
+//! step took more than the 100 ms margin, a queued admission was seen admitted before the one
+//! ahead of it. While the late admission holds its permits the new request usually cannot
+//! take them and queues at the head; it is sent again at once after the give-back freed
+//! them. Where the permits fit beside the late admission's, the new request is decided at
+//! once, and its charge comes after the late one, which the give-back then cannot return
+//! (only the latest charge is): the windows count more than was used, never less.
+//!
 //! **A store that pushes but also polls** ([`Waking::PushWithPoll`]: SQLite, MySQL /
 //! MariaDB, whose pushes can be missed) does the same at each poll, with the whole request
 //! re-sent at most every [`ADMIT_EVERY_POLLED`]th poll: there a missed push is found by the
@@ -31,6 +44,8 @@
 //! fewer than the windows allowed. A store that only polls ([`Waking::Poll`]) re-sends the
 //! request at each poll.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -73,6 +88,21 @@ fn admit_every(waking: Waking, position: u64) -> Option<u32> {
     )
 }
 
+/// The give-back of an admission that came too late to use, sent by [`Join::Replacing`].
+pub(crate) type Late = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Where a waiting admission joins the queue.
+pub(crate) enum Join {
+    /// At the tail: a new request.
+    Tail,
+    /// At the head: a request that has just given back an admission it could not use.
+    Head,
+    /// At the head, in the place of an admission it could not use, still held: `Late`, its
+    /// give-back, runs once this request's first reply is in (queued at the head, or
+    /// granted), so that nobody behind it is served in between (see the module docs).
+    Replacing(Late),
+}
+
 /// The windows' part of an admission.
 pub(crate) struct Windows<'a> {
     pub config: &'a RateConfig,
@@ -108,16 +138,25 @@ impl Semaphore {
     }
 
     /// One admission of `weight` (checked) permits and `windows`: a try (`wait` false) or a
-    /// wait until `deadline`, joining the queue at its head if `at_head`.
+    /// wait until `deadline`, joining the queue where `join` says. With
+    /// [`Join::Replacing`], the late admission is given back once the first reply is in, or
+    /// in the background if the call ends before that (a deadline, an error).
     pub(crate) async fn admit_inner(
         &self,
         weight: u32,
         windows: &Windows<'_>,
         wait: bool,
-        at_head: bool,
+        join: Join,
         deadline: Option<Instant>,
         watch: Option<&Watch<'_>>,
     ) -> Result<Admit> {
+        let (at_head, late) = match join {
+            Join::Tail => (false, None),
+            Join::Head => (true, None),
+            Join::Replacing(late) => (true, Some(late)),
+        };
+        // Given back in the background if the call ends before the first reply.
+        let mut late = LateGuard(late);
         let weight = self.check_weight(weight)?;
         let admission = self.admission_backend()?;
         let name = &self.config.name;
@@ -182,6 +221,16 @@ impl Semaphore {
                     other?
                 }
             };
+            // The request is at the head of the queue (or granted): the late admission it
+            // replaces is given back now, and a queued request asks again at once for the
+            // permits that give-back freed.
+            let replaced = match late.0.take() {
+                Some(give_back) => {
+                    give_back.await;
+                    true
+                }
+                None => false,
+            };
             let (position, window_at, now) = match reply {
                 AdmitReply::Granted { grant, reservation } => {
                     pending.disarm();
@@ -206,6 +255,9 @@ impl Semaphore {
                     if !counted {
                         telemetry::queued(&self.config.metrics, name, position);
                         counted = true;
+                    }
+                    if replaced {
+                        continue;
                     }
                     (position, window_at, now)
                 }
@@ -280,6 +332,24 @@ impl Semaphore {
                     Some(_) => break,
                 }
             }
+        }
+    }
+}
+
+/// A late admission's give-back that [`Semaphore::admit_inner`] has not run yet: run in the
+/// background if the call ends before its request's first reply (a deadline, an error), as
+/// the pending guard cancels the request.
+struct LateGuard(Option<Late>);
+
+impl Drop for LateGuard {
+    fn drop(&mut self) {
+        let Some(give_back) = self.0.take() else {
+            return;
+        };
+        // Outside a runtime the give-back is dropped unrun: the late admission's permit,
+        // dropped with it, is released by the clean-up (its charge then stands).
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(give_back);
         }
     }
 }
