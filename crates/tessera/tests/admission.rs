@@ -1039,18 +1039,7 @@ async fn admissions_renew_their_place(
         .rate("1000/s".parse().unwrap())
         .unwrap();
     let first = adm.try_acquire().await.unwrap().expect("admitted");
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..5 {
-        let (adm, order) = (adm.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let a = adm.acquire().await.unwrap();
-            order.lock().unwrap().push(i);
-            a.release().await.unwrap();
-        }));
-        // Queued in this order.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (order, waiters) = queue_in_order(&adm, 5).await;
     let sent = backend.admits.load(Relaxed);
     assert_eq!(sent, 6, "one step each to queue");
     tokio::time::sleep(Duration::from_millis(2_000)).await;
@@ -1071,6 +1060,27 @@ async fn admissions_renew_their_place(
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
 }
 
+/// `n` admissions queued one after another (1 ms apart, paused time), each recording its
+/// index in the returned order once admitted, then releasing.
+async fn queue_in_order(
+    adm: &tessera::Admission,
+    n: usize,
+) -> (Arc<Mutex<Vec<usize>>>, Vec<tokio::task::JoinHandle<()>>) {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let (adm, order) = (adm.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let a = adm.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            a.release().await.unwrap();
+        }));
+        // Queued in this order.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    (order, waiters)
+}
+
 /// An admission granted past its use-by instant gives it back and waits again in its own
 /// place, at the head: the admission queued behind it, which that give-back's hand-off wakes,
 /// is not admitted first, however long the request at the head takes to arrive. (Given back
@@ -1089,18 +1099,7 @@ async fn a_late_admission_keeps_its_place_at_the_head() {
         .rate("1000/min".parse().unwrap())
         .unwrap();
     let first = adm.try_acquire().await.unwrap().expect("admitted");
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..4 {
-        let (adm, order) = (adm.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let a = adm.acquire().await.unwrap();
-            order.lock().unwrap().push(i);
-            a.release().await.unwrap();
-        }));
-        // Queued in this order.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (order, waiters) = queue_in_order(&adm, 4).await;
     assert_eq!(store.status("late").await.unwrap().unwrap().queue.len(), 4);
     // Waiter 0's grant comes back late.
     first.release().await.unwrap();
