@@ -432,12 +432,20 @@ impl Tenant {
 /// the permits it would need to reach its floor). Set by an administrator
 /// (`Store::set_tenant_limits`), kept by the store for the name until changed or until the
 /// semaphore is deleted, also while nobody holds or waits.
+///
+/// `window_ceiling` caps the tenant's admissions through the name's rate windows
+/// (`docs/fair-shares.md`, "A ceiling on a share of the windows"): at most that percentage
+/// of each window, whatever the other tenants leave unused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantLimits {
     /// At most this many permits held at once; `None`: no ceiling.
     pub ceiling: Option<u32>,
     /// Permits kept for this tenant while it holds fewer; 0: none.
     pub floor: u32,
+    /// At most this percentage (1 to 100) of each rate window of the name's admissions;
+    /// `None`: no window ceiling. See [`crate::rate::spec::RateConfig::scaled`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ceiling: Option<u8>,
 }
 
 impl TenantLimits {
@@ -458,12 +466,34 @@ impl TenantLimits {
                 ceiling.unwrap_or(max)
             )));
         }
-        Ok(TenantLimits { ceiling, floor })
+        Ok(TenantLimits {
+            ceiling,
+            floor,
+            window_ceiling: None,
+        })
     }
 
-    /// No ceiling and no floor: the same as no limits (setting it removes them).
+    /// The same limits with a ceiling on the tenant's share of each rate window, a
+    /// percentage from 1 to 100 (`None`: none).
+    pub fn with_window_ceiling(
+        mut self,
+        percent: Option<u8>,
+    ) -> Result<TenantLimits, InvalidInput> {
+        if let Some(p) = percent {
+            if p == 0 || p > 100 {
+                return Err(InvalidInput::Other(format!(
+                    "invalid window ceiling {p}%: must be between 1% and 100%"
+                )));
+            }
+        }
+        self.window_ceiling = percent;
+        Ok(self)
+    }
+
+    /// No ceiling, no floor and no window ceiling: the same as no limits (setting it removes
+    /// them).
     pub fn is_none(&self) -> bool {
-        self.ceiling.is_none() && self.floor == 0
+        self.ceiling.is_none() && self.floor == 0 && self.window_ceiling.is_none()
     }
 }
 

@@ -145,6 +145,9 @@ pub struct Capabilities {
     pub fair_shares: bool,
     /// Whether the store keeps tenants' ceilings and floors ([`Backend::set_tenant_limits`]).
     pub tenant_limits: bool,
+    /// Whether the store keeps tenants' window ceilings ([`TenantLimits::window_ceiling`])
+    /// and holds admissions to them.
+    pub window_ceilings: bool,
     /// How many new requests (acquires, try-acquires and admissions, as first sent) one
     /// process sends to one semaphore at once; the others wait in the process, taking turns
     /// by tenant (`docs/fair-shares.md`, "A process's own arrivals"). 0: no limit. Set by
@@ -171,6 +174,7 @@ impl Capabilities {
             max_weight: MAX_CAPACITY,
             fair_shares: false,
             tenant_limits: false,
+            window_ceilings: false,
             arrivals_in_flight: 0,
         }
     }
@@ -185,6 +189,12 @@ impl Capabilities {
     /// The same, keeping tenants' ceilings and floors.
     pub const fn with_tenant_limits(mut self) -> Capabilities {
         self.tenant_limits = true;
+        self
+    }
+
+    /// The same, keeping tenants' window ceilings.
+    pub const fn with_window_ceilings(mut self) -> Capabilities {
+        self.window_ceilings = true;
         self
     }
 

@@ -274,6 +274,12 @@ impl Store {
                 self.url()
             )));
         }
+        if limits.window_ceiling.is_some() && !self.backend().capabilities().window_ceilings {
+            return Err(Error::Unsupported(format!(
+                "{} keeps no tenant window ceilings",
+                self.url()
+            )));
+        }
         self.backend()
             .set_tenant_limits(&name, tenant.name(), limits)
             .await

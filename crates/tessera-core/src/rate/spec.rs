@@ -275,6 +275,36 @@ impl RateConfig {
         self.margin = margin;
         Ok(self)
     }
+    /// A tenant's own limiter under a window ceiling of `percent` (`docs/fair-shares.md`):
+    /// each limit `N per L` becomes `max(1, floor(N × percent / 100)) per L`, a smooth burst
+    /// `B` likewise, in the same mode with the same margin. `percent` is 1 to 100 (checked
+    /// by [`crate::model::TenantLimits::with_window_ceiling`]; other values are clamped).
+    pub fn scaled(&self, percent: u8) -> RateConfig {
+        let pct = u64::from(percent.clamp(1, 100));
+        let scale = |n: u32| ((u64::from(n) * pct / 100) as u32).max(1);
+        let limits: Vec<RateSpec> = self
+            .limits
+            .iter()
+            .map(|l| RateSpec {
+                period: l.period,
+                count: scale(l.count),
+            })
+            .collect();
+        let mode = match self.mode {
+            RateMode::Exact => RateMode::Exact,
+            RateMode::Smooth { burst } => RateMode::Smooth {
+                burst: scale(burst),
+            },
+        };
+        let mut sorted = limits;
+        sorted.sort();
+        sorted.dedup();
+        RateConfig {
+            limits: sorted,
+            mode,
+            margin: self.margin,
+        }
+    }
     /// The limits, sorted by period then count.
     pub fn limits(&self) -> &[RateSpec] {
         &self.limits

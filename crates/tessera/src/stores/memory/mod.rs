@@ -154,7 +154,10 @@ impl Backend for MemoryBackend {
         Ok(self.run(|m, _, w| m.delete(name, w)))
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_fair_shares().with_tenant_limits()
+        Capabilities::push()
+            .with_fair_shares()
+            .with_tenant_limits()
+            .with_window_ceilings()
     }
     async fn set_tenant_limits(
         &self,
@@ -208,9 +211,13 @@ impl AdmissionBackend for MemoryBackend {
     }
     async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         self.run(|m, now, w| {
+            let tenant = m.holder_tenant(name, lease);
             let released = m.release(name, lease, now, w);
             let mut rate = self.rate.lock().unwrap();
             rate.undo(name, g.reservation, g.at, now, true)?;
+            if let Some(t) = tenant.as_deref().filter(|_| released) {
+                rate.undo_tenant(name, t, g.reservation, g.at, now)?;
+            }
             if g.expired && released {
                 rate.count_expired(name, now)?;
             }
@@ -219,11 +226,12 @@ impl AdmissionBackend for MemoryBackend {
     }
     async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
         self.run(|m, now, w| {
+            let tenant = m.holder_tenant(name, lease);
             let released = m.release(name, lease, now, w);
             self.rate
                 .lock()
                 .unwrap()
-                .settle(name, settlement, released, now)?;
+                .settle(name, tenant.as_deref(), settlement, released, now)?;
             Ok(released)
         })
     }

@@ -150,6 +150,9 @@ struct SemState {
     /// Tenants' ceilings and floors (a copy of [`Model::limits`]); empty: none, and every
     /// step runs as without them.
     limits: TenantLimitMap,
+    /// Tenants whose own limiter (under a window ceiling) refused an admission, until the
+    /// instant it would admit it: their admission waiters are skipped for the head.
+    window_capped: HashMap<Box<str>, StoreTime, foldhash::fast::RandomState>,
 }
 
 /// What to deliver after a step: the grants made to waiters (pushed with their wake-up, so
@@ -187,6 +190,7 @@ impl SemState {
             seat_high: 0,
             free_low: BTreeSet::new(),
             limits: TenantLimitMap::new(),
+            window_capped: HashMap::default(),
         }
     }
 
@@ -272,7 +276,7 @@ impl SemState {
             let key = match floor {
                 Some(key) => key,
                 None => {
-                    let Some(key) = self.head_key() else { break };
+                    let Some(key) = self.head_key(now) else { break };
                     let q = &self.queue[&key];
                     if !self.may_grant(q.waiter.tenant.as_deref(), q.waiter.weight) {
                         break;
@@ -365,16 +369,28 @@ impl SemState {
         weight as u64 + kept <= self.available() as u64
     }
 
-    /// The head: the first waiter whose tenant is not at its ceiling for it (without
-    /// limits, the first waiter).
-    fn head_key(&self) -> Option<QueueKey> {
+    /// The head: the first waiter whose tenant is not at its ceiling for it, and that is not
+    /// an admission waiter of a tenant window-capped at `now` (without limits, the first
+    /// waiter).
+    fn head_key(&self, now: StoreTime) -> Option<QueueKey> {
         if self.limits.is_empty() {
             return self.queue.first_key_value().map(|(&k, _)| k);
         }
         self.queue
             .iter()
-            .find(|(_, q)| !self.capped(q.waiter.tenant.as_deref(), q.waiter.weight))
+            .find(|(_, q)| {
+                let t = q.waiter.tenant.as_deref();
+                !self.capped(t, q.waiter.weight)
+                    && !(q.gate.is_some() && self.window_capped(t, now))
+            })
             .map(|(&k, _)| k)
+    }
+
+    /// Whether `tenant` has a window ceiling whose own limiter refused it until after `now`.
+    fn window_capped(&self, tenant: Option<&str>, now: StoreTime) -> bool {
+        let Some(t) = tenant else { return false };
+        self.limits_of(tenant).window_ceiling.is_some()
+            && self.window_capped.get(t).is_some_and(|&until| until > now)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -528,8 +544,8 @@ impl SemState {
     }
 
     /// Whether a request with this start tag, arriving now, would be the head.
-    fn would_lead(&self, start: u64) -> bool {
-        self.head_key()
+    fn would_lead(&self, start: u64, now: StoreTime) -> bool {
+        self.head_key(now)
             .is_none_or(|first| (start, self.next_seq) < first)
     }
 
@@ -694,6 +710,11 @@ impl Model {
         Ok(())
     }
 
+    /// The tenant of `name`'s holder `lease`, if it is held and named one.
+    pub(crate) fn holder_tenant(&self, name: &Name, lease: LeaseId) -> Option<Box<str>> {
+        self.sems.get(name)?.holders.get(&lease)?.tenant.clone()
+    }
+
     /// The tenants' limits kept for `name`.
     pub(crate) fn tenant_limits(&self, name: &Name) -> BTreeMap<String, TenantLimits> {
         self.limits.get(name).map_or_else(BTreeMap::new, |m| {
@@ -751,7 +772,7 @@ impl Model {
             let tags = st.tags(req.tenant.as_ref(), req.weight);
             let tenant = req.tenant.as_ref().map(Tenant::name);
             // With limits, a tenant below its floor goes ahead of the queue.
-            let first = st.would_lead(tags.0) || st.below_floor(tenant, req.weight);
+            let first = st.would_lead(tags.0, now) || st.below_floor(tenant, req.weight);
             if first && st.may_grant(tenant, req.weight) {
                 st.take_tags(req.tenant.as_ref(), tags, true);
                 let lease = st.grant(
@@ -813,9 +834,9 @@ impl Model {
         let tags = st.tags(a.tenant.as_ref(), req.cost);
         let tenant = a.tenant.as_ref().map(Tenant::name);
         let first = match st.queue_index.get(&a.lease_id) {
-            Some(&key) => st.head_key() == Some(key),
+            Some(&key) => st.head_key(now) == Some(key),
             // A request that gave back an admission it could not use goes first.
-            None => st.would_lead(tags.0) || req.at_head,
+            None => st.would_lead(tags.0, now) || req.at_head,
         };
         let turn = (first || st.below_floor(tenant, a.weight)) && st.may_grant(tenant, a.weight);
         let mut window_at = None;
@@ -825,14 +846,50 @@ impl Model {
                 max_wait: None,
                 update: req.update,
             };
-            match rate.acquire(name, config, &ask, now)? {
-                RateReply::Admitted { reservation, .. } => {
+            // A tenant with a window ceiling: its own limiter first, charging nothing.
+            let own = match (tenant, st.limits_of(tenant).window_ceiling) {
+                (Some(t), Some(pct)) => {
+                    let scaled = config.scaled(pct);
+                    if req.cost > scaled.max_cost() {
+                        return Err(Error::InvalidInput(InvalidInput::Cost {
+                            cost: req.cost,
+                            max: scaled.max_cost(),
+                        }));
+                    }
+                    let refused = rate.tenant_refuses(name, t, &scaled, req.cost, now)?;
+                    Some((t, scaled, refused))
+                }
+                _ => None,
+            };
+            let reply = match &own {
+                Some((t, _, Some(until))) => {
+                    st.window_capped.insert((*t).into(), *until);
+                    match rate.peek(name, config, &ask, now)? {
+                        RateReply::Limited { retry_at, .. } => {
+                            window_at = Some(retry_at.max(*until))
+                        }
+                        RateReply::Admitted { .. } => window_at = Some(*until),
+                    }
+                    // The waiters behind a tenant now capped may be woken.
+                    st.hand_off(now, hwm, wakes);
+                    None
+                }
+                _ => Some(rate.acquire(name, config, &ask, now)?),
+            };
+            match reply {
+                Some(RateReply::Admitted { reservation, .. }) => {
+                    if let Some((t, scaled, None)) = &own {
+                        st.window_capped.remove(*t);
+                        let charged =
+                            rate.charge_tenant(name, t, scaled, req.cost, reservation, now)?;
+                        debug_assert!(charged, "asked in this step");
+                    }
                     match st.queue_index.get(&a.lease_id) {
                         Some(&(start, _)) => st.vtime = st.vtime.max(start),
                         // At the head by a give-back, the virtual time stays where the
                         // head is.
                         None => {
-                            let lead = st.would_lead(tags.0);
+                            let lead = st.would_lead(tags.0, now);
                             st.take_tags(a.tenant.as_ref(), tags, lead)
                         }
                     }
@@ -853,7 +910,8 @@ impl Model {
                         reservation,
                     });
                 }
-                RateReply::Limited { retry_at, .. } => window_at = Some(retry_at),
+                Some(RateReply::Limited { retry_at, .. }) => window_at = Some(retry_at),
+                None => {}
             }
         }
         let gate = window_at.unwrap_or(StoreTime(0));
