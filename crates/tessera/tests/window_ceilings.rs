@@ -227,7 +227,7 @@ async fn window_ceilings_are_kept_checked_and_removed(store: &Store) {
     // A cost above the tenant's share of the smallest window (2 of 10): a typed error,
     // nothing charged, nothing held.
     let bulk = admission(store, "k", "bulk").cost(3).unwrap();
-    let err = bulk.try_acquire().await.err().expect("refused");
+    let err = bulk.try_acquire().await.expect_err("refused");
     assert!(
         matches!(
             err,
