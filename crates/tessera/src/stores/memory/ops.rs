@@ -380,8 +380,8 @@ impl SemState {
             .iter()
             .find(|(_, q)| {
                 let t = q.waiter.tenant.as_deref();
-                !self.capped(t, q.waiter.weight)
-                    && !(q.gate.is_some() && self.window_capped(t, now))
+                let window_capped = q.gate.is_some() && self.window_capped(t, now);
+                !(self.capped(t, q.waiter.weight) || window_capped)
             })
             .map(|(&k, _)| k)
     }
