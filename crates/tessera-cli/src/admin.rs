@@ -94,8 +94,9 @@ pub async fn delete(store_url: Option<&str>, name: &str) -> Outcome {
     Ok(exit::OK)
 }
 
-/// `tessera tenants NAME [TENANT --ceiling N --floor N | TENANT --clear]`: with a tenant,
-/// sets (or clears) its ceiling and floor on NAME and prints the line of what is kept now;
+/// `tessera tenants NAME [TENANT --ceiling N --floor N --window-ceiling P% | TENANT
+/// --clear]`: with a tenant, sets (or clears) its limits on NAME (all of them: one left out
+/// is removed) and prints the line of what is kept now;
 /// without, lists every tenant's (`--json`: an object by tenant).
 pub async fn tenants(store_url: Option<&str>, cmd: TenantsCmd) -> Outcome {
     Name::new(&cmd.name)?;
@@ -115,7 +116,8 @@ pub async fn tenants(store_url: Option<&str>, cmd: TenantsCmd) -> Outcome {
     tessera::Tenant::new(tenant, 1)?;
     let limits = match cmd.clear {
         true => TenantLimits::default(),
-        false => TenantLimits::new(cmd.ceiling, cmd.floor.unwrap_or(0))?,
+        false => TenantLimits::new(cmd.ceiling, cmd.floor.unwrap_or(0))?
+            .with_window_ceiling(cmd.window_ceiling)?,
     };
     // Limits are set ahead of the traffic they shape: the store is created if needed.
     let store = crate::store_url::connect(store_url).await?;
@@ -147,19 +149,36 @@ pub struct TenantsCmd {
     /// Permits kept for the tenant while it holds fewer (at most the ceiling; left out: 0)
     #[arg(long, value_name = "N", requires = "tenant", conflicts_with = "clear")]
     pub floor: Option<u32>,
-    /// Remove the tenant's ceiling and floor
+    /// At most this share of each rate window of NAME's admissions for the tenant, a
+    /// percentage 1..=100 (`20%` or `20`; left out: none)
+    #[arg(long, value_name = "PERCENT", requires = "tenant", conflicts_with = "clear", value_parser = percent)]
+    pub window_ceiling: Option<u8>,
+    /// Remove the tenant's limits
     #[arg(long, requires = "tenant")]
     pub clear: bool,
-    /// Print the limits as JSON: an object by tenant, {"ceiling": N or null, "floor": N}
+    /// Print the limits as JSON: an object by tenant, {"ceiling": N or null, "floor": N},
+    /// with "window_ceiling": P where one is set
     #[arg(long)]
     pub json: bool,
+}
+
+/// A percentage of `--window-ceiling`: `20%` or `20`, 1 to 100.
+fn percent(s: &str) -> Result<u8, String> {
+    let digits = s.strip_suffix('%').unwrap_or(s);
+    match digits.parse::<u8>() {
+        Ok(p) if (1..=100).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage from 1% to 100%")),
+    }
 }
 
 fn describe(l: TenantLimits) -> String {
     let ceiling = l
         .ceiling
         .map_or("no ceiling".into(), |c| format!("ceiling {c}"));
-    format!("{ceiling}, floor {}", l.floor)
+    let window = l.window_ceiling.map_or(String::new(), |p| {
+        format!(", at most {p}% of each rate window")
+    });
+    format!("{ceiling}, floor {}{window}", l.floor)
 }
 
 fn print_limits(name: &str, kept: &BTreeMap<String, TenantLimits>, json: bool) {
@@ -172,9 +191,10 @@ fn print_limits(name: &str, kept: &BTreeMap<String, TenantLimits>, json: bool) {
         return;
     }
     let width = kept.keys().map(String::len).max().unwrap_or(0).max(6);
-    println!("{:width$}  CEILING  FLOOR", "TENANT");
+    println!("{:width$}  CEILING  FLOOR  WINDOWS", "TENANT");
     for (tenant, l) in kept {
         let ceiling = l.ceiling.map_or("-".into(), |c| c.to_string());
-        println!("{tenant:width$}  {ceiling:>7}  {:>5}", l.floor);
+        let window = l.window_ceiling.map_or("-".into(), |p| format!("{p}%"));
+        println!("{tenant:width$}  {ceiling:>7}  {:>5}  {window:>7}", l.floor);
     }
 }

@@ -159,7 +159,10 @@ async fn render(store: &Store, args: &StatusArgs) -> Result<(String, u8), Failur
                             .iter()
                             .map(|(t, l)| {
                                 let ceiling = l.ceiling.map_or("-".into(), |c| c.to_string());
-                                format!("{t} ceiling {ceiling} floor {}", l.floor)
+                                let window = l
+                                    .window_ceiling
+                                    .map_or(String::new(), |p| format!(" windows {p}%"));
+                                format!("{t} ceiling {ceiling} floor {}{window}", l.floor)
                             })
                             .collect::<Vec<_>>()
                             .join(", ")
@@ -461,6 +464,7 @@ fn detail(
     if named {
         out += "tenants (holders, waiters and permits per tenant):\n";
         let limited = !limits.is_empty();
+        let windowed = limits.values().any(|l| l.window_ceiling.is_some());
         let rows: Vec<Vec<Option<String>>> = tenants
             .iter()
             .map(|t| {
@@ -475,12 +479,15 @@ fn detail(
                 .to_vec();
                 row.push(limited.then(|| t.ceiling.map_or("-".into(), |c| c.to_string())));
                 row.push(limited.then(|| t.floor.to_string()));
+                row.push(
+                    windowed.then(|| t.window_ceiling.map_or("-".into(), |p| format!("{p}%"))),
+                );
                 row
             })
             .collect();
         out += &table(
             &[
-                "TENANT", "HOLDERS", "USED", "WAITERS", "WAITING", "CEILING", "FLOOR",
+                "TENANT", "HOLDERS", "USED", "WAITERS", "WAITING", "CEILING", "FLOOR", "WINDOWS",
             ],
             &rows,
         );

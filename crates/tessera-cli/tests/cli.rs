@@ -2006,9 +2006,9 @@ fn tenants_sets_lists_and_clears_limits_that_run_obeys() {
     assert_eq!(
         table.lines().collect::<Vec<_>>(),
         [
-            "TENANT  CEILING  FLOOR",
-            "alerts        2      1",
-            "bulk          1      0"
+            "TENANT  CEILING  FLOOR  WINDOWS",
+            "alerts        2      1        -",
+            "bulk          1      0        -"
         ],
         "{table}"
     );

@@ -321,6 +321,7 @@ impl SemaphoreStatus {
                     tenant: t.clone(),
                     ceiling: l.ceiling,
                     floor: l.floor,
+                    window_ceiling: l.window_ceiling,
                     ..TenantUsage::default()
                 },
             );
@@ -364,6 +365,9 @@ pub struct TenantUsage {
     /// Its floor (0: none).
     #[serde(default)]
     pub floor: u32,
+    /// Its window ceiling, a percentage of each rate window, if one is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ceiling: Option<u8>,
 }
 
 /// What the client asks of the store when acquiring.

@@ -150,6 +150,12 @@ pub struct TenantLimitsBody {
     /// the tenant's limits.
     #[schema(example = 1)]
     pub floor: u32,
+    /// At most this percentage (1..=100) of each rate window of the name's admissions for
+    /// the tenant (`docs/fair-shares.md`, "A ceiling on a share of the windows"); absent or
+    /// null: none.
+    #[schema(example = 20, minimum = 1, maximum = 100)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ceiling: Option<u8>,
 }
 
 /// The tenants' ceilings and floors set on a semaphore, by tenant.
@@ -206,6 +212,9 @@ pub struct TenantBody {
     pub ceiling: Option<u32>,
     #[serde(skip_serializing_if = "is_zero")]
     pub floor: u32,
+    /// Its window ceiling (a percentage of each rate window), when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_ceiling: Option<u8>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -254,6 +263,7 @@ impl StatusBody {
                 waiting: t.waiting,
                 ceiling: t.ceiling,
                 floor: t.floor,
+                window_ceiling: t.window_ceiling,
             })
             .collect();
         StatusBody {
@@ -311,7 +321,8 @@ pub async fn set_tenant_limits(
     JsonBody(body): JsonBody<TenantLimitsBody>,
 ) -> Result<Json<TenantLimitsListBody>, ApiError> {
     principal.check(&sem)?;
-    let limits = tessera::TenantLimits::new(body.ceiling, body.floor)?;
+    let limits = tessera::TenantLimits::new(body.ceiling, body.floor)?
+        .with_window_ceiling(body.window_ceiling)?;
     app.bounded(
         "the tenant limits",
         app.store.set_tenant_limits(&sem, &tenant, limits),
@@ -348,6 +359,7 @@ async fn list_tenant_limits(app: &App, sem: &str) -> Result<Json<TenantLimitsLis
             let body = TenantLimitsBody {
                 ceiling: l.ceiling,
                 floor: l.floor,
+                window_ceiling: l.window_ceiling,
             };
             (t, body)
         })
