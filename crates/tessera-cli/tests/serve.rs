@@ -1469,6 +1469,13 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
     })
     .await;
     post(&c, &s.url("/v1/rates/sms/try"), json!({"limits": ["50/s"]})).await;
+    let r = c
+        .put(s.url("/v1/semaphores/reports/tenants/finance"))
+        .json(&json!({"ceiling": 2, "floor": 0, "window_ceiling": 20}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 
     let page = get_text(&c, &s.url("/")).await;
     let id = lease["lease_id"].as_str().unwrap();
@@ -1481,8 +1488,8 @@ async fn metrics_and_the_dashboard_show_holders_queue_and_limiters() {
         "50/s",
         "EventSource",
         "<h4>Tenants</h4>",
-        "<td>finance</td><td>1</td><td>1</td><td>0</td><td>0</td>",
-        "<td><em>none</em></td><td>0</td><td>0</td><td>1</td><td>1</td>",
+        "<td>finance</td><td>1</td><td>1</td><td>0</td><td>0</td><td>at most 2 permits, 20% of each window</td>",
+        "<td><em>none</em></td><td>0</td><td>0</td><td>1</td><td>1</td><td>none</td>",
     ] {
         assert!(page.contains(needle), "no {needle} in the page");
     }

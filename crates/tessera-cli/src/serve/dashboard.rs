@@ -56,9 +56,17 @@ async fn snapshot(app: &App, principal: &Principal) -> Snapshot {
             names.sort();
             for name in names.into_iter().take(MAX_SHOWN) {
                 match app.bounded("the status", app.store.status(&name)).await {
-                    Ok(Ok(Some(s))) => snap
-                        .semaphores
-                        .push(StatusBody::from_status(s, &Default::default())),
+                    Ok(Ok(Some(s))) => {
+                        // The tenants' limits beside their usage (none if unreadable).
+                        let limits = match app
+                            .bounded("the tenant limits", app.store.tenant_limits(&name))
+                            .await
+                        {
+                            Ok(Ok(limits)) => limits,
+                            _ => Default::default(),
+                        };
+                        snap.semaphores.push(StatusBody::from_status(s, &limits))
+                    }
                     Ok(Ok(None)) => {}
                     Ok(Err(e)) => snap.errors.push(format!("{name}: {e}")),
                     Err(e) => snap.errors.push(format!("{name}: {}", e.message)),
@@ -149,6 +157,24 @@ fn ms(ms: u64) -> String {
     }
 }
 
+/// A tenant's limits: its ceiling, floor and window ceiling where set, or "none".
+fn limits_label(t: &super::semaphores::TenantBody) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = t.ceiling {
+        parts.push(format!("at most {c} permits"));
+    }
+    if t.floor > 0 {
+        parts.push(format!("{} kept", t.floor));
+    }
+    if let Some(p) = t.window_ceiling {
+        parts.push(format!("{p}% of each window"));
+    }
+    match parts.is_empty() {
+        true => "none".to_string(),
+        false => parts.join(", "),
+    }
+}
+
 /// A tenant's cell: its name, or "none" for requests that named none.
 fn tenant_label(tenant: &str) -> String {
     match tenant {
@@ -205,16 +231,17 @@ fn render(snap: &Snapshot, out: &mut String) {
         }
         // Per tenant, once a request named one.
         if s.tenants.iter().any(|t| !t.tenant.is_empty()) {
-            out.push_str("<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th></tr></thead><tbody>");
+            out.push_str("<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th><th>limits</th></tr></thead><tbody>");
             for t in &s.tenants {
                 let _ = write!(
                     out,
-                    "<tr class=\"tenant\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    "<tr class=\"tenant\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     tenant_label(&t.tenant),
                     t.holders,
                     t.used,
                     t.waiters,
-                    t.waiting
+                    t.waiting,
+                    limits_label(t)
                 );
             }
             out.push_str("</tbody></table>");
@@ -307,10 +334,15 @@ const PAGE: &str = r##"<!doctype html>
         h += "</tbody></table>";
       }
       if (s.tenants.some(function (t) { return t.tenant !== ""; })) {
-        h += "<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th></tr></thead><tbody>";
+        h += "<h4>Tenants</h4><table><thead><tr><th>tenant</th><th>holders</th><th>permits held</th><th>waiters</th><th>permits asked</th><th>limits</th></tr></thead><tbody>";
         s.tenants.forEach(function (t) {
+          var limits = [];
+          if (t.ceiling != null) limits.push("at most " + t.ceiling + " permits");
+          if (t.floor) limits.push(t.floor + " kept");
+          if (t.window_ceiling != null) limits.push(t.window_ceiling + "% of each window");
           h += '<tr class="tenant"><td>' + (t.tenant === "" ? "<em>none</em>" : esc(t.tenant)) + "</td><td>" + t.holders +
-            "</td><td>" + t.used + "</td><td>" + t.waiters + "</td><td>" + t.waiting + "</td></tr>";
+            "</td><td>" + t.used + "</td><td>" + t.waiters + "</td><td>" + t.waiting + "</td><td>" +
+            (limits.length ? limits.join(", ") : "none") + "</td></tr>";
         });
         h += "</tbody></table>";
       }
