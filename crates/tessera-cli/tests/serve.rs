@@ -1546,6 +1546,13 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
             json!({"limits": ["50/s", "1000/min"]}),
         )
         .await;
+        let r = c
+            .put(s.url("/v1/semaphores/gpu-pool/tenants/research"))
+            .json(&json!({"floor": 0, "window_ceiling": 50}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
     });
     let waiters: Vec<_> = ["eval-job", "batch-job"]
         .iter()
@@ -1597,6 +1604,7 @@ fn the_dashboard_in_a_headless_chromium_shows_a_held_semaphore_and_its_queue() {
         "Queue",
         "Tenants",
         "research",
+        "50% of each window",
         "sms-api",
         "1000/min",
     ] {
