@@ -89,6 +89,12 @@ pub struct WorkerArgs {
     /// Queue this many acquires and wait to be killed, instead of the acquire loop.
     #[arg(long)]
     pub waiters: Option<u32>,
+    /// The tenant every acquire names (`docs/fair-shares.md`), logged once.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// The tenant's share.
+    #[arg(long, default_value_t = 1)]
+    pub share: u32,
 }
 
 impl WorkerArgs {
@@ -114,6 +120,8 @@ impl WorkerArgs {
             write_every_ms: 20,
             waiter_ttl_ms: None,
             waiters: None,
+            tenant: None,
+            share: 1,
         }
     }
 
@@ -134,6 +142,7 @@ impl WorkerArgs {
             ("timeout-ratio", self.timeout_ratio.to_string()),
             ("timeout-ms", self.timeout_ms.to_string()),
             ("write-every-ms", self.write_every_ms.to_string()),
+            ("share", self.share.to_string()),
         ]
         .into_iter()
         .map(|(flag, value)| format!("--{flag}={value}"))
@@ -145,6 +154,7 @@ impl WorkerArgs {
             ("fenced", self.fenced.clone()),
             ("waiter-ttl-ms", self.waiter_ttl_ms.map(|x| x.to_string())),
             ("waiters", self.waiters.map(|x| x.to_string())),
+            ("tenant", self.tenant.clone()),
         ];
         for (flag, value) in options {
             if let Some(value) = value {
@@ -194,6 +204,9 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
     if let Some(ms) = args.waiter_ttl_ms {
         opts = opts.waiter_ttl(Duration::from_millis(ms));
     }
+    if let Some(t) = &args.tenant {
+        opts = opts.tenant(tessera::Tenant::new(t, args.share)?);
+    }
     let sem = Semaphore::new(store, &args.name, args.permits, opts)?;
     if let Some(n) = args.waiters {
         return run_waiters(&sem, n, args).await;
@@ -213,6 +226,12 @@ pub async fn run_worker_on(store: &Store, args: &WorkerArgs) -> anyhow::Result<W
         sem: args.name.clone(),
         capacity: args.permits,
     })?;
+    if let Some(t) = &args.tenant {
+        log.log(EventKind::Tenant {
+            worker: args.worker.clone(),
+            tenant: t.clone(),
+        })?;
+    }
 
     for op in 0..args.ops {
         if duration.is_some_and(|d| started.elapsed() >= d) {

@@ -10,11 +10,22 @@ use tessera_testkit::chaos::{self, Profile, RunConfig, ScenarioReport, StoreSpec
 const CHAOS: &str = env!("CARGO_BIN_EXE_tessera-chaos");
 
 async fn short(store: StoreSpec, scenarios: &[&str]) -> Vec<ScenarioReport> {
+    run(store, scenarios, false).await
+}
+
+/// The scenarios with the workers as three tenants (shares 1, 2, 3; `t0` at a ceiling of
+/// one permit fewer than the capacity, checked in the grant logs like a capacity).
+async fn with_tenants(store: StoreSpec, scenarios: &[&str]) -> Vec<ScenarioReport> {
+    run(store, scenarios, true).await
+}
+
+async fn run(store: StoreSpec, scenarios: &[&str], tenants: bool) -> Vec<ScenarioReport> {
     let cfg = RunConfig {
         store,
         profile: Profile::Short,
         scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
         seed: None,
+        tenants,
     };
     let reports = chaos::run(&cfg).await.expect("the chaos runner failed");
     for r in &reports {
@@ -85,6 +96,30 @@ async fn redis_survives_restarts_client_kills_and_reclaims_abandoned_permits() {
     assert!(get(&reports, "s5-freeze").skipped.is_none());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_with_shares_and_a_ceiling_survive_holder_faults_on_sqlite() {
+    let reports = with_tenants(
+        StoreSpec::Sqlite(None),
+        &["baseline", "s1-kill", "s2-stop", "s10-reclaim"],
+    )
+    .await;
+    assert!(get(&reports, "s1-kill").faults > 0);
+    for name in ["baseline", "s1-kill", "s2-stop"] {
+        assert!(get(&reports, name).grants > 0, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_with_shares_and_a_ceiling_survive_faults_on_redis() {
+    let reports = with_tenants(
+        StoreSpec::Redis(None),
+        &["baseline", "s1-kill", "s3-proxy", "s5-freeze"],
+    )
+    .await;
+    let s3 = get(&reports, "s3-proxy");
+    assert!(s3.faults >= 5 && s3.grants > 0, "{}", s3.summary());
+}
+
 #[test]
 fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
     let out = std::process::Command::new(CHAOS)
@@ -121,6 +156,7 @@ fn the_binary_prints_one_json_object_per_scenario_and_rejects_bad_arguments() {
         &["--store", "redis://10.0.0.1:6379"],
         &["--store", "sqlite", "--scenario", "nope"],
         &["--store", "sqlite", "--profile", "medium"],
+        &["--store", "etcd", "--tenants"],
     ] {
         let out = std::process::Command::new(CHAOS)
             .args(bad)

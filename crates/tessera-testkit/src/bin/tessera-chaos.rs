@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! tessera-chaos --store sqlite|redis|postgres|mariadb|etcd|redis+sentinel|redis+cluster \
-//!               --profile short|long [--scenario NAME[,NAME…]] [--seed N] [--json]
+//!               --profile short|long [--scenario NAME[,NAME…]] [--seed N] [--json] [--tenants]
 //! ```
 //!
 //! Prints one line per scenario (or, with `--json`, one JSON object per line) and exits with
@@ -36,6 +36,10 @@ struct Args {
     /// One JSON object per scenario on stdout.
     #[arg(long)]
     json: bool,
+    /// Workers as three tenants with shares 1, 2 and 3, the first at a ceiling of one
+    /// permit fewer than the capacity (docs/fair-shares.md); not on etcd.
+    #[arg(long)]
+    tenants: bool,
 }
 
 #[tokio::main]
@@ -53,6 +57,7 @@ async fn main() {
         profile: args.profile,
         scenarios: args.scenario,
         seed: args.seed,
+        tenants: args.tenants,
     };
     let json = args.json;
     let print = |r: &chaos::ScenarioReport| {

@@ -65,6 +65,8 @@ pub struct Params {
     pub dead_waiters_polling: u32,
     /// How many times each fault is repeated in a scenario.
     pub rounds: u32,
+    /// Workers as tenants ([`RunConfig::tenants`]).
+    pub tenants: bool,
 }
 
 impl Profile {
@@ -81,6 +83,7 @@ impl Profile {
                 dead_waiters_push: 10_000,
                 dead_waiters_polling: 300,
                 rounds: 1,
+                tenants: false,
             },
             Profile::Long => Params {
                 workers: 8,
@@ -92,6 +95,7 @@ impl Profile {
                 dead_waiters_push: 10_000,
                 dead_waiters_polling: 1_000,
                 rounds: 3,
+                tenants: false,
             },
         }
     }
@@ -241,6 +245,11 @@ pub struct RunConfig {
     pub scenarios: Vec<String>,
     /// Only this seed, if set (instead of the profile's seeds).
     pub seed: Option<u64>,
+    /// Workers as three tenants, `t0`, `t1` and `t2` in turn, with shares 1, 2 and 3
+    /// (`docs/fair-shares.md`); `t0` has a ceiling of one permit fewer than the capacity (at
+    /// least 1), which the grant logs are checked against like a capacity. Not on etcd,
+    /// which refuses tenants.
+    pub tenants: bool,
 }
 
 /// Runs the scenarios and returns one report per scenario and seed.
@@ -257,6 +266,11 @@ pub async fn run_with(
     if let Some(seed) = cfg.seed {
         params.seeds = vec![seed];
     }
+    params.tenants = cfg.tenants;
+    anyhow::ensure!(
+        !(cfg.tenants && matches!(cfg.store, StoreSpec::Etcd(_))),
+        "etcd keeps no tenants (docs/fair-shares.md): run without --tenants"
+    );
     if let StoreSpec::Etcd(_) = cfg.store {
         // etcd keeps leases of whole seconds, at least 2 s (its backend's capabilities).
         let min = std::time::Duration::from_secs(2);

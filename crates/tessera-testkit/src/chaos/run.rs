@@ -72,6 +72,17 @@ impl Run {
         let store = Store::connect(env.url())
             .await
             .with_context(|| format!("connecting to {}", env.url()))?;
+        if params.tenants {
+            let ceiling = params.permits.saturating_sub(1).max(1);
+            store
+                .set_tenant_limits("chaos", "t0", tessera::TenantLimits::new(Some(ceiling), 0)?)
+                .await
+                .context("setting the tenant's ceiling")?;
+            faults.log(EventKind::Capacity {
+                sem: crate::grantlog::tenant_sem("chaos", "t0"),
+                capacity: ceiling,
+            })?;
+        }
         Ok(Run {
             params: params.clone(),
             scenario: scenario.to_string(),
@@ -120,6 +131,15 @@ impl Run {
             fenced: Some(self.fenced.addr()),
             write_every_ms: 20,
             waiter_ttl_ms: Some(self.params.waiter_ttl.as_millis() as u64),
+            tenant: self
+                .params
+                .tenants
+                .then(|| format!("t{}", self.spawned % 3)),
+            share: if self.params.tenants {
+                self.spawned as u32 % 3 + 1
+            } else {
+                1
+            },
             ..WorkerArgs::new(
                 &self.worker_url,
                 &self.name,

@@ -53,6 +53,7 @@ pub fn check_with_grace(
     let mut invoked: HashMap<(String, u64), (String, u32, u64, AcquireMode)> = HashMap::new();
     let mut leases: HashMap<LeaseId, LeaseRec> = HashMap::new();
     let mut order: Vec<LeaseId> = Vec::new();
+    let mut tenant_of: HashMap<String, String> = HashMap::new();
     let stats = &mut report.stats;
     let violations = &mut report.violations;
 
@@ -177,6 +178,9 @@ pub fn check_with_grace(
                     }),
                 }
             }
+            EventKind::Tenant { worker, tenant } => {
+                tenant_of.insert(worker.clone(), tenant.clone());
+            }
             EventKind::Fault { .. } | EventKind::ResourceWrite { .. } => {}
         }
     }
@@ -210,6 +214,24 @@ pub fn check_with_grace(
             });
         }
         by_sem.entry(info.sem.clone()).or_default().push(info);
+    }
+    // A tenant's ceiling: its leases against it, as a capacity (fences and seats are the
+    // semaphore's, checked there).
+    let mut by_tenant: BTreeMap<String, Vec<LeaseInfo>> = BTreeMap::new();
+    for (sem, leases) in &by_sem {
+        for l in leases {
+            if let Some(t) = tenant_of.get(&l.worker) {
+                let key = super::format::tenant_sem(sem, t);
+                if caps.contains_key(&key) {
+                    by_tenant.entry(key).or_default().push(l.clone());
+                }
+            }
+        }
+    }
+    for (key, leases) in &by_tenant {
+        let held: Vec<&LeaseInfo> = leases.iter().filter(|l| l.end_ns > l.start_ns).collect();
+        let max = check_capacity(key, caps[key], &held, violations);
+        stats.max_concurrent_weight.insert(key.clone(), max);
     }
 
     check_no_permits(&events, &caps, grace_ns, violations);
@@ -290,6 +312,7 @@ fn check_no_permits(
 ) {
     let mut ops: Vec<Op> = Vec::new();
     let mut index: HashMap<(&str, u64), usize> = HashMap::new();
+    let mut tenant_of: HashMap<&str, &str> = HashMap::new();
     // Possible end of each lease: its release's return.
     let mut released: HashMap<LeaseId, u64> = HashMap::new();
     for e in events {
@@ -328,87 +351,115 @@ fn check_no_permits(
             } => {
                 released.entry(*lease_id).or_insert(e.t_ns);
             }
+            EventKind::Tenant { worker, tenant } => {
+                tenant_of.insert(worker, tenant);
+            }
             _ => {}
         }
     }
     // Per semaphore: intervals of possible waiting, and of possible holding with a weight.
-    let mut waiting: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
-    let mut holding: HashMap<&str, Vec<(u64, u64, u32)>> = HashMap::new();
+    // A tenant with a ceiling is a semaphore of its own too (its pseudo-semaphore, whose
+    // capacity is the ceiling): its refusals may be explained by its own leases.
+    let keys = |o: &Op| -> Vec<String> {
+        let mut k = vec![o.sem.to_string()];
+        if let Some(t) = tenant_of.get(o.worker) {
+            let key = super::format::tenant_sem(o.sem, t);
+            if caps.contains_key(&key) {
+                k.push(key);
+            }
+        }
+        k
+    };
+    let mut waiting: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
+    let mut holding: HashMap<String, Vec<(u64, u64, u32)>> = HashMap::new();
     for o in &ops {
         let try_mode = o.mode == AcquireMode::TryAcquire;
-        match o.returned {
-            None if !try_mode => {
-                waiting
-                    .entry(o.sem)
-                    .or_default()
-                    .push((o.invoked_ns, u64::MAX));
-                holding
-                    .entry(o.sem)
-                    .or_default()
-                    .push((o.invoked_ns, u64::MAX, o.weight));
-            }
-            None => {}
+        let (wait, hold) = match o.returned {
+            None if !try_mode => (
+                Some((o.invoked_ns, u64::MAX)),
+                Some((o.invoked_ns, u64::MAX, o.weight)),
+            ),
+            None => (None, None),
             Some((
                 t,
                 Outcome::Granted {
                     lease_id, weight, ..
                 },
             )) => {
-                if !try_mode {
-                    waiting.entry(o.sem).or_default().push((o.invoked_ns, t));
-                }
                 let end = released.get(lease_id).copied().unwrap_or(u64::MAX);
-                holding
-                    .entry(o.sem)
-                    .or_default()
-                    .push((o.invoked_ns, end, *weight));
+                (
+                    (!try_mode).then_some((o.invoked_ns, t)),
+                    Some((o.invoked_ns, end, *weight)),
+                )
             }
             Some((t, Outcome::TimedOut | Outcome::Error { .. })) if !try_mode => {
                 let end = t.saturating_add(grace_ns);
-                waiting.entry(o.sem).or_default().push((o.invoked_ns, end));
-                holding
-                    .entry(o.sem)
-                    .or_default()
-                    .push((o.invoked_ns, end, o.weight));
+                (
+                    Some((o.invoked_ns, end)),
+                    Some((o.invoked_ns, end, o.weight)),
+                )
             }
-            Some(_) => {}
+            Some(_) => (None, None),
+        };
+        for key in keys(o) {
+            if let Some(w) = wait {
+                waiting.entry(key.clone()).or_default().push(w);
+            }
+            if let Some(h) = hold {
+                holding.entry(key).or_default().push(h);
+            }
         }
     }
     for o in &ops {
         let Some((returned_ns, Outcome::NoPermit)) = o.returned else {
             continue;
         };
+        let (from, to) = (o.invoked_ns, returned_ns);
+        let overlaps = |a: u64, b: u64| a <= to && b >= from;
+        // The most weight possibly held at one instant of [from, to] on `key`, or `None`
+        // if a waiter there explains the refusal.
+        let possibly_held = |key: &str| -> Option<u64> {
+            if waiting
+                .get(key)
+                .is_some_and(|w| w.iter().any(|&(a, b)| overlaps(a, b)))
+            {
+                return None;
+            }
+            let mut points: Vec<(u64, bool, u32)> = Vec::new();
+            for &(a, b, w) in holding.get(key).map(Vec::as_slice).unwrap_or(&[]) {
+                if overlaps(a, b) {
+                    points.push((a.max(from), false, w));
+                    points.push((b.min(to), true, w));
+                }
+            }
+            // Closed intervals: at equal times, starts (false) before ends (true).
+            points.sort_unstable();
+            let (mut sum, mut max) = (0u64, 0u64);
+            for (_, is_end, w) in points {
+                if is_end {
+                    sum -= w as u64;
+                } else {
+                    sum += w as u64;
+                    max = max.max(sum);
+                }
+            }
+            Some(max)
+        };
         let Some(&capacity) = caps.get(o.sem) else {
             continue; // reported as UnknownCapacity if the semaphore had grants
         };
-        let (from, to) = (o.invoked_ns, returned_ns);
-        let overlaps = |a: u64, b: u64| a <= to && b >= from;
-        if waiting
-            .get(o.sem)
-            .is_some_and(|w| w.iter().any(|&(a, b)| overlaps(a, b)))
-        {
+        let Some(max) = possibly_held(o.sem) else {
+            continue;
+        };
+        if max + o.weight as u64 > capacity as u64 {
             continue;
         }
-        // The most weight possibly held at one instant of [from, to].
-        let mut points: Vec<(u64, bool, u32)> = Vec::new();
-        for &(a, b, w) in holding.get(o.sem).map(Vec::as_slice).unwrap_or(&[]) {
-            if overlaps(a, b) {
-                points.push((a.max(from), false, w));
-                points.push((b.min(to), true, w));
-            }
-        }
-        // Closed intervals: at equal times, starts (false) before ends (true).
-        points.sort_unstable();
-        let (mut sum, mut max) = (0u64, 0u64);
-        for (_, is_end, w) in points {
-            if is_end {
-                sum -= w as u64;
-            } else {
-                sum += w as u64;
-                max = max.max(sum);
-            }
-        }
-        if max + o.weight as u64 <= capacity as u64 {
+        // Refused with permits free: its tenant's ceiling may explain it.
+        let by_ceiling = keys(o).iter().skip(1).any(|key| match possibly_held(key) {
+            None => true,
+            Some(held) => held + o.weight as u64 > caps[key] as u64,
+        });
+        if !by_ceiling {
             violations.push(Violation::NoPermitUnexplained {
                 sem: o.sem.to_string(),
                 worker: o.worker.to_string(),

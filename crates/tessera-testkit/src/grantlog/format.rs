@@ -173,6 +173,20 @@ pub enum EventKind {
         /// `valid_until`); a write sent while merely *believing* to hold is `false`.
         certain: bool,
     },
+    /// A worker's acquires all name this tenant (`docs/fair-shares.md`); its leases count
+    /// against the ceiling of `{sem}/tenant:{tenant}` when a [`EventKind::Capacity`] names one.
+    Tenant {
+        /// The worker.
+        worker: String,
+        /// The tenant.
+        tenant: String,
+    },
+}
+
+/// The pseudo-semaphore whose capacity is `tenant`'s ceiling on `sem` in a grant log: its
+/// leases are the tenant's leases of `sem`, checked against the ceiling as a capacity.
+pub fn tenant_sem(sem: &str, tenant: &str) -> String {
+    format!("{sem}/tenant:{tenant}")
 }
 
 /// The phase of a [`EventKind::Fault`].

@@ -50,7 +50,7 @@ mod violation;
 
 pub use checker::{check, check_with_grace, CANCEL_GRACE_NS, DEADLINE_GRACE_NS};
 pub use format::{
-    instant_to_ns, monotonic_ns, read_logs, AcquireMode, Event, EventKind, EventLog, FaultPhase,
-    Outcome,
+    instant_to_ns, monotonic_ns, read_logs, tenant_sem, AcquireMode, Event, EventKind, EventLog,
+    FaultPhase, Outcome,
 };
 pub use violation::{LeaseInfo, Report, Stats, Violation};

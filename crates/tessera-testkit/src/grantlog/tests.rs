@@ -485,3 +485,41 @@ fn a_timed_acquire_returning_late_is_caught() {
     assert_eq!(kinds(&report), ["deadline_missed"], "{report}");
     assert_eq!(report.max_deadline_overrun_ns, 1900 * MS);
 }
+
+/// A tenant's ceiling ([`tenant_sem`]) is checked like a capacity over that tenant's leases,
+/// and explains that tenant's refusals while the semaphore has permits free (only then).
+#[test]
+fn a_tenants_ceiling_is_checked_and_explains_its_refusals() {
+    let tenants = |log: &mut Log| {
+        log.push(
+            0,
+            EventKind::Capacity {
+                sem: tenant_sem("s", "a"),
+                capacity: 1,
+            },
+        );
+        for (worker, tenant) in [("w1", "a"), ("w2", "a"), ("w3", "b"), ("t", "a")] {
+            let (worker, tenant) = (worker.into(), tenant.into());
+            log.push(0, EventKind::Tenant { worker, tenant });
+        }
+    };
+    let mut log = Log::new("s", 3);
+    tenants(&mut log);
+    log.lease(10, 30, 1, &[0]); // w1, tenant a
+    log.lease(40, 60, 2, &[1]); // w2, tenant a, after w1
+    log.lease(45, 70, 3, &[2]); // w3, tenant b
+                                // Tenant a refused while w2 holds its one permit, with a permit of 3 free.
+    no_permit(&mut log, 50, 52, 1);
+    log.check().assert_ok();
+    // Refused with nothing of tenant a held: not explained by its ceiling.
+    no_permit(&mut log, 80, 82, 1);
+    assert_eq!(kinds(&log.check()), ["no_permit_unexplained"]);
+
+    // Two leases of tenant a at once: over its ceiling, within the capacity.
+    let mut log = Log::new("s", 3);
+    tenants(&mut log);
+    log.lease(10, 50, 1, &[0]); // w1, tenant a
+    log.lease(20, 40, 2, &[1]); // w2, tenant a
+    let report = log.check();
+    assert_eq!(kinds(&report), ["over_capacity"], "{report}");
+}
