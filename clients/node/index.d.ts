@@ -50,15 +50,17 @@ export class Client {
   /** Permits and rate windows in one step (memory, SQLite, Redis, MySQL and PostgreSQL stores). */
   admission(name: string, options: AdmissionOptions): Admission;
   /**
-   * Sets a tenant's ceiling and floor on the semaphore `name` (admin;
+   * Sets a tenant's ceiling, floor and window ceiling on the semaphore `name` (admin;
    * docs/fair-shares.md#ceilings-and-floors); resolves with every tenant's limits after the
-   * change. No ceiling and floor 0 (`setTenantLimits(name, tenant)`) remove them. Checked
-   * first: `InvalidInput` without a `status` for a bad tenant, ceiling or floor (nothing
-   * sent); `InvalidInput` (400) for floors above the capacity, `Unsupported` (501) from a
-   * store that keeps no limits; on error nothing changed.
+   * change. Each call sets all of them; none (`setTenantLimits(name, tenant)`) removes them.
+   * Checked first: `InvalidInput` without a `status` for a bad tenant, ceiling, floor or
+   * window ceiling (nothing sent); `InvalidInput` (400) for floors above the capacity,
+   * `Unsupported` (501) from a store that keeps no limits (or no window ceilings, when one
+   * is given); on error nothing changed.
    */
   setTenantLimits(name: string, tenant: string, limits?: TenantLimitsOptions): Promise<Record<string, TenantLimits>>;
-  /** Every tenant's ceiling and floor set on the semaphore `name`; `{}` when none is set. */
+  /** Every tenant's ceiling, floor and window ceiling set on the semaphore `name`; `{}` when
+   * none is set. */
   tenantLimits(name: string): Promise<Record<string, TenantLimits>>;
 }
 
@@ -69,14 +71,20 @@ export interface TenantLimitsOptions {
   ceiling?: number | null;
   /** Permits kept for the tenant while it holds fewer (0 up to the ceiling; default 0). */
   floor?: number;
+  /** The tenant is admitted at most this percentage (1..100) of each rate window of the
+   * name's admissions (docs/fair-shares.md, "A ceiling on a share of the windows"); null or
+   * absent: none. */
+  windowCeiling?: number | null;
 }
 
-/** A tenant's ceiling and floor on a semaphore, as the server keeps them. */
+/** A tenant's limits on a semaphore, as the server keeps them. */
 export interface TenantLimits {
   /** `null`: no ceiling. */
   ceiling: number | null;
   /** 0: no floor. */
   floor: number;
+  /** Its window ceiling, a percentage of each rate window; absent when none is set. */
+  windowCeiling?: number;
 }
 
 export interface LockOptions extends TenantOptions {
@@ -265,6 +273,8 @@ export interface TenantStatus {
   ceiling?: number;
   /** Its floor, when above 0. */
   floor?: number;
+  /** Its window ceiling (a percentage of each rate window), when one is set. */
+  window_ceiling?: number;
 }
 
 export interface SemaphoreStatus {

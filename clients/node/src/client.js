@@ -20,11 +20,13 @@ import { MAX_WAIT_PER_REQUEST_MS, Transport, segment, timeoutMs } from "./transp
  */
 
 /**
- * A tenant's ceiling and floor on a semaphore (docs/fair-shares.md#ceilings-and-floors).
+ * A tenant's limits on a semaphore (docs/fair-shares.md#ceilings-and-floors).
  * @typedef {object} TenantLimits
  * @property {number | null} ceiling the tenant never holds more than this many permits
  *   (`null`: no ceiling)
  * @property {number} floor permits kept for the tenant while it holds fewer (0: none)
+ * @property {number} [windowCeiling] the tenant is admitted at most this percentage of each
+ *   rate window of the name's admissions (absent: no window ceiling)
  */
 
 /**
@@ -121,32 +123,41 @@ export class Client {
   }
 
   /**
-   * Sets `tenant`'s ceiling and floor on the semaphore `name` (admin;
+   * Sets `tenant`'s ceiling, floor and window ceiling on the semaphore `name` (admin;
    * docs/fair-shares.md#ceilings-and-floors) and resolves with every tenant's limits on it
    * after the change.
    *
    * The tenant never holds more than `ceiling` permits (1..1 000 000; `null` or absent: no
    * ceiling), and `floor` permits (0 up to the ceiling; default 0) are kept for it while it
    * holds fewer: other tenants are not granted the permits it would need to reach its
-   * floor. The server keeps them for the name, also while nobody holds or waits, until they
-   * are changed or the semaphore is deleted; `setTenantLimits(name, tenant)` (no ceiling,
-   * floor 0) removes them. They apply from the server's next grant; a tenant above a
-   * lowered ceiling keeps what it holds.
+   * floor. `windowCeiling` (a percentage, 1..100; `null` or absent: none) caps the tenant's
+   * share of each rate window of the name's admissions (`client.admission`): on `10/min`
+   * with `windowCeiling: 20` the tenant is admitted at most twice in any minute, whatever
+   * the other tenants leave unused, while they are still admitted up to the shared limit
+   * (each limit `N` becomes `max(1, floor(N × windowCeiling / 100))` for the tenant).
+   *
+   * The server keeps the limits for the name, also while nobody holds or waits, until they
+   * are changed or the semaphore is deleted. Each call sets all of them: one left out is
+   * removed, and `setTenantLimits(name, tenant)` (no ceiling, floor 0, no window ceiling)
+   * removes them all. They apply from the server's next grant; a tenant above a lowered
+   * ceiling keeps what it holds.
    *
    * On success the limits are set. On error nothing changed: `InvalidInput` without a
-   * `status` for a bad tenant, ceiling or floor (nothing sent), `InvalidInput` (400) for
-   * floors that would add up above the capacity of a semaphore the server holds,
-   * `Unsupported` (501) from a store that keeps no limits. Tried again after a lost answer
-   * (setting the same values twice is setting them once).
+   * `status` for a bad tenant, ceiling, floor or window ceiling (nothing sent),
+   * `InvalidInput` (400) for floors that would add up above the capacity of a semaphore the
+   * server holds, `Unsupported` (501) from a store that keeps no limits, or no window
+   * ceilings when one is given. Tried again after a lost answer (setting the same values
+   * twice is setting them once).
    *
    * @param {string} name the semaphore
    * @param {string} tenant 1 to 64 bytes (UTF-8), no control characters
-   * @param {{ceiling?: number | null, floor?: number}} [limits]
+   * @param {{ceiling?: number | null, floor?: number, windowCeiling?: number | null}} [limits]
    * @returns {Promise<Record<string, TenantLimits>>}
    *
    * @example
    * await client.setTenantLimits("provider", "newsletter", { ceiling: 2 }); // at most 2
    * await client.setTenantLimits("provider", "checkout", { floor: 1 }); // 1 kept for it
+   * await client.setTenantLimits("sms", "bulk", { windowCeiling: 20 }); // 20% of each window
    * await client.setTenantLimits("provider", "newsletter"); // removed
    */
   async setTenantLimits(name, tenant, limits = {}) {
@@ -157,7 +168,8 @@ export class Client {
   }
 
   /**
-   * Every tenant's ceiling and floor set on the semaphore `name`, by tenant; empty when none
+   * Every tenant's ceiling, floor and window ceiling set on the semaphore `name`, by tenant
+   * (`windowCeiling` only where one is set); empty when none
    * is set (and on a store that keeps none). Tried again after a lost answer.
    * @param {string} name
    * @returns {Promise<Record<string, TenantLimits>>}
@@ -170,7 +182,8 @@ export class Client {
 }
 
 /**
- * The `tenants` object of a tenant-limits answer, with `ceiling` `null` where none is set.
+ * The `tenants` object of a tenant-limits answer, with `ceiling` `null` where none is set
+ * and `windowCeiling` only where one is.
  * @param {any} body
  * @returns {Record<string, TenantLimits>}
  */
@@ -179,7 +192,9 @@ function limitsByTenant(body) {
   return Object.fromEntries(
     Object.entries(body.tenants).map(([tenant, limits]) => [
       tenant,
-      { ceiling: limits.ceiling ?? null, floor: limits.floor ?? 0 },
+      limits.window_ceiling == null
+        ? { ceiling: limits.ceiling ?? null, floor: limits.floor ?? 0 }
+        : { ceiling: limits.ceiling ?? null, floor: limits.floor ?? 0, windowCeiling: limits.window_ceiling },
     ]),
   );
 }

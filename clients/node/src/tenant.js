@@ -10,6 +10,8 @@ export const MAX_TENANT_LEN = 64;
 export const MAX_SHARE = 1000;
 /** The highest ceiling (and floor) of a tenant: the largest capacity. */
 export const MAX_CEILING = 1_000_000;
+/** The highest window ceiling of a tenant, a percentage of each rate window. */
+export const MAX_WINDOW_CEILING = 100;
 
 /**
  * The acquire body's tenant fields for `options.tenant` and `options.share`: none without a
@@ -63,13 +65,15 @@ export function checkTenant(tenant, name) {
 /**
  * The body of a tenant-limits PUT (docs/fair-shares.md#ceilings-and-floors), checked as the
  * server checks it, so that a bad value is refused before anything is sent.
- * @param {{ceiling?: unknown, floor?: unknown}} limits `ceiling`: 1..1 000 000, or
- *   `null`/undefined for none; `floor`: 0 up to the ceiling (default 0)
+ * @param {{ceiling?: unknown, floor?: unknown, windowCeiling?: unknown}} limits `ceiling`:
+ *   1..1 000 000, or `null`/undefined for none; `floor`: 0 up to the ceiling (default 0);
+ *   `windowCeiling`: a percentage 1..100 of each rate window, or `null`/undefined for none
  * @param {string} name the semaphore's name, for the message
- * @returns {{ceiling: number | null, floor: number}}
- * @throws {InvalidInput} a ceiling or floor out of range or not a whole number
+ * @returns {{ceiling: number | null, floor: number, window_ceiling?: number}}
+ * @throws {InvalidInput} a ceiling, floor or window ceiling out of range or not a whole
+ *   number
  */
-export function tenantLimitsBody({ ceiling, floor }, name) {
+export function tenantLimitsBody({ ceiling, floor, windowCeiling }, name) {
   const c = ceiling ?? null;
   if (c !== null && (!Number.isInteger(c) || c < 1 || c > MAX_CEILING)) {
     throw new InvalidInput(
@@ -83,5 +87,12 @@ export function tenantLimitsBody({ ceiling, floor }, name) {
       `invalid floor ${JSON.stringify(floor)} for "${name}": a whole number between 0 and ${c === null ? MAX_CEILING : `the ceiling (${c})`}`,
     );
   }
-  return { ceiling: c, floor: f };
+  const w = windowCeiling ?? null;
+  if (w !== null && (!Number.isInteger(w) || w < 1 || w > MAX_WINDOW_CEILING)) {
+    throw new InvalidInput(
+      `invalid window ceiling ${JSON.stringify(windowCeiling)} for "${name}": null or a whole number (a percentage) between 1 and ${MAX_WINDOW_CEILING}`,
+    );
+  }
+  // Sent only when set (absent: none), so that a request without one reads as before.
+  return w === null ? { ceiling: c, floor: f } : { ceiling: c, floor: f, window_ceiling: w };
 }

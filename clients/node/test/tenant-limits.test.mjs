@@ -1,10 +1,11 @@
-// Tenants' ceilings and floors (docs/fair-shares.md#ceilings-and-floors): set and listed
-// through the client, a ceiling seen by the client's own acquires, removed again, bad values
-// typed with nothing changed, and a store that keeps none is `Unsupported`.
+// Tenants' ceilings and floors (docs/fair-shares.md#ceilings-and-floors) and window ceilings
+// ("A ceiling on a share of the windows"): set and listed through the client, a ceiling seen
+// by the client's own acquires and a window ceiling by its own admissions, removed again, bad
+// values typed with nothing changed, and a store that keeps none is `Unsupported`.
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { Client, InvalidInput, NoPermit, Unsupported } from "../src/index.js";
+import { Client, InvalidInput, NoPermit, NotAdmitted, Unsupported } from "../src/index.js";
 import { startEtcd, startServer, until } from "../testkit/server.mjs";
 
 let server;
@@ -66,6 +67,58 @@ describe("ceilings and floors on memory://", () => {
     // Kept for the name while nobody holds or waits; another name has none.
     assert.equal(await client.lock(name).status(), null);
     assert.deepEqual(await client.tenantLimits(`${name}-other`), {});
+  });
+
+  test("window ceilings set are returned, listed and removed", async () => {
+    const name = "limits/window-listed";
+    assert.deepEqual(await client.setTenantLimits(name, "bulk", { windowCeiling: 20 }), {
+      bulk: { ceiling: null, floor: 0, windowCeiling: 20 },
+    });
+    const expected = {
+      bulk: { ceiling: null, floor: 0, windowCeiling: 20 },
+      web: { ceiling: 3, floor: 1, windowCeiling: 100 },
+    };
+    assert.deepEqual(await client.setTenantLimits(name, "web", { ceiling: 3, floor: 1, windowCeiling: 100 }), expected);
+    assert.deepEqual(await client.tenantLimits(name), expected);
+    assert.deepEqual(await listed(name), {
+      bulk: { ceiling: null, floor: 0, window_ceiling: 20 },
+      web: { ceiling: 3, floor: 1, window_ceiling: 100 },
+    });
+    // Each call sets all of a tenant's limits: a window ceiling left out (or null) is removed.
+    assert.deepEqual(await client.setTenantLimits(name, "web", { ceiling: 3, floor: 1, windowCeiling: null }), {
+      bulk: { ceiling: null, floor: 0, windowCeiling: 20 },
+      web: { ceiling: 3, floor: 1 },
+    });
+    assert.deepEqual((await listed(name)).web, { ceiling: 3, floor: 1 });
+    assert.deepEqual(await client.setTenantLimits(name, "bulk"), { web: { ceiling: 3, floor: 1 } });
+  });
+
+  test("a tenant at its window ceiling is refused while another tenant is admitted", async () => {
+    const name = "limits/window-admitted";
+    // 20% of 10 a minute: bulk is admitted twice in any minute, whatever web leaves unused.
+    await client.setTenantLimits(name, "bulk", { windowCeiling: 20 });
+    const bulk = client.admission(name, { capacity: 5, limits: ["10/min"], tenant: "bulk" });
+    const web = client.admission(name, { capacity: 5, limits: ["10/min"], tenant: "web" });
+    for (let i = 0; i < 2; i++) {
+      const ticket = await bulk.tryAcquire();
+      assert.ok(ticket, `bulk's admission ${i + 1}`);
+      await ticket.release();
+    }
+    assert.equal(await bulk.tryAcquire(), null);
+    await assert.rejects(bulk.acquire({ timeout: 200 }), NotAdmitted);
+    // The shared window has 8 slots left: web is admitted, and bulk still is not.
+    for (let i = 0; i < 3; i++) {
+      const ticket = await web.tryAcquire();
+      assert.ok(ticket, `web's admission ${i + 1}`);
+      await ticket.release();
+    }
+    assert.equal(await bulk.tryAcquire(), null);
+    assert.deepEqual((await status(name)).holders, []);
+    // Without the window ceiling bulk is admitted again from the shared window.
+    await client.setTenantLimits(name, "bulk");
+    const ticket = await bulk.tryAcquire();
+    assert.ok(ticket);
+    await ticket.release();
   });
 
   test("a tenant at its ceiling waits while another tenant is granted", async () => {
@@ -158,6 +211,13 @@ describe("what the client sends", () => {
       ["web", { floor: "0" }, "floor"],
       ["web", { ceiling: 2, floor: 3 }, "floor"],
       ["web", { floor: 1_000_001 }, "floor"],
+      ["web", { windowCeiling: 0 }, "window ceiling"],
+      ["web", { windowCeiling: 101 }, "window ceiling"],
+      ["web", { windowCeiling: -20 }, "window ceiling"],
+      ["web", { windowCeiling: 20.5 }, "window ceiling"],
+      ["web", { windowCeiling: "20%" }, "window ceiling"],
+      ["web", { windowCeiling: true }, "window ceiling"],
+      ["web", { ceiling: 2, floor: 1, windowCeiling: 0 }, "window ceiling"],
     ];
     for (const [tenant, limits, word] of bad) {
       await rejectsWith(stub.setTenantLimits("s", tenant, limits), InvalidInput, undefined, new RegExp(`^invalid ${word} `));
@@ -167,6 +227,8 @@ describe("what the client sends", () => {
     // The bounds themselves pass, and the body is what the server expects.
     await stub.setTenantLimits("jobs/42", "ü".repeat(32), { ceiling: 1_000_000, floor: 1_000_000 });
     await stub.setTenantLimits("s", "web");
+    await stub.setTenantLimits("s", "bulk", { windowCeiling: 1 });
+    await stub.setTenantLimits("s", "bulk", { ceiling: 4, windowCeiling: 100 });
     assert.deepEqual(
       requests.map((r) => [r.method, new URL(r.url).pathname, r.body]),
       [
@@ -176,6 +238,8 @@ describe("what the client sends", () => {
           { ceiling: 1_000_000, floor: 1_000_000 },
         ],
         ["PUT", "/v1/semaphores/s/tenants/web", { ceiling: null, floor: 0 }],
+        ["PUT", "/v1/semaphores/s/tenants/bulk", { ceiling: null, floor: 0, window_ceiling: 1 }],
+        ["PUT", "/v1/semaphores/s/tenants/bulk", { ceiling: 4, floor: 0, window_ceiling: 100 }],
       ],
     );
   });
@@ -222,6 +286,26 @@ describe("a store that keeps no limits", () => {
     } finally {
       await onEtcd.stop();
       await etcd.stop();
+    }
+  });
+
+  test("SQLite, which keeps no window ceilings yet, refuses one as Unsupported (501)", async () => {
+    const onSqlite = await startServer();
+    try {
+      const sqliteClient = new Client(onSqlite.url);
+      await rejectsWith(
+        sqliteClient.setTenantLimits("jobs", "bulk", { ceiling: 2, windowCeiling: 20 }),
+        Unsupported,
+        501,
+        /keeps no tenant window ceilings/,
+      );
+      assert.deepEqual(await sqliteClient.tenantLimits("jobs"), {});
+      // Without one the same store keeps the rest.
+      assert.deepEqual(await sqliteClient.setTenantLimits("jobs", "bulk", { ceiling: 2 }), {
+        bulk: { ceiling: 2, floor: 0 },
+      });
+    } finally {
+      await onSqlite.stop();
     }
   });
 });

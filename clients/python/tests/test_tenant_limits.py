@@ -1,6 +1,7 @@
-"""Tenants' ceilings and floors (docs/fair-shares.md#ceilings-and-floors): set and listed
-through the client, a ceiling seen by the client's own acquires, removed again, bad values
-typed with nothing changed, and a store that keeps none is :class:`Unsupported`."""
+"""Tenants' ceilings and floors (docs/fair-shares.md#ceilings-and-floors) and window ceilings
+("A ceiling on a share of the windows"): set and listed through the client, a ceiling seen
+by the client's own acquires and a window ceiling by its own admissions, removed again, bad
+values typed with nothing changed, and a store that keeps none is :class:`Unsupported`."""
 
 from __future__ import annotations
 
@@ -60,6 +61,56 @@ class TenantLimitsTest(unittest.TestCase):
         # Kept for the name while nobody holds or waits; another name has none.
         self.assertEqual(server.semaphore(self.name)["holders"], [])
         self.assertEqual(self.client.tenant_limits(self.name + "-other"), {})
+
+    def test_window_ceilings_set_are_returned_and_listed_and_removed(self) -> None:
+        after = self.client.set_tenant_limits(self.name, "bulk", window_ceiling=20)
+        self.assertEqual(after, {"bulk": TenantLimits(window_ceiling=20)})
+        after = self.client.set_tenant_limits(self.name, "web", ceiling=3, floor=1, window_ceiling=100)
+        expected = {"bulk": TenantLimits(None, 0, 20), "web": TenantLimits(3, 1, 100)}
+        self.assertEqual(after, expected)
+        self.assertEqual(self.client.tenant_limits(self.name), expected)
+        self.assertEqual(
+            self.listed(),
+            {
+                "bulk": {"ceiling": None, "floor": 0, "window_ceiling": 20},
+                "web": {"ceiling": 3, "floor": 1, "window_ceiling": 100},
+            },
+        )
+        # Each call sets all of a tenant's limits: a window ceiling left out is removed.
+        after = self.client.set_tenant_limits(self.name, "web", ceiling=3, floor=1)
+        self.assertEqual(after, {"bulk": TenantLimits(None, 0, 20), "web": TenantLimits(3, 1)})
+        self.assertEqual(self.listed()["web"], {"ceiling": 3, "floor": 1})
+        self.assertEqual(self.client.set_tenant_limits(self.name, "bulk"), {"web": TenantLimits(3, 1)})
+
+    def test_a_tenant_at_its_window_ceiling_is_refused_while_another_is_admitted(self) -> None:
+        # 20% of 10 a minute: bulk is admitted twice in any minute, whatever web leaves unused.
+        self.client.set_tenant_limits(self.name, "bulk", window_ceiling=20)
+        bulk = self.client.admission(self.name, capacity=5, limits=["10/min"], tenant="bulk")
+        web = self.client.admission(self.name, capacity=5, limits=["10/min"], tenant="web")
+        for _ in range(2):
+            lease = bulk.try_acquire()
+            self.assertIsNotNone(lease)
+            assert lease is not None
+            lease.release()
+        self.assertIsNone(bulk.try_acquire())
+        with self.assertRaises(tessera_client.NotAdmitted):
+            bulk.acquire(timeout=0.2)
+        # The shared window has 8 slots left: web is admitted, and bulk still is not.
+        for _ in range(3):
+            lease = web.try_acquire()
+            self.assertIsNotNone(lease)
+            assert lease is not None
+            lease.release()
+        self.assertIsNone(bulk.try_acquire())
+        self.assertEqual(server.semaphore(self.name)["holders"], [])
+        used = server.rate(self.name)["limits"][0]
+        self.assertEqual(used["used"] + used["reserved"], 5)
+        # Without the window ceiling bulk is admitted again from the shared window.
+        self.client.set_tenant_limits(self.name, "bulk")
+        lease = bulk.try_acquire()
+        self.assertIsNotNone(lease)
+        assert lease is not None
+        lease.release()
 
     def test_a_tenant_at_its_ceiling_waits_while_another_tenant_is_granted(self) -> None:
         self.client.set_tenant_limits(self.name, "batch", ceiling=1)
@@ -171,6 +222,13 @@ class RefusedBeforeSendingTest(unittest.TestCase):
             ("web", {"floor": False}, "floor"),
             ("web", {"ceiling": 2, "floor": 3}, "floor"),
             ("web", {"floor": 1_000_001}, "floor"),
+            ("web", {"window_ceiling": 0}, "window ceiling"),
+            ("web", {"window_ceiling": 101}, "window ceiling"),
+            ("web", {"window_ceiling": -20}, "window ceiling"),
+            ("web", {"window_ceiling": 20.0}, "window ceiling"),
+            ("web", {"window_ceiling": True}, "window ceiling"),
+            ("web", {"window_ceiling": "20%"}, "window ceiling"),
+            ("web", {"ceiling": 2, "floor": 1, "window_ceiling": 0}, "window ceiling"),
         ]
         aclient = aio.Client(stub.url)
         for tenant, kwargs, word in bad:
@@ -194,6 +252,11 @@ class AsyncTenantLimitsTest(unittest.IsolatedAsyncioTestCase):
             {"batch": TenantLimits(3, 1)},
         )
         self.assertEqual(await client.tenant_limits(name), {"batch": TenantLimits(3, 1)})
+        self.assertEqual(
+            await client.set_tenant_limits(name, "batch", ceiling=3, floor=1, window_ceiling=25),
+            {"batch": TenantLimits(3, 1, 25)},
+        )
+        self.assertEqual(await client.tenant_limits(name), {"batch": TenantLimits(3, 1, 25)})
         self.assertEqual(await client.set_tenant_limits(name, "batch"), {})
 
 
@@ -222,6 +285,19 @@ class UnsupportedTest(unittest.TestCase):
 
         with self.assertRaises(tessera_client.Unsupported):
             asyncio.run(in_asyncio())
+
+    def test_a_store_that_keeps_no_window_ceilings_refuses_one_as_unsupported(self) -> None:
+        on_sqlite = support.Server()  # SQLite keeps ceilings and floors, no window ceilings yet
+        self.addCleanup(on_sqlite.close)
+        client = tessera_client.Client(on_sqlite.url)
+        self.addCleanup(client.close)
+        with self.assertRaises(tessera_client.Unsupported) as caught:
+            client.set_tenant_limits("jobs", "bulk", ceiling=2, window_ceiling=20)
+        self.assertEqual(caught.exception.status, 501)
+        self.assertIn("keeps no tenant window ceilings", caught.exception.message)
+        self.assertEqual(client.tenant_limits("jobs"), {})
+        # Without one the same store keeps the rest.
+        self.assertEqual(client.set_tenant_limits("jobs", "bulk", ceiling=2), {"bulk": TenantLimits(2, 0)})
 
 
 if __name__ == "__main__":

@@ -865,6 +865,108 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
     assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
 }
 
+/// A tenant's window ceiling (docs/fair-shares.md, "A ceiling on a share of the windows")
+/// set with `PUT …/tenants/{tenant}`: listed and shown in the status's tenant rows, a
+/// percentage outside 1..=100 refused with nothing changed, and a store that keeps no window
+/// ceilings (SQLite, for now) answers 501 with nothing kept.
+#[tokio::test]
+async fn a_tenants_window_ceiling_set_over_http_is_listed_shown_and_checked() {
+    let s = Server::start("memory://", &[]);
+    let c = client();
+    let put = |url: String, body: Value| {
+        let c = c.clone();
+        async move {
+            let r = c.put(url).json(&body).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (st, body) = put(
+        s.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"ceiling": null, "floor": 0, "window_ceiling": 20}),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    let kept = json!({"tenants": {"bulk": {"ceiling": null, "floor": 0, "window_ceiling": 20}}});
+    assert_eq!(body, kept);
+    // Another tenant without one: listed without the field.
+    let (st, body) = put(
+        s.url("/v1/semaphores/mail/tenants/alerts"),
+        json!({"ceiling": 2, "floor": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    let kept = json!({"tenants": {
+        "alerts": {"ceiling": 2, "floor": 1},
+        "bulk": {"ceiling": null, "floor": 0, "window_ceiling": 20},
+    }});
+    assert_eq!(body, kept);
+    let (st, listed) = get(&c, &s.url("/v1/semaphores/mail/tenants")).await;
+    assert_eq!(st, 200, "{listed}");
+    assert_eq!(listed, kept);
+    let (st, _) = post(
+        &c,
+        &s.url("/v1/semaphores/mail/acquire"),
+        json!({"capacity": 3, "tenant": "bulk"}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, sem) = get(&c, &s.url("/v1/semaphores/mail")).await;
+    assert_eq!(
+        sem["tenants"],
+        json!([
+            {"tenant": "alerts", "holders": 0, "used": 0, "waiters": 0, "waiting": 0,
+             "ceiling": 2, "floor": 1},
+            {"tenant": "bulk", "holders": 1, "used": 1, "waiters": 0, "waiting": 0,
+             "window_ceiling": 20},
+        ]),
+        "{sem}"
+    );
+    for bad in [0, 101] {
+        let (st, e) = put(
+            s.url("/v1/semaphores/mail/tenants/bulk"),
+            json!({"ceiling": null, "floor": 0, "window_ceiling": bad}),
+        )
+        .await;
+        assert_error(st, &e, StatusCode::BAD_REQUEST, "invalid_input");
+        assert!(
+            e["message"].as_str().unwrap().contains("window ceiling"),
+            "{e}"
+        );
+    }
+    let (_, listed) = get(&c, &s.url("/v1/semaphores/mail/tenants")).await;
+    assert_eq!(listed, kept);
+    // Clearing it: the tenant's row goes, the other stays.
+    let (st, body) = put(
+        s.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"ceiling": null, "floor": 0, "window_ceiling": null}),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"tenants": {"alerts": {"ceiling": 2, "floor": 1}}})
+    );
+
+    // SQLite keeps ceilings and floors but no window ceilings yet: 501, nothing kept.
+    let dir = tempfile::tempdir().unwrap();
+    let on_sqlite = Server::start(&sqlite(dir.path()), &[]);
+    let (st, e) = put(
+        on_sqlite.url("/v1/semaphores/mail/tenants/bulk"),
+        json!({"ceiling": 1, "floor": 0, "window_ceiling": 20}),
+    )
+    .await;
+    assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("no tenant window ceilings"),
+        "{e}"
+    );
+    let (_, listed) = get(&c, &on_sqlite.url("/v1/semaphores/mail/tenants")).await;
+    assert_eq!(listed, json!({"tenants": {}}));
+}
+
 /// The same through a server on a throwaway Redis.
 #[tokio::test]
 async fn an_admission_takes_permits_and_windows_at_once_over_http_on_redis() {

@@ -360,11 +360,20 @@ class Client:
         )
 
     async def set_tenant_limits(
-        self, name: str, tenant: str, *, ceiling: int | None = None, floor: int = 0
+        self,
+        name: str,
+        tenant: str,
+        *,
+        ceiling: int | None = None,
+        floor: int = 0,
+        window_ceiling: int | None = None,
     ) -> dict[str, _sync.TenantLimits]:
-        """See :meth:`tessera_client.Client.set_tenant_limits`."""
+        """See :meth:`tessera_client.Client.set_tenant_limits`: ``tenant``'s ceiling, floor
+        and window ceiling (a percentage of each rate window of the name's admissions)."""
         return await _in_thread(
-            lambda: self._sync.set_tenant_limits(name, tenant, ceiling=ceiling, floor=floor)
+            lambda: self._sync.set_tenant_limits(
+                name, tenant, ceiling=ceiling, floor=floor, window_ceiling=window_ceiling
+            )
         )
 
     async def tenant_limits(self, name: str) -> dict[str, _sync.TenantLimits]:

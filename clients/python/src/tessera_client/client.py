@@ -57,6 +57,9 @@ MAX_SHARE = 1000
 #: The highest ceiling (and floor) of a tenant: the largest capacity.
 MAX_CEILING = 1_000_000
 
+#: The highest window ceiling of a tenant, a percentage of each rate window.
+MAX_WINDOW_CEILING = 100
+
 
 def _check_tenant(tenant: object) -> str:
     """``tenant``, checked as the server checks it: :class:`InvalidInput` unless it is 1 to
@@ -273,32 +276,46 @@ class Client:
         )
 
     def set_tenant_limits(
-        self, name: str, tenant: str, *, ceiling: int | None = None, floor: int = 0
+        self,
+        name: str,
+        tenant: str,
+        *,
+        ceiling: int | None = None,
+        floor: int = 0,
+        window_ceiling: int | None = None,
     ) -> dict[str, TenantLimits]:
-        """Sets ``tenant``'s ceiling and floor on the semaphore ``name`` (admin;
-        docs/fair-shares.md) and returns every tenant's limits on it after the change.
+        """Sets ``tenant``'s ceiling, floor and window ceiling on the semaphore ``name``
+        (admin; docs/fair-shares.md) and returns every tenant's limits on it after the change.
 
         The tenant never holds more than ``ceiling`` permits (1 to 1,000,000; None: no
         ceiling), and ``floor`` permits (0 to the ceiling) are kept for it while it holds
         fewer: other tenants are not granted the permits it would need to reach its floor.
-        The server keeps them for the name, also while nobody holds or waits, until they
-        are changed or the semaphore is deleted; ``set_tenant_limits(name, tenant)`` (no
-        ceiling, floor 0) removes them. They apply from the server's next grant; a tenant
+        ``window_ceiling`` (a percentage, 1 to 100; None: none) caps the tenant's share of
+        each rate window of the name's admissions (:meth:`admission`): on ``10/min`` with
+        ``window_ceiling=20`` the tenant is admitted at most twice in any minute, whatever
+        the other tenants leave unused, while they are still admitted up to the shared limit
+        (each limit ``N`` becomes ``max(1, N * window_ceiling // 100)`` for the tenant).
+
+        The server keeps the limits for the name, also while nobody holds or waits, until
+        they are changed or the semaphore is deleted. Each call sets all of them: one left
+        out is removed, and ``set_tenant_limits(name, tenant)`` (no ceiling, floor 0, no
+        window ceiling) removes them all. They apply from the server's next grant; a tenant
         above a lowered ceiling keeps what it holds.
 
-        On success the limits are set. A bad tenant, ceiling or floor raises
+        On success the limits are set. A bad tenant, ceiling, floor or window ceiling raises
         :class:`InvalidInput` (``status`` None) before anything is sent; floors that would
         add up above the capacity of a semaphore the server holds raise
-        :class:`InvalidInput` (400), and a store that keeps no limits :class:`Unsupported`
-        (501): on either error nothing changed. Retried after a dropped connection (setting
-        the same values twice is setting them once).
+        :class:`InvalidInput` (400), and a store that keeps no limits, or no window ceilings
+        when one is given, :class:`Unsupported` (501): on either error nothing changed.
+        Retried after a dropped connection (setting the same values twice is setting them
+        once).
         """
-        body = _limits_body(ceiling, floor)
+        body = _limits_body(ceiling, floor, window_ceiling)
         path = f"/v1/semaphores/{quote(name)}/tenants/{quote(_check_tenant(tenant))}"
         return _tenant_limits(self._transport.call("PUT", path, body, retry=True).body)
 
     def tenant_limits(self, name: str) -> dict[str, TenantLimits]:
-        """Every tenant's ceiling and floor set on the semaphore ``name``, by tenant; empty
+        """Every tenant's ceiling, floor and window ceiling set on the semaphore ``name``, by tenant; empty
         when none is set (and on a store that keeps none). Retried after a dropped
         connection."""
         path = f"/v1/semaphores/{quote(name)}/tenants"
@@ -479,16 +496,18 @@ def _wait_out(e: errors.TesseraError, clock: Clock, deadline: float | None, canc
 
 @dataclass(frozen=True)
 class TenantLimits:
-    """A tenant's ceiling and floor on a semaphore (docs/fair-shares.md), as
+    """A tenant's limits on a semaphore (docs/fair-shares.md), as
     :meth:`Client.tenant_limits` lists them: the tenant never holds more than ``ceiling``
-    permits (None: no ceiling), and ``floor`` permits are kept for it while it holds fewer
-    (0: none)."""
+    permits (None: no ceiling), ``floor`` permits are kept for it while it holds fewer
+    (0: none), and it is admitted at most ``window_ceiling`` percent of each rate window of
+    the name's admissions (None: no window ceiling)."""
 
     ceiling: int | None = None
     floor: int = 0
+    window_ceiling: int | None = None
 
 
-def _limits_body(ceiling: int | None, floor: int) -> dict[str, Any]:
+def _limits_body(ceiling: int | None, floor: int, window_ceiling: int | None = None) -> dict[str, Any]:
     """The body of a tenant-limits PUT, checked as the server checks it, so that a bad value
     raises :class:`InvalidInput` before anything is sent."""
     if ceiling is not None and (
@@ -503,12 +522,24 @@ def _limits_body(ceiling: int | None, floor: int) -> dict[str, Any]:
             f"invalid floor {floor!r}: a whole number between 0 and "
             + (f"{MAX_CEILING}" if ceiling is None else f"the ceiling ({ceiling})")
         )
-    return {"ceiling": ceiling, "floor": floor}
+    if window_ceiling is not None and (
+        isinstance(window_ceiling, bool)
+        or not isinstance(window_ceiling, int)
+        or not 1 <= window_ceiling <= MAX_WINDOW_CEILING
+    ):
+        raise errors.InvalidInput(
+            f"invalid window ceiling {window_ceiling!r}: None or a whole number (a percentage)"
+            f" between 1 and {MAX_WINDOW_CEILING}"
+        )
+    body: dict[str, Any] = {"ceiling": ceiling, "floor": floor}
+    if window_ceiling is not None:
+        body["window_ceiling"] = window_ceiling
+    return body
 
 
 def _tenant_limits(body: dict[str, Any]) -> dict[str, TenantLimits]:
     return {
-        tenant: TenantLimits(limits.get("ceiling"), limits.get("floor", 0))
+        tenant: TenantLimits(limits.get("ceiling"), limits.get("floor", 0), limits.get("window_ceiling"))
         for tenant, limits in body["tenants"].items()
     }
 
