@@ -35,6 +35,16 @@ async fn memory(test: &str) -> Fixture {
     }
 }
 
+/// A throwaway PostgreSQL server (stopped on drop), its schema named after the test.
+#[cfg(feature = "postgres")]
+async fn postgres(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::postgres::PostgresServer::start();
+    Fixture {
+        store: Store::connect(&server.url_with_schema(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
 /// Every test below, run on the store `$make` connects (a function of the test's name).
 macro_rules! on_store {
     ($store:ident, $make:path) => {
@@ -73,6 +83,8 @@ macro_rules! on_store {
 }
 
 on_store!(memory_store, memory);
+#[cfg(feature = "postgres")]
+on_store!(postgres_store, postgres);
 
 /// Limits with only a window ceiling of `percent`.
 fn window(percent: u8) -> TenantLimits {
