@@ -285,7 +285,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7,8,9,10"
+        "1,2,3,4,5,6,7,8,9,10,11"
     );
 }
 
@@ -813,7 +813,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -824,7 +824,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -836,7 +836,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -891,7 +891,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "9");
+    assert_eq!(revision(), "10");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -903,11 +903,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "9");
+    assert_eq!(revision(), "10");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9,10,11");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -962,7 +962,7 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
          DELETE FROM pre.tessera_migrations WHERE version >= 8",
     );
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9,10,11");
     assert!(pg.capabilities().fair_shares);
     let t = LeaseId::random();
     let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
@@ -1047,7 +1047,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     }
     assert_eq!(heartbeat(&mut old, w1).await, "waiting");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9,10,11");
     // The previous build's acquire with a tenant: its columns, the new function.
     let t = LeaseId::random();
     let row = sqlx::query(
@@ -1107,11 +1107,12 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     // function); its heartbeat here a stub of the same shape answering 'waiting'.
     server.psql(
         "DROP TABLE ten.tessera_limits; DROP INDEX ten.tessera_waiters_by_tenant; \
-         DROP FUNCTION ten.tessera_set_tenant_limits(text, text, bigint, bigint, text); \
+         DROP FUNCTION ten.tessera_set_tenant_limits(text, text, bigint, bigint, text, bigint); \
          ALTER TABLE ten.tessera_semaphores DROP COLUMN limits, DROP COLUMN tag_low; \
          ALTER TYPE ten.tessera_step DROP ATTRIBUTE limits, DROP ATTRIBUTE low, \
            DROP ATTRIBUTE lim_tenant, DROP ATTRIBUTE lim_ceiling, DROP ATTRIBUTE lim_floor, \
-           DROP ATTRIBUTE lim_held; \
+           DROP ATTRIBUTE lim_held, DROP ATTRIBUTE lim_window, DROP ATTRIBUTE lim_capped, \
+           DROP ATTRIBUTE hit_tenant; \
          DROP FUNCTION ten.tessera_heartbeat(text, text, bigint); \
          CREATE FUNCTION ten.tessera_heartbeat(p_name text, p_lease text, p_waiter_ttl bigint) \
          RETURNS TABLE (outcome text, now_us bigint, weight bigint, seats int4[], \
@@ -1159,7 +1160,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     }
     assert_eq!(heartbeat(&mut old, w1).await, "waiting");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "ten"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "ten"), "1,2,3,4,5,6,7,8,9,10,11");
     assert!(pg.capabilities().tenant_limits);
     // The rows are kept.
     let status = pg.status(&n).await.unwrap().unwrap();
@@ -1187,6 +1188,162 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     // Billing's own release lets its next one in.
     assert!(pg.release(&n, b1).await.unwrap());
     assert_eq!(heartbeat(&mut old, b2).await, "granted");
+}
+
+/// A tenant's own limiter under a window ceiling is saved with the configuration the
+/// functions scale (`tessera__rate_scaled`): its text is `RateConfig::scaled(pct).encode()`,
+/// and its counts, emission intervals and largest cost are the scaled configuration's, for
+/// exact and smooth limits, with and without a margin, and limits that scaling makes equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_functions_scale_limits_as_rate_config_scaled() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("scaled");
+    drop(PostgresBackend::connect(&url).await.unwrap());
+    let spec = |s: &str| s.parse::<RateSpec>().unwrap();
+    let configs = [
+        RateConfig::new(&[spec("10/min")], RateMode::Exact).unwrap(),
+        RateConfig::new(&[spec("50/s"), spec("1000/min")], RateMode::Exact)
+            .unwrap()
+            .with_margin(Duration::from_secs(1))
+            .unwrap(),
+        RateConfig::new(&[spec("10/s"), spec("12/s")], RateMode::Exact).unwrap(),
+        RateConfig::new(
+            &[spec("10/s"), spec("300/min")],
+            RateMode::Smooth { burst: 5 },
+        )
+        .unwrap()
+        .with_margin(Duration::from_millis(20))
+        .unwrap(),
+    ];
+    let list = |v: Vec<u64>| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    for config in &configs {
+        let n = list(
+            config
+                .limits()
+                .iter()
+                .map(|l| u64::from(l.count()))
+                .collect(),
+        );
+        let l = list(
+            config
+                .limits()
+                .iter()
+                .map(|l| config.window_us(l))
+                .collect(),
+        );
+        for pct in [1u8, 7, 20, 33, 50, 99, 100] {
+            let scaled = config.scaled(pct);
+            let windows: Vec<u64> = scaled
+                .limits()
+                .iter()
+                .map(|l| scaled.window_us(l))
+                .collect();
+            let counts: Vec<u64> = scaled
+                .limits()
+                .iter()
+                .map(|l| u64::from(l.count()))
+                .collect();
+            let intervals = windows
+                .iter()
+                .zip(&counts)
+                .map(|(w, c)| w.div_ceil(*c))
+                .collect();
+            let want = format!(
+                "{} {} {} {} {}",
+                scaled.encode(),
+                scaled.max_cost(),
+                list(counts),
+                list(windows),
+                list(intervals)
+            );
+            let got = server.psql(&format!(
+                "SET search_path TO scaled; \
+                 SELECT concat_ws(' ', config, max_cost, array_to_string(n, ','), \
+                   array_to_string(l, ','), array_to_string(t, ',')) \
+                 FROM tessera__rate_scaled('{}', '{{{n}}}', '{{{l}}}', {}, {pct})",
+                config.encode(),
+                config.mode().burst()
+            ));
+            assert_eq!(got, want, "{} at {pct}%", config.encode());
+        }
+    }
+}
+
+/// A schema at version 10 with a holder, a waiter and a tenant's limits gains window ceilings
+/// (migration 11) at the next connect: its rows and limits are kept, the two functions whose
+/// arguments changed are replaced (no second one of either is left), a window ceiling set
+/// then is kept and read back, and the previous build's call of `tessera_set_tenant_limits`
+/// (five arguments) resolves to the new function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_migration_10_gains_window_ceilings_keeping_its_rows() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("eleven");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    let one = TenantLimits::new(Some(1), 0).unwrap();
+    pg.set_tenant_limits(&n, "billing", one).await.unwrap();
+    drop(pg);
+    // What a build of migration 10 left: no window ceilings (columns, state), and the rate
+    // step and the set function with their previous arguments (stubs of the same shape).
+    server.psql(
+        "ALTER TABLE eleven.tessera_limits DROP COLUMN window_ceiling, \
+           DROP COLUMN capped_until; \
+         ALTER TYPE eleven.tessera_step DROP ATTRIBUTE lim_window, DROP ATTRIBUTE lim_capped, \
+           DROP ATTRIBUTE hit_tenant; \
+         DROP FUNCTION eleven.tessera__rate_step(text, text, bigint[], bigint[], bigint[], \
+           bigint, bigint, bigint, boolean, boolean, bigint); \
+         CREATE FUNCTION eleven.tessera__rate_step(p_name text, p_config text, p_n bigint[], \
+           p_l bigint[], p_t bigint[], p_burst bigint, p_cost bigint, p_max_wait bigint, \
+           p_update boolean, OUT outcome text, OUT at_us bigint, OUT now_us bigint, \
+           OUT reservation bigint, OUT stored text) \
+         LANGUAGE sql AS $$ SELECT 'limited'::text, 0::bigint, 0::bigint, NULL::bigint, \
+           NULL::text $$; \
+         DROP FUNCTION eleven.tessera_set_tenant_limits(text, text, bigint, bigint, text, \
+           bigint); \
+         CREATE FUNCTION eleven.tessera_set_tenant_limits(p_name text, p_tenant text, \
+           p_ceiling bigint, p_floor bigint, p_client text) \
+         RETURNS TABLE (outcome text, floors bigint, capacity bigint, grants text[]) \
+         LANGUAGE sql AS $$ SELECT 'set'::text, NULL::bigint, NULL::bigint, NULL::text[] $$; \
+         DELETE FROM eleven.tessera_migrations WHERE version >= 11",
+    );
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "eleven"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert!(pg.capabilities().window_ceilings);
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace \
+             WHERE s.nspname = 'eleven' \
+               AND p.proname IN ('tessera__rate_step', 'tessera_set_tenant_limits')"
+        ),
+        "2"
+    );
+    // The rows and the limits are kept.
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, a);
+    assert_eq!(status.queue[0].lease_id, w1);
+    assert_eq!(pg.tenant_limits(&n).await.unwrap()["billing"], one);
+    let windowed = one.with_window_ceiling(Some(20)).unwrap();
+    pg.set_tenant_limits(&n, "billing", windowed).await.unwrap();
+    assert_eq!(pg.tenant_limits(&n).await.unwrap()["billing"], windowed);
+    // The previous build's five arguments: the new function, keeping no window ceiling.
+    assert_eq!(
+        server.psql(
+            "SET search_path TO eleven; \
+             SELECT outcome FROM tessera_set_tenant_limits('kept', 'billing', 2, 0, '')"
+        ),
+        "set"
+    );
+    assert_eq!(
+        pg.tenant_limits(&n).await.unwrap()["billing"],
+        TenantLimits::new(Some(2), 0).unwrap()
+    );
+    // The step runs: the release hands the waiter queued before the permit.
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.heartbeat(&n, w1, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
 }
 
 /// Limits set through one process's store are the name's, for every process: a second store
@@ -1515,7 +1672,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -1528,7 +1685,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -2545,7 +2702,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "9");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "10");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),

@@ -1,6 +1,8 @@
 //! The store's errors: the driver's and PostgreSQL's (by SQLSTATE), mapped to [`Error`].
 
-use tessera_core::error::{refused_connection, with_auth_hint, Error, StoreErrorKind};
+use tessera_core::error::{
+    refused_connection, with_auth_hint, Error, InvalidInput, StoreErrorKind,
+};
 use tessera_core::stores::sql::errors::driver_error;
 
 use super::url::Config;
@@ -61,7 +63,8 @@ pub(crate) fn reusable_after(e: &sqlx::Error) -> bool {
 }
 
 /// Classifies an sqlx error: tessera's own `TS001` and undecodable values are
-/// [`Error::Corrupt`]; connection failures, a server shutting down or starting up are
+/// [`Error::Corrupt`], its `TS002` [`InvalidInput::Cost`] (see
+/// [`cost_above_window_ceiling`]); connection failures, a server shutting down or starting up are
 /// [`StoreErrorKind::Connection`]; a wrong password (`28P01`) or a role the server does not
 /// admit (`28000`: no such role, no `pg_hba.conf` entry) is [`StoreErrorKind::Auth`]; lock
 /// and serialization conflicts, a read-only database (`25006`) and insufficient resources
@@ -74,6 +77,7 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
             let code = db.code().unwrap_or_default();
             match &*code {
                 "TS001" => return Error::Corrupt(db.message().to_string()),
+                "TS002" => return cost_above_window_ceiling(&**db),
                 // 22P02 invalid text, 22003 out of range: a row tessera reads is damaged.
                 "22P02" | "22003" | "XX001" | "XX002" => {
                     return Error::Corrupt(format!("PostgreSQL: {}", db.message()))
@@ -110,6 +114,28 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         _ => return driver_error(&e, describe(&e)),
     };
     Error::store(kind, describe(&e))
+}
+
+/// `tessera_admit`'s refusal of a cost above the largest one a tenant's window ceiling lets
+/// through (SQLSTATE `TS002`, `sql/admit.sql`; the statement rolled back, nothing changed):
+/// [`InvalidInput::Cost`] with the cost and that largest cost, which the error's DETAIL
+/// carries as two numbers. A DETAIL that does not read so is [`Error::Corrupt`].
+fn cost_above_window_ceiling(db: &dyn sqlx::error::DatabaseError) -> Error {
+    let detail = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .and_then(|e| e.detail());
+    let numbers = detail.and_then(|d| {
+        let (cost, max) = d.split_once(' ')?;
+        Some((cost.parse().ok()?, max.parse().ok()?))
+    });
+    match numbers {
+        Some((cost, max)) => Error::InvalidInput(InvalidInput::Cost { cost, max }),
+        None => Error::Corrupt(format!(
+            "PostgreSQL: {} (detail {:?})",
+            db.message(),
+            detail.unwrap_or_default()
+        )),
+    }
 }
 
 /// The message of an error for people: a server's error as its message and SQLSTATE

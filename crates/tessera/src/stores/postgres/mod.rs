@@ -108,6 +108,13 @@
 //!   limits runs the statements it ran before; the memory store's rules in the functions'
 //!   step (`sql/common.sql`, "Ceilings and floors"), set by `tessera_set_tenant_limits`
 //!   (`sql/limits.sql`) and read by a plain query (`ops::TENANT_LIMITS`).
+//! - **Window ceilings** (migration 11, `sql/schema_11.sql`; step revision 10): a tenant's
+//!   window ceiling and the instant its own limiter refused it until, on its row of
+//!   `tessera_limits`; its own limiter (the shared configuration scaled) a row of the rate
+//!   tables under the key `name#tenant`, served by the same rate functions. `tessera_admit`
+//!   asks it first and charges it with the shared one under the same id, `tessera_give_back`
+//!   and `tessera_settle` return or settle both, and the head passes over a window-capped
+//!   tenant's admission waiters (`sql/admit.sql`, `sql/common.sql`, "Window ceilings").
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,
@@ -186,6 +193,8 @@ pub struct PostgresBackend {
     fair_shares: bool,
     /// The schema's step keeps tenants' ceilings and floors (step revision 9, migration 10).
     tenant_limits: bool,
+    /// The schema's step keeps tenants' window ceilings (step revision 10, migration 11).
+    window_ceilings: bool,
     url: String,
     schema: String,
 }
@@ -294,6 +303,7 @@ impl PostgresBackend {
             expiries,
             fair_shares: revision >= 7,
             tenant_limits: revision >= 9,
+            window_ceilings: revision >= 10,
             url: config.redacted,
             schema: config.schema,
         })
@@ -625,15 +635,20 @@ impl Backend for PostgresBackend {
     }
 
     /// Fair shares from step revision 7 (migration 8) on: the queue's order is `(tag, seq)`;
-    /// tenants' ceilings and floors from step revision 9 (migration 10) on.
+    /// tenants' ceilings and floors from step revision 9 (migration 10) on, their window
+    /// ceilings from step revision 10 (migration 11) on.
     fn capabilities(&self) -> Capabilities {
         let caps = Capabilities::push().with_arrivals_in_flight(LOCKED_STEP_ARRIVALS);
         let caps = match self.fair_shares {
             true => caps.with_fair_shares(),
             false => caps,
         };
-        match self.tenant_limits {
+        let caps = match self.tenant_limits {
             true => caps.with_tenant_limits(),
+            false => caps,
+        };
+        match self.window_ceilings {
+            true => caps.with_window_ceilings(),
             false => caps,
         }
     }
@@ -661,7 +676,8 @@ impl Backend for PostgresBackend {
                     .bind(tenant)
                     .bind(limits.ceiling.map(i64::from))
                     .bind(i64::from(limits.floor))
-                    .bind(self.listener.client_id()),
+                    .bind(self.listener.client_id())
+                    .bind(limits.window_ceiling.map(i64::from)),
             )
             .await;
         let grants = match row.and_then(|row| ops::parse_set_tenant_limits(&row, name)) {

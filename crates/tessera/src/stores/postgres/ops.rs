@@ -67,6 +67,17 @@ pub(crate) const MIGRATION_10: &[&[&str]] = &[
     admission::FUNCTIONS,
 ];
 
+/// Migration 11 (`sql/schema_11.sql`): tenants' window ceilings, kept in `tessera_limits`
+/// (`window_ceiling`, and `capped_until`, when the tenant's own limiter last refused it
+/// until), each tenant's own limiter a row of the rate tables under its own key; then the
+/// step, the rate functions and the admission's again, with step revision 10.
+pub(crate) const MIGRATION_11: &[&[&str]] = &[
+    &[include_str!("sql/schema_11.sql")],
+    STEP,
+    rate::FUNCTIONS,
+    admission::FUNCTIONS,
+];
+
 /// Migration 5 (`sql/schema_5.sql`): the queue head's bound `head_seq`, indexes that lookups
 /// by lease or seq cannot mistake for their own, and grants to the releasing process's
 /// waiters in the release's reply; then the step again.
@@ -97,7 +108,12 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// migration 10, which adds `tessera_limits`): tenants' ceilings and floors in every step of a
 /// name that has some (`docs/fair-shares.md`, "Ceilings and floors"), set by
 /// `tessera_set_tenant_limits`; a name without limits runs the statements it ran before.
-pub(crate) const STEP_REVISION: i32 = 9;
+/// Revision 10 (with migration 11, which adds `tessera_limits`' `window_ceiling` and
+/// `capped_until`): tenants' window ceilings in `tessera_admit`, `tessera_give_back` and
+/// `tessera_settle`, and window-capped tenants' admission waiters passed over for the head
+/// (`docs/fair-shares.md`, "A ceiling on a share of the windows"); a name none of whose
+/// tenants has one runs the statements it ran before.
+pub(crate) const STEP_REVISION: i32 = 10;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.
@@ -149,10 +165,10 @@ pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
 pub(crate) const REVOKE: &str = "SELECT tessera_revoke($1, $2)";
 pub(crate) const DELETE: &str = "SELECT tessera_delete($1)";
 pub(crate) const SET_TENANT_LIMITS: &str = "SELECT outcome, floors, capacity, grants \
-     FROM tessera_set_tenant_limits($1, $2, $3, $4, $5)";
+     FROM tessera_set_tenant_limits($1, $2, $3, $4, $5, $6)";
 /// The limits kept for a name, by tenant: a plain read (no lock, no step).
-pub(crate) const TENANT_LIMITS: &str =
-    "SELECT tenant, ceiling, floor FROM tessera_limits WHERE name = $1 ORDER BY tenant";
+pub(crate) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor, window_ceiling \
+     FROM tessera_limits WHERE name = $1 ORDER BY tenant";
 pub(crate) const LIST: &str = "SELECT name FROM tessera_semaphores ORDER BY name";
 
 pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
@@ -343,7 +359,13 @@ pub(crate) fn parse_tenant_limits(
             .map(|c| u32_of(c, "ceiling"))
             .transpose()?;
         let floor = u32_of(get(row, "floor")?, "floor")?;
+        let window = opt::<i64>(row, "window_ceiling")?
+            .map(|w| {
+                u8::try_from(w).map_err(|_| corrupt(format!("window ceiling {w} of {tenant:?}")))
+            })
+            .transpose()?;
         let limits = TenantLimits::new(ceiling, floor)
+            .and_then(|l| l.with_window_ceiling(window))
             .map_err(|e| corrupt(format!("limits of tenant {tenant:?}: {e}")))?;
         out.insert(tenant, limits);
     }

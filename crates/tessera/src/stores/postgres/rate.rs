@@ -86,8 +86,11 @@ const READ_STATUS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 10000
      LEFT JOIN LATERAL (SELECT array_agg(e.t ORDER BY e.p) AS ts, array_agg(e.p ORDER BY e.p) AS ps \
          FROM tessera_rate_log e WHERE e.name = l.name) g ON true";
 const DELETE: &str = "SELECT tessera_rate_delete($1)";
+/// The limiters with state, by name: not tenants' own limiters under window ceilings, kept
+/// in the same table under keys with a `#`, which no name has (`tessera__rate_tenant_key`).
 const LIST: &str = "SELECT name FROM tessera_rate_limiters \
-     WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint ORDER BY name";
+     WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
+     AND strpos(name, '#') = 0 ORDER BY name";
 
 /// How many times a step that met a lock conflict runs again (nothing of it was committed).
 const STEP_RETRIES: u32 = 3;

@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 10);
+    assert_eq!(MIGRATIONS.len(), 11);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {
@@ -232,6 +232,46 @@ fn tenant_limits_come_tenth_and_run_again_harmlessly() {
     assert!(!tenth.lines().any(|l| l.starts_with("DROP ")));
     assert!(tenth.contains("CREATE OR REPLACE FUNCTION tessera_set_tenant_limits("));
     assert!(tenth.contains("CREATE OR REPLACE FUNCTION tessera__hand_off_limited("));
+}
+
+/// Migration 11 adds window ceilings idempotently (two columns of `tessera_limits`, the
+/// step's state), drops only the two functions whose arguments change before they are
+/// created again (the rate step, `tessera_set_tenant_limits`), then creates the step, the
+/// rate functions and the admission's again.
+#[test]
+fn window_ceilings_come_eleventh_and_run_again_harmlessly() {
+    let eleventh = MIGRATIONS[10].concat().concat();
+    assert!(eleventh.starts_with("-- tessera PostgreSQL store, migration 11"));
+    for column in ["window_ceiling bigint", "capped_until bigint"] {
+        assert!(
+            eleventh.contains(&format!(
+                "ALTER TABLE tessera_limits ADD COLUMN IF NOT EXISTS {column};"
+            )),
+            "{column}"
+        );
+    }
+    for line in eleventh.lines().filter(|l| l.starts_with("CREATE ")) {
+        assert!(
+            line.starts_with("CREATE OR REPLACE FUNCTION ")
+                || line.starts_with("CREATE INDEX IF NOT EXISTS ")
+                || line.starts_with("CREATE TABLE IF NOT EXISTS "),
+            "{line}"
+        );
+    }
+    let drops: Vec<_> = eleventh
+        .lines()
+        .filter(|l| l.starts_with("DROP "))
+        .collect();
+    assert_eq!(drops.len(), 2, "{drops:?}");
+    let at = |s: &str| eleventh.find(s).unwrap();
+    for f in ["tessera__rate_step(", "tessera_set_tenant_limits("] {
+        assert!(
+            at(&format!("DROP FUNCTION IF EXISTS {f}"))
+                < at(&format!("CREATE OR REPLACE FUNCTION {f}")),
+            "{f}"
+        );
+    }
+    assert!(eleventh.contains("CREATE OR REPLACE FUNCTION tessera__rate_scaled("));
 }
 
 /// The step says its revision, the one this build creates; the latest migration creates the

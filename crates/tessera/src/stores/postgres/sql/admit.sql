@@ -35,6 +35,23 @@
 -- An admission waiter's row carries `gate`: the instant its windows admit its cost (0 while
 -- it waits for permits), which every hand-off stops at and wakes it by (common.sql); only
 -- this step grants it, charging its windows.
+--
+-- Window ceilings (migration 11; docs/fair-shares.md, "A ceiling on a share of the
+-- windows"; the reference is Model::admit): on its turn, a request of a tenant with a window
+-- ceiling asks the tenant's own limiter first (the shared configuration scaled,
+-- tessera__rate_scaled; its state under tessera__rate_tenant_key, its stored configuration
+-- replaced as by `p_update` when the percentage changed), charging nothing. A cost above the
+-- scaled largest cost raises SQLSTATE TS002 (DETAIL: the cost and that largest cost), which
+-- the client reports as InvalidInput::Cost: the statement rolls back, nothing changes. If
+-- the tenant's limiter refuses, the tenant is window-capped until the instant it would admit
+-- (tessera_limits.capped_until), nothing is charged, window_at is the later of that instant
+-- and the shared limiter's own (asked without charging), and the hand-off runs again: the
+-- waiters behind a capped tenant's admission waiter may now be the head. If it admits, the
+-- shared limiter decides as before; if that admits, the tenant's limiter is charged the same
+-- cost at the same instant (`p_now`) and its seq and tail become the shared reservation, so
+-- a give-back or a settle names both charges with one id. Locks: the shared limiter's row
+-- before the tenant's (the order of every step that takes both). A request of a tenant
+-- without a window ceiling runs the statements it ran before.
 CREATE OR REPLACE FUNCTION tessera_admit(
     p_name text, p_capacity bigint, p_lease text, p_weight bigint, p_ttl bigint,
     p_holder text, p_client text, p_waiter_ttl bigint, p_queue_cap bigint,
@@ -59,6 +76,11 @@ DECLARE
     v_finish bigint;
     v_lead   boolean := false;
     head     record;
+    v_i      int;
+    v_pct    bigint;
+    v_key    text;
+    v_own    record;
+    scaled   record;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
@@ -126,12 +148,69 @@ BEGIN
                  OR CASE WHEN seq_ IS NOT NULL THEN (head.o_tag, head.o_seq) = (tag_, seq_)
                          ELSE v_lead OR p_at_head END);
     END IF;
+    IF turn AND st.limits <> 0 THEN
+        v_i := array_position(st.lim_tenant, p_tenant);
+        v_pct := st.lim_window[v_i];
+    END IF;
+    IF v_pct IS NOT NULL THEN
+        -- A window ceiling: the tenant's own limiter first, charging nothing.
+        SELECT * INTO scaled FROM tessera__rate_scaled(p_config, p_n, p_l, p_burst, v_pct);
+        IF p_cost > scaled.max_cost THEN
+            RAISE EXCEPTION USING ERRCODE = 'TS002',
+                MESSAGE = format('cost %s is above %s, the largest under tenant %L''s window ceiling of %s%%',
+                                 p_cost, scaled.max_cost, left(p_tenant, 64), v_pct),
+                DETAIL = p_cost || ' ' || scaled.max_cost;
+        END IF;
+        PERFORM tessera__rate_lock(p_name, true);
+        v_key := tessera__rate_tenant_key(p_name, p_tenant);
+        SELECT * INTO v_own FROM tessera__rate_step(v_key, scaled.config, scaled.n, scaled.l,
+            scaled.t, scaled.burst, p_cost, NULL, true, true);
+        IF v_own.outcome <> 'admitted' THEN
+            -- Window-capped: the shared limiter only says when it would admit.
+            SELECT * INTO rate FROM tessera__rate_step(p_name, p_config, p_n, p_l, p_t,
+                p_burst, p_cost, NULL, p_update, true);
+            st.now_us := rate.now_us;
+            now_us := st.now_us;
+            IF rate.outcome = 'mismatch' THEN
+                outcome := 'ratemismatch';
+                stored_limits := rate.stored;
+                PERFORM tessera__finish(st);
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            UPDATE tessera_limits l SET capped_until = v_own.at_us
+            WHERE l.name = p_name AND l.tenant = p_tenant;
+            st.lim_capped[v_i] := v_own.at_us;
+            window_at := greatest(v_own.at_us, rate.at_us);
+            -- The waiters behind this tenant's admission waiters may be the head now.
+            IF st.queued > 0 AND st.used < st.capacity THEN
+                st := tessera__hand_off(st);
+            END IF;
+            turn := false;
+        END IF;
+    END IF;
     IF turn THEN
         -- The windows, asked for now only (a try: NULL max wait).
         SELECT * INTO rate FROM tessera__rate_step(p_name, p_config, p_n, p_l, p_t, p_burst,
                                                    p_cost, NULL, p_update);
         st.now_us := rate.now_us;
         now_us := st.now_us;
+        IF rate.outcome = 'admitted' AND v_pct IS NOT NULL THEN
+            -- The tenant's charge, at the shared one's instant and under its id.
+            SELECT * INTO v_own FROM tessera__rate_step(v_key, scaled.config, scaled.n,
+                scaled.l, scaled.t, scaled.burst, p_cost, NULL, true, false, rate.at_us);
+            IF v_own.outcome <> 'admitted' THEN
+                PERFORM tessera__corrupt(format('tenant %L''s limiter on %L admitted %s at %s, not at %s',
+                    left(p_tenant, 64), left(p_name, 64), p_cost, v_own.at_us, rate.at_us));
+            END IF;
+            UPDATE tessera_rate_limiters l SET seq = rate.reservation, tail = rate.reservation
+            WHERE l.name = v_key;
+            IF st.lim_capped[v_i] IS NOT NULL THEN
+                UPDATE tessera_limits l SET capped_until = NULL
+                WHERE l.name = p_name AND l.tenant = p_tenant;
+                st.lim_capped[v_i] := NULL;
+            END IF;
+        END IF;
         IF rate.outcome = 'admitted' THEN
             IF seq_ IS NOT NULL THEN
                 st.vtime := greatest(st.vtime, tag_);

@@ -50,6 +50,14 @@
 -- raised by the hand-off to each head it grants (the least key) and cleared once it reaches
 -- vtime or the queue empties.
 --
+-- Window ceilings (docs/fair-shares.md, "A ceiling on a share of the windows"; migration
+-- 11): a tenant's window ceiling and window-capped instant are limits of the name too
+-- (`lim_window`, `lim_capped`, read with the others). The head passes over the admission
+-- waiters of a tenant window-capped now (tessera__limited_head), as over a tenant at its
+-- ceiling; plain waiters are never window-capped. tessera_admit asks and charges the
+-- tenant's own limiter (admit.sql), tessera_give_back and tessera_settle return or settle
+-- its charge with the shared one's, by the lease's tenant (`hit_tenant`).
+--
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
 --
@@ -209,11 +217,14 @@ BEGIN
         -- come in the same statement, read after the row lock: a tessera_set_tenant_limits
         -- that committed before it is seen, one after it waits for the row and counts them
         -- itself (migration 10).
-        SELECT m.value, l.t, l.c, l.f INTO st.hwm, st.lim_tenant, st.lim_ceiling, st.lim_floor
+        SELECT m.value, l.t, l.c, l.f, l.w, l.u
+        INTO st.hwm, st.lim_tenant, st.lim_ceiling, st.lim_floor, st.lim_window, st.lim_capped
         FROM tessera_meta m,
              LATERAL (SELECT array_agg(x.tenant ORDER BY x.tenant) AS t,
                              array_agg(x.ceiling ORDER BY x.tenant) AS c,
-                             array_agg(x.floor ORDER BY x.tenant) AS f
+                             array_agg(x.floor ORDER BY x.tenant) AS f,
+                             array_agg(x.window_ceiling ORDER BY x.tenant) AS w,
+                             array_agg(x.capped_until ORDER BY x.tenant) AS u
                       FROM tessera_limits x WHERE x.name = p_name) l
         WHERE m.key = 'fence_hwm';
         IF st.hwm IS NULL OR st.hwm < 0 THEN
@@ -554,7 +565,7 @@ BEGIN
 END $$;
 
 -- Removes the holder of `lease`, returning its permits and seats; `st.hit` says whether it
--- was held, `st.hit_client` whose it was.
+-- was held, `st.hit_client` whose it was and `st.hit_tenant` its tenant (migration 11).
 CREATE OR REPLACE FUNCTION tessera__remove_holder(st tessera_step, p_lease text) RETURNS tessera_step
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -563,11 +574,13 @@ DECLARE
 BEGIN
     st.hit := false;
     st.hit_client := NULL;
+    st.hit_tenant := NULL;
     DELETE FROM tessera_holders WHERE name = st.name AND lease_id = p_lease
     RETURNING weight, seats, client, tenant INTO r;
     IF NOT FOUND THEN
         RETURN st;
     END IF;
+    st.hit_tenant := r.tenant;
     IF r.weight <> 1 OR cardinality(r.seats) <> 1 OR r.seats[1] IS NULL OR r.seats[1] < 0 THEN
         PERFORM tessera__check_seats(r.weight, r.seats);
     END IF;
@@ -758,9 +771,11 @@ BEGIN
         IF st.lim_tenant[i] IS NULL OR st.lim_floor[i] IS NULL OR st.lim_floor[i] < 0
            OR st.lim_ceiling[i] < 1 OR st.lim_ceiling[i] > 1000000
            OR st.lim_floor[i] > coalesce(st.lim_ceiling[i], 1000000)
-           OR st.lim_held[i] IS NULL OR st.lim_held[i] < 0 THEN
-            PERFORM tessera__corrupt(format('limits of tenant %L (ceiling %s, floor %s, held %s) are out of range',
-                left(st.lim_tenant[i], 64), st.lim_ceiling[i], st.lim_floor[i], st.lim_held[i]));
+           OR st.lim_held[i] IS NULL OR st.lim_held[i] < 0
+           OR st.lim_window[i] < 1 OR st.lim_window[i] > 100 OR st.lim_capped[i] < 0 THEN
+            PERFORM tessera__corrupt(format('limits of tenant %L (ceiling %s, floor %s, held %s, window ceiling %s, capped until %s) are out of range',
+                left(st.lim_tenant[i], 64), st.lim_ceiling[i], st.lim_floor[i], st.lim_held[i],
+                st.lim_window[i], st.lim_capped[i]));
         END IF;
     END LOOP;
     RETURN st;
@@ -775,8 +790,10 @@ DECLARE
 BEGIN
     SELECT array_agg(l.tenant ORDER BY l.tenant), array_agg(l.ceiling ORDER BY l.tenant),
            array_agg(l.floor ORDER BY l.tenant),
-           array_agg(coalesce(g.held, 0) ORDER BY l.tenant)
-    INTO st.lim_tenant, st.lim_ceiling, st.lim_floor, st.lim_held
+           array_agg(coalesce(g.held, 0) ORDER BY l.tenant),
+           array_agg(l.window_ceiling ORDER BY l.tenant),
+           array_agg(l.capped_until ORDER BY l.tenant)
+    INTO st.lim_tenant, st.lim_ceiling, st.lim_floor, st.lim_held, st.lim_window, st.lim_capped
     FROM tessera_limits l
     LEFT JOIN (SELECT h.tenant, sum(h.weight)::bigint AS held FROM tessera_holders h
                WHERE h.name = st.name AND h.tenant IS NOT NULL GROUP BY h.tenant) g
@@ -830,19 +847,40 @@ BEGIN
 END $$;
 
 -- The head with limits: the first waiter in queue order whose tenant is not at its ceiling
--- for it (its key, weight, gate and tenant; all NULL when every waiter's tenant is). The
--- waiters of capped tenants ahead of it are walked over in the index of the queue's order.
+-- for it, and that is not an admission waiter (`gate` set) of a tenant window-capped now
+-- (its window ceiling's own limiter refused it until after now: migration 11, stores/memory
+-- `head_key`); its key, weight, gate and tenant, all NULL when there is none. The waiters
+-- passed over are walked in the index of the queue's order. Without a window-capped tenant
+-- the statement is migration 10's.
 CREATE OR REPLACE FUNCTION tessera__limited_head(
     st tessera_step, OUT o_tag bigint, OUT o_seq bigint, OUT o_weight bigint, OUT o_gate bigint,
     OUT o_tenant text
 )
 LANGUAGE plpgsql AS $$
+DECLARE
+    capped text[];
+    i      int;
 BEGIN
+    FOR i IN 1 .. st.limits LOOP
+        IF st.lim_capped[i] > st.now_us AND st.lim_window[i] IS NOT NULL THEN
+            capped := capped || st.lim_tenant[i];
+        END IF;
+    END LOOP;
+    IF capped IS NULL THEN
+        SELECT w.tag, w.seq, w.weight, w.gate, w.tenant INTO o_tag, o_seq, o_weight, o_gate, o_tenant
+        FROM tessera_waiters w
+        WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime)
+          AND w.weight <= coalesce(st.lim_ceiling[array_position(st.lim_tenant, w.tenant)]
+                                   - st.lim_held[array_position(st.lim_tenant, w.tenant)], w.weight)
+        ORDER BY w.tag, w.seq LIMIT 1;
+        RETURN;
+    END IF;
     SELECT w.tag, w.seq, w.weight, w.gate, w.tenant INTO o_tag, o_seq, o_weight, o_gate, o_tenant
     FROM tessera_waiters w
     WHERE w.name = st.name AND w.tag >= coalesce(st.low, st.vtime)
       AND w.weight <= coalesce(st.lim_ceiling[array_position(st.lim_tenant, w.tenant)]
                                - st.lim_held[array_position(st.lim_tenant, w.tenant)], w.weight)
+      AND NOT (w.gate IS NOT NULL AND w.tenant = ANY (capped))
     ORDER BY w.tag, w.seq LIMIT 1;
 END $$;
 
@@ -955,4 +993,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 9';
+LANGUAGE sql IMMUTABLE AS 'SELECT 10';

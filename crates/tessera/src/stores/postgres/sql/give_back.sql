@@ -17,6 +17,13 @@
 -- charge is returned whether or not the lease was still held; a later admission keeps it
 -- charged (the windows may count more than was used, never less). Locks the semaphore's row,
 -- then the limiter's (the order of every step that takes both, rate_common.sql).
+--
+-- Window ceilings (migration 11): when this call released the lease and its tenant has a
+-- window ceiling, the charge is returned to the tenant's own limiter too, on the same rule
+-- (while it is that limiter's latest: its tail is the reservation and its last the
+-- admission's instant), locked after the shared one's; `expired` counts in the shared state
+-- only. A give-back after the lease was lost no longer knows the tenant: the shared limiter
+-- only (docs/fair-shares.md, "A ceiling on a share of the windows").
 CREATE OR REPLACE FUNCTION tessera_give_back(
     p_name text, p_lease text, p_reservation bigint, p_at bigint, p_client text,
     p_expired boolean DEFAULT false
@@ -26,6 +33,7 @@ DECLARE
     st       tessera_step;
     v_now    bigint;
     v_undone boolean := false;
+    v_i      int;
 BEGIN
     st := tessera__load(p_name, NULL);
     IF p_reservation <> 0 THEN
@@ -38,6 +46,13 @@ BEGIN
     END IF;
     st.local_client := p_client;
     st := tessera__remove_holder(st, p_lease);
+    IF st.hit AND st.limits <> 0 AND p_reservation <> 0 THEN
+        v_i := array_position(st.lim_tenant, st.hit_tenant);
+        IF st.lim_window[v_i] IS NOT NULL THEN
+            PERFORM tessera__rate_undo(tessera__rate_tenant_key(p_name, st.hit_tenant),
+                                       p_reservation, p_at, true);
+        END IF;
+    END IF;
     IF p_expired AND st.hit THEN
         -- Only when this step released the lease (a give-back sent twice counts once). The
         -- limiter's row is locked after the semaphore's, as in every step that takes both;

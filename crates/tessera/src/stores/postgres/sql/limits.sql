@@ -1,5 +1,5 @@
--- tessera_set_tenant_limits: sets a tenant's ceiling and floor on a name, or removes them
--- (no ceiling and floor 0), then hands off what they let in; the memory store's
+-- tessera_set_tenant_limits: sets a tenant's ceiling, floor and window ceiling on a name, or
+-- removes them (no ceiling, floor 0 and no window ceiling), then hands off what they let in; the memory store's
 -- `set_tenant_limits` (stores/memory/ops.rs), in one call (docs/fair-shares.md, "Ceilings
 -- and floors"; migration 10).
 --
@@ -8,6 +8,9 @@
 -- p_ceiling  at most this many permits held by the tenant, 1 to 1,000,000; NULL: none
 -- p_floor    permits kept for the tenant, 0 to the ceiling (checked by the client)
 -- p_client   the calling process's client id, or NULL: its waiters' grants come in the reply
+-- p_window   the tenant's window ceiling, a percentage 1 to 100 (checked by the client);
+--            NULL: none (migration 11: a changed one keeps the tenant's window-capped
+--            instant, which its own limiter's next answer replaces; none clears it)
 --
 -- One row: outcome 'set' (`grants`: the wake-up payloads of the waiters of client p_client
 -- that the new limits let in, as tessera_release's), or 'floors' (`floors`, what the floors
@@ -20,7 +23,8 @@
 -- semaphore has holders or waiters (after the purge): an idle one takes the capacity its
 -- next client declares.
 CREATE OR REPLACE FUNCTION tessera_set_tenant_limits(
-    p_name text, p_tenant text, p_ceiling bigint, p_floor bigint, p_client text
+    p_name text, p_tenant text, p_ceiling bigint, p_floor bigint, p_client text,
+    p_window bigint DEFAULT NULL
 ) RETURNS TABLE (outcome text, floors bigint, capacity bigint, grants text[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -41,12 +45,16 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF p_ceiling IS NULL AND p_floor = 0 THEN
+    IF p_ceiling IS NULL AND p_floor = 0 AND p_window IS NULL THEN
         DELETE FROM tessera_limits l WHERE l.name = p_name AND l.tenant = p_tenant;
     ELSE
-        INSERT INTO tessera_limits AS l (name, tenant, ceiling, floor)
-        VALUES (p_name, p_tenant, p_ceiling, p_floor)
-        ON CONFLICT (name, tenant) DO UPDATE SET ceiling = excluded.ceiling, floor = excluded.floor;
+        INSERT INTO tessera_limits AS l (name, tenant, ceiling, floor, window_ceiling)
+        VALUES (p_name, p_tenant, p_ceiling, p_floor, p_window)
+        ON CONFLICT (name, tenant) DO UPDATE
+        SET ceiling = excluded.ceiling, floor = excluded.floor,
+            window_ceiling = excluded.window_ceiling,
+            capped_until = CASE WHEN excluded.window_ceiling IS NULL THEN NULL
+                                ELSE l.capped_until END;
     END IF;
     st := tessera__load_limits(st);
     IF st.limits <> 0 THEN

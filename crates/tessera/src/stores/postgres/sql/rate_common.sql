@@ -200,9 +200,17 @@ END $$;
 -- tessera_rate_acquire's (rate_acquire.sql), whose step this is; tessera_admit (admit.sql)
 -- runs it too, on its turn, with the semaphore's row locked first and `p_max_wait` NULL (the
 -- windows are asked for now only). Leaves `synchronous_commit` to its caller.
+--
+-- For a tenant's own limiter under a window ceiling (migration 11, admit.sql; `p_name` is
+-- then its key, tessera__rate_tenant_key) tessera_admit passes the last two arguments:
+-- `p_peek` asks without charging (outcome 'admitted' or 'limited' with at_us as for a try;
+-- only pruning and an `update` of the limits are saved, as a limited request saves them),
+-- and `p_now` charges at that instant, the shared limiter's charge's, instead of the clock
+-- (read after the shared charge, so never before it: an instant the peek before admitted).
 CREATE OR REPLACE FUNCTION tessera__rate_step(
     p_name text, p_config text, p_n bigint[], p_l bigint[], p_t bigint[], p_burst bigint,
     p_cost bigint, p_max_wait bigint, p_update boolean,
+    p_peek boolean DEFAULT false, p_now bigint DEFAULT NULL,
     OUT outcome text, OUT at_us bigint, OUT now_us bigint, OUT reservation bigint,
     OUT stored text
 )
@@ -228,7 +236,7 @@ BEGIN
     r := tessera__rate_lock(p_name, true);
     -- The clock only now: clock_timestamp() in the locking statement could be read before
     -- the wait for the lock ended.
-    now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    now_us := coalesce(p_now, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
     PERFORM tessera__rate_sweep(p_name, now_us);
     PERFORM tessera__rate_check(r);
     FOR i IN 1 .. v_n LOOP
@@ -299,14 +307,14 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF (p_max_wait IS NULL AND v_t <> now_us) OR v_t - now_us > p_max_wait THEN
+    IF (p_max_wait IS NULL AND v_t <> now_us) OR v_t - now_us > p_max_wait OR p_peek THEN
         -- Nothing charged. Entries that no longer change any answer were pruned: base must
         -- follow them; limits replaced by update stay replaced (as in the memory store).
         IF v_pruned OR v_replace THEN
             PERFORM tessera__rate_save(r, v_tat, v_prev,
                 tessera__rate_expiry(r.last, v_tat, p_burst, v_horizon));
         END IF;
-        outcome := 'limited';
+        outcome := CASE WHEN p_peek AND v_t = now_us THEN 'admitted' ELSE 'limited' END;
         at_us := v_t;
         RETURN;
     END IF;
@@ -389,4 +397,65 @@ BEGIN
     PERFORM tessera__rate_save(r, v_tat, v_prev,
         tessera__rate_expiry(r.last, v_tat, v_burst, v_horizon));
     RETURN true;
+END $$;
+
+-- A tenant's own limiter under a window ceiling (migration 11; docs/fair-shares.md, "A
+-- ceiling on a share of the windows") is an ordinary limiter's row and log, kept beside the
+-- shared one under this key: the name, '#', the tenant. No name has a '#' (Name allows
+-- `A-Z a-z 0-9 . _ - : / @`), so a key is never a name and two keys never meet; every rate
+-- function above serves it unchanged, and it expires and is swept as any limiter. The rate
+-- list and status read names only (rate.rs), and tessera_rate_delete drops a name's keys with
+-- it.
+CREATE OR REPLACE FUNCTION tessera__rate_tenant_key(p_name text, p_tenant text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT p_name || '#' || p_tenant $$;
+
+-- The shared limiter's configuration scaled for a tenant's window ceiling of `p_pct`
+-- percent (1 to 100), as RateConfig::scaled: each limit N per L becomes
+-- max(1, floor(N * pct / 100)) per L, a smooth burst B likewise, in the same mode with the
+-- same margin; limits made equal are one (the canonical order is kept: scaling keeps it).
+-- Returns the canonical text (RateConfig::scaled(pct).encode(), which the tenant's state is
+-- saved with), the arguments tessera__rate_step takes for it (`l`, the enforced windows,
+-- unchanged; `t` = ceil(l / N)) and its largest cost (RateConfig::max_cost). The arguments
+-- are tessera_admit's own (`p_config`, `p_n`, `p_l`, `p_burst`).
+CREATE OR REPLACE FUNCTION tessera__rate_scaled(
+    p_config text, p_n bigint[], p_l bigint[], p_burst bigint, p_pct bigint,
+    OUT config text, OUT n bigint[], OUT l bigint[], OUT t bigint[], OUT burst bigint,
+    OUT max_cost bigint
+)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    m     text[];
+    lims  text[];
+    parts text[] := '{}';
+    lim   text;
+    prev  text;
+    k     bigint;
+    i     int;
+BEGIN
+    m := regexp_match(p_config,
+        '^(exact|smooth:[0-9]{1,10})((\+[0-9]{1,12}(us|ms|s))?)\|([0-9a-z/,]+)$');
+    lims := string_to_array(m[5], ',');
+    IF m IS NULL OR p_pct IS NULL OR p_pct < 1 OR p_pct > 100
+       OR cardinality(lims) IS DISTINCT FROM cardinality(p_n)
+       OR cardinality(p_l) IS DISTINCT FROM cardinality(p_n) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('tessera__rate_scaled: limits %L, %s%%', left(p_config, 64), p_pct);
+    END IF;
+    burst := CASE WHEN p_burst = 0 THEN 0 ELSE greatest(p_burst * p_pct / 100, 1) END;
+    n := '{}';
+    l := '{}';
+    t := '{}';
+    FOR i IN 1 .. cardinality(lims) LOOP
+        k := greatest(p_n[i] * p_pct / 100, 1);
+        lim := k || substr(lims[i], strpos(lims[i], '/'));
+        CONTINUE WHEN lim = prev;
+        prev := lim;
+        parts := parts || lim;
+        n := n || k;
+        l := l || p_l[i];
+        t := t || ((p_l[i] + k - 1) / k);
+    END LOOP;
+    config := CASE WHEN p_burst = 0 THEN 'exact' ELSE 'smooth:' || burst END
+        || m[2] || '|' || array_to_string(parts, ',');
+    max_cost := CASE WHEN p_burst = 0 THEN (SELECT min(x) FROM unnest(n) x) ELSE burst END;
 END $$;

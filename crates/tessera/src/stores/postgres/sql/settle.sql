@@ -18,6 +18,13 @@
 -- the semaphore's row, then the limiter's (the order of every step that takes both,
 -- rate_common.sql). Commits asynchronously as a release does, unless it charged an excess:
 -- that is a call already made, which a server crash must not lose.
+--
+-- Window ceilings (migration 11): when this call released the lease and its tenant has a
+-- window ceiling, the tenant's own limiter is settled too, on the same rules (an excess
+-- charged to both, a smaller cost given back to both), locked after the shared one's. A
+-- settle after the lease was lost no longer knows the tenant: the shared limiter only, so
+-- such an excess is not counted against the tenant's ceiling (docs/fair-shares.md, "A
+-- ceiling on a share of the windows").
 
 -- The smooth-mode emission interval of each limit of a stored configuration, in µs
 -- (rate/engine.rs `emission_intervals`: ceil((period + margin) / N)); the settle gets no
@@ -181,7 +188,9 @@ CREATE OR REPLACE FUNCTION tessera_settle(
 ) RETURNS TABLE (held boolean, grants text[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    st tessera_step;
+    st      tessera_step;
+    v_i     int;
+    v_more  boolean;
 BEGIN
     st := tessera__load(p_name, NULL);
     IF st.found THEN
@@ -194,7 +203,17 @@ BEGIN
     ELSE
         held := false;
     END IF;
-    IF tessera__rate_settle(p_name, p_reservation, p_at, p_charged, p_actual, held) THEN
+    v_more := tessera__rate_settle(p_name, p_reservation, p_at, p_charged, p_actual, held);
+    IF held AND st.limits <> 0 THEN
+        v_i := array_position(st.lim_tenant, st.hit_tenant);
+        IF st.lim_window[v_i] IS NOT NULL THEN
+            IF tessera__rate_settle(tessera__rate_tenant_key(p_name, st.hit_tenant),
+                                    p_reservation, p_at, p_charged, p_actual, held) THEN
+                v_more := true;
+            END IF;
+        END IF;
+    END IF;
+    IF v_more THEN
         PERFORM tessera__durable(st);
     END IF;
     RETURN NEXT;
