@@ -102,7 +102,7 @@ pub use dialect::{
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub use step::admit;
+pub use step::{admit, give_back, settle};
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.
 #[cfg(feature = "mysql")]
 pub use step::lease_of_row;
