@@ -101,8 +101,6 @@ pub use dialect::{
 };
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub use step::{admit, give_back, settle};
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.
 #[cfg(feature = "mysql")]
 pub use step::lease_of_row;
@@ -110,6 +108,8 @@ pub use step::{
     acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke,
     set_tenant_limits, status, tenant_limits_of,
 };
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub use step::{admit, give_back, settle};
 
 use crate::error::Result;
 use step::corrupt;

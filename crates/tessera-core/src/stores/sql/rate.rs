@@ -488,9 +488,11 @@ pub async fn undo<R: RateRows>(
     slack: u64,
     due_too: bool,
 ) -> Result<bool> {
-    Ok(undo_state(rows, name, name.as_str(), reservation, at, slack, due_too)
-        .await?
-        .is_some_and(|u| u.undone))
+    Ok(
+        undo_state(rows, name, name.as_str(), reservation, at, slack, due_too)
+            .await?
+            .is_some_and(|u| u.undone),
+    )
 }
 
 /// What [`undo_state`] found and did.

@@ -1050,15 +1050,9 @@ async fn decide_admit<R: SemRows + TenantLimiterRows>(
             Some(Ok(RateReply::Admitted { reservation, .. })) => {
                 if let Some((t, scaled, None)) = &own {
                     st.cap_window(t, None).await?;
-                    let charged = rate::charge_tenant(
-                        &mut *st.rows,
-                        name,
-                        t,
-                        scaled,
-                        req.cost,
-                        reservation,
-                    )
-                    .await?;
+                    let charged =
+                        rate::charge_tenant(&mut *st.rows, name, t, scaled, req.cost, reservation)
+                            .await?;
                     if !charged {
                         return Err(corrupt(format!(
                             "tenant {t:?}'s own limiter on {name} refused in the step it admitted"
@@ -1459,7 +1453,8 @@ fn limits_and_caps(
         let window = row
             .window_ceiling
             .map(|w| {
-                u8::try_from(w).map_err(|_| corrupt(format!("window ceiling = {w} is out of range")))
+                u8::try_from(w)
+                    .map_err(|_| corrupt(format!("window ceiling = {w} is out of range")))
             })
             .transpose()?;
         let limits = TenantLimits::new(ceiling, floor)
