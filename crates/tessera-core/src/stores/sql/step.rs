@@ -389,7 +389,8 @@ impl<'r, R: SemRows> Step<'r, R> {
     fn head_of(&self, queue: &[Queued]) -> Option<usize> {
         queue.iter().position(|q| {
             let t = q.tenant.as_deref();
-            !self.capped(t, q.weight) && !(q.gate.is_some() && self.window_capped(t))
+            let window_capped = q.gate.is_some() && self.window_capped(t);
+            !self.capped(t, q.weight) && !window_capped
         })
     }
 
