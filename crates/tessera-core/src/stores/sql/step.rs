@@ -913,7 +913,8 @@ async fn decide_acquire<R: SemRows>(
 }
 
 /// One admission step (`crate::admission::seam`), the semaphore's rows and the limiter's in
-/// one transaction: the dialect's rows are also its [`TenantLimiterRows`] (its [`rate::RateRows`], and the tenants' own limiters'), and the reference model is
+/// one transaction: the dialect's rows are also its [`TenantLimiterRows`] (the name's
+/// limiter's rows, and its tenants' own limiters'), and the reference model is
 /// `Model::admit` in `stores/memory/ops.rs`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub async fn admit<R: SemRows + TenantLimiterRows>(
