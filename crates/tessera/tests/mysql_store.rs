@@ -65,7 +65,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "8");
+    assert_eq!(version.trim(), "9");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -79,7 +79,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "8");
+    assert_eq!(version.trim(), "9");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
     assert_eq!(routines.trim(), "8");
@@ -386,7 +386,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         ))
     };
     assert_eq!(meta("routines_version").trim(), "8");
-    assert_eq!(meta("schema_version").trim(), "8");
+    assert_eq!(meta("schema_version").trim(), "9");
     assert_eq!(
         server
             .sql(
@@ -512,7 +512,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "8");
+    assert_eq!(version(), "9");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
@@ -1315,7 +1315,7 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         server
             .sql("SELECT meta_value FROM v4.tessera_meta WHERE meta_key = 'schema_version'")
             .trim(),
-        "8"
+        "9"
     );
     assert!(store.capabilities().fair_shares);
     let mut tenant = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
@@ -1382,7 +1382,7 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("8".into(), "8".into())
+        ("9".into(), "8".into())
     );
     let tenants = |s: &SemaphoreStatus| {
         let holders: Vec<_> = s
@@ -1510,7 +1510,7 @@ async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waite
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("8".into(), "8".into())
+        ("9".into(), "8".into())
     );
     assert!(store.capabilities().tenant_limits);
     let ids = |s: Option<SemaphoreStatus>| {
@@ -1546,6 +1546,106 @@ async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waite
     assert!(store.tenant_limits(&n).await.unwrap().is_empty());
     assert!(store.release(&n, b).await.unwrap());
     assert!(store.status(&n).await.unwrap().is_none());
+}
+
+/// A database of schema version 8 (before window ceilings), holding a tenant's limits, a
+/// holder and a waiter, and a rate limiter's state, is migrated at the next connect to
+/// version 9: all of them stay (the limits without a window ceiling, the limiter's windows
+/// as they were, under its key widened for the tenants' own limiters), and a window ceiling
+/// set from then on is kept and holds the tenant to its share of the windows (2 of 10 a
+/// minute at 20 %) while the others are admitted as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_window_ceilings_is_migrated_keeps_its_rows_and_takes_them() {
+    let server = MariaDbServer::start();
+    let url = server.url("v8");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let limits = TenantLimits::new(Some(5), 0).unwrap();
+    first.set_tenant_limits(&n, "bulk", limits).await.unwrap();
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    drop(first);
+    let admission = |store: &Store, tenant: &str| {
+        store
+            .admission("w")
+            .permits(100)
+            .semaphore_options(SemaphoreOptions::default().tenant(Tenant::new(tenant, 1).unwrap()))
+            .rate_options(RateOptions::default().margin(Duration::from_secs(1)))
+            .rate(RateSpec::per_minute(10).unwrap())
+            .unwrap()
+    };
+    let used = |store: &Store| {
+        let store = store.clone();
+        async move {
+            let s = store.rate_status("w").await.unwrap().unwrap();
+            s.limits.iter().map(|l| l.used + l.reserved).max().unwrap()
+        }
+    };
+    let store = Store::connect(&url).await.unwrap();
+    let mut held = Vec::new();
+    held.push(
+        admission(&store, "alerts")
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    drop(store);
+    // What a build of schema version 8 leaves.
+    server.sql(
+        "ALTER TABLE v8.tessera_tenant_limits DROP COLUMN window_ceiling, \
+         DROP COLUMN window_capped_until; \
+         ALTER TABLE v8.tessera_rate_limiters MODIFY COLUMN name VARCHAR(128) \
+         CHARACTER SET ascii COLLATE ascii_bin NOT NULL; \
+         ALTER TABLE v8.tessera_rate_log MODIFY COLUMN name VARCHAR(128) \
+         CHARACTER SET ascii COLLATE ascii_bin NOT NULL; \
+         UPDATE v8.tessera_meta SET meta_value = 8 WHERE meta_key = 'schema_version'",
+    );
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server
+            .sql(&format!(
+                "SELECT meta_value FROM v8.tessera_meta WHERE meta_key = '{key}'"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        (meta("schema_version"), meta("routines_version")),
+        ("9".into(), "8".into())
+    );
+    assert!(db.capabilities().window_ceilings);
+    assert_eq!(db.tenant_limits(&n).await.unwrap()["bulk"], limits);
+    let status = db.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, a);
+    assert_eq!(status.queue[0].lease_id, b);
+
+    let store = Store::connect(&url).await.unwrap();
+    assert_eq!(used(&store).await, 1, "the limiter's windows are kept");
+    let windowed = limits.with_window_ceiling(Some(20)).unwrap();
+    store
+        .set_tenant_limits("w", "bulk", windowed)
+        .await
+        .unwrap();
+    assert_eq!(store.tenant_limits("w").await.unwrap()["bulk"], windowed);
+    let bulk = admission(&store, "bulk");
+    let mut admitted = 0;
+    for _ in 0..4 {
+        if let Some(t) = bulk.try_acquire().await.unwrap() {
+            held.push(t);
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+    held.push(
+        admission(&store, "alerts")
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    assert_eq!(used(&store).await, 4);
+    // The tenants' own limiters are not listed as limiters of their own.
+    assert_eq!(store.rate_list().await.unwrap(), vec!["w".to_string()]);
 }
 
 /// Two clients of one database (as two processes): limits one sets are seen and obeyed by

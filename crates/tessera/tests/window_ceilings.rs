@@ -5,7 +5,8 @@
 //! returns the tenant's charge and a settled excess counts against it; the ceiling is kept,
 //! checked, shown and removed, and a cost above the tenant's share is a typed error that
 //! charges nothing. On the memory store, over random steps on a clock the test moves, no
-//! tenant is ever admitted more than its share of any window.
+//! tenant is ever admitted more than its share of any window. The SQLite and MariaDB stores
+//! run the same scenarios (the shared SQL step, `stores/sql/step.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,27 @@ async fn postgres(test: &str) -> Fixture {
     let server = tessera_testkit::servers::postgres::PostgresServer::start();
     Fixture {
         store: Store::connect(&server.url_with_schema(test)).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
+/// A file of its own in a temporary directory.
+#[cfg(feature = "sqlite")]
+async fn sqlite(test: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/{test}.db", dir.path().display());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(dir)),
+    }
+}
+
+/// A throwaway MariaDB (it dies with the thread that started it: the test's own).
+#[cfg(feature = "mysql")]
+async fn mariadb(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
+    Fixture {
+        store: Store::connect(&server.url(test)).await.unwrap(),
         _keep: Some(Box::new(server)),
     }
 }
@@ -85,6 +107,10 @@ macro_rules! on_store {
 on_store!(memory_store, memory);
 #[cfg(feature = "postgres")]
 on_store!(postgres_store, postgres);
+#[cfg(feature = "sqlite")]
+on_store!(sqlite_store, sqlite);
+#[cfg(feature = "mysql")]
+on_store!(mariadb_store, mariadb);
 
 /// Limits with only a window ceiling of `percent`.
 fn window(percent: u8) -> TenantLimits {

@@ -42,12 +42,17 @@ pub struct Loaded {
     pub limits: i64,
 }
 
-/// One tenant's ceiling and floor as stored (`tessera_tenant_limits`; a NULL ceiling: none).
+/// One tenant's ceiling and floor as stored (`tessera_tenant_limits`; a NULL ceiling: none),
+/// with its window ceiling (a percentage; NULL: none) and the instant until which its own
+/// limiter refused it (`docs/fair-shares.md`, "A ceiling on a share of the windows"; NULL:
+/// not capped). A store whose rows keep no window ceilings reads both as NULL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitRow {
     pub tenant: String,
     pub ceiling: Option<i64>,
     pub floor: i64,
+    pub window_ceiling: Option<i64>,
+    pub window_capped_until: Option<i64>,
 }
 
 /// A waiter as the hand-off with tenants' limits reads the queue: its key, weight, tenant
@@ -357,6 +362,16 @@ pub trait SemRows: Send {
 
     /// Inserts or replaces `tenant`'s limits.
     fn save_tenant_limits(&mut self, _row: &LimitRow) -> impl Future<Output = Result<()>> + Send {
+        async { Err(no_limits()) }
+    }
+
+    /// Sets `tenant`'s window-capped-until instant on its limits' row (`None`: not capped).
+    /// Only for a tenant with a window ceiling, so only on a store that keeps them.
+    fn cap_window(
+        &mut self,
+        _tenant: &str,
+        _until: Option<i64>,
+    ) -> impl Future<Output = Result<()>> + Send {
         async { Err(no_limits()) }
     }
 

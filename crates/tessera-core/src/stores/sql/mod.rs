@@ -62,6 +62,22 @@
 //! `hand_off_limited`: a waiter within its tenant's floor first, then the first waiter not at
 //! its ceiling, while it may be granted. O(queue) per hand-off, for names with limits only.
 //!
+//! # Tenants' window ceilings
+//!
+//! A tenant's limits may carry a window ceiling (`docs/fair-shares.md`, "A ceiling on a share
+//! of the windows"), read with them, so a name without any runs the steps above statement
+//! for statement. On an admission's turn, a tenant with one asks its own limiter first
+//! ([`rate::tenant_refuses`]: the name's configuration scaled, no charge). Refused, it is
+//! window-capped until the instant it would be admitted, kept on its limits' row
+//! ([`SemRows::cap_window`]): nothing is charged, and the hand-off runs, skipping that
+//! tenant's admission waiters for the head until then (plain waiters are never skipped).
+//! Admitted, the name's limiter decides as without it, and its admission is charged to the
+//! tenant's limiter too under the same id ([`rate::charge_tenant`]). The tenant's limiter is
+//! a limiter of its own in the rate tables ([`rate::TENANT_KEY_SEPARATOR`]), reached by
+//! pointing the admission's rate statements at its key ([`rate::TenantLimiterRows`]). A
+//! give-back or a settle ([`give_back`], [`settle`]) reads the lease's tenant before the
+//! release while the name has window ceilings, and returns or settles its charge there too.
+//!
 //! # What a SQL store supplies
 //!
 //! Its statements, behind the row operations of [`SemRows`] (`dialect.rs`): one method per
@@ -101,8 +117,6 @@ pub use dialect::{
 };
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub use step::admit;
 /// The MySQL store's procedures hand back holder rows that are checked like the step's own.
 #[cfg(feature = "mysql")]
 pub use step::lease_of_row;
@@ -110,6 +124,8 @@ pub use step::{
     acquire, cancel, delete, heartbeat, read_grant, release, renew, resize, revoke,
     set_tenant_limits, status, tenant_limits_of,
 };
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub use step::{admit, give_back, settle};
 
 use crate::error::Result;
 use step::corrupt;

@@ -105,6 +105,44 @@ pub trait RateRows: Send {
     fn count_expired(&mut self, until: u64) -> impl Future<Output = Result<()>> + Send;
     /// The row's count of admissions given back past their use-by instant (0 without a row).
     fn expired_unused(&mut self) -> impl Future<Output = Result<u64>> + Send;
+    /// Deletes the rows and logs of the tenants' own limiters of limiter `name` (the keys
+    /// [`tenant_key`] makes of it: [`TENANT_KEYS`]).
+    fn drop_tenant_limiters(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The rows of an admission's step, which also reach the tenants' own limiters under window
+/// ceilings (`docs/fair-shares.md`, "A ceiling on a share of the windows"): the rate
+/// statements are pointed at one limiter or the other.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub trait TenantLimiterRows: SettleRows {
+    /// Points the rate statements at limiter `key` (a [`tenant_key`]); `None`: back at the
+    /// name's own limiter.
+    fn point_at(&mut self, key: Option<String>);
+}
+
+/// A tenant's own limiter under a window ceiling is a limiter of its own in the same tables
+/// (`tessera_rate_limiters`, `tessera_rate_log`), under the key `name`, U+001F, `tenant`.
+/// No name holds U+001F (`Name::new`), so the key is no name's and no other pair's, the
+/// name's own limiter and its statements stay as they are, and the tenant's state is swept
+/// when expired as any limiter's is. Its keys sort between `name` U+001F and `name` U+0020
+/// ([`TENANT_KEYS`]), also where trailing spaces are ignored by the comparison (MySQL's
+/// `PAD SPACE` collations: U+001F sorts below the pad).
+pub const TENANT_KEY_SEPARATOR: char = '\u{1f}';
+
+/// The key of `tenant`'s own limiter on `name` (see [`TENANT_KEY_SEPARATOR`]).
+pub fn tenant_key(name: &str, tenant: &str) -> String {
+    format!("{name}{TENANT_KEY_SEPARATOR}{tenant}")
+}
+
+/// Whether a stored limiter key is a tenant's own limiter (left out of the list of
+/// limiters).
+pub fn is_tenant_key(key: &str) -> bool {
+    key.contains(TENANT_KEY_SEPARATOR)
+}
+
+/// The bounds `[lo, hi)` of the keys of `name`'s tenants' own limiters.
+pub fn tenant_keys_of(name: &str) -> (String, String) {
+    (format!("{name}\u{1f}"), format!("{name}\u{20}"))
 }
 
 /// The log reads and writes of a settle (`engine::settle`), on the rows of an admission's
@@ -144,6 +182,12 @@ pub const LAST_AT_OR_BEFORE: &str =
     "SELECT t, p FROM tessera_rate_log WHERE name = ? AND t <= ? ORDER BY t DESC, p DESC LIMIT 1";
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub const TOTAL_BEFORE: &str = "SELECT MAX(p) FROM tessera_rate_log WHERE name = ? AND t < ?";
+
+/// The tenants' own limiters of a name: bound as `(lo, hi)` of [`tenant_keys_of`].
+pub const TENANT_KEYS: [&str; 2] = [
+    "DELETE FROM tessera_rate_log WHERE name >= ? AND name < ?",
+    "DELETE FROM tessera_rate_limiters WHERE name >= ? AND name < ?",
+];
 
 /// The log statements every SQL dialect with `?` placeholders (SQLite, MySQL) writes alike;
 /// the limiter's name is always the first value bound.
@@ -233,6 +277,19 @@ macro_rules! shared_rate_rows {
             Ok(())
         }
 
+        async fn drop_tenant_limiters(&mut self, name: &str) -> $crate::error::Result<()> {
+            let (lo, hi) = $crate::stores::sql::rate::tenant_keys_of(name);
+            for q in $crate::stores::sql::rate::TENANT_KEYS {
+                sqlx::query(q)
+                    .bind(&lo)
+                    .bind(&hi)
+                    .execute(&mut *self.conn)
+                    .await
+                    .map_err(map_err)?;
+            }
+            Ok(())
+        }
+
         async fn expired_unused(&mut self) -> $crate::error::Result<u64> {
             let n: Option<i64> = sqlx::query_scalar($crate::stores::sql::rate::EXPIRED_UNUSED)
                 .bind(self.name)
@@ -283,8 +340,9 @@ pub(crate) fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig
 }
 
 /// Locks the row, sweeps a few expired limiters, and returns the store's time with the
-/// state, if it has one that has not expired (an expired one is deleted).
-async fn load<R: RateRows>(rows: &mut R, name: &Name) -> Result<(StoreTime, Option<RateState>)> {
+/// state, if it has one that has not expired (an expired one is deleted). `key`: the
+/// limiter's key in the tables (the name, or a tenant's key, [`tenant_key`]).
+async fn load<R: RateRows>(rows: &mut R, key: &str) -> Result<(StoreTime, Option<RateState>)> {
     let (now, row) = rows.load().await?;
     for n in rows.expired(now).await? {
         rows.drop_state(&n).await?;
@@ -292,7 +350,7 @@ async fn load<R: RateRows>(rows: &mut R, name: &Name) -> Result<(StoreTime, Opti
     match row {
         Some(row) if row.expires_at > now.0 => Ok((now, Some(row.state))),
         Some(_) => {
-            rows.drop_state(name.as_str()).await?;
+            rows.drop_state(key).await?;
             Ok((now, None))
         }
         None => Ok((now, None)),
@@ -326,7 +384,43 @@ pub async fn acquire<R: RateRows>(
     config: &RateConfig,
     req: &RateRequest,
 ) -> Result<RateReply> {
-    let (now, existing) = load(rows, name).await?;
+    decide(rows, name, name.as_str(), config, req, Charge::Yes).await
+}
+
+/// Whether [`acquire`] would admit `req` now, charging nothing: only what a limited request
+/// writes is written (pruned entries, limits replaced by `update`).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn peek<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    config: &RateConfig,
+    req: &RateRequest,
+) -> Result<RateReply> {
+    decide(rows, name, name.as_str(), config, req, Charge::No).await
+}
+
+/// What [`decide`] charges when it admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charge {
+    /// The request, under the limiter's next id.
+    Yes,
+    /// Nothing (a question only).
+    No,
+    /// The request, under another limiter's id: a tenant's charge under the shared
+    /// charge's id (its `seq` and `tail` set to it).
+    As(u64),
+}
+
+/// The decision of [`acquire`] on limiter `key` (the name's own or a tenant's).
+async fn decide<R: RateRows>(
+    rows: &mut R,
+    name: &Name,
+    key: &str,
+    config: &RateConfig,
+    req: &RateRequest,
+    charge: Charge,
+) -> Result<RateReply> {
+    let (now, existing) = load(rows, key).await?;
     // With `update`, differing stored limits are replaced even if the request is limited.
     let replaced = existing
         .as_ref()
@@ -343,10 +437,20 @@ pub async fn acquire<R: RateRows>(
             Some(x) => rows.first_at_least(x).await?.map(|t| t.max(0) as u64),
         });
     }
+    let before = (charge == Charge::No).then(|| state.clone());
     let (reply, entry) = engine::decide(&mut state, config, req, now, &found)?;
-    if let RateReply::Admitted { .. } = reply {
+    if let Some(before) = before {
+        // A question: the state as a limited request leaves it.
+        if pruned || replaced {
+            save(rows, &before, config).await?;
+        }
+    } else if let RateReply::Admitted { .. } = reply {
         if let Some((t, p)) = entry {
             rows.append(p, t).await?;
+        }
+        if let Charge::As(id) = charge {
+            state.seq = id;
+            state.tail = id;
         }
         save(rows, &state, config).await?;
     } else if pruned || replaced {
@@ -384,9 +488,11 @@ pub async fn undo<R: RateRows>(
     slack: u64,
     due_too: bool,
 ) -> Result<bool> {
-    Ok(undo_state(rows, name, reservation, at, slack, due_too)
-        .await?
-        .is_some_and(|u| u.undone))
+    Ok(
+        undo_state(rows, name, name.as_str(), reservation, at, slack, due_too)
+            .await?
+            .is_some_and(|u| u.undone),
+    )
 }
 
 /// What [`undo_state`] found and did.
@@ -399,16 +505,18 @@ struct Undo {
     horizon: u64,
 }
 
-/// [`undo`]; `None` if the limiter had no state (none, or expired: then dropped).
+/// [`undo`] on limiter `key`; `None` if the limiter had no state (none, or expired: then
+/// dropped).
 async fn undo_state<R: RateRows>(
     rows: &mut R,
     name: &Name,
+    key: &str,
     reservation: u64,
     at: StoreTime,
     slack: u64,
     due_too: bool,
 ) -> Result<Option<Undo>> {
-    let (now, state) = load(rows, name).await?;
+    let (now, state) = load(rows, key).await?;
     let Some(mut state) = state else {
         return Ok(None);
     };
@@ -452,7 +560,7 @@ pub async fn give_back<R: RateRows>(
     slack: u64,
     count: bool,
 ) -> Result<()> {
-    let undo = undo_state(rows, name, g.reservation, g.at, slack, true).await?;
+    let undo = undo_state(rows, name, name.as_str(), g.reservation, g.at, slack, true).await?;
     if let Some(u) = undo.filter(|_| g.expired && count) {
         rows.count_expired(u.now.0.saturating_add(u.horizon))
             .await?;
@@ -475,7 +583,20 @@ pub async fn settle<R: SettleRows>(
     held: bool,
     slack: u64,
 ) -> Result<()> {
-    let (now, state) = load(rows, name).await?;
+    settle_in(rows, name, name.as_str(), s, held, slack).await
+}
+
+/// [`settle`] on limiter `key` (the name's own or a tenant's).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+async fn settle_in<R: SettleRows>(
+    rows: &mut R,
+    name: &Name,
+    key: &str,
+    s: &crate::seam::Settlement,
+    held: bool,
+    slack: u64,
+) -> Result<()> {
+    let (now, state) = load(rows, key).await?;
     let Some(mut state) = state else {
         return Ok(());
     };
@@ -538,13 +659,102 @@ pub async fn settle<R: SettleRows>(
     Ok(())
 }
 
+/// Asks `tenant`'s own limiter on `name` (its configuration `scaled`, the shared one scaled
+/// by the tenant's window ceiling, taken as an `update`) whether it admits `cost` now,
+/// charging nothing: `None` if it does, else the instant it would.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn tenant_refuses<R: TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    tenant: &str,
+    scaled: &RateConfig,
+    cost: u32,
+) -> Result<Option<StoreTime>> {
+    let key = tenant_key(name.as_str(), tenant);
+    rows.point_at(Some(key.clone()));
+    let reply = decide(rows, name, &key, scaled, &tenant_ask(cost), Charge::No).await;
+    rows.point_at(None);
+    Ok(match reply? {
+        RateReply::Admitted { .. } => None,
+        RateReply::Limited { retry_at, .. } => Some(retry_at),
+    })
+}
+
+/// Charges `cost` to `tenant`'s own limiter now under the shared charge's id
+/// `reservation`, after [`tenant_refuses`] said it admits it in the same step; `false` if
+/// it did not admit it after all (nothing charged).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn charge_tenant<R: TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    tenant: &str,
+    scaled: &RateConfig,
+    cost: u32,
+    reservation: u64,
+) -> Result<bool> {
+    let key = tenant_key(name.as_str(), tenant);
+    rows.point_at(Some(key.clone()));
+    let charge = Charge::As(reservation);
+    let reply = decide(rows, name, &key, scaled, &tenant_ask(cost), charge).await;
+    rows.point_at(None);
+    Ok(matches!(reply?, RateReply::Admitted { .. }))
+}
+
+/// A tenant's limiter is asked as an `update`: a changed window ceiling moves its limits
+/// (exact history kept), as a changed configuration moves any limiter's.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn tenant_ask(cost: u32) -> RateRequest {
+    RateRequest {
+        cost,
+        max_wait: None,
+        update: true,
+    }
+}
+
+/// An admission given back unused, returned to `tenant`'s own limiter too while it is that
+/// limiter's latest (`engine::undo_latest`); nothing counted there.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn give_back_tenant<R: TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    tenant: &str,
+    g: &crate::seam::GiveBack,
+    slack: u64,
+) -> Result<()> {
+    let key = tenant_key(name.as_str(), tenant);
+    rows.point_at(Some(key.clone()));
+    let undone = undo_state(rows, name, &key, g.reservation, g.at, slack, true).await;
+    rows.point_at(None);
+    undone.map(drop)
+}
+
+/// A settle on `tenant`'s own limiter too ([`settle`]).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn settle_tenant<R: TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    tenant: &str,
+    s: &crate::seam::Settlement,
+    held: bool,
+    slack: u64,
+) -> Result<()> {
+    let key = tenant_key(name.as_str(), tenant);
+    rows.point_at(Some(key.clone()));
+    let settled = settle_in(rows, name, &key, s, held, slack).await;
+    rows.point_at(None);
+    settled
+}
+
 /// Deletes the limiter's row and log; `true` if it had state that had not expired.
 pub async fn delete<R: RateRows>(rows: &mut R, name: &Name) -> Result<bool> {
     // `load` drops an expired state (or a placeholder) itself.
-    let existed = load(rows, name).await?.1.is_some();
+    let existed = load(rows, name.as_str()).await?.1.is_some();
     if existed {
         rows.drop_state(name.as_str()).await?;
     }
+    // And the tenants' own limiters of the name (window ceilings), which only its
+    // admissions read.
+    rows.drop_tenant_limiters(name.as_str()).await?;
     Ok(existed)
 }
 
@@ -558,7 +768,7 @@ pub async fn status<R: RateRows>(
     name: &Name,
     counted: bool,
 ) -> Result<Option<RateStatus>> {
-    let (now, state) = load(rows, name).await?;
+    let (now, state) = load(rows, name.as_str()).await?;
     let Some(mut state) = state else {
         return Ok(None);
     };

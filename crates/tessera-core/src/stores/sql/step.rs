@@ -9,7 +9,7 @@ use super::dialect::{
     HeadRow, HolderRow, LimitRow, NewHolder, NewWaiter, Place, QueueRow, SemRow, SemRows, WaiterRow,
 };
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-use super::rate::{self, RateRows};
+use super::rate::{self, TenantLimiterRows};
 use super::{decode_seats, encode_seats, runs};
 use crate::error::{Error, InvalidInput, Result};
 use crate::model::*;
@@ -93,6 +93,10 @@ struct Limits {
     by_tenant: HashMap<String, TenantLimits>,
     /// `held[t]`; `None`: to be read (at its first use, and after a holder was removed).
     held: Option<HashMap<String, u32>>,
+    /// The window-capped-until instants kept on the limits' rows (`docs/fair-shares.md`, "A
+    /// ceiling on a share of the windows"): the tenant's own limiter refused an admission
+    /// until then.
+    capped: HashMap<String, StoreTime>,
 }
 
 /// A waiter as the hand-off with limits sees it ([`QueueRow`], checked).
@@ -172,10 +176,11 @@ impl<'r, R: SemRows> Step<'r, R> {
             (None, None) => return Ok(None),
         }
         if found.limits != 0 {
-            let by_tenant = limits_of_rows(step.rows.tenant_limits().await?)?;
+            let (by_tenant, capped) = limits_and_caps(step.rows.tenant_limits().await?)?;
             step.limits = Some(Limits {
                 by_tenant: by_tenant.into_iter().collect(),
                 held: None,
+                capped,
             });
         }
         Ok(Some(step))
@@ -379,11 +384,47 @@ impl<'r, R: SemRows> Step<'r, R> {
     }
 
     /// The index of the head in `queue`: the first waiter whose tenant is not at its
-    /// ceiling for it.
+    /// ceiling for it, and that is not an admission waiter of a tenant window-capped now
+    /// (plain waiters are never window-capped).
     fn head_of(&self, queue: &[Queued]) -> Option<usize> {
-        queue
-            .iter()
-            .position(|q| !self.capped(q.tenant.as_deref(), q.weight))
+        queue.iter().position(|q| {
+            let t = q.tenant.as_deref();
+            let window_capped = q.gate.is_some() && self.window_capped(t);
+            !self.capped(t, q.weight) && !window_capped
+        })
+    }
+
+    /// Whether `tenant` has a window ceiling whose own limiter refused it until after now.
+    fn window_capped(&self, tenant: Option<&str>) -> bool {
+        let (Some(t), Some(l)) = (tenant, &self.limits) else {
+            return false;
+        };
+        self.limits_of(tenant).window_ceiling.is_some()
+            && l.capped.get(t).is_some_and(|&until| until > self.now)
+    }
+
+    /// Whether a tenant of the name has a window ceiling (then a give-back or a settle
+    /// reaches the lease's tenant's own limiter too).
+    fn has_window_ceilings(&self) -> bool {
+        self.limits
+            .as_ref()
+            .is_some_and(|l| l.by_tenant.values().any(|t| t.window_ceiling.is_some()))
+    }
+
+    /// Records (`Some`) or clears `tenant`'s window-capped-until instant, on its row too.
+    async fn cap_window(&mut self, tenant: &str, until: Option<StoreTime>) -> Result<()> {
+        let Some(l) = &mut self.limits else {
+            return Err(corrupt("internal: a window cap without limits"));
+        };
+        let old = match until {
+            Some(at) => l.capped.insert(tenant.to_string(), at),
+            None => l.capped.remove(tenant),
+        };
+        if old != until {
+            let at = until.map(|t| db_int(t.0)).transpose()?;
+            self.rows.cap_window(tenant, at).await?;
+        }
+        Ok(())
     }
 
     /// Reads `held[t]` if it is not known (a name with limits only).
@@ -872,10 +913,11 @@ async fn decide_acquire<R: SemRows>(
 }
 
 /// One admission step (`crate::admission::seam`), the semaphore's rows and the limiter's in
-/// one transaction: the dialect's rows are also its [`RateRows`], and the reference model is
+/// one transaction: the dialect's rows are also its [`TenantLimiterRows`] (the name's
+/// limiter's rows, and its tenants' own limiters'), and the reference model is
 /// `Model::admit` in `stores/memory/ops.rs`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub async fn admit<R: SemRows + RateRows>(
+pub async fn admit<R: SemRows + TenantLimiterRows>(
     rows: &mut R,
     name: &Name,
     capacity: u32,
@@ -890,7 +932,7 @@ pub async fn admit<R: SemRows + RateRows>(
 }
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-async fn decide_admit<R: SemRows + RateRows>(
+async fn decide_admit<R: SemRows + TenantLimiterRows>(
     st: &mut Step<'_, R>,
     name: &Name,
     capacity: u32,
@@ -971,8 +1013,54 @@ async fn decide_admit<R: SemRows + RateRows>(
             max_wait: None,
             update: req.update,
         };
-        match rate::acquire(&mut *st.rows, name, config, &ask).await {
-            Ok(RateReply::Admitted { reservation, .. }) => {
+        // A tenant with a window ceiling (`docs/fair-shares.md`, "A ceiling on a share of
+        // the windows"): its own limiter first, charging nothing.
+        let t = tenant.map(Tenant::name);
+        let own = match (t, st.limits_of(t).window_ceiling) {
+            (Some(t), Some(pct)) => {
+                let scaled = config.scaled(pct);
+                if req.cost > scaled.max_cost() {
+                    return Ok(Err(Error::InvalidInput(InvalidInput::Cost {
+                        cost: req.cost,
+                        max: scaled.max_cost(),
+                    })));
+                }
+                let refused =
+                    rate::tenant_refuses(&mut *st.rows, name, t, &scaled, req.cost).await?;
+                Some((t, scaled, refused))
+            }
+            _ => None,
+        };
+        let decided = match &own {
+            Some((t, _, Some(until))) => {
+                // Capped until then: nothing charged, the reply's instant the later of the
+                // tenant's and the shared limiter's, and the waiters behind may be woken.
+                st.cap_window(t, Some(*until)).await?;
+                window_at = match rate::peek(&mut *st.rows, name, config, &ask).await {
+                    Ok(RateReply::Limited { retry_at, .. }) => Some(retry_at.max(*until)),
+                    Ok(RateReply::Admitted { .. }) => Some(*until),
+                    Err(e @ Error::RateMismatch { .. }) => return Ok(Err(e)),
+                    Err(e) => return Err(e),
+                };
+                st.hand_off().await?;
+                None
+            }
+            _ => Some(rate::acquire(&mut *st.rows, name, config, &ask).await),
+        };
+        match decided {
+            None => {}
+            Some(Ok(RateReply::Admitted { reservation, .. })) => {
+                if let Some((t, scaled, None)) = &own {
+                    st.cap_window(t, None).await?;
+                    let charged =
+                        rate::charge_tenant(&mut *st.rows, name, t, scaled, req.cost, reservation)
+                            .await?;
+                    if !charged {
+                        return Err(corrupt(format!(
+                            "tenant {t:?}'s own limiter on {name} refused in the step it admitted"
+                        )));
+                    }
+                }
                 match (place, tags) {
                     (Some((_, start)), _) => st.sem.vtime = st.sem.vtime.max(start),
                     // At the head by a give-back, the virtual time stays where the head is.
@@ -998,9 +1086,9 @@ async fn decide_admit<R: SemRows + RateRows>(
                     reservation,
                 }));
             }
-            Ok(RateReply::Limited { retry_at, .. }) => window_at = Some(retry_at),
-            Err(e @ Error::RateMismatch { .. }) => return Ok(Err(e)),
-            Err(e) => return Err(e),
+            Some(Ok(RateReply::Limited { retry_at, .. })) => window_at = Some(retry_at),
+            Some(Err(e @ Error::RateMismatch { .. })) => return Ok(Err(e)),
+            Some(Err(e)) => return Err(e),
         }
     }
     let gate = db_int(window_at.map_or(0, |t| t.0))?;
@@ -1195,6 +1283,69 @@ pub async fn revoke(rows: &mut impl SemRows, lease: LeaseId) -> Result<Done<bool
     Ok((held, st.finish().await?))
 }
 
+/// An admission given back unused (`crate::admission::seam`): the lease released and its
+/// charge returned to the name's limiter ([`rate::give_back`], `counted`: the limiter's row
+/// counts admissions given back past their use-by instant) in one transaction, and to the
+/// own limiter of the lease's tenant when the name has window ceilings (`docs/fair-shares.md`,
+/// "A ceiling on a share of the windows"): the tenant is read before the release, and a
+/// lease no longer held (revoked, expired) no longer names one. Without window ceilings,
+/// the statements of a release and a give-back, no more.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn give_back<R: SemRows + TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    lease: LeaseId,
+    g: &crate::seam::GiveBack,
+    slack: u64,
+    counted: bool,
+) -> Result<Done<bool>> {
+    let ((released, tenant), wakes) = release_from_tenant(rows, lease).await?;
+    rate::give_back(rows, name, g, slack, counted && released).await?;
+    if let Some(t) = &tenant {
+        rate::give_back_tenant(rows, name, t, g, slack).await?;
+    }
+    Ok((released, wakes))
+}
+
+/// An admission's cost settled (`crate::admission::seam`): the lease released and the cost
+/// settled on the name's limiter in one transaction, and on the own limiter of the lease's
+/// tenant when the name has window ceilings (see [`give_back`]).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub async fn settle<R: SemRows + TenantLimiterRows>(
+    rows: &mut R,
+    name: &Name,
+    lease: LeaseId,
+    s: &crate::seam::Settlement,
+    slack: u64,
+) -> Result<Done<bool>> {
+    let ((released, tenant), wakes) = release_from_tenant(rows, lease).await?;
+    rate::settle(rows, name, s, released, slack).await?;
+    if let Some(t) = &tenant {
+        rate::settle_tenant(rows, name, t, s, released, slack).await?;
+    }
+    Ok((released, wakes))
+}
+
+/// [`release`], and the tenant of the lease it released if the name has window ceilings
+/// (read before the release; `None` otherwise, and without reading it).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+async fn release_from_tenant(
+    rows: &mut impl SemRows,
+    lease: LeaseId,
+) -> Result<Done<(bool, Option<String>)>> {
+    let Some(mut st) = Step::load(rows, None).await? else {
+        return Ok(((false, None), Vec::new()));
+    };
+    let tenant = match st.has_window_ceilings() {
+        true => st.holder(lease).await?.and_then(|l| l.tenant),
+        false => None,
+    };
+    let held = st.remove_holder(lease).await?;
+    st.hand_off().await?;
+    let tenant = tenant.filter(|_| held);
+    Ok(((held, tenant), st.finish().await?))
+}
+
 /// Removes the semaphore with its holders and waiters, without purging first (as the
 /// model). Unreadable lease ids are skipped rather than failing: deleting is how an admin
 /// clears a semaphore whose rows are damaged.
@@ -1232,9 +1383,16 @@ pub async fn set_tenant_limits(
     let mut st = Step::open(rows, Some(1))
         .await?
         .ok_or_else(|| corrupt("internal: semaphore not created"))?;
-    let mut map = st.limits.take().map(|l| l.by_tenant).unwrap_or_default();
+    let (mut map, mut capped) = st
+        .limits
+        .take()
+        .map(|l| (l.by_tenant, l.capped))
+        .unwrap_or_default();
     match limits.is_none() {
-        true => map.remove(tenant),
+        true => {
+            capped.remove(tenant);
+            map.remove(tenant)
+        }
         false => map.insert(tenant.to_string(), limits),
     };
     if st.loaded.is_some() && !st.is_empty() {
@@ -1252,10 +1410,14 @@ pub async fn set_tenant_limits(
     match limits.is_none() {
         true => st.rows.drop_tenant_limits(tenant).await?,
         false => {
+            // The window-capped-until instant is kept (`save_tenant_limits` leaves it): the
+            // tenant's own limiter decides again at its next turn either way.
             let row = LimitRow {
                 tenant: tenant.to_string(),
                 ceiling: limits.ceiling.map(i64::from),
                 floor: limits.floor.into(),
+                window_ceiling: limits.window_ceiling.map(i64::from),
+                window_capped_until: capped.get(tenant).map(|t| db_int(t.0)).transpose()?,
             };
             st.rows.save_tenant_limits(&row).await?
         }
@@ -1263,6 +1425,7 @@ pub async fn set_tenant_limits(
     st.limits = (!map.is_empty()).then_some(Limits {
         by_tenant: map,
         held: None,
+        capped,
     });
     if st.loaded.is_some() {
         st.purge_and_hand_off().await?;
@@ -1271,24 +1434,40 @@ pub async fn set_tenant_limits(
 }
 
 /// The tenants' limits of stored rows, checked: each tenant a tenant's name, each ceiling
-/// and floor what [`TenantLimits::new`] takes.
+/// and floor what [`TenantLimits::new`] takes, each window ceiling what
+/// [`TenantLimits::with_window_ceiling`] takes.
 pub fn tenant_limits_of(rows: Vec<LimitRow>) -> Result<BTreeMap<String, TenantLimits>> {
-    limits_of_rows(rows)
+    Ok(limits_and_caps(rows)?.0)
 }
 
-fn limits_of_rows(rows: Vec<LimitRow>) -> Result<BTreeMap<String, TenantLimits>> {
+/// [`tenant_limits_of`], and the window-capped-until instants of the rows that have one.
+fn limits_and_caps(
+    rows: Vec<LimitRow>,
+) -> Result<(BTreeMap<String, TenantLimits>, HashMap<String, StoreTime>)> {
     let mut out = BTreeMap::new();
+    let mut capped = HashMap::new();
     for row in rows {
         let Some(tenant) = tenant_of(&Some(row.tenant))? else {
             continue;
         };
         let ceiling = row.ceiling.map(|c| u32_of(c, "ceiling")).transpose()?;
         let floor = u32_of(row.floor, "floor")?;
+        let window = row
+            .window_ceiling
+            .map(|w| {
+                u8::try_from(w)
+                    .map_err(|_| corrupt(format!("window ceiling = {w} is out of range")))
+            })
+            .transpose()?;
         let limits = TenantLimits::new(ceiling, floor)
+            .and_then(|l| l.with_window_ceiling(window))
             .map_err(|e| corrupt(format!("tenant {tenant:?}'s limits: {e}")))?;
+        if let Some(until) = row.window_capped_until {
+            capped.insert(tenant.clone(), time_of(until, "window_capped_until")?);
+        }
         out.insert(tenant, limits);
     }
-    Ok(out)
+    Ok((out, capped))
 }
 
 fn not_found(name: &Name) -> Error {

@@ -61,6 +61,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("fair_shares.sql"),
     include_str!("tenant_rows.sql"),
     include_str!("tenant_limits.sql"),
+    include_str!("window_ceilings.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -135,6 +136,11 @@ impl Migrated {
     /// Names may carry tenants' ceilings and floors (schema version 8).
     pub(crate) fn tenant_limits(self) -> bool {
         self.schema >= LIMITS_FROM
+    }
+
+    /// Tenants' limits may carry window ceilings (schema version 9).
+    pub(crate) fn window_ceilings(self) -> bool {
+        self.schema >= WINDOWS_FROM
     }
 
     /// The routine version whose acquire and release of one permit this client calls, the
@@ -220,6 +226,9 @@ pub const TENANTS_FROM: i64 = 7;
 /// The schema version with tenants' ceilings and floors (`tenant_limits.sql`): below it,
 /// setting limits answers Unsupported.
 pub const LIMITS_FROM: i64 = 8;
+/// The schema version with tenants' window ceilings (`window_ceilings.sql`): below it,
+/// setting one answers Unsupported.
+pub const WINDOWS_FROM: i64 = 9;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -420,7 +429,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 19, "{all:#?}");
+        assert_eq!(all.len(), 23, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -453,11 +462,13 @@ mod tests {
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {
             assert!(!s.contains("--"), "{s}");
-            // An ADD COLUMN is made idempotent by `run` (error 1060 is taken as done).
+            // An ADD COLUMN is made idempotent by `run` (error 1060 is taken as done); a
+            // MODIFY COLUMN to the same definition changes nothing the second time.
             assert!(
                 s.starts_with("CREATE TABLE IF NOT EXISTS")
                     || s.starts_with("INSERT IGNORE")
-                    || (s.starts_with("ALTER TABLE") && s.contains("ADD COLUMN")),
+                    || (s.starts_with("ALTER TABLE")
+                        && (s.contains("ADD COLUMN") || s.contains("MODIFY COLUMN"))),
                 "not idempotent: {s}"
             );
         }

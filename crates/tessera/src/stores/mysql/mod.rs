@@ -106,7 +106,8 @@ macro_rules! step {
                     .with_gates($self.gates)
                     .with_fair_shares($self.fair)
                     .with_tenant_rows($self.tenant_rows)
-                    .with_tenant_limits($self.db.tenant_limits());
+                    .with_tenant_limits($self.db.tenant_limits())
+                    .with_window_ceilings($self.db.window_ceilings());
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -743,6 +744,13 @@ impl Backend for MysqlBackend {
                     .into(),
             ));
         }
+        if limits.window_ceiling.is_some() && !self.db.window_ceilings() {
+            return Err(Error::Unsupported(
+                "tenant window ceilings need tessera's MySQL schema version 9 (connect once \
+                 as a user that may ALTER tessera's tables)"
+                    .into(),
+            ));
+        }
         step!(self, name, |rows| sql::set_tenant_limits(
             rows, name, tenant, limits
         ))?
@@ -754,7 +762,7 @@ impl Backend for MysqlBackend {
             return Ok(BTreeMap::new());
         }
         let mut conn = self.conns.ops().await?;
-        ops::tenant_limits(&mut conn, name.as_str()).await
+        ops::tenant_limits(&mut conn, name.as_str(), self.db.window_ceilings()).await
     }
 
     /// Grants reach waiters in other processes through their doorbell (`notify.rs`), which
@@ -773,10 +781,12 @@ impl Backend for MysqlBackend {
             true => caps.with_fair_shares(),
             false => caps,
         };
-        // Tenants' limits from schema version 8 on (`tenant_limits.sql`).
-        match self.db.tenant_limits() {
-            true => caps.with_tenant_limits(),
-            false => caps,
+        // Tenants' limits from schema version 8 on (`tenant_limits.sql`), their window
+        // ceilings from version 9 on (`window_ceilings.sql`).
+        match (self.db.tenant_limits(), self.db.window_ceilings()) {
+            (true, true) => caps.with_tenant_limits().with_window_ceilings(),
+            (true, false) => caps.with_tenant_limits(),
+            (false, _) => caps,
         }
     }
 
@@ -822,25 +832,22 @@ impl AdmissionBackend for MysqlBackend {
         Ok(reply)
     }
 
-    /// The release and the return of the charge in one transaction.
+    /// The release and the return of the charge in one transaction (to the lease's tenant's
+    /// own limiter too under a window ceiling, `stores/sql/step.rs`).
     async fn give_back(&self, name: &Name, lease: LeaseId, g: GiveBack) -> Result<bool> {
         self.unhold(lease);
         let counted = self.counts_expired;
-        step!(self, name, |rows| async {
-            let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::give_back(&mut *rows, name, &g, 0, counted && released).await?;
-            Ok::<_, Error>((released, wakes))
-        })
+        step!(self, name, |rows| sql::give_back(
+            rows, name, lease, &g, 0, counted
+        ))
     }
 
-    /// The release and the settle in one transaction.
+    /// The release and the settle in one transaction (see [`MysqlBackend::give_back`]).
     async fn settle(&self, name: &Name, lease: LeaseId, settlement: &Settlement) -> Result<bool> {
         self.unhold(lease);
-        step!(self, name, |rows| async {
-            let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::settle(&mut *rows, name, settlement, released, 0).await?;
-            Ok::<_, Error>((released, wakes))
-        })
+        step!(self, name, |rows| sql::settle(
+            rows, name, lease, settlement, 0
+        ))
     }
 }
 

@@ -250,6 +250,16 @@ pub(crate) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tesse
 const SAVE_TENANT_LIMITS: &str =
     "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
      VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE ceiling = VALUES(ceiling), floor = VALUES(floor)";
+/// The same with tenants' window ceilings and window-capped-until instants (schema version
+/// 9, `window_ceilings.sql`), which a save leaves as they are and [`CAP_WINDOW`] sets.
+pub(crate) const TENANT_LIMITS_WINDOWS: &str = "SELECT tenant, ceiling, floor, window_ceiling, \
+     window_capped_until FROM tessera_tenant_limits WHERE name = ? ORDER BY tenant";
+const SAVE_TENANT_LIMITS_WINDOWS: &str =
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor, window_ceiling) \
+     VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE ceiling = VALUES(ceiling), \
+     floor = VALUES(floor), window_ceiling = VALUES(window_ceiling)";
+const CAP_WINDOW: &str =
+    "UPDATE tessera_tenant_limits SET window_capped_until = ? WHERE name = ? AND tenant = ?";
 const DROP_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ? AND tenant = ?";
 const DROP_ALL_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ?";
 const HELD_BY_TENANT: &str = "SELECT tenant, CAST(SUM(weight) AS SIGNED) FROM tessera_holders \
@@ -362,6 +372,12 @@ pub(crate) struct MysqlRows<'c> {
     /// Whether names may carry tenants' limits (schema version 8, which implies 7); off by
     /// default.
     limits: bool,
+    /// Whether tenants' limits carry window ceilings (schema version 9, which implies 8);
+    /// off by default.
+    windows: bool,
+    /// The limiter an admission's rate statements are about (`rate.rs`): `None`, the name's
+    /// own; else a tenant's own limiter's key (`TenantLimiterRows::point_at`).
+    limiter: Option<String>,
     /// The step's clock reading, from [`SemRows::load`] (the limiter's rows of an
     /// admission are decided on it).
     now: StoreTime,
@@ -402,6 +418,8 @@ impl<'c> MysqlRows<'c> {
             fair: false,
             tenant_rows: false,
             limits: false,
+            windows: false,
+            limiter: None,
             now: StoreTime(0),
             pending: if begin {
                 "START TRANSACTION;".to_string()
@@ -474,14 +492,30 @@ impl<'c> MysqlRows<'c> {
         self
     }
 
+    /// Reads and writes tenants' window ceilings (schema version 9, with tenants' limits).
+    pub(crate) fn with_window_ceilings(mut self, on: bool) -> Self {
+        self.windows = on;
+        if on {
+            self = self.with_tenant_limits(true);
+        }
+        self
+    }
+
+    /// Points an admission's rate statements at limiter `key` (`None`: the name's own).
+    pub(crate) fn point_at(&mut self, key: Option<String>) {
+        self.limiter = key;
+    }
+
     /// The step's clock reading (see [`MysqlRows::now`]).
     pub(crate) fn now(&self) -> StoreTime {
         self.now
     }
 
-    /// The connection and the semaphore's name, for the limiter's rows of an admission.
-    pub(crate) fn conn_and_name(&mut self) -> (&mut MySqlConnection, &'c str) {
-        (self.conn, self.name)
+    /// The connection and the key of the limiter an admission's rate statements are about:
+    /// the semaphore's name, or a tenant's own limiter's key while pointed at it.
+    pub(crate) fn conn_and_limiter(&mut self) -> (&mut MySqlConnection, &str) {
+        let key = self.limiter.as_deref().unwrap_or(self.name);
+        (&mut *self.conn, key)
     }
 
     /// The statement that reads the queue head.
@@ -1180,7 +1214,11 @@ impl SemRows for MysqlRows<'_> {
     async fn tenant_limits(&mut self) -> Result<Vec<LimitRow>> {
         self.require_limits()?;
         let name = self.name();
-        let rows = self.fetch(TENANT_LIMITS, &[name]).await?;
+        let sql = match self.windows {
+            true => TENANT_LIMITS_WINDOWS,
+            false => TENANT_LIMITS,
+        };
+        let rows = self.fetch(sql, &[name]).await?;
         rows.iter().map(limit_at).collect()
     }
 
@@ -1188,8 +1226,27 @@ impl SemRows for MysqlRows<'_> {
         self.require_limits()?;
         let name = self.name();
         let ceiling = row.ceiling.map_or(Lit::Null, Lit::Int);
+        let window = row.window_ceiling.map_or(Lit::Null, Lit::Int);
         let args = [name, Lit::Text(&row.tenant), ceiling, Lit::Int(row.floor)];
-        self.defer(SAVE_TENANT_LIMITS, &args);
+        match (self.windows, row.window_ceiling) {
+            (true, _) => self.defer(SAVE_TENANT_LIMITS_WINDOWS, &[&args[..], &[window]].concat()),
+            (false, None) => self.defer(SAVE_TENANT_LIMITS, &args),
+            (false, Some(_)) => {
+                return Err(corrupt(
+                    "internal: a window ceiling on a schema without them",
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    async fn cap_window(&mut self, tenant: &str, until: Option<i64>) -> Result<()> {
+        if !self.windows {
+            return Err(corrupt("internal: a window cap on a schema without them"));
+        }
+        let name = self.name();
+        let until = until.map_or(Lit::Null, Lit::Int);
+        self.defer(CAP_WINDOW, &[until, name, Lit::Text(tenant)]);
         Ok(())
     }
 
@@ -1288,11 +1345,17 @@ impl SemRows for MysqlRows<'_> {
 }
 
 /// The tenants' limits kept for `name` (one statement, no transaction).
+/// `windows`: the rows have window ceilings (schema version 9).
 pub(crate) async fn tenant_limits(
     conn: &mut MySqlConnection,
     name: &str,
+    windows: bool,
 ) -> Result<std::collections::BTreeMap<String, tessera_core::model::TenantLimits>> {
-    let mut results = batch(conn, render(TENANT_LIMITS, &[Lit::Text(name)])).await?;
+    let sql = match windows {
+        true => TENANT_LIMITS_WINDOWS,
+        false => TENANT_LIMITS,
+    };
+    let mut results = batch(conn, render(sql, &[Lit::Text(name)])).await?;
     let rows = results.pop().map(|(rows, _)| rows).unwrap_or_default();
     let rows = rows.iter().map(limit_at).collect::<Result<Vec<_>>>()?;
     tessera_core::stores::sql::tenant_limits_of(rows)
@@ -1376,14 +1439,23 @@ fn corrupt(msg: impl Into<String>) -> Error {
 }
 
 /// The gate of a [`HEAD_GATED`] row (column 7).
-/// A tenant's limits: tenant, ceiling (NULL: none), floor.
+/// A tenant's limits: tenant, ceiling (NULL: none), floor, and where the row has them
+/// ([`TENANT_LIMITS_WINDOWS`]) window ceiling (NULL: none) and window-capped-until (NULL:
+/// not capped).
 fn limit_at(row: &MySqlRow) -> Result<LimitRow> {
+    let opt = |i: usize, what: &str| -> Result<Option<i64>> {
+        if i >= row.columns().len() {
+            return Ok(None);
+        }
+        row.try_get::<Option<i64>, _>(i)
+            .map_err(|e| corrupt(format!("{what}: {e}")))
+    };
     Ok(LimitRow {
         tenant: text_at(row, 0)?,
-        ceiling: row
-            .try_get::<Option<i64>, _>(1)
-            .map_err(|e| corrupt(format!("ceiling: {e}")))?,
+        ceiling: opt(1, "ceiling")?,
         floor: int_at(row, 2)?,
+        window_ceiling: opt(3, "window_ceiling")?,
+        window_capped_until: opt(4, "window_capped_until")?,
     })
 }
 

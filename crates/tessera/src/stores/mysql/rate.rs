@@ -33,6 +33,7 @@ use tessera_core::rate::seam::RateStatus;
 use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 use tessera_core::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
+    TenantLimiterRows,
 };
 use tessera_core::stores::sql::{read_rate_status, RateRead, RateSnapshot};
 
@@ -302,12 +303,25 @@ impl RateRows for MysqlRows<'_> {
     async fn expired_unused(&mut self) -> Result<u64> {
         self.rate_rows().expired_unused().await
     }
+
+    async fn drop_tenant_limiters(&mut self, name: &str) -> Result<()> {
+        self.rate_rows().drop_tenant_limiters(name).await
+    }
+}
+
+/// An admission's rows reach the tenants' own limiters too (window ceilings): the rate
+/// statements above are about the limiter [`MysqlRows::point_at`] names.
+impl TenantLimiterRows for MysqlRows<'_> {
+    fn point_at(&mut self, key: Option<String>) {
+        MysqlRows::point_at(self, key);
+    }
 }
 
 impl<'c> MysqlRows<'c> {
-    /// The limiter of the same name, on this step's connection.
+    /// The limiter of the same name (or the tenant's own it is pointed at), on this step's
+    /// connection.
     fn rate_rows(&mut self) -> MysqlRateRows<'_> {
-        let (conn, name) = self.conn_and_name();
+        let (conn, name) = self.conn_and_limiter();
         MysqlRateRows { conn, name }
     }
 }
@@ -413,11 +427,14 @@ impl RateBackend for MysqlBackend {
         ))
     }
 
+    /// The tenants' own limiters (window ceilings) are left out: they are their names'.
     async fn rate_list(&self) -> Result<Vec<String>> {
         let mut conn = self.conns.ops().await?;
-        sqlx::query_scalar(LIST)
+        let mut names: Vec<String> = sqlx::query_scalar(LIST)
             .fetch_all(&mut *conn)
             .await
-            .map_err(map_err)
+            .map_err(map_err)?;
+        names.retain(|n| !shared::is_tenant_key(n));
+        Ok(names)
     }
 }

@@ -22,6 +22,10 @@ const SCHEMA_3: &str = include_str!("schema_3.sql");
 /// Version 3 to 4: tenants' limits (see `schema_4.sql`; the table is `schema.sql`'s).
 const SCHEMA_4: &str = include_str!("schema_4.sql");
 
+/// Version 4 to 5: tenants' window ceilings (see `schema_5.sql`; the columns are
+/// `schema.sql`'s, added by [`migrate_from_4`] where missing).
+const SCHEMA_5: &str = include_str!("schema_5.sql");
+
 /// Fair shares' index and tenants table, run once the columns of version 2 exist (see
 /// `fair_schema.sql`).
 const FAIR_SCHEMA: &str = include_str!("fair_schema.sql");
@@ -32,9 +36,9 @@ pub(super) const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
 /// The rate tables' version this code reads and writes.
 pub(super) const RATE_SCHEMA_VERSION: i64 = 1;
 
-/// The schema version this code reads and writes (a file of version 1, 2 or 3 is migrated
-/// at connect).
-pub(super) const SCHEMA_VERSION: i64 = 4;
+/// The schema version this code reads and writes (a file of version 1 to 4 is migrated at
+/// connect).
+pub(super) const SCHEMA_VERSION: i64 = 5;
 
 /// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
 /// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
@@ -73,12 +77,16 @@ pub(super) async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
     Err(last.unwrap_or_else(|| Error::store(StoreErrorKind::Busy, "cannot switch to WAL")))
 }
 
-/// Drops every lease, waiter and rate-limiter state, keeps the fence high-water mark.
+/// Drops every lease, waiter and rate-limiter state, keeps the fence high-water mark and the
+/// tenants' limits (an administrator's setting), less their window-capped-until instants,
+/// which are times of the boot clock dropped with the state.
 pub(super) const DROP_BOOT_STATE: &str =
     "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
      DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
      DELETE FROM tessera_tenants; \
-     DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters;";
+     DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters; \
+     UPDATE tessera_tenant_limits SET window_capped_until = NULL \
+     WHERE window_capped_until IS NOT NULL;";
 
 /// Makes the file's state belong to `boot` (see the module docs): state written under another
 /// boot id, or before the file recorded one, is on another boot clock and held by processes
@@ -133,8 +141,8 @@ pub(super) async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>)
     Ok(())
 }
 
-/// Creates the tables if missing, migrates a file of version 1, 2 or 3, checks the schema versions
-/// and the boot id.
+/// Creates the tables if missing, migrates a file of version 1 to 4, checks the schema
+/// versions and the boot id.
 pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
     sqlx::raw_sql(SCHEMA)
@@ -152,12 +160,18 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             migrate_from_1(&mut tx).await?;
             migrate_from_2(&mut tx).await?;
             migrate_from_3(&mut tx).await?;
+            migrate_from_4(&mut tx).await?;
         }
         Some(2) => {
             migrate_from_2(&mut tx).await?;
             migrate_from_3(&mut tx).await?;
+            migrate_from_4(&mut tx).await?;
         }
-        Some(3) => migrate_from_3(&mut tx).await?,
+        Some(3) => {
+            migrate_from_3(&mut tx).await?;
+            migrate_from_4(&mut tx).await?;
+        }
+        Some(4) => migrate_from_4(&mut tx).await?,
         _ => {
             return Err(Error::Corrupt(format!(
                 "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
@@ -202,22 +216,33 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             "ALTER TABLE tessera_rate_limiters ADD COLUMN expired INTEGER NOT NULL DEFAULT 0",
         ),
     ] {
-        let has: bool =
-            sqlx::query_scalar("SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2")
-                .bind(table)
-                .bind(column)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        if !has {
-            sqlx::raw_sql(add)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
+        add_column(&mut tx, table, column, add).await?;
     }
     ensure_boot(&mut tx, boot).await?;
     tx.commit().await.map_err(map_err)
+}
+
+/// Runs `add` (an `ALTER TABLE … ADD COLUMN`) unless `table` has `column`.
+async fn add_column(
+    conn: &mut SqliteConnection,
+    table: &str,
+    column: &str,
+    add: &'static str,
+) -> Result<()> {
+    let has: bool =
+        sqlx::query_scalar("SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2")
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    if !has {
+        sqlx::raw_sql(add)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok(())
 }
 
 /// Migrates a file of schema version 1 to 2 inside the connect's transaction: fair shares'
@@ -245,6 +270,30 @@ async fn migrate_from_2(conn: &mut SqliteConnection) -> Result<()> {
 /// limits (`schema_4.sql`; `schema.sql` created their table, empty).
 async fn migrate_from_3(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::raw_sql(SCHEMA_4)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+/// Migrates a file of schema version 4 to 5 inside the connect's transaction: tenants'
+/// window ceilings (`schema_5.sql`), the columns `schema.sql` declares added to a limits
+/// table made before them.
+async fn migrate_from_4(conn: &mut SqliteConnection) -> Result<()> {
+    for (column, add) in [
+        (
+            "window_ceiling",
+            "ALTER TABLE tessera_tenant_limits ADD COLUMN window_ceiling INTEGER \
+             CHECK (window_ceiling IS NULL OR window_ceiling BETWEEN 1 AND 100)",
+        ),
+        (
+            "window_capped_until",
+            "ALTER TABLE tessera_tenant_limits ADD COLUMN window_capped_until INTEGER",
+        ),
+    ] {
+        add_column(conn, "tessera_tenant_limits", column, add).await?;
+    }
+    sqlx::raw_sql(SCHEMA_5)
         .execute(&mut *conn)
         .await
         .map_err(map_err)?;

@@ -783,6 +783,7 @@ impl Backend for SqliteBackend {
             })
             .with_fair_shares()
             .with_tenant_limits()
+            .with_window_ceilings()
             .with_arrivals_in_flight(LOCKED_STEP_ARRIVALS)
     }
 
@@ -846,7 +847,8 @@ impl AdmissionBackend for SqliteBackend {
         })
     }
 
-    /// The release and the return of the charge in one transaction. `at` comes back in wall
+    /// The release and the return of the charge in one transaction (to the lease's tenant's
+    /// own limiter too under a window ceiling, `stores/sql/step.rs`). `at` comes back in wall
     /// time, as for `rate_cancel`.
     async fn give_back(&self, name: &Name, lease: LeaseId, mut g: GiveBack) -> Result<bool> {
         g.at = self.wall_to_store(g.at);
@@ -854,11 +856,9 @@ impl AdmissionBackend for SqliteBackend {
             true => rate::CANCEL_SLACK_US,
             false => 0,
         };
-        Ok(step!(self, name, |rows| async {
-            let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::give_back(&mut *rows, name, &g, slack, released).await?;
-            Ok::<_, Error>((released, wakes))
-        }))
+        Ok(step!(self, name, |rows| sql::give_back(
+            rows, name, lease, &g, slack, true
+        )))
     }
 
     /// The release and the settle in one transaction. `at` comes back in wall time; a
@@ -871,11 +871,9 @@ impl AdmissionBackend for SqliteBackend {
             true => REANCHOR_US as u64,
             false => 0,
         };
-        Ok(step!(self, name, |rows| async {
-            let (released, wakes) = sql::release(&mut *rows, lease).await?;
-            sql::rate::settle(&mut *rows, name, &s, released, slack).await?;
-            Ok::<_, Error>((released, wakes))
-        }))
+        Ok(step!(self, name, |rows| sql::settle(
+            rows, name, lease, &s, slack
+        )))
     }
 }
 

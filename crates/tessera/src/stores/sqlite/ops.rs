@@ -100,11 +100,17 @@ const DROP_TENANTS: &str = "DELETE FROM tessera_tenants WHERE name = ?1";
 
 /// Tenants' ceilings and floors (`docs/fair-shares.md`, "Ceilings and floors"), and what
 /// the step with limits reads: the permits per tenant and the queue.
-pub(super) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor FROM tessera_tenant_limits \
-     WHERE name = ?1 ORDER BY tenant";
+/// With the window ceilings (`docs/fair-shares.md`, "A ceiling on a share of the windows")
+/// and the window-capped-until instants, which a save leaves as they are and
+/// [`CAP_WINDOW`] sets.
+pub(super) const TENANT_LIMITS: &str = "SELECT tenant, ceiling, floor, window_ceiling, \
+     window_capped_until FROM tessera_tenant_limits WHERE name = ?1 ORDER BY tenant";
 const SAVE_TENANT_LIMITS: &str =
-    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor) \
-     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name, tenant) DO UPDATE SET ceiling = ?3, floor = ?4";
+    "INSERT INTO tessera_tenant_limits (name, tenant, ceiling, floor, window_ceiling) \
+     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (name, tenant) \
+     DO UPDATE SET ceiling = ?3, floor = ?4, window_ceiling = ?5";
+const CAP_WINDOW: &str = "UPDATE tessera_tenant_limits SET window_capped_until = ?3 \
+     WHERE name = ?1 AND tenant = ?2";
 const DROP_TENANT_LIMITS: &str =
     "DELETE FROM tessera_tenant_limits WHERE name = ?1 AND tenant = ?2";
 const DROP_ALL_TENANT_LIMITS: &str = "DELETE FROM tessera_tenant_limits WHERE name = ?1";
@@ -159,6 +165,9 @@ pub(crate) struct SqliteRows<'c> {
     /// The waiters granted by this step whose row named their process's wake-up socket:
     /// `(lease id, socket)`.
     woken: Vec<(String, String)>,
+    /// The limiter the rate statements of an admission are about: `None`, the name's own;
+    /// else a tenant's own limiter's key (`TenantLimiterRows::point_at`).
+    limiter: Option<String>,
 }
 
 /// The connection a [`SqliteRows`] runs its statements on.
@@ -198,6 +207,7 @@ impl<'c> SqliteRows<'c> {
             wall: now,
             wake: None,
             woken: Vec::new(),
+            limiter: None,
         })
     }
 
@@ -211,6 +221,7 @@ impl<'c> SqliteRows<'c> {
             wall: now,
             wake: None,
             woken: Vec::new(),
+            limiter: None,
         }
     }
 
@@ -235,6 +246,17 @@ impl<'c> SqliteRows<'c> {
     /// The semaphore's (and, for an admission, the limiter's) name.
     pub(super) fn name(&self) -> &str {
         self.name
+    }
+
+    /// The key of the limiter an admission's rate statements are about: the name, or a
+    /// tenant's own limiter's key while pointed at it.
+    pub(super) fn limiter(&self) -> &str {
+        self.limiter.as_deref().unwrap_or(self.name)
+    }
+
+    /// Points the rate statements at limiter `key` (`None`: the name's own).
+    pub(super) fn point_at(&mut self, key: Option<String>) {
+        self.limiter = key;
     }
 
     /// The store's time of this step.
@@ -616,10 +638,18 @@ impl SemRows for SqliteRows<'_> {
             self.name,
             row.tenant,
             row.ceiling,
-            row.floor
+            row.floor,
+            row.window_ceiling
         ])
         .map_err(rq_err)
         .map(drop)
+    }
+
+    async fn cap_window(&mut self, tenant: &str, until: Option<i64>) -> Result<()> {
+        let mut st = self.db().prepare_cached(CAP_WINDOW).map_err(rq_err)?;
+        st.execute(rusqlite::params![self.name, tenant, until])
+            .map_err(rq_err)
+            .map(drop)
     }
 
     async fn drop_tenant_limits(&mut self, tenant: &str) -> Result<()> {
@@ -713,6 +743,8 @@ pub(crate) async fn tenant_limits(
                 tenant: row.try_get::<String, _>(0).map_err(get)?,
                 ceiling: row.try_get::<Option<i64>, _>(1).map_err(get)?,
                 floor: row.try_get::<i64, _>(2).map_err(get)?,
+                window_ceiling: row.try_get::<Option<i64>, _>(3).map_err(get)?,
+                window_capped_until: row.try_get::<Option<i64>, _>(4).map_err(get)?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -795,14 +827,19 @@ fn woken_at(row: &rusqlite::Row<'_>) -> Result<(String, Option<String>)> {
     Ok((text_at(row, 0)?, wake))
 }
 
-/// A tenant's limits: tenant, ceiling (NULL: none), floor.
+/// A tenant's limits: tenant, ceiling (NULL: none), floor, window ceiling (NULL: none),
+/// window-capped-until (NULL: not capped).
 fn limit_at(row: &rusqlite::Row<'_>) -> Result<LimitRow> {
+    let opt = |i: usize, what: &str| {
+        row.get::<_, Option<i64>>(i)
+            .map_err(|e| corrupt(format!("{what}: {e}")))
+    };
     Ok(LimitRow {
         tenant: text_at(row, 0)?,
-        ceiling: row
-            .get::<_, Option<i64>>(1)
-            .map_err(|e| corrupt(format!("ceiling: {e}")))?,
+        ceiling: opt(1, "ceiling")?,
         floor: int_at(row, 2)?,
+        window_ceiling: opt(3, "window_ceiling")?,
+        window_capped_until: opt(4, "window_capped_until")?,
     })
 }
 

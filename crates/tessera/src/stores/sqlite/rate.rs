@@ -24,6 +24,7 @@ use tessera_core::seam::{RateBackend, RateConfig, RateReply, RateRequest};
 pub(crate) use tessera_core::stores::sql::rate::decode_tat;
 use tessera_core::stores::sql::rate::{
     self as shared, corrupt, db, encode_tat, non_negative, RateRow, RateRows, SettleRows,
+    TenantLimiterRows,
 };
 use tessera_core::stores::sql::{read_rate_status, RateRead, RateSnapshot};
 
@@ -143,7 +144,7 @@ impl RateRows for SqliteRows<'_> {
     async fn load(&mut self) -> Result<(StoreTime, Option<RateRow>)> {
         let now = self.now();
         let mut st = self.db().prepare_cached(LOAD).map_err(rq_err)?;
-        let mut rows = st.query([self.name()]).map_err(rq_err)?;
+        let mut rows = st.query([self.limiter()]).map_err(rq_err)?;
         let Some(row) = rows.next().map_err(rq_err)? else {
             return Ok((now, None));
         };
@@ -172,7 +173,7 @@ impl RateRows for SqliteRows<'_> {
     async fn save(&mut self, state: &RateState, expires_at: u64) -> Result<()> {
         let mut st = self.db().prepare_cached(SAVE).map_err(rq_err)?;
         st.execute(rusqlite::params![
-            self.name(),
+            self.limiter(),
             state.config,
             db(state.seq),
             db(state.tail),
@@ -191,7 +192,7 @@ impl RateRows for SqliteRows<'_> {
     async fn prune(&mut self, cutoff: u64) -> Result<Option<i64>> {
         let mut st = self.db().prepare_cached(PRUNE).map_err(rq_err)?;
         let gone = st
-            .query_map(rusqlite::params![self.name(), db(cutoff)], |r| {
+            .query_map(rusqlite::params![self.limiter(), db(cutoff)], |r| {
                 r.get::<_, i64>(0)
             })
             .map_err(rq_err)?;
@@ -212,7 +213,7 @@ impl RateRows for SqliteRows<'_> {
             .db()
             .prepare_cached(tessera_core::stores::sql::rate::APPEND)
             .map_err(rq_err)?;
-        st.execute(rusqlite::params![self.name(), db(p), db(t)])
+        st.execute(rusqlite::params![self.limiter(), db(p), db(t)])
             .map_err(rq_err)?;
         Ok(())
     }
@@ -222,7 +223,7 @@ impl RateRows for SqliteRows<'_> {
             .db()
             .prepare_cached(tessera_core::stores::sql::rate::REMOVE_ENTRY)
             .map_err(rq_err)?;
-        st.execute(rusqlite::params![self.name(), db(p)])
+        st.execute(rusqlite::params![self.limiter(), db(p)])
             .map_err(rq_err)?;
         Ok(())
     }
@@ -234,7 +235,7 @@ impl RateRows for SqliteRows<'_> {
     async fn whole_log(&mut self) -> Result<Vec<(i64, i64)>> {
         let mut st = self.db().prepare_cached(WHOLE_LOG).map_err(rq_err)?;
         let log = st
-            .query_map([self.name()], |r| {
+            .query_map([self.limiter()], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
             })
             .map_err(rq_err)?;
@@ -246,7 +247,7 @@ impl RateRows for SqliteRows<'_> {
             .db()
             .prepare_cached(tessera_core::stores::sql::rate::COUNT_EXPIRED)
             .map_err(rq_err)?;
-        st.execute(rusqlite::params![db(until), db(until), self.name()])
+        st.execute(rusqlite::params![db(until), db(until), self.limiter()])
             .map_err(rq_err)?;
         Ok(())
     }
@@ -254,6 +255,15 @@ impl RateRows for SqliteRows<'_> {
     async fn expired_unused(&mut self) -> Result<u64> {
         let n = self.one_int(tessera_core::stores::sql::rate::EXPIRED_UNUSED, None)?;
         non_negative(n.unwrap_or(0), "expired count")
+    }
+
+    async fn drop_tenant_limiters(&mut self, name: &str) -> Result<()> {
+        let (lo, hi) = tessera_core::stores::sql::rate::tenant_keys_of(name);
+        for q in tessera_core::stores::sql::rate::TENANT_KEYS {
+            let mut st = self.db().prepare_cached(q).map_err(rq_err)?;
+            st.execute([&lo, &hi]).map_err(rq_err)?;
+        }
+        Ok(())
     }
 }
 
@@ -264,7 +274,7 @@ impl SettleRows for SqliteRows<'_> {
             .prepare_cached(tessera_core::stores::sql::rate::LAST_AT_OR_BEFORE)
             .map_err(rq_err)?;
         let mut rows = st
-            .query(rusqlite::params![self.name(), db(t)])
+            .query(rusqlite::params![self.limiter(), db(t)])
             .map_err(rq_err)?;
         match rows.next().map_err(rq_err)? {
             Some(row) => Ok(Some((int_at(row, 0)?, int_at(row, 1)?))),
@@ -280,13 +290,13 @@ impl SettleRows for SqliteRows<'_> {
         let [delete, shift, flip] = tessera_core::stores::sql::rate::LOWER;
         let db_ = self.db();
         db_.prepare_cached(delete)
-            .and_then(|mut st| st.execute(rusqlite::params![self.name(), db(t)]))
+            .and_then(|mut st| st.execute(rusqlite::params![self.limiter(), db(t)]))
             .map_err(rq_err)?;
         db_.prepare_cached(shift)
-            .and_then(|mut st| st.execute(rusqlite::params![db(d), self.name(), db(t)]))
+            .and_then(|mut st| st.execute(rusqlite::params![db(d), self.limiter(), db(t)]))
             .map_err(rq_err)?;
         db_.prepare_cached(flip)
-            .and_then(|mut st| st.execute([self.name()]))
+            .and_then(|mut st| st.execute([self.limiter()]))
             .map_err(rq_err)?;
         if let Some(p) = keep {
             self.append(p, t).await?;
@@ -295,13 +305,22 @@ impl SettleRows for SqliteRows<'_> {
     }
 }
 
+/// An admission's rows reach the tenants' own limiters too (window ceilings): the rate
+/// statements above bind [`SqliteRows::limiter`].
+impl TenantLimiterRows for SqliteRows<'_> {
+    fn point_at(&mut self, key: Option<String>) {
+        SqliteRows::point_at(self, key);
+    }
+}
+
 impl SqliteRows<'_> {
-    /// The first column of the first row of `sql` (name, then `arg`), NULL as `None`.
+    /// The first column of the first row of `sql` (the limiter's key, then `arg`), NULL as
+    /// `None`.
     fn one_int(&self, sql: &'static str, arg: Option<i64>) -> Result<Option<i64>> {
         let mut st = self.db().prepare_cached(sql).map_err(rq_err)?;
         let mut rows = match arg {
-            Some(a) => st.query(rusqlite::params![self.name(), a]),
-            None => st.query([self.name()]),
+            Some(a) => st.query(rusqlite::params![self.limiter(), a]),
+            None => st.query([self.limiter()]),
         }
         .map_err(rq_err)?;
         match rows.next().map_err(rq_err)? {
@@ -450,14 +469,17 @@ impl RateBackend for SqliteBackend {
             shared::delete(rows, name).await.map(|r| (r, Vec::new()))
         }))
     }
+    /// The tenants' own limiters (window ceilings) are left out: they are their names'.
     async fn rate_list(&self) -> Result<Vec<String>> {
         let now = self.clock.now();
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        sqlx::query_scalar(LIST)
+        let mut names: Vec<String> = sqlx::query_scalar(LIST)
             .bind(db(now.0))
             .fetch_all(&mut *conn)
             .await
-            .map_err(map_err)
+            .map_err(map_err)?;
+        names.retain(|n| !shared::is_tenant_key(n));
+        Ok(names)
     }
 }
 

@@ -1,6 +1,6 @@
--- tessera SQLite schema, version 4 (version 1 had no fair shares, version 2 no tenant on the
--- holders and waiters, version 3 no tenants' limits: migrate.rs adds them to a file of an
--- earlier version, then runs fair_schema.sql). Run once per connect inside one BEGIN
+-- tessera SQLite schema, version 5 (version 1 had no fair shares, version 2 no tenant on the
+-- holders and waiters, version 3 no tenants' limits, version 4 no window ceilings: migrate.rs
+-- adds them to a file of an earlier version, then runs fair_schema.sql). Run once per connect inside one BEGIN
 -- IMMEDIATE transaction; every statement is idempotent. Times are microseconds on the host's boot clock
 -- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
 -- Lease ids are 32 lowercase hex digits. STRICT tables refuse values of the wrong type, so a
@@ -14,18 +14,24 @@ CREATE TABLE IF NOT EXISTS tessera_meta (
     value INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
-INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 4), ('fence_hwm', 0);
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 5), ('fence_hwm', 0);
 
 -- Tenants' ceilings and floors (docs/fair-shares.md, "Ceilings and floors"), kept for the
 -- name: an administrator's setting, not dropped with an idle semaphore's row (nor at a new
 -- boot), only by set_tenant_limits or delete. The step reads how many a name has in the
 -- statement that loads its row (a subquery), so a name without any costs no statement more.
--- Schema version 4 (schema_4.sql records it on a file of version 3).
+-- Schema version 4 (schema_4.sql records it on a file of version 3). From version 5
+-- (schema_5.sql), a window ceiling (docs/fair-shares.md, "A ceiling on a share of the
+-- windows": a percentage of each rate window, NULL: none) and the instant until which the
+-- tenant's own limiter refused it (store time; NULL: not capped), which the step reads with
+-- the limits to skip the tenant's admission waiters for the head until then.
 CREATE TABLE IF NOT EXISTS tessera_tenant_limits (
     name    TEXT    NOT NULL,
     tenant  TEXT    NOT NULL,
     ceiling INTEGER CHECK (ceiling IS NULL OR ceiling BETWEEN 1 AND 1000000),
     floor   INTEGER NOT NULL CHECK (floor BETWEEN 0 AND 1000000),
+    window_ceiling      INTEGER CHECK (window_ceiling IS NULL OR window_ceiling BETWEEN 1 AND 100),
+    window_capped_until INTEGER,
     PRIMARY KEY (name, tenant)
 ) STRICT, WITHOUT ROWID;
 

@@ -246,7 +246,7 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     let rows = |st: SemaphoreStatus| {
         let holders: Vec<_> = st
             .holders
@@ -326,7 +326,7 @@ async fn a_file_of_version_3_is_migrated_keeps_its_holder_and_waiter_and_takes_l
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     assert!(b.capabilities().tenant_limits);
     let ids = |st: Option<SemaphoreStatus>| {
         let st = st.unwrap();
@@ -356,6 +356,84 @@ async fn a_file_of_version_3_is_migrated_keeps_its_holder_and_waiter_and_takes_l
         .unwrap();
     assert_eq!(ids(b.status(&s).await.unwrap()), (vec![w], vec![]));
     assert!(b.tenant_limits(&s).await.unwrap().is_empty());
+}
+
+/// A file of schema version 4 (before window ceilings) holding a tenant's limits, a holder
+/// and a waiter is migrated at connect to version 5: all of them stay (the limits without a
+/// window ceiling), and a window ceiling set from then on is kept and holds the tenant to its
+/// share of the windows (2 of 10 a minute at 20 %).
+#[tokio::test]
+async fn a_file_of_version_4_is_migrated_keeps_its_rows_and_takes_window_ceilings() {
+    use tessera_core::model::TenantLimits;
+    let (_dir, url) = temp_db();
+    let s = name("v4");
+    let limits = TenantLimits::new(Some(5), 0).unwrap();
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    {
+        let b = SqliteBackend::connect(&url).await.unwrap();
+        b.set_tenant_limits(&s, "bulk", limits).await.unwrap();
+        assert!(matches!(
+            b.acquire(&s, 1, &req(holder, 1, waiting())).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        assert!(matches!(
+            b.acquire(&s, 1, &req(waiter, 1, waiting())).await.unwrap(),
+            AcquireReply::Queued { position: 0 }
+        ));
+    }
+    // What a build of version 4 leaves: the limits table without the window columns.
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE tessera_tenant_limits DROP COLUMN window_ceiling; \
+         ALTER TABLE tessera_tenant_limits DROP COLUMN window_capped_until; \
+         UPDATE tessera_meta SET value = 4 WHERE key = 'schema_version'",
+    )
+    .execute(&b.pool)
+    .await
+    .unwrap();
+    drop(b);
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(version, 5);
+    assert!(b.capabilities().window_ceilings);
+    assert_eq!(b.tenant_limits(&s).await.unwrap()["bulk"], limits);
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, holder);
+    assert_eq!(st.queue[0].lease_id, waiter);
+
+    let windowed = limits.with_window_ceiling(Some(20)).unwrap();
+    b.set_tenant_limits(&s, "bulk", windowed).await.unwrap();
+    drop(b);
+    let store = crate::Store::connect(&url).await.unwrap();
+    assert_eq!(store.tenant_limits("v4").await.unwrap()["bulk"], windowed);
+    store
+        .set_tenant_limits("w", "bulk", windowed)
+        .await
+        .unwrap();
+    let bulk = store
+        .admission("w")
+        .permits(10)
+        .semaphore_options(
+            crate::SemaphoreOptions::default().tenant(crate::Tenant::new("bulk", 1).unwrap()),
+        )
+        .rate_options(crate::RateOptions::default().margin(Duration::from_secs(1)))
+        .rate(crate::RateSpec::per_minute(10).unwrap())
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        if let Some(t) = bulk.try_acquire().await.unwrap() {
+            held.push(t);
+        }
+    }
+    assert_eq!(held.len(), 2);
+    // Connecting again changes nothing.
+    drop(store);
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    assert_eq!(b.tenant_limits(&s).await.unwrap()["bulk"], windowed);
 }
 
 /// Two stores on one file (as two processes): limits one sets are seen and obeyed by the
@@ -464,7 +542,7 @@ async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     let mut tenant = req(LeaseId::random(), 1, waiting());
     tenant.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
     let plain = LeaseId::random();

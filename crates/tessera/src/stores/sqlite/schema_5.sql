@@ -1,0 +1,17 @@
+-- tessera SQLite schema, version 4 to 5: tenants' window ceilings (docs/fair-shares.md, "A
+-- ceiling on a share of the windows"). Run by migrate.rs inside the connect's BEGIN IMMEDIATE
+-- transaction on a file of version 4 (after schema_4.sql on one of an earlier version), once
+-- migrate.rs has added the two columns of tessera_tenant_limits that schema.sql declares
+-- (window_ceiling, window_capped_until; a table schema.sql created in this connect has them
+-- already, so they are added only where missing). Limits already there keep their rows and
+-- have no window ceiling.
+--
+-- A tenant's own limiter (its admissions' share of each window) needs no table: it is a
+-- limiter of its own in tessera_rate_limiters and tessera_rate_log, under the key of the
+-- name, U+001F and the tenant (stores/sql/rate.rs, TENANT_KEY_SEPARATOR). No name holds
+-- U+001F, so no key is another limiter's, the name's own limiter keeps its rows and
+-- statements, and an expired tenant's state is swept as any limiter's.
+--
+-- A build of version 4 refuses the file afterwards, so no process admits a tenant past its
+-- window ceiling while ignoring it.
+UPDATE tessera_meta SET value = 5 WHERE key = 'schema_version';
