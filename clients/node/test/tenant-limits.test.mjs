@@ -289,18 +289,18 @@ describe("a store that keeps no limits", () => {
     }
   });
 
-  test("SQLite, which keeps no window ceilings yet, refuses one as Unsupported (501)", async () => {
+  test("SQLite (the server's default store) keeps a window ceiling too", async () => {
     const onSqlite = await startServer();
     try {
       const sqliteClient = new Client(onSqlite.url);
-      await rejectsWith(
-        sqliteClient.setTenantLimits("jobs", "bulk", { ceiling: 2, windowCeiling: 20 }),
-        Unsupported,
-        501,
-        /keeps no tenant window ceilings/,
+      assert.deepEqual(
+        await sqliteClient.setTenantLimits("jobs", "bulk", { ceiling: 2, windowCeiling: 20 }),
+        { bulk: { ceiling: 2, floor: 0, windowCeiling: 20 } },
       );
-      assert.deepEqual(await sqliteClient.tenantLimits("jobs"), {});
-      // Without one the same store keeps the rest.
+      assert.deepEqual(await sqliteClient.tenantLimits("jobs"), {
+        bulk: { ceiling: 2, floor: 0, windowCeiling: 20 },
+      });
+      // Set again without one: the window ceiling is gone, the rest kept.
       assert.deepEqual(await sqliteClient.setTenantLimits("jobs", "bulk", { ceiling: 2 }), {
         bulk: { ceiling: 2, floor: 0 },
       });

@@ -286,17 +286,17 @@ class UnsupportedTest(unittest.TestCase):
         with self.assertRaises(tessera_client.Unsupported):
             asyncio.run(in_asyncio())
 
-    def test_a_store_that_keeps_no_window_ceilings_refuses_one_as_unsupported(self) -> None:
-        on_sqlite = support.Server()  # SQLite keeps ceilings and floors, no window ceilings yet
+    def test_a_window_ceiling_is_kept_on_sqlite_too(self) -> None:
+        on_sqlite = support.Server()  # the server's default store: SQLite
         self.addCleanup(on_sqlite.close)
         client = tessera_client.Client(on_sqlite.url)
         self.addCleanup(client.close)
-        with self.assertRaises(tessera_client.Unsupported) as caught:
-            client.set_tenant_limits("jobs", "bulk", ceiling=2, window_ceiling=20)
-        self.assertEqual(caught.exception.status, 501)
-        self.assertIn("keeps no tenant window ceilings", caught.exception.message)
-        self.assertEqual(client.tenant_limits("jobs"), {})
-        # Without one the same store keeps the rest.
+        self.assertEqual(
+            client.set_tenant_limits("jobs", "bulk", ceiling=2, window_ceiling=20),
+            {"bulk": TenantLimits(2, 0, 20)},
+        )
+        self.assertEqual(client.tenant_limits("jobs"), {"bulk": TenantLimits(2, 0, 20)})
+        # Set again without one: the window ceiling is gone, the rest kept.
         self.assertEqual(client.set_tenant_limits("jobs", "bulk", ceiling=2), {"bulk": TenantLimits(2, 0)})
 
 

@@ -2094,3 +2094,77 @@ fn tenants_sets_lists_and_clears_limits_that_run_obeys() {
     let line = assert_fails_with_one_line(&out, 64);
     assert!(line.contains("tenant"), "{line}");
 }
+
+/// `tessera tenants NAME TENANT --window-ceiling 20%` (docs/fair-shares.md, "A ceiling on a
+/// share of the windows") on the embedded store, where the user sees it: on `10/min`, the
+/// tenant's third `tessera run` within the minute does not run its command (exit 75) while
+/// another tenant's does; the table and JSON show it; a bad percentage exits 64 in one line.
+#[test]
+fn a_window_ceiling_keeps_a_tenants_runs_to_its_share_of_the_windows() {
+    let home = tmp();
+    let store = sqlite(home.path());
+    let on = |args: &[&str]| tessera_on(home.path(), &store, args);
+    let out = on(&["tenants", "sms", "bulk", "--window-ceiling", "20%"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "bulk on sms: no ceiling, floor 0, at most 20% of each rate window"
+    );
+    let out = on(&["tenants", "sms"]);
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        table.lines().collect::<Vec<_>>(),
+        [
+            "TENANT  CEILING  FLOOR  WINDOWS",
+            "bulk          -      0      20%"
+        ],
+        "{table}"
+    );
+    let out = on(&["tenants", "sms", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"bulk": {"ceiling": null, "floor": 0, "window_ceiling": 20}})
+    );
+    for bad in ["0", "101%", "twenty"] {
+        assert_fails_with_one_line(
+            &on(&["tenants", "sms", "bulk", "--window-ceiling", bad]),
+            64,
+        );
+    }
+
+    let runs = home.path().join("runs");
+    let append = format!("echo x >> {}", runs.display());
+    let run = |tenant: &str| {
+        tessera_run(
+            home.path(),
+            &store,
+            "sms",
+            &[
+                "--permits",
+                "4",
+                "--rate",
+                "10/min",
+                "--tenant",
+                tenant,
+                "--wait",
+                "0s",
+                "--",
+                "sh",
+                "-c",
+                &append,
+            ],
+        )
+    };
+    let ran = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+    for _ in 0..2 {
+        let out = run("bulk");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let out = run("bulk");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert_eq!(ran(), 2, "bulk ran past its share of the window");
+    let out = run("alerts");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(ran(), 3);
+}

@@ -867,8 +867,7 @@ async fn a_tenants_ceiling_set_over_http_holds_it_back_and_not_the_others() {
 
 /// A tenant's window ceiling (docs/fair-shares.md, "A ceiling on a share of the windows")
 /// set with `PUT …/tenants/{tenant}`: listed and shown in the status's tenant rows, a
-/// percentage outside 1..=100 refused with nothing changed, and a store that keeps no window
-/// ceilings (SQLite, for now) answers 501 with nothing kept.
+/// percentage outside 1..=100 refused with nothing changed; kept on SQLite too.
 #[tokio::test]
 async fn a_tenants_window_ceiling_set_over_http_is_listed_shown_and_checked() {
     let s = Server::start("memory://", &[]);
@@ -947,24 +946,20 @@ async fn a_tenants_window_ceiling_set_over_http_is_listed_shown_and_checked() {
         json!({"tenants": {"alerts": {"ceiling": 2, "floor": 1}}})
     );
 
-    // SQLite keeps ceilings and floors but no window ceilings yet: 501, nothing kept.
+    // SQLite keeps them too.
     let dir = tempfile::tempdir().unwrap();
     let on_sqlite = Server::start(&sqlite(dir.path()), &[]);
-    let (st, e) = put(
+    let (st, body) = put(
         on_sqlite.url("/v1/semaphores/mail/tenants/bulk"),
         json!({"ceiling": 1, "floor": 0, "window_ceiling": 20}),
     )
     .await;
-    assert_error(st, &e, StatusCode::NOT_IMPLEMENTED, "unsupported");
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("no tenant window ceilings"),
-        "{e}"
-    );
+    assert_eq!(st, 200, "{body}");
     let (_, listed) = get(&c, &on_sqlite.url("/v1/semaphores/mail/tenants")).await;
-    assert_eq!(listed, json!({"tenants": {}}));
+    assert_eq!(
+        listed,
+        json!({"tenants": {"bulk": {"ceiling": 1, "floor": 0, "window_ceiling": 20}}})
+    );
 }
 
 /// The same through a server on a throwaway Redis.
