@@ -14,8 +14,8 @@ use std::time::Duration;
 use tessera::backend::stores::MemoryBackend;
 use tessera::backend::{Clock, ManualClock};
 use tessera::{
-    Admission, Error, InvalidInput, LeaseId, RateOptions, RateSpec, SemaphoreOptions, Store,
-    StoreTime, Tenant, TenantLimits,
+    Admission, Error, InvalidInput, LeaseId, RateMode, RateOptions, RateSpec, SemaphoreOptions,
+    Store, StoreTime, Tenant, TenantLimits,
 };
 
 /// What a store of a test needs kept alive while it is used: its file's directory, or its
@@ -67,6 +67,29 @@ async fn mariadb(test: &str) -> Fixture {
     }
 }
 
+/// A throwaway `redis-server` per test.
+#[cfg(feature = "redis")]
+async fn redis(test: &str) -> Fixture {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    let url = format!("{}?prefix=windows-{test}", server.url());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
+/// A throwaway Redis Cluster (three primaries) per test: a name's semaphore, its limiter
+/// and its tenants' own limiters share one slot.
+#[cfg(feature = "redis")]
+async fn redis_cluster(test: &str) -> Fixture {
+    let cluster = tessera_testkit::servers::redis_cluster::RedisCluster::start(false);
+    let url = format!("{}?prefix=windows-{test}", cluster.url());
+    Fixture {
+        store: Store::connect(&url).await.unwrap(),
+        _keep: Some(Box::new(cluster)),
+    }
+}
+
 /// Every test below, run on the store `$make` connects (a function of the test's name).
 macro_rules! on_store {
     ($store:ident, $make:path) => {
@@ -100,6 +123,13 @@ macro_rules! on_store {
                 let f = $make("kept").await;
                 super::window_ceilings_are_kept_checked_and_removed(&f.store).await;
             }
+
+            #[tokio::test]
+            async fn in_smooth_mode_a_tenant_is_admitted_at_most_its_share_of_the_burst() {
+                let f = $make("smooth").await;
+                super::in_smooth_mode_a_tenant_is_admitted_at_most_its_share_of_the_burst(&f.store)
+                    .await;
+            }
         }
     };
 }
@@ -111,6 +141,10 @@ on_store!(postgres_store, postgres);
 on_store!(sqlite_store, sqlite);
 #[cfg(feature = "mysql")]
 on_store!(mariadb_store, mariadb);
+#[cfg(feature = "redis")]
+on_store!(redis_store, redis);
+#[cfg(feature = "redis")]
+on_store!(redis_cluster_store, redis_cluster);
 
 /// Limits with only a window ceiling of `percent`.
 fn window(percent: u8) -> TenantLimits {
@@ -286,6 +320,91 @@ async fn window_ceilings_are_kept_checked_and_removed(store: &Store) {
     let bulk = admission(store, "k", "bulk");
     let mut held = Vec::new();
     assert_eq!(admitted(&bulk, 4, &mut held).await, 4);
+}
+
+async fn in_smooth_mode_a_tenant_is_admitted_at_most_its_share_of_the_burst(store: &Store) {
+    store
+        .set_tenant_limits("m", "bulk", window(20))
+        .await
+        .unwrap();
+    // 10 per minute after a burst of 10; `bulk`: 2 per minute after a burst of 2.
+    let smooth = |tenant: &str, cost: u32| {
+        store
+            .admission("m")
+            .permits(100)
+            .semaphore_options(SemaphoreOptions::default().tenant(Tenant::new(tenant, 1).unwrap()))
+            .rate_options(
+                RateOptions::default()
+                    .margin(Duration::from_secs(1))
+                    .mode(RateMode::Smooth { burst: 10 }),
+            )
+            .rate(RateSpec::per_minute(10).unwrap())
+            .unwrap()
+            .cost(cost)
+            .unwrap()
+    };
+    let err = smooth("bulk", 3).try_acquire().await.expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::Cost { cost: 3, max: 2 })
+        ),
+        "{err:?}"
+    );
+    let mut held = Vec::new();
+    assert_eq!(admitted(&smooth("bulk", 1), 4, &mut held).await, 2);
+    assert_eq!(admitted(&smooth("alerts", 1), 9, &mut held).await, 8);
+    assert_eq!(admitted(&smooth("bulk", 1), 1, &mut held).await, 0);
+}
+
+/// On Redis, the tenant's own limiter is kept beside the shared one, saved with the shared
+/// configuration scaled (`RateConfig::scaled(..).encode()`), and expires as any limiter
+/// state does.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_the_tenants_limiter_is_saved_with_the_scaled_configuration() {
+    let server = tessera_testkit::servers::redis::RedisServer::start();
+    let store = Store::connect(&format!("{}?prefix=scaled", server.url()))
+        .await
+        .unwrap();
+    store
+        .set_tenant_limits("c", "bulk", window(25))
+        .await
+        .unwrap();
+    let bulk = store
+        .admission("c")
+        .permits(100)
+        .semaphore_options(SemaphoreOptions::default().tenant(Tenant::new("bulk", 1).unwrap()))
+        .rate_options(RateOptions::default().margin(Duration::from_millis(500)))
+        .rate(RateSpec::per_minute(10).unwrap())
+        .unwrap()
+        .rate(RateSpec::per_minute(11).unwrap())
+        .unwrap()
+        .rate(RateSpec::new(1_000, Duration::from_secs(3_600)).unwrap())
+        .unwrap();
+    let _t = bulk.try_acquire().await.unwrap().expect("admitted");
+    let key = "{scaled:c}:rate:tenant:bulk";
+    let reply = server.command(&["HGET", key, "cfg"]);
+    let cfg = tessera_testkit::servers::redis::bulk_strings(&reply)[0].to_string();
+    let expected = bulk.limiter().config().scaled(25).encode();
+    assert_eq!(cfg, expected);
+    // (10 and 11 per minute both become 2 per minute: one limit.)
+    assert_eq!(expected, "exact+500ms|2/min,250/h");
+    let ttl: i64 = server
+        .command(&["PTTL", key])
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "the tenant's limiter expires: {ttl}");
+    // A cap is kept with the tenant's limits, which still read as set.
+    assert!(bulk.try_acquire().await.unwrap().is_some());
+    assert!(bulk.try_acquire().await.unwrap().is_none());
+    let kept = store.tenant_limits("c").await.unwrap();
+    assert_eq!(kept.get("bulk"), Some(&window(25)));
+    // Deleting the limiter drops the tenant's too.
+    assert!(store.delete_rate_limiter("c").await.unwrap());
+    assert_eq!(server.command(&["EXISTS", key]).trim(), ":0");
 }
 
 /// A private memory store on a clock the test moves.

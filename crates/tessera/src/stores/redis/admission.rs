@@ -9,6 +9,15 @@
 //! windows' instant has come; its own step then charges and grants. A version of tessera
 //! before admissions would grant such a waiter without charging its windows, so every client
 //! of one Redis must run a version that knows gates before any of them admits.
+//!
+//! Tenants' window ceilings (`docs/fair-shares.md`, "A ceiling on a share of the windows")
+//! live in the same steps (see the section in `scripts/admission.lua`): the percentage with
+//! the tenant's limits, the tenant's own limiter beside the shared one under the same hash
+//! tag, asked on the admission's turn and charged under the shared charge's id; a cost above
+//! the tenant's scaled largest cost is `InvalidInput::Cost` (reply `cost`), nothing charged.
+//! A client of a version before window ceilings cannot read a tenant's limits that carry one
+//! and fails every step on that name as corrupt: it admits nothing past a ceiling it does
+//! not know.
 
 use async_trait::async_trait;
 use redis::Value;
@@ -19,7 +28,7 @@ use super::RedisBackend;
 use tessera_core::admission::seam::{
     AdmissionBackend, AdmitReply, AdmitRequest, GiveBack, Settlement,
 };
-use tessera_core::error::{Error, Result};
+use tessera_core::error::{Error, InvalidInput, Result};
 use tessera_core::model::{Grant, LeaseId, Name, StoreTime};
 use tessera_core::rate::spec::RateConfig;
 
@@ -67,6 +76,11 @@ pub(crate) fn parse_admit(
             stored: u32::try_from(n(1)?).map_err(|_| corrupt(W, &shown))?,
             declared: capacity,
         }),
+        // Above the largest cost of the tenant's own limiter (a window ceiling).
+        "cost" => Err(Error::InvalidInput(InvalidInput::Cost {
+            cost: req.cost,
+            max: u32::try_from(n(1)?).map_err(|_| corrupt(W, &shown))?,
+        })),
         "ratemismatch" => Err(Error::RateMismatch {
             name: name.to_string(),
             stored: text(get(1)?, W)?,

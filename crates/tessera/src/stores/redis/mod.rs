@@ -113,6 +113,9 @@
 //! ran before, and meta then never expires, so no step creates such a state without knowing
 //! (`prelude.lua`, docs/stores/redis.md). A client of a build before limits cannot read such
 //! a capacity: its every step on that name fails as corrupt, so it grants nothing past them.
+//! A tenant's window ceiling rides in its limits' field, with the instant until which it is
+//! window-capped; its own limiter sits beside the shared one, `{<prefix>:<name>}:rate:tenant:<t>`
+//! (and `:rate:tenant-log:<t>`), expiring as any limiter state (`admission.rs`).
 //!
 //! Each [`RedisBackend`] has a random client id and one subscriber task on a dedicated pub/sub
 //! connection, which calls [`tessera_core::wake::notify`] for every lease id it receives, or
@@ -797,9 +800,13 @@ impl Backend for RedisBackend {
     }
 
     /// Fair shares: the queue's scores are start tags (`scripts/prelude.lua`); tenants'
-    /// ceilings and floors in a hash of their own (`scripts/set_limits.lua`).
+    /// ceilings, floors and window ceilings in a hash of their own (`scripts/set_limits.lua`,
+    /// `scripts/admission.lua`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::push().with_fair_shares().with_tenant_limits()
+        Capabilities::push()
+            .with_fair_shares()
+            .with_tenant_limits()
+            .with_window_ceilings()
     }
 
     async fn set_tenant_limits(

@@ -609,13 +609,16 @@ pub(crate) fn parse_status(v: Value, name: &Name) -> Result<Option<SemaphoreStat
     )))
 }
 
-/// The arguments of `set_limits.lua`: the tenant, then its ceiling (empty for none) and
-/// floor, or nothing more to remove its limits.
+/// The arguments of `set_limits.lua`: the tenant, then its ceiling (empty for none), floor
+/// and window ceiling if any, or nothing more to remove its limits.
 pub(crate) fn limits_args(tenant: &str, limits: TenantLimits) -> Vec<String> {
     let mut args = vec![tenant.to_string()];
     if !limits.is_none() {
         args.push(limits.ceiling.map_or_else(String::new, |c| c.to_string()));
         args.push(limits.floor.to_string());
+        if let Some(percent) = limits.window_ceiling {
+            args.push(percent.to_string());
+        }
     }
     args
 }
@@ -636,7 +639,37 @@ pub(crate) fn parse_set_limits(v: Value, name: &Name) -> Result<()> {
     }
 }
 
-/// The reply of `limits.lua`: `tenant, '<ceiling>,<floor>'` pairs.
+/// One tenant's limits as `limits.lua` returns them: `<ceiling>,<floor>` (ceiling empty for
+/// none), as written before window ceilings (none), or `<ceiling>,<floor>,<window
+/// ceiling>[,<window-capped until>]` (the instant is the store's own, not a limit).
+fn parse_tenant_limits(record: &str) -> Result<TenantLimits> {
+    let bad = || bad_record("tenant limits", record);
+    let mut fields = record.split(',');
+    let (Some(ceiling), Some(floor)) = (fields.next(), fields.next()) else {
+        return Err(bad());
+    };
+    let ceiling = match ceiling {
+        "" => None,
+        c => Some(c.parse().map_err(|_| bad())?),
+    };
+    let window = fields
+        .next()
+        .map(|w| w.parse::<u8>().map_err(|_| bad()))
+        .transpose()?;
+    match fields.next() {
+        Some(until) if until.is_empty() || until.parse::<u64>().is_ok() => {}
+        Some(_) => return Err(bad()),
+        None => {}
+    }
+    if fields.next().is_some() {
+        return Err(bad());
+    }
+    TenantLimits::new(ceiling, floor.parse().map_err(|_| bad())?)
+        .and_then(|l| l.with_window_ceiling(window))
+        .map_err(|_| bad())
+}
+
+/// The reply of `limits.lua`: `tenant, limits` pairs (see [`parse_tenant_limits`]).
 pub(crate) fn parse_limits(v: Value) -> Result<BTreeMap<String, TenantLimits>> {
     const W: &str = "limits";
     let pairs = items_ref(&v, W)?;
@@ -645,18 +678,7 @@ pub(crate) fn parse_limits(v: Value) -> Result<BTreeMap<String, TenantLimits>> {
     }
     pairs
         .chunks(2)
-        .map(|p| {
-            let record = text_ref(&p[1], W)?;
-            let bad = || bad_record("tenant limits", record);
-            let (ceiling, floor) = record.split_once(',').ok_or_else(bad)?;
-            let ceiling = match ceiling {
-                "" => None,
-                c => Some(c.parse().map_err(|_| bad())?),
-            };
-            let limits =
-                TenantLimits::new(ceiling, floor.parse().map_err(|_| bad())?).map_err(|_| bad())?;
-            Ok((text(&p[0], W)?, limits))
-        })
+        .map(|p| Ok((text(&p[0], W)?, parse_tenant_limits(text_ref(&p[1], W)?)?)))
         .collect()
 }
 
@@ -762,6 +784,53 @@ mod tests {
         // An unreadable grant is still a wake-up; garbage is nothing.
         assert_eq!(parse_wake(&format!("{id}\tx\ty")), Some((id, None)));
         assert_eq!(parse_wake("junk"), None);
+    }
+
+    #[test]
+    fn tenant_limits_read_with_and_without_a_window_ceiling() {
+        let limits = |c: Option<u32>, f: u32, w: Option<u8>| {
+            TenantLimits::new(c, f)
+                .unwrap()
+                .with_window_ceiling(w)
+                .unwrap()
+        };
+        // As written before window ceilings: none.
+        assert_eq!(
+            parse_tenant_limits("5,1").unwrap(),
+            limits(Some(5), 1, None)
+        );
+        assert_eq!(parse_tenant_limits(",2").unwrap(), limits(None, 2, None));
+        assert_eq!(
+            parse_tenant_limits(",0,20").unwrap(),
+            limits(None, 0, Some(20))
+        );
+        // The window-capped instant is the store's own, not a limit.
+        assert_eq!(
+            parse_tenant_limits("3,0,100,1765000000000000").unwrap(),
+            limits(Some(3), 0, Some(100))
+        );
+        for bad in [
+            "",
+            "5",
+            "x,0",
+            ",0,0",
+            ",0,101",
+            ",0,20,x",
+            ",0,20,1,2",
+            ",0,,1",
+        ] {
+            assert!(
+                matches!(parse_tenant_limits(bad), Err(Error::Corrupt(_))),
+                "{bad:?}"
+            );
+        }
+        // Written as they are read; a window ceiling only when there is one.
+        assert_eq!(limits_args("t", limits(Some(5), 1, None)), ["t", "5", "1"]);
+        assert_eq!(
+            limits_args("t", limits(None, 0, Some(20))),
+            ["t", "", "0", "20"]
+        );
+        assert_eq!(limits_args("t", TenantLimits::default()), ["t"]);
     }
 
     #[test]

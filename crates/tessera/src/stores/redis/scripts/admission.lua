@@ -8,7 +8,8 @@
 -- KEYS: the semaphore's keys as prelude.lua takes them (meta alone; every key on a
 -- cluster), then the limiter's state and log, all under the hash tag {<prefix>:<name>}.
 
-local rate_keys, rate_charge, rate_undo, rate_settle, rate_count_expired = (function()
+local rate_keys, rate_charge, rate_undo, rate_settle, rate_count_expired, rate_tenant_keys =
+  (function()
 @RATE_PRELUDE@
 
 -- The entries of a log block and after it, for settle(): walking back from the log's end
@@ -121,11 +122,13 @@ local function count_expired()
   end
 end
 
-return use_keys, charge, undo, settle, count_expired
+return use_keys, charge, undo, settle, count_expired, tenant_keys
 end)()
 
 -- The semaphore's keys when only meta is named (reused from call to call).
 local SEM_KEYS = {}
+-- The shared limiter's keys of this step.
+local RATE_STATE, RATE_LOG
 
 -- Starts an admission step: begin() with the semaphore's keys, then the limiter's.
 local function begin_admission(keys, argv)
@@ -136,5 +139,109 @@ local function begin_admission(keys, argv)
     SEM_KEYS[1] = keys[1]
     begin(SEM_KEYS, argv)
   end
-  rate_keys(keys[n - 1], keys[n])
+  RATE_STATE, RATE_LOG = keys[n - 1], keys[n]
+  rate_keys(RATE_STATE, RATE_LOG)
+end
+
+-- Window ceilings (docs/fair-shares.md, "A ceiling on a share of the windows"), step for
+-- step as the reference model (stores/memory: Model::admit with RateModel::tenant_refuses
+-- and charge_tenant; MemoryBackend::give_back and settle):
+-- - A tenant's window ceiling (a percentage) is kept with its limits in the limits hash
+--   ('<ceiling>,<floor>,<percent>', see prelude.lua), so a name with one has limits
+--   (S.lim) and a step of a name without any runs exactly as before.
+-- - The tenant's own limiter is an ordinary limiter (rate_prelude.lua) under the keys
+--   tenant_keys() derives beside the shared one, configured as the shared one scaled
+--   (scaled(), RateConfig::scaled) and saved with that configuration's text; a changed
+--   percentage or shared configuration moves it as an update does (exact history kept).
+-- - On its turn, an admission of such a tenant asks its own limiter first, charging nothing
+--   (charge with peek). If it refuses, the tenant is window-capped until the instant it
+--   would admit: kept as a fourth field of its limits ('<ceiling>,<floor>,<percent>,<until>'),
+--   which load_limits() reads with them at no cost, nothing is charged, window_at is the
+--   later of that instant and the shared limiter's own, and the hand-off runs, since the
+--   head skips the admission waiters of a window-capped tenant (limited_head). If it admits,
+--   the shared limiter decides as before, and an admission charges the tenant's limiter the
+--   same cost at the same instant under the shared reservation (its seq and tail), and
+--   clears the cap. The cap is only a hint for the order: the tenant's limiter is asked at
+--   each of its turns, so a stale cap only delays that tenant.
+-- - A give-back or settle reads the lease's tenant from the record its release removes (in
+--   the same step) and, if that tenant has a window ceiling, gives back or settles the
+--   charge on its limiter too; a lease already lost touches the shared limiter only.
+
+-- Switches the rate helpers to tenant t's own limiter, and back to the shared one.
+local function use_tenant_rate(t)
+  rate_keys(rate_tenant_keys(RATE_STATE, t))
+end
+local function use_shared_rate()
+  rate_keys(RATE_STATE, RATE_LOG)
+end
+
+-- max(1, floor(n × pct / 100)).
+local function scale(n, pct)
+  local s = math.floor(n * pct / 100)
+  if s < 1 then return 1 end
+  return s
+end
+
+-- The shared limiter's configuration scaled to `pct` percent, as RateConfig::scaled: its
+-- canonical text (equal to RateConfig::scaled(pct).encode(): each count scaled, a smooth
+-- burst likewise, same mode and margin, equal limits once), its N,L,T per limit (each limit
+-- kept, an equal one twice deciding as once; T = ceil(L / N) as engine::emission_intervals),
+-- its burst (0: exact) and the largest cost it admits (RateConfig::max_cost).
+local function scaled(cfg, lim_arg, burst, pct)
+  local flat, out, max = {}, {}, nil
+  for v in string.gmatch(lim_arg, '[^,]+') do
+    flat[#flat + 1] = num(v, 'limits argument')
+  end
+  for i = 1, #flat - 2, 3 do
+    local n, l = scale(flat[i], pct), flat[i + 1]
+    local t = math.floor(l / n)
+    if t * n < l then t = t + 1 end
+    out[#out + 1], out[#out + 2], out[#out + 3] = int(n), int(l), int(t)
+    if max == nil or n < max then max = n end
+  end
+  local mode, specs = string.match(cfg, '^([^|]*)|(.+)$')
+  if not specs or max == nil then corrupt('rate config argument') end
+  local b = 0
+  if burst > 0 then
+    b = scale(burst, pct)
+    max = b
+    local rest = string.match(mode, '^smooth:%d+(.*)$')
+    if not rest then corrupt('rate config argument') end
+    mode = 'smooth:' .. int(b) .. rest
+  end
+  local texts, prev = {}, nil
+  for spec in string.gmatch(specs, '[^,]+') do
+    local c, per = string.match(spec, '^(%d+)(/.+)$')
+    if not c then corrupt('rate config argument') end
+    local text = int(scale(num(c, 'rate config argument'), pct)) .. per
+    if text ~= prev then
+      texts[#texts + 1] = text
+      prev = text
+    end
+  end
+  return mode .. '|' .. table.concat(texts, ','), table.concat(out, ','), b, max
+end
+
+-- Writes tenant t's limits `l` back (its window-capped instant changed).
+local function put_window_cap(t, l)
+  local s = (l.c and int(l.c) or '') .. ',' .. int(l.f) .. ',' .. int(l.w)
+  if l.u ~= nil then
+    s = s .. ',' .. int(l.u)
+  end
+  rcall('HSET', K_LIMITS, t, s)
+end
+
+-- The limits of `tenant` if it has a window ceiling (with limits loaded), else nil.
+local function window_limits(tenant)
+  local l = S.lim and tenant ~= nil and LIMITS[tenant]
+  if l and l.w ~= nil then return l end
+  return nil
+end
+
+-- The tenant of a lease record removed in this step, if it has a window ceiling.
+local function window_tenant(encoded)
+  if not S.lim then return nil end
+  local t = decode_lease(encoded).tenant
+  if window_limits(t) then return t end
+  return nil
 end

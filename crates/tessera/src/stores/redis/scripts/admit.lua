@@ -38,6 +38,21 @@ end
 if load(true) == nil then
   create(capacity)
 end
+-- A tenant with a window ceiling (see admission.lua): its own limiter is asked now, before
+-- the step writes anything, charging nothing; the answer serves its turn below (nothing
+-- else touches that limiter in between). own_at: the instant it admits `cost` (now: at
+-- once).
+local own = window_limits(tenant)
+local own_cfg, own_lim, own_burst, own_max, own_at
+if own then
+  own_cfg, own_lim, own_burst, own_max = scaled(ARGV[10], ARGV[11],
+    num(ARGV[12], 'burst argument'), own.w)
+  if cost <= own_max then
+    use_tenant_rate(tenant)
+    own_at = rate_charge(own_cfg, own_lim, own_burst, cost, -1, true, true)[2]
+    use_shared_rate()
+  end
+end
 purge_and_hand_off()
 
 local reply
@@ -119,10 +134,43 @@ repeat
     turn = fits and (lead or at_head)
   end
   local window_at = 0
-  if turn then
-    local r = rate_charge(ARGV[10], ARGV[11], num(ARGV[12], 'burst argument'), cost, -1,
+  if turn and own and cost > own_max then
+    -- Above the tenant's share of the smallest window (or its scaled burst).
+    reply = {'cost', own_max}
+    break
+  end
+  local r
+  if turn and own and own_at > now then
+    -- Its own limiter refuses: window-capped until it would admit, nothing charged.
+    own.u = own_at
+    put_window_cap(tenant, own)
+    r = rate_charge(ARGV[10], ARGV[11], num(ARGV[12], 'burst argument'), cost, -1,
+      ARGV[14] == '1', true)
+    if r[1] == 'mismatch' then
+      reply = {'ratemismatch', r[2]}
+      break
+    end
+    window_at = own_at
+    if r[1] == 'limited' and r[2] > window_at then
+      window_at = r[2]
+    end
+    -- The waiters behind a tenant now window-capped may be handed what fits.
+    hand_off()
+  elseif turn then
+    r = rate_charge(ARGV[10], ARGV[11], num(ARGV[12], 'burst argument'), cost, -1,
       ARGV[14] == '1')
     if r[1] == 'admitted' then
+      if own then
+        -- The tenant's own limiter: the same cost at the same instant, under the shared
+        -- charge's id.
+        if own.u ~= nil then
+          own.u = nil
+          put_window_cap(tenant, own)
+        end
+        use_tenant_rate(tenant)
+        rate_charge(own_cfg, own_lim, own_burst, cost, -1, true, false, r[4])
+        use_shared_rate()
+      end
       if w then
         local s = start_of(score)
         if s > vtime() then

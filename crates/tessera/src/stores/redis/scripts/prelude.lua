@@ -25,7 +25,9 @@
 --   limits   hash:  named tenant -> '<ceiling>,<floor>' (ceiling empty for none): tenants'
 --                   ceilings and floors, an administrator's setting kept for the name (no
 --                   expiry, not dropped with an idle state; delete removes it). See the
---                   section on limits below for how a step knows a name has some.
+--                   section on limits below for how a step knows a name has some. A tenant
+--                   with a window ceiling: '<ceiling>,<floor>,<percent>[,<until>]' (see
+--                   parse_limits and admission.lua).
 -- ARGV (shared):
 --   ARGV[1] wake channel base: "<prefix>:wake:"; a wake-up is PUBLISH <base><client> <lease id>
 --           (with the grant for clients that take it, see GRANT_PUSH). On a Redis Cluster the
@@ -283,14 +285,33 @@ local function wake(client, id, lease)
   wakes[#wakes + 1] = {client, id, lease}
 end
 
+-- The fields of a tenant's limits as kept in the limits hash: '<ceiling>,<floor>' (as
+-- written before window ceilings), or with its window ceiling and, once its own limiter
+-- refused an admission, the instant until which it is window-capped (µs):
+-- '<ceiling>,<floor>,<window ceiling>[,<until>]' (see the section on window ceilings in
+-- admission.lua).
+local LIMITS_PAT = '^(%d*),(%d+)$'
+local WINDOW_LIMITS_PAT = '^(%d*),(%d+),(%d+),?(%d*)$'
+
+-- A tenant's limits from their text: {c = ceiling or nil, f = floor, w = window ceiling
+-- (a percentage) or nil, u = window-capped until (µs) or nil}.
+local function parse_limits(s)
+  local c, f = string.match(s, LIMITS_PAT)
+  if f then
+    return {c = tonumber(c), f = tonumber(f)}
+  end
+  local w, u
+  c, f, w, u = string.match(s, WINDOW_LIMITS_PAT)
+  if not f then corrupt('tenant limits') end
+  return {c = tonumber(c), f = tonumber(f), w = tonumber(w), u = tonumber(u)}
+end
+
 -- Reads the tenants' limits into LIMITS (every step of a name that has some).
 local function load_limits()
   local all = rcall('HGETALL', K_LIMITS)
   LIMITS = {}
   for i = 1, #all, 2 do
-    local c, f = string.match(all[i + 1], '^(%d*),(%d+)$')
-    if not f then corrupt('tenant limits') end
-    LIMITS[all[i]] = {c = tonumber(c), f = tonumber(f)}
+    LIMITS[all[i]] = parse_limits(all[i + 1])
   end
 end
 
@@ -932,11 +953,20 @@ local function scan_queue(visit)
   return nil
 end
 
--- The head with limits: the first waiter whose tenant is not at its ceiling for it; its
+-- Whether `tenant` (nil: none) has a window ceiling whose own limiter refused it until
+-- after now (see the section on window ceilings in admission.lua): its admission waiters
+-- are skipped for the head, as a tenant at its ceiling is.
+local function window_capped(tenant)
+  local l = tenant ~= nil and LIMITS[tenant]
+  return l and l.w ~= nil and l.u ~= nil and l.u > now or false
+end
+
+-- The head with limits: the first waiter whose tenant is not at its ceiling for it and
+-- that is not an admission waiter (a gate in its record) of a window-capped tenant; its
 -- id, score and waiter, or nil.
 local function limited_head()
   return scan_queue(function(_, _, w)
-    return not capped(w.tenant, w.weight)
+    return not capped(w.tenant, w.weight) and not (w.gate ~= nil and window_capped(w.tenant))
   end)
 end
 

@@ -8,6 +8,8 @@
 --                  lists), exp (when the state stops mattering, µs)
 --   KEYS[2] log    zset: one member '<t>:<P>' per admission, scored by the running total P
 -- Every script's own ARGV start at ARGV[1].
+-- A tenant's own limiter under a window ceiling (admission.lua) is an ordinary limiter whose
+-- keys sit beside these, in the same slot (see tenant_keys).
 --
 -- Times are µs since the epoch from TIME; running totals and times stay below 2^53, so Lua
 -- doubles hold them exactly; they are formatted with %d, never with tostring.
@@ -17,6 +19,20 @@ local K_STATE, K_LOG
 
 local function use_keys(state, log)
   K_STATE, K_LOG = state, log
+end
+
+-- The keys of tenant t's own limiter under a window ceiling (docs/fair-shares.md, "A
+-- ceiling on a share of the windows"; admission.lua), beside the shared limiter's state key
+-- `state` ('{<prefix>:<name>}:rate'): '<state>:tenant:<t>' and '<state>:tenant-log:<t>'.
+-- Neither can be the shared log's ('<state>:log') whatever the tenant's name. They are
+-- derived inside the step, never named in KEYS (the tenant of a give-back or settle is read
+-- from its lease in the step). On a Redis Cluster they share the slot of the keys named, so
+-- only a migration of that slot can find them gone (Redis then fails the step at them):
+-- admit.lua reads them before it writes anything, and give_back.lua and settle.lua touch
+-- them after the semaphore's step is finished, so such a failure leaves the tenant charged
+-- (never admitted more), and every other key as a step leaves it.
+local function tenant_keys(state, t)
+  return state .. ':tenant:' .. t, state .. ':tenant-log:' .. t
 end
 
 -- Starts a call: reads the clock and takes the keys (a function library keeps these locals
@@ -149,7 +165,11 @@ end
 -- limits charged, or none). `max_wait` in µs, -1 for a try (admit only now).
 -- Returns {'admitted', at, now, reservation} | {'limited', retry_at, now} |
 -- {'mismatch', stored limits}.
-local function charge(cfg, lim_arg, burst, cost, max_wait, update)
+-- For a tenant's own limiter under a window ceiling (admission.lua): with `peek`, nothing is
+-- charged even if admitted (the answer says whether it would be; limits replaced by update
+-- and pruned entries are saved, as a limited request saves them; reservation 0); with
+-- `id`, an admission takes that id (the shared charge's) as its seq and tail.
+local function charge(cfg, lim_arg, burst, cost, max_wait, update, peek, id)
   local lim = limits(lim_arg)
   local S = load()
   local replaced = false
@@ -192,17 +212,18 @@ local function charge(cfg, lim_arg, burst, cost, max_wait, update)
   local wait = t - now
   local admit
   if max_wait < 0 then admit = wait == 0 else admit = wait <= max_wait end
-  if not admit then
+  if not admit or peek then
     -- Nothing charged. Entries that no longer change any answer may have been pruned: then
     -- base must follow them (the state exists, or nothing could have been pruned); limits
     -- replaced by update stay replaced, as in the reference model.
     if pruned or replaced then save(S) end
+    if admit then return {'admitted', t, now, 0} end
     return {'limited', t, now}
   end
 
   S.prev_last = S.last
   S.last = t
-  S.seq = S.seq + 1
+  S.seq = id or S.seq + 1
   S.tail = S.seq
   if burst == 0 then
     S.p = S.p + cost
