@@ -12,64 +12,8 @@ use std::time::Duration;
 use tessera::backend::*;
 use tessera::{Error, LeaseId, SemaphoreOptions, Store, Tenant, TenantLimits};
 
-/// What a store of a test needs kept alive while it is used: its file's directory, or its
-/// throwaway server.
-type Keep = Option<Box<dyn std::any::Any + Send>>;
-
-/// A store that keeps tenant limits, private to one test.
-struct Fixture {
-    store: Store,
-    _keep: Keep,
-}
-
-async fn memory(test: &str) -> Fixture {
-    let url = format!("memory://limits-{test}-{}", LeaseId::random());
-    Fixture {
-        store: Store::connect(&url).await.unwrap(),
-        _keep: None,
-    }
-}
-
-/// A throwaway PostgreSQL server (stopped on drop), its schema named after the test.
-#[cfg(feature = "postgres")]
-async fn postgres(test: &str) -> Fixture {
-    let server = tessera_testkit::servers::postgres::PostgresServer::start();
-    Fixture {
-        store: Store::connect(&server.url_with_schema(test)).await.unwrap(),
-        _keep: Some(Box::new(server)),
-    }
-}
-
-#[cfg(feature = "sqlite")]
-async fn sqlite(test: &str) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/{test}.db", dir.path().display());
-    Fixture {
-        store: Store::connect(&url).await.unwrap(),
-        _keep: Some(Box::new(dir)),
-    }
-}
-
-/// A throwaway MariaDB (it dies with the thread that started it: the test's own).
-#[cfg(feature = "mysql")]
-async fn mariadb(test: &str) -> Fixture {
-    let server = tessera_testkit::servers::mysql::MariaDbServer::start();
-    Fixture {
-        store: Store::connect(&server.url(test)).await.unwrap(),
-        _keep: Some(Box::new(server)),
-    }
-}
-
-/// A throwaway `redis-server` per test.
-#[cfg(feature = "redis")]
-async fn redis(test: &str) -> Fixture {
-    let server = tessera_testkit::servers::redis::RedisServer::start();
-    let url = format!("{}?prefix=limits-{test}", server.url());
-    Fixture {
-        store: Store::connect(&url).await.unwrap(),
-        _keep: Some(Box::new(server)),
-    }
-}
+mod tenant_stores;
+use tenant_stores::*;
 
 /// The reference model beside the store under test.
 async fn reference() -> Store {
