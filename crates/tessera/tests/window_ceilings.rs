@@ -96,6 +96,18 @@ fn admission(store: &Store, name: &str, tenant: &str) -> Admission {
         .unwrap()
 }
 
+/// `bulk` at a window ceiling of 20 % on `name`, and the admissions of `bulk` and `alerts`.
+async fn bulk_and_alerts(store: &Store, name: &str) -> (Admission, Admission) {
+    store
+        .set_tenant_limits(name, "bulk", window(20))
+        .await
+        .unwrap();
+    (
+        admission(store, name, "bulk"),
+        admission(store, name, "alerts"),
+    )
+}
+
 /// How many of `n` tries are admitted (the tickets are kept held).
 async fn admitted(a: &Admission, n: usize, held: &mut Vec<tessera::Admitted>) -> usize {
     let mut got = 0;
@@ -117,14 +129,7 @@ async fn shared_used(store: &Store, name: &str) -> u64 {
 }
 
 async fn a_tenant_is_admitted_at_most_its_share_of_each_window(store: &Store) {
-    store
-        .set_tenant_limits("w", "bulk", window(20))
-        .await
-        .unwrap();
-    let (bulk, alerts) = (
-        admission(store, "w", "bulk"),
-        admission(store, "w", "alerts"),
-    );
+    let (bulk, alerts) = bulk_and_alerts(store, "w").await;
     let mut held = Vec::new();
     // 20 % of 10 per minute: 2, although the shared windows have room for 10.
     assert_eq!(admitted(&bulk, 4, &mut held).await, 2);
@@ -140,14 +145,7 @@ async fn a_tenant_is_admitted_at_most_its_share_of_each_window(store: &Store) {
 }
 
 async fn a_window_capped_tenant_does_not_hold_another_tenants_admission_back(store: &Store) {
-    store
-        .set_tenant_limits("w", "bulk", window(20))
-        .await
-        .unwrap();
-    let (bulk, alerts) = (
-        admission(store, "w", "bulk"),
-        admission(store, "w", "alerts"),
-    );
+    let (bulk, alerts) = bulk_and_alerts(store, "w").await;
     let mut held = Vec::new();
     // `bulk` first, then `alerts` six times: `bulk`'s next start tag is below `alerts`'s,
     // so by the shares alone `bulk`'s waiter would be the head.

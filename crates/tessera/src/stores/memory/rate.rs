@@ -49,6 +49,16 @@ fn stored_config(name: &Name, state: &RateState) -> Result<RateConfig> {
 /// share of the windows"): the name and the tenant.
 type TenantKey = (Name, Box<str>);
 
+/// What an admission asks of its tenant's own limiter: `cost` now, the stored
+/// configuration moved to the scaled one if the percentage changed.
+fn tenant_ask(cost: u32) -> RateRequest {
+    RateRequest {
+        cost,
+        max_wait: None,
+        update: true,
+    }
+}
+
 /// Drops `key`'s limiter if expired, or, with `sweep`, every expired limiter of `map`.
 fn expire_in<K: Eq + Hash>(map: &mut HashMap<K, Limiter>, key: &K, now: StoreTime, sweep: bool) {
     if sweep {
@@ -248,12 +258,15 @@ impl RateModel {
     ) -> Result<Option<StoreTime>> {
         let key = (name.clone(), Box::from(tenant));
         self.expire_tenant(&key, now);
-        let ask = RateRequest {
-            cost,
-            max_wait: None,
-            update: true,
-        };
-        match acquire_in(&mut self.tenants, &key, name, config, &ask, now, true)? {
+        match acquire_in(
+            &mut self.tenants,
+            &key,
+            name,
+            config,
+            &tenant_ask(cost),
+            now,
+            true,
+        )? {
             RateReply::Admitted { .. } => Ok(None),
             RateReply::Limited { retry_at, .. } => Ok(Some(retry_at)),
         }
@@ -272,11 +285,7 @@ impl RateModel {
         now: StoreTime,
     ) -> Result<bool> {
         let key = (name.clone(), Box::from(tenant));
-        let ask = RateRequest {
-            cost,
-            max_wait: None,
-            update: true,
-        };
+        let ask = tenant_ask(cost);
         let reply = acquire_in(&mut self.tenants, &key, name, config, &ask, now, false)?;
         if !matches!(reply, RateReply::Admitted { .. }) {
             return Ok(false);
