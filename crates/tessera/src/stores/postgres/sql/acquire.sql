@@ -55,36 +55,38 @@ BEGIN
     -- ahead of it, and is not a retry (its lease neither holds nor waits), joins the queue
     -- under the tail's lock alone, without the semaphore's. Everything else runs the step.
     IF p_waiter_ttl IS NOT NULL AND p_tenant IS NULL THEN
-        SELECT s.capacity, s.used, s.dequeued, s.vtime, s.tenants, s.limits, s.tag_low,
-               s.purge_at, t.enqueued, t.wait_purge_at,
-               (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us,
-               EXISTS (SELECT 1 FROM tessera_holders x WHERE x.name = p_name AND x.lease_id = p_lease)
-               OR EXISTS (SELECT 1 FROM tessera_waiters x WHERE x.name = p_name AND x.lease_id = p_lease)
-               AS known
-        INTO f FROM tessera_semaphores s JOIN tessera_tails t ON t.name = s.name
-        WHERE s.name = p_name;
-        -- Nothing may have expired either (the step would purge first, and might grant).
-        IF FOUND AND f.capacity = p_capacity AND f.tenants = 0 AND f.limits = 0
-           AND f.tag_low IS NULL AND NOT f.known
-           AND (f.used + p_weight > f.capacity OR f.enqueued > f.dequeued)
-           AND f.now_us < f.purge_at AND f.purge_at <= f.now_us + 2 * 86400000000
-           AND f.now_us < coalesce(f.wait_purge_at, 9223372036854775807) THEN
+        v_cost := p_weight * 1000 / greatest(p_share, 1);
+        -- One statement decides and takes the tail's lock, held to the commit: seqs are
+        -- taken in commit order, F[""] moves under it, and a step that commits with free
+        -- permits meanwhile either waits for this commit (and sees the waiter) or is seen
+        -- by the read below. The semaphore's row is read without a lock (as of this
+        -- statement's start, also after a wait for the tail). Nothing may be due to expire
+        -- either: the step would purge first, and might grant.
+        UPDATE tessera_tails t
+        SET next_seq = t.next_seq + 1, enqueued = t.enqueued + 1,
+            finish = greatest(t.finish, s.vtime) + v_cost,
+            wait_purge_at = least(t.wait_purge_at,
+                (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + p_waiter_ttl)
+        FROM tessera_semaphores s
+        WHERE t.name = p_name AND s.name = p_name AND s.capacity = p_capacity
+          AND s.tenants = 0 AND s.limits = 0 AND s.tag_low IS NULL
+          AND (s.used + p_weight > s.capacity OR t.enqueued > s.dequeued)
+          AND (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+              < least(s.purge_at, t.wait_purge_at)
+          AND s.purge_at <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+              + 2 * 86400000000
+          AND NOT EXISTS (SELECT 1 FROM tessera_holders x
+                          WHERE x.name = p_name AND x.lease_id = p_lease)
+          AND NOT EXISTS (SELECT 1 FROM tessera_waiters x
+                          WHERE x.name = p_name AND x.lease_id = p_lease)
+        RETURNING t.next_seq - 1, t.finish - v_cost, t.enqueued, t.wait_purge_at,
+                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+        INTO seq_, tag_, v_enq, at_, now_us;
+        IF FOUND THEN
             IF current_setting('synchronous_commit') <> 'off' THEN
                 PERFORM set_config('synchronous_commit', 'off', true);
             END IF;
-            now_us := f.now_us;
-            v_cost := p_weight * 1000 / greatest(p_share, 1);
-            -- The tail's lock, held to the commit: seqs are taken in commit order, F[""]
-            -- moves under it, and a step that commits with free permits meanwhile either
-            -- waits for this commit (and sees the waiter) or is seen by the read below.
-            UPDATE tessera_tails t
-            SET next_seq = t.next_seq + 1, enqueued = t.enqueued + 1,
-                finish = greatest(t.finish, f.vtime) + v_cost,
-                wait_purge_at = least(t.wait_purge_at, f.now_us + p_waiter_ttl)
-            WHERE t.name = p_name
-            RETURNING t.next_seq - 1, t.finish - v_cost, t.enqueued, t.wait_purge_at
-            INTO seq_, tag_, v_enq, at_;
-            IF FOUND THEN
+            BEGIN
                 -- A new snapshot: every step that committed before the tail was ours.
                 SELECT s.capacity, s.used, s.dequeued, s.purge_at, s.vtime, s.tenants,
                        s.limits, s.tag_low,
@@ -130,7 +132,7 @@ BEGIN
                     (name, seq, tag, lease_id, weight, holder, client, ttl, enqueued_at,
                      expires_at)
                 VALUES (p_name, seq_, tag_, p_lease, p_weight, p_holder, p_client, p_ttl,
-                        f.now_us, f.now_us + p_waiter_ttl)
+                        now_us, now_us + p_waiter_ttl)
                 ON CONFLICT (name, lease_id) DO NOTHING;
                 outcome := 'queued';
                 IF FOUND THEN
@@ -144,20 +146,21 @@ BEGIN
                         finish = t.finish - v_cost
                     WHERE t.name = p_name;
                     "position" := 0;
-                    expires_at := f.now_us + 1;
+                    expires_at := now_us + 1;
                 END IF;
                 -- Permits free for the head (this waiter when none is seen): they were freed
                 -- while this enqueue ran, and the waiter asks for a step at once (an expiry
                 -- hint 1 µs ahead). The step must not be taken here: the semaphore's row is
                 -- locked before the tail, never after.
                 IF g.used + coalesce(g.head, p_weight) <= g.capacity THEN
-                    expires_at := f.now_us + 1;
+                    expires_at := now_us + 1;
                 END IF;
                 RETURN NEXT;
                 RETURN;
-            END IF;
-            -- The tail went (the semaphore went idle meanwhile): the step creates it again.
+            END;
         END IF;
+        -- Otherwise (no row, a newcomer that may lead, a retry, a tenant's rows or limits,
+        -- something due to expire) the step, which may also create the row and its tail.
     END IF;
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
