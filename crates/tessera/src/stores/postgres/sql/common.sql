@@ -58,6 +58,16 @@
 -- tenant's own limiter (admit.sql), tessera_give_back and tessera_settle return or settle
 -- its charge with the shared one's, by the lease's tenant (`hit_tenant`).
 --
+-- The queue's tail (migration 12; docs/sql-queue.md): next_seq, the count `enqueued` of
+-- waiters ever inserted, the finish tag F[""] and the waiters' expiry bound `wait_purge_at`
+-- live in the row of tessera_tails, the semaphore's row counts `dequeued` (waiters granted,
+-- purged or cancelled) and `queued` = enqueued - dequeued. tessera__load reads the tail
+-- without its lock (so `queued` is a lower bound, and the state's `dequeued` is exact); a
+-- step locks it after the semaphore's row, FOR UPDATE before it compares a newcomer with the
+-- queue or writes the tail (tessera__tail), FOR SHARE before it commits with free permits
+-- (tessera__requeue, from tessera__finish), and an enqueue that would not lead takes only
+-- the tail (tessera_acquire). Tenants' rows (F[t]) are written only while the tail is held.
+--
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
 --
