@@ -165,8 +165,11 @@ BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
     -- The tail before the newcomer is compared with the queue: every waiter enqueued so far
-    -- is seen, and none joins until this step commits.
-    IF st.tail IS NULL THEN
+    -- is seen, and none joins until this step commits. A try that finds no room (without
+    -- limits) answers from the semaphore's row alone: it compares itself with nobody.
+    IF st.tail IS NULL AND NOT (p_waiter_ttl IS NULL AND st.limits = 0
+                                AND st.capacity = p_capacity
+                                AND st.used + p_weight > st.capacity) THEN
         v_seen := st.enqueued;
         st := tessera__tail(st, 'update');
         IF st.enqueued <> v_seen AND st.queued > 0 AND st.used < st.capacity THEN
