@@ -119,10 +119,12 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// The test kit's differential test against the reference model, and after every step: the
-/// counters of every semaphore row equal what its holder and waiter rows sum to, and its
-/// `purge_at` is at or before every holder's and waiter's expiry (a step skips the purge
-/// before it), and `head_seq` at or below every waiter's seq and at most `next_seq` (the
-/// hand-off looks for the queue head from it up).
+/// counters of every semaphore row and its tail (migration 12) equal what its holder and
+/// waiter rows sum to (`enqueued - dequeued` waiters), every row has its tail and every tail
+/// its row, the lesser of `purge_at` and the tail's `wait_purge_at` is at or before every
+/// holder's and waiter's expiry (a step skips the purge before it), and `head_seq` at or
+/// below every waiter's seq and at most the tail's `next_seq` (the hand-off looks for the
+/// queue head from it up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaves_like_the_memory_model_operation_by_operation() {
     let server = PostgresServer::start();
@@ -134,13 +136,16 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
         for _ in 0..300 {
             let what = d.step().await;
             let wrong = server.psql(&format!(
-                "SELECT count(*) FROM {schema}.tessera_semaphores s WHERE \
-                 s.used <> coalesce((SELECT sum(weight) FROM {schema}.tessera_holders h WHERE h.name = s.name), 0) \
-                 OR s.queued <> (SELECT count(*) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
-                 OR (s.used = 0 AND s.queued = 0) \
-                 OR s.purge_at > (SELECT min(h.expires_at) FROM {schema}.tessera_holders h WHERE h.name = s.name) \
-                 OR s.purge_at > (SELECT min(w.expires_at) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
-                 OR s.head_seq > s.next_seq \
+                "SELECT count(*) + (SELECT count(*) FROM {schema}.tessera_tails t WHERE NOT EXISTS \
+                   (SELECT 1 FROM {schema}.tessera_semaphores s WHERE s.name = t.name)) \
+                 FROM {schema}.tessera_semaphores s LEFT JOIN {schema}.tessera_tails t ON t.name = s.name WHERE \
+                 t.name IS NULL \
+                 OR s.used <> coalesce((SELECT sum(weight) FROM {schema}.tessera_holders h WHERE h.name = s.name), 0) \
+                 OR t.enqueued - s.dequeued <> (SELECT count(*) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
+                 OR (s.used = 0 AND t.enqueued = s.dequeued) \
+                 OR least(s.purge_at, t.wait_purge_at) > (SELECT min(h.expires_at) FROM {schema}.tessera_holders h WHERE h.name = s.name) \
+                 OR least(s.purge_at, t.wait_purge_at) > (SELECT min(w.expires_at) FROM {schema}.tessera_waiters w WHERE w.name = s.name) \
+                 OR s.head_seq > t.next_seq \
                  OR s.head_seq > (SELECT min(w.seq) FROM {schema}.tessera_waiters w WHERE w.name = s.name)"
             ));
             assert_eq!(
@@ -285,7 +290,7 @@ async fn concurrent_first_connects_migrate_once() {
         server.psql(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM race.tessera_migrations"
         ),
-        "1,2,3,4,5,6,7,8,9,10,11"
+        "1,2,3,4,5,6,7,8,9,10,11,12"
     );
 }
 
@@ -813,7 +818,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     };
     let n = name("upgraded");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11,12");
     let at = match pg.rate_acquire(&n, &config, &cost2).await.unwrap() {
         RateReply::Admitted { at, .. } => at,
         other => panic!("{other:?}"),
@@ -824,7 +829,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
     drop_rate_functions(&server, "old");
     server.psql("DELETE FROM old.tessera_migrations WHERE version >= 3");
     let v2 = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert!(matches!(
         v2.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
@@ -836,7 +841,7 @@ async fn an_older_schema_gains_the_rate_tables_and_functions_and_migrations_are_
         again.rate_acquire(&n, &config, &cost2).await.unwrap(),
         RateReply::Limited { retry_at, .. } if retry_at.0 == at.0 + hour
     ));
-    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "old"), "1,2,3,4,5,6,7,8,9,10,11,12");
 }
 
 /// Heartbeats of many waiters of one semaphore that arrive together go to the server in a
@@ -891,7 +896,7 @@ async fn an_older_step_is_created_again_without_a_migration() {
         )
     };
     let settle = || server.psql("SELECT count(*) FROM pg_proc WHERE proname = 'tessera_settle'");
-    assert_eq!(revision(), "10");
+    assert_eq!(revision(), "11");
     assert_eq!(hand_off(), "t");
     assert_eq!(settle(), "1");
     server.psql(
@@ -903,11 +908,11 @@ async fn an_older_step_is_created_again_without_a_migration() {
     assert_eq!(hand_off(), "f");
     assert_eq!(settle(), "0");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(revision(), "10");
+    assert_eq!(revision(), "11");
     assert_eq!(hand_off(), "t");
     // Revision 5's function, created again with the step (a schema of revision 4 has none).
     assert_eq!(settle(), "1");
-    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "step"), "1,2,3,4,5,6,7,8,9,10,11,12");
     // The step works: a hand-off grant runs until the waiter's entry would have expired.
     let n = name("again");
     let (a, b) = (LeaseId::random(), LeaseId::random());
@@ -950,6 +955,7 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
         AcquireReply::Queued { position: 1 }
     ));
     drop(pg);
+    back_to_migration_11(&server, "pre");
     // What a build of migration 7 left: no tags, no tenants.
     server.psql(
         "ALTER TABLE pre.tessera_waiters DROP COLUMN tag, DROP COLUMN tenant; \
@@ -962,7 +968,7 @@ async fn waiters_queued_before_fair_shares_keep_their_order_and_an_older_call_is
          DELETE FROM pre.tessera_migrations WHERE version >= 8",
     );
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "pre"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert!(pg.capabilities().fair_shares);
     let t = LeaseId::random();
     let mut tenant = req(t, 1, LONG, Some((LONG, 10)));
@@ -1047,7 +1053,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     }
     assert_eq!(heartbeat(&mut old, w1).await, "waiting");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "nine"), "1,2,3,4,5,6,7,8,9,10,11,12");
     // The previous build's acquire with a tenant: its columns, the new function.
     let t = LeaseId::random();
     let row = sqlx::query(
@@ -1160,7 +1166,7 @@ async fn a_connected_process_of_the_previous_build_keeps_working_across_migratio
     }
     assert_eq!(heartbeat(&mut old, w1).await, "waiting");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "ten"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "ten"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert!(pg.capabilities().tenant_limits);
     // The rows are kept.
     let status = pg.status(&n).await.unwrap().unwrap();
@@ -1308,7 +1314,7 @@ async fn a_schema_of_migration_10_gains_window_ceilings_keeping_its_rows() {
          DELETE FROM eleven.tessera_migrations WHERE version >= 11",
     );
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "eleven"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "eleven"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert!(pg.capabilities().window_ceilings);
     assert_eq!(
         server.psql(
@@ -1672,7 +1678,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     ));
     assert_eq!(versions(&server, "v3"), "1,2,3");
     let pg = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert_eq!(
         server.psql("SELECT purge_at FROM v3.tessera_semaphores"),
         "0"
@@ -1685,7 +1691,7 @@ async fn a_version_3_schema_with_live_state_gains_the_lean_step() {
     // Migrations 4 and 5 forgotten, their columns kept: they run again over themselves.
     server.psql("DELETE FROM v3.tessera_migrations WHERE version >= 4");
     let again = PostgresBackend::connect(&url).await.unwrap();
-    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(versions(&server, "v3"), "1,2,3,4,5,6,7,8,9,10,11,12");
     assert!(again.release(&n, b).await.unwrap());
     assert!(again.release(&n, w).await.unwrap());
     assert_eq!(
@@ -2702,7 +2708,7 @@ async fn a_role_without_create_rights_uses_a_schema_an_owner_migrated() {
         "0"
     );
     Store::connect(&url("postgres")).await.unwrap();
-    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "10");
+    assert_eq!(server.psql("SELECT shared.tessera__step_revision()"), "11");
 }
 
 /// `postgres:///db?host=/dir`: through the server's Unix socket (as libpq reads the URL),
@@ -2839,9 +2845,10 @@ async fn an_admission_at_the_head_stops_the_hand_off_until_its_own_step_grants_i
     };
     let consistent = || {
         server.psql(
-            "SELECT count(*) FROM gated.tessera_semaphores s WHERE \
-             s.queued <> (SELECT count(*) FROM gated.tessera_waiters w WHERE w.name = s.name) \
-             OR s.head_seq > s.next_seq \
+            "SELECT count(*) FROM gated.tessera_semaphores s \
+             JOIN gated.tessera_tails t ON t.name = s.name WHERE \
+             t.enqueued - s.dequeued <> (SELECT count(*) FROM gated.tessera_waiters w WHERE w.name = s.name) \
+             OR s.head_seq > t.next_seq \
              OR s.head_seq > (SELECT min(w.seq) FROM gated.tessera_waiters w WHERE w.name = s.name)",
         ) == "0"
     };
@@ -2981,4 +2988,278 @@ async fn an_admission_waiter_is_woken_by_a_release_in_another_process_or_its_own
     ticket.release().await.unwrap();
     store.close().await.unwrap();
     peer.close().await.unwrap();
+}
+
+/// Turns a schema this build migrated back into what a build of migration 11 left: each
+/// semaphore's row keeps `queued`, `next_seq` and `finish` again (from its tail), and there
+/// are no tails, no `dequeued` and none of the step's fields of migration 12.
+fn back_to_migration_11(server: &PostgresServer, schema: &str) {
+    server.psql(&format!(
+        "ALTER TABLE {s}.tessera_semaphores ADD COLUMN queued bigint, \
+           ADD COLUMN next_seq bigint, ADD COLUMN finish bigint NOT NULL DEFAULT 0; \
+         UPDATE {s}.tessera_semaphores x SET queued = t.enqueued - x.dequeued, \
+           next_seq = t.next_seq, finish = t.finish \
+           FROM {s}.tessera_tails t WHERE t.name = x.name; \
+         ALTER TABLE {s}.tessera_semaphores ALTER COLUMN queued SET NOT NULL, \
+           ALTER COLUMN next_seq SET NOT NULL, DROP COLUMN dequeued; \
+         DROP TABLE {s}.tessera_tails; \
+         ALTER TYPE {s}.tessera_step DROP ATTRIBUTE enqueued, DROP ATTRIBUTE dequeued, \
+           DROP ATTRIBUTE tail, DROP ATTRIBUTE wait_purge_at; \
+         DELETE FROM {s}.tessera_migrations WHERE version >= 12",
+        s = schema
+    ));
+}
+
+/// The lease ids of a status's queue, in its order.
+fn queue_of(s: &SemaphoreStatus) -> Vec<LeaseId> {
+    s.queue.iter().map(|w| w.lease_id).collect()
+}
+
+/// A schema at version 11 with a holder and waiters gains the tail's row (migration 12) at the
+/// next connect: the holder and the waiters are kept in their order, the tail counts them
+/// (`enqueued - dequeued`) and goes on from their `next_seq`, a newcomer queues behind them,
+/// and the hand-off follows that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_migration_11_keeps_its_holder_and_waiters_in_order() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("twelve");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("kept");
+    let (a, w1) = hold_and_queue(&pg, &n).await;
+    let (w2, w3) = (LeaseId::random(), LeaseId::random());
+    for (w, position) in [(w2, 1), (w3, 2)] {
+        assert_eq!(
+            pg.acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { position }
+        );
+    }
+    drop(pg);
+    back_to_migration_11(&server, "twelve");
+    assert_eq!(versions(&server, "twelve"), "1,2,3,4,5,6,7,8,9,10,11");
+    assert_eq!(
+        server.psql("SELECT queued || ' ' || next_seq FROM twelve.tessera_semaphores"),
+        "3 3"
+    );
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    assert_eq!(versions(&server, "twelve"), "1,2,3,4,5,6,7,8,9,10,11,12");
+    assert_eq!(
+        server.psql(
+            "SELECT t.enqueued || ' ' || s.dequeued || ' ' || t.next_seq \
+             FROM twelve.tessera_semaphores s JOIN twelve.tessera_tails t USING (name)"
+        ),
+        "3 0 3"
+    );
+    assert_eq!(
+        server.psql(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'twelve' \
+             AND table_name = 'tessera_semaphores' AND column_name IN ('queued', 'next_seq', 'finish')"
+        ),
+        "0"
+    );
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, a);
+    assert_eq!(queue_of(&status), [w1, w2, w3]);
+    let w4 = LeaseId::random();
+    assert_eq!(
+        pg.acquire(&n, 1, &req(w4, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    assert!(pg.release(&n, a).await.unwrap());
+    assert!(matches!(
+        pg.heartbeat(&n, w1, LONG).await.unwrap(),
+        WaitReply::Granted(_)
+    ));
+    assert_eq!(pg.cancel(&n, w3).await.unwrap(), CancelReply::Dequeued);
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, w1);
+    assert_eq!(queue_of(&status), [w2, w4]);
+    assert_eq!(
+        server.psql(
+            "SELECT t.enqueued - s.dequeued FROM twelve.tessera_semaphores s \
+             JOIN twelve.tessera_tails t USING (name)"
+        ),
+        "2"
+    );
+}
+
+/// Waits (at most 3 s) until some session of the server waits for a lock: a step of the
+/// store held up by the test's open transaction.
+async fn until_a_lock_wait(server: &PostgresServer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while server.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND backend_type = 'client backend'",
+    ) == "0"
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// "No lost wake-up" (docs/sql-queue.md), the release first: a release that ends with free
+/// permits is in flight (its transaction held open) while a waiter enqueues. The enqueue
+/// waits for the release's lock on the tail, then sees the freed permit and asks for a step
+/// at once: the waiter is granted long before its heartbeat (20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_in_flight_before_an_enqueue_is_seen_by_it() {
+    use sqlx::Connection;
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("gfirst");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let store = Store::connect(&url).await.unwrap();
+    let n = name("g");
+    let (a, b) = (LeaseId::random(), LeaseId::random());
+    for lease in [a, b] {
+        assert!(matches!(
+            pg.acquire(&n, 2, &req(lease, 1, LONG, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+    let mut g = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SET LOCAL search_path TO gfirst")
+        .execute(&mut g)
+        .await
+        .unwrap();
+    let held: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT held::text FROM tessera_release('g', '{a}', NULL)"
+    )))
+    .fetch_one(&mut g)
+    .await
+    .unwrap();
+    assert_eq!(held, "true");
+    let opts = SemaphoreOptions::default()
+        .ttl(Duration::from_secs(120))
+        .waiter_ttl(Duration::from_secs(60));
+    let sem = Semaphore::new(&store, "g", 2, opts).unwrap();
+    let waiter = queue_one(&sem);
+    until_a_lock_wait(&server).await;
+    sqlx::raw_sql("COMMIT").execute(&mut g).await.unwrap();
+    let p = joined(
+        waiter,
+        Duration::from_secs(5),
+        "the waiter beside the permit freed during its enqueue",
+    )
+    .await
+    .unwrap();
+    p.release().await.unwrap();
+}
+
+/// "No lost wake-up", the enqueue first: an enqueue is in flight (its transaction held open,
+/// after its insert) while a release frees a permit. The release waits for the enqueue's
+/// lock on the tail before it commits, sees the new waiter and grants it itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_flight_before_a_release_is_granted_by_it() {
+    use sqlx::Connection;
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("wfirst");
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let n = name("w");
+    let (a, b, w) = (LeaseId::random(), LeaseId::random(), LeaseId::random());
+    for lease in [a, b] {
+        assert!(matches!(
+            pg.acquire(&n, 2, &req(lease, 1, LONG, None)).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+    }
+    let mut enqueue = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SET LOCAL search_path TO wfirst")
+        .execute(&mut enqueue)
+        .await
+        .unwrap();
+    let queued: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT outcome FROM tessera_acquire('w', 2, '{w}', 1, 3600000000, 'w', '', \
+           3600000000, 10)"
+    )))
+    .fetch_one(&mut enqueue)
+    .await
+    .unwrap();
+    assert_eq!(queued, "queued");
+    let release = {
+        let pg = PostgresBackend::connect(&url).await.unwrap();
+        let n = n.clone();
+        tokio::spawn(async move { pg.release(&n, a).await })
+    };
+    until_a_lock_wait(&server).await;
+    sqlx::raw_sql("COMMIT").execute(&mut enqueue).await.unwrap();
+    assert!(release.await.unwrap().unwrap());
+    assert_eq!(
+        server.psql(&format!(
+            "SELECT count(*) FROM wfirst.tessera_holders WHERE lease_id = '{w}'"
+        )),
+        "1",
+        "the release committed beside the waiter without granting it"
+    );
+    let status = pg.status(&n).await.unwrap().unwrap();
+    assert_eq!((status.used, status.queue.len()), (2, 0));
+}
+
+/// Enqueues that run at once, from several processes, take their places in the order they
+/// commit (the tail's lock is held to the commit): while they run, every snapshot of the
+/// queue is a prefix of the seq order (no gap), and at the end each waiter's position is its
+/// place in the queue, the positions are 0 to n - 1, and the seqs are the queue's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_queue_in_commit_order() {
+    let server = PostgresServer::start();
+    let url = server.url_with_schema("fifo");
+    let n = name("f");
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(std::sync::Arc::new(
+            PostgresBackend::connect(&url).await.unwrap(),
+        ));
+    }
+    let holder = LeaseId::random();
+    assert!(matches!(
+        backends[0]
+            .acquire(&n, 1, &req(holder, 1, LONG, None))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let count = 36;
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let pg = std::sync::Arc::clone(&backends[i % 3]);
+            let n = n.clone();
+            tokio::spawn(async move {
+                let lease = LeaseId::random();
+                let reply = pg
+                    .acquire(&n, 1, &req(lease, 1, LONG, Some((LONG, 1000))))
+                    .await
+                    .unwrap();
+                (lease, reply)
+            })
+        })
+        .collect();
+    let gap = "SELECT count(*) FROM fifo.tessera_waiters \
+               HAVING count(*) > 0 AND max(seq) - min(seq) + 1 <> count(*)";
+    while !tasks.iter().all(|t| t.is_finished()) {
+        assert_eq!(server.psql(gap), "", "a snapshot of the queue with a gap");
+    }
+    let mut placed = vec![None; count];
+    for t in tasks {
+        let (lease, reply) = t.await.unwrap();
+        let AcquireReply::Queued { position } = reply else {
+            panic!("{reply:?}")
+        };
+        assert!(
+            placed[position as usize].is_none(),
+            "position {position} twice"
+        );
+        placed[position as usize] = Some(lease);
+    }
+    let placed: Vec<LeaseId> = placed.into_iter().map(Option::unwrap).collect();
+    let status = backends[0].status(&n).await.unwrap().unwrap();
+    assert_eq!(queue_of(&status), placed);
+    assert_eq!(
+        server.psql(
+            "SELECT string_agg(lease_id, ',' ORDER BY seq) = string_agg(lease_id, ',' ORDER BY tag, seq) \
+             AND max(seq) - min(seq) + 1 = count(*) FROM fifo.tessera_waiters"
+        ),
+        "t"
+    );
 }

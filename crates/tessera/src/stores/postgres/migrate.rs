@@ -23,6 +23,7 @@ pub(super) const MIGRATIONS: &[&[&[&str]]] = &[
     ops::MIGRATION_9,
     ops::MIGRATION_10,
     ops::MIGRATION_11,
+    ops::MIGRATION_12,
 ];
 
 /// A migration refused for want of privileges (SQLSTATE 42501: an application role without

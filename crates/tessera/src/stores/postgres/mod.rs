@@ -115,6 +115,13 @@
 //!   asks it first and charges it with the shared one under the same id, `tessera_give_back`
 //!   and `tessera_settle` return or settle both, and the head passes over a window-capped
 //!   tenant's admission waiters (`sql/admit.sql`, `sql/common.sql`, "Window ceilings").
+//! - **The queue's tail** (migration 12, `sql/schema_12.sql`; step revision 11;
+//!   docs/sql-queue.md): `next_seq`, the count of waiters enqueued and the finish tag of
+//!   requests without a tenant live in a second row per semaphore, `tessera_tails`, locked
+//!   after the semaphore's row. An acquire without a tenant that would not lead enqueues
+//!   under the tail's lock alone (4 statements, no wait for the semaphore's row); a step
+//!   that commits with free permits takes the tail `FOR SHARE` and hands off again, so an
+//!   enqueue in flight is never left beside free permits (`sql/common.sql`).
 //! - **Poolers.** A connection sends no startup parameter beyond user, database and
 //!   `application_name`, and sets its session (`search_path`, `enable_seqscan`, `READ
 //!   COMMITTED`, `synchronous_commit`, no `idle_session_timeout`: see `url::session_sql`,

@@ -78,6 +78,18 @@ pub(crate) const MIGRATION_11: &[&[&str]] = &[
     admission::FUNCTIONS,
 ];
 
+/// Migration 12 (`sql/schema_12.sql`): the queue's tail in a row of its own,
+/// `tessera_tails` (`next_seq`, `enqueued`, the finish tag of requests without a tenant, the
+/// waiters' expiry bound), and the semaphore's row counting `dequeued` instead of `queued`
+/// (docs/sql-queue.md); then the step, the rate functions and the admission's again, with
+/// step revision 11 (an enqueue that would not lead takes only the tail's lock).
+pub(crate) const MIGRATION_12: &[&[&str]] = &[
+    &[include_str!("sql/schema_12.sql")],
+    STEP,
+    rate::FUNCTIONS,
+    admission::FUNCTIONS,
+];
+
 /// Migration 5 (`sql/schema_5.sql`): the queue head's bound `head_seq`, indexes that lookups
 /// by lease or seq cannot mistake for their own, and grants to the releasing process's
 /// waiters in the release's reply; then the step again.
@@ -112,8 +124,12 @@ pub(crate) const MIGRATION_5: &[&[&str]] = &[&[include_str!("sql/schema_5.sql")]
 /// `capped_until`): tenants' window ceilings in `tessera_admit`, `tessera_give_back` and
 /// `tessera_settle`, and window-capped tenants' admission waiters passed over for the head
 /// (`docs/fair-shares.md`, "A ceiling on a share of the windows"); a name none of whose
-/// tenants has one runs the statements it ran before.
-pub(crate) const STEP_REVISION: i32 = 10;
+/// tenants has one runs the statements it ran before. Revision 11 (with migration 12, which
+/// moves the queue's tail to `tessera_tails`): an acquire that would not lead, without a
+/// tenant, enqueues under the tail's lock alone (`sql/acquire.sql`); every other step locks
+/// the semaphore's row, then the tail before it compares a newcomer with the queue or
+/// commits with free permits (`tessera__tail`, `tessera__requeue` in `sql/common.sql`).
+pub(crate) const STEP_REVISION: i32 = 11;
 
 /// The step alone, for a connect that finds an older revision: the semaphore's functions, the
 /// rate functions and the admission's, which call both.
@@ -149,7 +165,7 @@ macro_rules! queue_order {
 /// plain waiter) and tenant (NULL: none), with the row's `queued`.
 pub(crate) const READ_STATUS: &str = concat!(
     "SELECT (SELECT json_build_object(\
-     'capacity', s.capacity, 'used', s.used, 'queued', s.queued, \
+     'capacity', s.capacity, 'used', s.used, 'queued', t.enqueued - s.dequeued, \
      'now', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
      'holders', coalesce((SELECT json_agg(json_build_array(h.lease_id, h.weight, h.seats, \
          h.fence, h.holder, h.acquired_at, h.expires_at, h.tenant) \
@@ -159,7 +175,7 @@ pub(crate) const READ_STATUS: &str = concat!(
          w.enqueued_at, w.expires_at, w.gate, w.tenant) ORDER BY ",
     queue_order!(),
     ") FROM tessera_waiters w WHERE w.name = s.name), '[]'::json))::text \
-     FROM tessera_semaphores s WHERE s.name = $1)"
+     FROM tessera_semaphores s JOIN tessera_tails t ON t.name = s.name WHERE s.name = $1)"
 );
 pub(crate) const RESIZE: &str = "SELECT tessera_resize($1, $2)";
 pub(crate) const REVOKE: &str = "SELECT tessera_revoke($1, $2)";

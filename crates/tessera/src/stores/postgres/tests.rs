@@ -19,7 +19,7 @@ fn every_migration_file_starts_with_a_header_comment() {
 
 #[test]
 fn migrations_are_numbered_in_order_and_the_rate_tables_come_second() {
-    assert_eq!(MIGRATIONS.len(), 11);
+    assert_eq!(MIGRATIONS.len(), 12);
     let rate: String = MIGRATIONS[1].concat().concat();
     assert!(rate.starts_with("-- tessera PostgreSQL store, migration 2"));
     for t in ["tessera_rate_limiters", "tessera_rate_log"] {

@@ -81,9 +81,18 @@ DECLARE
     v_key    text;
     v_own    record;
     scaled   record;
+    v_seen   bigint;
 BEGIN
     st := tessera__load(p_name, p_capacity);
     now_us := st.now_us;
+    -- The tail before anything is compared with the queue (migration 12, as tessera_acquire).
+    IF st.tail IS NULL THEN
+        v_seen := st.enqueued;
+        st := tessera__tail(st, 'update');
+        IF st.enqueued <> v_seen AND st.queued > 0 AND st.used < st.capacity THEN
+            st := tessera__hand_off(st);
+        END IF;
+    END IF;
     -- Every lease and waiter expired: the semaphore is idle, as if it did not exist, and
     -- takes the capacity this client declares (as tessera_acquire); its tags restart.
     IF st.used = 0 AND st.queued = 0 THEN
@@ -294,6 +303,8 @@ BEGIN
     VALUES (p_name, seq_, tag_, p_lease, p_weight, p_holder, p_client, p_ttl, st.now_us,
             st.now_us + p_waiter_ttl, coalesce(window_at, 0), p_tenant);
     st.queued := st.queued + 1;
+    st.enqueued := st.enqueued + 1;
+    st.tail := 'dirty';
     st.purge_at := least(st.purge_at, st.now_us + p_waiter_ttl);
     st.dirty := true;
     outcome := 'queued';

@@ -58,6 +58,16 @@
 -- tenant's own limiter (admit.sql), tessera_give_back and tessera_settle return or settle
 -- its charge with the shared one's, by the lease's tenant (`hit_tenant`).
 --
+-- The queue's tail (migration 12; docs/sql-queue.md): next_seq, the count `enqueued` of
+-- waiters ever inserted, the finish tag F[""] and the waiters' expiry bound `wait_purge_at`
+-- live in the row of tessera_tails, the semaphore's row counts `dequeued` (waiters granted,
+-- purged or cancelled) and `queued` = enqueued - dequeued. tessera__load reads the tail
+-- without its lock (so `queued` is a lower bound, and the state's `dequeued` is exact); a
+-- step locks it after the semaphore's row, FOR UPDATE before it compares a newcomer with the
+-- queue or writes the tail (tessera__tail), FOR SHARE before it commits with free permits
+-- (tessera__requeue, from tessera__finish), and an enqueue that would not lead takes only
+-- the tail (tessera_acquire). Tenants' rows (F[t]) are written only while the tail is held.
+--
 -- Revision: `tessera__step_revision()` returns ops.rs's STEP_REVISION; a connect that finds a
 -- lower one creates these functions again (see the PostgreSQL store's module docs).
 --
@@ -154,7 +164,7 @@ CREATE OR REPLACE FUNCTION tessera__load(p_name text, p_create bigint) RETURNS t
 LANGUAGE plpgsql AS $$
 DECLARE
     st tessera_step;
-    r  tessera_semaphores;
+    r  record;
 BEGIN
     st.name := p_name;
     st.sync := current_setting('synchronous_commit');
@@ -163,7 +173,13 @@ BEGIN
     END IF;
     st.dirty := false;
     st.hit := false;
-    SELECT * INTO r FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    -- The tail is read in the same statement, without its lock (migration 12): what it says
+    -- is a committed state, possibly older than the semaphore's row (read after waiting for
+    -- its lock), so `queued` is a lower bound until tessera__tail locks the tail.
+    SELECT s.*, t.next_seq AS t_next_seq, t.enqueued AS t_enqueued, t.finish AS t_finish,
+           t.wait_purge_at AS t_wait_purge_at
+    INTO r FROM tessera_semaphores s LEFT JOIN tessera_tails t ON t.name = s.name
+    WHERE s.name = p_name FOR UPDATE OF s;
     IF NOT FOUND THEN
         IF p_create IS NULL THEN
             st.found := false;
@@ -172,12 +188,24 @@ BEGIN
         END IF;
         -- A placeholder with nothing used or queued, which the step treats as a missing row;
         -- the upsert locks the row whoever created it (a concurrent delete only makes the
-        -- insert run again, inside the statement).
-        INSERT INTO tessera_semaphores AS s
-            (name, capacity, used, queued, last_fence, next_seq, seat_high, purge_at)
-        VALUES (p_name, p_create, 0, 0, 0, 0, 0, 0)
-        ON CONFLICT (name) DO UPDATE SET name = s.name
-        RETURNING * INTO r;
+        -- insert run again, inside the statement), then its tail (the insert of the tail
+        -- reads the semaphore's row first: the lock order), which this step then holds.
+        WITH s AS (
+            INSERT INTO tessera_semaphores AS s
+                (name, capacity, used, dequeued, last_fence, seat_high, purge_at)
+            VALUES (p_name, p_create, 0, 0, 0, 0, 0)
+            ON CONFLICT (name) DO UPDATE SET name = s.name
+            RETURNING *
+        ), t AS (
+            INSERT INTO tessera_tails AS t (name, next_seq, enqueued, finish)
+            SELECT s.name, 0, 0, 0 FROM s
+            ON CONFLICT (name) DO UPDATE SET name = t.name
+            RETURNING t.next_seq, t.enqueued, t.finish, t.wait_purge_at
+        )
+        SELECT s.*, t.next_seq AS t_next_seq, t.enqueued AS t_enqueued, t.finish AS t_finish,
+               t.wait_purge_at AS t_wait_purge_at
+        INTO r FROM s, t;
+        st.tail := 'update';
     END IF;
     -- The clock only now: clock_timestamp() in the locking statement could be read before
     -- the wait for the lock ended.
@@ -185,28 +213,32 @@ BEGIN
     IF r.capacity IS NULL OR r.capacity < 1 OR r.capacity > 1000000 THEN
         PERFORM tessera__corrupt(format('capacity = %s is out of range', r.capacity));
     END IF;
-    IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.queued IS NULL OR r.queued < 0
-       OR r.last_fence IS NULL OR r.last_fence < 0 OR r.next_seq IS NULL OR r.next_seq < 0
+    IF r.used IS NULL OR r.used < 0 OR r.used > 1000000 OR r.dequeued IS NULL OR r.dequeued < 0
+       OR r.last_fence IS NULL OR r.last_fence < 0
        OR r.seat_high IS NULL OR r.seat_high < 0 OR r.seat_high > 1000000
-       OR r.head_seq IS NULL OR r.head_seq > r.next_seq
-       OR r.vtime IS NULL OR r.vtime < 0 OR r.finish IS NULL OR r.finish < 0
+       OR r.head_seq IS NULL
+       OR r.vtime IS NULL OR r.vtime < 0
        OR r.tenants IS NULL OR r.tenants < 0 OR r.limits IS NULL OR r.limits < 0
-       OR r.tag_low < 0 THEN
-        PERFORM tessera__corrupt(format('semaphore row (used %s, queued %s, last_fence %s, next_seq %s, seat_high %s, head_seq %s, vtime %s, finish %s, tenants %s, limits %s, tag_low %s) is out of range',
-            r.used, r.queued, r.last_fence, r.next_seq, r.seat_high, r.head_seq, r.vtime,
-            r.finish, r.tenants, r.limits, r.tag_low));
+       OR r.tag_low < 0 OR r.t_enqueued IS NULL OR r.t_enqueued < 0 OR r.t_next_seq IS NULL
+       OR r.t_next_seq < 0 OR r.t_finish IS NULL OR r.t_finish < 0 THEN
+        PERFORM tessera__corrupt(format('semaphore row (used %s, dequeued %s, last_fence %s, seat_high %s, head_seq %s, vtime %s, tenants %s, limits %s, tag_low %s) or its tail (enqueued %s, next_seq %s, finish %s) is out of range',
+            r.used, r.dequeued, r.last_fence, r.seat_high, r.head_seq, r.vtime,
+            r.tenants, r.limits, r.tag_low, r.t_enqueued, r.t_next_seq, r.t_finish));
     END IF;
+    st.enqueued := r.t_enqueued;
+    st.dequeued := r.dequeued;
+    st.queued := greatest(r.t_enqueued - r.dequeued, 0);
+    st.next_seq := r.t_next_seq;
+    st.finish := r.t_finish;
+    st.wait_purge_at := r.t_wait_purge_at;
     st.found := true;
     st.capacity := r.capacity;
     st.used := r.used;
-    st.queued := r.queued;
     st.last_fence := r.last_fence;
-    st.next_seq := r.next_seq;
     st.head_seq := r.head_seq;
     st.seat_high := r.seat_high;
     st.purge_at := r.purge_at;
     st.vtime := r.vtime;
-    st.finish := r.finish;
     st.tenants := r.tenants;
     st.low := CASE WHEN r.tag_low IS NULL THEN NULL ELSE least(r.tag_low, r.vtime) END;
     st.limits := r.limits;
@@ -244,7 +276,7 @@ BEGIN
         RETURN st;
     END IF;
     IF st.purge_at IS NULL OR st.now_us >= st.purge_at
-       OR st.purge_at > st.now_us + 2 * 86400000000 THEN
+       OR st.purge_at > st.now_us + 2 * 86400000000 OR st.now_us >= st.wait_purge_at THEN
         st := tessera__purge(st);
     END IF;
     IF st.limits <> 0 THEN
@@ -257,8 +289,89 @@ BEGIN
     RETURN st;
 END $$;
 
+-- Locks the semaphore's tail (migration 12) in `p_mode`: 'update' before a step compares a
+-- newcomer with the queue or writes the tail (next_seq, enqueued, the tags), 'share' before
+-- it commits with free permits, 'reset' (an update) when the purge takes the waiters'
+-- expiry bound `wait_purge_at` over. Once locked, `enqueued`, so `queued`, `next_seq` and
+-- `finish` are exact: no enqueue is in flight, and every one that committed is seen (a
+-- locking read returns the latest committed version). A step holding the semaphore's row
+-- takes the tail after it, never before (the lock order).
+CREATE OR REPLACE FUNCTION tessera__tail(st tessera_step, p_mode text) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+BEGIN
+    IF p_mode = 'share' THEN
+        SELECT x.next_seq, x.enqueued, x.finish, x.wait_purge_at INTO t
+        FROM tessera_tails x WHERE x.name = st.name FOR SHARE;
+    ELSIF p_mode = 'reset' THEN
+        UPDATE tessera_tails x SET wait_purge_at = NULL WHERE x.name = st.name
+        RETURNING x.next_seq, x.enqueued, x.finish, x.wait_purge_at INTO t;
+        p_mode := 'update';
+    ELSE
+        SELECT x.next_seq, x.enqueued, x.finish, x.wait_purge_at INTO t
+        FROM tessera_tails x WHERE x.name = st.name FOR UPDATE;
+    END IF;
+    IF NOT FOUND OR t.enqueued IS NULL OR t.enqueued < st.dequeued OR t.next_seq IS NULL
+       OR t.next_seq < 0 OR t.next_seq < st.head_seq OR t.finish IS NULL OR t.finish < 0 THEN
+        PERFORM tessera__corrupt(format('tail (enqueued %s, next_seq %s, finish %s) of a row with dequeued %s, head_seq %s is out of range',
+            t.enqueued, t.next_seq, t.finish, st.dequeued, st.head_seq));
+    END IF;
+    st.tail := p_mode;
+    st.enqueued := t.enqueued;
+    st.queued := t.enqueued - st.dequeued;
+    st.next_seq := t.next_seq;
+    st.finish := t.finish;
+    st.wait_purge_at := t.wait_purge_at;
+    RETURN st;
+END $$;
+
+-- Counts `n` waiters that left the queue (granted, purged, cancelled) in `dequeued`.
+CREATE OR REPLACE FUNCTION tessera__dequeued(st tessera_step, n bigint) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+BEGIN
+    st.dequeued := st.dequeued + n;
+    -- Until the tail is locked, `queued` is a lower bound (tessera__load): this step may
+    -- have removed waiters it had not counted.
+    st.queued := greatest(st.queued - n, 0);
+    IF st.enqueued < st.dequeued THEN
+        IF st.tail IS NOT NULL THEN
+            PERFORM tessera__corrupt(format('enqueued %s < dequeued %s', st.enqueued, st.dequeued));
+        END IF;
+        st.enqueued := st.dequeued;
+    END IF;
+    st.dirty := true;
+    RETURN st;
+END $$;
+
+-- A step that would commit with free permits without holding the tail (migration 12):
+-- takes the tail FOR SHARE and hands off again from that fresh read, so that an enqueue in
+-- flight is either seen here (it committed before the lock) or sees this step's freed
+-- permits (its tail update waits for this commit, and its next read of the semaphore's row
+-- is a new snapshot) and asks for a step at once. docs/sql-queue.md, "No lost wake-up".
+CREATE OR REPLACE FUNCTION tessera__requeue(st tessera_step) RETURNS tessera_step
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_seen bigint := st.enqueued;
+BEGIN
+    IF st.found AND st.tail IS NULL AND st.used < st.capacity
+       AND (st.dirty OR st.queued > 0) THEN
+        st := tessera__tail(st, 'share');
+        -- The hand-offs of this step saw every waiter counted before: only newer ones may
+        -- be granted now.
+        IF st.queued > 0 AND st.enqueued <> v_seen THEN
+            st := tessera__hand_off(st);
+        END IF;
+    END IF;
+    RETURN st;
+END $$;
+
 -- Writes the semaphore row back if it changed, or deletes it (with any free seats) when it
 -- has neither holders nor waiters, raising the fence high-water mark to its last fence.
+-- Migration 12: the tail goes with it, and only if no waiter was enqueued since the step
+-- read it (the delete waits for an enqueue in flight); with free permits the queue is read
+-- again under the tail's lock first (tessera__requeue), and grants made then are pushed with
+-- pg_notify to every waiter, this step's caller's too (its reply was already made).
 CREATE OR REPLACE FUNCTION tessera__finish(st tessera_step) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -266,33 +379,61 @@ BEGIN
         RETURN;
     END IF;
     IF st.used = 0 AND st.queued = 0 THEN
-        DELETE FROM tessera_semaphores WHERE name = st.name;
-        IF st.seat_high <> 0 THEN
-            DELETE FROM tessera_free_seats WHERE name = st.name;
+        DELETE FROM tessera_tails t WHERE t.name = st.name AND t.enqueued = st.dequeued;
+        IF FOUND THEN
+            DELETE FROM tessera_semaphores WHERE name = st.name;
+            IF st.seat_high <> 0 THEN
+                DELETE FROM tessera_free_seats WHERE name = st.name;
+            END IF;
+            -- Idle: the tags restart at 0 with the next request.
+            IF st.tenants <> 0 THEN
+                DELETE FROM tessera_tenants WHERE name = st.name;
+            END IF;
+            -- Written only when a semaphore goes, not at every grant: a grant reads the mark
+            -- but does not serialize every semaphore of the store on its row.
+            UPDATE tessera_meta SET value = st.last_fence
+            WHERE key = 'fence_hwm' AND value < st.last_fence;
+            RETURN;
         END IF;
-        -- Idle: the tags restart at 0 with the next request.
-        IF st.tenants <> 0 THEN
-            DELETE FROM tessera_tenants WHERE name = st.name;
+        -- Waiters were enqueued meanwhile (with the tail locked, none could be): they are
+        -- handed what is free, as below.
+        IF st.tail IS NOT NULL THEN
+            PERFORM tessera__corrupt(format('the tail of %L counts waiters the step did not see',
+                left(st.name, 64)));
         END IF;
-        -- Written only when a semaphore goes, not at every grant: a grant reads the mark but
-        -- does not serialize every semaphore of the store on its row.
-        UPDATE tessera_meta SET value = st.last_fence
-        WHERE key = 'fence_hwm' AND value < st.last_fence;
-    ELSIF st.dirty THEN
+        st.local_client := NULL;
+        st := tessera__tail(st, 'share');
+        IF st.queued > 0 THEN
+            st := tessera__hand_off(st);
+        END IF;
+        st.dirty := true;
+    ELSE
+        st.local_client := NULL;
+        st := tessera__requeue(st);
+    END IF;
+    IF st.dirty THEN
         IF st.limits <> 0 AND st.queued > 0 AND st.low < st.vtime THEN
             -- The queue's least tag, the tightest bound (one probe from the bound before).
             SELECT w.tag INTO st.low FROM tessera_waiters w
             WHERE w.name = st.name AND w.tag >= st.low ORDER BY w.tag, w.seq LIMIT 1;
         END IF;
+        -- `queued` is exact only with the tail locked: head_seq is reset only then. (A
+        -- waiter `queued` may not count yet has a tag at or above vtime: tag_low may go.)
         UPDATE tessera_semaphores
-        SET capacity = st.capacity, used = st.used, queued = st.queued,
-            last_fence = st.last_fence, next_seq = st.next_seq, seat_high = st.seat_high,
+        SET capacity = st.capacity, used = st.used, dequeued = st.dequeued,
+            last_fence = st.last_fence, seat_high = st.seat_high,
             purge_at = coalesce(st.purge_at, 0),
-            head_seq = CASE WHEN st.queued = 0 THEN st.next_seq ELSE st.head_seq END,
-            vtime = st.vtime, finish = st.finish, tenants = st.tenants, limits = st.limits,
+            head_seq = CASE WHEN st.queued = 0 AND st.tail IS NOT NULL THEN st.next_seq
+                            ELSE st.head_seq END,
+            vtime = st.vtime, tenants = st.tenants, limits = st.limits,
             tag_low = CASE WHEN st.queued = 0 OR st.low IS NULL OR st.low >= st.vtime THEN NULL
                            ELSE st.low END
         WHERE name = st.name;
+    END IF;
+    IF st.tail = 'dirty' THEN
+        UPDATE tessera_tails t
+        SET next_seq = st.next_seq, enqueued = st.enqueued, finish = st.finish
+        WHERE t.name = st.name;
     END IF;
 END $$;
 
@@ -329,6 +470,12 @@ BEGIN
             st := tessera__return_seats(st, freed);
         END IF;
     END IF;
+    -- The waiters' bound in the tail has passed (migration 12): the tail is locked, its
+    -- bound cleared and every waiter enqueued so far is seen, so the bound below covers
+    -- them all; later enqueues lower the tail's bound again.
+    IF st.now_us >= st.wait_purge_at AND (st.tail IS NULL OR st.tail = 'update') THEN
+        st := tessera__tail(st, 'reset');
+    END IF;
     IF st.queued > 0 THEN
         DELETE FROM tessera_waiters
         WHERE name = st.name AND seq IN (
@@ -337,11 +484,7 @@ BEGIN
             ORDER BY expires_at LIMIT 4096);
         GET DIAGNOSTICS n = ROW_COUNT;
         IF n > 0 THEN
-            IF st.queued < n THEN
-                PERFORM tessera__corrupt(format('queued %s < %s waiters removed', st.queued, n));
-            END IF;
-            st.queued := st.queued - n;
-            st.dirty := true;
+            st := tessera__dequeued(st, n);
         END IF;
     END IF;
     earliest := least((SELECT min(expires_at) FROM tessera_holders WHERE name = st.name),
@@ -412,7 +555,7 @@ BEGIN
             END IF;
             EXIT;
         END IF;
-        st.queued := st.queued - 1;
+        st := tessera__dequeued(st, 1);
         st.vtime := greatest(st.vtime, h.tag);
         -- The least key went: every waiter left is at or above its tag.
         IF st.low IS NOT NULL THEN
@@ -608,13 +751,9 @@ DECLARE
 BEGIN
     DELETE FROM tessera_waiters WHERE name = st.name AND lease_id = p_lease;
     GET DIAGNOSTICS n = ROW_COUNT;
-    IF st.queued < n THEN
-        PERFORM tessera__corrupt(format('queued %s < %s waiters removed', st.queued, n));
-    END IF;
-    st.queued := st.queued - n;
     st.hit := n > 0;
     IF n > 0 THEN
-        st.dirty := true;
+        st := tessera__dequeued(st, n);
     END IF;
     RETURN st;
 END $$;
@@ -625,9 +764,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     seq_ bigint;
 BEGIN
-    IF st.queued = 0 THEN
-        RETURN NULL;
-    END IF;
     UPDATE tessera_waiters SET expires_at = greatest(expires_at, p_at)
     WHERE name = st.name AND lease_id = p_lease
     RETURNING seq INTO seq_;
@@ -643,6 +779,7 @@ BEGIN
         st.vtime := 0;
         st.finish := 0;
         st.dirty := true;
+        st.tail := 'dirty';
     END IF;
     st.low := NULL;
     IF st.tenants <> 0 THEN
@@ -684,6 +821,7 @@ DECLARE
 BEGIN
     IF p_tenant IS NULL THEN
         st.finish := p_finish;
+        st.tail := 'dirty';
     ELSE
         INSERT INTO tessera_tenants AS t (name, tenant, finish)
         VALUES (st.name, p_tenant, p_finish)
@@ -899,7 +1037,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM tessera__corrupt(format('waiter seq %s vanished', p_seq));
     END IF;
-    st.queued := st.queued - 1;
+    st := tessera__dequeued(st, 1);
     st.vtime := greatest(st.vtime, h.tag);
     PERFORM tessera__check_lease(h.lease_id);
     IF h.weight < 1 OR h.ttl < 0 THEN
@@ -993,4 +1131,4 @@ END $$;
 
 -- The step's revision (see the header).
 CREATE OR REPLACE FUNCTION tessera__step_revision() RETURNS int
-LANGUAGE sql IMMUTABLE AS 'SELECT 10';
+LANGUAGE sql IMMUTABLE AS 'SELECT 11';

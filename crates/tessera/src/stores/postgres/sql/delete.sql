@@ -16,6 +16,9 @@ DECLARE
 BEGIN
     -- Lock the row first, so a concurrent acquire cannot add a holder this delete misses.
     PERFORM 1 FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
+    -- Then its tail (migration 12), which waits for an enqueue in flight: its waiter is
+    -- removed below, and an enqueue after this finds no tail and runs the step.
+    DELETE FROM tessera_tails WHERE name = p_name;
     FOR r IN DELETE FROM tessera_holders WHERE name = p_name RETURNING lease_id, client LOOP
         PERFORM tessera__wake(r.client, r.lease_id);
     END LOOP;

@@ -44,7 +44,7 @@ BEGIN
     ), renewed AS (
         UPDATE tessera_waiters w SET expires_at = greatest(w.expires_at, st.now_us + r.ttl)
         FROM (SELECT q.lease, max(q.ttl) AS ttl FROM req q GROUP BY q.lease) r
-        WHERE st.found AND st.queued > 0 AND w.name = p_name AND w.lease_id = r.lease
+        WHERE st.found AND w.name = p_name AND w.lease_id = r.lease
           AND NOT EXISTS (SELECT 1 FROM held x WHERE x.lease = r.lease)
         RETURNING w.lease_id AS lease
     )
