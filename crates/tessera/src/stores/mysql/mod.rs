@@ -107,7 +107,8 @@ macro_rules! step {
                     .with_fair_shares($self.fair)
                     .with_tenant_rows($self.tenant_rows)
                     .with_tenant_limits($self.db.tenant_limits())
-                    .with_window_ceilings($self.db.window_ceilings());
+                    .with_window_ceilings($self.db.window_ceilings())
+                    .with_tails($self.db.tails());
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -687,6 +688,7 @@ impl Backend for MysqlBackend {
             self.gates,
             self.fair,
             self.tenant_rows,
+            self.db.tails(),
         )
         .await;
         match &read {

@@ -64,6 +64,11 @@ pub(crate) const TENANT_VERSION: i64 = 7;
 /// keep-alive and gathered heartbeats stay version 7's).
 pub(crate) const LIMITS_VERSION: i64 = 8;
 
+/// The routine version whose procedures run on the tables of schema version 10, the
+/// semaphore's row split in two (`routines_v9.sql`, `docs/sql-queue.md`): acquire, release,
+/// keep-alive and gathered heartbeats, the ones a client of schema version 10 calls.
+pub(crate) const TAILS_VERSION: i64 = 9;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
@@ -79,6 +84,10 @@ const KEEP_ALIVE_TENANT: &str = "CALL tessera_v7_keep_alive(?, ?, ?, ?, ?)";
 /// [`ACQUIRE_ONE_TENANT`] and [`RELEASE_TENANT`] on the tables of schema version 8.
 const ACQUIRE_ONE_LIMITS: &str = "CALL tessera_v8_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_LIMITS: &str = "CALL tessera_v8_release(?, ?)";
+/// The acquire, release and keep-alive of routine version 9 (schema version 10).
+const ACQUIRE_ONE_TAILS: &str = "CALL tessera_v9_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE_TAILS: &str = "CALL tessera_v9_release(?, ?)";
+const KEEP_ALIVE_TAILS: &str = "CALL tessera_v9_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -184,6 +193,7 @@ pub(crate) fn acquire_one_call(
         Lit::Text(doorbell),
     ];
     let sql = match version {
+        TAILS_VERSION => ACQUIRE_ONE_TAILS,
         LIMITS_VERSION => ACQUIRE_ONE_LIMITS,
         TENANT_VERSION => ACQUIRE_ONE_TENANT,
         FAIR_VERSION => ACQUIRE_ONE_FAIR,
@@ -254,6 +264,7 @@ pub(crate) fn acquire_one_reply(
 /// [`acquire_one_call`]); its row is read by [`release_reply`].
 pub(crate) fn release_call(name: &str, lease: &str, version: i64) -> String {
     let sql = match version {
+        TAILS_VERSION => RELEASE_TAILS,
         LIMITS_VERSION => RELEASE_LIMITS,
         TENANT_VERSION => RELEASE_TENANT,
         FAIR_VERSION => RELEASE_FAIR,
@@ -312,6 +323,7 @@ fn keep_alive_call(
     version: i64,
 ) -> String {
     let sql = match version {
+        TAILS_VERSION => KEEP_ALIVE_TAILS,
         TENANT_VERSION => KEEP_ALIVE_TENANT,
         _ => KEEP_ALIVE,
     };

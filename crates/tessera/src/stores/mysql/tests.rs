@@ -1038,7 +1038,12 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         "2"
     );
     assert_eq!(
-        server.sql("SELECT queued FROM g.tessera_semaphores").trim(),
+        server
+            .sql(
+                "SELECT t.enqueued - s.dequeued FROM g.tessera_semaphores s \
+                 JOIN g.tessera_tails t ON t.name = s.name"
+            )
+            .trim(),
         "2"
     );
     assert_eq!(
@@ -1087,7 +1092,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
 async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
     let server = MariaDbServer::start();
     let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    assert_eq!(b.db.calls(), Some(routines::LIMITS_VERSION));
+    assert_eq!(b.db.calls(), Some(routines::TAILS_VERSION));
     let s = Name::new("tenants").unwrap();
     let waiter_ttl = Duration::from_secs(30);
     let ask = |lease, wait: bool, tenant: &str| AcquireRequest {
