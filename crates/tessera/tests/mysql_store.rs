@@ -165,8 +165,8 @@ fn one_row(db: &str) -> String {
          UPDATE {db}.tessera_semaphores s JOIN {db}.tessera_tails t ON t.name = s.name \
          SET s.queued = t.enqueued - s.dequeued, s.next_seq = t.next_seq, s.finish = t.finish; \
          ALTER TABLE {db}.tessera_semaphores DROP COLUMN dequeued; DROP TABLE {db}.tessera_tails; \
-         DROP PROCEDURE {db}.tessera_v9_acquire_one; DROP PROCEDURE {db}.tessera_v9_release; \
-         DROP PROCEDURE {db}.tessera_v9_keep_alive; DROP PROCEDURE {db}.tessera_v9_heartbeat_many; \
+         DROP PROCEDURE IF EXISTS {db}.tessera_v9_acquire_one; DROP PROCEDURE IF EXISTS {db}.tessera_v9_release; \
+         DROP PROCEDURE IF EXISTS {db}.tessera_v9_keep_alive; DROP PROCEDURE IF EXISTS {db}.tessera_v9_heartbeat_many; \
          UPDATE {db}.tessera_meta SET meta_value = LEAST(meta_value, 8) \
          WHERE meta_key = 'routines_version'; "
     )
@@ -1785,4 +1785,103 @@ async fn a_user_who_may_not_create_keeps_schema_7_without_tenant_limits() {
     let (a, _b, _) = held_and_queued(&MysqlBackend::connect(&url).await.unwrap(), &n).await;
     assert_eq!(calls(&server) - before, 2, "version 7's procedures");
     assert!(store.backend().release(&n, a).await.unwrap());
+}
+
+/// A database of schema version 9 (one row per semaphore, its queue's tail in it) holding a
+/// holder and three waiters is migrated at the next connect to version 10 with routine
+/// version 9: the tails move to `tessera_tails` (the queue's length as `enqueued`, nothing
+/// dequeued), the old columns are gone, the holder and the waiters stay in their order, a
+/// newcomer queues behind them, and the releases (through the procedures) hand the permit
+/// on in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_the_tail_rows_is_migrated_and_keeps_its_holder_waiters_and_order() {
+    let server = MariaDbServer::start();
+    let url = server.url("v9");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    let mut waiters = vec![b];
+    for position in 1..3 {
+        let w = LeaseId::random();
+        assert_eq!(
+            first
+                .acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { position }
+        );
+        waiters.push(w);
+    }
+    drop(first);
+    // What a build of schema version 9 and routine version 8 leaves.
+    server.sql(&format!(
+        "{}UPDATE v9.tessera_meta SET meta_value = 9 WHERE meta_key = 'schema_version'",
+        one_row("v9")
+    ));
+    assert_eq!(
+        server
+            .sql("SELECT CONCAT(queued, ',', next_seq) FROM v9.tessera_semaphores")
+            .trim(),
+        "3,3"
+    );
+    let store = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server
+            .sql(&format!(
+                "SELECT meta_value FROM v9.tessera_meta WHERE meta_key = '{key}'"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        (meta("schema_version"), meta("routines_version")),
+        ("10".into(), "9".into())
+    );
+    assert_eq!(
+        server
+            .sql(
+                "SELECT CONCAT(t.next_seq, ',', t.enqueued, ',', s.dequeued) \
+                 FROM v9.tessera_tails t JOIN v9.tessera_semaphores s ON s.name = t.name"
+            )
+            .trim(),
+        "3,3,0"
+    );
+    assert_eq!(
+        server
+            .sql(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v9' \
+                 AND TABLE_NAME = 'tessera_semaphores' \
+                 AND COLUMN_NAME IN ('queued', 'next_seq', 'finish')"
+            )
+            .trim(),
+        "0"
+    );
+    let st = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, a);
+    let queue: Vec<LeaseId> = st.queue.iter().map(|w| w.lease_id).collect();
+    assert_eq!(queue, waiters);
+    let late = LeaseId::random();
+    assert_eq!(
+        store
+            .acquire(&n, 1, &req(late, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    waiters.push(late);
+    let before = calls(&server);
+    let mut held = a;
+    for next in &waiters {
+        assert!(store.release(&n, held).await.unwrap());
+        let st = store.status(&n).await.unwrap().unwrap();
+        assert_eq!(st.holders[0].lease_id, *next);
+        held = *next;
+    }
+    assert!(
+        calls(&server) - before >= 4,
+        "the releases ran as procedures"
+    );
+    assert!(store.release(&n, held).await.unwrap());
+    assert!(store.status(&n).await.unwrap().is_none());
+    assert_no_rows_left(&server, "v9");
 }

@@ -168,7 +168,7 @@ fn grant_of(row: &MySqlRow) -> Result<Grant> {
 /// The call that acquires one permit with the procedure of routine `version`
 /// (`Migrated::calls`: `tessera_v4_acquire_one` of `routines.sql`, `tessera_v6_…` of
 /// `routines_v6.sql` or `tessera_v7_…` of `routines_v7.sql`, the last two with the tenant);
-/// its row is read by [`acquire_one_reply`].
+/// its row is read by [`acquire_one_answer`].
 pub(crate) fn acquire_one_call(
     name: &str,
     capacity: u32,
@@ -207,19 +207,28 @@ pub(crate) fn acquire_one_call(
 }
 
 /// What [`acquire_one_call`] answered (`None`: the procedure is missing): the reply, a
-/// capacity mismatch or a full queue as the step answers them, or [`Fast::Fallback`].
-pub(crate) fn acquire_one_reply(
+/// capacity mismatch or a full queue as the step answers them, or [`Fast::Fallback`]; and
+/// whether the client is to run the locked step at once: the waiter was enqueued without the
+/// semaphore row's lock while permits were freed (routine version 9's `queued_step`,
+/// `docs/sql-queue.md`).
+pub(crate) fn acquire_one_answer(
     row: Option<MySqlRow>,
     name: &str,
     capacity: u32,
     req: &AcquireRequest,
-) -> Result<Fast<Result<AcquireReply>>> {
+) -> Result<(Fast<Result<AcquireReply>>, bool)> {
     let Some(row) = row else {
-        return Ok(Fast::Fallback);
+        return Ok((Fast::Fallback, false));
     };
     let outcome = text(&row, 0)?;
+    let step_now = outcome == "queued_step";
+    let outcome = if step_now {
+        "queued".to_string()
+    } else {
+        outcome
+    };
     let reply = match outcome.as_str() {
-        "fallback" => return Ok(Fast::Fallback),
+        "fallback" => return Ok((Fast::Fallback, false)),
         "granted" | "held" => {
             let grant = grant_of(&row)?;
             if grant.lease.lease_id != req.lease_id {
@@ -257,7 +266,7 @@ pub(crate) fn acquire_one_reply(
         }),
         other => return Err(corrupt(format!("unknown procedure outcome {other:?}"))),
     };
-    Ok(Fast::Done(reply))
+    Ok((Fast::Done(reply), step_now))
 }
 
 /// The call that releases `lease` with the procedure of routine `version` (as

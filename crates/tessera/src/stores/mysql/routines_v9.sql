@@ -2,12 +2,23 @@
 -- heartbeats of versions 8 and 7 for the tables of schema version 10 (tails.sql,
 -- docs/sql-queue.md), where a semaphore's queue tail (next_seq, enqueued, finish) is a row of
 -- its own in tessera_tails and the semaphore row counts the waiters removed (dequeued); the
--- queue holds enqueued - dequeued waiters. Every procedure that takes both rows' locks takes
--- the semaphore row's first, then the tail row's (the one lock order). Otherwise as versions 8
--- and 7 (see routines_v8.sql and routines_v7.sql, whose headers hold here). A build with schema
--- version 10 calls these and no others; a build of before it refuses schema version 10.
--- Installed after version 8 and recorded apart; statements are separated by a line holding
--- only ';'; `CREATE PROCEDURE IF NOT EXISTS` makes each one idempotent.
+-- queue holds enqueued - dequeued waiters.
+--
+-- The lock order is the semaphore row, then the tail row. The acquire's locked step takes
+-- both (so a try, or a newcomer that may lead, compares itself with every committed waiter
+-- and none is in flight). A plain waiter that cannot lead (every permit in use) is enqueued
+-- without the semaphore row's lock: the tail row's lock, a plain re-read of the semaphore row,
+-- the waiter's INSERT, the commit; if that re-read showed room for the head, the answer is
+-- 'queued_step' and the client runs the locked step at once. The release reads the tail's
+-- count without its lock, and takes the tail's lock only when it ends with free permits, then
+-- leaves any waiter it did not hand off to the full step; one that ends with every permit in
+-- use never waits for an enqueue. The keep-alive and the gathered heartbeats grant nothing
+-- and read the tail's count without its lock. docs/sql-queue.md, "Why it is right", argues
+-- no over-grant, no lost wake-up and FIFO for this. Otherwise as versions 8 and 7 (see
+-- routines_v8.sql and routines_v7.sql, whose headers hold here). A build with schema version
+-- 10 calls these and no others; a build of before it refuses schema version 10. Installed
+-- after version 8 and recorded apart; statements are separated by a line holding only ';';
+-- `CREATE PROCEDURE IF NOT EXISTS` makes each one idempotent.
 
 -- Acquires one permit of semaphore p_name (stores/sql/step.rs `acquire` with weight 1).
 --   p_name        the semaphore          p_capacity  the capacity the client declares
@@ -47,9 +58,106 @@ body: BEGIN
     DECLARE h_seats MEDIUMTEXT CHARACTER SET ascii;
     DECLARE h_holder VARCHAR(256) CHARACTER SET utf8mb4;
     DECLARE h_tenant VARCHAR(64) CHARACTER SET utf8mb4;
+    DECLARE v_fast, v_dup INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_none = 1;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 
+    -- The enqueue without the semaphore row's lock (docs/sql-queue.md, "The operations", 3):
+    -- for a plain waiter (no tenant) on a name without tenants' rows or limits, whose
+    -- permits are all in use and where nothing has expired, that neither holds nor waits
+    -- already (a retry of the same lease id takes the locked step). First one plain read, one
+    -- statement (one snapshot of the latest commits, READ COMMITTED), outside a transaction.
+    IF p_wait = 1 AND p_tenant IS NULL THEN
+        SELECT s.capacity, s.used, s.tenants,
+               (SELECT COUNT(*) FROM tessera_tenant_limits l WHERE l.name = p_name)
+               + EXISTS (SELECT 1 FROM tessera_holders h
+                          WHERE h.name = p_name AND h.expires_at <= c.now_us)
+               + EXISTS (SELECT 1 FROM tessera_waiters x
+                          WHERE x.name = p_name AND x.expires_at <= c.now_us)
+               + EXISTS (SELECT 1 FROM tessera_holders h
+                          WHERE h.name = p_name AND h.lease_id = p_lease)
+               + EXISTS (SELECT 1 FROM tessera_waiters w
+                          WHERE w.name = p_name AND w.lease_id = p_lease)
+          INTO v_capacity, v_used, v_tenants, v_held
+          FROM (SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6)) AS now_us) c
+          JOIN tessera_semaphores s ON s.name = p_name;
+        IF v_none = 0 AND v_capacity = p_capacity AND v_tenants = 0 AND v_held = 0
+           AND v_used >= v_capacity THEN
+            SET v_fast = 1;
+        END IF;
+        SET v_none = 0;
+    END IF;
+    IF v_fast = 1 THEN
+        START TRANSACTION;
+        -- The tail row's lock, and nothing else's: the enqueue never waits for the semaphore
+        -- row (so it cannot wait behind a release's commit), and enqueues take seq in the
+        -- order they commit.
+        SELECT next_seq, enqueued, finish INTO v_next_seq, v_enqueued, v_finish
+          FROM tessera_tails WHERE name = p_name FOR UPDATE;
+        IF v_none = 0 THEN
+            -- The semaphore row again, without a lock, in a new statement after the tail's
+            -- lock: the latest commit. A granting step that ended with free permits and
+            -- took the tail first has committed by now, and is seen here.
+            SELECT capacity, used, dequeued, vtime, tenants, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6)),
+                   (SELECT weight FROM tessera_waiters WHERE name = p_name
+                     ORDER BY tag, seq LIMIT 1),
+                   (SELECT COUNT(*) FROM tessera_tenant_limits l WHERE l.name = p_name)
+              INTO v_capacity, v_used, v_dequeued, v_vtime, v_tenants, v_now, v_head_weight,
+                   v_limits
+              FROM tessera_semaphores WHERE name = p_name;
+        END IF;
+        IF v_none = 1 OR v_capacity IS NULL OR v_capacity <> p_capacity OR v_used IS NULL
+           OR v_tenants IS NULL OR v_tenants <> 0 OR v_limits IS NULL OR v_limits <> 0
+           OR v_now IS NULL OR v_now < 0 OR v_next_seq IS NULL OR v_next_seq < 0
+           OR v_enqueued IS NULL OR v_dequeued IS NULL OR v_dequeued < 0
+           OR v_enqueued < v_dequeued
+           OR v_finish IS NULL OR v_finish < 0 OR v_finish > 9000000000000000000
+           OR v_vtime IS NULL OR v_vtime < 0 OR v_vtime > 9000000000000000000
+           -- Emptied meanwhile, with a permit free: the newcomer may lead.
+           OR (v_enqueued = v_dequeued AND v_used < v_capacity) THEN
+            -- The rows are gone or changed meanwhile: the locked step decides.
+            ROLLBACK;
+            SET v_fast = 0, v_none = 0;
+        ELSE
+            -- The queue's length: enqueued exact (the tail's lock), dequeued at most as
+            -- recent, so never below the truth (the cap is never exceeded).
+            SET v_queued = v_enqueued - v_dequeued;
+            IF v_queued >= p_queue_cap THEN
+                ROLLBACK;
+                SELECT 'queue_full', v_now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+                LEAVE body;
+            END IF;
+            -- Without tenants the start tag is the last finish tag (docs/sql-queue.md).
+            SET v_start = GREATEST(v_vtime, v_finish);
+            BEGIN
+                -- The lease queued meanwhile (a retry racing its first attempt): the locked
+                -- step.
+                DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
+                INSERT INTO tessera_waiters
+                    (name, seq, lease_id, weight, holder, ttl, enqueued_at, expires_at,
+                     doorbell, tag, tenant)
+                VALUES (p_name, v_next_seq, p_lease, 1, p_holder, p_ttl, v_now,
+                        v_now + p_waiter_ttl, p_doorbell, v_start, NULL);
+            END;
+            IF v_dup = 1 THEN
+                ROLLBACK;
+                SET v_fast = 0, v_none = 0;
+            ELSE
+                UPDATE tessera_tails
+                   SET next_seq = v_next_seq + 1, enqueued = v_enqueued + 1,
+                       finish = v_start + 1000
+                 WHERE name = p_name;
+                COMMIT;
+                -- Room for the head (this waiter when none was visible): permits were freed
+                -- while this enqueue ran, and the client runs the locked step at once.
+                SELECT IF(v_used + IFNULL(v_head_weight, 1) <= v_capacity, 'queued_step',
+                          'queued'),
+                       v_now, v_queued, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+                LEAVE body;
+            END IF;
+        END IF;
+    END IF;
+    -- The locked step.
     START TRANSACTION;
     -- Locks the row and reads it and the clock, which the server reads when it produces the
     -- row, once the lock is held. A missing row is created (a placeholder: nothing used,
@@ -333,31 +441,24 @@ body: BEGIN
         SELECT 'not_held', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
-    -- The tail row, locked after the semaphore row (docs/sql-queue.md: semaphore row, then
-    -- tail row), so that the queue read below holds every committed enqueue and none is in
-    -- flight. A semaphore row without one (none should be) has an empty tail.
-    SELECT next_seq, enqueued, finish INTO v_next_seq, v_enqueued, v_finish
-      FROM tessera_tails WHERE name = p_name FOR UPDATE;
-    IF v_none = 1 THEN
-        SET v_none = 0;
-        INSERT INTO tessera_tails (name, next_seq, enqueued, finish) VALUES (p_name, 0, 0, 0);
-        SET v_next_seq = 0, v_enqueued = 0, v_finish = 0;
-    END IF;
-    SET v_queued = v_enqueued - v_dequeued;
 
     -- Then, in a statement of its own (see the header), the high-water mark, the earliest
-    -- holder and waiter expiries, and this lease's holder row.
+    -- holder and waiter expiries, this lease's holder row and the tail's count, read without
+    -- the tail's lock (docs/sql-queue.md): enqueues in flight are not counted, and are seen
+    -- below if this release ends with free permits.
     SELECT (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'),
            (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
            (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
            (SELECT weight FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
            (SELECT seats FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
-           (SELECT COUNT(*) FROM tessera_tenant_limits WHERE name = p_name)
-      INTO v_hwm, v_holders_expire, v_waiters_expire, v_weight, v_seats, v_limits;
+           (SELECT COUNT(*) FROM tessera_tenant_limits WHERE name = p_name),
+           (SELECT enqueued FROM tessera_tails WHERE name = p_name)
+      INTO v_hwm, v_holders_expire, v_waiters_expire, v_weight, v_seats, v_limits, v_enqueued;
+    SET v_queued = v_enqueued - v_dequeued;
     IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_dequeued < 0 OR v_last_fence IS NULL
-       OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
+       OR v_last_fence < 0 OR v_seat_high IS NULL
        OR v_seat_high < 0 OR v_seat_high > 4294967295
        OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
        OR (v_used = 0 AND v_queued = 0)
@@ -422,6 +523,22 @@ body: BEGIN
             -- Provisional until renewed: no longer than the waiter's entry would have lived.
             SET g_ttl = LEAST(g_ttl, g_expires - v_now);
         END IF;
+    END IF;
+    -- Ends with free permits (docs/sql-queue.md, "A granting step"): the tail row, locked
+    -- after the semaphore row, waits for the enqueues in flight, and counts every committed
+    -- waiter; one this release did not hand off is left to the full step (it may fit). FOR
+    -- UPDATE rather than LOCK IN SHARE MODE: granting steps serialize on the semaphore row
+    -- anyway, and the idle rows' delete below then needs no lock upgrade. A release that ends
+    -- with every permit in use never takes it: a waiter enqueued meanwhile waits rightly.
+    IF v_used + v_grant < v_capacity THEN
+        SET v_none = 0;
+        SELECT enqueued INTO v_enqueued FROM tessera_tails WHERE name = p_name FOR UPDATE;
+        IF v_none = 1 OR v_enqueued - v_dequeued - v_grant <> 0 THEN
+            ROLLBACK;
+            SELECT 'fallback', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+            LEAVE body;
+        END IF;
+        SET v_queued = v_enqueued - v_dequeued;
     END IF;
     DELETE FROM tessera_holders WHERE name = p_name AND lease_id = p_lease;
     -- Returns the seat: right below seat_high it lowers seat_high, over any free seats
@@ -548,17 +665,6 @@ body: BEGIN
         SELECT 'gone', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
         LEAVE body;
     END IF;
-    -- The tail row, locked after the semaphore row (docs/sql-queue.md: semaphore row, then
-    -- tail row), so that the queue read below holds every committed enqueue and none is in
-    -- flight. A semaphore row without one (none should be) has an empty tail.
-    SELECT next_seq, enqueued, finish INTO v_next_seq, v_enqueued, v_finish
-      FROM tessera_tails WHERE name = p_name FOR UPDATE;
-    IF v_none = 1 THEN
-        SET v_none = 0;
-        INSERT INTO tessera_tails (name, next_seq, enqueued, finish) VALUES (p_name, 0, 0, 0);
-        SET v_next_seq = 0, v_enqueued = 0, v_finish = 0;
-    END IF;
-    SET v_queued = v_enqueued - v_dequeued;
 
     -- Then, in a statement of its own (see the header), the high-water mark, the earliest
     -- holder and waiter expiries, and this lease's holder and waiter expiries.
@@ -566,12 +672,17 @@ body: BEGIN
            (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
            (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
            (SELECT expires_at FROM tessera_holders WHERE name = p_name AND lease_id = p_lease),
-           (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease)
-      INTO v_hwm, v_holders_expire, v_waiters_expire, v_held, v_waiting;
+           (SELECT expires_at FROM tessera_waiters WHERE name = p_name AND lease_id = p_lease),
+           (SELECT enqueued FROM tessera_tails WHERE name = p_name)
+      INTO v_hwm, v_holders_expire, v_waiters_expire, v_held, v_waiting, v_enqueued;
+    -- The tail's count without its lock, in the statement that reads this lease's waiter
+    -- row (one snapshot): the keep-alive grants nothing, and leaves a free permit beside
+    -- waiters to the full step.
+    SET v_queued = v_enqueued - v_dequeued;
     IF v_capacity IS NULL OR v_hwm IS NULL OR v_hwm < 0 OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_used > 4294967295 OR v_queued IS NULL OR v_queued < 0 OR v_dequeued < 0 OR v_last_fence IS NULL
-       OR v_last_fence < 0 OR v_next_seq IS NULL OR v_next_seq < 0 OR v_seat_high IS NULL
+       OR v_last_fence < 0 OR v_seat_high IS NULL
        OR v_seat_high < 0 OR v_seat_high > 4294967295
        OR v_last_fence > 9000000000000000000 OR v_hwm > 9000000000000000000
        OR p_ttl IS NULL OR p_ttl < 0 OR p_ttl > 9000000000000000000 - v_now
@@ -685,23 +796,15 @@ body: BEGIN
            TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', SYSDATE(6))
       INTO v_capacity, v_used, v_dequeued, v_now
       FROM tessera_semaphores WHERE name = p_name FOR UPDATE;
-    IF v_none = 0 THEN
-        -- The tail row, locked after the semaphore row (docs/sql-queue.md: semaphore row, then
-        -- tail row), so that the queue read below holds every committed enqueue and none is in
-        -- flight. A semaphore row without one (none should be) has an empty tail.
-        SELECT next_seq, enqueued, finish INTO v_next_seq, v_enqueued, v_finish
-          FROM tessera_tails WHERE name = p_name FOR UPDATE;
-        IF v_none = 1 THEN
-            SET v_none = 0;
-            INSERT INTO tessera_tails (name, next_seq, enqueued, finish) VALUES (p_name, 0, 0, 0);
-            SET v_next_seq = 0, v_enqueued = 0, v_finish = 0;
-        END IF;
-        SET v_queued = v_enqueued - v_dequeued;
-    END IF;
+
     -- Then, in a statement of its own (see routines.sql), the earliest expiries.
     SELECT (SELECT MIN(expires_at) FROM tessera_holders WHERE name = p_name),
-           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name)
-      INTO v_holders_expire, v_waiters_expire;
+           (SELECT MIN(expires_at) FROM tessera_waiters WHERE name = p_name),
+           (SELECT enqueued FROM tessera_tails WHERE name = p_name)
+      INTO v_holders_expire, v_waiters_expire, v_enqueued;
+    -- The tail's count without its lock (docs/sql-queue.md): this call grants nothing and
+    -- runs only with every permit in use; the purge below raises dequeued only.
+    SET v_queued = v_enqueued - v_dequeued;
     IF v_none = 1 OR v_capacity IS NULL OR v_now IS NULL OR v_now < 0
        OR v_capacity < 1 OR v_capacity > 1000000 OR v_used IS NULL OR v_used < 0
        OR v_queued IS NULL OR v_queued < 1
