@@ -1349,3 +1349,41 @@ async fn concurrent_enqueues_queue_in_the_order_they_commit() {
     assert!(stores[0].release(&s, held).await.unwrap());
     assert!(stores[0].status(&s).await.unwrap().is_none());
 }
+
+/// A plain enqueue takes no lock on the semaphore row (`docs/sql-queue.md`): with that row
+/// locked by a session outside tessera, as a release in flight holds it, the enqueue still
+/// answers at once, and the waiter is handed the permit once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_does_not_wait_for_the_semaphore_row() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let s = Name::new("row").unwrap();
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let held = db
+        .acquire(&s, 1, &no_lost_req(holder, false))
+        .await
+        .unwrap();
+    assert!(matches!(held, AcquireReply::Granted(_)), "{held:?}");
+    let mut blocker = hold_open(
+        &url,
+        "SELECT name FROM tessera_semaphores WHERE name = 'row' FOR UPDATE",
+    )
+    .await;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        db.acquire(&s, 1, &no_lost_req(waiter, true)),
+    )
+    .await
+    .expect("the enqueue waited for the semaphore row")
+    .unwrap();
+    assert_eq!(reply, AcquireReply::Queued { position: 0 });
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    assert!(db.release(&s, holder).await.unwrap());
+    let st = db.status(&s).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, waiter);
+    assert!(db.release(&s, waiter).await.unwrap());
+}
