@@ -32,8 +32,9 @@ async fn behaves_like_the_memory_model_operation_by_operation() {
             let what = d.step().await;
             if step % 50 == 49 {
                 let stale = server.sql(&format!(
-                    "SELECT COUNT(*) FROM diff{seed}.tessera_semaphores s WHERE s.used = 0 \
-                     AND s.queued = 0"
+                    "SELECT COUNT(*) FROM diff{seed}.tessera_semaphores s \
+                     JOIN diff{seed}.tessera_tails t ON t.name = s.name WHERE s.used = 0 \
+                     AND t.enqueued = s.dequeued"
                 ));
                 assert_eq!(stale.trim(), "0", "{what} left an empty semaphore row");
             }
@@ -65,7 +66,7 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         .unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "9");
+    assert_eq!(version.trim(), "10");
     for (i, s) in stores.iter().enumerate() {
         let n = name(&format!("s{i}"));
         let id = LeaseId::random();
@@ -79,10 +80,10 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     MysqlBackend::connect(&url).await.unwrap();
     let version =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'schema_version'");
-    assert_eq!(version.trim(), "9");
+    assert_eq!(version.trim(), "10");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "8");
+    assert_eq!(routines.trim(), "9");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
@@ -92,13 +93,14 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
-         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release"
+         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release,\
+         tessera_v9_acquire_one,tessera_v9_heartbeat_many,tessera_v9_keep_alive,tessera_v9_release"
     );
 }
 
 /// Every semaphore table of database `db` is empty: nothing outlives its semaphore.
 fn assert_no_rows_left(server: &MariaDbServer, db: &str) {
-    for table in ["semaphores", "holders", "waiters", "free_seats"] {
+    for table in ["semaphores", "tails", "holders", "waiters", "free_seats"] {
         let left = server.sql(&format!("SELECT COUNT(*) FROM {db}.tessera_{table}"));
         assert_eq!(left.trim(), "0", "tessera_{table} keeps rows");
     }
@@ -150,6 +152,24 @@ async fn names_that_differ_only_in_case_are_two_semaphores() {
         assert!(db.release(n, id).await.unwrap());
     }
     assert_no_rows_left(&server, "c");
+}
+
+/// What turns database `db`'s semaphore rows (kept) back into those of schema version 9 and
+/// below, one row per semaphore with `queued`, `next_seq` and `finish` and no tail rows
+/// (`tails.sql` undone; the routines of version 9 dropped); the versions are left to the
+/// caller.
+fn one_row(db: &str) -> String {
+    format!(
+        "ALTER TABLE {db}.tessera_semaphores ADD COLUMN queued BIGINT NOT NULL DEFAULT 0, \
+         ADD COLUMN next_seq BIGINT NOT NULL DEFAULT 0, ADD COLUMN finish BIGINT NOT NULL DEFAULT 0; \
+         UPDATE {db}.tessera_semaphores s JOIN {db}.tessera_tails t ON t.name = s.name \
+         SET s.queued = t.enqueued - s.dequeued, s.next_seq = t.next_seq, s.finish = t.finish; \
+         ALTER TABLE {db}.tessera_semaphores DROP COLUMN dequeued; DROP TABLE {db}.tessera_tails; \
+         DROP PROCEDURE IF EXISTS {db}.tessera_v9_acquire_one; DROP PROCEDURE IF EXISTS {db}.tessera_v9_release; \
+         DROP PROCEDURE IF EXISTS {db}.tessera_v9_keep_alive; DROP PROCEDURE IF EXISTS {db}.tessera_v9_heartbeat_many; \
+         UPDATE {db}.tessera_meta SET meta_value = LEAST(meta_value, 8) \
+         WHERE meta_key = 'routines_version'; "
+    )
 }
 
 /// Lease A holds the one permit of `n` and lease B waits behind it: their ids, A's grant.
@@ -368,6 +388,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
          DROP PROCEDURE old.tessera_v7_acquire_one; DROP PROCEDURE old.tessera_v7_release; \
          DROP PROCEDURE old.tessera_v7_keep_alive; DROP PROCEDURE old.tessera_v7_heartbeat_many; \
          DROP PROCEDURE old.tessera_v8_acquire_one; DROP PROCEDURE old.tessera_v8_release; \
+         DROP PROCEDURE old.tessera_v9_acquire_one; DROP PROCEDURE old.tessera_v9_release; \
+         DROP PROCEDURE old.tessera_v9_keep_alive; DROP PROCEDURE old.tessera_v9_heartbeat_many; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -385,8 +407,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "8");
-    assert_eq!(meta("schema_version").trim(), "9");
+    assert_eq!(meta("routines_version").trim(), "9");
+    assert_eq!(meta("schema_version").trim(), "10");
     assert_eq!(
         server
             .sql(
@@ -397,7 +419,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
         "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
-         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release"
+         tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release,\
+         tessera_v9_acquire_one,tessera_v9_heartbeat_many,tessera_v9_keep_alive,tessera_v9_release"
     );
     let before = calls(&server);
     assert!(new.release(&n, a).await.unwrap());
@@ -480,13 +503,14 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     let server = MariaDbServer::start();
     let url = server.url("v2");
     MysqlBackend::connect(&url).await.unwrap();
-    server.sql(
-        "ALTER TABLE v2.tessera_holders DROP COLUMN doorbell; \
+    server.sql(&format!(
+        "{}ALTER TABLE v2.tessera_holders DROP COLUMN doorbell; \
          ALTER TABLE v2.tessera_waiters DROP COLUMN gate; \
          UPDATE v2.tessera_meta SET meta_value = 2 WHERE meta_key = 'schema_version'; \
          CREATE USER 'rows'@'127.0.0.1'; \
          GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, EXECUTE ON v2.* TO 'rows'@'127.0.0.1'",
-    );
+        one_row("v2")
+    ));
     let version = || {
         server
             .sql("SELECT meta_value FROM v2.tessera_meta WHERE meta_key = 'schema_version'")
@@ -512,7 +536,7 @@ async fn holders_doorbells_are_added_to_an_older_schema_by_a_user_who_may() {
     assert!(plain.delete(&n).await.unwrap());
 
     let owner = MysqlBackend::connect(&url).await.unwrap();
-    assert_eq!(version(), "9");
+    assert_eq!(version(), "10");
     assert!(owner.admission().is_some());
     let columns = server.sql(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v2' \
@@ -1080,6 +1104,8 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
          DROP PROCEDURE inv.tessera_v7_acquire_one; DROP PROCEDURE inv.tessera_v7_release; \
          DROP PROCEDURE inv.tessera_v7_keep_alive; DROP PROCEDURE inv.tessera_v7_heartbeat_many; \
          DROP PROCEDURE inv.tessera_v8_acquire_one; DROP PROCEDURE inv.tessera_v8_release; \
+         DROP PROCEDURE inv.tessera_v9_acquire_one; DROP PROCEDURE inv.tessera_v9_release; \
+         DROP PROCEDURE inv.tessera_v9_keep_alive; DROP PROCEDURE inv.tessera_v9_heartbeat_many; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();
@@ -1302,20 +1328,21 @@ async fn a_schema_of_before_fair_shares_is_migrated_and_its_queue_keeps_its_orde
         .await
         .unwrap();
     drop(first);
-    server.sql(
-        "ALTER TABLE v4.tessera_waiters DROP KEY tessera_waiters_by_tag, DROP COLUMN tag; \
+    server.sql(&format!(
+        "{}ALTER TABLE v4.tessera_waiters DROP KEY tessera_waiters_by_tag, DROP COLUMN tag; \
          ALTER TABLE v4.tessera_semaphores DROP COLUMN vtime, DROP COLUMN finish, \
          DROP COLUMN tenants; DROP TABLE v4.tessera_tenants; DROP TABLE v4.tessera_tenant_limits; \
          ALTER TABLE v4.tessera_holders DROP COLUMN tenant; \
          ALTER TABLE v4.tessera_waiters DROP COLUMN tenant; \
          UPDATE v4.tessera_meta SET meta_value = 5 WHERE meta_key = 'schema_version'",
-    );
+        one_row("v4")
+    ));
     let store = MysqlBackend::connect(&url).await.unwrap();
     assert_eq!(
         server
             .sql("SELECT meta_value FROM v4.tessera_meta WHERE meta_key = 'schema_version'")
             .trim(),
-        "9"
+        "10"
     );
     assert!(store.capabilities().fair_shares);
     let mut tenant = req(LeaseId::random(), 1, LONG, Some((LONG, 10)));
@@ -1361,8 +1388,8 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
     let (a, b, _) = held_and_queued(&first, &n).await;
     drop(first);
     // What a build of schema and routine version 6 leaves.
-    server.sql(
-        "ALTER TABLE v6.tessera_holders DROP COLUMN tenant; \
+    server.sql(&format!(
+        "{}ALTER TABLE v6.tessera_holders DROP COLUMN tenant; \
          ALTER TABLE v6.tessera_waiters DROP COLUMN tenant; \
          DROP PROCEDURE v6.tessera_v7_acquire_one; DROP PROCEDURE v6.tessera_v7_release; \
          DROP PROCEDURE v6.tessera_v7_keep_alive; DROP PROCEDURE v6.tessera_v7_heartbeat_many; \
@@ -1370,7 +1397,8 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
          DROP TABLE v6.tessera_tenant_limits; \
          UPDATE v6.tessera_meta SET meta_value = 6 \
          WHERE meta_key IN ('schema_version', 'routines_version')",
-    );
+        one_row("v6")
+    ));
     let store = MysqlBackend::connect(&url).await.unwrap();
     let meta = |key: &str| {
         server
@@ -1382,7 +1410,7 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("9".into(), "8".into())
+        ("10".into(), "9".into())
     );
     let tenants = |s: &SemaphoreStatus| {
         let holders: Vec<_> = s
@@ -1441,13 +1469,14 @@ async fn a_user_who_may_not_alter_keeps_schema_6_and_no_tenant_on_the_rows() {
     let server = MariaDbServer::start();
     let url = server.url("six");
     MysqlBackend::connect(&url).await.unwrap();
-    server.sql(
-        "ALTER TABLE six.tessera_holders DROP COLUMN tenant; \
+    server.sql(&format!(
+        "{}ALTER TABLE six.tessera_holders DROP COLUMN tenant; \
          ALTER TABLE six.tessera_waiters DROP COLUMN tenant; \
          UPDATE six.tessera_meta SET meta_value = 6 WHERE meta_key = 'schema_version'; \
          CREATE USER 'rows'@'127.0.0.1'; \
          GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, EXECUTE ON six.* TO 'rows'@'127.0.0.1'",
-    );
+        one_row("six")
+    ));
     let plain = MysqlBackend::connect(&format!("mysql://rows@127.0.0.1:{}/six", server.port()))
         .await
         .unwrap();
@@ -1493,12 +1522,13 @@ async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waite
     let (a, b, _) = held_and_queued(&first, &n).await;
     drop(first);
     // What a build of schema and routine version 7 leaves.
-    server.sql(
-        "DROP TABLE v7.tessera_tenant_limits; \
+    server.sql(&format!(
+        "{}DROP TABLE v7.tessera_tenant_limits; \
          DROP PROCEDURE v7.tessera_v8_acquire_one; DROP PROCEDURE v7.tessera_v8_release; \
          UPDATE v7.tessera_meta SET meta_value = 7 \
          WHERE meta_key IN ('schema_version', 'routines_version')",
-    );
+        one_row("v7")
+    ));
     let store = MysqlBackend::connect(&url).await.unwrap();
     let meta = |key: &str| {
         server
@@ -1510,7 +1540,7 @@ async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waite
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("9".into(), "8".into())
+        ("10".into(), "9".into())
     );
     assert!(store.capabilities().tenant_limits);
     let ids = |s: Option<SemaphoreStatus>| {
@@ -1591,15 +1621,16 @@ async fn a_schema_of_before_window_ceilings_is_migrated_keeps_its_rows_and_takes
     );
     drop(store);
     // What a build of schema version 8 leaves.
-    server.sql(
-        "ALTER TABLE v8.tessera_tenant_limits DROP COLUMN window_ceiling, \
+    server.sql(&format!(
+        "{}ALTER TABLE v8.tessera_tenant_limits DROP COLUMN window_ceiling, \
          DROP COLUMN window_capped_until; \
          ALTER TABLE v8.tessera_rate_limiters MODIFY COLUMN name VARCHAR(128) \
          CHARACTER SET ascii COLLATE ascii_bin NOT NULL; \
          ALTER TABLE v8.tessera_rate_log MODIFY COLUMN name VARCHAR(128) \
          CHARACTER SET ascii COLLATE ascii_bin NOT NULL; \
          UPDATE v8.tessera_meta SET meta_value = 8 WHERE meta_key = 'schema_version'",
-    );
+        one_row("v8")
+    ));
     let db = MysqlBackend::connect(&url).await.unwrap();
     let meta = |key: &str| {
         server
@@ -1611,7 +1642,7 @@ async fn a_schema_of_before_window_ceilings_is_migrated_keeps_its_rows_and_takes
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("9".into(), "8".into())
+        ("10".into(), "9".into())
     );
     assert!(db.capabilities().window_ceilings);
     assert_eq!(db.tenant_limits(&n).await.unwrap()["bulk"], limits);
@@ -1729,12 +1760,13 @@ async fn a_user_who_may_not_create_keeps_schema_7_without_tenant_limits() {
     let server = MariaDbServer::start();
     let url = server.url("seven");
     MysqlBackend::connect(&url).await.unwrap();
-    server.sql(
-        "DROP TABLE seven.tessera_tenant_limits; \
+    server.sql(&format!(
+        "{}DROP TABLE seven.tessera_tenant_limits; \
          UPDATE seven.tessera_meta SET meta_value = 7 WHERE meta_key = 'schema_version'; \
          CREATE USER 'rows'@'127.0.0.1'; \
          GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON seven.* TO 'rows'@'127.0.0.1'",
-    );
+        one_row("seven")
+    ));
     let url = format!("mysql://rows@127.0.0.1:{}/seven", server.port());
     let store = Store::connect(&url).await.unwrap();
     let version =
@@ -1753,4 +1785,103 @@ async fn a_user_who_may_not_create_keeps_schema_7_without_tenant_limits() {
     let (a, _b, _) = held_and_queued(&MysqlBackend::connect(&url).await.unwrap(), &n).await;
     assert_eq!(calls(&server) - before, 2, "version 7's procedures");
     assert!(store.backend().release(&n, a).await.unwrap());
+}
+
+/// A database of schema version 9 (one row per semaphore, its queue's tail in it) holding a
+/// holder and three waiters is migrated at the next connect to version 10 with routine
+/// version 9: the tails move to `tessera_tails` (the queue's length as `enqueued`, nothing
+/// dequeued), the old columns are gone, the holder and the waiters stay in their order, a
+/// newcomer queues behind them, and the releases (through the procedures) hand the permit
+/// on in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_before_the_tail_rows_is_migrated_and_keeps_its_holder_waiters_and_order() {
+    let server = MariaDbServer::start();
+    let url = server.url("v9");
+    let first = MysqlBackend::connect(&url).await.unwrap();
+    let n = name("q");
+    let (a, b, _) = held_and_queued(&first, &n).await;
+    let mut waiters = vec![b];
+    for position in 1..3 {
+        let w = LeaseId::random();
+        assert_eq!(
+            first
+                .acquire(&n, 1, &req(w, 1, LONG, Some((LONG, 10))))
+                .await
+                .unwrap(),
+            AcquireReply::Queued { position }
+        );
+        waiters.push(w);
+    }
+    drop(first);
+    // What a build of schema version 9 and routine version 8 leaves.
+    server.sql(&format!(
+        "{}UPDATE v9.tessera_meta SET meta_value = 9 WHERE meta_key = 'schema_version'",
+        one_row("v9")
+    ));
+    assert_eq!(
+        server
+            .sql("SELECT CONCAT(queued, ',', next_seq) FROM v9.tessera_semaphores")
+            .trim(),
+        "3,3"
+    );
+    let store = MysqlBackend::connect(&url).await.unwrap();
+    let meta = |key: &str| {
+        server
+            .sql(&format!(
+                "SELECT meta_value FROM v9.tessera_meta WHERE meta_key = '{key}'"
+            ))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        (meta("schema_version"), meta("routines_version")),
+        ("10".into(), "9".into())
+    );
+    assert_eq!(
+        server
+            .sql(
+                "SELECT CONCAT(t.next_seq, ',', t.enqueued, ',', s.dequeued) \
+                 FROM v9.tessera_tails t JOIN v9.tessera_semaphores s ON s.name = t.name"
+            )
+            .trim(),
+        "3,3,0"
+    );
+    assert_eq!(
+        server
+            .sql(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'v9' \
+                 AND TABLE_NAME = 'tessera_semaphores' \
+                 AND COLUMN_NAME IN ('queued', 'next_seq', 'finish')"
+            )
+            .trim(),
+        "0"
+    );
+    let st = store.status(&n).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, a);
+    let queue: Vec<LeaseId> = st.queue.iter().map(|w| w.lease_id).collect();
+    assert_eq!(queue, waiters);
+    let late = LeaseId::random();
+    assert_eq!(
+        store
+            .acquire(&n, 1, &req(late, 1, LONG, Some((LONG, 10))))
+            .await
+            .unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    waiters.push(late);
+    let before = calls(&server);
+    let mut held = a;
+    for next in &waiters {
+        assert!(store.release(&n, held).await.unwrap());
+        let st = store.status(&n).await.unwrap().unwrap();
+        assert_eq!(st.holders[0].lease_id, *next);
+        held = *next;
+    }
+    assert!(
+        calls(&server) - before >= 4,
+        "the releases ran as procedures"
+    );
+    assert!(store.release(&n, held).await.unwrap());
+    assert!(store.status(&n).await.unwrap().is_none());
+    assert_no_rows_left(&server, "v9");
 }

@@ -67,22 +67,40 @@ pub struct QueueRow {
     pub seq: i64,
 }
 
-/// A semaphore row (`tessera_semaphores`): the running counters of the step.
+/// A semaphore's two rows (`docs/sql-queue.md`): the running counters of the step. The
+/// semaphore row (`tessera_semaphores`) holds `capacity`, `used`, `dequeued`, `last_fence`,
+/// `seat_high`, `vtime` and `tenants`; its tail row (`tessera_tails`) holds `next_seq`,
+/// `enqueued` and `finish`. The queue holds `enqueued - dequeued` waiters. A store whose
+/// tables keep one row (MySQL below schema version 10) reads its `queued` as `enqueued`
+/// with `dequeued` 0 and writes back `enqueued - dequeued`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SemRow {
     pub capacity: i64,
     pub used: i64,
-    pub queued: i64,
+    /// Waiters ever inserted (monotone; the tail row).
+    pub enqueued: i64,
+    /// Waiters ever removed: granted, purged, cancelled (monotone; the semaphore row).
+    pub dequeued: i64,
     pub last_fence: i64,
+    /// The next queue sequence number (the tail row).
     pub next_seq: i64,
     pub seat_high: i64,
     /// The virtual time `V` of fair shares (`docs/fair-shares.md`): the start tag of the
     /// latest grant.
     pub vtime: i64,
-    /// The finish tag of the latest request that named no tenant (the tenant `""`).
+    /// The finish tag of the latest request that named no tenant (the tenant `""`; the tail
+    /// row).
     pub finish: i64,
     /// How many rows the semaphore has in the tenants table.
     pub tenants: i64,
+}
+
+/// Which of a semaphore's two rows [`SemRows::save`] writes: the fields of the semaphore
+/// row, of the tail row, or both (both for a semaphore not stored yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dirty {
+    pub sem: bool,
+    pub tail: bool,
 }
 
 /// A holder row (`tessera_holders`); `seats` in the text form of [`super::encode_seats`].
@@ -192,7 +210,8 @@ pub struct Place {
 /// [`crate::seam::Backend`].
 pub trait SemRows: Send {
     /// The first statement of every step but delete: takes the semaphore's lock (if
-    /// `BEGIN` has not already), reads the store's time once the lock is held, and returns
+    /// `BEGIN` has not already) and then its tail row's (`docs/sql-queue.md`: semaphore row,
+    /// then tail row; the client-side step always takes both), reads the store's time once the lock is held, and returns
     /// the row and the fence high-water mark (a missing `fence_hwm` is `Error::Corrupt`).
     ///
     /// `create` is `Some(capacity)` for an acquire, which creates the semaphore. A dialect
@@ -217,10 +236,11 @@ pub trait SemRows: Send {
         async { Ok(()) }
     }
 
-    /// Inserts or updates the semaphore row.
-    fn save(&mut self, sem: &SemRow) -> impl Future<Output = Result<()>> + Send;
+    /// Inserts or updates the semaphore row and its tail row, each only if `dirty` says it
+    /// changed (a store with one row writes it if either did).
+    fn save(&mut self, sem: &SemRow, dirty: Dirty) -> impl Future<Output = Result<()>> + Send;
 
-    /// Deletes the semaphore row; whether there was one.
+    /// Deletes the semaphore row and its tail row; whether there was a semaphore row.
     fn drop_semaphore(&mut self) -> impl Future<Output = Result<bool>> + Send;
 
     /// Raises the store-wide fence high-water mark to `hwm` (never lowers it: a dialect

@@ -112,8 +112,8 @@ mod snapshot;
 mod step;
 
 pub use dialect::{
-    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
-    SemRow, SemRows, WaiterRow,
+    Dirty, Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place,
+    QueueRow, SemRow, SemRows, WaiterRow,
 };
 pub use rate_snapshot::{read_rate_status, RateRead, RateSnapshot};
 pub use snapshot::{read_status, Read, Snapshot};

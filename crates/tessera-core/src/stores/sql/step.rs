@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::dialect::{
-    HeadRow, HolderRow, LimitRow, NewHolder, NewWaiter, Place, QueueRow, SemRow, SemRows, WaiterRow,
+    Dirty, HeadRow, HolderRow, LimitRow, NewHolder, NewWaiter, Place, QueueRow, SemRow, SemRows,
+    WaiterRow,
 };
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use super::rate::{self, TenantLimiterRows};
@@ -45,7 +46,10 @@ struct Tags {
 struct Sem {
     capacity: u32,
     used: u32,
-    queued: u64,
+    /// Waiters ever inserted (the tail row's `enqueued`) and ever removed (the semaphore
+    /// row's `dequeued`): the queue holds `enqueued - dequeued` ([`Sem::queued`]).
+    enqueued: u64,
+    dequeued: u64,
     last_fence: u64,
     next_seq: u64,
     seat_high: u32,
@@ -58,10 +62,17 @@ struct Sem {
 
 impl Sem {
     fn from_row(row: &SemRow) -> Result<Sem> {
+        if row.dequeued > row.enqueued {
+            return Err(corrupt(format!(
+                "dequeued {} > enqueued {}",
+                row.dequeued, row.enqueued
+            )));
+        }
         Ok(Sem {
             capacity: capacity_of(row.capacity)?,
             used: u32_of(row.used, "used")?,
-            queued: u64_of(row.queued, "queued")?,
+            enqueued: u64_of(row.enqueued, "enqueued")?,
+            dequeued: u64_of(row.dequeued, "dequeued")?,
             last_fence: u64_of(row.last_fence, "last_fence")?,
             next_seq: u64_of(row.next_seq, "next_seq")?,
             seat_high: u32_of(row.seat_high, "seat_high")?,
@@ -71,11 +82,48 @@ impl Sem {
         })
     }
 
+    /// How many waiters the queue holds.
+    fn queued(&self) -> u64 {
+        self.enqueued - self.dequeued
+    }
+
+    /// Which of the two rows differ from `old` (`None`: neither is stored yet).
+    fn dirty(&self, old: Option<&Sem>) -> Dirty {
+        let Some(old) = old else {
+            return Dirty {
+                sem: true,
+                tail: true,
+            };
+        };
+        Dirty {
+            sem: (
+                self.capacity,
+                self.used,
+                self.dequeued,
+                self.last_fence,
+                self.seat_high,
+                self.vtime,
+                self.tenants,
+            ) != (
+                old.capacity,
+                old.used,
+                old.dequeued,
+                old.last_fence,
+                old.seat_high,
+                old.vtime,
+                old.tenants,
+            ),
+            tail: (self.next_seq, self.enqueued, self.finish)
+                != (old.next_seq, old.enqueued, old.finish),
+        }
+    }
+
     fn to_row(&self) -> Result<SemRow> {
         Ok(SemRow {
             capacity: self.capacity.into(),
             used: self.used.into(),
-            queued: db_int(self.queued)?,
+            enqueued: db_int(self.enqueued)?,
+            dequeued: db_int(self.dequeued)?,
             last_fence: db_int(self.last_fence)?,
             next_seq: db_int(self.next_seq)?,
             seat_high: self.seat_high.into(),
@@ -152,7 +200,8 @@ impl<'r, R: SemRows> Step<'r, R> {
             sem: Sem {
                 capacity: 0,
                 used: 0,
-                queued: 0,
+                enqueued: 0,
+                dequeued: 0,
                 last_fence: 0,
                 next_seq: 0,
                 seat_high: 0,
@@ -201,7 +250,8 @@ impl<'r, R: SemRows> Step<'r, R> {
                 self.rows.drop_tenants().await?;
             }
         } else if self.loaded.as_ref() != Some(&self.sem) {
-            self.rows.save(&self.sem.to_row()?).await?;
+            let dirty = self.sem.dirty(self.loaded.as_ref());
+            self.rows.save(&self.sem.to_row()?, dirty).await?;
         }
         if self.hwm_dirty {
             self.rows.raise_hwm(db_int(self.hwm)?).await?;
@@ -212,7 +262,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// No holders and no waiters. Every holder has a weight of at least 1 (the schema
     /// checks it), so `used == 0` means no holders.
     fn is_empty(&self) -> bool {
-        self.sem.used == 0 && self.sem.queued == 0
+        self.sem.used == 0 && self.sem.queued() == 0
     }
 
     /// Checks the capacity a client declares: an idle semaphore (every lease and waiter
@@ -286,7 +336,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         if granted {
             self.sem.vtime = self.sem.vtime.max(tags.start);
         }
-        let live = self.sem.queued.saturating_add(self.sem.used.into());
+        let live = self.sem.queued().saturating_add(self.sem.used.into());
         if self.sem.tenants > live.saturating_mul(2).saturating_add(16) {
             let gone = self.rows.prune_tenants(db_int(self.sem.vtime)?).await?;
             self.sem.tenants = self.sem.tenants.saturating_sub(gone);
@@ -299,7 +349,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// requests without a tenant, whose start tags are below this one's: the head is not
     /// read (`docs/fair-shares.md`, "The SQL stores").
     async fn would_lead(&mut self, tenant: Option<&Tenant>, start: u64) -> Result<bool> {
-        if self.sem.queued == 0 {
+        if self.sem.queued() == 0 {
             return Ok(true);
         }
         if self.sem.tenants == 0 && tenant.is_none() {
@@ -308,7 +358,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         let Some(head) = self.rows.head_key().await? else {
             return Err(corrupt(format!(
                 "queued {} but no queue head",
-                self.sem.queued
+                self.sem.queued()
             )));
         };
         let next = db_int(self.sem.next_seq)?;
@@ -319,7 +369,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// without tenants; counted otherwise.
     async fn position_of(&mut self, tenant: Option<&Tenant>, tag: i64, seq: i64) -> Result<u64> {
         if self.sem.tenants == 0 && tenant.is_none() {
-            return Ok(self.sem.queued);
+            return Ok(self.sem.queued());
         }
         u64_of(self.rows.waiters_ahead(tag, seq).await?, "position")
     }
@@ -355,7 +405,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// With limits: whether a request with start tag `start`, arriving now, would be the
     /// head, the first waiter whose tenant is not at its ceiling for it (none: it would).
     async fn would_lead_limited(&mut self, start: u64) -> Result<bool> {
-        if self.sem.queued == 0 {
+        if self.sem.queued() == 0 {
             return Ok(true);
         }
         let queue = self.read_queue().await?;
@@ -522,7 +572,7 @@ impl<'r, R: SemRows> Step<'r, R> {
             freed.sort_unstable();
             self.return_seats(freed).await?;
         }
-        if self.sem.queued > 0 {
+        if self.sem.queued() > 0 {
             let gone = self.rows.purge_waiters(self.now_db()?).await?;
             self.take_queued(gone)?;
         }
@@ -540,10 +590,13 @@ impl<'r, R: SemRows> Step<'r, R> {
     }
 
     fn take_queued(&mut self, n: u64) -> Result<()> {
-        self.sem.queued =
-            self.sem.queued.checked_sub(n).ok_or_else(|| {
-                corrupt(format!("queued {} < {n} waiters removed", self.sem.queued))
-            })?;
+        if n > self.sem.queued() {
+            return Err(corrupt(format!(
+                "queued {} < {n} waiters removed",
+                self.sem.queued()
+            )));
+        }
+        self.sem.dequeued += n;
         Ok(())
     }
 
@@ -554,7 +607,7 @@ impl<'r, R: SemRows> Step<'r, R> {
         if self.limits.is_some() {
             return self.hand_off_limited().await;
         }
-        while self.sem.queued > 0 && self.sem.used < self.sem.capacity {
+        while self.sem.queued() > 0 && self.sem.used < self.sem.capacity {
             let available = self.available().into();
             let Some(head) = self.rows.pop_head_if_fits(available).await? else {
                 let now = self.now_db()?;
@@ -575,7 +628,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     /// it, while it may be granted (an admission waiter there is woken as without limits).
     /// The queue is read once per hand-off: O(queue), for names with limits only.
     async fn hand_off_limited(&mut self) -> Result<()> {
-        if self.sem.queued == 0 || self.sem.used >= self.sem.capacity {
+        if self.sem.queued() == 0 || self.sem.used >= self.sem.capacity {
             // Nothing may be granted with no permit free (every weight is at least 1).
             return Ok(());
         }
@@ -775,7 +828,7 @@ impl<'r, R: SemRows> Step<'r, R> {
     }
 
     async fn refresh_waiter(&mut self, lease: LeaseId, expires_at: StoreTime) -> Result<bool> {
-        if self.sem.queued == 0 {
+        if self.sem.queued() == 0 {
             return Ok(false);
         }
         let at = db_int(expires_at.0)?;
@@ -880,10 +933,10 @@ async fn decide_acquire<R: SemRows>(
     let Some(wait) = req.wait else {
         return Ok(Ok(AcquireReply::NoPermit {
             available: st.available(),
-            queued: st.sem.queued,
+            queued: st.sem.queued(),
         }));
     };
-    if st.sem.queued >= wait.queue_cap as u64 {
+    if st.sem.queued() >= wait.queue_cap as u64 {
         return Ok(Err(Error::QueueFull {
             name: name.to_string(),
             cap: wait.queue_cap,
@@ -908,7 +961,7 @@ async fn decide_acquire<R: SemRows>(
         })
         .await?;
     st.sem.next_seq = st.sem.next_seq.saturating_add(1);
-    st.sem.queued += 1;
+    st.sem.enqueued += 1;
     Ok(Ok(AcquireReply::Queued { position }))
 }
 
@@ -1104,12 +1157,12 @@ async fn decide_admit<R: SemRows + TenantLimiterRows>(
     let Some(wait) = a.wait else {
         return Ok(Ok(AdmitReply::Refused {
             available: st.available(),
-            queued: st.sem.queued,
+            queued: st.sem.queued(),
             window_at,
             now,
         }));
     };
-    if st.sem.queued >= wait.queue_cap as u64 {
+    if st.sem.queued() >= wait.queue_cap as u64 {
         return Ok(Err(Error::QueueFull {
             name: name.to_string(),
             cap: wait.queue_cap,
@@ -1119,7 +1172,7 @@ async fn decide_admit<R: SemRows + TenantLimiterRows>(
         return Err(corrupt("internal: a new waiter without tags"));
     };
     st.take_tags(tenant, tags, false).await?;
-    let head = match req.at_head && st.sem.queued > 0 {
+    let head = match req.at_head && st.sem.queued() > 0 {
         true => st.rows.head_key().await?,
         false => None,
     };
@@ -1149,7 +1202,7 @@ async fn decide_admit<R: SemRows + TenantLimiterRows>(
             tenant: tenant.map(Tenant::name),
         })
         .await?;
-    st.sem.queued += 1;
+    st.sem.enqueued += 1;
     Ok(Ok(AdmitReply::Queued {
         position,
         window_at,

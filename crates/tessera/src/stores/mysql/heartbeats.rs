@@ -44,6 +44,8 @@ const HEARTBEAT_MANY: &str = "CALL tessera_v5_heartbeat_many(?, ?, ?)";
 const HEARTBEAT_MANY_FAIR: &str = "CALL tessera_v6_heartbeat_many(?, ?, ?)";
 /// [`HEARTBEAT_MANY_FAIR`] on the tables of schema version 7 (`routines_v7.sql`).
 const HEARTBEAT_MANY_TENANT: &str = "CALL tessera_v7_heartbeat_many(?, ?, ?)";
+/// [`HEARTBEAT_MANY_TENANT`] on the tables of schema version 10 (the tail rows).
+const HEARTBEAT_MANY_TAILS: &str = "CALL tessera_v9_heartbeat_many(?, ?, ?)";
 
 /// What a gathered call answered for one heartbeat.
 #[derive(Debug, PartialEq)]
@@ -94,6 +96,7 @@ impl BatchCall for HeartbeatMany {
                 .heartbeat_many()
                 .unwrap_or(routines::HEARTBEAT_MANY_VERSION)
             {
+                routines::TAILS_VERSION => HEARTBEAT_MANY_TAILS,
                 routines::TENANT_VERSION => HEARTBEAT_MANY_TENANT,
                 routines::FAIR_VERSION => HEARTBEAT_MANY_FAIR,
                 _ => HEARTBEAT_MANY,

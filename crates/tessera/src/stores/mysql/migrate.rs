@@ -62,6 +62,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("tenant_rows.sql"),
     include_str!("tenant_limits.sql"),
     include_str!("window_ceilings.sql"),
+    include_str!("tails.sql"),
 ];
 
 /// The schema version this build reads and writes (the number of migrations).
@@ -87,10 +88,14 @@ const ROUTINES: &[(i64, &str)] = &[
         super::routines::LIMITS_VERSION,
         include_str!("routines_v8.sql"),
     ),
+    (
+        super::routines::TAILS_VERSION,
+        include_str!("routines_v9.sql"),
+    ),
 ];
 
 /// The routine version this build installs (the test checks it is the last file's): version
-/// 8's acquire and release on tables of schema version 8 (`Migrated::calls`).
+/// 9's procedures on tables of schema version 10 (`Migrated::calls`).
 #[cfg_attr(not(test), allow(dead_code))]
 pub const ROUTINES_VERSION: i64 = ROUTINES[ROUTINES.len() - 1].0;
 
@@ -143,13 +148,22 @@ impl Migrated {
         self.schema >= WINDOWS_FROM
     }
 
+    /// The semaphore's row is split in two, its queue's tail in `tessera_tails` (schema
+    /// version 10, `docs/sql-queue.md`).
+    pub(crate) fn tails(self) -> bool {
+        self.schema >= TAILS_FROM
+    }
+
     /// The routine version whose acquire and release of one permit this client calls, the
-    /// one written for these tables: 8 with tenants' limits (it leaves a name with limits to
+    /// one written for these tables: 9 with the tail rows, 8 with tenants' limits (it leaves a name with limits to
     /// the client-side step), 7 with tenants on the rows, 6 with fair shares' tags, else 4;
     /// `None` when the database lacks it (those operations then run client side).
     pub(crate) fn calls(self) -> Option<i64> {
-        use super::routines::{FAIR_VERSION, LIMITS_VERSION, TENANT_VERSION, VERSION};
+        use super::routines::{
+            FAIR_VERSION, LIMITS_VERSION, TAILS_VERSION, TENANT_VERSION, VERSION,
+        };
         let version = match (self.tenant_limits(), self.tenant_rows(), self.fair()) {
+            _ if self.tails() => TAILS_VERSION,
             (true, _, _) => LIMITS_VERSION,
             (false, true, _) => TENANT_VERSION,
             (false, false, true) => FAIR_VERSION,
@@ -159,21 +173,27 @@ impl Migrated {
     }
 
     /// The routine version whose keep-alive (renewals, a heartbeat alone) this client calls:
-    /// 7 with tenants on the rows (its heartbeat's grant carries the tenant), else 4.
+    /// 9 with the tail rows, 7 with tenants on the rows (its heartbeat's grant carries the
+    /// tenant), else 4.
     pub(crate) fn keep_alive(self) -> Option<i64> {
-        use super::routines::{TENANT_VERSION, VERSION};
+        use super::routines::{TAILS_VERSION, TENANT_VERSION, VERSION};
         let version = match self.tenant_rows() {
+            _ if self.tails() => TAILS_VERSION,
             true => TENANT_VERSION,
             false => VERSION,
         };
         (self.routines >= version).then_some(version)
     }
 
-    /// The routine version whose gathered heartbeats this client calls: 7 with tenants on
-    /// the rows, 6 with fair shares' tags (they read the queue head in their order), else 5.
+    /// The routine version whose gathered heartbeats this client calls: 9 with the tail
+    /// rows, 7 with tenants on the rows, 6 with fair shares' tags (they read the queue head
+    /// in their order), else 5.
     pub(crate) fn heartbeat_many(self) -> Option<i64> {
-        use super::routines::{FAIR_VERSION, HEARTBEAT_MANY_VERSION, TENANT_VERSION};
+        use super::routines::{
+            FAIR_VERSION, HEARTBEAT_MANY_VERSION, TAILS_VERSION, TENANT_VERSION,
+        };
         let version = match (self.tenant_rows(), self.fair()) {
+            _ if self.tails() => TAILS_VERSION,
             (true, _) => TENANT_VERSION,
             (false, true) => FAIR_VERSION,
             (false, false) => HEARTBEAT_MANY_VERSION,
@@ -229,6 +249,9 @@ pub const LIMITS_FROM: i64 = 8;
 /// The schema version with tenants' window ceilings (`window_ceilings.sql`): below it,
 /// setting one answers Unsupported.
 pub const WINDOWS_FROM: i64 = 9;
+/// The schema version with the semaphore's row split in two (`tails.sql`,
+/// `docs/sql-queue.md`): below it, the queue's tail is on the semaphore's row.
+pub const TAILS_FROM: i64 = 10;
 
 /// `(table, column)` of an `ALTER TABLE <table> ADD COLUMN <column> …` statement.
 fn added_column(statement: &str) -> Option<(String, String)> {
@@ -270,7 +293,23 @@ async fn run(conn: &mut MySqlConnection) -> Result<i64> {
         if version >= to {
             continue;
         }
+        // Version 10 moves the tails under LOCK TABLES, unless a run interrupted after its
+        // ALTER moved them already (the old columns are gone): then only what is idempotent.
+        let moved = to == TAILS_FROM
+            && !has_column(conn, "tessera_semaphores".into(), "queued".into()).await?;
+        let mut locked = false;
         for statement in statements(file) {
+            if moved
+                && !statement.starts_with("ALTER TABLE tessera_semaphores ADD COLUMN")
+                && !statement.starts_with("CREATE TABLE IF NOT EXISTS")
+            {
+                continue;
+            }
+            if statement.starts_with("LOCK TABLES") {
+                locked = true;
+            } else if statement.starts_with("UNLOCK TABLES") {
+                locked = false;
+            }
             let added = added_column(&statement);
             if let Some((table, column)) = added.clone() {
                 // MySQL 8 has no ADD COLUMN IF NOT EXISTS; tables created since carry it.
@@ -278,22 +317,32 @@ async fn run(conn: &mut MySqlConnection) -> Result<i64> {
                     continue;
                 }
             }
-            match sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            let result = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
                 .execute(&mut *conn)
-                .await
-            {
+                .await;
+            if result.is_err() && (locked || statement.starts_with("LOCK TABLES")) {
+                // Never leave this connection holding table locks.
+                let _ = sqlx::raw_sql("UNLOCK TABLES").execute(&mut *conn).await;
+            }
+            match result {
                 Ok(_) => {}
                 // Added meanwhile (a migration run concurrently without the lock).
                 Err(e) if added.is_some() && error_number(&e) == Some(1060) => {}
                 // A user who may not ALTER: the build runs without what it adds (see
                 // OPTIONAL_FROM); a user who may connects later and completes it.
-                Err(e) if to >= OPTIONAL_FROM && error_number(&e) == Some(1142) => {
+                // (1044: LOCK TABLES refused, version 10.)
+                Err(e)
+                    if to >= OPTIONAL_FROM
+                        && (error_number(&e) == Some(1142)
+                            || (to == TAILS_FROM && error_number(&e) == Some(1044))) =>
+                {
                     tracing::warn!(
                         error = %e,
                         "tessera MySQL: schema version {to} not applied (this user may not \
                          ALTER tessera's tables); until a user who may connects, revokes and \
                          deletes reach holders in other processes at their next renewal \
-                         (below version 3) and admissions are unavailable (below version 4)"
+                         (below version 3), admissions are unavailable (below version 4) and \
+                         enqueues lock the semaphore's row (below version 10)"
                     );
                     return Ok(version);
                 }
@@ -429,7 +478,7 @@ mod tests {
     #[test]
     fn every_migration_splits_into_statements_without_comments() {
         let all: Vec<String> = MIGRATIONS.iter().flat_map(|m| statements(m)).collect();
-        assert_eq!(all.len(), 23, "{all:#?}");
+        assert_eq!(all.len(), 31, "{all:#?}");
         let mut created_all = Vec::new();
         for &(version, file) in ROUTINES {
             let routines = statements(file);
@@ -457,15 +506,25 @@ mod tests {
             }
             created_all.extend(created.into_iter().cloned());
         }
-        assert_eq!(created_all.len(), 13, "{created_all:#?}");
+        assert_eq!(created_all.len(), 17, "{created_all:#?}");
         let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {
             assert!(!s.contains("--"), "{s}");
             // An ADD COLUMN is made idempotent by `run` (error 1060 is taken as done); a
             // MODIFY COLUMN to the same definition changes nothing the second time.
+            // Version 10's move under LOCK TABLES is skipped once its ALTER ran (`run`).
+            let moving = [
+                "LOCK TABLES ",
+                "DELETE FROM tessera_tails",
+                "INSERT INTO tessera_tails ",
+                "UPDATE tessera_semaphores SET dequeued = 0",
+                "ALTER TABLE tessera_semaphores DROP COLUMN queued,",
+                "UNLOCK TABLES",
+            ];
             assert!(
                 s.starts_with("CREATE TABLE IF NOT EXISTS")
+                    || moving.iter().any(|m| s.starts_with(m))
                     || s.starts_with("INSERT IGNORE")
                     || (s.starts_with("ALTER TABLE")
                         && (s.contains("ADD COLUMN") || s.contains("MODIFY COLUMN"))),

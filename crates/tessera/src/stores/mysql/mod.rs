@@ -107,7 +107,8 @@ macro_rules! step {
                     .with_fair_shares($self.fair)
                     .with_tenant_rows($self.tenant_rows)
                     .with_tenant_limits($self.db.tenant_limits())
-                    .with_window_ceilings($self.db.window_ceilings());
+                    .with_window_ceilings($self.db.window_ceilings())
+                    .with_tails($self.db.tails());
                 let $rows = &mut rows;
                 let (reply, wakes) = $op.await?;
                 let mut rung = rows.take_rung();
@@ -484,7 +485,27 @@ impl MysqlBackend {
         let doorbell = self.doorbell_address();
         let call = routines::acquire_one_call(name.as_str(), capacity, req, &doorbell, version);
         let row = self.conns.call_one(call, false).await?;
-        routines::acquire_one_reply(row, name.as_str(), capacity, req)
+        let (reply, step_now) = routines::acquire_one_answer(row, name.as_str(), capacity, req)?;
+        let (Fast::Done(Ok(AcquireReply::Queued { position })), true, Some(wait)) =
+            (&reply, step_now, req.wait)
+        else {
+            return Ok(reply);
+        };
+        // Enqueued without the semaphore row's lock while permits were freed (routine
+        // version 9, `docs/sql-queue.md`): the locked step now, a heartbeat's (purge, hand
+        // off), so the waiter is not left beside free permits until its next heartbeat.
+        let lease = req.lease_id;
+        let beat = step!(self, name, |rows| sql::heartbeat(
+            rows,
+            lease,
+            wait.waiter_ttl
+        ))?;
+        Ok(Fast::Done(Ok(match beat {
+            WaitReply::Granted(grant) => AcquireReply::Granted(grant),
+            WaitReply::Waiting | WaitReply::Gone => AcquireReply::Queued {
+                position: *position,
+            },
+        })))
     }
 
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
@@ -687,6 +708,7 @@ impl Backend for MysqlBackend {
             self.gates,
             self.fair,
             self.tenant_rows,
+            self.db.tails(),
         )
         .await;
         match &read {

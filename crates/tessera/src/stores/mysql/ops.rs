@@ -44,8 +44,8 @@ use super::error::map_err;
 use tessera_core::error::{Error, Result};
 use tessera_core::model::{Grant, Lease, StoreTime};
 use tessera_core::stores::sql::{
-    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
-    SemRow, SemRows, Snapshot, WaiterRow,
+    Dirty, Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place,
+    QueueRow, SemRow, SemRows, Snapshot, WaiterRow,
 };
 
 /// The server's clock in µs since the Unix epoch: `SYSDATE(6)` is read when evaluated (not at
@@ -101,6 +101,35 @@ const SAVE_SEM_FAIR: &str = "UPDATE tessera_semaphores SET capacity = ?, used = 
      last_fence = ?, next_seq = ?, seat_high = ?, vtime = ?, finish = ?, tenants = ? \
      WHERE name = ?";
 const DROP_SEM: &str = "DELETE FROM tessera_semaphores WHERE name = ?";
+/// The semaphore's two rows (schema version 10, `docs/sql-queue.md`): [`CREATE_SEM`] and
+/// [`LOAD_SEM_LIMITS`] on the semaphore row, whose queue count is `dequeued` (the same
+/// columns, in the same places, `next_seq` and `finish` read as 0 there)…
+const CREATE_SEM_TAILS: &str = "INSERT INTO tessera_semaphores \
+     (name, capacity, used, dequeued, last_fence, seat_high) \
+     SELECT ?, ?, 0, 0, meta_value, 0 FROM tessera_meta WHERE meta_key = 'fence_hwm' \
+     ON DUPLICATE KEY UPDATE name = name";
+const LOAD_SEM_TAILS: &str = concat!(
+    "SELECT capacity, used, dequeued, last_fence, 0, seat_high, \
+     (SELECT meta_value FROM tessera_meta WHERE meta_key = 'fence_hwm'), ",
+    now_us!(),
+    ", vtime, 0, tenants, (SELECT COUNT(*) FROM tessera_tenant_limits l \
+     WHERE l.name = tessera_semaphores.name) FROM tessera_semaphores WHERE name = ? FOR UPDATE"
+);
+/// … then the tail row, locked after it (the one lock order), created with the semaphore
+/// row's placeholder if missing…
+const CREATE_TAIL: &str = "INSERT INTO tessera_tails (name, next_seq, enqueued, finish) \
+     VALUES (?, 0, 0, 0) ON DUPLICATE KEY UPDATE name = name";
+const LOCK_TAIL: &str = "SELECT next_seq, enqueued, finish FROM tessera_tails \
+     WHERE name = ? FOR UPDATE";
+/// … written back each if it changed, and deleted with the semaphore row.
+const SAVE_SEM_TAILS: &str = "UPDATE tessera_semaphores SET capacity = ?, used = ?, \
+     dequeued = ?, last_fence = ?, seat_high = ?, vtime = ?, tenants = ? WHERE name = ?";
+const SAVE_TAIL: &str = "INSERT INTO tessera_tails (name, next_seq, enqueued, finish) \
+     VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE next_seq = ?, enqueued = ?, finish = ?";
+const DROP_TAIL: &str = "DELETE FROM tessera_tails WHERE name = ?";
+/// Delete's lock: the semaphore row, then the tail row.
+const LOCK_FOR_DELETE_TAILS: &str =
+    "SELECT capacity FROM tessera_semaphores WHERE name = ? FOR UPDATE";
 const RAISE_HWM: &str = "UPDATE tessera_meta SET meta_value = GREATEST(meta_value, ?) \
      WHERE meta_key = 'fence_hwm'";
 
@@ -225,6 +254,12 @@ const READ_SEM: &str = concat!(
     "SELECT capacity, used, queued, ",
     now_us!(),
     " FROM tessera_semaphores WHERE name = ?"
+);
+/// [`READ_SEM`] on the two rows of schema version 10 (one snapshot holds both).
+const READ_SEM_TAILS: &str = concat!(
+    "SELECT s.capacity, s.used, COALESCE(t.enqueued, 0) - s.dequeued, ",
+    now_us!(),
+    " FROM tessera_semaphores s LEFT JOIN tessera_tails t ON t.name = s.name WHERE s.name = ?"
 );
 /// The queue with each waiter's gate, in the order of [`ALL_WAITERS`].
 const READ_WAITERS_GATED: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, gate \
@@ -375,6 +410,9 @@ pub(crate) struct MysqlRows<'c> {
     /// Whether tenants' limits carry window ceilings (schema version 9, which implies 8);
     /// off by default.
     windows: bool,
+    /// Whether the semaphore's row is split in two, its queue's tail in `tessera_tails`
+    /// (schema version 10, which implies 9); off by default.
+    tails: bool,
     /// The limiter an admission's rate statements are about (`rate.rs`): `None`, the name's
     /// own; else a tenant's own limiter's key (`TenantLimiterRows::point_at`).
     limiter: Option<String>,
@@ -419,6 +457,7 @@ impl<'c> MysqlRows<'c> {
             tenant_rows: false,
             limits: false,
             windows: false,
+            tails: false,
             limiter: None,
             now: StoreTime(0),
             pending: if begin {
@@ -489,6 +528,12 @@ impl<'c> MysqlRows<'c> {
         if on {
             self = self.with_tenant_rows(true);
         }
+        self
+    }
+
+    /// Reads and writes the two rows of schema version 10 (with window ceilings).
+    pub(crate) fn with_tails(mut self, on: bool) -> Self {
+        self.tails = on;
         self
     }
 
@@ -611,25 +656,37 @@ impl SemRows for MysqlRows<'_> {
     async fn load(&mut self, create: Option<u32>) -> Result<Loaded> {
         let name = self.name();
         if let Some(capacity) = create {
-            self.defer(CREATE_SEM, &[name, Lit::Int(capacity.into())]);
+            let create_sem = match self.tails {
+                true => CREATE_SEM_TAILS,
+                false => CREATE_SEM,
+            };
+            self.defer(create_sem, &[name, Lit::Int(capacity.into())]);
         }
-        let mut results = self
-            .send(&[
-                render(
-                    match (self.limits, self.fair) {
-                        (true, _) => LOAD_SEM_LIMITS,
-                        (false, true) => LOAD_SEM_FAIR,
-                        (false, false) => LOAD_SEM,
-                    },
-                    &[name],
-                ),
-                render(EXPIRED_HOLDERS_AT_LOCK, &[name]),
-                render(EXPIRED_WAITERS_AT_LOCK, &[name]),
-            ])
-            .await?;
+        let load = match (self.tails, self.limits, self.fair) {
+            (true, _, _) => LOAD_SEM_TAILS,
+            (false, true, _) => LOAD_SEM_LIMITS,
+            (false, false, true) => LOAD_SEM_FAIR,
+            (false, false, false) => LOAD_SEM,
+        };
+        let mut stmts = vec![render(load, &[name])];
+        if self.tails {
+            // The tail row after the semaphore row (`docs/sql-queue.md`), before the reads
+            // of the queue, so that they see every committed enqueue and none is in flight.
+            if create.is_some() {
+                stmts.push(render(CREATE_TAIL, &[name]));
+            }
+            stmts.push(render(LOCK_TAIL, &[name]));
+        }
+        stmts.push(render(EXPIRED_HOLDERS_AT_LOCK, &[name]));
+        stmts.push(render(EXPIRED_WAITERS_AT_LOCK, &[name]));
+        let mut results = self.send(&stmts).await?;
         let expired_waiters = results.pop().map(|(rows, _)| rows).unwrap_or_default();
         let expired = results.pop().map(|(rows, _)| rows).unwrap_or_default();
-        let loaded = results.pop().map(|(rows, _)| rows).unwrap_or_default();
+        let tail = match self.tails {
+            true => results.pop().map(|(rows, _)| rows).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        let loaded = results.swap_remove(0).0;
         let Some(row) = loaded.first() else {
             if create.is_some() {
                 // The insert above either created the row or locked the existing one, and
@@ -671,6 +728,18 @@ impl SemRows for MysqlRows<'_> {
             .map(|r| int_at(r, 0))
             .collect::<Result<Vec<_>>>()?;
         self.expired_waiters = Some((now.0 as i64, expired_waiters));
+        // One row: its `queued` is the queue (nothing dequeued); two: the tail row's counters
+        // (a missing tail reads as an empty one), and the semaphore row's `dequeued`.
+        let (enqueued, dequeued, next_seq, finish) = match (self.tails, tail.first()) {
+            (false, _) => (int_at(row, 2)?, 0, int_at(row, 4)?, None),
+            (true, None) => (0, int_at(row, 2)?, 0, Some(0)),
+            (true, Some(t)) => (
+                int_at(t, 1)?,
+                int_at(row, 2)?,
+                int_at(t, 0)?,
+                Some(int_at(t, 2)?),
+            ),
+        };
         Ok(Loaded {
             now,
             wall: now,
@@ -678,14 +747,19 @@ impl SemRows for MysqlRows<'_> {
             sem: Some(SemRow {
                 capacity: int_at(row, 0)?,
                 used: int_at(row, 1)?,
-                queued: int_at(row, 2)?,
+                enqueued,
+                dequeued,
                 last_fence: int_at(row, 3)?,
-                next_seq: int_at(row, 4)?,
+                next_seq,
                 seat_high: int_at(row, 5)?,
                 // Below schema version 6 no request names a tenant, and the queue's order
                 // by seq is the order of the tags.
                 vtime: if self.fair { int_at(row, 8)? } else { 0 },
-                finish: if self.fair { int_at(row, 9)? } else { 0 },
+                finish: match finish {
+                    Some(f) => f,
+                    None if self.fair => int_at(row, 9)?,
+                    None => 0,
+                },
                 tenants: if self.fair { int_at(row, 10)? } else { 0 },
             }),
             limits: if self.limits { int_at(row, 11)? } else { 0 },
@@ -694,16 +768,50 @@ impl SemRows for MysqlRows<'_> {
 
     async fn lock_for_delete(&mut self) -> Result<()> {
         let name = self.name();
+        if self.tails {
+            let mut results = self
+                .send(&[
+                    render(LOCK_FOR_DELETE_TAILS, &[name]),
+                    render(LOCK_TAIL, &[name]),
+                ])
+                .await?;
+            self.exists = !results.swap_remove(0).0.is_empty();
+            return Ok(());
+        }
         self.exists = !self.fetch(LOAD_SEM, &[name]).await?.is_empty();
         Ok(())
     }
 
-    async fn save(&mut self, s: &SemRow) -> Result<()> {
+    async fn save(&mut self, s: &SemRow, dirty: Dirty) -> Result<()> {
         let name = self.name();
+        if self.tails {
+            if dirty.sem {
+                let args = [
+                    Lit::Int(s.capacity),
+                    Lit::Int(s.used),
+                    Lit::Int(s.dequeued),
+                    Lit::Int(s.last_fence),
+                    Lit::Int(s.seat_high),
+                    Lit::Int(s.vtime),
+                    Lit::Int(s.tenants),
+                    name,
+                ];
+                self.defer(SAVE_SEM_TAILS, &args);
+            }
+            if dirty.tail {
+                let (n, e, f) = (
+                    Lit::Int(s.next_seq),
+                    Lit::Int(s.enqueued),
+                    Lit::Int(s.finish),
+                );
+                self.defer(SAVE_TAIL, &[name, n, e, f, n, e, f]);
+            }
+            return Ok(());
+        }
         let args = [
             Lit::Int(s.capacity),
             Lit::Int(s.used),
-            Lit::Int(s.queued),
+            Lit::Int(s.enqueued - s.dequeued),
             Lit::Int(s.last_fence),
             Lit::Int(s.next_seq),
             Lit::Int(s.seat_high),
@@ -729,6 +837,9 @@ impl SemRows for MysqlRows<'_> {
         // it exists: the delete itself need not be waited for.
         let name = self.name();
         self.defer(DROP_SEM, &[name]);
+        if self.tails {
+            self.defer(DROP_TAIL, &[name]);
+        }
         Ok(std::mem::take(&mut self.exists))
     }
 
@@ -1390,6 +1501,7 @@ pub(crate) async fn read_snapshot(
     gates: bool,
     fair: bool,
     tenant_rows: bool,
+    tails: bool,
 ) -> Result<Option<Snapshot>> {
     let name = Lit::Text(name);
     let (holders, waiters) = match (tenant_rows, fair, gates) {
@@ -1400,7 +1512,7 @@ pub(crate) async fn read_snapshot(
     };
     let sql = format!(
         "{READ_BEGIN};{};{};{};COMMIT",
-        render(READ_SEM, &[name]),
+        render(if tails { READ_SEM_TAILS } else { READ_SEM }, &[name]),
         render(holders, &[name]),
         render(waiters, &[name]),
     );

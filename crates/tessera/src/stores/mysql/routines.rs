@@ -64,6 +64,11 @@ pub(crate) const TENANT_VERSION: i64 = 7;
 /// keep-alive and gathered heartbeats stay version 7's).
 pub(crate) const LIMITS_VERSION: i64 = 8;
 
+/// The routine version whose procedures run on the tables of schema version 10, the
+/// semaphore's row split in two (`routines_v9.sql`, `docs/sql-queue.md`): acquire, release,
+/// keep-alive and gathered heartbeats, the ones a client of schema version 10 calls.
+pub(crate) const TAILS_VERSION: i64 = 9;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
@@ -79,6 +84,10 @@ const KEEP_ALIVE_TENANT: &str = "CALL tessera_v7_keep_alive(?, ?, ?, ?, ?)";
 /// [`ACQUIRE_ONE_TENANT`] and [`RELEASE_TENANT`] on the tables of schema version 8.
 const ACQUIRE_ONE_LIMITS: &str = "CALL tessera_v8_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_LIMITS: &str = "CALL tessera_v8_release(?, ?)";
+/// The acquire, release and keep-alive of routine version 9 (schema version 10).
+const ACQUIRE_ONE_TAILS: &str = "CALL tessera_v9_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const RELEASE_TAILS: &str = "CALL tessera_v9_release(?, ?)";
+const KEEP_ALIVE_TAILS: &str = "CALL tessera_v9_keep_alive(?, ?, ?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -159,7 +168,7 @@ fn grant_of(row: &MySqlRow) -> Result<Grant> {
 /// The call that acquires one permit with the procedure of routine `version`
 /// (`Migrated::calls`: `tessera_v4_acquire_one` of `routines.sql`, `tessera_v6_…` of
 /// `routines_v6.sql` or `tessera_v7_…` of `routines_v7.sql`, the last two with the tenant);
-/// its row is read by [`acquire_one_reply`].
+/// its row is read by [`acquire_one_answer`].
 pub(crate) fn acquire_one_call(
     name: &str,
     capacity: u32,
@@ -184,6 +193,7 @@ pub(crate) fn acquire_one_call(
         Lit::Text(doorbell),
     ];
     let sql = match version {
+        TAILS_VERSION => ACQUIRE_ONE_TAILS,
         LIMITS_VERSION => ACQUIRE_ONE_LIMITS,
         TENANT_VERSION => ACQUIRE_ONE_TENANT,
         FAIR_VERSION => ACQUIRE_ONE_FAIR,
@@ -197,19 +207,28 @@ pub(crate) fn acquire_one_call(
 }
 
 /// What [`acquire_one_call`] answered (`None`: the procedure is missing): the reply, a
-/// capacity mismatch or a full queue as the step answers them, or [`Fast::Fallback`].
-pub(crate) fn acquire_one_reply(
+/// capacity mismatch or a full queue as the step answers them, or [`Fast::Fallback`]; and
+/// whether the client is to run the locked step at once: the waiter was enqueued without the
+/// semaphore row's lock while permits were freed (routine version 9's `queued_step`,
+/// `docs/sql-queue.md`).
+pub(crate) fn acquire_one_answer(
     row: Option<MySqlRow>,
     name: &str,
     capacity: u32,
     req: &AcquireRequest,
-) -> Result<Fast<Result<AcquireReply>>> {
+) -> Result<(Fast<Result<AcquireReply>>, bool)> {
     let Some(row) = row else {
-        return Ok(Fast::Fallback);
+        return Ok((Fast::Fallback, false));
     };
     let outcome = text(&row, 0)?;
+    let step_now = outcome == "queued_step";
+    let outcome = if step_now {
+        "queued".to_string()
+    } else {
+        outcome
+    };
     let reply = match outcome.as_str() {
-        "fallback" => return Ok(Fast::Fallback),
+        "fallback" => return Ok((Fast::Fallback, false)),
         "granted" | "held" => {
             let grant = grant_of(&row)?;
             if grant.lease.lease_id != req.lease_id {
@@ -247,13 +266,14 @@ pub(crate) fn acquire_one_reply(
         }),
         other => return Err(corrupt(format!("unknown procedure outcome {other:?}"))),
     };
-    Ok(Fast::Done(reply))
+    Ok((Fast::Done(reply), step_now))
 }
 
 /// The call that releases `lease` with the procedure of routine `version` (as
 /// [`acquire_one_call`]); its row is read by [`release_reply`].
 pub(crate) fn release_call(name: &str, lease: &str, version: i64) -> String {
     let sql = match version {
+        TAILS_VERSION => RELEASE_TAILS,
         LIMITS_VERSION => RELEASE_LIMITS,
         TENANT_VERSION => RELEASE_TENANT,
         FAIR_VERSION => RELEASE_FAIR,
@@ -312,6 +332,7 @@ fn keep_alive_call(
     version: i64,
 ) -> String {
     let sql = match version {
+        TAILS_VERSION => KEEP_ALIVE_TAILS,
         TENANT_VERSION => KEEP_ALIVE_TENANT,
         _ => KEEP_ALIVE,
     };

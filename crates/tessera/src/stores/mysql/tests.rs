@@ -1038,7 +1038,12 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
         "2"
     );
     assert_eq!(
-        server.sql("SELECT queued FROM g.tessera_semaphores").trim(),
+        server
+            .sql(
+                "SELECT t.enqueued - s.dequeued FROM g.tessera_semaphores s \
+                 JOIN g.tessera_tails t ON t.name = s.name"
+            )
+            .trim(),
         "2"
     );
     assert_eq!(
@@ -1087,7 +1092,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
 async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
     let server = MariaDbServer::start();
     let b = MysqlBackend::connect(&server.url("t")).await.unwrap();
-    assert_eq!(b.db.calls(), Some(routines::LIMITS_VERSION));
+    assert_eq!(b.db.calls(), Some(routines::TAILS_VERSION));
     let s = Name::new("tenants").unwrap();
     let waiter_ttl = Duration::from_secs(30);
     let ask = |lease, wait: bool, tenant: &str| AcquireRequest {
@@ -1132,4 +1137,253 @@ async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
     assert_eq!(b_tenant(Some(beat)).as_deref(), Some("b"));
     let status = b.status(&s).await.unwrap().unwrap();
     assert_eq!(status.holders[0].tenant.as_deref(), Some("b"));
+}
+
+/// Waits until a statement like `pattern` runs (in the processlist, where a procedure's
+/// statement shows as its own): the statement a test holds a procedure at.
+fn running(server: &MariaDbServer, pattern: &str) {
+    for _ in 0..500 {
+        let n = server.sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '{pattern}'"
+        ));
+        if n.trim() != "0" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "no statement like {pattern}: {}",
+        server.sql("SELECT ID, STATE, INFO FROM information_schema.PROCESSLIST")
+    );
+}
+
+/// A session outside tessera that runs `sql` in a transaction it keeps open.
+async fn hold_open(url: &str, sql: &str) -> sqlx::mysql::MySqlConnection {
+    let mut c = sqlx::mysql::MySqlConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("START TRANSACTION; {sql}")))
+        .execute(&mut c)
+        .await
+        .unwrap();
+    c
+}
+
+/// Capacity 2, both permits held (A and C) and nobody waiting: the setting of the two
+/// interleavings below, where A's release ends with a permit free while B enqueues.
+async fn two_held(b: &MysqlBackend, s: &Name) -> (LeaseId, LeaseId) {
+    let (a, c) = (LeaseId::random(), LeaseId::random());
+    for lease in [a, c] {
+        let held = b.acquire(s, 2, &no_lost_req(lease, false)).await.unwrap();
+        assert!(matches!(held, AcquireReply::Granted(_)), "{held:?}");
+    }
+    (a, c)
+}
+
+fn no_lost_req(lease: LeaseId, wait: bool) -> AcquireRequest {
+    AcquireRequest {
+        lease_id: lease,
+        weight: 1,
+        ttl: Duration::from_secs(60),
+        holder: "lost/1".into(),
+        wait: wait.then_some(tessera_core::model::WaitSpec {
+            waiter_ttl: Duration::from_secs(60),
+            queue_cap: 100,
+        }),
+        tenant: None,
+    }
+}
+
+/// `docs/sql-queue.md`, "No lost wake-up", the granting step first: A's release takes the
+/// tail row (it ends with a permit free) and is held before its commit (a session outside
+/// tessera locks A's holder row); B's enqueue, without the semaphore row's lock, then waits
+/// for the tail; once the release commits, the enqueue's re-read of the semaphore row sees the
+/// freed permit and B is granted by the locked step its client runs at once, not left
+/// queued beside a free permit until its heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_behind_a_release_that_frees_a_permit_is_granted_at_once() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    // Two clients (as two processes): a client sends one call at a time.
+    let db = Arc::new(MysqlBackend::connect(&url).await.unwrap());
+    let other = Arc::new(MysqlBackend::connect(&url).await.unwrap());
+    assert_eq!(db.db.calls(), Some(routines::TAILS_VERSION));
+    let s = Name::new("lost").unwrap();
+    let (a, _c) = two_held(&db, &s).await;
+    let mut blocker = hold_open(
+        &url,
+        &format!(
+            "SELECT lease_id FROM tessera_holders WHERE name = 'lost' AND lease_id = '{a}' \
+             FOR UPDATE"
+        ),
+    )
+    .await;
+    let release = {
+        let (db, s) = (db.clone(), s.clone());
+        tokio::spawn(async move { db.release(&s, a).await.unwrap() })
+    };
+    running(&server, "DELETE FROM tessera_holders%");
+    // The release holds the semaphore row and the tail row, and waits for A's holder row.
+    let b = LeaseId::random();
+    let enqueue = {
+        let (db, s) = (other.clone(), s.clone());
+        tokio::spawn(async move { db.acquire(&s, 2, &no_lost_req(b, true)).await.unwrap() })
+    };
+    running(
+        &server,
+        "SELECT next_seq, enqueued, finish%FROM tessera_tails%FOR UPDATE",
+    );
+    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+    assert!(release.await.unwrap());
+    let reply = enqueue.await.unwrap();
+    assert!(
+        matches!(&reply, AcquireReply::Granted(g) if g.lease.lease_id == b),
+        "{reply:?}"
+    );
+    let st = db.status(&s).await.unwrap().unwrap();
+    assert_eq!((st.used, st.queue.len()), (2, 0));
+}
+
+/// `docs/sql-queue.md`, "No lost wake-up", the enqueue first: B's enqueue holds the tail row
+/// and is held before its commit (a session outside tessera holds an uncommitted waiter row
+/// with the seq B takes); A's release, which ends with a permit free, then waits for the tail
+/// row, sees B's waiter once the enqueue commits, and B holds the permit when the release
+/// returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_frees_a_permit_behind_an_enqueue_hands_it_over() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    // Two clients (as two processes): a client sends one call at a time.
+    let db = Arc::new(MysqlBackend::connect(&url).await.unwrap());
+    let other = Arc::new(MysqlBackend::connect(&url).await.unwrap());
+    let s = Name::new("lost").unwrap();
+    let (a, _c) = two_held(&db, &s).await;
+    let next_seq = server.sql("SELECT next_seq FROM t.tessera_tails WHERE name = 'lost'");
+    let next_seq: i64 = next_seq.trim().parse().unwrap();
+    let mut blocker = hold_open(
+        &url,
+        &format!(
+            "INSERT INTO tessera_waiters (name, seq, lease_id, weight, holder, ttl, \
+             enqueued_at, expires_at, doorbell, tag) \
+             VALUES ('lost', {next_seq}, '{}', 1, 'x', 1, 0, 0, '', 0)",
+            LeaseId::random()
+        ),
+    )
+    .await;
+    let b = LeaseId::random();
+    let enqueue = {
+        let (db, s) = (other.clone(), s.clone());
+        tokio::spawn(async move { db.acquire(&s, 2, &no_lost_req(b, true)).await.unwrap() })
+    };
+    running(&server, "INSERT INTO tessera_waiters%");
+    // The enqueue holds the tail row and waits for the outside row's seq.
+    let release = {
+        let (db, s) = (db.clone(), s.clone());
+        tokio::spawn(async move { db.release(&s, a).await.unwrap() })
+    };
+    running(&server, "SELECT enqueued%FROM tessera_tails%FOR UPDATE");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    assert_eq!(enqueue.await.unwrap(), AcquireReply::Queued { position: 0 });
+    assert!(release.await.unwrap());
+    let st = db.status(&s).await.unwrap().unwrap();
+    let holders: Vec<LeaseId> = st.holders.iter().map(|h| h.lease_id).collect();
+    assert!(holders.contains(&b), "{holders:?}");
+    assert_eq!((st.used, st.queue.len()), (2, 0));
+}
+
+/// Enqueues that run at once on one semaphore (from two clients, as two processes) take
+/// their sequence numbers in the order they commit, each under the tail row's lock: the
+/// positions they answer are 0, 1, 2, … without a gap or a repeat, the queue lists them in
+/// that order, and the releases hand the permit on in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_queue_in_the_order_they_commit() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let stores = [
+        Arc::new(MysqlBackend::connect(&url).await.unwrap()),
+        Arc::new(MysqlBackend::connect(&url).await.unwrap()),
+    ];
+    let s = Name::new("fifo").unwrap();
+    let holder = LeaseId::random();
+    assert!(matches!(
+        stores[0]
+            .acquire(&s, 1, &no_lost_req(holder, false))
+            .await
+            .unwrap(),
+        AcquireReply::Granted(_)
+    ));
+    let before = server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'");
+    let enqueues = (0..16).map(|i| {
+        let (db, s) = (stores[i % 2].clone(), s.clone());
+        tokio::spawn(async move {
+            let lease = LeaseId::random();
+            match db.acquire(&s, 1, &no_lost_req(lease, true)).await.unwrap() {
+                AcquireReply::Queued { position } => (position, lease),
+                other => panic!("not queued: {other:?}"),
+            }
+        })
+    });
+    let mut queued = Vec::new();
+    for e in enqueues {
+        queued.push(e.await.unwrap());
+    }
+    assert_ne!(
+        server.sql("SHOW GLOBAL STATUS LIKE 'Com_call_procedure'"),
+        before
+    );
+    queued.sort();
+    let positions: Vec<u64> = queued.iter().map(|(p, _)| *p).collect();
+    assert_eq!(positions, (0..16).collect::<Vec<u64>>());
+    let order: Vec<LeaseId> = queued.iter().map(|(_, l)| *l).collect();
+    let st = stores[1].status(&s).await.unwrap().unwrap();
+    let queue: Vec<LeaseId> = st.queue.iter().map(|w| w.lease_id).collect();
+    assert_eq!(queue, order);
+    let mut held = holder;
+    for next in order {
+        assert!(stores[0].release(&s, held).await.unwrap());
+        let st = stores[1].status(&s).await.unwrap().unwrap();
+        assert_eq!(st.holders[0].lease_id, next);
+        held = next;
+    }
+    assert!(stores[0].release(&s, held).await.unwrap());
+    assert!(stores[0].status(&s).await.unwrap().is_none());
+}
+
+/// A plain enqueue takes no lock on the semaphore row (`docs/sql-queue.md`): with that row
+/// locked by a session outside tessera, as a release in flight holds it, the enqueue still
+/// answers at once, and the waiter is handed the permit once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_does_not_wait_for_the_semaphore_row() {
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    let s = Name::new("row").unwrap();
+    let (holder, waiter) = (LeaseId::random(), LeaseId::random());
+    let held = db
+        .acquire(&s, 1, &no_lost_req(holder, false))
+        .await
+        .unwrap();
+    assert!(matches!(held, AcquireReply::Granted(_)), "{held:?}");
+    let mut blocker = hold_open(
+        &url,
+        "SELECT name FROM tessera_semaphores WHERE name = 'row' FOR UPDATE",
+    )
+    .await;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        db.acquire(&s, 1, &no_lost_req(waiter, true)),
+    )
+    .await
+    .expect("the enqueue waited for the semaphore row")
+    .unwrap();
+    assert_eq!(reply, AcquireReply::Queued { position: 0 });
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    assert!(db.release(&s, holder).await.unwrap());
+    let st = db.status(&s).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, waiter);
+    assert!(db.release(&s, waiter).await.unwrap());
 }

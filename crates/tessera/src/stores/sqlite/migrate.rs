@@ -26,6 +26,10 @@ const SCHEMA_4: &str = include_str!("schema_4.sql");
 /// `schema.sql`'s, added by [`migrate_from_4`] where missing).
 const SCHEMA_5: &str = include_str!("schema_5.sql");
 
+/// Version 5 to 6: the semaphore's row split in two, its queue's tail moved to
+/// `tessera_tails` (see `schema_6.sql`, `docs/sql-queue.md`).
+const SCHEMA_6: &str = include_str!("schema_6.sql");
+
 /// Fair shares' index and tenants table, run once the columns of version 2 exist (see
 /// `fair_schema.sql`).
 const FAIR_SCHEMA: &str = include_str!("fair_schema.sql");
@@ -36,9 +40,9 @@ pub(super) const RATE_SCHEMA: &str = include_str!("rate_schema.sql");
 /// The rate tables' version this code reads and writes.
 pub(super) const RATE_SCHEMA_VERSION: i64 = 1;
 
-/// The schema version this code reads and writes (a file of version 1 to 4 is migrated at
+/// The schema version this code reads and writes (a file of version 1 to 5 is migrated at
 /// connect).
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// Switches the file to WAL if it is not yet (a new file): done once, then a property of the
 /// file. Changing the journal mode needs an exclusive lock that the busy timeout does not
@@ -83,7 +87,7 @@ pub(super) async fn ensure_wal(conn: &mut SqliteConnection) -> Result<()> {
 pub(super) const DROP_BOOT_STATE: &str =
     "DELETE FROM tessera_holders; DELETE FROM tessera_waiters; \
      DELETE FROM tessera_free_seats; DELETE FROM tessera_semaphores; \
-     DELETE FROM tessera_tenants; \
+     DELETE FROM tessera_tails; DELETE FROM tessera_tenants; \
      DELETE FROM tessera_rate_log; DELETE FROM tessera_rate_limiters; \
      UPDATE tessera_tenant_limits SET window_capped_until = NULL \
      WHERE window_capped_until IS NOT NULL;";
@@ -141,7 +145,7 @@ pub(super) async fn ensure_boot(conn: &mut SqliteConnection, boot: Option<u128>)
     Ok(())
 }
 
-/// Creates the tables if missing, migrates a file of version 1 to 4, checks the schema
+/// Creates the tables if missing, migrates a file of version 1 to 5, checks the schema
 /// versions and the boot id.
 pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128>) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
@@ -161,17 +165,24 @@ pub(super) async fn ensure_schema(conn: &mut SqliteConnection, boot: Option<u128
             migrate_from_2(&mut tx).await?;
             migrate_from_3(&mut tx).await?;
             migrate_from_4(&mut tx).await?;
+            migrate_from_5(&mut tx).await?;
         }
         Some(2) => {
             migrate_from_2(&mut tx).await?;
             migrate_from_3(&mut tx).await?;
             migrate_from_4(&mut tx).await?;
+            migrate_from_5(&mut tx).await?;
         }
         Some(3) => {
             migrate_from_3(&mut tx).await?;
             migrate_from_4(&mut tx).await?;
+            migrate_from_5(&mut tx).await?;
         }
-        Some(4) => migrate_from_4(&mut tx).await?,
+        Some(4) => {
+            migrate_from_4(&mut tx).await?;
+            migrate_from_5(&mut tx).await?;
+        }
+        Some(5) => migrate_from_5(&mut tx).await?,
         _ => {
             return Err(Error::Corrupt(format!(
                 "tessera schema version {version:?} in the file; this build reads version {SCHEMA_VERSION}"
@@ -294,6 +305,25 @@ async fn migrate_from_4(conn: &mut SqliteConnection) -> Result<()> {
         add_column(conn, "tessera_tenant_limits", column, add).await?;
     }
     sqlx::raw_sql(SCHEMA_5)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+/// Migrates a file of schema version 5 to 6 inside the connect's transaction (one
+/// transaction with the rest of the connect's schema work, so no process sees half of it):
+/// the semaphore row's `dequeued` added, then each row's queue tail moved to `tessera_tails`
+/// and the old columns dropped (`schema_6.sql`).
+async fn migrate_from_5(conn: &mut SqliteConnection) -> Result<()> {
+    add_column(
+        conn,
+        "tessera_semaphores",
+        "dequeued",
+        "ALTER TABLE tessera_semaphores ADD COLUMN dequeued INTEGER NOT NULL DEFAULT 0",
+    )
+    .await?;
+    sqlx::raw_sql(SCHEMA_6)
         .execute(&mut *conn)
         .await
         .map_err(map_err)?;

@@ -18,22 +18,31 @@ use tessera_core::model::StoreTime;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use tessera_core::stores::sql::{decode_seats, encode_seats};
 use tessera_core::stores::sql::{
-    Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place, QueueRow,
-    SemRow, SemRows, Snapshot, WaiterRow,
+    Dirty, Freed, HeadKey, HeadRow, HolderRow, LimitRow, Loaded, NewHolder, NewWaiter, Place,
+    QueueRow, SemRow, SemRows, Snapshot, WaiterRow,
 };
 
 /// The fence high-water mark, the semaphore's row if it has one (NULLs if not), and how
 /// many tenants have limits on the name (an index probe in the same statement).
-const LOAD_SEM: &str = "SELECT m.value, s.capacity, s.used, s.queued, s.last_fence, \
-     s.next_seq, s.seat_high, s.vtime, s.finish, s.tenants, \
+/// The semaphore's two rows (`docs/sql-queue.md`) in one statement: a tail row missing beside
+/// a semaphore row reads as an empty tail. The file's write lock (`BEGIN IMMEDIATE`) covers
+/// both, so the step sees them as one.
+const LOAD_SEM: &str = "SELECT m.value, s.capacity, s.used, coalesce(t.enqueued, 0), \
+     s.dequeued, s.last_fence, coalesce(t.next_seq, 0), s.seat_high, s.vtime, \
+     coalesce(t.finish, 0), s.tenants, \
      (SELECT count(*) FROM tessera_tenant_limits WHERE name = ?1) FROM tessera_meta m \
-     LEFT JOIN tessera_semaphores s ON s.name = ?1 WHERE m.key = 'fence_hwm'";
+     LEFT JOIN tessera_semaphores s ON s.name = ?1 \
+     LEFT JOIN tessera_tails t ON t.name = ?1 WHERE m.key = 'fence_hwm'";
 const SAVE_SEM: &str = "INSERT INTO tessera_semaphores \
-     (name, capacity, used, queued, last_fence, next_seq, seat_high, vtime, finish, tenants) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
-     ON CONFLICT (name) DO UPDATE SET capacity = ?2, used = ?3, queued = ?4, \
-     last_fence = ?5, next_seq = ?6, seat_high = ?7, vtime = ?8, finish = ?9, tenants = ?10";
+     (name, capacity, used, dequeued, last_fence, seat_high, vtime, tenants) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+     ON CONFLICT (name) DO UPDATE SET capacity = ?2, used = ?3, dequeued = ?4, \
+     last_fence = ?5, seat_high = ?6, vtime = ?7, tenants = ?8";
+const SAVE_TAIL: &str = "INSERT INTO tessera_tails (name, next_seq, enqueued, finish) \
+     VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (name) DO UPDATE SET next_seq = ?2, enqueued = ?3, finish = ?4";
 const DROP_SEM: &str = "DELETE FROM tessera_semaphores WHERE name = ?1";
+const DROP_TAIL: &str = "DELETE FROM tessera_tails WHERE name = ?1";
 const DROP_FREE_SEATS: &str = "DELETE FROM tessera_free_seats WHERE name = ?1";
 const SAVE_HWM: &str = "UPDATE tessera_meta SET value = ?1 WHERE key = 'fence_hwm'";
 
@@ -88,7 +97,8 @@ const ALL_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires
 /// `status` without the write lock (`stores/sql/snapshot.rs`, [`SqliteRows::read_snapshot`]):
 /// the row's counters, then the queue with each waiter's gate, in the order of
 /// [`ALL_WAITERS`] (the holders are [`ALL_HOLDERS`]).
-const READ_SEM: &str = "SELECT capacity, used, queued FROM tessera_semaphores WHERE name = ?1";
+const READ_SEM: &str = "SELECT s.capacity, s.used, coalesce(t.enqueued, 0) - s.dequeued \
+     FROM tessera_semaphores s LEFT JOIN tessera_tails t ON t.name = s.name WHERE s.name = ?1";
 const READ_WAITERS: &str = "SELECT lease_id, weight, holder, enqueued_at, expires_at, tenant, \
      gate FROM tessera_waiters WHERE name = ?1 ORDER BY tag, seq";
 
@@ -412,17 +422,18 @@ impl SemRows for SqliteRows<'_> {
                     true => Some(SemRow {
                         capacity: int_at(row, 1)?,
                         used: int_at(row, 2)?,
-                        queued: int_at(row, 3)?,
-                        last_fence: int_at(row, 4)?,
-                        next_seq: int_at(row, 5)?,
-                        seat_high: int_at(row, 6)?,
-                        vtime: int_at(row, 7)?,
-                        finish: int_at(row, 8)?,
-                        tenants: int_at(row, 9)?,
+                        enqueued: int_at(row, 3)?,
+                        dequeued: int_at(row, 4)?,
+                        last_fence: int_at(row, 5)?,
+                        next_seq: int_at(row, 6)?,
+                        seat_high: int_at(row, 7)?,
+                        vtime: int_at(row, 8)?,
+                        finish: int_at(row, 9)?,
+                        tenants: int_at(row, 10)?,
                     }),
                     false => None,
                 };
-                Ok((int_at(row, 0)?, sem, int_at(row, 10)?))
+                Ok((int_at(row, 0)?, sem, int_at(row, 11)?))
             })?
             .into_iter()
             .next()
@@ -436,22 +447,27 @@ impl SemRows for SqliteRows<'_> {
         })
     }
 
-    async fn save(&mut self, s: &SemRow) -> Result<()> {
-        let args = [
-            s.capacity,
-            s.used,
-            s.queued,
-            s.last_fence,
-            s.next_seq,
-            s.seat_high,
-            s.vtime,
-            s.finish,
-            s.tenants,
-        ];
-        self.exec(SAVE_SEM, None, &args).map(drop)
+    async fn save(&mut self, s: &SemRow, dirty: Dirty) -> Result<()> {
+        if dirty.sem {
+            let args = [
+                s.capacity,
+                s.used,
+                s.dequeued,
+                s.last_fence,
+                s.seat_high,
+                s.vtime,
+                s.tenants,
+            ];
+            self.exec(SAVE_SEM, None, &args)?;
+        }
+        if dirty.tail {
+            self.exec(SAVE_TAIL, None, &[s.next_seq, s.enqueued, s.finish])?;
+        }
+        Ok(())
     }
 
     async fn drop_semaphore(&mut self) -> Result<bool> {
+        self.exec(DROP_TAIL, None, &[])?;
         Ok(self.exec(DROP_SEM, None, &[])? > 0)
     }
 

@@ -1,5 +1,5 @@
--- tessera SQLite schema, version 5 (version 1 had no fair shares, version 2 no tenant on the
--- holders and waiters, version 3 no tenants' limits, version 4 no window ceilings: migrate.rs
+-- tessera SQLite schema, version 6 (version 1 had no fair shares, version 2 no tenant on the
+-- holders and waiters, version 3 no tenants' limits, version 4 no window ceilings, version 5 no tail rows: migrate.rs
 -- adds them to a file of an earlier version, then runs fair_schema.sql). Run once per connect inside one BEGIN
 -- IMMEDIATE transaction; every statement is idempotent. Times are microseconds on the host's boot clock
 -- (CLOCK_BOOTTIME) of the boot recorded in tessera_meta; fences have a wall-clock floor.
@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS tessera_meta (
     value INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
-INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 5), ('fence_hwm', 0);
+INSERT OR IGNORE INTO tessera_meta (key, value) VALUES ('schema_version', 6), ('fence_hwm', 0);
 
 -- Tenants' ceilings and floors (docs/fair-shares.md, "Ceilings and floors"), kept for the
 -- name: an administrator's setting, not dropped with an idle semaphore's row (nor at a new
@@ -35,25 +35,35 @@ CREATE TABLE IF NOT EXISTS tessera_tenant_limits (
     PRIMARY KEY (name, tenant)
 ) STRICT, WITHOUT ROWID;
 
--- One row per semaphore that has holders or waiters; deleted when it has neither.
+-- One row per semaphore that has holders or waiters; deleted when it has neither, with its
+-- tail row (docs/sql-queue.md; schema version 6).
 --   used       running sum of the holders' weights (never summed per operation)
---   queued     running count of waiters
---   next_seq   next queue sequence number (FIFO order)
+--   dequeued   running count of waiters removed (granted, purged, cancelled); the queue holds
+--              tessera_tails.enqueued - dequeued waiters
 --   seat_high  every seat >= seat_high is free; free seats below it are in tessera_free_seats
 --   vtime      fair shares' virtual time (docs/fair-shares.md): the start tag of the latest grant
---   finish     the finish tag of the latest request that named no tenant
 --   tenants    how many rows the semaphore has in tessera_tenants
 CREATE TABLE IF NOT EXISTS tessera_semaphores (
     name       TEXT    NOT NULL PRIMARY KEY,
     capacity   INTEGER NOT NULL,
     used       INTEGER NOT NULL,
-    queued     INTEGER NOT NULL,
     last_fence INTEGER NOT NULL,
-    next_seq   INTEGER NOT NULL,
     seat_high  INTEGER NOT NULL,
     vtime      INTEGER NOT NULL DEFAULT 0,
-    finish     INTEGER NOT NULL DEFAULT 0,
-    tenants    INTEGER NOT NULL DEFAULT 0
+    tenants    INTEGER NOT NULL DEFAULT 0,
+    dequeued   INTEGER NOT NULL DEFAULT 0
+) STRICT, WITHOUT ROWID;
+
+-- The queue's tail (docs/sql-queue.md), one row per semaphore row, written and deleted with
+-- it (schema version 6; schema_6.sql moves the columns of a file of version 5 here).
+--   next_seq   next queue sequence number (FIFO order)
+--   enqueued   running count of waiters inserted
+--   finish     the finish tag of the latest request that named no tenant
+CREATE TABLE IF NOT EXISTS tessera_tails (
+    name     TEXT    NOT NULL PRIMARY KEY,
+    next_seq INTEGER NOT NULL,
+    enqueued INTEGER NOT NULL,
+    finish   INTEGER NOT NULL DEFAULT 0
 ) STRICT, WITHOUT ROWID;
 
 -- Granted leases. seats is a compact ascending list of ranges, e.g. '0-3,7'. tenant is the

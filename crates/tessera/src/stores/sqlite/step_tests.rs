@@ -55,8 +55,8 @@ async fn a_placeholder_row_with_nothing_held_acts_as_a_missing_one() {
         .await
         .unwrap();
     sqlx::query(
-        "INSERT INTO tessera_semaphores (name, capacity, used, queued, last_fence, next_seq, \
-         seat_high) SELECT 'placed', 7, 0, 0, value, 0, 0 FROM tessera_meta \
+        "INSERT INTO tessera_semaphores (name, capacity, used, dequeued, last_fence, \
+         seat_high) SELECT 'placed', 7, 0, 0, value, 0 FROM tessera_meta \
          WHERE key = 'fence_hwm'",
     )
     .execute(&mut conn)
@@ -160,8 +160,8 @@ impl SemRows for NoReturning<'_> {
     async fn load(&mut self, create: Option<u32>) -> Result<Loaded> {
         self.sqlite().load(create).await
     }
-    async fn save(&mut self, sem: &SemRow) -> Result<()> {
-        self.sqlite().save(sem).await
+    async fn save(&mut self, sem: &SemRow, dirty: Dirty) -> Result<()> {
+        self.sqlite().save(sem, dirty).await
     }
     async fn drop_semaphore(&mut self) -> Result<bool> {
         self.sqlite().drop_semaphore().await

@@ -198,6 +198,18 @@ fn child_process_worker() {
     });
 }
 
+/// Turns the semaphore rows of the file (kept) back into those of schema version 5, one row
+/// per semaphore with `queued`, `next_seq` and `finish` and no tail rows (`schema_6.sql`
+/// undone); the version is left for the caller to set.
+const TO_ONE_ROW: &str = "ALTER TABLE tessera_semaphores ADD COLUMN queued INTEGER NOT NULL DEFAULT 0; \
+     ALTER TABLE tessera_semaphores ADD COLUMN next_seq INTEGER NOT NULL DEFAULT 0; \
+     ALTER TABLE tessera_semaphores ADD COLUMN finish INTEGER NOT NULL DEFAULT 0; \
+     UPDATE tessera_semaphores SET \
+       queued = (SELECT t.enqueued FROM tessera_tails t WHERE t.name = tessera_semaphores.name) - dequeued, \
+       next_seq = (SELECT t.next_seq FROM tessera_tails t WHERE t.name = tessera_semaphores.name), \
+       finish = (SELECT t.finish FROM tessera_tails t WHERE t.name = tessera_semaphores.name); \
+     ALTER TABLE tessera_semaphores DROP COLUMN dequeued; DROP TABLE tessera_tails;";
+
 async fn raw(url: &str, sql: &'static str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     sqlx::query(sql).execute(&b.pool).await.unwrap();
@@ -208,7 +220,7 @@ async fn raw(url: &str, sql: &'static str) {
 async fn to_version_2(url: &str, more: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     let sql = format!(
-        "DROP TABLE tessera_tenant_limits; \
+        "{TO_ONE_ROW} DROP TABLE tessera_tenant_limits; \
          ALTER TABLE tessera_holders DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tenant; \
          UPDATE tessera_meta SET value = 2 WHERE key = 'schema_version'; {more}"
@@ -246,7 +258,7 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     let rows = |st: SemaphoreStatus| {
         let holders: Vec<_> = st
             .holders
@@ -285,13 +297,14 @@ async fn a_file_of_version_2_is_migrated_and_keeps_its_holder_and_waiter() {
 /// limits: no limits table.
 async fn to_version_3(url: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
-    sqlx::raw_sql(
-        "DROP TABLE tessera_tenant_limits; \
-         UPDATE tessera_meta SET value = 3 WHERE key = 'schema_version'",
-    )
-    .execute(&b.pool)
-    .await
-    .unwrap();
+    let sql = format!(
+        "{TO_ONE_ROW} DROP TABLE tessera_tenant_limits; \
+         UPDATE tessera_meta SET value = 3 WHERE key = 'schema_version'"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&b.pool)
+        .await
+        .unwrap();
 }
 
 /// A file of schema version 3 (before tenants' limits) holding a holder and a waiter is
@@ -326,7 +339,7 @@ async fn a_file_of_version_3_is_migrated_keeps_its_holder_and_waiter_and_takes_l
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     assert!(b.capabilities().tenant_limits);
     let ids = |st: Option<SemaphoreStatus>| {
         let st = st.unwrap();
@@ -383,14 +396,15 @@ async fn a_file_of_version_4_is_migrated_keeps_its_rows_and_takes_window_ceiling
     }
     // What a build of version 4 leaves: the limits table without the window columns.
     let b = SqliteBackend::connect(&url).await.unwrap();
-    sqlx::raw_sql(
-        "ALTER TABLE tessera_tenant_limits DROP COLUMN window_ceiling; \
+    let sql = format!(
+        "{TO_ONE_ROW} ALTER TABLE tessera_tenant_limits DROP COLUMN window_ceiling; \
          ALTER TABLE tessera_tenant_limits DROP COLUMN window_capped_until; \
-         UPDATE tessera_meta SET value = 4 WHERE key = 'schema_version'",
-    )
-    .execute(&b.pool)
-    .await
-    .unwrap();
+         UPDATE tessera_meta SET value = 4 WHERE key = 'schema_version'"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&b.pool)
+        .await
+        .unwrap();
     drop(b);
     let b = SqliteBackend::connect(&url).await.unwrap();
     let version: i64 =
@@ -398,7 +412,7 @@ async fn a_file_of_version_4_is_migrated_keeps_its_rows_and_takes_window_ceiling
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     assert!(b.capabilities().window_ceilings);
     assert_eq!(b.tenant_limits(&s).await.unwrap()["bulk"], limits);
     let st = b.status(&s).await.unwrap().unwrap();
@@ -434,6 +448,92 @@ async fn a_file_of_version_4_is_migrated_keeps_its_rows_and_takes_window_ceiling
     drop(store);
     let b = SqliteBackend::connect(&url).await.unwrap();
     assert_eq!(b.tenant_limits(&s).await.unwrap()["bulk"], windowed);
+}
+
+/// A file of schema version 5 (one row per semaphore, its queue's tail in it) holding a
+/// holder and three waiters is migrated at connect to version 6 in the connect's one
+/// transaction: the tail moves to `tessera_tails` (the queue's length as `enqueued`), the old
+/// columns are gone, the holder and the waiters stay, the waiters are granted in their order,
+/// and a newcomer queues behind them.
+#[tokio::test]
+async fn a_file_of_version_5_is_migrated_and_keeps_its_holder_waiters_and_order() {
+    let (_dir, url) = temp_db();
+    let s = name("v5");
+    let holder = LeaseId::random();
+    let waiters: Vec<LeaseId> = (0..3).map(|_| LeaseId::random()).collect();
+    {
+        let b = SqliteBackend::connect(&url).await.unwrap();
+        assert!(matches!(
+            b.acquire(&s, 1, &req(holder, 1, waiting())).await.unwrap(),
+            AcquireReply::Granted(_)
+        ));
+        for (i, w) in waiters.iter().enumerate() {
+            assert_eq!(
+                b.acquire(&s, 1, &req(*w, 1, waiting())).await.unwrap(),
+                AcquireReply::Queued { position: i as u64 }
+            );
+        }
+    }
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let sql =
+        format!("{TO_ONE_ROW} UPDATE tessera_meta SET value = 5 WHERE key = 'schema_version'");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    let one_row: (i64, i64) =
+        sqlx::query_as("SELECT queued, next_seq FROM tessera_semaphores WHERE name = 'v5'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(one_row, (3, 3), "the version-5 row");
+    drop(b);
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tessera_meta WHERE key = 'schema_version'")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(version, 6);
+    let tail: (i64, i64, i64) = sqlx::query_as(
+        "SELECT t.next_seq, t.enqueued, s.dequeued FROM tessera_tails t \
+         JOIN tessera_semaphores s ON s.name = t.name WHERE t.name = 'v5'",
+    )
+    .fetch_one(&b.pool)
+    .await
+    .unwrap();
+    assert_eq!(tail, (3, 3, 0));
+    let old: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pragma_table_info('tessera_semaphores') \
+         WHERE name IN ('queued', 'next_seq', 'finish')",
+    )
+    .fetch_one(&b.pool)
+    .await
+    .unwrap();
+    assert_eq!(old, 0, "the old columns are dropped");
+    let st = b.status(&s).await.unwrap().unwrap();
+    assert_eq!(st.holders[0].lease_id, holder);
+    let queue: Vec<LeaseId> = st.queue.iter().map(|w| w.lease_id).collect();
+    assert_eq!(queue, waiters);
+    let late = LeaseId::random();
+    assert_eq!(
+        b.acquire(&s, 1, &req(late, 1, waiting())).await.unwrap(),
+        AcquireReply::Queued { position: 3 }
+    );
+    let mut held = holder;
+    for next in waiters.iter().chain([&late]) {
+        assert!(b.release(&s, held).await.unwrap());
+        let st = b.status(&s).await.unwrap().unwrap();
+        assert_eq!(st.holders[0].lease_id, *next);
+        held = *next;
+    }
+    assert!(b.release(&s, held).await.unwrap());
+    assert!(b.status(&s).await.unwrap().is_none());
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM tessera_tails")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the tail row goes with the semaphore row");
 }
 
 /// Two stores on one file (as two processes): limits one sets are seen and obeyed by the
@@ -500,7 +600,7 @@ async fn a_second_store_on_the_file_sees_the_limits_the_first_sets_and_obeys_the
 async fn to_version_1(url: &str, more: &str) {
     let b = SqliteBackend::connect(url).await.unwrap();
     let sql = format!(
-        "DROP INDEX tessera_waiters_by_tag; DROP TABLE tessera_tenants; \
+        "{TO_ONE_ROW} DROP INDEX tessera_waiters_by_tag; DROP TABLE tessera_tenants; \
          DROP TABLE tessera_tenant_limits; \
          ALTER TABLE tessera_holders DROP COLUMN tenant; \
          ALTER TABLE tessera_waiters DROP COLUMN tenant; \
@@ -542,7 +642,7 @@ async fn a_file_of_version_1_is_migrated_and_its_queue_keeps_its_order() {
             .fetch_one(&b.pool)
             .await
             .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     let mut tenant = req(LeaseId::random(), 1, waiting());
     tenant.tenant = Some(tessera_core::model::Tenant::new("t", 1).unwrap());
     let plain = LeaseId::random();
@@ -620,12 +720,12 @@ async fn garbage_in_a_row_is_a_typed_error_not_a_panic() {
     // STRICT tables refuse a value of the wrong type outright.
     let (_dir, url) = temp_db();
     let b = SqliteBackend::connect(&url).await.unwrap();
-    assert!(sqlx::query(
-        "INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0, 0, 0, 0)"
-    )
-    .execute(&b.pool)
-    .await
-    .is_err());
+    assert!(
+        sqlx::query("INSERT INTO tessera_semaphores VALUES ('x', 'many', 0, 0, 0, 0, 0, 0)")
+            .execute(&b.pool)
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
