@@ -18,21 +18,13 @@ bin=${1:-target/debug/tessera}
 ops=${2:-2000}
 dir=$(mktemp -d /tmp/sqlqueue-bound.XXXX)
 chmod 755 "$dir"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pg_bin=$(dirname "$(readlink -f /usr/lib/postgresql/*/bin/postgres)")
-cleanup() {
-  [[ -f $dir/pg/postmaster.pid ]] && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m immediate stop >/dev/null 2>&1 || true
-  [[ -f $dir/my.pid ]] && kill "$(cat "$dir/my.pid")" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source scripts/sql-servers.sh
+trap sql_servers_cleanup EXIT
 
 pg_run() { # $1 label, $2 extra server options, $3 URL query (tessera sets synchronous_commit on
   # its own sessions: `on` unless the URL says `?synchronous_commit=off`)
   local port; port=$(free_port)
-  rm -rf "$dir/pg"; mkdir "$dir/pg"; chown postgres "$dir/pg"; chmod 700 "$dir/pg"
-  runuser -u postgres -- "$pg_bin/initdb" -D "$dir/pg" -U postgres --auth=trust >/dev/null
-  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -w -l "$dir/pg/log" -o "-p $port -k $dir/pg -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all $2" start >/dev/null
+  pg_start "$port" "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all $2"
   local url="postgres://postgres@127.0.0.1:$port/postgres${3:-}"
   echo "== PostgreSQL $1 ($2) $(date -u +%FT%TZ)"
   psql -X -q -t -A -h 127.0.0.1 -p "$port" -U postgres -c "SHOW synchronous_commit" -c "SHOW fsync"
@@ -61,16 +53,12 @@ PY
     "$bin" --store "$url?schema=tessera" run --name x --permits 1 -- true
     scripts/pg-statements-per-step.sh 127.0.0.1 "$port" tessera || true
   fi
-  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m fast stop >/dev/null
+  pg_stop
 }
 
 my_run() { # $1 label, $2 extra server options
   local port; port=$(free_port)
-  rm -rf "$dir/my"; mkdir -p "$dir/my"
-  mariadb-install-db --no-defaults --user=root --datadir="$dir/my/data" --auth-root-authentication-method=normal --skip-test-db >/dev/null 2>&1
-  # shellcheck disable=SC2086
-  mariadbd --no-defaults --user=root --datadir="$dir/my/data" --socket="$dir/my/s" --port="$port" --bind-address=127.0.0.1 --pid-file="$dir/my.pid" $2 >"$dir/my.log" 2>&1 &
-  for _ in $(seq 100); do mariadb -h 127.0.0.1 -P "$port" -u root -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
+  my_start "$port" "$2"
   mariadb -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS bench'
   echo "== MariaDB $1 ($2) $(date -u +%FT%TZ)"
   mariadb -h 127.0.0.1 -P "$port" -u root -N -e "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@version"
@@ -91,7 +79,7 @@ print(f"counted W2 run: {h} hand-offs ({r['handoffs_per_sec']:.0f}/s); per hand-
       f"COMMIT statements {d[0]/h:.2f}, handler commits {d[1]/h:.2f}, InnoDB fsyncs {d[2]/h:.2f}, "
       f"CALLs {d[3]/h:.2f}, client statements {d[4]/h:.2f}, statements with those in routines {d[5]/h:.1f}")
 PY
-  kill "$(cat "$dir/my.pid")"; while [[ -e $dir/my.pid ]] && kill -0 "$(cat "$dir/my.pid")" 2>/dev/null; do sleep 0.1; done
+  my_stop
 }
 
 case ${STORES:-pg,my} in *pg*)

@@ -21,14 +21,8 @@ bins=("$@")
 [ ${#bins[@]} -gt 0 ] || { echo "sql-w2-side-by-side.sh: name at least one tessera binary" >&2; exit 2; }
 dir=$(mktemp -d /tmp/sql-w2.XXXX)
 chmod 755 "$dir"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pg_bin=$(dirname "$(readlink -f /usr/lib/postgresql/*/bin/postgres)")
-cleanup() {
-  [[ -f $dir/pg/postmaster.pid ]] && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m immediate stop >/dev/null 2>&1 || true
-  [[ -f $dir/my.pid ]] && kill "$(cat "$dir/my.pid")" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source scripts/sql-servers.sh
+trap sql_servers_cleanup EXIT
 results=$dir/results.jsonl
 : > "$results"
 
@@ -61,9 +55,7 @@ PY
 
 pg_server() { # $1 label, $2 server options, $3 URL query
   local port; port=$(free_port)
-  rm -rf "$dir/pg"; mkdir "$dir/pg"; chown postgres "$dir/pg"; chmod 700 "$dir/pg"
-  runuser -u postgres -- "$pg_bin/initdb" -D "$dir/pg" -U postgres --auth=trust >/dev/null
-  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -w -l "$dir/pg/log" -o "-p $port -k $dir/pg -c listen_addresses=127.0.0.1 $2" start >/dev/null
+  pg_start "$port" "$2"
   echo "== PostgreSQL $1 ($2) $(date -u +%FT%TZ) $(uptime | sed 's/.*load/load/')"
   for r in $(seq "$rounds"); do
     for i in "${!bins[@]}"; do
@@ -71,16 +63,12 @@ pg_server() { # $1 label, $2 server options, $3 URL query
       run "$1" "$i" "postgres://postgres@127.0.0.1:$port/postgres$q" --pg-baseline 3s
     done
   done
-  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/pg" -m fast stop >/dev/null
+  pg_stop
 }
 
 my_server() { # $1 label, $2 server options
   local port; port=$(free_port)
-  rm -rf "$dir/my"; mkdir -p "$dir/my"
-  mariadb-install-db --no-defaults --user=root --datadir="$dir/my/data" --auth-root-authentication-method=normal --skip-test-db >/dev/null 2>&1
-  # shellcheck disable=SC2086
-  mariadbd --no-defaults --user=root --datadir="$dir/my/data" --socket="$dir/my/s" --port="$port" --bind-address=127.0.0.1 --pid-file="$dir/my.pid" $2 >"$dir/my.log" 2>&1 &
-  for _ in $(seq 100); do mariadb -h 127.0.0.1 -P "$port" -u root -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
+  my_start "$port" "$2"
   for i in "${!bins[@]}"; do mariadb -h 127.0.0.1 -P "$port" -u root -e "CREATE DATABASE IF NOT EXISTS b$i"; done
   echo "== MariaDB $1 ($2) $(date -u +%FT%TZ) $(uptime | sed 's/.*load/load/')"
   for r in $(seq "$rounds"); do
@@ -88,7 +76,7 @@ my_server() { # $1 label, $2 server options
       run "$1" "$i" "mysql://root@127.0.0.1:$port/b$i" --baseline-time 3s
     done
   done
-  kill "$(cat "$dir/my.pid")"; while [[ -e $dir/my.pid ]] && kill -0 "$(cat "$dir/my.pid")" 2>/dev/null; do sleep 0.1; done
+  my_stop
 }
 
 case ${STORES:-pg,my} in *pg*)
