@@ -1502,7 +1502,10 @@ fn many_processes_through_http_never_exceed_a_rate_window() {
     }
     let events = tessera_testkit::ratelog::read_logs(&logs).unwrap();
     assert!(events.len() >= 40, "only {} admissions", events.len());
-    tessera_testkit::ratelog::check(&events, &[limit], Duration::from_millis(5)).assert_ok();
+    // Two server processes on one SQLite file: their reported times agree within the store's
+    // re-anchoring bound.
+    let slack = tessera_testkit::ratelog::SQLITE_PROCESSES_SLACK;
+    tessera_testkit::ratelog::check(&events, &[limit], slack).assert_ok();
     // What the downstream service would count: the calls made within the margin after their
     // admission never exceed the limit in any window of their use times.
     let uses = tessera_testkit::ratelog::check_use_times(&events, limit, margin);

@@ -299,6 +299,13 @@ pub fn max_certain_window(events: &[RateEvent], period_ns: u64) -> u64 {
     worst
 }
 
+/// The `slack` of [`check`] for logs written by several processes of one host on one SQLite
+/// file. The store keeps its times on the boot clock and each process converts them to wall
+/// time with the offset it measured, replaced only when it moves by 10 ms or more (a
+/// wall-clock step; see the SQLite store's module docs): a smaller step between two
+/// processes' first replies leaves their reported times up to that far apart.
+pub const SQLITE_PROCESSES_SLACK: Duration = Duration::from_millis(11);
+
 /// Runs the three checks (see the module docs) for `limits`. `slack` bounds the drift
 /// between the store's clock and `CLOCK_MONOTONIC` over the run.
 pub fn check(events: &[RateEvent], limits: &[RateSpec], slack: Duration) -> RateReport {

@@ -55,7 +55,10 @@
 //!   (`t + (wall now - boot now)`), so users see wall time as before. The offset is measured
 //!   at every reply but kept while it moves by less than 10 ms (the two clocks run at one
 //!   rate; only a wall-clock step moves it), so differences of converted times are exact,
-//!   within one reply and between replies.
+//!   within one reply and between replies of one process. A measurement taken while the
+//!   thread was held up between the clock reads is replaced by the next good one. Two
+//!   processes each measure theirs: a wall-clock step of less than 10 ms between their first
+//!   replies leaves their reported times that far apart.
 //! - **Boot identity**: the file's `tessera_meta` holds the boot id
 //!   (`/proc/sys/kernel/random/boot_id`) its boot-clock times belong to. The first connect of
 //!   a new boot (or to a file written before the boot clock) drops every holder, waiter and
@@ -145,7 +148,7 @@ pub(crate) mod url;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,11 +179,15 @@ use url::parse_url;
 /// How far (µs) a fresh measurement of `wall now - boot now` may be from the kept one before
 /// it replaces it (a wall-clock step; see [`SqliteBackend::offset`]).
 const REANCHOR_US: i128 = 10_000;
-/// The offset of [`SqliteBackend::offset`] (`i64::MIN`: not measured yet), one for the whole
-/// process: every backend whose clock is the boot clock converts with it, so the times that
-/// two connections of one process report are comparable to the µs (a reservation one client
-/// made at exactly the end of another's window does not appear a few µs inside it).
-static PROCESS_OFFSET: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
+/// The offset of [`SqliteBackend::offset`] and the error bound of its measurement (µs), one
+/// for the whole process (`None`: not measured yet): every backend whose clock is the boot
+/// clock converts with it, so the times that two connections of one process report are
+/// comparable to the µs (a reservation one client made at exactly the end of another's
+/// window does not appear a few µs inside it).
+static PROCESS_OFFSET: std::sync::Mutex<Option<(i128, i128)>> = std::sync::Mutex::new(None);
+/// A measurement of the offset whose two boot-clock reads are at most this far apart (µs) is
+/// good: the thread was not held up between them.
+const GOOD_BRACKET_US: i128 = 100;
 /// Connections per backend: one writer at a time (the write mutex) plus readers for the
 /// heartbeat probe, `list` and the schema check.
 const POOL_SIZE: u32 = 4;
@@ -355,25 +362,11 @@ impl SqliteBackend {
     /// window, as on every store).
     fn offset(&self) -> i128 {
         let Some(wall) = &self.wall else { return 0 };
-        // Reading the two clocks is two calls: retry when this thread was held up between
-        // them, so the measurement is good to a few µs.
-        let mut fresh = 0;
-        for _ in 0..8 {
-            let before = self.clock.now().0 as i128;
-            let w = wall.now().0 as i128;
-            let after = self.clock.now().0 as i128;
-            fresh = w - (before + after) / 2;
-            if after - before <= 100 {
-                break;
-            }
-        }
-        let kept = PROCESS_OFFSET.load(Ordering::Relaxed);
-        if kept != i64::MIN && (fresh - kept as i128).abs() < REANCHOR_US {
-            return kept.into();
-        }
-        let fresh = fresh.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
-        PROCESS_OFFSET.store(fresh, Ordering::Relaxed);
-        fresh.into()
+        let fresh = measure_offset(self.clock.as_ref(), wall.as_ref());
+        let mut kept = PROCESS_OFFSET.lock().unwrap_or_else(|e| e.into_inner());
+        let (offset, error) = adopt_offset(*kept, fresh);
+        *kept = Some((offset, error));
+        offset
     }
 
     /// The database file.
@@ -899,5 +892,43 @@ fn grant_to_wall(mut grant: Grant, wall: impl Fn(StoreTime) -> StoreTime) -> Gra
 
 #[cfg(test)]
 mod step_tests;
+/// `wall - boot` (µs) and the error bound of that measurement. Reading the two clocks is three
+/// calls: the boot clock before and after the wall clock brackets it, and the offset's error
+/// is at most the bracket. The tightest of a few tries is kept, so a thread held up between
+/// two reads (a loaded host) does not leave its delay in the offset.
+fn measure_offset(boot: &dyn Clock, wall: &dyn Clock) -> (i128, i128) {
+    let (mut fresh, mut error) = (0, i128::MAX);
+    for _ in 0..8 {
+        let before = boot.now().0 as i128;
+        let w = wall.now().0 as i128;
+        let after = boot.now().0 as i128;
+        if after - before < error {
+            error = after - before;
+            fresh = w - (before + after) / 2;
+        }
+        if error <= GOOD_BRACKET_US {
+            break;
+        }
+    }
+    (fresh, error)
+}
+
+/// The offset (and its error) to convert with, from the kept one and a fresh measurement: the
+/// kept one stays unless the wall clock was stepped (a fresh measurement `REANCHOR_US` or more
+/// away that cannot be that far off) or it was a poor measurement and the fresh one is better.
+fn adopt_offset(kept: Option<(i128, i128)>, fresh: (i128, i128)) -> (i128, i128) {
+    let Some((offset, kept_error)) = kept else {
+        return fresh;
+    };
+    let replace = match (fresh.0 - offset).abs() >= REANCHOR_US {
+        true => fresh.1 < REANCHOR_US,
+        false => kept_error > GOOD_BRACKET_US && fresh.1 < kept_error,
+    };
+    match replace {
+        true => fresh,
+        false => (offset, kept_error),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -1404,3 +1404,48 @@ async fn a_write_gate_held_past_the_busy_timeout_fails_the_step_as_busy_and_chan
     });
     assert!(free, "a step kept the gate");
 }
+
+mod offset {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A boot clock that reads the scripted times in turn, then stays at the last.
+    #[derive(Debug)]
+    struct Scripted(Mutex<Vec<u64>>);
+
+    impl Clock for Scripted {
+        fn now(&self) -> StoreTime {
+            let mut v = self.0.lock().unwrap();
+            StoreTime(if v.len() > 1 { v.remove(0) } else { v[0] })
+        }
+    }
+
+    fn boot(reads: &[u64]) -> Scripted {
+        Scripted(Mutex::new(reads.to_vec()))
+    }
+
+    #[test]
+    fn a_thread_held_up_between_the_reads_leaves_no_delay_in_the_offset() {
+        let wall = ManualClock::new(StoreTime(1_000_000_000));
+        // First try: held up 7 ms after the first boot read. Second: 10 µs apart.
+        let b = boot(&[1_000, 8_000, 9_000, 9_010]);
+        let (offset, error) = measure_offset(&b, &wall);
+        assert_eq!(error, 10);
+        assert_eq!(offset, 1_000_000_000 - 9_005);
+    }
+
+    #[test]
+    fn a_poor_first_measurement_is_replaced_by_a_good_one_and_a_good_one_stays() {
+        let poor = Some((5_000, 6_000));
+        assert_eq!(adopt_offset(poor, (100, 8)), (100, 8));
+        assert_eq!(adopt_offset(Some((100, 8)), (3_000, 6_000)), (100, 8));
+        assert_eq!(adopt_offset(Some((100, 8)), (2_000, 5)), (100, 8));
+    }
+
+    #[test]
+    fn a_wall_clock_step_is_taken_only_from_a_measurement_that_cannot_be_that_far_off() {
+        assert_eq!(adopt_offset(Some((100, 8)), (50_100, 9)), (50_100, 9));
+        assert_eq!(adopt_offset(Some((100, 8)), (50_100, 40_000)), (100, 8));
+        assert_eq!(adopt_offset(None, (7, 40_000)), (7, 40_000));
+    }
+}
