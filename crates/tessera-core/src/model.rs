@@ -387,6 +387,11 @@ pub struct AcquireRequest {
     /// the tenant `""` with share 1, today's FIFO. Only a store whose
     /// [`crate::seam::Capabilities::fair_shares`] is true is sent one.
     pub tenant: Option<Tenant>,
+    /// True only on the first send of a request whose lease id was made for it: nothing can
+    /// hold that id yet, so a store may skip looking it up as a retry (`false`, the safe
+    /// value, whenever the request may have reached the store before). A store whose
+    /// connection may send a request again by itself ignores it.
+    pub first_send: bool,
 }
 
 /// A tenant and its share (`docs/fair-shares.md`): under contention, permits and window

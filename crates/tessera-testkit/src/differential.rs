@@ -171,6 +171,7 @@ impl<'a> Differential<'a> {
                     holder: format!("host/{}", rng.random_range(1..5)),
                     wait,
                     tenant: None,
+                    first_send: false,
                 };
                 let s = store.acquire(&nm, cap, &r).await;
                 if let Ok(AcquireReply::Granted(g)) = &s {

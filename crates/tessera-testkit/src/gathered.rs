@@ -39,6 +39,7 @@ fn req(id: LeaseId, wait: Option<Duration>) -> AcquireRequest {
             queue_cap: 100,
         }),
         tenant: None,
+        first_send: false,
     }
 }
 

@@ -35,6 +35,7 @@ pub fn req(
             queue_cap,
         }),
         tenant: None,
+        first_send: false,
     }
 }
 

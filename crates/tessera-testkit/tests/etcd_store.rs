@@ -181,6 +181,7 @@ async fn abandoned_lease_comes_back_within_its_ttl() {
         holder: "frozen".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     let nm = Name::new(&name).unwrap();
     let sent = Instant::now();
@@ -292,6 +293,7 @@ async fn dead_waiter_leaves_the_queue_within_its_ttl() {
             queue_cap: 10,
         }),
         tenant: None,
+        first_send: false,
     };
     let r = client.store.backend().acquire(&nm, 1, &req).await.unwrap();
     assert_eq!(r, AcquireReply::Queued { position: 0 });
@@ -349,6 +351,7 @@ async fn a_dead_waiter_handed_the_permit_frees_it_within_its_waiter_ttl() {
             queue_cap: 10,
         }),
         tenant: None,
+        first_send: false,
     };
     let r = dead_client.store.backend().acquire(&nm, 1, &req).await;
     assert_eq!(r.unwrap(), AcquireReply::Queued { position: 0 });
@@ -527,6 +530,7 @@ async fn a_cancel_that_did_not_finish_leaves_no_ghost_at_the_head_of_the_queue()
             queue_cap: 100,
         }),
         tenant: None,
+        first_send: false,
     };
     let queued = backend.acquire(&nm, 1, &req).await.unwrap();
     assert!(
@@ -576,6 +580,7 @@ async fn idle_semaphore_takes_the_capacity_of_the_next_client() {
         holder: "gone".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     assert!(matches!(
         client.store.backend().acquire(&nm, 2, &req).await.unwrap(),
@@ -1364,6 +1369,7 @@ async fn an_acquire_onto_a_queue_found_long_that_emptied_is_granted() {
             queue_cap: 100_000,
         }),
         tenant: None,
+        first_send: false,
     };
     let reply = b.acquire(&name, 1, &req).await.unwrap();
     let AcquireReply::Granted(grant) = reply else {
@@ -1415,6 +1421,7 @@ async fn enqueue(
                     queue_cap: 100_000,
                 }),
                 tenant: None,
+                first_send: false,
             };
             async move { b.acquire(name, 1, &req).await }
         }))

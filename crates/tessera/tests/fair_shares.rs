@@ -247,6 +247,7 @@ fn request(tenant: Option<(&str, u32)>, weight: u32) -> AcquireRequest {
         holder: tenant.map_or("-", |t| t.0).to_string(),
         wait: Some(WAIT),
         tenant: tenant.map(|(n, s)| Tenant::new(n, s).unwrap()),
+        first_send: false,
     }
 }
 

@@ -177,6 +177,74 @@ async fn an_uncontended_acquire_and_release_touch_only_the_meta_hash() {
     assert!(redis.status(&n).await.unwrap().is_none());
 }
 
+/// A first send (a new lease id, sent once) joins the queue without looking its lease id up
+/// as a retry would; a retry of it, marked as one, still finds the place the first made, and
+/// a retry of a grant finds the grant: nothing is taken twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_skips_the_retry_lookups_and_a_retry_still_finds_its_place() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server, "first").await;
+    let n = name("q");
+    let holder = LeaseId::random();
+    let mut held = req(holder, 1, LONG, Some((LONG, 100)));
+    held.first_send = true;
+    let granted = redis.acquire(&n, 1, &held).await.unwrap();
+    assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
+    let hgets = || server.command_calls().get("hget").copied().unwrap_or(0);
+    let enqueue = |first_send: bool| {
+        let mut r = req(LeaseId::random(), 1, LONG, Some((LONG, 100)));
+        r.first_send = first_send;
+        r
+    };
+    let (head, retried, first) = (enqueue(true), enqueue(false), enqueue(true));
+    let r = redis.acquire(&n, 1, &head).await.unwrap();
+    assert!(
+        matches!(r, AcquireReply::Queued { position: 0, .. }),
+        "{r:?}"
+    );
+    let before = hgets();
+    let r = redis.acquire(&n, 1, &retried).await.unwrap();
+    assert!(
+        matches!(r, AcquireReply::Queued { position: 1, .. }),
+        "{r:?}"
+    );
+    let looked_up = hgets() - before;
+    assert!(
+        looked_up >= 1,
+        "a marked retry looks its lease id up: {looked_up}"
+    );
+    let before = hgets();
+    let r = redis.acquire(&n, 1, &first).await.unwrap();
+    assert!(
+        matches!(r, AcquireReply::Queued { position: 2, .. }),
+        "{r:?}"
+    );
+    assert_eq!(hgets() - before, 0, "a first send looked its lease id up");
+
+    // Retries, marked as such, of the first send and of the grant.
+    let mut again = first.clone();
+    again.first_send = false;
+    let r = redis.acquire(&n, 1, &again).await.unwrap();
+    assert!(
+        matches!(r, AcquireReply::Queued { position: 2, .. }),
+        "{r:?}"
+    );
+    held.first_send = false;
+    match redis.acquire(&n, 1, &held).await.unwrap() {
+        AcquireReply::Granted(g) => assert_eq!(g.lease.lease_id, holder),
+        r => panic!("{r:?}"),
+    }
+    let status = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders.len(), 1);
+    assert_eq!(status.used, 1);
+    assert_eq!(status.queue.len(), 3, "{status:?}");
+    // The queue hands on in order.
+    assert!(redis.release(&n, holder).await.unwrap());
+    let status = redis.status(&n).await.unwrap().unwrap();
+    assert_eq!(status.holders[0].lease_id, head.lease_id);
+    assert_eq!(status.queue.len(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_never_regress_after_a_restart_without_persistence() {
     let mut server = RedisServer::start();

@@ -93,6 +93,7 @@ fn request(tenant: Option<&str>, weight: u32) -> AcquireRequest {
             queue_cap: 100_000,
         }),
         tenant: tenant.map(|t| Tenant::new(t, 1).unwrap()),
+        first_send: false,
     }
 }
 

@@ -219,6 +219,7 @@ pub async fn abandoned_lease_comes_back_within_its_ttl(h: &Harness) {
         holder: "frozen".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     let nm = Name::new(&name).unwrap();
     let AcquireReply::Granted(g) = backend.acquire(&nm, 2, &req).await.unwrap() else {
@@ -404,6 +405,7 @@ pub async fn release_renew_and_acquire_retries_are_idempotent(h: &Harness) {
             queue_cap: 10,
         }),
         tenant: None,
+        first_send: false,
     };
     let AcquireReply::Granted(g1) = b.acquire(&name, 3, &req).await.unwrap() else {
         panic!()
@@ -517,6 +519,7 @@ pub async fn racing_ends_of_one_lease_free_its_permit_once(h: &Harness) {
             holder: "raced".into(),
             wait: None,
             tenant: None,
+            first_send: false,
         };
         let granted = first.store.backend().acquire(&name, 2, &req).await.unwrap();
         assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
@@ -810,6 +813,7 @@ async fn queue_dead_waiter(
             queue_cap: 10,
         }),
         tenant: None,
+        first_send: false,
     };
     let r = store.backend().acquire(name, 1, &req).await.unwrap();
     assert_eq!(r, AcquireReply::Queued { position: 0 });
@@ -1021,6 +1025,7 @@ pub async fn an_expired_lease_reaches_the_waiter_without_waiting_for_its_heartbe
         holder: "dead".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     let nm = Name::new(&name).unwrap();
     let AcquireReply::Granted(g) = client.store.backend().acquire(&nm, 1, &req).await.unwrap()
@@ -1175,6 +1180,7 @@ pub async fn idle_semaphore_takes_the_capacity_of_the_next_client(h: &Harness) {
         holder: "gone".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     let r = client.store.backend().acquire(&nm, 2, &req).await.unwrap();
     assert!(matches!(r, AcquireReply::Granted(_)));

@@ -81,6 +81,7 @@ impl Semaphore {
                 queue_cap: self.config.queue_cap,
             }),
             tenant: self.config.tenant.clone(),
+            first_send: false,
         }
     }
 
@@ -158,7 +159,7 @@ impl Semaphore {
         if let Some(w) = watch {
             w.waiting_as(lease);
         }
-        let request = self.request(lease, weight, true);
+        let mut request = self.request(lease, weight, true);
         let name = &self.config.name;
 
         // A store whose step runs at once (memory): an immediate grant registers no wake-up
@@ -182,7 +183,9 @@ impl Semaphore {
                 return Box::pin(self.wait_for_grant(queued, deadline, watch)).await;
             }
             Some(Err(e)) if !e.is_transient() => return Err(e),
-            Some(Err(_)) | None => {}
+            Some(Err(_)) => {}
+            // Nothing was sent yet: the first send below is the first of this new lease id.
+            None => request.first_send = true,
         }
 
         // Its turn among this process's new requests on the name (`crate::arrivals`), before
@@ -224,6 +227,9 @@ impl Semaphore {
                     }
                     backoff = (backoff * 2).min(Duration::from_millis(250));
                     sent = Instant::now();
+                    // The failed call may have reached the store: the retry must find
+                    // what it made.
+                    request.first_send = false;
                 }
                 r => break r?,
             }

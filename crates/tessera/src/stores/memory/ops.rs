@@ -1125,6 +1125,7 @@ mod tests {
             holder: "t".into(),
             wait: None,
             tenant: None,
+            first_send: false,
         }
     }
 

@@ -303,6 +303,7 @@ async fn tls_with_a_custom_ca_encrypts_and_a_wrong_or_missing_ca_is_a_clear_erro
         holder: "tls/1".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     };
     let reply = backend.acquire(&name, 1, &req).await.unwrap();
     assert!(matches!(reply, AcquireReply::Granted(_)), "{reply:?}");
@@ -581,6 +582,7 @@ async fn heartbeat_probe_answers_without_a_write_and_defers_to_the_full_step() {
         holder: "probe/1".into(),
         wait,
         tenant: None,
+        first_send: false,
     };
     let wait = Some(tessera_core::model::WaitSpec {
         waiter_ttl,
@@ -711,6 +713,7 @@ async fn the_doorbell_opens_for_waiters_and_holders_and_closes_after_a_quiet_par
         holder: "lazy/1".into(),
         wait,
         tenant: None,
+        first_send: false,
     };
     let parked_after = |want: u32| {
         let server = &server;
@@ -867,6 +870,7 @@ async fn procedures_queued_behind_the_row_lock_see_what_the_step_before_them_com
             queue_cap: 100,
         }),
         tenant: None,
+        first_send: false,
     };
     let acquired = |b: &Arc<MysqlBackend>| {
         let (b, s) = (b.clone(), s.clone());
@@ -992,6 +996,7 @@ async fn the_gathered_call_purges_expired_waiters_and_answers_the_rest() {
             queue_cap: 100,
         }),
         tenant: None,
+        first_send: false,
     };
     let call = heartbeats::HeartbeatMany {
         conns: b.conns.clone(),
@@ -1105,6 +1110,7 @@ async fn a_granted_waiters_heartbeat_answers_its_tenant_by_every_path() {
             queue_cap: 10,
         }),
         tenant: Some(Tenant::new(tenant, 1).unwrap()),
+        first_send: false,
     };
     let (holder, waiter) = (LeaseId::random(), LeaseId::random());
     let AcquireReply::Granted(g) = b.acquire(&s, 1, &ask(holder, false, "a")).await.unwrap() else {
@@ -1189,6 +1195,7 @@ fn no_lost_req(lease: LeaseId, wait: bool) -> AcquireRequest {
             queue_cap: 100,
         }),
         tenant: None,
+        first_send: false,
     }
 }
 

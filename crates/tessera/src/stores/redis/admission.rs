@@ -130,7 +130,7 @@ impl AdmissionBackend for RedisBackend {
         let args: &[String] = match &a.tenant {
             None => &args,
             Some(t) => {
-                with_tenant = ops::with_tenant(&args, t);
+                with_tenant = ops::with_tenant(&args, Some(t), false);
                 &with_tenant
             }
         };

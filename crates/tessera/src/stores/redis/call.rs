@@ -20,6 +20,13 @@ use tessera_core::model::Name;
 const WAIT_MARK: &str = "wait";
 
 impl Caller {
+    /// Whether the connection sends a request again by itself after a dropped connection
+    /// (redis-rs's cluster client does; the connection manager fails the request instead),
+    /// so that a step may run twice for one call.
+    pub(super) fn resends(&self) -> bool {
+        self.topo.is_cluster()
+    }
+
     /// The names behind every key matching `pattern` (a `SCAN`, so Redis is never blocked),
     /// sorted and without duplicates; `name_of` maps a key to its name.
     pub(super) async fn scan_names(

@@ -698,12 +698,15 @@ impl Backend for RedisBackend {
             waiter_ttl.to_string(),
             queue_cap.to_string(),
         ];
-        // A tenant and its share follow; without one the call is as before tenants.
+        // A tenant and its share follow; without one the call is as before tenants. Then
+        // the first send's mark (see `acquire.lua`), except on a cluster, whose client sends
+        // a request again by itself after a dropped connection.
+        let first_send = req.first_send && !self.caller.resends();
         let with_tenant;
-        let args: &[String] = match &req.tenant {
-            None => &args,
-            Some(t) => {
-                with_tenant = ops::with_tenant(&args, t);
+        let args: &[String] = match (&req.tenant, first_send) {
+            (None, false) => &args,
+            (tenant, _) => {
+                with_tenant = ops::with_tenant(&args, tenant.as_ref(), first_send);
                 &with_tenant
             }
         };

@@ -248,12 +248,25 @@ const KEY_SUFFIXES: [&str; 10] = [
 ];
 
 /// An acquire's or admission's arguments followed by its tenant and share (`acquire.lua`,
-/// `admit.lua`; `docs/fair-shares.md`).
-pub(crate) fn with_tenant(args: &[String], tenant: &Tenant) -> Vec<String> {
-    let mut all = Vec::with_capacity(args.len() + 2);
+/// `admit.lua`; `docs/fair-shares.md`), `''` and `''` for none, and with `first_send` the
+/// acquire's mark of a first send (`acquire.lua`).
+pub(crate) fn with_tenant(
+    args: &[String],
+    tenant: Option<&Tenant>,
+    first_send: bool,
+) -> Vec<String> {
+    let mut all = Vec::with_capacity(args.len() + 3);
     all.extend_from_slice(args);
-    all.push(tenant.name().to_string());
-    all.push(tenant.share().to_string());
+    match tenant {
+        Some(t) => {
+            all.push(t.name().to_string());
+            all.push(t.share().to_string());
+        }
+        None => all.extend([String::new(), String::new()]),
+    }
+    if first_send {
+        all.push("1".to_string());
+    }
     all
 }
 

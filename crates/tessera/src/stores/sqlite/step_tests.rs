@@ -27,6 +27,7 @@ fn try_one(lease: LeaseId) -> AcquireRequest {
         holder: "h/1".into(),
         wait: None,
         tenant: None,
+        first_send: false,
     }
 }
 
@@ -407,6 +408,7 @@ async fn a_dialect_without_returning_runs_the_same_steps() {
                     holder: "host/1".into(),
                     wait,
                     tenant: None,
+                    first_send: false,
                 };
                 Op::Acquire(4, req)
             }

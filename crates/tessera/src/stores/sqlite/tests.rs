@@ -28,6 +28,7 @@ fn req(lease: LeaseId, weight: u32, wait: Option<WaitSpec>) -> AcquireRequest {
         holder: "h/1".into(),
         wait,
         tenant: None,
+        first_send: false,
     }
 }
 

@@ -5,6 +5,8 @@
 -- ARGV[6] holder label                       ARGV[7] client id (wake channel suffix)
 -- ARGV[8] waiter ttl (µs), 0 for a try       ARGV[9] queue cap the client accepts
 -- ARGV[10] tenant, absent or '' for none      ARGV[11] its share (docs/fair-shares.md)
+-- ARGV[12] '1' when the lease id is new: this is the request's first send, over a
+--          connection that never sends it again by itself, so nothing can hold the id
 -- Reply: {'granted', now, lease record} | {'queued', position, now, purge_at}
 --      | {'nopermit', available, queued}
 --      | {'mismatch', stored capacity} | {'queuefull'}
@@ -53,8 +55,8 @@ repeat
     break
   end
   -- A retry of an acquire whose reply was lost: report what it already has. (A semaphore
-  -- created by this step holds nothing yet.)
-  if not fresh then
+  -- created by this step holds nothing yet, and nothing holds a new lease id.)
+  if not fresh and ARGV[12] ~= '1' then
     local held = lease_get(lease_id)
     if held then
       reply = {'granted', now, held}
