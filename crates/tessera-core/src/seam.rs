@@ -260,7 +260,8 @@ impl Capabilities {
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Grants, queues (when `req.wait` is set) or refuses. Retrying with the same lease id
-    /// returns the grant or queue place it already has. Fails with
+    /// (and `first_send` false) returns the grant or queue place it already has; a request
+    /// marked `first_send` may be taken as new without that lookup. Fails with
     /// [`Error::CapacityMismatch`](crate::error::Error::CapacityMismatch) if the stored capacity differs from `capacity`, and with
     /// [`Error::QueueFull`](crate::error::Error::QueueFull) if the queue is at its cap. `try` (no `wait`) never jumps the
     /// queue: it is refused while anyone waits.

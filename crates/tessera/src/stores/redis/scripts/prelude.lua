@@ -1031,25 +1031,20 @@ local function hand_off()
     return limited_hand_off()
   end
   while S.qlen > 0 and S.used < S.cap do
-    -- The head is popped at once (one command where reading and removing it took two) and
-    -- put back, with its own score, when it is not granted.
-    local first = rcall('ZPOPMIN', K_QUEUE)
+    local first = rcall('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
     local head = first[1]
     if not head then
       corrupt('queue length without a queue')
     end
     local encoded = rcall('HGET', K_WAITERS, head)
     if not encoded then
-      rcall('ZADD', K_QUEUE, first[2], head)
       corrupt('queued lease without a waiter record')
     end
     local w = decode_waiter(encoded)
     if S.used + w.weight > S.cap then
-      rcall('ZADD', K_QUEUE, first[2], head)
       return
     end
     if w.gate ~= nil then
-      rcall('ZADD', K_QUEUE, first[2], head)
       if w.gate <= now then
         w.gate = WOKEN
         rcall('HSET', K_WAITERS, head, encode_waiter(w))
@@ -1057,10 +1052,7 @@ local function hand_off()
       end
       return
     end
-    rcall('HDEL', K_WAITERS, head)
-    rcall('ZREM', K_WEXP, head)
-    S.qlen = S.qlen - 1
-    dirty = true
+    unqueue(head)
     S.vt, S.vt_text = nil, first[2]
     tags_moved = true
     -- Provisional until renewed: no longer than the waiter's entry would have lived.
