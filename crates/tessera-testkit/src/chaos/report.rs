@@ -27,6 +27,9 @@ use crate::grantlog::{
 
 /// Scheduling slack added to every timing bound: this runs on a shared 2-core machine.
 pub const SLACK_NS: u64 = 500_000_000;
+/// The fault logged (no worker named) when a stopped worker holds the store's only write
+/// lock (the SQLite store's write gate): the store is frozen for everyone until it heals.
+pub const WRITER_FROZEN: &str = "writer-frozen";
 
 /// Faults after which the store has forgotten leases their holders still certainly hold.
 /// (`failover`: a Redis failover without `?wait=N`, whose new master may lack the old one's
@@ -569,6 +572,17 @@ fn check_faults(
     let mut notices: Vec<u64> = vec![];
     let mut started: HashMap<String, u64> = HashMap::new();
     let forgetful = scenario == "s4-restart" || scenario == "garbage";
+    // A holder stopped inside a write transaction of a store with one writer (SQLite) stops
+    // every process's steps until it runs again, as a frozen server does: its seats are
+    // judged from that heal (the `WRITER_FROZEN` fault), not from the stop.
+    let frozen_writer_at: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            matches!(&e.kind, EventKind::Fault { action, phase: FaultPhase::Start, worker: None }
+                if action == WRITER_FROZEN)
+        })
+        .map(|e| e.t_ns)
+        .collect();
     for e in events {
         let EventKind::Fault {
             action,
@@ -583,6 +597,12 @@ fn check_faults(
             // A holder killed or stopped: its seats come back.
             (FaultPhase::Instant | FaultPhase::Start, Some(w)) => {
                 started.insert(action.clone(), t);
+                if frozen_writer_at
+                    .iter()
+                    .any(|&f| f >= t && f - t <= SLACK_NS)
+                {
+                    continue;
+                }
                 let Some(l) = lives.held_by(w, t) else {
                     r.notes
                         .push(format!("{action} of {w}: it held no certain lease then"));
@@ -1109,6 +1129,46 @@ mod tests {
         let r = log.analyse();
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert_eq!(r.max_loss_notice_ms, Some(20));
+    }
+
+    #[test]
+    fn a_holder_stopped_inside_the_only_write_transaction_is_judged_from_its_heal() {
+        // w2 waits throughout, and nothing is granted until 100 ms after the heal.
+        let frozen = |log: &mut Log, phase, ms| {
+            log.at(
+                ms,
+                EventKind::Fault {
+                    action: super::WRITER_FROZEN.into(),
+                    phase,
+                    worker: None,
+                },
+            );
+        };
+        let mut log = stopped_holder();
+        log.invoke(50, "w2", 1).grant(3200, "w2", 1, 2, 0);
+        let r = log.analyse();
+        assert_eq!(
+            r.violations.len(),
+            1,
+            "without the freeze: {:?}",
+            r.violations
+        );
+        assert!(r.violations[0].starts_with("C5 sigstop of w1"), "{r:?}");
+        frozen(&mut log, FaultPhase::Start, 101);
+        frozen(&mut log, FaultPhase::Heal, 3101);
+        let r = log.analyse();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        // Still nothing granted long after the heal: caught, from the heal.
+        let mut log = stopped_holder();
+        log.invoke(50, "w2", 1);
+        frozen(&mut log, FaultPhase::Start, 101);
+        frozen(&mut log, FaultPhase::Heal, 3101);
+        let r = log.analyse();
+        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+        assert!(
+            r.violations[0].starts_with("C5 after writer-frozen healed"),
+            "{r:?}"
+        );
     }
 
     #[test]

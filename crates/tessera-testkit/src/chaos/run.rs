@@ -240,6 +240,12 @@ impl Run {
         }
     }
 
+    /// Whether worker `i` holds an exclusive `flock`: on SQLite, the write gate, which a
+    /// process holds only inside a write transaction.
+    pub fn holds_an_exclusive_flock(&self, i: usize) -> bool {
+        holds_an_exclusive_flock(self.workers[i].child.id())
+    }
+
     /// SIGKILLs worker `i` and reaps it.
     pub fn kill(&mut self, i: usize) {
         let _ = self.workers[i].child.kill();
@@ -367,9 +373,23 @@ fn why_it_failed(stderr: &str) -> String {
     picked.join(" | ")
 }
 
+/// Whether process `pid` holds an exclusive `flock`, by `/proc/locks`.
+pub fn holds_an_exclusive_flock(pid: u32) -> bool {
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return false;
+    };
+    let pid = pid.to_string();
+    // "1: FLOCK  ADVISORY  WRITE 12345 fd:01:131 0 EOF"; a blocked request reads "1: -> FLOCK …".
+    locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 4 && f[1] == "FLOCK" && f[3] == "WRITE" && f[4] == pid
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::why_it_failed;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn a_panicking_worker_is_reported_by_its_panic_not_its_backtrace() {
@@ -384,5 +404,18 @@ mod tests {
             "Error: the fenced resource closed | Caused by: |     reset"
         );
         assert_eq!(why_it_failed("a\nb\nc\nd\ne\nf"), "b | c | d | e | f");
+    }
+
+    #[test]
+    fn an_exclusive_flock_is_seen_while_held_and_not_after() {
+        let file = tempfile::tempfile().unwrap();
+        let me = std::process::id();
+        assert!(!super::holds_an_exclusive_flock(me));
+        // SAFETY: flock(2) on a file this test owns.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+        assert!(super::holds_an_exclusive_flock(me));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) }, 0);
+        assert!(!super::holds_an_exclusive_flock(me));
     }
 }

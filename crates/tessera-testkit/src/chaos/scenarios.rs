@@ -9,7 +9,8 @@ use tessera::backend::Waking;
 use tessera::{Semaphore, SemaphoreOptions};
 use tokio::time::{sleep, Instant};
 
-use super::{harness, report::ScenarioReport, Params, Run, StoreSpec};
+use super::report::{ScenarioReport, WRITER_FROZEN};
+use super::{harness, Params, Run, StoreSpec};
 use crate::grantlog::FaultPhase;
 use crate::harness::{Need, StoreTraits};
 use crate::proxy::{Mode, Proxy};
@@ -185,9 +186,24 @@ async fn s2_stop(spec: &StoreSpec, p: &Params, seed: u64) -> anyhow::Result<Scen
         };
         run.signal(i, libc::SIGSTOP);
         run.fault("sigstop", FaultPhase::Start, Some(&id));
+        // Stopped inside a write transaction of SQLite (one writer for every process), it
+        // holds every other process's steps until it runs again: a frozen store.
+        let frozen = matches!(spec, StoreSpec::Sqlite(_)) && {
+            sleep(Duration::from_millis(20)).await;
+            run.holds_an_exclusive_flock(i)
+        };
+        if frozen {
+            run.fault(WRITER_FROZEN, FaultPhase::Start, None);
+            run.notes.push(format!(
+                "{id} was stopped inside a write transaction: every process waited for it"
+            ));
+        }
         sleep(p.ttl * 3).await;
         run.signal(i, libc::SIGCONT);
         run.fault("sigstop", FaultPhase::Heal, Some(&id));
+        if frozen {
+            run.fault(WRITER_FROZEN, FaultPhase::Heal, None);
+        }
         sleep(p.ttl).await;
     }
     run.run_out().await;

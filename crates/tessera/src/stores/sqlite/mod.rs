@@ -43,7 +43,9 @@
 //!   SQLite's usual threshold, right after the step's wake-ups are sent rather than inside
 //!   its COMMIT (see `wal_hook`); durability is unchanged.
 //! - **Busy timeout** 10 s: how long a transaction waits for another process's write lock
-//!   before failing with [`StoreErrorKind::Busy`].
+//!   before failing with [`StoreErrorKind::Busy`]. A process stopped inside its write
+//!   transaction (SIGSTOP, a debugger) therefore holds every other process's steps, expiries
+//!   included, until it runs again or their busy timeout passes: SQLite has one writer.
 //! - **Clock**: the host's boot clock ([`BootClock`], `CLOCK_BOOTTIME` in µs), or an injected
 //!   [`Clock`] for tests. All processes on the host share it, so it is the store's clock, and
 //!   it never jumps with the wall clock (NTP steps, `date -s`, a restored snapshot), so a
