@@ -83,14 +83,15 @@ async fn concurrent_first_connects_migrate_once_and_all_work() {
     assert_eq!(version.trim(), "10");
     let routines =
         server.sql("SELECT meta_value FROM fresh.tessera_meta WHERE meta_key = 'routines_version'");
-    assert_eq!(routines.trim(), "9");
+    assert_eq!(routines.trim(), "10");
     let procedures = server.sql(
         "SELECT GROUP_CONCAT(ROUTINE_NAME ORDER BY ROUTINE_NAME) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = 'fresh'",
     );
     assert_eq!(
         procedures.trim(),
-        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
+        "tessera_v10_release,tessera_v10_ring,\
+         tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
          tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release,\
@@ -379,7 +380,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
     let url = server.url("old");
     let old = MysqlBackend::connect(&url).await.unwrap();
     // What a build of routine version 3 leaves: its procedures (stand-ins here, by name),
-    // none of versions 4 to 8, routines_version 3.
+    // none of versions 4 to 10, routines_version 3.
     server.sql(
         "DROP PROCEDURE old.tessera_v4_acquire_one; DROP PROCEDURE old.tessera_v4_release; \
          DROP PROCEDURE old.tessera_v4_keep_alive; DROP PROCEDURE old.tessera_v5_heartbeat_many; \
@@ -390,6 +391,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
          DROP PROCEDURE old.tessera_v8_acquire_one; DROP PROCEDURE old.tessera_v8_release; \
          DROP PROCEDURE old.tessera_v9_acquire_one; DROP PROCEDURE old.tessera_v9_release; \
          DROP PROCEDURE old.tessera_v9_keep_alive; DROP PROCEDURE old.tessera_v9_heartbeat_many; \
+         DROP PROCEDURE old.tessera_v10_release; DROP PROCEDURE old.tessera_v10_ring; \
          CREATE PROCEDURE old.tessera_v2_acquire_one() BEGIN END; \
          CREATE PROCEDURE old.tessera_v2_release() BEGIN END; \
          CREATE PROCEDURE old.tessera_v3_keep_alive() BEGIN END; \
@@ -407,7 +409,7 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
             "SELECT meta_value FROM old.tessera_meta WHERE meta_key = '{key}'"
         ))
     };
-    assert_eq!(meta("routines_version").trim(), "9");
+    assert_eq!(meta("routines_version").trim(), "10");
     assert_eq!(meta("schema_version").trim(), "10");
     assert_eq!(
         server
@@ -416,7 +418,8 @@ async fn routines_are_added_to_a_database_holding_state_and_older_clients_keep_w
                  FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = 'old'"
             )
             .trim(),
-        "tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
+        "tessera_v10_release,tessera_v10_ring,\
+         tessera_v4_acquire_one,tessera_v4_keep_alive,tessera_v4_release,\
          tessera_v5_heartbeat_many,tessera_v6_acquire_one,tessera_v6_heartbeat_many,\
          tessera_v6_release,tessera_v7_acquire_one,tessera_v7_heartbeat_many,\
          tessera_v7_keep_alive,tessera_v7_release,tessera_v8_acquire_one,tessera_v8_release,\
@@ -1106,6 +1109,7 @@ async fn procedures_created_by_a_dropped_admin_run_with_the_callers_rights() {
          DROP PROCEDURE inv.tessera_v8_acquire_one; DROP PROCEDURE inv.tessera_v8_release; \
          DROP PROCEDURE inv.tessera_v9_acquire_one; DROP PROCEDURE inv.tessera_v9_release; \
          DROP PROCEDURE inv.tessera_v9_keep_alive; DROP PROCEDURE inv.tessera_v9_heartbeat_many; \
+         DROP PROCEDURE inv.tessera_v10_release; DROP PROCEDURE inv.tessera_v10_ring; \
          DELETE FROM inv.tessera_meta WHERE meta_key = 'routines_version'",
     );
     Store::connect(&root).await.unwrap().close().await.unwrap();
@@ -1410,7 +1414,7 @@ async fn a_schema_of_before_tenants_on_rows_is_migrated_and_keeps_its_holder_and
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("10".into(), "9".into())
+        ("10".into(), "10".into())
     );
     let tenants = |s: &SemaphoreStatus| {
         let holders: Vec<_> = s
@@ -1540,7 +1544,7 @@ async fn a_schema_of_before_tenant_limits_is_migrated_keeps_its_holder_and_waite
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("10".into(), "9".into())
+        ("10".into(), "10".into())
     );
     assert!(store.capabilities().tenant_limits);
     let ids = |s: Option<SemaphoreStatus>| {
@@ -1642,7 +1646,7 @@ async fn a_schema_of_before_window_ceilings_is_migrated_keeps_its_rows_and_takes
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("10".into(), "9".into())
+        ("10".into(), "10".into())
     );
     assert!(db.capabilities().window_ceilings);
     assert_eq!(db.tenant_limits(&n).await.unwrap()["bulk"], limits);
@@ -1835,7 +1839,7 @@ async fn a_schema_of_before_the_tail_rows_is_migrated_and_keeps_its_holder_waite
     };
     assert_eq!(
         (meta("schema_version"), meta("routines_version")),
-        ("10".into(), "9".into())
+        ("10".into(), "10".into())
     );
     assert_eq!(
         server

@@ -92,10 +92,15 @@ const ROUTINES: &[(i64, &str)] = &[
         super::routines::TAILS_VERSION,
         include_str!("routines_v9.sql"),
     ),
+    (
+        super::routines::RING_VERSION,
+        include_str!("routines_v10.sql"),
+    ),
 ];
 
 /// The routine version this build installs (the test checks it is the last file's): version
-/// 9's procedures on tables of schema version 10 (`Migrated::calls`).
+/// 9's procedures on tables of schema version 10 (`Migrated::calls`), and version 10's release
+/// (`Migrated::release`).
 #[cfg_attr(not(test), allow(dead_code))]
 pub const ROUTINES_VERSION: i64 = ROUTINES[ROUTINES.len() - 1].0;
 
@@ -170,6 +175,17 @@ impl Migrated {
             (false, false, false) => VERSION,
         };
         (self.routines >= version).then_some(version)
+    }
+
+    /// The routine version whose release of one permit this client calls: 10 (which rings the
+    /// granted waiter's doorbell itself) where the database has it and the tail rows, else
+    /// [`Migrated::calls`]'s.
+    pub(crate) fn release(self) -> Option<i64> {
+        use super::routines::RING_VERSION;
+        if self.tails() && self.routines >= RING_VERSION {
+            return Some(RING_VERSION);
+        }
+        self.calls()
     }
 
     /// The routine version whose keep-alive (renewals, a heartbeat alone) this client calls:
@@ -506,7 +522,7 @@ mod tests {
             }
             created_all.extend(created.into_iter().cloned());
         }
-        assert_eq!(created_all.len(), 17, "{created_all:#?}");
+        assert_eq!(created_all.len(), 19, "{created_all:#?}");
         let newest = format!("CREATE PROCEDURE IF NOT EXISTS tessera_v{ROUTINES_VERSION}_");
         assert!(created_all.last().unwrap().starts_with(&newest));
         for s in &all {

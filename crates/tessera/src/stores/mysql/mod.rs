@@ -511,21 +511,32 @@ impl MysqlBackend {
     /// A release in one round trip (`routines.rs`), handing the permit to the queue head
     /// in the same call; wakes that waiter after the commit as a step does.
     async fn release_fast(&self, name: &Name, lease: LeaseId) -> Result<Fast<bool>> {
-        let Some(version) = self.db.calls() else {
+        let Some(version) = self.db.release() else {
             return Ok(Fast::Fallback);
         };
-        let call = routines::release_call(name.as_str(), &lease.to_string(), version);
+        let local = notify::local_addresses();
+        let call = routines::release_call(name.as_str(), &lease.to_string(), version, &local);
         let row = self.conns.call_one(call, false).await?;
         let Fast::Done(released) = routines::release_reply(row)? else {
             return Ok(Fast::Fallback);
         };
         if let Some((grant, doorbell)) = released.handed_off {
             // A waiter of this process gets its grant with the wake-up; one in another
-            // process is rung on its doorbell (never this process's own doorbells).
+            // process is rung on its doorbell (never this process's own doorbells): by the
+            // release itself (routine version 10), else here.
             self.granted_here(name, grant.lease.lease_id);
             tessera_core::wake::notify_grant(grant);
             if !doorbell.is_empty() {
-                notify::ring(&self.conns.pool, vec![doorbell], &self.doorbell_address()).await;
+                match released.rung {
+                    routines::Rung::Done => {}
+                    routines::Rung::LookAgain => {
+                        notify::ring_each(&self.conns.pool, vec![doorbell]).await
+                    }
+                    routines::Rung::NotTried => {
+                        let own = self.doorbell_address();
+                        notify::ring(&self.conns.pool, vec![doorbell], &own).await
+                    }
+                }
             }
         }
         Ok(Fast::Done(released.held))

@@ -8,7 +8,9 @@
 //! into every waiter row this client writes (and is refreshed by each heartbeat, so a
 //! doorbell that reconnected is found again). A step that grants waiters collects the
 //! doorbells of the granted rows; after its commit the granting client rings each one that
-//! is not its own:
+//! is not its own (a release of routine version 10 does both steps below itself, inside the
+//! procedure after its commit, and answers whether the client must look again:
+//! `routines_v10.sql`):
 //!
 //! 1. `SELECT … FROM information_schema.PROCESSLIST WHERE ID = <id> AND INFO LIKE
 //!    '%tessera doorbell <token>%'` — only a connection that is still that doorbell, parked,
@@ -94,6 +96,12 @@ const PARK_S: u32 = 60;
 /// already woke it through [`tessera_core::wake::notify`] (the registry is process-wide), so these
 /// are never rung.
 static LOCAL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// This process's parked doorbells, separated by commas: the ones a release of routine
+/// version 10 must not ring (`routines_v10.sql`).
+pub(crate) fn local_addresses() -> String {
+    LOCAL.lock().unwrap().join(",")
+}
 
 fn set_local(addr: &str, parked: bool) {
     let mut local = LOCAL.lock().unwrap();

@@ -35,12 +35,28 @@ pub(crate) enum Fast<T> {
     Fallback,
 }
 
-/// A release's outcome: whether the lease was held, and the grant it handed to the queue
-/// head with that waiter's doorbell address.
+/// A release's outcome: whether the lease was held, the grant it handed to the queue head
+/// with that waiter's doorbell address, and whether the release rang that doorbell itself
+/// (routine version 10, [`RING_VERSION`]).
 #[derive(Debug)]
 pub(crate) struct Released {
     pub(crate) held: bool,
     pub(crate) handed_off: Option<(Grant, String)>,
+    pub(crate) rung: Rung,
+}
+
+/// What a release of routine version 10 did with the doorbell of the waiter it granted
+/// (`routines_v10.sql`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rung {
+    /// Not tried (an older routine, no hand-off, no doorbell, or a doorbell of this
+    /// process): the client rings as before (`notify::ring`).
+    NotTried,
+    /// Rung, or no such connection: nothing left to do.
+    Done,
+    /// Connected but not parked with that token, or the ring failed: the client looks again
+    /// (`notify::ring_each`).
+    LookAgain,
 }
 
 /// The routine version whose procedures this build calls (`routines.sql`); a database that
@@ -69,6 +85,11 @@ pub(crate) const LIMITS_VERSION: i64 = 8;
 /// keep-alive and gathered heartbeats, the ones a client of schema version 10 calls.
 pub(crate) const TAILS_VERSION: i64 = 9;
 
+/// The routine version whose release rings the doorbell of the waiter it hands the permit to
+/// itself, after its commit (`routines_v10.sql`): no round trip of the client's between the
+/// commit and the waiter's wake-up. The rest stay version 9's.
+pub(crate) const RING_VERSION: i64 = 10;
+
 const ACQUIRE_ONE: &str = "CALL tessera_v4_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE: &str = "CALL tessera_v4_release(?, ?)";
 /// [`ACQUIRE_ONE`] and [`RELEASE`] on the tables of schema version 6.
@@ -88,6 +109,8 @@ const RELEASE_LIMITS: &str = "CALL tessera_v8_release(?, ?)";
 const ACQUIRE_ONE_TAILS: &str = "CALL tessera_v9_acquire_one(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 const RELEASE_TAILS: &str = "CALL tessera_v9_release(?, ?)";
 const KEEP_ALIVE_TAILS: &str = "CALL tessera_v9_keep_alive(?, ?, ?, ?, ?)";
+/// The release of routine version 10, with the doorbells of this process (not to be rung).
+const RELEASE_RING: &str = "CALL tessera_v10_release(?, ?, ?)";
 
 /// MariaDB / MySQL "PROCEDURE … does not exist" (someone dropped it) and "execute command
 /// denied" (a user without `EXECUTE` on it): the client-side step still works.
@@ -270,8 +293,15 @@ pub(crate) fn acquire_one_answer(
 }
 
 /// The call that releases `lease` with the procedure of routine `version` (as
-/// [`acquire_one_call`]); its row is read by [`release_reply`].
-pub(crate) fn release_call(name: &str, lease: &str, version: i64) -> String {
+/// [`acquire_one_call`]); its row is read by [`release_reply`]. `local`: this process's
+/// doorbell addresses, separated by commas, which a release of [`RING_VERSION`] leaves alone.
+pub(crate) fn release_call(name: &str, lease: &str, version: i64, local: &str) -> String {
+    if version == RING_VERSION {
+        return render(
+            RELEASE_RING,
+            &[Lit::Text(name), Lit::Text(lease), Lit::Text(local)],
+        );
+    }
     let sql = match version {
         TAILS_VERSION => RELEASE_TAILS,
         LIMITS_VERSION => RELEASE_LIMITS,
@@ -293,6 +323,7 @@ pub(crate) fn release_reply(row: Option<MySqlRow>) -> Result<Fast<Released>> {
         "not_held" => Ok(Fast::Done(Released {
             held: false,
             handed_off: None,
+            rung: Rung::NotTried,
         })),
         "released" => {
             // A hand-off fills the lease columns; a release without one leaves them NULL.
@@ -300,9 +331,22 @@ pub(crate) fn release_reply(row: Option<MySqlRow>) -> Result<Fast<Released>> {
                 None => None,
                 Some(_) => Some((grant_of(&row)?, text(&row, 11)?)),
             };
+            // Version 10's fourteenth column: 1 rung, -1 no such connection, 0 look again,
+            // NULL (or an older routine's row) not tried.
+            let rung = match (row.len() > 13)
+                .then(|| int(&row, 13))
+                .transpose()?
+                .flatten()
+            {
+                Some(1 | -1) => Rung::Done,
+                Some(0) => Rung::LookAgain,
+                None => Rung::NotTried,
+                Some(other) => return Err(corrupt(format!("release rang {other}"))),
+            };
             Ok(Fast::Done(Released {
                 held: true,
                 handed_off,
+                rung,
             }))
         }
         other => Err(corrupt(format!("unknown procedure outcome {other:?}"))),

@@ -1394,3 +1394,83 @@ async fn an_enqueue_does_not_wait_for_the_semaphore_row() {
     assert_eq!(st.holders[0].lease_id, waiter);
     assert!(db.release(&s, waiter).await.unwrap());
 }
+
+/// Routine version 10: a release that hands the permit to a waiter rings that waiter's
+/// doorbell itself, after its commit, and says what it did (`routines_v10.sql`): it rings a
+/// doorbell parked with its token (1); it leaves alone one that the caller lists as its own
+/// process's (NULL), a connection parked under another token (0: the client looks again),
+/// and a connection id that does not exist (-1). A plain connection plays the doorbell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_rings_the_doorbell_of_the_waiter_it_grants_unless_it_is_the_callers() {
+    use sqlx::{ConnectOptions, Connection, Row};
+    let server = MariaDbServer::start();
+    let url = server.url("t");
+    let db = MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(db.db.release(), Some(routines::RING_VERSION));
+    let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+    let mut caller = options.connect().await.unwrap();
+    let mut bell = options.connect().await.unwrap();
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut bell)
+        .await
+        .unwrap();
+    let token = format!("{:016x}", 0xbe11u64);
+    let s = Name::new("bell").unwrap();
+    let mut held = LeaseId::random();
+    let first = db.acquire(&s, 1, &no_lost_req(held, false)).await.unwrap();
+    assert!(matches!(first, AcquireReply::Granted(_)), "{first:?}");
+    let cases = [
+        (format!("{id}:{token}"), String::new(), Some(1)),
+        (format!("{id}:{token}"), format!("1:ab,{id}:{token}"), None),
+        (format!("{id}:{:016x}", 0xfu64), String::new(), Some(0)),
+        (format!("{}:{token}", u32::MAX), String::new(), Some(-1)),
+    ];
+    for (doorbell, local, rung) in cases {
+        let waiter = LeaseId::random();
+        let queued = db.acquire(&s, 1, &no_lost_req(waiter, true)).await.unwrap();
+        assert!(matches!(queued, AcquireReply::Queued { .. }), "{queued:?}");
+        server.sql(&format!(
+            "UPDATE t.tessera_waiters SET doorbell = '{doorbell}' WHERE lease_id = '{waiter}'"
+        ));
+        let park = format!("SELECT SLEEP(30) /* tessera doorbell {token} */");
+        let parked = tokio::spawn(async move {
+            let r = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(park))
+                .fetch_one(&mut bell)
+                .await;
+            (bell, r)
+        });
+        running(&server, "SELECT SLEEP(30)%");
+        let call =
+            routines::release_call("bell", &held.to_string(), routines::RING_VERSION, &local);
+        let rows = routines::call(&mut caller, call).await.unwrap().unwrap();
+        let answered: Option<i64> = rows[0].try_get(13).unwrap();
+        assert_eq!(answered, rung, "{doorbell} with {local:?} local");
+        let ended = tokio::time::timeout(
+            if rung == Some(1) {
+                Duration::from_secs(10)
+            } else {
+                Duration::from_millis(300)
+            },
+            async {
+                while !parked.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+            },
+        )
+        .await
+        .is_ok();
+        assert_eq!(ended, rung == Some(1), "{doorbell}: rung {ended}");
+        if !ended {
+            server.sql(&format!("KILL QUERY {id}"));
+        }
+        let (b, _) = parked.await.unwrap();
+        bell = b;
+        // The permit went to the waiter in every case.
+        let st = db.status(&s).await.unwrap().unwrap();
+        let holders: Vec<LeaseId> = st.holders.iter().map(|h| h.lease_id).collect();
+        assert_eq!((holders, st.queue.len()), (vec![waiter], 0));
+        held = waiter;
+    }
+    bell.close().await.unwrap();
+    caller.close().await.unwrap();
+}
