@@ -160,16 +160,11 @@ async fn a_lost_latch_wakes_the_waiters_and_the_doorbell_parks_again_at_a_new_ad
 /// Here a plain connection plays the doorbell: idle when rung, parked 30 ms later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_that_finds_the_doorbell_between_parks_rings_it_once_it_parks() {
-    use sqlx::{ConnectOptions, Connection};
+    use sqlx::Connection;
     let server = MariaDbServer::start();
     let url = server.url("t");
     let ringer = MysqlBackend::connect(&url).await.unwrap();
-    let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
-    let mut bell = options.connect().await.unwrap();
-    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-        .fetch_one(&mut bell)
-        .await
-        .unwrap();
+    let (mut bell, id) = plain_connection(&url).await;
     let token = format!("{:016x}", 0xbe11u64);
     notify::ring_each(&ringer.conns.pool, vec![format!("{id}:{token}")]).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
@@ -193,6 +188,19 @@ async fn a_ring_that_finds_the_doorbell_between_parks_rings_it_once_it_parks() {
         .unwrap();
     assert_eq!(one, 1);
     bell.close().await.unwrap();
+}
+
+/// A connection outside tessera (one that plays a doorbell, or calls a procedure by hand),
+/// and its connection id.
+async fn plain_connection(url: &str) -> (sqlx::mysql::MySqlConnection, u64) {
+    use sqlx::ConnectOptions;
+    let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+    let mut conn = options.connect().await.unwrap();
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    (conn, id)
 }
 
 /// Certificates made with `openssl` in a temp dir: a CA, a server certificate for
@@ -1402,18 +1410,13 @@ async fn an_enqueue_does_not_wait_for_the_semaphore_row() {
 /// and a connection id that does not exist (-1). A plain connection plays the doorbell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_rings_the_doorbell_of_the_waiter_it_grants_unless_it_is_the_callers() {
-    use sqlx::{ConnectOptions, Connection, Row};
+    use sqlx::{Connection, Row};
     let server = MariaDbServer::start();
     let url = server.url("t");
     let db = MysqlBackend::connect(&url).await.unwrap();
     assert_eq!(db.db.release(), Some(routines::RING_VERSION));
-    let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
-    let mut caller = options.connect().await.unwrap();
-    let mut bell = options.connect().await.unwrap();
-    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-        .fetch_one(&mut bell)
-        .await
-        .unwrap();
+    let (mut caller, _) = plain_connection(&url).await;
+    let (mut bell, id) = plain_connection(&url).await;
     let token = format!("{:016x}", 0xbe11u64);
     let s = Name::new("bell").unwrap();
     let mut held = LeaseId::random();
