@@ -1436,7 +1436,7 @@ async fn a_release_rings_the_doorbell_of_the_waiter_it_grants_unless_it_is_the_c
             "UPDATE t.tessera_waiters SET doorbell = '{doorbell}' WHERE lease_id = '{waiter}'"
         ));
         let park = format!("SELECT SLEEP(30) /* tessera doorbell {token} */");
-        let parked = tokio::spawn(async move {
+        let mut parked = tokio::spawn(async move {
             let r = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(park))
                 .fetch_one(&mut bell)
                 .await;
@@ -1448,25 +1448,24 @@ async fn a_release_rings_the_doorbell_of_the_waiter_it_grants_unless_it_is_the_c
         let rows = routines::call(&mut caller, call).await.unwrap().unwrap();
         let answered: Option<i64> = rows[0].try_get(13).unwrap();
         assert_eq!(answered, rung, "{doorbell} with {local:?} local");
-        let ended = tokio::time::timeout(
-            if rung == Some(1) {
-                Duration::from_secs(10)
-            } else {
-                Duration::from_millis(300)
-            },
-            async {
-                while !parked.is_finished() {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-            },
-        )
-        .await
-        .is_ok();
-        assert_eq!(ended, rung == Some(1), "{doorbell}: rung {ended}");
-        if !ended {
-            server.sql(&format!("KILL QUERY {id}"));
-        }
-        let (b, _) = parked.await.unwrap();
+        let limit = if rung == Some(1) {
+            Duration::from_secs(10)
+        } else {
+            Duration::from_millis(300)
+        };
+        let ended = tokio::time::timeout(limit, &mut parked).await.ok();
+        assert_eq!(
+            ended.is_some(),
+            rung == Some(1),
+            "{doorbell}: rung {ended:?}"
+        );
+        let (b, _) = match ended {
+            Some(done) => done.unwrap(),
+            None => {
+                server.sql(&format!("KILL QUERY {id}"));
+                parked.await.unwrap()
+            }
+        };
         bell = b;
         // The permit went to the waiter in every case.
         let st = db.status(&s).await.unwrap().unwrap();

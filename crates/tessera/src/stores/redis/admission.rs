@@ -130,7 +130,7 @@ impl AdmissionBackend for RedisBackend {
         let args: &[String] = match &a.tenant {
             None => &args,
             Some(t) => {
-                with_tenant = ops::with_tenant(&args, Some(t), false);
+                with_tenant = ops::with_tenant_and_mark(&args, Some(t), false);
                 &with_tenant
             }
         };

@@ -702,12 +702,12 @@ impl Backend for RedisBackend {
         // the first send's mark (see `acquire.lua`), except on a cluster, whose client sends
         // a request again by itself after a dropped connection.
         let first_send = req.first_send && !self.caller.resends();
-        let with_tenant;
+        let extended;
         let args: &[String] = match (&req.tenant, first_send) {
             (None, false) => &args,
             (tenant, _) => {
-                with_tenant = ops::with_tenant(&args, tenant.as_ref(), first_send);
-                &with_tenant
+                extended = ops::with_tenant_and_mark(&args, tenant.as_ref(), first_send);
+                &extended
             }
         };
         let v = self.caller.run(Op::Acquire, name, args).await?;

@@ -250,7 +250,7 @@ const KEY_SUFFIXES: [&str; 10] = [
 /// An acquire's or admission's arguments followed by its tenant and share (`acquire.lua`,
 /// `admit.lua`; `docs/fair-shares.md`), `''` and `''` for none, and with `first_send` the
 /// acquire's mark of a first send (`acquire.lua`).
-pub(crate) fn with_tenant(
+pub(crate) fn with_tenant_and_mark(
     args: &[String],
     tenant: Option<&Tenant>,
     first_send: bool,
